@@ -1,0 +1,145 @@
+from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.core.exceptions import ValidationError
+
+from accounts import services
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
+from accounts.roles import Role
+
+
+class ServiceOwnedAdmin(admin.ModelAdmin):
+    """Read-only: these rows change only through services, via the admin actions below."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+def _staff(request) -> Actor:
+    return Actor.from_request(request, staff=True)
+
+
+def _run(modeladmin, request, queryset, call, done: str) -> None:
+    """Apply a service call to each selected row, reporting successes and refusals."""
+    changed = 0
+    for obj in queryset:
+        try:
+            call(obj)
+            changed += 1
+        except (ActionDenied, ValidationError) as exc:
+            reason = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
+            modeladmin.message_user(request, f"{obj}: {reason}", messages.ERROR)
+    if changed:
+        modeladmin.message_user(request, f"{done}: {changed}.", messages.SUCCESS)
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    ordering = ["email"]
+    list_display = ["email", "is_active", "is_staff", "date_joined", "last_login"]
+    list_filter = ["is_active", "is_staff", "is_superuser"]
+    search_fields = ["email", "first_name", "last_name"]
+    fieldsets = [
+        (None, {"fields": ["email", "password"]}),
+        ("Personal info", {"fields": ["first_name", "last_name"]}),
+        ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser"]}),
+        ("Important dates", {"fields": ["last_login", "date_joined"]}),
+    ]
+    add_fieldsets = [
+        (None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]}),
+    ]
+    readonly_fields = ["last_login", "date_joined"]
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    fields = ["user", "role", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Tenant)
+class TenantAdmin(ServiceOwnedAdmin):
+    list_display = ["name", "slug", "member_count", "created_at"]
+    search_fields = ["name", "slug", "memberships__user__email"]
+    list_filter = ["created_at"]
+    inlines = [MembershipInline]
+
+    @admin.display(description="Members")
+    def member_count(self, obj):
+        return obj.memberships.count()
+
+
+def _role_action(role: str):
+    def action(modeladmin, request, queryset):
+        _run(
+            modeladmin,
+            request,
+            queryset.select_related("tenant", "user"),
+            lambda m: services.membership_change_role(
+                actor=_staff(request), membership=m, role=role
+            ),
+            f"Changed to {role}",
+        )
+
+    action.__name__ = f"make_{role}"
+    action.short_description = f"Change role to {Role(role).label}"
+    return action
+
+
+@admin.register(Membership)
+class MembershipAdmin(ServiceOwnedAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "created_at"]
+    search_fields = ["user__email", "tenant__name", "tenant__slug"]
+    list_select_related = ["user", "tenant"]
+    actions = [*(_role_action(r) for r in Role.values), "remove_memberships"]
+
+    @admin.action(description="Remove from organization")
+    def remove_memberships(self, request, queryset):
+        _run(
+            self,
+            request,
+            queryset.select_related("tenant", "user"),
+            lambda m: services.membership_remove(actor=_staff(request), membership=m),
+            "Removed",
+        )
+
+
+@admin.register(Invitation)
+class InvitationAdmin(ServiceOwnedAdmin):
+    list_display = ["email", "tenant", "role", "status", "invited_by", "created_at"]
+    list_filter = ["role", "created_at"]
+    search_fields = ["email", "tenant__name", "tenant__slug"]
+    list_select_related = ["tenant", "invited_by"]
+    actions = ["withdraw"]
+
+    @admin.action(description="Withdraw invitation")
+    def withdraw(self, request, queryset):
+        _run(
+            self,
+            request,
+            queryset.select_related("tenant"),
+            lambda i: services.invitation_revoke(actor=_staff(request), invitation=i),
+            "Withdrawn",
+        )
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ServiceOwnedAdmin):
+    list_display = ["created_at", "tenant", "actor_email", "actor_kind", "action", "result", "ip"]
+    list_filter = ["result", "actor_kind", "action", "created_at"]
+    search_fields = ["actor_email", "action", "target_id", "tenant__slug", "tenant__name"]
+    list_select_related = ["tenant"]
+    date_hierarchy = "created_at"

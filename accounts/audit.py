@@ -1,0 +1,110 @@
+"""The audit log's one writer, and the actor every service is told about."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models, transaction
+
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Tenant
+
+# Keys whose values are never written to the log, however a caller fills the payload.
+_SECRET_KEY = re.compile(r"pass(word)?|secret|token|key|credential|kubeconfig", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is acting: a user, platform staff acting on a tenant, or the system (user=None)."""
+
+    user: Any = None
+    ip: str | None = None
+    user_agent: str = ""
+    staff: bool = False
+
+    @classmethod
+    def from_request(cls, request, *, user: Any = None, staff: bool = False) -> Actor:
+        """The request's user (or `user`, during sign-up and sign-in) with its address."""
+        if user is None and request.user.is_authenticated:
+            user = request.user
+        return cls(
+            user=user,
+            ip=request.META.get("REMOTE_ADDR") or None,
+            user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
+            staff=staff,
+        )
+
+    @property
+    def kind(self) -> str:
+        if self.user is None:
+            return AuditEvent.ActorKind.SYSTEM
+        return AuditEvent.ActorKind.STAFF if self.staff else AuditEvent.ActorKind.USER
+
+
+SYSTEM = Actor()
+
+
+def scrub(payload: Any) -> Any:
+    """The payload with every secret-looking key's value replaced."""
+    if isinstance(payload, dict):
+        return {
+            key: REDACTED if _SECRET_KEY.search(str(key)) else scrub(value)
+            for key, value in payload.items()
+        }
+    if isinstance(payload, list | tuple):
+        return [scrub(value) for value in payload]
+    return payload
+
+
+def audit_record(
+    *,
+    actor: Actor,
+    action: str,
+    tenant: Tenant | None = None,
+    target: models.Model | None = None,
+    result: str = AuditEvent.Result.OK,
+    payload: dict | None = None,
+) -> AuditEvent:
+    """Append one event to the audit log."""
+    return AuditEvent.objects.create(
+        tenant=tenant,
+        actor=actor.user,
+        actor_email=getattr(actor.user, "email", ""),
+        actor_kind=actor.kind,
+        action=action,
+        target_type=target._meta.model_name if target is not None else "",
+        target_id=str(target.pk) if target is not None and target.pk is not None else "",
+        ip=actor.ip,
+        user_agent=actor.user_agent,
+        result=result,
+        payload=scrub(payload or {}),
+    )
+
+
+@contextmanager
+def audited_action(
+    *, actor: Actor, action: str, tenant: Tenant | None, target: models.Model | None = None
+) -> Iterator[None]:
+    """Run a mutating action in a transaction; a refusal rolls it back and is recorded after.
+
+    The denied event is written once the action's transaction has rolled back,
+    so the refusal leaves its trace while the change it refused leaves none.
+    """
+    try:
+        with transaction.atomic():
+            yield
+    except ActionDenied as denial:
+        audit_record(
+            actor=actor,
+            action=action,
+            tenant=tenant,
+            target=target,
+            result=AuditEvent.Result.DENIED,
+            payload={"reason": denial.reason},
+        )
+        raise

@@ -1,0 +1,43 @@
+from django import forms
+
+from accounts.roles import Role
+
+
+class SignupForm(forms.Form):
+    """Extra sign-up fields; django-allauth builds its form on top of this one."""
+
+    organization = forms.CharField(
+        label="Organization name",
+        max_length=100,
+        required=False,
+        help_text="Your first organization; you can create more later.",
+    )
+
+    def signup(self, request, user) -> None:
+        """The organization is created by the account adapter, in the same transaction."""
+
+
+class OrganizationForm(forms.Form):
+    name = forms.CharField(label="Organization name", max_length=100)
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(label="Email address")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class AuditFilterForm(forms.Form):
+    action = forms.CharField(required=False, label="Action")
+    actor = forms.CharField(required=False, label="Actor email")
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
+    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
+
+    def clean(self):
+        data = super().clean()
+        if data.get("since") and data.get("until") and data["since"] > data["until"]:
+            raise forms.ValidationError("The start date is after the end date.")
+        return data

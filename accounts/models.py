@@ -1,0 +1,188 @@
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.db import models
+from django.utils import timezone
+
+from accounts.roles import Role
+
+
+class UserManager(BaseUserManager):
+    use_in_migrations = True
+
+    def _create_user(self, email: str, password: str | None, **extra):
+        if not email:
+            raise ValueError("An email address is required.")
+        user = self.model(email=self.normalize_email(email).lower(), **extra)
+        user.set_password(password)
+        user.save(using=self._db)
+        return user
+
+    def create_user(self, email: str, password: str | None = None, **extra):
+        extra.setdefault("is_staff", False)
+        extra.setdefault("is_superuser", False)
+        return self._create_user(email, password, **extra)
+
+    def create_superuser(self, email: str, password: str | None = None, **extra):
+        extra.update(is_staff=True, is_superuser=True)
+        return self._create_user(email, password, **extra)
+
+
+class User(AbstractUser):
+    """A person who signs in with an email address."""
+
+    username = None
+    email = models.EmailField("email address", unique=True)
+
+    USERNAME_FIELD = "email"
+    REQUIRED_FIELDS: list[str] = []
+
+    objects = UserManager()
+
+    def __str__(self) -> str:
+        return self.email
+
+
+class TenantQuerySet(models.QuerySet):
+    def for_user(self, user) -> "TenantQuerySet":
+        return self.filter(memberships__user=user)
+
+
+class Tenant(models.Model):
+    """An organization: it owns deployments, members, invoices and an audit log."""
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=50, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant__name", "user__email"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class Invitation(models.Model):
+    """An invitation by email; the link carries a signed id and works once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Role.choices)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.tenant} ({self.role})"
+
+    @property
+    def expires_at(self):
+        return self.created_at + timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
+
+    @property
+    def status(self) -> str:
+        if self.accepted_at:
+            return "accepted"
+        if self.revoked_at:
+            return "revoked"
+        if timezone.now() >= self.expires_at:
+            return "expired"
+        return "pending"
+
+
+class AppendOnlyError(Exception):
+    """Audit events are never changed or deleted."""
+
+
+class AuditEventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AppendOnlyError("Audit events cannot be updated.")
+
+    def delete(self):
+        raise AppendOnlyError("Audit events cannot be deleted.")
+
+    def for_tenant(self, tenant: Tenant) -> "AuditEventQuerySet":
+        return self.filter(tenant=tenant)
+
+
+class AuditEvent(models.Model):
+    """One recorded action: who did what to which object, and how it ended."""
+
+    class ActorKind(models.TextChoices):
+        USER = "user", "User"
+        STAFF = "staff", "Platform staff"
+        SYSTEM = "system", "System"
+
+    class Result(models.TextChoices):
+        OK = "ok", "OK"
+        DENIED = "denied", "Denied"
+        ERROR = "error", "Error"
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events"
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Kept as text so the log still names a person after their account is deleted.
+    actor_email = models.CharField(max_length=254, blank=True)
+    actor_kind = models.CharField(max_length=8, choices=ActorKind.choices)
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    user_agent = models.CharField(max_length=300, blank=True)
+    result = models.CharField(max_length=8, choices=Result.choices, default=Result.OK)
+    payload = models.JSONField(default=dict, blank=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="audit_tenant_created")]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor_email or self.actor_kind} ({self.result})"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AppendOnlyError("Audit events cannot be updated.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnlyError("Audit events cannot be deleted.")

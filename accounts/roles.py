@@ -1,0 +1,74 @@
+"""Who may do what: the one table every permission check asks.
+
+Roles belong to a membership (a user in a tenant). Actions are dotted names,
+the same names the audit log records.
+"""
+
+from django.db import models
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner"
+    ADMIN = "admin", "Admin"
+    MEMBER = "member", "Member"
+    VIEWER = "viewer", "Viewer"
+    BILLING = "billing", "Billing"
+
+
+# Action name -> how a refusal names it ("Your role does not allow <label>.").
+ACTIONS: dict[str, str] = {
+    "tenant.view": "viewing this organization",
+    "member.view": "viewing the team",
+    "member.invite": "inviting members",
+    "member.change_role": "changing roles",
+    "member.remove": "removing members",
+    "member.manage_owners": "granting or revoking the owner role",
+    "audit.view": "viewing the audit log",
+    "billing.view": "viewing billing",
+    "billing.manage": "managing billing",
+    "instance.view": "viewing deployments",
+    "instance.create": "creating deployments",
+    "instance.modify": "modifying deployments",
+    "instance.operate": "stopping, starting or restarting deployments",
+    "instance.delete": "deleting deployments",
+    "backup.create": "taking backups",
+    "backup.restore": "restoring backups",
+    "backup.delete": "deleting backups",
+}
+
+_VIEW = {"tenant.view", "member.view", "instance.view"}
+_TEAM = {"member.invite", "member.change_role", "member.remove", "audit.view"}
+_BILLING = {"billing.view", "billing.manage"}
+_INSTANCES = {
+    "instance.create",
+    "instance.modify",
+    "instance.operate",
+    "instance.delete",
+    "backup.create",
+    "backup.restore",
+    "backup.delete",
+}
+
+ROLE_ACTIONS: dict[str, frozenset[str]] = {
+    Role.OWNER: frozenset(ACTIONS),
+    Role.ADMIN: frozenset(_VIEW | _TEAM | _BILLING | _INSTANCES),
+    Role.MEMBER: frozenset(_VIEW | _INSTANCES),
+    Role.VIEWER: frozenset(_VIEW),
+    Role.BILLING: frozenset(_VIEW | _BILLING),
+}
+
+
+def can(role: str, action: str) -> bool:
+    """Whether `role` may perform `action`; an unknown action is a programming error."""
+    if action not in ACTIONS:
+        raise KeyError(f"unknown action {action!r}: add it to accounts.roles.ACTIONS")
+    return action in ROLE_ACTIONS.get(role, frozenset())
+
+
+def allowed_actions(role: str) -> frozenset[str]:
+    return ROLE_ACTIONS.get(role, frozenset())
+
+
+def denial_message(role: str, action: str) -> str:
+    label = Role(role).label if role in Role.values else role
+    return f"Your role ({label}) does not allow {ACTIONS[action]}."

@@ -1,0 +1,67 @@
+"""Reads for accounts. Tenant-owned queries start from the tenant."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from accounts.models import AuditEvent, Invitation, Membership, Tenant
+
+
+def membership_get(*, user, tenant_slug: str) -> Membership | None:
+    if not user.is_authenticated:
+        return None
+    return (
+        Membership.objects.select_related("tenant")
+        .filter(user=user, tenant__slug=tenant_slug)
+        .first()
+    )
+
+
+def memberships_for_user(user) -> QuerySet[Membership]:
+    return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__name")
+
+
+def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
+    return tenant.memberships.select_related("user").order_by("user__email")
+
+
+def invitations_pending(tenant: Tenant) -> list[Invitation]:
+    invitations = tenant.invitations.filter(accepted_at=None, revoked_at=None)
+    return [i for i in invitations.order_by("email") if i.status == "pending"]
+
+
+def audit_events_for_tenant(
+    tenant: Tenant,
+    *,
+    action: str = "",
+    actor: str = "",
+    since: date | None = None,
+    until: date | None = None,
+) -> QuerySet[AuditEvent]:
+    """The tenant's audit log, newest first; `until` includes the whole day."""
+    events = AuditEvent.objects.for_tenant(tenant).select_related("actor")
+    if action:
+        events = events.filter(action__startswith=action)
+    if actor:
+        events = events.filter(actor_email__icontains=actor)
+    if since:
+        events = events.filter(
+            created_at__gte=datetime.combine(since, time.min, tzinfo=timezone.utc)
+        )
+    if until:
+        events = events.filter(
+            created_at__lte=datetime.combine(until, time.max, tzinfo=timezone.utc)
+        )
+    return events
+
+
+def audit_actions_for_tenant(tenant: Tenant) -> list[str]:
+    return list(
+        AuditEvent.objects.for_tenant(tenant)
+        .order_by("action")
+        .values_list("action", flat=True)
+        .distinct()
+    )

@@ -1,0 +1,268 @@
+"""Writes for accounts: tenants, memberships and invitations.
+
+Every function here checks the actor's role, changes data in one transaction
+and records the outcome in the audit log (refusals included).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import signing
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.text import slugify
+
+from accounts import roles
+from accounts.audit import Actor, audit_record, audited_action
+from accounts.errors import ActionDenied, InvitationInvalid
+from accounts.models import Invitation, Membership, Tenant, User
+from accounts.roles import Role
+
+_INVITATION_SALT = "accounts.invitation"
+
+
+def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> Membership | None:
+    """The actor's membership if it may perform `action` in `tenant`; else ActionDenied.
+
+    Platform staff acting through the admin pass without a membership (None).
+    """
+    if actor.staff and actor.user is not None and actor.user.is_staff:
+        return None
+    membership = (
+        Membership.objects.filter(tenant=tenant, user=actor.user).first()
+        if actor.user is not None
+        else None
+    )
+    if membership is None:
+        raise ActionDenied("You are not a member of this organization.")
+    if not roles.can(membership.role, action):
+        raise ActionDenied(roles.denial_message(membership.role, action))
+    return membership
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:40] or "org"
+    slug, n = base, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def tenant_create(*, actor: Actor, name: str) -> Tenant:
+    """A new organization with the acting user as its owner."""
+    name = name.strip()
+    if not name:
+        raise ValidationError({"name": "Give the organization a name."})
+    if actor.user is None:
+        raise ValueError("an organization needs a user to own it")
+    for _ in range(3):  # two sign-ups racing for one slug: take the next one
+        try:
+            with transaction.atomic():
+                tenant = Tenant(name=name, slug=_unique_slug(name))
+                tenant.full_clean()
+                tenant.save()
+                Membership.objects.create(tenant=tenant, user=actor.user, role=Role.OWNER)
+                audit_record(
+                    actor=actor,
+                    action="tenant.create",
+                    tenant=tenant,
+                    target=tenant,
+                    payload={"name": tenant.name, "slug": tenant.slug},
+                )
+                return tenant
+        except IntegrityError:
+            continue
+    raise ValidationError({"name": "That name is taken; try another."})
+
+
+def _guard_owner_change(
+    *, actor: Actor, tenant: Tenant, membership: Membership, new_role: str | None
+) -> None:
+    """Owner rights are granted or revoked only by owners, and one owner always remains.
+
+    `new_role` None means the membership is being removed.
+    """
+    touches_owner = membership.role == Role.OWNER or new_role == Role.OWNER
+    if touches_owner:
+        permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
+    if membership.role == Role.OWNER and new_role != Role.OWNER:
+        # Lock the owners so two owners demoting each other cannot leave none.
+        owners = list(
+            Membership.objects.select_for_update()
+            .filter(tenant=tenant, role=Role.OWNER)
+            .values_list("pk", flat=True)
+        )
+        if owners == [membership.pk]:
+            raise ActionDenied(
+                "An organization needs at least one owner: make someone else owner first."
+            )
+
+
+def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    if role not in Role.values:
+        raise ValidationError({"role": f"Unknown role {role!r}."})
+    tenant = membership.tenant
+    with audited_action(actor=actor, action="member.change_role", tenant=tenant, target=membership):
+        permission_require(actor=actor, tenant=tenant, action="member.change_role")
+        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        old_role = membership.role
+        _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=role)
+        membership.role = role
+        membership.save(update_fields=["role"])
+        audit_record(
+            actor=actor,
+            action="member.change_role",
+            tenant=tenant,
+            target=membership,
+            payload={"email": membership.user.email, "from": old_role, "to": role},
+        )
+    return membership
+
+
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    """Remove a member; anyone may leave, removing others needs the role for it."""
+    tenant = membership.tenant
+    with audited_action(actor=actor, action="member.remove", tenant=tenant, target=membership):
+        leaving = actor.user is not None and membership.user_id == actor.user.pk and not actor.staff
+        if not leaving:
+            permission_require(actor=actor, tenant=tenant, action="member.remove")
+        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=None)
+        audit_record(
+            actor=actor,
+            action="member.remove",
+            tenant=tenant,
+            target=membership,
+            payload={"email": membership.user.email, "role": membership.role},
+        )
+        membership.delete()
+
+
+def invitation_token(invitation: Invitation) -> str:
+    return signing.dumps(invitation.pk, salt=_INVITATION_SALT)
+
+
+def invitation_create(*, actor: Actor, tenant: Tenant, email: str, role: str) -> Invitation:
+    """Invite someone by email; a newer invitation to the same address replaces older ones."""
+    email = User.objects.normalize_email(email).strip().lower()
+    if role not in Role.values:
+        raise ValidationError({"role": f"Unknown role {role!r}."})
+    with audited_action(actor=actor, action="member.invite", tenant=tenant):
+        permission_require(actor=actor, tenant=tenant, action="member.invite")
+        if role == Role.OWNER:
+            permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
+        if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
+            raise ValidationError({"email": f"{email} is already a member."})
+        now = timezone.now()
+        Invitation.objects.filter(
+            tenant=tenant, email=email, accepted_at=None, revoked_at=None
+        ).update(revoked_at=now)
+        invitation = Invitation(
+            tenant=tenant, email=email, role=role, invited_by=actor.user, created_at=now
+        )
+        invitation.full_clean()
+        invitation.save()
+        audit_record(
+            actor=actor,
+            action="member.invite",
+            tenant=tenant,
+            target=invitation,
+            payload={"email": email, "role": role},
+        )
+        transaction.on_commit(lambda: _send_invitation_email(invitation.pk))
+    return invitation
+
+
+def _send_invitation_email(invitation_pk: int) -> None:
+    from accounts.tasks import invitation_send  # tasks import services: import late
+
+    invitation_send.delay(invitation_pk)
+
+
+def invitation_email_send(*, invitation: Invitation) -> None:
+    """Mail the invitation link; called by the worker after the invitation is committed."""
+    if invitation.status != "pending":
+        return
+    link = settings.OPSDECK_BASE_URL.rstrip("/") + reverse(
+        "invitation_accept", kwargs={"token": invitation_token(invitation)}
+    )
+    context = {"invitation": invitation, "link": link}
+    send_mail(
+        subject=f"[Opsdeck] You are invited to {invitation.tenant.name}",
+        message=render_to_string("accounts/email/invitation.txt", context),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        recipient_list=[invitation.email],
+    )
+
+
+def invitation_from_token(token: str) -> Invitation:
+    """The invitation a link names, or InvitationInvalid saying why it cannot be used."""
+    try:
+        pk = signing.loads(
+            token, salt=_INVITATION_SALT, max_age=settings.OPSDECK_INVITATION_MAX_AGE
+        )
+    except signing.SignatureExpired as exc:
+        raise InvitationInvalid("This invitation has expired. Ask for a new one.") from exc
+    except signing.BadSignature as exc:
+        raise InvitationInvalid("This invitation link is not valid.") from exc
+    invitation = Invitation.objects.select_related("tenant").filter(pk=pk).first()
+    if invitation is None:
+        raise InvitationInvalid("This invitation link is not valid.")
+    status = invitation.status
+    if status == "accepted":
+        raise InvitationInvalid("This invitation has already been used.")
+    if status == "revoked":
+        raise InvitationInvalid("This invitation was withdrawn.")
+    if status == "expired":
+        raise InvitationInvalid("This invitation has expired. Ask for a new one.")
+    return invitation
+
+
+def invitation_accept(*, actor: Actor, token: str) -> Membership:
+    """Join the invitation's organization; the link works once, for its own address."""
+    with transaction.atomic():
+        invitation = invitation_from_token(token)
+        invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+        if invitation.status != "pending":  # accepted by a concurrent request
+            raise InvitationInvalid("This invitation has already been used.")
+        if actor.user.email.lower() != invitation.email.lower():
+            raise InvitationInvalid(
+                f"This invitation was sent to {invitation.email}, but you are signed in "
+                f"as {actor.user.email}. Sign in with the invited address to accept it."
+            )
+        membership, _ = Membership.objects.get_or_create(
+            tenant=invitation.tenant, user=actor.user, defaults={"role": invitation.role}
+        )
+        invitation.accepted_at = timezone.now()
+        invitation.accepted_by = actor.user
+        invitation.save(update_fields=["accepted_at", "accepted_by"])
+        audit_record(
+            actor=actor,
+            action="member.join",
+            tenant=invitation.tenant,
+            target=membership,
+            payload={"email": actor.user.email, "role": membership.role},
+        )
+    return membership
+
+
+def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
+    tenant = invitation.tenant
+    with audited_action(actor=actor, action="invitation.revoke", tenant=tenant, target=invitation):
+        permission_require(actor=actor, tenant=tenant, action="member.invite")
+        updated = Invitation.objects.filter(
+            pk=invitation.pk, accepted_at=None, revoked_at=None
+        ).update(revoked_at=timezone.now())
+        if updated:
+            audit_record(
+                actor=actor,
+                action="invitation.revoke",
+                tenant=tenant,
+                target=invitation,
+                payload={"email": invitation.email},
+            )

@@ -1,0 +1,37 @@
+"""Tenant pages: `/t/<tenant_slug>/…` resolves `request.tenant` and `request.membership`.
+
+A user who is not a member gets a 404, never a 403 that would confirm the
+organization exists. A member whose role lacks the page's action gets a 403.
+"""
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+
+from accounts import roles, selectors
+
+SESSION_KEY = "tenant_slug"
+
+
+def tenant_view(action: str = "tenant.view"):
+    roles.can(roles.Role.OWNER, action)  # fail at import on an unknown action name
+
+    def decorator(view):
+        @login_required
+        @wraps(view)
+        def wrapper(request, tenant_slug: str, *args, **kwargs):
+            membership = selectors.membership_get(user=request.user, tenant_slug=tenant_slug)
+            if membership is None:
+                raise Http404("No such organization.")
+            request.tenant = membership.tenant
+            request.membership = membership
+            request.session[SESSION_KEY] = tenant_slug
+            if not roles.can(membership.role, action):
+                raise PermissionDenied(roles.denial_message(membership.role, action))
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator

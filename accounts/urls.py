@@ -1,0 +1,23 @@
+from django.urls import path
+
+from accounts import views
+
+# Mounted under /t/<tenant_slug>/.
+tenant_urlpatterns = [
+    path("team/", views.team, name="team"),
+    path("team/invite/", views.team_invite, name="team_invite"),
+    path("team/<int:membership_id>/role/", views.member_role, name="member_role"),
+    path("team/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
+    path(
+        "team/invitations/<int:invitation_id>/revoke/",
+        views.invitation_revoke,
+        name="invitation_revoke",
+    ),
+    path("audit/", views.audit_log, name="audit_log"),
+    path("audit/export.csv", views.audit_export, name="audit_export"),
+]
+
+urlpatterns = [
+    path("organizations/new/", views.organization_create, name="organization_create"),
+    path("invitations/<str:token>/", views.invitation_accept, name="invitation_accept"),
+]

@@ -1,0 +1,215 @@
+import csv
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from accounts import selectors, services
+from accounts.audit import Actor
+from accounts.errors import ActionDenied, InvitationInvalid
+from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
+from accounts.tenancy import tenant_view
+
+
+@login_required
+def organization_create(request):
+    form = OrganizationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            tenant = services.tenant_create(
+                actor=Actor.from_request(request), name=form.cleaned_data["name"]
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, f"Organization “{tenant.name}” created.")
+            return redirect("dashboard", tenant_slug=tenant.slug)
+    return render(request, "accounts/organization_create.html", {"form": form})
+
+
+def _team_context(request, **extra) -> dict:
+    return {
+        "members": selectors.tenant_members(request.tenant),
+        "invitations": selectors.invitations_pending(request.tenant),
+        "invite_form": InviteForm(),
+        "role_choices": RoleForm.base_fields["role"].choices,
+        **extra,
+    }
+
+
+@tenant_view("member.view")
+def team(request):
+    return render(request, "accounts/team.html", _team_context(request))
+
+
+def _team_response(request, **extra):
+    """After a team change: the team panel for htmx, else a redirect to the page."""
+    if request.htmx:
+        return render(request, "accounts/team.html#team-panel", _team_context(request, **extra))
+    return redirect("team", tenant_slug=request.tenant.slug)
+
+
+@tenant_view("member.view")
+@require_POST
+def team_invite(request):
+    form = InviteForm(request.POST)
+    if form.is_valid():
+        try:
+            invitation = services.invitation_create(
+                actor=Actor.from_request(request),
+                tenant=request.tenant,
+                email=form.cleaned_data["email"],
+                role=form.cleaned_data["role"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        except ActionDenied as exc:
+            messages.error(request, exc.reason)
+            return _team_response(request)
+        else:
+            messages.success(request, f"Invitation sent to {invitation.email}.")
+            return _team_response(request)
+    template = "accounts/team.html#team-panel" if request.htmx else "accounts/team.html"
+    return render(request, template, _team_context(request, invite_form=form), status=400)
+
+
+@tenant_view("member.view")
+@require_POST
+def member_role(request, membership_id: int):
+    membership = get_object_or_404(request.tenant.memberships, pk=membership_id)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose one of the listed roles.")
+        return _team_response(request)
+    try:
+        services.membership_change_role(
+            actor=Actor.from_request(request), membership=membership, role=form.cleaned_data["role"]
+        )
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+    else:
+        messages.success(request, f"{membership.user.email} is now {form.cleaned_data['role']}.")
+    return _team_response(request)
+
+
+@tenant_view("member.view")
+@require_POST
+def member_remove(request, membership_id: int):
+    membership = get_object_or_404(request.tenant.memberships, pk=membership_id)
+    leaving = membership.user_id == request.user.pk
+    try:
+        services.membership_remove(actor=Actor.from_request(request), membership=membership)
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+        return _team_response(request)
+    if leaving:
+        messages.success(request, f"You left {request.tenant.name}.")
+        response = redirect("home")
+        if request.htmx:
+            response = HttpResponse(status=204, headers={"HX-Redirect": reverse("home")})
+        return response
+    messages.success(request, f"{membership.user.email} was removed.")
+    return _team_response(request)
+
+
+@tenant_view("member.view")
+@require_POST
+def invitation_revoke(request, invitation_id: int):
+    invitation = get_object_or_404(request.tenant.invitations, pk=invitation_id)
+    try:
+        services.invitation_revoke(actor=Actor.from_request(request), invitation=invitation)
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+    else:
+        messages.success(request, f"Invitation to {invitation.email} withdrawn.")
+    return _team_response(request)
+
+
+def invitation_accept(request, token: str):
+    """The page an invitation link opens: sign in (or up) as the invited address, then join."""
+    try:
+        invitation = services.invitation_from_token(token)
+    except InvitationInvalid as exc:
+        return render(request, "accounts/invitation.html", {"error": str(exc)}, status=400)
+    if request.method == "POST" and request.user.is_authenticated:
+        try:
+            membership = services.invitation_accept(actor=Actor.from_request(request), token=token)
+        except InvitationInvalid as exc:
+            return render(
+                request,
+                "accounts/invitation.html",
+                {"error": str(exc), "invitation": invitation},
+                status=400,
+            )
+        messages.success(request, f"Welcome to {membership.tenant.name}.")
+        return redirect("dashboard", tenant_slug=membership.tenant.slug)
+    return render(request, "accounts/invitation.html", {"invitation": invitation})
+
+
+def _audit_events(request):
+    form = AuditFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    events = selectors.audit_events_for_tenant(
+        request.tenant,
+        action=filters.get("action", ""),
+        actor=filters.get("actor", ""),
+        since=filters.get("since"),
+        until=filters.get("until"),
+    )
+    return form, events
+
+
+@tenant_view("audit.view")
+def audit_log(request):
+    form, events = _audit_events(request)
+    page = Paginator(events, 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "actions": selectors.audit_actions_for_tenant(request.tenant),
+    }
+    template = "accounts/audit_log.html#audit-table" if request.htmx else "accounts/audit_log.html"
+    return render(request, template, context)
+
+
+class _Echo:
+    def write(self, value):
+        return value
+
+
+@tenant_view("audit.view")
+def audit_export(request):
+    _, events = _audit_events(request)
+    writer = csv.writer(_Echo())
+    header = ["time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip"]
+
+    def rows():
+        yield writer.writerow(header)
+        for e in events.iterator(chunk_size=500):
+            yield writer.writerow(
+                [
+                    e.created_at.isoformat(),
+                    e.actor_email,
+                    e.actor_kind,
+                    e.action,
+                    e.target_type,
+                    e.target_id,
+                    e.result,
+                    e.ip or "",
+                ]
+            )
+
+    filename = f"audit-{request.tenant.slug}.csv"
+    return StreamingHttpResponse(
+        rows(),
+        content_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from billing import views
+
+# Mounted under /t/<tenant_slug>/.
+tenant_urlpatterns = [
+    path("billing/", views.overview, name="billing_overview"),
+]

@@ -1,0 +1,36 @@
+from allauth.account.models import EmailAddress
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from accounts import services
+from accounts.audit import Actor
+from accounts.models import Tenant, User
+
+DEMO_EMAIL = "demo@opsdeck.example"
+DEMO_PASSWORD = "opsdeck-demo"  # noqa: S105 - a published demo credential, not a secret
+DEMO_TENANT = "Demo Company"
+
+
+class Command(BaseCommand):
+    help = "Create the demo user (verified email) and the organization they own; idempotent."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--password", default=DEMO_PASSWORD, help="the demo user's password")
+
+    @transaction.atomic
+    def handle(self, *args, password, **options):
+        user, _ = User.objects.get_or_create(email=DEMO_EMAIL)
+        user.set_password(password)
+        user.save()
+        EmailAddress.objects.update_or_create(
+            user=user, email=DEMO_EMAIL, defaults={"verified": True, "primary": True}
+        )
+        tenant = Tenant.objects.for_user(user).filter(name=DEMO_TENANT).first()
+        if tenant is None:
+            tenant = services.tenant_create(actor=Actor(user=user), name=DEMO_TENANT)
+        self.stdout.write(
+            "Demo ready. Sign in with\n"
+            f"  email:        {DEMO_EMAIL}\n"
+            f"  password:     {password}\n"
+            f"  organization: {tenant.name} (/t/{tenant.slug}/)"
+        )

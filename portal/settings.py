@@ -1,0 +1,238 @@
+"""Opsdeck settings: one file, read top to bottom, every value from the environment.
+
+Production-safe by default (DEBUG off, secrets required); `make run` sets
+DEBUG=1, which generates development secrets under var/. The README's
+"Configuration" table lists every variable.
+"""
+
+from pathlib import Path
+
+import environ
+from cryptography.fernet import Fernet
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.utils import get_random_secret_key
+
+from portal import embedded
+
+env = environ.Env()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env.str("OPSDECK_VAR_DIR", default=str(BASE_DIR / "var")))
+
+DEBUG = env.bool("DEBUG", default=False)
+
+# --- Secrets -----------------------------------------------------------------
+
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
+    SECRET_KEY = embedded.read_or_create(VAR_DIR / "secret_key", get_random_secret_key)
+
+# Comma-separated Fernet keys; the first encrypts, all decrypt (MultiFernet).
+OPSDECK_ENCRYPTION_KEYS = env.list("OPSDECK_ENCRYPTION_KEYS", default=[])
+if not OPSDECK_ENCRYPTION_KEYS:
+    if not DEBUG:
+        raise ImproperlyConfigured("OPSDECK_ENCRYPTION_KEYS must be set when DEBUG is off.")
+    OPSDECK_ENCRYPTION_KEYS = [
+        embedded.read_or_create(VAR_DIR / "encryption_key", lambda: Fernet.generate_key().decode())
+    ]
+
+# --- HTTP and security -------------------------------------------------------
+
+ALLOWED_HOSTS = env.list(
+    "ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"] if DEBUG else []
+)
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+if env.bool("BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # load balancers probe over plain HTTP
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=not DEBUG)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=not DEBUG)
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# --- Applications ------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "template_partials",
+    "django_celery_beat",
+    "allauth",
+    "allauth.account",
+    "allauth.mfa",
+    "accounts",
+    "billing",
+    "deployments",
+    "portal",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+ASGI_APPLICATION = "portal.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "accounts.context_processors.tenancy",
+            ],
+        },
+    },
+]
+
+# --- Data: PostgreSQL everywhere ---------------------------------------------
+
+_database = embedded.postgres(env.str("DATABASE_URL", default=""), VAR_DIR)
+DATABASES = {"default": env.db_url_config(_database.url)}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+OPSDECK_DATABASE_SOURCE = _database.source
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: broker and cache -------------------------------------------------
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
+CACHE_URL = env.str("CACHE_URL", default="")
+OPSDECK_BROKER_SOURCE = "configured"
+if not (CELERY_BROKER_URL and CACHE_URL):
+    _redis = embedded.redis("", VAR_DIR)
+    if not CELERY_BROKER_URL:
+        CELERY_BROKER_URL = embedded.kombu_url(embedded.redis_url_for_db(_redis.url, 0))
+        OPSDECK_BROKER_SOURCE = _redis.source
+    CACHE_URL = CACHE_URL or embedded.redis_url_for_db(_redis.url, 1)
+
+if CACHE_URL.startswith(("redis://", "rediss://", "unix://")):
+    _cache = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+else:
+    _cache = env.cache_url_config(CACHE_URL)
+_cache["KEY_PREFIX"] = env.str("CACHE_KEY_PREFIX", default="opsdeck")
+CACHES = {"default": _cache}
+
+# --- Celery --------------------------------------------------------------------
+
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="opsdeck")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True  # state lives in PostgreSQL, not in a result backend
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"
+
+# --- Accounts: email login, verification, MFA --------------------------------
+
+AUTH_USER_MODEL = "accounts.User"
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "allauth.account.auth_backends.AuthenticationBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "account_login"
+LOGIN_REDIRECT_URL = "home"
+
+ACCOUNT_ADAPTER = "accounts.adapters.AccountAdapter"
+ACCOUNT_SIGNUP_FORM_CLASS = "accounts.forms.SignupForm"
+ACCOUNT_USER_MODEL_USERNAME_FIELD = None
+ACCOUNT_LOGIN_METHODS = {"email"}
+ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
+ACCOUNT_UNIQUE_EMAIL = True
+ACCOUNT_EMAIL_VERIFICATION = "optional" if DEBUG else "mandatory"
+ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = True
+ACCOUNT_LOGOUT_REDIRECT_URL = "account_login"
+ACCOUNT_EMAIL_SUBJECT_PREFIX = "[Opsdeck] "
+MFA_ADAPTER = "accounts.adapters.MFAAdapter"
+MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
+MFA_TOTP_ISSUER = "Opsdeck"
+
+# The portal's public address, for links in emails sent by workers.
+OPSDECK_BASE_URL = env.str("OPSDECK_BASE_URL", default="http://localhost:8000")
+# Signed invitation links expire after this many seconds (7 days).
+OPSDECK_INVITATION_MAX_AGE = 7 * 24 * 3600
+
+# --- Email ---------------------------------------------------------------------
+
+# EMAIL_BACKEND, EMAIL_HOST, EMAIL_PORT, credentials and TLS flags, from one URL.
+globals().update(env.email_url_config(env.str("EMAIL_URL", default="consolemail://")))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Opsdeck <noreply@localhost>")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+
+# --- Static files --------------------------------------------------------------
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+
+# --- Time and language -------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+# --- Logging -------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": env.str("LOG_FORMAT", default="text"),
+        }
+    },
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,28 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from accounts.urls import tenant_urlpatterns as accounts_tenant_urls
+from billing.urls import tenant_urlpatterns as billing_tenant_urls
+from deployments.urls import tenant_urlpatterns as deployments_tenant_urls
+from portal import views
+
+admin.site.site_header = "Opsdeck administration"
+admin.site.site_title = "Opsdeck admin"
+
+# Every page of one organization; each resolves the tenant and answers 404 to non-members.
+tenant_urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    *accounts_tenant_urls,
+    *deployments_tenant_urls,
+    *billing_tenant_urls,
+]
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+    path("accounts/", include("allauth.urls")),
+    path("t/<slug:tenant_slug>/", include(tenant_urlpatterns)),
+    path("", include("accounts.urls")),
+]

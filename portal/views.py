@@ -1,0 +1,69 @@
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+from django.shortcuts import redirect, render
+from kombu import Connection
+
+from accounts import roles, selectors
+from accounts.tenancy import SESSION_KEY, tenant_view
+
+
+def home(request):
+    """Send a signed-in user to their last organization (or their first)."""
+    if not request.user.is_authenticated:
+        return redirect("account_login")
+    memberships = selectors.memberships_for_user(request.user)
+    last = request.session.get(SESSION_KEY)
+    membership = memberships.filter(tenant__slug=last).first() or memberships.first()
+    if membership is None:
+        return redirect("organization_create")
+    return redirect("dashboard", tenant_slug=membership.tenant.slug)
+
+
+@tenant_view()
+def dashboard(request):
+    tenant = request.tenant
+    recent = []
+    if roles.can(request.membership.role, "audit.view"):
+        recent = selectors.audit_events_for_tenant(tenant)[:8]
+    return render(
+        request,
+        "portal/dashboard.html",
+        {
+            "member_count": tenant.memberships.count(),
+            "pending_invitations": len(selectors.invitations_pending(tenant)),
+            "recent_events": recent,
+        },
+    )
+
+
+def healthz(request):
+    """The process is alive and serving requests."""
+    return JsonResponse({"status": "ok"})
+
+
+def _database_ok() -> bool:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def _broker_ok() -> bool:
+    try:
+        with Connection(settings.CELERY_BROKER_URL, connect_timeout=2) as broker:
+            broker.ensure_connection(max_retries=1, timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+def readyz(request):
+    """Ready to serve: the database and the broker answer; 503 names what does not."""
+    checks = {"database": _database_ok(), "broker": _broker_ok()}
+    failing = [name for name, ok in checks.items() if not ok]
+    status = 503 if failing else 200
+    body = {"status": "unavailable" if failing else "ok", "failing": failing}
+    return JsonResponse(body, status=status)

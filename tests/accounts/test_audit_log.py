@@ -1,0 +1,146 @@
+import csv
+import io
+
+import pytest
+from django.db import transaction
+
+from accounts import services
+from accounts.audit import Actor, audit_record
+from accounts.errors import ActionDenied
+from accounts.models import AppendOnlyError, AuditEvent, Membership
+
+
+@pytest.mark.django_db
+def test_audit_events_cannot_be_changed_or_deleted(tenant):
+    event = AuditEvent.objects.get(tenant=tenant, action="tenant.create")
+
+    event.action = "tenant.forged"
+    with pytest.raises(AppendOnlyError):
+        event.save()
+    with pytest.raises(AppendOnlyError):
+        event.delete()
+    with pytest.raises(AppendOnlyError):
+        AuditEvent.objects.filter(pk=event.pk).update(action="tenant.forged")
+    with pytest.raises(AppendOnlyError):
+        AuditEvent.objects.filter(pk=event.pk).delete()
+
+    assert AuditEvent.objects.get(pk=event.pk).action == "tenant.create"
+
+
+@pytest.mark.django_db
+def test_secrets_never_reach_the_payload(tenant, owner):
+    event = audit_record(
+        actor=Actor(user=owner),
+        action="test.secret",
+        tenant=tenant,
+        payload={"password": "hunter2", "nested": {"api_token": "t0k", "name": "ok"}},
+    )
+
+    event.refresh_from_db()
+    assert event.payload == {
+        "password": "[redacted]",
+        "nested": {"api_token": "[redacted]", "name": "ok"},
+    }
+
+
+@pytest.mark.django_db
+def test_invitation_events_hold_no_link_or_token(tenant, owner):
+    invitation = services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="member"
+    )
+    token = services.invitation_token(invitation)
+
+    for event in AuditEvent.objects.filter(tenant=tenant):
+        assert token not in str(event.payload)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_denied_action_is_recorded_while_its_change_is_rolled_back(owner, tenant, add_member):
+    viewer = add_member("vic@example.com", "viewer")
+    target = Membership.objects.get(tenant=tenant, user=owner)
+
+    with pytest.raises(ActionDenied):
+        services.membership_change_role(actor=Actor(user=viewer), membership=target, role="viewer")
+
+    target.refresh_from_db()
+    assert target.role == "owner"
+    denied = AuditEvent.objects.get(action="member.change_role")
+    assert denied.result == "denied"
+    assert denied.payload == {"reason": "Your role (Viewer) does not allow changing roles."}
+    assert denied.target_id == str(target.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refusal_after_a_write_leaves_no_trace_of_the_write(owner, tenant):
+    """The last-owner rule fires after the role was read and locked: nothing is half-done."""
+    me = Membership.objects.get(tenant=tenant, user=owner)
+
+    with pytest.raises(ActionDenied):
+        services.membership_remove(actor=Actor(user=owner), membership=me)
+
+    assert Membership.objects.filter(pk=me.pk).exists()
+    assert list(
+        AuditEvent.objects.filter(action="member.remove").values_list("result", flat=True)
+    ) == ["denied"]
+
+
+@pytest.mark.django_db
+def test_owners_see_the_log_and_can_filter_it(owner_client, tenant, owner, add_member):
+    add_member("bob@example.com", "member")
+    services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="member"
+    )
+
+    page = owner_client.get(f"/t/{tenant.slug}/audit/")
+    assert page.status_code == 200
+    assert b"tenant.create" in page.content
+    assert b"member.invite" in page.content
+
+    filtered = owner_client.get(f"/t/{tenant.slug}/audit/", {"action": "member.invite"})
+    assert b"<code>member.invite</code>" in filtered.content
+    assert b"<code>tenant.create</code>" not in filtered.content
+
+    nobody = owner_client.get(f"/t/{tenant.slug}/audit/", {"actor": "nobody@"})
+    assert b"No events match." in nobody.content
+
+
+@pytest.mark.django_db
+def test_a_bad_date_range_is_explained_not_crashed(owner_client, tenant):
+    response = owner_client.get(
+        f"/t/{tenant.slug}/audit/", {"since": "2026-05-02", "until": "2026-05-01"}
+    )
+
+    assert response.status_code == 200
+    assert b"The start date is after the end date." in response.content
+
+
+@pytest.mark.django_db
+def test_the_log_exports_as_csv(owner_client, tenant):
+    response = owner_client.get(f"/t/{tenant.slug}/audit/export.csv")
+
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert rows[0] == [
+        "time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip"
+    ]  # fmt: skip
+    assert rows[1][1:4] == ["owner@example.com", "user", "tenant.create"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("role", ["member", "viewer", "billing"])
+def test_roles_below_admin_cannot_read_the_log(client, tenant, add_member, role):
+    client.force_login(add_member("someone@example.com", role))
+
+    assert client.get(f"/t/{tenant.slug}/audit/").status_code == 403
+    assert client.get(f"/t/{tenant.slug}/audit/export.csv").status_code == 403
+
+
+@pytest.mark.django_db
+def test_one_tenants_log_never_shows_anothers_events(owner_client, tenant, make_user):
+    stranger = make_user("other@example.com")
+    with transaction.atomic():
+        services.tenant_create(actor=Actor(user=stranger), name="Secret Corp")
+
+    page = owner_client.get(f"/t/{tenant.slug}/audit/export.csv")
+
+    assert b"other@example.com" not in b"".join(page.streaming_content)

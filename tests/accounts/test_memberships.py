@@ -1,0 +1,136 @@
+import pytest
+
+from accounts import services
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Membership
+
+
+def _membership(tenant, user):
+    return Membership.objects.get(tenant=tenant, user=user)
+
+
+@pytest.mark.django_db
+def test_an_admin_changes_a_members_role_from_the_team_page(client, tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+    bob = add_member("bob@example.com", "member")
+    client.force_login(admin)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, bob).pk}/role/",
+        {"role": "viewer"},
+        headers={"HX-Request": "true"},
+    )
+
+    assert response.status_code == 200
+    assert b'id="team-panel"' in response.content
+    assert b"bob@example.com is now viewer." in response.content
+    assert _membership(tenant, bob).role == "viewer"
+    event = AuditEvent.objects.get(tenant=tenant, action="member.change_role", result="ok")
+    assert event.payload == {"email": "bob@example.com", "from": "member", "to": "viewer"}
+
+
+@pytest.mark.django_db
+def test_an_admin_cannot_grant_the_owner_role(tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+    bob = add_member("bob@example.com", "member")
+
+    with pytest.raises(ActionDenied, match="granting or revoking the owner role"):
+        services.membership_change_role(
+            actor=Actor(user=admin), membership=_membership(tenant, bob), role="owner"
+        )
+
+    assert _membership(tenant, bob).role == "member"
+
+
+@pytest.mark.django_db
+def test_the_last_owner_cannot_be_demoted(owner, tenant):
+    with pytest.raises(ActionDenied, match="needs at least one owner"):
+        services.membership_change_role(
+            actor=Actor(user=owner), membership=_membership(tenant, owner), role="admin"
+        )
+
+    assert _membership(tenant, owner).role == "owner"
+
+
+@pytest.mark.django_db
+def test_the_last_owner_cannot_leave_or_be_removed(client, owner, tenant):
+    client.force_login(owner)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/remove/", follow=True
+    )
+
+    assert b"needs at least one owner" in response.content
+    assert Membership.objects.filter(tenant=tenant, user=owner).exists()
+
+
+@pytest.mark.django_db
+def test_an_owner_can_step_down_once_there_is_another_owner(owner, tenant, add_member):
+    second = add_member("second@example.com", "owner")
+
+    services.membership_change_role(
+        actor=Actor(user=second), membership=_membership(tenant, owner), role="member"
+    )
+
+    assert _membership(tenant, owner).role == "member"
+
+
+@pytest.mark.django_db
+def test_an_admin_removes_a_member(client, tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+    bob = add_member("bob@example.com", "member")
+    client.force_login(admin)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, bob).pk}/remove/", follow=True
+    )
+
+    assert b"bob@example.com was removed." in response.content
+    assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
+    event = AuditEvent.objects.get(tenant=tenant, action="member.remove")
+    assert event.payload == {"email": "bob@example.com", "role": "member"}
+
+
+@pytest.mark.django_db
+def test_a_member_can_leave_but_not_remove_others(client, tenant, add_member, owner):
+    bob = add_member("bob@example.com", "member")
+    client.force_login(bob)
+
+    refused = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/remove/", follow=True
+    )
+    assert b"does not allow removing members" in refused.content
+    assert Membership.objects.filter(tenant=tenant, user=owner).exists()
+
+    left = client.post(f"/t/{tenant.slug}/team/{_membership(tenant, bob).pk}/remove/")
+    assert left.status_code == 302
+    assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
+    assert client.get(f"/t/{tenant.slug}/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_viewer_sees_the_team_without_controls(client, tenant, add_member):
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    page = client.get(f"/t/{tenant.slug}/team/")
+
+    assert page.status_code == 200
+    assert b"owner@example.com" in page.content
+    assert b"Send invitation" not in page.content
+    assert b'name="role"' not in page.content
+
+
+@pytest.mark.django_db
+def test_an_unknown_role_is_refused_without_change(client, tenant, add_member):
+    bob = add_member("bob@example.com", "member")
+    client.force_login(tenant.memberships.get(role="owner").user)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, bob).pk}/role/",
+        {"role": "operator"},
+        follow=True,
+    )
+
+    assert b"Choose one of the listed roles." in response.content
+    assert _membership(tenant, bob).role == "member"

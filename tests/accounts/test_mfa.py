@@ -1,0 +1,59 @@
+import pytest
+from allauth.mfa.models import Authenticator
+from allauth.mfa.totp.internal.auth import (
+    format_hotp_value,
+    hotp_value,
+    yield_hotp_counters_from_time,
+)
+
+from accounts import crypto
+from accounts.models import AuditEvent
+from tests.conftest import PASSWORD
+
+
+def _totp(secret: str) -> str:
+    counter = next(iter(yield_hotp_counters_from_time()))
+    return format_hotp_value(hotp_value(secret, counter))
+
+
+def _sign_in(client, email="owner@example.com"):
+    return client.post("/accounts/login/", {"login": email, "password": PASSWORD})
+
+
+@pytest.mark.django_db
+def test_totp_can_be_enabled_and_is_then_required_at_sign_in(
+    client, owner, tenant, django_capture_on_commit_callbacks
+):
+    _sign_in(client)
+    # Turning on MFA asks for the password again, however recent the sign-in.
+    assert client.get("/accounts/2fa/totp/activate/").url.startswith("/accounts/reauthenticate/")
+    client.post("/accounts/reauthenticate/", {"password": PASSWORD})
+    page = client.get("/accounts/2fa/totp/activate/")
+    assert page.status_code == 200
+    secret = client.session["mfa.totp.secret"]
+
+    wrong = client.post("/accounts/2fa/totp/activate/", {"code": "000000"})
+    assert wrong.status_code == 200
+    assert not Authenticator.objects.filter(user=owner).exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        activated = client.post("/accounts/2fa/totp/activate/", {"code": _totp(secret)})
+    assert activated.status_code == 302
+    totp = Authenticator.objects.get(user=owner, type=Authenticator.Type.TOTP)
+    # Stored encrypted with our key, not in the clear.
+    assert totp.data["secret"] != secret
+    assert crypto.decrypt(totp.data["secret"]) == secret
+    assert AuditEvent.objects.filter(action="mfa.add", actor=owner).exists()
+
+    client.post("/accounts/logout/")
+    first_step = _sign_in(client)
+    assert first_step.url == "/accounts/2fa/authenticate/"
+    assert client.get(f"/t/{tenant.slug}/").status_code == 302  # not signed in yet
+
+    bad = client.post("/accounts/2fa/authenticate/", {"code": "123456"})
+    assert bad.status_code == 200
+    assert client.get(f"/t/{tenant.slug}/").status_code == 302
+
+    good = client.post("/accounts/2fa/authenticate/", {"code": _totp(secret)})
+    assert good.status_code == 302
+    assert client.get(f"/t/{tenant.slug}/").status_code == 200

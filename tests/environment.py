@@ -1,0 +1,22 @@
+"""The test run's environment, set before Django reads its settings (loaded with `-p`).
+
+Tests run with production settings (DEBUG off) and their own secrets, Celery
+queue and cache prefix, so a `make run` worker on the same Redis never takes
+a test's task and a test never reads the portal's cache.
+"""
+
+import os
+import secrets
+import tempfile
+
+from cryptography.fernet import Fernet
+
+RUN_ID = secrets.token_hex(4)
+
+os.environ["DEBUG"] = "0"
+os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
+os.environ["OPSDECK_ENCRYPTION_KEYS"] = Fernet.generate_key().decode()
+os.environ["SECURE_SSL_REDIRECT"] = "0"  # the test client speaks plain HTTP
+os.environ["CELERY_QUEUE"] = f"opsdeck-test-{RUN_ID}"
+os.environ["CACHE_KEY_PREFIX"] = f"opsdeck-test-{RUN_ID}"
+os.environ["STATIC_ROOT"] = tempfile.mkdtemp(prefix="opsdeck-static-")

@@ -1,0 +1,101 @@
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from accounts import services
+from accounts.audit import Actor
+from accounts.models import AuditEvent, Membership
+
+SERVICE_OWNED = [
+    "accounts.tenant",
+    "accounts.membership",
+    "accounts.invitation",
+    "accounts.auditevent",
+]
+
+
+@pytest.fixture
+def staff_client(client, make_user):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    return client
+
+
+def _url(model, view, *args):
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
+
+
+@pytest.mark.django_db
+def test_every_admin_list_and_detail_page_loads(staff_client, tenant):
+    for model in admin.site._registry:
+        assert staff_client.get(_url(model, "changelist")).status_code == 200, model
+        obj = model._default_manager.first()
+        if obj is not None:
+            assert staff_client.get(_url(model, "change", obj.pk)).status_code == 200, model
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("label", SERVICE_OWNED)
+def test_service_owned_models_cannot_be_added_edited_or_deleted_directly(
+    staff_client, tenant, owner, label
+):
+    services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="member"
+    )
+    model = next(m for m in admin.site._registry if m._meta.label_lower == label)
+    obj = model._default_manager.first()
+
+    assert staff_client.get(_url(model, "add")).status_code == 403
+    assert staff_client.post(_url(model, "delete", obj.pk), {"post": "yes"}).status_code == 403
+    before = model._default_manager.count()
+    staff_client.post(_url(model, "change", obj.pk), {"role": "viewer", "name": "Hacked"})
+    assert model._default_manager.count() == before
+    obj_after = model._default_manager.get(pk=obj.pk)
+    assert getattr(obj_after, "name", "") != "Hacked"
+    assert getattr(obj_after, "role", "") != "viewer"
+
+
+@pytest.mark.django_db
+def test_a_role_change_from_the_admin_goes_through_the_service(staff_client, tenant, add_member):
+    bob = add_member("bob@example.com", "member")
+    membership = Membership.objects.get(user=bob)
+
+    response = staff_client.post(
+        _url(Membership, "changelist"),
+        {"action": "make_viewer", "_selected_action": [membership.pk]},
+        follow=True,
+    )
+
+    assert b"Changed to viewer: 1." in response.content
+    membership.refresh_from_db()
+    assert membership.role == "viewer"
+    event = AuditEvent.objects.get(action="member.change_role")
+    assert (event.actor_email, event.actor_kind, event.tenant) == (
+        "staff@example.com",
+        "staff",
+        tenant,
+    )
+
+
+@pytest.mark.django_db
+def test_the_admin_keeps_the_last_owner_rule(staff_client, tenant, owner):
+    membership = Membership.objects.get(user=owner)
+
+    response = staff_client.post(
+        _url(Membership, "changelist"),
+        {"action": "make_member", "_selected_action": [membership.pk]},
+        follow=True,
+    )
+
+    assert b"needs at least one owner" in response.content
+    membership.refresh_from_db()
+    assert membership.role == "owner"
+
+
+@pytest.mark.django_db
+def test_the_admin_is_for_staff_only(client, owner):
+    client.force_login(owner)
+
+    response = client.get("/admin/")
+
+    assert response.status_code == 302
+    assert response.url.startswith("/admin/login/")

@@ -1,0 +1,64 @@
+import pytest
+
+
+@pytest.mark.django_db
+def test_the_dashboard_shows_the_navigation_for_the_role(owner_client, tenant):
+    page = owner_client.get(f"/t/{tenant.slug}/")
+
+    assert page.status_code == 200
+    html = page.content.decode()
+    for label in ["Dashboard", "Deployments", "Billing", "Team", "Audit log", "Sign out"]:
+        assert label in html
+    assert "Recent activity" in html
+    assert "tenant.create" in html
+    # Front-end files come from this server, never a CDN.
+    assert "/static/vendor/htmx/htmx.min" in html
+    assert "/static/vendor/pico/pico.min" in html
+    assert "https://" not in html
+
+
+@pytest.mark.django_db
+def test_a_viewer_is_not_offered_billing_or_the_audit_log(client, tenant, add_member):
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    html = client.get(f"/t/{tenant.slug}/").content.decode()
+
+    assert "Deployments" in html
+    assert "Audit log" not in html
+    assert f"/t/{tenant.slug}/billing/" not in html
+
+
+@pytest.mark.django_db
+def test_the_billing_role_sees_billing_and_a_viewer_is_refused_it(client, tenant, add_member):
+    client.force_login(add_member("bill@example.com", "billing"))
+    assert client.get(f"/t/{tenant.slug}/billing/").status_code == 200
+
+    client.force_login(add_member("vic@example.com", "viewer"))
+    refused = client.get(f"/t/{tenant.slug}/billing/")
+    assert refused.status_code == 403
+    assert b"Your role (Viewer) does not allow viewing billing." in refused.content
+
+
+@pytest.mark.django_db
+def test_a_missing_page_is_a_404_inside_the_layout(owner_client):
+    page = owner_client.get("/no/such/page/")
+
+    assert page.status_code == 404
+    assert b"Page not found" in page.content
+    assert b"owner@example.com" in page.content  # the account menu of the layout
+
+
+@pytest.mark.django_db
+def test_static_files_are_served(client):
+    response = client.get("/static/css/opsdeck.css")
+
+    assert response.status_code == 200
+
+
+def test_the_500_page_renders_without_a_request():
+    from django.template.loader import render_to_string
+
+    html = render_to_string("500.html")
+
+    assert "Something went wrong" in html
+    assert "Opsdeck" in html

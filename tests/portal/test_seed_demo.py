@@ -1,0 +1,31 @@
+import pytest
+from allauth.account.models import EmailAddress
+from django.core.management import call_command
+
+from accounts.models import AuditEvent, Membership, Tenant, User
+
+
+def _snapshot():
+    return {
+        "users": list(User.objects.values_list("email", flat=True)),
+        "tenants": list(Tenant.objects.values_list("slug", "name")),
+        "memberships": list(Membership.objects.values_list("user__email", "tenant__slug", "role")),
+        "emails": list(EmailAddress.objects.values_list("email", "verified", "primary")),
+        "events": AuditEvent.objects.count(),
+    }
+
+
+@pytest.mark.django_db
+def test_seed_demo_twice_gives_the_same_data_and_the_printed_credentials_work(client, capsys):
+    call_command("seed_demo")
+    first = _snapshot()
+    out = capsys.readouterr().out
+    call_command("seed_demo")
+
+    assert _snapshot() == first
+    assert first["memberships"] == [("demo@opsdeck.example", "demo-company", "owner")]
+    assert first["emails"] == [("demo@opsdeck.example", True, True)]
+    email = out.split("email:")[1].split()[0]
+    password = out.split("password:")[1].split()[0]
+    signed_in = client.post("/accounts/login/", {"login": email, "password": password}, follow=True)
+    assert signed_in.request["PATH_INFO"] == "/t/demo-company/"
