@@ -22,7 +22,7 @@ run: $(VENV)/.installed
 	@echo
 	@echo "Opsdeck is starting at http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
 	@echo
-	$(VENV)/bin/honcho start --procfile Procfile --port $(PORT)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start --procfile Procfile --port $(PORT)
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest

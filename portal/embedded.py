@@ -55,11 +55,13 @@ def _file_lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def postgres(configured_url: str, var_dir: Path) -> Service:
+def postgres(
+    configured_url: str, var_dir: Path, local: tuple[str, int] = LOCAL_POSTGRES
+) -> Service:
     """The configured database, else local PostgreSQL, else an embedded one."""
     if configured_url:
         return Service(configured_url, "configured")
-    host, port = LOCAL_POSTGRES
+    host, port = local
     if port_answers(host, port):
         url = f"postgres://postgres@{host}:{port}/{DATABASE_NAME}"
         _ensure_database(f"host={host} port={port} user=postgres dbname=postgres")
@@ -97,11 +99,11 @@ def _ensure_database(maintenance_dsn: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
 
 
-def redis(configured_url: str, var_dir: Path) -> Service:
+def redis(configured_url: str, var_dir: Path, local: tuple[str, int] = LOCAL_REDIS) -> Service:
     """The configured Redis, else local Redis, else an embedded one on a Unix socket."""
     if configured_url:
         return Service(configured_url, "configured")
-    host, port = LOCAL_REDIS
+    host, port = local
     if port_answers(host, port):
         return Service(f"redis://{host}:{port}", "local")
     sock = _start_embedded_redis(var_dir / "redis")

