@@ -68,9 +68,8 @@ def postgres(
         return Service(url, "local")
     socket_dir = _start_embedded_postgres(var_dir / "postgres")
     _ensure_database(f"host={socket_dir} user=postgres dbname=postgres")
-    # A percent-encoded socket directory as host is how libpq URLs name a Unix socket.
-    quoted = str(socket_dir).replace("/", "%2F")
-    return Service(f"postgres://postgres@{quoted}/{DATABASE_NAME}", "embedded")
+    # libpq's URL form for a Unix socket: the directory as the `host` parameter.
+    return Service(f"postgres://postgres@/{DATABASE_NAME}?host={socket_dir}", "embedded")
 
 
 def _start_embedded_postgres(pgdata: Path) -> Path:

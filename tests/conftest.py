@@ -14,10 +14,10 @@ from accounts.models import Membership, User
 
 def pytest_report_header(config):
     db = django_settings.DATABASES["default"]
-    where = db.get("HOST") or "local socket"
+    where = db.get("HOST") or db.get("OPTIONS", {}).get("host") or "the default socket"
     return [
         f"database: PostgreSQL ({django_settings.OPSDECK_DATABASE_SOURCE}) "
-        f"at {where}:{db.get('PORT') or 5432}, test database test_{db['NAME']}",
+        f"at {where}, test database test_{db['NAME']}",
         f"broker: {django_settings.OPSDECK_BROKER_SOURCE}, "
         f"queue {django_settings.CELERY_TASK_DEFAULT_QUEUE}",
     ]

@@ -32,8 +32,7 @@ def test_without_a_local_server_an_embedded_postgresql_starts_with_the_database(
     embedded_postgres,
 ):
     assert embedded_postgres.source == "embedded"
-    socket_dir = embedded_postgres.url.split("@", 1)[1].split("/opsdeck")[0].replace("%2F", "/")
-    with psycopg.connect(host=socket_dir, user="postgres", dbname="opsdeck") as conn:
+    with psycopg.connect(embedded_postgres.url.replace("postgres://", "postgresql://")) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
         conn.execute("CREATE TABLE t (id int primary key)")  # a real server takes DDL
     assert version.startswith("18")

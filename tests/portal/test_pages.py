@@ -62,3 +62,16 @@ def test_the_500_page_renders_without_a_request():
 
     assert "Something went wrong" in html
     assert "Opsdeck" in html
+
+
+@pytest.mark.django_db
+def test_too_many_sign_in_attempts_get_a_429_inside_the_layout(client, settings):
+    settings.ACCOUNT_RATE_LIMITS = {"login": "2/m/ip"}
+    for _ in range(2):
+        client.post("/accounts/login/", {"login": "a@example.com", "password": "x"})
+
+    response = client.post("/accounts/login/", {"login": "a@example.com", "password": "x"})
+
+    assert response.status_code == 429
+    assert b"Too many requests" in response.content
+    assert b"Sign up" in response.content  # rendered inside the layout
