@@ -1,0 +1,248 @@
+import secrets
+import string
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from accounts.crypto import EncryptedTextField
+from accounts.models import Tenant
+from billing.models import Plan
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_instance_id() -> str:
+    """`inst-` and 8 lowercase alphanumerics: a valid DNS label, and the namespace's name."""
+    return "inst-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+class Cell(models.Model):
+    """A Kubernetes cluster that hosts instances (a deployment cell)."""
+
+    class DeploymentModel(models.TextChoices):
+        HOSTED = "hosted", "Hosted"
+        BYOC = "byoc", "Bring your own cloud"
+        ONPREM = "onprem", "On-premises"
+
+    name = models.SlugField(max_length=63, unique=True)
+    region = models.CharField(max_length=64, blank=True)
+    cloud = models.CharField(max_length=32, blank=True)
+    deployment_model = models.CharField(
+        max_length=8, choices=DeploymentModel.choices, default=DeploymentModel.HOSTED
+    )
+    # Empty means the in-cluster configuration of the worker's own pod.
+    kubeconfig = EncryptedTextField(blank=True)
+    context = models.CharField(max_length=253, blank=True)
+    operator_namespace = models.CharField(max_length=63, default="cnpg-system")
+    backup_destination = models.CharField(max_length=500, blank=True)
+    # JSON {"ACCESS_KEY_ID": ..., "ACCESS_SECRET_KEY": ...} for the object store.
+    backup_credentials = EncryptedTextField(blank=True)
+    # CIDRs allowed to reach an instance's service port.
+    customer_sources = models.JSONField(default=list, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    is_default = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True),
+                name="cell_one_default",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PlanVersion(models.Model):
+    """One released spec text of a plan; instances stay on theirs until upgraded."""
+
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    spec_text = models.TextField()
+    parsed = models.JSONField(default=dict)  # the spec's YAML as data, for queries and the admin
+    digest = models.CharField(max_length=64)
+    released_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["plan", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["plan", "number"], name="planversion_number"),
+            models.UniqueConstraint(fields=["plan", "digest"], name="planversion_digest"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.plan.key} v{self.number}"
+
+
+class InstanceQuerySet(models.QuerySet):
+    def for_tenant(self, tenant: Tenant) -> "InstanceQuerySet":
+        return self.filter(tenant=tenant)
+
+    def active(self) -> "InstanceQuerySet":
+        return self.exclude(state=Instance.State.DELETED)
+
+
+class Instance(models.Model):
+    """A customer's running service: one namespace and the objects its workflows made."""
+
+    class State(models.TextChoices):
+        CREATING = "creating", "Creating"
+        RUNNING = "running", "Running"
+        STOPPED = "stopped", "Stopped"
+        UPDATING = "updating", "Updating"
+        FAILED = "failed", "Failed"
+        DELETING = "deleting", "Deleting"
+        DELETED = "deleted", "Deleted"
+
+    id = models.CharField(primary_key=True, max_length=13, default=new_instance_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="instances")
+    name = models.CharField(max_length=100)
+    plan_version = models.ForeignKey(PlanVersion, on_delete=models.PROTECT, related_name="+")
+    cell = models.ForeignKey(Cell, on_delete=models.PROTECT, related_name="instances")
+    # Parameter values without the Password ones, which live encrypted in `secret_parameters`.
+    parameters = models.JSONField(default=dict)
+    secret_parameters = EncryptedTextField(blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
+    observed = models.JSONField(default=dict, blank=True)  # the operator's last status
+    outputs = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = InstanceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "state"], name="instance_tenant_state")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+    @property
+    def namespace(self) -> str:
+        return self.id
+
+
+class InstanceStateChange(models.Model):
+    """Every state an instance went through, with when: metering and the activity tab read it."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="history")
+    from_state = models.CharField(max_length=10, blank=True)
+    to_state = models.CharField(max_length=10)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    operation = models.ForeignKey(
+        "Operation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["instance", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}: {self.from_state or '-'} → {self.to_state}"
+
+
+class Operation(models.Model):
+    """One run of a verb's workflow on an instance; its progress lives here."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="operations")
+    verb = models.CharField(max_length=64)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    request_id = models.CharField(max_length=64)
+    plan_version = models.ForeignKey(PlanVersion, on_delete=models.PROTECT, related_name="+")
+    parameters = models.JSONField(default=dict)
+    secret_parameters = EncryptedTextField(blank=True)
+    arguments = models.JSONField(default=dict, blank=True)  # verb-specific (snapshot, target)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    # The engine's RunState as JSON; encrypted because rendered objects may hold secrets.
+    engine_state = EncryptedTextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)  # time inside the run is frozen here
+    finished_at = models.DateTimeField(null=True, blank=True)
+    next_step_at = models.DateTimeField(null=True, blank=True)
+    transient_failures = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    outputs = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["instance", "request_id"], name="operation_request_once"
+            )
+        ]
+        indexes = [models.Index(fields=["state", "next_step_at"], name="operation_due")]
+
+    def __str__(self) -> str:
+        return f"{self.verb} on {self.instance_id} ({self.state})"
+
+
+class TaskRun(models.Model):
+    """One attempt of one task of an operation, with the exact object it rendered."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="task_runs")
+    node = models.CharField(max_length=300)
+    attempt = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=12)
+    message = models.TextField(blank=True)
+    object = EncryptedTextField(blank=True)  # JSON of the rendered object
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["operation", "started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "node", "attempt"], name="taskrun_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node} #{self.attempt} ({self.state})"
+
+
+class Snapshot(models.Model):
+    """A backup in the object store; it outlives its instance until deleted or expired."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        DELETED = "deleted", "Deleted"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="snapshots")
+    instance = models.ForeignKey(
+        Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="snapshots"
+    )
+    source_instance_id = models.CharField(max_length=13)
+    plan_version = models.ForeignKey(PlanVersion, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=253)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    metadata = models.JSONField(default=dict, blank=True)  # the backup verb's outputs
+    operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
