@@ -1,0 +1,731 @@
+"""Loading a service plan spec (YAML, Omnistrate-compatible) into the typed model.
+
+`load_spec` returns a `PlanSpec` or raises `SpecError` with every problem found; the checks
+themselves live in `validation`. Keys Opsdeck does not know are kept in the `raw` mappings and
+never make a spec fail.
+
+Opsdeck's own settings live under one top-level key, `x-opsdeck`:
+
+    x-opsdeck:
+      plan: postgres-production      # stable plan key (default: the slug of `name`)
+      service: postgresql            # catalog service grouping plans (default: the plan key)
+      kinds: [Cluster, Backup, Secret]   # kinds (or apiVersion/Kind) workflows may touch
+      usage:                         # per pricing dimension, a CEL expression over `var`
+        cpu: "double(var.cpu) * double(var.instances)"
+      display:
+        groups: [{name: Compute, parameters: [cpu, instances]}]
+
+Without `kinds`, the kinds found in the spec's own manifests are the allowed ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import yaml
+
+from deployments.spec import legacy, params
+from deployments.spec.model import (
+    PARAMETER_TYPES,
+    REQUIRED_VERBS,
+    SYSTEM_VERBS,
+    OutputParameter,
+    Parameter,
+    PlanSpec,
+    ResourceAction,
+    RetryStrategy,
+    Service,
+    Task,
+    Template,
+    Verb,
+    Workflow,
+    default_deadline,
+)
+
+PRICING_DIMENSIONS = (
+    "cpu",
+    "memory",
+    "storage",
+    "replica",
+    "deploymentCell",
+    "backupStorage",
+    "base",
+)
+RESOURCE_ACTIONS = ("get", "create", "apply", "delete", "replace", "patch")
+MERGE_STRATEGIES = ("strategic", "merge", "json")
+RETRY_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
+CUSTOM_SCOPES = ("fleet", "END_CUSTOMER")
+_OTHER_TEMPLATE_TYPES = ("steps", "container", "script", "containerSet", "suspend", "http", "data")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+_SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; `errors` are path-qualified sentences."""
+
+    def __init__(self, errors: list[str], warnings: list[str] | None = None):
+        self.errors = list(errors)
+        self.warnings = list(warnings or [])
+        super().__init__("\n".join(self.errors))
+
+
+@dataclass
+class Report:
+    """Errors and warnings collected while reading a spec."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def error(self, path: str, message: str) -> None:
+        """Record an error about the value at `path`."""
+        self.errors.append(f"{path}: {message}" if path else message)
+
+    def warn(self, path: str, message: str) -> None:
+        """Record a warning about the value at `path`."""
+        self.warnings.append(f"{path}: {message}" if path else message)
+
+
+@dataclass
+class Built:
+    """The outcome of reading a spec: the model (None when unusable) and the parsed YAML."""
+
+    spec: PlanSpec | None
+    document: Any
+    report: Report
+
+
+def slugify(text: str) -> str:
+    """`PostgreSQL — Production` → `postgresql-production`."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse spec text; raises SpecError with one message giving the line and column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError([f"The spec is not valid YAML{where}: {problem}"]) from None
+
+
+def parse_duration(value: Any) -> float:
+    """Argo durations: a number of seconds, or Go-style text such as "10s", "1m30s", "2h"."""
+    if isinstance(value, bool):
+        raise ValueError(f'"{value}" is not a duration')
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f'"{value}" is not a duration such as 30s, 5m or 1h')
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def _number(value: Any) -> int | float:
+    """A YAML number or numeric string; integral values come back as int."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError
+    number = float(value)
+    return int(number) if number.is_integer() else number
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _mapping(value: Any, path: str, report: Report) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        report.error(path, "must be a mapping")
+        return {}
+    return value
+
+
+def _list(value: Any, path: str, report: Report) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        report.error(path, "must be a list")
+        return []
+    return value
+
+
+def _bool(data: dict, key: str, path: str, report: Report, default: bool) -> bool:
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    report.error(_at(path, key), f'"{value}" is not true or false')
+    return default
+
+
+def _text(data: dict, key: str, path: str, report: Report, *, required: bool = False) -> str:
+    value = data.get(key)
+    if value is None:
+        if required:
+            report.error(_at(path, key), "is required")
+        return ""
+    if isinstance(value, dict | list):
+        report.error(_at(path, key), "must be text")
+        return ""
+    return str(value)
+
+
+def _int(data: dict, key: str, path: str, report: Report) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    try:
+        number = _number(value)
+    except (TypeError, ValueError):
+        number = None
+    if not isinstance(number, int) or number < 0:
+        report.error(_at(path, key), f'"{value}" is not a whole number of at least 0')
+        return None
+    return number
+
+
+def _named_values(value: Any, path: str, report: Report) -> dict[str, Any]:
+    """Argo `parameters: [{name, value}]` as a name → value mapping."""
+    result: dict[str, Any] = {}
+    for i, item in enumerate(_list(value, path, report)):
+        if not isinstance(item, dict) or not item.get("name"):
+            report.error(f"{path}[{i}]", "must be a mapping with a name")
+            continue
+        result[str(item["name"])] = item.get("value")
+    return result
+
+
+# --- parameters -------------------------------------------------------------------------
+
+
+def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
+    """One `apiParameters` entry; a defaultValue that breaks its own rules is an error."""
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping")
+        return None
+    key = _text(raw, "key", path, report, required=True)
+    kind = _text(raw, "type", path, report, required=True)
+    if kind and kind not in PARAMETER_TYPES:
+        report.error(
+            f"{path}.type", f'unknown type "{kind}"; expected one of {", ".join(PARAMETER_TYPES)}'
+        )
+    parameter = Parameter(
+        key=key,
+        name=_text(raw, "name", path, report) or key,
+        description=_text(raw, "description", path, report),
+        type=kind,
+        modifiable=_bool(raw, "modifiable", path, report, False),
+        required=_bool(raw, "required", path, report, False),
+        export=_bool(raw, "export", path, report, True),
+        raw=raw,
+    )
+    options = raw.get("options")
+    if options is not None:
+        if isinstance(options, list) and all(not isinstance(o, dict | list) for o in options):
+            parameter.options = [str(o) for o in options]
+        else:
+            report.error(f"{path}.options", "must be a list of values")
+    limits = raw.get("limits")
+    if limits is not None:
+        parameter.limits = _limits(limits, f"{path}.limits", report)
+    regex = raw.get("regex")
+    if regex is not None:
+        try:
+            re.compile(str(regex))
+            parameter.regex = str(regex)
+        except re.error as exc:
+            report.error(f"{path}.regex", f"is not a valid regular expression ({exc})")
+    if not key or kind not in PARAMETER_TYPES:
+        return parameter
+    default = raw.get("defaultValue")
+    if default is not None and not (isinstance(default, str) and default == ""):
+        try:
+            parameter.default = params.coerce(parameter, default)
+            params.check(parameter, parameter.default)
+        except ValueError as exc:
+            parameter.default = None
+            report.error(f"{path}.defaultValue", f'default "{default}" is invalid: {exc}')
+    elif not parameter.required and kind != "Password":
+        report.error(path, f'optional parameter "{key}" needs a defaultValue')
+    return parameter
+
+
+def _limits(raw: Any, path: str, report: Report) -> dict | None:
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping with min and/or max")
+        return None
+    limits = dict(raw)
+    for bound in ("min", "max"):
+        if raw.get(bound) is None:
+            limits.pop(bound, None)
+            continue
+        try:
+            limits[bound] = _number(raw[bound])
+        except (TypeError, ValueError):
+            report.error(f"{path}.{bound}", f'"{raw[bound]}" is not a number')
+            limits.pop(bound)
+    if "min" in limits and "max" in limits and limits["min"] > limits["max"]:
+        report.error(path, f"min ({limits['min']}) is greater than max ({limits['max']})")
+    return limits
+
+
+def build_parameters(raw: Any, path: str, report: Report) -> list[Parameter]:
+    """A list of `apiParameters`; duplicate keys are errors."""
+    result: list[Parameter] = []
+    seen: set[str] = set()
+    for i, item in enumerate(_list(raw, path, report)):
+        parameter = build_parameter(item, f"{path}[{i}]", report)
+        if parameter is None:
+            continue
+        if parameter.key in seen:
+            report.error(f"{path}[{i}].key", f'duplicate parameter key "{parameter.key}"')
+        seen.add(parameter.key)
+        result.append(parameter)
+    return result
+
+
+# --- workflows --------------------------------------------------------------------------
+
+
+def _retry(raw: Any, path: str, report: Report) -> RetryStrategy | None:
+    if raw is None:
+        return None
+    raw = _mapping(raw, path, report)
+    retry = RetryStrategy()
+    if raw.get("limit") is not None:
+        try:
+            retry.limit = int(_number(raw["limit"]))
+        except (TypeError, ValueError):
+            report.error(f"{path}.limit", f'"{raw["limit"]}" is not a whole number')
+    policy = raw.get("retryPolicy")
+    if policy is not None:
+        if policy in RETRY_POLICIES:
+            retry.policy = policy
+        else:
+            report.error(
+                f"{path}.retryPolicy",
+                f'unknown policy "{policy}"; expected one of {", ".join(RETRY_POLICIES)}',
+            )
+    backoff = _mapping(raw.get("backoff"), f"{path}.backoff", report)
+    for key, attribute in (
+        ("duration", "duration"),
+        ("cap", "cap"),
+        ("maxDuration", "max_duration"),
+    ):
+        if backoff.get(key) is not None:
+            try:
+                setattr(retry, attribute, parse_duration(backoff[key]))
+            except ValueError as exc:
+                report.error(f"{path}.backoff.{key}", str(exc))
+    if backoff.get("factor") is not None:
+        try:
+            retry.factor = float(_number(backoff["factor"]))
+        except (TypeError, ValueError):
+            report.error(f"{path}.backoff.factor", f'"{backoff["factor"]}" is not a number')
+    return retry
+
+
+def _resource(raw: Any, path: str, report: Report) -> ResourceAction:
+    raw = _mapping(raw, path, report)
+    action = _text(raw, "action", path, report, required=True)
+    if action and action not in RESOURCE_ACTIONS:
+        report.error(
+            f"{path}.action",
+            f'unknown action "{action}"; expected one of {", ".join(RESOURCE_ACTIONS)}',
+        )
+    manifest = raw.get("manifest")
+    if isinstance(manifest, dict):
+        manifest = yaml.safe_dump(manifest, sort_keys=False)
+    elif manifest is None or not isinstance(manifest, str):
+        report.error(f"{path}.manifest", "is required (one Kubernetes object as YAML text)")
+        manifest = ""
+    merge = _text(raw, "mergeStrategy", path, report) or "strategic"
+    if merge not in MERGE_STRATEGIES:
+        report.error(
+            f"{path}.mergeStrategy",
+            f'unknown strategy "{merge}"; expected one of {", ".join(MERGE_STRATEGIES)}',
+        )
+    flags = raw.get("flags") or []
+    if not isinstance(flags, list):
+        report.error(f"{path}.flags", "must be a list")
+        flags = []
+    return ResourceAction(
+        action=action,
+        manifest=manifest,
+        success_condition=_text(raw, "successCondition", path, report) or None,
+        failure_condition=_text(raw, "failureCondition", path, report) or None,
+        merge_strategy=merge,
+        flags=[str(f) for f in flags],
+        set_owner_reference=_bool(raw, "setOwnerReference", path, report, False),
+    )
+
+
+def _task(raw: Any, path: str, report: Report) -> Task | None:
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping")
+        return None
+    dependencies = raw.get("dependencies")
+    if dependencies is not None:
+        if isinstance(dependencies, list) and all(isinstance(d, str) for d in dependencies):
+            dependencies = list(dependencies)
+        else:
+            report.error(f"{path}.dependencies", "must be a list of task names")
+            dependencies = None
+    with_items = raw.get("withItems")
+    if with_items is not None and not isinstance(with_items, list):
+        report.error(f"{path}.withItems", "must be a list")
+        with_items = None
+    continue_on = _mapping(raw.get("continueOn"), f"{path}.continueOn", report)
+    return Task(
+        name=_text(raw, "name", path, report, required=True),
+        template=_text(raw, "template", path, report, required=True),
+        dependencies=dependencies,
+        depends=_text(raw, "depends", path, report) or None,
+        when=_text(raw, "when", path, report) or None,
+        arguments=_named_values(
+            _mapping(raw.get("arguments"), f"{path}.arguments", report).get("parameters"),
+            f"{path}.arguments.parameters",
+            report,
+        ),
+        with_items=with_items,
+        continue_on={k: bool(v) for k, v in continue_on.items() if k in ("failed", "error")},
+    )
+
+
+def _template(raw: Any, path: str, report: Report) -> Template | None:
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping")
+        return None
+    template = Template(name=_text(raw, "name", path, report, required=True), path=path)
+    inputs = _mapping(raw.get("inputs"), f"{path}.inputs", report)
+    for i, item in enumerate(_list(inputs.get("parameters"), f"{path}.inputs.parameters", report)):
+        if not isinstance(item, dict) or not item.get("name"):
+            report.error(f"{path}.inputs.parameters[{i}]", "must be a mapping with a name")
+            continue
+        template.inputs.append(str(item["name"]))
+        for key in ("value", "default"):
+            if item.get(key) is not None:
+                template.input_defaults[str(item["name"])] = item[key]
+    dag, resource = raw.get("dag"), raw.get("resource")
+    if dag is not None and resource is not None:
+        report.error(path, "a template is either a dag or a resource, not both")
+    if dag is not None:
+        dag = _mapping(dag, f"{path}.dag", report)
+        template.tasks = []
+        for i, item in enumerate(_list(dag.get("tasks"), f"{path}.dag.tasks", report)):
+            task = _task(item, f"{path}.dag.tasks[{i}]", report)
+            if task is not None:
+                template.tasks.append(task)
+        target = dag.get("target")
+        if isinstance(target, str):
+            template.target = target.split()
+        elif isinstance(target, list):
+            template.target = [str(t) for t in target]
+        elif target is not None:
+            report.error(f"{path}.dag.target", "must be task names separated by spaces")
+        template.fail_fast = _bool(dag, "failFast", f"{path}.dag", report, True)
+    elif resource is not None:
+        template.resource = _resource(resource, f"{path}.resource", report)
+    elif template.name:
+        kind = next((k for k in _OTHER_TEMPLATE_TYPES if k in raw), None)
+        detail = f"; {kind} templates are not supported" if kind else ""
+        report.error(path, f'template "{template.name}" has neither a dag nor a resource{detail}')
+    template.retry = _retry(raw.get("retryStrategy"), f"{path}.retryStrategy", report)
+    template.active_deadline_seconds = _int(raw, "activeDeadlineSeconds", path, report)
+    outputs = _mapping(raw.get("outputs"), f"{path}.outputs", report)
+    for i, item in enumerate(
+        _list(outputs.get("parameters"), f"{path}.outputs.parameters", report)
+    ):
+        where = f"{path}.outputs.parameters[{i}]"
+        if not isinstance(item, dict) or not item.get("name"):
+            report.error(where, "must be a mapping with a name")
+            continue
+        value_from = _mapping(item.get("valueFrom"), f"{where}.valueFrom", report)
+        default = value_from.get("default", item.get("default"))
+        template.outputs.append(
+            OutputParameter(
+                name=str(item["name"]),
+                json_path=value_from.get("jsonPath"),
+                default=None if default is None else str(default),
+            )
+        )
+    return template
+
+
+def build_workflow(
+    raw: Any, path: str, verb: str, deadlines: dict[str, int] | None, report: Report
+) -> Workflow:
+    """An Argo-style workflow; a missing activeDeadlineSeconds gets the verb's platform default
+    (with a warning)."""
+    raw = _mapping(raw, path, report)
+    templates: dict[str, Template] = {}
+    for i, item in enumerate(_list(raw.get("templates"), f"{path}.templates", report)):
+        template = _template(item, f"{path}.templates[{i}]", report)
+        if template is None or not template.name:
+            continue
+        if template.name in templates:
+            report.error(f"{path}.templates[{i}].name", f'duplicate template "{template.name}"')
+            continue
+        templates[template.name] = template
+    if not raw.get("templates"):
+        report.error(f"{path}.templates", "at least one template is required")
+    deadline = _int(raw, "activeDeadlineSeconds", path, report)
+    if deadline is None:
+        deadline = default_deadline(verb, deadlines)
+        report.warn(
+            f"{path}.activeDeadlineSeconds",
+            f"not set; the platform default for {verb} ({deadline} s) applies",
+        )
+    arguments = _mapping(raw.get("arguments"), f"{path}.arguments", report)
+    return Workflow(
+        entrypoint=_text(raw, "entrypoint", path, report, required=True),
+        templates=templates,
+        arguments=_named_values(
+            arguments.get("parameters"), f"{path}.arguments.parameters", report
+        ),
+        active_deadline_seconds=deadline,
+        on_exit=_text(raw, "onExit", path, report) or None,
+    )
+
+
+def _outputs(raw: Any, path: str, report: Report) -> dict[str, str]:
+    raw = _mapping(raw, path, report)
+    return {str(k): str(v) for k, v in raw.items() if v is not None}
+
+
+def _system_verbs(
+    raw: Any, path: str, deadlines: dict[str, int] | None, report: Report
+) -> dict[str, Verb]:
+    verbs: dict[str, Verb] = {}
+    for name, body in _mapping(raw, path, report).items():
+        where = f"{path}.{name}"
+        if name not in SYSTEM_VERBS:
+            report.warn(
+                where, f'unknown verb "{name}" is ignored; known verbs: {", ".join(SYSTEM_VERBS)}'
+            )
+            continue
+        body = _mapping(body, where, report)
+        verbs[name] = Verb(
+            name=name,
+            workflow=build_workflow(
+                body.get("workflow"), f"{where}.workflow", name, deadlines, report
+            ),
+            outputs=_outputs(body.get("outputParameters"), f"{where}.outputParameters", report),
+            display_name=name[0].upper() + name[1:],
+            path=where,
+        )
+    return verbs
+
+
+def _custom_verbs(
+    raw: Any, path: str, taken: dict[str, Verb], deadlines: dict[str, int] | None, report: Report
+) -> dict[str, Verb]:
+    verbs: dict[str, Verb] = {}
+    for i, body in enumerate(_list(raw, path, report)):
+        where = f"{path}[{i}]"
+        if not isinstance(body, dict):
+            report.error(where, "must be a mapping")
+            continue
+        name = _text(body, "verb", where, report, required=True)
+        if not name:
+            continue
+        if name in taken or name in verbs or name in SYSTEM_VERBS:
+            report.error(f"{where}.verb", f'verb "{name}" is already defined')
+            continue
+        scope = body.get("scope") or ["END_CUSTOMER"]
+        if isinstance(scope, str):
+            scope = [scope]
+        for value in scope if isinstance(scope, list) else [scope]:
+            if value not in CUSTOM_SCOPES:
+                report.error(
+                    f"{where}.scope", f'unknown scope "{value}"; expected fleet or END_CUSTOMER'
+                )
+        verbs[name] = Verb(
+            name=name,
+            workflow=build_workflow(
+                body.get("workflow"), f"{where}.workflow", name, deadlines, report
+            ),
+            outputs=_outputs(body.get("outputParameters"), f"{where}.outputParameters", report),
+            custom=True,
+            display_name=_text(body, "displayName", where, report) or name,
+            description=_text(body, "description", where, report),
+            parameters=build_parameters(
+                body.get("apiParameters"), f"{where}.apiParameters", report
+            ),
+            scope=[str(s) for s in scope] if isinstance(scope, list) else [],
+            path=where,
+        )
+    return verbs
+
+
+# --- services and plan ------------------------------------------------------------------
+
+
+def build_service(
+    raw: Any, path: str, deadlines: dict[str, int] | None, report: Report
+) -> Service | None:
+    """One `services` entry, with legacy verbs synthesized from operatorCRDConfiguration."""
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping")
+        return None
+    service = Service(
+        name=_text(raw, "name", path, report, required=True),
+        description=_text(raw, "description", path, report),
+        parameters=build_parameters(raw.get("apiParameters"), f"{path}.apiParameters", report),
+        endpoints=_mapping(
+            raw.get("endpointConfiguration"), f"{path}.endpointConfiguration", report
+        ),
+        raw=raw,
+    )
+    capabilities = _mapping(raw.get("capabilities"), f"{path}.capabilities", report)
+    if capabilities.get("backupConfiguration") is not None:
+        service.backup = _backup(
+            capabilities["backupConfiguration"], f"{path}.capabilities.backupConfiguration", report
+        )
+    service.verbs = _system_verbs(
+        raw.get("systemWorkflows"), f"{path}.systemWorkflows", deadlines, report
+    )
+    crd = _mapping(raw.get("operatorCRDConfiguration"), f"{path}.operatorCRDConfiguration", report)
+    if crd.get("template") is not None:
+        where = f"{path}.operatorCRDConfiguration"
+        missing = [verb for verb in REQUIRED_VERBS if verb not in service.verbs]
+        if not missing:
+            report.warn(
+                f"{where}.template", "unused: systemWorkflows define create, modify and delete"
+            )
+        elif not isinstance(crd["template"], str):
+            report.error(f"{where}.template", "must be one manifest as YAML text")
+        else:
+            verbs, errors = legacy.synthesize(
+                crd, where, missing, {v: default_deadline(v, deadlines) for v in missing}
+            )
+            report.errors.extend(errors)
+            service.verbs.update(verbs)
+    service.verbs.update(
+        _custom_verbs(
+            raw.get("customWorkflows"), f"{path}.customWorkflows", service.verbs, deadlines, report
+        )
+    )
+    return service
+
+
+def _backup(raw: Any, path: str, report: Report) -> dict:
+    raw = _mapping(raw, path, report)
+    for key in ("backupRetentionInDays", "backupPeriodInHours"):
+        _int(raw, key, path, report)
+    _bool(raw, "snapshotBeforeDeletion", path, report, False)
+    return raw
+
+
+def _pricing(raw: Any, path: str, report: Report) -> list[dict]:
+    result = []
+    for i, item in enumerate(_list(raw, path, report)):
+        where = f"{path}[{i}]"
+        if not isinstance(item, dict):
+            report.error(where, "must be a mapping")
+            continue
+        entry = dict(item)
+        dimension = item.get("dimension")
+        if dimension not in PRICING_DIMENSIONS:
+            report.error(
+                f"{where}.dimension",
+                f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
+            )
+        try:
+            entry["price"] = Decimal(str(item.get("price")))
+            if not entry["price"].is_finite() or entry["price"] < 0:
+                raise InvalidOperation
+        except InvalidOperation:
+            report.error(f"{where}.price", f'"{item.get("price")}" is not a price')
+        result.append(entry)
+    return result
+
+
+def _main_service(services: list[Service]) -> Service | None:
+    for service in services:
+        if "operatorCRDConfiguration" in service.raw:
+            return service
+    for service in services:
+        if "create" in service.verbs:
+            return service
+    return services[0] if len(services) == 1 else None
+
+
+def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
+    """Read spec text into the model, collecting structural errors; never raises for a bad
+    spec (malformed YAML included)."""
+    report = Report()
+    try:
+        document = parse_yaml(text)
+    except SpecError as exc:
+        report.errors.extend(exc.errors)
+        return Built(None, None, report)
+    if not isinstance(document, dict):
+        report.error("", "The spec must be a YAML mapping with name and services")
+        return Built(None, document, report)
+    name = _text(document, "name", "name", report)
+    if not name:
+        report.error("name", "is required")
+    services: list[Service] = []
+    for i, item in enumerate(_list(document.get("services"), "services", report)):
+        service = build_service(item, f"services[{i}]", deadlines, report)
+        if service is not None:
+            services.append(service)
+    if not document.get("services"):
+        report.error("services", "at least one service is required")
+    extensions = _mapping(document.get("x-opsdeck"), "x-opsdeck", report)
+    key = str(extensions.get("plan") or slugify(name))
+    if key and not _SLUG.match(key):
+        report.error("x-opsdeck.plan", f'"{key}" is not a slug (lowercase letters, digits, -)')
+    main = _main_service(services)
+    if main is None:
+        if services:
+            report.error("services", "no service carries operatorCRDConfiguration")
+        return Built(None, document, report)
+    kinds = _list(extensions.get("kinds"), "x-opsdeck.kinds", report)
+    usage = _mapping(extensions.get("usage"), "x-opsdeck.usage", report)
+    display = _mapping(extensions.get("display"), "x-opsdeck.display", report)
+    spec = PlanSpec(
+        key=key,
+        name=name,
+        service=str(extensions.get("service") or key),
+        description=_text(document, "description", "", report),
+        services=services,
+        main=main,
+        pricing=_pricing(document.get("pricing"), "pricing", report),
+        max_instances=_int(document, "maxNumberOfInstancesAllowed", "", report),
+        extensions=extensions,
+        allowed_kinds=[str(k) for k in kinds],
+        usage_rules={str(k): str(v) for k, v in usage.items()},
+        raw=document,
+        parameter_groups=_list(display.get("groups"), "x-opsdeck.display.groups", report),
+    )
+    return Built(spec, document, report)
+
+
+def load_spec(text: str, *, deadlines: dict[str, int] | None = None) -> PlanSpec:
+    """Load and validate a spec; raises SpecError listing every error (and the warnings).
+
+    `deadlines` overrides the platform deadline per verb (seconds; "*" for the 30 min
+    fallback). The returned spec carries the warnings in `spec.warnings`.
+    """
+    # validation builds on this module, so it is imported when first needed
+    from deployments.spec.validation import validate
+
+    result = validate(text, deadlines=deadlines)
+    if result.errors or result.spec is None:
+        raise SpecError(result.errors, result.warnings)
+    return result.spec

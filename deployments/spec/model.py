@@ -1,0 +1,198 @@
+"""The typed model of a service plan spec, as the workflow engine and the runner read it.
+
+Every object keeps the mapping it was built from (`raw`) where unknown keys may matter, so a
+key Opsdeck does not understand yet is carried along instead of dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PARAMETER_TYPES = ("String", "Float64", "Boolean", "Password", "JSON")
+
+REQUIRED_VERBS = ("create", "modify", "delete")
+BACKUP_VERBS = ("backup", "restore", "deleteBackup")
+SYSTEM_VERBS = (
+    "create",
+    "modify",
+    "delete",
+    "start",
+    "stop",
+    "restart",
+    "backup",
+    "restore",
+    "deleteBackup",
+    "failover",
+    "addCapacity",
+    "removeCapacity",
+)
+
+# Seconds a verb may run when its workflow sets no activeDeadlineSeconds.
+DEFAULT_DEADLINES: dict[str, int] = {"create": 3600, "restore": 3600, "backup": 7200}
+FALLBACK_DEADLINE = 1800
+
+
+def default_deadline(verb: str, overrides: dict[str, int] | None = None) -> int:
+    """The platform deadline of a verb: `overrides` first, then create/restore 1 h, backup 2 h,
+    anything else 30 min. An override keyed "*" replaces the 30 min fallback."""
+    overrides = overrides or {}
+    if verb in overrides:
+        return int(overrides[verb])
+    if verb in DEFAULT_DEADLINES:
+        return DEFAULT_DEADLINES[verb]
+    return int(overrides.get("*", FALLBACK_DEADLINE))
+
+
+@dataclass
+class Parameter:
+    """One `apiParameters` entry; `default` is already typed (None when there is none)."""
+
+    key: str
+    name: str
+    description: str
+    type: str
+    modifiable: bool = False
+    required: bool = False
+    export: bool = True
+    default: Any = None
+    options: list[str] | None = None
+    limits: dict | None = None
+    regex: str | None = None
+    raw: dict = field(default_factory=dict)
+
+
+@dataclass
+class RetryStrategy:
+    """Argo's retryStrategy; `limit` None means unlimited attempts."""
+
+    limit: int | None = None
+    policy: str = "OnFailure"
+    duration: float = 0.0
+    factor: float = 1.0
+    cap: float | None = None
+    max_duration: float | None = None
+
+
+@dataclass
+class ResourceAction:
+    """A resource template's action on exactly one Kubernetes object (`manifest` is unrendered)."""
+
+    action: str
+    manifest: str
+    success_condition: str | None = None
+    failure_condition: str | None = None
+    merge_strategy: str = "merge"
+    flags: list[str] = field(default_factory=list)
+    set_owner_reference: bool = False
+
+
+@dataclass
+class OutputParameter:
+    """A template output read from the resource's object with a kubectl-style JSONPath."""
+
+    name: str
+    json_path: str | None = None
+    default: str | None = None
+
+
+@dataclass
+class Task:
+    """One task of a DAG template; `arguments` maps input parameter names to unrendered values."""
+
+    name: str
+    template: str
+    dependencies: list[str] | None = None
+    depends: str | None = None
+    when: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    with_items: list[Any] | None = None
+    continue_on: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Template:
+    """A DAG template (`tasks` set) or a resource template (`resource` set)."""
+
+    name: str
+    inputs: list[str] = field(default_factory=list)
+    tasks: list[Task] | None = None
+    target: list[str] | None = None
+    fail_fast: bool = True
+    resource: ResourceAction | None = None
+    retry: RetryStrategy | None = None
+    active_deadline_seconds: int | None = None
+    outputs: list[OutputParameter] = field(default_factory=list)
+    input_defaults: dict[str, Any] = field(default_factory=dict)
+    # Where the template came from, for messages: its path, and per field a path that
+    # overrides "<path>.<field>" (legacy templates point back at operatorCRDConfiguration).
+    path: str = ""
+    source: dict[str, str] = field(default_factory=dict)
+
+    def where(self, field_path: str) -> str:
+        """The spec path to blame for `field_path` of this template."""
+        return self.source.get(field_path, f"{self.path}.{field_path}")
+
+
+@dataclass
+class Workflow:
+    """An Argo-style workflow; `active_deadline_seconds` is the effective deadline."""
+
+    entrypoint: str
+    templates: dict[str, Template]
+    arguments: dict[str, Any] = field(default_factory=dict)
+    active_deadline_seconds: int = FALLBACK_DEADLINE
+    on_exit: str | None = None
+
+
+@dataclass
+class Verb:
+    """A system or custom workflow of a service."""
+
+    name: str
+    workflow: Workflow
+    outputs: dict[str, str] = field(default_factory=dict)
+    custom: bool = False
+    display_name: str = ""
+    description: str = ""
+    parameters: list[Parameter] = field(default_factory=list)
+    scope: list[str] = field(default_factory=list)
+    synthesized: bool = False
+    path: str = ""
+
+
+@dataclass
+class Service:
+    """One entry of `services`."""
+
+    name: str
+    description: str = ""
+    parameters: list[Parameter] = field(default_factory=list)
+    verbs: dict[str, Verb] = field(default_factory=dict)
+    backup: dict | None = None
+    endpoints: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
+
+
+@dataclass
+class PlanSpec:
+    """A loaded plan: its identity, its services and Opsdeck's `x-opsdeck` extensions."""
+
+    key: str
+    name: str
+    service: str
+    description: str
+    services: list[Service]
+    main: Service
+    pricing: list[dict] = field(default_factory=list)
+    max_instances: int | None = None
+    extensions: dict = field(default_factory=dict)
+    allowed_kinds: list[str] = field(default_factory=list)
+    usage_rules: dict[str, str] = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    parameter_groups: list[dict] = field(default_factory=list)
+
+    def parameter(self, key: str) -> Parameter | None:
+        """The main service's parameter called `key`, or None."""
+        return next((p for p in self.main.parameters if p.key == key), None)

@@ -1,0 +1,204 @@
+"""Typed validation of customer input against a plan's `apiParameters`.
+
+One validator for the web forms, the services and the future JSON API. Input may arrive as
+form strings ("3", "on", '{"a": 1}') or as already-typed JSON values; the result is always
+typed: String and Password as `str`, Float64 as `int` when integral (so it renders as `3`, not
+`3.0`) else `float`, Boolean as `bool`, JSON as the parsed value.
+
+An empty string counts as "not given", as an empty form field does. A Password that is not
+given is generated with `secrets`; encrypting it at rest is the caller's job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+import string
+from typing import Any
+
+from deployments.spec.model import Parameter
+
+PASSWORD_LENGTH = 24
+_PASSWORD_ALPHABET = string.ascii_letters + string.digits
+_TRUE = frozenset({"true", "on", "1", "yes", "y", "t"})
+_FALSE = frozenset({"false", "off", "0", "no", "n", "f"})
+
+REQUIRED = "This field is required."
+UNKNOWN = "Unknown parameter."
+IMMUTABLE = "Cannot be changed after creation."
+
+
+class ParameterErrors(ValueError):
+    """Customer input that does not fit the parameters; `errors` maps a key to a sentence."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = dict(errors)
+        super().__init__("; ".join(f"{key}: {message}" for key, message in self.errors.items()))
+
+
+def number_text(value: float | int) -> str:
+    """A number as a person writes it: `3` for 3.0, `2.5` for 2.5."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def format_value(parameter: Parameter, value: Any) -> str:
+    """A typed value as the text a form field shows (the inverse of `coerce`)."""
+    if value is None:
+        return ""
+    if parameter.type == "Boolean":
+        return "true" if value else "false"
+    if parameter.type == "JSON":
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    if parameter.type == "Float64" and isinstance(value, int | float):
+        return number_text(value)
+    return str(value)
+
+
+def generate_password(length: int = PASSWORD_LENGTH) -> str:
+    """A random password of letters and digits, drawn from `secrets`."""
+    return "".join(secrets.choice(_PASSWORD_ALPHABET) for _ in range(length))
+
+
+def _password_length(parameter: Parameter) -> int:
+    limits = parameter.limits or {}
+    length = PASSWORD_LENGTH
+    if isinstance(limits.get("max"), int | float):
+        length = min(length, int(limits["max"]))
+    if isinstance(limits.get("min"), int | float):
+        length = max(length, math.ceil(limits["min"]))
+    return max(length, 1)
+
+
+def coerce(parameter: Parameter, value: Any) -> Any:
+    """Convert one given (non-empty) value to the parameter's type.
+
+    Raises ValueError with a sentence for the customer when the value is not of the type.
+    """
+    kind = parameter.type
+    if kind in ("String", "Password"):
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError("Must be text.")
+        return value if isinstance(value, str) else number_text(value)
+    if kind == "Float64":
+        if isinstance(value, bool):
+            raise ValueError("Must be a number.")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ValueError("Must be a number.") from None
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError("Must be a number.")
+        return int(value) if float(value).is_integer() else float(value)
+    if kind == "Boolean":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("Must be true or false.")
+    if kind == "JSON":
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"Must be valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    raise ValueError(f"Unsupported parameter type {kind}.")
+
+
+def _range_message(low: Any, high: Any, unit: str = "") -> str:
+    if low is not None and high is not None:
+        return f"Must be between {number_text(low)} and {number_text(high)}{unit}."
+    if low is not None:
+        return f"Must be at least {number_text(low)}{unit}."
+    return f"Must be at most {number_text(high)}{unit}."
+
+
+def check(parameter: Parameter, value: Any) -> None:
+    """Check a typed value against the parameter's options, limits and regex.
+
+    Limits bound a Float64's value and a String's or Password's length. Raises ValueError.
+    """
+    limits = parameter.limits or {}
+    low, high = limits.get("min"), limits.get("max")
+    if parameter.options and format_value(parameter, value) not in parameter.options:
+        raise ValueError(f"Must be one of: {', '.join(parameter.options)}.")
+    if parameter.type == "Float64" and (
+        (low is not None and value < low) or (high is not None and value > high)
+    ):
+        raise ValueError(_range_message(low, high))
+    if parameter.type in ("String", "Password"):
+        if (low is not None and len(value) < low) or (high is not None and len(value) > high):
+            raise ValueError(_range_message(low, high, " characters long"))
+        if parameter.regex and re.fullmatch(parameter.regex, value) is None:
+            raise ValueError(f"Must match the pattern {parameter.regex}.")
+
+
+def _given(value: Any) -> bool:
+    return value is not None and not (isinstance(value, str) and value.strip() == "")
+
+
+def _initial(parameter: Parameter) -> tuple[bool, Any]:
+    """The value of a parameter nobody gave: (found, value)."""
+    if parameter.default is not None:
+        return True, parameter.default
+    if parameter.type == "Password":
+        return True, generate_password(_password_length(parameter))
+    return False, None
+
+
+def validate_parameters(
+    parameters: list[Parameter],
+    values: dict[str, Any],
+    *,
+    current: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Validate customer input and return every parameter's typed value.
+
+    Without `current` this is a create: a missing required parameter is an error, a missing
+    optional one takes its default, a missing Password is generated. With `current` (the
+    instance's typed values) this is a modify: a missing key keeps its current value and a
+    non-modifiable parameter whose value changes is an error. Keys that are not parameters
+    are errors in both cases. Raises ParameterErrors mapping each bad key to a sentence.
+    """
+    known = {p.key: p for p in parameters}
+    errors: dict[str, str] = {key: UNKNOWN for key in values if key not in known}
+    result: dict[str, Any] = {}
+    for parameter in parameters:
+        key = parameter.key
+        raw = values.get(key)
+        if not _given(raw):
+            if current is not None and key in current:
+                result[key] = current[key]
+                continue
+            found, value = _initial(parameter)
+            if not found:
+                errors[key] = REQUIRED
+            else:
+                result[key] = value
+            continue
+        try:
+            value = coerce(parameter, raw)
+            check(parameter, value)
+        except ValueError as exc:
+            errors[key] = str(exc)
+            continue
+        if (
+            current is not None
+            and not parameter.modifiable
+            and key in current
+            and value != current[key]
+        ):
+            errors[key] = IMMUTABLE
+            continue
+        result[key] = value
+    if errors:
+        raise ParameterErrors(errors)
+    return result

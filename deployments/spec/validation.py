@@ -1,0 +1,610 @@
+"""Validation of a service plan spec, with path-qualified errors and warnings.
+
+`validate(text)` never raises for a bad spec: it returns every error it finds, each starting
+with the path of the offending value (`services[0].systemWorkflows.create.workflow.
+templates[1].resource.manifest: ...`; a template's index is its position in the YAML list).
+Conditions, `when`/`depends` expressions, JSONPaths and template references are checked by
+the workflow engine's own parsers, so a spec that validates is one the engine can run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import celpy
+import lark
+import yaml
+from celpy import celtypes
+
+from deployments.spec.loader import PRICING_DIMENSIONS, Report, build
+from deployments.spec.model import (
+    BACKUP_VERBS,
+    REQUIRED_VERBS,
+    Parameter,
+    PlanSpec,
+    Service,
+    Task,
+    Template,
+    Verb,
+    Workflow,
+)
+from deployments.workflow.conditions import ConditionError, parse_condition
+from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
+from deployments.workflow.outputs import OutputError, check_json_path
+from deployments.workflow.render import RenderError, references
+
+SYS_ROOTS = frozenset(
+    {
+        "id",
+        "instanceId",
+        "namespace",
+        "tenant",
+        "deploymentCell",
+        "backup",
+        "compute",
+        "deployment",
+        "network",
+        "snapshot",
+        "restore",
+        "sourceInstanceId",
+        "targetInstanceId",
+        "deterministicSeedValue",
+    }
+)
+_PLACEHOLDER = re.compile(r"\{\{.*?\}\}", re.DOTALL)
+_TOKEN = "opsdeckph{}x"  # noqa: S105 (a placeholder marker, not a secret)
+_TOKEN_RE = re.compile(r"opsdeckph(\d+)x")
+_TASK_OUTPUT = re.compile(r"^\$tasks\.([^.]+)\.resource\.(.+)$")
+_MAX_TRACE = 16
+
+
+@dataclass
+class ValidationResult:
+    """The outcome of `validate`: the spec (None when there are errors), errors, warnings."""
+
+    spec: PlanSpec | None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the spec has no errors (warnings allowed)."""
+        return not self.errors
+
+
+def validate(text: str, *, deadlines: dict[str, int] | None = None) -> ValidationResult:
+    """Load and check spec text; returns every error and warning, never raises for bad input.
+
+    `deadlines` overrides the per-verb platform deadline applied when a workflow sets no
+    activeDeadlineSeconds.
+    """
+    built = build(text, deadlines=deadlines)
+    report, spec = built.report, built.spec
+    if spec is not None:
+        _check_plan(spec, report)
+    # a legacy manifest is checked once per synthesized verb: report each finding once
+    errors, warnings = list(dict.fromkeys(report.errors)), list(dict.fromkeys(report.warnings))
+    if spec is not None:
+        spec.warnings = warnings
+    return ValidationResult(spec=None if errors else spec, errors=errors, warnings=warnings)
+
+
+# --- placeholders -----------------------------------------------------------------------
+
+
+def _tokenize(text: str) -> tuple[str, list[str]]:
+    """Replace each `{{ ... }}` with a plain token, so the text parses as YAML or a condition."""
+    found: list[str] = []
+
+    def swap(match: re.Match) -> str:
+        found.append(match.group(0))
+        return _TOKEN.format(len(found) - 1)
+
+    return _PLACEHOLDER.sub(swap, text), found
+
+
+def _untokenize(text: str, found: list[str]) -> str:
+    return _TOKEN_RE.sub(lambda m: found[int(m.group(1))], text)
+
+
+# --- plan -------------------------------------------------------------------------------
+
+
+def _check_plan(spec: PlanSpec, report: Report) -> None:
+    kinds: list[tuple[str, str, str]] = []  # (path, apiVersion, kind)
+    for i, service in enumerate(spec.services):
+        path = f"services[{i}]"
+        if service is spec.main or any(not v.custom for v in service.verbs.values()):
+            _require_verbs(service, path, REQUIRED_VERBS, "", report)
+        if service.backup is not None:
+            _require_verbs(
+                service, path, BACKUP_VERBS, " (capabilities.backupConfiguration is set)", report
+            )
+        for verb in service.verbs.values():
+            _VerbChecker(service, verb, report, kinds).run()
+    _check_kinds(spec, kinds, report)
+    _check_usage(spec, report)
+    _check_groups(spec, report)
+
+
+def _require_verbs(
+    service: Service, path: str, verbs: tuple[str, ...], reason: str, report: Report
+) -> None:
+    for verb in verbs:
+        if verb not in service.verbs:
+            report.error(f"{path}.systemWorkflows", f'missing required verb "{verb}"{reason}')
+
+
+def _kind_allowed(allowed: list[str], api_version: str, kind: str) -> bool:
+    return kind in allowed or f"{api_version}/{kind}" in allowed
+
+
+def _check_kinds(spec: PlanSpec, kinds: list[tuple[str, str, str]], report: Report) -> None:
+    if "kinds" not in spec.extensions:
+        spec.allowed_kinds = sorted({kind for _, _, kind in kinds})
+        return
+    for path, api_version, kind in kinds:
+        if not _kind_allowed(spec.allowed_kinds, api_version, kind):
+            report.error(
+                path,
+                f'kind "{kind}" is not in x-opsdeck.kinds ({", ".join(spec.allowed_kinds)})',
+            )
+
+
+def _cel_variables(tree: lark.Tree, root: str) -> set[str]:
+    """Names `n` used as `<root>.n` in a compiled CEL expression."""
+    names = set()
+    for node in tree.iter_subtrees():
+        if node.data != "member_dot" or len(node.children) != 2:
+            continue
+        inner, name = node.children
+        idents = [t for t in inner.scan_values(lambda v: isinstance(v, lark.Token))]
+        if len(idents) == 1 and str(idents[0]) == root:
+            names.add(str(name))
+    return names
+
+
+def _check_usage(spec: PlanSpec, report: Report) -> None:
+    keys = {p.key for p in spec.main.parameters}
+    defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
+    environment = celpy.Environment()
+    for dimension, expression in spec.usage_rules.items():
+        path = f"x-opsdeck.usage.{dimension}"
+        if dimension not in PRICING_DIMENSIONS:
+            report.error(
+                path,
+                f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
+            )
+        try:
+            tree = environment.compile(expression)
+        except celpy.CELParseError as exc:
+            where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
+            report.error(path, f'cannot parse CEL expression "{expression}"{where}')
+            continue
+        names = _cel_variables(tree, "var")
+        for name in sorted(names - keys):
+            report.error(
+                path, f'undefined parameter reference var.{name}; no apiParameter "{name}"'
+            )
+        if names <= set(defaults):
+            problem = _usage_problem(environment, tree, defaults)
+            if problem:
+                report.error(path, problem)
+
+
+def _usage_problem(environment: celpy.Environment, tree: lark.Tree, values: dict) -> str | None:
+    """Why a usage rule cannot price the default parameters (None when it gives a number)."""
+    try:
+        result = environment.program(tree).evaluate({"var": celpy.json_to_cel(values)})
+    except celpy.CELEvalError as exc:
+        detail = exc.args[0] if exc.args else str(exc)
+        return f"fails with the default parameters ({detail}); convert numbers with double()"
+    if isinstance(result, bool | celtypes.BoolType) or not isinstance(result, int | float):
+        return f"gives {result!r} with the default parameters; a usage rule must give a number"
+    return None
+
+
+def _check_groups(spec: PlanSpec, report: Report) -> None:
+    keys = {p.key for p in spec.main.parameters}
+    for i, group in enumerate(spec.parameter_groups):
+        path = f"x-opsdeck.display.groups[{i}]"
+        if not isinstance(group, dict) or not isinstance(group.get("parameters", []), list):
+            report.error(path, "must be a mapping with a name and a list of parameters")
+            continue
+        for key in group.get("parameters", []):
+            if key not in keys:
+                report.error(f"{path}.parameters", f'unknown parameter "{key}"')
+
+
+# --- verbs ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Scope:
+    """What a reference may name where it appears."""
+
+    inputs: list[str] | None = None  # the template's inputs; None outside any template
+    template: str = ""
+    tasks: dict[str, Template | None] | None = None  # sibling tasks → their template
+    item: bool = False  # inside a task with withItems, where {{item}} is defined
+
+
+class _VerbChecker:
+    """Checks one verb's workflow: templates, tasks, conditions, references, outputs."""
+
+    def __init__(
+        self,
+        service: Service,
+        verb: Verb,
+        report: Report,
+        kinds: list[tuple[str, str, str]],
+    ):
+        self.verb = verb
+        self.workflow: Workflow = verb.workflow
+        self.report = report
+        self.kinds = kinds
+        self.parameters: dict[str, Parameter] = {
+            p.key: p for p in [*service.parameters, *verb.parameters]
+        }
+        self.path = f"{verb.path}.workflow"
+
+    def run(self) -> None:
+        workflow, templates = self.workflow, self.workflow.templates
+        names = ", ".join(templates) or "none"
+        if workflow.entrypoint and workflow.entrypoint not in templates:
+            self.report.error(
+                f"{self.path}.entrypoint",
+                f'unknown template "{workflow.entrypoint}"; templates: {names}',
+            )
+        if workflow.on_exit and workflow.on_exit not in templates:
+            self.report.error(
+                f"{self.path}.onExit", f'unknown template "{workflow.on_exit}"; templates: {names}'
+            )
+        for name, value in workflow.arguments.items():
+            self.check_references(value, f"{self.path}.arguments.parameters.{name}", _Scope())
+        for start in {workflow.entrypoint, workflow.on_exit} - {None, ""}:
+            if start in templates:
+                self.check_threaded(
+                    templates[start], workflow.arguments, f"{self.path}.arguments.parameters"
+                )
+        for template in templates.values():
+            if template.tasks is not None:
+                self.check_dag(template)
+            if template.resource is not None:
+                self.check_resource(template)
+            for i, output in enumerate(template.outputs):
+                if output.json_path is None:
+                    continue
+                try:
+                    check_json_path(output.json_path)
+                except OutputError as exc:
+                    self.report.error(
+                        f"{template.path}.outputs.parameters[{i}].valueFrom.jsonPath", str(exc)
+                    )
+        self.check_outputs()
+
+    # references
+
+    def check_references(self, value: Any, path: str, scope: _Scope) -> None:
+        """Report undefined references in a text (or any scalar) of the spec."""
+        if not isinstance(value, str):
+            return
+        try:
+            found = references(value)
+        except RenderError as exc:
+            self.report.error(path, str(exc))
+            return
+        for reference in found:
+            problem = self.reference_problem(reference, scope)
+            if problem:
+                self.report.error(path, problem)
+
+    def reference_problem(self, reference: str, scope: _Scope) -> str | None:
+        """Why `reference` is undefined where `scope` says it appears (None if it is fine)."""
+        parts = re.split(r"[.\[]", reference)
+        head = parts[0]
+        if head == "$var":
+            key = parts[1] if len(parts) > 1 else ""
+            if key not in self.parameters:
+                return f'undefined parameter reference $var.{key}; no apiParameter has key "{key}"'
+        elif head == "$sys":
+            root = parts[1] if len(parts) > 1 else ""
+            if root not in SYS_ROOTS:
+                return f"unknown system variable $sys.{root}"
+        elif head == "inputs" and len(parts) >= 3 and parts[1] == "parameters":
+            if scope.inputs is None or parts[2] not in scope.inputs:
+                where = f'template "{scope.template}"' if scope.template else "this place"
+                return (
+                    f"undefined reference {reference}: {where} declares no input "
+                    f'"{parts[2]}" (parameters are threaded explicitly at every hop)'
+                )
+        elif head == "workflow" and len(parts) >= 3 and parts[1] == "parameters":
+            if parts[2] not in self.workflow.arguments:
+                return (
+                    f"undefined reference {reference}: the workflow's arguments have no "
+                    f'parameter "{parts[2]}"'
+                )
+        elif head == "tasks" and len(parts) >= 2:
+            return self.task_reference_problem(reference, parts, scope)
+        elif head == "item" and not scope.item:
+            return f"undefined reference {reference}: only a task with withItems defines item"
+        return None
+
+    def task_reference_problem(self, reference: str, parts: list[str], scope: _Scope) -> str | None:
+        if scope.tasks is None:
+            return f"undefined reference {reference}: tasks can only be read in a dag's tasks"
+        if parts[1] not in scope.tasks:
+            return f'undefined reference {reference}: no task "{parts[1]}" in this dag'
+        target = scope.tasks[parts[1]]
+        if (
+            len(parts) >= 5
+            and parts[2:4] == ["outputs", "parameters"]
+            and target is not None
+            and parts[4] not in {o.name for o in target.outputs}
+        ):
+            return (
+                f'undefined reference {reference}: template "{target.name}" has no output '
+                f'"{parts[4]}"'
+            )
+        return None
+
+    def check_threaded(self, template: Template, passed: dict[str, Any], path: str) -> None:
+        """Every input of `template` without a default must be passed where it is called."""
+        for name in template.inputs:
+            if name not in passed and name not in template.input_defaults:
+                self.report.error(
+                    path,
+                    f'input "{name}" of template "{template.name}" is not passed '
+                    "(parameters are threaded explicitly at every hop)",
+                )
+
+    # dag templates
+
+    def check_dag(self, template: Template) -> None:
+        templates = self.workflow.templates
+        tasks = template.tasks or []
+        if not tasks:
+            self.report.error(f"{template.path}.dag.tasks", "a dag needs at least one task")
+            return
+        siblings: dict[str, Template | None] = {}
+        for i, task in enumerate(tasks):
+            if task.name in siblings:
+                self.report.error(
+                    f"{template.path}.dag.tasks[{i}].name", f'duplicate task "{task.name}"'
+                )
+            siblings[task.name] = templates.get(task.template)
+        if any(t.dependencies is not None for t in tasks) and any(t.depends for t in tasks):
+            self.report.error(
+                f"{template.path}.dag", "dependencies and depends cannot be mixed in one dag"
+            )
+        scope = _Scope(inputs=template.inputs, template=template.name, tasks=siblings)
+        graph: dict[str, set[str]] = {}
+        for i, task in enumerate(tasks):
+            graph[task.name] = self.check_task(task, f"{template.path}.dag.tasks[{i}]", scope)
+        for name in template.target or []:
+            if name not in siblings:
+                self.report.error(f"{template.path}.dag.target", f'unknown task "{name}"')
+        cycle = _find_cycle(graph)
+        if cycle:
+            self.report.error(
+                f"{template.path}.dag.tasks", f"dependency cycle: {' -> '.join(cycle)}"
+            )
+
+    def check_task(self, task: Task, path: str, scope: _Scope) -> set[str]:
+        """Check one task; returns the names of the tasks it depends on."""
+        scope = replace(scope, item=task.with_items is not None)
+        templates = self.workflow.templates
+        target = templates.get(task.template)
+        if task.template and target is None:
+            self.report.error(
+                f"{path}.template",
+                f'unknown template "{task.template}"; templates: {", ".join(templates)}',
+            )
+        needed = set(task.dependencies or [])
+        if task.depends:
+            try:
+                needed |= set(parse_depends(task.depends).task_names())
+            except ExpressionError as exc:
+                self.report.error(f"{path}.depends", str(exc))
+        siblings = scope.tasks or {}
+        field_name = "depends" if task.depends else "dependencies"
+        for name in sorted(needed - set(siblings)):
+            self.report.error(f"{path}.{field_name}", f'unknown task "{name}"')
+        if task.when:
+            try:
+                check_when_syntax(task.when)
+            except ExpressionError as exc:
+                self.report.error(f"{path}.when", str(exc))
+            self.check_references(task.when, f"{path}.when", scope)
+        for name, value in task.arguments.items():
+            self.check_references(value, f"{path}.arguments.parameters.{name}", scope)
+            if target is not None and name not in target.inputs:
+                self.report.warn(
+                    f"{path}.arguments.parameters.{name}",
+                    f'template "{target.name}" declares no input "{name}"; the value is unused',
+                )
+        if target is not None:
+            self.check_threaded(target, task.arguments, f"{path}.arguments")
+        return needed & set(siblings)
+
+    # resource templates
+
+    def check_resource(self, template: Template) -> None:
+        resource = template.resource
+        if resource is None:
+            return
+        scope = _Scope(inputs=template.inputs, template=template.name)
+        manifest_path = template.where("resource.manifest")
+        if resource.set_owner_reference:
+            self.report.warn(
+                template.where("resource.setOwnerReference"),
+                "ignored: there is no Workflow object here to own the resource",
+            )
+        for field_name, condition in (
+            ("successCondition", resource.success_condition),
+            ("failureCondition", resource.failure_condition),
+        ):
+            if condition is None:
+                continue
+            path = template.where(f"resource.{field_name}")
+            if resource.action == "delete":
+                self.report.error(path, "a delete takes no conditions")
+                continue
+            self.check_condition(condition, path)
+            self.check_references(condition, path, scope)
+        self.check_references(resource.manifest, manifest_path, scope)
+        obj = self.parse_manifest(resource.manifest, manifest_path)
+        if obj is None:
+            return
+        obj, placeholders = obj
+        api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
+        for key, value in (("apiVersion", api_version), ("kind", kind)):
+            if not value:
+                self.report.error(manifest_path, f"the object has no {key}")
+        if kind and not _TOKEN_RE.search(kind):
+            self.kinds.append((manifest_path, api_version, kind))
+        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        if metadata.get("namespace") is not None:
+            self.report.warn(
+                manifest_path,
+                "metadata.namespace is replaced by the instance's namespace",
+            )
+        name = metadata.get("name")
+        if name is None and metadata.get("generateName") is None:
+            self.report.error(manifest_path, "the object has no metadata.name")
+        elif name is not None:
+            self.check_name(_untokenize(str(name), placeholders), template, manifest_path)
+        if resource.action == "patch" and resource.merge_strategy == "strategic":
+            group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+            if "." in group and not group.endswith(".k8s.io"):
+                self.report.error(
+                    template.where("resource.mergeStrategy"),
+                    f"a strategic merge patch is not supported for custom resources ({kind} "
+                    f"of {api_version}); set mergeStrategy to merge or json",
+                )
+
+    def check_condition(self, condition: str, path: str) -> None:
+        tokenized, _ = _tokenize(condition)
+        try:
+            parse_condition(tokenized)
+        except ConditionError as exc:
+            # one line per error: a CEL message's caret drawing would split it
+            message = str(exc).splitlines()[0]
+            if not condition.strip().startswith("cel:") and "cel:" not in message:
+                message += "; use a cel: condition"
+            self.report.error(path, message)
+
+    def parse_manifest(self, manifest: str, path: str) -> tuple[dict, list[str]] | None:
+        """The one object of a manifest (placeholders tokenized), or None after an error."""
+        tokenized, placeholders = _tokenize(manifest)
+        try:
+            documents = [d for d in yaml.safe_load_all(tokenized) if d is not None]
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            self.report.error(path, f"the manifest is not valid YAML{where}: {problem}")
+            return None
+        if len(documents) > 1:
+            self.report.error(
+                path,
+                f"the manifest holds {len(documents)} documents; a resource template applies "
+                "exactly one Kubernetes object (use one template per object)",
+            )
+            return None
+        if not documents or not isinstance(documents[0], dict):
+            self.report.error(path, "the manifest must be one Kubernetes object (a mapping)")
+            return None
+        return documents[0], placeholders
+
+    def check_name(self, name: str, template: Template, path: str) -> None:
+        """A modifiable parameter must not feed metadata.name, even through a hop."""
+        for key in sorted(self.name_sources(name, template, 0)):
+            parameter = self.parameters.get(key)
+            if parameter is not None and parameter.modifiable:
+                self.report.error(
+                    path,
+                    f'metadata.name uses parameter "{key}", which is modifiable; a parameter '
+                    "that feeds metadata.name must be modifiable: false",
+                )
+
+    def name_sources(self, text: Any, template: Template | None, depth: int) -> set[str]:
+        """The parameter keys that flow into `text`, following inputs back to their callers."""
+        if not isinstance(text, str) or depth > _MAX_TRACE:
+            return set()
+        try:
+            found = references(text)
+        except RenderError:
+            return set()
+        keys: set[str] = set()
+        workflow = self.workflow
+        for reference in found:
+            parts = re.split(r"[.\[]", reference)
+            if parts[0] == "$var" and len(parts) > 1:
+                keys.add(parts[1])
+            elif parts[0] == "workflow" and len(parts) > 2 and parts[1] == "parameters":
+                keys |= self.name_sources(workflow.arguments.get(parts[2]), None, depth + 1)
+            elif parts[0] == "inputs" and len(parts) > 2 and template is not None:
+                name = parts[2]
+                keys |= self.name_sources(template.input_defaults.get(name), None, depth + 1)
+                if template.name in (workflow.entrypoint, workflow.on_exit):
+                    keys |= self.name_sources(workflow.arguments.get(name), None, depth + 1)
+                for caller in workflow.templates.values():
+                    for task in caller.tasks or []:
+                        if task.template == template.name and name in task.arguments:
+                            keys |= self.name_sources(task.arguments[name], caller, depth + 1)
+        return keys
+
+    # verb outputs
+
+    def check_outputs(self) -> None:
+        """Verb outputs `$tasks.<t>.resource.<path>` read a task that captured its object."""
+        tasks = {
+            task.name: self.workflow.templates.get(task.template)
+            for template in self.workflow.templates.values()
+            for task in template.tasks or []
+        }
+        for name, expression in self.verb.outputs.items():
+            match = _TASK_OUTPUT.match(expression.strip())
+            if not match:
+                continue
+            path, task = _key_path(f"{self.verb.path}.outputParameters", name), match.group(1)
+            if task not in tasks:
+                self.report.error(path, f'no task "{task}" in this workflow')
+                continue
+            target = tasks[task]
+            if target is None:  # an unknown template, reported on the task
+                continue
+            if target.resource is None or not target.resource.success_condition:
+                self.report.error(
+                    path, f'task "{task}" has no successCondition, so it captures no object to read'
+                )
+
+
+def _key_path(base: str, key: str) -> str:
+    return f"{base}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) else f'{base}["{key}"]'
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A dependency cycle as a list of task names (first repeated at the end), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in graph:
+        if node not in state and (found := visit(node)):
+            return found
+    return None

@@ -1,0 +1,66 @@
+"""What the engine needs from a cluster, and how a cluster call can fail.
+
+The engine never talks to Kubernetes itself: it calls a `Driver`. The real one
+(`deployments/kube.py`) uses the official client; engine unit tests use an
+in-memory one. A driver never sleeps or retries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class DriverError(Exception):
+    """A cluster call that failed; `message` is one readable line.
+
+    `status` and `reason` are the API's HTTP status and Status reason when it answered.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.reason = reason
+
+
+class TransientError(DriverError):
+    """Worth trying again later (429, 5xx, timeouts, lost connections, write conflicts)."""
+
+
+class PermanentError(DriverError):
+    """Trying again will not help (invalid object, forbidden, unknown kind)."""
+
+
+class Driver(Protocol):
+    """Actions on one Kubernetes object, as a resource template names them.
+
+    Objects are plain dicts with apiVersion, kind and metadata (name, namespace).
+    """
+
+    def create(self, obj: dict[str, Any], *, owner_label: tuple[str, str]) -> dict[str, Any]:
+        """Create `obj`. An existing object carrying `owner_label` counts as created (a
+        resumed step); an existing object without it is a PermanentError."""
+        ...
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply `obj` (idempotent)."""
+        ...
+
+    def patch(
+        self, obj: dict[str, Any], *, strategy: str, subresource: str | None
+    ) -> dict[str, Any]:
+        """Patch the object `obj` names with `obj` itself (merge / strategic) or, for
+        `json`, with the JSON-patch list under the key `patch`."""
+        ...
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Replace the object with `obj`."""
+        ...
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        """Delete the object `obj` names; a missing object is not an error."""
+        ...
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Read the object `obj` names; None when it does not exist."""
+        ...

@@ -1,0 +1,601 @@
+"""The workflow engine: advances one run of a verb's workflow by one step at a time.
+
+A run's whole state is a JSON-serialisable `RunState`. `advance()` takes it,
+does what can be done now — render a task's object, act on it through the
+driver, read it back and check its conditions — and returns. It never sleeps:
+the caller saves the state and calls again, at once when `Step.progressed`,
+else after a short wait (a retry backoff's end is `Step.wake_at`).
+
+Each resource task moves new → rendered → waiting → done, one move per
+advance, so the rendered object is saved before it is applied: a run resumed
+after a crash re-applies the same object, never a re-rendered one.
+
+Semantics follow Argo Workflows (see docs/spec-format.md and the DAG rules in
+`dag.py`): dependencies/depends, when, withItems, failFast, continueOn,
+retryStrategy, activeDeadlineSeconds, onExit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from deployments.spec.model import Template, Workflow
+from deployments.workflow import conditions, expressions, outputs
+from deployments.workflow.driver import Driver, PermanentError
+from deployments.workflow.render import (
+    Context,
+    RenderError,
+    render_manifest,
+    render_text,
+    render_value,
+)
+
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+ERRORED = "Errored"
+SKIPPED = "Skipped"
+OMITTED = "Omitted"
+RUNNING = "Running"
+PENDING = "Pending"
+FINISHED = {SUCCEEDED, FAILED, ERRORED, SKIPPED, OMITTED}
+
+# Label put on every object a run creates, so a resumed `create` knows its own object.
+OPERATION_LABEL = "opsdeck.io/operation"
+
+
+@dataclass
+class Node:
+    """One task (or the entrypoint) of a run, with its progress."""
+
+    id: str
+    template: str
+    phase: str = PENDING
+    step: str = "new"  # resource tasks: new → rendered → waiting
+    attempt: int = 1
+    inputs: dict[str, Any] = field(default_factory=dict)
+    started_at: float | None = None
+    finished_at: float | None = None
+    retry_at: float | None = None
+    message: str = ""
+    object: dict | None = None  # the rendered object, re-applied as is on resume
+    observed: dict | None = None  # the object as last read back
+    outputs: dict[str, str] = field(default_factory=dict)
+    children: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunState:
+    """Everything about one run; `phase` is Running, Succeeded or Failed."""
+
+    operation_id: str
+    started_at: float
+    deadline_at: float
+    phase: str = RUNNING
+    stage: str = "main"  # main → exit (the onExit handler) → done
+    main_phase: str | None = None
+    message: str = ""
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunState:
+        nodes = {key: Node(**value) for key, value in data.get("nodes", {}).items()}
+        return cls(**{**data, "nodes": nodes})
+
+    @property
+    def done(self) -> bool:
+        return self.stage == "done"
+
+
+@dataclass
+class Step:
+    """What one advance did: progressed (call again now), or wait until `wake_at` or a poll."""
+
+    progressed: bool = False
+    wake_at: float | None = None
+
+    def merge(self, other: Step) -> None:
+        self.progressed = self.progressed or other.progressed
+        if other.wake_at is not None:
+            earlier = other.wake_at if self.wake_at is None else min(self.wake_at, other.wake_at)
+            self.wake_at = earlier
+
+
+@dataclass
+class RunSettings:
+    """Where a run's objects go: the instance namespace and the kinds the spec allows."""
+
+    namespace: str
+    allowed_kinds: list[str]
+    cluster_scoped_kinds: frozenset[str] = frozenset(
+        {"Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+         "PersistentVolume", "StorageClass", "PriorityClass"}
+    )  # fmt: skip
+
+
+def start(workflow: Workflow, *, operation_id: str, now: float) -> RunState:
+    """A new run of `workflow`, not yet advanced."""
+    state = RunState(
+        operation_id=operation_id,
+        started_at=now,
+        deadline_at=now + workflow.active_deadline_seconds,
+    )
+    root = Node(id=workflow.entrypoint, template=workflow.entrypoint, inputs={})
+    state.nodes[root.id] = root
+    return state
+
+
+def advance(
+    state: RunState,
+    workflow: Workflow,
+    ctx: Context,
+    driver: Driver,
+    settings: RunSettings,
+    *,
+    now: float,
+) -> Step:
+    """Advance `state` as far as possible without waiting; mutates it and returns what happened.
+
+    `ctx` holds the run's variables ($var, $sys, $secret, workflow arguments),
+    frozen at the operation's start. Transient driver errors propagate: the
+    caller retries the whole advance later, from the state it last saved.
+    """
+    run = _Run(state, workflow, ctx, driver, settings, now)
+    return run.advance()
+
+
+def cancel(state: RunState, *, now: float, reason: str) -> None:
+    """Stop the main stage at once (its running tasks fail); onExit still runs next."""
+    if state.stage != "main":
+        return
+    for node in state.nodes.values():
+        if node.phase in {PENDING, RUNNING}:
+            _finish(node, FAILED, now, reason)
+    state.main_phase = FAILED
+    state.message = reason
+    state.stage = "exit"
+
+
+def verb_outputs(state: RunState, expressions_by_name: dict[str, str]) -> dict[str, str]:
+    """A verb's outputParameters, read from the objects its tasks captured.
+
+    `$tasks.<task>.resource.<path>` reads the last object read back by that task;
+    any other value is kept as given.
+    """
+    result = {}
+    for name, expr in expressions_by_name.items():
+        text = str(expr).strip()
+        if text.startswith("{{") and text.endswith("}}"):
+            text = text[2:-2].strip()
+        if text.startswith("$tasks."):
+            task, _, rest = text.removeprefix("$tasks.").partition(".resource.")
+            node = _find_task(state, task)
+            observed = (node.observed or node.object) if node else None
+            result[name] = outputs.resource_path(observed, rest) if observed else ""
+        else:
+            result[name] = str(expr)
+    return result
+
+
+def _find_task(state: RunState, task: str) -> Node | None:
+    for node_id, node in state.nodes.items():
+        if node_id.rsplit(".", 1)[-1] == task:
+            return node
+    return None
+
+
+def _finish(node: Node, phase: str, now: float, message: str = "") -> None:
+    node.phase = phase
+    node.finished_at = now
+    if message:
+        node.message = message
+
+
+class _Run:
+    def __init__(self, state, workflow, ctx, driver, settings, now):
+        self.state: RunState = state
+        self.workflow: Workflow = workflow
+        self.ctx: Context = ctx
+        self.driver: Driver = driver
+        self.settings: RunSettings = settings
+        self.now: float = now
+        # Resource nodes that moved in this advance: one move each, so every rendered
+        # object is saved by the caller before it is applied.
+        self.moved: set[str] = set()
+
+    # --- stages ---------------------------------------------------------------
+
+    def advance(self) -> Step:
+        state = self.state
+        step = Step()
+        if state.stage == "main":
+            if self.now >= state.deadline_at:
+                cancel(
+                    state,
+                    now=self.now,
+                    reason=f"The workflow exceeded its deadline of "
+                    f"{self.workflow.active_deadline_seconds} s.",
+                )
+                step.progressed = True
+            else:
+                root = state.nodes[self.workflow.entrypoint]
+                step.merge(self.node(root, self.ctx))
+                if root.phase in FINISHED:
+                    state.main_phase = SUCCEEDED if root.phase == SUCCEEDED else FAILED
+                    state.message = state.message or root.message
+                    state.stage = "exit"
+                    step.progressed = True
+        if state.stage == "exit":
+            step.merge(self.exit_handler())
+        return step
+
+    def exit_handler(self) -> Step:
+        state = self.state
+        handler = self.workflow.on_exit
+        if not handler:
+            self.conclude(exit_phase=None)
+            return Step(progressed=True)
+        node_id = f"onExit:{handler}"
+        node = state.nodes.get(node_id)
+        if node is None:
+            node = Node(id=node_id, template=handler)
+            state.nodes[node_id] = node
+        status = "Succeeded" if state.main_phase == SUCCEEDED else "Failed"
+        ctx = _with(self.ctx, workflow={**self.ctx.workflow, "status": status})
+        step = self.node(node, ctx)
+        if node.phase in FINISHED:
+            self.conclude(exit_phase=node.phase)
+            step.progressed = True
+        return step
+
+    def conclude(self, *, exit_phase: str | None) -> None:
+        state = self.state
+        failed = state.main_phase != SUCCEEDED or exit_phase in {FAILED, ERRORED}
+        state.phase = FAILED if failed else SUCCEEDED
+        if exit_phase in {FAILED, ERRORED} and state.main_phase == SUCCEEDED:
+            state.message = state.nodes[f"onExit:{self.workflow.on_exit}"].message
+        state.stage = "done"
+
+    # --- nodes ------------------------------------------------------------------
+
+    def node(self, node: Node, ctx: Context) -> Step:
+        """Advance one node of any kind."""
+        if node.phase in FINISHED:
+            return Step()
+        template = self.workflow.templates[node.template]
+        if node.started_at is None:
+            node.started_at = self.now
+            node.phase = RUNNING
+        deadline = template.active_deadline_seconds
+        if deadline is not None and self.now >= node.started_at + deadline:
+            self._fail_subtree(node, f"{node.id} exceeded its deadline of {deadline} s.")
+            return Step(progressed=True)
+        node_ctx = _with(ctx, inputs={**template.input_defaults, **node.inputs})
+        if template.tasks is not None:
+            return self.dag(node, template, node_ctx)
+        return self.resource(node, template, node_ctx)
+
+    def _fail_subtree(self, node: Node, message: str) -> None:
+        for child_id in node.children:
+            child = self.state.nodes[child_id]
+            if child.phase not in FINISHED:
+                self._fail_subtree(child, message)
+        _finish(node, FAILED, self.now, message)
+
+    # --- DAG ----------------------------------------------------------------------
+
+    def dag(self, node: Node, template: Template, ctx: Context) -> Step:
+        from deployments.workflow import dag  # the scheduling rules, kept apart
+
+        step = Step()
+        tasks = {task.name: task for task in template.tasks}
+        while True:
+            results = {name: self._task_phase(node, name) for name in tasks}
+            groups = {name: self._group_phases(node, name) for name in tasks}
+            task_ctx = _with(ctx, tasks={**ctx.tasks, **self._task_outputs(node, tasks)})
+            stop_starting = template.fail_fast and dag.has_uncovered_failure(tasks, results)
+            started = False
+            for task in template.tasks:
+                if results[task.name] is not None:
+                    continue  # already started or decided
+                decision = dag.decide(task, results, groups, tasks)
+                if decision == dag.WAIT:
+                    continue
+                if decision == dag.OMIT:
+                    self._decided(node, task.name, OMITTED, "depends expression is false")
+                    started = True
+                    continue
+                if stop_starting:
+                    continue
+                started |= self._start_task(node, task, task_ctx, step)
+            step.merge(self._advance_children(node, task_ctx))
+            if not started:
+                break
+            step.progressed = True
+        results = {name: self._task_phase(node, name) for name in tasks}
+        outcome = dag.outcome(template, tasks, results)
+        if outcome is not None:
+            phase, failed_task = outcome
+            message = ""
+            if failed_task:
+                failed = self.state.nodes[self._child_id(node, failed_task)]
+                message = f"{failed_task}: {failed.message}" if failed.message else failed_task
+            _finish(node, phase, self.now, message)
+            step.progressed = True
+        return step
+
+    def _child_id(self, node: Node, task: str) -> str:
+        return f"{node.id}.{task}"
+
+    def _task_phase(self, node: Node, task: str) -> str | None:
+        child = self.state.nodes.get(self._child_id(node, task))
+        return child.phase if child else None
+
+    def _group_phases(self, node: Node, task: str) -> list[str]:
+        child = self.state.nodes.get(self._child_id(node, task))
+        if child is None or not child.children or child.template != "":
+            return []
+        return [self.state.nodes[c].phase for c in child.children]
+
+    def _task_outputs(self, node: Node, tasks: dict) -> dict[str, dict[str, Any]]:
+        result = {}
+        for name in tasks:
+            child = self.state.nodes.get(self._child_id(node, name))
+            if child is None:
+                continue
+            # Outputs of a skipped or omitted task resolve to "" (Argo).
+            skipped = child.phase in {SKIPPED, OMITTED}
+            result[name] = _EmptyOutputs() if skipped else dict(child.outputs)
+        return result
+
+    def _decided(self, node: Node, task: str, phase: str, message: str) -> Node:
+        child = Node(id=self._child_id(node, task), template="", phase=phase)
+        child.started_at = child.finished_at = self.now
+        child.message = message
+        self.state.nodes[child.id] = child
+        node.children.append(child.id)
+        return child
+
+    def _start_task(self, node: Node, task, ctx: Context, step: Step) -> bool:
+        if task.when:
+            try:
+                condition = _render_text(task.when, ctx)
+                run_it = expressions.when_is_true(condition)
+            except (RenderError, expressions.ExpressionError) as exc:
+                self._decided(node, task.name, FAILED, f"when: {exc}")
+                return True
+            if not run_it:
+                self._decided(node, task.name, SKIPPED, f"when '{condition}' evaluated false")
+                return True
+        if task.with_items is not None:
+            items = render_value(task.with_items, ctx, where=f"{task.name}.withItems")
+            if not items:
+                self._decided(node, task.name, SKIPPED, "withItems is empty")
+                return True
+            group = Node(id=self._child_id(node, task.name), template="", phase=RUNNING)
+            group.started_at = self.now
+            self.state.nodes[group.id] = group
+            node.children.append(group.id)
+            for index, item in enumerate(items):
+                label = json.dumps(item) if isinstance(item, dict | list) else str(item)
+                child = self._new_child(group, f"{task.name}({index}:{label})", task, ctx, item)
+                if child is None:
+                    return True
+            return True
+        return self._new_child(node, task.name, task, ctx, None) is not None
+
+    def _new_child(self, parent: Node, name: str, task, ctx: Context, item: Any) -> Node | None:
+        item_ctx = _with(ctx, item=item) if item is not None else ctx
+        child = Node(id=f"{parent.id}.{name}", template=task.template)
+        parent.children.append(child.id)
+        self.state.nodes[child.id] = child
+        try:
+            child.inputs = {
+                key: render_value(value, item_ctx, where=f"{child.id}.arguments.{key}")
+                for key, value in task.arguments.items()
+            }
+        except RenderError as exc:
+            child.started_at = self.now
+            _finish(child, ERRORED, self.now, str(exc))
+            return child
+        return child
+
+    def _advance_children(self, node: Node, ctx: Context) -> Step:
+        step = Step()
+        for child_id in list(node.children):
+            child = self.state.nodes[child_id]
+            if child.phase in FINISHED:
+                continue
+            if child.template == "":  # a withItems group
+                step.merge(self._advance_group(child, ctx))
+            else:
+                step.merge(self.node(child, ctx))
+        return step
+
+    def _advance_group(self, group: Node, ctx: Context) -> Step:
+        step = Step()
+        for child_id in group.children:
+            child = self.state.nodes[child_id]
+            if child.phase not in FINISHED:
+                step.merge(self.node(child, ctx))
+        phases = [self.state.nodes[c].phase for c in group.children]
+        if all(p in FINISHED for p in phases):
+            failed = [p for p in phases if p in {FAILED, ERRORED}]
+            _finish(group, FAILED if failed else SUCCEEDED, self.now,
+                    f"{len(failed)} of {len(phases)} items failed" if failed else "")  # fmt: skip
+            step.progressed = True
+        return step
+
+    # --- resource templates ------------------------------------------------------
+
+    def resource(self, node: Node, template: Template, ctx: Context) -> Step:
+        if node.id in self.moved:
+            return Step(progressed=True)
+        step = self._resource_move(node, template, ctx)
+        if step.progressed:
+            self.moved.add(node.id)
+        return step
+
+    def _resource_move(self, node: Node, template: Template, ctx: Context) -> Step:
+        action = template.resource
+        if node.retry_at is not None:
+            if self.now < node.retry_at:
+                return Step(wake_at=node.retry_at)
+            node.retry_at = None
+        if node.step == "new":
+            try:
+                node.object = self._render(template, ctx)
+            except RenderError as exc:
+                return self._attempt_failed(node, template, ERRORED, str(exc))
+            node.step = "rendered"
+            return Step(progressed=True)
+        if node.step == "rendered":
+            try:
+                node.observed = self._act(action, node.object)
+            except PermanentError as exc:
+                return self._attempt_failed(node, template, FAILED, exc.message)
+            if action.action == "delete" or not (
+                action.success_condition or action.failure_condition
+            ):
+                return self._succeed(node, template)
+            node.step = "waiting"
+            return Step(progressed=True)
+        # waiting: read the object back and let the conditions decide
+        current = self.driver.get(node.object)
+        if current is None:
+            return self._attempt_failed(
+                node, template, FAILED, f"{_describe(node.object)} disappeared while waiting."
+            )
+        node.observed = current
+        try:
+            verdict = conditions.evaluate(
+                current, action.success_condition, action.failure_condition
+            )
+        except conditions.ConditionError as exc:
+            return self._attempt_failed(node, template, ERRORED, str(exc))
+        if verdict == "succeeded":
+            return self._succeed(node, template)
+        if verdict == "failed":
+            return self._attempt_failed(
+                node,
+                template,
+                FAILED,
+                f"{_describe(node.object)} met its failureCondition ({action.failure_condition}).",
+            )
+        return Step()
+
+    def _render(self, template: Template, ctx: Context) -> dict:
+        obj = render_manifest(template.resource.manifest, ctx, where=template.where("resource"))
+        kind = obj.get("kind", "")
+        if not kind or not obj.get("apiVersion"):
+            raise RenderError(f"{template.where('resource')}: the object has no apiVersion/kind")
+        if kind in self.settings.cluster_scoped_kinds:
+            raise RenderError(f"{kind} is cluster-scoped; workflows act inside their namespace")
+        if self.settings.allowed_kinds and kind not in self.settings.allowed_kinds:
+            raise RenderError(
+                f"{kind} is not among the kinds this plan may touch "
+                f"({', '.join(self.settings.allowed_kinds)})"
+            )
+        metadata = obj.setdefault("metadata", {})
+        if not isinstance(metadata, dict) or not metadata.get("name"):
+            raise RenderError(f"{template.where('resource')}: the object has no metadata.name")
+        metadata["namespace"] = self.settings.namespace
+        if template.resource.action in {"create", "apply"}:
+            labels = metadata.setdefault("labels", {}) or {}
+            labels[OPERATION_LABEL] = self.state.operation_id
+            metadata["labels"] = labels
+        return obj
+
+    def _act(self, action, obj: dict) -> dict | None:
+        subresource = None
+        for flag in action.flags:
+            if flag.startswith("--subresource="):
+                subresource = flag.split("=", 1)[1]
+        match action.action:
+            case "create":
+                return self.driver.create(
+                    obj, owner_label=(OPERATION_LABEL, self.state.operation_id)
+                )
+            case "apply":
+                return self.driver.apply(obj)
+            case "patch":
+                return self.driver.patch(
+                    obj, strategy=action.merge_strategy, subresource=subresource
+                )
+            case "replace":
+                return self.driver.replace(obj)
+            case "delete":
+                self.driver.delete(obj)
+                return None
+            case "get":
+                current = self.driver.get(obj)
+                if current is None:
+                    raise PermanentError(f"{_describe(obj)} not found.")
+                return current
+        raise PermanentError(f"unknown resource action {action.action!r}")
+
+    def _succeed(self, node: Node, template: Template) -> Step:
+        source = node.observed or node.object or {}
+        for output in template.outputs:
+            value = outputs.json_path(source, output.json_path) if output.json_path else ""
+            node.outputs[output.name] = value or (output.default or "")
+        _finish(node, SUCCEEDED, self.now)
+        return Step(progressed=True)
+
+    def _attempt_failed(self, node: Node, template: Template, phase: str, message: str) -> Step:
+        retry = template.retry
+        if retry is not None and _retries(retry, phase):
+            attempts = retry.limit + 1 if retry.limit is not None else None
+            elapsed = self.now - (node.started_at or self.now)
+            within = retry.max_duration is None or elapsed < retry.max_duration
+            if (attempts is None or node.attempt < attempts) and within:
+                wait = retry.duration * (retry.factor ** (node.attempt - 1))
+                if retry.cap is not None:
+                    wait = min(wait, retry.cap)
+                node.attempt += 1
+                node.step = "new"
+                node.message = f"attempt {node.attempt - 1} failed: {message}"
+                node.retry_at = self.now + wait
+                return Step(progressed=True, wake_at=node.retry_at)
+        _finish(node, phase, self.now, message)
+        return Step(progressed=True)
+
+
+def _retries(retry, phase: str) -> bool:
+    policy = retry.policy or "OnFailure"
+    if policy == "Always":
+        return True
+    if policy == "OnFailure":
+        return phase == FAILED
+    if policy == "OnError":
+        return phase == ERRORED
+    return False  # OnTransientError: transient cluster errors are retried by the caller
+
+
+def _describe(obj: dict | None) -> str:
+    if not obj:
+        return "the object"
+    meta = obj.get("metadata") or {}
+    return f'{obj.get("kind", "object")} "{meta.get("name", "?")}"'
+
+
+class _EmptyOutputs(dict):
+    """Outputs of a skipped or omitted task: every parameter reads as ""."""
+
+    def __missing__(self, key):
+        return ""
+
+    def __contains__(self, key):
+        return True
+
+
+def _with(ctx: Context, **changes) -> Context:
+    return replace(ctx, **changes)
+
+
+def _render_text(text: str, ctx: Context) -> str:
+    return render_text(text, ctx, where="when")

@@ -1,0 +1,580 @@
+"""The engine advancing runs step by step against an in-memory cluster.
+
+The cluster here is a dict, standing in for the Kubernetes API the real
+driver reaches; the integration tests run the same engine against the
+sandbox API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from deployments.spec.model import (
+    OutputParameter,
+    ResourceAction,
+    RetryStrategy,
+    Task,
+    Template,
+    Workflow,
+)
+from deployments.workflow import engine
+from deployments.workflow.driver import PermanentError
+from deployments.workflow.render import Context
+
+NS = "inst-abc12345"
+
+
+class MemoryCluster:
+    """Objects by (kind, namespace, name); enough of the driver protocol for the engine."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.calls: list[str] = []
+        self.fail_next: str | None = None
+
+    @staticmethod
+    def key(obj):
+        meta = obj["metadata"]
+        return (obj["kind"], meta.get("namespace", ""), meta["name"])
+
+    def _check(self, verb):
+        self.calls.append(verb)
+        if self.fail_next:
+            message, self.fail_next = self.fail_next, None
+            raise PermanentError(message)
+
+    def create(self, obj, *, owner_label):
+        self._check("create")
+        existing = self.objects.get(self.key(obj))
+        if existing is not None:
+            label, value = owner_label
+            if existing["metadata"].get("labels", {}).get(label) != value:
+                raise PermanentError(f'{obj["kind"]} "{obj["metadata"]["name"]}" already exists')
+            return existing
+        self.objects[self.key(obj)] = copy.deepcopy(obj)
+        return self.objects[self.key(obj)]
+
+    def apply(self, obj):
+        self._check("apply")
+        current = self.objects.setdefault(self.key(obj), {})
+        status = current.get("status")
+        current.clear()
+        current.update(copy.deepcopy(obj))
+        if status is not None:
+            current["status"] = status
+        return current
+
+    def patch(self, obj, *, strategy, subresource):
+        self._check(f"patch:{strategy}:{subresource}")
+        current = self.objects[self.key(obj)]
+        for key, value in obj.items():
+            if key not in {"apiVersion", "kind", "metadata"}:
+                current[key] = copy.deepcopy(value)
+        return current
+
+    def replace(self, obj):
+        self._check("replace")
+        self.objects[self.key(obj)] = copy.deepcopy(obj)
+        return self.objects[self.key(obj)]
+
+    def delete(self, obj):
+        self._check("delete")
+        self.objects.pop(self.key(obj), None)
+
+    def get(self, obj):
+        self.calls.append("get")
+        found = self.objects.get(self.key(obj))
+        return copy.deepcopy(found) if found is not None else None
+
+    def set_status(self, kind, name, **status):
+        self.objects[(kind, NS, name)]["status"] = status
+
+
+def configmap(name: str, data: str = "{{ inputs.parameters.value }}") -> str:
+    return (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: " + name + "\n"
+        'data:\n  value: "' + data + '"\n'
+    )
+
+
+def cluster_manifest() -> str:
+    return (
+        "apiVersion: postgresql.cnpg.io/v1\nkind: Cluster\n"
+        "metadata:\n  name: {{ $sys.id }}\n  namespace: somewhere-else\n"
+        "spec:\n  instances: {{ $var.instances }}\n"
+    )
+
+
+def resource(name, manifest, *, action="apply", success=None, failure=None, **extra) -> Template:
+    return Template(
+        name=name,
+        inputs=extra.pop("inputs", []),
+        resource=ResourceAction(
+            action=action, manifest=manifest, success_condition=success, failure_condition=failure
+        ),
+        **extra,
+    )
+
+
+def dag(*tasks: Task, fail_fast=True) -> Template:
+    return Template(name="main", tasks=list(tasks), fail_fast=fail_fast)
+
+
+def workflow(*templates: Template, deadline=600, on_exit=None) -> Workflow:
+    return Workflow(
+        entrypoint="main",
+        templates={t.name: t for t in templates},
+        active_deadline_seconds=deadline,
+        on_exit=on_exit,
+    )
+
+
+def ctx(**var) -> Context:
+    return Context(var={"instances": 3, **var}, sys={"id": NS, "namespace": NS})
+
+
+class Runner:
+    """Drives a run the way the Celery task does: advance, save as JSON, repeat."""
+
+    def __init__(self, wf, context=None, cluster=None, kinds=("ConfigMap", "Cluster", "Secret")):
+        self.wf = wf
+        self.ctx = context or ctx()
+        self.cluster = cluster or MemoryCluster()
+        self.settings = engine.RunSettings(namespace=NS, allowed_kinds=list(kinds))
+        self.now = 1000.0
+        self.saved = engine.start(wf, operation_id="op-1", now=self.now).to_json()
+
+    @property
+    def state(self) -> engine.RunState:
+        return engine.RunState.from_json(self.saved)
+
+    def step(self) -> engine.Step:
+        state = engine.RunState.from_json(json.loads(json.dumps(self.saved)))
+        result = engine.advance(state, self.wf, self.ctx, self.cluster, self.settings, now=self.now)
+        self.saved = state.to_json()
+        return result
+
+    def until_quiet(self, limit=50) -> engine.Step:
+        for _ in range(limit):
+            result = self.step()
+            if not result.progressed or self.state.done:
+                return result
+        raise AssertionError("the run never stopped progressing")
+
+    def node(self, suffix: str) -> engine.Node:
+        return next(n for i, n in self.state.nodes.items() if i.endswith(suffix))
+
+
+def test_a_task_renders_then_applies_then_waits_for_its_condition():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource("cluster", cluster_manifest(), success="status.phase == healthy"),
+    )
+    run = Runner(wf)
+
+    run.step()
+    assert run.node(".cluster").step == "rendered"
+    assert run.cluster.objects == {}  # saved before it is applied
+
+    run.until_quiet()
+    obj = run.cluster.objects[("Cluster", NS, NS)]
+    assert obj["spec"] == {"instances": 3}
+    assert obj["metadata"]["namespace"] == NS  # forced into the instance's namespace
+    assert obj["metadata"]["labels"] == {engine.OPERATION_LABEL: "op-1"}
+    assert run.state.phase == engine.RUNNING
+    assert run.node(".cluster").step == "waiting"
+
+    run.cluster.set_status("Cluster", NS, phase="healthy")
+    run.until_quiet()
+
+    assert run.state.phase == engine.SUCCEEDED
+    assert run.state.done
+
+
+def test_a_resumed_step_applies_the_object_it_rendered_not_a_new_one():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource("cluster", cluster_manifest()),
+    )
+    run = Runner(wf)
+    run.step()  # rendered with instances=3, then the worker died
+
+    run.ctx = ctx(instances=5)
+    run.until_quiet()
+
+    assert run.cluster.objects[("Cluster", NS, NS)]["spec"] == {"instances": 3}
+
+
+def test_create_treats_its_own_existing_object_as_done_and_refuses_a_strangers():
+    wf = workflow(
+        dag(Task(name="cm", template="cm")), resource("cm", configmap("c", "x"), action="create")
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    assert run.state.phase == engine.SUCCEEDED
+
+    again = Runner(wf, cluster=run.cluster)  # the same operation id, resumed after its create
+    again.until_quiet()
+    assert again.state.phase == engine.SUCCEEDED
+
+    run.cluster.objects[("ConfigMap", NS, "c")]["metadata"]["labels"] = {}
+    stranger = Runner(wf, cluster=run.cluster)
+    stranger.until_quiet()
+    assert stranger.state.phase == engine.FAILED
+    assert 'ConfigMap "c" already exists' in stranger.node(".cm").message
+
+
+def test_dependencies_order_tasks_and_a_failure_omits_what_depends_on_it():
+    wf = workflow(
+        dag(
+            Task(name="a", template="a"),
+            Task(name="b", template="b", dependencies=["a"]),
+            Task(name="c", template="c", dependencies=["b"]),
+            fail_fast=False,
+        ),
+        resource("a", configmap("a", "x")),
+        resource("b", configmap("b", "x"), success="status.ok", failure="status.broken"),
+        resource("c", configmap("c", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    assert ("ConfigMap", NS, "a") in run.cluster.objects
+    assert ("ConfigMap", NS, "c") not in run.cluster.objects  # waits for b
+
+    run.cluster.set_status("ConfigMap", "b", broken="yes")
+    run.until_quiet()
+
+    assert run.node(".b").phase == engine.FAILED
+    assert run.node(".c").phase == engine.OMITTED
+    assert run.state.phase == engine.FAILED
+    assert "b:" in run.state.message
+    assert ("ConfigMap", NS, "c") not in run.cluster.objects
+
+
+def test_continue_on_failed_lets_the_next_task_run():
+    wf = workflow(
+        dag(
+            Task(name="a", template="a", continue_on={"failed": True}),
+            Task(name="b", template="b", dependencies=["a"]),
+        ),
+        resource("a", configmap("a", "x"), action="get"),  # get of a missing object fails
+        resource("b", configmap("b", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".a").phase == engine.FAILED
+    assert run.node(".b").phase == engine.SUCCEEDED
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_depends_on_a_failure_runs_the_cleanup_branch_only():
+    wf = workflow(
+        dag(
+            Task(name="a", template="a"),
+            Task(name="cleanup", template="b", depends="a.Failed"),
+            Task(name="next", template="c", depends="a"),
+            fail_fast=False,
+        ),
+        resource("a", configmap("a", "x"), action="get"),
+        resource("b", configmap("b", "x")),
+        resource("c", configmap("c", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".cleanup").phase == engine.SUCCEEDED
+    assert run.node(".next").phase == engine.OMITTED
+
+
+def test_fail_fast_starts_nothing_new_after_a_failure():
+    wf = workflow(
+        dag(
+            Task(name="bad", template="bad"),
+            Task(name="slow", template="slow"),
+            Task(name="after-slow", template="c", dependencies=["slow"]),
+        ),
+        resource("bad", configmap("bad", "x"), action="get"),
+        resource("slow", configmap("slow", "x"), success="status.done"),
+        resource("c", configmap("c", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    assert run.node(".bad").phase == engine.FAILED
+    assert run.state.phase == engine.RUNNING  # slow is still running; it may finish
+
+    run.cluster.set_status("ConfigMap", "slow", done="true")
+    run.until_quiet()
+
+    assert run.state.phase == engine.FAILED
+    assert ("ConfigMap", NS, "c") not in run.cluster.objects
+
+
+def test_when_false_skips_and_outputs_of_a_skipped_task_are_empty():
+    wf = workflow(
+        dag(
+            Task(name="maybe", template="maybe", when="{{ $var.instances }} > 5"),
+            Task(
+                name="after",
+                template="after",
+                dependencies=["maybe"],
+                arguments={"value": "[{{ tasks.maybe.outputs.parameters.name }}]"},
+            ),
+        ),
+        resource(
+            "maybe",
+            configmap("maybe", "x"),
+            outputs=[OutputParameter(name="name", json_path="{.metadata.name}")],
+        ),
+        resource("after", configmap("after"), inputs=["value"]),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".maybe").phase == engine.SKIPPED
+    assert run.cluster.objects[("ConfigMap", NS, "after")]["data"] == {"value": "[]"}
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_task_outputs_flow_into_later_arguments():
+    wf = workflow(
+        dag(
+            Task(name="first", template="first"),
+            Task(
+                name="second",
+                template="second",
+                dependencies=["first"],
+                arguments={"value": "from-{{ tasks.first.outputs.parameters.name }}"},
+            ),
+        ),
+        resource(
+            "first",
+            configmap("first", "x"),
+            outputs=[OutputParameter(name="name", json_path="{.metadata.name}")],
+        ),
+        resource("second", configmap("second"), inputs=["value"]),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.cluster.objects[("ConfigMap", NS, "second")]["data"] == {"value": "from-first"}
+
+
+def test_a_failed_attempt_is_retried_after_its_backoff_until_the_limit():
+    wf = workflow(
+        dag(Task(name="flaky", template="flaky")),
+        resource(
+            "flaky",
+            configmap("flaky", "x"),
+            action="get",
+            retry=RetryStrategy(limit=2, duration=10, factor=2),
+        ),
+    )
+    run = Runner(wf)
+    result = run.until_quiet()
+    assert run.node(".flaky").attempt == 2
+    assert result.wake_at == run.now + 10
+
+    run.now += 9
+    assert not run.step().progressed  # still backing off
+    run.now += 1
+    run.until_quiet()
+    assert run.node(".flaky").attempt == 3
+    assert run.node(".flaky").retry_at == run.now + 20  # 10 * 2**1
+
+    run.now += 20
+    run.until_quiet()
+    assert run.node(".flaky").phase == engine.FAILED  # 3 attempts = limit 2 + 1
+    assert run.state.phase == engine.FAILED
+
+
+def test_a_retry_succeeds_once_the_object_appears():
+    wf = workflow(
+        dag(Task(name="wait", template="wait")),
+        resource(
+            "wait",
+            configmap("w", "x"),
+            action="get",
+            retry=RetryStrategy(limit=5, duration=1, factor=1),
+        ),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.cluster.objects[("ConfigMap", NS, "w")] = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w", "namespace": NS}
+    }  # fmt: skip
+    run.now += 1
+    run.until_quiet()
+
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_the_workflow_deadline_fails_the_run_and_on_exit_still_runs():
+    wf = workflow(
+        dag(Task(name="never", template="never")),
+        resource("never", configmap("never", "x"), success="status.ready"),
+        resource("exit", configmap("exit", "{{ workflow.status }}")),
+        deadline=60,
+        on_exit="exit",
+    )
+    wf.templates["exit"].inputs = []
+    run = Runner(wf)
+    run.until_quiet()
+    assert run.state.phase == engine.RUNNING
+
+    run.now += 60
+    run.until_quiet()
+
+    assert run.state.phase == engine.FAILED
+    assert run.state.message == "The workflow exceeded its deadline of 60 s."
+    assert run.cluster.objects[("ConfigMap", NS, "exit")]["data"] == {"value": "Failed"}
+
+
+def test_a_template_deadline_fails_its_task():
+    wf = workflow(
+        dag(Task(name="slow", template="slow")),
+        resource(
+            "slow", configmap("slow", "x"), success="status.ready", active_deadline_seconds=30
+        ),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.now += 30
+    run.until_quiet()
+
+    assert run.node(".slow").phase == engine.FAILED
+    assert "exceeded its deadline of 30 s" in run.node(".slow").message
+
+
+def test_with_items_fans_out_one_child_per_item():
+    wf = workflow(
+        dag(
+            Task(
+                name="each",
+                template="each",
+                with_items=["a", "b"],
+                arguments={"value": "{{ item }}"},
+            )
+        ),
+        Template(
+            name="each",
+            inputs=["value"],
+            resource=ResourceAction(
+                action="apply", manifest=configmap("cm-{{ inputs.parameters.value }}", "x")
+            ),
+        ),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert {k[2] for k in run.cluster.objects} == {"cm-a", "cm-b"}
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_an_empty_with_items_list_skips_the_task():
+    wf = workflow(
+        dag(Task(name="each", template="each", with_items=[])),
+        resource("each", configmap("x", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".each").phase == engine.SKIPPED
+    assert run.state.phase == engine.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: x\n", "Namespace is cluster-scoped"),
+        (
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\n",
+            "Deployment is not among the kinds this plan may touch",
+        ),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ $var.nope }}\n", "nope"),
+    ],
+)
+def test_objects_the_plan_may_not_create_fail_their_task_with_the_reason(manifest, message):
+    wf = workflow(dag(Task(name="t", template="t")), resource("t", manifest))
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.state.phase == engine.FAILED
+    assert message in run.node(".t").message
+    assert run.cluster.objects == {}
+
+
+def test_a_permanent_api_error_fails_the_task_with_its_message():
+    wf = workflow(dag(Task(name="t", template="t")), resource("t", configmap("t", "x")))
+    run = Runner(wf)
+    run.step()
+    run.cluster.fail_next = 'ConfigMap "t" is invalid: data.value: Invalid value'
+    run.until_quiet()
+
+    assert run.node(".t").message == 'ConfigMap "t" is invalid: data.value: Invalid value'
+    assert run.state.phase == engine.FAILED
+
+
+def test_status_patches_go_to_the_status_subresource():
+    manifest = (
+        "apiVersion: postgresql.cnpg.io/v1\nkind: Cluster\nmetadata:\n  name: {{ $sys.id }}\n"
+        "status:\n  targetPrimary: {{ $sys.id }}-2\n"
+    )
+    wf = workflow(
+        dag(Task(name="switch", template="switch")),
+        resource("switch", manifest, action="patch"),
+    )
+    wf.templates["switch"].resource.merge_strategy = "merge"
+    wf.templates["switch"].resource.flags = ["--subresource=status"]
+    cluster = MemoryCluster()
+    cluster.objects[("Cluster", NS, NS)] = {
+        "apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+        "metadata": {"name": NS, "namespace": NS}, "status": {"targetPrimary": f"{NS}-1"},
+    }  # fmt: skip
+    run = Runner(wf, cluster=cluster)
+    run.until_quiet()
+
+    assert "patch:merge:status" in cluster.calls
+    assert cluster.objects[("Cluster", NS, NS)]["status"] == {"targetPrimary": f"{NS}-2"}
+
+
+def test_verb_outputs_read_the_object_a_task_captured():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource("cluster", cluster_manifest(), success="status.readyInstances == 3"),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.cluster.set_status("Cluster", NS, readyInstances=3, currentPrimary=f"{NS}-1")
+    run.until_quiet()
+
+    found = engine.verb_outputs(
+        run.state,
+        {
+            "primary": "$tasks.cluster.resource.status.currentPrimary",
+            "ready": "{{ $tasks.cluster.resource.status.readyInstances }}",
+        },
+    )
+    assert found == {"primary": f"{NS}-1", "ready": "3"}
+
+
+def test_cancel_fails_the_running_tasks_and_runs_on_exit():
+    wf = workflow(
+        dag(Task(name="slow", template="slow")),
+        resource("slow", configmap("slow", "x"), success="status.ready"),
+        resource("exit", configmap("exit", "{{ workflow.status }}")),
+        on_exit="exit",
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    state = run.state
+    engine.cancel(state, now=run.now, reason="The instance is being deleted.")
+    run.saved = state.to_json()
+    run.until_quiet()
+
+    assert run.state.phase == engine.FAILED
+    assert run.state.message == "The instance is being deleted."
+    assert run.cluster.objects[("ConfigMap", NS, "exit")]["data"] == {"value": "Failed"}

@@ -1,0 +1,271 @@
+"""Typed validation of customer input against apiParameters (create and modify)."""
+
+import pytest
+
+from deployments.spec.model import Parameter
+from deployments.spec.params import (
+    ParameterErrors,
+    format_value,
+    generate_password,
+    validate_parameters,
+)
+
+
+def param(key: str, type_: str = "String", **fields) -> Parameter:
+    fields.setdefault("required", False)
+    return Parameter(key=key, name=key.title(), description="", type=type_, **fields)
+
+
+def errors_for(parameters, values, **kwargs) -> dict[str, str]:
+    with pytest.raises(ParameterErrors) as caught:
+        validate_parameters(parameters, values, **kwargs)
+    return caught.value.errors
+
+
+# --- String -------------------------------------------------------------------------------
+
+
+def test_string_is_returned_as_given():
+    assert validate_parameters([param("db")], {"db": "orders"}) == {"db": "orders"}
+
+
+def test_string_length_limits():
+    db = param("db", limits={"min": 3, "max": 8})
+
+    assert errors_for([db], {"db": "ab"}) == {"db": "Must be between 3 and 8 characters long."}
+    assert errors_for([db], {"db": "a" * 9}) == {"db": "Must be between 3 and 8 characters long."}
+    assert validate_parameters([db], {"db": "abc"}) == {"db": "abc"}
+
+
+def test_string_minimum_length_alone():
+    assert errors_for([param("db", limits={"min": 3})], {"db": "ab"}) == {
+        "db": "Must be at least 3 characters long."
+    }
+
+
+def test_string_regex_must_match_the_whole_value():
+    db = param("db", regex="[a-z]+")
+
+    assert errors_for([db], {"db": "orders1"}) == {"db": "Must match the pattern [a-z]+."}
+    assert validate_parameters([db], {"db": "orders"}) == {"db": "orders"}
+
+
+def test_string_options():
+    size = param("size", options=["small", "large"])
+
+    assert errors_for([size], {"size": "huge"}) == {"size": "Must be one of: small, large."}
+    assert validate_parameters([size], {"size": "large"}) == {"size": "large"}
+
+
+def test_string_rejects_structured_values():
+    assert errors_for([param("db")], {"db": ["a"]}) == {"db": "Must be text."}
+
+
+# --- Float64 ------------------------------------------------------------------------------
+
+
+def test_float_from_form_text_with_an_integral_value_is_an_integer():
+    result = validate_parameters([param("n", "Float64")], {"n": "3"})
+
+    assert result == {"n": 3}
+    assert type(result["n"]) is int
+    assert str(result["n"]) == "3"
+
+
+def test_float_integral_float_input_is_an_integer_too():
+    result = validate_parameters([param("n", "Float64")], {"n": 3.0})
+
+    assert type(result["n"]) is int
+    assert format_value(param("n", "Float64"), 3.0) == "3"
+
+
+def test_float_keeps_a_fraction():
+    assert validate_parameters([param("n", "Float64")], {"n": "2.5"}) == {"n": 2.5}
+
+
+@pytest.mark.parametrize("value", ["three", "nan", "inf", True, [1]])
+def test_float_rejects_what_is_not_a_finite_number(value):
+    assert errors_for([param("n", "Float64")], {"n": value}) == {"n": "Must be a number."}
+
+
+def test_float_limits():
+    n = param("n", "Float64", limits={"min": 1, "max": 5})
+
+    assert errors_for([n], {"n": "0"}) == {"n": "Must be between 1 and 5."}
+    assert errors_for([n], {"n": "5.5"}) == {"n": "Must be between 1 and 5."}
+    assert validate_parameters([n], {"n": "5"}) == {"n": 5}
+
+
+def test_float_one_sided_limits():
+    assert errors_for([param("n", "Float64", limits={"min": 1})], {"n": "0"}) == {
+        "n": "Must be at least 1."
+    }
+    assert errors_for([param("n", "Float64", limits={"max": 2.5})], {"n": "3"}) == {
+        "n": "Must be at most 2.5."
+    }
+
+
+def test_float_options_compare_the_rendered_number():
+    cpu = param("cpu", "Float64", options=["1", "2", "4"])
+
+    assert validate_parameters([cpu], {"cpu": "2.0"}) == {"cpu": 2}
+    assert errors_for([cpu], {"cpu": "3"}) == {"cpu": "Must be one of: 1, 2, 4."}
+
+
+# --- Boolean ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["true", "on", "1", "yes", "TRUE", True])
+def test_boolean_true_spellings(text):
+    assert validate_parameters([param("b", "Boolean")], {"b": text}) == {"b": True}
+
+
+@pytest.mark.parametrize("text", ["false", "off", "0", "no", "False", False])
+def test_boolean_false_spellings(text):
+    assert validate_parameters([param("b", "Boolean")], {"b": text}) == {"b": False}
+
+
+def test_boolean_rejects_other_words():
+    assert errors_for([param("b", "Boolean")], {"b": "maybe"}) == {"b": "Must be true or false."}
+
+
+# --- JSON ---------------------------------------------------------------------------------
+
+
+def test_json_text_is_parsed():
+    assert validate_parameters([param("j", "JSON")], {"j": '{"max_connections": "200"}'}) == {
+        "j": {"max_connections": "200"}
+    }
+
+
+def test_json_already_parsed_is_kept():
+    assert validate_parameters([param("j", "JSON")], {"j": [1, 2]}) == {"j": [1, 2]}
+
+
+def test_json_that_does_not_parse():
+    assert errors_for([param("j", "JSON")], {"j": "{oops"}) == {
+        "j": "Must be valid JSON (Expecting property name enclosed in double quotes at line 1)."
+    }
+
+
+# --- Password -----------------------------------------------------------------------------
+
+
+def test_missing_password_is_generated():
+    first = validate_parameters([param("pw", "Password")], {})["pw"]
+    second = validate_parameters([param("pw", "Password")], {"pw": ""})["pw"]
+
+    assert len(first) == 24 and first.isalnum()
+    assert first != second
+
+
+def test_required_password_is_generated_when_left_empty():
+    result = validate_parameters([param("pw", "Password", required=True)], {"pw": "  "})
+
+    assert len(result["pw"]) == 24
+
+
+def test_generated_password_respects_length_limits():
+    result = validate_parameters([param("pw", "Password", limits={"min": 32})], {})
+
+    assert len(result["pw"]) == 32
+
+
+def test_given_password_is_checked_like_a_string():
+    pw = param("pw", "Password", limits={"min": 12})
+
+    assert errors_for([pw], {"pw": "short"}) == {"pw": "Must be at least 12 characters long."}
+    assert validate_parameters([pw], {"pw": "long-enough-pass"}) == {"pw": "long-enough-pass"}
+
+
+def test_generate_password_uses_letters_and_digits():
+    assert generate_password(40).isalnum()
+    assert len(generate_password(40)) == 40
+
+
+# --- defaults and required ----------------------------------------------------------------
+
+
+def test_missing_optional_parameters_take_their_typed_default():
+    parameters = [
+        param("n", "Float64", default=1),
+        param("b", "Boolean", default=False),
+        param("db", default="app"),
+    ]
+
+    assert validate_parameters(parameters, {"db": ""}) == {"n": 1, "b": False, "db": "app"}
+
+
+def test_missing_required_parameter():
+    assert errors_for([param("db", required=True)], {}) == {"db": "This field is required."}
+
+
+def test_unknown_key_on_create():
+    assert errors_for([param("db", default="app")], {"dbb": "x"}) == {"dbb": "Unknown parameter."}
+
+
+def test_every_bad_field_is_reported_at_once():
+    parameters = [param("n", "Float64", limits={"max": 2}), param("b", "Boolean")]
+
+    assert errors_for(parameters, {"n": "3", "b": "x"}) == {
+        "n": "Must be at most 2.",
+        "b": "Must be true or false.",
+    }
+
+
+# --- modify -------------------------------------------------------------------------------
+
+PLAN = [
+    param("instances", "Float64", modifiable=True, default=1, limits={"min": 1, "max": 5}),
+    param("database", modifiable=False, default="app"),
+    param("password", "Password", modifiable=False),
+]
+CURRENT = {"instances": 1, "database": "orders", "password": "s3cret-s3cret"}
+
+
+def test_modify_keeps_missing_keys_at_their_current_value():
+    assert validate_parameters(PLAN, {"instances": "3"}, current=CURRENT) == {
+        **CURRENT,
+        "instances": 3,
+    }
+
+
+def test_modify_does_not_regenerate_a_password_left_empty():
+    result = validate_parameters(PLAN, {"password": ""}, current=CURRENT)
+
+    assert result["password"] == "s3cret-s3cret"
+
+
+def test_modify_refuses_to_change_a_non_modifiable_parameter():
+    assert errors_for(PLAN, {"database": "other"}, current=CURRENT) == {
+        "database": "Cannot be changed after creation."
+    }
+
+
+def test_modify_accepts_a_non_modifiable_parameter_given_unchanged():
+    assert validate_parameters(PLAN, {"database": "orders"}, current=CURRENT) == CURRENT
+
+
+def test_modify_still_checks_limits():
+    assert errors_for(PLAN, {"instances": "6"}, current=CURRENT) == {
+        "instances": "Must be between 1 and 5."
+    }
+
+
+def test_modify_refuses_unknown_keys():
+    assert errors_for(PLAN, {"replicas": "2"}, current=CURRENT) == {
+        "replicas": "Unknown parameter."
+    }
+
+
+def test_modify_gives_a_parameter_added_since_creation_its_default():
+    plan = [*PLAN, param("ssl", "Boolean", modifiable=True, default=True)]
+
+    assert validate_parameters(plan, {}, current=CURRENT) == {**CURRENT, "ssl": True}
+
+
+def test_parameter_errors_message_names_each_key():
+    with pytest.raises(ParameterErrors) as caught:
+        validate_parameters(PLAN, {"database": "x"}, current=CURRENT)
+
+    assert str(caught.value) == "database: Cannot be changed after creation."

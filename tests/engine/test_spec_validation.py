@@ -1,0 +1,786 @@
+"""Every validation rule: one test each, starting from a valid spec and breaking one thing."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.spec import validate
+
+SPECS = Path(__file__).parent / "specs"
+WORKFLOWS = (SPECS / "postgres-workflows.yaml").read_text()
+EXAMPLE = (SPECS / "examples-cnpg.yaml").read_text()
+
+CREATE = "services[0].systemWorkflows.create.workflow"
+BACKUP = "services[0].systemWorkflows.backup.workflow"
+PARAMS = "services[0].apiParameters"
+
+
+def check(change: Callable[[dict], None], base: str = WORKFLOWS):
+    """Validate the base spec after `change` mutated its parsed document."""
+    document = yaml.safe_load(base)
+    change(document)
+    return validate(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+
+
+def errors(change: Callable[[dict], None], base: str = WORKFLOWS) -> list[str]:
+    return check(change, base).errors
+
+
+def service(document: dict) -> dict:
+    return document["services"][0]
+
+
+def workflow(document: dict, verb: str) -> dict:
+    return service(document)["systemWorkflows"][verb]["workflow"]
+
+
+def templates(document: dict, verb: str = "create") -> list[dict]:
+    return workflow(document, verb)["templates"]
+
+
+def tasks(document: dict, verb: str = "create") -> list[dict]:
+    return templates(document, verb)[0]["dag"]["tasks"]
+
+
+def parameter(document: dict, key: str) -> dict:
+    return next(p for p in service(document)["apiParameters"] if p["key"] == key)
+
+
+def test_the_base_spec_is_valid():
+    result = validate(WORKFLOWS)
+
+    assert (result.errors, result.warnings) == ([], [])
+
+
+def test_a_spec_with_errors_gives_no_spec_object():
+    result = check(lambda d: service(d)["systemWorkflows"].pop("delete"))
+
+    assert result.spec is None
+    assert result.errors
+
+
+# --- verbs --------------------------------------------------------------------------------
+
+
+def test_missing_required_verb():
+    assert errors(lambda d: service(d)["systemWorkflows"].pop("modify")) == [
+        'services[0].systemWorkflows: missing required verb "modify"'
+    ]
+
+
+def test_backup_configuration_requires_backup_restore_and_delete_backup():
+    def drop(document):
+        service(document)["systemWorkflows"].pop("restore")
+        service(document)["systemWorkflows"].pop("deleteBackup")
+
+    assert errors(drop) == [
+        'services[0].systemWorkflows: missing required verb "restore" '
+        "(capabilities.backupConfiguration is set)",
+        'services[0].systemWorkflows: missing required verb "deleteBackup" '
+        "(capabilities.backupConfiguration is set)",
+    ]
+
+
+def test_unknown_verb_is_a_warning_not_an_error():
+    result = check(
+        lambda d: service(d)["systemWorkflows"].update(
+            scale=service(d)["systemWorkflows"]["modify"]
+        )
+    )
+
+    assert result.errors == []
+    assert result.warnings[0].startswith(
+        'services[0].systemWorkflows.scale: unknown verb "scale" is ignored; known verbs: create,'
+    )
+
+
+def test_custom_verb_cannot_reuse_a_system_verb_name():
+    def clash(document):
+        service(document)["customWorkflows"][0]["verb"] = "restart"
+
+    assert errors(clash) == [
+        'services[0].customWorkflows[0].verb: verb "restart" is already defined'
+    ]
+
+
+def test_custom_verb_scope_must_be_fleet_or_end_customer():
+    def scope(document):
+        service(document)["customWorkflows"][0]["scope"] = ["everyone"]
+
+    assert errors(scope) == [
+        'services[0].customWorkflows[0].scope: unknown scope "everyone"; '
+        "expected fleet or END_CUSTOMER"
+    ]
+
+
+def test_no_service_carrying_the_operator_is_an_error():
+    def two_plain_services(document):
+        del service(document)["operatorCRDConfiguration"]
+        del service(document)["systemWorkflows"]
+        document["services"].append({"name": "other"})
+
+    assert errors(two_plain_services) == ["services: no service carries operatorCRDConfiguration"]
+
+
+# --- templates and tasks ------------------------------------------------------------------
+
+
+def test_unknown_entrypoint():
+    assert errors(lambda d: workflow(d, "create").update(entrypoint="start")) == [
+        f'{CREATE}.entrypoint: unknown template "start"; '
+        "templates: main, apply-secret, apply-cluster"
+    ]
+
+
+def test_unknown_on_exit_template():
+    assert errors(lambda d: workflow(d, "create").update(onExit="cleanup")) == [
+        f'{CREATE}.onExit: unknown template "cleanup"; templates: main, apply-secret, apply-cluster'
+    ]
+
+
+def test_unknown_task_template():
+    assert errors(lambda d: tasks(d)[1].update(template="apply-clustre")) == [
+        f'{CREATE}.templates[0].dag.tasks[1].template: unknown template "apply-clustre"; '
+        "templates: main, apply-secret, apply-cluster"
+    ]
+
+
+def test_duplicate_template_name():
+    assert errors(lambda d: templates(d)[2].update(name="apply-secret")) == [
+        f'{CREATE}.templates[2].name: duplicate template "apply-secret"',
+        f'{CREATE}.templates[0].dag.tasks[1].template: unknown template "apply-cluster"; '
+        "templates: main, apply-secret",
+    ]
+
+
+def test_duplicate_task_name():
+    assert errors(lambda d: tasks(d)[1].update(name="secret", dependencies=[])) == [
+        f'{CREATE}.templates[0].dag.tasks[1].name: duplicate task "secret"',
+        # and the verb output now reads a task that no longer exists
+        'services[0].systemWorkflows.create.outputParameters.image: no task "cluster" '
+        "in this workflow",
+    ]
+
+
+def test_template_with_neither_dag_nor_resource():
+    assert errors(lambda d: templates(d)[1].pop("resource")) == [
+        f'{CREATE}.templates[1]: template "apply-secret" has neither a dag nor a resource'
+    ]
+
+
+def test_argo_template_types_other_than_dag_and_resource_are_not_supported():
+    def container(document):
+        templates(document)[1].pop("resource")
+        templates(document)[1]["container"] = {"image": "busybox"}
+
+    assert errors(container) == [
+        f'{CREATE}.templates[1]: template "apply-secret" has neither a dag nor a resource; '
+        "container templates are not supported"
+    ]
+
+
+def test_unknown_dependency():
+    assert errors(lambda d: tasks(d)[1].update(dependencies=["secrets"])) == [
+        f'{CREATE}.templates[0].dag.tasks[1].dependencies: unknown task "secrets"'
+    ]
+
+
+def test_depends_naming_an_unknown_task():
+    assert errors(lambda d: tasks(d, "backup")[1].update(depends="taken.Succeeded")) == [
+        f'{BACKUP}.templates[0].dag.tasks[1].depends: unknown task "taken"'
+    ]
+
+
+def test_unparseable_depends():
+    found = errors(lambda d: tasks(d, "backup")[1].update(depends="take.Succeeded &&"))
+
+    assert len(found) == 1
+    assert found[0].startswith(f"{BACKUP}.templates[0].dag.tasks[1].depends: ")
+
+
+def test_dependencies_and_depends_cannot_be_mixed():
+    assert errors(lambda d: tasks(d, "backup")[0].update(dependencies=[])) == [
+        f"{BACKUP}.templates[0].dag: dependencies and depends cannot be mixed in one dag"
+    ]
+
+
+def test_dependency_cycle():
+    assert errors(lambda d: tasks(d)[0].update(dependencies=["cluster"])) == [
+        f"{CREATE}.templates[0].dag.tasks: dependency cycle: secret -> cluster -> secret"
+    ]
+
+
+def test_unknown_dag_target():
+    assert errors(lambda d: templates(d)[0]["dag"].update(target="cluster clutser")) == [
+        f'{CREATE}.templates[0].dag.target: unknown task "clutser"'
+    ]
+
+
+def test_unparseable_when_expression():
+    found = errors(lambda d: tasks(d, "backup")[1].update(when="(a == b"))
+
+    assert len(found) == 1
+    assert found[0].startswith(f"{BACKUP}.templates[0].dag.tasks[1].when: ")
+
+
+# --- references ---------------------------------------------------------------------------
+
+
+def test_undefined_parameter_reference():
+    def typo(document):
+        resource = templates(document)[2]["resource"]
+        resource["manifest"] = resource["manifest"].replace("$var.instances", "$var.instance")
+
+    assert errors(typo) == [
+        f"{CREATE}.templates[2].resource.manifest: undefined parameter reference "
+        '$var.instance; no apiParameter has key "instance"'
+    ]
+
+
+def test_custom_verb_may_read_its_own_parameters_but_system_verbs_may_not():
+    def read_reason(document):
+        resource = templates(document, "modify")[0]["resource"]
+        resource["manifest"] += "  annotations:\n    why: '{{ $var.reason }}'\n"
+
+    assert errors(read_reason) == [
+        "services[0].systemWorkflows.modify.workflow.templates[0].resource.manifest: "
+        'undefined parameter reference $var.reason; no apiParameter has key "reason"'
+    ]
+
+
+def test_undefined_input_reference():
+    def unthreaded(document):
+        resource = templates(document)[2]["resource"]
+        resource["manifest"] += "  namespace2: '{{inputs.parameters.ns}}'\n"
+
+    assert errors(unthreaded) == [
+        f"{CREATE}.templates[2].resource.manifest: undefined reference inputs.parameters.ns: "
+        'template "apply-cluster" declares no input "ns" '
+        "(parameters are threaded explicitly at every hop)"
+    ]
+
+
+def test_input_not_passed_by_the_calling_task():
+    assert errors(lambda d: tasks(d)[0].pop("arguments")) == [
+        f'{CREATE}.templates[0].dag.tasks[0].arguments: input "ns" of template "apply-secret" '
+        "is not passed (parameters are threaded explicitly at every hop)"
+    ]
+
+
+def test_entrypoint_input_not_passed_by_the_workflow_arguments():
+    assert errors(lambda d: workflow(d, "create").pop("arguments")) == [
+        f'{CREATE}.arguments.parameters: input "ns" of template "main" is not passed '
+        "(parameters are threaded explicitly at every hop)"
+    ]
+
+
+def test_argument_for_an_undeclared_input_is_a_warning():
+    def extra(document):
+        tasks(document)[1]["arguments"] = {"parameters": [{"name": "size", "value": "1"}]}
+
+    result = check(extra)
+    assert result.errors == []
+    assert result.warnings == [
+        f"{CREATE}.templates[0].dag.tasks[1].arguments.parameters.size: "
+        'template "apply-cluster" declares no input "size"; the value is unused'
+    ]
+
+
+def test_undefined_workflow_parameter_reference():
+    def read(document):
+        tasks(document)[0]["arguments"]["parameters"][0]["value"] = "{{workflow.parameters.nz}}"
+
+    assert errors(read) == [
+        f"{CREATE}.templates[0].dag.tasks[0].arguments.parameters.ns: undefined reference "
+        'workflow.parameters.nz: the workflow\'s arguments have no parameter "nz"'
+    ]
+
+
+def test_task_output_reference_to_an_unknown_task():
+    assert errors(
+        lambda d: tasks(d, "backup")[1].update(
+            when="{{tasks.tak.outputs.parameters.phase}} == completed"
+        )
+    ) == [
+        f"{BACKUP}.templates[0].dag.tasks[1].when: undefined reference "
+        'tasks.tak.outputs.parameters.phase: no task "tak" in this dag'
+    ]
+
+
+def test_task_output_reference_to_an_undeclared_output():
+    assert errors(
+        lambda d: tasks(d, "backup")[1].update(
+            when="{{tasks.take.outputs.parameters.state}} == completed"
+        )
+    ) == [
+        f"{BACKUP}.templates[0].dag.tasks[1].when: undefined reference "
+        'tasks.take.outputs.parameters.state: template "take-backup" has no output "state"'
+    ]
+
+
+def test_task_output_reference_outside_a_dag():
+    def read(document):
+        resource = templates(document, "backup")[2]["resource"]
+        resource["manifest"] += "  annotations:\n    p: '{{tasks.take.outputs.parameters.phase}}'\n"
+
+    assert errors(read) == [
+        f"{BACKUP}.templates[2].resource.manifest: undefined reference "
+        "tasks.take.outputs.parameters.phase: tasks can only be read in a dag's tasks"
+    ]
+
+
+def test_unknown_system_variable():
+    def typo(document):
+        resource = templates(document)[2]["resource"]
+        resource["manifest"] = resource["manifest"].replace("$sys.id", "$sys.ident")
+
+    assert errors(typo) == [
+        f"{CREATE}.templates[2].resource.manifest: unknown system variable $sys.ident"
+    ]
+
+
+def test_malformed_placeholder():
+    def broken(document):
+        resource = templates(document)[2]["resource"]
+        resource["manifest"] = resource["manifest"].replace("{{ $var.database }}", "{{ $var. }}")
+
+    found = errors(broken)
+    assert len(found) == 1
+    assert found[0].startswith(f"{CREATE}.templates[2].resource.manifest: ")
+
+
+# --- resources and conditions -------------------------------------------------------------
+
+
+def test_condition_with_a_value_that_is_not_a_label_value():
+    def spaced(document):
+        templates(document, "backup")[2]["resource"]["successCondition"] = (
+            "status.phase == Cluster in healthy state"
+        )
+
+    assert errors(spaced) == [
+        f'{BACKUP}.templates[2].resource.successCondition: value "Cluster in healthy state" '
+        "is not a valid label value; use a cel: condition"
+    ]
+
+
+def test_unparseable_cel_condition_is_one_line():
+    def broken(document):
+        templates(document)[2]["resource"]["successCondition"] = "cel: self.status.phase =="
+
+    found = errors(broken)
+    assert len(found) == 1
+    assert found[0].startswith(f"{CREATE}.templates[2].resource.successCondition: ")
+    assert "\n" not in found[0]
+
+
+def test_condition_with_a_placeholder_is_checked_after_substitution():
+    def templated(document):
+        templates(document)[2]["resource"]["successCondition"] = (
+            "status.readyInstances == {{ $var.instances }}"
+        )
+
+    assert errors(templated) == []
+
+
+def test_unparseable_failure_condition():
+    def broken(document):
+        templates(document)[2]["resource"]["failureCondition"] = "status.phase == =="
+
+    found = errors(broken)
+    assert len(found) == 1
+    assert found[0].startswith(f"{CREATE}.templates[2].resource.failureCondition: ")
+
+
+def test_delete_takes_no_conditions():
+    def gated(document):
+        templates(document, "delete")[0]["resource"]["successCondition"] = "status.phase == x"
+
+    assert errors(gated) == [
+        "services[0].systemWorkflows.delete.workflow.templates[0].resource.successCondition: "
+        "a delete takes no conditions"
+    ]
+
+
+def test_unknown_resource_action():
+    assert errors(lambda d: templates(d)[1]["resource"].update(action="upsert")) == [
+        f'{CREATE}.templates[1].resource.action: unknown action "upsert"; '
+        "expected one of get, create, apply, delete, replace, patch"
+    ]
+
+
+def test_strategic_merge_patch_of_a_custom_resource():
+    assert errors(lambda d: templates(d, "modify")[0]["resource"].pop("mergeStrategy")) == [
+        "services[0].systemWorkflows.modify.workflow.templates[0].resource.mergeStrategy: "
+        "a strategic merge patch is not supported for custom resources (Cluster of "
+        "postgresql.cnpg.io/v1); set mergeStrategy to merge or json"
+    ]
+
+
+def test_multi_document_manifest():
+    def two(document):
+        resource = templates(document)[1]["resource"]
+        resource["manifest"] += "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: other\n"
+
+    assert errors(two) == [
+        f"{CREATE}.templates[1].resource.manifest: the manifest holds 2 documents; a resource "
+        "template applies exactly one Kubernetes object (use one template per object)"
+    ]
+
+
+def test_manifest_that_is_not_yaml():
+    def broken(document):
+        templates(document)[1]["resource"]["manifest"] = "kind: Secret\n  name: [x\n"
+
+    found = errors(broken)
+    assert len(found) == 1
+    assert found[0].startswith(
+        f"{CREATE}.templates[1].resource.manifest: the manifest is not valid YAML at line 2"
+    )
+
+
+def test_manifest_without_kind_or_name():
+    def bare(document):
+        templates(document)[1]["resource"]["manifest"] = "apiVersion: v1\nmetadata: {}\n"
+
+    assert errors(bare) == [
+        f"{CREATE}.templates[1].resource.manifest: the object has no kind",
+        f"{CREATE}.templates[1].resource.manifest: the object has no metadata.name",
+    ]
+
+
+def test_kind_not_declared_in_x_opsdeck():
+    def other_kind(document):
+        resource = templates(document)[1]["resource"]
+        resource["manifest"] = resource["manifest"].replace("kind: Secret", "kind: ConfigMap")
+
+    assert errors(other_kind) == [
+        f'{CREATE}.templates[1].resource.manifest: kind "ConfigMap" is not in x-opsdeck.kinds '
+        "(Cluster, Backup, Secret)"
+    ]
+
+
+def test_kinds_may_be_declared_with_their_api_version():
+    def qualified(document):
+        document["x-opsdeck"]["kinds"] = ["postgresql.cnpg.io/v1/Cluster", "Backup", "v1/Secret"]
+
+    assert errors(qualified) == []
+
+
+def test_invalid_output_json_path():
+    def broken(document):
+        templates(document)[2]["outputs"]["parameters"][0]["valueFrom"]["jsonPath"] = "{.status[}"
+
+    found = errors(broken)
+    assert len(found) == 1
+    assert found[0].startswith(f"{CREATE}.templates[2].outputs.parameters[0].valueFrom.jsonPath: ")
+
+
+def test_verb_output_reading_a_task_without_success_condition():
+    def ungated(document):
+        service(document)["systemWorkflows"]["create"]["outputParameters"] = {
+            "secret": "$tasks.secret.resource.metadata.name"
+        }
+
+    assert errors(ungated) == [
+        'services[0].systemWorkflows.create.outputParameters.secret: task "secret" has no '
+        "successCondition, so it captures no object to read"
+    ]
+
+
+def test_verb_output_reading_an_unknown_task():
+    def unknown(document):
+        service(document)["systemWorkflows"]["create"]["outputParameters"] = {
+            "image": "$tasks.clustr.resource.status.image"
+        }
+
+    assert errors(unknown) == [
+        'services[0].systemWorkflows.create.outputParameters.image: no task "clustr" '
+        "in this workflow"
+    ]
+
+
+# --- parameters ---------------------------------------------------------------------------
+
+
+def test_default_outside_its_limits():
+    assert errors(lambda d: parameter(d, "instances").update(defaultValue="9")) == [
+        f'{PARAMS}[0].defaultValue: default "9" is invalid: Must be between 1 and 5.'
+    ]
+
+
+def test_default_not_matching_its_regex():
+    assert errors(lambda d: parameter(d, "database").update(defaultValue="App")) == [
+        f'{PARAMS}[3].defaultValue: default "App" is invalid: Must match the pattern '
+        "^[a-z][a-z0-9_]*$."
+    ]
+
+
+def test_default_not_among_its_options():
+    assert errors(lambda d: parameter(d, "cpu").update(defaultValue="3")) == [
+        f'{PARAMS}[1].defaultValue: default "3" is invalid: Must be one of: 1, 2, 4.'
+    ]
+
+
+def test_default_of_the_wrong_type():
+    assert errors(lambda d: parameter(d, "superuser").update(defaultValue="maybe")) == [
+        f'{PARAMS}[5].defaultValue: default "maybe" is invalid: Must be true or false.'
+    ]
+
+
+def test_limits_with_min_above_max():
+    assert errors(lambda d: parameter(d, "instances").update(limits={"min": 5, "max": 1})) == [
+        f"{PARAMS}[0].limits: min (5) is greater than max (1)",
+        f'{PARAMS}[0].defaultValue: default "1" is invalid: Must be between 5 and 1.',
+    ]
+
+
+def test_invalid_regex():
+    found = errors(lambda d: parameter(d, "database").update(regex="^[a-z"))
+
+    assert len(found) == 1
+    assert found[0].startswith(f"{PARAMS}[3].regex: is not a valid regular expression")
+
+
+def test_optional_parameter_without_default():
+    assert errors(lambda d: parameter(d, "storageGi").pop("defaultValue")) == [
+        f'{PARAMS}[2]: optional parameter "storageGi" needs a defaultValue'
+    ]
+
+
+def test_unknown_parameter_type():
+    assert errors(lambda d: parameter(d, "storageGi").update(type="Integer")) == [
+        f'{PARAMS}[2].type: unknown type "Integer"; '
+        "expected one of String, Float64, Boolean, Password, JSON"
+    ]
+
+
+def test_duplicate_parameter_key():
+    assert errors(lambda d: parameter(d, "cpu").update(key="instances")) == [
+        f'{PARAMS}[1].key: duplicate parameter key "instances"',
+        # the usage rule and the display group still name the old key
+        'x-opsdeck.usage.cpu: undefined parameter reference var.cpu; no apiParameter "cpu"',
+        'x-opsdeck.display.groups[0].parameters: unknown parameter "cpu"',
+    ]
+
+
+def test_modifiable_parameter_feeding_metadata_name():
+    def rename(document):
+        resource = templates(document, "modify")[0]["resource"]
+        resource["manifest"] = resource["manifest"].replace("{{ $sys.id }}", "{{ $var.cpu }}-pg")
+
+    assert errors(rename) == [
+        "services[0].systemWorkflows.modify.workflow.templates[0].resource.manifest: "
+        'metadata.name uses parameter "cpu", which is modifiable; a parameter that feeds '
+        "metadata.name must be modifiable: false"
+    ]
+
+
+def test_modifiable_parameter_feeding_metadata_name_through_threaded_inputs():
+    def thread(document):
+        workflow(document, "create")["arguments"]["parameters"][0]["value"] = "{{ $var.cpu }}"
+        resource = templates(document)[1]["resource"]
+        resource["manifest"] = resource["manifest"].replace(
+            "{{ $sys.id }}-app", "{{inputs.parameters.ns}}-app"
+        )
+
+    assert errors(thread) == [
+        f'{CREATE}.templates[1].resource.manifest: metadata.name uses parameter "cpu", '
+        "which is modifiable; a parameter that feeds metadata.name must be modifiable: false"
+    ]
+
+
+def test_non_modifiable_parameter_may_feed_metadata_name():
+    def rename(document):
+        resource = templates(document, "modify")[0]["resource"]
+        resource["manifest"] = resource["manifest"].replace("{{ $sys.id }}", "{{ $var.database }}")
+
+    assert errors(rename) == []
+
+
+# --- warnings -----------------------------------------------------------------------------
+
+
+def test_namespace_in_a_template_is_a_warning():
+    def namespaced(document):
+        resource = templates(document)[1]["resource"]
+        resource["manifest"] = resource["manifest"].replace(
+            "metadata:\n", "metadata:\n  namespace: prod\n"
+        )
+
+    result = check(namespaced)
+    assert result.errors == []
+    assert result.warnings == [
+        f"{CREATE}.templates[1].resource.manifest: "
+        "metadata.namespace is replaced by the instance's namespace"
+    ]
+
+
+def test_set_owner_reference_is_a_warning():
+    result = check(lambda d: templates(d)[1]["resource"].update(setOwnerReference=True))
+
+    assert result.errors == []
+    assert result.warnings == [
+        f"{CREATE}.templates[1].resource.setOwnerReference: "
+        "ignored: there is no Workflow object here to own the resource"
+    ]
+    assert (
+        result.spec.main.verbs["create"]
+        .workflow.templates["apply-secret"]
+        .resource.set_owner_reference
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "seconds"),
+    [("create", 3600), ("restore", 3600), ("backup", 7200), ("modify", 1800), ("delete", 1800)],
+)
+def test_missing_deadline_is_a_warning_and_the_platform_default_applies(verb, seconds):
+    result = check(lambda d: workflow(d, verb).pop("activeDeadlineSeconds"))
+
+    assert result.errors == []
+    assert result.warnings == [
+        f"services[0].systemWorkflows.{verb}.workflow.activeDeadlineSeconds: "
+        f"not set; the platform default for {verb} ({seconds} s) applies"
+    ]
+    assert result.spec.main.verbs[verb].workflow.active_deadline_seconds == seconds
+
+
+def test_platform_deadlines_are_configurable():
+    document = yaml.safe_load(WORKFLOWS)
+    workflow(document, "create").pop("activeDeadlineSeconds")
+    workflow(document, "modify").pop("activeDeadlineSeconds")
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+
+    spec = validate(text, deadlines={"create": 120, "*": 300}).spec
+
+    assert spec.main.verbs["create"].workflow.active_deadline_seconds == 120
+    assert spec.main.verbs["modify"].workflow.active_deadline_seconds == 300
+
+
+# --- x-opsdeck, pricing, top level --------------------------------------------------------
+
+
+def test_usage_rule_that_is_not_cel():
+    assert errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="double(var.cpu) *")) == [
+        'x-opsdeck.usage.cpu: cannot parse CEL expression "double(var.cpu) *" at line 1, column 17'
+    ]
+
+
+def test_usage_rule_that_fails_on_the_default_parameters():
+    found = errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="var.cpu * 0.5"))
+
+    assert len(found) == 1
+    assert found[0].startswith("x-opsdeck.usage.cpu: fails with the default parameters (")
+    assert found[0].endswith("); convert numbers with double()")
+
+
+def test_usage_rule_that_does_not_give_a_number():
+    assert errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="var.superuser")) == [
+        "x-opsdeck.usage.cpu: gives BoolType(False) with the default parameters; "
+        "a usage rule must give a number"
+    ]
+
+
+def test_usage_rule_reading_an_unknown_parameter():
+    assert errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="double(var.cores) * 2.0")) == [
+        'x-opsdeck.usage.cpu: undefined parameter reference var.cores; no apiParameter "cores"'
+    ]
+
+
+def test_usage_rule_for_an_unknown_dimension():
+    assert errors(lambda d: d["x-opsdeck"]["usage"].update(gpu="1")) == [
+        'x-opsdeck.usage.gpu: unknown dimension "gpu"; expected one of cpu, memory, storage, '
+        "replica, deploymentCell, backupStorage, base"
+    ]
+
+
+def test_parameter_group_naming_an_unknown_parameter():
+    assert errors(lambda d: d["x-opsdeck"]["display"]["groups"][0]["parameters"].append("ram")) == [
+        'x-opsdeck.display.groups[0].parameters: unknown parameter "ram"'
+    ]
+
+
+def test_plan_key_must_be_a_slug():
+    assert errors(lambda d: d["x-opsdeck"].update(plan="Postgres Prod")) == [
+        'x-opsdeck.plan: "Postgres Prod" is not a slug (lowercase letters, digits, -)'
+    ]
+
+
+def test_pricing_dimension_and_price():
+    def bad(document):
+        document["pricing"] = [
+            {"dimension": "gpu", "price": "1"},
+            {"dimension": "cpu", "price": "x"},
+        ]
+
+    assert errors(bad) == [
+        'pricing[0].dimension: unknown dimension "gpu"; expected one of cpu, memory, storage, '
+        "replica, deploymentCell, backupStorage, base",
+        'pricing[1].price: "x" is not a price',
+    ]
+
+
+def test_max_instances_must_be_a_whole_number():
+    assert errors(lambda d: d.update(maxNumberOfInstancesAllowed="many")) == [
+        'maxNumberOfInstancesAllowed: "many" is not a whole number of at least 0'
+    ]
+
+
+def test_name_and_services_are_required():
+    assert validate("description: nothing else\n").errors == [
+        "name: is required",
+        "services: at least one service is required",
+    ]
+
+
+# --- legacy -------------------------------------------------------------------------------
+
+
+def test_legacy_readiness_path_outside_the_supported_subset():
+    def recursive(document):
+        readiness = service(document)["operatorCRDConfiguration"]["readinessConditions"]
+        readiness["$var._crd..phase"] = "done"
+
+    found = errors(recursive, EXAMPLE)
+    assert len(found) == 1
+    assert found[0].startswith(
+        'services[0].operatorCRDConfiguration.readinessConditions["$var._crd..phase"]: '
+    )
+
+
+def test_legacy_multi_document_template():
+    def two(document):
+        crd = service(document)["operatorCRDConfiguration"]
+        crd["template"] += "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: x\n"
+
+    assert errors(two, EXAMPLE) == [
+        "services[0].operatorCRDConfiguration.template: the manifest holds 2 documents; a "
+        "resource template applies exactly one Kubernetes object (use one template per object)"
+    ]
+
+
+def test_legacy_readiness_with_spaces_is_accepted_because_it_becomes_cel():
+    assert validate(EXAMPLE).errors == []
+
+
+def test_item_is_defined_only_in_a_task_with_items():
+    def fan_out(document):
+        tasks(document)[0]["arguments"]["parameters"][0]["value"] = "{{item}}"
+
+    assert errors(fan_out) == [
+        f"{CREATE}.templates[0].dag.tasks[0].arguments.parameters.ns: undefined reference "
+        "item: only a task with withItems defines item"
+    ]
+    assert errors(lambda d: (fan_out(d), tasks(d)[0].update(withItems=["a", "b"]))) == []
+
+
+def test_workflow_status_may_be_read_by_an_exit_handler():
+    def on_exit(document):
+        workflow(document, "create")["onExit"] = "apply-secret"
+        resource = templates(document)[1]["resource"]
+        resource["manifest"] += "  annotations:\n    result: '{{workflow.status}}'\n"
+
+    assert errors(on_exit) == []
