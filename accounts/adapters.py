@@ -1,20 +1,25 @@
 from allauth.account.adapter import DefaultAccountAdapter
 from allauth.mfa.adapter import DefaultMFAAdapter
+from django.db import transaction
 
 from accounts import crypto, services
 from accounts.audit import Actor
+from accounts.models import Tenant
 
 
 class AccountAdapter(DefaultAccountAdapter):
     def save_user(self, request, user, form, commit=True):
-        """Sign-up: the new user owns a first organization from the start."""
-        user = super().save_user(request, user, form, commit=commit)
-        if commit:
+        """Sign-up: the new user owns a first organization from the start (both or neither)."""
+        if not commit:
+            return super().save_user(request, user, form, commit=False)
+        with transaction.atomic():
+            user = super().save_user(request, user, form, commit=True)
             name = (form.cleaned_data.get("organization") or "").strip()
-            services.tenant_create(
-                actor=Actor.from_request(request, user=user),
-                name=name or f"{user.email.split('@')[0]}'s organization",
-            )
+            if not name:
+                suffix = "'s organization"
+                limit = Tenant._meta.get_field("name").max_length - len(suffix)
+                name = user.email.split("@")[0][:limit] + suffix
+            services.tenant_create(actor=Actor.from_request(request, user=user), name=name)
         return user
 
 

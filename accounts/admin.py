@@ -3,7 +3,7 @@ from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.core.exceptions import ValidationError
 
 from accounts import services
-from accounts.audit import Actor
+from accounts.audit import Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
@@ -57,6 +57,16 @@ class UserAdmin(BaseUserAdmin):
     ]
     readonly_fields = ["last_login", "date_joined"]
 
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        changed = [name for name in form.changed_data if "password" not in name]
+        audit_record(
+            actor=_staff(request),
+            action="user.update" if change else "user.create",
+            target=obj,
+            payload={"email": obj.email, "changed": changed},
+        )
+
 
 class MembershipInline(admin.TabularInline):
     model = Membership
@@ -95,6 +105,7 @@ def _role_action(role: str):
 
     action.__name__ = f"make_{role}"
     action.short_description = f"Change role to {Role(role).label}"
+    action.allowed_permissions = ("manage",)
     return action
 
 
@@ -106,7 +117,11 @@ class MembershipAdmin(ServiceOwnedAdmin):
     list_select_related = ["user", "tenant"]
     actions = [*(_role_action(r) for r in Role.values), "remove_memberships"]
 
-    @admin.action(description="Remove from organization")
+    def has_manage_permission(self, request):
+        # The model permission, not the admin's change permission (read-only here).
+        return request.user.has_perm("accounts.change_membership")
+
+    @admin.action(description="Remove from organization", permissions=["manage"])
     def remove_memberships(self, request, queryset):
         _run(
             self,
@@ -125,7 +140,10 @@ class InvitationAdmin(ServiceOwnedAdmin):
     list_select_related = ["tenant", "invited_by"]
     actions = ["withdraw"]
 
-    @admin.action(description="Withdraw invitation")
+    def has_manage_permission(self, request):
+        return request.user.has_perm("accounts.change_invitation")
+
+    @admin.action(description="Withdraw invitation", permissions=["manage"])
     def withdraw(self, request, queryset):
         _run(
             self,

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from allauth.account.adapter import get_adapter
+from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
 
 from accounts.errors import ActionDenied
@@ -34,7 +36,7 @@ class Actor:
             user = request.user
         return cls(
             user=user,
-            ip=request.META.get("REMOTE_ADDR") or None,
+            ip=_client_ip(request),
             user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
             staff=staff,
         )
@@ -47,6 +49,15 @@ class Actor:
 
 
 SYSTEM = Actor()
+
+
+def _client_ip(request) -> str | None:
+    """The client's address as allauth sees it (it honours ALLAUTH_TRUSTED_PROXY_COUNT), so
+    the audit log and the sign-in rate limits agree."""
+    try:
+        return get_adapter(request).get_client_ip(request)
+    except PermissionDenied:
+        return None
 
 
 def scrub(payload: Any) -> Any:

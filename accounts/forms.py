@@ -14,7 +14,7 @@ class SignupForm(forms.Form):
     )
 
     def signup(self, request, user) -> None:
-        """The organization is created by the account adapter, in the same transaction."""
+        """The organization is created by the account adapter, with the user, atomically."""
 
 
 class OrganizationForm(forms.Form):

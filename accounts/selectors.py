@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 
 from django.db.models import QuerySet
-from django.utils import timezone
 
 from accounts.models import AuditEvent, Invitation, Membership, Tenant
 
@@ -48,13 +47,9 @@ def audit_events_for_tenant(
     if actor:
         events = events.filter(actor_email__icontains=actor)
     if since:
-        events = events.filter(
-            created_at__gte=datetime.combine(since, time.min, tzinfo=timezone.utc)
-        )
+        events = events.filter(created_at__gte=datetime.combine(since, time.min, tzinfo=UTC))
     if until:
-        events = events.filter(
-            created_at__lte=datetime.combine(until, time.max, tzinfo=timezone.utc)
-        )
+        events = events.filter(created_at__lte=datetime.combine(until, time.max, tzinfo=UTC))
     return events
 
 

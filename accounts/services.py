@@ -19,7 +19,7 @@ from django.utils.text import slugify
 from accounts import roles
 from accounts.audit import Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
-from accounts.models import Invitation, Membership, Tenant, User
+from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
 
 _INVITATION_SALT = "accounts.invitation"
@@ -55,7 +55,7 @@ def _unique_slug(name: str) -> str:
 
 def tenant_create(*, actor: Actor, name: str) -> Tenant:
     """A new organization with the acting user as its owner."""
-    name = name.strip()
+    name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
     if not name:
         raise ValidationError({"name": "Give the organization a name."})
     if actor.user is None:
@@ -64,7 +64,8 @@ def tenant_create(*, actor: Actor, name: str) -> Tenant:
         try:
             with transaction.atomic():
                 tenant = Tenant(name=name, slug=_unique_slug(name))
-                tenant.full_clean()
+                # The unique constraint, not a read before the write, settles a slug race.
+                tenant.full_clean(validate_unique=False)
                 tenant.save()
                 Membership.objects.create(tenant=tenant, user=actor.user, role=Role.OWNER)
                 audit_record(
@@ -103,14 +104,26 @@ def _guard_owner_change(
             )
 
 
+def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
+    """Lock the tenant, then re-read the membership: every membership change of one tenant
+    takes its locks in this order, so two owners demoting each other cannot deadlock."""
+    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    current = Membership.objects.filter(pk=membership.pk, tenant=tenant).first()
+    if current is None:
+        raise ValidationError(f"{membership.user.email} is no longer a member.")
+    return current
+
+
 def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
     tenant = membership.tenant
     with audited_action(actor=actor, action="member.change_role", tenant=tenant, target=membership):
         permission_require(actor=actor, tenant=tenant, action="member.change_role")
-        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        membership = _lock_membership(tenant, membership)
         old_role = membership.role
+        if old_role == role:
+            return membership
         _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=role)
         membership.role = role
         membership.save(update_fields=["role"])
@@ -131,7 +144,7 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         leaving = actor.user is not None and membership.user_id == actor.user.pk and not actor.staff
         if not leaving:
             permission_require(actor=actor, tenant=tenant, action="member.remove")
-        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        membership = _lock_membership(tenant, membership)
         _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=None)
         audit_record(
             actor=actor,
@@ -228,27 +241,37 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
     with transaction.atomic():
         invitation = invitation_from_token(token)
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
-        if invitation.status != "pending":  # accepted by a concurrent request
-            raise InvitationInvalid("This invitation has already been used.")
-        if actor.user.email.lower() != invitation.email.lower():
-            raise InvitationInvalid(
-                f"This invitation was sent to {invitation.email}, but you are signed in "
-                f"as {actor.user.email}. Sign in with the invited address to accept it."
+        if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
+            raise InvitationInvalid("This invitation can no longer be used.")
+        wrong_address = actor.user.email.lower() != invitation.email.lower()
+        if not wrong_address:
+            membership, _ = Membership.objects.get_or_create(
+                tenant=invitation.tenant, user=actor.user, defaults={"role": invitation.role}
             )
-        membership, _ = Membership.objects.get_or_create(
-            tenant=invitation.tenant, user=actor.user, defaults={"role": invitation.role}
-        )
-        invitation.accepted_at = timezone.now()
-        invitation.accepted_by = actor.user
-        invitation.save(update_fields=["accepted_at", "accepted_by"])
-        audit_record(
-            actor=actor,
-            action="member.join",
-            tenant=invitation.tenant,
-            target=membership,
-            payload={"email": actor.user.email, "role": membership.role},
-        )
-    return membership
+            invitation.accepted_at = timezone.now()
+            invitation.accepted_by = actor.user
+            invitation.save(update_fields=["accepted_at", "accepted_by"])
+            audit_record(
+                actor=actor,
+                action="member.join",
+                tenant=invitation.tenant,
+                target=membership,
+                payload={"email": actor.user.email, "role": membership.role},
+            )
+            return membership
+    reason = (
+        f"This invitation was sent to {invitation.email}, but you are signed in "
+        f"as {actor.user.email}. Sign in with the invited address to accept it."
+    )
+    audit_record(
+        actor=actor,
+        action="member.join",
+        tenant=invitation.tenant,
+        target=invitation,
+        result=AuditEvent.Result.DENIED,
+        payload={"reason": reason},
+    )
+    raise InvitationInvalid(reason)
 
 
 def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:

@@ -1,6 +1,14 @@
-"""Sign-in and MFA events, which django-allauth owns, recorded in the audit log."""
+"""Account security events, which django-allauth owns, recorded in the audit log."""
 
-from allauth.mfa.signals import authenticator_added, authenticator_removed
+from allauth.account.signals import (
+    email_added,
+    email_changed,
+    email_removed,
+    password_changed,
+    password_reset,
+    password_set,
+)
+from allauth.mfa.signals import authenticator_added, authenticator_removed, authenticator_reset
 from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.dispatch import receiver
 
@@ -35,6 +43,45 @@ def _mfa_removed(sender, request, user, authenticator, **kwargs):
     audit_record(
         actor=Actor.from_request(request, user=user),
         action="mfa.remove",
+        target=user,
+        payload={"type": authenticator.type},
+    )
+
+
+@receiver(password_changed)
+@receiver(password_set)
+@receiver(password_reset)
+def _password(sender, request, user, **kwargs):
+    audit_record(actor=Actor.from_request(request, user=user), action="user.password", target=user)
+
+
+@receiver(email_added)
+@receiver(email_removed)
+def _email(sender, request, user, email_address, **kwargs):
+    action = "user.email_add" if kwargs["signal"] is email_added else "user.email_remove"
+    audit_record(
+        actor=Actor.from_request(request, user=user),
+        action=action,
+        target=user,
+        payload={"email": email_address.email},
+    )
+
+
+@receiver(email_changed)
+def _email_primary(sender, request, user, from_email_address, to_email_address, **kwargs):
+    audit_record(
+        actor=Actor.from_request(request, user=user),
+        action="user.email_primary",
+        target=user,
+        payload={"email": to_email_address.email},
+    )
+
+
+@receiver(authenticator_reset)
+def _mfa_reset(sender, request, user, authenticator, **kwargs):
+    audit_record(
+        actor=Actor.from_request(request, user=user),
+        action="mfa.reset",
         target=user,
         payload={"type": authenticator.type},
     )

@@ -11,6 +11,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
 from accounts import roles, selectors
+from accounts.audit import Actor, audit_record
+from accounts.models import AuditEvent
 
 SESSION_KEY = "tenant_slug"
 
@@ -27,9 +29,18 @@ def tenant_view(action: str = "tenant.view"):
                 raise Http404("No such organization.")
             request.tenant = membership.tenant
             request.membership = membership
-            request.session[SESSION_KEY] = tenant_slug
+            if request.session.get(SESSION_KEY) != tenant_slug:
+                request.session[SESSION_KEY] = tenant_slug
             if not roles.can(membership.role, action):
-                raise PermissionDenied(roles.denial_message(membership.role, action))
+                reason = roles.denial_message(membership.role, action)
+                audit_record(
+                    actor=Actor.from_request(request),
+                    action=action,
+                    tenant=membership.tenant,
+                    result=AuditEvent.Result.DENIED,
+                    payload={"reason": reason, "path": request.path},
+                )
+                raise PermissionDenied(reason)
             return view(request, *args, **kwargs)
 
         return wrapper

@@ -7,12 +7,14 @@ from django.core.paginator import Paginator
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from accounts import selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
+from accounts.roles import Role
 from accounts.tenancy import tenant_view
 
 
@@ -47,10 +49,25 @@ def team(request):
     return render(request, "accounts/team.html", _team_context(request))
 
 
+def _reason(exc: Exception) -> str:
+    """The sentence to show for a refusal or a validation error."""
+    if isinstance(exc, ActionDenied):
+        return exc.reason
+    return " ".join(exc.messages)
+
+
+def _partial(request, template: str, name: str) -> str:
+    """The fragment for htmx requests (not history restores, which need the whole page)."""
+    if request.htmx and not request.htmx.history_restore_request:
+        return f"{template}#{name}"
+    return template
+
+
 def _team_response(request, **extra):
     """After a team change: the team panel for htmx, else a redirect to the page."""
     if request.htmx:
-        return render(request, "accounts/team.html#team-panel", _team_context(request, **extra))
+        template = _partial(request, "accounts/team.html", "team-panel")
+        return render(request, template, _team_context(request, **extra))
     return redirect("team", tenant_slug=request.tenant.slug)
 
 
@@ -74,8 +91,10 @@ def team_invite(request):
         else:
             messages.success(request, f"Invitation sent to {invitation.email}.")
             return _team_response(request)
-    template = "accounts/team.html#team-panel" if request.htmx else "accounts/team.html"
-    return render(request, template, _team_context(request, invite_form=form), status=400)
+    # htmx swaps only 2xx answers: the fragment with its errors comes back as 200.
+    template = _partial(request, "accounts/team.html", "team-panel")
+    status = 200 if request.htmx else 400
+    return render(request, template, _team_context(request, invite_form=form), status=status)
 
 
 @tenant_view("member.view")
@@ -90,10 +109,11 @@ def member_role(request, membership_id: int):
         services.membership_change_role(
             actor=Actor.from_request(request), membership=membership, role=form.cleaned_data["role"]
         )
-    except ActionDenied as exc:
-        messages.error(request, exc.reason)
+    except (ActionDenied, ValidationError) as exc:
+        messages.error(request, _reason(exc))
     else:
-        messages.success(request, f"{membership.user.email} is now {form.cleaned_data['role']}.")
+        label = Role(form.cleaned_data["role"]).label
+        messages.success(request, f"{membership.user.email} is now {label}.")
     return _team_response(request)
 
 
@@ -104,8 +124,8 @@ def member_remove(request, membership_id: int):
     leaving = membership.user_id == request.user.pk
     try:
         services.membership_remove(actor=Actor.from_request(request), membership=membership)
-    except ActionDenied as exc:
-        messages.error(request, exc.reason)
+    except (ActionDenied, ValidationError) as exc:
+        messages.error(request, _reason(exc))
         return _team_response(request)
     if leaving:
         messages.success(request, f"You left {request.tenant.name}.")
@@ -176,8 +196,9 @@ def audit_log(request):
         "query": query.urlencode(),
         "actions": selectors.audit_actions_for_tenant(request.tenant),
     }
-    template = "accounts/audit_log.html#audit-table" if request.htmx else "accounts/audit_log.html"
-    return render(request, template, context)
+    response = render(request, _partial(request, "accounts/audit_log.html", "audit-table"), context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 class _Echo:
@@ -191,17 +212,21 @@ def audit_export(request):
     writer = csv.writer(_Echo())
     header = ["time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip"]
 
+    def cell(value: str) -> str:
+        # A spreadsheet runs a cell starting with = + - @ as a formula.
+        return "'" + value if value[:1] in {"=", "+", "-", "@"} else value
+
     def rows():
         yield writer.writerow(header)
         for e in events.iterator(chunk_size=500):
             yield writer.writerow(
                 [
                     e.created_at.isoformat(),
-                    e.actor_email,
+                    cell(e.actor_email),
                     e.actor_kind,
-                    e.action,
+                    cell(e.action),
                     e.target_type,
-                    e.target_id,
+                    cell(e.target_id),
                     e.result,
                     e.ip or "",
                 ]

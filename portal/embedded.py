@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from psycopg import sql
 
 DATABASE_NAME = "opsdeck"
@@ -87,7 +88,15 @@ def _start_embedded_postgres(pgdata: Path) -> Path:
 
 
 def _ensure_database(maintenance_dsn: str) -> None:
-    with psycopg.connect(maintenance_dsn, autocommit=True, connect_timeout=5) as conn:
+    try:
+        conn = psycopg.connect(maintenance_dsn, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise ImproperlyConfigured(
+            "A PostgreSQL server answers on 127.0.0.1:5432 but Opsdeck cannot use it as "
+            f"'postgres' without a password ({str(exc).strip()}). Set DATABASE_URL, "
+            "e.g. postgres://user:password@127.0.0.1:5432/opsdeck."
+        ) from exc
+    with conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
         ).fetchone()

@@ -46,6 +46,9 @@ ALLOWED_HOSTS = env.list(
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 if env.bool("BEHIND_TLS_PROXY", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Proxies in front that append to X-Forwarded-For: the client address (audit log, sign-in
+# rate limits) is read that many hops from the right. 0 trusts only the socket's address.
+ALLAUTH_TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=not DEBUG)
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # load balancers probe over plain HTTP
@@ -152,6 +155,10 @@ CELERY_TASK_IGNORE_RESULT = True  # state lives in PostgreSQL, not in a result b
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
+# Beat's DatabaseScheduler stores these entries in the database at start-up.
+CELERY_BEAT_SCHEDULE = {
+    "operations-sweep": {"task": "deployments.tasks.operations_sweep", "schedule": 30.0},
+}
 
 # --- Accounts: email login, verification, MFA --------------------------------
 

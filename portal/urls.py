@@ -1,3 +1,4 @@
+from allauth.account.decorators import secure_admin_login
 from django.contrib import admin
 from django.urls import include, path
 
@@ -6,6 +7,8 @@ from billing.urls import tenant_urlpatterns as billing_tenant_urls
 from deployments.urls import tenant_urlpatterns as deployments_tenant_urls
 from portal import views
 
+# Staff sign in through allauth like everyone else: MFA and rate limits apply.
+admin.site.login = secure_admin_login(admin.site.login)
 admin.site.site_header = "Opsdeck administration"
 admin.site.site_title = "Opsdeck admin"
 

@@ -24,7 +24,7 @@ def test_an_admin_changes_a_members_role_from_the_team_page(client, tenant, add_
 
     assert response.status_code == 200
     assert b'id="team-panel"' in response.content
-    assert b"bob@example.com is now viewer." in response.content
+    assert b"bob@example.com is now Viewer." in response.content
     assert _membership(tenant, bob).role == "viewer"
     event = AuditEvent.objects.get(tenant=tenant, action="member.change_role", result="ok")
     assert event.payload == {"email": "bob@example.com", "from": "member", "to": "viewer"}

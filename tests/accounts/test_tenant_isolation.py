@@ -7,7 +7,7 @@ later are covered without touching this test.
 import re
 
 import pytest
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from accounts.models import Tenant
 
@@ -39,6 +39,7 @@ def test_the_route_list_is_not_empty():
 def test_a_non_member_gets_404_on_every_tenant_page(client, tenant, make_user, route):
     client.force_login(make_user("stranger@example.com"))
     path = _concrete(route, tenant.slug)
+    assert resolve(path).route == route  # the 404 must come from the view, not a bad path
 
     assert client.get(path).status_code == 404
     assert client.post(path, {"role": "owner", "email": "x@example.com"}).status_code in {404, 405}

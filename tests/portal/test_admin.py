@@ -47,7 +47,10 @@ def test_service_owned_models_cannot_be_added_edited_or_deleted_directly(
     assert staff_client.get(_url(model, "add")).status_code == 403
     assert staff_client.post(_url(model, "delete", obj.pk), {"post": "yes"}).status_code == 403
     before = model._default_manager.count()
-    staff_client.post(_url(model, "change", obj.pk), {"role": "viewer", "name": "Hacked"})
+    changed = staff_client.post(
+        _url(model, "change", obj.pk), {"role": "viewer", "name": "Hacked", "action": "x"}
+    )
+    assert changed.status_code == 403
     assert model._default_manager.count() == before
     obj_after = model._default_manager.get(pk=obj.pk)
     assert getattr(obj_after, "name", "") != "Hacked"

@@ -1,6 +1,6 @@
 import pytest
 from allauth.account.models import EmailAddress
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from accounts.models import AuditEvent, Membership, Tenant, User
 
@@ -17,10 +17,10 @@ def _snapshot():
 
 @pytest.mark.django_db
 def test_seed_demo_twice_gives_the_same_data_and_the_printed_credentials_work(client, capsys):
-    call_command("seed_demo")
+    call_command("seed_demo", production=True)  # tests run with DEBUG off
     first = _snapshot()
     out = capsys.readouterr().out
-    call_command("seed_demo")
+    call_command("seed_demo", production=True)
 
     assert _snapshot() == first
     assert first["memberships"] == [("demo@opsdeck.example", "demo-company", "owner")]
@@ -29,3 +29,11 @@ def test_seed_demo_twice_gives_the_same_data_and_the_printed_credentials_work(cl
     password = out.split("password:")[1].split()[0]
     signed_in = client.post("/accounts/login/", {"login": email, "password": password}, follow=True)
     assert signed_in.request["PATH_INFO"] == "/t/demo-company/"
+
+
+@pytest.mark.django_db
+def test_seed_demo_refuses_the_public_password_in_production():
+    with pytest.raises(CommandError, match="published demo password"):
+        call_command("seed_demo")
+
+    assert not User.objects.exists()

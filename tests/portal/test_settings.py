@@ -24,19 +24,49 @@ def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def _database_url() -> str:
+    db = settings.DATABASES["default"]
+    if db["HOST"]:
+        return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+    return f"postgres://{db['USER']}@/{db['NAME']}?host={db['OPTIONS']['host']}"
+
+
+PRODUCTION = {
+    "SECRET_KEY": "a-production-secret-" + "x" * 50,
+    "ALLOWED_HOSTS": "opsdeck.example.com",
+    "EMAIL_URL": "smtp+tls://mailer:password@smtp.example.com:587",
+    "OPSDECK_BASE_URL": "https://opsdeck.example.com",
+}
+
+
 def test_deploy_checks_pass_with_production_variables():
     result = _manage(
         "check",
         "--deploy",
         "--fail-level",
         "WARNING",
-        SECRET_KEY="a-production-secret-" + "x" * 50,
         OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
-        ALLOWED_HOSTS="opsdeck.example.com",
+        DATABASE_URL=_database_url(),
+        **PRODUCTION,
     )
 
     assert result.returncode == 0, result.stderr + result.stdout
     assert "no issues" in result.stdout
+
+
+def test_deploy_checks_name_development_defaults_left_in_production():
+    result = _manage(
+        "check",
+        "--deploy",
+        SECRET_KEY="a-production-secret-" + "x" * 50,
+        OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
+        ALLOWED_HOSTS="opsdeck.example.com",
+        EMAIL_URL="consolemail://",
+    )
+
+    output = result.stderr + result.stdout
+    assert "portal.W003" in output  # console email
+    assert "portal.W004" in output  # links to localhost
 
 
 def test_without_debug_a_secret_key_is_required():

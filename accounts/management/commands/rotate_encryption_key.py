@@ -44,6 +44,8 @@ class Command(BaseCommand):
                 type__in=list(_AUTHENTICATOR_SECRETS)
             ):
                 key = _AUTHENTICATOR_SECRETS[auth.type]
+                if key not in auth.data:  # recovery codes migrated from elsewhere carry no seed
+                    continue
                 auth.data[key] = crypto.encrypt(crypto.decrypt(auth.data[key]))
                 auth.save(update_fields=["data"])
                 count += 1

@@ -1,5 +1,6 @@
 from allauth.account.models import EmailAddress
-from django.core.management.base import BaseCommand
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from accounts import services
@@ -16,9 +17,19 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--password", default=DEMO_PASSWORD, help="the demo user's password")
+        parser.add_argument(
+            "--production",
+            action="store_true",
+            help="seed even though DEBUG is off (the demo password is public)",
+        )
 
     @transaction.atomic
-    def handle(self, *args, password, **options):
+    def handle(self, *args, password, production, **options):
+        if not settings.DEBUG and not production and password == DEMO_PASSWORD:
+            raise CommandError(
+                "DEBUG is off: refusing to create an account with the published demo password. "
+                "Pass --password, or --production if you really mean it."
+            )
         user, _ = User.objects.get_or_create(email=DEMO_EMAIL)
         user.set_password(password)
         user.save()

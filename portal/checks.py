@@ -1,0 +1,43 @@
+"""`check --deploy` warnings for development defaults left in a production configuration."""
+
+from django.conf import settings
+from django.core.checks import Tags, Warning, register
+
+
+@register(Tags.security, deploy=True)
+def production_defaults_check(app_configs, **kwargs):
+    found = []
+    if settings.OPSDECK_DATABASE_SOURCE != "configured":
+        found.append(
+            Warning(
+                "DATABASE_URL is not set: Opsdeck uses a local or embedded PostgreSQL.",
+                hint="Set DATABASE_URL to your production database.",
+                id="portal.W001",
+            )
+        )
+    if settings.OPSDECK_BROKER_SOURCE != "configured":
+        found.append(
+            Warning(
+                "CELERY_BROKER_URL is not set: Opsdeck uses a local or embedded Redis.",
+                hint="Set CELERY_BROKER_URL (and CACHE_URL) to your production Redis.",
+                id="portal.W002",
+            )
+        )
+    if settings.EMAIL_BACKEND.endswith(("console.EmailBackend", "locmem.EmailBackend")):
+        found.append(
+            Warning(
+                "EMAIL_URL is not set: emails (sign-up, password reset, invitations) are only "
+                "written to the log.",
+                hint="Set EMAIL_URL, e.g. smtp+tls://user:password@smtp.example.com:587.",
+                id="portal.W003",
+            )
+        )
+    if "localhost" in settings.OPSDECK_BASE_URL or "127.0.0.1" in settings.OPSDECK_BASE_URL:
+        found.append(
+            Warning(
+                "OPSDECK_BASE_URL points to this machine: links in emails will not work.",
+                hint="Set OPSDECK_BASE_URL to the portal's public address.",
+                id="portal.W004",
+            )
+        )
+    return found

@@ -1,0 +1,180 @@
+"""Hostile and concurrent inputs against accounts: each answers with a clear result, never a 500."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from accounts import services
+from accounts.audit import Actor, audit_record, audited_action
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Membership, Tenant, User
+from tests.conftest import PASSWORD
+
+
+@pytest.mark.django_db
+def test_the_audit_log_filters_by_a_date_range(owner_client, tenant):
+    today = timezone.now().date()
+
+    inside = owner_client.get(
+        f"/t/{tenant.slug}/audit/", {"since": str(today), "until": str(today)}
+    )
+    before = owner_client.get(
+        f"/t/{tenant.slug}/audit/",
+        {"since": str(today - timedelta(days=9)), "until": str(today - timedelta(days=8))},
+    )
+    export = owner_client.get(f"/t/{tenant.slug}/audit/export.csv", {"since": str(today)})
+
+    assert b"<code>tenant.create</code>" in inside.content
+    assert b"No events match." in before.content
+    assert b"tenant.create" in b"".join(export.streaming_content)
+
+
+@pytest.mark.django_db
+def test_the_admin_sign_in_is_the_portals_so_mfa_and_rate_limits_apply(client):
+    response = client.get("/admin/login/?next=/admin/")
+
+    assert response.status_code == 302
+    assert response.url.startswith("/accounts/login/")
+
+
+@pytest.mark.django_db
+def test_sign_up_with_a_very_long_address_names_the_organization_within_limits(client):
+    email = "x" * 120 + "@example.com"
+
+    response = client.post(
+        "/accounts/signup/", {"email": email, "password1": PASSWORD, "password2": PASSWORD}
+    )
+
+    assert response.status_code == 302
+    tenant = Tenant.objects.for_user(User.objects.get(email=email)).get()
+    assert tenant.name.endswith("'s organization")
+    assert len(tenant.name) <= 100
+
+
+@pytest.mark.django_db
+def test_an_organization_name_cannot_smuggle_line_breaks_into_emails(owner_client):
+    owner_client.post("/organizations/new/", {"name": "Evil\r\nBcc: victim@example.com"})
+
+    assert Tenant.objects.filter(name="Evil Bcc: victim@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_staff_who_may_only_view_memberships_cannot_run_admin_actions(
+    client, make_user, tenant, add_member
+):
+    from django.contrib.auth.models import Permission
+
+    staff = make_user("viewer-staff@example.com", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_membership"))
+    bob = Membership.objects.get(user=add_member("bob@example.com", "member"))
+    client.force_login(staff)
+
+    page = client.get("/admin/accounts/membership/")
+    client.post(
+        "/admin/accounts/membership/",
+        {"action": "make_owner", "_selected_action": [bob.pk]},
+    )
+
+    assert page.status_code == 200
+    assert b"make_owner" not in page.content
+    bob.refresh_from_db()
+    assert bob.role == "member"
+
+
+@pytest.mark.django_db
+def test_htmx_invitations_show_their_errors_in_the_panel(owner_client, tenant, add_member):
+    add_member("bob@example.com", "member")
+
+    response = owner_client.post(
+        f"/t/{tenant.slug}/team/invite/",
+        {"email": "bob@example.com", "role": "member"},
+        headers={"HX-Request": "true"},
+    )
+
+    assert response.status_code == 200  # htmx swaps only 2xx answers
+    assert b'id="team-panel"' in response.content
+    assert b"bob@example.com is already a member." in response.content
+
+
+@pytest.mark.django_db
+def test_accepting_another_addresss_invitation_is_recorded_as_denied(
+    client, tenant, owner, make_user
+):
+    invitation = services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="member"
+    )
+    client.force_login(make_user("other@example.com"))
+
+    client.post(f"/invitations/{services.invitation_token(invitation)}/")
+
+    event = AuditEvent.objects.get(action="member.join")
+    assert (event.result, event.actor_email) == ("denied", "other@example.com")
+
+
+@pytest.mark.django_db
+def test_a_role_refusal_on_a_page_is_recorded(client, tenant, add_member):
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    client.get(f"/t/{tenant.slug}/audit/")
+
+    event = AuditEvent.objects.get(action="audit.view")
+    assert event.result == "denied"
+    assert event.payload["reason"] == "Your role (Viewer) does not allow viewing the audit log."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refusal_rolls_back_what_the_action_already_wrote(tenant, owner):
+    actor = Actor(user=owner)
+
+    with (
+        pytest.raises(ActionDenied),
+        audited_action(actor=actor, action="test.action", tenant=tenant),
+    ):
+        audit_record(actor=actor, action="test.half-done", tenant=tenant)
+        Tenant.objects.filter(pk=tenant.pk).update(name="Changed")
+        raise ActionDenied("No.")
+
+    tenant.refresh_from_db()
+    assert tenant.name == "Acme"
+    assert not AuditEvent.objects.filter(action="test.half-done").exists()
+    assert AuditEvent.objects.get(action="test.action").result == "denied"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_owners_demoting_each_other_at_once_leave_one_owner_and_no_error(
+    tenant, owner, make_user
+):
+    second = make_user("second@example.com")
+    Membership.objects.create(tenant=tenant, user=second, role="owner")
+    first_m = Membership.objects.get(user=owner)
+    second_m = Membership.objects.get(user=second)
+    barrier = threading.Barrier(2)
+    outcomes = []
+
+    def demote(actor_user, target):
+        try:
+            barrier.wait()
+            services.membership_change_role(
+                actor=Actor(user=actor_user), membership=target, role="admin"
+            )
+            outcomes.append("ok")
+        except ActionDenied as exc:
+            outcomes.append(exc.reason)
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=demote, args=(owner, second_m)),
+        threading.Thread(target=demote, args=(second, first_m)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    assert len(outcomes) == 2  # neither call died (a deadlock would raise, not append)
+    assert outcomes.count("ok") == 1
+    assert Membership.objects.filter(tenant=tenant, role="owner").count() == 1
