@@ -1,0 +1,143 @@
+"""`python -m sandbox.bench`: request rates against a bare http.server, and watch fan-out."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .api import Sandbox
+
+THREADS = 8
+SECONDS = 2.0
+
+
+class _Bare(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    body = json.dumps({"kind": "ConfigMap", "metadata": {"name": "x"}}).encode()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _rate(host: str, port: int, request: Callable[[http.client.HTTPConnection], None]) -> float:
+    """Requests per second over THREADS keep-alive connections for SECONDS."""
+    counts = [0] * THREADS
+    stop = time.monotonic() + SECONDS
+
+    def worker(i: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        while time.monotonic() < stop:
+            request(conn)
+            counts[i] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / SECONDS
+
+
+def _call(method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
+    def request(conn: http.client.HTTPConnection) -> None:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": ctype})
+        resp = conn.getresponse()
+        resp.read()
+
+    return request
+
+
+def _fan_out(sb: Sandbox, watchers: int = 100) -> float:
+    """Seconds until every one of `watchers` watches has seen one new ConfigMap."""
+    seen = threading.Barrier(watchers + 1)
+    ready = threading.Barrier(watchers + 1)
+
+    def watch() -> None:
+        conn = http.client.HTTPConnection(sb.host, sb.port, timeout=30)
+        rv = sb.core.store.rv
+        conn.request(
+            "GET",
+            f"/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv}&timeoutSeconds=20",
+        )
+        resp = conn.getresponse()
+        ready.wait()
+        resp.readline()  # chunk size
+        resp.readline()  # the event
+        seen.wait()
+        conn.close()
+
+    threads = [threading.Thread(target=watch) for _ in range(watchers)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    started = time.monotonic()
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fan-out"}}
+    _call("POST", "/api/v1/namespaces/default/configmaps", body)(
+        http.client.HTTPConnection(sb.host, sb.port)
+    )
+    seen.wait()
+    elapsed = time.monotonic() - started
+    for t in threads:
+        t.join()
+    return elapsed
+
+
+def main() -> None:
+    """Print the figures."""
+    bare = ThreadingHTTPServer(("127.0.0.1", 0), _Bare)
+    bare.daemon_threads = True
+    threading.Thread(target=bare.serve_forever, daemon=True).start()
+    baseline = _rate("127.0.0.1", bare.server_address[1], _call("GET", "/"))
+    bare.shutdown()
+    bare.server_close()
+
+    with Sandbox(operators=False) as sb:
+        cm = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "bench"},
+            "data": {"a": "1"},
+        }
+        for i in range(100):
+            body = {**cm, "metadata": {"name": f"cm-{i}"}}
+            _call("POST", "/api/v1/namespaces/default/configmaps", body)(
+                http.client.HTTPConnection(sb.host, sb.port)
+            )
+        _call("POST", "/api/v1/namespaces/default/configmaps", cm)(
+            http.client.HTTPConnection(sb.host, sb.port)
+        )
+        path = "/api/v1/namespaces/default/configmaps"
+        figures = {
+            "bare http.server GET": baseline,
+            "GET configmap": _rate(sb.host, sb.port, _call("GET", f"{path}/bench")),
+            "LIST 101 configmaps": _rate(sb.host, sb.port, _call("GET", path)),
+            "PATCH configmap (merge)": _rate(
+                sb.host,
+                sb.port,
+                _call(
+                    "PATCH", f"{path}/bench", {"data": {"a": "2"}}, "application/merge-patch+json"
+                ),
+            ),
+        }
+        for name, rps in figures.items():
+            print(f"{name:28} {rps:9.0f} req/s")
+        print(f"{'watch fan-out to 100':28} {_fan_out(sb) * 1000:9.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Simulated operators run by the sandbox's control loop."""

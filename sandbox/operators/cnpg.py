@@ -1,0 +1,1289 @@
+"""Simulated CloudNativePG operator: Cluster, Backup and ScheduledBackup controllers.
+
+It writes through the same object model the API serves, so clients see exactly what a real
+operator would leave behind: status phases and conditions, pods, PVCs, services, secrets and
+Events. Durations (bootstrap, replica creation, backups) are divided by the sandbox speed.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import hashlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..core import Ctx, now_iso
+from ..errors import ApiError
+from .cron import CronError, next_time
+
+if TYPE_CHECKING:
+    from ..api import Sandbox
+
+log = logging.getLogger("sandbox.cnpg")
+
+GROUP, VERSION = "postgresql.cnpg.io", "v1"
+MANAGER = "cloudnative-pg"
+DEFAULT_IMAGE = "ghcr.io/cloudnative-pg/postgresql:18.1-system-trixie"
+
+HEALTHY = "Cluster in healthy state"
+SETTING_UP = "Setting up primary"
+CREATING_REPLICA = "Creating a new replica"
+SWITCHOVER = "Switchover in progress"
+FAILING_OVER = "Failing over"
+APPLYING_CONFIG = "Applying configuration"
+UPGRADING = "Upgrading cluster"
+WAITING_USER = "Waiting for user action"
+RESTARTING_PRIMARY = "Primary instance is being restarted in-place"
+CANNOT_CREATE = "Unable to create required cluster objects"
+
+# Realistic durations in seconds at speed 1.0 (a 3-instance cluster is healthy in about 10 s).
+PRIMARY_SECONDS = 4.0
+REPLICA_SECONDS = 3.0
+ROLL_SECONDS = 2.0
+SWITCHOVER_SECONDS = 2.0
+HIBERNATE_SECONDS = 2.0
+BACKUP_START_SECONDS = 0.5
+BACKUP_SECONDS = 3.0
+
+HIBERNATION = "cnpg.io/hibernation"
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+# Where a simulated instance remembers which spec.postgresql it runs with.
+CONFIG_HASH = "sandbox.cnpg.io/postgresql-config-hash"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _ts(value: str | None) -> dt.datetime | None:
+    """Parse RFC 3339 (and CNPG's `2020-11-26 15:22:00.00000+00` form); no zone means UTC."""
+    if not value:
+        return None
+    text = value.strip().replace(" ", "T").replace("Z", "+00:00")
+    if len(text) >= 3 and text[-3] in "+-" and ":" not in text[-3:]:
+        text += ":00"
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def _fmt(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _owner(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+class CnpgOperator:
+    """The Cluster, Backup and ScheduledBackup controllers of CloudNativePG, simulated."""
+
+    name = "cnpg"
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sb = sandbox
+        self.core = sandbox.core
+        # uid -> (monotonic due time, step key): one simulated step in flight per object.
+        self.timers: dict[str, tuple[float, str]] = {}
+        # Steps asked for in this round; a step nobody asks for any more is dropped.
+        self.touched: set[str] = set()
+        # ScheduledBackup wake-ups: not work in progress, so they do not keep the sandbox busy.
+        self.wakeups: dict[str, float] = {}
+        # The operator writes only fields its CRDs declare; Ignore keeps no warnings around.
+        self.ctx = Ctx(field_manager=MANAGER, field_validation="Ignore")
+        self.changed = False
+        self.last_event_stamp = 0
+
+    # ---- controller protocol ---------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """The earliest pending simulated step or schedule."""
+        times = [due for due, _ in self.timers.values()] + list(self.wakeups.values())
+        return min(times, default=None)
+
+    def busy(self) -> bool:
+        """True while a simulated step is in flight."""
+        return bool(self.timers)
+
+    def reconcile(self) -> bool:
+        """One pass over every Cluster, Backup and ScheduledBackup."""
+        self.changed = False
+        self.touched = set()
+        core = self.core
+        rts = {
+            p: core.resolve(GROUP, VERSION, p) for p in ("clusters", "backups", "scheduledbackups")
+        }
+        if any(rt is None for rt in rts.values()):
+            return False
+        for plural, handler in (
+            ("clusters", self._cluster),
+            ("backups", self._backup),
+            ("scheduledbackups", self._scheduled),
+        ):
+            if plural in self.sb.faults.frozen:
+                continue
+            with core.lock:
+                objs = [copy.deepcopy(o) for o in core.store.items(rts[plural].key)]
+            for obj in objs:
+                obj["apiVersion"], obj["kind"] = f"{GROUP}/{VERSION}", rts[plural].kind
+                try:
+                    with core.lock:
+                        handler(obj)
+                except ApiError as exc:
+                    # A conflicting client write: the next round sees the new version.
+                    log.debug("cnpg %s %s: %s", plural, obj["metadata"]["name"], exc.message)
+                except Exception:
+                    # One odd object must not stop the others from being reconciled.
+                    log.exception("cnpg %s %s failed", plural, obj["metadata"]["name"])
+        for key in [k for k in self.timers if k not in self.touched]:
+            del self.timers[key]
+        live = {"s:" + o["metadata"]["uid"] for o in core.store.items(rts["scheduledbackups"].key)}
+        for key in [k for k in self.wakeups if k not in live]:
+            del self.wakeups[key]
+        return self.changed
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _rt(self, group: str, plural: str) -> Any:
+        return self.core.builtin(plural)
+
+    def _get(self, plural: str, ns: str, name: str, group: str = "") -> dict[str, Any] | None:
+        rt = self._rt(group, plural)
+        obj = self.core.store.get(rt.key, ns, name)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def _ensure(self, plural: str, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        existing = self._get(plural, ns, body["metadata"]["name"])
+        if existing is not None:
+            return existing
+        self.changed = True
+        return self.core.create(self._rt("", plural), ns, body, self.ctx)
+
+    def _delete(self, plural: str, ns: str, name: str) -> None:
+        try:
+            self.core.delete(self._rt("", plural), ns, name)
+            self.changed = True
+        except ApiError:
+            pass
+
+    def _set_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        if obj.get("status") == status:
+            return
+        rt = self.core.resolve(GROUP, VERSION, _plural(obj["kind"]))
+        body = copy.deepcopy(obj)
+        body["status"] = status
+        updated = self.core.update(
+            rt, obj["metadata"]["namespace"], obj["metadata"]["name"], body, self.ctx, "status"
+        )
+        obj["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
+        obj["status"] = status
+        self.changed = True
+
+    def _event(self, obj: dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
+        meta = obj["metadata"]
+        ns = meta["namespace"]
+        if self._get("namespaces", "", ns) is None:
+            return
+        if (self._get("namespaces", "", ns) or {}).get("metadata", {}).get("deletionTimestamp"):
+            return
+        now = now_iso()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            # Named like client-go's recorder: object name and a hex timestamp, so lists run in
+            # chronological order.
+            "metadata": {"name": f"{meta['name']}.{self._event_stamp():x}", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": ns,
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": MANAGER},
+            "reportingComponent": MANAGER,
+            "reportingInstance": MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": None,
+            "count": 1,
+        }
+        self.core.create(self._rt("", "events"), ns, body, self.ctx)
+        self.changed = True
+
+    def _event_stamp(self) -> int:
+        stamp = max(time.time_ns(), self.last_event_stamp + 1)
+        self.last_event_stamp = stamp
+        return stamp
+
+    def _due(self, key: str, step: str, seconds: float) -> bool:
+        """Start a simulated step, or tell whether the one in flight is done."""
+        self.touched.add(key)
+        current = self.timers.get(key)
+        now = time.monotonic()
+        if current is None or current[1] != step:
+            self.timers[key] = (now + self.sb.scaled(seconds), step)
+            return False
+        if now >= current[0]:
+            del self.timers[key]
+            return True
+        return False
+
+    # ---- Cluster ---------------------------------------------------------------------------
+
+    def _cluster(self, c: dict[str, Any]) -> None:
+        meta = c["metadata"]
+        annotations = meta.get("annotations") or {}
+        if (
+            meta.get("deletionTimestamp")
+            or annotations.get("cnpg.io/reconciliationLoop") == "disabled"
+        ):
+            return
+        ns, name = meta["namespace"], meta["name"]
+        key = "c:" + meta["uid"]
+        spec = c.get("spec") or {}
+        status = copy.deepcopy(c.get("status") or {})
+        image = spec.get("imageName") or DEFAULT_IMAGE
+        want = int(spec.get("instances", 1))
+        status.setdefault("instances", want)
+        status.setdefault("readyInstances", 0)
+        status.setdefault("writeService", f"{name}-rw")
+        status.setdefault("readService", f"{name}-r")
+        status.setdefault("latestGeneratedNode", 0)
+        status.setdefault("timelineID", 1)
+        status.setdefault("image", image)
+        # The scale subresource's labelSelectorPath.
+        status["selector"] = f"cnpg.io/cluster={name},cnpg.io/podRole=instance"
+
+        if f"{ns}/{name}" in self.sb.faults.fail_bootstrap and not status.get("currentPrimary"):
+            if status.get("phase") != CANNOT_CREATE:
+                self._event(
+                    c, "BootstrapFailed", "bootstrap failed: injected by the sandbox", "Warning"
+                )
+            self._phase(status, CANNOT_CREATE, "bootstrap failed: injected by the sandbox")
+            self._set_status(c, status)
+            return
+
+        source: dict[str, Any] | None = None
+        recovery = (spec.get("bootstrap") or {}).get("recovery")
+        if recovery is not None and not status.get("currentPrimary"):
+            source, why = self._recovery_source(c, recovery)
+            if source is None:
+                if status.get("phaseReason") != why:
+                    self._event(c, "ErrorNoBackup", why, "Warning")
+                self._phase(status, SETTING_UP, why)
+                self._set_status(c, status)
+                return
+
+        self._cluster_objects(c, status)
+        self._archiving(c, status)
+        pods = self._pods(ns, name)
+        pvcs = self._pvcs(ns, name)
+
+        if annotations.get(HIBERNATION) == "on":
+            self._hibernate(c, status, pods, pvcs)
+            self._set_status(c, status)
+            return
+        if self._condition(status, HIBERNATION).get("status") == "True":
+            self._set_condition(
+                status, HIBERNATION, "False", "Rehydrated", "Cluster has been rehydrated"
+            )
+            self._event(c, "Rehydrated", "Cluster has been rehydrated")
+
+        serials = sorted(
+            {
+                int(p["metadata"]["labels"]["cnpg.io/instanceName"].rsplit("-", 1)[1])
+                for p in pvcs.values()
+            }
+        )
+        instances = [f"{name}-{n}" for n in serials]
+        status["instances"] = len(instances) if instances else want
+        primary = status.get("currentPrimary")
+
+        # Bootstrap or rehydration: every instance with a PVC needs a pod.
+        if not instances:
+            status["latestGeneratedNode"] = 1
+            status["targetPrimary"] = f"{name}-1"
+            status["phase"] = SETTING_UP
+            reason = (
+                "Creating primary instance"
+                if source is None
+                else f"Recovering from backup {source['backupId']}"
+            )
+            self._phase(status, SETTING_UP, reason)
+            self._new_instance(c, 1, image, "primary")
+            self._event(
+                c,
+                "CreatingInstance",
+                f"Primary instance ({'initdb' if source is None else 'recovery'})",
+            )
+            self._set_status(c, status)
+            return
+        if self._failover(c, status, pods, instances):
+            self._set_status(c, status)
+            return
+        for inst in instances:
+            if inst not in pods:
+                role = "primary" if inst == (primary or f"{name}-1") else "replica"
+                self._create_pod(c, inst, image, role)
+                pods = self._pods(ns, name)
+
+        not_ready = [p for p in instances if not self._ready(pods[p])]
+        if not_ready:
+            inst = not_ready[0]
+            first_boot = not primary
+            seconds = PRIMARY_SECONDS if first_boot else REPLICA_SECONDS
+            if self._due(key, f"ready:{inst}", seconds):
+                self._mark_ready(pods[inst])
+                if first_boot:
+                    status["currentPrimary"] = inst
+                    status["targetPrimary"] = inst
+                    status["currentPrimaryTimestamp"] = now_iso()
+                    self._event(c, "ClusterPrimaryReady", f"Primary instance {inst} is ready")
+                else:
+                    self._event(c, "InstanceReady", f"Instance {inst} is ready")
+            self._counts(status, instances, self._pods(ns, name))
+            if not primary:
+                self._phase(
+                    status, SETTING_UP, status.get("phaseReason") or "Creating primary instance"
+                )
+            elif status.get("phase") == HEALTHY:
+                self._phase(status, CREATING_REPLICA, f"Waiting for instance {inst} to be ready")
+            self._set_status(c, status)
+            return
+
+        self._counts(status, instances, pods)
+        if len(instances) < want:
+            serial = int(status.get("latestGeneratedNode", 0)) + 1
+            status["latestGeneratedNode"] = serial
+            self._new_instance(c, serial, image, "replica")
+            self._phase(status, CREATING_REPLICA, f"Creating replica {name}-{serial}")
+            self._event(c, "CreatingInstance", f"Creating instance {name}-{serial}")
+            status["instances"] = len(instances) + 1
+            self._set_status(c, status)
+            return
+        if len(instances) > want:
+            victim = max(
+                (i for i in instances if i != primary), key=lambda i: int(i.rsplit("-", 1)[1])
+            )
+            self._delete("pods", ns, victim)
+            for pvc in [
+                k
+                for k in pvcs
+                if pvcs[k]["metadata"]["labels"].get("cnpg.io/instanceName") == victim
+            ]:
+                self._delete("persistentvolumeclaims", ns, pvc)
+            self._event(c, "ScaleDown", f"Scaling down: removing instance {victim}")
+            remaining = [i for i in instances if i != victim]
+            self._counts(status, remaining, self._pods(ns, name))
+            status["instances"] = len(remaining)
+            self._set_status(c, status)
+            return
+
+        target = status.get("targetPrimary")
+        if target and primary and target != primary and target in instances:
+            if status.get("phase") != SWITCHOVER:
+                self._phase(status, SWITCHOVER, f"Switching over to {target}")
+                self._event(c, "SwitchoverInitiated", f"Switching over from {primary} to {target}")
+            if self._due(key, f"switchover:{target}", SWITCHOVER_SECONDS):
+                self._promote(c, status, pods, target)
+            self._set_status(c, status)
+            return
+
+        if self._roll(c, status, pods, instances, image, annotations.get(RESTARTED_AT)):
+            self._set_status(c, status)
+            return
+        if self._reconfigure(c, status, pods, instances):
+            self._set_status(c, status)
+            return
+
+        status["image"] = image
+        if status.get("phase") != HEALTHY:
+            self._event(c, "ClusterReady", "Cluster is ready")
+        self._phase(status, HEALTHY, "")
+        self._set_status(c, status)
+
+    def _reconfigure(
+        self, c: dict[str, Any], status: dict[str, Any], pods: dict[str, Any], instances: list[str]
+    ) -> bool:
+        """spec.postgresql changed: every instance reloads its configuration. True meanwhile."""
+        wanted = _config_hash(c)
+        stale = [
+            i
+            for i in instances
+            if (pods[i]["metadata"].get("annotations") or {}).get(CONFIG_HASH) != wanted
+        ]
+        if not stale:
+            return False
+        if status.get("phase") != APPLYING_CONFIG:
+            self._phase(status, APPLYING_CONFIG, "Reloading PostgreSQL configuration")
+            self._event(c, "ApplyingConfiguration", "Applying the new PostgreSQL configuration")
+        if self._due("c:" + c["metadata"]["uid"], f"config:{wanted}", ROLL_SECONDS):
+            for inst in stale:
+                self.core.patch(
+                    self._rt("", "pods"),
+                    c["metadata"]["namespace"],
+                    inst,
+                    "application/merge-patch+json",
+                    {"metadata": {"annotations": {CONFIG_HASH: wanted}}},
+                    self.ctx,
+                )
+            self.changed = True
+        return True
+
+    def _failover(
+        self, c: dict[str, Any], status: dict[str, Any], pods: dict[str, Any], instances: list[str]
+    ) -> bool:
+        """The primary's pod is gone: promote the first ready replica. True while failing over."""
+        primary = status.get("currentPrimary")
+        replicas = [i for i in instances if i != primary and i in pods and self._ready(pods[i])]
+        if not primary or primary in pods or not replicas:
+            return False
+        key = "c:" + c["metadata"]["uid"]
+        if status.get("phase") != FAILING_OVER:
+            status["targetPrimary"] = "pending"
+            self._phase(status, FAILING_OVER, f"Primary {primary} is gone")
+            self._event(c, "FailingOver", f"Current primary {primary} is gone, failing over")
+        self._counts(status, instances, pods)
+        if self._due(key, f"failover:{primary}", SWITCHOVER_SECONDS):
+            self._promote(c, status, pods, replicas[0])
+            self._event(c, "FailoverTarget", f"Promoted {replicas[0]} to primary")
+        return True
+
+    def _counts(self, status: dict[str, Any], instances: list[str], pods: dict[str, Any]) -> None:
+        ready = [i for i in instances if i in pods and self._ready(pods[i])]
+        status["pvcCount"] = len(instances)
+        status["healthyPVC"] = sorted(instances)
+        status["readyInstances"] = len(ready)
+        status["instanceNames"] = sorted(instances, key=lambda i: int(i.rsplit("-", 1)[1]))
+        status["instancesStatus"] = {
+            "healthy": ready,
+            **(
+                {"failed": [i for i in instances if i not in ready]}
+                if len(ready) < len(instances)
+                else {}
+            ),
+        }
+
+    def _phase(self, status: dict[str, Any], phase: str, reason: str) -> None:
+        status["phase"] = phase
+        if reason:
+            status["phaseReason"] = reason
+        else:
+            status.pop("phaseReason", None)
+        if phase == HEALTHY:
+            self._set_condition(status, "Ready", "True", "ClusterIsReady", "Cluster is Ready")
+        else:
+            self._set_condition(
+                status, "Ready", "False", "ClusterIsNotReady", reason or "Cluster Is Not Ready"
+            )
+
+    @staticmethod
+    def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+        return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
+
+    def _set_condition(
+        self, status: dict[str, Any], ctype: str, value: str, reason: str, message: str
+    ) -> None:
+        conditions = status.setdefault("conditions", [])
+        current = next((c for c in conditions if c.get("type") == ctype), None)
+        if current and (current["status"], current["reason"], current["message"]) == (
+            value,
+            reason,
+            message,
+        ):
+            return
+        entry = {
+            "type": ctype,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now_iso()
+            if not current or current["status"] != value
+            else current["lastTransitionTime"],
+        }
+        if current:
+            conditions[conditions.index(current)] = entry
+        else:
+            conditions.append(entry)
+
+    def _cluster_objects(self, c: dict[str, Any], status: dict[str, Any]) -> None:
+        """Secrets and services a Cluster owns."""
+        meta, spec = c["metadata"], c.get("spec") or {}
+        ns, name = meta["namespace"], meta["name"]
+        owner = [_owner(c)]
+        labels = {"cnpg.io/cluster": name}
+        initdb = (spec.get("bootstrap") or {}).get("initdb") or {}
+        recovery = (spec.get("bootstrap") or {}).get("recovery") or {}
+        boot = initdb or recovery
+        dbname = boot.get("database") or "app"
+        owner_name = boot.get("owner") or dbname
+        if not (boot.get("secret") or {}).get("name"):
+            existing = self._get("secrets", ns, f"{name}-app")
+            if existing is None:
+                self._ensure(
+                    "secrets", ns, self._credentials(c, f"{name}-app", owner_name, dbname, owner)
+                )
+        wants_superuser = spec.get("enableSuperuserAccess") and not (
+            spec.get("superuserSecret") or {}
+        ).get("name")
+        if wants_superuser and self._get("secrets", ns, f"{name}-superuser") is None:
+            self._ensure(
+                "secrets", ns, self._credentials(c, f"{name}-superuser", "postgres", "*", owner)
+            )
+        for suffix, cert in (("ca", "ca"), ("server", "tls"), ("replication", "tls")):
+            if self._get("secrets", ns, f"{name}-{suffix}") is None:
+                data = (
+                    {"ca.crt": _b64("sandbox CA"), "ca.key": _b64("sandbox key")}
+                    if cert == "ca"
+                    else {
+                        "tls.crt": _b64(f"sandbox {suffix} cert"),
+                        "tls.key": _b64(f"sandbox {suffix} key"),
+                    }
+                )
+                self._ensure(
+                    "secrets",
+                    ns,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "metadata": {
+                            "name": f"{name}-{suffix}",
+                            "labels": dict(labels),
+                            "ownerReferences": owner,
+                        },
+                        "type": "Opaque" if cert == "ca" else "kubernetes.io/tls",
+                        "data": data,
+                    },
+                )
+        for suffix, selector in (
+            ("rw", {"cnpg.io/cluster": name, "cnpg.io/instanceRole": "primary"}),
+            ("ro", {"cnpg.io/cluster": name, "cnpg.io/instanceRole": "replica"}),
+            ("r", {"cnpg.io/cluster": name, "cnpg.io/podRole": "instance"}),
+        ):
+            self._ensure(
+                "services",
+                ns,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {
+                        "name": f"{name}-{suffix}",
+                        "labels": {**labels, "cnpg.io/isManaged": "true"},
+                        "ownerReferences": owner,
+                    },
+                    "spec": {
+                        "type": "ClusterIP",
+                        "selector": selector,
+                        "ports": [
+                            {
+                                "name": "postgres",
+                                "port": 5432,
+                                "protocol": "TCP",
+                                "targetPort": 5432,
+                            }
+                        ],
+                    },
+                },
+            )
+        status.setdefault("secretsResourceVersion", {})
+
+    def _credentials(
+        self, c: dict[str, Any], secret: str, user: str, dbname: str, owner: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        ns, name = c["metadata"]["namespace"], c["metadata"]["name"]
+        password = secrets.token_urlsafe(48)[:64]
+        host = f"{name}-rw"
+        fqdn = f"{host}.{ns}.svc.cluster.local"
+        values = {
+            "username": user,
+            "user": user,
+            "password": password,
+            "dbname": dbname,
+            "host": host,
+            "port": "5432",
+            "pgpass": f"{host}:5432:{dbname}:{user}:{password}\n",
+            "uri": f"postgresql://{user}:{password}@{host}.{ns}:5432/{dbname}",
+            "jdbc-uri": f"jdbc:postgresql://{host}.{ns}:5432/{dbname}?password={password}&user={user}",
+            "fqdn-uri": f"postgresql://{user}:{password}@{fqdn}:5432/{dbname}",
+            "fqdn-jdbc-uri": f"jdbc:postgresql://{fqdn}:5432/{dbname}?password={password}&user={user}",
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": secret,
+                "labels": {"cnpg.io/cluster": name, "cnpg.io/reload": "true"},
+                "ownerReferences": owner,
+            },
+            "type": "kubernetes.io/basic-auth",
+            "data": {k: _b64(v) for k, v in values.items()},
+        }
+
+    def _pods(self, ns: str, name: str) -> dict[str, dict[str, Any]]:
+        rt = self._rt("", "pods")
+        return {
+            p["metadata"]["name"]: copy.deepcopy(p)
+            for p in self.core.store.items(rt.key, ns)
+            if (p["metadata"].get("labels") or {}).get("cnpg.io/cluster") == name
+            and (p["metadata"].get("labels") or {}).get("cnpg.io/podRole") == "instance"
+        }
+
+    def _pvcs(self, ns: str, name: str) -> dict[str, dict[str, Any]]:
+        rt = self._rt("", "persistentvolumeclaims")
+        return {
+            p["metadata"]["name"]: copy.deepcopy(p)
+            for p in self.core.store.items(rt.key, ns)
+            if (p["metadata"].get("labels") or {}).get("cnpg.io/cluster") == name
+            and (p["metadata"].get("labels") or {}).get("cnpg.io/pvcRole") == "PG_DATA"
+        }
+
+    @staticmethod
+    def _ready(pod: dict[str, Any]) -> bool:
+        return (pod.get("status") or {}).get("phase") == "Running" and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+
+    def _new_instance(self, c: dict[str, Any], serial: int, image: str, role: str) -> None:
+        meta, spec = c["metadata"], c.get("spec") or {}
+        ns, name = meta["namespace"], meta["name"]
+        inst = f"{name}-{serial}"
+        for suffix, role_label, storage in (
+            ("", "PG_DATA", spec.get("storage")),
+            ("-wal", "PG_WAL", spec.get("walStorage")),
+        ):
+            if storage is None and suffix:
+                continue
+            storage = storage or {}
+            pvc = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    "name": inst + suffix,
+                    "labels": {
+                        "cnpg.io/cluster": name,
+                        "cnpg.io/instanceName": inst,
+                        "cnpg.io/pvcRole": role_label,
+                    },
+                    "ownerReferences": [_owner(c)],
+                },
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": storage.get("size", "1Gi")}},
+                    **(
+                        {"storageClassName": storage["storageClass"]}
+                        if storage.get("storageClass")
+                        else {}
+                    ),
+                },
+            }
+            created = self._ensure("persistentvolumeclaims", ns, pvc)
+            if (created.get("status") or {}).get("phase") != "Bound":
+                self._write_status(
+                    "persistentvolumeclaims",
+                    created,
+                    {
+                        "phase": "Bound",
+                        "accessModes": ["ReadWriteOnce"],
+                        "capacity": {"storage": storage.get("size", "1Gi")},
+                    },
+                )
+        self._create_pod(c, inst, image, role)
+
+    def _create_pod(self, c: dict[str, Any], inst: str, image: str, role: str) -> None:
+        meta = c["metadata"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": inst,
+                "labels": {
+                    "cnpg.io/cluster": meta["name"],
+                    "cnpg.io/instanceName": inst,
+                    "cnpg.io/instanceRole": role,
+                    "role": role,
+                    "cnpg.io/podRole": "instance",
+                },
+                "annotations": {
+                    CONFIG_HASH: _config_hash(c),
+                    **(
+                        {RESTARTED_AT: (meta.get("annotations") or {})[RESTARTED_AT]}
+                        if RESTARTED_AT in (meta.get("annotations") or {})
+                        else {}
+                    ),
+                },
+                "ownerReferences": [_owner(c)],
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "postgres",
+                        "image": image,
+                        "ports": [{"containerPort": 5432, "name": "postgresql", "protocol": "TCP"}],
+                    }
+                ],
+                "volumes": [{"name": "pgdata", "persistentVolumeClaim": {"claimName": inst}}],
+                "hostname": inst,
+            },
+        }
+        self._ensure("pods", meta["namespace"], pod)
+
+    def _write_status(
+        self, plural: str, obj: dict[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any]:
+        body = copy.deepcopy(obj)
+        body["status"] = status
+        self.changed = True
+        return self.core.update(
+            self._rt("", plural),
+            obj["metadata"]["namespace"],
+            obj["metadata"]["name"],
+            body,
+            self.ctx,
+            "status",
+        )
+
+    def _mark_ready(self, pod: dict[str, Any], restarts: int | None = None) -> None:
+        image = pod["spec"]["containers"][0]["image"]
+        prior = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get(
+            "restartCount", 0
+        )
+        now = now_iso()
+        self._write_status(
+            "pods",
+            pod,
+            {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                    {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": "postgres",
+                        "image": image,
+                        "imageID": _image_id(image),
+                        "ready": True,
+                        "started": True,
+                        "restartCount": prior if restarts is None else restarts,
+                        "state": {"running": {"startedAt": now}},
+                    }
+                ],
+                "podIP": f"10.244.0.{abs(hash(pod['metadata']['name'])) % 250 + 2}",
+                "startTime": now,
+            },
+        )
+
+    def _set_role(self, pod: dict[str, Any], role: str) -> None:
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get("cnpg.io/instanceRole") == role:
+            return
+        self.core.patch(
+            self._rt("", "pods"),
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            "application/merge-patch+json",
+            {"metadata": {"labels": {"cnpg.io/instanceRole": role, "role": role}}},
+            self.ctx,
+        )
+        self.changed = True
+
+    def _promote(
+        self, c: dict[str, Any], status: dict[str, Any], pods: dict[str, Any], target: str
+    ) -> None:
+        old = status.get("currentPrimary")
+        for name, pod in pods.items():
+            self._set_role(pod, "primary" if name == target else "replica")
+        status["currentPrimary"] = target
+        status["targetPrimary"] = target
+        status["currentPrimaryTimestamp"] = now_iso()
+        status["timelineID"] = int(status.get("timelineID", 1)) + 1
+        self._event(c, "SwitchoverCompleted", f"Switchover completed: {old} -> {target}")
+
+    def _roll(
+        self,
+        c: dict[str, Any],
+        status: dict[str, Any],
+        pods: dict[str, Any],
+        instances: list[str],
+        image: str,
+        restarted_at: str | None,
+    ) -> bool:
+        """Image upgrades and restarts: replicas first, primary last. True while rolling."""
+        spec = c.get("spec") or {}
+        key = "c:" + c["metadata"]["uid"]
+        primary = status.get("currentPrimary")
+
+        def stale(inst: str) -> bool:
+            pod = pods[inst]
+            annotations = pod["metadata"].get("annotations") or {}
+            return pod["spec"]["containers"][0]["image"] != image or (
+                restarted_at is not None and annotations.get(RESTARTED_AT) != restarted_at
+            )
+
+        todo = [i for i in instances if stale(i)]
+        if not todo:
+            return False
+        upgrade = any(pods[i]["spec"]["containers"][0]["image"] != image for i in todo)
+        replicas = [i for i in todo if i != primary]
+        if status.get("phase") not in (UPGRADING, RESTARTING_PRIMARY, WAITING_USER):
+            self._event(
+                c,
+                "UpgradingCluster" if upgrade else "RestartingCluster",
+                f"{'Upgrading' if upgrade else 'Restarting'} instances, replicas first",
+            )
+        if replicas:
+            inst = replicas[0]
+            self._phase(
+                status, UPGRADING, f"{'Upgrading' if upgrade else 'Restarting'} instance {inst}"
+            )
+            if self._due(key, f"roll:{inst}", ROLL_SECONDS):
+                self._recreate(pods[inst], image, restarted_at)
+                self._event(
+                    c,
+                    "InstanceRestarted" if not upgrade else "InstanceUpgraded",
+                    f"Instance {inst} rolled out",
+                )
+            return True
+        if spec.get("primaryUpdateStrategy") == "supervised":
+            self._phase(status, WAITING_USER, "User must issue a supervised switchover")
+            return True
+        others = [i for i in instances if i != primary]
+        if spec.get("primaryUpdateMethod") == "switchover" and others:
+            self._phase(status, SWITCHOVER, f"Switching over to {others[0]} to update the primary")
+            if self._due(key, f"switchover:{others[0]}", SWITCHOVER_SECONDS):
+                self._promote(c, status, pods, others[0])
+                self._recreate(pods[primary], image, restarted_at, role="replica")
+            return True
+        self._phase(
+            status,
+            RESTARTING_PRIMARY if not upgrade else UPGRADING,
+            f"Restarting primary {primary}",
+        )
+        if self._due(key, f"roll:{primary}", ROLL_SECONDS):
+            self._recreate(pods[primary], image, restarted_at)
+            self._event(c, "PrimaryRestarted", f"Primary {primary} rolled out")
+        return True
+
+    def _recreate(
+        self, pod: dict[str, Any], image: str, restarted_at: str | None, role: str | None = None
+    ) -> None:
+        """Roll one pod in place: new image and restart annotation, counted as a restart."""
+        body = copy.deepcopy(pod)
+        body["spec"]["containers"][0]["image"] = image
+        annotations = body["metadata"].setdefault("annotations", {})
+        if restarted_at is not None:
+            annotations[RESTARTED_AT] = restarted_at
+        if role:
+            body["metadata"]["labels"]["cnpg.io/instanceRole"] = role
+            body["metadata"]["labels"]["role"] = role
+        updated = self.core.update(
+            self._rt("", "pods"),
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            body,
+            self.ctx,
+        )
+        restarts = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get(
+            "restartCount", 0
+        ) + 1
+        self._mark_ready(updated, restarts)
+        self.changed = True
+
+    def _hibernate(
+        self, c: dict[str, Any], status: dict[str, Any], pods: dict[str, Any], pvcs: dict[str, Any]
+    ) -> None:
+        key = "c:" + c["metadata"]["uid"]
+        cond = self._condition(status, HIBERNATION)
+        if cond.get("status") == "True" and not pods:
+            return
+        if pods:
+            if cond.get("reason") != "StartedHibernation":
+                self._set_condition(
+                    status, HIBERNATION, "False", "StartedHibernation", "Hibernation in progress"
+                )
+                self._event(c, "Hibernating", "Hibernation started: deleting instance pods")
+            if self._due(key, "hibernate", HIBERNATE_SECONDS):
+                for name in pods:
+                    self._delete("pods", c["metadata"]["namespace"], name)
+            return
+        self._set_condition(
+            status, HIBERNATION, "True", "Hibernated", "Cluster has been hibernated"
+        )
+        status["readyInstances"] = 0
+        status["instancesStatus"] = {}
+        self._phase(status, HEALTHY, "")
+        self._event(c, "Hibernated", "Cluster has been hibernated")
+
+    # ---- object store ----------------------------------------------------------------------
+
+    def _store_entry(self, destination: str, server: str) -> dict[str, Any]:
+        return self.sb.object_store.setdefault(destination, {}).setdefault(server, {"backups": []})
+
+    def _archiving(self, c: dict[str, Any], status: dict[str, Any]) -> None:
+        store = ((c.get("spec") or {}).get("backup") or {}).get("barmanObjectStore")
+        if not store:
+            return
+        server = store.get("serverName") or c["metadata"]["name"]
+        entry = self._store_entry(store["destinationPath"], server)
+        entry.setdefault("archivingSince", now_iso())
+        if status.get("currentPrimary"):
+            self._set_condition(
+                status,
+                "ContinuousArchiving",
+                "True",
+                "ContinuousArchivingSuccess",
+                "Continuous archiving is working",
+            )
+        self._prune(c, store, server)
+
+    def _prune(self, c: dict[str, Any], store: dict[str, Any], server: str) -> None:
+        policy = ((c.get("spec") or {}).get("backup") or {}).get("retentionPolicy")
+        if not policy:
+            return
+        units = {"d": 86400, "w": 7 * 86400, "m": 30 * 86400}
+        try:
+            keep = dt.timedelta(seconds=int(policy[:-1]) * units[policy[-1]])
+        except (ValueError, KeyError):
+            return
+        entry = self._store_entry(store["destinationPath"], server)
+        cutoff = dt.datetime.now(dt.UTC) - keep
+        completed = sorted(entry["backups"], key=lambda b: b["stoppedAt"])
+        # Like Barman, never prune the newest backup, whatever its age.
+        kept = [b for b in completed[:-1] if (_ts(b["stoppedAt"]) or cutoff) >= cutoff] + completed[
+            -1:
+        ]
+        if len(kept) != len(entry["backups"]):
+            entry["backups"] = kept
+            self.changed = True
+
+    def _recovery_source(
+        self, c: dict[str, Any], recovery: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The backup a recovery bootstrap restores, or None and the reason it has none."""
+        ns = c["metadata"]["namespace"]
+        spec = c.get("spec") or {}
+        target = recovery.get("recoveryTarget") or {}
+        if (recovery.get("backup") or {}).get("name"):
+            bname = recovery["backup"]["name"]
+            backup = self._get_cr("backups", ns, bname)
+            if backup is None:
+                return None, f"Backup object {ns}/{bname} not found"
+            st = backup.get("status") or {}
+            if st.get("phase") != "completed":
+                return (
+                    None,
+                    f"Backup {ns}/{bname} is not completed (phase: {st.get('phase') or 'new'})",
+                )
+            entry = self.sb.object_store.get(st.get("destinationPath", ""), {}).get(
+                st.get("serverName", ""), {}
+            )
+            found = [b for b in entry.get("backups", []) if b["backupId"] == st.get("backupId")]
+            if not found:
+                return (
+                    None,
+                    f"Backup {st.get('backupId')} of {ns}/{bname} is no longer in the object store",
+                )
+            return found[0], ""
+        if recovery.get("volumeSnapshots"):
+            return None, "recovery from volumeSnapshots is not simulated by the sandbox"
+        source_name = recovery.get("source")
+        if not source_name:
+            return None, "bootstrap.recovery needs backup.name, source or volumeSnapshots"
+        external = next(
+            (e for e in spec.get("externalClusters") or [] if e.get("name") == source_name), None
+        )
+        if external is None or not external.get("barmanObjectStore"):
+            return None, f"externalClusters has no barmanObjectStore named {source_name}"
+        store = external["barmanObjectStore"]
+        server = store.get("serverName") or source_name
+        entry = self.sb.object_store.get(store.get("destinationPath", ""), {}).get(server)
+        if not entry or not entry.get("backups"):
+            return (
+                None,
+                f"no target backup found in {store.get('destinationPath')} for server {server}",
+            )
+        candidates = sorted(entry["backups"], key=lambda b: b["stoppedAt"])
+        if target.get("backupID"):
+            candidates = [b for b in candidates if b["backupId"] == target["backupID"]]
+            if not candidates:
+                return None, f"no target backup found with ID {target['backupID']}"
+        if target.get("targetTime"):
+            when = _ts(target["targetTime"])
+            candidates = [b for b in candidates if when and (_ts(b["stoppedAt"]) or when) <= when]
+            if not candidates:
+                return None, f"no target backup found before {target['targetTime']}"
+        return candidates[-1], ""
+
+    def _get_cr(self, plural: str, ns: str, name: str) -> dict[str, Any] | None:
+        rt = self.core.resolve(GROUP, VERSION, plural)
+        obj = self.core.store.get(rt.key, ns, name) if rt else None
+        if obj is None:
+            return None
+        out = copy.deepcopy(obj)
+        out["apiVersion"], out["kind"] = f"{GROUP}/{VERSION}", rt.kind
+        return out
+
+    # ---- Backup ----------------------------------------------------------------------------
+
+    def _backup(self, b: dict[str, Any]) -> None:
+        meta = b["metadata"]
+        status = copy.deepcopy(b.get("status") or {})
+        phase = status.get("phase")
+        if phase in ("completed", "failed") or meta.get("deletionTimestamp"):
+            return
+        key = "b:" + meta["uid"]
+        ns = meta["namespace"]
+        spec = b.get("spec") or {}
+        cname = (spec.get("cluster") or {}).get("name", "")
+        method = spec.get("method") or "barmanObjectStore"
+        cluster = self._get_cr("clusters", ns, cname)
+        if not phase:
+            status.update({"phase": "pending", "method": method})
+            self._set_status(b, status)
+            return
+        why = self._backup_blocker(cluster, cname, method)
+        if why:
+            self._fail(b, status, cluster, why)
+            return
+        cstore = cluster["spec"]["backup"].get("barmanObjectStore") or {}
+        server = cstore.get("serverName") or cname
+        primary = cluster["status"]["currentPrimary"]
+        if phase == "pending":
+            if self._due(key, "start", BACKUP_START_SECONDS):
+                started = dt.datetime.now(dt.UTC)
+                stored = self.sb.object_store.get(cstore.get("destinationPath", ""), {}).get(
+                    server, {}
+                )
+                taken = {b["backupId"] for b in stored.get("backups", [])}
+                while started.strftime("%Y%m%dT%H%M%S") in taken:
+                    # Barman backup IDs are timestamps: two in one second take the next second.
+                    started += dt.timedelta(seconds=1)
+                status.update(
+                    {
+                        "phase": "running",
+                        "startedAt": _fmt(started),
+                        "backupId": started.strftime("%Y%m%dT%H%M%S"),
+                        "backupName": f"backup-{started.strftime('%Y%m%d%H%M%S')}",
+                        "instanceID": {"podName": primary, "ContainerID": "containerd://sandbox"},
+                        "online": spec.get("online", True),
+                    }
+                )
+                if method == "barmanObjectStore":
+                    status.update(
+                        {"destinationPath": cstore.get("destinationPath"), "serverName": server}
+                    )
+                    if cstore.get("endpointURL"):
+                        status["endpointURL"] = cstore["endpointURL"]
+                self._set_status(b, status)
+                self._event(b, "Starting", f"Backup {meta['name']} started on {primary}")
+            return
+        if phase in ("running", "finalizing"):
+            if not self._due(key, f"finish:{phase}", BACKUP_SECONDS):
+                return
+            if self.sb.faults.take_backup_failure():
+                self._fail(b, status, cluster, "injected backup failure")
+                return
+            if method == "volumeSnapshot" and phase == "running":
+                # Snapshots are taken, then wait for the storage to report them ready.
+                status["phase"] = "finalizing"
+                self._set_status(b, status)
+                return
+            stored = self.sb.object_store.get(cstore.get("destinationPath", ""), {}).get(server, {})
+            serial = len(stored.get("backups", [])) + 1
+            timeline = int(cluster["status"].get("timelineID", 1))
+            status.update(
+                {
+                    "phase": "completed",
+                    "stoppedAt": now_iso(),
+                    "beginWal": f"{timeline:08X}{0:08X}{serial * 2:08X}",
+                    "endWal": f"{timeline:08X}{0:08X}{serial * 2 + 1:08X}",
+                    "beginLSN": f"0/{serial * 2:X}000028",
+                    "endLSN": f"0/{serial * 2 + 1:X}000100",
+                }
+            )
+            if method == "barmanObjectStore":
+                record = {
+                    k: status[k]
+                    for k in (
+                        "backupId",
+                        "startedAt",
+                        "stoppedAt",
+                        "beginWal",
+                        "endWal",
+                        "beginLSN",
+                        "endLSN",
+                    )
+                }
+                record.update(
+                    {
+                        "timelineID": timeline,
+                        "clusterName": cname,
+                        "namespace": ns,
+                        "backupObject": meta["name"],
+                    }
+                )
+                self._store_entry(cstore["destinationPath"], server)["backups"].append(record)
+            self._set_status(b, status)
+            self._event(b, "Completed", f"Backup {meta['name']} completed")
+            self._cluster_backup_result(cluster, True, "", status)
+            if method == "barmanObjectStore":
+                self._prune(cluster, cstore, server)
+
+    def _backup_blocker(self, cluster: dict[str, Any] | None, cname: str, method: str) -> str:
+        if cluster is None:
+            return f'while getting cluster {cname}: clusters.postgresql.cnpg.io "{cname}" not found'
+        annotations = cluster["metadata"].get("annotations") or {}
+        if annotations.get(HIBERNATION) == "on":
+            return "cannot backup a hibernated cluster"
+        cstatus = cluster.get("status") or {}
+        if cstatus.get("phase") != HEALTHY or not cstatus.get("readyInstances"):
+            return "cannot proceed with the backup as the cluster is not in a healthy state"
+        backup_spec = (cluster.get("spec") or {}).get("backup") or {}
+        if method == "barmanObjectStore" and not backup_spec.get("barmanObjectStore"):
+            return "cannot proceed with the backup as the cluster has no backup section"
+        if method == "volumeSnapshot" and not backup_spec.get("volumeSnapshot"):
+            return "cannot execute backup: no volumeSnapshot configuration in the cluster"
+        if method not in ("barmanObjectStore", "volumeSnapshot"):
+            return f"unsupported backup method {method} in the sandbox"
+        return ""
+
+    def _fail(
+        self, b: dict[str, Any], status: dict[str, Any], cluster: dict[str, Any] | None, why: str
+    ) -> None:
+        status.update({"phase": "failed", "error": why})
+        status.setdefault("stoppedAt", now_iso())
+        self._set_status(b, status)
+        self._event(b, "Failed", f"Backup failed: {why}", "Warning")
+        if cluster is not None:
+            self._cluster_backup_result(cluster, False, why, status)
+
+    def _cluster_backup_result(
+        self, cluster: dict[str, Any], ok: bool, why: str, bstatus: dict[str, Any]
+    ) -> None:
+        status = copy.deepcopy(cluster.get("status") or {})
+        if ok:
+            self._set_condition(
+                status,
+                "LastBackupSucceeded",
+                "True",
+                "LastBackupSucceeded",
+                "Backup was successful",
+            )
+            status["lastSuccessfulBackup"] = bstatus.get("stoppedAt")
+            status.setdefault("firstRecoverabilityPoint", bstatus.get("stoppedAt"))
+        else:
+            self._set_condition(status, "LastBackupSucceeded", "False", "LastBackupFailed", why)
+            status["lastFailedBackup"] = now_iso()
+        self._set_status(cluster, status)
+
+    # ---- ScheduledBackup -------------------------------------------------------------------
+
+    def _scheduled(self, s: dict[str, Any]) -> None:
+        meta = s["metadata"]
+        spec = s.get("spec") or {}
+        if meta.get("deletionTimestamp") or spec.get("suspend"):
+            return
+        status = copy.deepcopy(s.get("status") or {})
+        now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        key = "s:" + meta["uid"]
+        try:
+            last = _ts(status.get("lastScheduleTime"))
+            nxt = _ts(status.get("nextScheduleTime"))
+            if nxt is None:
+                nxt = next_time(spec.get("schedule", ""), _ts(meta["creationTimestamp"]) or now)
+        except CronError as exc:
+            if status.get("lastCheckTime") is None:
+                self._event(s, "InvalidSchedule", f"invalid schedule: {exc}", "Warning")
+                status["lastCheckTime"] = _fmt(now)
+                self._set_status(s, status)
+            return
+        fire = (last is None and spec.get("immediate")) or now >= nxt
+        if fire:
+            self._create_scheduled_backup(s, now)
+            status["lastScheduleTime"] = _fmt(now)
+            nxt = next_time(spec["schedule"], now)
+        status["lastCheckTime"] = status.get("lastCheckTime") or _fmt(now)
+        if fire or status.get("nextScheduleTime") != _fmt(nxt):
+            status["lastCheckTime"] = _fmt(now)
+            status["nextScheduleTime"] = _fmt(nxt)
+            self._set_status(s, status)
+        self.wakeups[key] = time.monotonic() + max((nxt - now).total_seconds(), 0.05)
+
+    def _create_scheduled_backup(self, s: dict[str, Any], now: dt.datetime) -> None:
+        meta, spec = s["metadata"], s.get("spec") or {}
+        ns = meta["namespace"]
+        cname = (spec.get("cluster") or {}).get("name", "")
+        owner_mode = spec.get("backupOwnerReference") or "none"
+        owners: list[dict[str, Any]] = []
+        if owner_mode == "self":
+            owners = [_owner(s)]
+        elif owner_mode == "cluster":
+            cluster = self._get_cr("clusters", ns, cname)
+            if cluster is not None:
+                owners = [_owner(cluster)]
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Backup",
+            "metadata": {
+                "name": f"{meta['name']}-{now.strftime('%Y%m%d%H%M%S')}",
+                "labels": {
+                    "cnpg.io/cluster": cname,
+                    "cnpg.io/scheduled-backup": meta["name"],
+                    "cnpg.io/immediateBackup": str(bool(spec.get("immediate"))).lower(),
+                },
+                **({"ownerReferences": owners} if owners else {}),
+            },
+            "spec": {
+                "cluster": {"name": cname},
+                "method": spec.get("method") or "barmanObjectStore",
+                **({"target": spec["target"]} if spec.get("target") else {}),
+                **({"online": spec["online"]} if "online" in spec else {}),
+            },
+        }
+        rt = self.core.resolve(GROUP, VERSION, "backups")
+        try:
+            self.core.create(rt, ns, body, self.ctx)
+            self._event(s, "BackupSchedule", f"Scheduled backup {body['metadata']['name']} created")
+            self.changed = True
+        except ApiError as exc:
+            if exc.code != 409:
+                raise
+
+
+def _plural(kind: str) -> str:
+    return {"Cluster": "clusters", "Backup": "backups", "ScheduledBackup": "scheduledbackups"}[kind]
+
+
+def _image_id(image: str) -> str:
+    """A stable fake digest for an image reference."""
+    return f"{image.split(':')[0]}@sha256:{uuid.uuid5(uuid.NAMESPACE_URL, image).hex * 2}"
+
+
+def _config_hash(c: dict[str, Any]) -> str:
+    """A digest of spec.postgresql and the cnpg.io/reloadedAt annotation (a forced reload)."""
+    reloaded = ((c.get("metadata") or {}).get("annotations") or {}).get("cnpg.io/reloadedAt")
+    config = json.dumps([(c.get("spec") or {}).get("postgresql") or {}, reloaded], sort_keys=True)
+    return hashlib.sha256(config.encode()).hexdigest()[:16]
