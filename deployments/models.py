@@ -178,7 +178,11 @@ class Operation(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # time inside the run is frozen here
     finished_at = models.DateTimeField(null=True, blank=True)
     next_step_at = models.DateTimeField(null=True, blank=True)
+    # Steps in a row that found nothing to do: the poll interval grows with them.
+    idle_steps = models.PositiveIntegerField(default=0)
     transient_failures = models.PositiveIntegerField(default=0)
+    # Set by a delete of the instance: the run stops at its next step (its onExit still runs).
+    cancel_reason = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)
     outputs = models.JSONField(default=dict, blank=True)
 

@@ -94,19 +94,3 @@ def add_member(tenant, make_user):
 def owner_client(client, owner):
     client.force_login(owner)
     return client
-
-
-@pytest.fixture(scope="session")
-def sandbox_cluster():
-    """A sandbox Kubernetes API server with the simulated CloudNativePG operator, fast-forwarded."""
-    from sandbox.api import Sandbox
-
-    with Sandbox(speed=200) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="session")
-def sandbox_kubeconfig(sandbox_cluster) -> str:
-    import yaml
-
-    return yaml.safe_dump(sandbox_cluster.kubeconfig())

@@ -51,6 +51,7 @@ SYS_ROOTS = frozenset(
         "sourceInstanceId",
         "targetInstanceId",
         "deterministicSeedValue",
+        "operation",  # Opsdeck: {id, startedAt} of the running operation
     }
 )
 _PLACEHOLDER = re.compile(r"\{\{.*?\}\}", re.DOTALL)

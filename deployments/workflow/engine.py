@@ -472,10 +472,13 @@ class _Run:
             )
         node.observed = current
         try:
-            verdict = conditions.evaluate(
-                current, action.success_condition, action.failure_condition
+            # Conditions may hold placeholders, e.g. `status.readyInstances == {{ $var.n }}`.
+            success, failure = (
+                render_text(text, ctx, where=template.where("resource")) if text else text
+                for text in (action.success_condition, action.failure_condition)
             )
-        except conditions.ConditionError as exc:
+            verdict = conditions.evaluate(current, success, failure)
+        except (conditions.ConditionError, RenderError) as exc:
             return self._attempt_failed(node, template, ERRORED, str(exc))
         if verdict == "succeeded":
             return self._succeed(node, template)
@@ -495,7 +498,8 @@ class _Run:
             raise RenderError(f"{template.where('resource')}: the object has no apiVersion/kind")
         if kind in self.settings.cluster_scoped_kinds:
             raise RenderError(f"{kind} is cluster-scoped; workflows act inside their namespace")
-        if self.settings.allowed_kinds and kind not in self.settings.allowed_kinds:
+        allowed = self.settings.allowed_kinds
+        if allowed and kind not in allowed and f"{obj['apiVersion']}/{kind}" not in allowed:
             raise RenderError(
                 f"{kind} is not among the kinds this plan may touch "
                 f"({', '.join(self.settings.allowed_kinds)})"

@@ -578,3 +578,30 @@ def test_cancel_fails_the_running_tasks_and_runs_on_exit():
     assert run.state.phase == engine.FAILED
     assert run.state.message == "The instance is being deleted."
     assert run.cluster.objects[("ConfigMap", NS, "exit")]["data"] == {"value": "Failed"}
+
+
+def test_conditions_may_use_the_runs_variables():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource(
+            "cluster", cluster_manifest(), success="status.readyInstances == {{ $var.instances }}"
+        ),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.cluster.set_status("Cluster", NS, readyInstances=2)
+    run.until_quiet()
+    assert run.state.phase == engine.RUNNING
+
+    run.cluster.set_status("Cluster", NS, readyInstances=3)
+    run.until_quiet()
+
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_kinds_may_be_allowed_with_their_api_version():
+    wf = workflow(dag(Task(name="cm", template="cm")), resource("cm", configmap("c", "x")))
+    run = Runner(wf, kinds=("v1/ConfigMap",))
+    run.until_quiet()
+
+    assert run.state.phase == engine.SUCCEEDED

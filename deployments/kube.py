@@ -1,0 +1,248 @@
+"""The Kubernetes driver: the only module that talks to a cluster, through the official client.
+
+One `KubeDriver` per cell, built from its kubeconfig (or the in-cluster
+configuration). Every call has a timeout and never retries or sleeps; an
+API failure becomes a `TransientError` (try again later: 429, 5xx, write
+conflicts, lost connections) or a `PermanentError` (the request itself is
+wrong), each with one readable line such as
+`Backup "x" is invalid: spec.cluster.name: Required value`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client, config, dynamic
+from kubernetes.client.rest import ApiException
+from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
+
+from deployments.workflow.driver import DriverError, PermanentError, TransientError
+
+FIELD_MANAGER = "opsdeck"
+# (connect, read) seconds for every call.
+TIMEOUT = (5, 30)
+_TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
+_STRICT = [("fieldValidation", "Strict")]
+_PATCH_TYPES = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+def api_client_from_kubeconfig(kubeconfig: str, *, context: str | None = None) -> client.ApiClient:
+    """An ApiClient for a kubeconfig given as YAML text."""
+    try:
+        data = yaml.safe_load(kubeconfig)
+    except yaml.YAMLError as exc:
+        raise PermanentError(f"The kubeconfig is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PermanentError("The kubeconfig is not a kubeconfig mapping.")
+    try:
+        return config.new_client_from_config_dict(data, context=context or None)
+    except (config.ConfigException, KeyError, TypeError, ValueError) as exc:
+        raise PermanentError(f"The kubeconfig cannot be used: {exc}") from exc
+
+
+def api_client_in_cluster() -> client.ApiClient:
+    """An ApiClient from the service account of the pod this process runs in."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException as exc:
+        raise PermanentError(f"No in-cluster configuration: {exc}") from exc
+    return client.ApiClient(configuration)
+
+
+def _status(exc: ApiException) -> tuple[str, str]:
+    """The (message, reason) of the Status body an API error carries."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return str(exc.body or ""), ""
+    if not isinstance(body, dict):
+        return str(body), ""
+    return str(body.get("message", "")), str(body.get("reason", ""))
+
+
+def readable(exc: Exception) -> str:
+    """One line a person can act on, from an API error or a connection failure."""
+    if isinstance(exc, ApiException):
+        message, _ = _status(exc)
+        message = message or exc.reason or f"HTTP {exc.status}"
+        # "Backup.postgresql.cnpg.io "x" is invalid" reads better as "Backup "x" is invalid".
+        return re.sub(r'^(\w+)\.[a-z0-9.-]+ "', r'\1 "', message)
+    if isinstance(exc, urllib3.exceptions.HTTPError):
+        return f"The cluster did not answer: {exc.__class__.__name__}"
+    return str(exc)
+
+
+def classify(exc: Exception) -> DriverError:
+    """The driver error for any failure of a call to the cluster."""
+    if isinstance(exc, DriverError):
+        return exc
+    if isinstance(exc, ApiException):
+        _, reason = _status(exc)
+        # A 409 Conflict is a stale write worth redoing; AlreadyExists is not.
+        transient = exc.status in _TRANSIENT_STATUS or (
+            exc.status == 409 and reason != "AlreadyExists"
+        )
+        kind = TransientError if transient else PermanentError
+        return kind(readable(exc), status=exc.status, reason=reason)
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return TransientError(readable(exc))
+    return PermanentError(readable(exc))
+
+
+class KubeDriver:
+    """The engine's driver over one cluster, with a discovery cache of its own."""
+
+    def __init__(self, api_client: client.ApiClient, *, cache_file: str | None = None):
+        self.api_client = api_client
+        self._cache_file = cache_file
+        self._dynamic: dynamic.DynamicClient | None = None
+
+    @property
+    def dynamic(self) -> dynamic.DynamicClient:
+        if self._dynamic is None:
+            try:
+                self._dynamic = dynamic.DynamicClient(self.api_client, cache_file=self._cache_file)
+            except Exception as exc:  # discovery may fail in any way the API can
+                raise classify(exc) from exc
+        return self._dynamic
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    def _resource(self, obj: dict[str, Any], subresource: str | None = None):
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        try:
+            resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            # A CRD installed after discovery was cached: look again once.
+            self.dynamic.resources.invalidate_cache()
+            try:
+                resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            except ResourceNotFoundError as exc:
+                raise PermanentError(
+                    f"The cluster does not serve {kind} in {api_version}; "
+                    "is its operator installed?"
+                ) from exc
+        if subresource:
+            found = resource.subresources.get(subresource)
+            if found is None:
+                raise PermanentError(f"{kind} has no {subresource} subresource.")
+            return found
+        return resource
+
+    def _call(self, fn, *args, **kwargs) -> dict[str, Any] | None:
+        try:
+            result = fn(*args, _request_timeout=TIMEOUT, **kwargs)
+        except DynamicApiError as exc:
+            raise classify(exc) from exc
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise classify(exc) from exc
+        return result.to_dict() if result is not None and hasattr(result, "to_dict") else result
+
+    @staticmethod
+    def _where(obj: dict[str, Any]) -> tuple[str, str | None]:
+        meta = obj.get("metadata") or {}
+        return meta.get("name"), meta.get("namespace")
+
+    # --- the Driver protocol ----------------------------------------------------
+
+    def create(self, obj: dict[str, Any], *, owner_label: tuple[str, str]) -> dict[str, Any]:
+        name, namespace = self._where(obj)
+        resource = self._resource(obj)
+        try:
+            return self._call(
+                resource.create, body=obj, namespace=namespace, query_params=list(_STRICT)
+            )
+        except PermanentError as exc:
+            if exc.reason != "AlreadyExists":
+                raise
+        existing = self.get(obj)
+        label, value = owner_label
+        if existing is not None and (existing["metadata"].get("labels") or {}).get(label) == value:
+            return existing  # created by this operation before a restart
+        raise PermanentError(f'{obj["kind"]} "{name}" already exists and was made by someone else.')
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        name, namespace = self._where(obj)
+        return self._call(
+            self._resource(obj).server_side_apply,
+            body=obj,
+            name=name,
+            namespace=namespace,
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+            query_params=list(_STRICT),
+        )
+
+    def patch(
+        self, obj: dict[str, Any], *, strategy: str, subresource: str | None
+    ) -> dict[str, Any]:
+        name, namespace = self._where(obj)
+        if strategy not in _PATCH_TYPES:
+            raise PermanentError(f"Unknown patch strategy {strategy!r}.")
+        body = obj.get("patch") if strategy == "json" else obj
+        return self._call(
+            self._resource(obj, subresource).patch,
+            body=body,
+            name=name,
+            namespace=namespace,
+            content_type=_PATCH_TYPES[strategy],
+            field_manager=FIELD_MANAGER,
+            query_params=list(_STRICT),
+        )
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        name, namespace = self._where(obj)
+        current = self.get(obj)
+        if current is not None:  # replace needs the version it replaces
+            version = current["metadata"]["resourceVersion"]
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
+        return self._call(
+            self._resource(obj).replace,
+            body=obj,
+            name=name,
+            namespace=namespace,
+            query_params=list(_STRICT),
+        )
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        name, namespace = self._where(obj)
+        try:
+            self._call(self._resource(obj).delete, name=name, namespace=namespace)
+        except PermanentError as exc:
+            if exc.status != 404:
+                raise
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        name, namespace = self._where(obj)
+        try:
+            return self._call(self._resource(obj).get, name=name, namespace=namespace)
+        except PermanentError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # --- what Opsdeck itself needs ------------------------------------------------
+
+    def ensure_namespace(self, name: str, labels: dict[str, str]) -> None:
+        """Create or update the namespace `name` with `labels`."""
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        namespace["metadata"]["labels"] = labels
+        self.apply(namespace)
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the cluster serves `kind` (e.g. the operator's CRDs are installed)."""
+        try:
+            self._resource({"apiVersion": api_version, "kind": kind})
+        except PermanentError:
+            return False
+        return True

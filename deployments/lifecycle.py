@@ -1,0 +1,59 @@
+"""Which verb may start from which instance state, and where it leaves the instance.
+
+One table, read by the services that accept a verb and by the runner that
+moves the instance through its states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deployments.models import Instance
+
+S = Instance.State
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`from_states`: where the verb may start; `during`/`after`: the state while it runs and
+    after it succeeds (None: unchanged). A failed verb that changed the state leaves `failed`."""
+
+    from_states: frozenset[str]
+    during: str | None
+    after: str | None
+    action: str  # the role action (accounts.roles) it needs
+
+
+_LIVE = frozenset({S.RUNNING})
+RULES: dict[str, Rule] = {
+    # Retrying a failed create runs it again.
+    "create": Rule(frozenset({S.FAILED}), S.CREATING, S.RUNNING, "instance.create"),
+    "modify": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.modify"),
+    "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate"),
+    "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate"),
+    "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
+    "failover": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
+    "backup": Rule(_LIVE, None, None, "backup.create"),
+    "delete": Rule(
+        frozenset({S.CREATING, S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}),
+        S.DELETING,
+        S.DELETED,
+        "instance.delete",
+    ),
+}
+# Custom workflows act on a running instance and leave its state alone.
+CUSTOM = Rule(_LIVE, None, None, "instance.operate")
+
+
+def rule(verb: str, *, custom: bool = False) -> Rule:
+    return CUSTOM if custom else RULES[verb]
+
+
+def refusal(verb: str, state: str, *, custom: bool = False) -> str | None:
+    """Why `verb` cannot start from `state`, in one sentence; None when it can."""
+    allowed = rule(verb, custom=custom).from_states
+    if state in allowed:
+        return None
+    label = S(state).label.lower()
+    needs = " or ".join(sorted(S(s).label.lower() for s in allowed))
+    return f"The instance is {label}; {verb} needs it to be {needs}."

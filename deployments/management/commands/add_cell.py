@@ -1,0 +1,61 @@
+import json
+from pathlib import Path
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from deployments import services
+from deployments.models import Cell
+
+
+class Command(BaseCommand):
+    help = (
+        "Register a Kubernetes cluster as a cell after checking that it answers and serves "
+        "CloudNativePG's resources. The kubeconfig is stored encrypted."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", required=True)
+        parser.add_argument("--kubeconfig", required=True, help="path of a kubeconfig file")
+        parser.add_argument("--context", default="", help="kubeconfig context (default: current)")
+        parser.add_argument("--region", default="")
+        parser.add_argument("--cloud", default="")
+        parser.add_argument(
+            "--model", default=Cell.DeploymentModel.HOSTED, choices=Cell.DeploymentModel.values
+        )
+        parser.add_argument(
+            "--backup-destination", default="", help="object store prefix, e.g. s3://bucket/path"
+        )
+        parser.add_argument(
+            "--backup-credentials",
+            default="",
+            help="JSON file with ACCESS_KEY_ID and ACCESS_SECRET_KEY for the object store",
+        )
+        parser.add_argument("--default", action="store_true", help="make it the default cell")
+
+    def handle(self, *args, **options):
+        try:
+            kubeconfig = Path(options["kubeconfig"]).read_text()
+            credentials = (
+                json.loads(Path(options["backup_credentials"]).read_text())
+                if options["backup_credentials"]
+                else None
+            )
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            cell = services.cell_register(
+                name=options["name"],
+                kubeconfig=kubeconfig,
+                context=options["context"],
+                region=options["region"],
+                cloud=options["cloud"],
+                deployment_model=options["model"],
+                backup_destination=options["backup_destination"],
+                backup_credentials=credentials,
+                make_default=options["default"],
+            )
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from exc
+        default = " (default)" if cell.is_default else ""
+        self.stdout.write(f"Cell {cell.name} registered{default}.")

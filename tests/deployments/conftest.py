@@ -1,0 +1,87 @@
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "specs" / "postgres-cnpg.yaml"
+
+
+@pytest.fixture(scope="package")
+def sandbox_cluster():
+    """A sandbox Kubernetes API server with the simulated CloudNativePG operator, fast-forwarded.
+
+    Package-scoped: it stops when these tests end, before the sandbox suite checks that no
+    server thread is left running.
+    """
+    from sandbox.api import Sandbox
+
+    with Sandbox(speed=200) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="package")
+def sandbox_kubeconfig(sandbox_cluster) -> str:
+    import yaml
+
+    return yaml.safe_dump(sandbox_cluster.kubeconfig())
+
+
+@pytest.fixture
+def cell(transactional_db, sandbox_kubeconfig):
+    from deployments import services
+
+    return services.cell_register(
+        name="sandbox",
+        kubeconfig=sandbox_kubeconfig,
+        region="local",
+        cloud="sandbox",
+        backup_destination="s3://sandbox-backups/opsdeck",
+        backup_credentials={"ACCESS_KEY_ID": "sandbox", "ACCESS_SECRET_KEY": "sandbox-secret"},
+    )
+
+
+@pytest.fixture
+def plan(transactional_db):
+    from deployments import services
+
+    return services.plan_load(text=SPEC.read_text()).plan
+
+
+@pytest.fixture
+def worker(transactional_db):
+    """A real Celery worker (threads) on this run's queue, consuming from the real broker."""
+    from celery.contrib.testing.worker import start_worker
+
+    from portal.celery import app
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        yield
+
+
+def wait_for(predicate, *, timeout=60.0, interval=0.1, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_done(operation, timeout=60.0):
+    from deployments.models import Operation
+
+    done = {Operation.State.SUCCEEDED, Operation.State.FAILED, Operation.State.CANCELLED}
+
+    def finished():
+        operation.refresh_from_db()
+        return operation.state in done
+
+    wait_for(finished, timeout=timeout, what=f"{operation.verb} to finish")
+    return operation
+
+
+def decoded(value: str) -> dict:
+    return json.loads(value) if value else {}

@@ -1,0 +1,131 @@
+"""Instances through their whole life: services, a real Celery worker, the sandbox cluster."""
+
+import uuid
+
+import pytest
+
+from accounts.audit import Actor
+from deployments import services
+from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.models import Instance, Operation, Snapshot
+from tests.deployments.conftest import wait_done
+
+
+@pytest.fixture
+def kube(sandbox_kubeconfig, tmp_path):
+    driver = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
+    )
+    yield driver
+    driver.close()
+
+
+def _cluster(kube, instance):
+    return kube.get({
+        "apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+        "metadata": {"name": instance.pk, "namespace": instance.namespace},
+    })  # fmt: skip
+
+
+def _get(kube, api, kind, name, namespace):
+    return kube.get({"apiVersion": api, "kind": kind,
+                     "metadata": {"name": name, "namespace": namespace}})  # fmt: skip
+
+
+def _act(owner, instance, verb, **parameters):
+    return services.instance_action(
+        actor=Actor(user=owner),
+        instance=instance,
+        verb=verb,
+        request_id=uuid.uuid4().hex,
+        parameters=parameters or None,
+    )
+
+
+def test_an_instance_is_created_scaled_stopped_started_backed_up_and_deleted(
+    worker, cell, plan, tenant, owner, kube
+):
+    op = services.instance_create(
+        actor=Actor(user=owner),
+        tenant=tenant,
+        plan=plan,
+        name="orders",
+        parameters={"instances": "1", "database": "orders", "owner": "shop"},
+        request_id="req-1",
+    )
+    instance = op.instance
+    assert instance.pk.startswith("inst-") and len(instance.pk) == 13
+
+    assert wait_done(op).state == Operation.State.SUCCEEDED, op.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.outputs["phase"] == "Cluster in healthy state"
+    assert instance.outputs["host"] == f"{instance.pk}-rw"
+    cluster = _cluster(kube, instance)
+    assert cluster["spec"]["instances"] == 1
+    assert cluster["spec"]["bootstrap"]["initdb"]["database"] == "orders"
+    assert cluster["spec"]["backup"]["barmanObjectStore"]["destinationPath"] == (
+        f"s3://sandbox-backups/opsdeck/{tenant.slug}/{instance.pk}"
+    )
+    namespace = _get(kube, "v1", "Namespace", instance.namespace, None)
+    assert namespace["metadata"]["labels"]["opsdeck.io/tenant"] == tenant.slug
+    assert _get(kube, "v1", "ResourceQuota", "opsdeck-quota", instance.namespace)
+    assert _get(
+        kube, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation", instance.namespace
+    )
+    owner_secret = _get(kube, "v1", "Secret", f"{instance.pk}-owner", instance.namespace)
+    assert owner_secret["type"] == "kubernetes.io/basic-auth"
+    # The generated password is stored encrypted, never in the plain parameters.
+    assert "password" not in instance.parameters
+    assert len(services.instance_parameters(instance)["password"]) >= 12
+
+    modify = _act(owner, instance, "modify", instances="3")
+    assert wait_done(modify).state == Operation.State.SUCCEEDED, modify.error
+    assert _cluster(kube, instance)["status"]["readyInstances"] == 3
+    instance.refresh_from_db()
+    assert instance.parameters["instances"] == 3
+
+    stop = _act(owner, instance, "stop")
+    assert wait_done(stop).state == Operation.State.SUCCEEDED, stop.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.STOPPED
+
+    start = _act(owner, instance, "start")
+    assert wait_done(start).state == Operation.State.SUCCEEDED, start.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+
+    backup = _act(owner, instance, "backup")
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    snapshot = Snapshot.objects.get(instance=instance)
+    assert snapshot.status == Snapshot.Status.COMPLETED
+    assert snapshot.metadata["backupId"]
+    assert snapshot.metadata["serverName"] == instance.pk
+
+    delete = services.instance_delete(
+        actor=Actor(user=owner), instance=instance, request_id="req-delete"
+    )
+    assert wait_done(delete).state == Operation.State.SUCCEEDED, delete.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.DELETED
+    assert _cluster(kube, instance) is None
+    states = list(instance.history.values_list("to_state", flat=True))
+    assert states == [
+        "creating", "running", "updating", "running", "updating", "stopped",
+        "updating", "running", "deleting", "deleted",
+    ]  # fmt: skip
+
+
+def test_a_repeated_request_returns_the_same_operation(worker, cell, plan, tenant, owner):
+    first = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="a", parameters={},
+        request_id="same",
+    )  # fmt: skip
+    again = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="a", parameters={},
+        request_id="same",
+    )  # fmt: skip
+
+    assert again.pk == first.pk
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+    wait_done(first)

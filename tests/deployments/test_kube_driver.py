@@ -1,0 +1,132 @@
+"""The Kubernetes driver against an API server, through the official client."""
+
+import uuid
+
+import pytest
+
+from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.workflow.driver import PermanentError, TransientError
+
+LABEL = "opsdeck.io/operation"
+
+
+@pytest.fixture
+def driver(sandbox_kubeconfig, tmp_path):
+    driver = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "discovery.json")
+    )
+    yield driver
+    driver.close()
+
+
+@pytest.fixture
+def namespace(driver):
+    name = f"inst-{uuid.uuid4().hex[:8]}"
+    driver.ensure_namespace(name, {"opsdeck.io/instance": name})
+    return name
+
+
+def cluster(namespace, **spec):
+    return {
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "kind": "Cluster",
+        "metadata": {"name": "db", "namespace": namespace, "labels": {LABEL: "op-1"}},
+        "spec": {"instances": 1, "storage": {"size": "1Gi"}, **spec},
+    }
+
+
+def test_create_is_idempotent_for_its_own_operation_only(driver, namespace):
+    created = driver.create(cluster(namespace), owner_label=(LABEL, "op-1"))
+    again = driver.create(cluster(namespace), owner_label=(LABEL, "op-1"))
+
+    assert again["metadata"]["uid"] == created["metadata"]["uid"]
+    with pytest.raises(PermanentError, match=r'Cluster "db" already exists and was made by'):
+        driver.create(cluster(namespace), owner_label=(LABEL, "op-2"))
+
+
+def test_apply_refuses_a_field_the_crd_lacks_and_names_it(driver, namespace):
+    with pytest.raises(PermanentError, match=r'unknown field "spec\.bogus"') as refused:
+        driver.apply(cluster(namespace, bogus=1))
+
+    assert refused.value.status == 400
+    assert driver.get(cluster(namespace)) is None  # nothing was created
+
+
+def test_an_invalid_object_reads_as_one_line(driver, namespace):
+    backup = {
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "kind": "Backup",
+        "metadata": {"name": "b", "namespace": namespace},
+        "spec": {},
+    }
+
+    with pytest.raises(PermanentError) as refused:
+        driver.create(backup, owner_label=(LABEL, "op-1"))
+
+    assert refused.value.message == 'Backup "b" is invalid: spec.cluster: Required value'
+    assert refused.value.reason == "Invalid"
+
+
+def test_status_patches_reach_the_status_subresource(driver, namespace):
+    driver.apply(cluster(namespace))
+    patch = {
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "kind": "Cluster",
+        "metadata": {"name": "db", "namespace": namespace},
+        "status": {"targetPrimary": "db-1"},
+    }
+
+    patched = driver.patch(patch, strategy="merge", subresource="status")
+
+    assert patched["status"]["targetPrimary"] == "db-1"
+
+
+def test_strategic_merge_is_refused_for_custom_resources(driver, namespace):
+    driver.apply(cluster(namespace))
+
+    with pytest.raises(PermanentError) as refused:
+        driver.patch(cluster(namespace, instances=2), strategy="strategic", subresource=None)
+
+    assert refused.value.status == 415
+
+
+def test_delete_and_get_of_a_missing_object_are_quiet(driver, namespace):
+    assert driver.get(cluster(namespace)) is None
+    driver.delete(cluster(namespace))  # no error
+
+
+def test_an_unknown_kind_says_the_operator_may_be_missing(driver, namespace):
+    obj = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+
+    with pytest.raises(PermanentError, match=r"does not serve Widget in example\.com/v1"):
+        driver.apply({**obj, "metadata": {"name": "w", "namespace": namespace}})
+    assert driver.serves("postgresql.cnpg.io/v1", "Cluster")
+
+
+def test_server_errors_are_transient(driver, namespace, sandbox_cluster):
+    sandbox_cluster.set_faults(error_503=1.0)
+    try:
+        with pytest.raises(TransientError):
+            driver.get(cluster(namespace))
+    finally:
+        sandbox_cluster.set_faults(error_503=0.0)
+
+
+def test_an_unreachable_cluster_is_transient(tmp_path):
+    kubeconfig = """
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+    driver = KubeDriver(api_client_from_kubeconfig(kubeconfig), cache_file=str(tmp_path / "d"))
+
+    with pytest.raises(TransientError, match="did not answer"):
+        driver.get({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
+
+
+def test_a_broken_kubeconfig_is_a_clear_error():
+    with pytest.raises(PermanentError, match="not valid YAML"):
+        api_client_from_kubeconfig("{: nope")
