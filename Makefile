@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
+VAR := $(or $(OPSDECK_VAR_DIR),var)
 
 .PHONY: run test lint format vendor stop clean
 
@@ -18,6 +19,12 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 run: export DEBUG = 1
 run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
+	$(PY) manage.py load_specs specs/
+	scripts/sandbox.sh start
+	@printf '{"ACCESS_KEY_ID": "sandbox", "ACCESS_SECRET_KEY": "sandbox"}' > $(VAR)/sandbox/credentials.json
+	$(PY) manage.py add_cell --name sandbox --kubeconfig $(VAR)/sandbox/kubeconfig --region local \
+		--cloud sandbox --backup-destination s3://sandbox/opsdeck \
+		--backup-credentials $(VAR)/sandbox/credentials.json --default
 	$(PY) manage.py seed_demo
 	@echo
 	@echo "Opsdeck is starting at http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
@@ -39,10 +46,13 @@ format: $(VENV)/.installed-dev
 vendor:
 	scripts/vendor.sh
 
-# Stop the embedded PostgreSQL and Redis that `make run` may have started under var/.
+# Stop the sandbox cluster, and the embedded PostgreSQL and Redis if `make run` started them.
 stop:
-	-test -f var/redis/redis.pid && kill $$(cat var/redis/redis.pid)
-	-test -f var/postgres/postmaster.pid && kill $$(head -1 var/postgres/postmaster.pid)
+	@scripts/sandbox.sh stop
+	@if [ -f $(VAR)/redis/redis.pid ]; then kill $$(cat $(VAR)/redis/redis.pid) || true; fi
+	@if [ -f $(VAR)/postgres/postmaster.pid ]; then \
+		kill $$(head -1 $(VAR)/postgres/postmaster.pid) || true; fi
 
+# Everything make run created, the database and its keys included.
 clean: stop
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(VAR)
