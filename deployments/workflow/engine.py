@@ -483,11 +483,14 @@ class _Run:
         if verdict == "succeeded":
             return self._succeed(node, template)
         if verdict == "failed":
+            phase = (current.get("status") or {}).get("phase")
+            said = f' Its phase is "{phase}".' if phase else ""
             return self._attempt_failed(
                 node,
                 template,
                 FAILED,
-                f"{_describe(node.object)} met its failureCondition ({action.failure_condition}).",
+                f"{_describe(node.object)} met its failureCondition "
+                f"({action.failure_condition}).{said}",
             )
         return Step()
 
