@@ -282,7 +282,7 @@ class Sandbox:
         self.object_store = data.get("objectStore", {})
         crd_rt = self.core.builtin("customresourcedefinitions")
         for crd in self.core.store.items(crd_rt.key):
-            self.core._sync_crd(crd)
+            self.core.sync_crd(crd)
         self._saved_rv = self.core.store.rv
 
     def _save_state(self) -> None:

@@ -12,7 +12,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ DNS1035_MSG = (
 TERMINATING = "unable to create new content in namespace {ns} because it is being terminated"
 # Deleting these answers the object itself, as the real registry does.
 RETURN_DELETED = {"pods", "services", "namespaces"}
+EVENT_TTL_SECONDS = 3600
 
 
 def now_iso() -> str:
@@ -96,6 +97,8 @@ class Core:
         self.lock = self.store.lock
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         self.bookmark_seconds = 5.0
+        # Mutating admission (an operator's defaulting webhook), by (group, plural).
+        self.defaulters: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {}
         self.closing = False
         for rt in builtin_types():
             self.types[(rt.group, rt.version, rt.plural)] = rt
@@ -113,14 +116,6 @@ class Core:
         """The resource type served at group/version/plural, if any."""
         return self.types.get((group, version, plural))
 
-    def type_for_kind(self, api_version: str, kind: str) -> ResourceType | None:
-        """The resource type of an apiVersion/kind pair."""
-        group, _, version = api_version.rpartition("/")
-        for rt in self.types.values():
-            if rt.group == group and rt.version == version and rt.kind == kind:
-                return rt
-        return None
-
     def groups(self) -> dict[str, list[str]]:
         """Served groups (core excluded) and their versions, in registration order."""
         out: dict[str, list[str]] = {}
@@ -133,7 +128,8 @@ class Core:
         """Resource types of one group/version."""
         return [rt for rt in self.types.values() if rt.group == group and rt.version == version]
 
-    def _sync_crd(self, crd: dict[str, Any], removed: bool = False) -> None:
+    def sync_crd(self, crd: dict[str, Any], removed: bool = False) -> None:
+        """Serve (or stop serving, dropping its objects) the resources a CRD defines."""
         group = (crd.get("spec") or {}).get("group", "")
         plural = ((crd.get("spec") or {}).get("names") or {}).get("plural", "")
         for k in [k for k in self.types if k[0] == group and k[2] == plural and self.types[k].crd]:
@@ -793,6 +789,8 @@ class Core:
             ctx.warnings.extend(problems)
         if rt.crd:
             S.apply_defaults(obj, rt.schema)
+            if rt.key in self.defaulters:
+                self.defaulters[rt.key](obj)
             errs = S.validate(obj, rt.schema, old)
             if errs:
                 raise E.invalid_object(rt.kind, rt.group, name, errs)
@@ -900,7 +898,7 @@ class Core:
         meta = obj["metadata"]
         self.store.write(rt.key, obj, "ADDED" if old is None else "MODIFIED")
         if rt.plural == "customresourcedefinitions":
-            self._sync_crd(obj)
+            self.sync_crd(obj)
         # A namespace also waits for its spec.finalizers (the namespace controller's).
         held = rt.plural == "namespaces" and (obj.get("spec") or {}).get("finalizers")
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and not held:
@@ -910,7 +908,7 @@ class Core:
         gone = copy.deepcopy(obj)
         self.store.write(rt.key, gone, "DELETED")
         if rt.plural == "customresourcedefinitions":
-            self._sync_crd(gone, removed=True)
+            self.sync_crd(gone, removed=True)
 
     def type_of_key(self, key: tuple[str, str]) -> ResourceType | None:
         """Any served version of a stored resource."""
@@ -989,7 +987,23 @@ class Core:
                             self._commit(rt, new, current)
                             changed = True
             changed |= self._finalize_namespaces()
+            changed |= self._expire_events()
         return changed
+
+    def _expire_events(self) -> bool:
+        """Drop Events not seen for an hour, like kube-apiserver's --event-ttl."""
+        rt = self.builtin("events")
+        cutoff = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=EVENT_TTL_SECONDS)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        old = [
+            e
+            for e in self.store.items(rt.key)
+            if (e.get("lastTimestamp") or e["metadata"].get("creationTimestamp") or cutoff) < cutoff
+        ]
+        for event in old:
+            self._delete_quiet(rt, event["metadata"])
+        return bool(old)
 
     def _owner_alive(
         self, ref: dict[str, Any], meta: dict[str, Any], index: dict[str, Any]

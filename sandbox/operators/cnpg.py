@@ -108,6 +108,7 @@ class CnpgOperator:
         self.ctx = Ctx(field_manager=MANAGER, field_validation="Ignore")
         self.changed = False
         self.last_event_stamp = 0
+        self.core.defaulters[(GROUP, "clusters")] = default_cluster
 
     # ---- controller protocol ---------------------------------------------------------------
 
@@ -1287,3 +1288,19 @@ def _config_hash(c: dict[str, Any]) -> str:
     reloaded = ((c.get("metadata") or {}).get("annotations") or {}).get("cnpg.io/reloadedAt")
     config = json.dumps([(c.get("spec") or {}).get("postgresql") or {}, reloaded], sort_keys=True)
     return hashlib.sha256(config.encode()).hexdigest()[:16]
+
+
+def default_cluster(cluster: dict[str, Any]) -> None:
+    """CloudNativePG's defaulting webhook: initdb with database and owner "app" by default."""
+    spec = cluster.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        return
+    bootstrap = spec.get("bootstrap")
+    if not isinstance(bootstrap, dict) or not any(
+        bootstrap.get(m) for m in ("initdb", "recovery", "pg_basebackup")
+    ):
+        bootstrap = spec["bootstrap"] = {"initdb": {}}
+    initdb = bootstrap.get("initdb")
+    if isinstance(initdb, dict):
+        initdb.setdefault("database", "app")
+        initdb.setdefault("owner", initdb["database"])

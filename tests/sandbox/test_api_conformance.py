@@ -56,6 +56,20 @@ def test_discovery_lists_core_groups_and_cnpg(raw):
     assert {"namespaces", "secrets", "configmaps", "services", "pods", "events"} <= core_names
 
 
+def test_openapi_v2_is_absent_and_v3_lists_group_versions(raw):
+    status, _, body = raw.request("GET", "/openapi/v2")
+    assert (status, body["reason"]) == (404, "NotFound")
+    status, _, root = raw.request("GET", "/openapi/v3")
+    assert status == 200 and "apis/postgresql.cnpg.io/v1" in root["paths"]
+    url = root["paths"]["apis/postgresql.cnpg.io/v1"]["serverRelativeURL"]
+    status, _, doc = raw.request("GET", url)
+    patch = doc["paths"]["/apis/postgresql.cnpg.io/v1/namespaces/{namespace}/clusters/{name}"][
+        "patch"
+    ]
+    assert patch["x-kubernetes-group-version-kind"] == {"group": G, "version": V, "kind": "Cluster"}
+    assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+
+
 def test_unknown_paths_answer_404_status(raw):
     status, _, body = raw.request("GET", "/apis/nope.example.com/v1/widgets")
     assert status == 404
@@ -958,3 +972,21 @@ def test_server_side_apply_on_core_kinds_and_cluster_scoped_objects(core_v1, nam
     )
     assert out.data == {"k": "dw=="}
     core_v1.delete_namespace(ns_name)
+
+
+def test_events_expire_after_an_hour(core_v1, namespace, sandbox):
+    def event(name, stamp):
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name},
+            "involvedObject": {"kind": "ConfigMap", "name": "x", "namespace": namespace},
+            "reason": "Test",
+            "message": "m",
+            "lastTimestamp": stamp,
+        }
+
+    core_v1.create_namespaced_event(namespace, event("old", "2020-01-01T00:00:00Z"))
+    core_v1.create_namespaced_event(namespace, event("new", "2999-01-01T00:00:00Z"))
+    sandbox.run_until_idle()
+    assert [e.metadata.name for e in core_v1.list_namespaced_event(namespace).items] == ["new"]

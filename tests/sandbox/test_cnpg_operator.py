@@ -746,3 +746,15 @@ def test_volume_snapshot_backup_goes_through_finalizing(custom, namespace, sandb
     ]
     assert phases == ["pending", "running", "finalizing", "completed"]
     assert "destinationPath" not in get(custom, namespace, "backups", "vs")["status"]
+
+
+def test_defaulting_webhook_fills_initdb(custom, namespace):
+    created = create(custom, namespace, "clusters", cluster("dflt", 1))
+    assert created["spec"]["bootstrap"] == {"initdb": {"database": "app", "owner": "app"}}
+    own = create(
+        custom,
+        namespace,
+        "clusters",
+        cluster("own-db", 1, bootstrap={"initdb": {"database": "shop"}}),
+    )
+    assert own["spec"]["bootstrap"]["initdb"] == {"database": "shop", "owner": "shop"}
