@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 VAR := $(or $(OPSDECK_VAR_DIR),var)
 
-.PHONY: run test lint format vendor stop clean
+.PHONY: run test lint format bench vendor stop clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
+
+# Speed figures, printed next to baselines measured in the same run (not pass/fail).
+bench: $(VENV)/.installed-dev
+	$(PY) -m sandbox.bench
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
