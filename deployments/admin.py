@@ -1,12 +1,16 @@
+from django import forms
 from django.contrib import admin
+from django.utils import timezone
 
 from accounts.admin import ServiceOwnedAdmin
+from accounts.audit import Actor, audit_record
 from deployments.models import (
     Cell,
     Instance,
     InstanceStateChange,
     Operation,
     PlanVersion,
+    PlatformSecret,
     Snapshot,
     TaskRun,
 )
@@ -78,3 +82,47 @@ class SnapshotAdmin(ServiceOwnedAdmin):
     list_filter = ["status", "created_at"]
     search_fields = ["name", "source_instance_id", "tenant__slug"]
     list_select_related = ["tenant"]
+
+
+@admin.register(PlatformSecret)
+class PlatformSecretAdmin(admin.ModelAdmin):
+    """Platform staff manage these secrets here; values are write-only and every change is
+    audited."""
+
+    list_display = ["name", "description", "updated_at"]
+    search_fields = ["name", "description"]
+    fields = ["name", "value", "description"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        # Never render a stored value back into the page.
+        form.base_fields["value"].widget = forms.PasswordInput(render_value=False)
+        if obj is not None:
+            form.base_fields["value"].required = False
+            form.base_fields["value"].help_text = "Leave empty to keep the current value."
+        return form
+
+    def save_model(self, request, obj, form, change):
+        if change and not form.cleaned_data.get("value"):
+            obj.value = PlatformSecret.objects.get(pk=obj.pk).value
+        obj.updated_at = timezone.now()
+        super().save_model(request, obj, form, change)
+        audit_record(
+            actor=Actor.from_request(request, staff=True),
+            action="secret.update" if change else "secret.create",
+            target=obj,
+            payload={"name": obj.name},
+        )
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, PlatformSecret.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        for secret in queryset:
+            audit_record(
+                actor=Actor.from_request(request, staff=True),
+                action="secret.delete",
+                target=secret,
+                payload={"name": secret.name},
+            )
+        queryset.delete()

@@ -34,6 +34,12 @@ RULES: dict[str, Rule] = {
     "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
     "failover": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
     "backup": Rule(_LIVE, None, None, "backup.create"),
+    # Forgetting a snapshot leaves the instance as it is.
+    "deleteBackup": Rule(
+        frozenset({S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}), None, None, "backup.delete"
+    ),
+    # Restore always makes a new instance, which starts out creating.
+    "restore": Rule(frozenset({S.FAILED}), S.CREATING, S.RUNNING, "backup.restore"),
     "delete": Rule(
         frozenset({S.CREATING, S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}),
         S.DELETING,

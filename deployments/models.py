@@ -3,6 +3,7 @@ import string
 import uuid
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -247,6 +248,27 @@ class Snapshot(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PlatformSecret(models.Model):
+    """A secret the platform team sets for specs to use as `$secret.<NAME>` (stored encrypted)."""
+
+    name = models.CharField(
+        max_length=100,
+        unique=True,
+        validators=[
+            RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Letters, digits and _; not a digit first.")
+        ],
+    )
+    value = EncryptedTextField()
+    description = models.CharField(max_length=300, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name

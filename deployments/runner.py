@@ -14,34 +14,32 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
-from deployments import lifecycle, selectors, services
+from deployments import context, lifecycle, selectors, services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
-from deployments.models import Cell, Instance, Operation, Snapshot, TaskRun
+from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot, TaskRun
 from deployments.workflow import engine
 from deployments.workflow.driver import DriverError, PermanentError, TransientError
-from deployments.workflow.render import Context, RenderError, render_value
+from deployments.workflow.render import Context, RenderError
 
 log = logging.getLogger(__name__)
 
 POLL_FIRST = 0.2  # seconds between reads right after an object was applied
 POLL_MAX = 5.0
-STALLED_AFTER = timedelta(seconds=60)
-BACKUP_CREDENTIALS_NAME = "opsdeck-backup-credentials"
 
 _drivers: dict[tuple[int, str], KubeDriver] = {}
 
 
 def driver_for(cell: Cell) -> KubeDriver:
     """One driver (one ApiClient and discovery cache) per cell and configuration, per process."""
-    from django.conf import settings
-
     key = (cell.pk, cell.kubeconfig + "\0" + cell.context)
     if key not in _drivers:
         api = (
@@ -114,7 +112,7 @@ def _advance(op: Operation, now) -> None:
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
     try:
         driver = driver_for(instance.cell)
-        if op.verb == "create" and not op.arguments.get("namespace_ready"):
+        if op.verb in {"create", "restore"} and not op.arguments.get("namespace_ready"):
             _prepare_namespace(driver, op, spec)
             op.arguments = {**op.arguments, "namespace_ready": True}
             step = engine.Step(progressed=True)
@@ -125,8 +123,7 @@ def _advance(op: Operation, now) -> None:
             )
             step = engine.advance(state, verb.workflow, ctx, driver, settings, now=time.time())
             if state.done and state.phase == engine.SUCCEEDED and op.verb == "delete":
-                driver.delete({"apiVersion": "v1", "kind": "Namespace",
-                               "metadata": {"name": instance.namespace}})  # fmt: skip
+                context.namespace_delete(driver, instance.namespace)
     except TransientError as exc:
         # The cluster hiccupped: the same step again later, from the saved state.
         op.transient_failures += 1
@@ -179,6 +176,10 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
             services.instance_state_set(instance, rule.after, operation=op)
     elif rule.during and op.cancel_reason == "":
         services.instance_state_set(instance, Instance.State.FAILED, operation=op, reason=op.error)
+    if op.arguments.get("forget_snapshot") and succeeded:
+        Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
+            status=Snapshot.Status.DELETED
+        )
     if op.arguments.get("snapshot"):
         Snapshot.objects.filter(pk=op.arguments["snapshot"]).update(
             status=Snapshot.Status.COMPLETED if succeeded else Snapshot.Status.FAILED,
@@ -235,94 +236,46 @@ def _context(op: Operation, spec, verb) -> Context:
     hidden = json.loads(op.secret_parameters) if op.secret_parameters else {}
     values = {**op.parameters, **hidden, **op.arguments.get("verb_parameters", {})}
     user = op.requested_by
-    labels = cell.labels or {}
-    destination = cell.backup_destination.rstrip("/")
-    sys = {
-        "id": instance.pk,
-        "instanceId": instance.pk,
-        "namespace": instance.namespace,
-        "tenant": {
-            "orgId": tenant.slug,
-            "orgName": tenant.name,
-            "userID": str(user.pk) if user else "",
-            "email": user.email if user else "",
-        },
-        "deploymentCell": {
-            "region": cell.region,
-            "cloudProviderName": cell.cloud,
-            "cloudProviderNetworkID": labels.get("networkID", ""),
-            "cidrRange": labels.get("cidrRange", ""),
-            "publicSubnetIDs": [{"id": s} for s in labels.get("publicSubnetIDs", [])],
-            "privateSubnetIDs": [{"id": s} for s in labels.get("privateSubnetIDs", [])],
-        },
-        "backup": {
-            "destinationPath": f"{destination}/{tenant.slug}/{instance.pk}" if destination else "",
-            "credentialsSecret": BACKUP_CREDENTIALS_NAME,
-        },
-        "compute": {"node": {"instanceType": str(values.get("instanceType", ""))}},
-        "deployment": {"resourceID": instance.pk},
-        "network": {"externalClusterEndpoint": f"{instance.pk}-rw.{instance.namespace}"},
-        "deterministicSeedValue": instance.pk,
-        "operation": {
-            "id": str(op.pk),
-            "startedAt": op.started_at.isoformat().replace("+00:00", "Z") if op.started_at else "",
-        },
-        **op.arguments.get("sys", {}),
-    }
-    base = Context(var=values, sys=sys, seed=instance.pk)
-    arguments = {
-        name: render_value(value, base, where=f"{op.verb}.workflow.arguments.{name}")
-        for name, value in verb.workflow.arguments.items()
-    }
-    return Context(var=values, sys=sys, workflow=arguments, seed=instance.pk)
+    sys = context.sys_variables(
+        instance_id=instance.pk,
+        namespace=instance.namespace,
+        tenant_slug=tenant.slug,
+        tenant_name=tenant.name,
+        user_id=str(user.pk) if user else "",
+        user_email=user.email if user else "",
+        region=cell.region,
+        cloud=cell.cloud,
+        labels=cell.labels,
+        backup_destination=cell.backup_destination,
+        parameters=values,
+        operation_id=str(op.pk),
+        started_at=op.started_at,
+        extra=op.arguments.get("sys", {}),
+    )
+    ctx = context.run_context(verb.workflow, verb=op.verb, values=values, sys=sys, seed=instance.pk)
+    # $secret.<NAME>: the platform's secrets, read when the step runs (they may be rotated).
+    secrets = dict(PlatformSecret.objects.values_list("name", "value"))
+    return replace(ctx, secret=secrets)
 
 
 def _prepare_namespace(driver: KubeDriver, op: Operation, spec) -> None:
     """The instance's namespace with its guard rails, before the create workflow runs."""
     instance, cell = op.instance, op.instance.cell
-    ns = instance.namespace
-    driver.ensure_namespace(
-        ns, {"opsdeck.io/tenant": instance.tenant.slug, "opsdeck.io/instance": instance.pk}
+    context.namespace_prepare(
+        driver,
+        namespace=instance.namespace,
+        instance_id=instance.pk,
+        tenant_slug=instance.tenant.slug,
+        extensions=spec.extensions,
+        operator_namespace=cell.operator_namespace,
+        customer_sources=cell.customer_sources,
+        backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,
     )
-    quota = {"persistentvolumeclaims": "20", "services": "20", "secrets": "50", "configmaps": "50"}
-    storage = (spec.extensions.get("quota") or {}).get("storage")
-    if storage:
-        quota["requests.storage"] = str(storage)
-    driver.apply({
-        "apiVersion": "v1", "kind": "ResourceQuota",
-        "metadata": {"name": "opsdeck-quota", "namespace": ns},
-        "spec": {"hard": quota},
-    })  # fmt: skip
-    port = int((spec.extensions.get("network") or {}).get("port", 5432))
-    ingress = [
-        {"from": [{"podSelector": {}}]},
-        {
-            "from": [{"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": cell.operator_namespace}}}],
-            "ports": [{"port": 8000}, {"port": 5432}],
-        },
-    ]  # fmt: skip
-    if cell.customer_sources:
-        ingress.append({
-            "from": [{"ipBlock": {"cidr": cidr}} for cidr in cell.customer_sources],
-            "ports": [{"port": port}],
-        })  # fmt: skip
-    driver.apply({
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": "opsdeck-isolation", "namespace": ns},
-        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": ingress},
-    })  # fmt: skip
-    if cell.backup_credentials:
-        driver.apply({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": BACKUP_CREDENTIALS_NAME, "namespace": ns},
-            "stringData": json.loads(cell.backup_credentials),
-        })  # fmt: skip
 
 
 def operations_sweep() -> int:
     """Re-enqueue operations whose next step is long overdue (a lost message, a dead worker)."""
-    overdue = timezone.now() - STALLED_AFTER
+    overdue = timezone.now() - timedelta(seconds=settings.OPSDECK_STALLED_AFTER)
     stalled = list(
         Operation.objects.filter(
             state__in=[Operation.State.QUEUED, Operation.State.RUNNING],

@@ -371,6 +371,26 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         instance.operations.filter(state=Operation.State.RUNNING).update(
             cancel_reason="The instance is being deleted."
         )
+        spec = selectors.plan_spec(instance.plan_version)
+        if (
+            (spec.main.backup or {}).get("snapshotBeforeDeletion")
+            and "backup" in spec.main.verbs
+            and instance.state in {Instance.State.RUNNING, Instance.State.UPDATING}
+        ):
+            # A last snapshot, taken before the delete workflow runs (it queues first).
+            extra = _snapshot_start(instance)
+            last = Operation.objects.create(
+                instance=instance,
+                verb="backup",
+                requested_by=actor.user,
+                request_id=f"{request_id}:last-snapshot",
+                plan_version=instance.plan_version,
+                parameters=instance.parameters,
+                secret_parameters=instance.secret_parameters,
+                arguments=extra,
+            )
+            Snapshot.objects.filter(pk=extra["snapshot"]).update(operation=last)
+            _dispatch(last)
         operation = Operation.objects.create(
             instance=instance,
             verb="delete",
@@ -381,5 +401,153 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
             secret_parameters=instance.secret_parameters,
         )
         audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
+        _dispatch(operation)
+    return operation
+
+
+def snapshot_restore(
+    *,
+    actor: Actor,
+    snapshot: Snapshot,
+    name: str,
+    request_id: str,
+    parameters: dict | None = None,
+) -> Operation:
+    """A NEW instance from a completed snapshot, on the snapshot's plan version.
+
+    Parameters default to the source instance's (when it still exists) and may be changed
+    within the plan's rules; the snapshot's metadata reaches the restore workflow as
+    `$sys.restore.metadata.*`.
+    """
+    tenant = snapshot.tenant
+    existing = Operation.objects.filter(
+        instance__tenant=tenant, verb="restore", request_id=request_id
+    ).first()
+    if existing is not None:
+        return existing
+    with audited_action(actor=actor, action="instance.restore", tenant=tenant, target=snapshot):
+        permission_require(actor=actor, tenant=tenant, action="backup.restore")
+        if snapshot.status != Snapshot.Status.COMPLETED:
+            raise ValidationError("Only a completed snapshot can be restored.")
+        version = snapshot.plan_version
+        spec = selectors.plan_spec(version)
+        if "restore" not in spec.main.verbs:
+            raise ValidationError("This plan cannot restore snapshots.")
+        cell = Cell.objects.filter(is_default=True).first()
+        if cell is None:
+            raise ValidationError("No cell is registered to run instances on.")
+        name = name.strip()
+        if not name:
+            raise ValidationError({"name": "Give the new instance a name."})
+        Tenant.objects.select_for_update().get(pk=tenant.pk)
+        try:
+            entitlements.check(
+                tenant=tenant,
+                plan=version.plan,
+                action="instance.create",
+                active_instances=Instance.objects.for_tenant(tenant)
+                .active()
+                .filter(plan_version__plan=version.plan)
+                .count(),
+            )
+        except entitlements.EntitlementDenied as exc:
+            raise ActionDenied(str(exc)) from exc
+        source = snapshot.instance
+        defaults = instance_parameters(source) if source is not None else {}
+        try:
+            values = validate_parameters(spec.main.parameters, {**defaults, **(parameters or {})})
+        except ParameterErrors as exc:
+            raise _parameter_errors(exc) from exc
+        plain, hidden = _split(spec.main.parameters, values)
+        instance = Instance.objects.create(
+            tenant=tenant,
+            name=name,
+            plan_version=version,
+            cell=cell,
+            parameters=plain,
+            secret_parameters=hidden,
+            created_by=actor.user,
+        )
+        InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
+        restore = {
+            "snapshotId": snapshot.name,
+            "snapshotTime": snapshot.created_at.isoformat(),
+            "metadata": snapshot.metadata,
+        }
+        operation = Operation.objects.create(
+            instance=instance,
+            verb="restore",
+            requested_by=actor.user,
+            request_id=request_id,
+            plan_version=version,
+            parameters=plain,
+            secret_parameters=hidden,
+            arguments={
+                "sys": {
+                    "restore": restore,
+                    "sourceInstanceId": snapshot.source_instance_id,
+                    "targetInstanceId": instance.pk,
+                }
+            },
+        )
+        audit_record(
+            actor=actor,
+            action="instance.restore",
+            tenant=tenant,
+            target=instance,
+            payload={
+                "name": name,
+                "snapshot": snapshot.name,
+                "source": snapshot.source_instance_id,
+            },
+        )
+        _dispatch(operation)
+    return operation
+
+
+def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Operation | None:
+    """Forget a snapshot: its instance runs the plan's deleteBackup workflow when it still
+    exists; otherwise the snapshot is only marked deleted (the object store's retention
+    policy prunes the data)."""
+    tenant = snapshot.tenant
+    with audited_action(actor=actor, action="backup.delete", tenant=tenant, target=snapshot):
+        permission_require(actor=actor, tenant=tenant, action="backup.delete")
+        snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
+        if snapshot.status == Snapshot.Status.DELETED:
+            return None
+        instance = snapshot.instance
+        spec = selectors.plan_spec(snapshot.plan_version)
+        runs = (
+            instance is not None
+            and instance.state not in {Instance.State.DELETING, Instance.State.DELETED}
+            and "deleteBackup" in spec.main.verbs
+        )
+        audit_record(
+            actor=actor,
+            action="backup.delete",
+            tenant=tenant,
+            target=snapshot,
+            payload={"name": snapshot.name},
+        )
+        if not runs:
+            snapshot.status = Snapshot.Status.DELETED
+            snapshot.save(update_fields=["status"])
+            return None
+        existing = instance.operations.filter(request_id=request_id).first()
+        if existing is not None:
+            return existing
+        operation = Operation.objects.create(
+            instance=instance,
+            verb="deleteBackup",
+            requested_by=actor.user,
+            request_id=request_id,
+            plan_version=instance.plan_version,
+            parameters=instance.parameters,
+            secret_parameters=instance.secret_parameters,
+            arguments={
+                "forget_snapshot": snapshot.pk,
+                "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.created_at.isoformat()}},
+            },
+        )
         _dispatch(operation)
     return operation

@@ -154,6 +154,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True  # state lives in PostgreSQL, not in a result backend
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# A message a killed worker held comes back after this many seconds (Redis brokers); the
+# operation sweeper usually re-enqueues the operation sooner.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+# An operation whose next step is this many seconds overdue is re-enqueued by the sweeper.
+OPSDECK_STALLED_AFTER = env.int("OPSDECK_STALLED_AFTER", default=60)
 CELERY_TIMEZONE = "UTC"
 # Beat's DatabaseScheduler stores these entries in the database at start-up.
 CELERY_BEAT_SCHEDULE = {

@@ -6,6 +6,7 @@ from kombu import Connection
 
 from accounts import roles, selectors
 from accounts.tenancy import SESSION_KEY, tenant_view
+from deployments.selectors import instances_for_tenant
 
 
 def home(request):
@@ -30,6 +31,7 @@ def dashboard(request):
         request,
         "portal/dashboard.html",
         {
+            "instance_count": instances_for_tenant(tenant).count(),
             "member_count": tenant.memberships.count(),
             "pending_invitations": len(selectors.invitations_pending(tenant)),
             "recent_events": recent,

@@ -274,7 +274,11 @@ class _Run:
         if deadline is not None and self.now >= node.started_at + deadline:
             self._fail_subtree(node, f"{node.id} exceeded its deadline of {deadline} s.")
             return Step(progressed=True)
-        node_ctx = _with(ctx, inputs={**template.input_defaults, **node.inputs})
+        inputs = {**template.input_defaults, **node.inputs}
+        if node.id == self.workflow.entrypoint or node.id.startswith("onExit:"):
+            # The workflow's arguments feed the top templates' inputs of the same name (Argo).
+            inputs.update({k: v for k, v in ctx.workflow.items() if k in template.inputs})
+        node_ctx = _with(ctx, inputs=inputs)
         if template.tasks is not None:
             return self.dag(node, template, node_ctx)
         return self.resource(node, template, node_ctx)

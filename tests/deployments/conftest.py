@@ -58,6 +58,15 @@ def worker(transactional_db):
 
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         yield
+        # Let operations still in flight finish while the database is there for them.
+        from deployments.models import Operation
+
+        active = [Operation.State.QUEUED, Operation.State.RUNNING]
+        deadline = time.monotonic() + 30
+        while Operation.objects.filter(state__in=active).exists():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
 
 
 def wait_for(predicate, *, timeout=60.0, interval=0.1, what="the condition"):

@@ -129,3 +129,30 @@ def test_a_repeated_request_returns_the_same_operation(worker, cell, plan, tenan
     assert again.pk == first.pk
     assert Instance.objects.filter(tenant=tenant).count() == 1
     wait_done(first)
+
+
+def test_the_deployments_page_lists_the_tenants_instances_only(
+    worker, cell, plan, tenant, owner, client, make_user
+):
+    mine = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
+        request_id="page-1",
+    )  # fmt: skip
+    stranger = make_user("other@example.com")
+    from accounts import services as accounts_services
+
+    other = accounts_services.tenant_create(actor=Actor(user=stranger), name="Other")
+    services.instance_create(
+        actor=Actor(user=stranger), tenant=other, plan=plan, name="secret-db", parameters={},
+        request_id="page-2",
+    )  # fmt: skip
+    wait_done(mine)
+    client.force_login(owner)
+
+    page = client.get(f"/t/{tenant.slug}/deployments/")
+    dashboard = client.get(f"/t/{tenant.slug}/")
+
+    assert b"orders" in page.content
+    assert mine.instance_id.encode() in page.content
+    assert b"secret-db" not in page.content
+    assert b'<span class="figure">1</span>' in dashboard.content

@@ -605,3 +605,22 @@ def test_kinds_may_be_allowed_with_their_api_version():
     run.until_quiet()
 
     assert run.state.phase == engine.SUCCEEDED
+
+
+def test_workflow_arguments_feed_the_entrypoints_inputs():
+    wf = workflow(
+        Template(
+            name="main",
+            inputs=["value"],
+            tasks=[
+                Task(name="cm", template="cm", arguments={"value": "{{ inputs.parameters.value }}"})
+            ],
+        ),
+        resource("cm", configmap("cm"), inputs=["value"]),
+    )
+    context = ctx()
+    context.workflow = {"value": "from-arguments"}
+    run = Runner(wf, context=context)
+    run.until_quiet()
+
+    assert run.cluster.objects[("ConfigMap", NS, "cm")]["data"] == {"value": "from-arguments"}

@@ -1,0 +1,118 @@
+"""Backups become snapshots that outlive their instance and restore into new instances."""
+
+import uuid
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from accounts.audit import Actor
+from deployments import services
+from deployments.models import Instance, Operation, PlatformSecret, Snapshot
+from tests.deployments.conftest import SPEC, wait_done
+
+
+def _act(owner, instance, verb):
+    return services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb=verb, request_id=uuid.uuid4().hex
+    )
+
+
+def _create(owner, tenant, plan, name="orders", **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def test_a_snapshot_restores_into_a_new_instance_after_its_source_is_deleted(
+    worker, cell, plan, tenant, owner, sandbox_cluster
+):
+    create = _create(owner, tenant, plan, instances="2")
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    source = create.instance
+    backup = _act(owner, source, "backup")
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    snapshot = Snapshot.objects.get(instance=source)
+    delete = services.instance_delete(actor=Actor(user=owner), instance=source, request_id="d")
+    assert wait_done(delete).state == Operation.State.SUCCEEDED, delete.error
+
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="orders-copy", request_id="r"
+    )
+
+    assert wait_done(restore).state == Operation.State.SUCCEEDED, restore.error
+    copy = Instance.objects.get(pk=restore.instance_id)
+    assert copy.pk != source.pk
+    assert copy.state == Instance.State.RUNNING
+    assert copy.parameters["instances"] == 2  # the source's parameters by default
+    assert copy.outputs["phase"] == "Cluster in healthy state"
+    snapshot.refresh_from_db()
+    assert snapshot.instance_id == source.pk  # the snapshot outlived its instance
+    bootstrap = restore.task_runs.get(node="main.cluster")
+    assert snapshot.metadata["backupId"] in bootstrap.object
+
+
+def test_only_completed_snapshots_restore(worker, cell, plan, tenant, owner):
+    create = _create(owner, tenant, plan)
+    wait_done(create)
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=create.instance, source_instance_id=create.instance_id,
+        plan_version=create.plan_version, name="x", status=Snapshot.Status.FAILED,
+    )  # fmt: skip
+
+    with pytest.raises(ValidationError) as refused:
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r2"
+        )
+
+    assert refused.value.messages == ["Only a completed snapshot can be restored."]
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
+def test_deleting_a_snapshot_runs_delete_backup_and_marks_it_deleted(
+    worker, cell, plan, tenant, owner
+):
+    create = _create(owner, tenant, plan)
+    wait_done(create)
+    wait_done(_act(owner, create.instance, "backup"))
+    snapshot = Snapshot.objects.get(instance=create.instance)
+
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f")
+
+    assert wait_done(forget).state == Operation.State.SUCCEEDED, forget.error
+    snapshot.refresh_from_db()
+    assert snapshot.status == Snapshot.Status.DELETED
+
+
+def test_snapshot_before_deletion_takes_a_last_backup_first(worker, cell, tenant, owner):
+    text = SPEC.read_text()
+    text = text.replace("plan: postgres-cnpg", "plan: postgres-keep-last", 1)
+    text = text.replace("snapshotBeforeDeletion: false", "snapshotBeforeDeletion: true", 1)
+    plan = services.plan_load(text=text).plan
+    create = _create(owner, tenant, plan)
+    wait_done(create)
+
+    delete = services.instance_delete(
+        actor=Actor(user=owner), instance=create.instance, request_id="bye"
+    )
+
+    assert wait_done(delete).state == Operation.State.SUCCEEDED, delete.error
+    last = Snapshot.objects.get(source_instance_id=create.instance_id)
+    assert last.status == Snapshot.Status.COMPLETED
+    assert last.operation.finished_at <= delete.started_at
+
+
+def test_platform_secrets_reach_workflows_as_secret_variables(worker, cell, tenant, owner):
+    PlatformSecret.objects.create(name="MONITORING_TOKEN", value="s3cr3t-token")
+    text = SPEC.read_text().replace("plan: postgres-cnpg", "plan: postgres-with-secret", 1)
+    password_line = "                    password: {{ $var.password }}\n"
+    extra_line = "                    monitoring: {{ $secret.MONITORING_TOKEN }}\n"
+    assert password_line in text
+    text = text.replace(password_line, password_line + extra_line, 1)
+    plan = services.plan_load(text=text).plan
+
+    create = _create(owner, tenant, plan)
+
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    secret_run = create.task_runs.get(node="main.credentials")
+    assert "s3cr3t-token" in secret_run.object  # decrypted here; encrypted in the database
