@@ -193,6 +193,60 @@ def _parameter_errors(exc: ParameterErrors) -> ValidationError:
     return ValidationError({key: message for key, message in exc.errors.items()})
 
 
+def _instance_new(
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    version: PlanVersion,
+    cell: Cell | None,
+    name: str,
+    values: dict,
+) -> tuple[Instance, dict, str]:
+    """A new instance row (state creating) after the checks every new instance passes:
+    a cell, a name, the plan's limit for the tenant, valid parameters.
+
+    Returns the instance, its plain parameters and the encrypted JSON of its passwords.
+    """
+    cell = cell or Cell.objects.filter(is_default=True).first()
+    if cell is None:
+        raise ValidationError("No cell is registered to run instances on.")
+    name = name.strip()
+    if not name:
+        raise ValidationError({"name": "Give the instance a name."})
+    # Lock the tenant so two concurrent creates cannot both pass the limit.
+    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    plan = version.plan
+    try:
+        entitlements.check(
+            tenant=tenant,
+            plan=plan,
+            action="instance.create",
+            active_instances=Instance.objects.for_tenant(tenant)
+            .active()
+            .filter(plan_version__plan=plan)
+            .count(),
+        )
+    except entitlements.EntitlementDenied as exc:
+        raise ActionDenied(str(exc)) from exc
+    spec = selectors.plan_spec(version)
+    try:
+        typed = validate_parameters(spec.main.parameters, values)
+    except ParameterErrors as exc:
+        raise _parameter_errors(exc) from exc
+    plain, hidden = _split(spec.main.parameters, typed)
+    instance = Instance.objects.create(
+        tenant=tenant,
+        name=name,
+        plan_version=version,
+        cell=cell,
+        parameters=plain,
+        secret_parameters=hidden,
+        created_by=actor.user,
+    )
+    InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
+    return instance, plain, hidden
+
+
 def instance_create(
     *,
     actor: Actor,
@@ -214,42 +268,9 @@ def instance_create(
         version = selectors.plan_version_latest(plan)
         if version is None:
             raise ValidationError("This plan has no released version yet.")
-        cell = cell or Cell.objects.filter(is_default=True).first()
-        if cell is None:
-            raise ValidationError("No cell is registered to run instances on.")
-        name = name.strip()
-        if not name:
-            raise ValidationError({"name": "Give the instance a name."})
-        # Lock the tenant so two concurrent creates cannot both pass the limit.
-        Tenant.objects.select_for_update().get(pk=tenant.pk)
-        try:
-            entitlements.check(
-                tenant=tenant,
-                plan=plan,
-                action="instance.create",
-                active_instances=Instance.objects.for_tenant(tenant)
-                .active()
-                .filter(plan_version__plan=plan)
-                .count(),
-            )
-        except entitlements.EntitlementDenied as exc:
-            raise ActionDenied(str(exc)) from exc
-        spec = selectors.plan_spec(version)
-        try:
-            values = validate_parameters(spec.main.parameters, parameters)
-        except ParameterErrors as exc:
-            raise _parameter_errors(exc) from exc
-        plain, hidden = _split(spec.main.parameters, values)
-        instance = Instance.objects.create(
-            tenant=tenant,
-            name=name,
-            plan_version=version,
-            cell=cell,
-            parameters=plain,
-            secret_parameters=hidden,
-            created_by=actor.user,
+        instance, plain, hidden = _instance_new(
+            actor=actor, tenant=tenant, version=version, cell=cell, name=name, values=parameters
         )
-        InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
         operation = Operation.objects.create(
             instance=instance,
             verb="create",
@@ -433,42 +454,16 @@ def snapshot_restore(
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
             raise ValidationError("This plan cannot restore snapshots.")
-        cell = Cell.objects.filter(is_default=True).first()
-        if cell is None:
-            raise ValidationError("No cell is registered to run instances on.")
-        name = name.strip()
-        if not name:
-            raise ValidationError({"name": "Give the new instance a name."})
-        Tenant.objects.select_for_update().get(pk=tenant.pk)
-        try:
-            entitlements.check(
-                tenant=tenant,
-                plan=version.plan,
-                action="instance.create",
-                active_instances=Instance.objects.for_tenant(tenant)
-                .active()
-                .filter(plan_version__plan=version.plan)
-                .count(),
-            )
-        except entitlements.EntitlementDenied as exc:
-            raise ActionDenied(str(exc)) from exc
         source = snapshot.instance
         defaults = instance_parameters(source) if source is not None else {}
-        try:
-            values = validate_parameters(spec.main.parameters, {**defaults, **(parameters or {})})
-        except ParameterErrors as exc:
-            raise _parameter_errors(exc) from exc
-        plain, hidden = _split(spec.main.parameters, values)
-        instance = Instance.objects.create(
+        instance, plain, hidden = _instance_new(
+            actor=actor,
             tenant=tenant,
+            version=version,
+            cell=None,
             name=name,
-            plan_version=version,
-            cell=cell,
-            parameters=plain,
-            secret_parameters=hidden,
-            created_by=actor.user,
+            values={**defaults, **(parameters or {})},
         )
-        InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
         restore = {
             "snapshotId": snapshot.name,
             "snapshotTime": snapshot.created_at.isoformat(),
