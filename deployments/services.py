@@ -328,7 +328,11 @@ def instance_action(
         except ParameterErrors as exc:
             raise _parameter_errors(exc) from exc
         plain, hidden = _split(spec.main.parameters, values)
-        extra = {"verb_parameters": arguments} if arguments else {}
+        # A custom verb's Password parameters are kept encrypted with the instance's own.
+        verb_plain, verb_hidden = _split(spec_verb.parameters, arguments)
+        if verb_hidden:
+            hidden = json.dumps({**json.loads(hidden or "{}"), **json.loads(verb_hidden)})
+        extra = {"verb_parameters": verb_plain} if verb_plain else {}
         if verb == "backup":
             extra.update(_snapshot_start(instance))
         operation = Operation.objects.create(

@@ -123,6 +123,9 @@ _database = embedded.postgres(env.str("DATABASE_URL", default=""), VAR_DIR)
 DATABASES = {"default": env.db_url_config(_database.url)}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# The database a test run creates (and drops); distinct names let runs share a server.
+if env.str("DATABASE_TEST_NAME", default=""):
+    DATABASES["default"]["TEST"] = {"NAME": env.str("DATABASE_TEST_NAME")}
 OPSDECK_DATABASE_SOURCE = _database.source
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -17,7 +17,7 @@ def pytest_report_header(config):
     where = db.get("HOST") or db.get("OPTIONS", {}).get("host") or "the default socket"
     return [
         f"database: PostgreSQL ({django_settings.OPSDECK_DATABASE_SOURCE}) "
-        f"at {where}, test database test_{db['NAME']}",
+        f"at {where}, test database {db.get('TEST', {}).get('NAME') or 'test_' + db['NAME']}",
         f"broker: {django_settings.OPSDECK_BROKER_SOURCE}, "
         f"queue {django_settings.CELERY_TASK_DEFAULT_QUEUE}",
     ]

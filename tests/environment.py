@@ -1,8 +1,9 @@
 """The test run's environment, set before Django reads its settings (loaded with `-p`).
 
 Tests run with production settings (DEBUG off) and their own secrets, Celery
-queue and cache prefix, so a `make run` worker on the same Redis never takes
-a test's task and a test never reads the portal's cache.
+queue, cache prefix and test database, so a `make run` worker on the same
+Redis never takes a test's task, a test never reads the portal's cache, and
+two runs can share one PostgreSQL server.
 """
 
 import os
@@ -19,4 +20,5 @@ os.environ["OPSDECK_ENCRYPTION_KEYS"] = Fernet.generate_key().decode()
 os.environ["SECURE_SSL_REDIRECT"] = "0"  # the test client speaks plain HTTP
 os.environ["CELERY_QUEUE"] = f"opsdeck-test-{RUN_ID}"
 os.environ["CACHE_KEY_PREFIX"] = f"opsdeck-test-{RUN_ID}"
+os.environ["DATABASE_TEST_NAME"] = f"test_opsdeck_{RUN_ID}"
 os.environ["STATIC_ROOT"] = tempfile.mkdtemp(prefix="opsdeck-static-")

@@ -3,8 +3,10 @@
 import uuid
 
 import pytest
+from django.db import connection
 
 from accounts.audit import Actor
+from accounts.models import AuditEvent
 from deployments import services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Instance, Operation, Snapshot
@@ -156,3 +158,43 @@ def test_the_deployments_page_lists_the_tenants_instances_only(
     assert mine.instance_id.encode() in page.content
     assert b"secret-db" not in page.content
     assert b'<span class="figure">1</span>' in dashboard.content
+
+
+def test_restart_failover_and_custom_verbs_run_through_the_worker(
+    worker, cell, plan, tenant, owner, kube
+):
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="ha",
+        parameters={"instances": "2"}, request_id="ha-1",
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    instance = create.instance
+
+    restart = _act(owner, instance, "restart")
+    assert wait_done(restart).state == Operation.State.SUCCEEDED, restart.error
+    pods = [_get(kube, "v1", "Pod", f"{instance.pk}-{n}", instance.namespace) for n in (1, 2)]
+    assert all(
+        p["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] for p in pods
+    )  # every server went through the restart
+
+    failover = _act(owner, instance, "failover")
+    assert wait_done(failover).state == Operation.State.SUCCEEDED, failover.error
+    assert failover.outputs["primary"] == f"{instance.pk}-2"
+    assert _cluster(kube, instance)["status"]["currentPrimary"] == f"{instance.pk}-2"
+
+    rotate = _act(owner, instance, "rotateCredentials", newPassword="a-new-password-123")
+    assert wait_done(rotate).state == Operation.State.SUCCEEDED, rotate.error
+    rotated = rotate.task_runs.get(node="rotate")
+    assert "a-new-password-123" in rotated.object
+    assert "a-new-password-123" not in str(AuditEvent.objects.values_list("payload", flat=True))
+    with connection.cursor() as cursor:  # what the database holds: no password in the clear
+        cursor.execute(
+            "SELECT arguments::text, secret_parameters FROM deployments_operation WHERE id = %s",
+            [rotate.pk],
+        )
+        assert "a-new-password-123" not in "".join(cursor.fetchone())
+
+    reload = _act(owner, instance, "reloadConfiguration")
+    assert wait_done(reload).state == Operation.State.SUCCEEDED, reload.error
+    annotations = _cluster(kube, instance)["metadata"]["annotations"]
+    assert annotations["cnpg.io/reloadedAt"]
