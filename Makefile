@@ -59,4 +59,6 @@ stop:
 
 # Everything make run created, the database and its keys included.
 clean: stop
+	@if [ -x $(PY) ] && [ -f $(VAR)/encryption_key ]; then \
+		DEBUG=1 $(PY) manage.py drop_dev_database || true; fi
 	rm -rf $(VENV) $(VAR)

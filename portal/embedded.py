@@ -10,6 +10,7 @@ in production. Settings call these helpers once per process at import.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import socket
 import subprocess
@@ -57,20 +58,33 @@ def _file_lock(path: Path):
 
 
 def postgres(
-    configured_url: str, var_dir: Path, local: tuple[str, int] = LOCAL_POSTGRES
+    configured_url: str,
+    var_dir: Path,
+    local: tuple[str, int] = LOCAL_POSTGRES,
+    name: str = DATABASE_NAME,
 ) -> Service:
-    """The configured database, else local PostgreSQL, else an embedded one."""
+    """The configured database, else database `name` on local PostgreSQL, else an embedded one."""
     if configured_url:
         return Service(configured_url, "configured")
     host, port = local
     if port_answers(host, port):
-        url = f"postgres://postgres@{host}:{port}/{DATABASE_NAME}"
-        _ensure_database(f"host={host} port={port} user=postgres dbname=postgres")
+        url = f"postgres://postgres@{host}:{port}/{name}"
+        _ensure_database(f"host={host} port={port} user=postgres dbname=postgres", name)
         return Service(url, "local")
     socket_dir = _start_embedded_postgres(var_dir / "postgres")
-    _ensure_database(f"host={socket_dir} user=postgres dbname=postgres")
+    _ensure_database(f"host={socket_dir} user=postgres dbname=postgres", name)
     # libpq's URL form for a Unix socket: the directory as the `host` parameter.
-    return Service(f"postgres://postgres@/{DATABASE_NAME}?host={socket_dir}", "embedded")
+    return Service(f"postgres://postgres@/{name}?host={socket_dir}", "embedded")
+
+
+def development_database_name(encryption_key: str) -> str:
+    """`opsdeck_` and a digest of the key that encrypts its secrets.
+
+    Development keys live in a checkout's var/: a second checkout (or the same one after
+    `make clean`) generates new keys, and gets a database of its own on a shared local
+    server instead of one whose secrets it cannot decrypt.
+    """
+    return f"{DATABASE_NAME}_{hashlib.sha256(encryption_key.encode()).hexdigest()[:8]}"
 
 
 def _start_embedded_postgres(pgdata: Path) -> Path:
@@ -87,7 +101,7 @@ def _start_embedded_postgres(pgdata: Path) -> Path:
     return Path(socket_dir)
 
 
-def _ensure_database(maintenance_dsn: str) -> None:
+def _ensure_database(maintenance_dsn: str, name: str) -> None:
     try:
         conn = psycopg.connect(maintenance_dsn, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
@@ -97,14 +111,12 @@ def _ensure_database(maintenance_dsn: str) -> None:
             "e.g. postgres://user:password@127.0.0.1:5432/opsdeck."
         ) from exc
     with conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
-        ).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if exists:
             return
         # Another process may create it first.
         with suppress(psycopg.errors.DuplicateDatabase):
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def redis(configured_url: str, var_dir: Path, local: tuple[str, int] = LOCAL_REDIS) -> Service:

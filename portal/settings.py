@@ -119,7 +119,14 @@ TEMPLATES = [
 
 # --- Data: PostgreSQL everywhere ---------------------------------------------
 
-_database = embedded.postgres(env.str("DATABASE_URL", default=""), VAR_DIR)
+_database = embedded.postgres(
+    env.str("DATABASE_URL", default=""),
+    VAR_DIR,
+    # In development the database goes with the generated keys that encrypt its secrets.
+    name=embedded.development_database_name(OPSDECK_ENCRYPTION_KEYS[0])
+    if DEBUG
+    else embedded.DATABASE_NAME,
+)
 DATABASES = {"default": env.db_url_config(_database.url)}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -68,3 +68,11 @@ def test_a_development_secret_is_generated_once_and_kept(tmp_path):
     assert embedded.read_or_create(tmp_path / "k", make) == "secret-1"
     assert embedded.read_or_create(tmp_path / "k", make) == "secret-1"
     assert oct((tmp_path / "k").stat().st_mode & 0o777) == "0o600"
+
+
+def test_each_development_key_gets_its_own_database_name():
+    first = embedded.development_database_name("key-one")
+
+    assert first == embedded.development_database_name("key-one")
+    assert first != embedded.development_database_name("key-two")
+    assert first.startswith("opsdeck_") and len(first) == len("opsdeck_") + 8
