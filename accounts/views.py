@@ -66,6 +66,8 @@ def _partial(request, template: str, name: str) -> str:
 def _team_response(request, **extra):
     """After a team change: the team panel for htmx, else a redirect to the page."""
     if request.htmx:
+        # The change may have been to the user's own role: render what they may do now.
+        request.membership.refresh_from_db()
         template = _partial(request, "accounts/team.html", "team-panel")
         return render(request, template, _team_context(request, **extra))
     return redirect("team", tenant_slug=request.tenant.slug)

@@ -134,3 +134,19 @@ def test_an_unknown_role_is_refused_without_change(client, tenant, add_member):
 
     assert b"Choose one of the listed roles." in response.content
     assert _membership(tenant, bob).role == "member"
+
+
+@pytest.mark.django_db
+def test_stepping_down_shows_the_panel_for_the_new_role_at_once(client, owner, tenant, add_member):
+    add_member("second@example.com", "owner")
+    client.force_login(owner)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/",
+        {"role": "viewer"},
+        headers={"HX-Request": "true"},
+    )
+
+    assert _membership(tenant, owner).role == "viewer"
+    assert b"Send invitation" not in response.content
+    assert b'name="role"' not in response.content
