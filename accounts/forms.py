@@ -19,11 +19,13 @@ class SignupForm(forms.Form):
 
 class OrganizationForm(forms.Form):
     name = forms.CharField(label="Organization name", max_length=100)
+    request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 
 
 class InviteForm(forms.Form):
     email = forms.EmailField(label="Email address")
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+    request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 
 
 class RoleForm(forms.Form):

@@ -55,6 +55,8 @@ class Tenant(models.Model):
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=50, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The form submission that created it: a repeated submit returns this tenant.
+    request_id = models.CharField(max_length=64, blank=True, db_index=True)
 
     objects = TenantQuerySet.as_manager()
 
@@ -102,6 +104,7 @@ class Invitation(models.Model):
         related_name="+",
     )
     revoked_at = models.DateTimeField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -53,8 +53,13 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
-def tenant_create(*, actor: Actor, name: str) -> Tenant:
-    """A new organization with the acting user as its owner."""
+def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
+    """A new organization with the acting user as its owner; a repeated request id returns the
+    organization that request created."""
+    if request_id and actor.user is not None:
+        existing = Tenant.objects.for_user(actor.user).filter(request_id=request_id).first()
+        if existing is not None:
+            return existing
     name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
     if not name:
         raise ValidationError({"name": "Give the organization a name."})
@@ -63,7 +68,7 @@ def tenant_create(*, actor: Actor, name: str) -> Tenant:
     for _ in range(3):  # two sign-ups racing for one slug: take the next one
         try:
             with transaction.atomic():
-                tenant = Tenant(name=name, slug=_unique_slug(name))
+                tenant = Tenant(name=name, slug=_unique_slug(name), request_id=request_id)
                 # The unique constraint, not a read before the write, settles a slug race.
                 tenant.full_clean(validate_unique=False)
                 tenant.save()
@@ -160,8 +165,17 @@ def invitation_token(invitation: Invitation) -> str:
     return signing.dumps(invitation.pk, salt=_INVITATION_SALT)
 
 
-def invitation_create(*, actor: Actor, tenant: Tenant, email: str, role: str) -> Invitation:
-    """Invite someone by email; a newer invitation to the same address replaces older ones."""
+def invitation_create(
+    *, actor: Actor, tenant: Tenant, email: str, role: str, request_id: str = ""
+) -> Invitation:
+    """Invite someone by email; a newer invitation to the same address replaces older ones.
+
+    A repeated request id returns the invitation that request made (and sends nothing again).
+    """
+    if request_id:
+        existing = tenant.invitations.filter(request_id=request_id).first()
+        if existing is not None:
+            return existing
     email = User.objects.normalize_email(email).strip().lower()
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
@@ -176,7 +190,12 @@ def invitation_create(*, actor: Actor, tenant: Tenant, email: str, role: str) ->
             tenant=tenant, email=email, accepted_at=None, revoked_at=None
         ).update(revoked_at=now)
         invitation = Invitation(
-            tenant=tenant, email=email, role=role, invited_by=actor.user, created_at=now
+            tenant=tenant,
+            email=email,
+            role=role,
+            invited_by=actor.user,
+            created_at=now,
+            request_id=request_id,
         )
         invitation.full_clean()
         invitation.save()

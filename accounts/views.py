@@ -1,4 +1,5 @@
 import csv
+import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -24,18 +25,22 @@ def organization_create(request):
     if request.method == "POST" and form.is_valid():
         try:
             tenant = services.tenant_create(
-                actor=Actor.from_request(request), name=form.cleaned_data["name"]
+                actor=Actor.from_request(request),
+                name=form.cleaned_data["name"],
+                request_id=form.cleaned_data["request_id"],
             )
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
             messages.success(request, f"Organization “{tenant.name}” created.")
             return redirect("dashboard", tenant_slug=tenant.slug)
-    return render(request, "accounts/organization_create.html", {"form": form})
+    context = {"form": form, "request_id": form["request_id"].value() or uuid.uuid4().hex}
+    return render(request, "accounts/organization_create.html", context)
 
 
 def _team_context(request, **extra) -> dict:
     return {
+        "request_id": uuid.uuid4().hex,  # a fresh one for the next invitation
         "members": selectors.tenant_members(request.tenant),
         "invitations": selectors.invitations_pending(request.tenant),
         "invite_form": InviteForm(),
@@ -84,6 +89,7 @@ def team_invite(request):
                 tenant=request.tenant,
                 email=form.cleaned_data["email"],
                 role=form.cleaned_data["role"],
+                request_id=form.cleaned_data["request_id"],
             )
         except ValidationError as exc:
             form.add_error(None, exc)

@@ -178,3 +178,29 @@ def test_two_owners_demoting_each_other_at_once_leave_one_owner_and_no_error(
     assert len(outcomes) == 2  # neither call died (a deadlock would raise, not append)
     assert outcomes.count("ok") == 1
     assert Membership.objects.filter(tenant=tenant, role="owner").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_double_submitted_new_organization_form_creates_one(owner_client, owner, tenant):
+    form = {"name": "Globex", "request_id": "req-42"}
+
+    owner_client.post("/organizations/new/", form)
+    again = owner_client.post("/organizations/new/", form)
+
+    assert again.url == "/t/globex/"
+    assert Tenant.objects.filter(name="Globex").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_double_submitted_invitation_is_sent_once(
+    owner_client, tenant, django_capture_on_commit_callbacks
+):
+    form = {"email": "new@example.com", "role": "member", "request_id": "inv-7"}
+
+    with django_capture_on_commit_callbacks() as sent:
+        owner_client.post(f"/t/{tenant.slug}/team/invite/", form)
+        owner_client.post(f"/t/{tenant.slug}/team/invite/", form)
+
+    assert tenant.invitations.count() == 1
+    assert tenant.invitations.get().status == "pending"
+    assert len(sent) == 1  # one email dispatched
