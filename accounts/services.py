@@ -6,6 +6,7 @@ and records the outcome in the audit log (refusals included).
 
 from __future__ import annotations
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.core import signing
 from django.core.exceptions import ValidationError
@@ -263,6 +264,17 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
         if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
             raise InvitationInvalid("This invitation can no longer be used.")
         wrong_address = actor.user.email.lower() != invitation.email.lower()
+        # Accepting proves control of the invited address: it must be verified.
+        if (
+            not wrong_address
+            and not EmailAddress.objects.filter(
+                user=actor.user, email__iexact=invitation.email, verified=True
+            ).exists()
+        ):
+            raise InvitationInvalid(
+                f"Confirm {invitation.email} first (follow the link we emailed you when you "
+                "signed up, or send a new one from Email addresses), then open this link again."
+            )
         if not wrong_address:
             membership, _ = Membership.objects.get_or_create(
                 tenant=invitation.tenant, user=actor.user, defaults={"role": invitation.role}

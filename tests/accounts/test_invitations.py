@@ -163,3 +163,17 @@ def test_a_member_cannot_invite_and_the_refusal_is_recorded(client, tenant, add_
     denied = AuditEvent.objects.get(tenant=tenant, action="member.invite")
     assert denied.result == "denied"
     assert denied.actor == member
+
+
+@pytest.mark.django_db
+def test_an_unverified_address_cannot_accept_until_it_is_confirmed(
+    client, invite, make_user, tenant
+):
+    _, link = invite()
+    client.force_login(make_user("new@example.com", verified=False))
+
+    response = client.post(link)
+
+    assert response.status_code == 400
+    assert b"Confirm new@example.com first" in response.content
+    assert not Membership.objects.filter(tenant=tenant, user__email="new@example.com").exists()
