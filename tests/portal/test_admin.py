@@ -3,10 +3,11 @@ from django.contrib import admin
 from django.urls import reverse
 
 from accounts import services
+from accounts.admin import ServiceOwnedAdmin
 from accounts.audit import Actor
 from accounts.models import AuditEvent, Membership
 
-SERVICE_OWNED = [
+SERVICE_OWNED = [  # the ones with rows in these tests; every ServiceOwnedAdmin is checked below
     "accounts.tenant",
     "accounts.membership",
     "accounts.invitation",
@@ -24,13 +25,46 @@ def _url(model, view, *args):
     return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
 
 
+@pytest.fixture
+def one_of_everything(tenant, owner):
+    """Rows for the plan and deployment models too: a plan loaded from the shipped spec."""
+    from pathlib import Path
+
+    from deployments import services as deployment_services
+    from deployments.models import PlatformSecret
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "postgres-cnpg.yaml"
+    deployment_services.plan_load(text=spec.read_text())
+    PlatformSecret.objects.create(name="TOKEN", value="s3cret")
+    services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="member"
+    )
+
+
 @pytest.mark.django_db
-def test_every_admin_list_and_detail_page_loads(staff_client, tenant):
+def test_every_admin_list_and_detail_page_loads(staff_client, one_of_everything):
     for model in admin.site._registry:
         assert staff_client.get(_url(model, "changelist")).status_code == 200, model
         obj = model._default_manager.first()
         if obj is not None:
-            assert staff_client.get(_url(model, "change", obj.pk)).status_code == 200, model
+            page = staff_client.get(_url(model, "change", obj.pk))
+            assert page.status_code == 200, model
+            assert b"s3cret" not in page.content  # secrets are never rendered back
+
+
+SERVICE_OWNED_ADMINS = [
+    model._meta.label_lower
+    for model, model_admin in admin.site._registry.items()
+    if isinstance(model_admin, ServiceOwnedAdmin)
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("label", SERVICE_OWNED_ADMINS)
+def test_no_service_owned_model_can_be_added_in_the_admin(staff_client, label):
+    model = next(m for m in admin.site._registry if m._meta.label_lower == label)
+
+    assert staff_client.get(_url(model, "add")).status_code == 403
 
 
 @pytest.mark.django_db
