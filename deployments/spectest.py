@@ -74,6 +74,22 @@ class SpecTestCell:
     user_id: str = "spec-test"
     user_email: str = "spec-test@localhost"
 
+    @classmethod
+    def from_cell(cls, cell: Any) -> SpecTestCell:
+        """The `$sys` of a registered cell (region, cloud, subnets, network, backup path);
+        what the cell does not set keeps its default. Objects still go to the sandbox."""
+        labels = cell.labels or {}
+        defaults = cls()
+        return cls(
+            region=cell.region or defaults.region,
+            cloud=cell.cloud or defaults.cloud,
+            backup_destination=cell.backup_destination or defaults.backup_destination,
+            subnets=tuple(labels.get("publicSubnetIDs") or defaults.subnets),
+            network_id=labels.get("networkID") or defaults.network_id,
+            cidr_range=labels.get("cidrRange") or defaults.cidr_range,
+            operator_namespace=cell.operator_namespace or defaults.operator_namespace,
+        )
+
     @property
     def labels(self) -> dict[str, Any]:
         return {

@@ -22,7 +22,7 @@ class Command(BaseCommand):
         "to another allowed value. $sys describes a pretend cell: region 'local', cloud "
         "'sandbox', subnets subnet-a and subnet-b, backup destination "
         "s3://spec-test/backups, tenant 'spec-test', and the instance type from the "
-        "instanceType parameter if there is one. No database is used."
+        "instanceType parameter if there is one; --cell NAME describes a registered cell instead."
     )
     requires_system_checks = []
 
@@ -33,6 +33,12 @@ class Command(BaseCommand):
             action="store_true",
             help="leave the sandbox running afterwards, print its URL and kubeconfig, and wait "
             "for Ctrl-C",
+        )
+        parser.add_argument(
+            "--cell",
+            metavar="NAME",
+            help="describe this registered cell in $sys (region, cloud, subnets, network, "
+            "backup destination) instead of the pretend one; objects still go to the sandbox",
         )
         parser.add_argument(
             "--speed",
@@ -59,10 +65,19 @@ class Command(BaseCommand):
         if options["speed"] <= 0 or options["timeout"] <= 0:
             raise CommandError("--speed and --timeout must be positive.")
 
+        cell = None
+        if options["cell"]:
+            from deployments.models import Cell  # the only use of the database here
+
+            found = Cell.objects.filter(name=options["cell"]).first()
+            if found is None:
+                raise CommandError(f"No cell is registered as {options['cell']!r}.")
+            cell = spectest.SpecTestCell.from_cell(found)
+
         self.stdout.write(ROW.format("verb", "result", "duration"))
         with spectest.sandbox_driver(speed=options["speed"]) as (sandbox, driver):
             results = spectest.run(
-                spec, driver, verb_timeout=options["timeout"], on_result=self.row
+                spec, driver, cell=cell, verb_timeout=options["timeout"], on_result=self.row
             )
             counts = {r: sum(x.result == r for x in results) for r in spectest.RESULTS}
             summary = [f"{counts[spectest.PASSED]} passed", f"{counts[spectest.FAILED]} failed"]

@@ -1,0 +1,91 @@
+"""load_specs, add_cell and spec_test --cell as an operator runs them."""
+
+import json
+import uuid
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from billing.models import Plan
+from deployments.models import Cell, PlanVersion
+from tests.deployments.conftest import SPEC
+
+
+def test_load_specs_creates_then_keeps_then_versions_a_plan(transactional_db, tmp_path, capsys):
+    spec = tmp_path / "pg.yaml"
+    spec.write_text(SPEC.read_text())
+
+    call_command("load_specs", str(tmp_path))
+    call_command("load_specs", str(spec))
+    spec.write_text(SPEC.read_text().replace("name: PostgreSQL\n", "name: PostgreSQL 2\n", 1))
+    call_command("load_specs", str(spec))
+
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"{spec}: plan postgres-cnpg created",
+        f"{spec}: plan postgres-cnpg unchanged (version 1)",
+        f"{spec}: plan postgres-cnpg updated to version 2",
+    ]
+    assert Plan.objects.get(key="postgres-cnpg").name == "PostgreSQL 2"
+    assert list(PlanVersion.objects.values_list("number", flat=True).order_by("number")) == [1, 2]
+
+
+def test_load_specs_reports_every_error_and_loads_nothing(transactional_db, tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(SPEC.read_text().replace("      delete:\n", "      gone:\n", 1))
+
+    with pytest.raises(CommandError, match="some specs were not loaded"):
+        call_command("load_specs", str(broken))
+
+    assert "delete" in capsys.readouterr().err
+    assert not Plan.objects.exists()
+
+
+def test_add_cell_checks_the_cluster_and_stores_the_kubeconfig_encrypted(
+    transactional_db, sandbox_kubeconfig, tmp_path, capsys
+):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(sandbox_kubeconfig)
+    credentials = tmp_path / "keys.json"
+    credentials.write_text(json.dumps({"ACCESS_KEY_ID": "k", "ACCESS_SECRET_KEY": "s3cret"}))
+
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig), "--region", "eu-west-1",
+        "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+    )  # fmt: skip
+
+    assert "Cell eu-1 registered (default)." in capsys.readouterr().out
+    cell = Cell.objects.get(name="eu-1")
+    assert cell.kubeconfig == sandbox_kubeconfig
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT kubeconfig, backup_credentials FROM deployments_cell")
+        stored = "".join(cursor.fetchone())
+    assert "server:" not in stored and "s3cret" not in stored
+
+
+def test_add_cell_refuses_a_cluster_that_does_not_answer(transactional_db, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+
+    with pytest.raises(CommandError, match="The cluster cannot be reached"):
+        call_command("add_cell", "--name", "nowhere", "--kubeconfig", str(kubeconfig))
+
+    assert not Cell.objects.exists()
+
+
+def test_spec_test_can_describe_a_registered_cell(cell, capsys):
+    Cell.objects.filter(pk=cell.pk).update(
+        region="eu-central-1", labels={"publicSubnetIDs": ["subnet-eu-" + uuid.uuid4().hex[:4]]}
+    )
+
+    call_command("spec_test", str(SPEC), "--cell", "sandbox", "--speed", "200")
+
+    assert "13 passed, 0 failed" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="No cell is registered as 'nope'"):
+        call_command("spec_test", str(SPEC), "--cell", "nope")
