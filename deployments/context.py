@@ -94,8 +94,7 @@ def run_context(
     return Context(var=values, sys=sys, workflow=arguments, seed=seed)
 
 
-def namespace_prepare(
-    driver: KubeDriver,
+def namespace_objects(
     *,
     namespace: str,
     instance_id: str,
@@ -104,21 +103,22 @@ def namespace_prepare(
     operator_namespace: str,
     customer_sources: list[str],
     backup_credentials: dict[str, str] | None,
-) -> None:
-    """The instance's namespace with its guard rails, before its first workflow runs.
+) -> list[dict[str, Any]]:
+    """The instance's namespace and its guard rails, in the order they are applied.
 
     `extensions` is the spec's `x-opsdeck` (its `quota.storage` and `network.port`);
     `backup_credentials`, when given, becomes the Secret `$sys.backup.credentialsSecret` names.
     """
     ns = namespace
-    driver.ensure_namespace(
-        ns, {"opsdeck.io/tenant": tenant_slug, "opsdeck.io/instance": instance_id}
-    )
+    labels = {"opsdeck.io/tenant": tenant_slug, "opsdeck.io/instance": instance_id}
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}
+    ]
     quota = {"persistentvolumeclaims": "20", "services": "20", "secrets": "50", "configmaps": "50"}
     storage = (extensions.get("quota") or {}).get("storage")
     if storage:
         quota["requests.storage"] = str(storage)
-    driver.apply({
+    objects.append({
         "apiVersion": "v1", "kind": "ResourceQuota",
         "metadata": {"name": "opsdeck-quota", "namespace": ns},
         "spec": {"hard": quota},
@@ -137,17 +137,24 @@ def namespace_prepare(
             "from": [{"ipBlock": {"cidr": cidr}} for cidr in customer_sources],
             "ports": [{"port": port}],
         })  # fmt: skip
-    driver.apply({
+    objects.append({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": "opsdeck-isolation", "namespace": ns},
         "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": ingress},
     })  # fmt: skip
     if backup_credentials:
-        driver.apply({
+        objects.append({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": BACKUP_CREDENTIALS_NAME, "namespace": ns},
             "stringData": backup_credentials,
         })  # fmt: skip
+    return objects
+
+
+def namespace_prepare(driver: KubeDriver, **values: Any) -> None:
+    """Apply every object of `namespace_objects(**values)` (server-side apply: idempotent)."""
+    for obj in namespace_objects(**values):
+        driver.apply(obj)
 
 
 def namespace_delete(driver: KubeDriver, namespace: str) -> None:

@@ -118,15 +118,24 @@ class KubeDriver:
     def close(self) -> None:
         self.api_client.close()
 
+    def _discover(self, api_version: str | None, kind: str | None):
+        # Discovery talks to the API too: its failures are classified like any call's.
+        try:
+            return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            raise
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise classify(exc) from exc
+
     def _resource(self, obj: dict[str, Any], subresource: str | None = None):
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         try:
-            resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            resource = self._discover(api_version, kind)
         except ResourceNotFoundError:
             # A CRD installed after discovery was cached: look again once.
             self.dynamic.resources.invalidate_cache()
             try:
-                resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+                resource = self._discover(api_version, kind)
             except ResourceNotFoundError as exc:
                 raise PermanentError(
                     f"The cluster does not serve {kind} in {api_version}; "
@@ -232,12 +241,6 @@ class KubeDriver:
             raise
 
     # --- what Opsdeck itself needs ------------------------------------------------
-
-    def ensure_namespace(self, name: str, labels: dict[str, str]) -> None:
-        """Create or update the namespace `name` with `labels`."""
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-        namespace["metadata"]["labels"] = labels
-        self.apply(namespace)
 
     def serves(self, api_version: str, kind: str) -> bool:
         """Whether the cluster serves `kind` (e.g. the operator's CRDs are installed)."""

@@ -181,7 +181,9 @@ class Operation(models.Model):
     next_step_at = models.DateTimeField(null=True, blank=True)
     # Steps in a row that found nothing to do: the poll interval grows with them.
     idle_steps = models.PositiveIntegerField(default=0)
-    transient_failures = models.PositiveIntegerField(default=0)
+    transient_failures = models.PositiveIntegerField(default=0)  # all of them, for the record
+    # Transient failures since the last step that got through: the back-off grows with these.
+    transient_streak = models.PositiveIntegerField(default=0)
     # Set by a delete of the instance: the run stops at its next step (its onExit still runs).
     cancel_reason = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)

@@ -11,10 +11,11 @@ the next delivery redoes from the last saved state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 
 from celery import current_app
@@ -49,7 +50,10 @@ def driver_for(cell: Cell) -> KubeDriver:
         )
         cache_dir = settings.VAR_DIR / "kube-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
-        _drivers[key] = KubeDriver(api, cache_file=str(cache_dir / f"cell-{cell.pk}.json"))
+        # Named after the configuration too: databases sharing var/ may hold other clusters.
+        digest = hashlib.sha256(key[1].encode()).hexdigest()[:12]
+        cache_file = cache_dir / f"cell-{cell.pk}-{digest}.json"
+        _drivers[key] = KubeDriver(api, cache_file=str(cache_file))
     return _drivers[key]
 
 
@@ -106,15 +110,24 @@ def _begin(op: Operation, now) -> bool:
 def _advance(op: Operation, now) -> None:
     spec = selectors.plan_spec(op.plan_version)
     verb = spec.main.verbs[op.verb]
-    state = engine.RunState.from_json(json.loads(op.engine_state))
+    saved = json.loads(op.engine_state)
+    state = engine.RunState.from_json(saved)
     instance = op.instance
     if op.cancel_reason and state.stage == "main":
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
     try:
         driver = driver_for(instance.cell)
         if op.verb in {"create", "restore"} and not op.arguments.get("namespace_ready"):
-            _prepare_namespace(driver, op, spec)
-            op.arguments = {**op.arguments, "namespace_ready": True}
+            # One object per step, like workflow tasks: a failed write redoes only itself.
+            objects = _namespace_objects(op, spec)
+            done = op.arguments.get("namespace_objects_applied", 0)
+            driver.apply(objects[done])
+            done += 1
+            op.arguments = {
+                **op.arguments,
+                "namespace_objects_applied": done,
+                "namespace_ready": done == len(objects),
+            }
             step = engine.Step(progressed=True)
         else:
             ctx = _context(op, spec, verb)
@@ -127,9 +140,10 @@ def _advance(op: Operation, now) -> None:
     except TransientError as exc:
         # The cluster hiccupped: the same step again later, from the saved state.
         op.transient_failures += 1
-        delay = min(30.0, 0.5 * 2 ** min(op.transient_failures, 6))
+        op.transient_streak += 1
+        delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
         op.next_step_at = now + timedelta(seconds=delay)
-        op.save(update_fields=["transient_failures", "next_step_at"])
+        op.save(update_fields=["transient_failures", "transient_streak", "next_step_at"])
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
         schedule(op.pk, delay)
         return
@@ -141,16 +155,25 @@ def _advance(op: Operation, now) -> None:
         step = engine.Step(progressed=True)
 
     op.engine_state = json.dumps(state.to_json())
-    _sync_task_runs(op, state)
+    _sync_task_runs(op, state, before=saved.get("nodes", {}))
     if state.done:
         _finish(op, state, verb, now)
         return
+    op.transient_streak = 0
     op.idle_steps = 0 if step.progressed else op.idle_steps + 1
     delay = 0.0 if step.progressed else poll_delay(op.idle_steps)
     if step.wake_at is not None:  # a retry's backoff ends then
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
-    op.save(update_fields=["engine_state", "idle_steps", "next_step_at", "arguments"])
+    op.save(
+        update_fields=[
+            "engine_state",
+            "idle_steps",
+            "transient_streak",
+            "next_step_at",
+            "arguments",
+        ]
+    )
     schedule(op.pk, delay)
 
 
@@ -198,10 +221,15 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         schedule(following.pk, 0)
 
 
-def _sync_task_runs(op: Operation, state: engine.RunState) -> None:
-    """One TaskRun row per attempt of each resource task, with the object it rendered."""
+def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> None:
+    """One TaskRun row per attempt of each resource task, with the object it rendered.
+
+    Only nodes this step changed are written (`before` is the saved state's nodes).
+    """
     for node in state.nodes.values():
         if node.template == "" or (node.object is None and node.phase == engine.PENDING):
+            continue
+        if before.get(node.id) == asdict(node):
             continue
         template = op_template(op, node.template)
         if template is None or template.resource is None:
@@ -258,11 +286,10 @@ def _context(op: Operation, spec, verb) -> Context:
     return replace(ctx, secret=secrets)
 
 
-def _prepare_namespace(driver: KubeDriver, op: Operation, spec) -> None:
-    """The instance's namespace with its guard rails, before the create workflow runs."""
+def _namespace_objects(op: Operation, spec) -> list[dict]:
+    """The instance's namespace with its guard rails, applied before its first workflow."""
     instance, cell = op.instance, op.instance.cell
-    context.namespace_prepare(
-        driver,
+    return context.namespace_objects(
         namespace=instance.namespace,
         instance_id=instance.pk,
         tenant_slug=instance.tenant.slug,

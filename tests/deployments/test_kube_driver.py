@@ -22,7 +22,7 @@ def driver(sandbox_kubeconfig, tmp_path):
 @pytest.fixture
 def namespace(driver):
     name = f"inst-{uuid.uuid4().hex[:8]}"
-    driver.ensure_namespace(name, {"opsdeck.io/instance": name})
+    driver.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     return name
 
 
@@ -130,3 +130,20 @@ current-context: x
 def test_a_broken_kubeconfig_is_a_clear_error():
     with pytest.raises(PermanentError, match="not valid YAML"):
         api_client_from_kubeconfig("{: nope")
+
+
+def test_a_server_error_during_discovery_is_transient(
+    sandbox_kubeconfig, tmp_path, sandbox_cluster
+):
+    fresh = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "new.json")
+    )
+    assert fresh.dynamic is not None  # the group list is read; a group's kinds come lazily
+    sandbox_cluster.set_faults(error_503=1.0)
+    try:
+        with pytest.raises(TransientError):
+            fresh.get({"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+                       "metadata": {"name": "x", "namespace": "default"}})  # fmt: skip
+    finally:
+        sandbox_cluster.set_faults(error_503=0.0)
+        fresh.close()

@@ -43,20 +43,21 @@ def test_operations_succeed_while_the_api_answers_5xx_and_conflicts(
 ):
     faults(error_500=0.05, error_503=0.05, conflict=0.1)
 
-    create = _create(owner, tenant, plan, instances="2")
-    assert wait_done(create, timeout=120).state == Operation.State.SUCCEEDED, create.error
+    creates = [_create(owner, tenant, plan, instances="2") for _ in range(3)]
+    for create in creates:
+        assert wait_done(create, timeout=120).state == Operation.State.SUCCEEDED, create.error
     modify = services.instance_action(
         actor=Actor(user=owner),
-        instance=create.instance,
+        instance=creates[0].instance,
         verb="modify",
         request_id=uuid.uuid4().hex,
         parameters={"instances": "3"},
     )
 
     assert wait_done(modify, timeout=120).state == Operation.State.SUCCEEDED, modify.error
-    modify.refresh_from_db()
-    create.refresh_from_db()
-    assert create.transient_failures + modify.transient_failures > 0  # the faults did happen
+    # The faults did happen (a run of ~60 requests with none is below one in a thousand).
+    retried = sum(Operation.objects.get(pk=op.pk).transient_failures for op in [*creates, modify])
+    assert retried > 0
 
 
 def test_an_operator_that_never_gets_healthy_fails_the_create_at_its_deadline(

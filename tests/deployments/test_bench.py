@@ -1,0 +1,30 @@
+"""`manage.py bench_operations` runs end to end and prints every figure (a smoke test: the
+figures themselves are `make bench`'s business, not pass/fail)."""
+
+import os
+import subprocess
+import sys
+
+from tests.deployments.conftest import ROOT
+
+FIGURES = [
+    "Opsdeck creates",
+    "baseline (bare client)",
+    "Opsdeck vs baseline",
+    "engine CPU per task step",
+    "notice delay p50",
+    "notice delay p95",
+]
+
+
+def test_the_operations_benchmark_prints_every_figure():
+    result = subprocess.run(
+        [sys.executable, "manage.py", "bench_operations", "--count", "3", "--workers", "1"],
+        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for figure in FIGURES:
+        assert any(line.startswith(figure) for line in lines), (figure, result.stdout)
+    assert "aim: at most 2x" in result.stdout
+    assert "aim: p50 under 0.5 s" in result.stdout
