@@ -179,6 +179,8 @@ class Operation(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # time inside the run is frozen here
     finished_at = models.DateTimeField(null=True, blank=True)
     next_step_at = models.DateTimeField(null=True, blank=True)
+    # Engine moves made (each a committed transaction), for the record and the benchmark.
+    moves = models.PositiveIntegerField(default=0)
     # Steps in a row that found nothing to do: the poll interval grows with them.
     idle_steps = models.PositiveIntegerField(default=0)
     transient_failures = models.PositiveIntegerField(default=0)  # all of them, for the record

@@ -1,12 +1,13 @@
 """The runner: advances operations one engine step at a time, durably.
 
-A Celery task calls `operation_step(id)`. It locks the operation row
-(`select_for_update(skip_locked=True)`: a second worker holding the same
-message skips it), lets the engine advance from the saved state, saves the
-new state and the task runs, and schedules the next step: at once after
-progress, else after a poll that starts fast and slows to 5 s. Nothing
-sleeps. A worker killed anywhere loses at most the step in flight, which
-the next delivery redoes from the last saved state.
+A Celery task calls `operation_step(id)`. For each move it locks the
+operation row (`select_for_update(skip_locked=True)`: a second worker
+holding the same message skips it), lets the engine advance from the saved
+state, and commits the new state and the task runs. After progress it goes
+on with the next move in the same task (for up to two seconds); when the run
+has to wait it sends itself again after a poll that starts fast and slows to
+5 s. Nothing sleeps. A worker killed anywhere loses at most the move in
+flight, which the next delivery redoes from the last saved state.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 POLL_FIRST = 0.2  # seconds between reads right after an object was applied
 POLL_MAX = 5.0
+MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 
 _drivers: dict[tuple[int, str], KubeDriver] = {}
 
@@ -71,7 +73,26 @@ def schedule(operation_id, delay: float) -> None:
 
 
 def operation_step(operation_id: str) -> None:
-    """Advance one operation by one engine step (see the module docstring)."""
+    """Advance one operation while it makes progress (see the module docstring).
+
+    Each move is its own transaction, committed before the next one starts, so a crash
+    loses at most the move in flight. The task stops at the first move that has to wait,
+    or after MOVES_PER_TASK seconds, and sends itself for the rest: a run that progresses
+    does not queue behind every other run's task for each of its moves.
+    """
+    stop_at = time.monotonic() + MOVES_PER_TASK
+    while True:
+        delay = _step(operation_id)
+        if delay is None:
+            return
+        if delay > 0 or time.monotonic() >= stop_at:
+            current_app.send_task(services.STEP_TASK, args=[str(operation_id)], countdown=delay)
+            return
+
+
+def _step(operation_id: str) -> float | None:
+    """One move, committed; the delay before the next one, or None when there is none to
+    schedule (finished, cancelled, waiting for its turn, or held by another worker)."""
     with transaction.atomic():
         op = (
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
@@ -80,13 +101,13 @@ def operation_step(operation_id: str) -> None:
             .first()
         )
         if op is None:
-            return  # finished, cancelled, or another worker holds it
+            return None  # finished, cancelled, or another worker holds it
         now = timezone.now()
         if op.next_step_at and op.next_step_at > now + timedelta(milliseconds=50):
-            return  # an early duplicate; the scheduled delivery will come
+            return None  # an early duplicate; the scheduled delivery will come
         if op.state == Operation.State.QUEUED and not _begin(op, now):
-            return
-        _advance(op, now)
+            return None
+        return _advance(op, now)
 
 
 def _begin(op: Operation, now) -> bool:
@@ -107,7 +128,8 @@ def _begin(op: Operation, now) -> bool:
     return True
 
 
-def _advance(op: Operation, now) -> None:
+def _advance(op: Operation, now) -> float | None:
+    op.moves += 1
     spec = selectors.plan_spec(op.plan_version)
     verb = spec.main.verbs[op.verb]
     saved = json.loads(op.engine_state)
@@ -143,10 +165,9 @@ def _advance(op: Operation, now) -> None:
         op.transient_streak += 1
         delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
         op.next_step_at = now + timedelta(seconds=delay)
-        op.save(update_fields=["transient_failures", "transient_streak", "next_step_at"])
+        op.save(update_fields=["transient_failures", "transient_streak", "next_step_at", "moves"])
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
-        schedule(op.pk, delay)
-        return
+        return delay
     except (PermanentError, RenderError) as exc:
         # A failure outside any task (a cell that cannot be used, bad variables).
         message = exc.message if isinstance(exc, DriverError) else str(exc)
@@ -158,7 +179,7 @@ def _advance(op: Operation, now) -> None:
     _sync_task_runs(op, state, before=saved.get("nodes", {}))
     if state.done:
         _finish(op, state, verb, now)
-        return
+        return None
     op.transient_streak = 0
     op.idle_steps = 0 if step.progressed else op.idle_steps + 1
     delay = 0.0 if step.progressed else poll_delay(op.idle_steps)
@@ -172,9 +193,10 @@ def _advance(op: Operation, now) -> None:
             "transient_streak",
             "next_step_at",
             "arguments",
+            "moves",
         ]
     )
-    schedule(op.pk, delay)
+    return delay
 
 
 def _finish(op: Operation, state: engine.RunState, verb, now) -> None:

@@ -11,7 +11,7 @@ FIGURES = [
     "Opsdeck creates",
     "baseline (bare client)",
     "Opsdeck vs baseline",
-    "engine CPU per task step",
+    "engine CPU per move",
     "notice delay p50",
     "notice delay p95",
 ]
