@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import yaml
 from celery import current_app
@@ -437,8 +438,10 @@ def snapshot_restore(
     name: str,
     request_id: str,
     parameters: dict | None = None,
+    target_time: datetime | None = None,
 ) -> Operation:
-    """A NEW instance from a completed snapshot, on the snapshot's plan version.
+    """A NEW instance from a completed snapshot, on the snapshot's plan version; with
+    `target_time`, recovered to that instant (`$sys.restore.targetTime`) instead.
 
     Parameters default to the source instance's (when it still exists) and may be changed
     within the plan's rules; the snapshot's metadata reaches the restore workflow as
@@ -454,6 +457,10 @@ def snapshot_restore(
         permission_require(actor=actor, tenant=tenant, action="backup.restore")
         if snapshot.status != Snapshot.Status.COMPLETED:
             raise ValidationError("Only a completed snapshot can be restored.")
+        if target_time is not None and target_time < snapshot.created_at:
+            raise ValidationError("The point in time is before the snapshot was taken.")
+        if target_time is not None and target_time > timezone.now():
+            raise ValidationError("The point in time is in the future.")
         version = snapshot.plan_version
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
@@ -471,6 +478,8 @@ def snapshot_restore(
         restore = {
             "snapshotId": snapshot.name,
             "snapshotTime": snapshot.created_at.isoformat(),
+            # Point in time: recover up to this instant (RFC 3339, UTC); "" means the snapshot.
+            "targetTime": target_time.strftime("%Y-%m-%dT%H:%M:%SZ") if target_time else "",
             "metadata": snapshot.metadata,
         }
         operation = Operation.objects.create(

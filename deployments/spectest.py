@@ -261,6 +261,7 @@ class SpecTest:
             "restore": {
                 "snapshotId": snapshot["id"],
                 "snapshotTime": snapshot["time"],
+                "targetTime": "",
                 "metadata": dict(self.metadata),
             },
             "sourceInstanceId": source.id,

@@ -1,9 +1,11 @@
 """Backups become snapshots that outlive their instance and restore into new instances."""
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import services
@@ -48,7 +50,7 @@ def test_a_snapshot_restores_into_a_new_instance_after_its_source_is_deleted(
     assert copy.outputs["phase"] == "Cluster in healthy state"
     snapshot.refresh_from_db()
     assert snapshot.instance_id == source.pk  # the snapshot outlived its instance
-    bootstrap = restore.task_runs.get(node="main.cluster")
+    bootstrap = restore.task_runs.get(node="main.from-snapshot")
     assert snapshot.metadata["backupId"] in bootstrap.object
 
 
@@ -116,3 +118,26 @@ def test_platform_secrets_reach_workflows_as_secret_variables(worker, cell, tena
     assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
     secret_run = create.task_runs.get(node="main.credentials")
     assert "s3cr3t-token" in secret_run.object  # decrypted here; encrypted in the database
+
+
+def test_a_snapshot_restores_to_a_point_in_time_after_it(worker, cell, plan, tenant, owner):
+    create = _create(owner, tenant, plan)
+    wait_done(create)
+    wait_done(_act(owner, create.instance, "backup"))
+    snapshot = Snapshot.objects.get(instance=create.instance)
+    when = timezone.now()
+
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="as-of", request_id="pitr",
+        target_time=when,
+    )  # fmt: skip
+
+    assert wait_done(restore).state == Operation.State.SUCCEEDED, restore.error
+    recovered = restore.task_runs.get(node="main.to-point-in-time")
+    assert f'"targetTime": "{when:%Y-%m-%dT%H:%M:%SZ}"' in recovered.object
+    assert not restore.task_runs.filter(node="main.from-snapshot").exclude(state="Skipped").exists()
+    with pytest.raises(ValidationError, match="in the future"):
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="later", request_id="pitr-2",
+            target_time=when + timedelta(days=1),
+        )  # fmt: skip
