@@ -147,3 +147,17 @@ def test_a_server_error_during_discovery_is_transient(
     finally:
         sandbox_cluster.set_faults(error_503=0.0)
         fresh.close()
+
+
+def test_a_json_patch_applies_the_list_under_the_patch_key(driver, namespace):
+    driver.apply(cluster(namespace))
+    patch = {
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "kind": "Cluster",
+        "metadata": {"name": "db", "namespace": namespace},
+        "patch": [{"op": "replace", "path": "/spec/instances", "value": 3}],
+    }
+
+    patched = driver.patch(patch, strategy="json", subresource=None)
+
+    assert patched["spec"]["instances"] == 3
