@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 POLL_FIRST = 0.2  # seconds between reads right after an object was applied
 POLL_MAX = 5.0
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
+QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
 
 _drivers: dict[tuple[int, str], KubeDriver] = {}
 
@@ -106,7 +107,9 @@ def _step(operation_id: str) -> float | None:
         if op.next_step_at and op.next_step_at > now + timedelta(milliseconds=50):
             return None  # an early duplicate; the scheduled delivery will come
         if op.state == Operation.State.QUEUED and not _begin(op, now):
-            return None
+            # Its predecessor schedules it when it finishes; looking again now and then covers
+            # a predecessor that finished while this one was being queued.
+            return QUEUED_RECHECK
         return _advance(op, now)
 
 
@@ -213,7 +216,13 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
     op.error = "" if succeeded else (state.message or "The workflow failed.")
     op.outputs = engine.verb_outputs(state, verb.outputs) if succeeded else {}
     op.next_step_at = None
-    op.save()
+    # Only what finishing changes: a delete may have set cancel_reason meanwhile.
+    op.save(
+        update_fields=[
+            "state", "finished_at", "error", "outputs", "next_step_at",
+            "engine_state", "moves", "arguments", "transient_streak",
+        ]
+    )  # fmt: skip
     instance = op.instance
     rule = lifecycle.rule(op.verb, custom=verb.custom)
     if succeeded:

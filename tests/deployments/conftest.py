@@ -50,13 +50,29 @@ def plan(transactional_db):
 
 
 @pytest.fixture
-def worker(transactional_db):
-    """A real Celery worker (threads) on this run's queue, consuming from the real broker."""
-    from celery.contrib.testing.worker import start_worker
+def worker(transactional_db, settings):
+    """A real Celery worker (threads) on this run's queue, consuming from the real broker,
+    with the stalled-operation sweeper running beside it as beat runs it in production
+    (faster here: a step 3 s overdue is re-enqueued)."""
+    import threading
 
+    from celery.contrib.testing.worker import start_worker
+    from django.db import connection
+
+    from deployments import runner
     from portal.celery import app
 
+    settings.OPSDECK_STALLED_AFTER = 3
+    stop = threading.Event()
+
+    def sweep():
+        while not stop.wait(1.0):
+            runner.operations_sweep()
+        connection.close()
+
+    sweeper = threading.Thread(target=sweep, name="test-sweeper", daemon=True)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        sweeper.start()
         yield
         # Let operations still in flight finish while the database is there for them.
         from deployments.models import Operation
@@ -67,6 +83,8 @@ def worker(transactional_db):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        stop.set()
+        sweeper.join(10)
 
 
 def wait_for(predicate, *, timeout=60.0, interval=0.1, what="the condition"):
