@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
+from kubernetes.dynamic.resource import ResourceList
 
 from deployments.workflow.driver import DriverError, PermanentError, TransientError
 
@@ -239,6 +240,40 @@ class KubeDriver:
             if exc.status == 404:
                 return None
             raise
+
+    def resolve(self, resource: str) -> tuple[str, str]:
+        name, _, qualifier = resource.strip().partition(".")
+        wanted = name.lower()
+
+        def matching() -> list:
+            try:
+                served = self.dynamic.resources.search()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                raise classify(exc) from exc
+            return [
+                r
+                for r in served
+                if not isinstance(r, ResourceList)
+                and wanted in {r.name, r.singular_name, r.kind.lower(), *(r.short_names or [])}
+                and (not qualifier or qualifier in {r.group, f"{r.api_version}.{r.group}"})
+            ]
+
+        found = matching()
+        if not found:  # a CRD installed after discovery was cached: look again once
+            self.dynamic.resources.invalidate_cache()
+            found = matching()
+        if not found:
+            raise PermanentError(f'The cluster serves no resource type "{resource}".')
+        kinds = sorted({f"{r.kind}.{r.group}" if r.group else r.kind for r in found})
+        if len(kinds) > 1:
+            raise PermanentError(
+                f'"{resource}" could mean {" or ".join(kinds)}; add the group, as in '
+                f'"{found[0].name}.{found[0].group}"'
+                if found[0].group
+                else f'"{resource}" could mean {" or ".join(kinds)}; add the group'
+            )
+        chosen = next((r for r in found if getattr(r, "preferred", False)), found[0])
+        return chosen.group_version, chosen.kind
 
     # --- what Opsdeck itself needs ------------------------------------------------
 

@@ -347,7 +347,7 @@ def _resource(raw: Any, path: str, report: Report) -> ResourceAction:
             f'unknown action "{action}"; expected one of {", ".join(RESOURCE_ACTIONS)}',
         )
     manifest = raw.get("manifest")
-    if isinstance(manifest, dict):
+    if isinstance(manifest, dict | list):  # an object, or a JSON patch's operations
         manifest = yaml.safe_dump(manifest, sort_keys=False)
     elif manifest is None or not isinstance(manifest, str):
         report.error(f"{path}.manifest", "is required (one Kubernetes object as YAML text)")
@@ -388,6 +388,12 @@ def _task(raw: Any, path: str, report: Report) -> Task | None:
     if with_items is not None and not isinstance(with_items, list):
         report.error(f"{path}.withItems", "must be a list")
         with_items = None
+    with_param = raw.get("withParam")
+    if with_param is not None and not isinstance(with_param, str):
+        report.error(f"{path}.withParam", "must be text that renders to a JSON list")
+        with_param = None
+    if with_items is not None and with_param is not None:
+        report.error(path, "a task takes withItems or withParam, not both")
     continue_on = _mapping(raw.get("continueOn"), f"{path}.continueOn", report)
     return Task(
         name=_text(raw, "name", path, report, required=True),
@@ -401,6 +407,7 @@ def _task(raw: Any, path: str, report: Report) -> Task | None:
             report,
         ),
         with_items=with_items,
+        with_param=with_param,
         continue_on={k: bool(v) for k, v in continue_on.items() if k in ("failed", "error")},
     )
 
@@ -431,9 +438,9 @@ def _template(raw: Any, path: str, report: Report) -> Template | None:
                 template.tasks.append(task)
         target = dag.get("target")
         if isinstance(target, str):
-            template.target = target.split()
+            template.target = target.strip() or None
         elif isinstance(target, list):
-            template.target = [str(t) for t in target]
+            template.target = " ".join(str(t) for t in target) or None
         elif target is not None:
             report.error(f"{path}.dag.target", "must be task names separated by spaces")
         template.fail_fast = _bool(dag, "failFast", f"{path}.dag", report, True)
@@ -459,6 +466,7 @@ def _template(raw: Any, path: str, report: Report) -> Template | None:
             OutputParameter(
                 name=str(item["name"]),
                 json_path=value_from.get("jsonPath"),
+                jq_filter=value_from.get("jqFilter"),
                 default=None if default is None else str(default),
             )
         )

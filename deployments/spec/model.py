@@ -89,10 +89,12 @@ class ResourceAction:
 
 @dataclass
 class OutputParameter:
-    """A template output read from the resource's object with a kubectl-style JSONPath."""
+    """A template output read from the resource's object: a kubectl-style JSONPath, or a jq
+    program (`jq -rc`); the JSONPath wins when both are given, as in Argo."""
 
     name: str
     json_path: str | None = None
+    jq_filter: str | None = None
     default: str | None = None
 
 
@@ -107,6 +109,7 @@ class Task:
     when: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     with_items: list[Any] | None = None
+    with_param: str | None = None  # a JSON list, usually another task's output
     continue_on: dict[str, bool] = field(default_factory=dict)
 
 
@@ -117,7 +120,7 @@ class Template:
     name: str
     inputs: list[str] = field(default_factory=list)
     tasks: list[Task] | None = None
-    target: list[str] | None = None
+    target: str | None = None  # task names separated by spaces; may hold placeholders
     fail_fast: bool = True
     resource: ResourceAction | None = None
     retry: RetryStrategy | None = None

@@ -22,6 +22,7 @@ from deployments.spec.loader import PRICING_DIMENSIONS, Report, build
 from deployments.spec.model import (
     BACKUP_VERBS,
     REQUIRED_VERBS,
+    OutputParameter,
     Parameter,
     PlanSpec,
     Service,
@@ -31,9 +32,10 @@ from deployments.spec.model import (
     Workflow,
 )
 from deployments.workflow.conditions import ConditionError, parse_condition
+from deployments.workflow.engine import patch_target
 from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
-from deployments.workflow.outputs import OutputError, check_json_path
-from deployments.workflow.render import RenderError, references
+from deployments.workflow.outputs import OutputError, check_jq_filter, check_json_path
+from deployments.workflow.render import RenderError, is_patch_list, references
 
 SYS_ROOTS = frozenset(
     {
@@ -276,15 +278,22 @@ class _VerbChecker:
             if template.resource is not None:
                 self.check_resource(template)
             for i, output in enumerate(template.outputs):
-                if output.json_path is None:
-                    continue
-                try:
-                    check_json_path(output.json_path)
-                except OutputError as exc:
-                    self.report.error(
-                        f"{template.path}.outputs.parameters[{i}].valueFrom.jsonPath", str(exc)
-                    )
+                self.check_output(output, f"{template.path}.outputs.parameters[{i}].valueFrom")
         self.check_outputs()
+
+    def check_output(self, output: OutputParameter, path: str) -> None:
+        if output.json_path is not None:
+            try:
+                check_json_path(output.json_path)
+            except OutputError as exc:
+                self.report.error(f"{path}.jsonPath", str(exc))
+            if output.jq_filter is not None:
+                self.report.warn(f"{path}.jqFilter", "ignored: jsonPath is used when both are set")
+        elif output.jq_filter is not None:
+            try:
+                check_jq_filter(str(output.jq_filter))
+            except OutputError as exc:
+                self.report.error(f"{path}.jqFilter", str(exc))
 
     # references
 
@@ -330,7 +339,10 @@ class _VerbChecker:
         elif head == "tasks" and len(parts) >= 2:
             return self.task_reference_problem(reference, parts, scope)
         elif head == "item" and not scope.item:
-            return f"undefined reference {reference}: only a task with withItems defines item"
+            return (
+                f"undefined reference {reference}: "
+                "only a task with withItems or withParam defines item"
+            )
         return None
 
     def task_reference_problem(self, reference: str, parts: list[str], scope: _Scope) -> str | None:
@@ -384,9 +396,13 @@ class _VerbChecker:
         graph: dict[str, set[str]] = {}
         for i, task in enumerate(tasks):
             graph[task.name] = self.check_task(task, f"{template.path}.dag.tasks[{i}]", scope)
-        for name in template.target or []:
-            if name not in siblings:
-                self.report.error(f"{template.path}.dag.target", f'unknown task "{name}"')
+        target = template.target or ""
+        if "{{" in target:  # named through a parameter: its names are checked at run time
+            self.check_references(target, f"{template.path}.dag.target", scope)
+        else:
+            for name in target.split():
+                if name not in siblings:
+                    self.report.error(f"{template.path}.dag.target", f'unknown task "{name}"')
         cycle = _find_cycle(graph)
         if cycle:
             self.report.error(
@@ -395,7 +411,9 @@ class _VerbChecker:
 
     def check_task(self, task: Task, path: str, scope: _Scope) -> set[str]:
         """Check one task; returns the names of the tasks it depends on."""
-        scope = replace(scope, item=task.with_items is not None)
+        if task.with_param is not None:
+            self.check_references(task.with_param, f"{path}.withParam", scope)
+        scope = replace(scope, item=task.with_items is not None or task.with_param is not None)
         templates = self.workflow.templates
         target = templates.get(task.template)
         if task.template and target is None:
@@ -456,6 +474,11 @@ class _VerbChecker:
             self.check_condition(condition, path)
             self.check_references(condition, path, scope)
         self.check_references(resource.manifest, manifest_path, scope)
+        for i, flag in enumerate(resource.flags):
+            self.check_references(flag, template.where(f"resource.flags[{i}]"), scope)
+        if resource.action == "patch" and is_patch_list(resource.manifest):
+            self.check_patch_list(template)
+            return
         obj = self.parse_manifest(resource.manifest, manifest_path)
         if obj is None:
             return
@@ -485,6 +508,29 @@ class _VerbChecker:
                     f"a strategic merge patch is not supported for custom resources ({kind} "
                     f"of {api_version}); set mergeStrategy to merge or json",
                 )
+
+    def check_patch_list(self, template: Template) -> None:
+        """Argo's form of a JSON patch: operations as the manifest, the object in flags."""
+        resource = template.resource
+        if resource.merge_strategy != "json":
+            self.report.error(
+                template.where("resource.mergeStrategy"),
+                "a manifest that is a list is a JSON patch; set mergeStrategy to json",
+            )
+        tokenized, _ = _tokenize(resource.manifest)
+        operations = yaml.safe_load(tokenized)
+        for i, operation in enumerate(operations):
+            if not isinstance(operation, dict) or "op" not in operation or "path" not in operation:
+                self.report.error(
+                    f"{template.where('resource.manifest')}[{i}]",
+                    "a JSON patch operation is a mapping with op and path",
+                )
+        if patch_target(resource.flags) is None:
+            self.report.error(
+                template.where("resource.flags"),
+                "a JSON patch given as a list names its object in flags, "
+                'e.g. ["cluster", "NAME"] or ["cluster/NAME"]',
+            )
 
     def check_condition(self, condition: str, path: str) -> None:
         tokenized, _ = _tokenize(condition)

@@ -64,3 +64,8 @@ class Driver(Protocol):
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """Read the object `obj` names; None when it does not exist."""
         ...
+
+    def resolve(self, resource: str) -> tuple[str, str]:
+        """The (apiVersion, kind) a kubectl resource argument names (`cluster`, `cm`,
+        `clusters.postgresql.cnpg.io`); a PermanentError when the cluster serves none."""
+        ...

@@ -22,12 +22,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from deployments.spec.model import Template, Workflow
-from deployments.workflow import conditions, expressions, outputs
+from deployments.workflow import conditions, dag, expressions, outputs
 from deployments.workflow.driver import Driver, PermanentError
 from deployments.workflow.render import (
     Context,
     RenderError,
+    is_patch_list,
     render_manifest,
+    render_patch,
     render_text,
     render_value,
 )
@@ -293,19 +295,25 @@ class _Run:
     # --- DAG ----------------------------------------------------------------------
 
     def dag(self, node: Node, template: Template, ctx: Context) -> Step:
-        from deployments.workflow import dag  # the scheduling rules, kept apart
-
         step = Step()
         tasks = {task.name: task for task in template.tasks}
+        try:
+            target_names = self._targets(template, tasks, ctx)
+        except RenderError as exc:
+            _finish(node, ERRORED, self.now, str(exc))
+            return Step(progressed=True)
+        needed = dag.needed(target_names, tasks)
         while True:
             results = {name: self._task_phase(node, name) for name in tasks}
             groups = {name: self._group_phases(node, name) for name in tasks}
             task_ctx = _with(ctx, tasks={**ctx.tasks, **self._task_outputs(node, tasks)})
-            stop_starting = template.fail_fast and dag.has_uncovered_failure(tasks, results)
+            stop_starting = template.fail_fast and (
+                dag.failed_target(target_names, tasks, results) is not None
+            )
             started = False
             for task in template.tasks:
-                if results[task.name] is not None:
-                    continue  # already started or decided
+                if task.name not in needed or results[task.name] is not None:
+                    continue  # not needed by a target, or already started or decided
                 decision = dag.decide(task, results, groups, tasks)
                 if decision == dag.WAIT:
                     continue
@@ -321,7 +329,7 @@ class _Run:
                 break
             step.progressed = True
         results = {name: self._task_phase(node, name) for name in tasks}
-        outcome = dag.outcome(template, tasks, results)
+        outcome = dag.outcome(template, tasks, results, target_names)
         if outcome is not None:
             phase, failed_task = outcome
             message = ""
@@ -331,6 +339,17 @@ class _Run:
             _finish(node, phase, self.now, message)
             step.progressed = True
         return step
+
+    def _targets(self, template: Template, tasks: dict, ctx: Context) -> list[str]:
+        """The DAG's target tasks; `dag.target` may name them through a parameter."""
+        if not template.target:
+            return dag.targets(tasks, None)
+        where = template.where("dag.target")
+        names = render_text(template.target, ctx, where=where).split()
+        unknown = [name for name in names if name not in tasks]
+        if unknown:
+            raise RenderError(f'{where}: unknown task "{unknown[0]}"')
+        return dag.targets(tasks, names)
 
     def _child_id(self, node: Node, task: str) -> str:
         return f"{node.id}.{task}"
@@ -365,38 +384,71 @@ class _Run:
         return child
 
     def _start_task(self, node: Node, task, ctx: Context, step: Step) -> bool:
-        if task.when:
-            try:
-                condition = _render_text(task.when, ctx)
-                run_it = expressions.when_is_true(condition)
-            except (RenderError, expressions.ExpressionError) as exc:
-                self._decided(node, task.name, FAILED, f"when: {exc}")
+        fans_out = task.with_items is not None or task.with_param is not None
+        if not fans_out:
+            verdict = self._when(task, ctx)
+            if verdict is not None:
+                self._decided(node, task.name, *verdict)
                 return True
-            if not run_it:
-                self._decided(node, task.name, SKIPPED, f"when '{condition}' evaluated false")
-                return True
-        if task.with_items is not None:
-            items = render_value(task.with_items, ctx, where=f"{task.name}.withItems")
-            if not items:
-                self._decided(node, task.name, SKIPPED, "withItems is empty")
-                return True
-            group = Node(id=self._child_id(node, task.name), template="", phase=RUNNING)
-            group.started_at = self.now
-            self.state.nodes[group.id] = group
-            node.children.append(group.id)
-            for index, item in enumerate(items):
-                label = json.dumps(item) if isinstance(item, dict | list) else str(item)
-                child = self._new_child(group, f"{task.name}({index}:{label})", task, ctx, item)
-                if child is None:
-                    return True
+            self._new_child(node, task.name, task, ctx, None)
             return True
-        return self._new_child(node, task.name, task, ctx, None) is not None
+        try:
+            items = self._items(task, ctx)
+        except RenderError as exc:
+            self._decided(node, task.name, ERRORED, str(exc))
+            return True
+        if not items:
+            field_name = "withItems" if task.with_items is not None else "withParam"
+            self._decided(node, task.name, SKIPPED, f"{field_name} is empty")
+            return True
+        group = Node(id=self._child_id(node, task.name), template="", phase=RUNNING)
+        group.started_at = self.now
+        self.state.nodes[group.id] = group
+        node.children.append(group.id)
+        for index, item in enumerate(items):
+            label = json.dumps(item) if isinstance(item, dict | list) else str(item)
+            self._new_child(group, f"{task.name}({index}:{label})", task, ctx, item)
+        return True
 
-    def _new_child(self, parent: Node, name: str, task, ctx: Context, item: Any) -> Node | None:
+    @staticmethod
+    def _when(task, ctx: Context) -> tuple[str, str] | None:
+        """None when the task runs, else the (phase, message) its `when` decides."""
+        if not task.when:
+            return None
+        try:
+            condition = _render_text(task.when, ctx)
+            run_it = expressions.when_is_true(condition)
+        except (RenderError, expressions.ExpressionError) as exc:
+            return FAILED, f"when: {exc}"
+        return None if run_it else (SKIPPED, f"when '{condition}' evaluated false")
+
+    @staticmethod
+    def _items(task, ctx: Context) -> list:
+        """The elements a withItems / withParam task fans out over."""
+        if task.with_items is not None:
+            return render_value(task.with_items, ctx, where=f"{task.name}.withItems")
+        text = render_text(task.with_param, ctx, where=f"{task.name}.withParam")
+        try:
+            items = json.loads(text)
+        except ValueError:
+            items = None
+        if not isinstance(items, list):
+            raise RenderError(
+                f"{task.name}.withParam: value could not be parsed as a JSON list: {text.strip()}"
+            )
+        return items
+
+    def _new_child(self, parent: Node, name: str, task, ctx: Context, item: Any) -> Node:
         item_ctx = _with(ctx, item=item) if item is not None else ctx
         child = Node(id=f"{parent.id}.{name}", template=task.template)
         parent.children.append(child.id)
         self.state.nodes[child.id] = child
+        if item is not None:  # a fanned-out task's `when` is decided per item (Argo)
+            verdict = self._when(task, item_ctx)
+            if verdict is not None:
+                child.started_at = self.now
+                _finish(child, verdict[0], self.now, verdict[1])
+                return child
         try:
             child.inputs = {
                 key: render_value(value, item_ctx, where=f"{child.id}.arguments.{key}")
@@ -405,7 +457,6 @@ class _Run:
         except RenderError as exc:
             child.started_at = self.now
             _finish(child, ERRORED, self.now, str(exc))
-            return child
         return child
 
     def _advance_children(self, node: Node, ctx: Context) -> Step:
@@ -414,7 +465,7 @@ class _Run:
             child = self.state.nodes[child_id]
             if child.phase in FINISHED:
                 continue
-            if child.template == "":  # a withItems group
+            if child.template == "":  # a withItems / withParam group
                 step.merge(self._advance_group(child, ctx))
             else:
                 step.merge(self.node(child, ctx))
@@ -455,6 +506,8 @@ class _Run:
                 node.object = self._render(template, ctx)
             except RenderError as exc:
                 return self._attempt_failed(node, template, ERRORED, str(exc))
+            except PermanentError as exc:  # the cluster serves no such kind
+                return self._attempt_failed(node, template, FAILED, exc.message)
             node.step = "rendered"
             return Step(progressed=True)
         if node.step == "rendered":
@@ -499,7 +552,15 @@ class _Run:
         return Step()
 
     def _render(self, template: Template, ctx: Context) -> dict:
-        obj = render_manifest(template.resource.manifest, ctx, where=template.where("resource"))
+        resource = template.resource
+        if (
+            resource.action == "patch"
+            and resource.merge_strategy == "json"
+            and is_patch_list(resource.manifest)
+        ):
+            obj = self._json_patch(template, ctx)
+        else:
+            obj = render_manifest(resource.manifest, ctx, where=template.where("resource"))
         kind = obj.get("kind", "")
         if not kind or not obj.get("apiVersion"):
             raise RenderError(f"{template.where('resource')}: the object has no apiVersion/kind")
@@ -520,6 +581,26 @@ class _Run:
             labels[OPERATION_LABEL] = self.state.operation_id
             metadata["labels"] = labels
         return obj
+
+    def _json_patch(self, template: Template, ctx: Context) -> dict:
+        """Argo's form of a JSON patch: the operations as the manifest, the object named in
+        `flags` (`[cluster, NAME]` or `[cluster/NAME]`), its kind found by the cluster."""
+        where = template.where("resource")
+        operations = render_patch(template.resource.manifest, ctx, where=f"{where}.manifest")
+        flags = [render_text(f, ctx, where=f"{where}.flags") for f in template.resource.flags]
+        target = patch_target(flags)
+        if target is None:
+            raise RenderError(
+                f"{where}.flags: a JSON patch given as a list names its object in flags, "
+                'e.g. ["cluster", "NAME"] or ["cluster/NAME"]'
+            )
+        api_version, kind = self.driver.resolve(target[0])
+        return {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": target[1]},
+            "patch": operations,
+        }
 
     def _act(self, action, obj: dict) -> dict | None:
         subresource = None
@@ -552,7 +633,19 @@ class _Run:
     def _succeed(self, node: Node, template: Template) -> Step:
         source = node.observed or node.object or {}
         for output in template.outputs:
-            value = outputs.json_path(source, output.json_path) if output.json_path else ""
+            try:
+                if output.json_path:
+                    value = outputs.json_path(source, output.json_path)
+                elif output.jq_filter:
+                    value = outputs.jq_filter(source, output.jq_filter)
+                else:
+                    value = ""
+            except outputs.OutputError as exc:
+                if output.default is None:  # Argo: a failing filter without a default errors
+                    return self._attempt_failed(
+                        node, template, ERRORED, f"output {output.name}: {exc}"
+                    )
+                value = ""
             node.outputs[output.name] = value or (output.default or "")
         _finish(node, SUCCEEDED, self.now)
         return Step(progressed=True)
@@ -574,6 +667,31 @@ class _Run:
                 return Step(progressed=True, wake_at=node.retry_at)
         _finish(node, phase, self.now, message)
         return Step(progressed=True)
+
+
+# kubectl options that take their value as the next flag.
+_VALUED_FLAGS = {"-n", "--namespace", "--type", "-p", "--patch", "-o", "--output",
+                 "--field-manager", "--subresource", "-l", "--selector"}  # fmt: skip
+
+
+def patch_target(flags: list[str]) -> tuple[str, str] | None:
+    """The (resource type, name) kubectl-style resource arguments in `flags` name:
+    `["cluster", "pg"]` or `["clusters.postgresql.cnpg.io/pg"]`; None when they name none."""
+    positional, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag in _VALUED_FLAGS:
+            skip = True
+        elif not flag.startswith("-"):
+            positional.append(flag)
+    if len(positional) == 1 and "/" in positional[0]:
+        resource_type, _, name = positional[0].partition("/")
+    elif len(positional) == 2 and "/" not in positional[0]:
+        resource_type, name = positional
+    else:
+        return None
+    return (resource_type, name) if resource_type and name else None
 
 
 def _retries(retry, phase: str) -> bool:

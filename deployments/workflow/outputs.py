@@ -19,6 +19,7 @@ import math
 from decimal import Decimal
 from typing import Any
 
+import jq
 from jsonpath_ng.ext import parse as _jsonpath_parse
 
 __all__ = [
@@ -373,3 +374,32 @@ def crd_path(obj: dict, expr: str) -> str:
     if text.startswith(_CRD_PREFIX) and (not rest or rest[0] in ".["):
         text = rest or "$"
     return json_path(obj, text)
+
+
+def check_jq_filter(program: str) -> None:
+    """Raise OutputError when `program` is not a valid jq program."""
+    try:
+        jq.compile(program)
+    except ValueError as exc:
+        raise OutputError(_jq_message(exc)) from None
+
+
+def jq_filter(obj: dict, program: str) -> str:
+    """Run a jq program over the object as `jq -rc` does: strings raw, other values as
+    compact JSON, one line per result (no trailing newline).
+
+    Raises OutputError when the program fails on this object (e.g. indexes a number).
+    """
+    try:
+        results = jq.compile(program).input_value(obj).all()
+    except ValueError as exc:
+        raise OutputError(_jq_message(exc)) from None
+    return "\n".join(
+        r if isinstance(r, str) else json.dumps(r, separators=(",", ":"), ensure_ascii=False)
+        for r in results
+    )
+
+
+def _jq_message(exc: ValueError) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"jq: {lines[0].removeprefix('jq: error: ')}" if lines else "jq: invalid program"

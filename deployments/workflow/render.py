@@ -555,6 +555,19 @@ def _describe(node: Any) -> str:
 # --- public API -----------------------------------------------------------------------------
 
 
+def _one_document(template: str, where: str) -> tuple[Any, _Tokenized]:
+    if not isinstance(template, str):
+        raise RenderError(_located("manifest must be YAML text", where))
+    tokenized = _tokenize(template, where)
+    documents = [doc for doc in _load_documents(tokenized, where) if doc is not None]
+    if not documents:
+        raise RenderError(_located("manifest is empty", where))
+    if len(documents) > 1:
+        message = f"manifest must hold exactly one object, found {len(documents)} documents"
+        raise RenderError(_located(message, where))
+    return documents[0], tokenized
+
+
 def render_manifest(template: str, ctx: Context, *, where: str = "") -> dict:
     """Render YAML text holding exactly one Kubernetes object (a mapping) into a dict.
 
@@ -563,20 +576,38 @@ def render_manifest(template: str, ctx: Context, *, where: str = "") -> dict:
     mapping, duplicate keys after substitution, and undefined or unsupported placeholders.
     Empty documents (a stray `---`) are ignored.
     """
-    if not isinstance(template, str):
-        raise RenderError(_located("manifest must be YAML text", where))
-    tokenized = _tokenize(template, where)
-    objects = [doc for doc in _load_documents(tokenized, where) if doc is not None]
-    if not objects:
-        raise RenderError(_located("manifest is empty", where))
-    if len(objects) > 1:
-        message = f"manifest must hold exactly one object, found {len(objects)} documents"
-        raise RenderError(_located(message, where))
+    document, tokenized = _one_document(template, where)
     # Checked before substitution, so a value can never become the whole object.
-    if not isinstance(objects[0], dict):
-        message = f"manifest must be a mapping (one Kubernetes object), not {_describe(objects[0])}"
+    if not isinstance(document, dict):
+        message = f"manifest must be a mapping (one Kubernetes object), not {_describe(document)}"
         raise RenderError(_located(message, where))
-    return _fill(objects[0], tokenized.source(ctx), where, "")
+    return _fill(document, tokenized.source(ctx), where, "")
+
+
+def is_patch_list(template: str) -> bool:
+    """Whether a manifest is a list (Argo's form of a JSON patch) rather than an object."""
+    try:
+        document, _ = _one_document(template, "")
+    except RenderError:
+        return False
+    return isinstance(document, list)
+
+
+def render_patch(template: str, ctx: Context, *, where: str = "") -> list[dict]:
+    """Render a JSON patch written as a YAML list of operations (`- op: replace` …).
+
+    Every operation must be a mapping with `op` and `path` before substitution, so a value
+    can never become an operation.
+    """
+    document, tokenized = _one_document(template, where)
+    if not isinstance(document, list) or not document:
+        raise RenderError(_located("a JSON patch must be a non-empty list of operations", where))
+    for i, operation in enumerate(document):
+        if not isinstance(operation, dict) or "op" not in operation or "path" not in operation:
+            raise RenderError(
+                _located("every operation must be a mapping with op and path", where, f"[{i}]")
+            )
+    return _fill(document, tokenized.source(ctx), where, "")
 
 
 def render_value(value: Any, ctx: Context, *, where: str = "") -> Any:

@@ -161,3 +161,25 @@ def test_a_json_patch_applies_the_list_under_the_patch_key(driver, namespace):
     patched = driver.patch(patch, strategy="json", subresource=None)
 
     assert patched["spec"]["instances"] == 3
+
+
+@pytest.mark.parametrize(
+    "argument, expected",
+    [
+        ("cluster", ("postgresql.cnpg.io/v1", "Cluster")),
+        ("clusters", ("postgresql.cnpg.io/v1", "Cluster")),
+        ("Cluster", ("postgresql.cnpg.io/v1", "Cluster")),
+        ("clusters.postgresql.cnpg.io", ("postgresql.cnpg.io/v1", "Cluster")),
+        ("cm", ("v1", "ConfigMap")),
+        ("secret", ("v1", "Secret")),
+    ],
+)
+def test_resolve_reads_a_kubectl_resource_argument_as_kubectl_does(driver, argument, expected):
+    assert driver.resolve(argument) == expected
+
+
+def test_resolve_refuses_a_type_the_cluster_does_not_serve(driver):
+    with pytest.raises(PermanentError, match='serves no resource type "widgets"'):
+        driver.resolve("widgets")
+    with pytest.raises(PermanentError, match="serves no resource type"):
+        driver.resolve("clusters.example.com")  # the right name in the wrong group

@@ -289,3 +289,125 @@ def test_a_required_parameter_without_default_fails_create_with_its_name():
     assert (results[0].verb, results[0].result) == ("create", "failed")
     assert results[0].error == "parameters: owner: This field is required."
     assert results[-1].result == "not run"
+
+
+# Argo's forms against the API server: dag.target, withParam from a jqFilter output, and a
+# JSON patch whose object is named in flags.
+ARGO_FORMS = """
+name: Argo forms
+x-opsdeck: {kinds: [ConfigMap, Cluster]}
+services:
+  - name: db
+    apiParameters:
+      - {key: names, type: String, modifiable: false, defaultValue: "a b"}
+    systemWorkflows:
+      create:
+        outputParameters:
+          instances: "$tasks.scale.resource.spec.instances"
+          namespace: "$tasks.scale.resource.metadata.namespace"
+        workflow:
+          entrypoint: main
+          activeDeadlineSeconds: 120
+          templates:
+            - name: main
+              dag:
+                target: scale each
+                tasks:
+                  - {name: cluster, template: cluster}
+                  - {name: scale, template: scale, dependencies: [cluster]}
+                  - {name: list, template: list}
+                  - name: each
+                    template: each
+                    dependencies: [list]
+                    withParam: "{{tasks.list.outputs.parameters.names}}"
+                    arguments: {parameters: [{name: name, value: "{{item}}"}]}
+                  - {name: unneeded, template: unneeded}
+            - name: cluster
+              resource:
+                action: apply
+                successCondition: "status.readyInstances == 1"
+                manifest: |
+                  apiVersion: postgresql.cnpg.io/v1
+                  kind: Cluster
+                  metadata: {name: "{{ $sys.id }}"}
+                  spec: {instances: 1, storage: {size: 1Gi}}
+            - name: scale
+              resource:
+                action: patch
+                mergeStrategy: json
+                flags: [clusters.postgresql.cnpg.io, "{{ $sys.id }}"]
+                successCondition: "status.readyInstances == 2"
+                manifest: |
+                  - op: replace
+                    path: /spec/instances
+                    value: 2
+            - name: list
+              resource:
+                action: apply
+                manifest: |
+                  apiVersion: v1
+                  kind: ConfigMap
+                  metadata: {name: list}
+                  data: {names: "{{ $var.names }}"}
+              outputs:
+                parameters:
+                  - name: names
+                    valueFrom: {jqFilter: '.data.names | split(" ") | map("cm-" + .)'}
+            - name: each
+              inputs: {parameters: [{name: name}]}
+              resource:
+                action: apply
+                manifest: |
+                  apiVersion: v1
+                  kind: ConfigMap
+                  metadata: {name: "{{inputs.parameters.name}}"}
+            - name: unneeded
+              resource:
+                action: apply
+                manifest: |
+                  apiVersion: v1
+                  kind: ConfigMap
+                  metadata: {name: unneeded}
+      modify:
+        workflow:
+          entrypoint: get
+          activeDeadlineSeconds: 60
+          templates:
+            - name: get
+              resource:
+                action: get
+                manifest: |
+                  apiVersion: v1
+                  kind: ConfigMap
+                  metadata: {name: list}
+      delete:
+        workflow:
+          entrypoint: rm
+          activeDeadlineSeconds: 60
+          templates:
+            - name: rm
+              resource:
+                action: delete
+                manifest: |
+                  apiVersion: postgresql.cnpg.io/v1
+                  kind: Cluster
+                  metadata: {name: "{{ $sys.id }}"}
+"""
+
+
+def test_argo_forms_run_against_the_api_server():
+    found: dict[str, set[str]] = {}
+
+    def look(result: spectest.VerbResult) -> None:
+        if result.verb == "create":  # the namespace is still there: list its ConfigMaps
+            configmaps = driver.dynamic.resources.get(api_version="v1", kind="ConfigMap")
+            items = configmaps.get(namespace=result.outputs["namespace"]).to_dict()["items"]
+            found["create"] = {item["metadata"]["name"] for item in items}
+
+    with spectest.sandbox_driver(speed=50) as (_, driver):
+        results = {r.verb: r for r in spectest.run(load_spec(ARGO_FORMS), driver, on_result=look)}
+
+    assert {r.result for r in results.values()} == {"passed", "skipped"}, results
+    assert results["create"].outputs["instances"] == "2"  # the JSON patch reached the Cluster
+    assert {"list", "cm-a", "cm-b"} <= found["create"]  # withParam over the jq output
+    assert "unneeded" not in found["create"]  # neither a target nor needed by one

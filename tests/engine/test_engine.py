@@ -70,10 +70,27 @@ class MemoryCluster:
     def patch(self, obj, *, strategy, subresource):
         self._check(f"patch:{strategy}:{subresource}")
         current = self.objects[self.key(obj)]
+        if strategy == "json":  # replace and add on plain paths are enough here
+            for operation in obj["patch"]:
+                *parents, last = operation["path"].strip("/").split("/")
+                target = current
+                for part in parents:
+                    target = target.setdefault(part, {})
+                target[last] = copy.deepcopy(operation["value"])
+            return current
         for key, value in obj.items():
             if key not in {"apiVersion", "kind", "metadata"}:
                 current[key] = copy.deepcopy(value)
         return current
+
+    KINDS = {"cm": ("v1", "ConfigMap"), "configmap": ("v1", "ConfigMap"),
+             "cluster": ("postgresql.cnpg.io/v1", "Cluster")}  # fmt: skip
+
+    def resolve(self, resource):
+        self.calls.append(f"resolve:{resource}")
+        if resource not in self.KINDS:
+            raise PermanentError(f'The cluster serves no resource type "{resource}".')
+        return self.KINDS[resource]
 
     def replace(self, obj):
         self._check("replace")
@@ -624,3 +641,249 @@ def test_workflow_arguments_feed_the_entrypoints_inputs():
     run.until_quiet()
 
     assert run.cluster.objects[("ConfigMap", NS, "cm")]["data"] == {"value": "from-arguments"}
+
+
+def test_only_the_dag_targets_and_what_they_depend_on_run():
+    wf = workflow(
+        dag(
+            Task(name="a", template="a"),
+            Task(name="b", template="b", dependencies=["a"]),
+            Task(name="c", template="c", dependencies=["a"]),
+            Task(name="d", template="d"),
+        ),
+        *(resource(name, configmap(name, "x")) for name in "abcd"),
+    )
+    wf.templates["main"].target = "b"
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert {k[2] for k in run.cluster.objects} == {"a", "b"}
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_a_dag_target_may_come_from_a_workflow_parameter():
+    wf = workflow(
+        dag(Task(name="a", template="a"), Task(name="b", template="b")),
+        resource("a", configmap("a", "x")),
+        resource("b", configmap("b", "x")),
+    )
+    wf.templates["main"].target = "{{ workflow.parameters.only }}"
+    run = Runner(wf, context=Context(var={}, sys={"id": NS}, workflow={"only": "b"}))
+    run.until_quiet()
+    assert {k[2] for k in run.cluster.objects} == {"b"}
+
+    unknown = Runner(wf, context=Context(var={}, sys={"id": NS}, workflow={"only": "z"}))
+    unknown.until_quiet()
+    assert unknown.state.phase == engine.FAILED
+    assert 'unknown task "z"' in unknown.state.message
+    assert unknown.cluster.objects == {}
+
+
+def test_a_failure_a_later_task_handles_does_not_fail_the_dag():
+    # a fails; its handler runs (failFast does not stop it) and is the only leaf
+    wf = workflow(
+        dag(
+            Task(name="a", template="a"),
+            Task(name="handler", template="b", depends="a.Failed"),
+        ),
+        resource("a", configmap("a", "x"), action="get"),  # a get of a missing object fails
+        resource("b", configmap("b", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".a").phase == engine.FAILED
+    assert run.node(".handler").phase == engine.SUCCEEDED
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_an_omitted_target_inherits_the_failure_it_was_omitted_for():
+    wf = workflow(
+        dag(
+            Task(name="a", template="a"),
+            Task(name="handler", template="b", depends="a.Failed"),
+            Task(name="next", template="c", depends="a"),
+        ),
+        resource("a", configmap("a", "x"), action="get"),
+        resource("b", configmap("b", "x")),
+        resource("c", configmap("c", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".handler").phase == engine.SUCCEEDED
+    assert run.node(".next").phase == engine.OMITTED
+    assert run.state.phase == engine.FAILED
+    assert run.state.message.startswith("a: ")
+
+
+def test_without_fail_fast_the_other_branches_run_to_the_end():
+    wf = workflow(
+        dag(
+            Task(name="bad", template="bad"),
+            Task(name="slow", template="slow"),
+            Task(name="after-slow", template="c", dependencies=["slow"]),
+            fail_fast=False,
+        ),
+        resource("bad", configmap("bad", "x"), action="get"),
+        resource("slow", configmap("slow", "x"), success="status.done"),
+        resource("c", configmap("c", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.cluster.set_status("ConfigMap", "slow", done="true")
+    run.until_quiet()
+
+    assert ("ConfigMap", NS, "c") in run.cluster.objects
+    assert run.state.phase == engine.FAILED
+
+
+def fan_out(**task) -> Workflow:
+    return workflow(
+        dag(
+            Task(name="list", template="list"),
+            Task(
+                name="each",
+                template="each",
+                dependencies=["list"],
+                arguments={"value": "{{ item.name }}"},
+                **task,
+            ),
+        ),
+        Template(
+            name="list",
+            resource=ResourceAction(
+                action="apply",
+                manifest="apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: list\n"
+                'data:\n  names: \'[{"name": "a"}, {"name": "b"}]\'\n',
+            ),
+            outputs=[OutputParameter(name="names", json_path="{.data.names}")],
+        ),
+        Template(
+            name="each",
+            inputs=["value"],
+            resource=ResourceAction(
+                action="apply", manifest=configmap("cm-{{ inputs.parameters.value }}", "x")
+            ),
+        ),
+    )
+
+
+def test_with_param_fans_out_over_a_json_list_another_task_produced():
+    run = Runner(fan_out(with_param="{{ tasks.list.outputs.parameters.names }}"))
+    run.until_quiet()
+
+    assert {k[2] for k in run.cluster.objects} == {"list", "cm-a", "cm-b"}
+    assert run.node('.each(1:{"name": "b"})').phase == engine.SUCCEEDED
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def test_with_param_that_is_not_a_json_list_errors_its_task():
+    run = Runner(fan_out(with_param="{{ tasks.list.outputs.parameters.names }}x"))
+    run.until_quiet()
+
+    assert run.node(".each").phase == engine.ERRORED
+    assert "could not be parsed as a JSON list" in run.node(".each").message
+    assert run.state.phase == engine.FAILED
+
+
+def test_when_of_a_fanned_out_task_is_decided_per_item():
+    run = Runner(
+        fan_out(
+            with_param="{{ tasks.list.outputs.parameters.names }}",
+            when="{{ item.name }} != a",
+        )
+    )
+    run.until_quiet()
+
+    assert {k[2] for k in run.cluster.objects} == {"list", "cm-b"}
+    assert run.node('.each(0:{"name": "a"})').phase == engine.SKIPPED
+    assert run.state.phase == engine.SUCCEEDED
+
+
+def jq_output(name, program, default=None) -> Workflow:
+    return workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource(
+            "cluster",
+            cluster_manifest(),
+            outputs=[OutputParameter(name=name, jq_filter=program, default=default)],
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("program", "expected"),
+    [
+        (".spec.instances", "3"),
+        (".metadata.name", NS),  # a string comes out raw, as with jq -r
+        (".spec", '{"instances":3}'),  # anything else as compact JSON
+        (".spec.missing", "null"),
+        ("[.spec.instances, 1] | .[]", "3\n1"),  # one line per result
+    ],
+)
+def test_jq_filter_outputs_read_the_object_as_jq_rc_prints_it(program, expected):
+    run = Runner(jq_output("out", program))
+    run.until_quiet()
+
+    assert run.node(".cluster").outputs == {"out": expected}
+
+
+def test_a_jq_filter_that_fails_on_the_object_errors_unless_it_has_a_default():
+    run = Runner(jq_output("out", ".spec.instances.x"))
+    run.until_quiet()
+    assert run.node(".cluster").phase == engine.ERRORED
+    assert "output out: jq: Cannot index number" in run.node(".cluster").message
+
+    with_default = Runner(jq_output("out", ".spec.instances.x", default="none"))
+    with_default.until_quiet()
+    assert with_default.node(".cluster").outputs == {"out": "none"}
+
+
+def json_patch(flags) -> Workflow:
+    wf = workflow(
+        dag(Task(name="scale", template="scale")),
+        resource(
+            "scale",
+            "- op: replace\n  path: /spec/instances\n  value: {{ $var.instances }}\n",
+            action="patch",
+        ),
+    )
+    wf.templates["scale"].resource.merge_strategy = "json"
+    wf.templates["scale"].resource.flags = flags
+    return wf
+
+
+def test_a_json_patch_in_argos_form_names_its_object_in_flags():
+    for flags in (["cluster", "{{ $sys.id }}"], ["cluster/{{ $sys.id }}", "-n", "elsewhere"]):
+        cluster = MemoryCluster()
+        cluster.objects[("Cluster", NS, NS)] = {
+            "apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+            "metadata": {"name": NS, "namespace": NS}, "spec": {"instances": 1},
+        }  # fmt: skip
+        run = Runner(json_patch(flags), context=ctx(instances=4), cluster=cluster)
+        run.until_quiet()
+
+        assert run.state.phase == engine.SUCCEEDED, run.state.message
+        assert "resolve:cluster" in cluster.calls
+        assert cluster.objects[("Cluster", NS, NS)]["spec"] == {"instances": 4}
+        assert run.node(".scale").object["metadata"] == {"name": NS, "namespace": NS}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "names its object in flags"),
+        (["widget", "x"], 'serves no resource type "widget"'),
+        (["configmap", "x"], None),  # a kind this plan may not touch
+    ],
+)
+def test_a_json_patch_without_a_usable_target_fails_with_the_reason(flags, message):
+    run = Runner(json_patch(flags), kinds=("Cluster",))
+    run.until_quiet()
+
+    assert run.state.phase == engine.FAILED
+    if message:
+        assert message in run.node(".scale").message
+    else:
+        assert "ConfigMap is not among the kinds this plan may touch" in run.node(".scale").message

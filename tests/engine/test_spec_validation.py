@@ -218,6 +218,77 @@ def test_unknown_dag_target():
     ]
 
 
+def test_a_dag_target_named_by_a_parameter_is_checked_as_a_reference():
+    def target(text):
+        return lambda d: templates(d)[0]["dag"].update(target=text)
+
+    assert errors(target("{{ inputs.parameters.ns }}")) == []
+    assert errors(target("{{ inputs.parameters.x }}")) == [
+        f"{CREATE}.templates[0].dag.target: undefined reference inputs.parameters.x: "
+        'template "main" declares no input "x" (parameters are threaded explicitly at every hop)'
+    ]
+
+
+def test_with_items_and_with_param_cannot_be_mixed():
+    assert errors(lambda d: tasks(d)[0].update(withItems=["a"], withParam="[]")) == [
+        f"{CREATE}.templates[0].dag.tasks[0]: a task takes withItems or withParam, not both"
+    ]
+
+
+def test_with_param_references_are_checked():
+    found = errors(lambda d: tasks(d)[1].update(withParam="{{tasks.nope.outputs.parameters.x}}"))
+
+    assert len(found) == 1
+    assert found[0].startswith(f"{CREATE}.templates[0].dag.tasks[1].withParam: undefined ")
+
+
+def json_patch(document: dict, **resource) -> None:
+    templates(document)[1]["resource"] = {  # the Secret's template
+        "action": "patch",
+        "mergeStrategy": "json",
+        "manifest": [{"op": "replace", "path": "/spec/instances", "value": 2}],
+        **resource,
+    }
+
+
+def test_a_json_patch_list_names_its_object_in_flags():
+    assert errors(lambda d: json_patch(d, flags=["cluster", "{{ $sys.id }}"])) == []
+    assert errors(lambda d: json_patch(d, flags=["clusters.postgresql.cnpg.io/pg"])) == []
+    assert errors(lambda d: json_patch(d, flags=["--subresource=status"])) == [
+        f"{CREATE}.templates[1].resource.flags: a JSON patch given as a list names its "
+        'object in flags, e.g. ["cluster", "NAME"] or ["cluster/NAME"]'
+    ]
+
+
+def test_a_list_manifest_is_a_json_patch_only():
+    found = errors(lambda d: json_patch(d, flags=["cluster", "x"], mergeStrategy="merge"))
+
+    assert found == [
+        f"{CREATE}.templates[1].resource.mergeStrategy: a manifest that is a list is a "
+        "JSON patch; set mergeStrategy to json"
+    ]
+
+
+def test_json_patch_operations_need_op_and_path():
+    found = errors(lambda d: json_patch(d, flags=["cluster", "x"], manifest=[{"op": "remove"}]))
+
+    assert found == [
+        f"{CREATE}.templates[1].resource.manifest[0]: a JSON patch operation is a mapping "
+        "with op and path"
+    ]
+
+
+def test_an_invalid_jq_filter_is_refused_at_load():
+    def output(document):
+        templates(document)[2]["outputs"]["parameters"][0]["valueFrom"] = {"jqFilter": ".["}
+
+    found = errors(output)
+    assert len(found) == 1
+    assert found[0].startswith(
+        f"{CREATE}.templates[2].outputs.parameters[0].valueFrom.jqFilter: jq: syntax error"
+    )
+
+
 def test_unparseable_when_expression():
     found = errors(lambda d: tasks(d, "backup")[1].update(when="(a == b"))
 
@@ -772,7 +843,7 @@ def test_item_is_defined_only_in_a_task_with_items():
 
     assert errors(fan_out) == [
         f"{CREATE}.templates[0].dag.tasks[0].arguments.parameters.ns: undefined reference "
-        "item: only a task with withItems defines item"
+        "item: only a task with withItems or withParam defines item"
     ]
     assert errors(lambda d: (fan_out(d), tasks(d)[0].update(withItems=["a", "b"]))) == []
 
