@@ -22,3 +22,18 @@ os.environ["CELERY_QUEUE"] = f"opsdeck-test-{RUN_ID}"
 os.environ["CACHE_KEY_PREFIX"] = f"opsdeck-test-{RUN_ID}"
 os.environ["DATABASE_TEST_NAME"] = f"test_opsdeck_{RUN_ID}"
 os.environ["STATIC_ROOT"] = tempfile.mkdtemp(prefix="opsdeck-static-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leave nothing of this run in the broker: its queue and the bindings kombu keeps for it."""
+    from django.conf import settings
+    from kombu import Connection
+
+    queue = os.environ["CELERY_QUEUE"]
+    try:
+        with Connection(settings.CELERY_BROKER_URL) as connection:
+            connection.default_channel.client.delete(
+                queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+            )
+    except Exception as exc:  # a broker gone by now is not the run's failure
+        print(f"\nCould not remove the test queue {queue} from the broker: {exc}")
