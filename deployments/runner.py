@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from celery import current_app
@@ -97,7 +97,7 @@ def _step(operation_id: str) -> float | None:
     with transaction.atomic():
         op = (
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("instance__cell", "instance__tenant", "plan_version", "requested_by")
+            .select_related("instance__cell", "instance__tenant", "requested_by")
             .filter(pk=operation_id, state__in=[Operation.State.QUEUED, Operation.State.RUNNING])
             .first()
         )
@@ -118,7 +118,7 @@ def _begin(op: Operation, now) -> bool:
     first = selectors.operations_pending(op.instance).first()
     if first is not None and first.pk != op.pk:
         return False  # it starts when the one before it finishes
-    spec = selectors.plan_spec(op.plan_version)
+    spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[op.verb]
     state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
     op.state = Operation.State.RUNNING
@@ -133,7 +133,7 @@ def _begin(op: Operation, now) -> bool:
 
 def _advance(op: Operation, now) -> float | None:
     op.moves += 1
-    spec = selectors.plan_spec(op.plan_version)
+    spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[op.verb]
     saved = json.loads(op.engine_state)
     state = engine.RunState.from_json(saved)
@@ -156,15 +156,14 @@ def _advance(op: Operation, now) -> float | None:
                     "namespace_objects_applied": done,
                     "namespace_ready": done == len(objects),
                 }
-            step = engine.Step(progressed=True)
-        else:
-            ctx = _context(op, spec, verb)
-            settings = engine.RunSettings(
-                namespace=instance.namespace, allowed_kinds=list(spec.allowed_kinds)
-            )
-            step = engine.advance(state, verb.workflow, ctx, driver, settings, now=time.time())
-            if state.done and state.phase == engine.SUCCEEDED and op.verb == "delete":
-                context.namespace_delete(driver, instance.namespace)
+        # The workflow's first move goes in the same transaction as the namespace's.
+        ctx = _context(op, spec, verb)
+        settings = engine.RunSettings(
+            namespace=instance.namespace, allowed_kinds=list(spec.allowed_kinds)
+        )
+        step = engine.advance(state, verb.workflow, ctx, driver, settings, now=time.time())
+        if state.done and state.phase == engine.SUCCEEDED and op.verb == "delete":
+            context.namespace_delete(driver, instance.namespace)
     except TransientError as exc:
         # The cluster hiccupped: the same step again later, from the saved state.
         op.transient_failures += 1
@@ -267,7 +266,7 @@ def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> N
     for node in state.nodes.values():
         if node.template == "" or (node.object is None and node.phase == engine.PENDING):
             continue
-        if before.get(node.id) == asdict(node):
+        if before.get(node.id) == vars(node):
             continue
         template = op_template(op, node.template)
         if template is None or template.resource is None:
@@ -286,15 +285,22 @@ def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> N
             and prev.get("attempt") == node.attempt
             and not (prev.get("object") is None and prev.get("phase") == engine.PENDING)
         )
-        rows = TaskRun.objects.filter(operation=op, node=node.id, attempt=node.attempt)
-        if not (synced and rows.update(**values)):
-            TaskRun.objects.update_or_create(
-                operation=op, node=node.id, attempt=node.attempt, defaults=values
-            )
+        if synced:
+            rows = TaskRun.objects.filter(operation=op, node=node.id, attempt=node.attempt)
+            if rows.update(**values):
+                continue
+        # New in this move (the state naming it commits with it): one INSERT, which would
+        # update a row that exists after all rather than fail on it.
+        TaskRun.objects.bulk_create(
+            [TaskRun(operation=op, node=node.id, attempt=node.attempt, **values)],
+            update_conflicts=True,
+            unique_fields=["operation", "node", "attempt"],
+            update_fields=list(values),
+        )
 
 
 def op_template(op: Operation, name: str):
-    spec = selectors.plan_spec(op.plan_version)
+    spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[op.verb]
     return verb.workflow.templates.get(name)
 
@@ -328,7 +334,7 @@ def _context(op: Operation, spec, verb) -> Context:
     ctx = context.run_context(verb.workflow, verb=op.verb, values=values, sys=sys, seed=instance.pk)
     # $secret.<NAME>: the platform's secrets, read when the step runs (they may be rotated),
     # and only for specs that use them.
-    if "$secret." not in op.plan_version.spec_text:
+    if not selectors.plan_version_loaded(op.plan_version_id).uses_secrets:
         return ctx
     secrets = dict(PlatformSecret.objects.values_list("name", "value"))
     return replace(ctx, secret=secrets)

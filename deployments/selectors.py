@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from django.db.models import QuerySet
@@ -21,6 +22,20 @@ def _spec(digest: str, text: str) -> PlanSpec:
 def plan_spec(version: PlanVersion) -> PlanSpec:
     """The loaded spec of a plan version (parsed once per process; versions never change)."""
     return _spec(version.digest, version.spec_text)
+
+
+@dataclass(frozen=True)
+class LoadedVersion:
+    spec: PlanSpec
+    uses_secrets: bool  # whether the text reads platform secrets ($secret.*)
+
+
+@lru_cache(maxsize=64)
+def plan_version_loaded(version_id: int) -> LoadedVersion:
+    """A plan version's spec by id, read and parsed once per process (versions never change):
+    the runner needs it on every move without reading the spec text each time."""
+    version = PlanVersion.objects.only("digest", "spec_text").get(pk=version_id)
+    return LoadedVersion(plan_spec(version), "$secret." in version.spec_text)
 
 
 def plan_version_latest(plan: Plan) -> PlanVersion | None:

@@ -10,6 +10,8 @@ does not fail the DAG, and one nobody handled does.
 
 from __future__ import annotations
 
+import functools
+
 from deployments.spec.model import Task, Template
 from deployments.workflow import expressions
 
@@ -36,9 +38,16 @@ def _parsed(task: Task, tasks: dict[str, Task]) -> expressions.DependsExpression
     if text is None:
         return None
     # A bare name in depends picks up that task's continueOn, as in `dependencies`.
-    return expressions.parse_depends(
-        text, continue_on={name: t.continue_on for name, t in tasks.items()}
+    continue_on = tuple(
+        (name, tuple(sorted(t.continue_on.items()))) for name, t in tasks.items() if t.continue_on
     )
+    return _parse(text, continue_on)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str, continue_on: tuple) -> expressions.DependsExpression:
+    """Parsed once per expression: the engine asks on every move of every run."""
+    return expressions.parse_depends(text, continue_on={k: dict(v) for k, v in continue_on})
 
 
 def dependency_names(task: Task, tasks: dict[str, Task]) -> list[str]:

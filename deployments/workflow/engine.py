@@ -18,7 +18,7 @@ retryStrategy, activeDeadlineSeconds, onExit.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from deployments.spec.model import Template, Workflow
@@ -81,7 +81,11 @@ class RunState:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The state as plain data for `json.dumps`; it shares nested values with the state
+        (no deep copy: the runner serializes it at once, on every move)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["nodes"] = {key: dict(vars(node)) for key, node in self.nodes.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> RunState:
@@ -206,8 +210,10 @@ class _Run:
         self.settings: RunSettings = settings
         self.now: float = now
         # Resource nodes that moved in this advance: one move each, so every rendered
-        # object is saved by the caller before it is applied.
+        # object is saved by the caller before it is applied. `polled`: nodes that read their
+        # object (or waited for a retry) without moving; once per advance is enough.
         self.moved: set[str] = set()
+        self.polled: set[str] = set()
 
     # --- stages ---------------------------------------------------------------
 
@@ -325,7 +331,9 @@ class _Run:
                     continue
                 started |= self._start_task(node, task, task_ctx, step)
             step.merge(self._advance_children(node, task_ctx))
-            if not started:
+            # Go round again while tasks start or finish: a task whose dependencies just
+            # finished renders in this same advance (each task still moves once per advance).
+            if not started and all(self._task_phase(node, n) == results[n] for n in tasks):
                 break
             step.progressed = True
         results = {name: self._task_phase(node, name) for name in tasks}
@@ -490,9 +498,10 @@ class _Run:
     def resource(self, node: Node, template: Template, ctx: Context) -> Step:
         if node.id in self.moved:
             return Step(progressed=True)
+        if node.id in self.polled:
+            return Step(wake_at=node.retry_at)
         step = self._resource_move(node, template, ctx)
-        if step.progressed:
-            self.moved.add(node.id)
+        (self.moved if step.progressed else self.polled).add(node.id)
         return step
 
     def _resource_move(self, node: Node, template: Template, ctx: Context) -> Step:
