@@ -887,3 +887,18 @@ def test_a_json_patch_without_a_usable_target_fails_with_the_reason(flags, messa
         assert message in run.node(".scale").message
     else:
         assert "ConfigMap is not among the kinds this plan may touch" in run.node(".scale").message
+
+
+def test_a_task_renders_in_the_advance_its_dependency_finished_in():
+    wf = workflow(
+        dag(Task(name="a", template="a"), Task(name="b", template="b", dependencies=["a"])),
+        resource("a", configmap("a", "x")),
+        resource("b", configmap("b", "x")),
+    )
+    run = Runner(wf)
+    run.step()  # a is rendered
+    run.step()  # a is applied and done; b renders at once
+
+    assert run.node(".a").phase == engine.SUCCEEDED
+    assert run.node(".b").step == "rendered"
+    assert ("ConfigMap", NS, "b") not in run.cluster.objects  # saved before it is applied
