@@ -245,9 +245,13 @@ class KubeDriver:
         name, _, qualifier = resource.strip().partition(".")
         wanted = name.lower()
 
-        def matching() -> list:
+        def matching(*, fresh: bool = False) -> list:
             try:
+                if fresh:  # a CRD installed after discovery was cached
+                    self.dynamic.resources.invalidate_cache()
                 served = self.dynamic.resources.search()
+            except ResourceNotFoundError:
+                return []
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 raise classify(exc) from exc
             return [
@@ -258,12 +262,11 @@ class KubeDriver:
                 and (not qualifier or qualifier in {r.group, f"{r.api_version}.{r.group}"})
             ]
 
-        found = matching()
-        if not found:  # a CRD installed after discovery was cached: look again once
-            self.dynamic.resources.invalidate_cache()
-            found = matching()
+        found = matching() or matching(fresh=True)
         if not found:
             raise PermanentError(f'The cluster serves no resource type "{resource}".')
+        if len({r.group for r in found}) > 1 and any(r.group == "" for r in found):
+            found = [r for r in found if r.group == ""]  # kubectl's priority: core first
         kinds = sorted({f"{r.kind}.{r.group}" if r.group else r.kind for r in found})
         if len(kinds) > 1:
             raise PermanentError(

@@ -465,8 +465,8 @@ def _template(raw: Any, path: str, report: Report) -> Template | None:
         template.outputs.append(
             OutputParameter(
                 name=str(item["name"]),
-                json_path=value_from.get("jsonPath"),
-                jq_filter=value_from.get("jqFilter"),
+                json_path=_text(value_from, "jsonPath", f"{where}.valueFrom", report) or None,
+                jq_filter=_text(value_from, "jqFilter", f"{where}.valueFrom", report) or None,
                 default=None if default is None else str(default),
             )
         )

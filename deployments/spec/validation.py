@@ -518,7 +518,11 @@ class _VerbChecker:
                 "a manifest that is a list is a JSON patch; set mergeStrategy to json",
             )
         tokenized, _ = _tokenize(resource.manifest)
-        operations = yaml.safe_load(tokenized)
+        operations = next(d for d in yaml.safe_load_all(tokenized) if d is not None)
+        if not operations:
+            self.report.error(
+                template.where("resource.manifest"), "a JSON patch needs at least one operation"
+            )
         for i, operation in enumerate(operations):
             if not isinstance(operation, dict) or "op" not in operation or "path" not in operation:
                 self.report.error(

@@ -45,6 +45,9 @@ FINISHED = {SUCCEEDED, FAILED, ERRORED, SKIPPED, OMITTED}
 
 # Label put on every object a run creates, so a resumed `create` knows its own object.
 OPERATION_LABEL = "opsdeck.io/operation"
+# Longest item text in a fanned-out child's name, `task(index:item)`.
+_LABEL_MAX = 40
+_NO_ITEM = object()  # a task that does not fan out (an item may be JSON null)
 
 
 @dataclass
@@ -313,22 +316,24 @@ class _Run:
             results = {name: self._task_phase(node, name) for name in tasks}
             groups = {name: self._group_phases(node, name) for name in tasks}
             task_ctx = _with(ctx, tasks={**ctx.tasks, **self._task_outputs(node, tasks)})
-            stop_starting = template.fail_fast and (
-                dag.failed_target(target_names, tasks, results) is not None
-            )
             started = False
+            ready = []
             for task in template.tasks:
                 if task.name not in needed or results[task.name] is not None:
                     continue  # not needed by a target, or already started or decided
                 decision = dag.decide(task, results, groups, tasks)
-                if decision == dag.WAIT:
-                    continue
                 if decision == dag.OMIT:
                     self._decided(node, task.name, OMITTED, "depends expression is false")
                     started = True
-                    continue
-                if stop_starting:
-                    continue
+                elif decision == dag.RUN:
+                    ready.append(task)
+            # Omissions first: with failFast nothing starts once a target's branch failed,
+            # and a task that fails as it starts (its `when`) counts at once.
+            for task in ready:
+                if template.fail_fast and dag.failed_target(
+                    target_names, tasks, {n: self._task_phase(node, n) for n in tasks}
+                ):
+                    break
                 started |= self._start_task(node, task, task_ctx, step)
             step.merge(self._advance_children(node, task_ctx))
             # Go round again while tasks start or finish: a task whose dependencies just
@@ -398,7 +403,7 @@ class _Run:
             if verdict is not None:
                 self._decided(node, task.name, *verdict)
                 return True
-            self._new_child(node, task.name, task, ctx, None)
+            self._new_child(node, task.name, task, ctx, _NO_ITEM)
             return True
         try:
             items = self._items(task, ctx)
@@ -415,6 +420,8 @@ class _Run:
         node.children.append(group.id)
         for index, item in enumerate(items):
             label = json.dumps(item) if isinstance(item, dict | list) else str(item)
+            if len(label) > _LABEL_MAX:  # the index keeps names unique; ids stay short
+                label = label[: _LABEL_MAX - 1] + "…"
             self._new_child(group, f"{task.name}({index}:{label})", task, ctx, item)
         return True
 
@@ -447,11 +454,11 @@ class _Run:
         return items
 
     def _new_child(self, parent: Node, name: str, task, ctx: Context, item: Any) -> Node:
-        item_ctx = _with(ctx, item=item) if item is not None else ctx
+        item_ctx = _with(ctx, item=item) if item is not _NO_ITEM else ctx
         child = Node(id=f"{parent.id}.{name}", template=task.template)
         parent.children.append(child.id)
         self.state.nodes[child.id] = child
-        if item is not None:  # a fanned-out task's `when` is decided per item (Argo)
+        if item is not _NO_ITEM:  # a fanned-out task's `when` is decided per item (Argo)
             verdict = self._when(task, item_ctx)
             if verdict is not None:
                 child.started_at = self.now

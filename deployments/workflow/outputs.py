@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -376,10 +377,24 @@ def crd_path(obj: dict, expr: str) -> str:
     return json_path(obj, text)
 
 
+# jq builtins that read outside the object: the worker's environment, further inputs.
+_JQ_OUTSIDE = re.compile(r"\$ENV\b|(?<![.\w$])(?:env|input|inputs|input_filename)\b")
+_JQ_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+
+
 def check_jq_filter(program: str) -> None:
-    """Raise OutputError when `program` is not a valid jq program."""
+    """Raise OutputError when `program` is not a valid jq program, or reads anything but the
+    object (`env`, `$ENV`, `input`, `inputs`): outputs may reach tenants."""
+    _jq_program(program)
+
+
+@functools.lru_cache(maxsize=256)
+def _jq_program(program: str):
+    outside = _JQ_OUTSIDE.search(_JQ_STRING.sub('""', program))
+    if outside:
+        raise OutputError(f"jq: {outside.group(0)} is not allowed; a filter reads the object only")
     try:
-        jq.compile(program)
+        return jq.compile(program)
     except ValueError as exc:
         raise OutputError(_jq_message(exc)) from None
 
@@ -391,7 +406,7 @@ def jq_filter(obj: dict, program: str) -> str:
     Raises OutputError when the program fails on this object (e.g. indexes a number).
     """
     try:
-        results = jq.compile(program).input_value(obj).all()
+        results = _jq_program(program).input_value(obj).all()
     except ValueError as exc:
         raise OutputError(_jq_message(exc)) from None
     return "\n".join(

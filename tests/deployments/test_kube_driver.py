@@ -183,3 +183,41 @@ def test_resolve_refuses_a_type_the_cluster_does_not_serve(driver):
         driver.resolve("widgets")
     with pytest.raises(PermanentError, match="serves no resource type"):
         driver.resolve("clusters.example.com")  # the right name in the wrong group
+
+
+def crd(group: str, kind: str) -> dict:
+    plural = kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                           "x-kubernetes-preserve-unknown-fields": True}},
+            }],
+        },
+    }  # fmt: skip
+
+
+def test_resolve_prefers_the_core_type_and_asks_for_a_group_between_two_others(driver):
+    definitions = [crd("metrics.example.com", "Secret"), crd("a.example.com", "Widget"),
+                   crd("b.example.com", "Widget")]  # fmt: skip
+    for definition in definitions:
+        driver.apply(definition)
+    try:
+        # a type another group also serves: the core one, as kubectl picks it
+        assert driver.resolve("secret") == ("v1", "Secret")
+        assert driver.resolve("secrets.metrics.example.com") == (
+            "metrics.example.com/v1", "Secret"
+        )  # fmt: skip
+        with pytest.raises(PermanentError, match=r'"widget" could mean Widget.a.example.com or '):
+            driver.resolve("widget")
+        assert driver.resolve("widgets.b.example.com") == ("b.example.com/v1", "Widget")
+    finally:
+        for definition in definitions:
+            driver.delete(definition)

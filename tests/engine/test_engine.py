@@ -697,12 +697,14 @@ def test_a_failure_a_later_task_handles_does_not_fail_the_dag():
     assert run.state.phase == engine.SUCCEEDED
 
 
-def test_an_omitted_target_inherits_the_failure_it_was_omitted_for():
+@pytest.mark.parametrize("fail_fast", [True, False])
+def test_an_omitted_target_inherits_the_failure_it_was_omitted_for(fail_fast):
     wf = workflow(
         dag(
             Task(name="a", template="a"),
             Task(name="handler", template="b", depends="a.Failed"),
             Task(name="next", template="c", depends="a"),
+            fail_fast=fail_fast,
         ),
         resource("a", configmap("a", "x"), action="get"),
         resource("b", configmap("b", "x")),
@@ -711,10 +713,11 @@ def test_an_omitted_target_inherits_the_failure_it_was_omitted_for():
     run = Runner(wf)
     run.until_quiet()
 
-    assert run.node(".handler").phase == engine.SUCCEEDED
     assert run.node(".next").phase == engine.OMITTED
     assert run.state.phase == engine.FAILED
     assert run.state.message.startswith("a: ")
+    # failFast: the target `next` failed its branch, so nothing new starts, the handler neither
+    assert (("ConfigMap", NS, "b") in run.cluster.objects) is not fail_fast
 
 
 def test_without_fail_fast_the_other_branches_run_to_the_end():
@@ -902,3 +905,45 @@ def test_a_task_renders_in_the_advance_its_dependency_finished_in():
     assert run.node(".a").phase == engine.SUCCEEDED
     assert run.node(".b").step == "rendered"
     assert ("ConfigMap", NS, "b") not in run.cluster.objects  # saved before it is applied
+
+
+def test_fail_fast_starts_nothing_in_the_pass_that_fails_a_target():
+    # x (a target) is omitted and y becomes ready in the same pass; y must not start
+    wf = workflow(
+        dag(
+            Task(name="ok", template="ok"),
+            Task(name="bad", template="bad"),
+            Task(name="y", template="y", dependencies=["ok"]),
+            Task(name="x", template="x", dependencies=["bad"]),
+        ),
+        resource("ok", configmap("ok", "x")),
+        resource("bad", configmap("bad", "x"), action="get"),
+        resource("y", configmap("y", "x")),
+        resource("x", configmap("x", "x")),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".x").phase == engine.OMITTED
+    assert ("ConfigMap", NS, "y") not in run.cluster.objects
+    assert run.state.phase == engine.FAILED
+
+
+def test_a_long_item_is_cut_in_its_childs_name_and_a_null_item_is_an_item():
+    wf = fan_out(with_param="{{ tasks.list.outputs.parameters.names }}")
+    long_name = "n" * 200
+    wf.templates["list"].resource.manifest = (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: list\n"
+        f'data:\n  names: \'[{{"name": "{long_name}"}}]\'\n'
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    child = next(i for i in run.state.nodes if ".each(" in i)
+    assert len(child) < 80 and child.endswith("…)")
+    assert run.state.phase == engine.SUCCEEDED
+
+    # JSON null is an item too: its `when` is decided for it (null reads as "")
+    nulls = Runner(fan_out(with_param="[null]", when="'{{ item }}' != ''"))
+    nulls.until_quiet()
+    assert nulls.node(".each(0:None)").phase == engine.SKIPPED
+    assert nulls.state.phase == engine.SUCCEEDED

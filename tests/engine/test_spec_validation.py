@@ -278,6 +278,24 @@ def test_json_patch_operations_need_op_and_path():
     ]
 
 
+def test_a_jq_filter_may_read_only_the_object():
+    def output(document):
+        templates(document)[2]["outputs"]["parameters"][0]["valueFrom"] = {"jqFilter": "env.HOME"}
+
+    assert errors(output) == [
+        f"{CREATE}.templates[2].outputs.parameters[0].valueFrom.jqFilter: jq: env is not "
+        "allowed; a filter reads the object only"
+    ]
+
+
+def test_a_json_patch_list_with_a_stray_separator_or_no_operations():
+    stray = "- {op: replace, path: /spec/instances, value: 2}\n---\n"
+    assert errors(lambda d: json_patch(d, flags=["cluster", "x"], manifest=stray)) == []
+    assert errors(lambda d: json_patch(d, flags=["cluster", "x"], manifest=[])) == [
+        f"{CREATE}.templates[1].resource.manifest: a JSON patch needs at least one operation"
+    ]
+
+
 def test_an_invalid_jq_filter_is_refused_at_load():
     def output(document):
         templates(document)[2]["outputs"]["parameters"][0]["valueFrom"] = {"jqFilter": ".["}
