@@ -7,12 +7,14 @@ the database at the end, even on failure: the development database is never used
 
 `measure()` starts an in-process sandbox cluster with an instantly-ready simulated operator,
 registers it as the default cell, loads the CloudNativePG plan (its instance limit raised),
-starts `--workers` real `celery worker --pool solo` processes, creates `--count` instances
-through `services.instance_create` and waits until every create finished. Meanwhile a watch on
+starts `--workers` real `celery worker --pool solo` processes, runs WARMUP creates that are not
+counted, then creates `--count` instances through `services.instance_create` and waits until
+every create finished. Meanwhile a watch on
 Clusters records when each Cluster's status first satisfied the create's successCondition,
 which the engine's `finished_at` of the `main.cluster` task is compared with. Then the baseline,
 `baseline()`: plain `KubeDriver` calls from as many threads as there were workers, no Django and
-no Celery, making the same calls for the same objects on a fresh sandbox.
+no Celery, making the same calls for the same objects on a fresh sandbox (after a warm-up of
+its own).
 
 The operator is `InstantOperator` unless `--operator cnpg` asks for the sandbox's CloudNativePG
 simulation at speed 100000: that one resyncs every object of every Cluster in each round (a few
@@ -53,6 +55,7 @@ SPEC = ROOT / "specs" / "postgres-cnpg.yaml"
 
 SPEED = 100_000.0  # the sandbox's time factor: a Cluster is healthy within a millisecond
 TIMEOUT = 300.0  # wall-clock seconds the creates may take before the benchmark fails
+WARMUP = 20  # creates run (on both sides) before the measured ones, not counted
 WORKER_START_TIMEOUT = 60.0
 BASELINE_POLL = 0.05  # seconds between two reads of a Cluster that is not healthy yet
 HEALTHY = "Cluster in healthy state"
@@ -223,17 +226,16 @@ def measure(
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
-    spec_text = _plan_text(count)
+    spec_text = _plan_text(count + WARMUP)
     with sandbox_cluster(operator) as sandbox:
         kubeconfig = yaml.safe_dump(sandbox.kubeconfig())
         rate, cpu, steps, tasks, delays, unseen = _opsdeck(
             kubeconfig, spec_text, count, workers, timeout
         )
     with sandbox_cluster(operator) as sandbox:
-        base_rate = baseline(
-            yaml.safe_dump(sandbox.kubeconfig()), load_spec(spec_text), count=count,
-            threads=workers, timeout=timeout,
-        )  # fmt: skip
+        kubeconfig, spec = yaml.safe_dump(sandbox.kubeconfig()), load_spec(spec_text)
+        baseline(kubeconfig, spec, count=WARMUP, threads=workers, timeout=timeout)
+        base_rate = baseline(kubeconfig, spec, count=count, threads=workers, timeout=timeout)
     figures = Figures(
         count, workers, operator, rate, base_rate, cpu / max(steps, 1), steps, tasks, delays,
         unseen,
@@ -343,25 +345,29 @@ def _opsdeck(kubeconfig: str, spec_text: str, count: int, workers: int, timeout:
 
     watch = ClusterWatch(kubeconfig)
     pool = WorkerPool(workers, Path(settings.VAR_DIR))
+
+    def create(i: int):
+        return services.instance_create(
+            actor=actor, tenant=tenant, plan=plan, name=f"bench-{i}", parameters={},
+            request_id=uuid.uuid4().hex,
+        ).pk  # fmt: skip
+
     try:
         watch.start()
         pool.start()
+        # Warm up first (connections, caches, the first tasks' imports), as the baseline does.
+        _wait_finished([create(i) for i in range(WARMUP)], pool, timeout)
+        tasks_before = pool.steps()
         cpu_before = pool.cpu_seconds()
         began = time.time()
-        operations = [
-            services.instance_create(
-                actor=actor, tenant=tenant, plan=plan, name=f"bench-{i}", parameters={},
-                request_id=uuid.uuid4().hex,
-            ).pk
-            for i in range(count)
-        ]  # fmt: skip
+        operations = [create(WARMUP + i) for i in range(count)]
         _wait_finished(operations, pool, timeout)
         cpu = pool.cpu_seconds() - cpu_before
     finally:
         pool.stop()
         watch.stop()
         _queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
-    tasks = pool.steps()
+    tasks = pool.steps() - tasks_before
     steps = Operation.objects.filter(pk__in=operations).aggregate(n=Sum("moves"))["n"] or 0
 
     ops = list(Operation.objects.filter(pk__in=operations).select_related("instance"))
