@@ -48,6 +48,7 @@ OPERATION_LABEL = "opsdeck.io/operation"
 # Longest item text in a fanned-out child's name, `task(index:item)`.
 _LABEL_MAX = 40
 _NO_ITEM = object()  # a task that does not fan out (an item may be JSON null)
+_WRITES = frozenset({"create", "apply", "patch", "replace", "delete"})
 
 
 @dataclass
@@ -217,6 +218,7 @@ class _Run:
         # object (or waited for a retry) without moving; once per advance is enough.
         self.moved: set[str] = set()
         self.polled: set[str] = set()
+        self.wrote = False  # a node wrote to the cluster in this advance
 
     # --- stages ---------------------------------------------------------------
 
@@ -507,9 +509,24 @@ class _Run:
             return Step(progressed=True)
         if node.id in self.polled:
             return Step(wake_at=node.retry_at)
+        if self.wrote and self._calls_cluster(node, template):
+            # After a write, no other cluster call in this advance: one failing transiently
+            # would drop the write's progress with the rest and have it made again. The next
+            # advance comes at once, after this one is saved.
+            return Step(progressed=True)
         step = self._resource_move(node, template, ctx)
         (self.moved if step.progressed else self.polled).add(node.id)
         return step
+
+    def _calls_cluster(self, node: Node, template: Template) -> bool:
+        """Whether the node's next move talks to the cluster (rendering does not, but for
+        a JSON patch whose object's kind discovery finds)."""
+        if node.retry_at is not None and self.now < node.retry_at:
+            return False
+        if node.step != "new":
+            return True
+        resource = template.resource
+        return resource.action == "patch" and is_patch_list(resource.manifest)
 
     def _resource_move(self, node: Node, template: Template, ctx: Context) -> Step:
         action = template.resource
@@ -527,6 +544,7 @@ class _Run:
             node.step = "rendered"
             return Step(progressed=True)
         if node.step == "rendered":
+            self.wrote = self.wrote or action.action in _WRITES
             try:
                 node.observed = self._act(action, node.object)
             except PermanentError as exc:

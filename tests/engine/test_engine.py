@@ -916,12 +916,16 @@ def test_fail_fast_starts_nothing_in_the_pass_that_fails_a_target():
             Task(name="y", template="y", dependencies=["ok"]),
             Task(name="x", template="x", dependencies=["bad"]),
         ),
-        resource("ok", configmap("ok", "x")),
+        resource("ok", configmap("ok", "x"), action="get"),  # two reads decided in one step
         resource("bad", configmap("bad", "x"), action="get"),
         resource("y", configmap("y", "x")),
         resource("x", configmap("x", "x")),
     )
-    run = Runner(wf)
+    cluster = MemoryCluster()
+    cluster.objects[("ConfigMap", NS, "ok")] = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ok", "namespace": NS}
+    }  # fmt: skip
+    run = Runner(wf, cluster=cluster)
     run.until_quiet()
 
     assert run.node(".x").phase == engine.OMITTED
@@ -947,3 +951,23 @@ def test_a_long_item_is_cut_in_its_childs_name_and_a_null_item_is_an_item():
     nulls.until_quiet()
     assert nulls.node(".each(0:None)").phase == engine.SKIPPED
     assert nulls.state.phase == engine.SUCCEEDED
+
+
+def test_after_a_write_no_other_cluster_call_happens_in_the_same_advance():
+    # a and b are independent: each step may write once, and reads wait for the next one
+    wf = workflow(
+        dag(Task(name="a", template="a"), Task(name="b", template="b")),
+        resource("a", configmap("a", "x"), success="status.ok"),
+        resource("b", configmap("b", "x"), success="status.ok"),
+    )
+    run = Runner(wf)
+    run.step()  # both render
+    calls = []
+    for _ in range(4):
+        before = len(run.cluster.calls)
+        run.step()
+        calls.append(run.cluster.calls[before:])
+
+    assert calls[0] == ["apply"]  # a writes; b's apply waits
+    assert calls[1] == ["get", "apply"]  # a's read comes first, then b writes
+    assert all(step.count("apply") <= 1 for step in calls)
