@@ -6,6 +6,7 @@ Redis never takes a test's task, a test never reads the portal's cache, and
 two runs can share one PostgreSQL server.
 """
 
+import json
 import os
 import secrets
 import tempfile
@@ -32,8 +33,17 @@ def pytest_sessionfinish(session, exitstatus):
     queue = os.environ["CELERY_QUEUE"]
     try:
         with Connection(settings.CELERY_BROKER_URL) as connection:
-            connection.default_channel.client.delete(
-                queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
-            )
+            client = connection.default_channel.client
+            client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+            # Messages a killed worker held stay in kombu's unacked set, to be put back on
+            # this queue by whichever client looks next: drop them too.
+            for tag, raw in client.hscan_iter("unacked"):
+                try:
+                    routing_key = json.loads(raw)[2]
+                except (ValueError, IndexError, TypeError):
+                    continue
+                if routing_key == queue:
+                    client.hdel("unacked", tag)
+                    client.zrem("unacked_index", tag)
     except Exception as exc:  # a broker gone by now is not the run's failure
         print(f"\nCould not remove the test queue {queue} from the broker: {exc}")
