@@ -268,12 +268,10 @@ class KubeDriver:
         if len({r.group for r in found}) > 1 and any(r.group == "" for r in found):
             found = [r for r in found if r.group == ""]  # kubectl's priority: core first
         kinds = sorted({f"{r.kind}.{r.group}" if r.group else r.kind for r in found})
-        if len(kinds) > 1:
+        if len(kinds) > 1:  # groups other than the core one (it was chosen above)
             raise PermanentError(
                 f'"{resource}" could mean {" or ".join(kinds)}; add the group, as in '
                 f'"{found[0].name}.{found[0].group}"'
-                if found[0].group
-                else f'"{resource}" could mean {" or ".join(kinds)}; add the group'
             )
         chosen = next((r for r in found if getattr(r, "preferred", False)), found[0])
         return chosen.group_version, chosen.kind

@@ -32,10 +32,10 @@ from deployments.spec.model import (
     Workflow,
 )
 from deployments.workflow.conditions import ConditionError, parse_condition
-from deployments.workflow.engine import patch_target
+from deployments.workflow.engine import PATCH_TARGET_MISSING, patch_target
 from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
 from deployments.workflow.outputs import OutputError, check_jq_filter, check_json_path
-from deployments.workflow.render import RenderError, is_patch_list, references
+from deployments.workflow.render import RenderError, is_patch_list, patch_problems, references
 
 SYS_ROOTS = frozenset(
     {
@@ -517,24 +517,10 @@ class _VerbChecker:
                 template.where("resource.mergeStrategy"),
                 "a manifest that is a list is a JSON patch; set mergeStrategy to json",
             )
-        tokenized, _ = _tokenize(resource.manifest)
-        operations = next(d for d in yaml.safe_load_all(tokenized) if d is not None)
-        if not operations:
-            self.report.error(
-                template.where("resource.manifest"), "a JSON patch needs at least one operation"
-            )
-        for i, operation in enumerate(operations):
-            if not isinstance(operation, dict) or "op" not in operation or "path" not in operation:
-                self.report.error(
-                    f"{template.where('resource.manifest')}[{i}]",
-                    "a JSON patch operation is a mapping with op and path",
-                )
+        for at, message in patch_problems(resource.manifest):
+            self.report.error(f"{template.where('resource.manifest')}{at}", message)
         if patch_target(resource.flags) is None:
-            self.report.error(
-                template.where("resource.flags"),
-                "a JSON patch given as a list names its object in flags, "
-                'e.g. ["cluster", "NAME"] or ["cluster/NAME"]',
-            )
+            self.report.error(template.where("resource.flags"), PATCH_TARGET_MISSING)
 
     def check_condition(self, condition: str, path: str) -> None:
         tokenized, _ = _tokenize(condition)

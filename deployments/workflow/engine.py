@@ -624,10 +624,7 @@ class _Run:
         flags = [render_text(f, ctx, where=f"{where}.flags") for f in template.resource.flags]
         target = patch_target(flags)
         if target is None:
-            raise RenderError(
-                f"{where}.flags: a JSON patch given as a list names its object in flags, "
-                'e.g. ["cluster", "NAME"] or ["cluster/NAME"]'
-            )
+            raise RenderError(f"{where}.flags: {PATCH_TARGET_MISSING}")
         api_version, kind = self.driver.resolve(target[0])
         return {
             "apiVersion": api_version,
@@ -703,6 +700,10 @@ class _Run:
         return Step(progressed=True)
 
 
+PATCH_TARGET_MISSING = (
+    'a JSON patch given as a list names its object in flags, e.g. ["cluster", "NAME"] or '
+    '["cluster/NAME"]'
+)
 # kubectl options that take their value as the next flag.
 _VALUED_FLAGS = {"-n", "--namespace", "--type", "-p", "--patch", "-o", "--output",
                  "--field-manager", "--subresource", "-l", "--selector"}  # fmt: skip

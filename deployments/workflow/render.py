@@ -593,20 +593,31 @@ def is_patch_list(template: str) -> bool:
     return isinstance(document, list)
 
 
-def render_patch(template: str, ctx: Context, *, where: str = "") -> list[dict]:
-    """Render a JSON patch written as a YAML list of operations (`- op: replace` …).
+def patch_problems(template: str) -> list[tuple[str, str]]:
+    """What keeps a manifest that is a list from being a JSON patch: (where in the list,
+    message) pairs, empty when it is one."""
+    document, _ = _one_document(template, "")
+    return _patch_problems(document)
 
-    Every operation must be a mapping with `op` and `path` before substitution, so a value
-    can never become an operation.
-    """
-    document, tokenized = _one_document(template, where)
+
+def _patch_problems(document: Any) -> list[tuple[str, str]]:
+    # Checked before substitution, so a value can never become an operation.
     if not isinstance(document, list) or not document:
-        raise RenderError(_located("a JSON patch must be a non-empty list of operations", where))
-    for i, operation in enumerate(document):
-        if not isinstance(operation, dict) or "op" not in operation or "path" not in operation:
-            raise RenderError(
-                _located("every operation must be a mapping with op and path", where, f"[{i}]")
-            )
+        return [("", "a JSON patch needs at least one operation")]
+    return [
+        (f"[{i}]", "a JSON patch operation is a mapping with op and path")
+        for i, operation in enumerate(document)
+        if not (isinstance(operation, dict) and "op" in operation and "path" in operation)
+    ]
+
+
+def render_patch(template: str, ctx: Context, *, where: str = "") -> list[dict]:
+    """Render a JSON patch written as a YAML list of operations (`- op: replace` …)."""
+    document, tokenized = _one_document(template, where)
+    problems = _patch_problems(document)
+    if problems:
+        at, message = problems[0]
+        raise RenderError(_located(message, where, at))
     return _fill(document, tokenized.source(ctx), where, "")
 
 
