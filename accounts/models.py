@@ -189,3 +189,28 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("Audit events cannot be deleted.")
+
+
+class RequestKey(models.Model):
+    """A request id used within a scope (an organization, or a user for what lives outside one).
+
+    Like Stripe's Idempotency-Key: a repeat of the request returns what the first one made,
+    the same id with another action or input is refused. The unique constraint makes a
+    concurrent repeat wait for the first request's transaction, then find its key.
+    """
+
+    scope = models.CharField(max_length=40)  # "tenant:<id>" or "user:<id>"
+    request_id = models.CharField(max_length=64)
+    action = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)  # of the action and the input as submitted
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "request_id"], name="requestkey_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.request_id} in {self.scope}"

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts import roles
+from accounts import idempotency, roles
 from accounts.audit import Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
@@ -56,24 +56,29 @@ def _unique_slug(name: str) -> str:
 
 def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
     """A new organization with the acting user as its owner; a repeated request id returns the
-    organization that request created."""
-    if request_id and actor.user is not None:
-        existing = Tenant.objects.for_user(actor.user).filter(request_id=request_id).first()
-        if existing is not None:
-            return existing
+    organization that request created (one per user and request id, however many race)."""
+    if actor.user is None:
+        raise ValueError("an organization needs a user to own it")
+    request_id = idempotency.request_id_clean(request_id)
+    submitted = name
     name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
     if not name:
         raise ValidationError({"name": "Give the organization a name."})
-    if actor.user is None:
-        raise ValueError("an organization needs a user to own it")
+    scope = idempotency.user_scope(actor.user)
     for _ in range(3):  # two sign-ups racing for one slug: take the next one
         try:
             with transaction.atomic():
+                earlier = idempotency.request_claim(
+                    scope=scope, request_id=request_id, action="tenant.create", raw=submitted
+                )
+                if earlier is not None:
+                    return Tenant.objects.get(pk=earlier.target_id)
                 tenant = Tenant(name=name, slug=_unique_slug(name), request_id=request_id)
                 # The unique constraint, not a read before the write, settles a slug race.
                 tenant.full_clean(validate_unique=False)
                 tenant.save()
                 Membership.objects.create(tenant=tenant, user=actor.user, role=Role.OWNER)
+                idempotency.request_bind(scope=scope, request_id=request_id, target=tenant)
                 audit_record(
                     actor=actor,
                     action="tenant.create",
@@ -173,10 +178,8 @@ def invitation_create(
 
     A repeated request id returns the invitation that request made (and sends nothing again).
     """
-    if request_id:
-        existing = tenant.invitations.filter(request_id=request_id).first()
-        if existing is not None:
-            return existing
+    request_id = idempotency.request_id_clean(request_id)
+    submitted = {"email": email, "role": role}
     email = User.objects.normalize_email(email).strip().lower()
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
@@ -184,6 +187,12 @@ def invitation_create(
         permission_require(actor=actor, tenant=tenant, action="member.invite")
         if role == Role.OWNER:
             permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
+        scope = idempotency.tenant_scope(tenant)
+        earlier = idempotency.request_claim(
+            scope=scope, request_id=request_id, action="member.invite", raw=submitted
+        )
+        if earlier is not None:
+            return Invitation.objects.get(pk=earlier.target_id)
         if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
             raise ValidationError({"email": f"{email} is already a member."})
         now = timezone.now()
@@ -200,6 +209,7 @@ def invitation_create(
         )
         invitation.full_clean()
         invitation.save()
+        idempotency.request_bind(scope=scope, request_id=request_id, target=invitation)
         audit_record(
             actor=actor,
             action="member.invite",

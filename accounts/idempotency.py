@@ -1,0 +1,94 @@
+"""One object per request id: what every create and action form relies on against double submits.
+
+A service calls `request_claim` after its permission check and inside its transaction. The
+claim inserts a `RequestKey` row; a concurrent request with the same id waits on the unique
+index until the first one commits (or rolls back), so the check and the write cannot race.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import connection, models
+
+from accounts.models import RequestKey, Tenant
+
+REQUEST_ID_MAX = RequestKey._meta.get_field("request_id").max_length
+
+REUSED = (
+    "This request id was already used for a different request. Reload the page and submit "
+    "the form again."
+)
+
+
+def request_id_clean(request_id: str | None) -> str:
+    """The request id to use: a new one when none is given; ValidationError when it is unusable."""
+    if request_id is None or request_id == "":
+        return uuid.uuid4().hex
+    if not isinstance(request_id, str):
+        raise ValidationError({"request_id": "The request id must be text."})
+    if len(request_id) > REQUEST_ID_MAX:
+        raise ValidationError(
+            {"request_id": f"The request id is longer than {REQUEST_ID_MAX} characters."}
+        )
+    if not request_id.isprintable() or request_id.strip() != request_id:
+        raise ValidationError({"request_id": "The request id may hold only printable characters."})
+    return request_id
+
+
+def tenant_scope(tenant: Tenant) -> str:
+    return f"tenant:{tenant.pk}"
+
+
+def user_scope(user: Any) -> str:
+    return f"user:{user.pk}"
+
+
+def derived_request_id(request_id: str, purpose: str) -> str:
+    """An id derived from a request id (e.g. the last snapshot before a delete), always short
+    enough for the column."""
+    digest = hashlib.sha256(f"{purpose}\0{request_id}".encode()).hexdigest()
+    return f"{purpose[:20]}-{digest[:40]}"
+
+
+def _digest(action: str, raw: Any) -> str:
+    text = json.dumps({"action": action, "input": raw}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> RequestKey | None:
+    """Claim `request_id` in `scope` for this request.
+
+    None: the id is new; go on, and name what was made with `request_bind`. Otherwise the key
+    of the earlier request with this id and the same action and input (its target is what that
+    request made). Raises ValidationError when the id was used with another action or input.
+    Call it inside the transaction that makes the object, after the permission check.
+    """
+    digest = _digest(action, raw)
+    table = RequestKey._meta.db_table
+    with connection.cursor() as cursor:
+        # ON CONFLICT DO NOTHING waits for a concurrent insert of the same key to commit or
+        # roll back: the second of two racing requests finds the first one's row.
+        cursor.execute(
+            f"INSERT INTO {table} (scope, request_id, action, digest, target_type, target_id,"  # noqa: S608 - our table name
+            " created_at) VALUES (%s, %s, %s, %s, '', '', now())"
+            " ON CONFLICT (scope, request_id) DO NOTHING RETURNING id",
+            [scope, request_id, action, digest],
+        )
+        if cursor.fetchone() is not None:
+            return None
+    earlier = RequestKey.objects.get(scope=scope, request_id=request_id)
+    if earlier.digest != digest:
+        raise ValidationError({"request_id": REUSED})
+    return earlier
+
+
+def request_bind(*, scope: str, request_id: str, target: models.Model) -> None:
+    """Record what the request claimed in `scope` made, for its repeats to return."""
+    RequestKey.objects.filter(scope=scope, request_id=request_id).update(
+        target_type=target._meta.label_lower, target_id=str(target.pk)
+    )

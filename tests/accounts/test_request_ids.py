@@ -1,0 +1,95 @@
+"""One organization or invitation per request id, however many submits race; the role first."""
+
+import pytest
+from django.core import mail
+from django.core.exceptions import ValidationError
+
+from accounts import services
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Invitation, Tenant
+from tests.concurrency import race
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_new_organization_submits_make_one_organization(owner):
+    results = race(
+        lambda: services.tenant_create(actor=Actor(user=owner), name="Globex", request_id="r-1")
+    )
+
+    assert all(isinstance(r, Tenant) for r in results), results
+    assert len({r.pk for r in results}) == 1
+    assert Tenant.objects.filter(name="Globex").count() == 1
+    assert AuditEvent.objects.filter(action="tenant.create", payload__name="Globex").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_invitation_submits_make_one_invitation_and_one_email(tenant, owner, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+
+    results = race(
+        lambda: services.invitation_create(
+            actor=Actor(user=owner),
+            tenant=tenant,
+            email="new@example.com",
+            role="member",
+            request_id="r-2",
+        )
+    )
+
+    assert all(isinstance(r, Invitation) for r in results), results
+    assert Invitation.objects.filter(tenant=tenant).count() == 1
+    assert len([m for m in mail.outbox if m.to == ["new@example.com"]]) == 1
+
+
+@pytest.mark.django_db
+def test_a_request_id_reused_with_other_input_is_refused(tenant, owner):
+    services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="a@example.com", role="member", request_id="r"
+    )
+
+    with pytest.raises(ValidationError) as refused:
+        services.invitation_create(
+            actor=Actor(user=owner),
+            tenant=tenant,
+            email="b@example.com",
+            role="member",
+            request_id="r",
+        )
+
+    assert "already used for a different request" in str(refused.value)
+    assert list(Invitation.objects.values_list("email", flat=True)) == ["a@example.com"]
+
+
+@pytest.mark.django_db
+def test_a_viewer_reposting_an_invitation_request_id_is_denied_and_audited(
+    tenant, owner, add_member
+):
+    services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="a@example.com", role="member", request_id="r"
+    )
+    viewer = add_member("viewer@example.com", "viewer")
+
+    with pytest.raises(ActionDenied) as denied:
+        services.invitation_create(
+            actor=Actor(user=viewer),
+            tenant=tenant,
+            email="a@example.com",
+            role="member",
+            request_id="r",
+        )
+
+    assert "does not allow inviting members" in str(denied.value)
+    assert AuditEvent.objects.filter(
+        tenant=tenant, action="member.invite", result="denied", actor=viewer
+    ).exists()
+
+
+@pytest.mark.django_db
+def test_a_request_id_over_64_characters_is_a_field_error(owner):
+    with pytest.raises(ValidationError) as refused:
+        services.tenant_create(actor=Actor(user=owner), name="Initech", request_id="x" * 65)
+
+    assert "request_id" in refused.value.message_dict
+    assert not Tenant.objects.filter(name="Initech").exists()
