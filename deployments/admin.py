@@ -72,7 +72,7 @@ class OperationAdmin(ServiceOwnedAdmin):
     list_filter = ["state", "verb", "created_at"]
     search_fields = ["id", "instance__id", "instance__tenant__slug", "request_id"]
     list_select_related = ["instance", "requested_by"]
-    exclude = ["secret_parameters", "engine_state"]
+    exclude = ["secret_parameters", "requested_secret", "engine_state"]
     inlines = [TaskRunInline]
 
 

@@ -169,6 +169,12 @@ class Operation(models.Model):
     )
     request_id = models.CharField(max_length=64)
     plan_version = models.ForeignKey(PlanVersion, on_delete=models.PROTECT, related_name="+")
+    # What the request asked for: the parameter values it changes (all of them for a create or
+    # restore), and encrypted, {"parameters": …, "verb_parameters": …} of its Password values.
+    requested = models.JSONField(default=dict, blank=True)
+    requested_secret = EncryptedTextField(blank=True)
+    # The whole parameter set the run applies, worked out when it starts from the instance's
+    # parameters then and the changes requested (Password values encrypted apart).
     parameters = models.JSONField(default=dict)
     secret_parameters = EncryptedTextField(blank=True)
     arguments = models.JSONField(default=dict, blank=True)  # verb-specific (snapshot, target)
@@ -244,6 +250,9 @@ class Snapshot(models.Model):
     name = models.CharField(max_length=253)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     metadata = models.JSONField(default=dict, blank=True)  # the backup verb's outputs
+    # The instance's parameters (Password ones left out) when the backup ran: a restore keeps
+    # those that cannot change, also after the instance is gone.
+    parameters = models.JSONField(default=dict, blank=True)
     operation = models.ForeignKey(
         Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

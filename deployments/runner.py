@@ -28,6 +28,14 @@ from accounts.audit import SYSTEM, audit_record
 from deployments import context, lifecycle, selectors, services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot, TaskRun
+from deployments.parameters import (
+    instance_values,
+    requested_changes,
+    run_values,
+    split_values,
+    values_after,
+    verb_values,
+)
 from deployments.workflow import engine
 from deployments.workflow.driver import DriverError, PermanentError, TransientError
 from deployments.workflow.render import Context, RenderError
@@ -38,6 +46,7 @@ POLL_FIRST = 0.2  # seconds between reads right after an object was applied
 POLL_MAX = 5.0
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
+RETRYING = "Retrying after a cluster error: "  # an operation's error while it retries a step
 
 _drivers: dict[tuple[int, str], KubeDriver] = {}
 
@@ -121,10 +130,20 @@ def _begin(op: Operation, now) -> bool:
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[op.verb]
     state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
+    # The run applies the instance's values as the operations before it left them, with the
+    # changes this one asked for.
+    values = {**instance_values(op.instance), **requested_changes(op)}
+    op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
     op.state = Operation.State.RUNNING
     op.started_at = now
     op.engine_state = json.dumps(state.to_json())
-    op.save(update_fields=["state", "started_at", "engine_state"])
+    # Where a run that fails before the cluster accepted any change leaves the instance.
+    op.arguments = {**op.arguments, "state_before": op.instance.state}
+    op.save(
+        update_fields=[
+            "state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"
+        ]
+    )  # fmt: skip
     during = lifecycle.rule(op.verb, custom=verb.custom).during
     if during:
         services.instance_state_set(op.instance, during, operation=op)
@@ -165,14 +184,17 @@ def _advance(op: Operation, now) -> float | None:
         if state.done and state.phase == engine.SUCCEEDED and op.verb == "delete":
             context.namespace_delete(driver, instance.namespace)
     except TransientError as exc:
-        # The cluster hiccupped: the same step again later, from the saved state.
+        # The cluster hiccupped: the same step again later, from the saved state. The error
+        # stays visible while the step is retried.
         op.transient_failures += 1
         op.transient_streak += 1
         delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
         op.next_step_at = now + timedelta(seconds=delay)
+        op.error = f"{RETRYING}{exc.message}"[:2000]
         op.save(
             update_fields=[
-                "transient_failures", "transient_streak", "next_step_at", "moves", "arguments"
+                "transient_failures", "transient_streak", "next_step_at", "moves", "arguments",
+                "error",
             ]
         )  # fmt: skip
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
@@ -189,6 +211,8 @@ def _advance(op: Operation, now) -> float | None:
     if state.done:
         _finish(op, state, verb, now)
         return None
+    if op.transient_streak:
+        op.error = ""  # the cluster answers again
     op.transient_streak = 0
     op.idle_steps = 0 if step.progressed else op.idle_steps + 1
     delay = 0.0 if step.progressed else poll_delay(op.idle_steps)
@@ -203,6 +227,7 @@ def _advance(op: Operation, now) -> float | None:
             "next_step_at",
             "arguments",
             "moves",
+            "error",
         ]
     )
     return delay
@@ -212,7 +237,10 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
     succeeded = state.phase == engine.SUCCEEDED
     op.state = Operation.State.SUCCEEDED if succeeded else Operation.State.FAILED
     op.finished_at = now
-    op.error = "" if succeeded else (state.message or "The workflow failed.")
+    error = state.message or "The workflow failed."
+    if op.error.startswith(RETRYING):  # e.g. a deadline: say what kept the run from finishing
+        error = f"{error} The last cluster error: {op.error.removeprefix(RETRYING)}"
+    op.error = "" if succeeded else error
     op.outputs = engine.verb_outputs(state, verb.outputs) if succeeded else {}
     op.next_step_at = None
     # Only what finishing changes: a delete may have set cancel_reason meanwhile.
@@ -225,9 +253,12 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
     instance = op.instance
     rule = lifecycle.rule(op.verb, custom=verb.custom)
     if succeeded:
-        if op.verb in {"create", "modify"}:
-            instance.parameters = op.parameters
-            instance.secret_parameters = op.secret_parameters
+        # Stored = deployed: the values the run applied (and those the verb declares it sets).
+        after = values_after(op, verb, run_values(op))
+        if after is not None:
+            instance.parameters, instance.secret_parameters = split_values(
+                selectors.plan_version_loaded(op.plan_version_id).spec.main.parameters, after
+            )
         if op.outputs and not op.arguments.get("snapshot"):  # a backup's go to its snapshot
             instance.outputs = {**instance.outputs, **op.outputs}
         instance.updated_at = now
@@ -235,7 +266,13 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         if rule.after:
             services.instance_state_set(instance, rule.after, operation=op)
     elif rule.during and op.cancel_reason == "":
-        services.instance_state_set(instance, Instance.State.FAILED, operation=op, reason=op.error)
+        before = op.arguments.get("state_before")
+        if state.changed or op.verb in {"create", "restore"} or not before:
+            services.instance_state_set(
+                instance, Instance.State.FAILED, operation=op, reason=op.error
+            )
+        else:  # refused before the cluster took any of it: the instance runs as it did
+            services.instance_state_set(instance, before, operation=op, reason=op.error)
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
             status=Snapshot.Status.DELETED
@@ -244,6 +281,7 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         Snapshot.objects.filter(pk=op.arguments["snapshot"]).update(
             status=Snapshot.Status.COMPLETED if succeeded else Snapshot.Status.FAILED,
             metadata=op.outputs,
+            parameters=op.parameters,  # what a restore of it keeps, also once the instance is gone
         )
     audit_record(
         actor=SYSTEM,
@@ -310,10 +348,9 @@ def _dt(timestamp: float | None) -> datetime | None:
 
 
 def _context(op: Operation, spec, verb) -> Context:
-    """The run's variables, fixed by what the operation recorded when it was requested."""
+    """The run's variables, fixed by what the operation recorded when it started."""
     instance, tenant, cell = op.instance, op.instance.tenant, op.instance.cell
-    hidden = json.loads(op.secret_parameters) if op.secret_parameters else {}
-    values = {**op.parameters, **hidden, **op.arguments.get("verb_parameters", {})}
+    values = {**run_values(op), **verb_values(op)}
     user = op.requested_by
     sys = context.sys_variables(
         instance_id=instance.pk,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 import yaml
 from celery import current_app
@@ -19,7 +20,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.audit import Actor, audit_record, audited_action
+from accounts import idempotency
+from accounts.audit import REDACTED, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
 from accounts.models import Tenant
 from accounts.services import permission_require
@@ -36,9 +38,9 @@ from deployments.models import (
     PlanVersion,
     Snapshot,
 )
+from deployments.parameters import instance_values, split_values, values_after
 from deployments.spec.loader import load_spec
-from deployments.spec.model import Parameter
-from deployments.spec.params import ParameterErrors, validate_parameters
+from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
 from deployments.workflow.driver import DriverError
 
 STEP_TASK = "deployments.tasks.operation_step"
@@ -142,19 +144,13 @@ def cell_register(
 
 # --- instances ------------------------------------------------------------------------------
 
-
-def _split(parameters: list[Parameter], values: dict) -> tuple[dict, str]:
-    """Plain values and the JSON of the Password ones (stored encrypted)."""
-    secret = {p.key for p in parameters if p.type == "Password"}
-    plain = {k: v for k, v in values.items() if k not in secret}
-    hidden = {k: v for k, v in values.items() if k in secret}
-    return plain, json.dumps(hidden) if hidden else ""
+NAME_MAX = Instance._meta.get_field("name").max_length
+TIME_ZONE_NEEDED = "Give the point in time with its time zone, e.g. 2026-11-30T12:00:00Z."
 
 
 def instance_parameters(instance: Instance) -> dict:
     """All of an instance's parameter values, Password ones included."""
-    hidden = json.loads(instance.secret_parameters) if instance.secret_parameters else {}
-    return {**instance.parameters, **hidden}
+    return instance_values(instance)
 
 
 def _dispatch(operation: Operation) -> None:
@@ -179,19 +175,54 @@ def instance_state_set(
     instance.save(update_fields=["state", "updated_at"])
 
 
+def _verb_of(op: Operation):
+    return selectors.plan_spec(op.plan_version).main.verbs.get(op.verb)
+
+
 def _projected_state(instance: Instance) -> str:
     """The state the instance will be in once its queued operations have run."""
     state = instance.state
     for op in selectors.operations_pending(instance):
-        spec = selectors.plan_spec(op.plan_version)
-        verb = spec.main.verbs.get(op.verb)
+        verb = _verb_of(op)
         after = lifecycle.rule(op.verb, custom=bool(verb and verb.custom)).after
         state = after or state
     return state
 
 
+def _projected_values(instance: Instance) -> dict:
+    """The instance's parameter values once its queued operations have run."""
+    values = instance_parameters(instance)
+    for op in selectors.operations_pending(instance):
+        verb = _verb_of(op)
+        if verb is not None:
+            values = values_after(op, verb, values) or values
+    return values
+
+
 def _parameter_errors(exc: ParameterErrors) -> ValidationError:
     return ValidationError({key: message for key, message in exc.errors.items()})
+
+
+def _given_mapping(values: Any) -> dict:
+    """Parameters as given by a caller: a mapping of names to values, or nothing."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict) or not all(isinstance(key, str) for key in values):
+        raise ValidationError(
+            {"parameters": "Give the parameters as a mapping of names to values."}
+        )
+    return values
+
+
+def _instance_name(name: Any) -> str:
+    name = name.strip() if isinstance(name, str) else ""
+    if not name:
+        raise ValidationError({"name": "Give the instance a name."})
+    if len(name) > NAME_MAX:
+        raise ValidationError({"name": f"Use at most {NAME_MAX} characters."})
+    if not name.isprintable():
+        raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
+    return name
 
 
 def _instance_new(
@@ -202,18 +233,15 @@ def _instance_new(
     cell: Cell | None,
     name: str,
     values: dict,
-) -> tuple[Instance, dict, str]:
+    base: dict | None = None,
+) -> Instance:
     """A new instance row (state creating) after the checks every new instance passes:
-    a cell, a name, the plan's limit for the tenant, valid parameters.
-
-    Returns the instance, its plain parameters and the encrypted JSON of its passwords.
-    """
+    a cell, a name, the plan's limit for the tenant, valid parameters (with `base`, the values
+    a restore starts from, whose fixed ones cannot change)."""
     cell = cell or Cell.objects.filter(is_default=True).first()
     if cell is None:
         raise ValidationError("No cell is registered to run instances on.")
-    name = name.strip()
-    if not name:
-        raise ValidationError({"name": "Give the instance a name."})
+    name = _instance_name(name)
     # Lock the tenant so two concurrent creates cannot both pass the limit.
     Tenant.objects.select_for_update().get(pk=tenant.pk)
     plan = version.plan
@@ -231,10 +259,10 @@ def _instance_new(
         raise ActionDenied(str(exc)) from exc
     spec = selectors.plan_spec(version)
     try:
-        typed = validate_parameters(spec.main.parameters, values)
+        typed = validate_parameters(spec.main.parameters, values, current=base)
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc
-    plain, hidden = _split(spec.main.parameters, typed)
+    plain, hidden = split_values(spec.main.parameters, typed)
     instance = Instance.objects.create(
         tenant=tenant,
         name=name,
@@ -245,7 +273,38 @@ def _instance_new(
         created_by=actor.user,
     )
     InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
-    return instance, plain, hidden
+    return instance
+
+
+def _operation_new(
+    *,
+    actor: Actor,
+    instance: Instance,
+    verb: str,
+    request_id: str,
+    requested: dict | None = None,
+    requested_secret: dict | None = None,
+    arguments: dict | None = None,
+) -> Operation:
+    """A queued operation on `instance`, sent to a worker once the transaction commits."""
+    secret = {key: value for key, value in (requested_secret or {}).items() if value}
+    operation = Operation.objects.create(
+        instance=instance,
+        verb=verb,
+        requested_by=actor.user,
+        request_id=request_id,
+        plan_version=instance.plan_version,
+        requested=requested or {},
+        requested_secret=json.dumps(secret) if secret else "",
+        arguments=arguments or {},
+    )
+    _dispatch(operation)
+    return operation
+
+
+def _repeat(earlier, model=Operation):
+    """What an earlier request with the same id made."""
+    return model.objects.get(pk=earlier.target_id) if earlier.target_id else None
 
 
 def instance_create(
@@ -258,38 +317,53 @@ def instance_create(
     request_id: str,
     cell: Cell | None = None,
 ) -> Operation:
-    """A new instance of `plan` for `tenant`, and the operation that creates it."""
-    existing = Operation.objects.filter(
-        instance__tenant=tenant, verb="create", request_id=request_id
-    ).first()
-    if existing is not None:
-        return existing
+    """A new instance of `plan` for `tenant`, and the operation that creates it.
+
+    One instance per request id in the tenant: a repeat returns the first one's operation.
+    """
+    request_id = idempotency.request_id_clean(request_id)
+    values = _given_mapping(parameters)
     with audited_action(actor=actor, action="instance.create", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="instance.create")
+        scope = idempotency.tenant_scope(tenant)
+        submitted = {
+            "plan": plan.key,
+            "name": name,
+            "parameters": values,
+            "cell": cell.pk if cell else None,
+        }
+        earlier = idempotency.request_claim(
+            scope=scope, request_id=request_id, action="instance.create", raw=submitted
+        )
+        if earlier is not None:
+            return _repeat(earlier)
         version = selectors.plan_version_latest(plan)
         if version is None:
             raise ValidationError("This plan has no released version yet.")
-        instance, plain, hidden = _instance_new(
-            actor=actor, tenant=tenant, version=version, cell=cell, name=name, values=parameters
+        instance = _instance_new(
+            actor=actor, tenant=tenant, version=version, cell=cell, name=name, values=values
         )
-        operation = Operation.objects.create(
+        operation = _operation_new(
+            actor=actor,
             instance=instance,
             verb="create",
-            requested_by=actor.user,
             request_id=request_id,
-            plan_version=version,
-            parameters=plain,
-            secret_parameters=hidden,
+            requested=instance.parameters,
         )
+        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
         audit_record(
             actor=actor,
             action="instance.create",
             tenant=tenant,
             target=instance,
-            payload={"name": name, "plan": plan.key, "parameters": plain},
+            payload={"name": instance.name, "plan": plan.key, "parameters": instance.parameters},
         )
-        _dispatch(operation)
     return operation
+
+
+def _origin(instance: Instance) -> Operation | None:
+    """The operation that made the instance: its create, or the restore it came from."""
+    return instance.operations.filter(verb__in=["create", "restore"]).order_by("created_at").first()
 
 
 def instance_action(
@@ -300,55 +374,78 @@ def instance_action(
     request_id: str,
     parameters: dict | None = None,
 ) -> Operation:
-    """Queue `verb` (modify, stop, start, restart, backup, failover, a custom verb) on an
-    instance; it runs after the operations queued before it."""
-    existing = instance.operations.filter(request_id=request_id).first()
-    if existing is not None:
-        return existing
+    """Queue `verb` (modify, stop, start, restart, backup, failover, a custom verb, or create
+    and restore to retry a failed instance's) on an instance; it runs after the operations
+    queued before it. A repeated request id returns the operation it queued.
+
+    A modify records only the values it changes; they apply on top of whatever the
+    operations before it leave.
+    """
+    request_id = idempotency.request_id_clean(request_id)
+    values = _given_mapping(parameters)
     tenant = instance.tenant
     spec = selectors.plan_spec(instance.plan_version)
     spec_verb = spec.main.verbs.get(verb)
-    if spec_verb is None or verb in {"delete", "create", "restore"}:
+    if spec_verb is None or verb == "delete":
         raise ValidationError(f"This plan has no {verb} action.")
     rule = lifecycle.rule(verb, custom=spec_verb.custom)
     with audited_action(actor=actor, action=f"instance.{verb}", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=rule.action)
+        scope = idempotency.tenant_scope(tenant)
+        earlier = idempotency.request_claim(
+            scope=scope,
+            request_id=request_id,
+            action=f"instance.{verb}",
+            raw={"instance": instance.pk, "parameters": values},
+        )
+        if earlier is not None:
+            return _repeat(earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         reason = lifecycle.refusal(verb, _projected_state(instance), custom=spec_verb.custom)
         if reason:
             raise ActionDenied(reason)
-        current = instance_parameters(instance)
-        values, arguments = current, {}
+        requested, requested_secret, arguments, changed = {}, {}, {}, {}
         try:
             if verb == "modify":
-                values = validate_parameters(
-                    spec.main.parameters, parameters or {}, current=current
-                )
-            elif spec_verb.parameters:
-                arguments = validate_parameters(spec_verb.parameters, parameters or {})
+                projected = _projected_values(instance)
+                typed = validate_parameters(spec.main.parameters, values, current=projected)
+                changes = {
+                    k: v for k, v in typed.items() if k not in projected or projected[k] != v
+                }
+                requested, hidden = split_values(spec.main.parameters, changes)
+                requested_secret = {"parameters": json.loads(hidden or "{}")}
+                changed = {**requested, **{k: REDACTED for k in requested_secret["parameters"]}}
+            else:
+                given = validate_parameters(spec_verb.parameters, values)
+                plain, hidden = split_values(spec_verb.parameters, given)
+                requested_secret = {"verb_parameters": json.loads(hidden or "{}")}
+                arguments = {"verb_parameters": plain} if plain else {}
         except ParameterErrors as exc:
             raise _parameter_errors(exc) from exc
-        plain, hidden = _split(spec.main.parameters, values)
-        # A custom verb's Password parameters are kept encrypted with the instance's own.
-        verb_plain, verb_hidden = _split(spec_verb.parameters, arguments)
-        if verb_hidden:
-            hidden = json.dumps({**json.loads(hidden or "{}"), **json.loads(verb_hidden)})
-        extra = {"verb_parameters": verb_plain} if verb_plain else {}
+        if verb in {"create", "restore"}:
+            origin = _origin(instance)
+            if origin is None or origin.verb != verb:
+                raise ValidationError(
+                    f"This instance was not made by {verb}; it cannot be retried so."
+                )
+            # Its restore source and target again; the namespace is applied anew (idempotent).
+            arguments = (
+                {"sys": origin.arguments.get("sys", {})} if "sys" in origin.arguments else {}
+            )
         if verb == "backup":
-            extra.update(_snapshot_start(instance))
-        operation = Operation.objects.create(
+            arguments.update(_snapshot_start(instance))
+        operation = _operation_new(
+            actor=actor,
             instance=instance,
             verb=verb,
-            requested_by=actor.user,
             request_id=request_id,
-            plan_version=instance.plan_version,
-            parameters=plain,
-            secret_parameters=hidden,
-            arguments=extra,
+            requested=requested,
+            requested_secret=requested_secret,
+            arguments=arguments,
         )
         if verb == "backup":
-            Snapshot.objects.filter(pk=extra["snapshot"]).update(operation=operation)
-        changed = {k: v for k, v in plain.items() if instance.parameters.get(k) != v}
+            Snapshot.objects.filter(pk=arguments["snapshot"]).update(operation=operation)
+        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
         audit_record(
             actor=actor,
             action=f"instance.{verb}",
@@ -356,7 +453,6 @@ def instance_action(
             target=instance,
             payload={"changed": changed} if verb == "modify" else {},
         )
-        _dispatch(operation)
     return operation
 
 
@@ -376,18 +472,31 @@ def _snapshot_start(instance: Instance) -> dict:
 
 def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Operation:
     """Delete an instance: always accepted; queued operations are cancelled and a running
-    one stops at its next step before the delete workflow runs."""
-    existing = instance.operations.filter(request_id=request_id).first()
-    if existing is not None:
-        return existing
+    one stops at its next step before the delete workflow runs. A delete while another is
+    pending (or after it finished) returns that one."""
+    request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.delete", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.delete")
+        scope = idempotency.tenant_scope(tenant)
+        earlier = idempotency.request_claim(
+            scope=scope,
+            request_id=request_id,
+            action="instance.delete",
+            raw={"instance": instance.pk},
+        )
+        if earlier is not None:
+            return _repeat(earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        if instance.state in {Instance.State.DELETING, Instance.State.DELETED}:
-            pending = instance.operations.filter(verb="delete").order_by("-created_at").first()
-            if pending is not None:
-                return pending
+        deletes = instance.operations.filter(verb="delete")
+        pending = deletes.filter(
+            state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
+        ).first()
+        if pending is None and instance.state == Instance.State.DELETED:
+            pending = deletes.order_by("-created_at").first()
+        if pending is not None:
+            idempotency.request_bind(scope=scope, request_id=request_id, target=pending)
+            return pending
         now = timezone.now()
         instance.operations.filter(state=Operation.State.QUEUED).update(
             state=Operation.State.CANCELLED,
@@ -405,30 +514,30 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         ):
             # A last snapshot, taken before the delete workflow runs (it queues first).
             extra = _snapshot_start(instance)
-            last = Operation.objects.create(
+            last = _operation_new(
+                actor=actor,
                 instance=instance,
                 verb="backup",
-                requested_by=actor.user,
-                request_id=f"{request_id}:last-snapshot",
-                plan_version=instance.plan_version,
-                parameters=instance.parameters,
-                secret_parameters=instance.secret_parameters,
+                request_id=idempotency.derived_request_id(request_id, "last-snapshot"),
                 arguments=extra,
             )
             Snapshot.objects.filter(pk=extra["snapshot"]).update(operation=last)
-            _dispatch(last)
-        operation = Operation.objects.create(
-            instance=instance,
-            verb="delete",
-            requested_by=actor.user,
-            request_id=request_id,
-            plan_version=instance.plan_version,
-            parameters=instance.parameters,
-            secret_parameters=instance.secret_parameters,
+        operation = _operation_new(
+            actor=actor, instance=instance, verb="delete", request_id=request_id
         )
+        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
         audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
-        _dispatch(operation)
     return operation
+
+
+def _restore_base(snapshot: Snapshot) -> dict:
+    """The values a restore starts from: the snapshot's own (older snapshots without them take
+    the source instance's), and the source's passwords while it exists."""
+    source = snapshot.instance
+    base = dict(snapshot.parameters or (source.parameters if source is not None else {}))
+    if source is not None and source.secret_parameters:
+        base.update(json.loads(source.secret_parameters))
+    return base
 
 
 def snapshot_restore(
@@ -443,53 +552,72 @@ def snapshot_restore(
     """A NEW instance from a completed snapshot, on the snapshot's plan version; with
     `target_time`, recovered to that instant (`$sys.restore.targetTime`) instead.
 
-    Parameters default to the source instance's (when it still exists) and may be changed
-    within the plan's rules; the snapshot's metadata reaches the restore workflow as
+    Parameters start from the snapshot's: those that cannot change after creation (the
+    version, the database) stay as the snapshot holds them, the others may be changed within
+    the plan's rules. The snapshot's metadata reaches the restore workflow as
     `$sys.restore.metadata.*`.
     """
+    request_id = idempotency.request_id_clean(request_id)
+    values = _given_mapping(parameters)
+    if target_time is not None and (
+        not isinstance(target_time, datetime) or target_time.utcoffset() is None
+    ):
+        raise ValidationError({"target_time": TIME_ZONE_NEEDED})
     tenant = snapshot.tenant
-    existing = Operation.objects.filter(
-        instance__tenant=tenant, verb="restore", request_id=request_id
-    ).first()
-    if existing is not None:
-        return existing
     with audited_action(actor=actor, action="instance.restore", tenant=tenant, target=snapshot):
         permission_require(actor=actor, tenant=tenant, action="backup.restore")
+        scope = idempotency.tenant_scope(tenant)
+        submitted = {
+            "snapshot": snapshot.pk,
+            "name": name,
+            "parameters": values,
+            "target_time": target_time.isoformat() if target_time else None,
+        }
+        earlier = idempotency.request_claim(
+            scope=scope, request_id=request_id, action="instance.restore", raw=submitted
+        )
+        if earlier is not None:
+            return _repeat(earlier)
         if snapshot.status != Snapshot.Status.COMPLETED:
             raise ValidationError("Only a completed snapshot can be restored.")
         if target_time is not None and target_time < snapshot.created_at:
-            raise ValidationError("The point in time is before the snapshot was taken.")
+            raise ValidationError(
+                {"target_time": "The point in time is before the snapshot was taken."}
+            )
         if target_time is not None and target_time > timezone.now():
-            raise ValidationError("The point in time is in the future.")
+            raise ValidationError({"target_time": "The point in time is in the future."})
         version = snapshot.plan_version
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
             raise ValidationError("This plan cannot restore snapshots.")
-        source = snapshot.instance
-        defaults = instance_parameters(source) if source is not None else {}
-        instance, plain, hidden = _instance_new(
-            actor=actor,
-            tenant=tenant,
-            version=version,
-            cell=None,
-            name=name,
-            values={**defaults, **(parameters or {})},
-        )
+        base = _restore_base(snapshot)
+        try:
+            instance = _instance_new(
+                actor=actor,
+                tenant=tenant,
+                version=version,
+                cell=None,
+                name=name,
+                values=values,
+                base=base,
+            )
+        except ValidationError as exc:
+            raise _fixed_by_snapshot(exc, base) from exc
         restore = {
             "snapshotId": snapshot.name,
             "snapshotTime": snapshot.created_at.isoformat(),
             # Point in time: recover up to this instant (RFC 3339, UTC); "" means the snapshot.
-            "targetTime": target_time.strftime("%Y-%m-%dT%H:%M:%SZ") if target_time else "",
+            "targetTime": target_time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if target_time
+            else "",
             "metadata": snapshot.metadata,
         }
-        operation = Operation.objects.create(
+        operation = _operation_new(
+            actor=actor,
             instance=instance,
             verb="restore",
-            requested_by=actor.user,
             request_id=request_id,
-            plan_version=version,
-            parameters=plain,
-            secret_parameters=hidden,
+            requested=instance.parameters,
             arguments={
                 "sys": {
                     "restore": restore,
@@ -498,30 +626,54 @@ def snapshot_restore(
                 }
             },
         )
+        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
         audit_record(
             actor=actor,
             action="instance.restore",
             tenant=tenant,
             target=instance,
             payload={
-                "name": name,
+                "name": instance.name,
                 "snapshot": snapshot.name,
                 "source": snapshot.source_instance_id,
             },
         )
-        _dispatch(operation)
     return operation
+
+
+def _fixed_by_snapshot(exc: ValidationError, base: dict) -> ValidationError:
+    """A restore's "cannot be changed" errors, said as what they are: the snapshot's value."""
+    if not hasattr(exc, "error_dict"):
+        return exc
+    errors = {}
+    for key, messages in exc.message_dict.items():
+        if IMMUTABLE in messages and key in base:
+            errors[key] = f"Fixed by the snapshot, which holds {base[key]}."
+        else:
+            errors[key] = messages
+    return ValidationError(errors)
 
 
 def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Operation | None:
     """Forget a snapshot: its instance runs the plan's deleteBackup workflow when it still
     exists; otherwise the snapshot is only marked deleted (the object store's retention
     policy prunes the data)."""
+    request_id = idempotency.request_id_clean(request_id)
     tenant = snapshot.tenant
     with audited_action(actor=actor, action="backup.delete", tenant=tenant, target=snapshot):
         permission_require(actor=actor, tenant=tenant, action="backup.delete")
+        scope = idempotency.tenant_scope(tenant)
+        earlier = idempotency.request_claim(
+            scope=scope,
+            request_id=request_id,
+            action="backup.delete",
+            raw={"snapshot": snapshot.pk},
+        )
+        if earlier is not None:
+            return _repeat(earlier) if earlier.target_type == "deployments.operation" else None
         snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
         if snapshot.status == Snapshot.Status.DELETED:
+            idempotency.request_bind(scope=scope, request_id=request_id, target=snapshot)
             return None
         instance = snapshot.instance
         spec = selectors.plan_spec(snapshot.plan_version)
@@ -540,22 +692,17 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
         if not runs:
             snapshot.status = Snapshot.Status.DELETED
             snapshot.save(update_fields=["status"])
+            idempotency.request_bind(scope=scope, request_id=request_id, target=snapshot)
             return None
-        existing = instance.operations.filter(request_id=request_id).first()
-        if existing is not None:
-            return existing
-        operation = Operation.objects.create(
+        operation = _operation_new(
+            actor=actor,
             instance=instance,
             verb="deleteBackup",
-            requested_by=actor.user,
             request_id=request_id,
-            plan_version=instance.plan_version,
-            parameters=instance.parameters,
-            secret_parameters=instance.secret_parameters,
             arguments={
                 "forget_snapshot": snapshot.pk,
                 "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.created_at.isoformat()}},
             },
         )
-        _dispatch(operation)
+        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
     return operation

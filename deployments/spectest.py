@@ -250,6 +250,9 @@ class SpecTest:
         if result.result == PASSED:
             if name in {"create", "modify"}:
                 instance.values = values
+            # What a custom verb declares it sets (x-opsdeck.updates), as the portal stores it.
+            updates = {t: values[s] for t, s in verb.updates.items() if s in values}
+            instance.values = {**instance.values, **updates}
             if name == "backup":  # its outputs are the snapshot's metadata
                 self.snapshot, self.metadata = snapshot, result.outputs
         return result

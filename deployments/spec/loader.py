@@ -248,6 +248,9 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
             parameter.regex = str(regex)
         except re.error as exc:
             report.error(f"{path}.regex", f"is not a valid regular expression ({exc})")
+    extension = raw.get("x-opsdeck")
+    if extension is not None:
+        _parameter_extension(parameter, extension, f"{path}.x-opsdeck", report)
     if not key or kind not in PARAMETER_TYPES:
         return parameter
     default = raw.get("defaultValue")
@@ -261,6 +264,27 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
     elif not parameter.required and kind != "Password":
         report.error(path, f'optional parameter "{key}" needs a defaultValue')
     return parameter
+
+
+def _parameter_extension(parameter: Parameter, raw: Any, path: str, report: Report) -> None:
+    """A parameter's `x-opsdeck`: `step` (Float64 values are whole multiples of it; 1 makes
+    the parameter a whole number)."""
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping")
+        return
+    if raw.get("step") is None:
+        return
+    try:
+        step = _number(raw["step"])
+    except (TypeError, ValueError):
+        report.error(f"{path}.step", f'"{raw["step"]}" is not a number')
+        return
+    if parameter.type != "Float64":
+        report.error(f"{path}.step", "only a Float64 parameter has a step")
+    elif step <= 0:
+        report.error(f"{path}.step", "must be greater than 0")
+    else:
+        parameter.step = step
 
 
 def _limits(raw: Any, path: str, report: Report) -> dict | None:
@@ -539,7 +563,12 @@ def _system_verbs(
 
 
 def _custom_verbs(
-    raw: Any, path: str, taken: dict[str, Verb], deadlines: dict[str, int] | None, report: Report
+    raw: Any,
+    path: str,
+    taken: dict[str, Verb],
+    parameters: list[Parameter],
+    deadlines: dict[str, int] | None,
+    report: Report,
 ) -> dict[str, Verb]:
     verbs: dict[str, Verb] = {}
     for i, body in enumerate(_list(raw, path, report)):
@@ -576,7 +605,48 @@ def _custom_verbs(
             scope=[str(s) for s in scope] if isinstance(scope, list) else [],
             path=where,
         )
+        verbs[name].updates = _updates(
+            verbs[name], parameters, body.get("x-opsdeck"), where, report
+        )
     return verbs
+
+
+def _updates(
+    verb: Verb, parameters: list[Parameter], raw: Any, where: str, report: Report
+) -> dict[str, str]:
+    """A custom verb's `x-opsdeck.updates`: which instance parameters its success changes, each
+    to the value of one of the verb's own parameters (of the same type)."""
+    if raw is None:
+        return {}
+    path = f"{where}.x-opsdeck"
+    if not isinstance(raw, dict):
+        report.error(path, "must be a mapping")
+        return {}
+    updates = raw.get("updates")
+    if updates is None:
+        return {}
+    if not isinstance(updates, dict):
+        report.error(f"{path}.updates", "must map instance parameters to this verb's parameters")
+        return {}
+    instance = {p.key: p for p in parameters}
+    own = {p.key: p for p in verb.parameters}
+    result: dict[str, str] = {}
+    for target, source in updates.items():
+        target, source = str(target), str(source)
+        if target not in instance:
+            report.error(f"{path}.updates.{target}", "is not a parameter of the service")
+        elif not instance[target].modifiable:
+            report.error(f"{path}.updates.{target}", "is not modifiable")
+        elif source not in own:
+            report.error(f"{path}.updates.{target}", f'"{source}" is not a parameter of this verb')
+        elif own[source].type != instance[target].type:
+            report.error(
+                f"{path}.updates.{target}",
+                f'"{source}" is {own[source].type}, the parameter is {instance[target].type}',
+            )
+        else:
+            result[target] = source
+    return result
 
 
 # --- services and plan ------------------------------------------------------------------
@@ -624,7 +694,12 @@ def build_service(
             service.verbs.update(verbs)
     service.verbs.update(
         _custom_verbs(
-            raw.get("customWorkflows"), f"{path}.customWorkflows", service.verbs, deadlines, report
+            raw.get("customWorkflows"),
+            f"{path}.customWorkflows",
+            service.verbs,
+            service.parameters,
+            deadlines,
+            report,
         )
     )
     return service

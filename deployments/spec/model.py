@@ -59,6 +59,7 @@ class Parameter:
     options: list[str] | None = None
     limits: dict | None = None
     regex: str | None = None
+    step: int | float | None = None  # Float64: values are multiples of it (x-opsdeck.step)
     raw: dict = field(default_factory=dict)
 
 
@@ -162,6 +163,9 @@ class Verb:
     scope: list[str] = field(default_factory=list)
     synthesized: bool = False
     path: str = ""
+    # Instance parameters a successful run sets from this verb's own parameters:
+    # {instance parameter key: verb parameter key} (a custom verb's x-opsdeck.updates).
+    updates: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

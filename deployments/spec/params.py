@@ -16,6 +16,7 @@ import math
 import re
 import secrets
 import string
+from decimal import Decimal
 from typing import Any
 
 from deployments.spec.model import Parameter
@@ -91,9 +92,13 @@ def coerce(parameter: Parameter, value: Any) -> Any:
                 value = float(value.strip())
             except ValueError:
                 raise ValueError("Must be a number.") from None
-        if not isinstance(value, int | float) or not math.isfinite(value):
+        try:
+            number = float(value)
+        except (TypeError, OverflowError):  # an int too large for a float, e.g. 10**400
+            raise ValueError("Must be a number.") from None
+        if not math.isfinite(number):
             raise ValueError("Must be a number.")
-        return int(value) if float(value).is_integer() else float(value)
+        return int(number) if number.is_integer() else number
     if kind == "Boolean":
         if isinstance(value, bool):
             return value
@@ -134,11 +139,24 @@ def check(parameter: Parameter, value: Any) -> None:
         (low is not None and value < low) or (high is not None and value > high)
     ):
         raise ValueError(_range_message(low, high))
+    if parameter.type == "Float64" and parameter.step is not None:
+        _check_step(parameter.step, low, value)
     if parameter.type in ("String", "Password"):
         if (low is not None and len(value) < low) or (high is not None and len(value) > high):
             raise ValueError(_range_message(low, high, " characters long"))
         if parameter.regex and re.fullmatch(parameter.regex, value) is None:
             raise ValueError(f"Must match the pattern {parameter.regex}.")
+
+
+def _check_step(step: int | float, low: Any, value: int | float) -> None:
+    """A value on the parameter's steps, counted from its minimum (or 0), as an HTML number
+    input counts them; in decimals, so 0.1 steps are exact."""
+    base = Decimal(str(low)) if low is not None else Decimal(0)
+    if (Decimal(str(value)) - base) % Decimal(str(step)) == 0:
+        return
+    if Decimal(str(step)) == 1 and base % 1 == 0:
+        raise ValueError("Must be a whole number.")
+    raise ValueError(f"Must go in steps of {number_text(step)} from {number_text(base)}.")
 
 
 def _given(value: Any) -> bool:

@@ -83,6 +83,9 @@ class RunState:
     main_phase: str | None = None
     message: str = ""
     nodes: dict[str, Node] = field(default_factory=dict)
+    # Whether the cluster accepted any write of this run: a run that fails before it did
+    # changed nothing, and its instance stays as it was.
+    changed: bool = False
 
     def to_json(self) -> dict:
         """The state as plain data for `json.dumps`; it shares nested values with the state
@@ -549,6 +552,7 @@ class _Run:
                 node.observed = self._act(action, node.object)
             except PermanentError as exc:
                 return self._attempt_failed(node, template, FAILED, exc.message)
+            self.state.changed = self.state.changed or action.action in _WRITES
             if action.action == "delete" or not (
                 action.success_condition or action.failure_condition
             ):

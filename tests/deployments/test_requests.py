@@ -1,0 +1,235 @@
+"""Requests against instances as hostile, concurrent and careless users send them: one object
+per request id, the role checked first, clear field errors for bad input, nothing changed."""
+
+import uuid
+from datetime import datetime
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent
+from deployments import services
+from deployments.models import Instance, Operation, Snapshot
+from tests.concurrency import race
+from tests.deployments.conftest import SPEC
+
+
+def _create(owner, tenant, plan, *, request_id=None, name="orders", **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner),
+        tenant=tenant,
+        plan=plan,
+        name=name,
+        parameters=parameters,
+        request_id=request_id or uuid.uuid4().hex,
+    )
+
+
+def _act(user, instance, verb, request_id=None, **parameters):
+    return services.instance_action(
+        actor=Actor(user=user),
+        instance=instance,
+        verb=verb,
+        request_id=request_id or uuid.uuid4().hex,
+        parameters=parameters,
+    )
+
+
+@pytest.fixture
+def running(cell, plan, tenant, owner):
+    """An instance marked running (no worker: the operations below only queue)."""
+    op = _create(owner, tenant, plan)
+    Operation.objects.filter(pk=op.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=op.instance_id).update(state=Instance.State.RUNNING)
+    return Instance.objects.get(pk=op.instance_id)
+
+
+def test_concurrent_creates_with_one_request_id_make_one_instance(cell, plan, tenant, owner):
+    results = race(lambda: _create(owner, tenant, plan, request_id="double-submit"))
+
+    assert all(isinstance(r, Operation) for r in results), results
+    assert len({r.pk for r in results}) == 1
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+    assert AuditEvent.objects.filter(tenant=tenant, action="instance.create").count() == 1
+
+
+def test_a_create_request_id_reused_with_other_parameters_is_refused(cell, plan, tenant, owner):
+    _create(owner, tenant, plan, request_id="r-1", instances="1")
+
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, request_id="r-1", instances="2")
+
+    assert "already used for a different request" in str(refused.value)
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
+def test_a_request_id_reused_for_another_verb_is_refused(running, owner):
+    _act(owner, running, "restart", request_id="r-2")
+
+    with pytest.raises(ValidationError):
+        _act(owner, running, "stop", request_id="r-2")
+
+    assert list(running.operations.values_list("verb", flat=True)) == ["restart", "create"]
+
+
+def test_a_repeated_create_without_a_password_returns_the_first_instance(cell, plan, tenant, owner):
+    # A blank password is generated on each submit: the repeat is recognised by what was sent.
+    first = _create(owner, tenant, plan, request_id="r-3", password="")
+    again = _create(owner, tenant, plan, request_id="r-3", password="")
+
+    assert again.pk == first.pk
+
+
+def test_a_stranger_with_another_tenants_request_id_gets_a_denial_not_the_operation(
+    cell, plan, tenant, owner, make_user
+):
+    op = _create(owner, tenant, plan, request_id="secret-request")
+    stranger = make_user("stranger@example.com")
+
+    with pytest.raises(ActionDenied):
+        _create(stranger, tenant, plan, request_id="secret-request")
+
+    assert Operation.objects.count() == 1
+    assert AuditEvent.objects.filter(actor=stranger, result="denied").exists()
+    assert op.instance.tenant == tenant
+
+
+def test_concurrent_modifies_with_one_request_id_queue_one_operation(running, owner):
+    results = race(lambda: _act(owner, running, "modify", request_id="m-1", instances=2))
+
+    assert all(isinstance(r, Operation) for r in results), results
+    assert running.operations.filter(verb="modify").count() == 1
+
+
+def test_a_second_delete_returns_the_pending_one(running, owner, tenant):
+    _act(owner, running, "restart")  # still queued: the delete waits behind nothing, cancels it
+    first = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-1")
+    second = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-2")
+
+    first.refresh_from_db()
+    assert second.pk == first.pk
+    assert first.state == Operation.State.QUEUED
+    assert AuditEvent.objects.filter(tenant=tenant, action="instance.delete").count() == 1
+
+
+def test_a_delete_queued_behind_a_running_operation_is_returned_again(running, owner):
+    running_op = _act(owner, running, "restart")
+    Operation.objects.filter(pk=running_op.pk).update(state=Operation.State.RUNNING)
+    first = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-3")
+    second = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-4")
+
+    assert second.pk == first.pk
+    assert running.operations.filter(verb="delete").count() == 1
+
+
+def test_the_last_snapshot_before_deletion_keeps_its_derived_id_short(cell, tenant, owner):
+    text = SPEC.read_text().replace("snapshotBeforeDeletion: false", "snapshotBeforeDeletion: true")
+    plan = services.plan_load(text=text.replace("plan: postgres-cnpg", "plan: pg-last")).plan
+    op = _create(owner, tenant, plan)
+    Instance.objects.filter(pk=op.instance_id).update(state=Instance.State.RUNNING)
+    Operation.objects.filter(pk=op.pk).update(state=Operation.State.SUCCEEDED)
+    instance = Instance.objects.get(pk=op.instance_id)
+
+    services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="d" * 64)
+
+    backup = instance.operations.get(verb="backup")
+    assert len(backup.request_id) <= 64
+    assert Snapshot.objects.filter(operation=backup).exists()
+
+
+# --- bad input: a field error, nothing stored -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("x" * 101, "name"), ("bad\x00name", "name"), ("   ", "name")],
+)
+def test_an_unusable_instance_name_is_a_field_error(cell, plan, tenant, owner, name, field):
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, name=name)
+
+    assert field in refused.value.message_dict
+    assert not Instance.objects.exists()
+
+
+def test_a_request_id_over_64_characters_is_a_field_error(cell, plan, tenant, owner):
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, request_id="r" * 65)
+
+    assert "request_id" in refused.value.message_dict
+    assert not Instance.objects.exists()
+
+
+def test_a_number_too_large_for_a_float_is_a_field_error(cell, plan, tenant, owner):
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, storageGi=10**400)
+
+    assert refused.value.message_dict["storageGi"] == ["Must be a number."]
+
+
+@pytest.mark.parametrize("given", [["instances", 2], "instances=2"])
+def test_parameters_that_are_not_a_mapping_are_a_field_error(
+    cell, plan, tenant, owner, running, given
+):
+    with pytest.raises(ValidationError) as refused:
+        services.instance_create(
+            actor=Actor(user=owner), tenant=tenant, plan=plan, name="x", parameters=given,
+            request_id=uuid.uuid4().hex,
+        )  # fmt: skip
+    assert "parameters" in refused.value.message_dict
+    with pytest.raises(ValidationError):
+        services.instance_action(
+            actor=Actor(user=owner), instance=running, verb="modify", parameters=given,
+            request_id=uuid.uuid4().hex,
+        )  # fmt: skip
+
+
+def test_a_fractional_server_count_is_refused_before_anything_runs(running, owner):
+    with pytest.raises(ValidationError) as refused:
+        _act(owner, running, "modify", instances="2.5")
+
+    assert refused.value.message_dict["instances"] == ["Must be a whole number."]
+    assert not running.operations.filter(verb="modify").exists()
+
+
+def test_a_custom_verb_without_parameters_refuses_unknown_ones(running, owner):
+    with pytest.raises(ValidationError) as refused:
+        _act(owner, running, "reloadConfiguration", x=1)
+
+    assert refused.value.message_dict["x"] == ["Unknown parameter."]
+    assert not running.operations.filter(verb="reloadConfiguration").exists()
+
+
+def test_a_system_verb_refuses_parameters_it_does_not_take(running, owner):
+    with pytest.raises(ValidationError):
+        _act(owner, running, "stop", force=True)
+
+
+def test_a_point_in_time_without_a_time_zone_is_a_field_error(running, owner, tenant):
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=running, source_instance_id=running.pk,
+        plan_version=running.plan_version, name="s", status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+
+    with pytest.raises(ValidationError) as refused:
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="t-1",
+            target_time=datetime(2026, 11, 30, 12, 0),
+        )  # fmt: skip
+
+    assert "target_time" in refused.value.message_dict
+    assert Instance.objects.count() == 1
+
+
+def test_an_organization_member_without_the_role_is_denied_before_the_repeat(
+    cell, plan, tenant, owner, add_member
+):
+    _create(owner, tenant, plan, request_id="r-9")
+    viewer = add_member("viewer@example.com", "viewer")
+
+    with pytest.raises(ActionDenied):
+        _create(viewer, tenant, plan, request_id="r-9")
+
+    assert AuditEvent.objects.filter(actor=viewer, result="denied").exists()
