@@ -44,6 +44,7 @@ from deployments.spec.model import (
     Workflow,
     default_deadline,
 )
+from deployments.workflow import safe_yaml
 
 PRICING_DIMENSIONS = (
     "cpu",
@@ -104,9 +105,10 @@ def slugify(text: str) -> str:
 
 
 def parse_yaml(text: str) -> Any:
-    """Parse spec text; raises SpecError with one message giving the line and column."""
+    """Parse spec text within the bounds of `safe_yaml` (alias expansion, nesting, recursive
+    aliases); raises SpecError with one message giving the line and column."""
     try:
-        return yaml.safe_load(text)
+        return safe_yaml.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)

@@ -31,6 +31,7 @@ from deployments.spec.model import (
     Verb,
     Workflow,
 )
+from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, parse_condition
 from deployments.workflow.engine import PATCH_TARGET_MISSING, patch_target
 from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
@@ -537,7 +538,7 @@ class _VerbChecker:
         """The one object of a manifest (placeholders tokenized), or None after an error."""
         tokenized, placeholders = _tokenize(manifest)
         try:
-            documents = [d for d in yaml.safe_load_all(tokenized) if d is not None]
+            documents = [d for d in safe_yaml.load_all(tokenized) if d is not None]
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

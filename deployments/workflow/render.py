@@ -51,6 +51,8 @@ from typing import Any
 
 import yaml
 
+from deployments.workflow import safe_yaml
+
 __all__ = [
     "Context",
     "RenderError",
@@ -532,6 +534,7 @@ def _tokenize(template: str, where: str) -> _Tokenized:
 def _load_documents(tokenized: _Tokenized, where: str) -> list[Any]:
     loader = _Loader(tokenized.text, tokenized.token_re)
     try:
+        safe_yaml.check(tokenized.text)
         documents = []
         while loader.check_data():
             documents.append(loader.get_data())

@@ -1,4 +1,4 @@
-"""`validate_spec` and `check_condition`, as a platform engineer runs them."""
+"""`validate_spec`, `load_specs` and `check_condition`, as a platform engineer runs them."""
 
 import json
 import os
@@ -348,4 +348,128 @@ def test_bad_input_exits_1_with_one_line_and_no_traceback(tmp_path):
     assert result.stderr.splitlines() == [
         f"CommandError: {path} is not valid JSON "
         "(Expecting property name enclosed in double quotes at line 1, column 2)"
+    ]
+
+
+# --- hostile YAML: every command refuses it in one line -------------------------------------------
+
+LAUGHS = "".join(  # a million values from six lines (a billion with nine)
+    f"  lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}" if i else "lol"] * 10) + "]\n"
+    for i in range(6)
+)
+HOSTILE = {  # what is added under x-opsdeck (from line 11), and the one error it gives
+    "billion-laughs": (
+        LAUGHS,
+        "The spec is not valid YAML at line 16, column 16: "
+        "alias *lol4 expands the document to more than 200000 values",
+    ),
+    "recursive-alias": (
+        "  loop: &r [*r]\n",
+        "The spec is not valid YAML at line 11, column 13: "
+        "alias *r is inside its own anchor &r (recursive aliases are not allowed)",
+    ),
+    "deep-nesting": (
+        "  deep: " + "[" * 10_000 + "]" * 10_000 + "\n",
+        "The spec is not valid YAML at line 11, column 71: "
+        "the document nests deeper than 64 levels",
+    ),
+}
+
+
+def hostile_spec(tmp_path: Path, case: str) -> tuple[Path, str]:
+    """The guide's valid example with a hostile block under x-opsdeck, and its one error."""
+    block, message = HOSTILE[case]
+    text = DOC_EXAMPLE.read_text()
+    assert text.splitlines()[9] == "x-opsdeck:"
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(text.replace("x-opsdeck:\n", "x-opsdeck:\n" + block, 1))
+    return path, message
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_validate_spec_refuses_hostile_yaml_in_one_line(tmp_path, case):
+    path, message = hostile_spec(tmp_path, case)
+
+    out, error = validate_spec(path)
+
+    assert out.splitlines() == [f"{path}: {message}"]
+    assert str(error) == "1 of 1 spec file(s) have errors."
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_validate_spec_exits_1_on_hostile_yaml_without_a_traceback(tmp_path, case):
+    path, message = hostile_spec(tmp_path, case)
+
+    result = manage("validate_spec", str(path))
+
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [f"{path}: {message}"]
+    assert result.stderr.splitlines() == ["CommandError: 1 of 1 spec file(s) have errors."]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_load_specs_refuses_hostile_yaml_in_one_line_and_stores_nothing(db, tmp_path, case):
+    from billing.models import Plan
+    from deployments.models import PlanVersion
+
+    path, message = hostile_spec(tmp_path, case)
+    err = StringIO()
+
+    with pytest.raises(CommandError) as error:
+        call_command("load_specs", str(path), stdout=StringIO(), stderr=err)
+
+    assert str(error.value) == "some specs were not loaded"
+    assert err.getvalue().splitlines() == [f"{path}: {message}"]
+    assert not Plan.objects.exists()
+    assert not PlanVersion.objects.exists()
+
+
+@pytest.mark.parametrize("levels", [100, 10_000])
+def test_check_condition_refuses_deeply_nested_json_in_one_line(tmp_path, levels):
+    deep = '{"status": ' + "[" * levels + "]" * levels + "}"
+
+    with pytest.raises(CommandError) as error:
+        check_condition(deep, "--success", "status", tmp_path=tmp_path)
+
+    assert str(error.value) == (
+        f"{tmp_path / 'object.json'} is refused: the document nests deeper than 64 levels"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: Cluster\nstatus: &s {phase: [*s]}\n",
+            "at line 2, column 21: alias *s is inside its own anchor &s "
+            "(recursive aliases are not allowed)",
+        ),
+        (
+            "kind: Cluster\nstatus:\n" + LAUGHS,
+            "at line 8, column 16: alias *lol4 expands the document to more than 200000 values",
+        ),
+        (
+            "kind: Cluster\nstatus: " + "{a: " * 10_000 + "1" + "}" * 10_000 + "\n",
+            "at line 2, column 261: the document nests deeper than 64 levels",
+        ),
+    ],
+    ids=["recursive-alias", "billion-laughs", "deep-nesting"],
+)
+def test_check_condition_refuses_hostile_yaml_in_one_line(tmp_path, text, message):
+    with pytest.raises(CommandError) as error:
+        check_condition(text, "--success", "status", tmp_path=tmp_path, suffix=".yaml")
+
+    assert str(error.value) == f"{tmp_path / 'object.yaml'} is refused {message}"
+
+
+def test_check_condition_exits_1_on_deep_json_without_a_traceback(tmp_path):
+    path = tmp_path / "object.json"
+    path.write_text("[" * 10_000 + "]" * 10_000)
+
+    result = manage("check_condition", "--object", str(path), "--success", "status")
+
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"CommandError: {path} is refused: the document nests deeper than 64 levels"
     ]

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from django.core.management.base import BaseCommand, CommandError
 
+from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, evaluate, parse_condition
 
 
@@ -24,10 +25,16 @@ _ObjectLoader.add_constructor("tag:yaml.org,2002:timestamp", _ObjectLoader.const
 
 def _parse(text: str, name: str) -> object:
     try:
-        return json.loads(text)
+        obj = json.loads(text)
+    except RecursionError:  # the JSON decoder recurses once per level of nesting
+        raise _too_deep(name) from None
     except json.JSONDecodeError as json_error:
         try:
-            return yaml.load(text, Loader=_ObjectLoader)  # noqa: S506 (a SafeLoader subclass)
+            return safe_yaml.load(text, _ObjectLoader)
+        except safe_yaml.BoundsError as bounds_error:
+            mark = bounds_error.problem_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise CommandError(f"{name} is refused{where}: {bounds_error.problem}") from None
         except yaml.YAMLError as yaml_error:
             if name.endswith(".json") or text.lstrip().startswith(("{", "[")):
                 where = f"line {json_error.lineno}, column {json_error.colno}"
@@ -37,6 +44,14 @@ def _parse(text: str, name: str) -> object:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(yaml_error, "problem", None) or "syntax error"
             raise CommandError(f"{name} is not valid JSON or YAML ({problem}{where})") from None
+    if safe_yaml.depth(obj) > safe_yaml.MAX_DEPTH:
+        raise _too_deep(name)
+    return obj
+
+
+def _too_deep(name: str) -> CommandError:
+    limit = safe_yaml.MAX_DEPTH
+    return CommandError(f"{name} is refused: the document nests deeper than {limit} levels")
 
 
 def read_object(path: str) -> dict:
@@ -87,4 +102,8 @@ class Command(BaseCommand):
         _parsed("--success", success)
         _parsed("--failure", failure)
         obj = read_object(options["object"])
-        self.stdout.write(evaluate(obj, success, failure))
+        try:
+            decision = evaluate(obj, success, failure)
+        except RecursionError:  # a condition or object deeper than the evaluator's stack
+            raise CommandError("cannot evaluate the conditions: they nest too deeply") from None
+        self.stdout.write(decision)

@@ -1,0 +1,143 @@
+"""Bounded YAML parsing: every parse of spec text (and of objects read from files) is checked
+here first.
+
+PyYAML composes documents recursively and constructs an alias as a shared reference to its
+anchor's value, so a few lines of aliases (the "billion laughs") stand for a document that only
+blows up later, when it is stored as JSON or walked; a recursive alias (`&r [*r]`) builds a
+cycle; and deep nesting overflows the interpreter's stack. `check` walks the event stream,
+which PyYAML produces without recursion, and refuses such text before anything is built,
+counting every alias as the whole value its anchor names.
+
+The refusal is a `BoundsError`, a `yaml.MarkedYAMLError`, so callers that already report YAML
+syntax errors with a line and column report these the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import yaml
+
+# The specs we know nest at most 15 levels and Kubernetes objects at most 26 (the CNPG Cluster
+# CRD); 64 leaves room for any real one and keeps recursive walkers of the parsed value (JSON
+# encoding, rendering, CEL) far from Python's limit of 1000 frames.
+MAX_DEPTH = 64
+# The largest spec we know holds about 1,000 values; 200,000 is far beyond any hand-written
+# spec, yet small enough that the expanded document costs tens of MB at most.
+MAX_VALUES = 200_000
+# Characters of all scalars, aliases expanded: bounds the JSON copy of a spec stored with each
+# plan version, while leaving room for large embedded manifests and scripts.
+MAX_TEXT = 20_000_000
+
+
+class BoundsError(yaml.MarkedYAMLError):
+    """YAML refused for its size, depth or a recursive alias; `problem` says which."""
+
+
+@dataclass
+class _Size:
+    """What a node stands for once its aliases are expanded."""
+
+    values: int = 1
+    text: int = 0
+    depth: int = 0  # levels of collections: 0 for a scalar, 1 for a list of scalars
+
+    def add(self, child: _Size) -> None:
+        self.values += child.values
+        self.text += child.text
+        # a collection adds its own level when it ends
+        self.depth = max(self.depth, child.depth)
+
+
+def check(text: str) -> None:
+    """Raise BoundsError when `text` nests deeper than MAX_DEPTH collections, stands for more
+    than MAX_VALUES values or MAX_TEXT characters of scalars with every alias expanded, or has
+    an alias inside its own anchor. YAML syntax errors are raised as the parser raises them.
+    """
+    anchors: dict[str, _Size] = {}
+    opened: list[tuple[str | None, _Size]] = []  # collections being read, outermost first
+    total = _Size(values=0)
+
+    def done(anchor: str | None, size: _Size) -> None:
+        """A node is complete: its anchor now names it, and its parent holds it."""
+        if anchor is not None:
+            anchors[anchor] = size
+        if opened:
+            opened[-1][1].add(size)
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.DocumentStartEvent):
+            anchors = {}  # an anchor is defined for the rest of its document only
+        elif isinstance(event, yaml.CollectionStartEvent):
+            opened.append((event.anchor, _Size()))
+            if len(opened) > MAX_DEPTH:
+                _refuse(f"the document nests deeper than {MAX_DEPTH} levels", event)
+            _count(total, _Size(), event)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, size = opened.pop()
+            size.depth += 1
+            done(anchor, size)
+        elif isinstance(event, yaml.ScalarEvent):
+            size = _Size(text=len(event.value))
+            _count(total, size, event)
+            done(event.anchor, size)
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in opened):
+                message = f"alias *{event.anchor} is inside its own anchor &{event.anchor}"
+                _refuse(f"{message} (recursive aliases are not allowed)", event)
+            size = anchors.get(event.anchor)
+            if size is None:
+                continue  # undefined: composing reports it where it is
+            if len(opened) + size.depth > MAX_DEPTH:
+                message = f"alias *{event.anchor} makes the document nest deeper than"
+                _refuse(f"{message} {MAX_DEPTH} levels", event)
+            _count(total, size, event)
+            done(None, size)
+
+
+def _count(total: _Size, size: _Size, event: yaml.Event) -> None:
+    """Add a node to the document's running total (a collection counts one value when it
+    starts, its items as they come); refuse past a bound."""
+    total.values += size.values
+    total.text += size.text
+    if total.values > MAX_VALUES:
+        _refuse(_beyond(event, f"{MAX_VALUES} values"), event)
+    if total.text > MAX_TEXT:
+        _refuse(_beyond(event, f"{MAX_TEXT // 1_000_000} MB of text"), event)
+
+
+def _beyond(event: yaml.Event, limit: str) -> str:
+    if isinstance(event, yaml.AliasEvent):
+        return f"alias *{event.anchor} expands the document to more than {limit}"
+    return f"the document holds more than {limit}"
+
+
+def _refuse(problem: str, event: yaml.Event) -> NoReturn:
+    raise BoundsError(problem=problem, problem_mark=event.start_mark)
+
+
+def load(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> Any:
+    """The one document in `text`, checked first; `loader` is SafeLoader or a subclass."""
+    check(text)
+    return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader or subclass)
+
+
+def load_all(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> list[Any]:
+    """Every document in `text`, checked first; `loader` is SafeLoader or a subclass."""
+    check(text)
+    return list(yaml.load_all(text, Loader=loader))
+
+
+def depth(value: Any) -> int:
+    """How many lists and mappings nest in a parsed value (e.g. from JSON), without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level + 1)
+            pending.extend((child, level + 1) for child in item)
+    return deepest

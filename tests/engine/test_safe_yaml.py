@@ -1,0 +1,203 @@
+"""Spec YAML is parsed within bounds: alias expansion, recursive aliases and nesting depth."""
+
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from deployments.spec import SpecError, load_spec, validate
+from deployments.workflow import safe_yaml
+from deployments.workflow.render import Context, RenderError, render_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = (ROOT / "docs" / "examples" / "postgres-minimal.yaml").read_text()
+CNPG = ROOT / "specs" / "postgres-cnpg.yaml"
+REAL_SPECS = [
+    CNPG,
+    ROOT / "docs" / "examples" / "postgres-minimal.yaml",
+    *sorted((ROOT / "tests" / "engine" / "specs").glob("*.yaml")),
+]
+
+
+def with_extension(block: str) -> str:
+    """The guide's valid example spec with `block` added under `x-opsdeck` (from line 11)."""
+    assert MINIMAL.splitlines()[9] == "x-opsdeck:"
+    return MINIMAL.replace("x-opsdeck:\n", "x-opsdeck:\n" + block, 1)
+
+
+def laughs(levels: int) -> str:
+    """The "billion laughs": each level is ten aliases of the one before, 10**levels values."""
+    lines = ["  lol0: &lol0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels):
+        lines.append(f"  lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def spec_error(text: str) -> list[str]:
+    with pytest.raises(SpecError) as error:
+        load_spec(text)
+    return error.value.errors
+
+
+# --- the loader refuses what would blow up later -----------------------------------------------
+
+
+def test_a_billion_laughs_under_x_opsdeck_is_refused_before_it_costs_memory():
+    text = with_extension(laughs(9))
+
+    tracemalloc.start()
+    try:
+        errors = spec_error(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert errors == [
+        "The spec is not valid YAML at line 16, column 16: "
+        "alias *lol4 expands the document to more than 200000 values"
+    ]
+    assert peak < 5_000_000
+
+
+def test_a_recursive_alias_is_refused():
+    errors = spec_error(with_extension("  loop: &r [*r]\n"))
+
+    assert errors == [
+        "The spec is not valid YAML at line 11, column 13: "
+        "alias *r is inside its own anchor &r (recursive aliases are not allowed)"
+    ]
+
+
+def test_an_alias_deeper_inside_its_own_anchor_is_refused():
+    errors = spec_error(with_extension("  loop: &r {a: [b, {c: *r}]}\n"))
+
+    assert errors == [
+        "The spec is not valid YAML at line 11, column 24: "
+        "alias *r is inside its own anchor &r (recursive aliases are not allowed)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "deep",
+    ["[" * 10_000 + "]" * 10_000, "{a: " * 10_000 + "1" + "}" * 10_000],
+    ids=["lists", "mappings"],
+)
+def test_ten_thousand_levels_of_nesting_are_refused_without_a_recursion_error(deep):
+    errors = spec_error(with_extension(f"  deep: {deep}\n"))
+
+    assert len(errors) == 1
+    assert errors[0].startswith("The spec is not valid YAML at line 11, column ")
+    assert errors[0].endswith(": the document nests deeper than 64 levels")
+
+
+def test_aliases_that_nest_one_another_count_as_the_depth_they_stand_for():
+    chain = "  d0: &d0 [x]\n" + "".join(f"  d{i}: &d{i} [*d{i - 1}]\n" for i in range(1, 70))
+
+    errors = spec_error(with_extension(chain))
+
+    assert errors == [
+        "The spec is not valid YAML at line 73, column 14: "
+        "alias *d61 makes the document nest deeper than 64 levels"
+    ]
+
+
+def test_a_large_scalar_repeated_by_aliases_is_refused_for_its_text():
+    big = "x" * 1_000_000
+    block = f"  big: &big {big}\n  copies: [" + ", ".join(["*big"] * 30) + "]\n"
+
+    errors = spec_error(with_extension(block))
+
+    assert len(errors) == 1
+    assert errors[0].startswith("The spec is not valid YAML at line 12, column ")
+    assert errors[0].endswith(": alias *big expands the document to more than 20 MB of text")
+
+
+# --- what real specs do still works ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", REAL_SPECS, ids=lambda p: p.name)
+def test_the_real_specs_still_load(path):
+    spec = load_spec(path.read_text())
+
+    assert spec.services
+
+
+def test_the_cnpg_spec_reuses_its_manifests_through_anchors_and_aliases():
+    spec = load_spec(CNPG.read_text())
+
+    create = spec.main.verbs["create"].workflow.templates
+    modify = spec.main.verbs["modify"].workflow.templates
+    assert modify["cluster"].resource.manifest == create["cluster"].resource.manifest
+    assert modify["credentials"].resource.manifest == create["credentials"].resource.manifest
+    assert "kind: Cluster" in modify["cluster"].resource.manifest
+
+
+def test_an_alias_used_many_times_within_the_bounds_is_fine():
+    copies = ", ".join(["*shared"] * 1000)
+    block = f"  shared: &shared {{cpu: 1, memory: 2Gi}}\n  copies: [{copies}]\n"
+
+    spec = load_spec(with_extension(block))
+
+    assert spec.extensions["copies"][999] == {"cpu": 1, "memory": "2Gi"}
+
+
+def test_the_operators_crds_are_within_the_depth_bound():
+    for path in sorted((ROOT / "sandbox" / "crds").glob("*.yaml")):
+        assert safe_yaml.load_all(path.read_text())
+
+
+# --- manifests, parsed again inside the spec ----------------------------------------------------
+
+MANIFEST_SPEC = """\
+name: Manifest
+services:
+  - name: db
+    operatorCRDConfiguration: {}
+    systemWorkflows:
+      create: &verb
+        workflow:
+          entrypoint: main
+          activeDeadlineSeconds: 600
+          templates:
+            - name: main
+              resource:
+                action: apply
+                manifest: |
+                  apiVersion: v1
+                  kind: ConfigMap
+                  metadata: &meta
+                    name: {{ $sys.id }}
+                    labels: {copy: *meta}
+      modify: *verb
+      delete: *verb
+"""
+
+
+def test_a_recursive_alias_inside_a_manifest_is_a_validation_error_at_the_manifest():
+    result = validate(MANIFEST_SPEC)
+
+    assert result.errors == [
+        f"services[0].systemWorkflows.{verb}.workflow.templates[0].resource.manifest: "
+        "the manifest is not valid YAML at line 5, column 18: "
+        "alias *meta is inside its own anchor &meta (recursive aliases are not allowed)"
+        for verb in ("create", "modify", "delete")
+    ]
+
+
+def test_rendering_a_deeply_nested_manifest_is_a_render_error():
+    manifest = "apiVersion: v1\nkind: ConfigMap\ndata: " + "[" * 5000 + "]" * 5000 + "\n"
+
+    with pytest.raises(RenderError) as error:
+        render_manifest(manifest, Context(var={}, sys={}), where="templates[0].resource.manifest")
+
+    assert str(error.value) == (
+        "invalid YAML: the document nests deeper than 64 levels (line 3) "
+        "in templates[0].resource.manifest"
+    )
+
+
+def test_rendering_a_billion_laughs_manifest_is_a_render_error():
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n" + laughs(6)
+
+    with pytest.raises(RenderError, match="alias \\*lol4 expands the document to more than"):
+        render_manifest(manifest, Context(var={}, sys={}))
