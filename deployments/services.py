@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
 from celery import current_app
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -84,7 +83,7 @@ def plan_load(*, text: str) -> PlanLoad:
             plan=plan,
             number=(latest.number + 1) if latest else 1,
             spec_text=text,
-            parsed=yaml.safe_load(text),
+            parsed=spec.raw,  # the document the bounded loader read
             digest=digest,
         )
     return PlanLoad(plan, version, plan_changed, created, spec.warnings)
