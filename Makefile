@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 VAR := $(or $(OPSDECK_VAR_DIR),var)
+# Finds or starts PostgreSQL and Redis, sets their URLs (and with --dev: DEBUG, keys), runs
+# the command after `--` (portal/launch.py).
+LAUNCH := $(PY) -m portal.launch
 
 .PHONY: run test lint format bench vendor stop clean
 
@@ -16,28 +19,18 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-run: export DEBUG = 1
+# scripts/run.sh: migrate, load the plans, start the sandbox cell, seed the demo, honcho.
 run: $(VENV)/.installed
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py load_specs specs/
-	scripts/sandbox.sh start
-	@printf '{"ACCESS_KEY_ID": "sandbox", "ACCESS_SECRET_KEY": "sandbox"}' > $(VAR)/sandbox/credentials.json
-	$(PY) manage.py add_cell --name sandbox --kubeconfig $(VAR)/sandbox/kubeconfig --region local \
-		--cloud sandbox --backup-destination s3://sandbox/opsdeck \
-		--backup-credentials $(VAR)/sandbox/credentials.json --default
-	$(PY) manage.py seed_demo
-	@echo
-	@echo "Opsdeck is starting at http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
-	@echo
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start --procfile Procfile --port $(PORT)
+	PORT=$(PORT) $(LAUNCH) --dev -- scripts/run.sh
 
+# PYTEST_ADDOPTS="tests/portal" make test runs a part of the suite.
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest
+	$(LAUNCH) -- $(PY) -m pytest
 
 # Speed figures, printed next to baselines measured in the same run (not pass/fail).
 bench: $(VENV)/.installed-dev
 	$(PY) -m sandbox.bench
-	DEBUG=1 $(PY) manage.py bench_operations
+	$(LAUNCH) --dev -- $(PY) manage.py bench_operations
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
@@ -58,8 +51,10 @@ stop:
 	@if [ -f $(VAR)/postgres/postmaster.pid ]; then \
 		kill $$(head -1 $(VAR)/postgres/postmaster.pid) || true; fi
 
-# Everything make run created, the database and its keys included.
-clean: stop
+# Everything make run created, the database and its keys included (the database first, while
+# its server still runs).
+clean:
 	@if [ -x $(PY) ] && [ -f $(VAR)/encryption_key ]; then \
-		DEBUG=1 $(PY) manage.py drop_dev_database || true; fi
+		$(LAUNCH) --dev -- $(PY) manage.py drop_dev_database || true; fi
+	@$(MAKE) --no-print-directory stop
 	rm -rf $(VENV) $(VAR)
