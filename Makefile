@@ -44,12 +44,12 @@ format: $(VENV)/.installed-dev
 vendor:
 	scripts/vendor.sh
 
-# Stop the sandbox cluster, and the embedded PostgreSQL and Redis if `make run` started them.
+# Stop the sandbox cluster, and the embedded PostgreSQL and Redis if `make run` started them;
+# each returns once its process has exited.
 stop:
 	@scripts/sandbox.sh stop
-	@if [ -f $(VAR)/redis/redis.pid ]; then kill $$(cat $(VAR)/redis/redis.pid) || true; fi
-	@if [ -f $(VAR)/postgres/postmaster.pid ]; then \
-		kill $$(head -1 $(VAR)/postgres/postmaster.pid) || true; fi
+	@scripts/stop.sh $(VAR)/redis/redis.pid
+	@scripts/stop.sh $(VAR)/postgres/postmaster.pid INT
 
 # Everything make run created, the database and its keys included (the database first, while
 # its server still runs).

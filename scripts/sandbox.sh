@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start or stop the sandbox cluster that `make run` uses as its default cell.
 #   scripts/sandbox.sh start   # in the background; waits until it answers
-#   scripts/sandbox.sh stop
+#   scripts/sandbox.sh stop    # returns once it has exited
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,7 +32,7 @@ case "${1:-}" in
     exit 1
     ;;
   stop)
-    if running; then kill "$(cat "$dir/pid")"; fi
+    if running; then "$root/scripts/stop.sh" "$dir/pid"; fi
     rm -f "$dir/pid"
     ;;
   *)
