@@ -7,16 +7,20 @@ VAR := $(or $(OPSDECK_VAR_DIR),var)
 # Finds or starts PostgreSQL and Redis, sets their URLs (and with --dev: DEBUG, keys), runs
 # the command after `--` (portal/launch.py).
 LAUNCH := $(PY) -m portal.launch
+# Not --quiet: pip's lines are the progress of a first install (a minute or two).
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check
 
 .PHONY: run test lint format bench vendor stop clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@echo "Installing requirements.txt into $(VENV)"
+	$(PIP_INSTALL) -r requirements.txt
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@echo "Installing requirements-dev.txt into $(VENV)"
+	$(PIP_INSTALL) -r requirements-dev.txt
 	touch $@
 
 # scripts/run.sh: migrate, load the plans, start the sandbox cell, seed the demo, honcho.
