@@ -20,7 +20,10 @@ case "${1:-}" in
     fi
     rm -f "$dir/kubeconfig"
     cd "$root"
-    nohup "$python" -m sandbox serve --port "$port" \
+    # A session of its own where there is setsid: Ctrl-C on `make run` leaves it to `make stop`.
+    session=""
+    if command -v setsid >/dev/null 2>&1; then session=setsid; fi
+    nohup $session "$python" -m sandbox serve --port "$port" \
       --state "$dir/state.json" --kubeconfig-out "$dir/kubeconfig" >"$dir/log" 2>&1 &
     echo $! >"$dir/pid"
     for _ in $(seq 1 100); do
