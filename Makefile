@@ -4,40 +4,37 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 VAR := $(or $(OPSDECK_VAR_DIR),var)
+# Finds or starts PostgreSQL and Redis, sets their URLs (and with --dev: DEBUG, keys), runs
+# the command after `--` (portal/launch.py).
+LAUNCH := $(PY) -m portal.launch
+# Not --quiet: pip's lines are the progress of a first install (a minute or two).
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check
 
 .PHONY: run test lint format bench vendor stop clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@echo "Installing requirements.txt into $(VENV)"
+	$(PIP_INSTALL) -r requirements.txt
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@echo "Installing requirements-dev.txt into $(VENV)"
+	$(PIP_INSTALL) -r requirements-dev.txt
 	touch $@
 
-run: export DEBUG = 1
+# scripts/run.sh: migrate, load the plans, start the sandbox cell, seed the demo, honcho.
 run: $(VENV)/.installed
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py load_specs specs/
-	scripts/sandbox.sh start
-	@printf '{"ACCESS_KEY_ID": "sandbox", "ACCESS_SECRET_KEY": "sandbox"}' > $(VAR)/sandbox/credentials.json
-	$(PY) manage.py add_cell --name sandbox --kubeconfig $(VAR)/sandbox/kubeconfig --region local \
-		--cloud sandbox --backup-destination s3://sandbox/opsdeck \
-		--backup-credentials $(VAR)/sandbox/credentials.json --default
-	$(PY) manage.py seed_demo
-	@echo
-	@echo "Opsdeck is starting at http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
-	@echo
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start --procfile Procfile --port $(PORT)
+	PORT=$(PORT) $(LAUNCH) --dev -- scripts/run.sh
 
+# PYTEST_ADDOPTS="tests/portal" make test runs a part of the suite.
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest
+	$(LAUNCH) -- $(PY) -m pytest
 
 # Speed figures, printed next to baselines measured in the same run (not pass/fail).
 bench: $(VENV)/.installed-dev
 	$(PY) -m sandbox.bench
-	DEBUG=1 $(PY) manage.py bench_operations
+	$(LAUNCH) --dev -- $(PY) manage.py bench_operations
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
@@ -51,15 +48,17 @@ format: $(VENV)/.installed-dev
 vendor:
 	scripts/vendor.sh
 
-# Stop the sandbox cluster, and the embedded PostgreSQL and Redis if `make run` started them.
+# Stop the sandbox cluster, and the embedded PostgreSQL and Redis if `make run` started them;
+# each returns once its process has exited.
 stop:
 	@scripts/sandbox.sh stop
-	@if [ -f $(VAR)/redis/redis.pid ]; then kill $$(cat $(VAR)/redis/redis.pid) || true; fi
-	@if [ -f $(VAR)/postgres/postmaster.pid ]; then \
-		kill $$(head -1 $(VAR)/postgres/postmaster.pid) || true; fi
+	@scripts/stop.sh $(VAR)/redis/redis.pid
+	@scripts/stop.sh $(VAR)/postgres/postmaster.pid INT
 
-# Everything make run created, the database and its keys included.
-clean: stop
+# Everything make run created, the database and its keys included (the database first, while
+# its server still runs).
+clean:
 	@if [ -x $(PY) ] && [ -f $(VAR)/encryption_key ]; then \
-		DEBUG=1 $(PY) manage.py drop_dev_database || true; fi
+		$(LAUNCH) --dev -- $(PY) manage.py drop_dev_database || true; fi
+	@$(MAKE) --no-print-directory stop
 	rm -rf $(VENV) $(VAR)

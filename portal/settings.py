@@ -1,18 +1,16 @@
 """Opsdeck settings: one file, read top to bottom, every value from the environment.
 
-Production-safe by default (DEBUG off, secrets required); `make run` sets
-DEBUG=1, which generates development secrets under var/. The README's
-"Configuration" table lists every variable.
+Production-safe by default (DEBUG off, secrets and services required). Reading
+settings starts and creates nothing: in development `make run` and `scripts/manage`
+set the environment through `portal/launch.py` (DEBUG=1, generated keys under var/,
+the PostgreSQL and Redis it found or started). The README's "Configuration" table
+lists every variable.
 """
 
 from pathlib import Path
 
 import environ
-from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.utils import get_random_secret_key
-
-from portal import embedded
 
 env = environ.Env()
 
@@ -21,22 +19,33 @@ VAR_DIR = Path(env.str("OPSDECK_VAR_DIR", default=str(BASE_DIR / "var")))
 
 DEBUG = env.bool("DEBUG", default=False)
 
-# --- Secrets -----------------------------------------------------------------
+# --- Secrets and services: required ------------------------------------------
 
-SECRET_KEY = env.str("SECRET_KEY", default="")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
-    SECRET_KEY = embedded.read_or_create(VAR_DIR / "secret_key", get_random_secret_key)
+# No fallback here: a production process without them must not start on a guess (a local
+# server, an old var/). All missing ones are named at once.
+_REQUIRED = [
+    "SECRET_KEY",
+    "OPSDECK_ENCRYPTION_KEYS",
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "CACHE_URL",
+]
+_missing = ", ".join(name for name in _REQUIRED if not env.str(name, default=""))
+if _missing and DEBUG:
+    raise ImproperlyConfigured(
+        f"{_missing} must be set. In development, start Opsdeck with `make run` and run "
+        "manage.py commands as `scripts/manage COMMAND`: they set them."
+    )
+if _missing:
+    raise ImproperlyConfigured(
+        f"{_missing} must be set when DEBUG is off (the README's Configuration lists them). "
+        "In development, run manage.py commands as `scripts/manage COMMAND`: it turns DEBUG "
+        "on and sets them."
+    )
 
+SECRET_KEY = env.str("SECRET_KEY")
 # Comma-separated Fernet keys; the first encrypts, all decrypt (MultiFernet).
-OPSDECK_ENCRYPTION_KEYS = env.list("OPSDECK_ENCRYPTION_KEYS", default=[])
-if not OPSDECK_ENCRYPTION_KEYS:
-    if not DEBUG:
-        raise ImproperlyConfigured("OPSDECK_ENCRYPTION_KEYS must be set when DEBUG is off.")
-    OPSDECK_ENCRYPTION_KEYS = [
-        embedded.read_or_create(VAR_DIR / "encryption_key", lambda: Fernet.generate_key().decode())
-    ]
+OPSDECK_ENCRYPTION_KEYS = env.list("OPSDECK_ENCRYPTION_KEYS")
 
 # --- HTTP and security -------------------------------------------------------
 
@@ -119,34 +128,23 @@ TEMPLATES = [
 
 # --- Data: PostgreSQL everywhere ---------------------------------------------
 
-_database = embedded.postgres(
-    env.str("DATABASE_URL", default=""),
-    VAR_DIR,
-    # In development the database goes with the generated keys that encrypt its secrets.
-    name=embedded.development_database_name(OPSDECK_ENCRYPTION_KEYS[0])
-    if DEBUG
-    else embedded.DATABASE_NAME,
-)
-DATABASES = {"default": env.db_url_config(_database.url)}
+DATABASES = {"default": env.db_url_config(env.str("DATABASE_URL"))}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # The database a test run creates (and drops); distinct names let runs share a server.
 if env.str("DATABASE_TEST_NAME", default=""):
     DATABASES["default"]["TEST"] = {"NAME": env.str("DATABASE_TEST_NAME")}
-OPSDECK_DATABASE_SOURCE = _database.source
+# Where the launcher found the database (configured, local or embedded), for the test
+# run's header and `make clean`.
+OPSDECK_DATABASE_SOURCE = env.str("OPSDECK_DATABASE_SOURCE", default="configured")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: broker and cache -------------------------------------------------
 
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
-CACHE_URL = env.str("CACHE_URL", default="")
-OPSDECK_BROKER_SOURCE = "configured"
-if not (CELERY_BROKER_URL and CACHE_URL):
-    _redis = embedded.redis("", VAR_DIR)
-    if not CELERY_BROKER_URL:
-        CELERY_BROKER_URL = embedded.kombu_url(embedded.redis_url_for_db(_redis.url, 0))
-        OPSDECK_BROKER_SOURCE = _redis.source
-    CACHE_URL = CACHE_URL or embedded.redis_url_for_db(_redis.url, 1)
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL")
+OPSDECK_BROKER_SOURCE = env.str("OPSDECK_BROKER_SOURCE", default="configured")
+# Required, not a per-process default: sign-in rate limits must be shared by every web process.
+CACHE_URL = env.str("CACHE_URL")
 
 if CACHE_URL.startswith(("redis://", "rediss://", "unix://")):
     _cache = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
@@ -205,8 +203,9 @@ MFA_ADAPTER = "accounts.adapters.MFAAdapter"
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 MFA_TOTP_ISSUER = "Opsdeck"
 
-# The portal's public address, for links in emails sent by workers.
-OPSDECK_BASE_URL = env.str("OPSDECK_BASE_URL", default="http://localhost:8000")
+# The portal's public address, for links in emails sent by workers (the address `make run`
+# prints; the launcher adds its port).
+OPSDECK_BASE_URL = env.str("OPSDECK_BASE_URL", default="http://127.0.0.1:8000")
 # Signed invitation links expire after this many seconds (7 days).
 OPSDECK_INVITATION_MAX_AGE = 7 * 24 * 3600
 

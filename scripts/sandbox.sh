@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start or stop the sandbox cluster that `make run` uses as its default cell.
 #   scripts/sandbox.sh start   # in the background; waits until it answers
-#   scripts/sandbox.sh stop
+#   scripts/sandbox.sh stop    # returns once it has exited
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,7 +20,10 @@ case "${1:-}" in
     fi
     rm -f "$dir/kubeconfig"
     cd "$root"
-    nohup "$python" -m sandbox serve --port "$port" \
+    # A session of its own where there is setsid: Ctrl-C on `make run` leaves it to `make stop`.
+    session=""
+    if command -v setsid >/dev/null 2>&1; then session=setsid; fi
+    nohup $session "$python" -m sandbox serve --port "$port" \
       --state "$dir/state.json" --kubeconfig-out "$dir/kubeconfig" >"$dir/log" 2>&1 &
     echo $! >"$dir/pid"
     for _ in $(seq 1 100); do
@@ -32,7 +35,7 @@ case "${1:-}" in
     exit 1
     ;;
   stop)
-    if running; then kill "$(cat "$dir/pid")"; fi
+    if running; then "$root/scripts/stop.sh" "$dir/pid"; fi
     rm -f "$dir/pid"
     ;;
   *)

@@ -3,7 +3,8 @@
 Tests run with production settings (DEBUG off) and their own secrets, Celery
 queue, cache prefix and test database, so a `make run` worker on the same
 Redis never takes a test's task, a test never reads the portal's cache, and
-two runs can share one PostgreSQL server.
+two runs can share one PostgreSQL server. The servers are those `make test`'s
+launcher chose, or, when pytest runs directly, the ones it would choose.
 """
 
 import json
@@ -11,6 +12,7 @@ import os
 import secrets
 import tempfile
 
+import pytest
 from cryptography.fernet import Fernet
 
 RUN_ID = secrets.token_hex(4)
@@ -23,6 +25,18 @@ os.environ["CELERY_QUEUE"] = f"opsdeck-test-{RUN_ID}"
 os.environ["CACHE_KEY_PREFIX"] = f"opsdeck-test-{RUN_ID}"
 os.environ["DATABASE_TEST_NAME"] = f"test_opsdeck_{RUN_ID}"
 os.environ["STATIC_ROOT"] = tempfile.mkdtemp(prefix="opsdeck-static-")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Before pytest-django reads the settings: PostgreSQL and Redis, unless set or not needed.
+
+    Runs without Django (`-p no:django`, the engine and sandbox suites) need neither.
+    """
+    if early_config.pluginmanager.hasplugin("django"):
+        from portal import launch
+
+        launch.prepare(os.environ, dev=False)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -38,6 +38,6 @@ def test_the_worker_mails_a_link_that_accepts_the_invitation(
     message = mail.outbox[0]
     assert message.to == ["new@example.com"]
     assert message.subject == "[Opsdeck] You are invited to Acme"
-    link = re.search(r"http://localhost:8000(/invitations/\S+/)", message.body).group(1)
+    link = re.search(r"http://127\.0\.0\.1:8000(/invitations/\S+/)", message.body).group(1)
     client.force_login(make_user("new@example.com"))
     assert client.post(link).url == f"/t/{tenant.slug}/"

@@ -1,38 +1,49 @@
 """Settings as an operator meets them: a fresh process with only environment variables."""
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import pytest
 from cryptography.fernet import Fernet
 from django.conf import settings
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
-    keep = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "DATABASE_URL"}}
+    """`python manage.py …` with the variables given and nothing else of this run's."""
+    keep = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}}
     return subprocess.run(  # noqa: S603 - our own manage.py
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env={**keep, "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-             "CACHE_URL": "locmemcache://", **env},
+        env={**keep, **env},
         capture_output=True,
         text=True,
         timeout=120,
-    )  # fmt: skip
+    )
 
 
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    if db["HOST"]:
-        return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-    return f"postgres://{db['USER']}@/{db['NAME']}?host={db['OPTIONS']['host']}"
+def _services() -> dict[str, str]:
+    return {
+        "DATABASE_URL": os.environ["DATABASE_URL"],  # set by the launcher or tests/environment.py
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CACHE_URL": "locmemcache://",
+    }
+
+
+def _keys() -> dict[str, str]:
+    return {
+        "SECRET_KEY": "a-production-secret-" + "x" * 50,
+        "OPSDECK_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+    }
 
 
 PRODUCTION = {
-    "SECRET_KEY": "a-production-secret-" + "x" * 50,
     "ALLOWED_HOSTS": "opsdeck.example.com",
     "EMAIL_URL": "smtp+tls://mailer:password@smtp.example.com:587",
     "OPSDECK_BASE_URL": "https://opsdeck.example.com",
@@ -41,13 +52,7 @@ PRODUCTION = {
 
 def test_deploy_checks_pass_with_production_variables():
     result = _manage(
-        "check",
-        "--deploy",
-        "--fail-level",
-        "WARNING",
-        OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
-        DATABASE_URL=_database_url(),
-        **PRODUCTION,
+        "check", "--deploy", "--fail-level", "WARNING", **_keys(), **_services(), **PRODUCTION
     )
 
     assert result.returncode == 0, result.stderr + result.stdout
@@ -58,26 +63,68 @@ def test_deploy_checks_name_development_defaults_left_in_production():
     result = _manage(
         "check",
         "--deploy",
-        SECRET_KEY="a-production-secret-" + "x" * 50,
-        OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
+        **_keys(),
+        **_services(),
         ALLOWED_HOSTS="opsdeck.example.com",
         EMAIL_URL="consolemail://",
     )
 
     output = result.stderr + result.stdout
     assert "portal.W003" in output  # console email
-    assert "portal.W004" in output  # links to localhost
+    assert "portal.W004" in output  # links to this machine
 
 
-def test_without_debug_a_secret_key_is_required():
-    result = _manage("check", OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode())
+def test_without_debug_every_missing_variable_is_named_in_one_line():
+    result = _manage("createsuperuser")  # as a newcomer types it, in a fresh shell
 
-    assert result.returncode != 0
-    assert "SECRET_KEY must be set when DEBUG is off." in result.stderr
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "manage.py: SECRET_KEY, OPSDECK_ENCRYPTION_KEYS, DATABASE_URL, CELERY_BROKER_URL, "
+        "CACHE_URL must be set when DEBUG is off (the README's Configuration lists them). "
+        "In development, run manage.py commands as `scripts/manage COMMAND`: it turns DEBUG "
+        "on and sets them."
+    ]
+
+
+def test_without_debug_a_missing_database_url_stops_the_start():
+    services = {k: v for k, v in _services().items() if k != "DATABASE_URL"}
+
+    result = _manage("migrate", **_keys(), **services)
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("manage.py: DATABASE_URL must be set when DEBUG is off")
+    assert "Traceback" not in result.stderr
+
+
+def test_in_development_without_the_launcher_the_message_says_how_to_start():
+    result = _manage("check", DEBUG="1")
+
+    assert result.returncode == 1
+    assert "must be set. In development, start Opsdeck with `make run`" in result.stderr
+    assert "`scripts/manage COMMAND`" in result.stderr
+
+
+@pytest.mark.django_db
+def test_reading_the_settings_starts_and_creates_nothing(tmp_path):
+    absent = f"opsdeck_absent_{secrets.token_hex(4)}"
+    services = _services()
+    services["DATABASE_URL"] = urlsplit(services["DATABASE_URL"])._replace(path=absent).geturl()
+
+    result = _manage(
+        "check", **_keys(), **services, DEBUG="1", OPSDECK_VAR_DIR=str(tmp_path / "var")
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "var").exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [absent])
+        assert cursor.fetchone() is None
 
 
 def test_a_malformed_encryption_key_is_reported_by_the_checks():
-    result = _manage("check", SECRET_KEY="x" * 60, OPSDECK_ENCRYPTION_KEYS="not-a-key")
+    result = _manage(
+        "check", **_services(), SECRET_KEY="x" * 60, OPSDECK_ENCRYPTION_KEYS="not-a-key"
+    )
 
     assert result.returncode != 0
     assert "accounts.E001" in result.stderr

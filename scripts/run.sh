@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The body of `make run`, run by `python -m portal.launch --dev` so that every step and the
+# Procfile's processes share its environment (keys, DATABASE_URL, CELERY_BROKER_URL, …).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=.venv/bin/python
+var="${OPSDECK_VAR_DIR:-var}"
+step() { echo "+ $*"; "$@"; }
+
+step "$python" manage.py migrate --noinput
+step "$python" manage.py load_specs specs/
+step scripts/sandbox.sh start
+printf '{"ACCESS_KEY_ID": "sandbox", "ACCESS_SECRET_KEY": "sandbox"}' >"$var/sandbox/credentials.json"
+step "$python" manage.py add_cell --name sandbox --kubeconfig "$var/sandbox/kubeconfig" \
+  --region local --cloud sandbox --backup-destination s3://sandbox/opsdeck \
+  --backup-credentials "$var/sandbox/credentials.json" --default
+step "$python" manage.py seed_demo
+echo
+echo "Opsdeck is starting at http://127.0.0.1:$PORT/ (Ctrl-C stops it)"
+echo
+PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/honcho start --procfile Procfile --port "$PORT"

