@@ -87,4 +87,8 @@ class Command(BaseCommand):
         _parsed("--success", success)
         _parsed("--failure", failure)
         obj = read_object(options["object"])
-        self.stdout.write(evaluate(obj, success, failure))
+        try:
+            verdict = evaluate(obj, success, failure)
+        except ConditionError as exc:  # a cel: condition that exceeded its time or memory bound
+            raise CommandError(str(exc)) from None
+        self.stdout.write(verdict)
