@@ -349,3 +349,18 @@ def test_bad_input_exits_1_with_one_line_and_no_traceback(tmp_path):
         f"CommandError: {path} is not valid JSON "
         "(Expecting property name enclosed in double quotes at line 1, column 2)"
     ]
+
+
+def test_a_condition_that_exceeds_its_time_limit_exits_1_with_one_line(tmp_path):
+    path = tmp_path / "object.json"
+    path.write_text(json.dumps(CLUSTER))
+    sixty = "[" + ",".join(str(i) for i in range(60)) + "]"
+    runaway = f"cel: {sixty}.map(a, {sixty}.map(b, {sixty}.map(c, {sixty}.map(d, a + b)))) != []"
+
+    result = manage("check_condition", "--object", str(path), "--success", runaway)
+
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "CommandError: successCondition: CEL: the expression exceeded its time limit of 2 s"
+    ]
