@@ -54,6 +54,7 @@ _START_TIMEOUT_SECONDS = 60.0  # importing celpy and jq on a busy machine; not t
 _MEMORY_EXIT = 3  # the child's exit status after a MemoryError in Python
 _HEADER = struct.Struct(">I")
 _ROOT = Path(__file__).resolve().parents[2]  # where `-m deployments.workflow.evaluator` resolves
+_CHILD_ENVIRONMENT = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL"})
 _LANGUAGE = {"cel": ("CEL", "expression"), "jq": ("jq", "filter")}
 
 
@@ -105,7 +106,7 @@ class _Evaluator:
     def call(self, header: dict[str, Any], value: Any) -> dict[str, Any]:
         language, what = _LANGUAGE[header["op"]]
         try:
-            # Go's and Kubernetes' JSON: a value Python's json cannot write is a bug, not input.
+            # A YAML parameter default may be a date: CEL sees it as text, as JSON carries it.
             payload = json.dumps(value, separators=(",", ":"), default=str)
         except RecursionError:
             raise ProgramLimitError(f"{language}: the input is nested too deeply") from None
@@ -113,16 +114,17 @@ class _Evaluator:
         with self.lock:
             process = self.running()
             deadline = time.monotonic() + TIME_LIMIT_SECONDS
+            answers = process.stdout.fileno()
             try:
                 _write_frame(process.stdin.fileno(), request)
-                (size,) = _HEADER.unpack(_read_exactly(process.stdout.fileno(), 4, deadline))
+                (size,) = _HEADER.unpack(_read_exactly(answers, _HEADER.size, deadline))
                 if size > MAX_RESULT_BYTES:
                     self.stop()
                     raise ProgramLimitError(
                         f"{language}: the {what}'s result exceeded its size limit of "
                         f"{MAX_RESULT_BYTES >> 20} MiB"
                     )
-                frame = _read_exactly(process.stdout.fileno(), size, deadline)
+                frame = _read_exactly(answers, size, deadline)
             except TimeoutError:
                 self.stop()
                 raise ProgramLimitError(
@@ -140,6 +142,10 @@ class _Evaluator:
                     f"{language}: the evaluator process stopped (status {status}) while running "
                     f"the {what}"
                 ) from None
+            except BaseException:
+                # Interrupted (a Celery time limit, say): its answer must not be read as the next.
+                self.stop()
+                raise
         reply = json.loads(frame)
         if "error" in reply:
             raise ProgramError(reply["error"])
@@ -157,6 +163,8 @@ class _Evaluator:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=_ROOT,
+            # Only what finds the interpreter's packages: no program sees the worker's secrets.
+            env={k: v for k, v in os.environ.items() if k in _CHILD_ENVIRONMENT},
         )
         self.process = process
         try:
@@ -196,10 +204,12 @@ def _write_frame(fd: int, data: bytes) -> None:
 
 def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
     chunks, left = [], size
+    poller = select.poll()  # not select(): a worker's descriptors may pass FD_SETSIZE
+    poller.register(fd, select.POLLIN)
     while left:
         if deadline is not None:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            if remaining <= 0 or not poller.poll(remaining * 1000):
                 raise TimeoutError
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:

@@ -7,6 +7,7 @@ limit is 2 s), where before the worker hung for good or died.
 from __future__ import annotations
 
 import re
+import signal
 import threading
 import time
 
@@ -166,3 +167,23 @@ def test_jq_outputs_print_as_before():
     )
     with pytest.raises(outputs.OutputError, match=re.escape("jq: Cannot index number")):
         outputs.jq_filter(CLUSTER, ".status.readyInstances.x")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_evaluation_never_answers_the_next_one():
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted  # as Celery's soft time limit does, from a signal handler
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            evaluate_jq("reduce range(2000000) as $i (0; . + 1)", {})  # about a second
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    assert evaluate_jq(".n", {"n": 7}) == [7]
