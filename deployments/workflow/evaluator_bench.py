@@ -3,8 +3,9 @@
 Conditions are evaluated on every move of a waiting resource task, so the evaluator child
 (`evaluator.py`) must add little to each. This prints, for a CloudNativePG Cluster as the
 sandbox's simulation reports it and the CloudNativePG plan's modify conditions: µs for one
-move's failure and success conditions in this process (celpy directly, as before the child
-existed) and through the child, and the overhead per evaluation; the same for a jq output.
+condition alone and for one move's failure and success conditions, in this process (celpy
+directly, as before the child existed) and through the child, and the overhead per
+evaluation; the same for a jq output.
 "changed object" alternates two objects, as watch events bring (the child converts the object
 once per move); "same object" is a safety-net poll of an unchanged one. Figures are printed,
 never asserted. Never imported by the request path.
@@ -218,10 +219,14 @@ def _per_call_us(call: Callable[[dict[str, Any]], Any], objects: list[dict[str, 
     return best / ROUNDS * 1e6
 
 
+def _cel_program(expression: str) -> celpy.Runner:
+    environment = celpy.Environment()
+    return environment.program(environment.compile(expression))
+
+
 def _move_in_process() -> Callable[[dict[str, Any]], Any]:
     """The conditions of one move as they ran before the child: celpy in this process."""
-    environment = celpy.Environment()
-    failure, success = (environment.program(environment.compile(e)) for e in (FAILURE, SUCCESS))
+    failure, success = _cel_program(FAILURE), _cel_program(SUCCESS)
 
     def move(obj: dict[str, Any]) -> Any:
         failure.evaluate({"self": celpy.json_to_cel(obj)})
@@ -251,6 +256,12 @@ def main() -> None:
         f"best of {REPEATS} x {ROUNDS}"
     )
     print(f"  {'µs per call':<44} {'in-process':>9} {'via child':>10} {'overhead/eval':>14}")
+    success = _cel_program(SUCCESS)
+    inside = _per_call_us(
+        lambda obj: success.evaluate({"self": celpy.json_to_cel(obj)}), [first, second]
+    )
+    child = _per_call_us(lambda obj: evaluator.evaluate_cel(SUCCESS, "self", obj), [first, second])
+    _row("one CEL condition alone, changed object", inside, child, 1)
     move = _move_in_process()
     for label, objects in (("changed object", [first, second]), ("same object", [first])):
         inside = _per_call_us(move, objects)
