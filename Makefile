@@ -34,6 +34,7 @@ test: $(VENV)/.installed-dev
 # Speed figures, printed next to baselines measured in the same run (not pass/fail).
 bench: $(VENV)/.installed-dev
 	$(PY) -m sandbox.bench
+	$(PY) -m deployments.workflow.evaluator_bench
 	$(LAUNCH) --dev -- $(PY) manage.py bench_operations
 
 lint: $(VENV)/.installed-dev

@@ -16,7 +16,6 @@ from typing import Any
 import celpy
 import lark
 import yaml
-from celpy import celtypes
 
 from deployments.spec.loader import PRICING_DIMENSIONS, Report, build
 from deployments.spec.model import (
@@ -34,6 +33,7 @@ from deployments.spec.model import (
 from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, parse_condition
 from deployments.workflow.engine import PATCH_TARGET_MISSING, patch_target
+from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
 from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
 from deployments.workflow.outputs import OutputError, check_jq_filter, check_json_path
 from deployments.workflow.render import RenderError, is_patch_list, patch_problems, references
@@ -193,20 +193,21 @@ def _check_usage(spec: PlanSpec, report: Report) -> None:
                 path, f'undefined parameter reference var.{name}; no apiParameter "{name}"'
             )
         if names <= set(defaults):
-            problem = _usage_problem(environment, tree, defaults)
+            problem = _usage_problem(expression, defaults)
             if problem:
                 report.error(path, problem)
 
 
-def _usage_problem(environment: celpy.Environment, tree: lark.Tree, values: dict) -> str | None:
+def _usage_problem(expression: str, values: dict) -> str | None:
     """Why a usage rule cannot price the default parameters (None when it gives a number)."""
     try:
-        result = environment.program(tree).evaluate({"var": celpy.json_to_cel(values)})
-    except celpy.CELEvalError as exc:
-        detail = exc.args[0] if exc.args else str(exc)
-        return f"fails with the default parameters ({detail}); convert numbers with double()"
-    if isinstance(result, bool | celtypes.BoolType) or not isinstance(result, int | float):
-        return f"gives {result!r} with the default parameters; a usage rule must give a number"
+        result = evaluate_cel(expression, "var", values)
+    except ProgramError as exc:
+        return f"fails with the default parameters ({exc}); convert numbers with double()"
+    except ProgramLimitError as exc:
+        return f"{exc} with the default parameters"
+    if isinstance(result.value, bool) or not isinstance(result.value, int | float):
+        return f"gives {result.shown} with the default parameters; a usage rule must give a number"
     return None
 
 

@@ -7,7 +7,10 @@ shared/reference/argo-workflows.md), with one difference on purpose: where apima
 (`value "Cluster in healthy state" is not a valid label value; use a cel: condition`).
 
 A condition that starts with `cel:` is an Opsdeck extension: a CEL expression over the object
-bound as `self`, compiled when the spec is loaded and true only when it evaluates to `true`.
+bound as `self`, parsed when the spec is loaded and true only when it evaluates to `true`. It is
+evaluated by the bounded evaluator (`evaluator.py`): one that exceeds its time or memory bound
+raises ConditionError, which errors the task, rather than reading as "false" and being tried
+again on every poll.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import re
 from dataclasses import dataclass
 
 import celpy
-from celpy import celtypes
 
+from deployments.workflow import evaluator
 from deployments.workflow.outputs import MISSING, dotted_get, go_float, go_json
 
 __all__ = [
@@ -52,7 +55,8 @@ _BRACKET_INDEX = re.compile(r"\[([0-9]+)\]")
 
 
 class ConditionError(ValueError):
-    """A condition that cannot be parsed; the message names the problem."""
+    """A condition that cannot be parsed, or whose evaluation exceeded a bound; the message
+    names the problem."""
 
 
 # --- value lookup ----------------------------------------------------------------------------
@@ -165,17 +169,20 @@ class SelectorCondition(Condition):
 class CelCondition(Condition):
     """A `cel:` condition: one CEL expression over the object bound as `self`."""
 
-    def __init__(self, text: str, program: celpy.Runner) -> None:
+    def __init__(self, text: str, expression: str) -> None:
         self.text = text
-        self._program = program
+        self.expression = expression
 
     def is_true(self, obj: dict) -> bool:
-        """True only when the expression evaluates to `true`; an error or missing field is false."""
+        """True only when the expression evaluates to `true`; an error or missing field is false.
+
+        Raises ProgramLimitError when the evaluation exceeds its time or memory bound.
+        """
         try:
-            result = self._program.evaluate({"self": celpy.json_to_cel(obj)})
-        except Exception:  # cel-python raises CELEvalError, and plain errors for odd input
+            result = evaluator.evaluate_cel(self.expression, "self", obj)
+        except evaluator.ProgramError:
             return False
-        return isinstance(result, celtypes.BoolType) and bool(result)
+        return result.value is True
 
     def all_match(self, obj: dict) -> bool:
         """True when the expression is true for obj."""
@@ -413,12 +420,11 @@ def _cel_message(exc: celpy.CELParseError) -> str:
 
 
 def _parse_cel(text: str, body: str) -> CelCondition:
-    environment = _cel_environment()
     try:
-        ast = environment.compile(body)
+        _cel_environment().compile(body)  # for its syntax errors; the evaluator compiles its own
     except celpy.CELParseError as exc:
         raise ConditionError(_cel_message(exc)) from exc
-    return CelCondition(text, environment.program(ast))
+    return CelCondition(text, body)
 
 
 # --- public API --------------------------------------------------------------------------------
@@ -446,12 +452,18 @@ def evaluate(obj: dict, success: str | None, failure: str | None) -> str:
     As Argo: both conditions empty → succeeded; the failure condition is checked first and
     fails the task if ANY of its requirements matches; the success condition succeeds only if
     ALL of its requirements match; with only a failure condition that does not match, the task
-    succeeds. Raises ConditionError if either condition cannot be parsed.
+    succeeds. Raises ConditionError if either condition cannot be parsed, or a `cel:` condition
+    exceeds its time or memory bound (`failureCondition: CEL: the expression exceeded …`).
     """
     success_condition = parse_condition(success) if success else None
     failure_condition = parse_condition(failure) if failure else None
-    if failure_condition is not None and failure_condition.any_match(obj):
-        return FAILED
-    if success_condition is None or success_condition.all_match(obj):
-        return SUCCEEDED
+    which = "failureCondition"
+    try:
+        if failure_condition is not None and failure_condition.any_match(obj):
+            return FAILED
+        which = "successCondition"
+        if success_condition is None or success_condition.all_match(obj):
+            return SUCCEEDED
+    except evaluator.ProgramLimitError as exc:
+        raise ConditionError(f"{which}: {exc}") from None
     return PENDING

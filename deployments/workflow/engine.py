@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from deployments.spec.model import Template, Workflow
-from deployments.workflow import conditions, dag, expressions, outputs
+from deployments.workflow import conditions, dag, evaluator, expressions, outputs
 from deployments.workflow.driver import Driver, PermanentError
 from deployments.workflow.render import (
     Context,
@@ -675,6 +675,8 @@ class _Run:
                     value = outputs.jq_filter(source, output.jq_filter)
                 else:
                     value = ""
+            except evaluator.ProgramLimitError as exc:  # a default would hide a runaway filter
+                return self._attempt_failed(node, template, ERRORED, f"output {output.name}: {exc}")
             except outputs.OutputError as exc:
                 if output.default is None:  # Argo: a failing filter without a default errors
                     return self._attempt_failed(

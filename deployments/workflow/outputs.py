@@ -5,7 +5,7 @@ result renders as kubectl prints it: a string raw, an integer as its digits, a b
 an object or list as compact JSON (Go's `json.Marshal`), several matches joined by one space.
 A missing path gives "" (kubectl's printer allows missing keys). Omnistrate's
 `$tasks.<task>.resource.<dotted path>` outputs and its legacy `$var._crd.<JSONPath>` form render
-the same way.
+the same way. A `jqFilter` runs in the bounded evaluator (`evaluator.py`), never in the worker.
 
 The Go text helpers here (`go_json`, `go_float`) are shared with `conditions.py`, whose value
 lookup follows gjson, the JSON library Argo evaluates conditions with.
@@ -22,6 +22,8 @@ from typing import Any
 
 import jq
 from jsonpath_ng.ext import parse as _jsonpath_parse
+
+from deployments.workflow import evaluator
 
 __all__ = [
     "MISSING",
@@ -385,16 +387,16 @@ _JQ_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 def check_jq_filter(program: str) -> None:
     """Raise OutputError when `program` is not a valid jq program, or reads anything but the
     object (`env`, `$ENV`, `input`, `inputs`): outputs may reach tenants."""
-    _jq_program(program)
+    _check_jq(program)
 
 
 @functools.lru_cache(maxsize=256)
-def _jq_program(program: str):
+def _check_jq(program: str) -> None:
     outside = _JQ_OUTSIDE.search(_JQ_STRING.sub('""', program))
     if outside:
         raise OutputError(f"jq: {outside.group(0)} is not allowed; a filter reads the object only")
     try:
-        return jq.compile(program)
+        jq.compile(program)  # for its syntax errors; the evaluator compiles its own
     except ValueError as exc:
         raise OutputError(_jq_message(exc)) from None
 
@@ -403,11 +405,13 @@ def jq_filter(obj: dict, program: str) -> str:
     """Run a jq program over the object as `jq -rc` does: strings raw, other values as
     compact JSON, one line per result (no trailing newline).
 
-    Raises OutputError when the program fails on this object (e.g. indexes a number).
+    Raises OutputError when the program fails on this object (e.g. indexes a number), and
+    `evaluator.ProgramLimitError` when it exceeds its time or memory bound (see evaluator.py).
     """
+    _check_jq(program)
     try:
-        results = _jq_program(program).input_value(obj).all()
-    except ValueError as exc:
+        results = evaluator.evaluate_jq(program, obj)
+    except evaluator.ProgramError as exc:
         raise OutputError(_jq_message(exc)) from None
     return "\n".join(
         r if isinstance(r, str) else json.dumps(r, separators=(",", ":"), ensure_ascii=False)

@@ -473,3 +473,18 @@ def test_check_condition_exits_1_on_deep_json_without_a_traceback(tmp_path):
     assert result.stderr.splitlines() == [
         f"CommandError: {path} is refused: the document nests deeper than 64 levels"
     ]
+
+
+def test_a_condition_that_exceeds_its_time_limit_exits_1_with_one_line(tmp_path):
+    path = tmp_path / "object.json"
+    path.write_text(json.dumps(CLUSTER))
+    sixty = "[" + ",".join(str(i) for i in range(60)) + "]"
+    runaway = f"cel: {sixty}.map(a, {sixty}.map(b, {sixty}.map(c, {sixty}.map(d, a + b)))) != []"
+
+    result = manage("check_condition", "--object", str(path), "--success", runaway)
+
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "CommandError: successCondition: CEL: the expression exceeded its time limit of 2 s"
+    ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import time
 
 import pytest
 
@@ -971,3 +973,63 @@ def test_after_a_write_no_other_cluster_call_happens_in_the_same_advance():
     assert calls[0] == ["apply"]  # a writes; b's apply waits
     assert calls[1] == ["get", "apply"]  # a's read comes first, then b writes
     assert all(step.count("apply") <= 1 for step in calls)
+
+
+# Four nested maps over 60 elements: minutes of CEL, far past the evaluator's time limit.
+_SIXTY = "[" + ",".join(str(i) for i in range(60)) + "]"
+RUNAWAY_CEL = (
+    f"cel: {_SIXTY}.map(a, {_SIXTY}.map(b, {_SIXTY}.map(c, {_SIXTY}.map(d, a + b + c + d))))"
+    ".size() > 0"
+)
+
+
+def test_a_condition_that_exceeds_its_time_limit_errors_the_task_instead_of_waiting():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource("cluster", cluster_manifest(), success=RUNAWAY_CEL),
+    )
+    run = Runner(wf)
+
+    started = time.monotonic()
+    run.until_quiet()
+
+    assert time.monotonic() - started < 30
+    assert run.state.phase == engine.FAILED
+    assert run.node(".cluster").phase == engine.ERRORED
+    assert run.node(".cluster").message == (
+        "successCondition: CEL: the expression exceeded its time limit of 2 s"
+    )
+
+
+def test_a_jq_output_that_takes_all_memory_errors_the_task_despite_its_default():
+    wf = workflow(
+        dag(Task(name="t", template="t"), Task(name="after", template="after", dependencies=["t"])),
+        resource(
+            "t",
+            configmap("t", "x"),
+            outputs=[OutputParameter(name="all", jq_filter="[repeat(1)]", default="none")],
+        ),
+        resource(
+            "after",
+            configmap("after", "x"),
+            outputs=[OutputParameter(name="name", jq_filter=".metadata.name")],
+        ),
+    )
+    run = Runner(wf)
+
+    started = time.monotonic()
+    run.until_quiet()
+
+    assert time.monotonic() - started < 30
+    assert run.node(".t").phase == engine.ERRORED
+    assert re.fullmatch(
+        r"output all: jq: the filter exceeded its (memory limit of 256 MiB|time limit of 2 s)",
+        run.node(".t").message,
+    )
+    assert run.state.phase == engine.FAILED
+
+    # The next filter, in a fresh evaluator, works as before.
+    later = Runner(workflow(dag(Task(name="after", template="after")), wf.templates["after"]))
+    later.until_quiet()
+    assert later.node(".after").outputs == {"name": "after"}
+    assert later.state.phase == engine.SUCCEEDED

@@ -1,5 +1,6 @@
 """Every validation rule: one test each, starting from a valid spec and breaking one thing."""
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -770,6 +771,23 @@ def test_usage_rule_that_does_not_give_a_number():
     assert errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="var.superuser")) == [
         "x-opsdeck.usage.cpu: gives BoolType(False) with the default parameters; "
         "a usage rule must give a number"
+    ]
+
+
+def test_usage_rule_that_runs_away_is_an_error_within_seconds_not_minutes():
+    sixty = "[" + ",".join(str(i) for i in range(60)) + "]"
+    rule = (
+        f"double(var.cpu) + double({sixty}.map(a, {sixty}.map(b, {sixty}.map(c, "
+        f"{sixty}.map(d, a + b + c + d)))).size())"
+    )
+    started = time.monotonic()
+
+    found = errors(lambda d: d["x-opsdeck"]["usage"].update(cpu=rule))
+
+    assert time.monotonic() - started < 30
+    assert found == [
+        "x-opsdeck.usage.cpu: CEL: the expression exceeded its time limit of 2 s "
+        "with the default parameters"
     ]
 
 

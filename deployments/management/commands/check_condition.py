@@ -104,6 +104,8 @@ class Command(BaseCommand):
         obj = read_object(options["object"])
         try:
             decision = evaluate(obj, success, failure)
+        except ConditionError as exc:  # a cel: condition that exceeded its time or memory bound
+            raise CommandError(str(exc)) from None
         except RecursionError:  # a condition or object deeper than the evaluator's stack
             raise CommandError("cannot evaluate the conditions: they nest too deeply") from None
         self.stdout.write(decision)

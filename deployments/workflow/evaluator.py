@@ -1,0 +1,319 @@
+"""Bounded evaluation of the programs a spec author writes: CEL expressions and jq filters.
+
+A CEL expression or jq filter can run forever (`def f: f; f`) or take all memory (`[repeat(1)]`,
+where jq aborts the whole process when malloc fails). So they never run in a worker: each
+worker process keeps one long-lived child (`python -m deployments.workflow.evaluator`, started
+on first use with a fresh interpreter, never a fork of the worker) that compiles and caches the
+programs by their text and evaluates them. The child caps its own address space at
+MEMORY_LIMIT_MIB; the parent waits at most TIME_LIMIT_SECONDS for each answer. A program that
+exceeds either bound gets its child killed and reaped (the next call starts a new one) and
+raises `ProgramLimitError` with one line that says which bound it exceeded.
+
+The two processes talk over pipes: a frame is a 4-byte big-endian length and that many bytes.
+A request is a JSON header (`{"op": "cel", "program": …, "name": …}` or `{"op": "jq", …}`), a
+newline and the input as JSON text, sent once and used as it is: jq parses it itself, and the
+child keeps the last CEL input converted, since a waiting task polls the same object again.
+A reply is JSON: `{"value": …, "shown": …}`, `{"error": …}` or `{"limit": "memory"|"depth"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MAX_RESULT_BYTES",
+    "MEMORY_LIMIT_MIB",
+    "TIME_LIMIT_SECONDS",
+    "CelValue",
+    "ProgramError",
+    "ProgramLimitError",
+    "evaluate_cel",
+    "evaluate_jq",
+]
+
+TIME_LIMIT_SECONDS = 2.0
+"""Longest one evaluation may take: far above what a condition over a Kubernetes object needs
+(well under a millisecond), short enough that a runaway program delays its worker only briefly."""
+MEMORY_LIMIT_MIB = 256
+"""Address space of the evaluator child: its interpreter with celpy and jq takes about 40 MiB,
+evaluating over the largest object Kubernetes stores (~1.5 MB) a few tens more."""
+MAX_RESULT_BYTES = 1 << 20
+"""Longest answer (as JSON) a program may give: an output is stored with the run's state."""
+_START_TIMEOUT_SECONDS = 60.0  # importing celpy and jq on a busy machine; not the program's time
+_MEMORY_EXIT = 3  # the child's exit status after a MemoryError in Python
+_HEADER = struct.Struct(">I")
+_ROOT = Path(__file__).resolve().parents[2]  # where `-m deployments.workflow.evaluator` resolves
+_CHILD_ENVIRONMENT = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL"})
+_LANGUAGE = {"cel": ("CEL", "expression"), "jq": ("jq", "filter")}
+
+
+class ProgramError(ValueError):
+    """The program failed on this input (a missing field, a bad operand); the library's text."""
+
+
+class ProgramLimitError(ValueError):
+    """The program exceeded a bound (time, memory, nesting, result size); one readable line."""
+
+
+@dataclass(frozen=True)
+class CelValue:
+    """A CEL result as plain data (bool, int, float, str, None, list, dict; a timestamp,
+    duration or bytes as text), and how CEL shows it (`BoolType(False)`) for messages."""
+
+    value: Any
+    shown: str
+
+
+def evaluate_cel(expression: str, name: str, value: Any) -> CelValue:
+    """Evaluate a CEL expression with one variable, `name`, bound to a JSON value.
+
+    Raises ProgramError when CEL reports an error, ProgramLimitError when a bound is exceeded.
+    """
+    reply = _shared.call({"op": "cel", "program": expression, "name": name}, value)
+    return CelValue(reply["value"], reply["shown"])
+
+
+def evaluate_jq(program: str, value: Any) -> list[Any]:
+    """Every result of a jq program over `value`, as plain data.
+
+    Raises ProgramError with jq's message when the program fails on this input, and
+    ProgramLimitError when a bound is exceeded.
+    """
+    return _shared.call({"op": "jq", "program": program}, value)["value"]
+
+
+# --- the parent side ---------------------------------------------------------------------------
+
+
+class _Evaluator:
+    """One child process and the lock that lets one thread at a time talk to it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def call(self, header: dict[str, Any], value: Any) -> dict[str, Any]:
+        language, what = _LANGUAGE[header["op"]]
+        try:
+            # A YAML parameter default may be a date: CEL sees it as text, as JSON carries it.
+            payload = json.dumps(value, separators=(",", ":"), default=str)
+        except RecursionError:
+            raise ProgramLimitError(f"{language}: the input is nested too deeply") from None
+        request = json.dumps(header).encode() + b"\n" + payload.encode()
+        with self.lock:
+            process = self.running()
+            deadline = time.monotonic() + TIME_LIMIT_SECONDS
+            answers = process.stdout.fileno()
+            try:
+                _write_frame(process.stdin.fileno(), request)
+                (size,) = _HEADER.unpack(_read_exactly(answers, _HEADER.size, deadline))
+                if size > MAX_RESULT_BYTES:
+                    self.stop()
+                    raise ProgramLimitError(
+                        f"{language}: the {what}'s result exceeded its size limit of "
+                        f"{MAX_RESULT_BYTES >> 20} MiB"
+                    )
+                frame = _read_exactly(answers, size, deadline)
+            except TimeoutError:
+                self.stop()
+                raise ProgramLimitError(
+                    f"{language}: the {what} exceeded its time limit of {TIME_LIMIT_SECONDS:g} s"
+                ) from None
+            except (EOFError, BrokenPipeError):
+                status = self.stop()
+                # jq aborts (SIGABRT) when malloc fails; Python exits with _MEMORY_EXIT.
+                if status in (-signal.SIGABRT, _MEMORY_EXIT):
+                    raise ProgramLimitError(
+                        f"{language}: the {what} exceeded its memory limit of "
+                        f"{MEMORY_LIMIT_MIB} MiB"
+                    ) from None
+                raise ProgramLimitError(
+                    f"{language}: the evaluator process stopped (status {status}) while running "
+                    f"the {what}"
+                ) from None
+            except BaseException:
+                # Interrupted (a Celery time limit, say): its answer must not be read as the next.
+                self.stop()
+                raise
+        reply = json.loads(frame)
+        if "error" in reply:
+            raise ProgramError(reply["error"])
+        if reply.get("limit") == "depth":
+            raise ProgramLimitError(f"{language}: the {what} or its input is nested too deeply")
+        return reply
+
+    def running(self) -> subprocess.Popen[bytes]:
+        """The child, started (and waited for) when there is none or it has gone."""
+        if self.process is not None and self.process.poll() is None:
+            return self.process
+        self.stop()
+        process = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=_ROOT,
+            # Only what finds the interpreter's packages: no program sees the worker's secrets.
+            env={k: v for k, v in os.environ.items() if k in _CHILD_ENVIRONMENT},
+        )
+        self.process = process
+        try:
+            _read_frame(process.stdout.fileno(), time.monotonic() + _START_TIMEOUT_SECONDS)
+        except (TimeoutError, EOFError):
+            status = self.stop()
+            # Not the program's fault: the install is broken, so no task is failed for it.
+            raise RuntimeError(f"the evaluator process did not start (status {status})") from None
+        return process
+
+    def stop(self) -> int | None:
+        """Kill and reap the child, if any; its exit status (negative: the signal)."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        process.kill()
+        process.stdin.close()
+        process.stdout.close()
+        return process.wait()
+
+    def forget(self) -> None:
+        """In a forked copy of the worker: the child is the parent's, leave it running."""
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.stdout.close()
+            # The parent reaps it; Popen must not try to in this process.
+            self.process.returncode = 0
+        self.process = None
+        self.lock = threading.Lock()
+
+
+def _write_frame(fd: int, data: bytes) -> None:
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    poller = select.poll()  # not select(): a worker's descriptors may pass FD_SETSIZE
+    poller.register(fd, select.POLLIN)
+    while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(remaining * 1000):
+                raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(fd: int, deadline: float | None) -> bytes:
+    (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size, deadline))
+    return _read_exactly(fd, size, deadline)
+
+
+_shared = _Evaluator()
+os.register_at_fork(after_in_child=_shared.forget)
+
+
+# --- the child side ----------------------------------------------------------------------------
+
+
+def _serve() -> None:
+    """The child's loop: answer requests on stdin until it closes."""
+    import functools
+    import resource
+
+    import celpy
+    import jq
+    from celpy import celtypes
+
+    # Ctrl-C in a worker's terminal reaches its whole process group; the worker decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    limit = MEMORY_LIMIT_MIB << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    environment = celpy.Environment()
+    source, destination = sys.stdin.fileno(), sys.stdout.fileno()
+    last: tuple[bytes, Any] = (b"", None)
+
+    @functools.lru_cache(maxsize=512)
+    def cel_program(text: str) -> celpy.Runner:
+        return environment.program(environment.compile(text))
+
+    @functools.lru_cache(maxsize=256)
+    def jq_program(text: str) -> Any:
+        return jq.compile(text)
+
+    def plain(value: Any) -> Any:
+        if value is None or isinstance(value, bool | str):
+            return value
+        if isinstance(value, celtypes.BoolType):
+            return bool(value)
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return float(value)
+        if isinstance(value, dict):
+            return {str(plain(k)): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        return str(value)
+
+    def answer(header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        nonlocal last
+        if header["op"] == "jq":
+            try:
+                return {"value": jq_program(header["program"]).input_text(payload.decode()).all()}
+            except ValueError as exc:
+                return {"error": str(exc)}
+        try:
+            program = cel_program(header["program"])
+        except celpy.CELParseError as exc:
+            return {"error": str(exc)}
+        if payload != last[0]:
+            last = (payload, celpy.json_to_cel(json.loads(payload)))
+        try:
+            result = program.evaluate({header["name"]: last[1]})
+        except celpy.CELEvalError as exc:
+            return {"error": str(exc.args[0]) if exc.args else str(exc)}
+        except (MemoryError, RecursionError):
+            raise
+        except Exception as exc:  # celpy raises plain errors for odd operands
+            return {"error": str(exc) or type(exc).__name__}
+        if isinstance(result, celpy.CELEvalError):
+            return {"error": str(result.args[0]) if result.args else str(result)}
+        return {"value": plain(result), "shown": repr(result)[:200]}
+
+    _write_frame(destination, b"ready")
+    while True:
+        try:
+            request = _read_frame(source, None)
+        except EOFError:
+            return  # the worker has gone
+        head, _, payload = request.partition(b"\n")
+        try:
+            reply = json.dumps(answer(json.loads(head), payload), default=str)
+        except RecursionError:
+            reply = json.dumps({"limit": "depth"})
+        except MemoryError:
+            # The heap may be left in a bad state: stop, and the parent reports the limit.
+            os._exit(_MEMORY_EXIT)
+        _write_frame(destination, reply.encode())
+
+
+if __name__ == "__main__":
+    _serve()

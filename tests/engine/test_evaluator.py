@@ -1,0 +1,180 @@
+"""Spec authors' CEL and jq run in a bounded child process: a runaway program is an error.
+
+Durations are never asserted tightly: a bound exceeded must be reported within seconds (the
+limit is 2 s), where before the worker hung for good or died.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from deployments.workflow import conditions, outputs
+from deployments.workflow.evaluator import (
+    ProgramError,
+    ProgramLimitError,
+    evaluate_cel,
+    evaluate_jq,
+)
+
+LIMIT = r"exceeded its (time limit of 2 s|memory limit of 256 MiB)"
+SIXTY = "[" + ",".join(str(i) for i in range(60)) + "]"
+# Four nested maps over 60 elements: 13 million additions, minutes of celpy.
+RUNAWAY_CEL = (
+    f"{SIXTY}.map(a, {SIXTY}.map(b, {SIXTY}.map(c, {SIXTY}.map(d, a + b + c + d)))).size() > 0"
+)
+CLUSTER = {
+    "kind": "Cluster",
+    "metadata": {"name": "pg"},
+    "status": {
+        "phase": "Cluster in healthy state",
+        "readyInstances": 3,
+        "conditions": [{"type": "Ready", "status": "True"}],
+    },
+}
+
+
+class Within:
+    """Asserts the block finished within `seconds` (generous: the machine may be busy)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __enter__(self) -> Within:
+        self.start = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert time.monotonic() - self.start < self.seconds
+
+
+def test_a_filter_that_never_ends_is_stopped_at_the_time_limit_and_the_next_one_works():
+    with Within(30), pytest.raises(ProgramLimitError) as caught:
+        evaluate_jq("def f: f; f", {})
+
+    assert str(caught.value) == "jq: the filter exceeded its time limit of 2 s"
+    assert evaluate_jq(".status.readyInstances", CLUSTER) == [3]
+
+
+def test_a_filter_that_takes_all_memory_is_stopped_and_the_next_one_works():
+    with Within(30), pytest.raises(ProgramLimitError, match=f"^jq: the filter {LIMIT}$"):
+        evaluate_jq("[repeat(1)]", {})
+
+    assert evaluate_jq(".metadata.name", CLUSTER) == ["pg"]
+
+
+def test_one_huge_allocation_is_reported_as_the_memory_limit():
+    with Within(30), pytest.raises(ProgramLimitError) as caught:
+        evaluate_jq('"x" * 1000000000', {})
+
+    assert str(caught.value) == "jq: the filter exceeded its memory limit of 256 MiB"
+    assert evaluate_jq('"x" * 3', {}) == ["xxx"]
+
+
+def test_a_runaway_cel_expression_is_stopped_and_the_next_one_works():
+    with Within(30), pytest.raises(ProgramLimitError) as caught:
+        evaluate_cel(RUNAWAY_CEL, "self", {})
+
+    assert str(caught.value) == "CEL: the expression exceeded its time limit of 2 s"
+    assert evaluate_cel("self.status.readyInstances * 2", "self", CLUSTER).value == 6
+
+
+def test_a_result_too_large_to_keep_is_refused():
+    with pytest.raises(ProgramLimitError, match=r"result exceeded its size limit of 1 MiB$"):
+        evaluate_jq('"x" * 2000000', {})
+
+
+def test_input_nested_too_deeply_is_a_one_line_error():
+    deep: dict = {}
+    inner = deep
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]
+
+    with pytest.raises(ProgramLimitError, match=r"^CEL: the input is nested too deeply$"):
+        evaluate_cel("has(self.a)", "self", deep)
+    with pytest.raises(ProgramLimitError, match=r"^jq: the input is nested too deeply$"):
+        evaluate_jq(".a | type", deep)
+
+
+def test_an_expression_nested_too_deeply_is_a_one_line_error():
+    with pytest.raises(ProgramLimitError) as caught:
+        evaluate_cel("+".join(["1"] * 3000), "self", {})
+
+    assert str(caught.value) == "CEL: the expression or its input is nested too deeply"
+
+
+def test_ordinary_errors_are_program_errors_not_limits():
+    with pytest.raises(ProgramError, match="no such member"):
+        evaluate_cel("self.spec.instances", "self", CLUSTER)
+    with pytest.raises(ProgramError, match="Cannot index number"):
+        evaluate_jq(".status.readyInstances.x", CLUSTER)
+
+
+def test_cel_results_come_back_as_plain_data_and_as_cel_shows_them():
+    result = evaluate_cel(
+        '{"ready": self.status.readyInstances, "phase": self.status.phase, "x": [1.5, null]}',
+        "self",
+        CLUSTER,
+    )
+
+    assert result.value == {"ready": 3, "phase": "Cluster in healthy state", "x": [1.5, None]}
+    assert evaluate_cel("self.status.readyInstances == 3", "self", CLUSTER).shown == (
+        "BoolType(True)"
+    )
+
+
+def test_threads_share_the_evaluator_and_each_gets_its_own_answer():
+    answers: dict[int, list] = {}
+
+    def ask(n: int) -> None:
+        answers[n] = [evaluate_cel(f"self.n + {i}", "self", {"n": n}).value for i in range(50)]
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert answers == {n: [n + i for i in range(50)] for n in range(4)}
+
+
+def test_ordinary_cel_conditions_decide_as_before():
+    ready = 'cel: self.status.conditions.exists(c, c.type == "Ready" && c.status == "True")'
+
+    assert conditions.evaluate(CLUSTER, ready, "cel: self.status.phase == 'failed'") == "succeeded"
+    assert conditions.evaluate(CLUSTER, "cel: self.spec.instances == 3", None) == "pending"
+    assert conditions.evaluate(CLUSTER, None, "cel: self.status.readyInstances < 2") == "succeeded"
+
+
+def test_jq_outputs_print_as_before():
+    assert outputs.jq_filter(CLUSTER, ".status.conditions[] | .type, .status") == "Ready\nTrue"
+    assert outputs.jq_filter(CLUSTER, ".status | {phase}") == (
+        '{"phase":"Cluster in healthy state"}'
+    )
+    with pytest.raises(outputs.OutputError, match=re.escape("jq: Cannot index number")):
+        outputs.jq_filter(CLUSTER, ".status.readyInstances.x")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_evaluation_never_answers_the_next_one():
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted  # as Celery's soft time limit does, from a signal handler
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            evaluate_jq("reduce range(2000000) as $i (0; . + 1)", {})  # about a second
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    assert evaluate_jq(".n", {"n": 7}) == [7]
