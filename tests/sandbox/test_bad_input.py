@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 
 G, V = "postgresql.cnpg.io", "v1"
@@ -345,3 +348,22 @@ def test_negative_limit_lists_everything(raw, namespace):
     raw.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "one"}})
     status, _, listed = raw.request("GET", f"/api/v1/namespaces/{namespace}/configmaps?limit=-1")
     assert status == 200 and [i["metadata"]["name"] for i in listed["items"]] == ["one"]
+
+
+def test_an_applied_json_body_holding_an_emoji_keeps_it(raw, namespace):
+    # json.dumps escapes it as a surrogate pair, as the official client sends it.
+    body = json.dumps({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "emoji"}, "stringData": {"password": "hello \U0001f600"},
+    })  # fmt: skip
+    assert "\\ud83d\\ude00" in body
+
+    status, _, obj = raw.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/secrets/emoji?fieldManager=test",
+        body,
+        {"Content-Type": "application/apply-patch+yaml"},
+    )
+
+    assert status == 201, obj
+    assert base64.b64decode(obj["data"]["password"]).decode() == "hello \U0001f600"
