@@ -2,6 +2,7 @@ import re
 
 import pytest
 from django.core import mail
+from django.test import Client
 
 from accounts.models import AuditEvent, Membership, Tenant, User
 from tests.conftest import PASSWORD
@@ -148,3 +149,86 @@ def test_new_organization_with_a_blank_name_shows_an_error_and_creates_nothing(o
     assert response.status_code == 200
     assert b"This field is required" in response.content
     assert Tenant.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_signup_with_a_taken_email_looks_exactly_like_a_new_one(client, owner, tenant):
+    before = (User.objects.count(), Tenant.objects.count(), Membership.objects.count())
+
+    taken = _signup(client, email="owner@example.com", organization="Initech")
+    taken_page = client.get(taken["Location"])
+    fresh = _signup(Client(), email="fresh@example.com", organization="Initech")
+
+    assert taken.status_code == fresh.status_code == 302
+    assert taken["Location"] == fresh["Location"] == "/accounts/confirm-email/"
+    assert b"Verify Your Email Address" in taken_page.content
+    assert b"already" not in taken_page.content
+    # The taken address got no second account and no organization.
+    assert User.objects.filter(email="owner@example.com").count() == 1
+    assert (User.objects.count(), Tenant.objects.count(), Membership.objects.count()) == (
+        before[0] + 1,
+        before[1] + 1,
+        before[2] + 1,
+    )
+
+
+def _invitation_path(tenant, owner, email="ivy@example.com"):
+    from accounts import services
+    from accounts.audit import Actor
+
+    invitation = services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email=email, role="member"
+    )
+    return f"/invitations/{services.invitation_token(invitation)}/"
+
+
+@pytest.mark.django_db
+def test_an_invitee_who_leaves_the_organization_blank_gets_none(client, owner, tenant):
+    invitation = _invitation_path(tenant, owner)
+    page = client.get(invitation)
+    signup_link = re.search(rb'href="(/accounts/signup/\?next=[^"]+)"', page.content).group(1)
+
+    response = client.post(
+        signup_link.decode().replace("&amp;", "&"),
+        {"email": "ivy@example.com", "password1": PASSWORD, "password2": PASSWORD},
+    )
+
+    assert response.status_code == 302
+    ivy = User.objects.get(email="ivy@example.com")
+    assert not Tenant.objects.for_user(ivy).exists()
+    # Once the address is confirmed, the invitation makes Ivy a member of Acme only.
+    link = re.search(r"https?://\S+/accounts/confirm-email/\S+/", mail.outbox[-1].body).group(0)
+    client.post(link.split("testserver", 1)[1])
+    joined = client.post(invitation, follow=True)
+    assert b"Welcome to Acme." in joined.content
+    assert list(Tenant.objects.for_user(ivy)) == [tenant]
+
+
+@pytest.mark.django_db
+def test_an_invitee_who_names_an_organization_gets_it(client, owner, tenant):
+    invitation = _invitation_path(tenant, owner)
+
+    client.post(
+        f"/accounts/signup/?next={invitation}",
+        {
+            "email": "ivy@example.com",
+            "password1": PASSWORD,
+            "password2": PASSWORD,
+            "organization": "Ivy Labs",
+        },
+    )
+
+    assert Tenant.objects.for_user(User.objects.get(email="ivy@example.com")).get().name == (
+        "Ivy Labs"
+    )
+
+
+@pytest.mark.django_db
+def test_signup_emails_name_opsdeck_not_the_host(client, settings):
+    settings.ALLOWED_HOSTS = ["127.0.0.1", "testserver"]
+    _signup(client, HTTP_HOST="127.0.0.1")
+
+    body = mail.outbox[0].body
+    assert "Hello from Opsdeck!" in body
+    assert "Thank you for using Opsdeck!" in body
+    assert "Hello from 127.0.0.1" not in body
