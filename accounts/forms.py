@@ -31,6 +31,7 @@ class InviteForm(forms.Form):
 
 class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
 class AuditFilterForm(forms.Form):

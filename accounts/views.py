@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
-from accounts import selectors, services
+from accounts import roles, selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
@@ -39,12 +39,14 @@ def organization_create(request):
 
 
 def _team_context(request, **extra) -> dict:
+    managed = roles.roles_managed_by(request.membership.role)
     return {
         "request_id": uuid.uuid4().hex,  # a fresh one for the next invitation
         "members": selectors.tenant_members(request.tenant),
         "invitations": selectors.invitations_pending(request.tenant),
         "invite_form": InviteForm(),
-        "role_choices": RoleForm.base_fields["role"].choices,
+        "managed_roles": managed,
+        "role_choices": [(value, label) for value, label in Role.choices if value in managed],
         **extra,
     }
 
@@ -113,15 +115,29 @@ def member_role(request, membership_id: int):
     if not form.is_valid():
         messages.error(request, "Choose one of the listed roles.")
         return _team_response(request)
+    role = form.cleaned_data["role"]
+    gives_up_owner = (
+        membership.user_id == request.user.pk
+        and membership.role == Role.OWNER
+        and role != Role.OWNER
+    )
+    if gives_up_owner and not form.cleaned_data["confirm"]:
+        # Stepping down cannot be undone alone: ask first, change nothing yet.
+        confirm = {
+            "membership": membership,
+            "role": Role(role),
+            "lost": roles.actions_lost(Role.OWNER, role),
+        }
+        template = _partial(request, "accounts/team.html", "team-panel")
+        return render(request, template, _team_context(request, confirm_demotion=confirm))
     try:
         services.membership_change_role(
-            actor=Actor.from_request(request), membership=membership, role=form.cleaned_data["role"]
+            actor=Actor.from_request(request), membership=membership, role=role
         )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _reason(exc))
     else:
-        label = Role(form.cleaned_data["role"]).label
-        messages.success(request, f"{membership.user.email} is now {label}.")
+        messages.success(request, f"{membership.user.email} is now {Role(role).label}.")
     return _team_response(request)
 
 
