@@ -43,5 +43,6 @@ class AuditFilterForm(forms.Form):
     def clean(self):
         data = super().clean()
         if data.get("since") and data.get("until") and data["since"] > data["until"]:
-            raise forms.ValidationError("The start date is after the end date.")
+            # Flags "To" (and drops it from the filters); "From" still applies.
+            self.add_error("until", "The start date is after the end date.")
         return data

@@ -197,7 +197,10 @@ def invitation_accept(request, token: str):
 
 def _audit_events(request):
     form = AuditFilterForm(request.GET or None)
-    filters = form.cleaned_data if form.is_valid() else {}
+    filters = {}
+    if form.is_bound:
+        form.is_valid()  # flags each bad field; the valid ones stay in cleaned_data and apply
+        filters = form.cleaned_data
     events = selectors.audit_events_for_tenant(
         request.tenant,
         action=filters.get("action", ""),
@@ -220,7 +223,7 @@ def audit_log(request):
         "query": query.urlencode(),
         "actions": selectors.audit_actions_for_tenant(request.tenant),
     }
-    response = render(request, _partial(request, "accounts/audit_log.html", "audit-table"), context)
+    response = render(request, _partial(request, "accounts/audit_log.html", "audit-log"), context)
     patch_vary_headers(response, ["HX-Request"])
     return response
 
