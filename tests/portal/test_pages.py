@@ -75,3 +75,32 @@ def test_too_many_sign_in_attempts_get_a_429_inside_the_layout(client, settings)
     assert response.status_code == 429
     assert b"Too many requests" in response.content
     assert b"Sign up" in response.content  # rendered inside the layout
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path", ["/accounts/email/", "/accounts/password/change/", "/accounts/2fa/"]
+)
+def test_account_pages_keep_the_sidebar_and_switcher_of_the_organization_in_use(
+    owner_client, tenant, path
+):
+    owner_client.get(f"/t/{tenant.slug}/team/")  # the organization in use
+
+    html = owner_client.get(path).content.decode()
+
+    assert '<aside class="sidebar">' in html
+    assert f'href="/t/{tenant.slug}/audit/"' in html
+    assert "<summary>Acme</summary>" in html
+
+
+@pytest.mark.django_db
+def test_account_pages_show_no_organization_the_user_has_left(client, owner, tenant, add_member):
+    bob = add_member("bob@example.com", "member")
+    client.force_login(bob)
+    client.get(f"/t/{tenant.slug}/")
+    client.post(f"/t/{tenant.slug}/team/{tenant.memberships.get(user=bob).pk}/remove/")
+
+    html = client.get("/accounts/email/").content.decode()
+
+    assert '<aside class="sidebar">' not in html
+    assert "<summary>Acme</summary>" not in html
