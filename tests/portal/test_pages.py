@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 
 
@@ -104,3 +106,22 @@ def test_account_pages_show_no_organization_the_user_has_left(client, owner, ten
 
     assert '<aside class="sidebar">' not in html
     assert "<summary>Acme</summary>" not in html
+
+
+@pytest.mark.django_db
+def test_a_refused_page_logs_one_line_with_the_reason_and_no_traceback(
+    client, tenant, add_member, caplog
+):
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        refused = client.get(f"/t/{tenant.slug}/audit/")
+
+    assert refused.status_code == 403
+    [record] = [r for r in caplog.records if r.name == "django.request"]
+    assert record.getMessage() == (
+        f"Forbidden (Permission denied): /t/{tenant.slug}/audit/ "
+        "(Your role (Viewer) does not allow viewing the audit log.)"
+    )
+    assert record.exc_info is None
+    assert "Traceback" not in caplog.text
