@@ -125,3 +125,16 @@ def test_a_refused_page_logs_one_line_with_the_reason_and_no_traceback(
     )
     assert record.exc_info is None
     assert "Traceback" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_the_favicon_is_linked_and_favicon_ico_finds_it(owner_client, tenant, client):
+    html = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+    linked = html.split('<link rel="icon" href="')[1].split('"')[0]
+
+    asked = client.get("/favicon.ico", follow=True)
+
+    assert asked.status_code == 200
+    assert asked.request["PATH_INFO"] == linked
+    assert asked["Content-Type"] == "image/svg+xml"
+    assert b"<svg" in b"".join(asked.streaming_content)
