@@ -1,4 +1,5 @@
 import csv
+import re
 import uuid
 
 from django.contrib import messages
@@ -18,9 +19,15 @@ from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleFo
 from accounts.roles import Role
 from accounts.tenancy import tenant_view
 
+_REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+
 
 @login_required
 def organization_create(request):
+    if request.method == "GET" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
+        # The request id goes in the address: a Back that re-fetches the form gets the same one,
+        # so submitting it again returns the organization the first submit made.
+        return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = OrganizationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -34,8 +41,10 @@ def organization_create(request):
         else:
             messages.success(request, f"Organization “{tenant.name}” created.")
             return redirect("dashboard", tenant_slug=tenant.slug)
-    context = {"form": form, "request_id": form["request_id"].value() or uuid.uuid4().hex}
-    return render(request, "accounts/organization_create.html", context)
+    request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    return render(
+        request, "accounts/organization_create.html", {"form": form, "request_id": request_id}
+    )
 
 
 def _team_context(request, **extra) -> dict:

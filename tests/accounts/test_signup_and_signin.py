@@ -232,3 +232,18 @@ def test_signup_emails_name_opsdeck_not_the_host(client, settings):
     assert "Hello from Opsdeck!" in body
     assert "Thank you for using Opsdeck!" in body
     assert "Hello from 127.0.0.1" not in body
+
+
+@pytest.mark.django_db
+def test_the_new_organization_form_keeps_its_request_id_in_the_address(owner_client, owner):
+    opened = owner_client.get("/organizations/new/")
+    url = opened["Location"]
+    request_id = re.fullmatch(r"/organizations/new/\?request=([0-9a-f]{32})", url).group(1)
+
+    # What a browser's Back re-fetches is the same address, so the same id.
+    for _ in range(2):
+        form = owner_client.get(url)
+        assert f'name="request_id" value="{request_id}"'.encode() in form.content
+        owner_client.post(url, {"name": "Globex", "request_id": request_id})
+
+    assert Tenant.objects.filter(name="Globex").count() == 1
