@@ -1,15 +1,24 @@
 from accounts import roles, selectors
+from accounts.tenancy import SESSION_KEY
 
 
 def tenancy(request) -> dict:
-    """The current organization, the user's others (for the switcher) and what they may do."""
+    """The current organization, the user's others (for the switcher) and what they may do.
+
+    Pages outside `/t/<slug>/` (account settings, new organization) keep the organization
+    last opened in this session, so they show the same shell with its sidebar.
+    """
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
+    memberships = selectors.memberships_for_user(user)
     membership = getattr(request, "membership", None)
+    if membership is None and hasattr(request, "session"):
+        slug = request.session.get(SESSION_KEY)
+        membership = next((m for m in memberships if m.tenant.slug == slug), None)
     return {
-        "current_tenant": getattr(request, "tenant", None),
+        "current_tenant": membership.tenant if membership else None,
         "current_membership": membership,
-        "user_memberships": selectors.memberships_for_user(user),
+        "user_memberships": memberships,
         "allowed": roles.allowed_actions(membership.role) if membership else frozenset(),
     }

@@ -10,7 +10,8 @@ class SignupForm(forms.Form):
         label="Organization name",
         max_length=100,
         required=False,
-        help_text="Your first organization; you can create more later.",
+        help_text="Your first organization; you can create more later. Joining one you were "
+        "invited to? Leave this blank.",
     )
 
     def signup(self, request, user) -> None:
@@ -30,6 +31,7 @@ class InviteForm(forms.Form):
 
 class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
 class AuditFilterForm(forms.Form):
@@ -41,5 +43,6 @@ class AuditFilterForm(forms.Form):
     def clean(self):
         data = super().clean()
         if data.get("since") and data.get("until") and data["since"] > data["until"]:
-            raise forms.ValidationError("The start date is after the end date.")
+            # Flags "To" (and drops it from the filters); "From" still applies.
+            self.add_error("until", "The start date is after the end date.")
         return data

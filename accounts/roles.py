@@ -72,3 +72,17 @@ def allowed_actions(role: str) -> frozenset[str]:
 def denial_message(role: str, action: str) -> str:
     label = Role(role).label if role in Role.values else role
     return f"Your role ({label}) does not allow {ACTIONS[action]}."
+
+
+def roles_managed_by(role: str) -> frozenset[str]:
+    """The roles a member with `role` may give or take away: the owner role needs
+    `member.manage_owners` (granting it, and changing or removing an owner)."""
+    if can(role, "member.manage_owners"):
+        return frozenset(Role.values)
+    return frozenset(Role.values) - {Role.OWNER}
+
+
+def actions_lost(old_role: str, new_role: str) -> list[str]:
+    """What a member moving from `old_role` to `new_role` may no longer do, as phrases."""
+    lost = allowed_actions(old_role) - allowed_actions(new_role)
+    return [label for action, label in ACTIONS.items() if action in lost]

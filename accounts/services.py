@@ -7,6 +7,7 @@ and records the outcome in the audit log (refusals included).
 from __future__ import annotations
 
 from allauth.account.models import EmailAddress
+from anyascii import anyascii
 from django.conf import settings
 from django.core import signing
 from django.core.exceptions import ValidationError
@@ -15,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.crypto import get_random_string
 from django.utils.text import slugify
 
 from accounts import idempotency, roles
@@ -24,6 +26,7 @@ from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
 
 _INVITATION_SALT = "accounts.invitation"
+_SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read aloud safely
 
 
 def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> Membership | None:
@@ -46,12 +49,13 @@ def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> Membersh
 
 
 def _unique_slug(name: str) -> str:
-    base = slugify(name)[:40] or "org"
-    slug, n = base, 1
-    while Tenant.objects.filter(slug=slug).exists():
-        n += 1
-        slug = f"{base}-{n}"
-    return slug
+    """A slug from the name (transliterated to ASCII) plus a random suffix, so a slug never
+    tells whether another organization already has the name; a collision takes another."""
+    base = slugify(anyascii(name))[:40].strip("-") or "org"
+    while True:
+        slug = f"{base}-{get_random_string(6, _SLUG_SUFFIX_CHARS)}"
+        if not Tenant.objects.filter(slug=slug).exists():
+            return slug
 
 
 def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:

@@ -1,4 +1,5 @@
 import csv
+import re
 import uuid
 
 from django.contrib import messages
@@ -11,16 +12,22 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
-from accounts import selectors, services
+from accounts import roles, selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
 from accounts.roles import Role
 from accounts.tenancy import tenant_view
 
+_REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+
 
 @login_required
 def organization_create(request):
+    if request.method == "GET" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
+        # The request id goes in the address: a Back that re-fetches the form gets the same one,
+        # so submitting it again returns the organization the first submit made.
+        return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = OrganizationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -34,17 +41,21 @@ def organization_create(request):
         else:
             messages.success(request, f"Organization “{tenant.name}” created.")
             return redirect("dashboard", tenant_slug=tenant.slug)
-    context = {"form": form, "request_id": form["request_id"].value() or uuid.uuid4().hex}
-    return render(request, "accounts/organization_create.html", context)
+    request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    return render(
+        request, "accounts/organization_create.html", {"form": form, "request_id": request_id}
+    )
 
 
 def _team_context(request, **extra) -> dict:
+    managed = roles.roles_managed_by(request.membership.role)
     return {
         "request_id": uuid.uuid4().hex,  # a fresh one for the next invitation
         "members": selectors.tenant_members(request.tenant),
         "invitations": selectors.invitations_pending(request.tenant),
         "invite_form": InviteForm(),
-        "role_choices": RoleForm.base_fields["role"].choices,
+        "managed_roles": managed,
+        "role_choices": [(value, label) for value, label in Role.choices if value in managed],
         **extra,
     }
 
@@ -113,15 +124,29 @@ def member_role(request, membership_id: int):
     if not form.is_valid():
         messages.error(request, "Choose one of the listed roles.")
         return _team_response(request)
+    role = form.cleaned_data["role"]
+    gives_up_owner = (
+        membership.user_id == request.user.pk
+        and membership.role == Role.OWNER
+        and role != Role.OWNER
+    )
+    if gives_up_owner and not form.cleaned_data["confirm"]:
+        # Stepping down cannot be undone alone: ask first, change nothing yet.
+        confirm = {
+            "membership": membership,
+            "role": Role(role),
+            "lost": roles.actions_lost(Role.OWNER, role),
+        }
+        template = _partial(request, "accounts/team.html", "team-panel")
+        return render(request, template, _team_context(request, confirm_demotion=confirm))
     try:
         services.membership_change_role(
-            actor=Actor.from_request(request), membership=membership, role=form.cleaned_data["role"]
+            actor=Actor.from_request(request), membership=membership, role=role
         )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _reason(exc))
     else:
-        label = Role(form.cleaned_data["role"]).label
-        messages.success(request, f"{membership.user.email} is now {label}.")
+        messages.success(request, f"{membership.user.email} is now {Role(role).label}.")
     return _team_response(request)
 
 
@@ -181,7 +206,10 @@ def invitation_accept(request, token: str):
 
 def _audit_events(request):
     form = AuditFilterForm(request.GET or None)
-    filters = form.cleaned_data if form.is_valid() else {}
+    filters = {}
+    if form.is_bound:
+        form.is_valid()  # flags each bad field; the valid ones stay in cleaned_data and apply
+        filters = form.cleaned_data
     events = selectors.audit_events_for_tenant(
         request.tenant,
         action=filters.get("action", ""),
@@ -204,7 +232,7 @@ def audit_log(request):
         "query": query.urlencode(),
         "actions": selectors.audit_actions_for_tenant(request.tenant),
     }
-    response = render(request, _partial(request, "accounts/audit_log.html", "audit-table"), context)
+    response = render(request, _partial(request, "accounts/audit_log.html", "audit-log"), context)
     patch_vary_headers(response, ["HX-Request"])
     return response
 

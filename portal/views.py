@@ -2,6 +2,8 @@ from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
+from django.utils.cache import patch_cache_control
 from kombu import Connection
 
 from accounts import roles, selectors
@@ -37,6 +39,13 @@ def dashboard(request):
             "recent_events": recent,
         },
     )
+
+
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page links: send them to the SVG icon."""
+    response = redirect(static("favicon.svg"))
+    patch_cache_control(response, public=True, max_age=86400)
+    return response
 
 
 def healthz(request):

@@ -1,8 +1,10 @@
 import csv
 import io
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 from accounts import services
 from accounts.audit import Actor, audit_record
@@ -144,3 +146,44 @@ def test_one_tenants_log_never_shows_anothers_events(owner_client, tenant, make_
     page = owner_client.get(f"/t/{tenant.slug}/audit/export.csv")
 
     assert b"other@example.com" not in b"".join(page.streaming_content)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "plain"])
+def test_an_invalid_date_is_flagged_and_the_other_filters_still_apply(
+    owner_client, tenant, owner, htmx
+):
+    services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="bob@example.com", role="member"
+    )
+    headers = {"HX-Request": "true"} if htmx else {}
+
+    response = owner_client.get(
+        f"/t/{tenant.slug}/audit/",
+        {"action": "member.invite", "since": "2026-02-30"},
+        headers=headers,
+    )
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    # The action filter still applies...
+    assert "<code>member.invite</code>" in html
+    assert "<code>tenant.create</code>" not in html
+    assert '<option value="member.invite" selected>' in html
+    # ...and the bad date is flagged beside its field and in the summary, keeping what was typed.
+    assert 'id="f-since" name="since" type="date" value="2026-02-30" aria-invalid="true"' in html
+    assert '<small class="field-error" id="f-since-error">Enter a valid date.</small>' in html
+    assert '<a href="#f-since">From: Enter a valid date.</a>' in html
+
+
+@pytest.mark.django_db
+def test_an_end_before_the_start_flags_the_end_and_keeps_the_start(owner_client, tenant):
+    today = timezone.now().date()
+
+    response = owner_client.get(
+        f"/t/{tenant.slug}/audit/", {"since": str(today), "until": str(today - timedelta(days=1))}
+    )
+
+    html = response.content.decode()
+    assert 'id="f-until-error">The start date is after the end date.</small>' in html
+    assert "<code>tenant.create</code>" in html  # "From" today still applies; "To" is left out

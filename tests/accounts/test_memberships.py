@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from accounts import services
@@ -143,10 +145,86 @@ def test_stepping_down_shows_the_panel_for_the_new_role_at_once(client, owner, t
 
     response = client.post(
         f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/",
-        {"role": "viewer"},
+        {"role": "viewer", "confirm": "true"},
         headers={"HX-Request": "true"},
     )
 
     assert _membership(tenant, owner).role == "viewer"
     assert b"Send invitation" not in response.content
     assert b'name="role"' not in response.content
+
+
+def _row(response, membership) -> str:
+    html = response.content.decode()
+    return re.search(rf'<tr id="member-{membership.pk}">.*?</tr>', html, re.S).group(0)
+
+
+@pytest.mark.django_db
+def test_an_admin_is_offered_only_what_the_role_may_do(client, owner, tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+    bob = add_member("bob@example.com", "member")
+    client.force_login(admin)
+
+    page = client.get(f"/t/{tenant.slug}/team/")
+
+    # No "Owner" anywhere: not for a member's role, not for an invitation.
+    assert b'<option value="owner"' not in page.content
+    assert b'<option value="admin"' in page.content
+    # The owner's row shows the role as text, with neither a role select nor Remove.
+    owner_row = _row(page, _membership(tenant, owner))
+    assert "Owner" in owner_row
+    assert "<select" not in owner_row
+    assert "Remove" not in owner_row
+    bob_row = _row(page, _membership(tenant, bob))
+    assert "<select" in bob_row
+    assert "Remove" in bob_row
+
+
+@pytest.mark.django_db
+def test_an_owner_is_offered_the_owner_role_and_controls_on_other_owners(
+    client, owner, tenant, add_member
+):
+    second = add_member("second@example.com", "owner")
+    client.force_login(owner)
+
+    page = client.get(f"/t/{tenant.slug}/team/")
+
+    assert b'<option value="owner"' in page.content
+    second_row = _row(page, _membership(tenant, second))
+    assert "<select" in second_row
+    assert "Remove" in second_row
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "plain"])
+def test_an_owner_stepping_down_is_asked_to_confirm_first(client, owner, tenant, add_member, htmx):
+    add_member("second@example.com", "owner")
+    client.force_login(owner)
+    url = f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/"
+    headers = {"HX-Request": "true"} if htmx else {}
+
+    asked = client.post(url, {"role": "admin"}, headers=headers)
+
+    assert asked.status_code == 200
+    assert b"You are about to give up the Owner role in Acme and become Admin." in asked.content
+    assert b"granting or revoking the owner role" in asked.content
+    assert b'name="confirm" value="true"' in asked.content
+    assert b"Cancel" in asked.content
+    assert _membership(tenant, owner).role == "owner"
+    assert not AuditEvent.objects.filter(action="member.change_role").exists()
+
+    confirmed = client.post(url, {"role": "admin", "confirm": "true"}, headers=headers, follow=True)
+
+    assert _membership(tenant, owner).role == "admin"
+    assert b"owner@example.com is now Admin." in confirmed.content
+    assert b"You are about to give up" not in confirmed.content
+
+
+@pytest.mark.django_db
+def test_an_owner_changing_another_owner_is_not_asked_to_confirm(client, owner, tenant, add_member):
+    second = add_member("second@example.com", "owner")
+    client.force_login(owner)
+
+    client.post(f"/t/{tenant.slug}/team/{_membership(tenant, second).pk}/role/", {"role": "admin"})
+
+    assert _membership(tenant, second).role == "admin"

@@ -2,6 +2,7 @@ import re
 
 import pytest
 from django.core import mail
+from django.test import Client
 
 from accounts.models import AuditEvent, Membership, Tenant, User
 from tests.conftest import PASSWORD
@@ -29,7 +30,7 @@ def test_signup_creates_the_first_organization_with_the_user_as_owner(client):
     membership = Membership.objects.get(user=user)
     assert membership.role == "owner"
     assert membership.tenant.name == "Initech"
-    assert membership.tenant.slug == "initech"
+    assert re.fullmatch(r"initech-[a-z0-9]{6}", membership.tenant.slug)
     assert AuditEvent.objects.filter(
         tenant=membership.tenant, action="tenant.create", actor=user
     ).exists()
@@ -58,7 +59,7 @@ def test_signup_requires_email_verification_then_signs_in(client):
     confirm = client.post(link.split("testserver", 1)[1])
     assert confirm.status_code == 302
     home = client.get("/", follow=True)
-    assert home.request["PATH_INFO"] == "/t/initech/"
+    assert home.request["PATH_INFO"] == f"/t/{Tenant.objects.get(name='Initech').slug}/"
     assert b"Initech" in home.content
 
 
@@ -110,13 +111,33 @@ def test_new_organization_page_creates_an_organization_owned_by_the_user(
 ):
     response = owner_client.post("/organizations/new/", {"name": "Acme"}, follow=True)
 
-    second = Tenant.objects.get(slug="acme-2")
-    assert response.request["PATH_INFO"] == "/t/acme-2/"
+    second = Tenant.objects.for_user(owner).exclude(pk=tenant.pk).get()
+    assert response.request["PATH_INFO"] == f"/t/{second.slug}/"
     assert Membership.objects.get(tenant=second, user=owner).role == "owner"
-    assert set(Tenant.objects.for_user(owner).values_list("slug", flat=True)) == {"acme", "acme-2"}
     # The switcher offers both.
-    assert b'href="/t/acme/"' in response.content
-    assert b'href="/t/acme-2/"' in response.content
+    assert f'href="/t/{tenant.slug}/"'.encode() in response.content
+    assert f'href="/t/{second.slug}/"'.encode() in response.content
+
+
+@pytest.mark.django_db
+def test_a_slug_never_tells_that_another_organization_has_the_name(client, make_user, tenant):
+    client.force_login(make_user("rival@example.com"))
+
+    response = client.post("/organizations/new/", {"name": "Acme"}, follow=True)
+
+    theirs = response.request["PATH_INFO"].split("/")[2]
+    # Both slugs have the same shape: nothing like "acme-2" says an "Acme" exists.
+    assert re.fullmatch(r"acme-[a-z0-9]{6}", tenant.slug)
+    assert re.fullmatch(r"acme-[a-z0-9]{6}", theirs)
+    assert theirs != tenant.slug
+
+
+@pytest.mark.django_db
+def test_a_slug_transliterates_non_ascii_letters(owner_client):
+    response = owner_client.post("/organizations/new/", {"name": "Ünïcødé"}, follow=True)
+
+    assert re.fullmatch(r"/t/unicode-[a-z0-9]{6}/", response.request["PATH_INFO"])
+    assert "Ünïcødé".encode() in response.content
 
 
 @pytest.mark.django_db
@@ -128,3 +149,101 @@ def test_new_organization_with_a_blank_name_shows_an_error_and_creates_nothing(o
     assert response.status_code == 200
     assert b"This field is required" in response.content
     assert Tenant.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_signup_with_a_taken_email_looks_exactly_like_a_new_one(client, owner, tenant):
+    before = (User.objects.count(), Tenant.objects.count(), Membership.objects.count())
+
+    taken = _signup(client, email="owner@example.com", organization="Initech")
+    taken_page = client.get(taken["Location"])
+    fresh = _signup(Client(), email="fresh@example.com", organization="Initech")
+
+    assert taken.status_code == fresh.status_code == 302
+    assert taken["Location"] == fresh["Location"] == "/accounts/confirm-email/"
+    assert b"Verify Your Email Address" in taken_page.content
+    assert b"already" not in taken_page.content
+    # The taken address got no second account and no organization.
+    assert User.objects.filter(email="owner@example.com").count() == 1
+    assert (User.objects.count(), Tenant.objects.count(), Membership.objects.count()) == (
+        before[0] + 1,
+        before[1] + 1,
+        before[2] + 1,
+    )
+
+
+def _invitation_path(tenant, owner, email="ivy@example.com"):
+    from accounts import services
+    from accounts.audit import Actor
+
+    invitation = services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email=email, role="member"
+    )
+    return f"/invitations/{services.invitation_token(invitation)}/"
+
+
+@pytest.mark.django_db
+def test_an_invitee_who_leaves_the_organization_blank_gets_none(client, owner, tenant):
+    invitation = _invitation_path(tenant, owner)
+    page = client.get(invitation)
+    signup_link = re.search(rb'href="(/accounts/signup/\?next=[^"]+)"', page.content).group(1)
+
+    response = client.post(
+        signup_link.decode().replace("&amp;", "&"),
+        {"email": "ivy@example.com", "password1": PASSWORD, "password2": PASSWORD},
+    )
+
+    assert response.status_code == 302
+    ivy = User.objects.get(email="ivy@example.com")
+    assert not Tenant.objects.for_user(ivy).exists()
+    # Once the address is confirmed, the invitation makes Ivy a member of Acme only.
+    link = re.search(r"https?://\S+/accounts/confirm-email/\S+/", mail.outbox[-1].body).group(0)
+    client.post(link.split("testserver", 1)[1])
+    joined = client.post(invitation, follow=True)
+    assert b"Welcome to Acme." in joined.content
+    assert list(Tenant.objects.for_user(ivy)) == [tenant]
+
+
+@pytest.mark.django_db
+def test_an_invitee_who_names_an_organization_gets_it(client, owner, tenant):
+    invitation = _invitation_path(tenant, owner)
+
+    client.post(
+        f"/accounts/signup/?next={invitation}",
+        {
+            "email": "ivy@example.com",
+            "password1": PASSWORD,
+            "password2": PASSWORD,
+            "organization": "Ivy Labs",
+        },
+    )
+
+    assert Tenant.objects.for_user(User.objects.get(email="ivy@example.com")).get().name == (
+        "Ivy Labs"
+    )
+
+
+@pytest.mark.django_db
+def test_signup_emails_name_opsdeck_not_the_host(client, settings):
+    settings.ALLOWED_HOSTS = ["127.0.0.1", "testserver"]
+    _signup(client, HTTP_HOST="127.0.0.1")
+
+    body = mail.outbox[0].body
+    assert "Hello from Opsdeck!" in body
+    assert "Thank you for using Opsdeck!" in body
+    assert "Hello from 127.0.0.1" not in body
+
+
+@pytest.mark.django_db
+def test_the_new_organization_form_keeps_its_request_id_in_the_address(owner_client, owner):
+    opened = owner_client.get("/organizations/new/")
+    url = opened["Location"]
+    request_id = re.fullmatch(r"/organizations/new/\?request=([0-9a-f]{32})", url).group(1)
+
+    # What a browser's Back re-fetches is the same address, so the same id.
+    for _ in range(2):
+        form = owner_client.get(url)
+        assert f'name="request_id" value="{request_id}"'.encode() in form.content
+        owner_client.post(url, {"name": "Globex", "request_id": request_id})
+
+    assert Tenant.objects.filter(name="Globex").count() == 1

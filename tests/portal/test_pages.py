@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 
 
@@ -75,3 +77,64 @@ def test_too_many_sign_in_attempts_get_a_429_inside_the_layout(client, settings)
     assert response.status_code == 429
     assert b"Too many requests" in response.content
     assert b"Sign up" in response.content  # rendered inside the layout
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path", ["/accounts/email/", "/accounts/password/change/", "/accounts/2fa/"]
+)
+def test_account_pages_keep_the_sidebar_and_switcher_of_the_organization_in_use(
+    owner_client, tenant, path
+):
+    owner_client.get(f"/t/{tenant.slug}/team/")  # the organization in use
+
+    html = owner_client.get(path).content.decode()
+
+    assert '<aside class="sidebar">' in html
+    assert f'href="/t/{tenant.slug}/audit/"' in html
+    assert "<summary>Acme</summary>" in html
+
+
+@pytest.mark.django_db
+def test_account_pages_show_no_organization_the_user_has_left(client, owner, tenant, add_member):
+    bob = add_member("bob@example.com", "member")
+    client.force_login(bob)
+    client.get(f"/t/{tenant.slug}/")
+    client.post(f"/t/{tenant.slug}/team/{tenant.memberships.get(user=bob).pk}/remove/")
+
+    html = client.get("/accounts/email/").content.decode()
+
+    assert '<aside class="sidebar">' not in html
+    assert "<summary>Acme</summary>" not in html
+
+
+@pytest.mark.django_db
+def test_a_refused_page_logs_one_line_with_the_reason_and_no_traceback(
+    client, tenant, add_member, caplog
+):
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        refused = client.get(f"/t/{tenant.slug}/audit/")
+
+    assert refused.status_code == 403
+    [record] = [r for r in caplog.records if r.name == "django.request"]
+    assert record.getMessage() == (
+        f"Forbidden (Permission denied): /t/{tenant.slug}/audit/ "
+        "(Your role (Viewer) does not allow viewing the audit log.)"
+    )
+    assert record.exc_info is None
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_the_favicon_is_linked_and_favicon_ico_finds_it(owner_client, tenant, client):
+    html = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+    linked = html.split('<link rel="icon" href="')[1].split('"')[0]
+
+    asked = client.get("/favicon.ico", follow=True)
+
+    assert asked.status_code == 200
+    assert asked.request["PATH_INFO"] == linked
+    assert asked["Content-Type"] == "image/svg+xml"
+    assert b"<svg" in b"".join(asked.streaming_content)

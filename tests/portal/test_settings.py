@@ -129,3 +129,19 @@ def test_a_malformed_encryption_key_is_reported_by_the_checks():
     assert result.returncode != 0
     assert "accounts.E001" in result.stderr
     assert "Key 1 in OPSDECK_ENCRYPTION_KEYS is not a Fernet key." in result.stderr
+
+
+def test_development_also_requires_email_verification_so_sign_up_reveals_no_address(tmp_path):
+    result = _manage(
+        "shell",
+        "-c",
+        "from django.conf import settings; print(settings.ACCOUNT_EMAIL_VERIFICATION)",
+        DEBUG="1",
+        OPSDECK_VAR_DIR=str(tmp_path),
+        SECRET_KEY="x" * 60,
+        OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
+        DATABASE_URL=_database_url(),
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "mandatory"
