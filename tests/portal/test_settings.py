@@ -138,9 +138,8 @@ def test_development_also_requires_email_verification_so_sign_up_reveals_no_addr
         "from django.conf import settings; print(settings.ACCOUNT_EMAIL_VERIFICATION)",
         DEBUG="1",
         OPSDECK_VAR_DIR=str(tmp_path),
-        SECRET_KEY="x" * 60,
-        OPSDECK_ENCRYPTION_KEYS=Fernet.generate_key().decode(),
-        DATABASE_URL=_database_url(),
+        **_services(),
+        **_keys(),
     )
 
     assert result.returncode == 0, result.stderr
