@@ -1,0 +1,183 @@
+"""After a verb succeeds, what Opsdeck stores is what the cluster runs; a verb refused before
+the cluster took any of it leaves the instance as it was. Real worker, sandbox cluster."""
+
+import base64
+import uuid
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from deployments import services
+from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.models import Instance, Operation, Snapshot
+from tests.deployments.conftest import SPEC, wait_done, wait_for
+
+
+@pytest.fixture
+def kube(sandbox_kubeconfig, tmp_path):
+    driver = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
+    )
+    yield driver
+    driver.close()
+
+
+def _object(kube, instance, api, kind, name):
+    return kube.get({
+        "apiVersion": api, "kind": kind,
+        "metadata": {"name": name, "namespace": instance.namespace},
+    })  # fmt: skip
+
+
+def _cluster(kube, instance):
+    return _object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
+
+
+def _password_in_cluster(kube, instance) -> str:
+    secret = _object(kube, instance, "v1", "Secret", f"{instance.pk}-owner")
+    return base64.b64decode(secret["data"]["password"]).decode()
+
+
+def _create(owner, tenant, plan, **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def _act(owner, instance, verb, **parameters):
+    return services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb=verb,
+        request_id=uuid.uuid4().hex, parameters=parameters,
+    )  # fmt: skip
+
+
+def _running(owner, tenant, plan, **parameters):
+    create = _create(owner, tenant, plan, **parameters)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def test_a_modify_queued_behind_a_rotation_keeps_the_new_password(
+    worker, cell, plan, tenant, owner, kube
+):
+    instance = _running(owner, tenant, plan, password="the-first-password")
+
+    rotate = _act(owner, instance, "rotateCredentials", newPassword="the-rotated-password")
+    modify = _act(owner, instance, "modify", instances="2")  # queued while the rotation runs
+
+    assert wait_done(rotate).state == Operation.State.SUCCEEDED, rotate.error
+    assert wait_done(modify).state == Operation.State.SUCCEEDED, modify.error
+    instance.refresh_from_db()
+    assert services.instance_parameters(instance)["password"] == "the-rotated-password"
+    assert _password_in_cluster(kube, instance) == "the-rotated-password"
+    assert _cluster(kube, instance)["spec"]["instances"] == 2
+
+
+def test_two_queued_modifies_both_take_effect(worker, cell, plan, tenant, owner, kube):
+    instance = _running(owner, tenant, plan)
+
+    first = _act(owner, instance, "modify", instances="3")
+    second = _act(owner, instance, "modify", cpu="2")
+
+    assert wait_done(first).state == Operation.State.SUCCEEDED, first.error
+    assert wait_done(second).state == Operation.State.SUCCEEDED, second.error
+    instance.refresh_from_db()
+    assert (instance.parameters["instances"], instance.parameters["cpu"]) == (3, 2)
+    spec = _cluster(kube, instance)["spec"]
+    assert spec["instances"] == 3
+    assert spec["resources"]["limits"]["cpu"] == "2"
+    assert second.requested == {"cpu": 2}  # an operation stores only what it changes
+
+
+def test_a_change_the_api_server_refuses_leaves_the_instance_running(
+    worker, cell, tenant, owner, kube
+):
+    # A plan without the whole-number step lets 2.5 through to the cluster, which refuses it.
+    text = SPEC.read_text().replace("        x-opsdeck: {step: 1}  # whole servers\n", "")
+    plan = services.plan_load(text=text.replace("plan: postgres-cnpg", "plan: pg-loose")).plan
+    instance = _running(owner, tenant, plan, instances="2")
+
+    modify = _act(owner, instance, "modify", instances="2.5")
+
+    assert wait_done(modify).state == Operation.State.FAILED
+    assert "instances" in modify.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.parameters["instances"] == 2
+    assert _cluster(kube, instance)["spec"]["instances"] == 2
+    assert instance.history.last().reason == modify.error  # the reason is shown with the state
+    restart = _act(owner, instance, "restart")  # and it can be operated as before
+    assert wait_done(restart).state == Operation.State.SUCCEEDED, restart.error
+
+
+def test_a_failed_create_can_be_retried(request, cell, plan, tenant, owner, sandbox_cluster):
+    create = _create(owner, tenant, plan)
+    instance = create.instance
+    sandbox_cluster.set_faults(fail_bootstrap=[f"{instance.namespace}/{instance.pk}"])
+    try:
+        request.getfixturevalue("worker")  # the create runs once the fault is in place
+        assert wait_done(create).state == Operation.State.FAILED
+        instance.refresh_from_db()
+        assert instance.state == Instance.State.FAILED
+    finally:
+        sandbox_cluster.set_faults(fail_bootstrap=[])
+
+    retry = _act(owner, instance, "create")
+
+    assert retry.verb == "create"
+    assert wait_done(retry).state == Operation.State.SUCCEEDED, retry.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    with pytest.raises(ActionDenied, match="needs it to be failed"):
+        _act(owner, instance, "create")  # a running instance has nothing to retry
+
+
+def test_an_operation_shows_the_cluster_error_while_it_retries(
+    worker, cell, plan, tenant, owner, sandbox_cluster
+):
+    instance = _running(owner, tenant, plan)
+    sandbox_cluster.set_faults(error_500=1.0)
+    try:
+        restart = _act(owner, instance, "restart")
+
+        def retrying():
+            restart.refresh_from_db()
+            return restart.error.startswith("Retrying after a cluster error:")
+
+        wait_for(retrying, timeout=30, what="the retried error to show")
+        assert restart.state == Operation.State.RUNNING
+    finally:
+        sandbox_cluster.set_faults(error_500=0.0)
+    assert wait_done(restart).state == Operation.State.SUCCEEDED, restart.error
+    assert restart.error == ""
+
+
+def test_a_restore_keeps_the_snapshots_version_after_its_source_is_gone(
+    worker, cell, plan, tenant, owner
+):
+    source = _running(owner, tenant, plan, version="16", instances="2")
+    backup = _act(owner, source, "backup")
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    snapshot = Snapshot.objects.get(operation=backup)
+    assert snapshot.parameters["version"] == "16"
+    assert "password" not in snapshot.parameters
+    delete = services.instance_delete(actor=Actor(user=owner), instance=source, request_id="d")
+    assert wait_done(delete).state == Operation.State.SUCCEEDED, delete.error
+
+    with pytest.raises(ValidationError) as refused:
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r-1",
+            parameters={"version": "17"},
+        )  # fmt: skip
+    assert refused.value.message_dict["version"] == ["Fixed by the snapshot, which holds 16."]
+
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r-2",
+        parameters={"instances": "1"},
+    )  # fmt: skip
+    assert wait_done(restore).state == Operation.State.SUCCEEDED, restore.error
+    copy = Instance.objects.get(pk=restore.instance_id)
+    assert (copy.parameters["version"], copy.parameters["instances"]) == ("16", 1)
