@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -60,13 +61,29 @@ def _digest(action: str, raw: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> RequestKey | None:
+@dataclass(frozen=True)
+class Claim:
+    """A request id claimed in a scope: `earlier` is the key of an earlier request with the same
+    id (what to return instead of acting again), None when this request is the first."""
+
+    scope: str
+    request_id: str
+    earlier: RequestKey | None
+
+    def bind(self, target: models.Model) -> None:
+        """Record what this request made, for its repeats to return."""
+        RequestKey.objects.filter(scope=self.scope, request_id=self.request_id).update(
+            target_type=target._meta.label_lower, target_id=str(target.pk)
+        )
+
+
+def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Claim:
     """Claim `request_id` in `scope` for this request.
 
-    None: the id is new; go on, and name what was made with `request_bind`. Otherwise the key
-    of the earlier request with this id and the same action and input (its target is what that
-    request made). Raises ValidationError when the id was used with another action or input.
-    Call it inside the transaction that makes the object, after the permission check.
+    When the id is new, go on and `bind` what the request makes. When an earlier request used
+    it with the same action and input, `earlier` names what that request made. Raises
+    ValidationError when the id was used with another action or input. Call it inside the
+    transaction that makes the object, after the permission check.
     """
     digest = _digest(action, raw)
     table = RequestKey._meta.db_table
@@ -80,15 +97,8 @@ def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Requ
             [scope, request_id, action, digest],
         )
         if cursor.fetchone() is not None:
-            return None
+            return Claim(scope, request_id, None)
     earlier = RequestKey.objects.get(scope=scope, request_id=request_id)
     if earlier.digest != digest:
         raise ValidationError({"request_id": REUSED})
-    return earlier
-
-
-def request_bind(*, scope: str, request_id: str, target: models.Model) -> None:
-    """Record what the request claimed in `scope` made, for its repeats to return."""
-    RequestKey.objects.filter(scope=scope, request_id=request_id).update(
-        target_type=target._meta.label_lower, target_id=str(target.pk)
-    )
+    return Claim(scope, request_id, earlier)

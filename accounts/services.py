@@ -72,17 +72,17 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
     for _ in range(3):  # two sign-ups racing for one slug: take the next one
         try:
             with transaction.atomic():
-                earlier = idempotency.request_claim(
+                claim = idempotency.request_claim(
                     scope=scope, request_id=request_id, action="tenant.create", raw=submitted
                 )
-                if earlier is not None:
-                    return Tenant.objects.get(pk=earlier.target_id)
+                if claim.earlier is not None:
+                    return Tenant.objects.get(pk=claim.earlier.target_id)
                 tenant = Tenant(name=name, slug=_unique_slug(name), request_id=request_id)
                 # The unique constraint, not a read before the write, settles a slug race.
                 tenant.full_clean(validate_unique=False)
                 tenant.save()
                 Membership.objects.create(tenant=tenant, user=actor.user, role=Role.OWNER)
-                idempotency.request_bind(scope=scope, request_id=request_id, target=tenant)
+                claim.bind(tenant)
                 audit_record(
                     actor=actor,
                     action="tenant.create",
@@ -191,12 +191,14 @@ def invitation_create(
         permission_require(actor=actor, tenant=tenant, action="member.invite")
         if role == Role.OWNER:
             permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
-        scope = idempotency.tenant_scope(tenant)
-        earlier = idempotency.request_claim(
-            scope=scope, request_id=request_id, action="member.invite", raw=submitted
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="member.invite",
+            raw=submitted,
         )
-        if earlier is not None:
-            return Invitation.objects.get(pk=earlier.target_id)
+        if claim.earlier is not None:
+            return Invitation.objects.get(pk=claim.earlier.target_id)
         if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
             raise ValidationError({"email": f"{email} is already a member."})
         now = timezone.now()
@@ -213,7 +215,7 @@ def invitation_create(
         )
         invitation.full_clean()
         invitation.save()
-        idempotency.request_bind(scope=scope, request_id=request_id, target=invitation)
+        claim.bind(invitation)
         audit_record(
             actor=actor,
             action="member.invite",

@@ -22,7 +22,7 @@ from django.utils import timezone
 from accounts import idempotency
 from accounts.audit import REDACTED, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
-from accounts.models import Tenant
+from accounts.models import RequestKey, Tenant
 from accounts.services import permission_require
 from billing import entitlements
 from billing import services as billing_services
@@ -301,9 +301,11 @@ def _operation_new(
     return operation
 
 
-def _repeat(earlier, model=Operation):
-    """What an earlier request with the same id made."""
-    return model.objects.get(pk=earlier.target_id) if earlier.target_id else None
+def _repeat(earlier: RequestKey) -> Operation | None:
+    """The operation an earlier request with the same id queued (None: it queued none)."""
+    if earlier.target_type != Operation._meta.label_lower:
+        return None
+    return Operation.objects.get(pk=earlier.target_id)
 
 
 def instance_create(
@@ -324,18 +326,20 @@ def instance_create(
     values = _given_mapping(parameters)
     with audited_action(actor=actor, action="instance.create", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="instance.create")
-        scope = idempotency.tenant_scope(tenant)
         submitted = {
             "plan": plan.key,
             "name": name,
             "parameters": values,
             "cell": cell.pk if cell else None,
         }
-        earlier = idempotency.request_claim(
-            scope=scope, request_id=request_id, action="instance.create", raw=submitted
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="instance.create",
+            raw=submitted,
         )
-        if earlier is not None:
-            return _repeat(earlier)
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
         version = selectors.plan_version_latest(plan)
         if version is None:
             raise ValidationError("This plan has no released version yet.")
@@ -349,7 +353,7 @@ def instance_create(
             request_id=request_id,
             requested=instance.parameters,
         )
-        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
+        claim.bind(operation)
         audit_record(
             actor=actor,
             action="instance.create",
@@ -390,15 +394,14 @@ def instance_action(
     rule = lifecycle.rule(verb, custom=spec_verb.custom)
     with audited_action(actor=actor, action=f"instance.{verb}", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=rule.action)
-        scope = idempotency.tenant_scope(tenant)
-        earlier = idempotency.request_claim(
-            scope=scope,
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
             request_id=request_id,
             action=f"instance.{verb}",
             raw={"instance": instance.pk, "parameters": values},
         )
-        if earlier is not None:
-            return _repeat(earlier)
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         reason = lifecycle.refusal(verb, _projected_state(instance), custom=spec_verb.custom)
         if reason:
@@ -444,7 +447,7 @@ def instance_action(
         )
         if verb == "backup":
             Snapshot.objects.filter(pk=arguments["snapshot"]).update(operation=operation)
-        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
+        claim.bind(operation)
         audit_record(
             actor=actor,
             action=f"instance.{verb}",
@@ -477,15 +480,14 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.delete", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.delete")
-        scope = idempotency.tenant_scope(tenant)
-        earlier = idempotency.request_claim(
-            scope=scope,
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
             request_id=request_id,
             action="instance.delete",
             raw={"instance": instance.pk},
         )
-        if earlier is not None:
-            return _repeat(earlier)
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         deletes = instance.operations.filter(verb="delete")
         pending = deletes.filter(
@@ -494,7 +496,7 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         if pending is None and instance.state == Instance.State.DELETED:
             pending = deletes.order_by("-created_at").first()
         if pending is not None:
-            idempotency.request_bind(scope=scope, request_id=request_id, target=pending)
+            claim.bind(pending)
             return pending
         now = timezone.now()
         instance.operations.filter(state=Operation.State.QUEUED).update(
@@ -524,7 +526,7 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         operation = _operation_new(
             actor=actor, instance=instance, verb="delete", request_id=request_id
         )
-        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
+        claim.bind(operation)
         audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
     return operation
 
@@ -565,18 +567,20 @@ def snapshot_restore(
     tenant = snapshot.tenant
     with audited_action(actor=actor, action="instance.restore", tenant=tenant, target=snapshot):
         permission_require(actor=actor, tenant=tenant, action="backup.restore")
-        scope = idempotency.tenant_scope(tenant)
         submitted = {
             "snapshot": snapshot.pk,
             "name": name,
             "parameters": values,
             "target_time": target_time.isoformat() if target_time else None,
         }
-        earlier = idempotency.request_claim(
-            scope=scope, request_id=request_id, action="instance.restore", raw=submitted
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="instance.restore",
+            raw=submitted,
         )
-        if earlier is not None:
-            return _repeat(earlier)
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
         if snapshot.status != Snapshot.Status.COMPLETED:
             raise ValidationError("Only a completed snapshot can be restored.")
         if target_time is not None and target_time < snapshot.created_at:
@@ -625,7 +629,7 @@ def snapshot_restore(
                 }
             },
         )
-        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
+        claim.bind(operation)
         audit_record(
             actor=actor,
             action="instance.restore",
@@ -661,18 +665,17 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
     tenant = snapshot.tenant
     with audited_action(actor=actor, action="backup.delete", tenant=tenant, target=snapshot):
         permission_require(actor=actor, tenant=tenant, action="backup.delete")
-        scope = idempotency.tenant_scope(tenant)
-        earlier = idempotency.request_claim(
-            scope=scope,
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
             request_id=request_id,
             action="backup.delete",
             raw={"snapshot": snapshot.pk},
         )
-        if earlier is not None:
-            return _repeat(earlier) if earlier.target_type == "deployments.operation" else None
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
         snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
         if snapshot.status == Snapshot.Status.DELETED:
-            idempotency.request_bind(scope=scope, request_id=request_id, target=snapshot)
+            claim.bind(snapshot)
             return None
         instance = snapshot.instance
         spec = selectors.plan_spec(snapshot.plan_version)
@@ -691,7 +694,7 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
         if not runs:
             snapshot.status = Snapshot.Status.DELETED
             snapshot.save(update_fields=["status"])
-            idempotency.request_bind(scope=scope, request_id=request_id, target=snapshot)
+            claim.bind(snapshot)
             return None
         operation = _operation_new(
             actor=actor,
@@ -703,5 +706,5 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
                 "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.created_at.isoformat()}},
             },
         )
-        idempotency.request_bind(scope=scope, request_id=request_id, target=operation)
+        claim.bind(operation)
     return operation
