@@ -199,3 +199,16 @@ def test_back_and_resubmit_of_new_organization_makes_one(open_page, owner, tenan
 
     assert again_id == first_id
     assert Tenant.objects.filter(name="Globex").count() == 1
+
+
+@BOTH_WIDTHS
+@pytest.mark.parametrize("page_name", ["dashboard", "deployments"])
+def test_the_dashboard_and_deployments_pages_never_scroll_sideways(
+    open_page, owner, busy_tenant, instances, width, page_name
+):
+    path = f"/t/{busy_tenant.slug}/" + ("deployments/" if page_name == "deployments" else "")
+    page = open_page(owner, path, width)
+    shot(page, f"{page_name}-{width}")
+
+    expect(page.locator("h1")).to_have_text("Deployments" if page_name == "deployments" else "Acme")
+    assert not scrolls_sideways(page)
