@@ -4,6 +4,7 @@ from allauth.account.adapter import DefaultAccountAdapter
 from allauth.account.utils import get_next_redirect_url
 from allauth.core import context as allauth_context
 from allauth.mfa.adapter import DefaultMFAAdapter
+from django.conf import settings
 from django.contrib.sites.requests import RequestSite
 from django.db import transaction
 from django.urls import Resolver404, resolve
@@ -31,7 +32,8 @@ class AccountAdapter(DefaultAccountAdapter):
         """Emails name the product, not the host the request came to (there is no Sites app)."""
         site = RequestSite(allauth_context.request)
         site.name = SITE_NAME
-        super().send_mail(template_prefix, email, {"current_site": site, **context})
+        base = {"current_site": site, "base_url": settings.OPSDECK_BASE_URL}
+        super().send_mail(template_prefix, email, {**base, **context})
 
     def save_user(self, request, user, form, commit=True):
         """Sign-up: the new user owns a first organization from the start (both or neither).

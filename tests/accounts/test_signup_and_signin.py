@@ -230,8 +230,10 @@ def test_signup_emails_name_opsdeck_not_the_host(client, settings):
 
     body = mail.outbox[0].body
     assert "Hello from Opsdeck!" in body
+    assert "register an account on Opsdeck." in body
     assert "Thank you for using Opsdeck!" in body
-    assert "Hello from 127.0.0.1" not in body
+    assert "on 127.0.0.1" not in body and "\n127.0.0.1\n" not in body
+    assert body.rstrip().endswith(settings.OPSDECK_BASE_URL)
 
 
 @pytest.mark.django_db
