@@ -15,15 +15,18 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import connection, models
+from django.utils.crypto import salted_hmac
 
 from accounts.models import RequestKey, Tenant
 
 REQUEST_ID_MAX = RequestKey._meta.get_field("request_id").max_length
 
+# Said of the form as a whole: the request id is a hidden field nobody can correct.
 REUSED = (
-    "This request id was already used for a different request. Reload the page and submit "
-    "the form again."
+    "This form was already sent with different values. Check what it made, or fill the form "
+    "in again to send it anew."
 )
+UNREADABLE = "The values sent cannot be read: a number is too long or a value nests too deeply."
 
 
 def request_id_clean(request_id: str | None) -> str:
@@ -57,8 +60,14 @@ def derived_request_id(request_id: str, purpose: str) -> str:
 
 
 def _digest(action: str, raw: Any) -> str:
-    text = json.dumps({"action": action, "input": raw}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """A keyed digest (HMAC under SECRET_KEY) of the action and the input as submitted: it
+    recognises a repeat, and the input may hold passwords, which a plain hash would let anyone
+    who reads the table check guesses against."""
+    try:
+        text = json.dumps({"action": action, "input": raw}, sort_keys=True, default=str)
+    except (ValueError, RecursionError):  # an int past Python's 4300 digits, deep nesting
+        raise ValidationError(UNREADABLE) from None
+    return salted_hmac("accounts.request-key", text, algorithm="sha256").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -100,5 +109,5 @@ def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Clai
             return Claim(scope, request_id, None)
     earlier = RequestKey.objects.get(scope=scope, request_id=request_id)
     if earlier.digest != digest:
-        raise ValidationError({"request_id": REUSED})
+        raise ValidationError(REUSED)
     return Claim(scope, request_id, earlier)

@@ -58,6 +58,17 @@ def _unique_slug(name: str) -> str:
             return slug
 
 
+def _organization_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise ValidationError({"name": "Give the organization a name."})
+    name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
+    if not name:
+        raise ValidationError({"name": "Give the organization a name."})
+    if not name.isprintable():
+        raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
+    return name
+
+
 def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
     """A new organization with the acting user as its owner; a repeated request id returns the
     organization that request created (one per user and request id, however many race)."""
@@ -65,9 +76,7 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
         raise ValueError("an organization needs a user to own it")
     request_id = idempotency.request_id_clean(request_id)
     submitted = name
-    name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
-    if not name:
-        raise ValidationError({"name": "Give the organization a name."})
+    name = _organization_name(name)
     scope = idempotency.user_scope(actor.user)
     for _ in range(3):  # two sign-ups racing for one slug: take the next one
         try:

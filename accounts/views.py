@@ -29,6 +29,7 @@ def organization_create(request):
         # so submitting it again returns the organization the first submit made.
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = OrganizationForm(request.POST or None)
+    request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
     if request.method == "POST" and form.is_valid():
         try:
             tenant = services.tenant_create(
@@ -38,13 +39,18 @@ def organization_create(request):
             )
         except ValidationError as exc:
             form.add_error(None, exc)
+            # Nothing was made: the corrected form goes out as a new request (also when the
+            # refusal was that this id had been sent with other values).
+            request_id = uuid.uuid4().hex
         else:
             messages.success(request, f"Organization “{tenant.name}” created.")
             return redirect("dashboard", tenant_slug=tenant.slug)
-    request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
-    return render(
-        request, "accounts/organization_create.html", {"form": form, "request_id": request_id}
-    )
+    context = {
+        "form": form,
+        "request_id": request_id,
+        "action": f"{request.path}?request={request_id}",
+    }
+    return render(request, "accounts/organization_create.html", context)
 
 
 def _team_context(request, **extra) -> dict:

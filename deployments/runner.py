@@ -132,8 +132,11 @@ def _begin(op: Operation, now) -> bool:
     state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
     # The run applies the instance's values as the operations before it left them, with the
     # changes this one asked for.
-    values = {**instance_values(op.instance), **requested_changes(op)}
-    op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
+    known = {p.key for p in spec.main.parameters}
+    changes = {k: v for k, v in requested_changes(op).items() if k in known}
+    op.parameters, op.secret_parameters = split_values(
+        spec.main.parameters, {**instance_values(op.instance), **changes}
+    )
     op.state = Operation.State.RUNNING
     op.started_at = now
     op.engine_state = json.dumps(state.to_json())
@@ -191,6 +194,8 @@ def _advance(op: Operation, now) -> float | None:
         delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
         op.next_step_at = now + timedelta(seconds=delay)
         op.error = f"{RETRYING}{exc.message}"[:2000]
+        if state.changed:  # a write was sent and its answer lost: the cluster may hold it
+            op.arguments = {**op.arguments, "cluster_touched": True}
         op.save(
             update_fields=[
                 "transient_failures", "transient_streak", "next_step_at", "moves", "arguments",
@@ -267,7 +272,8 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
             services.instance_state_set(instance, rule.after, operation=op)
     elif rule.during and op.cancel_reason == "":
         before = op.arguments.get("state_before")
-        if state.changed or op.verb in {"create", "restore"} or not before:
+        changed = state.changed or op.arguments.get("cluster_touched", False)
+        if changed or op.verb in {"create", "restore"} or not before:
             services.instance_state_set(
                 instance, Instance.State.FAILED, operation=op, reason=op.error
             )

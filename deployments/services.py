@@ -39,7 +39,9 @@ from deployments.models import (
 )
 from deployments.parameters import instance_values, split_values, values_after
 from deployments.spec.loader import load_spec
+from deployments.spec.model import Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
+from deployments.spec.params import check as check_value
 from deployments.workflow.driver import DriverError
 
 STEP_TASK = "deployments.tasks.operation_step"
@@ -369,6 +371,51 @@ def _origin(instance: Instance) -> Operation | None:
     return instance.operations.filter(verb__in=["create", "restore"]).order_by("created_at").first()
 
 
+def _modify_request(spec, instance: Instance, values: dict) -> tuple[dict, dict]:
+    """The changes a modify asks for: the values that differ from what the instance will hold
+    once the operations queued before it have run (plain ones, and the Password ones apart)."""
+    projected = _projected_values(instance)
+    try:
+        typed = validate_parameters(spec.main.parameters, values, current=projected)
+    except ParameterErrors as exc:
+        raise _parameter_errors(exc) from exc
+    changes = {k: v for k, v in typed.items() if k not in projected or projected[k] != v}
+    if not changes:
+        raise ValidationError("Nothing to change: the instance already has these values.")
+    plain, hidden = split_values(spec.main.parameters, changes)
+    return plain, {"parameters": json.loads(hidden or "{}")}
+
+
+def _verb_request(spec, verb: Verb, values: dict) -> tuple[dict, dict]:
+    """A verb's own parameters, checked (also against the rules of the instance parameters
+    its success sets): the Password ones to keep encrypted, and the arguments with the rest."""
+    try:
+        given = validate_parameters(verb.parameters, values)
+        errors = {}
+        for target, source in verb.updates.items():
+            try:
+                check_value(spec.parameter(target), given[source])
+            except ValueError as exc:
+                errors[source] = str(exc)
+        if errors:
+            raise ParameterErrors(errors)
+    except ParameterErrors as exc:
+        raise _parameter_errors(exc) from exc
+    plain, hidden = split_values(verb.parameters, given)
+    arguments = {"verb_parameters": plain} if plain else {}
+    return {"verb_parameters": json.loads(hidden or "{}")}, arguments
+
+
+def _retry_arguments(instance: Instance, verb: str) -> dict:
+    """A retry of the create or restore that failed the instance: its arguments again (a
+    restore's source and target); the namespace is applied anew (server-side apply)."""
+    last = instance.operations.exclude(state=Operation.State.CANCELLED).first()
+    if last is None or last.verb != verb or last.state != Operation.State.FAILED:
+        raise ValidationError(f"Only an instance whose {verb} failed can have it run again.")
+    origin = _origin(instance)
+    return {"sys": origin.arguments["sys"]} if "sys" in origin.arguments else {}
+
+
 def instance_action(
     *,
     actor: Actor,
@@ -388,8 +435,12 @@ def instance_action(
     values = _given_mapping(parameters)
     tenant = instance.tenant
     spec = selectors.plan_spec(instance.plan_version)
+    if not isinstance(verb, str):
+        raise ValidationError("Name the action to run.")
+    if verb == "delete":
+        raise ValidationError("Deleting an instance is an action of its own.")
     spec_verb = spec.main.verbs.get(verb)
-    if spec_verb is None or verb == "delete":
+    if spec_verb is None:
         raise ValidationError(f"This plan has no {verb} action.")
     rule = lifecycle.rule(verb, custom=spec_verb.custom)
     with audited_action(actor=actor, action=f"instance.{verb}", tenant=tenant, target=instance):
@@ -407,33 +458,13 @@ def instance_action(
         if reason:
             raise ActionDenied(reason)
         requested, requested_secret, arguments, changed = {}, {}, {}, {}
-        try:
-            if verb == "modify":
-                projected = _projected_values(instance)
-                typed = validate_parameters(spec.main.parameters, values, current=projected)
-                changes = {
-                    k: v for k, v in typed.items() if k not in projected or projected[k] != v
-                }
-                requested, hidden = split_values(spec.main.parameters, changes)
-                requested_secret = {"parameters": json.loads(hidden or "{}")}
-                changed = {**requested, **{k: REDACTED for k in requested_secret["parameters"]}}
-            else:
-                given = validate_parameters(spec_verb.parameters, values)
-                plain, hidden = split_values(spec_verb.parameters, given)
-                requested_secret = {"verb_parameters": json.loads(hidden or "{}")}
-                arguments = {"verb_parameters": plain} if plain else {}
-        except ParameterErrors as exc:
-            raise _parameter_errors(exc) from exc
+        if verb == "modify":
+            requested, requested_secret = _modify_request(spec, instance, values)
+            changed = {**requested, **{k: REDACTED for k in requested_secret["parameters"]}}
+        else:
+            requested_secret, arguments = _verb_request(spec, spec_verb, values)
         if verb in {"create", "restore"}:
-            origin = _origin(instance)
-            if origin is None or origin.verb != verb:
-                raise ValidationError(
-                    f"This instance was not made by {verb}; it cannot be retried so."
-                )
-            # Its restore source and target again; the namespace is applied anew (idempotent).
-            arguments = (
-                {"sys": origin.arguments.get("sys", {})} if "sys" in origin.arguments else {}
-            )
+            arguments = _retry_arguments(instance, verb)
         if verb == "backup":
             arguments.update(_snapshot_start(instance))
         operation = _operation_new(

@@ -31,16 +31,11 @@ _REQUIRED = [
     "CACHE_URL",
 ]
 _missing = ", ".join(name for name in _REQUIRED if not env.str(name, default=""))
-if _missing and DEBUG:
-    raise ImproperlyConfigured(
-        f"{_missing} must be set. In development, start Opsdeck with `make run` and run "
-        "manage.py commands as `scripts/manage COMMAND`: they set them."
-    )
 if _missing:
     raise ImproperlyConfigured(
-        f"{_missing} must be set when DEBUG is off (the README's Configuration lists them). "
-        "In development, run manage.py commands as `scripts/manage COMMAND`: it turns DEBUG "
-        "on and sets them."
+        f"{_missing} must be set{'' if DEBUG else ' when DEBUG is off'} (the README's "
+        "Configuration lists them). In development, start Opsdeck with `make run` and run "
+        "manage.py commands as `scripts/manage COMMAND`: they set them."
     )
 
 SECRET_KEY = env.str("SECRET_KEY")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -198,16 +199,20 @@ class Handler(BaseHTTPRequestHandler):
         except UnicodeDecodeError:
             raise E.bad_request("the body of the request is not valid UTF-8") from None
         # JSON is YAML too, but a YAML reader turns a JSON escape such as "\ud83d\ude00" into
-        # two surrogate halves: a body that is JSON is read as JSON, whatever its content type.
-        if "yaml" in content_type and not text.lstrip().startswith("{"):
+        # two surrogate halves: a body that parses as JSON is read as JSON, whatever its type.
+        try:
+            body = json.loads(text, object_pairs_hook=self._pairs)
+        except json.JSONDecodeError as exc:
+            if "yaml" not in content_type:
+                raise E.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+            self.duplicates.clear()
             try:
                 return yaml.safe_load(text)
             except yaml.YAMLError as exc:
                 raise E.bad_request(f"error converting YAML to JSON: yaml: {exc}") from None
-        try:
-            return json.loads(text, object_pairs_hook=self._pairs)
-        except json.JSONDecodeError as exc:
-            raise E.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+        # A lone surrogate escape ("\ud800") is not a character: Go's decoder, and so the API
+        # server, reads it as U+FFFD.
+        return _without_surrogates(body) if "\\u" in text.lower() else body
 
     def _pairs(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         # Duplicate keys are kept last-wins, as Go does, and reported for fieldValidation.
@@ -690,3 +695,17 @@ def _openapi_v3(core: Any, gv_parts: list[str]) -> dict[str, Any]:
 def make_server(sandbox: Sandbox, host: str, port: int) -> _Server:
     """Bind the HTTP server (port 0 = a free port)."""
     return _Server((host, port), sandbox)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """`value` with every lone surrogate in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    return value

@@ -83,7 +83,7 @@ def coerce(parameter: Parameter, value: Any) -> Any:
     if kind in ("String", "Password"):
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ValueError("Must be text.")
-        return value if isinstance(value, str) else number_text(value)
+        return _text(value) if isinstance(value, str) else number_text(value)
     if kind == "Float64":
         if isinstance(value, bool):
             raise ValueError("Must be a number.")
@@ -109,13 +109,50 @@ def coerce(parameter: Parameter, value: Any) -> Any:
             return False
         raise ValueError("Must be true or false.")
     if kind == "JSON":
-        if not isinstance(value, str):
-            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"Must be valid JSON ({exc.msg} at line {exc.lineno}).") from None
+            except RecursionError:
+                raise ValueError("Must not nest so deeply.") from None
         try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"Must be valid JSON ({exc.msg} at line {exc.lineno}).") from None
+            _json_text(value)
+        except RecursionError:
+            raise ValueError("Must not nest so deeply.") from None
+        return value
     raise ValueError(f"Unsupported parameter type {kind}.")
+
+
+# Characters a stored or rendered value may not hold: C0 controls but tab and newlines.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _text(value: str) -> str:
+    """Text as the database and the Kubernetes API take it: UTF-8 (no lone surrogate, which
+    an API server would replace with another character) and no control character."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("Must be valid text (it holds a broken character).") from None
+    if _CONTROL.search(value):
+        raise ValueError("Must not hold control characters.")
+    return value
+
+
+def _json_text(value: Any) -> None:
+    """Every string inside a JSON value, keys included, passes `_text`."""
+    if isinstance(value, str):
+        _text(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _text(str(key))
+            _json_text(item)
+    elif isinstance(value, list):
+        for item in value:
+            _json_text(item)
+    elif isinstance(value, float) and not math.isfinite(value):  # JSON has no Infinity
+        raise ValueError("Must hold finite numbers only.")
 
 
 def _range_message(low: Any, high: Any, unit: str = "") -> str:

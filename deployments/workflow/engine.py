@@ -548,11 +548,15 @@ class _Run:
             return Step(progressed=True)
         if node.step == "rendered":
             self.wrote = self.wrote or action.action in _WRITES
+            # A write counts from the moment it is sent: one whose answer is lost (a transient
+            # error, which the caller sees) may have been applied. Only a refusal undoes it.
+            changed_before = self.state.changed
+            self.state.changed = changed_before or action.action in _WRITES
             try:
                 node.observed = self._act(action, node.object)
             except PermanentError as exc:
+                self.state.changed = changed_before
                 return self._attempt_failed(node, template, FAILED, exc.message)
-            self.state.changed = self.state.changed or action.action in _WRITES
             if action.action == "delete" or not (
                 action.success_condition or action.failure_condition
             ):

@@ -96,8 +96,20 @@ def evaluate_jq(program: str, value: Any) -> list[Any]:
 # --- the parent side ---------------------------------------------------------------------------
 
 
+class _ChildGone(Exception):
+    """The child died for a reason of its own bounds do not explain; `status` as Popen has it."""
+
+    def __init__(self, status: int | None) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 class _Evaluator:
-    """One child process and the lock that lets one thread at a time talk to it."""
+    """One child process and the lock that lets one thread at a time talk to it.
+
+    Evaluations of one worker process go one at a time: a Celery prefork worker runs one task
+    at a time anyway; in a thread pool, a runaway program delays the others by its time limit.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -112,46 +124,59 @@ class _Evaluator:
             raise ProgramLimitError(f"{language}: the input is nested too deeply") from None
         request = json.dumps(header).encode() + b"\n" + payload.encode()
         with self.lock:
-            process = self.running()
-            deadline = time.monotonic() + TIME_LIMIT_SECONDS
-            answers = process.stdout.fileno()
             try:
-                _write_frame(process.stdin.fileno(), request)
-                (size,) = _HEADER.unpack(_read_exactly(answers, _HEADER.size, deadline))
-                if size > MAX_RESULT_BYTES:
-                    self.stop()
+                frame = self._exchange(request, language, what)
+            except _ChildGone:
+                # Killed from outside (the kernel's OOM killer, an operator): not the program's
+                # doing, so it gets one more try in a new child.
+                try:
+                    frame = self._exchange(request, language, what)
+                except _ChildGone as gone:
                     raise ProgramLimitError(
-                        f"{language}: the {what}'s result exceeded its size limit of "
-                        f"{MAX_RESULT_BYTES >> 20} MiB"
-                    )
-                frame = _read_exactly(answers, size, deadline)
-            except TimeoutError:
-                self.stop()
-                raise ProgramLimitError(
-                    f"{language}: the {what} exceeded its time limit of {TIME_LIMIT_SECONDS:g} s"
-                ) from None
-            except (EOFError, BrokenPipeError):
-                status = self.stop()
-                # jq aborts (SIGABRT) when malloc fails; Python exits with _MEMORY_EXIT.
-                if status in (-signal.SIGABRT, _MEMORY_EXIT):
-                    raise ProgramLimitError(
-                        f"{language}: the {what} exceeded its memory limit of "
-                        f"{MEMORY_LIMIT_MIB} MiB"
+                        f"{language}: the evaluator process stopped (status {gone.status}) "
+                        f"while running the {what}"
                     ) from None
-                raise ProgramLimitError(
-                    f"{language}: the evaluator process stopped (status {status}) while running "
-                    f"the {what}"
-                ) from None
-            except BaseException:
-                # Interrupted (a Celery time limit, say): its answer must not be read as the next.
-                self.stop()
-                raise
         reply = json.loads(frame)
         if "error" in reply:
             raise ProgramError(reply["error"])
         if reply.get("limit") == "depth":
             raise ProgramLimitError(f"{language}: the {what} or its input is nested too deeply")
         return reply
+
+    def _exchange(self, request: bytes, language: str, what: str) -> bytes:
+        """Send one request to the child and read its answer, within the time limit."""
+        process = self.running()
+        deadline = time.monotonic() + TIME_LIMIT_SECONDS
+        answers = process.stdout.fileno()
+        try:
+            _write_frame(process.stdin.fileno(), request)
+            (size,) = _HEADER.unpack(_read_exactly(answers, _HEADER.size, deadline))
+            if size > MAX_RESULT_BYTES:
+                self.stop()
+                raise ProgramLimitError(
+                    f"{language}: the {what}'s result exceeded its size limit of "
+                    f"{MAX_RESULT_BYTES >> 20} MiB"
+                )
+            return _read_exactly(answers, size, deadline)
+        except TimeoutError:
+            self.stop()
+            raise ProgramLimitError(
+                f"{language}: the {what} exceeded its time limit of {TIME_LIMIT_SECONDS:g} s"
+            ) from None
+        except (EOFError, BrokenPipeError):
+            status = self.stop()
+            # jq aborts (SIGABRT) when malloc fails; Python exits with _MEMORY_EXIT.
+            if status in (-signal.SIGABRT, _MEMORY_EXIT):
+                raise ProgramLimitError(
+                    f"{language}: the {what} exceeded its memory limit of {MEMORY_LIMIT_MIB} MiB"
+                ) from None
+            raise _ChildGone(status) from None
+        except ProgramLimitError:
+            raise
+        except BaseException:
+            # Interrupted (a Celery time limit, say): its answer must not be read as the next.
+            self.stop()
+            raise
 
     def running(self) -> subprocess.Popen[bytes]:
         """The child, started (and waited for) when there is none or it has gone."""

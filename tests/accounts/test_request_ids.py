@@ -58,7 +58,7 @@ def test_a_request_id_reused_with_other_input_is_refused(tenant, owner):
             request_id="r",
         )
 
-    assert "already used for a different request" in str(refused.value)
+    assert "already sent with different values" in str(refused.value)
     assert list(Invitation.objects.values_list("email", flat=True)) == ["a@example.com"]
 
 
@@ -93,3 +93,12 @@ def test_a_request_id_over_64_characters_is_a_field_error(owner):
 
     assert "request_id" in refused.value.message_dict
     assert not Tenant.objects.filter(name="Initech").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["a\x00b", 5, None])
+def test_an_organization_name_that_is_not_clean_text_is_a_field_error(owner, name):
+    with pytest.raises(ValidationError) as refused:
+        services.tenant_create(actor=Actor(user=owner), name=name)
+
+    assert "name" in refused.value.message_dict

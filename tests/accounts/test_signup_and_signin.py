@@ -249,3 +249,23 @@ def test_the_new_organization_form_keeps_its_request_id_in_the_address(owner_cli
         owner_client.post(url, {"name": "Globex", "request_id": request_id})
 
     assert Tenant.objects.filter(name="Globex").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_resent_organization_form_with_other_values_says_so_and_can_be_sent_anew(
+    owner_client, owner
+):
+    url = owner_client.get("/organizations/new/")["Location"]
+    request_id = url.rsplit("=", 1)[1]
+    owner_client.post(url, {"name": "First", "request_id": request_id})
+
+    # Back, another name, the same form sent again: refused with a message, nothing made.
+    refused = owner_client.post(url, {"name": "Second", "request_id": request_id})
+    assert refused.status_code == 200
+    assert b"already sent with different values" in refused.content
+    assert not Tenant.objects.filter(name="Second").exists()
+
+    fresh = re.search(rb'name="request_id" value="([0-9a-f]{32})"', refused.content).group(1)
+    assert fresh.decode() != request_id
+    owner_client.post(url, {"name": "Second", "request_id": fresh.decode()})
+    assert Tenant.objects.filter(name="Second").count() == 1

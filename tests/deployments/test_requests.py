@@ -1,6 +1,8 @@
 """Requests against instances as hostile, concurrent and careless users send them: one object
 per request id, the role checked first, clear field errors for bad input, nothing changed."""
 
+import json
+import re
 import uuid
 from datetime import datetime
 
@@ -61,7 +63,7 @@ def test_a_create_request_id_reused_with_other_parameters_is_refused(cell, plan,
     with pytest.raises(ValidationError) as refused:
         _create(owner, tenant, plan, request_id="r-1", instances="2")
 
-    assert "already used for a different request" in str(refused.value)
+    assert "already sent with different values" in str(refused.value)
     assert Instance.objects.filter(tenant=tenant).count() == 1
 
 
@@ -233,3 +235,100 @@ def test_an_organization_member_without_the_role_is_denied_before_the_repeat(
         _create(viewer, tenant, plan, request_id="r-9")
 
     assert AuditEvent.objects.filter(actor=viewer, result="denied").exists()
+
+
+def test_operations_queued_before_the_upgrade_keep_their_request_and_their_secrets(running, owner):
+    import importlib
+
+    from django.apps import apps
+    from django.db import transaction
+    from django.utils import timezone
+
+    from deployments import runner
+    from deployments.parameters import verb_values
+
+    # As the earlier code queued them: the whole parameter set, a verb's passwords mixed in.
+    hidden = json.loads(running.secret_parameters)
+    rotation = Operation.objects.create(
+        instance=running, verb="rotateCredentials", request_id="old-1",
+        plan_version=running.plan_version, parameters=running.parameters,
+        secret_parameters=json.dumps({**hidden, "newPassword": "the-new-password"}),
+    )  # fmt: skip
+    modify = Operation.objects.create(
+        instance=running, verb="modify", request_id="old-2", plan_version=running.plan_version,
+        parameters={**running.parameters, "instances": 3}, secret_parameters=json.dumps(hidden),
+    )  # fmt: skip
+
+    importlib.import_module("deployments.migrations.0005_requested_changes").forwards(apps, None)
+    with transaction.atomic():
+        runner._begin(
+            Operation.objects.select_related("instance").get(pk=rotation.pk), timezone.now()
+        )
+
+    rotation.refresh_from_db()
+    modify.refresh_from_db()
+    assert (
+        "newPassword" not in rotation.parameters and "newPassword" not in rotation.secret_parameters
+    )
+    assert verb_values(rotation) == {"newPassword": "the-new-password"}
+    assert modify.requested["instances"] == 3
+
+
+@pytest.mark.parametrize("password", ["\ud800" * 12, "with-a-nul\x00-inside", "bell\x07-bell-bell"])
+def test_a_password_that_is_not_clean_text_is_a_field_error(cell, plan, tenant, owner, password):
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, password=password)
+
+    assert "password" in refused.value.message_dict
+    assert not Instance.objects.exists()
+
+
+def test_values_too_long_to_read_are_refused_before_anything_is_stored(cell, plan, tenant, owner):
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, storageGi=10**5000)
+
+    assert "cannot be read" in str(refused.value)
+    assert not Instance.objects.exists()
+
+
+def test_an_action_that_is_not_a_name_is_refused(running, owner):
+    with pytest.raises(ValidationError):
+        _act(owner, running, ["stop"])
+
+
+def test_a_modify_that_changes_nothing_is_refused(running, owner):
+    with pytest.raises(ValidationError) as refused:
+        _act(owner, running, "modify", instances=running.parameters["instances"])
+
+    assert "Nothing to change" in str(refused.value)
+    assert not running.operations.filter(verb="modify").exists()
+
+
+def test_a_custom_verb_cannot_set_a_value_the_instance_parameter_refuses(cell, tenant, owner):
+    # A rotation whose own parameter allows 1 character, for a password that needs 12.
+    text = re.sub(
+        r"(key: newPassword\n(?:.*\n){3}\s*limits: )\{min: 12", r"\1{min: 1", SPEC.read_text()
+    )
+    assert "limits: {min: 1, max: 100}" in text
+    plan = services.plan_load(text=text.replace("plan: postgres-cnpg", "plan: pg-short")).plan
+    op = _create(owner, tenant, plan)
+    Operation.objects.filter(pk=op.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=op.instance_id).update(state=Instance.State.RUNNING)
+
+    with pytest.raises(ValidationError) as refused:
+        _act(owner, op.instance, "rotateCredentials", newPassword="short")
+
+    assert refused.value.message_dict["newPassword"] == [
+        "Must be between 12 and 100 characters long."
+    ]
+
+
+def test_only_an_instance_whose_create_failed_can_run_it_again(running, owner):
+    modify = _act(owner, running, "modify", instances=2)
+    Operation.objects.filter(pk=modify.pk).update(state=Operation.State.FAILED)
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.FAILED)
+
+    with pytest.raises(ValidationError) as refused:
+        _act(owner, running, "create")
+
+    assert "whose create failed" in str(refused.value)

@@ -6,6 +6,7 @@ limit is 2 s), where before the worker hung for good or died.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import threading
@@ -178,3 +179,21 @@ def test_an_interrupted_evaluation_never_answers_the_next_one():
         signal.signal(signal.SIGALRM, previous)
 
     assert evaluate_jq(".n", {"n": 7}) == [7]
+
+
+def test_a_child_killed_from_outside_mid_evaluation_gets_a_second_try():
+    from deployments.workflow import evaluator
+
+    twelve = "[" + ",".join(str(i) for i in range(12)) + "]"
+    slow = f"{twelve}.map(a, {twelve}.map(b, {twelve}.map(c, a + b + c))).size() == 12"
+    assert evaluate_cel("1 == 1", "self", {}).value is True  # a warm child to kill
+    victim = evaluator._shared.process.pid
+    answers: list = []
+    worker = threading.Thread(target=lambda: answers.append(evaluate_cel(slow, "self", {})))
+    worker.start()
+    time.sleep(0.05)  # the child is busy with the expression now
+    os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer would
+    worker.join(30)
+
+    assert [a.value for a in answers] == [True]
+    assert evaluator._shared.process.pid != victim

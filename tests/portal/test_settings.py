@@ -81,8 +81,8 @@ def test_without_debug_every_missing_variable_is_named_in_one_line():
     assert result.stderr.splitlines() == [
         "manage.py: SECRET_KEY, OPSDECK_ENCRYPTION_KEYS, DATABASE_URL, CELERY_BROKER_URL, "
         "CACHE_URL must be set when DEBUG is off (the README's Configuration lists them). "
-        "In development, run manage.py commands as `scripts/manage COMMAND`: it turns DEBUG "
-        "on and sets them."
+        "In development, start Opsdeck with `make run` and run manage.py commands as "
+        "`scripts/manage COMMAND`: they set them."
     ]
 
 
@@ -100,7 +100,9 @@ def test_in_development_without_the_launcher_the_message_says_how_to_start():
     result = _manage("check", DEBUG="1")
 
     assert result.returncode == 1
-    assert "must be set. In development, start Opsdeck with `make run`" in result.stderr
+    assert "must be set (the README's Configuration lists them). In development, start " in (
+        result.stderr
+    )
     assert "`scripts/manage COMMAND`" in result.stderr
 
 

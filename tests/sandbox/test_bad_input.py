@@ -367,3 +367,30 @@ def test_an_applied_json_body_holding_an_emoji_keeps_it(raw, namespace):
 
     assert status == 201, obj
     assert base64.b64decode(obj["data"]["password"]).decode() == "hello \U0001f600"
+
+
+def test_a_yaml_flow_mapping_body_is_still_yaml(raw, namespace):
+    status, _, obj = raw.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        "{apiVersion: v1, kind: ConfigMap, metadata: {name: flow}, data: {a: b}}",
+        {"Content-Type": "application/yaml"},
+    )
+
+    assert status == 201, obj
+    assert obj["data"] == {"a": "b"}
+
+
+def test_a_lone_surrogate_escape_is_read_as_the_replacement_character(raw, namespace):
+    body = '{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "lone"},'
+    body += ' "stringData": {"password": "a\\ud800b"}}'
+
+    status, _, obj = raw.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/secrets",
+        body,
+        {"Content-Type": "application/json"},
+    )
+
+    assert status == 201, obj
+    assert base64.b64decode(obj["data"]["password"]).decode() == "a\ufffdb"
