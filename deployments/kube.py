@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import urllib3
@@ -240,6 +241,22 @@ class KubeDriver:
             if exc.status == 404:
                 return None
             raise
+
+    def list_objects(
+        self, api_version: str, kind: str, *, label_selector: str, page: int = 500
+    ) -> Iterator[dict[str, Any]]:
+        """Every object of `kind` in all namespaces that `label_selector` selects, read a page at
+        a time (one LIST per page, `continue` between them), so memory stays bounded."""
+        resource = self._resource({"apiVersion": api_version, "kind": kind})
+        token = None
+        while True:
+            listed = self._call(
+                resource.get, label_selector=label_selector, limit=page, _continue=token
+            )
+            yield from listed.get("items") or []
+            token = (listed.get("metadata") or {}).get("continue")
+            if not token:
+                return
 
     def resolve(self, resource: str) -> tuple[str, str]:
         name, _, qualifier = resource.strip().partition(".")

@@ -110,7 +110,10 @@ class Instance(models.Model):
     parameters = models.JSONField(default=dict)
     secret_parameters = EncryptedTextField(blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
-    observed = models.JSONField(default=dict, blank=True)  # the operator's last status
+    # The operator's last status of the instance's main object (x-opsdeck.status), and when it
+    # was read.
+    observed = models.JSONField(default=dict, blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
     outputs = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"

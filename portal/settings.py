@@ -166,6 +166,7 @@ CELERY_TIMEZONE = "UTC"
 # Beat's DatabaseScheduler stores these entries in the database at start-up.
 CELERY_BEAT_SCHEDULE = {
     "operations-sweep": {"task": "deployments.tasks.operations_sweep", "schedule": 30.0},
+    "instances-observe": {"task": "deployments.tasks.instances_observe", "schedule": 30.0},
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------

@@ -131,6 +131,29 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     _check_kinds(spec, kinds, report)
     _check_usage(spec, report)
     _check_groups(spec, report)
+    _check_status(spec, report)
+
+
+def _check_status(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.status`: the object whose status the portal shows, of a kind the plan uses."""
+    status = spec.extensions.get("status")
+    if status is None:
+        return
+    path = "x-opsdeck.status"
+    if not isinstance(status, dict):
+        report.error(path, "must be a mapping with apiVersion and kind")
+        return
+    for key in ("apiVersion", "kind"):
+        if not isinstance(status.get(key), str) or not status[key]:
+            report.error(f"{path}.{key}", "is required (text)")
+    kind = status.get("kind")
+    if isinstance(kind, str) and spec.allowed_kinds and kind not in spec.allowed_kinds:
+        report.error(f"{path}.kind", f'"{kind}" is not a kind this plan uses')
+    fields = status.get("fields")
+    if fields is not None and not (
+        isinstance(fields, list) and all(isinstance(f, str) and f for f in fields)
+    ):
+        report.error(f"{path}.fields", "must be a list of status field names")
 
 
 def _require_verbs(

@@ -891,3 +891,36 @@ def test_workflow_status_may_be_read_by_an_exit_handler():
         resource["manifest"] += "  annotations:\n    result: '{{workflow.status}}'\n"
 
     assert errors(on_exit) == []
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        ("Cluster", "x-opsdeck.status: must be a mapping with apiVersion and kind"),
+        ({"kind": "Cluster"}, "x-opsdeck.status.apiVersion: is required (text)"),
+        (
+            {"apiVersion": "apps/v1", "kind": "Deployment"},
+            'x-opsdeck.status.kind: "Deployment" is not a kind this plan uses',
+        ),
+        (
+            {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "fields": "phase"},
+            "x-opsdeck.status.fields: must be a list of status field names",
+        ),
+    ],
+)
+def test_the_status_object_must_be_one_the_plan_uses(status, message):
+    def change(document):
+        document["x-opsdeck"]["status"] = status
+
+    assert message in errors(change)
+
+
+def test_a_status_object_of_a_kind_the_plan_uses_is_accepted():
+    def change(document):
+        document["x-opsdeck"]["status"] = {
+            "apiVersion": "postgresql.cnpg.io/v1",
+            "kind": "Cluster",
+            "fields": ["phase"],
+        }
+
+    assert errors(change) == []

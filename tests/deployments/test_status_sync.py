@@ -1,0 +1,54 @@
+"""The portal's status of an instance comes from one LIST per cell and kind, not a GET each."""
+
+import uuid
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from accounts.audit import Actor
+from deployments import services, status
+from deployments.models import Instance, Operation
+from deployments.runner import driver_for
+from tests.deployments.conftest import wait_done
+
+
+def _create(owner, tenant, plan, **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def test_every_instance_gets_the_status_fields_its_spec_names(
+    worker, cell, plan, tenant, owner, sandbox_cluster
+):
+    ops = [_create(owner, tenant, plan, instances="2"), _create(owner, tenant, plan)]
+    for op in ops:
+        assert wait_done(op).state == Operation.State.SUCCEEDED, op.error
+    gone = _create(owner, tenant, plan)  # deleted: its status is no longer read
+    assert wait_done(gone).state == Operation.State.SUCCEEDED, gone.error
+    delete = services.instance_delete(
+        actor=Actor(user=owner), instance=gone.instance, request_id="d"
+    )
+    assert wait_done(delete).state == Operation.State.SUCCEEDED, delete.error
+
+    with CaptureQueriesContext(connection) as queries:
+        found = status.cell_observe(cell, driver_for(cell))
+
+    assert found == 2
+    first, second = (Instance.objects.get(pk=op.instance_id) for op in ops)
+    assert first.observed["status"]["phase"] == "Cluster in healthy state"
+    assert first.observed["status"]["readyInstances"] == 2
+    assert second.observed["status"]["readyInstances"] == 1
+    assert set(first.observed["status"]) <= {
+        "phase", "phaseReason", "instances", "readyInstances", "currentPrimary", "conditions",
+        "image",
+    }  # fmt: skip
+    assert first.observed_at is not None
+    # One read of the instances and one bulk write, whatever their number.
+    assert len([q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]) == 1
+    # Read a page at a time: one object a page still finds both.
+    listed = driver_for(cell).list_objects(
+        "postgresql.cnpg.io/v1", "Cluster", label_selector=status.INSTANCE_LABEL, page=1
+    )
+    assert sorted(o["metadata"]["name"] for o in listed) == sorted(op.instance_id for op in ops)
