@@ -46,6 +46,7 @@ POLL_FIRST = 0.2  # seconds between reads right after an object was applied
 POLL_MAX = 5.0
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
+NOTIFY_TASK = "deployments.tasks.operation_notify"
 RETRYING = "Retrying after a cluster error: "  # an operation's error while it retries a step
 
 _drivers: dict[tuple[int, str], KubeDriver] = {}
@@ -240,7 +241,11 @@ def _advance(op: Operation, now) -> float | None:
 
 def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
     succeeded = state.phase == engine.SUCCEEDED
-    op.state = Operation.State.SUCCEEDED if succeeded else Operation.State.FAILED
+    cancelled = not succeeded and bool(op.cancel_reason)  # by a user, or by a delete
+    if succeeded:
+        op.state = Operation.State.SUCCEEDED
+    else:
+        op.state = Operation.State.CANCELLED if cancelled else Operation.State.FAILED
     op.finished_at = now
     error = state.message or "The workflow failed."
     if op.error.startswith(RETRYING):  # e.g. a deadline: say what kept the run from finishing
@@ -270,14 +275,14 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         instance.save(update_fields=["parameters", "secret_parameters", "outputs", "updated_at"])
         if rule.after:
             services.instance_state_set(instance, rule.after, operation=op)
-    elif rule.during and op.cancel_reason == "":
+    elif rule.during and not _delete_waiting(instance):  # else the delete takes it from here
         before = op.arguments.get("state_before")
         changed = state.changed or op.arguments.get("cluster_touched", False)
         if changed or op.verb in {"create", "restore"} or not before:
             services.instance_state_set(
                 instance, Instance.State.FAILED, operation=op, reason=op.error
             )
-        else:  # refused before the cluster took any of it: the instance runs as it did
+        else:  # stopped before the cluster took any of it: the instance runs as it did
             services.instance_state_set(instance, before, operation=op, reason=op.error)
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
@@ -291,15 +296,25 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         )
     audit_record(
         actor=SYSTEM,
-        action=f"operation.{'succeeded' if succeeded else 'failed'}",
+        action=f"operation.{op.state}",
         tenant=instance.tenant,
         target=op,
         payload={"verb": op.verb, "instance": instance.pk, "error": op.error},
     )
+    # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
+    notify = op.verb in {"create", "restore"} if succeeded else not _delete_waiting(instance)
+    if notify:
+        transaction.on_commit(
+            lambda: current_app.send_task(NOTIFY_TASK, args=[str(op.pk)]), robust=True
+        )
     # The next queued operation of this instance may start now.
     following = selectors.operations_pending(instance).exclude(pk=op.pk).first()
     if following is not None:
         schedule(following.pk, 0)
+
+
+def _delete_waiting(instance: Instance) -> bool:
+    return instance.operations.filter(verb="delete", state=Operation.State.QUEUED).exists()
 
 
 def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> None:

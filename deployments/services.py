@@ -15,8 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery import current_app
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
 from django.db import transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 
 from accounts import idempotency
@@ -409,8 +413,9 @@ def _verb_request(spec, verb: Verb, values: dict) -> tuple[dict, dict]:
 def _retry_arguments(instance: Instance, verb: str) -> dict:
     """A retry of the create or restore that failed the instance: its arguments again (a
     restore's source and target); the namespace is applied anew (server-side apply)."""
-    last = instance.operations.exclude(state=Operation.State.CANCELLED).first()
-    if last is None or last.verb != verb or last.state != Operation.State.FAILED:
+    last = instance.operations.exclude(started_at=None).first()  # the last that ran
+    ended = {Operation.State.FAILED, Operation.State.CANCELLED}
+    if last is None or last.verb != verb or last.state not in ended:
         raise ValidationError(f"Only an instance whose {verb} failed can have it run again.")
     origin = _origin(instance)
     return {"sys": origin.arguments["sys"]} if "sys" in origin.arguments else {}
@@ -560,6 +565,84 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         claim.bind(operation)
         audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
     return operation
+
+
+def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> Operation:
+    """Cancel an operation: a queued one ends at once; a running one stops at its next step
+    (its onExit still runs) and ends `cancelled`. The instance goes back to the state it had
+    when none of the run's writes reached the cluster, else becomes failed; a cancelled
+    backup's snapshot fails. A delete cannot be cancelled."""
+    request_id = idempotency.request_id_clean(request_id)
+    instance = operation.instance
+    tenant = instance.tenant
+    verb = _verb_of(operation)
+    rule = lifecycle.rule(operation.verb, custom=bool(verb and verb.custom))
+    with audited_action(actor=actor, action="operation.cancel", tenant=tenant, target=operation):
+        permission_require(actor=actor, tenant=tenant, action=rule.action)
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="operation.cancel",
+            raw={"operation": str(operation.pk)},
+        )
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
+        if operation.verb == "delete":
+            raise ActionDenied("A delete cannot be cancelled.")
+        operation = Operation.objects.select_for_update().get(pk=operation.pk)
+        if operation.state not in {Operation.State.QUEUED, Operation.State.RUNNING}:
+            raise ValidationError(f"The operation has ended ({operation.get_state_display()}).")
+        who = actor.user.email if actor.user is not None else "the platform"
+        reason = f"Cancelled by {who}."
+        if operation.state == Operation.State.QUEUED:
+            operation.state = Operation.State.CANCELLED
+            operation.finished_at = timezone.now()
+            operation.error = reason
+            operation.save(update_fields=["state", "finished_at", "error"])
+            if operation.arguments.get("snapshot"):
+                Snapshot.objects.filter(pk=operation.arguments["snapshot"]).update(
+                    status=Snapshot.Status.FAILED
+                )
+        else:
+            operation.cancel_reason = reason
+            operation.save(update_fields=["cancel_reason"])
+            _dispatch(operation)  # stop it at once rather than at its next poll
+        claim.bind(operation)
+        audit_record(
+            actor=actor,
+            action="operation.cancel",
+            tenant=tenant,
+            target=operation,
+            payload={"verb": operation.verb, "instance": instance.pk},
+        )
+    return operation
+
+
+def operation_email_send(*, operation: Operation) -> None:
+    """Tell whoever started an operation that it failed (or was cancelled), or that the
+    instance its create or restore made is ready; sent by a worker after the end committed."""
+    user = operation.requested_by
+    if user is None or not user.email:
+        return
+    instance = operation.instance
+    if operation.state == Operation.State.SUCCEEDED:
+        if operation.verb not in {"create", "restore"}:
+            return
+        subject = f"[Opsdeck] {instance.name} is ready"
+    else:
+        subject = f"[Opsdeck] {instance.name}: {operation.verb} {operation.state}"
+    path = reverse("instance_list", kwargs={"tenant_slug": instance.tenant.slug})
+    context = {
+        "operation": operation,
+        "instance": instance,
+        "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}{instance.pk}/",
+    }
+    send_mail(
+        subject=subject,
+        message=render_to_string("deployments/email/operation_ended.txt", context),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        recipient_list=[user.email],
+    )
 
 
 def _restore_base(snapshot: Snapshot) -> dict:

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from deployments import runner, status
+from deployments import runner, services, status
 
 
 @shared_task
@@ -19,3 +19,17 @@ def operations_sweep() -> int:
 def instances_observe() -> int:
     """Read the operator's status of every instance (run every 30 s by beat)."""
     return status.instances_observe()
+
+
+@shared_task
+def operation_notify(operation_id: str) -> None:
+    """Email whoever started an operation how it ended, when that is worth an email."""
+    from deployments.models import Operation
+
+    operation = (
+        Operation.objects.select_related("instance__tenant", "requested_by")
+        .filter(pk=operation_id)
+        .first()
+    )
+    if operation is not None:
+        services.operation_email_send(operation=operation)

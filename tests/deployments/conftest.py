@@ -29,6 +29,15 @@ def sandbox_kubeconfig(sandbox_cluster) -> str:
 
 
 @pytest.fixture
+def faults(sandbox_cluster):
+    """Set sandbox faults for one test; they are cleared afterwards."""
+    yield sandbox_cluster.set_faults
+    sandbox_cluster.set_faults(
+        error_500=0, error_503=0, error_429=0, conflict=0, fail_bootstrap=[], frozen=[]
+    )
+
+
+@pytest.fixture
 def cell(transactional_db, sandbox_kubeconfig):
     from deployments import services
 

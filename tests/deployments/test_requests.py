@@ -8,6 +8,7 @@ from datetime import datetime
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
@@ -242,7 +243,6 @@ def test_operations_queued_before_the_upgrade_keep_their_request_and_their_secre
 
     from django.apps import apps
     from django.db import transaction
-    from django.utils import timezone
 
     from deployments import runner
     from deployments.parameters import verb_values
@@ -325,7 +325,9 @@ def test_a_custom_verb_cannot_set_a_value_the_instance_parameter_refuses(cell, t
 
 def test_only_an_instance_whose_create_failed_can_run_it_again(running, owner):
     modify = _act(owner, running, "modify", instances=2)
-    Operation.objects.filter(pk=modify.pk).update(state=Operation.State.FAILED)
+    Operation.objects.filter(pk=modify.pk).update(
+        state=Operation.State.FAILED, started_at=timezone.now()
+    )
     Instance.objects.filter(pk=running.pk).update(state=Instance.State.FAILED)
 
     with pytest.raises(ValidationError) as refused:

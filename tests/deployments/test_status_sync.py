@@ -47,8 +47,11 @@ def test_every_instance_gets_the_status_fields_its_spec_names(
     assert first.observed_at is not None
     # One read of the instances and one bulk write, whatever their number.
     assert len([q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]) == 1
-    # Read a page at a time: one object a page still finds both.
+    # Read a page at a time: one object a page still finds both (among other tests' clusters).
     listed = driver_for(cell).list_objects(
         "postgresql.cnpg.io/v1", "Cluster", label_selector=status.INSTANCE_LABEL, page=1
     )
-    assert sorted(o["metadata"]["name"] for o in listed) == sorted(op.instance_id for op in ops)
+    names = [o["metadata"]["name"] for o in listed]
+    assert len(names) == len(set(names))  # no page read twice
+    assert {op.instance_id for op in ops} <= set(names)
+    assert gone.instance_id not in names

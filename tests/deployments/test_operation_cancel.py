@@ -1,0 +1,110 @@
+"""Cancelling an operation, and the emails that tell its requester how an operation ended."""
+
+import uuid
+
+import pytest
+from django.core import mail
+from django.core.exceptions import ValidationError
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent
+from deployments import services
+from deployments.models import Instance, Operation, Snapshot
+from tests.deployments.conftest import wait_done, wait_for
+
+
+def _create(owner, tenant, plan, **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def _act(user, instance, verb, **parameters):
+    return services.instance_action(
+        actor=Actor(user=user), instance=instance, verb=verb,
+        request_id=uuid.uuid4().hex, parameters=parameters,
+    )  # fmt: skip
+
+
+def _cancel(user, operation):
+    return services.operation_cancel(
+        actor=Actor(user=user), operation=operation, request_id=uuid.uuid4().hex
+    )
+
+
+@pytest.fixture
+def running(worker, cell, plan, tenant, owner):
+    create = _create(owner, tenant, plan)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def test_a_cancelled_running_operation_ends_cancelled_and_the_instance_is_not_stuck(
+    running, owner, faults
+):
+    faults(frozen=["clusters"])  # the stop waits on the operator for ever
+    stop = _act(owner, running, "stop")
+    wait_for(lambda: stop.task_runs.filter(state="Running").exists(), what="the stop to wait")
+
+    _cancel(owner, stop)
+    faults(frozen=[])
+
+    assert wait_done(stop).state == Operation.State.CANCELLED
+    assert stop.error.startswith("Cancelled by owner@example.com.")
+    running.refresh_from_db()
+    # Its patch reached the cluster: the instance cannot be said to run as before.
+    assert running.state == Instance.State.FAILED
+    assert AuditEvent.objects.filter(action="operation.cancel", target_id=str(stop.pk)).exists()
+
+
+def test_a_cancelled_queued_backup_fails_its_snapshot(running, owner, faults):
+    faults(frozen=["clusters"])
+    restart = _act(owner, running, "restart")
+    backup = _act(owner, running, "backup")  # queued behind the restart
+
+    _cancel(owner, backup)
+
+    backup.refresh_from_db()
+    assert backup.state == Operation.State.CANCELLED
+    assert Snapshot.objects.get(operation=backup).status == Snapshot.Status.FAILED
+    _cancel(owner, restart)
+    faults(frozen=[])
+    wait_done(restart)
+
+
+def test_a_viewer_cannot_cancel_and_a_delete_cannot_be_cancelled(running, owner, add_member):
+    viewer = add_member("viewer@example.com", "viewer")
+    delete = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d")
+
+    with pytest.raises(ActionDenied):
+        _cancel(viewer, delete)
+    with pytest.raises(ActionDenied, match="cannot be cancelled"):
+        _cancel(owner, delete)
+    assert wait_done(delete).state == Operation.State.SUCCEEDED
+    with pytest.raises(ValidationError, match="has ended"):
+        _cancel(owner, running.operations.get(verb="create"))
+
+
+def test_the_requester_hears_when_an_instance_is_ready_and_when_an_operation_fails(
+    request, cell, plan, tenant, owner, sandbox_cluster
+):
+    ready = _create(owner, tenant, plan)
+    broken = _create(owner, tenant, plan)
+    instance = broken.instance
+    sandbox_cluster.set_faults(fail_bootstrap=[f"{instance.namespace}/{instance.pk}"])
+    try:
+        request.getfixturevalue("worker")
+        assert wait_done(ready).state == Operation.State.SUCCEEDED, ready.error
+        assert wait_done(broken).state == Operation.State.FAILED
+    finally:
+        sandbox_cluster.set_faults(fail_bootstrap=[])
+
+    wait_for(lambda: len(mail.outbox) >= 2, what="two emails")
+    subjects = sorted(m.subject for m in mail.outbox)
+    assert subjects == ["[Opsdeck] orders is ready", "[Opsdeck] orders: create failed"]
+    failed = next(m for m in mail.outbox if m.subject.endswith("failed"))
+    assert failed.to == ["owner@example.com"]
+    assert "Unable to create required cluster objects" in failed.body
+    assert f"/deployments/{instance.pk}/" in failed.body
