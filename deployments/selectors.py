@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from accounts.models import Tenant
 from billing.models import Plan
@@ -42,12 +42,55 @@ def plan_version_latest(plan: Plan) -> PlanVersion | None:
     return plan.versions.order_by("-number").first()
 
 
-def instances_for_tenant(tenant: Tenant) -> QuerySet[Instance]:
+INSTANCES_PER_PAGE = 25
+
+# What a row of the deployments list shows: never a plan version's spec text or parsed JSON,
+# nor a cell's kubeconfig (decrypting one per row is what made a long list slow).
+_INSTANCE_ROW = [
+    "id",
+    "name",
+    "state",
+    "created_at",
+    "plan_version__number",
+    "plan_version__plan__name",
+    "plan_version__plan__service",
+    "cell__name",
+    "cell__region",
+]
+
+
+def instances_for_tenant(
+    tenant: Tenant, *, search: str = "", state: str = "", service: str = ""
+) -> QuerySet[Instance]:
+    """The tenant's instances, newest first, with only the columns a list shows.
+
+    `search` matches a name (any part, any case) or the start of an id; deleted instances
+    are left out unless `state` asks for them.
+    """
+    instances = Instance.objects.for_tenant(tenant)
+    instances = instances.filter(state=state) if state else instances.active()
+    if search:
+        ids = search.lower()
+        match = Q(name__icontains=search) | Q(id__startswith=ids)
+        if not ids.startswith("inst-"):
+            match |= Q(id__startswith="inst-" + ids)  # the id without its prefix
+        instances = instances.filter(match)
+    if service:
+        instances = instances.filter(plan_version__plan__service=service)
     return (
+        instances.select_related("plan_version__plan", "cell")
+        .only(*_INSTANCE_ROW)
+        .order_by("-created_at", "-id")
+    )
+
+
+def instance_services(tenant: Tenant) -> list[str]:
+    """The services of the plans the tenant's instances (deleted ones too) run on."""
+    return list(
         Instance.objects.for_tenant(tenant)
-        .active()
-        .select_related("plan_version__plan", "cell")
-        .order_by("-created_at")
+        .order_by("plan_version__plan__service")
+        .values_list("plan_version__plan__service", flat=True)
+        .distinct()
     )
 
 
