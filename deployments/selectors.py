@@ -67,17 +67,16 @@ def instances_for_tenant(
 ) -> QuerySet[Instance]:
     """The tenant's instances, newest first, with only the columns a list shows.
 
-    `search` matches a name (any part, any case) or the start of an id; deleted instances
-    are left out unless `state` asks for them.
+    `search` matches a name (any part, any case) or the start of an id, with or without its
+    "inst-"; deleted instances are left out unless `state` asks for them.
     """
     instances = Instance.objects.for_tenant(tenant)
     instances = instances.filter(state=state) if state else instances.active()
     if search:
-        ids = search.lower()
-        match = Q(name__icontains=search) | Q(id__startswith=ids)
-        if not ids.startswith("inst-"):
-            match |= Q(id__startswith="inst-" + ids)  # the id without its prefix
-        instances = instances.filter(match)
+        # An id may be typed without its "inst-" (which alone would match every instance).
+        prefix = search.lower()
+        prefix = prefix if prefix.startswith("inst-") else "inst-" + prefix
+        instances = instances.filter(Q(name__icontains=search) | Q(id__startswith=prefix))
     if service:
         instances = instances.filter(plan_version__plan__service=service)
     return (

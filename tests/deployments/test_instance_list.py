@@ -107,6 +107,7 @@ def test_search_finds_an_id_from_its_start(owner_client, tenant, version, cell, 
     assert names(owner_client.get(url, {"q": "INST-abc"})) == ["db-0"]
     assert names(owner_client.get(url, {"q": "abzz"})) == ["db-1"]  # without the prefix
     assert names(owner_client.get(url, {"q": "bcd1"})) == []  # the middle of an id is no match
+    assert names(owner_client.get(url, {"q": "i"})) == []  # nor the "i" every id starts with
 
 
 def test_filters_by_state_and_by_service(owner_client, tenant, version, cell, url):
