@@ -16,6 +16,7 @@ from accounts import roles, selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
+from accounts.htmx import partial_template
 from accounts.roles import Role
 from accounts.tenancy import tenant_view
 
@@ -78,19 +79,12 @@ def _reason(exc: Exception) -> str:
     return " ".join(exc.messages)
 
 
-def _partial(request, template: str, name: str) -> str:
-    """The fragment for htmx requests (not history restores, which need the whole page)."""
-    if request.htmx and not request.htmx.history_restore_request:
-        return f"{template}#{name}"
-    return template
-
-
 def _team_response(request, **extra):
     """After a team change: the team panel for htmx, else a redirect to the page."""
     if request.htmx:
         # The change may have been to the user's own role: render what they may do now.
         request.membership.refresh_from_db()
-        template = _partial(request, "accounts/team.html", "team-panel")
+        template = partial_template(request, "accounts/team.html", "team-panel")
         return render(request, template, _team_context(request, **extra))
     return redirect("team", tenant_slug=request.tenant.slug)
 
@@ -117,7 +111,7 @@ def team_invite(request):
             messages.success(request, f"Invitation sent to {invitation.email}.")
             return _team_response(request)
     # htmx swaps only 2xx answers: the fragment with its errors comes back as 200.
-    template = _partial(request, "accounts/team.html", "team-panel")
+    template = partial_template(request, "accounts/team.html", "team-panel")
     status = 200 if request.htmx else 400
     return render(request, template, _team_context(request, invite_form=form), status=status)
 
@@ -143,7 +137,7 @@ def member_role(request, membership_id: int):
             "role": Role(role),
             "lost": roles.actions_lost(Role.OWNER, role),
         }
-        template = _partial(request, "accounts/team.html", "team-panel")
+        template = partial_template(request, "accounts/team.html", "team-panel")
         return render(request, template, _team_context(request, confirm_demotion=confirm))
     try:
         services.membership_change_role(
@@ -238,7 +232,8 @@ def audit_log(request):
         "query": query.urlencode(),
         "actions": selectors.audit_actions_for_tenant(request.tenant),
     }
-    response = render(request, _partial(request, "accounts/audit_log.html", "audit-log"), context)
+    template = partial_template(request, "accounts/audit_log.html", "audit-log")
+    response = render(request, template, context)
     patch_vary_headers(response, ["HX-Request"])
     return response
 

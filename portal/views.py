@@ -8,7 +8,7 @@ from kombu import Connection
 
 from accounts import roles, selectors
 from accounts.tenancy import SESSION_KEY, tenant_view
-from deployments.selectors import instances_for_tenant
+from deployments import selectors as deployment_selectors
 
 
 def home(request):
@@ -26,19 +26,23 @@ def home(request):
 @tenant_view()
 def dashboard(request):
     tenant = request.tenant
-    recent = []
-    if roles.can(request.membership.role, "audit.view"):
-        recent = selectors.audit_events_for_tenant(tenant)[:8]
-    return render(
-        request,
-        "portal/dashboard.html",
-        {
-            "instance_count": instances_for_tenant(tenant).count(),
-            "member_count": tenant.memberships.count(),
-            "pending_invitations": len(selectors.invitations_pending(tenant)),
-            "recent_events": recent,
-        },
-    )
+    role = request.membership.role
+    context = {
+        "member_count": tenant.memberships.count(),
+        "pending_invitations": len(selectors.invitations_pending(tenant)),
+        "recent_events": [],
+    }
+    if roles.can(role, "audit.view"):
+        context["recent_events"] = selectors.audit_events_for_tenant(tenant)[:8]
+    if roles.can(role, "instance.view"):
+        states = deployment_selectors.instance_counts_by_state(tenant)
+        context |= {
+            "instance_count": sum(count for _, _, count in states),
+            "instance_states": states,
+            "operations_running": deployment_selectors.operations_running(tenant),
+            "operations_failed": deployment_selectors.operations_failed_recently(tenant, days=7),
+        }
+    return render(request, "portal/dashboard.html", context)
 
 
 def favicon(request):

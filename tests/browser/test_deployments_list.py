@@ -1,0 +1,96 @@
+"""The deployments list in a real browser: it fits a phone, searches as you type, and pages."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import scrolls_sideways, shot
+from tests.deployments import factories
+
+
+@pytest.fixture
+def thirty(tenant):
+    """27 running deployments (one with a long name) and 3 stopped, on two services."""
+    version = factories.postgres_version()
+    cell = factories.cell("eu-1", "europe-west-frankfurt")
+    factories.make_instances(tenant, version, cell, 26, name="orders")
+    factories.make_instances(tenant, version, cell, 3, state="stopped", name="reports")
+    redis = factories.other_service_version()
+    factories.make_instances(
+        tenant, redis, cell, 1, name="analytics-event-stream-cache-for-the-eu-region"
+    )
+
+
+def rows(page):
+    return page.locator("#deployment-table tbody tr")
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_thirty_deployments_never_scroll_the_page_sideways(open_page, owner, tenant, thirty, width):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/", width)
+    shot(page, f"deployments-list-{width}")
+
+    expect(rows(page)).to_have_count(25)
+    expect(page.get_by_role("button", name="New deployment")).to_be_visible()
+    assert not scrolls_sideways(page)
+    if width == "wide":  # a desktop sees every column without scrolling the table either
+        box = page.locator("#deployment-table .table-scroll")
+        assert box.evaluate("el => el.scrollWidth <= el.clientWidth")
+
+
+def test_typing_in_the_search_narrows_the_list_without_reloading(open_page, owner, tenant, thirty):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/")
+    page.evaluate("window.stillTheSamePage = true")
+
+    page.get_by_label("Name or id").press_sequentially("REPORTS", delay=20)
+
+    expect(rows(page)).to_have_count(3)
+    expect(page).to_have_url(re.compile(r"q=REPORTS"))
+    expect(page.get_by_label("Name or id")).to_be_focused()
+    assert page.evaluate("window.stillTheSamePage") is True
+    shot(page, "deployments-search-wide")
+
+
+def test_paging_keeps_the_filters(open_page, owner, tenant, thirty):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/", "narrow")
+
+    page.get_by_label("State").select_option("running")
+    expect(page).to_have_url(re.compile(r"state=running"))
+    expect(page.locator("#deployment-table")).to_contain_text("Page 1 of 2")
+    page.get_by_role("link", name="Older →").click()
+
+    expect(page.locator("#deployment-table")).to_contain_text("Page 2 of 2")
+    expect(rows(page)).to_have_count(2)
+    expect(rows(page).locator(".badge")).to_have_text(["Running", "Running"])
+    expect(page).to_have_url(re.compile(r"state=running.*page=2"))
+    expect(page.get_by_label("State")).to_have_value("running")
+    assert not scrolls_sideways(page)
+    shot(page, "deployments-page-2-narrow")
+
+    page.go_back()
+    expect(page.locator("#deployment-table")).to_contain_text("Page 1 of 2")
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_the_dashboard_with_running_and_failed_operations_never_scrolls_sideways(
+    open_page, owner, tenant, thirty, width
+):
+    from datetime import timedelta
+
+    from deployments.models import Instance
+
+    first, second = Instance.objects.filter(tenant=tenant)[:2]
+    factories.make_operation(first, verb="backup", state="running")
+    error = "Task main.cluster failed: Cluster.postgresql.cnpg.io is invalid: " + "x" * 200
+    factories.make_operation(
+        second, verb="modify", state="failed", ago=timedelta(hours=3), error=error
+    )
+    page = open_page(owner, f"/t/{tenant.slug}/", width)
+    shot(page, f"dashboard-operations-{width}")
+
+    expect(page.locator("#operations-running")).to_contain_text(first.name)
+    expect(page.locator("#operations-failed")).to_contain_text(second.name)
+    assert not scrolls_sideways(page)
+    page.locator("#operations-failed").get_by_role("link", name=second.name).click()
+    expect(page.locator("h1")).to_have_text(second.name)

@@ -1,0 +1,140 @@
+"""The dashboard's deployment figures: instances by state, what runs now, what failed lately."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from accounts import services as account_services
+from accounts.audit import Actor
+from tests.deployments import factories
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def version():
+    return factories.postgres_version()
+
+
+@pytest.fixture
+def cell():
+    return factories.cell()
+
+
+@pytest.fixture
+def other_tenant(make_user):
+    stranger = make_user("other@example.com")
+    return account_services.tenant_create(actor=Actor(user=stranger), name="Other")
+
+
+def section(page: str, heading_id: str) -> str:
+    """The HTML of the dashboard section whose heading has `heading_id`."""
+    start = page.index(f'id="{heading_id}"')
+    return page[start : page.index("</section>", start)]
+
+
+def test_instances_are_counted_by_state_with_their_badges(
+    owner_client, tenant, version, cell, other_tenant
+):
+    factories.make_instances(tenant, version, cell, 3, state="running")
+    factories.make_instances(tenant, version, cell, 1, state="failed", name="broken")
+    factories.make_instances(tenant, version, cell, 2, state="deleted", name="gone")
+    factories.make_instances(other_tenant, version, cell, 5, state="stopped", name="theirs")
+
+    page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+    counts = re.findall(
+        r'badge-state-(\w+)">[^<]+</span> <strong class="state-count">(\d+)</strong>',
+        section(page, "by-state"),
+    )
+    assert counts == [("running", "3"), ("failed", "1")]
+    assert f'href="/t/{tenant.slug}/deployments/?state=failed"' in page
+    assert '<span class="figure">4</span>' in page  # deployments, deleted ones left out
+
+
+def test_operations_running_now_link_to_their_deployment(
+    owner_client, tenant, version, cell, other_tenant
+):
+    (orders,) = factories.make_instances(tenant, version, cell, 1, name="orders")
+    (done,) = factories.make_instances(tenant, version, cell, 1, name="done")
+    (theirs,) = factories.make_instances(other_tenant, version, cell, 1, name="theirs")
+    factories.make_operation(orders, verb="backup", state="running", ago=timedelta(minutes=5))
+    factories.make_operation(done, verb="create", state="succeeded")
+    factories.make_operation(theirs, verb="restart", state="running")
+
+    running = section(owner_client.get(f"/t/{tenant.slug}/").content.decode(), "running-now")
+
+    assert "(1)" in running
+    assert "<code>backup</code>" in running
+    link = f'<a href="/t/{tenant.slug}/deployments/{orders.pk}/?tab=operations">orders-0</a>'
+    assert link in running
+    assert "5\xa0minutes ago</time>" in running
+    assert "theirs" not in running
+    assert "done" not in running
+
+
+def test_operations_failed_in_the_last_7_days_link_to_their_deployment(
+    owner_client, tenant, version, cell, other_tenant
+):
+    (orders,) = factories.make_instances(tenant, version, cell, 1, name="orders")
+    (old,) = factories.make_instances(tenant, version, cell, 1, name="old")
+    (theirs,) = factories.make_instances(other_tenant, version, cell, 1, name="theirs")
+    factories.make_operation(
+        orders, verb="modify", state="failed", ago=timedelta(days=2), error="The disk is full."
+    )
+    factories.make_operation(old, verb="modify", state="failed", ago=timedelta(days=8))
+    factories.make_operation(orders, verb="backup", state="succeeded")
+    factories.make_operation(theirs, verb="create", state="failed")
+
+    failed = section(owner_client.get(f"/t/{tenant.slug}/").content.decode(), "failed-recently")
+
+    assert "(1)" in failed
+    link = f'<a href="/t/{tenant.slug}/deployments/{orders.pk}/?tab=operations">orders-0</a>'
+    assert link in failed
+    assert "<code>modify</code>" in failed
+    assert "The disk is full." in failed
+    assert "2\xa0days ago</time>" in failed
+    assert "old-0" not in failed
+    assert "theirs" not in failed
+
+
+def test_nothing_running_or_failed_says_so(owner_client, tenant):
+    page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+    assert "No deployments yet." in page
+    assert "Nothing is running." in page
+    assert "No operation failed in the last 7 days." in page
+
+
+def _dashboard_queries(client, url) -> int:
+    client.get(url)  # the first visit also saves the organization in the session
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries.captured_queries)
+
+
+def test_the_dashboard_makes_as_many_queries_for_many_deployments_as_for_few(
+    owner_client, tenant, version, cell, monkeypatch
+):
+    url = f"/t/{tenant.slug}/"
+
+    def add(count: int) -> None:
+        for n, instance in enumerate(factories.make_instances(tenant, version, cell, count)):
+            factories.make_operation(instance, verb="create", state="running")
+            factories.make_operation(instance, verb="backup", state="failed", ago=timedelta(n))
+
+    add(2)
+    few = _dashboard_queries(owner_client, url)
+    add(30)
+
+    def refuse(token):
+        raise AssertionError("the dashboard decrypted a stored secret")
+
+    monkeypatch.setattr("accounts.crypto.decrypt", refuse)
+    assert _dashboard_queries(owner_client, url) == few
+    page = owner_client.get(url).content.decode()
+    assert "(32)" in section(page, "running-now")
+    assert "The 10 started last of 32." in page
