@@ -76,6 +76,20 @@ def plan_load(*, text: str) -> PlanLoad:
         description=spec.description,
         limits=limits,
     )
+    prices_changed = billing_services.plan_prices_replace(
+        plan=plan,
+        currency=spec.currency,
+        prices=[
+            {
+                "dimension": item["dimension"],
+                "unit": item["unit"],
+                "time_unit": item["timeUnit"],
+                "unit_price": item["price"],
+            }
+            for item in spec.pricing
+        ],
+    )
+    plan_changed = plan_changed or prices_changed
     digest = hashlib.sha256(text.encode()).hexdigest()
     version = plan.versions.filter(digest=digest).first()
     created = version is None
