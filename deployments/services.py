@@ -251,11 +251,16 @@ def _instance_new(
     base: dict | None = None,
 ) -> Instance:
     """A new instance row (state creating) after the checks every new instance passes:
-    a cell, a name, the plan's limit for the tenant, valid parameters (with `base`, the values
-    a restore starts from, whose fixed ones cannot change)."""
-    cell = cell or Cell.objects.filter(is_default=True).first()
+    a cell offered to the tenant (its default one when none is given), a name, the plan's
+    limit for the tenant, valid parameters (with `base`, the values a restore starts from,
+    whose fixed ones cannot change)."""
+    offered = Cell.objects.offered_to(tenant)
     if cell is None:
-        raise ValidationError("No cell is registered to run instances on.")
+        cell = offered.order_by("-is_default", "name").first()
+        if cell is None:
+            raise ValidationError("No cell is registered to run instances on.")
+    elif not offered.filter(pk=cell.pk).exists():
+        raise ValidationError({"cell": "This region is not offered to your organization."})
     name = _instance_name(name)
     # Lock the tenant so two concurrent creates cannot both pass the limit.
     Tenant.objects.select_for_update().get(pk=tenant.pk)
