@@ -26,6 +26,18 @@ class Plan(models.Model):
         return int(value) if value is not None else None
 
 
+# How people read the pricing dimensions of a spec.
+DIMENSION_LABELS = {
+    "cpu": "CPU",
+    "memory": "Memory",
+    "storage": "Storage",
+    "replica": "Replicas",
+    "deploymentCell": "Deployment cell",
+    "backupStorage": "Backup storage",
+    "base": "Base fee",
+}
+
+
 class Price(models.Model):
     """What one unit of a usage dimension costs on a plan, per hour or per month (730 h)."""
 
@@ -48,3 +60,7 @@ class Price(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dimension}: {self.unit_price} {self.currency} {self.get_time_unit_display()}"
+
+    @property
+    def label(self) -> str:
+        return DIMENSION_LABELS.get(self.dimension, self.dimension)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-from billing.models import Plan, Price
+from billing.models import DIMENSION_LABELS, Plan, Price
 
 HOURS_PER_MONTH = Decimal(730)
 HOURLY_PLACES = Decimal("0.0001")
@@ -47,6 +47,10 @@ class CostLine:
     per_hour: Decimal
     per_month: Decimal
     amount: Decimal  # for the hours asked about
+
+    @property
+    def label(self) -> str:
+        return DIMENSION_LABELS.get(self.dimension, self.dimension)
 
 
 @dataclass(frozen=True)

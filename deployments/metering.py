@@ -8,6 +8,9 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from billing import pricing
+from billing.models import Plan
+from billing.pricing import Cost
 from deployments import selectors
 from deployments.models import PlanVersion
 from deployments.spec.model import PlanSpec
@@ -50,8 +53,18 @@ def _quantity(dimension: str, expression: str, values: dict[str, Any]) -> Decima
     quantity = Decimal(str(value))
     if not quantity.is_finite() or quantity < 0 or quantity >= _MAX:
         raise UsageError(f"The usage rule for {dimension} gives {value}, not a quantity.")
-    return quantity.quantize(_PLACES).normalize() if quantity else Decimal(0)
+    quantity = quantity.quantize(_PLACES)
+    # Written plainly: 10, 1.5 (never 10.000000 or 1E+1).
+    return (
+        quantity.quantize(1) if quantity == quantity.to_integral_value() else quantity.normalize()
+    )
 
 
 def _spec(plan: PlanVersion | PlanSpec) -> PlanSpec:
     return plan if isinstance(plan, PlanSpec) else selectors.plan_spec(plan)
+
+
+def estimate(plan: Plan, version: PlanVersion | PlanSpec, parameters: dict[str, Any]) -> Cost:
+    """What an instance of `plan` with these typed parameter values costs per hour and per
+    month, per dimension and in total. Raises UsageError as `quantities` does."""
+    return pricing.cost(plan, quantities(version, parameters))
