@@ -174,7 +174,9 @@ class InstanceCreateForm(ParameterForm):
 
     # The service checks the length, with its own message; the browser keeps it short too.
     name = forms.CharField(
-        label="Instance name", required=False, widget=forms.TextInput({"maxlength": 100})
+        label="Instance name",
+        required=False,
+        widget=forms.TextInput({"maxlength": 100, "required": True, "autocomplete": "off"}),
     )
     request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 

@@ -90,3 +90,22 @@ def test_a_valid_submit_creates_the_instance(open_page, owner, tenant, plan):
         "second",
         2,
     )
+
+
+def test_back_and_resubmit_of_the_create_form_makes_one_instance(open_page, owner, tenant, plan):
+    from deployments.models import Instance
+
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/")
+    first_id = page.locator('input[name="request_id"]').input_value()
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_role("button", name="Create instance").click()
+    expect(page.locator("#messages")).to_contain_text("Creating orders.")
+
+    page.go_back()
+    expect(page.get_by_role("button", name="Create instance")).to_be_visible()
+    assert page.locator('input[name="request_id"]').input_value() == first_id
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_role("button", name="Create instance").click()
+    expect(page.locator("#messages")).to_contain_text("Creating orders.")
+
+    assert Instance.objects.count() == 1
