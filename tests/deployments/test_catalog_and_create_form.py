@@ -345,3 +345,26 @@ def test_the_estimate_of_invalid_values_asks_for_valid_ones(owner_client, tenant
 
     assert response.status_code == 200
     assert "Enter valid values to see the price." in text(response)
+
+
+def test_plans_are_grouped_by_service_and_each_shows_its_latest_version(owner_client, tenant, plan):
+    mysql = (
+        SPEC.read_text()
+        .replace("name: PostgreSQL\n", "name: MySQL-ish\n", 1)
+        .replace("plan: postgres-cnpg", "plan: mysqlish")
+        .replace("service: postgresql", "service: mysql")
+    )
+    services.plan_load(text=mysql)
+    services.plan_load(
+        text=SPEC.read_text().replace("name: PostgreSQL\n", "name: PostgreSQL\n# v2\n", 1)
+    )
+
+    page = text(owner_client.get(catalog_url(tenant)))
+
+    assert (
+        page.index('id="service-mysql"')
+        < page.index("MySQL-ish")
+        < page.index('id="service-postgresql"')
+    )
+    postgres = page[page.index('id="plan-postgres-cnpg"') :]
+    assert "Version 2" in postgres

@@ -78,3 +78,13 @@ def test_a_rule_past_the_evaluators_bounds_is_stopped_with_a_clear_error():
     assert str(caught.value) == (
         "The usage rule for cpu was stopped: CEL: the expression or its input is nested too deeply"
     )
+
+
+def test_quantities_of_a_stored_plan_version(db):
+    from deployments import services
+
+    version = services.plan_load(text=SPEC.read_text()).version
+
+    assert (
+        quantities(version, {"instances": 2, "cpu": 4, "memoryGi": 8, "storageGi": 5})["cpu"] == 8
+    )
