@@ -1,9 +1,11 @@
 """Writes for billing. Callers pass plain values; billing never imports deployments."""
 
+from decimal import Decimal
+
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import Plan
+from billing.models import Plan, Price
 
 
 @transaction.atomic
@@ -32,3 +34,32 @@ def plan_upsert(
     plan.full_clean()
     plan.save()
     return plan, True
+
+
+@transaction.atomic
+def plan_prices_replace(*, plan: Plan, currency: str, prices: list[dict]) -> bool:
+    """Make `plan`'s prices exactly `prices` (each `{dimension, unit, time_unit, unit_price}`,
+    in `currency`); returns whether anything changed."""
+    wanted = {
+        item["dimension"]: Price(
+            plan=plan,
+            dimension=item["dimension"],
+            unit=item.get("unit", ""),
+            time_unit=item.get("time_unit", Price.TimeUnit.HOUR),
+            unit_price=Decimal(item["unit_price"]),
+            currency=currency,
+        )
+        for item in prices
+    }
+
+    def shape(price: Price) -> tuple:
+        return (price.dimension, price.unit, price.time_unit, price.unit_price, price.currency)
+
+    current = {price.dimension: price for price in plan.prices.select_for_update()}
+    if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
+        return False
+    plan.prices.all().delete()
+    for price in wanted.values():
+        price.full_clean()
+    Price.objects.bulk_create(wanted.values())
+    return True

@@ -20,10 +20,31 @@ from deployments.models import (
 class CellAdmin(ServiceOwnedAdmin):
     """Cells are registered with `manage.py add_cell`, which checks the cluster first."""
 
-    list_display = ["name", "region", "cloud", "deployment_model", "is_default", "created_at"]
-    list_filter = ["deployment_model", "cloud", "region"]
+    list_display = [
+        "name",
+        "region",
+        "cloud",
+        "deployment_model",
+        "is_default",
+        "public",
+        "created_at",
+    ]
+    list_filter = ["deployment_model", "cloud", "region", "public"]
     search_fields = ["name", "region"]
     exclude = ["kubeconfig", "backup_credentials"]
+    filter_horizontal = ["tenants"]
+    # Only who a cell is offered to is edited here; the rest comes from add_cell.
+    editable = ("public", "tenants")
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm("deployments.change_cell")
+
+    def get_readonly_fields(self, request, obj=None):
+        return [
+            f.name
+            for f in Cell._meta.get_fields()
+            if f.concrete and f.name not in self.editable and f.name not in self.exclude
+        ]
 
 
 @admin.register(PlanVersion)

@@ -19,6 +19,12 @@ def new_instance_id() -> str:
     return "inst-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
 
 
+class CellQuerySet(models.QuerySet):
+    def offered_to(self, tenant: Tenant) -> "CellQuerySet":
+        """The cells `tenant` may run instances on: the public ones and its private ones."""
+        return self.filter(models.Q(public=True) | models.Q(tenants=tenant)).distinct()
+
+
 class Cell(models.Model):
     """A Kubernetes cluster that hosts instances (a deployment cell)."""
 
@@ -44,7 +50,19 @@ class Cell(models.Model):
     customer_sources = models.JSONField(default=list, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     is_default = models.BooleanField(default=False)
+    # Who may run instances here: every tenant when public, else only the tenants listed.
+    public = models.BooleanField(
+        default=True, help_text="Offered to every organization; else only to those listed."
+    )
+    tenants = models.ManyToManyField(
+        Tenant,
+        blank=True,
+        related_name="private_cells",
+        help_text="The organizations a private cell is offered to.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = CellQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -80,6 +80,20 @@ def plan_load(*, text: str) -> PlanLoad:
         description=spec.description,
         limits=limits,
     )
+    prices_changed = billing_services.plan_prices_replace(
+        plan=plan,
+        currency=spec.currency,
+        prices=[
+            {
+                "dimension": item["dimension"],
+                "unit": item["unit"],
+                "time_unit": item["timeUnit"],
+                "unit_price": item["price"],
+            }
+            for item in spec.pricing
+        ],
+    )
+    plan_changed = plan_changed or prices_changed
     digest = hashlib.sha256(text.encode()).hexdigest()
     version = plan.versions.filter(digest=digest).first()
     created = version is None
@@ -241,11 +255,16 @@ def _instance_new(
     base: dict | None = None,
 ) -> Instance:
     """A new instance row (state creating) after the checks every new instance passes:
-    a cell, a name, the plan's limit for the tenant, valid parameters (with `base`, the values
-    a restore starts from, whose fixed ones cannot change)."""
-    cell = cell or Cell.objects.filter(is_default=True).first()
+    a cell offered to the tenant (its default one when none is given), a name, the plan's
+    limit for the tenant, valid parameters (with `base`, the values a restore starts from,
+    whose fixed ones cannot change)."""
+    offered = Cell.objects.offered_to(tenant)
     if cell is None:
-        raise ValidationError("No cell is registered to run instances on.")
+        cell = offered.order_by("-is_default", "name").first()
+        if cell is None:
+            raise ValidationError("No cell is registered to run instances on.")
+    elif not offered.filter(pk=cell.pk).exists():
+        raise ValidationError({"cell": "This region is not offered to your organization."})
     name = _instance_name(name)
     # Lock the tenant so two concurrent creates cannot both pass the limit.
     Tenant.objects.select_for_update().get(pk=tenant.pk)

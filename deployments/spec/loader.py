@@ -9,6 +9,7 @@ Opsdeck's own settings live under one top-level key, `x-opsdeck`:
     x-opsdeck:
       plan: postgres-production      # stable plan key (default: the slug of `name`)
       service: postgresql            # catalog service grouping plans (default: the plan key)
+      currency: usd                  # the currency of `pricing` (default: usd)
       kinds: [Cluster, Backup, Secret]   # kinds (or apiVersion/Kind) workflows may touch
       usage:                         # per pricing dimension, a CEL expression over `var`
         cpu: "double(var.cpu) * double(var.instances)"
@@ -55,6 +56,9 @@ PRICING_DIMENSIONS = (
     "backupStorage",
     "base",
 )
+PRICE_TIME_UNITS = ("hour", "month")
+DEFAULT_CURRENCY = "usd"
+_PRICE_PLACES = Decimal("0.00000001")  # what billing stores
 RESOURCE_ACTIONS = ("get", "create", "apply", "delete", "replace", "patch")
 MERGE_STRATEGIES = ("strategic", "merge", "json")
 RETRY_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
@@ -63,6 +67,7 @@ _OTHER_TEMPLATE_TYPES = ("steps", "container", "script", "containerSet", "suspen
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
 _SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_CURRENCY = re.compile(r"^[a-z]{3}$")  # an ISO 4217 code in lowercase, as Stripe writes it
 
 
 class SpecError(ValueError):
@@ -717,6 +722,7 @@ def _backup(raw: Any, path: str, report: Report) -> dict:
 
 def _pricing(raw: Any, path: str, report: Report) -> list[dict]:
     result = []
+    seen: set[str] = set()
     for i, item in enumerate(_list(raw, path, report)):
         where = f"{path}[{i}]"
         if not isinstance(item, dict):
@@ -729,14 +735,43 @@ def _pricing(raw: Any, path: str, report: Report) -> list[dict]:
                 f"{where}.dimension",
                 f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
             )
+        elif dimension in seen:
+            report.error(f"{where}.dimension", f'"{dimension}" is priced twice')
+        seen.add(dimension)
         try:
             entry["price"] = Decimal(str(item.get("price")))
             if not entry["price"].is_finite() or entry["price"] < 0:
                 raise InvalidOperation
         except InvalidOperation:
             report.error(f"{where}.price", f'"{item.get("price")}" is not a price')
+        else:
+            price = entry["price"]  # checked against 10**10 first: quantize needs the room
+            if price >= 10**10 or price != price.quantize(_PRICE_PLACES):
+                report.error(
+                    f"{where}.price", "use at most 10 digits before and 8 after the decimal point"
+                )
+        entry["timeUnit"] = item.get("timeUnit") or "hour"
+        if entry["timeUnit"] not in PRICE_TIME_UNITS:
+            report.error(
+                f"{where}.timeUnit",
+                f'unknown time unit "{entry["timeUnit"]}"; expected one of '
+                f"{', '.join(PRICE_TIME_UNITS)}",
+            )
+        entry["unit"] = str(item.get("unit") or "")
         result.append(entry)
     return result
+
+
+def _currency(extensions: dict, report: Report) -> str:
+    value = extensions.get("currency")
+    if value is None:
+        return DEFAULT_CURRENCY
+    if not isinstance(value, str) or not _CURRENCY.match(value):
+        report.error(
+            "x-opsdeck.currency", f'"{value}" is not a currency code (3 lowercase letters)'
+        )
+        return DEFAULT_CURRENCY
+    return value
 
 
 def _main_service(services: list[Service]) -> Service | None:
@@ -791,6 +826,7 @@ def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
         services=services,
         main=main,
         pricing=_pricing(document.get("pricing"), "pricing", report),
+        currency=_currency(extensions, report),
         max_instances=_int(document, "maxNumberOfInstancesAllowed", "", report),
         extensions=extensions,
         allowed_kinds=[str(k) for k in kinds],

@@ -191,7 +191,8 @@ class PlanSpec:
     description: str
     services: list[Service]
     main: Service
-    pricing: list[dict] = field(default_factory=list)
+    pricing: list[dict] = field(default_factory=list)  # {dimension, unit, timeUnit, price}
+    currency: str = "usd"  # x-opsdeck.currency: the currency of every price
     max_instances: int | None = None
     extensions: dict = field(default_factory=dict)
     allowed_kinds: list[str] = field(default_factory=list)

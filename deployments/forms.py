@@ -1,0 +1,210 @@
+"""Forms generated from a plan's `apiParameters`: one builder for create, modify and custom verbs.
+
+A generated field only renders and collects what was typed; every check is the service's own
+(`deployments.spec.params.validate_parameters`), so the form says exactly what the service
+would. Parameter fields are named `p-<key>` so no parameter can clash with a field of the form
+itself (the instance's name, its cell, the request id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from deployments.models import Cell
+from deployments.spec.model import Parameter
+from deployments.spec.params import ParameterErrors, format_value, number_text, validate_parameters
+
+FIELD_PREFIX = "p-"
+OTHER_GROUP = "Other settings"
+GENERATED_HELP = "Leave empty to have one generated."
+
+
+def field_name(key: str) -> str:
+    return FIELD_PREFIX + key
+
+
+@dataclass
+class FieldGroup:
+    """A heading and the bound fields under it."""
+
+    name: str
+    fields: list[forms.BoundField]
+
+
+class ParameterForm(forms.Form):
+    """A form over some parameters; set up by `parameter_form_class`.
+
+    Once valid, `given` holds what was typed (empty fields left out, for the service to fill
+    in as it always does) and `values` every parameter's typed value as the service will see
+    it (defaults and generated passwords included).
+    """
+
+    parameters: list[Parameter] = []
+    shown: list[Parameter] = []
+    groups_spec: list[dict] = []
+    current: dict | None = None
+
+    def clean(self) -> dict:
+        data = super().clean()
+        self.given, self.values = {}, None
+        for parameter in self.shown:
+            value = data.get(field_name(parameter.key))
+            if parameter.type == "Boolean" or (isinstance(value, str) and value.strip()):
+                self.given[parameter.key] = value
+        try:
+            self.values = validate_parameters(self.parameters, self.given, current=self.current)
+        except ParameterErrors as exc:
+            for key, message in exc.errors.items():
+                self.add_error(field_name(key) if field_name(key) in self.fields else None, message)
+        return data
+
+    def field_groups(self) -> list[FieldGroup]:
+        """The parameter fields under the spec's headings (`x-opsdeck.display.groups`), then the
+        ones no group lists under "Other settings"."""
+        shown = {p.key for p in self.shown}
+        groups, placed = [], set()
+        for group in self.groups_spec:
+            keys = [k for k in group.get("parameters", []) if k in shown and k not in placed]
+            if keys:
+                groups.append(
+                    FieldGroup(str(group.get("name", "")), [self[field_name(k)] for k in keys])
+                )
+                placed.update(keys)
+        rest = [self[field_name(p.key)] for p in self.shown if p.key not in placed]
+        if rest:
+            groups.append(FieldGroup(OTHER_GROUP, rest))
+        return groups
+
+    def errors_from(self, exc: ValidationError) -> None:
+        """Put a service's ValidationError on the fields it names (parameter keys, `name`,
+        `cell`), the rest on the form as a whole."""
+        if not hasattr(exc, "error_dict"):
+            self.add_error(None, exc)
+            return
+        for key, messages in exc.message_dict.items():
+            if field_name(key) in self.fields:
+                target = field_name(key)
+            elif key in self.fields and not key.startswith(FIELD_PREFIX):
+                target = key
+            else:
+                target = None
+            for message in messages:
+                self.add_error(target, message)
+
+
+def parameter_field(parameter: Parameter, *, initial: Any = None) -> forms.Field:
+    """The form field of one parameter (its checks are left to `validate_parameters`)."""
+    limits = parameter.limits or {}
+    attrs: dict[str, Any] = {}
+    if parameter.required and parameter.type != "Boolean":
+        attrs["required"] = True  # announced to screen readers; the form itself is novalidate
+    help_text = parameter.description
+    common = {"label": parameter.name or parameter.key, "required": False}
+    if parameter.type == "Boolean":
+        return forms.BooleanField(
+            **common, help_text=help_text, initial=bool(initial), widget=forms.CheckboxInput(attrs)
+        )
+    text = format_value(parameter, initial) if initial is not None else ""
+    if parameter.options:
+        choices = [(option, option) for option in parameter.options]
+        if not parameter.required and text == "":
+            choices.insert(0, ("", "—"))
+        widget = forms.Select(attrs, choices=choices)
+    elif parameter.type == "Float64":
+        attrs["step"] = number_text(parameter.step) if parameter.step is not None else "any"
+        for bound in ("min", "max"):
+            if isinstance(limits.get(bound), int | float):
+                attrs[bound] = number_text(limits[bound])
+        attrs["inputmode"] = "numeric" if parameter.step == 1 else "decimal"
+        widget = forms.NumberInput(attrs)
+    elif parameter.type == "Password":
+        attrs["autocomplete"] = "new-password"
+        widget = forms.PasswordInput(attrs, render_value=False)
+        if GENERATED_HELP not in help_text:
+            help_text = f"{help_text} {GENERATED_HELP}".strip()
+        text = ""  # a password is never prefilled
+    elif parameter.type == "JSON":
+        attrs.update(rows=4, spellcheck="false")
+        widget = forms.Textarea(attrs)
+    else:
+        if isinstance(limits.get("max"), int | float):
+            attrs["maxlength"] = int(limits["max"])
+        widget = forms.TextInput(attrs)
+    return forms.CharField(**common, help_text=help_text, initial=text, strip=False, widget=widget)
+
+
+def parameter_form_class(
+    parameters: list[Parameter],
+    *,
+    groups: list[dict] | None = None,
+    current: dict | None = None,
+    base: type[ParameterForm] = ParameterForm,
+    extra_fields: dict[str, forms.Field] | None = None,
+) -> type[ParameterForm]:
+    """A form class for `parameters` (a plan's or a custom verb's).
+
+    Without `current` it is a create form: every parameter, initial values from the defaults.
+    With `current` (the instance's typed values) it is a modify form: only the modifiable
+    parameters, initial values from `current` (never a password); validated as a modify.
+    `extra_fields` are added as they are (e.g. a create form's choice of cell).
+    """
+    shown = [p for p in parameters if current is None or p.modifiable]
+    fields = dict(extra_fields or {})
+    for parameter in shown:
+        initial = parameter.default if current is None else current.get(parameter.key)
+        if parameter.type == "Password":
+            initial = None
+        fields[field_name(parameter.key)] = parameter_field(parameter, initial=initial)
+    attributes = {
+        **fields,
+        "parameters": list(parameters),
+        "shown": shown,
+        "groups_spec": [g for g in (groups or []) if isinstance(g, dict)],
+        "current": current,
+    }
+    return type("GeneratedParameterForm", (base,), attributes)
+
+
+class InstanceCreateForm(ParameterForm):
+    """A new instance: its name, where it runs, and the plan's parameters."""
+
+    # The service checks the length, with its own message; the browser keeps it short too.
+    name = forms.CharField(
+        label="Instance name",
+        required=False,
+        widget=forms.TextInput({"maxlength": 100, "required": True, "autocomplete": "off"}),
+    )
+    request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise ValidationError("Give the instance a name.")
+        return name
+
+
+def instance_create_form_class(
+    parameters: list[Parameter], *, groups: list[dict], cells: list[Cell]
+) -> type[InstanceCreateForm]:
+    """The create form of a plan; a choice of cell ("Region") when more than one is offered."""
+    extra = {}
+    if len(cells) > 1:
+        extra["cell"] = CellChoiceField(
+            label="Region",
+            queryset=Cell.objects.filter(pk__in=[c.pk for c in cells]),
+            initial=next((c.pk for c in cells if c.is_default), cells[0].pk),
+            empty_label=None,
+            help_text="Where the instance runs. It cannot be moved later.",
+        )
+    return parameter_form_class(
+        parameters, groups=groups, base=InstanceCreateForm, extra_fields=extra
+    )
+
+
+class CellChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Cell) -> str:
+        return f"{obj.region} ({obj.name})" if obj.region else obj.name

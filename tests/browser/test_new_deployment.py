@@ -1,0 +1,111 @@
+"""The catalog and the create form in a real browser, at 1280 px and at a phone's 390 px."""
+
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import scrolls_sideways, shot
+
+ROOT = Path(__file__).resolve().parents[2]
+BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
+
+
+@pytest.fixture
+def plan(tenant):
+    from deployments import services
+    from deployments.models import Cell
+
+    Cell.objects.create(name="local", region="local", is_default=True)
+    Cell.objects.create(name="second", region="a-region-with-a-rather-long-name")
+    return services.plan_load(text=(ROOT / "specs" / "postgres-cnpg.yaml").read_text()).plan
+
+
+@BOTH_WIDTHS
+def test_the_catalog_and_the_form_never_scroll_sideways(open_page, owner, tenant, plan, width):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/", width)
+    shot(page, f"catalog-{width}")
+    expect(page.locator("h1")).to_have_text("New deployment")
+    expect(page.locator("#plan-postgres-cnpg")).to_contain_text("0.0464 USD")
+    assert not scrolls_sideways(page)
+
+    page.get_by_role("button", name="Create instance of PostgreSQL").click()
+    expect(page.locator("h1")).to_have_text("Create instance")
+    shot(page, f"create-form-{width}")
+    expect(page.locator("#estimate-month")).to_have_text("33.87")
+    assert not scrolls_sideways(page)
+
+
+def test_typing_a_new_server_count_changes_the_estimate(open_page, owner, tenant, plan):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/")
+    expect(page.locator("#estimate-hour")).to_have_text("0.0464")
+
+    page.get_by_label("Servers").fill("3")
+
+    expect(page.locator("#estimate-hour")).to_have_text("0.1392")  # three servers of the same
+    expect(page.locator("#estimate-month")).to_have_text("101.62")
+
+    page.get_by_label("Servers").fill("9")  # more than the plan allows
+    expect(page.locator("#estimate")).to_contain_text("Enter valid values to see the price.")
+
+
+def test_an_invalid_value_is_shown_beside_its_field_and_nothing_is_created(
+    open_page, owner, tenant, plan
+):
+    from deployments.models import Instance
+
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/", "narrow")
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_label("Database").fill("Orders-DB")
+    page.get_by_label("Owner password").fill("secret-password-1")
+    page.get_by_role("button", name="Create instance").click()
+
+    expect(page.locator("#id_p-database_error")).to_have_text(
+        "Must match the pattern ^[a-z][a-z0-9_]*$."
+    )
+    expect(page.locator("#id_p-database")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator(".error-summary a")).to_have_attribute("href", "#id_p-database")
+    expect(page.get_by_label("Instance name")).to_have_value("orders")
+    expect(page.get_by_label("Owner password")).to_have_value("")
+    shot(page, "create-form-error-narrow")
+    assert not scrolls_sideways(page)
+    assert not Instance.objects.exists()
+
+
+def test_a_valid_submit_creates_the_instance(open_page, owner, tenant, plan):
+    from deployments.models import Instance
+
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/")
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_label("Region").select_option(label="a-region-with-a-rather-long-name (second)")
+    page.get_by_label("Servers").fill("2")
+    page.get_by_role("button", name="Create instance").click()
+
+    expect(page.locator("#messages")).to_contain_text("Creating orders.")
+    expect(page).to_have_url(re.compile(rf"/t/{tenant.slug}/deployments/"))
+    instance = Instance.objects.get()
+    assert (instance.name, instance.cell.name, instance.parameters["instances"]) == (
+        "orders",
+        "second",
+        2,
+    )
+
+
+def test_back_and_resubmit_of_the_create_form_makes_one_instance(open_page, owner, tenant, plan):
+    from deployments.models import Instance
+
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/")
+    first_id = page.locator('input[name="request_id"]').input_value()
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_role("button", name="Create instance").click()
+    expect(page.locator("#messages")).to_contain_text("Creating orders.")
+
+    page.go_back()
+    expect(page.get_by_role("button", name="Create instance")).to_be_visible()
+    assert page.locator('input[name="request_id"]').input_value() == first_id
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_role("button", name="Create instance").click()
+    expect(page.locator("#messages")).to_contain_text("Creating orders.")
+
+    assert Instance.objects.count() == 1

@@ -1,0 +1,370 @@
+"""The catalog ("New deployment"), the generated create form and its live cost estimate."""
+
+import re
+from html import unescape
+
+import pytest
+from django.urls import NoReverseMatch, reverse
+
+from accounts import services as account_services
+from accounts.audit import Actor
+from accounts.models import AuditEvent
+from deployments import services
+from deployments.forms import parameter_form_class
+from deployments.models import Cell, Instance, Operation
+from deployments.spec.model import Parameter
+from tests.deployments.conftest import SPEC
+
+
+@pytest.fixture
+def plan(db):
+    return services.plan_load(text=SPEC.read_text()).plan
+
+
+@pytest.fixture
+def cell(db):
+    return Cell.objects.create(name="eu-1", region="eu", is_default=True)
+
+
+def catalog_url(tenant):
+    return f"/t/{tenant.slug}/deployments/new/"
+
+
+def form_url(tenant, request_id="0" * 32):
+    return f"/t/{tenant.slug}/deployments/new/postgres-cnpg/?request={request_id}"
+
+
+def estimate_url(tenant):
+    return f"/t/{tenant.slug}/deployments/new/postgres-cnpg/estimate/"
+
+
+def instance_page(tenant, instance) -> str:
+    """Where a created instance is shown: its own page once there is one, else the list."""
+    try:
+        return reverse("instance_detail", args=[tenant.slug, instance.pk])
+    except NoReverseMatch:
+        return reverse("instance_list", args=[tenant.slug])
+
+
+def text(response) -> str:
+    return unescape(re.sub(r"\s+", " ", response.content.decode()))
+
+
+VALID = {"name": "orders", "p-instances": "3", "p-cpu": "2", "p-version": "17"}
+
+
+# --- catalog ------------------------------------------------------------------------------
+
+
+def test_the_catalog_lists_each_plan_under_its_service_with_prices_for_its_defaults(
+    owner_client, tenant, plan
+):
+    response = owner_client.get(catalog_url(tenant))
+
+    page = text(response)
+    assert response.status_code == 200
+    assert "<h1>New deployment</h1>" in page
+    assert '<h2 id="service-postgresql">postgresql</h2>' in page
+    assert "<h3>PostgreSQL</h3>" in page
+    # 1 core x 0.035 + 2 GiB x 0.005 + 10 GiB x 0.00014 = 0.0464 an hour, 33.87 a month
+    assert "<strong>0.0464 USD</strong> per hour" in page
+    assert "<strong>33.87 USD</strong> per month" in page
+    assert "<dt>Servers</dt><dd>1 to 5</dd>" in page
+    assert "Storage: 0.00014 USD per GiB per hour" in page
+    assert f'href="/t/{tenant.slug}/deployments/new/postgres-cnpg/"' in page
+
+
+def test_a_viewer_sees_the_catalog_without_create_links_and_cannot_open_the_form(
+    client, tenant, plan, add_member
+):
+    client.force_login(add_member("viewer@example.com", "viewer"))
+
+    catalog = client.get(catalog_url(tenant))
+    form = client.get(form_url(tenant))
+
+    assert catalog.status_code == 200
+    assert "0.0464 USD" in text(catalog)
+    assert "Create instance" not in text(catalog)
+    assert form.status_code == 403
+
+
+# --- the form builder ----------------------------------------------------------------------
+
+PARAMETERS = [
+    Parameter(
+        "tier", "Tier", "Service tier.", "String", options=["small", "large"], default="small"
+    ),
+    Parameter("db", "Database", "Its name.", "String", regex="^[a-z]+$", required=True),
+    Parameter(
+        "size", "Size", "GiB.", "Float64", limits={"min": 10, "max": 100}, step=10, default=20
+    ),
+    Parameter("tls", "TLS", "Encrypt.", "Boolean", default=True, modifiable=True),
+    Parameter("secret", "Secret", "A secret.", "Password", limits={"min": 12}, modifiable=True),
+    Parameter("extra", "Extra", "Settings.", "JSON", default={"a": 1}),
+]
+VALID_INPUT = {"p-tier": "large", "p-db": "app", "p-size": "30", "p-tls": "on", "p-extra": "[1]"}
+
+
+def builder(**options):
+    return parameter_form_class(
+        PARAMETERS, groups=[{"name": "Basics", "parameters": ["db", "tier"]}], **options
+    )
+
+
+def test_each_parameter_type_gets_its_own_input_with_the_specs_label_help_and_default():
+    html = builder()().as_div()
+
+    assert re.search(r'<select name="p-tier"[^>]*>\s*<option value="small" selected>', html)
+    assert re.search(r'<input type="text" name="p-db"[^>]*required', html)
+    assert re.search(
+        r'<input type="number" name="p-size" value="20" step="10" min="10" max="100"', html
+    )
+    assert re.search(r'<input type="checkbox" name="p-tls"[^>]*checked', html)
+    assert re.search(
+        r'<input type="password" name="p-secret"[^>]*autocomplete="new-password"', html
+    )
+    assert re.search(r"<textarea name=\"p-extra\"[^>]*>\s*{&quot;a&quot;: 1}</textarea>", html)
+    assert "Service tier." in html and "Leave empty to have one generated." in html
+
+
+def test_valid_values_of_every_type_become_typed_values():
+    form = builder()(VALID_INPUT)
+
+    assert form.is_valid(), form.errors
+    values = form.values
+    assert {k: values[k] for k in ("tier", "db", "size", "tls", "extra")} == {
+        "tier": "large",
+        "db": "app",
+        "size": 30,
+        "tls": True,
+        "extra": [1],
+    }
+    assert len(values["secret"]) >= 12  # left empty: generated
+    assert "secret" not in form.given  # and not sent to the service, which generates it
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("p-tier", "huge", "Must be one of: small, large."),
+        ("p-db", "App-1", "Must match the pattern ^[a-z]+$."),
+        ("p-db", "", "This field is required."),
+        ("p-size", "120", "Must be between 10 and 100."),
+        ("p-size", "25", "Must go in steps of 10 from 10."),
+        ("p-size", "ten", "Must be a number."),
+        ("p-secret", "short", "Must be at least 12 characters long."),
+        (
+            "p-extra",
+            "{nope",
+            "Must be valid JSON (Expecting property name enclosed in double quotes",
+        ),
+    ],
+)
+def test_invalid_values_get_the_services_own_message_on_their_field(field, value, message):
+    form = builder()({**VALID_INPUT, field: value})
+
+    assert not form.is_valid()
+    assert form.errors[field][0].startswith(message)
+
+
+def test_an_unchecked_checkbox_is_false_even_when_the_default_is_true():
+    form = builder()({k: v for k, v in VALID_INPUT.items() if k != "p-tls"})
+
+    assert form.is_valid()
+    assert form.values["tls"] is False
+
+
+def test_fields_come_under_the_specs_headings_and_the_rest_under_other_settings():
+    groups = builder()().field_groups()
+
+    assert [(g.name, [f.name for f in g.fields]) for g in groups] == [
+        ("Basics", ["p-db", "p-tier"]),
+        ("Other settings", ["p-size", "p-tls", "p-secret", "p-extra"]),
+    ]
+
+
+def test_a_modify_form_shows_the_modifiable_parameters_with_current_values_never_a_password():
+    current = {"tier": "small", "db": "app", "size": 20, "tls": False, "secret": "s3cret-s3cret"}
+    form_class = builder(current=current)
+
+    assert list(form_class.base_fields) == ["p-tls", "p-secret"]
+    html = form_class().as_div()
+    assert "s3cret" not in html
+    assert not re.search(r'name="p-tls"[^>]*checked', html)
+    form = form_class({"p-tls": "on"})
+    assert form.is_valid(), form.errors
+    assert form.values == {**current, "tls": True, "extra": {"a": 1}}  # a default fills a gap
+
+
+# --- the create form ------------------------------------------------------------------------
+
+
+def test_the_form_gets_a_request_id_in_its_address_and_shows_the_estimate_for_the_defaults(
+    owner_client, tenant, plan, cell
+):
+    first = owner_client.get(f"/t/{tenant.slug}/deployments/new/postgres-cnpg/")
+    assert first.status_code == 302
+    assert re.search(r"\?request=[0-9a-f]{32}$", first.url)
+
+    page = text(owner_client.get(first.url))
+    assert "<h1>Create instance</h1>" in page
+    assert "<legend><h2>Size</h2></legend>" in page
+    assert 'id="estimate-hour">0.0464<' in page
+    assert 'id="estimate-month">33.87<' in page
+    assert 'name="cell"' not in page  # one cell offered: nothing to choose
+
+
+def test_a_region_is_chosen_among_the_cells_offered_to_the_tenant_only(
+    owner_client, tenant, plan, cell
+):
+    Cell.objects.create(name="us-1", region="us")
+    Cell.objects.create(name="private", region="secret-region", public=False)
+
+    page = text(owner_client.get(form_url(tenant)))
+
+    assert f'<option value="{cell.pk}" selected>eu (eu-1)</option>' in page
+    assert "us (us-1)" in page
+    assert "secret-region" not in page
+
+
+def test_a_post_with_errors_creates_nothing_and_shows_them_beside_the_fields_and_at_the_top(
+    owner_client, tenant, plan, cell
+):
+    response = owner_client.post(
+        form_url(tenant),
+        {**VALID, "p-database": "Orders", "p-instances": "9", "p-password": "too-short"},
+    )
+
+    page = text(response)
+    assert response.status_code == 200
+    assert not Instance.objects.exists()
+    assert (
+        '<a href="#id_p-database">Database: Must match the pattern ^[a-z][a-z0-9_]*$.</a>' in page
+    )
+    assert (
+        '<small class="field-error" id="id_p-instances_error">Must be between 1 and 5.</small>'
+        in page
+    )
+    assert 'id="id_p-password_error">Must be between 12 and 100 characters long.' in page
+    assert 'name="p-database" value="Orders"' in page  # what was typed is kept
+    assert 'name="name" value="orders"' in page
+    assert "too-short" not in page  # but never a password
+    assert "Enter valid values to see the price." in page
+
+
+def test_a_valid_post_creates_one_instance_and_says_so(owner_client, tenant, plan, cell):
+    response = owner_client.post(form_url(tenant), VALID, follow=True)
+
+    instance = Instance.objects.get()
+    assert (instance.name, instance.tenant, instance.cell) == ("orders", tenant, cell)
+    assert instance.parameters["instances"] == 3 and instance.parameters["cpu"] == 2
+    assert Operation.objects.get().verb == "create"
+    assert response.redirect_chain[0][0] == instance_page(tenant, instance)
+    assert "Creating orders." in text(response)
+
+
+def test_a_repeated_post_with_the_same_request_id_creates_one_instance(
+    owner_client, tenant, plan, cell
+):
+    url = form_url(tenant, "a" * 32)
+    owner_client.post(url, {**VALID, "request_id": "a" * 32})
+    again = owner_client.post(url, {**VALID, "request_id": "a" * 32})
+
+    assert again.status_code == 302
+    assert Instance.objects.count() == 1
+    assert Operation.objects.count() == 1
+
+
+def test_a_service_refusal_is_shown_and_creates_nothing(owner_client, tenant, plan, cell):
+    plan.limits = {"max_instances": 0}
+    plan.save()
+
+    response = owner_client.post(form_url(tenant), VALID, follow=True)
+
+    assert "allows at most 0 instances per organization" in text(response)
+    assert not Instance.objects.exists()
+
+
+def test_a_viewer_posting_the_form_is_refused_and_the_refusal_audited(
+    client, tenant, plan, cell, add_member
+):
+    client.force_login(add_member("viewer@example.com", "viewer"))
+
+    response = client.post(form_url(tenant), VALID)
+
+    assert response.status_code == 403
+    assert not Instance.objects.exists()
+    denied = AuditEvent.objects.get(action="instance.create", result=AuditEvent.Result.DENIED)
+    assert denied.actor_email == "viewer@example.com"
+
+
+def test_another_tenants_catalog_form_and_estimate_are_404(client, owner, plan, cell, make_user):
+    outsider = make_user("outsider@example.com")
+    other = account_services.tenant_create(actor=Actor(user=owner), name="Other")
+    client.force_login(outsider)
+
+    assert client.get(catalog_url(other)).status_code == 404
+    assert client.get(form_url(other)).status_code == 404
+    assert client.post(form_url(other), VALID).status_code == 404
+    assert client.post(estimate_url(other), VALID).status_code == 404
+    assert not Instance.objects.exists()
+
+
+def test_an_unknown_plan_is_404(owner_client, tenant, plan):
+    assert (
+        owner_client.get(f"/t/{tenant.slug}/deployments/new/nope/?request={'0' * 32}").status_code
+        == 404
+    )
+
+
+# --- the estimate ---------------------------------------------------------------------------
+
+
+def test_the_estimate_prices_the_values_entered_per_dimension_and_in_total(
+    owner_client, tenant, plan
+):
+    response = owner_client.post(
+        estimate_url(tenant),
+        {"p-instances": "3", "p-cpu": "2", "p-memoryGi": "4", "p-storageGi": "100"},
+    )
+
+    page = text(response)
+    assert response.status_code == 200
+    assert "<html" not in page  # only the partial
+    # cpu 6 x 0.035 = 0.21; memory 12 x 0.005 = 0.06; storage 300 x 0.00014 = 0.042
+    assert (
+        '<td>CPU <small class="muted">6 core</small></td>'
+        '<td class="num">0.2100</td><td class="num">153.30</td>' in page
+    )
+    assert 'id="estimate-hour">0.3120<' in page
+    assert 'id="estimate-month">227.76<' in page
+
+
+def test_the_estimate_of_invalid_values_asks_for_valid_ones(owner_client, tenant, plan):
+    response = owner_client.post(estimate_url(tenant), {"p-instances": "many"})
+
+    assert response.status_code == 200
+    assert "Enter valid values to see the price." in text(response)
+
+
+def test_plans_are_grouped_by_service_and_each_shows_its_latest_version(owner_client, tenant, plan):
+    mysql = (
+        SPEC.read_text()
+        .replace("name: PostgreSQL\n", "name: MySQL-ish\n", 1)
+        .replace("plan: postgres-cnpg", "plan: mysqlish")
+        .replace("service: postgresql", "service: mysql")
+    )
+    services.plan_load(text=mysql)
+    services.plan_load(
+        text=SPEC.read_text().replace("name: PostgreSQL\n", "name: PostgreSQL\n# v2\n", 1)
+    )
+
+    page = text(owner_client.get(catalog_url(tenant)))
+
+    assert (
+        page.index('id="service-mysql"')
+        < page.index("MySQL-ish")
+        < page.index('id="service-postgresql"')
+    )
+    postgres = page[page.index('id="plan-postgres-cnpg"') :]
+    assert "Version 2" in postgres

@@ -1,0 +1,69 @@
+"""Which cells a tenant may create instances on: public ones, and private ones offered to it."""
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from accounts import services as account_services
+from accounts.audit import Actor
+from deployments import services
+from deployments.models import Cell, Instance
+from tests.deployments.conftest import SPEC
+
+
+@pytest.fixture
+def plan(db):
+    return services.plan_load(text=SPEC.read_text()).plan
+
+
+@pytest.fixture
+def private_cell(db):
+    return Cell.objects.create(name="private-eu", region="eu-private", public=False)
+
+
+def create(owner, tenant, plan, cell, request_id="r1"):
+    return services.instance_create(
+        actor=Actor(user=owner),
+        tenant=tenant,
+        plan=plan,
+        name="db",
+        parameters={},
+        request_id=request_id,
+        cell=cell,
+    )
+
+
+def test_a_private_cell_not_offered_to_the_tenant_is_refused_on_its_field(
+    owner, tenant, plan, private_cell
+):
+    Cell.objects.create(name="public", region="us", is_default=True)
+    other = account_services.tenant_create(actor=Actor(user=owner), name="Other")
+    private_cell.tenants.add(other)
+
+    with pytest.raises(ValidationError) as caught:
+        create(owner, tenant, plan, private_cell)
+
+    assert caught.value.message_dict == {
+        "cell": ["This region is not offered to your organization."]
+    }
+    assert not Instance.objects.exists()
+
+
+def test_a_private_cell_offered_to_the_tenant_is_accepted(owner, tenant, plan, private_cell):
+    private_cell.tenants.add(tenant)
+
+    operation = create(owner, tenant, plan, private_cell)
+
+    assert operation.instance.cell == private_cell
+    assert list(Cell.objects.offered_to(tenant)) == [private_cell]
+
+
+def test_without_a_cell_the_tenant_gets_an_offered_one_never_a_private_default(
+    owner, tenant, plan, private_cell
+):
+    private_cell.is_default = True
+    private_cell.save()
+    public = Cell.objects.create(name="public", region="us")
+
+    operation = create(owner, tenant, plan, None)
+
+    assert operation.instance.cell == public

@@ -1,0 +1,90 @@
+"""Quantities from the spec's `x-opsdeck.usage` rules, through the bounded evaluator."""
+
+from decimal import Decimal
+
+import pytest
+
+from deployments.metering import UsageError, quantities
+from deployments.spec.loader import load_spec
+from deployments.spec.params import validate_parameters
+from tests.deployments.conftest import SPEC
+
+CNPG = load_spec(SPEC.read_text())
+
+
+def measured(**given):
+    return quantities(CNPG, validate_parameters(CNPG.main.parameters, given))
+
+
+def test_the_default_cnpg_instance_uses_one_server_of_1_core_2_gib_and_10_gib():
+    assert measured() == {
+        "cpu": Decimal(1),
+        "memory": Decimal(2),
+        "storage": Decimal(10),
+        "replica": Decimal(1),
+        "base": Decimal(1),
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"instances": "3"}, {"cpu": "3", "memory": "6", "storage": "30", "replica": "3"}),
+        (
+            {"instances": "3", "cpu": "0.5", "memoryGi": "16", "storageGi": "250"},
+            {"cpu": "1.5", "memory": "48", "storage": "750", "replica": "3"},
+        ),
+        ({"instances": "5", "cpu": "4"}, {"cpu": "20", "memory": "10", "storage": "50"}),
+    ],
+)
+def test_quantities_multiply_per_server_sizes_by_the_server_count(given, expected):
+    result = measured(**given)
+
+    for dimension, value in expected.items():
+        assert result[dimension] == Decimal(value)
+        assert isinstance(result[dimension], Decimal)
+
+
+def test_a_password_never_reaches_a_usage_rule():
+    spec = load_spec(
+        SPEC.read_text().replace('double(var.instances)"', 'double(size(var.password))"', 1)
+    )
+
+    with pytest.raises(UsageError, match="The usage rule for cpu failed"):
+        quantities(spec, validate_parameters(spec.main.parameters, {}))
+
+
+def test_a_rule_that_fails_or_gives_no_number_is_a_clear_error():
+    spec = load_spec(SPEC.read_text())
+    spec.usage_rules = {"cpu": "var.cpu / 0", "memory": "'lots'", "storage": "-1.0"}
+
+    with pytest.raises(UsageError, match="The usage rule for cpu failed"):
+        quantities(spec, {"cpu": 1})
+    spec.usage_rules = {"memory": "'lots'"}
+    with pytest.raises(UsageError, match="memory does not give a number"):
+        quantities(spec, {"cpu": 1})
+    spec.usage_rules = {"storage": "-1.0"}
+    with pytest.raises(UsageError, match=r"storage gives -1\.0, not a quantity"):
+        quantities(spec, {"cpu": 1})
+
+
+def test_a_rule_past_the_evaluators_bounds_is_stopped_with_a_clear_error():
+    spec = load_spec(SPEC.read_text())
+    spec.usage_rules = {"cpu": "+".join(["1.0"] * 3000)}
+
+    with pytest.raises(UsageError) as caught:
+        quantities(spec, {})
+
+    assert str(caught.value) == (
+        "The usage rule for cpu was stopped: CEL: the expression or its input is nested too deeply"
+    )
+
+
+def test_quantities_of_a_stored_plan_version(db):
+    from deployments import services
+
+    version = services.plan_load(text=SPEC.read_text()).version
+
+    assert (
+        quantities(version, {"instances": 2, "cpu": 4, "memoryGi": 8, "storageGi": 5})["cpu"] == 8
+    )
