@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("deployments", "0005_requested_changes"),
+        ("deployments", "0006_cell_offering"),
     ]
 
     operations = [
