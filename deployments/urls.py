@@ -5,4 +5,27 @@ from deployments import views
 # Mounted under /t/<tenant_slug>/.
 tenant_urlpatterns = [
     path("deployments/", views.instance_list, name="instance_list"),
+    # --- instance page ---
+    path("deployments/<str:instance_id>/", views.instance_detail, name="instance_detail"),
+    path(
+        "deployments/<str:instance_id>/operations/<uuid:operation_id>/",
+        views.operation_detail,
+        name="operation_detail",
+    ),
+    path(
+        "deployments/<str:instance_id>/actions/<str:verb>/",
+        views.instance_act,
+        name="instance_act",
+    ),
+    path("deployments/<str:instance_id>/delete/", views.instance_delete, name="instance_delete"),
+    path(
+        "deployments/<str:instance_id>/backups/<int:snapshot_id>/restore/",
+        views.snapshot_restore,
+        name="snapshot_restore",
+    ),
+    path(
+        "deployments/<str:instance_id>/backups/<int:snapshot_id>/delete/",
+        views.snapshot_delete,
+        name="snapshot_delete",
+    ),
 ]
