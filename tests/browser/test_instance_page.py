@@ -1,0 +1,117 @@
+"""The instance page in a real browser, at a desktop width (1280 px) and a phone's (390 px)."""
+
+import re
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from accounts.audit import Actor
+from tests.browser.conftest import scrolls_sideways, shot
+
+ROOT = Path(__file__).resolve().parents[2]
+BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
+
+
+@pytest.fixture
+def instance(tenant, owner):
+    """A running instance with a long name, a finished create with task runs, and a backup."""
+    from deployments import services
+    from deployments.models import Cell, Instance, Operation, Snapshot, TaskRun
+
+    plan = services.plan_load(text=(ROOT / "specs" / "postgres-cnpg.yaml").read_text()).plan
+    Cell.objects.create(name="local", region="local", is_default=True)
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan,
+        name="orders-production-database-for-the-europe-region", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    now = timezone.now()
+    Operation.objects.filter(pk=create.pk).update(
+        state=Operation.State.FAILED, started_at=now - timedelta(minutes=3), finished_at=now,
+        error="Cluster inst-x is invalid: spec.storage.size: Invalid value: "
+        "a-very-long-unbroken-value-that-could-widen-the-page-0123456789abcdef",
+    )  # fmt: skip
+    TaskRun.objects.create(
+        operation=create, node="main.cluster-with-a-long-task-name", state="Failed",
+        message="admission webhook denied the request: " + "x" * 80, started_at=now,
+    )  # fmt: skip
+    instance = create.instance
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+    Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-20261130080000",
+        status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    instance.refresh_from_db()
+    return instance
+
+
+@BOTH_WIDTHS
+@pytest.mark.parametrize("tab", ["overview", "operations", "backups", "activity"])
+def test_the_instance_page_never_scrolls_sideways(open_page, owner, instance, width, tab):
+    page = open_page(
+        owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab={tab}", width
+    )
+    if tab == "operations":
+        page.locator("#instance-operations summary").first.click()
+    shot(page, f"instance-{tab}-{width}")
+
+    expect(page.locator("h1")).to_have_text(instance.name)
+    assert not scrolls_sideways(page)
+
+
+def test_tabs_switch_and_the_address_follows(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+
+    page.get_by_role("link", name="Backups").click()
+    expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    expect(page.locator("#instance-backups")).to_contain_text(f"{instance.pk}-20261130080000")
+
+    page.get_by_role("link", name="Operations").click()
+    expect(page).to_have_url(re.compile(r"\?tab=operations$"))
+    expect(page.get_by_role("link", name="Operations")).to_have_attribute("aria-current", "page")
+    expect(page.locator("#instance-operations")).to_contain_text("What went wrong")
+
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    expect(page.locator("#instance-backups")).to_be_visible()
+
+
+@BOTH_WIDTHS
+def test_the_delete_dialog_refuses_a_wrong_name(open_page, owner, instance, width):
+    from deployments.models import Operation
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", width)
+
+    page.get_by_role("button", name="Delete", exact=True).click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("Its 1 backup stays")
+    dialog.get_by_label(re.compile("to confirm")).fill("orders")
+    dialog.get_by_role("button", name=f"Delete {instance.name}").click()
+
+    dialog = page.get_by_role("dialog")
+    expect(dialog.locator(".field-error")).to_have_text(
+        f"Type the instance's name, {instance.name}, to delete it."
+    )
+    shot(page, f"instance-delete-refused-{width}")
+    assert not scrolls_sideways(page)
+    assert not Operation.objects.filter(verb="delete").exists()
+
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(page.get_by_role("dialog")).to_have_count(0)
+
+
+def test_the_copy_button_copies_the_id(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+
+    page.get_by_role("button", name=re.compile("Copy the instance id")).click()
+
+    expect(page.get_by_role("button", name=re.compile("Copy the instance id"))).to_have_text(
+        "Copied"
+    )
+    assert page.evaluate("navigator.clipboard.readText()") == instance.pk
