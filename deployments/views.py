@@ -51,8 +51,8 @@ def _page_url(instance: Instance, tab: str = "") -> str:
     return f"{url}?tab={tab}" if tab else url
 
 
-def _tab_context(instance: Instance, tab: str, allowed: frozenset[str]) -> dict:
-    """What one tab shows."""
+def _tab_context(instance: Instance, tab: str, actions: list) -> dict:
+    """What one tab shows (`actions`: those the header offers)."""
     if tab == "operations":
         operations = list(selectors.operations_with_runs(instance))
         return {
@@ -63,10 +63,7 @@ def _tab_context(instance: Instance, tab: str, allowed: frozenset[str]) -> dict:
     if tab == "backups":
         return {
             "snapshots": selectors.snapshots_of_instance(instance),
-            "backup": next(
-                (a for a in selectors.instance_actions(instance, allowed) if a.verb == "backup"),
-                None,
-            ),
+            "backup": next((a for a in actions if a.verb == "backup"), None),
         }
     if tab == "activity":
         return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
@@ -89,7 +86,7 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
         "snapshot_count": selectors.snapshots_of_instance(instance).count(),
-        **_tab_context(instance, tab, allowed),
+        **_tab_context(instance, tab, actions),
         **extra,
     }
     template = DETAIL
@@ -106,7 +103,8 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
 def instance_detail(request, instance_id: str):
     instance = _instance(request, instance_id)
     tab = request.GET.get("tab", "overview")
-    return _page(request, instance, tab=tab if tab in TABS else "overview")
+    focus = request.GET.get("operation", "")  # the operation to show unfolded
+    return _page(request, instance, tab=tab if tab in TABS else "overview", focus=focus)
 
 
 @tenant_view("instance.view")
@@ -114,7 +112,8 @@ def operation_detail(request, instance_id: str, operation_id):
     """An operation's address: the operations tab, opened at it."""
     instance = _instance(request, instance_id)
     operation = get_object_or_404(instance.operations.only("pk"), pk=operation_id)
-    return redirect(f"{_page_url(instance, 'operations')}#operation-{operation.pk}")
+    url = _page_url(instance, "operations")
+    return redirect(f"{url}&operation={operation.pk}#operation-{operation.pk}")
 
 
 def _queued(request, instance: Instance, operation: Operation, what: str, *, tab: str):

@@ -48,5 +48,26 @@ document.addEventListener("click", (event) => {
   if (closer) closer.closest("dialog")?.close();
 });
 
+// Polling replaces the operations timeline every few seconds: what the reader unfolded or
+// folded stays so.
+let folding = new Map();
+document.addEventListener("htmx:beforeSwap", (event) => {
+  folding = new Map();
+  if (event.detail.target.id !== "instance-operations") return;
+  event.detail.target.querySelectorAll("li[id] > details").forEach((details) => {
+    folding.set(details.parentElement.id, details.open);
+  });
+});
+
+function keepFolding() {
+  folding.forEach((open, id) => {
+    const details = document.querySelector(`#${CSS.escape(id)} > details`);
+    if (details) details.open = open;
+  });
+}
+
 document.addEventListener("DOMContentLoaded", openMarkedDialogs);
-document.addEventListener("htmx:afterSettle", openMarkedDialogs);
+document.addEventListener("htmx:afterSettle", () => {
+  openMarkedDialogs();
+  keepFolding();
+});

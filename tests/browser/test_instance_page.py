@@ -115,3 +115,31 @@ def test_the_copy_button_copies_the_id(open_page, owner, instance):
         "Copied"
     )
     assert page.evaluate("navigator.clipboard.readText()") == instance.pk
+
+
+def test_the_timeline_follows_a_pending_operation_and_keeps_what_the_reader_folded(
+    open_page, owner, instance
+):
+    from deployments import services
+    from deployments.models import Instance, Operation
+
+    restart = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="restart", request_id="b-restart"
+    )
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=operations")
+    item = page.locator(f"#operation-{restart.pk}")
+    expect(item.locator("details")).to_have_attribute("open", "")
+    item.locator("summary").click()  # the reader folds it
+    expect(item.locator(".badge")).to_have_text("Queued")
+
+    Operation.objects.filter(pk=restart.pk).update(state=Operation.State.RUNNING)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.UPDATING)
+    expect(item.locator(".badge")).to_have_text("Running", timeout=5000)
+    expect(page.locator("#instance-state")).to_have_text("Updating")
+    expect(item.locator("details")).not_to_have_attribute("open", "")
+
+    Operation.objects.filter(pk=restart.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+    expect(item.locator(".badge")).to_have_text("Succeeded", timeout=5000)
+    expect(page.locator("#instance-state")).to_have_text("Running")
+    expect(page.locator("#instance-operations")).not_to_have_attribute("hx-trigger", "every 2s")

@@ -440,6 +440,12 @@ def test_a_member_requesting_another_tenants_real_ids_gets_404_everywhere(
 def test_an_operations_address_opens_the_timeline_at_it(owner_client, instance):
     operation = instance.operations.get()
 
-    response = owner_client.get(_url(instance, f"operations/{operation.pk}/"))
+    response = owner_client.get(_url(instance, f"operations/{operation.pk}/"), follow=True)
 
-    assert response["Location"] == f"{_url(instance)}?tab=operations#operation-{operation.pk}"
+    url, _ = response.redirect_chain[-1]
+    assert (
+        url == f"{_url(instance)}?tab=operations&operation={operation.pk}#operation-{operation.pk}"
+    )
+    assert f'<li id="operation-{operation.pk}" class="timeline-item">\n    <details open>' in (
+        response.content.decode()
+    )
