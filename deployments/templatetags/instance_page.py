@@ -5,6 +5,7 @@ from datetime import datetime
 
 from django import template
 from django.utils import timezone
+from django.utils.timesince import timesince, timeuntil
 
 register = template.Library()
 
@@ -34,3 +35,16 @@ def duration(start: datetime | None, end: datetime | None = None) -> str:
         return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+@register.filter
+def relative(moment: datetime | None) -> str:
+    """A time as a person says it: "just now", "3 hours ago", "in 29 days"."""
+    if moment is None:
+        return ""
+    now = timezone.now()
+    if abs((now - moment).total_seconds()) < 60:
+        return "just now"
+    if moment > now:
+        return f"in {timeuntil(moment, now, depth=1)}"
+    return f"{timesince(moment, now, depth=1)} ago"

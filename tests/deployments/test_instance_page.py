@@ -126,7 +126,7 @@ def test_the_operations_tab_lists_task_runs_with_their_messages_and_attempts(
     assert "Cluster not ready: waiting for the primary" in html
     assert "Attempt </span>2</td>" in html  # the second attempt
     assert "took 1 min 30 s" in html
-    assert 'hx-trigger="every 2s"' not in html  # nothing pending: no polling
+    assert 'hx-trigger="every 2s' not in html  # nothing pending: no polling
 
 
 def test_a_failed_operation_says_what_went_wrong(owner_client, instance):
@@ -145,7 +145,7 @@ def test_a_pending_operation_makes_the_timeline_poll_until_it_ends(owner_client,
     owner_client.post(f"{url}actions/restart/", {"request_id": "poll-1"})
 
     html = owner_client.get(url, {"tab": "operations"}).content.decode()
-    assert 'hx-trigger="every 2s"' in html
+    assert 'hx-trigger="every 2s' in html
 
     polled = owner_client.get(
         url, {"tab": "operations"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations"
@@ -158,7 +158,7 @@ def test_a_pending_operation_makes_the_timeline_poll_until_it_ends(owner_client,
     done = owner_client.get(
         url, {"tab": "operations"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations"
     ).content.decode()
-    assert 'hx-trigger="every 2s"' not in done
+    assert 'hx-trigger="every 2s' not in done
 
 
 def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
