@@ -90,8 +90,7 @@ def operations_with_runs(instance: Instance) -> QuerySet[Operation]:
 def snapshots_of_instance(instance: Instance) -> QuerySet[Snapshot]:
     """The instance's snapshots, newest first, deleted ones left out."""
     return (
-        Snapshot.objects.filter(tenant=instance.tenant)
-        .filter(instance=instance)
+        Snapshot.objects.filter(tenant=instance.tenant, instance=instance)
         .exclude(status=Snapshot.Status.DELETED)
         .order_by("-created_at")
     )
@@ -208,7 +207,8 @@ class InstanceAction:
 
 
 def instance_retry_verb(instance: Instance) -> str | None:
-    """ "create" or "restore" when the instance failed because that verb failed."""
+    """The verb to offer as "Retry": create or restore, when the instance failed because that
+    verb failed (None otherwise)."""
     if instance.state != Instance.State.FAILED:
         return None
     last = (

@@ -144,8 +144,14 @@ def _errors(exc: ValidationError) -> dict[str, list[str]]:
     return {"__all__": exc.messages}
 
 
-def _dialog_again(request, instance: Instance, dialog: str, errors: dict, *, tab: str, **extra):
-    """The page with the dialog open again, showing what to correct; nothing was done."""
+def _dialog_again(
+    request, instance: Instance, dialog: str | None, errors: dict, *, tab: str, **extra
+):
+    """The page with the dialog open again, showing what to correct; nothing was done. An
+    action without a dialog (None) says it in a message instead."""
+    if dialog is None:
+        messages.error(request, " ".join(m for listed in errors.values() for m in listed))
+        return _after(request, instance, tab)
     return _page(
         request,
         instance,
@@ -190,9 +196,8 @@ def instance_act(request, instance_id: str, verb: str):
     except ValidationError as exc:
         secret = {p.key for p in spec_verb.parameters if p.type == "Password"}
         kept = {key: value for key, value in given.items() if key not in secret}
-        return _dialog_again(
-            request, instance, f"dialog-{verb}", _errors(exc), tab=tab, submitted=kept
-        )
+        dialog = f"dialog-{verb}" if spec_verb.parameters else None
+        return _dialog_again(request, instance, dialog, _errors(exc), tab=tab, submitted=kept)
     label = selectors.verb_labels(instance.plan_version).get(verb, verb)
     return _queued(request, instance, operation, f"{label} of {instance.name}", tab=tab)
 
@@ -241,7 +246,8 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     except ActionDenied as exc:
         return _refused(request, instance, exc, "backup.restore", tab="backups")
     except ValidationError as exc:
-        dialog = f"dialog-restore-{snapshot.pk}"
+        shown = snapshot.status == Snapshot.Status.COMPLETED  # the only ones with a dialog
+        dialog = f"dialog-restore-{snapshot.pk}" if shown else None
         return _dialog_again(
             request, instance, dialog, _errors(exc), tab="backups", submitted={"name": name}
         )

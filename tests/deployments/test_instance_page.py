@@ -449,3 +449,28 @@ def test_an_operations_address_opens_the_timeline_at_it(owner_client, instance):
     assert f'<li id="operation-{operation.pk}" class="timeline-item">\n    <details open>' in (
         response.content.decode()
     )
+
+
+def test_a_request_id_reused_for_another_action_is_said_in_a_message(owner_client, instance):
+    owner_client.post(_url(instance, "actions/restart/"), {"request_id": "reused"})
+
+    response = owner_client.post(
+        _url(instance, "actions/stop/"), {"request_id": "reused"}, follow=True
+    )
+
+    assert "This form was already sent with different values." in response.content.decode()
+    assert not Operation.objects.filter(verb="stop").exists()
+
+
+def test_restoring_a_backup_that_is_not_complete_says_why(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.PENDING)
+
+    response = owner_client.post(
+        _url(instance, f"backups/{snapshot.pk}/restore/"),
+        {"request_id": "rs-3", "name": "copy"},
+        follow=True,
+    )
+
+    assert "Only a completed snapshot can be restored." in response.content.decode()
+    assert Instance.objects.count() == 1
