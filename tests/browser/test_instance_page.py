@@ -145,3 +145,49 @@ def test_the_timeline_follows_a_pending_operation_and_keeps_what_the_reader_fold
     expect(page.locator("#instance-operations")).not_to_have_attribute(
         "hx-trigger", re.compile(".")
     )
+
+
+@BOTH_WIDTHS
+def test_a_custom_action_shows_the_services_error_in_its_dialog_then_queues(
+    open_page, owner, instance, width
+):
+    from deployments.models import Operation
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", width)
+    page.get_by_role("button", name="Rotate owner password").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("New password").fill("short")
+    dialog.get_by_role("button", name="Rotate owner password").click()
+
+    dialog = page.get_by_role("dialog")
+    expect(dialog.locator(".field-error")).to_have_text(
+        "Must be between 12 and 100 characters long."
+    )
+    expect(dialog.get_by_label("New password")).to_have_value("")  # never sent back
+    shot(page, f"instance-custom-error-{width}")
+    assert not scrolls_sideways(page)
+
+    dialog.get_by_label("New password").fill("a-long-enough-password")
+    dialog.get_by_role("button", name="Rotate owner password").click()
+
+    expect(page.locator("#messages")).to_contain_text("Rotate owner password of")
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    expect(page).to_have_url(re.compile(r"\?tab=operations$"))
+    expect(page.locator("#instance-operations")).to_contain_text("Queued")
+    assert Operation.objects.filter(verb="rotateCredentials").count() == 1
+
+
+def test_stop_queues_from_the_header_and_the_message_links_to_the_operation(
+    open_page, owner, instance
+):
+    from deployments.models import Operation
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+
+    page.get_by_role("button", name="Stop", exact=True).click()
+
+    expect(page.locator("#messages")).to_contain_text(f"Stop of {instance.name} is queued.")
+    stop = Operation.objects.get(verb="stop")
+    page.locator("#messages").get_by_role("link", name="queued").click()
+    expect(page).to_have_url(re.compile(rf"operation={stop.pk}#operation-{stop.pk}$"))
+    expect(page.locator(f"#operation-{stop.pk} details")).to_have_attribute("open", "")
