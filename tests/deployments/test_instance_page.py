@@ -474,3 +474,30 @@ def test_restoring_a_backup_that_is_not_complete_says_why(owner_client, instance
 
     assert "Only a completed snapshot can be restored." in response.content.decode()
     assert Instance.objects.count() == 1
+
+
+@pytest.mark.parametrize("role", ["viewer", "billing"])
+def test_roles_without_deployment_rights_are_refused_every_action(
+    client, instance, add_member, role
+):
+    user = add_member(f"{role}@example.com", role)
+    client.force_login(user)
+    snapshot = instance.snapshots.get()
+    posts = {
+        "instance.restart": _url(instance, "actions/restart/"),
+        "instance.backup": _url(instance, "actions/backup/"),
+        "instance.rotateCredentials": _url(instance, "actions/rotateCredentials/"),
+        "instance.delete": _url(instance, "delete/"),
+        "instance.restore": _url(instance, f"backups/{snapshot.pk}/restore/"),
+        "backup.delete": _url(instance, f"backups/{snapshot.pk}/delete/"),
+    }
+
+    for action, url in posts.items():
+        data = {"request_id": uuid.uuid4().hex, "confirm_name": "orders", "name": "copy"}
+        response = client.post(url, data)
+        assert response.status_code == 403, url
+        assert "does not allow" in response.content.decode()
+        assert AuditEvent.objects.filter(action=action, result="denied", actor=user).exists()
+
+    assert instance.operations.count() == 1  # only its create
+    assert Instance.objects.count() == 1
