@@ -165,14 +165,15 @@ HIDDEN_VALUE = "set, hidden"
 
 
 def instance_parameters_shown(instance: Instance) -> list[ParameterShown]:
-    """The instance's parameters as the page lists them, in the spec's order; Password values
-    are never read (they are always set: a missing one is generated)."""
+    """The instance's parameters as the page lists them, in the spec's order: Password values
+    are never read (they are always set: a missing one is generated), and the others the spec
+    keeps out of view (`export: false`) are left out."""
     spec = plan_spec(instance.plan_version)
     shown = []
     for parameter in spec.main.parameters:
         if parameter.type == "Password":
             value = HIDDEN_VALUE
-        elif parameter.key in instance.parameters:
+        elif parameter.export and parameter.key in instance.parameters:
             value = format_value(parameter, instance.parameters[parameter.key])
         else:
             continue

@@ -501,3 +501,18 @@ def test_roles_without_deployment_rights_are_refused_every_action(
 
     assert instance.operations.count() == 1  # only its create
     assert Instance.objects.count() == 1
+
+
+def test_parameters_the_spec_does_not_export_stay_off_the_page(owner, tenant, local_cell, client):
+    text = SPEC.read_text().replace("plan: postgres-cnpg", "plan: postgres-quiet", 1)
+    exported = '        defaultValue: "app"\n        required: false\n        modifiable: false\n'
+    assert text.count(exported) == 2  # database, then owner
+    text = text.replace(exported, exported + "        export: false\n", 1)
+    plan = services.plan_load(text=text).plan
+    create = _create(owner, tenant, plan, database="internal_ledger")
+    client.force_login(owner)
+
+    html = client.get(_url(create.instance)).content.decode()
+
+    assert "internal_ledger" not in html
+    assert "Owner password" in html and "Servers" in html
