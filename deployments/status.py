@@ -2,7 +2,8 @@
 
 A plan's spec names the object that carries its instances' status (`x-opsdeck.status`: its
 apiVersion and kind, named after the instance id in the instance's namespace, labelled
-`opsdeck.io/instance`) and, optionally, which fields of its `status` to keep. Beat calls
+`opsdeck.io/instance`) and where in it the portal finds what it shows (phase, ready and total
+servers, primary, conditions). Beat calls
 `instances_observe()`: per cell and kind, one LIST (a page at a time) with that label selector,
 matched to the cell's instances and written in bulk. A later watch replaces the polling behind
 this one function.
@@ -19,27 +20,53 @@ from django.utils import timezone
 from deployments import selectors
 from deployments.kube import KubeDriver
 from deployments.models import Cell, Instance
+from deployments.spec.validation import SHOWN_STATUS
 from deployments.workflow.driver import DriverError
+from deployments.workflow.outputs import MISSING, dotted_get
 
 log = logging.getLogger(__name__)
 
 INSTANCE_LABEL = "opsdeck.io/instance"
 
 
-def status_object(extensions: dict[str, Any]) -> tuple[str, str, list[str] | None] | None:
-    """(apiVersion, kind, fields kept or None for all) from a spec's `x-opsdeck`, if it says."""
+def status_object(extensions: dict[str, Any]) -> tuple[str, str, dict[str, str]] | None:
+    """(apiVersion, kind, {shown name: dotted path in the object}) from a spec's `x-opsdeck`."""
     status = extensions.get("status")
     if not isinstance(status, dict) or not status.get("apiVersion") or not status.get("kind"):
         return None
-    fields = status.get("fields")
-    return str(status["apiVersion"]), str(status["kind"]), list(fields) if fields else None
+    fields = status.get("fields") or {}
+    paths = (
+        {str(k): str(v) for k, v in fields.items() if k in SHOWN_STATUS}
+        if isinstance(fields, dict)
+        else {}
+    )
+    return str(status["apiVersion"]), str(status["kind"]), paths
 
 
-def observed_of(obj: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
-    """What Opsdeck keeps of an object's status: the fields the spec names (all without)."""
-    status = obj.get("status") or {}
-    kept = status if fields is None else {k: status[k] for k in fields if k in status}
-    return {"status": kept, "generation": (obj.get("metadata") or {}).get("generation")}
+def observed_of(obj: dict[str, Any], paths: dict[str, str]) -> dict[str, Any]:
+    """What Opsdeck keeps of an object: the shown values its spec points at, conditions as
+    `{type, status, message}` (nothing else of the object: memory stays small)."""
+    observed: dict[str, Any] = {}
+    for name, path in paths.items():
+        value = dotted_get(obj, path)
+        if value is MISSING:
+            continue
+        if name == "conditions":
+            value = (
+                [
+                    {key: str(c.get(key, "")) for key in ("type", "status", "message")}
+                    for c in value
+                    if isinstance(c, dict)
+                ]
+                if isinstance(value, list)
+                else []
+            )
+        elif name in {"ready", "total"}:
+            value = value if isinstance(value, int) and not isinstance(value, bool) else None
+        else:
+            value = str(value)
+        observed[name] = value
+    return observed
 
 
 def cell_observe(cell: Cell, driver: KubeDriver) -> int:
@@ -49,14 +76,14 @@ def cell_observe(cell: Cell, driver: KubeDriver) -> int:
         .exclude(state=Instance.State.DELETED)
         .only("id", "observed", "plan_version_id")
     )
-    by_kind: dict[tuple[str, str], dict[str, tuple[Instance, list[str] | None]]] = defaultdict(dict)
+    by_kind: dict[tuple[str, str], dict[str, tuple[Instance, dict[str, str]]]] = defaultdict(dict)
     for instance in instances:
         found = status_object(
             selectors.plan_version_loaded(instance.plan_version_id).spec.extensions
         )
         if found is not None:
-            api_version, kind, fields = found
-            by_kind[(api_version, kind)][instance.pk] = (instance, fields)
+            api_version, kind, paths = found
+            by_kind[(api_version, kind)][instance.pk] = (instance, paths)
     now = timezone.now()
     seen = []
     for (api_version, kind), wanted in by_kind.items():
@@ -65,8 +92,8 @@ def cell_observe(cell: Cell, driver: KubeDriver) -> int:
             entry = wanted.get(meta.get("name", ""))
             if entry is None or meta.get("namespace") != entry[0].namespace:
                 continue
-            instance, fields = entry
-            instance.observed = observed_of(obj, fields)
+            instance, paths = entry
+            instance.observed = observed_of(obj, paths)
             instance.observed_at = now
             seen.append(instance)
     Instance.objects.bulk_update(seen, ["observed", "observed_at"], batch_size=500)

@@ -14,4 +14,26 @@ tenant_urlpatterns = [
         name="instance_estimate",
     ),
     path("deployments/<str:instance_id>/", views.instance_detail, name="instance_detail"),
+    # --- instance page ---
+    path(
+        "deployments/<str:instance_id>/operations/<uuid:operation_id>/",
+        views.operation_detail,
+        name="operation_detail",
+    ),
+    path(
+        "deployments/<str:instance_id>/actions/<str:verb>/",
+        views.instance_act,
+        name="instance_act",
+    ),
+    path("deployments/<str:instance_id>/delete/", views.instance_delete, name="instance_delete"),
+    path(
+        "deployments/<str:instance_id>/backups/<int:snapshot_id>/restore/",
+        views.snapshot_restore,
+        name="snapshot_restore",
+    ),
+    path(
+        "deployments/<str:instance_id>/backups/<int:snapshot_id>/delete/",
+        views.snapshot_delete,
+        name="snapshot_delete",
+    ),
 ]

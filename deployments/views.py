@@ -8,6 +8,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
 from django.utils.cache import patch_vary_headers
+from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from accounts import roles
@@ -15,8 +16,8 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import partial_template
 from accounts.tenancy import tenant_view
-from deployments import forms, metering, selectors, services
-from deployments.models import Cell, Instance, PlanVersion
+from deployments import forms, lifecycle, metering, selectors, services
+from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
 
 
@@ -59,15 +60,6 @@ def instance_list(request):
     response = render(request, template, context)
     patch_vary_headers(response, ["HX-Request"])
     return response
-
-
-# --- placeholder, replaced by the instance page ---
-
-
-@tenant_view("instance.view")
-def instance_detail(request, instance_id: str):
-    instance = get_object_or_404(Instance.objects.for_tenant(request.tenant), pk=instance_id)
-    return render(request, "deployments/instance_placeholder.html", {"instance": instance})
 
 
 # --- catalog and create form ---
@@ -172,3 +164,266 @@ def instance_estimate(request, plan_key: str):
     form_class = forms.parameter_form_class(spec.main.parameters, groups=spec.parameter_groups)
     context = _estimate_context(version, spec, form_class(request.POST))
     return render(request, "deployments/_estimate.html", context)
+
+
+# --- instance page ---
+
+TABS = {
+    "overview": "Overview",
+    "operations": "Operations",
+    "backups": "Backups",
+    "activity": "Activity",
+}
+DETAIL = "deployments/instance_detail.html"
+# An htmx request names the element it swaps; each of these has a partial of its own.
+SWAPPED = {"instance-page", "instance-tab", "instance-operations"}
+ACTIVITY_SHOWN = 100
+PENDING = {Operation.State.QUEUED, Operation.State.RUNNING}
+
+
+def _instance(request, instance_id: str) -> Instance:
+    instance = selectors.instance_for_tenant(request.tenant, instance_id)
+    if instance is None:
+        raise Http404("No such deployment.")
+    return instance
+
+
+def _page_url(instance: Instance, tab: str = "") -> str:
+    url = reverse(
+        "instance_detail",
+        kwargs={"tenant_slug": instance.tenant.slug, "instance_id": instance.pk},
+    )
+    return f"{url}?tab={tab}" if tab else url
+
+
+def _tab_context(instance: Instance, tab: str, actions: list) -> dict:
+    """What one tab shows (`actions`: those the header offers)."""
+    if tab == "operations":
+        operations = list(selectors.operations_with_runs(instance))
+        return {
+            "operations": operations,
+            "pending": any(op.state in PENDING for op in operations),
+            "verb_labels": selectors.verb_labels(instance.plan_version),
+        }
+    if tab == "backups":
+        return {
+            "snapshots": selectors.snapshots_of_instance(instance),
+            "backup": next((a for a in actions if a.verb == "backup"), None),
+        }
+    if tab == "activity":
+        return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
+    return {
+        "status": selectors.observed_status(instance),
+        "parameters": selectors.instance_parameters_shown(instance),
+    }
+
+
+def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
+    """The instance page, or for htmx the part it swaps (the whole page's part after an
+    action, whatever asked)."""
+    allowed = roles.allowed_actions(request.membership.role)
+    actions = selectors.instance_actions(instance, allowed)
+    context = {
+        "instance": instance,
+        "page_url": _page_url(instance),
+        "tab": tab,
+        "tabs": TABS,
+        "actions": actions,
+        "refusals": [a for a in actions if a.refusal],
+        "snapshot_count": selectors.snapshots_of_instance(instance).count(),
+        **_tab_context(instance, tab, actions),
+        **extra,
+    }
+    template = DETAIL
+    if request.htmx and not request.htmx.history_restore_request:
+        target = request.htmx.target if request.method == "GET" else "instance-page"
+        template = f"{DETAIL}#{target if target in SWAPPED else 'instance-page'}"
+        context["polled"] = target == "instance-operations"
+    response = render(request, template, context, status=status)
+    patch_vary_headers(response, ["HX-Request", "HX-Target"])
+    return response
+
+
+@tenant_view("instance.view")
+def instance_detail(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    tab = request.GET.get("tab", "overview")
+    focus = request.GET.get("operation", "")  # the operation to show unfolded
+    return _page(request, instance, tab=tab if tab in TABS else "overview", focus=focus)
+
+
+@tenant_view("instance.view")
+def operation_detail(request, instance_id: str, operation_id):
+    """An operation's address: the operations tab, opened at it."""
+    instance = _instance(request, instance_id)
+    operation = get_object_or_404(instance.operations.only("pk"), pk=operation_id)
+    url = _page_url(instance, "operations")
+    return redirect(f"{url}&operation={operation.pk}#operation-{operation.pk}")
+
+
+def _queued(request, instance: Instance, operation: Operation, what: str, *, tab: str):
+    """After an action: say what was queued, linking to the operation, and show the page."""
+    url = reverse(
+        "operation_detail",
+        kwargs={
+            "tenant_slug": request.tenant.slug,
+            "instance_id": operation.instance_id,
+            "operation_id": operation.pk,
+        },
+    )
+    messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
+    return _after(request, _instance(request, instance.pk), tab)
+
+
+def _after(request, instance: Instance, tab: str):
+    if request.htmx:
+        response = _page(request, instance, tab=tab)
+        response["HX-Push-Url"] = _page_url(instance, tab)
+        return response
+    return redirect(_page_url(instance, tab))
+
+
+def _errors(exc: ValidationError) -> dict[str, list[str]]:
+    if hasattr(exc, "error_dict"):
+        return exc.message_dict
+    return {"__all__": exc.messages}
+
+
+def _dialog_again(
+    request, instance: Instance, dialog: str | None, errors: dict, *, tab: str, **extra
+):
+    """The page with the dialog open again, showing what to correct; nothing was done. An
+    action without a dialog (None) says it in a message instead."""
+    if dialog is None:
+        messages.error(request, " ".join(m for listed in errors.values() for m in listed))
+        return _after(request, instance, tab)
+    return _page(
+        request,
+        instance,
+        tab=tab,
+        status=200 if request.htmx else 400,
+        open_dialog=dialog,
+        errors=errors,
+        **extra,
+    )
+
+
+def _refused(request, instance: Instance, exc: ActionDenied, action: str, *, tab: str):
+    """A refusal: a forged request the role does not allow is a 403 (already audited); one
+    the role allows (the state or a limit forbids it now) is said on the page."""
+    if not roles.can(request.membership.role, action):
+        raise exc
+    messages.error(request, exc.reason)
+    return _after(request, instance, tab)
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_act(request, instance_id: str, verb: str):
+    instance = _instance(request, instance_id)
+    spec_verb = selectors.plan_spec(instance.plan_version).main.verbs.get(verb)
+    if spec_verb is None or verb == "delete":
+        raise Http404("No such action.")
+    tab = "backups" if verb == "backup" else "operations"
+    given = {p.key: request.POST.get(f"param-{p.key}", "") for p in spec_verb.parameters}
+    try:
+        operation = services.instance_action(
+            actor=Actor.from_request(request),
+            instance=instance,
+            verb=verb,
+            request_id=request.POST.get("request_id", ""),
+            parameters=given or None,
+        )
+    except ActionDenied as exc:
+        return _refused(
+            request, instance, exc, lifecycle.rule(verb, custom=spec_verb.custom).action, tab=tab
+        )
+    except ValidationError as exc:
+        secret = {p.key for p in spec_verb.parameters if p.type == "Password"}
+        kept = {key: value for key, value in given.items() if key not in secret}
+        dialog = f"dialog-{verb}" if spec_verb.parameters else None
+        return _dialog_again(request, instance, dialog, _errors(exc), tab=tab, submitted=kept)
+    label = selectors.verb_labels(instance.plan_version).get(verb, verb)
+    return _queued(request, instance, operation, f"{label} of {instance.name}", tab=tab)
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_delete(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    typed = request.POST.get("confirm_name", "")
+    if typed.strip() != instance.name:
+        errors = {"confirm_name": [f"Type the instance's name, {instance.name}, to delete it."]}
+        return _dialog_again(request, instance, "dialog-delete", errors, tab="overview")
+    try:
+        operation = services.instance_delete(
+            actor=Actor.from_request(request),
+            instance=instance,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "instance.delete", tab="overview")
+    except ValidationError as exc:
+        return _dialog_again(request, instance, "dialog-delete", _errors(exc), tab="overview")
+    return _queued(request, instance, operation, f"Deletion of {instance.name}", tab="operations")
+
+
+def _snapshot(instance: Instance, snapshot_id: int) -> Snapshot:
+    snapshot = selectors.snapshot_of_instance(instance, snapshot_id)
+    if snapshot is None:
+        raise Http404("No such backup.")
+    return snapshot
+
+
+@tenant_view("instance.view")
+@require_POST
+def snapshot_restore(request, instance_id: str, snapshot_id: int):
+    instance = _instance(request, instance_id)
+    snapshot = _snapshot(instance, snapshot_id)
+    name = request.POST.get("name", "")
+    try:
+        operation = services.snapshot_restore(
+            actor=Actor.from_request(request),
+            snapshot=snapshot,
+            name=name,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "backup.restore", tab="backups")
+    except ValidationError as exc:
+        shown = snapshot.status == Snapshot.Status.COMPLETED  # the only ones with a dialog
+        dialog = f"dialog-restore-{snapshot.pk}" if shown else None
+        return _dialog_again(
+            request, instance, dialog, _errors(exc), tab="backups", submitted={"name": name}
+        )
+    return _queued(
+        request,
+        instance,
+        operation,
+        f"Restore of {snapshot.name} into {operation.instance.name}",
+        tab="backups",
+    )
+
+
+@tenant_view("instance.view")
+@require_POST
+def snapshot_delete(request, instance_id: str, snapshot_id: int):
+    instance = _instance(request, instance_id)
+    snapshot = _snapshot(instance, snapshot_id)
+    try:
+        operation = services.snapshot_delete(
+            actor=Actor.from_request(request),
+            snapshot=snapshot,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "backup.delete", tab="backups")
+    except ValidationError as exc:
+        dialog = f"dialog-delete-backup-{snapshot.pk}"
+        return _dialog_again(request, instance, dialog, _errors(exc), tab="backups")
+    if operation is None:
+        messages.success(request, f"Backup {snapshot.name} deleted.")
+        return _after(request, instance, "backups")
+    return _queued(
+        request, instance, operation, f"Deletion of backup {snapshot.name}", tab="backups"
+    )

@@ -134,6 +134,10 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     _check_status(spec, report)
 
 
+# What the portal shows of an instance's status (deployments.status reads the same names).
+SHOWN_STATUS = ("phase", "ready", "total", "primary", "conditions")
+
+
 def _check_status(spec: PlanSpec, report: Report) -> None:
     """`x-opsdeck.status`: the object whose status the portal shows, of a kind the plan uses."""
     status = spec.extensions.get("status")
@@ -150,10 +154,16 @@ def _check_status(spec: PlanSpec, report: Report) -> None:
     if isinstance(kind, str) and spec.allowed_kinds and kind not in spec.allowed_kinds:
         report.error(f"{path}.kind", f'"{kind}" is not a kind this plan uses')
     fields = status.get("fields")
-    if fields is not None and not (
-        isinstance(fields, list) and all(isinstance(f, str) and f for f in fields)
-    ):
-        report.error(f"{path}.fields", "must be a list of status field names")
+    if fields is None:
+        return
+    if not isinstance(fields, dict):
+        report.error(f"{path}.fields", "must map what the portal shows to paths in the object")
+        return
+    for name, where in fields.items():
+        if name not in SHOWN_STATUS:
+            report.error(f"{path}.fields.{name}", f"is not one of {', '.join(SHOWN_STATUS)}")
+        elif not isinstance(where, str) or not where:
+            report.error(f"{path}.fields.{name}", "must be a dotted path such as status.phase")
 
 
 def _require_verbs(

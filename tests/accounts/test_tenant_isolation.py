@@ -24,6 +24,7 @@ def _tenant_routes(resolver=None, prefix=""):
 
 def _concrete(route: str, slug: str) -> str:
     path = route.replace("<slug:tenant_slug>", slug)
+    path = re.sub(r"<uuid:\w+>", "00000000-0000-0000-0000-000000000001", path)
     return "/" + re.sub(r"<int:\w+>", "1", re.sub(r"<(str|slug):\w+>", "x", path))
 
 

@@ -19,7 +19,7 @@ def _create(owner, tenant, plan, **parameters):
     )  # fmt: skip
 
 
-def test_every_instance_gets_the_status_fields_its_spec_names(
+def test_every_instance_gets_what_its_spec_points_at_in_the_operators_object(
     worker, cell, plan, tenant, owner, sandbox_cluster
 ):
     ops = [_create(owner, tenant, plan, instances="2"), _create(owner, tenant, plan)]
@@ -37,13 +37,12 @@ def test_every_instance_gets_the_status_fields_its_spec_names(
 
     assert found == 2
     first, second = (Instance.objects.get(pk=op.instance_id) for op in ops)
-    assert first.observed["status"]["phase"] == "Cluster in healthy state"
-    assert first.observed["status"]["readyInstances"] == 2
-    assert second.observed["status"]["readyInstances"] == 1
-    assert set(first.observed["status"]) <= {
-        "phase", "phaseReason", "instances", "readyInstances", "currentPrimary", "conditions",
-        "image",
-    }  # fmt: skip
+    assert first.observed["phase"] == "Cluster in healthy state"
+    assert (first.observed["ready"], first.observed["total"]) == (2, 2)
+    assert first.observed["primary"] == f"{first.pk}-1"
+    assert {"type": "Ready", "status": "True"}.items() <= first.observed["conditions"][0].items()
+    assert (second.observed["ready"], second.observed["total"]) == (1, 1)
+    assert set(first.observed) == {"phase", "ready", "total", "primary", "conditions"}
     assert first.observed_at is not None
     # One read of the instances and one bulk write, whatever their number.
     assert len([q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]) == 1

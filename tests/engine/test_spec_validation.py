@@ -903,8 +903,12 @@ def test_workflow_status_may_be_read_by_an_exit_handler():
             'x-opsdeck.status.kind: "Deployment" is not a kind this plan uses',
         ),
         (
-            {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "fields": "phase"},
-            "x-opsdeck.status.fields: must be a list of status field names",
+            {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "fields": ["phase"]},
+            "x-opsdeck.status.fields: must map what the portal shows to paths in the object",
+        ),
+        (
+            {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "fields": {"cpu": "x"}},
+            "x-opsdeck.status.fields.cpu: is not one of phase, ready, total, primary, conditions",
         ),
     ],
 )
@@ -920,7 +924,7 @@ def test_a_status_object_of_a_kind_the_plan_uses_is_accepted():
         document["x-opsdeck"]["status"] = {
             "apiVersion": "postgresql.cnpg.io/v1",
             "kind": "Cluster",
-            "fields": ["phase"],
+            "fields": {"phase": "status.phase", "ready": "status.readyInstances"},
         }
 
     assert errors(change) == []

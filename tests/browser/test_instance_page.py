@@ -1,0 +1,193 @@
+"""The instance page in a real browser, at a desktop width (1280 px) and a phone's (390 px)."""
+
+import re
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from accounts.audit import Actor
+from tests.browser.conftest import scrolls_sideways, shot
+
+ROOT = Path(__file__).resolve().parents[2]
+BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
+
+
+@pytest.fixture
+def instance(tenant, owner):
+    """A running instance with a long name, a finished create with task runs, and a backup."""
+    from deployments import services
+    from deployments.models import Cell, Instance, Operation, Snapshot, TaskRun
+
+    plan = services.plan_load(text=(ROOT / "specs" / "postgres-cnpg.yaml").read_text()).plan
+    Cell.objects.create(name="local", region="local", is_default=True)
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan,
+        name="orders-production-database-for-the-europe-region", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    now = timezone.now()
+    Operation.objects.filter(pk=create.pk).update(
+        state=Operation.State.FAILED, started_at=now - timedelta(minutes=3), finished_at=now,
+        error="Cluster inst-x is invalid: spec.storage.size: Invalid value: "
+        "a-very-long-unbroken-value-that-could-widen-the-page-0123456789abcdef",
+    )  # fmt: skip
+    TaskRun.objects.create(
+        operation=create, node="main.cluster-with-a-long-task-name", state="Failed",
+        message="admission webhook denied the request: " + "x" * 80, started_at=now,
+    )  # fmt: skip
+    instance = create.instance
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+    Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-20261130080000",
+        status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    instance.refresh_from_db()
+    return instance
+
+
+@BOTH_WIDTHS
+@pytest.mark.parametrize("tab", ["overview", "operations", "backups", "activity"])
+def test_the_instance_page_never_scrolls_sideways(open_page, owner, instance, width, tab):
+    page = open_page(
+        owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab={tab}", width
+    )
+    if tab == "operations":
+        page.locator("#instance-operations summary").first.click()
+    shot(page, f"instance-{tab}-{width}")
+
+    expect(page.locator("h1")).to_have_text(instance.name)
+    assert not scrolls_sideways(page)
+
+
+def test_tabs_switch_and_the_address_follows(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+
+    page.get_by_role("link", name="Backups").click()
+    expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    expect(page.locator("#instance-backups")).to_contain_text(f"{instance.pk}-20261130080000")
+
+    page.get_by_role("link", name="Operations").click()
+    expect(page).to_have_url(re.compile(r"\?tab=operations$"))
+    expect(page.get_by_role("link", name="Operations")).to_have_attribute("aria-current", "page")
+    expect(page.locator("#instance-operations")).to_contain_text("What went wrong")
+
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    expect(page.locator("#instance-backups")).to_be_visible()
+
+
+@BOTH_WIDTHS
+def test_the_delete_dialog_refuses_a_wrong_name(open_page, owner, instance, width):
+    from deployments.models import Operation
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", width)
+
+    page.get_by_role("button", name="Delete", exact=True).click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("Its 1 backup stays")
+    dialog.get_by_label(re.compile("to confirm")).fill("orders")
+    dialog.get_by_role("button", name=f"Delete {instance.name}").click()
+
+    dialog = page.get_by_role("dialog")
+    expect(dialog.locator(".field-error")).to_have_text(
+        f"Type the instance's name, {instance.name}, to delete it."
+    )
+    shot(page, f"instance-delete-refused-{width}")
+    assert not scrolls_sideways(page)
+    assert not Operation.objects.filter(verb="delete").exists()
+
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(page.get_by_role("dialog")).to_have_count(0)
+
+
+def test_the_copy_button_copies_the_id(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+
+    page.get_by_role("button", name=re.compile("Copy the instance id")).click()
+
+    expect(page.get_by_role("button", name=re.compile("Copy the instance id"))).to_have_text(
+        "Copied"
+    )
+    assert page.evaluate("navigator.clipboard.readText()") == instance.pk
+
+
+def test_the_timeline_follows_a_pending_operation_and_keeps_what_the_reader_folded(
+    open_page, owner, instance
+):
+    from deployments import services
+    from deployments.models import Instance, Operation
+
+    restart = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="restart", request_id="b-restart"
+    )
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=operations")
+    item = page.locator(f"#operation-{restart.pk}")
+    expect(item.locator("details")).to_have_attribute("open", "")
+    item.locator("summary").click()  # the reader folds it
+    expect(item.locator(".badge")).to_have_text("Queued")
+
+    Operation.objects.filter(pk=restart.pk).update(state=Operation.State.RUNNING)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.UPDATING)
+    expect(item.locator(".badge")).to_have_text("Running", timeout=5000)
+    expect(page.locator("#instance-state")).to_have_text("Updating")
+    expect(item.locator("details")).not_to_have_attribute("open", "")
+
+    Operation.objects.filter(pk=restart.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+    expect(item.locator(".badge")).to_have_text("Succeeded", timeout=5000)
+    expect(page.locator("#instance-state")).to_have_text("Running")
+    expect(page.locator("#instance-operations")).not_to_have_attribute(
+        "hx-trigger", re.compile(".")
+    )
+
+
+@BOTH_WIDTHS
+def test_a_custom_action_shows_the_services_error_in_its_dialog_then_queues(
+    open_page, owner, instance, width
+):
+    from deployments.models import Operation
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", width)
+    page.get_by_role("button", name="Rotate owner password").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("New password").fill("short")
+    dialog.get_by_role("button", name="Rotate owner password").click()
+
+    dialog = page.get_by_role("dialog")
+    expect(dialog.locator(".field-error")).to_have_text(
+        "Must be between 12 and 100 characters long."
+    )
+    expect(dialog.get_by_label("New password")).to_have_value("")  # never sent back
+    shot(page, f"instance-custom-error-{width}")
+    assert not scrolls_sideways(page)
+
+    dialog.get_by_label("New password").fill("a-long-enough-password")
+    dialog.get_by_role("button", name="Rotate owner password").click()
+
+    expect(page.locator("#messages")).to_contain_text("Rotate owner password of")
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    expect(page).to_have_url(re.compile(r"\?tab=operations$"))
+    expect(page.locator("#instance-operations")).to_contain_text("Queued")
+    assert Operation.objects.filter(verb="rotateCredentials").count() == 1
+
+
+def test_stop_queues_from_the_header_and_the_message_links_to_the_operation(
+    open_page, owner, instance
+):
+    from deployments.models import Operation
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+
+    page.get_by_role("button", name="Stop", exact=True).click()
+
+    expect(page.locator("#messages")).to_contain_text(f"Stop of {instance.name} is queued.")
+    stop = Operation.objects.get(verb="stop")
+    page.locator("#messages").get_by_role("link", name="queued").click()
+    expect(page).to_have_url(re.compile(rf"operation={stop.pk}#operation-{stop.pk}$"))
+    expect(page.locator(f"#operation-{stop.pk} details")).to_have_attribute("open", "")

@@ -1,0 +1,519 @@
+"""The instance page: its tabs, its actions, and who may see and do what."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from accounts.audit import Actor
+from accounts.models import AuditEvent
+from deployments import selectors, services
+from deployments.models import Cell, Instance, Operation, Snapshot, TaskRun
+from tests.deployments.conftest import SPEC
+
+SECRET = "s3cret-Pa55word-xyz"
+
+
+@pytest.fixture
+def plan(db):
+    return services.plan_load(text=SPEC.read_text()).plan
+
+
+@pytest.fixture
+def local_cell(db):
+    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+
+
+def _create(user, tenant, plan, name="orders", **parameters):
+    return services.instance_create(
+        actor=Actor(user=user), tenant=tenant, plan=plan, name=name,
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def instance(owner, tenant, plan, local_cell):
+    """A running instance whose create succeeded (with task runs), with a completed backup."""
+    create = _create(owner, tenant, plan, password=SECRET, instances="2")
+    now = timezone.now()
+    Operation.objects.filter(pk=create.pk).update(
+        state=Operation.State.SUCCEEDED,
+        started_at=now - timedelta(seconds=95),
+        finished_at=now - timedelta(seconds=5),
+    )
+    TaskRun.objects.create(
+        operation=create, node="main.cluster", attempt=1, state="Failed",
+        message="Cluster not ready: waiting for the primary",
+        started_at=now - timedelta(seconds=90), finished_at=now - timedelta(seconds=60),
+    )  # fmt: skip
+    TaskRun.objects.create(
+        operation=create, node="main.cluster", attempt=2, state="Succeeded",
+        message="Cluster in healthy state", started_at=now - timedelta(seconds=50),
+        finished_at=now - timedelta(seconds=5),
+    )  # fmt: skip
+    instance = create.instance
+    Instance.objects.filter(pk=instance.pk).update(
+        state=Instance.State.RUNNING, outputs={"primary": f"{instance.pk}-1"}
+    )
+    Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-20261130080000",
+        status=Snapshot.Status.COMPLETED, parameters=instance.parameters,
+        expires_at=now + timedelta(days=30),
+    )  # fmt: skip
+    instance.refresh_from_db()
+    return instance
+
+
+def _url(instance, suffix=""):
+    return f"/t/{instance.tenant.slug}/deployments/{instance.pk}/{suffix}"
+
+
+@pytest.mark.parametrize("tab", ["overview", "operations", "backups", "activity"])
+def test_each_tab_renders_and_never_shows_a_password(owner_client, instance, tab):
+    page = owner_client.get(_url(instance), {"tab": tab})
+
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert SECRET not in html
+    assert instance.name in html and instance.pk in html
+    assert "set, hidden" in html or tab != "overview"
+
+
+def test_the_overview_shows_parameters_outputs_and_that_nothing_was_observed_yet(
+    owner_client, instance
+):
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert "Not observed yet." in html
+    assert "Owner password" in html and "set, hidden" in html
+    assert "<code>2</code>" in html  # two servers
+    assert f"{instance.pk}-1" in html  # the primary output
+    assert "eu-local" in html and "PostgreSQL" in html and "v1" in html
+    assert "owner@example.com" in html
+
+
+def test_the_overview_shows_the_operators_observed_status(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(
+        observed={
+            "phase": "Cluster in healthy state",
+            "ready": 1,
+            "total": 2,
+            "primary": f"{instance.pk}-1",
+            "conditions": [
+                {"type": "Ready", "status": "False", "message": "A replica is catching up"}
+            ],
+        },
+        observed_at=datetime(2026, 11, 30, 7, 0, tzinfo=UTC),
+    )
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert "Not observed yet." not in html
+    assert "Cluster in healthy state" in html
+    assert "1 of 2" in html
+    assert "A replica is catching up" in html
+    assert 'datetime="2026-11-30T07:00:00+00:00"' in html
+
+
+def test_the_operations_tab_lists_task_runs_with_their_messages_and_attempts(
+    owner_client, instance
+):
+    html = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+
+    assert "Create" in html and "Succeeded" in html
+    assert "Cluster not ready: waiting for the primary" in html
+    assert "Attempt </span>2</td>" in html  # the second attempt
+    assert "took 1 min 30 s" in html
+    assert 'hx-trigger="every 2s' not in html  # nothing pending: no polling
+
+
+def test_a_failed_operation_says_what_went_wrong(owner_client, instance):
+    Operation.objects.filter(instance=instance).update(
+        state=Operation.State.FAILED, error='Cluster "x" is invalid: spec.instances must be >= 1'
+    )
+
+    html = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+
+    assert "What went wrong:" in html
+    assert "spec.instances must be &gt;= 1" in html
+
+
+def test_a_pending_operation_makes_the_timeline_poll_until_it_ends(owner_client, instance):
+    url = _url(instance)
+    owner_client.post(f"{url}actions/restart/", {"request_id": "poll-1"})
+
+    html = owner_client.get(url, {"tab": "operations"}).content.decode()
+    assert 'hx-trigger="every 2s' in html
+
+    polled = owner_client.get(
+        url, {"tab": "operations"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations"
+    ).content.decode()
+    assert polled.lstrip().startswith('<div id="instance-operations" hx-get=')
+    assert 'id="instance-head" hx-swap-oob="true"' in polled  # the state badge follows
+    assert "<html" not in polled
+
+    Operation.objects.filter(verb="restart").update(state=Operation.State.SUCCEEDED)
+    done = owner_client.get(
+        url, {"tab": "operations"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations"
+    ).content.decode()
+    assert 'hx-trigger="every 2s' not in done
+
+
+def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
+    response = owner_client.get(
+        _url(instance), {"tab": "backups"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-tab"
+    )
+
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="instance-tab">')
+    assert "<html" not in html and 'id="instance-head"' not in html
+    assert f"{instance.pk}-20261130080000" in html
+    assert "HX-Request" in response["Vary"]
+
+
+def test_the_operations_tab_reads_in_a_constant_number_of_queries(owner_client, instance):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    url = _url(instance)
+    owner_client.get(url, {"tab": "operations"})  # the session's first request reads more
+    with CaptureQueriesContext(connection) as few:
+        owner_client.get(url, {"tab": "operations"})
+    for n in range(5):
+        op = Operation.objects.create(
+            instance=instance, verb="restart", request_id=f"more-{n}",
+            plan_version=instance.plan_version, state=Operation.State.SUCCEEDED,
+        )  # fmt: skip
+        TaskRun.objects.create(operation=op, node="restart", state="Succeeded")
+    with CaptureQueriesContext(connection) as many:
+        owner_client.get(url, {"tab": "operations"})
+
+    assert len(many) == len(few)
+
+
+ACTIONS = [
+    ("stop", {}),
+    ("restart", {}),
+    ("failover", {}),
+    ("backup", {}),
+    ("reloadConfiguration", {}),
+    ("rotateCredentials", {"param-newPassword": "another-long-password-1"}),
+]
+
+
+@pytest.mark.parametrize(("verb", "fields"), ACTIONS)
+def test_each_action_queues_its_operation_and_says_so(owner_client, instance, verb, fields):
+    response = owner_client.post(
+        _url(instance, f"actions/{verb}/"), {"request_id": f"r-{verb}", **fields}, follow=True
+    )
+
+    operation = Operation.objects.get(instance=instance, verb=verb)
+    assert operation.state == Operation.State.QUEUED
+    assert operation.request_id == f"r-{verb}"
+    html = response.content.decode()
+    assert f"/operations/{operation.pk}/" in html  # the message links to it
+    assert "is <a href=" in html and "queued</a>." in html
+    assert "another-long-password-1" not in html
+
+
+def test_start_queues_on_a_stopped_instance(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+
+    owner_client.post(_url(instance, "actions/start/"), {"request_id": "s-1"})
+
+    assert Operation.objects.get(instance=instance, verb="start").state == "queued"
+
+
+def test_a_repeated_post_with_the_same_request_id_queues_one_operation(owner_client, instance):
+    for _ in range(3):
+        response = owner_client.post(_url(instance, "actions/stop/"), {"request_id": "same-id"})
+        assert response.status_code == 302
+
+    assert Operation.objects.filter(instance=instance, verb="stop").count() == 1
+
+
+def test_an_htmx_action_gets_the_refreshed_page_part_and_the_operations_address(
+    owner_client, instance
+):
+    response = owner_client.post(
+        _url(instance, "actions/restart/"), {"request_id": "hx-1"}, HTTP_HX_REQUEST="true",
+        HTTP_HX_TARGET="instance-page",
+    )  # fmt: skip
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith('<div id="instance-page">')
+    assert '<div id="messages" hx-swap-oob="true">' in html
+    assert "Restart of orders is" in html
+    assert response["HX-Push-Url"] == _url(instance) + "?tab=operations"
+
+
+def test_a_custom_action_with_a_bad_value_reopens_its_dialog_with_the_error(owner_client, instance):
+    response = owner_client.post(
+        _url(instance, "actions/rotateCredentials/"),
+        {"request_id": "bad-1", "param-newPassword": "short"},
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert (
+        'id="dialog-rotateCredentials" aria-labelledby="dialog-rotateCredentials-title" open'
+        in html
+    )
+    assert "Must be between 12 and 100 characters long." in html
+    assert 'value="short"' not in html  # a password is never sent back
+    assert not Operation.objects.filter(verb="rotateCredentials").exists()
+
+
+def test_a_state_forbidden_action_is_disabled_with_its_reason(owner_client, instance):
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert 'disabled aria-describedby="why-start">Start</button>' in html
+    assert "The instance is running; start needs it to be stopped." in html
+    assert 'aria-describedby="why-stop"' not in html
+
+
+def test_a_state_forbidden_post_queues_nothing_and_says_why(owner_client, instance):
+    response = owner_client.post(
+        _url(instance, "actions/start/"), {"request_id": "st-1"}, follow=True
+    )
+
+    assert "The instance is running; start needs it to be stopped." in response.content.decode()
+    assert not Operation.objects.filter(verb="start").exists()
+
+
+def test_retry_is_offered_only_after_a_failed_create_and_queues_it_again(owner_client, instance):
+    assert ">Retry</button>" not in owner_client.get(_url(instance)).content.decode()
+    Operation.objects.filter(instance=instance).update(state=Operation.State.FAILED)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+
+    assert ">Retry</button>" in owner_client.get(_url(instance)).content.decode()
+    owner_client.post(_url(instance, "actions/create/"), {"request_id": "retry-1"})
+
+    assert instance.operations.filter(verb="create", state="queued").count() == 1
+
+
+def test_a_viewer_sees_no_action_and_a_forged_post_is_refused_and_audited(
+    client, instance, add_member
+):
+    viewer = add_member("viewer@example.com", "viewer")
+    client.force_login(viewer)
+
+    html = client.get(_url(instance)).content.decode()
+    for label in ["Stop", "Restart", "Switchover", "Back up now", "Delete", "Reload configuration"]:
+        assert f">{label}</button>" not in html
+    assert "data-dialog" not in client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    forged = client.post(_url(instance, "actions/stop/"), {"request_id": "forged"})
+
+    assert forged.status_code == 403
+    assert "Your role (Viewer) does not allow" in forged.content.decode()
+    assert not Operation.objects.filter(verb="stop").exists()
+    denied = AuditEvent.objects.get(action="instance.stop", result="denied")
+    assert denied.actor == viewer and denied.target_id == instance.pk
+
+
+def test_delete_with_a_wrong_name_deletes_nothing(owner_client, instance):
+    response = owner_client.post(
+        _url(instance, "delete/"), {"request_id": "del-1", "confirm_name": "order"}
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "Type the instance&#x27;s name, orders, to delete it." in html
+    assert 'id="dialog-delete" aria-labelledby="dialog-delete-title" open' in html
+    assert not Operation.objects.filter(verb="delete").exists()
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+
+
+def test_delete_with_the_name_queues_the_deletion(owner_client, instance):
+    response = owner_client.post(
+        _url(instance, "delete/"), {"request_id": "del-2", "confirm_name": "orders"}
+    )
+
+    assert response.status_code == 302
+    assert Operation.objects.get(verb="delete").instance == instance
+
+
+def test_restore_makes_a_new_instance_from_the_backup(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    response = owner_client.post(
+        _url(instance, f"backups/{snapshot.pk}/restore/"),
+        {"request_id": "rs-1", "name": "orders-copy"},
+    )
+
+    assert response.status_code == 302
+    assert response["Location"] == _url(instance) + "?tab=backups"
+    copy = Instance.objects.get(name="orders-copy")
+    assert copy.operations.get().verb == "restore"
+    assert copy.parameters["instances"] == 2
+
+
+def test_restore_without_a_name_reopens_its_dialog(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    response = owner_client.post(
+        _url(instance, f"backups/{snapshot.pk}/restore/"), {"request_id": "rs-2", "name": " "}
+    )
+
+    assert response.status_code == 400
+    assert "Give the instance a name." in response.content.decode()
+    assert f'id="dialog-restore-{snapshot.pk}"' in response.content.decode()
+    assert Instance.objects.count() == 1
+
+
+def test_delete_backup_runs_the_plans_delete_backup(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    owner_client.post(_url(instance, f"backups/{snapshot.pk}/delete/"), {"request_id": "db-1"})
+
+    forget = Operation.objects.get(verb="deleteBackup")
+    assert forget.arguments["forget_snapshot"] == snapshot.pk
+
+
+def test_the_activity_tab_shows_the_instances_events_only(owner_client, instance, plan):
+    other = _create(instance.created_by, instance.tenant, plan, name="elsewhere")
+    owner_client.post(_url(instance, "actions/stop/"), {"request_id": "act-1"})
+
+    html = owner_client.get(_url(instance), {"tab": "activity"}).content.decode()
+
+    assert "instance.stop" in html and "instance.create" in html
+    assert html.count("instance.create") == 1  # not elsewhere's
+    assert other.instance.name not in html
+
+
+@pytest.fixture
+def theirs(make_user, plan, local_cell):
+    """Another tenant's instance with an operation and a completed snapshot."""
+    from accounts import services as accounts_services
+
+    stranger = make_user("stranger@example.com")
+    tenant = accounts_services.tenant_create(actor=Actor(user=stranger), name="Globex")
+    create = _create(stranger, tenant, plan, name="their-db")
+    instance = create.instance
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name="their-backup",
+        status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    return instance, create, snapshot
+
+
+def test_a_member_requesting_another_tenants_real_ids_gets_404_everywhere(
+    client, instance, add_member, theirs
+):
+    member = add_member("member@example.com", "member")  # of the instance's tenant
+    client.force_login(member)
+    their_instance, their_operation, their_snapshot = theirs
+    verbs = selectors.plan_spec(their_instance.plan_version).main.verbs
+    mine = f"/t/{instance.tenant.slug}/deployments/"
+    gets = [
+        f"{mine}{their_instance.pk}/",
+        f"{mine}{their_instance.pk}/?tab=backups",
+        f"{mine}{their_instance.pk}/operations/{their_operation.pk}/",
+        f"{mine}{instance.pk}/operations/{their_operation.pk}/",
+    ]
+    posts = [
+        *(f"{mine}{their_instance.pk}/actions/{verb}/" for verb in verbs if verb != "delete"),
+        f"{mine}{their_instance.pk}/delete/",
+        f"{mine}{their_instance.pk}/backups/{their_snapshot.pk}/restore/",
+        f"{mine}{their_instance.pk}/backups/{their_snapshot.pk}/delete/",
+        f"{mine}{instance.pk}/backups/{their_snapshot.pk}/restore/",
+        f"{mine}{instance.pk}/backups/{their_snapshot.pk}/delete/",
+    ]
+    their_slug = f"/t/{their_instance.tenant.slug}/deployments/{their_instance.pk}/"
+
+    for url in [*gets, their_slug]:
+        assert client.get(url).status_code == 404, url
+    for url in posts:
+        data = {"request_id": uuid.uuid4().hex, "name": "x", "confirm_name": "their-db"}
+        assert client.post(url, data).status_code == 404, url
+
+    assert Operation.objects.filter(instance=their_instance).count() == 1
+    assert not Instance.objects.filter(name="x").exists()
+
+
+def test_an_operations_address_opens_the_timeline_at_it(owner_client, instance):
+    operation = instance.operations.get()
+
+    response = owner_client.get(_url(instance, f"operations/{operation.pk}/"), follow=True)
+
+    url, _ = response.redirect_chain[-1]
+    assert (
+        url == f"{_url(instance)}?tab=operations&operation={operation.pk}#operation-{operation.pk}"
+    )
+    assert f'<li id="operation-{operation.pk}" class="timeline-item">\n    <details open>' in (
+        response.content.decode()
+    )
+
+
+def test_a_request_id_reused_for_another_action_is_said_in_a_message(owner_client, instance):
+    owner_client.post(_url(instance, "actions/restart/"), {"request_id": "reused"})
+
+    response = owner_client.post(
+        _url(instance, "actions/stop/"), {"request_id": "reused"}, follow=True
+    )
+
+    assert "This form was already sent with different values." in response.content.decode()
+    assert not Operation.objects.filter(verb="stop").exists()
+
+
+def test_restoring_a_backup_that_is_not_complete_says_why(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.PENDING)
+
+    response = owner_client.post(
+        _url(instance, f"backups/{snapshot.pk}/restore/"),
+        {"request_id": "rs-3", "name": "copy"},
+        follow=True,
+    )
+
+    assert "Only a completed snapshot can be restored." in response.content.decode()
+    assert Instance.objects.count() == 1
+
+
+@pytest.mark.parametrize("role", ["viewer", "billing"])
+def test_roles_without_deployment_rights_are_refused_every_action(
+    client, instance, add_member, role
+):
+    user = add_member(f"{role}@example.com", role)
+    client.force_login(user)
+    snapshot = instance.snapshots.get()
+    posts = {
+        "instance.restart": _url(instance, "actions/restart/"),
+        "instance.backup": _url(instance, "actions/backup/"),
+        "instance.rotateCredentials": _url(instance, "actions/rotateCredentials/"),
+        "instance.delete": _url(instance, "delete/"),
+        "instance.restore": _url(instance, f"backups/{snapshot.pk}/restore/"),
+        "backup.delete": _url(instance, f"backups/{snapshot.pk}/delete/"),
+    }
+
+    for action, url in posts.items():
+        data = {"request_id": uuid.uuid4().hex, "confirm_name": "orders", "name": "copy"}
+        response = client.post(url, data)
+        assert response.status_code == 403, url
+        assert "does not allow" in response.content.decode()
+        assert AuditEvent.objects.filter(action=action, result="denied", actor=user).exists()
+
+    assert instance.operations.count() == 1  # only its create
+    assert Instance.objects.count() == 1
+
+
+def test_parameters_the_spec_does_not_export_stay_off_the_page(owner, tenant, local_cell, client):
+    text = SPEC.read_text().replace("plan: postgres-cnpg", "plan: postgres-quiet", 1)
+    exported = '        defaultValue: "app"\n        required: false\n        modifiable: false\n'
+    assert text.count(exported) == 2  # database, then owner
+    text = text.replace(exported, exported + "        export: false\n", 1)
+    plan = services.plan_load(text=text).plan
+    create = _create(owner, tenant, plan, database="internal_ledger")
+    client.force_login(owner)
+
+    html = client.get(_url(create.instance)).content.decode()
+
+    assert "internal_ledger" not in html
+    assert "Owner password" in html and "Servers" in html
