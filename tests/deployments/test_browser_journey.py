@@ -1,0 +1,99 @@
+"""A new user's path through the portal in a real browser, against the sandbox cluster and a real
+worker: create PostgreSQL through the form, then operate, back up, restore and delete."""
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import (  # noqa: F401 - fixtures, found by name
+    _served_like_a_browser_expects,
+    browser,
+    open_page,
+)
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+pytestmark = pytest.mark.usefixtures("_served_like_a_browser_expects")
+
+
+def _step(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"journey-{name}.png"), full_page=True)
+
+
+def _wait_state(page: Page, label: str, timeout: float = 90) -> None:
+    """Reload the instance page until its header shows `label` (the overview does not poll)."""
+    deadline = time.monotonic() + timeout
+    state = page.locator("#instance-state")
+    while state.inner_text() != label:
+        assert time.monotonic() < deadline, f"still {state.inner_text()!r}, not {label!r}"
+        time.sleep(0.5)
+        page.reload()
+
+
+def _press(page: Page, label: str) -> None:
+    page.locator("#instance-actions").get_by_role("button", name=label, exact=True).click()
+
+
+def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
+    open_page,  # noqa: F811 - the fixture imported above
+    worker,
+    cell,
+    plan,
+    tenant,
+    owner,
+):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/")
+    page.get_by_role("button", name="New deployment").click()
+    page.get_by_text("Create instance").first.click()
+    estimate = page.locator(".estimate")
+    before = estimate.inner_text()
+    page.get_by_label("Servers").fill("3")
+    expect(estimate).not_to_have_text(before)  # the price follows what is typed
+    page.get_by_label("Servers").fill("1")
+    page.get_by_label("Instance name").fill("shop")
+    _step(page, "01-create-form")
+    page.get_by_role("button", name="Create instance").click()
+
+    expect(page.locator("h1")).to_have_text("shop")
+    _wait_state(page, "Running")
+    _step(page, "02-running")
+
+    page.get_by_role("link", name="Backups").click()
+    page.get_by_role("button", name="Back up now").click()
+    for _ in range(120):
+        if page.locator("#instance-backups .badge-snapshot-completed").count():
+            break
+        time.sleep(0.5)
+        page.reload()
+    expect(page.locator("#instance-backups .badge-snapshot-completed")).to_have_count(1)
+    _step(page, "03-backup")
+    page.locator("#instance-backups").get_by_role("button", name="Restore").click()
+    page.get_by_label("Name of the new instance").fill("shop-copy")
+    page.get_by_role("button", name="Restore into a new instance").click()
+    expect(page.locator("#messages")).to_contain_text("shop-copy")
+    source_url = page.url
+
+    page.locator("#messages").get_by_role("link", name="queued").click()
+    _wait_state(page, "Running")
+    _step(page, "04-restored")
+    copy_url = page.url
+
+    page.goto(source_url.split("?")[0])
+    _press(page, "Reload configuration")
+    expect(page.locator("#messages")).to_contain_text("Reload configuration")
+    _press(page, "Stop")
+    _wait_state(page, "Stopped")
+    _press(page, "Start")
+    _wait_state(page, "Running")
+    _step(page, "05-started-again")
+
+    for url, name in ((source_url, "shop"), (copy_url, "shop-copy")):
+        page.goto(url.split("?")[0])
+        _press(page, "Delete")
+        page.get_by_label(re.compile("to confirm")).fill(name)
+        page.get_by_role("button", name=f"Delete {name}").click()
+        _wait_state(page, "Deleted")
+    _step(page, "06-deleted")
