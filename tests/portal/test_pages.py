@@ -1,4 +1,5 @@
 import logging
+import re
 
 import pytest
 
@@ -138,3 +139,16 @@ def test_the_favicon_is_linked_and_favicon_ico_finds_it(owner_client, tenant, cl
     assert asked.request["PATH_INFO"] == linked
     assert asked["Content-Type"] == "image/svg+xml"
     assert b"<svg" in b"".join(asked.streaming_content)
+
+
+def test_the_stylesheet_closes_every_block_it_opens():
+    # An unclosed block swallows every rule after it (the colours of the state labels, say).
+    from django.conf import settings
+
+    text = (settings.BASE_DIR / "static" / "css" / "opsdeck.css").read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
+    depth = 0
+    for char in text:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        assert depth >= 0
+    assert depth == 0
