@@ -907,9 +907,9 @@ def backup_schedule_update(
 ) -> BackupSchedule:
     """Set when an instance is backed up (every `interval_hours`, or at the times of a
     five-field UTC `cron`) and how long its snapshots are kept: `retention_days` for every
-    snapshot (the object store's retention policy, `$sys.backup.retentionDays`, applied to
-    the cluster by the next operation that applies it), and with `retention_count`, only that
-    many scheduled snapshots. A changed timing starts counting from now."""
+    snapshot (the object store's retention policy, `$sys.backup.retentionDays`, which the
+    cluster takes at its next operation), and with `retention_count`, only that many
+    scheduled snapshots. A changed timing starts counting from now."""
     tenant = instance.tenant
     cron = cron.strip() if isinstance(cron, str) else cron
     with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
