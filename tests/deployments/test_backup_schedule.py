@@ -145,6 +145,20 @@ def test_a_stopped_instance_skips_its_slot_and_says_why(owner_client, instance):
     assert "Skipped" in page and "backup needs it to be running" in page
 
 
+def test_an_instance_made_before_schedules_shows_and_then_gets_the_plans_default(
+    owner_client, instance
+):
+    BackupSchedule.objects.filter(instance=instance).delete()
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    assert "Backups run every 24 hours" in page
+    assert not BackupSchedule.objects.exists()  # reading the page writes nothing
+
+    assert services.backups_run_due() == {"ran": 0, "skipped": 0}  # its first slot is to come
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.interval_hours, schedule.retention_days, schedule.enabled) == (24, 30, True)
+
+
 def test_a_disabled_schedule_runs_nothing(instance):
     BackupSchedule.objects.filter(instance=instance).update(enabled=False)
     _due(instance)
