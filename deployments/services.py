@@ -817,9 +817,12 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
     return operation
 
 
-def _snapshot_forget(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Operation | None:
+def _snapshot_forget(
+    *, actor: Actor, snapshot: Snapshot, request_id: str, reason: str = ""
+) -> Operation | None:
     """Queue the plan's deleteBackup for a snapshot whose instance still exists, else mark it
-    deleted; the caller has checked who may. None when no operation was queued."""
+    deleted; the caller has checked who may (`reason`: why, for the audit log). None when no
+    operation was queued."""
     snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
     if snapshot.status == Snapshot.Status.DELETED:
         return None
@@ -835,7 +838,7 @@ def _snapshot_forget(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Op
         action="backup.delete",
         tenant=snapshot.tenant,
         target=snapshot,
-        payload={"name": snapshot.name},
+        payload={"name": snapshot.name, **({"reason": reason} if reason else {})},
     )
     if not runs:
         snapshot.status = Snapshot.Status.DELETED
@@ -1062,7 +1065,8 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
         .distinct("source_instance_id")
         .values_list("pk", flat=True)
     )
-    doomed = set(completed.filter(expires_at__lte=now).values_list("pk", flat=True))
+    expired = set(completed.filter(expires_at__lte=now).values_list("pk", flat=True))
+    doomed = set(expired)
     counted = BackupSchedule.objects.filter(retention_count__isnull=False).values_list(
         "instance_id", "retention_count"
     )
@@ -1080,6 +1084,11 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
         ):
             continue  # its deleteBackup is queued (or ran and failed: it shows on the page)
         with transaction.atomic():
-            _snapshot_forget(actor=SYSTEM, snapshot=snapshot, request_id=request_id)
+            _snapshot_forget(
+                actor=SYSTEM,
+                snapshot=snapshot,
+                request_id=request_id,
+                reason="expired" if snapshot.pk in expired else "beyond the retention count",
+            )
         forgotten += 1
     return forgotten

@@ -206,6 +206,8 @@ def test_pruning_by_days_forgets_expired_snapshots_but_never_the_newest_complete
     forgets = Operation.objects.filter(instance=instance, verb="deleteBackup")
     assert sorted(op.arguments["forget_snapshot"] for op in forgets) == sorted([old.pk, manual.pk])
     assert all(op.requested_by is None for op in forgets)
+    audited = AuditEvent.objects.filter(action="backup.delete", actor_kind="system")
+    assert sorted(e.payload["reason"] for e in audited) == ["expired", "expired"]
     assert newest.pk not in [op.arguments["forget_snapshot"] for op in forgets]
     assert services.snapshots_prune() == 0  # their deleteBackup is already queued
 
