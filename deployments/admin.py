@@ -5,6 +5,7 @@ from django.utils import timezone
 from accounts.admin import ServiceOwnedAdmin
 from accounts.audit import Actor, audit_record
 from deployments.models import (
+    BackupSchedule,
     Cell,
     Instance,
     InstanceStateChange,
@@ -99,10 +100,25 @@ class OperationAdmin(ServiceOwnedAdmin):
 
 @admin.register(Snapshot)
 class SnapshotAdmin(ServiceOwnedAdmin):
-    list_display = ["name", "tenant", "source_instance_id", "status", "created_at", "expires_at"]
-    list_filter = ["status", "created_at"]
+    list_display = [
+        "name", "tenant", "source_instance_id", "status", "scheduled", "created_at", "expires_at"
+    ]  # fmt: skip
+    list_filter = ["status", "scheduled", "created_at"]
     search_fields = ["name", "source_instance_id", "tenant__slug"]
     list_select_related = ["tenant"]
+
+
+@admin.register(BackupSchedule)
+class BackupScheduleAdmin(ServiceOwnedAdmin):
+    """Changed by the instance's owners on its Backups tab (`backup_schedule_update`)."""
+
+    list_display = [
+        "instance", "interval_hours", "cron", "retention_days", "retention_count", "enabled",
+        "next_run_at", "last_outcome",
+    ]  # fmt: skip
+    list_filter = ["enabled", "last_outcome"]
+    search_fields = ["instance__id", "instance__name"]
+    list_select_related = ["instance"]
 
 
 @admin.register(PlatformSecret)

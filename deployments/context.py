@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from deployments.kube import KubeDriver
+from deployments.schedules import DEFAULT_RETENTION_DAYS
 from deployments.spec.model import Workflow
 from deployments.workflow.render import Context, render_value
 
@@ -29,6 +30,7 @@ def sys_variables(
     cloud: str = "",
     labels: dict[str, Any] | None = None,
     backup_destination: str = "",
+    backup_retention_days: int = DEFAULT_RETENTION_DAYS,
     parameters: dict[str, Any] | None = None,
     operation_id: str = "",
     started_at: datetime | None = None,
@@ -38,7 +40,9 @@ def sys_variables(
 
     `labels` are the cell's (networkID, cidrRange, publicSubnetIDs, privateSubnetIDs);
     `parameters` are the values the run renders with, whose `instanceType`, if any, is the
-    node's instance type; `extra` (e.g. `snapshot`, `restore`) is merged in last.
+    node's instance type; `backup_retention_days` is how long the object store keeps backups
+    (the instance's backup schedule, else the plan's `backupRetentionInDays`); `extra` (e.g.
+    `snapshot`, `restore`) is merged in last.
     """
     labels = labels or {}
     destination = backup_destination.rstrip("/")
@@ -64,6 +68,7 @@ def sys_variables(
         "backup": {
             "destinationPath": f"{destination}/{tenant_slug}/{instance_id}" if destination else "",
             "credentialsSecret": BACKUP_CREDENTIALS_NAME,
+            "retentionDays": backup_retention_days,
         },
         "compute": {"node": {"instanceType": str(instance_type)}},
         "deployment": {"resourceID": instance_id},

@@ -279,12 +279,49 @@ class Snapshot(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Taken by the instance's backup schedule: only these count towards its retention count.
+    scheduled = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return self.name
+
+
+class BackupSchedule(models.Model):
+    """When an instance is backed up (every N hours or a cron expression) and how long its
+    snapshots are kept; the operator keeps how a backup is taken."""
+
+    class Outcome(models.TextChoices):
+        RAN = "ran", "Backup queued"
+        SKIPPED = "skipped", "Skipped"
+
+    instance = models.OneToOneField(
+        Instance, primary_key=True, on_delete=models.CASCADE, related_name="backup_schedule"
+    )
+    # One of the two: every `interval_hours` hours, or at the times of `cron` (5 fields, UTC).
+    interval_hours = models.PositiveIntegerField(null=True, blank=True)
+    cron = models.CharField(max_length=100, blank=True)
+    # Every snapshot expires after `retention_days` (the object store's retention policy);
+    # `retention_count`, when set, also keeps only that many scheduled ones.
+    retention_days = models.PositiveIntegerField()
+    retention_count = models.PositiveIntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    last_slot_at = models.DateTimeField(null=True, blank=True)
+    last_outcome = models.CharField(max_length=10, choices=Outcome.choices, blank=True)
+    last_reason = models.CharField(max_length=500, blank=True)
+    last_operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["enabled", "next_run_at"], name="backupschedule_due")]
+
+    def __str__(self) -> str:
+        return f"backups of {self.instance_id}"
 
 
 class PlatformSecret(models.Model):

@@ -141,8 +141,13 @@ def _begin(op: Operation, now) -> bool:
     op.state = Operation.State.RUNNING
     op.started_at = now
     op.engine_state = json.dumps(state.to_json())
-    # Where a run that fails before the cluster accepted any change leaves the instance.
-    op.arguments = {**op.arguments, "state_before": op.instance.state}
+    # Where a run that fails before the cluster accepted any change leaves the instance, and
+    # the backup retention it renders with (fixed for the run, as its parameters are).
+    op.arguments = {
+        **op.arguments,
+        "state_before": op.instance.state,
+        "retention_days": selectors.backup_retention_days(op.instance),
+    }
     op.save(
         update_fields=[
             "state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"
@@ -384,6 +389,8 @@ def _context(op: Operation, spec, verb) -> Context:
         cloud=cell.cloud,
         labels=cell.labels,
         backup_destination=cell.backup_destination,
+        backup_retention_days=op.arguments.get("retention_days")
+        or selectors.backup_retention_days(instance),
         parameters=values,
         operation_id=str(op.pk),
         started_at=op.started_at,

@@ -14,8 +14,15 @@ from django.utils import timezone
 from accounts.models import AuditEvent, Tenant
 from billing.models import Plan
 from billing.pricing import Cost
-from deployments import lifecycle
-from deployments.models import Instance, Operation, PlanVersion, Snapshot, TaskRun
+from deployments import lifecycle, schedules
+from deployments.models import (
+    BackupSchedule,
+    Instance,
+    Operation,
+    PlanVersion,
+    Snapshot,
+    TaskRun,
+)
 from deployments.spec.loader import load_spec
 from deployments.spec.model import Parameter, PlanSpec
 from deployments.spec.params import format_value, number_text
@@ -456,3 +463,42 @@ def verb_labels(version: PlanVersion) -> dict[str, str]:
     """Each verb of the plan version as the operations timeline names it."""
     verbs = plan_spec(version).main.verbs.values()
     return {v.name: VERB_LABELS.get(v.name) or v.display_name or v.name for v in verbs}
+
+
+# --- backup schedules ---
+
+
+def backup_schedule_default(instance: Instance, *, now: datetime | None = None) -> BackupSchedule:
+    """An unsaved schedule with the plan's `backupConfiguration`: every `backupPeriodInHours`,
+    snapshots kept `backupRetentionInDays`; enabled when the plan has one and can back up."""
+    spec = plan_spec(instance.plan_version)
+    interval = schedules.plan_period_hours(spec.main.backup)
+    now = now or timezone.now()
+    return BackupSchedule(
+        instance=instance,
+        interval_hours=interval,
+        retention_days=schedules.plan_retention_days(spec.main.backup),
+        enabled=(
+            spec.main.backup is not None
+            and spec.main.backup.get("backupPeriodInHours") != 0
+            and "backup" in spec.main.verbs
+        ),
+        next_run_at=schedules.slot_after(after=now, interval_hours=interval, cron=""),
+    )
+
+
+def backup_schedule_of(instance: Instance) -> BackupSchedule:
+    """The instance's schedule; the plan's default one (unsaved) for an instance made before
+    schedules existed, until beat saves it."""
+    found = BackupSchedule.objects.filter(instance=instance).first()
+    return found or backup_schedule_default(instance)
+
+
+def backup_retention_days(instance: Instance) -> int:
+    """How long the instance's snapshots are kept: its schedule's days, else the plan's."""
+    days = (
+        BackupSchedule.objects.filter(instance=instance)
+        .values_list("retention_days", flat=True)
+        .first()
+    )
+    return days or backup_schedule_default(instance).retention_days

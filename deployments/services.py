@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app
@@ -19,21 +19,23 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import F
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
 from accounts import idempotency
-from accounts.audit import REDACTED, Actor, audit_record, audited_action
+from accounts.audit import REDACTED, SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
 from accounts.models import RequestKey, Tenant
 from accounts.services import permission_require
 from billing import entitlements
 from billing import services as billing_services
 from billing.models import Plan
-from deployments import lifecycle, selectors
+from deployments import lifecycle, schedules, selectors
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import (
+    BackupSchedule,
     Cell,
     Instance,
     InstanceStateChange,
@@ -297,6 +299,7 @@ def _instance_new(
         created_by=actor.user,
     )
     InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
+    selectors.backup_schedule_default(instance).save()
     return instance
 
 
@@ -513,8 +516,9 @@ def instance_action(
     return operation
 
 
-def _snapshot_start(instance: Instance) -> dict:
-    """A pending snapshot for a backup, and the $sys.snapshot values its workflow sees."""
+def _snapshot_start(instance: Instance, *, scheduled: bool = False) -> dict:
+    """A pending snapshot for a backup, and the $sys.snapshot values its workflow sees. It
+    expires when the object store's retention policy prunes its data."""
     now = timezone.now()
     name = f"{instance.pk}-{now:%Y%m%d%H%M%S}"
     snapshot = Snapshot.objects.create(
@@ -523,6 +527,8 @@ def _snapshot_start(instance: Instance) -> dict:
         source_instance_id=instance.pk,
         plan_version=instance.plan_version,
         name=name,
+        scheduled=scheduled,
+        expires_at=now + timedelta(days=selectors.backup_retention_days(instance)),
     )
     return {"snapshot": snapshot.pk, "sys": {"snapshot": {"id": name, "time": now.isoformat()}}}
 
@@ -806,38 +812,283 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
         )
         if claim.earlier is not None:
             return _repeat(claim.earlier)
-        snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
-        if snapshot.status == Snapshot.Status.DELETED:
-            claim.bind(snapshot)
-            return None
-        instance = snapshot.instance
-        spec = selectors.plan_spec(snapshot.plan_version)
-        runs = (
-            instance is not None
-            and instance.state not in {Instance.State.DELETING, Instance.State.DELETED}
-            and "deleteBackup" in spec.main.verbs
+        operation = _snapshot_forget(actor=actor, snapshot=snapshot, request_id=request_id)
+        claim.bind(operation or snapshot)
+    return operation
+
+
+def _snapshot_forget(
+    *, actor: Actor, snapshot: Snapshot, request_id: str, reason: str = ""
+) -> Operation | None:
+    """Queue the plan's deleteBackup for a snapshot whose instance still exists, else mark it
+    deleted; the caller has checked who may (`reason`: why, for the audit log). None when no
+    operation was queued."""
+    snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
+    if snapshot.status == Snapshot.Status.DELETED:
+        return None
+    instance = snapshot.instance
+    spec = selectors.plan_spec(snapshot.plan_version)
+    runs = (
+        instance is not None
+        and instance.state not in {Instance.State.DELETING, Instance.State.DELETED}
+        and "deleteBackup" in spec.main.verbs
+    )
+    audit_record(
+        actor=actor,
+        action="backup.delete",
+        tenant=snapshot.tenant,
+        target=snapshot,
+        payload={"name": snapshot.name, **({"reason": reason} if reason else {})},
+    )
+    if not runs:
+        snapshot.status = Snapshot.Status.DELETED
+        snapshot.save(update_fields=["status"])
+        return None
+    return _operation_new(
+        actor=actor,
+        instance=instance,
+        verb="deleteBackup",
+        request_id=request_id,
+        arguments={
+            "forget_snapshot": snapshot.pk,
+            "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.created_at.isoformat()}},
+        },
+    )
+
+
+# --- backup schedules ---------------------------------------------------------------------
+
+INTERVAL_MAX_HOURS = 24 * 366
+RETENTION_MAX_DAYS = 3650
+
+
+def _schedule_errors(
+    *,
+    spec,
+    interval_hours: Any,
+    cron: Any,
+    retention_days: Any,
+    retention_count: Any,
+    enabled: bool,
+) -> dict[str, str]:
+    """What is wrong with a schedule as given, field by field."""
+    errors = {}
+
+    def whole(value: Any, least: int, most: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and least <= value <= most
+
+    if cron:
+        if not isinstance(cron, str):
+            errors["cron"] = "Give the cron expression as text."
+        else:
+            try:
+                schedules.cron_parse(cron)
+            except ValueError as exc:
+                errors["cron"] = str(exc)
+        if interval_hours is not None:
+            errors["interval_hours"] = "Give either a number of hours or a cron expression."
+    elif not whole(interval_hours, 1, INTERVAL_MAX_HOURS):
+        errors["interval_hours"] = f"Give a whole number of hours from 1 to {INTERVAL_MAX_HOURS}."
+    if not whole(retention_days, 1, RETENTION_MAX_DAYS):
+        errors["retention_days"] = f"Give a whole number of days from 1 to {RETENTION_MAX_DAYS}."
+    if retention_count is not None and not whole(retention_count, 1, 10_000):
+        errors["retention_count"] = "Give a whole number of backups from 1, or leave it empty."
+    if enabled and "backup" not in spec.main.verbs:
+        errors["enabled"] = "This plan cannot take backups."
+    return errors
+
+
+def backup_schedule_update(
+    *,
+    actor: Actor,
+    instance: Instance,
+    interval_hours: int | None,
+    cron: str,
+    retention_days: int,
+    retention_count: int | None,
+    enabled: bool,
+) -> BackupSchedule:
+    """Set when an instance is backed up (every `interval_hours`, or at the times of a
+    five-field UTC `cron`) and how long its snapshots are kept: `retention_days` for every
+    snapshot (the object store's retention policy, `$sys.backup.retentionDays`, which the
+    cluster takes at its next operation), and with `retention_count`, only that many
+    scheduled snapshots. A changed timing starts counting from now."""
+    tenant = instance.tenant
+    cron = cron.strip() if isinstance(cron, str) else cron
+    with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
+        permission_require(actor=actor, tenant=tenant, action="backup.create")
+        errors = _schedule_errors(
+            spec=selectors.plan_spec(instance.plan_version),
+            interval_hours=interval_hours,
+            cron=cron,
+            retention_days=retention_days,
+            retention_count=retention_count,
+            enabled=enabled,
+        )
+        if errors:
+            raise ValidationError(errors)
+        now = timezone.now()
+        schedule = BackupSchedule.objects.select_for_update().filter(
+            instance=instance
+        ).first() or selectors.backup_schedule_default(instance, now=now)
+        interval_hours = None if cron else interval_hours
+        retimed = (schedule.interval_hours, schedule.cron) != (interval_hours, cron)
+        if retimed or (enabled and not schedule.enabled) or schedule.next_run_at is None:
+            schedule.next_run_at = schedules.slot_after(
+                after=now, interval_hours=interval_hours, cron=cron
+            )
+        schedule.interval_hours = interval_hours
+        schedule.cron = cron
+        schedule.retention_days = retention_days
+        schedule.retention_count = retention_count
+        schedule.enabled = enabled
+        schedule.updated_at = now
+        schedule.full_clean()
+        schedule.save()
+        # Snapshots taken before expire by the new rule, as the object store will prune them.
+        Snapshot.objects.filter(instance=instance).exclude(status=Snapshot.Status.DELETED).update(
+            expires_at=F("created_at") + timedelta(days=retention_days)
         )
         audit_record(
             actor=actor,
-            action="backup.delete",
+            action="backup.schedule",
             tenant=tenant,
-            target=snapshot,
-            payload={"name": snapshot.name},
-        )
-        if not runs:
-            snapshot.status = Snapshot.Status.DELETED
-            snapshot.save(update_fields=["status"])
-            claim.bind(snapshot)
-            return None
-        operation = _operation_new(
-            actor=actor,
-            instance=instance,
-            verb="deleteBackup",
-            request_id=request_id,
-            arguments={
-                "forget_snapshot": snapshot.pk,
-                "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.created_at.isoformat()}},
+            target=instance,
+            payload={
+                "interval_hours": interval_hours,
+                "cron": cron,
+                "retention_days": retention_days,
+                "retention_count": retention_count,
+                "enabled": enabled,
             },
         )
-        claim.bind(operation)
+    return schedule
+
+
+def backups_run_due(*, now: datetime | None = None) -> dict[str, int]:
+    """Queue a backup for every schedule whose slot has come (run by beat every minute).
+
+    Each slot is claimed by a conditional UPDATE of the schedule's next slot, so two beat
+    processes never run one slot twice; an instance that cannot be backed up now (stopped,
+    updating, failed) skips its slot and the schedule says why.
+    """
+    now = now or timezone.now()
+    _backup_schedules_fill(now)
+    due = (
+        BackupSchedule.objects.filter(enabled=True, next_run_at__lte=now)
+        .exclude(instance__state=Instance.State.DELETED)
+        .values_list("instance_id", "next_run_at", "interval_hours", "cron")
+    )
+    counts = {"ran": 0, "skipped": 0}
+    for instance_id, slot, interval_hours, cron in list(due):
+        following = schedules.slot_next(
+            slot=slot, now=now, interval_hours=interval_hours, cron=cron
+        )
+        outcome = _backup_slot_run(instance_id, slot, following)
+        if outcome is not None:
+            counts[outcome] += 1
+    return counts
+
+
+def _backup_schedules_fill(now: datetime) -> None:
+    """Give the plan's default schedule to instances made before schedules existed."""
+    missing = Instance.objects.active().filter(backup_schedule=None).select_related("plan_version")
+    BackupSchedule.objects.bulk_create(
+        [selectors.backup_schedule_default(instance, now=now) for instance in missing],
+        ignore_conflicts=True,
+    )
+
+
+def _backup_slot_run(instance_id: str, slot: datetime, following: datetime) -> str | None:
+    """Claim one slot and queue its backup, or record why it was skipped; None when another
+    process claimed it first (or the schedule changed meanwhile)."""
+    Outcome = BackupSchedule.Outcome
+    with transaction.atomic():
+        claimed = BackupSchedule.objects.filter(
+            instance_id=instance_id, enabled=True, next_run_at=slot
+        ).update(next_run_at=following, last_slot_at=slot)
+        if not claimed:
+            return None
+        instance = Instance.objects.select_related("tenant", "plan_version").get(pk=instance_id)
+        try:
+            operation = _backup_queue_scheduled(instance, slot)
+            outcome, reason = Outcome.RAN, ""
+        except ActionDenied as exc:
+            operation, outcome, reason = None, Outcome.SKIPPED, exc.reason
+        BackupSchedule.objects.filter(instance_id=instance_id).update(
+            last_outcome=outcome, last_reason=reason[:500], last_operation=operation
+        )
+    return outcome
+
+
+def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
+    """The backup of a schedule's slot, queued as the system: no role is checked, so only beat
+    (`backups_run_due`) calls this, never a view. ActionDenied when the instance's state
+    forbids a backup now (audited as refused)."""
+    tenant = instance.tenant
+    with audited_action(actor=SYSTEM, action="instance.backup", tenant=tenant, target=instance):
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        if "backup" not in selectors.plan_spec(instance.plan_version).main.verbs:
+            raise ActionDenied("This plan cannot take backups.")
+        reason = lifecycle.refusal("backup", _projected_state(instance))
+        if reason:
+            raise ActionDenied(reason)
+        arguments = _snapshot_start(instance, scheduled=True)
+        # One operation per slot, also enforced by the (instance, request id) constraint.
+        operation = _operation_new(
+            actor=SYSTEM,
+            instance=instance,
+            verb="backup",
+            request_id=f"schedule-{slot:%Y%m%dT%H%M%SZ}",
+            arguments=arguments,
+        )
+        Snapshot.objects.filter(pk=arguments["snapshot"]).update(operation=operation)
+        audit_record(
+            actor=SYSTEM,
+            action="instance.backup",
+            tenant=tenant,
+            target=instance,
+            payload={"scheduled": slot.isoformat()},
+        )
     return operation
+
+
+def snapshots_prune(*, now: datetime | None = None) -> int:
+    """Forget expired snapshots (run by beat): completed ones past `expires_at`, and the
+    scheduled ones beyond their schedule's retention count, through the plan's deleteBackup
+    (or only marked deleted when the instance is gone). An instance's newest completed
+    snapshot is always kept. The number of snapshots forgotten."""
+    now = now or timezone.now()
+    completed = Snapshot.objects.filter(status=Snapshot.Status.COMPLETED)
+    newest = set(
+        completed.order_by("source_instance_id", "-created_at")
+        .distinct("source_instance_id")
+        .values_list("pk", flat=True)
+    )
+    expired = set(completed.filter(expires_at__lte=now).values_list("pk", flat=True))
+    doomed = set(expired)
+    counted = BackupSchedule.objects.filter(retention_count__isnull=False).values_list(
+        "instance_id", "retention_count"
+    )
+    for instance_id, keep in counted:
+        scheduled = completed.filter(instance_id=instance_id, scheduled=True)
+        doomed |= set(scheduled.order_by("-created_at").values_list("pk", flat=True)[keep:])
+    forgotten = 0
+    for snapshot in Snapshot.objects.filter(pk__in=doomed - newest).select_related(
+        "instance", "tenant", "plan_version"
+    ):
+        request_id = f"prune-{snapshot.pk}"
+        if (
+            snapshot.instance_id
+            and snapshot.instance.operations.filter(request_id=request_id).exists()
+        ):
+            continue  # its deleteBackup is queued (or ran and failed: it shows on the page)
+        with transaction.atomic():
+            _snapshot_forget(
+                actor=SYSTEM,
+                snapshot=snapshot,
+                request_id=request_id,
+                reason="expired" if snapshot.pk in expired else "beyond the retention count",
+            )
+        forgotten += 1
+    return forgotten

@@ -23,6 +23,7 @@ from typing import Any
 
 from deployments import context
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.schedules import plan_retention_days
 from deployments.spec.model import Parameter, PlanSpec, Verb
 from deployments.spec.params import ParameterErrors, check, validate_parameters
 from deployments.workflow import engine
@@ -326,6 +327,8 @@ class SpecTest:
                 cloud=cell.cloud,
                 labels=cell.labels,
                 backup_destination=cell.backup_destination,
+                # The plan's default, as a new instance's backup schedule starts with.
+                backup_retention_days=plan_retention_days(self.spec.main.backup),
                 parameters=values,
                 operation_id=operation_id,
                 started_at=datetime.fromtimestamp(started, UTC),

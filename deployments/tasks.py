@@ -22,6 +22,18 @@ def instances_observe() -> int:
 
 
 @shared_task
+def backups_run_due() -> dict[str, int]:
+    """Queue the backups whose scheduled slot has come (run every minute by beat)."""
+    return services.backups_run_due()
+
+
+@shared_task
+def snapshots_prune() -> int:
+    """Forget the snapshots their retention no longer keeps (run every 10 minutes by beat)."""
+    return services.snapshots_prune()
+
+
+@shared_task
 def operation_notify(operation_id: str) -> None:
     """Email whoever started an operation how it ended, when that is worth an email."""
     from deployments.models import Operation

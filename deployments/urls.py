@@ -36,4 +36,9 @@ tenant_urlpatterns = [
         views.snapshot_delete,
         name="snapshot_delete",
     ),
+    path(
+        "deployments/<str:instance_id>/backups/schedule/",
+        views.backup_schedule_update,
+        name="backup_schedule_update",
+    ),
 ]

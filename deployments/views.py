@@ -209,6 +209,7 @@ def _tab_context(instance: Instance, tab: str, actions: list) -> dict:
         return {
             "snapshots": selectors.snapshots_of_instance(instance),
             "backup": next((a for a in actions if a.verb == "backup"), None),
+            "schedule": selectors.backup_schedule_of(instance),
         }
     if tab == "activity":
         return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
@@ -427,3 +428,52 @@ def snapshot_delete(request, instance_id: str, snapshot_id: int):
     return _queued(
         request, instance, operation, f"Deletion of backup {snapshot.name}", tab="backups"
     )
+
+
+# --- backup schedule ---
+
+SCHEDULE_FIELDS = ("timing", "interval_hours", "cron", "retention_days", "retention_count")
+
+
+def _whole(text: str) -> int | str | None:
+    """A number field as typed: a whole number, None when empty, else the text (which the
+    service refuses with the field's message)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+@tenant_view("instance.view")
+@require_POST
+def backup_schedule_update(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    submitted = {name: request.POST.get(name, "") for name in SCHEDULE_FIELDS}
+    submitted["enabled"] = request.POST.get("enabled") == "on"
+    by_cron = submitted["timing"] == "cron"
+    try:
+        services.backup_schedule_update(
+            actor=Actor.from_request(request),
+            instance=instance,
+            interval_hours=None if by_cron else _whole(submitted["interval_hours"]),
+            cron=submitted["cron"] if by_cron else "",
+            retention_days=_whole(submitted["retention_days"]),
+            retention_count=_whole(submitted["retention_count"]),
+            enabled=submitted["enabled"],
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "backup.create", tab="backups")
+    except ValidationError as exc:
+        return _page(
+            request,
+            instance,
+            tab="backups",
+            status=200 if request.htmx else 400,
+            schedule_errors=_errors(exc),
+            schedule_submitted=submitted,
+        )
+    messages.success(request, f"The backup schedule of {instance.name} is saved.")
+    return _after(request, instance, "backups")

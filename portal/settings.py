@@ -167,6 +167,8 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "operations-sweep": {"task": "deployments.tasks.operations_sweep", "schedule": 30.0},
     "instances-observe": {"task": "deployments.tasks.instances_observe", "schedule": 30.0},
+    "backups-run-due": {"task": "deployments.tasks.backups_run_due", "schedule": 60.0},
+    "snapshots-prune": {"task": "deployments.tasks.snapshots_prune", "schedule": 600.0},
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------

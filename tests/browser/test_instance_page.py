@@ -191,3 +191,20 @@ def test_stop_queues_from_the_header_and_the_message_links_to_the_operation(
     page.locator("#messages").get_by_role("link", name="queued").click()
     expect(page).to_have_url(re.compile(rf"operation={stop.pk}#operation-{stop.pk}$"))
     expect(page.locator(f"#operation-{stop.pk} details")).to_have_attribute("open", "")
+
+
+def test_the_backup_schedule_is_changed_from_the_backups_tab(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups")
+    page.get_by_text("Change the schedule").click()
+    page.get_by_label("At the times of a cron expression").check()
+    page.get_by_label("Cron expression (UTC)").fill("0 25 * * *")
+    page.get_by_role("button", name="Save schedule").click()
+
+    expect(page.locator("#schedule-cron-error")).to_contain_text("Not a valid cron expression")
+    shot(page, "backup-schedule-error")
+    page.get_by_label("Cron expression (UTC)").fill("0 3 * * *")
+    page.get_by_role("button", name="Save schedule").click()
+
+    expect(page.locator("#backup-schedule-status")).to_contain_text("at 0 3 * * * (UTC)")
+    expect(page.get_by_text("The backup schedule of")).to_be_visible()
+    shot(page, "backup-schedule-saved")

@@ -1,0 +1,349 @@
+"""Backup schedules: when backups fall due, who runs them, and how long snapshots are kept."""
+
+import inspect
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from accounts.audit import SYSTEM, Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent
+from deployments import schedules, services, views
+from deployments.models import BackupSchedule, Cell, Instance, Operation, Snapshot
+from tests.concurrency import race
+from tests.deployments.conftest import SPEC
+
+
+@pytest.fixture
+def plan(db):
+    return services.plan_load(text=SPEC.read_text()).plan
+
+
+@pytest.fixture
+def instance(owner, tenant, plan):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def _due(instance, ago=timedelta(minutes=1)) -> datetime:
+    """Make the instance's next slot come `ago` before now; the slot."""
+    slot = (timezone.now() - ago).replace(microsecond=0)
+    BackupSchedule.objects.filter(instance=instance).update(next_run_at=slot)
+    return slot
+
+
+def _snapshot(instance, *, days_ago: float, scheduled=True, status="completed", expired=False):
+    taken = timezone.now() - timedelta(days=days_ago)
+    return Snapshot.objects.create(
+        tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-{taken:%Y%m%d%H%M%S}",
+        status=status, scheduled=scheduled, created_at=taken,
+        expires_at=taken + timedelta(days=1 if expired else 30),
+    )  # fmt: skip
+
+
+def _url(instance, suffix=""):
+    return f"/t/{instance.tenant.slug}/deployments/{instance.pk}/{suffix}"
+
+
+# --- when slots fall ---
+
+
+def test_an_interval_schedule_falls_due_every_n_hours_and_skips_missed_slots():
+    slot = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
+
+    assert schedules.slot_after(after=slot, interval_hours=6, cron="") == slot.replace(hour=12)
+    # Beat was down for a day: the next slot is the first still to come, not a backlog.
+    late = datetime(2026, 12, 1, 7, 30, tzinfo=UTC)
+    assert schedules.slot_next(slot=slot, now=late, interval_hours=6, cron="") == datetime(
+        2026, 12, 1, 12, 0, tzinfo=UTC
+    )
+
+
+def test_a_cron_schedule_falls_due_at_its_next_time():
+    now = datetime(2026, 11, 30, 8, 37, 12, tzinfo=UTC)
+
+    assert schedules.slot_after(after=now, interval_hours=None, cron="0 3 * * *") == datetime(
+        2026, 12, 1, 3, 0, tzinfo=UTC
+    )
+    assert schedules.slot_after(after=now, interval_hours=None, cron="*/15 * * * *") == datetime(
+        2026, 11, 30, 8, 45, tzinfo=UTC
+    )
+    exactly = datetime(2026, 11, 30, 8, 45, tzinfo=UTC)  # a slot is never its own successor
+    assert schedules.slot_after(after=exactly, interval_hours=None, cron="*/15 * * * *") == (
+        exactly + timedelta(minutes=15)
+    )
+
+
+def test_a_new_instance_gets_the_plans_default_schedule(instance):
+    schedule = instance.backup_schedule
+
+    # The spec's backupConfiguration: every 24 hours, kept 30 days.
+    assert (schedule.interval_hours, schedule.cron, schedule.retention_days) == (24, "", 30)
+    assert schedule.enabled and schedule.retention_count is None
+    assert abs(schedule.next_run_at - (timezone.now() + timedelta(hours=24))) < timedelta(minutes=1)
+
+
+# --- running due backups ---
+
+
+def test_a_due_slot_queues_a_backup_as_the_system_that_the_role_check_would_refuse(instance):
+    with pytest.raises(ActionDenied):  # the path every view takes refuses the system actor
+        services.instance_action(actor=SYSTEM, instance=instance, verb="backup", request_id="x")
+    slot = _due(instance)
+
+    counts = services.backups_run_due()
+
+    assert counts == {"ran": 1, "skipped": 0}
+    backup = Operation.objects.get(instance=instance, verb="backup")
+    assert backup.requested_by is None and backup.state == Operation.State.QUEUED
+    snapshot = Snapshot.objects.get(operation=backup)
+    assert snapshot.scheduled and snapshot.status == Snapshot.Status.PENDING
+    assert abs(snapshot.expires_at - (snapshot.created_at + timedelta(days=30))) < timedelta(
+        seconds=1
+    )
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert schedule.last_outcome == "ran" and schedule.last_operation == backup
+    assert schedule.last_slot_at == slot and schedule.next_run_at == slot + timedelta(hours=24)
+    event = AuditEvent.objects.get(action="instance.backup", result="ok")
+    assert event.actor_kind == "system" and event.payload == {"scheduled": slot.isoformat()}
+    # The same slot again: nothing more.
+    assert services.backups_run_due() == {"ran": 0, "skipped": 0}
+
+
+def test_no_view_reaches_the_system_backup_path():
+    source = inspect.getsource(views)
+
+    assert "backups_run_due" not in source and "_backup_queue_scheduled" not in source
+
+
+def test_a_stopped_instance_skips_its_slot_and_says_why(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+    slot = _due(instance, ago=timedelta(hours=50))
+
+    assert services.backups_run_due() == {"ran": 0, "skipped": 1}
+
+    assert not Operation.objects.filter(verb="backup").exists()
+    assert not Snapshot.objects.exists()
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert schedule.last_outcome == "skipped"
+    assert schedule.last_reason == "The instance is stopped; backup needs it to be running."
+    # The next slot is the first still to come (missed ones are not made up).
+    assert schedule.next_run_at == slot + timedelta(hours=72) > timezone.now()
+    denied = AuditEvent.objects.get(action="instance.backup", result="denied")
+    assert denied.actor_kind == "system"
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    assert "Skipped" in page and "backup needs it to be running" in page
+
+
+def test_an_instance_made_before_schedules_shows_and_then_gets_the_plans_default(
+    owner_client, instance
+):
+    BackupSchedule.objects.filter(instance=instance).delete()
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    assert "Backups run every 24 hours" in page
+    assert not BackupSchedule.objects.exists()  # reading the page writes nothing
+
+    assert services.backups_run_due() == {"ran": 0, "skipped": 0}  # its first slot is to come
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.interval_hours, schedule.retention_days, schedule.enabled) == (24, 30, True)
+
+
+def test_a_disabled_schedule_runs_nothing(instance):
+    BackupSchedule.objects.filter(instance=instance).update(enabled=False)
+    _due(instance)
+
+    assert services.backups_run_due() == {"ran": 0, "skipped": 0}
+    assert not Operation.objects.filter(verb="backup").exists()
+
+
+@pytest.fixture
+def raced_instance(transactional_db, owner, tenant):
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def test_a_slot_runs_once_when_beat_runs_twice_at_the_same_time(raced_instance):
+    _due(raced_instance)
+    now = timezone.now()
+
+    results = race(lambda: services.backups_run_due(now=now), times=4)
+
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert sum(r["ran"] for r in results) == 1
+    assert Operation.objects.filter(instance=raced_instance, verb="backup").count() == 1
+    assert Snapshot.objects.filter(instance=raced_instance).count() == 1
+
+
+# --- pruning ---
+
+
+def test_pruning_by_days_forgets_expired_snapshots_but_never_the_newest_completed(instance):
+    old = _snapshot(instance, days_ago=40, expired=True)
+    manual = _snapshot(instance, days_ago=35, scheduled=False, expired=True)
+    newest = _snapshot(instance, days_ago=33, expired=True)  # expired too, but the newest
+    _snapshot(instance, days_ago=1, status="failed")  # newer, but not a backup to restore
+
+    assert services.snapshots_prune() == 2
+
+    forgets = Operation.objects.filter(instance=instance, verb="deleteBackup")
+    assert sorted(op.arguments["forget_snapshot"] for op in forgets) == sorted([old.pk, manual.pk])
+    assert all(op.requested_by is None for op in forgets)
+    audited = AuditEvent.objects.filter(action="backup.delete", actor_kind="system")
+    assert sorted(e.payload["reason"] for e in audited) == ["expired", "expired"]
+    assert newest.pk not in [op.arguments["forget_snapshot"] for op in forgets]
+    assert services.snapshots_prune() == 0  # their deleteBackup is already queued
+
+
+def test_pruning_by_count_keeps_unscheduled_and_the_newest_scheduled(instance):
+    BackupSchedule.objects.filter(instance=instance).update(retention_count=2)
+    scheduled = [_snapshot(instance, days_ago=d) for d in (5, 4, 3, 2)]
+    manual = _snapshot(instance, days_ago=6, scheduled=False)
+    _snapshot(instance, days_ago=0.1, status="pending")
+
+    assert services.snapshots_prune() == 2
+
+    forgotten = set(
+        Operation.objects.filter(verb="deleteBackup").values_list(
+            "arguments__forget_snapshot", flat=True
+        )
+    )
+    assert forgotten == {scheduled[0].pk, scheduled[1].pk}
+    assert manual.pk not in forgotten
+
+
+def test_a_count_of_one_never_forgets_the_newest_completed_snapshot(instance):
+    BackupSchedule.objects.filter(instance=instance).update(retention_count=1)
+    older = _snapshot(instance, days_ago=2)
+    newest = _snapshot(instance, days_ago=1)
+
+    services.snapshots_prune()
+
+    forgotten = [
+        op.arguments["forget_snapshot"] for op in Operation.objects.filter(verb="deleteBackup")
+    ]
+    assert forgotten == [older.pk] and newest.pk not in forgotten
+
+
+def test_expired_snapshots_of_a_deleted_instance_are_marked_deleted(instance):
+    old = _snapshot(instance, days_ago=40, expired=True)
+    newest = _snapshot(instance, days_ago=35, expired=True)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+
+    assert services.snapshots_prune() == 1
+
+    old.refresh_from_db()
+    newest.refresh_from_db()
+    assert old.status == Snapshot.Status.DELETED and newest.status == Snapshot.Status.COMPLETED
+    assert not Operation.objects.filter(verb="deleteBackup").exists()
+
+
+# --- changing the schedule ---
+
+
+def _update(actor, instance, **changes):
+    values = dict(interval_hours=12, cron="", retention_days=7, retention_count=None, enabled=True)
+    values.update(changes)
+    return services.backup_schedule_update(actor=actor, instance=instance, **values)
+
+
+def test_a_schedule_change_is_audited_and_reprices_expiry(owner, instance):
+    snapshot = _snapshot(instance, days_ago=2)
+
+    schedule = _update(Actor(user=owner), instance, interval_hours=None, cron="0 3 * * *")
+
+    assert schedule.cron == "0 3 * * *" and schedule.interval_hours is None
+    assert schedule.next_run_at.hour == 3 and schedule.next_run_at > timezone.now()
+    snapshot.refresh_from_db()
+    assert snapshot.expires_at == snapshot.created_at + timedelta(days=7)
+    event = AuditEvent.objects.get(action="backup.schedule", result="ok")
+    assert event.actor == owner and event.payload["cron"] == "0 3 * * *"
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"interval_hours": None, "cron": "0 3 * *"}, "cron"),
+        ({"interval_hours": None, "cron": "0 25 * * *"}, "cron"),
+        ({"interval_hours": None, "cron": "every day"}, "cron"),
+        ({"interval_hours": -1}, "interval_hours"),
+        ({"interval_hours": 0}, "interval_hours"),
+        ({"retention_days": -5}, "retention_days"),
+        ({"retention_days": "ten"}, "retention_days"),
+        ({"retention_count": 0}, "retention_count"),
+    ],
+)
+def test_a_bad_schedule_is_a_field_error_and_changes_nothing(owner, instance, changes, field):
+    with pytest.raises(ValidationError) as refused:
+        _update(Actor(user=owner), instance, **changes)
+
+    assert list(refused.value.message_dict) == [field]
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.interval_hours, schedule.cron, schedule.retention_days) == (24, "", 30)
+
+
+def test_the_backups_tab_shows_the_schedule_and_saves_it(owner_client, instance):
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    assert "Schedule" in page and "Backups run every 24 hours" in page
+
+    saved = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": "cron", "cron": "30 2 * * 1", "interval_hours": "24",
+         "retention_days": "14", "retention_count": "5", "enabled": "on"},
+    )  # fmt: skip
+
+    assert saved.status_code == 302
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.cron, schedule.interval_hours) == ("30 2 * * 1", None)
+    assert (schedule.retention_days, schedule.retention_count) == (14, 5)
+    page = owner_client.get(saved.url).content.decode()
+    assert "<code>30 2 * * 1</code>" in page and "the 5 newest scheduled ones" in page
+
+
+def test_a_bad_cron_in_the_form_is_shown_beside_the_field(owner_client, instance):
+    response = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": "cron", "cron": "61 * * * *", "retention_days": "7", "enabled": "on"},
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="schedule-cron-error"' in html and "Not a valid cron expression" in html
+    assert 'value="61 * * * *"' in html  # what was typed is kept
+    assert BackupSchedule.objects.get(instance=instance).cron == ""
+
+
+def test_a_viewer_cannot_change_the_schedule_and_the_refusal_is_audited(
+    client, instance, add_member
+):
+    viewer = add_member("viewer@example.com", "viewer")
+    client.force_login(viewer)
+    page = client.get(_url(instance), {"tab": "backups"}).content.decode()
+    assert "Schedule" in page and "Save schedule" not in page
+
+    forged = client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": "interval", "interval_hours": "1", "retention_days": "1", "enabled": "on"},
+    )
+
+    assert forged.status_code == 403
+    assert BackupSchedule.objects.get(instance=instance).interval_hours == 24
+    denied = AuditEvent.objects.get(action="backup.schedule", result="denied")
+    assert denied.actor == viewer and denied.target_id == instance.pk

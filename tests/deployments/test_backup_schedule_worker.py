@@ -1,0 +1,60 @@
+"""The object store keeps backups as long as the instance's schedule says, on a real run."""
+
+import uuid
+
+from accounts.audit import Actor
+from deployments import services
+from deployments.models import Operation
+from tests.deployments.conftest import decoded, wait_done
+
+
+def _retention(operation) -> str:
+    cluster = operation.task_runs.filter(node="main.cluster").last()
+    return decoded(cluster.object)["spec"]["backup"]["retentionPolicy"]
+
+
+def test_the_schedules_retention_reaches_the_clusters_retention_policy(
+    worker, cell, plan, tenant, owner
+):
+    actor = Actor(user=owner)
+    create = services.instance_create(
+        actor=actor, tenant=tenant, plan=plan, name="orders", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    assert _retention(create) == "30d"  # the spec's backupRetentionInDays
+
+    services.backup_schedule_update(
+        actor=actor, instance=create.instance, interval_hours=24, cron="",
+        retention_days=7, retention_count=None, enabled=True,
+    )  # fmt: skip
+    modify = services.instance_action(
+        actor=actor, instance=create.instance, verb="modify",
+        request_id=uuid.uuid4().hex, parameters={"instances": "2"},
+    )  # fmt: skip
+
+    assert wait_done(modify).state == Operation.State.SUCCEEDED, modify.error
+    assert _retention(modify) == "7d"
+
+
+def test_a_backup_brings_the_clusters_retention_in_line_with_the_schedule(
+    worker, cell, plan, tenant, owner
+):
+    actor = Actor(user=owner)
+    create = services.instance_create(
+        actor=actor, tenant=tenant, plan=plan, name="orders", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    services.backup_schedule_update(
+        actor=actor, instance=create.instance, interval_hours=24, cron="",
+        retention_days=3, retention_count=None, enabled=True,
+    )  # fmt: skip
+
+    backup = services.instance_action(
+        actor=actor, instance=create.instance, verb="backup", request_id=uuid.uuid4().hex
+    )
+
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    patch = decoded(backup.task_runs.get(node="main.retention").object)
+    assert patch["spec"]["backup"]["retentionPolicy"] == "3d"
