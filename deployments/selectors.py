@@ -388,7 +388,7 @@ class InstanceAction:
     @property
     def in_dialog(self) -> bool:
         """Whether it asks for input or confirmation first."""
-        return bool(self.parameters) or self.verb == "delete"
+        return bool(self.parameters) or self.verb in {"modify", "delete"}
 
 
 def instance_retry_verb(instance: Instance) -> str | None:
@@ -408,8 +408,8 @@ def instance_retry_verb(instance: Instance) -> str | None:
 
 
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:
-    """The actions the instance page offers to a member whose role allows `allowed`: the
-    plan's lifecycle verbs, a retry of a failed create or restore, its custom workflows, and
+    """The actions the instance page offers to a member whose role allows `allowed`: modify,
+    the plan's lifecycle verbs, a retry of a failed create or restore, its custom workflows, and
     delete last."""
     spec = plan_spec(instance.plan_version)
     verbs = spec.main.verbs
@@ -421,6 +421,8 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
         refusal = lifecycle.refusal(verb, instance.state, custom=custom)
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
 
+    if "modify" in verbs:
+        offer("modify", "Modify")
     for verb, label in BUTTONS.items():
         if verb in verbs:
             offer(verb, label)

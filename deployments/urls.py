@@ -36,4 +36,11 @@ tenant_urlpatterns = [
         views.snapshot_delete,
         name="snapshot_delete",
     ),
+    # modify
+    path("deployments/<str:instance_id>/modify/", views.instance_modify, name="instance_modify"),
+    path(
+        "deployments/<str:instance_id>/modify/estimate/",
+        views.instance_modify_estimate,
+        name="instance_modify_estimate",
+    ),
 ]

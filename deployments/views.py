@@ -16,6 +16,7 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import partial_template
 from accounts.tenancy import tenant_view
+from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, selectors, services
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
@@ -234,6 +235,8 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         **_tab_context(instance, tab, actions),
         **extra,
     }
+    if "modify_form" not in context and any(a.verb == "modify" and not a.refusal for a in actions):
+        context.update(_modify_context(instance))
     template = DETAIL
     if request.htmx and not request.htmx.history_restore_request:
         target = request.htmx.target if request.method == "GET" else "instance-page"
@@ -427,3 +430,97 @@ def snapshot_delete(request, instance_id: str, snapshot_id: int):
     return _queued(
         request, instance, operation, f"Deletion of backup {snapshot.name}", tab="backups"
     )
+
+
+# --- modify ---
+
+
+def _modify_form(instance: Instance, data=None) -> forms.ParameterForm:
+    """The modify form: the modifiable parameters, prefilled with the instance's values."""
+    spec = selectors.plan_spec(instance.plan_version)
+    form_class = forms.parameter_form_class(
+        spec.main.parameters,
+        groups=spec.parameter_groups,
+        current=services.instance_parameters(instance),
+    )
+    return form_class(data)
+
+
+def _cost(instance: Instance, values: dict | None) -> Cost | None:
+    if values is None:
+        return None
+    version = instance.plan_version
+    try:
+        return metering.estimate(version.plan, selectors.plan_spec(version), values)
+    except metering.UsageError:
+        return None
+
+
+def _modify_context(instance: Instance, form: forms.ParameterForm | None = None) -> dict:
+    """The modify dialog's form and the cost now and after the change (None when the values
+    entered are not valid)."""
+    form = form or _modify_form(instance)
+    if form.is_bound:
+        form.is_valid()
+        values = form.values
+    else:
+        values = form.current
+    return {
+        "modify_form": form,
+        "current_cost": _cost(instance, form.current),
+        "new_cost": _cost(instance, values),
+    }
+
+
+def _changed(form: forms.ParameterForm) -> dict:
+    """What the user changed or filled in: the entries whose typed value differs from the
+    instance's (a password only when one was typed)."""
+    return {
+        key: value
+        for key, value in form.given.items()
+        if key not in form.current or form.values[key] != form.current[key]
+    }
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_modify(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    form = _modify_form(instance, request.POST)
+    valid = form.is_valid()
+    # The service refuses (403, audited) a role without modify, whatever the form holds.
+    if valid or not roles.can(request.membership.role, "instance.modify"):
+        try:
+            operation = services.instance_action(
+                actor=Actor.from_request(request),
+                instance=instance,
+                verb="modify",
+                request_id=request.POST.get("request_id", ""),
+                parameters=_changed(form) if valid else {},
+            )
+        except ActionDenied as exc:
+            return _refused(request, instance, exc, "instance.modify", tab="operations")
+        except ValidationError as exc:
+            form.errors_from(exc)
+        else:
+            return _queued(
+                request, instance, operation, f"Modification of {instance.name}", tab="operations"
+            )
+    return _page(
+        request,
+        instance,
+        tab="operations",
+        status=200 if request.htmx else 400,
+        open_dialog="dialog-modify",
+        **_modify_context(instance, form),
+    )
+
+
+@tenant_view("instance.modify")
+@require_POST
+def instance_modify_estimate(request, instance_id: str):
+    """The cost now and after the change, for the values in the modify dialog (POST: a
+    password typed there never lands in an address)."""
+    instance = _instance(request, instance_id)
+    context = _modify_context(instance, _modify_form(instance, request.POST))
+    return render(request, "deployments/_modify_estimate.html", context)
