@@ -43,4 +43,10 @@ tenant_urlpatterns = [
         views.instance_modify_estimate,
         name="instance_modify_estimate",
     ),
+    # cancel an operation
+    path(
+        "deployments/<str:instance_id>/operations/<uuid:operation_id>/cancel/",
+        views.operation_cancel,
+        name="operation_cancel",
+    ),
 ]

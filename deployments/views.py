@@ -197,14 +197,15 @@ def _page_url(instance: Instance, tab: str = "") -> str:
     return f"{url}?tab={tab}" if tab else url
 
 
-def _tab_context(instance: Instance, tab: str, actions: list) -> dict:
-    """What one tab shows (`actions`: those the header offers)."""
+def _tab_context(instance: Instance, tab: str, actions: list, allowed: frozenset[str]) -> dict:
+    """What one tab shows (`actions`: those the header offers; `allowed`: the role's)."""
     if tab == "operations":
         operations = list(selectors.operations_with_runs(instance))
         return {
             "operations": operations,
             "pending": any(op.state in PENDING for op in operations),
             "verb_labels": selectors.verb_labels(instance.plan_version),
+            "cancellable": _cancellable(instance, operations, allowed),
         }
     if tab == "backups":
         return {
@@ -232,7 +233,7 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
         "snapshot_count": selectors.snapshots_of_instance(instance).count(),
-        **_tab_context(instance, tab, actions),
+        **_tab_context(instance, tab, actions, allowed),
         **extra,
     }
     if "modify_form" not in context and any(a.verb == "modify" and not a.refusal for a in actions):
@@ -524,3 +525,53 @@ def instance_modify_estimate(request, instance_id: str):
     instance = _instance(request, instance_id)
     context = _modify_context(instance, _modify_form(instance, request.POST))
     return render(request, "deployments/_modify_estimate.html", context)
+
+
+# --- cancel an operation ---
+
+
+def _verb_action(version: PlanVersion, verb: str) -> str:
+    """The role action a verb needs (cancelling an operation needs the same)."""
+    spec_verb = selectors.plan_spec(version).main.verbs.get(verb)
+    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom)).action
+
+
+def _cancellable(instance: Instance, operations: list, allowed: frozenset[str]) -> set:
+    """The operations the reader may cancel: queued or running ones not already stopping,
+    never a delete, whose verb the role allows."""
+    return {
+        op.pk
+        for op in operations
+        if op.state in PENDING
+        and op.verb != "delete"
+        and not op.cancel_reason
+        and _verb_action(instance.plan_version, op.verb) in allowed
+    }
+
+
+@tenant_view("instance.view")
+@require_POST
+def operation_cancel(request, instance_id: str, operation_id):
+    instance = _instance(request, instance_id)
+    operation = get_object_or_404(instance.operations.all(), pk=operation_id)
+    try:
+        operation = services.operation_cancel(
+            actor=Actor.from_request(request),
+            operation=operation,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        action = _verb_action(operation.plan_version, operation.verb)
+        return _refused(request, instance, exc, action, tab="operations")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return _after(request, instance, "operations")
+    label = selectors.verb_labels(instance.plan_version).get(operation.verb, operation.verb)
+    if operation.state == Operation.State.CANCELLED:
+        messages.success(request, f"{label} of {instance.name} is cancelled.")
+    else:
+        messages.success(
+            request,
+            f"{label} of {instance.name} stops at its next step; its clean-up still runs.",
+        )
+    return _after(request, _instance(request, instance.pk), "operations")
