@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 from django.db.models import Count, F, Prefetch, Q, QuerySet
 from django.db.models.functions import Coalesce
@@ -458,3 +460,56 @@ def verb_labels(version: PlanVersion) -> dict[str, str]:
     """Each verb of the plan version as the operations timeline names it."""
     verbs = plan_spec(version).main.verbs.values()
     return {v.name: VERB_LABELS.get(v.name) or v.display_name or v.name for v in verbs}
+
+
+MASKED = "••••••"  # what a URI shows in place of the password
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach an instance: its main endpoint and the user, database and URI scheme the
+    spec names (`x-opsdeck.connection`); empty strings for what the spec does not say."""
+
+    host: str
+    port: str
+    database: str
+    user: str
+    scheme: str
+    has_password: bool
+
+    def uri(self, password: str = MASKED) -> str:
+        """The URI to connect with (the password masked unless given); "" without a scheme."""
+        if not self.scheme or not self.host:
+            return ""
+        secret = password if password == MASKED else quote(password, safe="")
+        credentials = f"{quote(self.user, safe='')}:{secret}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        database = f"/{quote(self.database, safe='')}" if self.database else ""
+        return f"{self.scheme}://{credentials}{self.host}{port}{database}"
+
+
+_SYS_ID = re.compile(r"\{\{\s*\$sys\.id\s*\}\}|\$sys\.id\b")
+
+
+def instance_connection(instance: Instance) -> Connection:
+    """The instance's connection details: the main service's primary endpoint (the first if
+    none is marked) with `$sys.id` replaced by the instance id, and its parameter values."""
+    spec = plan_spec(instance.plan_version)
+    endpoints = [e for e in spec.main.endpoints.values() if isinstance(e, dict)]
+    endpoint = next((e for e in endpoints if e.get("primary")), endpoints[0] if endpoints else {})
+    ports = endpoint.get("ports") or []
+    mapping = spec.connection
+    values = instance.parameters  # plain values only: the password is never read here
+
+    def value(key: str) -> str:
+        name = mapping.get(key)
+        return str(values.get(name, "")) if name else ""
+
+    return Connection(
+        host=_SYS_ID.sub(instance.pk, str(endpoint.get("host", ""))),
+        port=str(ports[0]) if isinstance(ports, list) and ports else "",
+        database=value("database"),
+        user=value("user"),
+        scheme=str(mapping.get("scheme", "")),
+        has_password=bool(mapping.get("password")),
+    )

@@ -49,4 +49,10 @@ tenant_urlpatterns = [
         views.operation_cancel,
         name="operation_cancel",
     ),
+    # connection
+    path(
+        "deployments/<str:instance_id>/connection/reveal/",
+        views.instance_credentials_reveal,
+        name="instance_credentials_reveal",
+    ),
 ]

@@ -1,6 +1,7 @@
 import re
 import uuid
 
+from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
@@ -171,6 +172,7 @@ def instance_estimate(request, plan_key: str):
 
 TABS = {
     "overview": "Overview",
+    "connection": "Connection",
     "operations": "Operations",
     "backups": "Backups",
     "activity": "Activity",
@@ -214,6 +216,16 @@ def _tab_context(instance: Instance, tab: str, actions: list, allowed: frozenset
         }
     if tab == "activity":
         return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
+    if tab == "connection":
+        connection = selectors.instance_connection(instance)
+        rows = [("Host", connection.host, "host"), ("Port", connection.port, "port")]
+        rows += [("Database", connection.database, "database"), ("User", connection.user, "user")]
+        return {
+            "connection": connection,
+            "connection_rows": [row for row in rows if row[1]],
+            "masked_uri": connection.uri(),
+            "can_reveal": "instance.reveal_credentials" in allowed,
+        }
     return {
         "status": selectors.observed_status(instance),
         "parameters": selectors.instance_parameters_shown(instance),
@@ -575,3 +587,25 @@ def operation_cancel(request, instance_id: str, operation_id):
             f"{label} of {instance.name} stops at its next step; its clean-up still runs.",
         )
     return _after(request, _instance(request, instance.pk), "operations")
+
+
+# --- connection ---
+
+
+@tenant_view("instance.reveal_credentials")  # a role without it: 403, audited
+@reauthentication_required  # else allauth asks for the password and then replays this POST
+@require_POST
+def instance_credentials_reveal(request, instance_id: str):
+    """The Connection tab with the password shown once: never cached, never in an address."""
+    instance = _instance(request, instance_id)
+    try:
+        password = services.instance_credentials_reveal(
+            actor=Actor.from_request(request), instance=instance
+        )
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect(_page_url(instance, "connection"))
+    uri = selectors.instance_connection(instance).uri(password)
+    response = _page(request, instance, tab="connection", revealed=password, revealed_uri=uri)
+    response["Cache-Control"] = "no-store"
+    return response
