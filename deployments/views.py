@@ -248,13 +248,15 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         **_tab_context(instance, tab, actions, allowed),
         **extra,
     }
-    if "modify_form" not in context and any(a.verb == "modify" and not a.refusal for a in actions):
-        context.update(_modify_context(instance))
     template = DETAIL
     if request.htmx and not request.htmx.history_restore_request:
         target = request.htmx.target if request.method == "GET" else "instance-page"
         template = f"{DETAIL}#{target if target in SWAPPED else 'instance-page'}"
         context["polled"] = target == "instance-operations"
+    # Only the parts with the dialogs need the modify form (not each poll of the timeline).
+    dialogs = template in {DETAIL, f"{DETAIL}#instance-page"} and "modify_form" not in context
+    if dialogs and any(a.verb == "modify" and not a.refusal for a in actions):
+        context.update(_modify_context(instance))
     response = render(request, template, context, status=status)
     patch_vary_headers(response, ["HX-Request", "HX-Target"])
     return response
@@ -593,11 +595,15 @@ def operation_cancel(request, instance_id: str, operation_id):
 
 
 @tenant_view("instance.reveal_credentials")  # a role without it: 403, audited
-@reauthentication_required  # else allauth asks for the password and then replays this POST
 @require_POST
 def instance_credentials_reveal(request, instance_id: str):
     """The Connection tab with the password shown once: never cached, never in an address."""
-    instance = _instance(request, instance_id)
+    instance = _instance(request, instance_id)  # another tenant's id: a 404 before anything
+    return _credentials_reveal(request, instance)
+
+
+@reauthentication_required  # else allauth asks for the password, then replays the POST
+def _credentials_reveal(request, instance: Instance):
     try:
         password = services.instance_credentials_reveal(
             actor=Actor.from_request(request), instance=instance

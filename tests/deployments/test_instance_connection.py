@@ -109,3 +109,19 @@ def test_a_wrong_connection_mapping_fails_at_load(mapping, message):
     with pytest.raises(SpecError) as error:
         load_spec(text.replace(shipped, f"  connection: {mapping}"))
     assert message in str(error.value)
+
+
+def test_another_tenants_instance_is_a_404_even_before_reauthentication(
+    client, instance, make_user
+):
+    from accounts import services as account_services
+    from accounts.audit import Actor
+
+    stranger = make_user("stranger@example.com")
+    theirs = account_services.tenant_create(actor=Actor(user=stranger), name="Other")
+    client.force_login(stranger)
+
+    response = client.post(f"/t/{theirs.slug}/deployments/{instance.pk}/connection/reveal/")
+
+    assert response.status_code == 404
+    assert not AuditEvent.objects.filter(action="instance.reveal_credentials").exists()

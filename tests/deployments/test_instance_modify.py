@@ -103,3 +103,30 @@ def test_a_state_that_forbids_modify_disables_it_with_the_reason(owner_client, i
     assert 'data-dialog="dialog-modify" disabled aria-describedby="why-modify"' in html
     assert '<li id="why-modify"><strong>Modify:</strong>' in html
     assert 'id="dialog-modify"' not in html
+
+
+def test_an_htmx_modify_with_an_error_gets_the_page_part_with_the_dialog_open(
+    owner_client, instance
+):
+    response = owner_client.post(
+        _url(instance, "modify/"), {"request_id": "hx-mod", "p-instances": "0"},
+        HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-page",
+    )  # fmt: skip
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith('<div id="instance-page">')
+    assert 'id="dialog-modify"' in html and "open data-open" in html
+    assert not Operation.objects.filter(verb="modify").exists()
+
+
+def test_the_polled_timeline_leaves_the_dialogs_out(owner_client, instance):
+    response = owner_client.get(
+        _url(instance), {"tab": "operations"},
+        HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations",
+    )  # fmt: skip
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert 'data-dialog="dialog-modify"' in html  # the header's button, refreshed
+    assert 'id="dialog-modify"' not in html
