@@ -93,6 +93,17 @@ def _create_form_class(request, spec: PlanSpec):
     )
 
 
+def _estimate(version: PlanVersion, values: dict | None) -> Cost | None:
+    """What typed parameter values cost; None when there are none (the form's are not valid)
+    or a usage rule cannot price them."""
+    if values is None:
+        return None
+    try:
+        return metering.estimate(version.plan, selectors.plan_spec(version), values)
+    except metering.UsageError:
+        return None
+
+
 def _estimate_context(version: PlanVersion, spec: PlanSpec, form) -> dict:
     """The cost of the values a (bound or unbound) form holds; None when they are not valid."""
     if form.is_bound:
@@ -100,11 +111,7 @@ def _estimate_context(version: PlanVersion, spec: PlanSpec, form) -> dict:
         values = form.values
     else:
         values = selectors.default_values(spec)
-    try:
-        cost = metering.estimate(version.plan, spec, values) if values is not None else None
-    except metering.UsageError:
-        cost = None
-    return {"cost": cost, "plan": version.plan}
+    return {"cost": _estimate(version, values), "plan": version.plan}
 
 
 def _instance_page(request, instance_id: str):
@@ -461,16 +468,6 @@ def _modify_form(instance: Instance, data=None) -> forms.ParameterForm:
     return form_class(data)
 
 
-def _cost(instance: Instance, values: dict | None) -> Cost | None:
-    if values is None:
-        return None
-    version = instance.plan_version
-    try:
-        return metering.estimate(version.plan, selectors.plan_spec(version), values)
-    except metering.UsageError:
-        return None
-
-
 def _modify_context(instance: Instance, form: forms.ParameterForm | None = None) -> dict:
     """The modify dialog's form and the cost now and after the change (None when the values
     entered are not valid)."""
@@ -482,8 +479,8 @@ def _modify_context(instance: Instance, form: forms.ParameterForm | None = None)
         values = form.current
     return {
         "modify_form": form,
-        "current_cost": _cost(instance, form.current),
-        "new_cost": _cost(instance, values),
+        "current_cost": _estimate(instance.plan_version, form.current),
+        "new_cost": _estimate(instance.plan_version, values),
     }
 
 
