@@ -592,10 +592,12 @@ def operation_cancel(request, instance_id: str, operation_id):
 
 
 @tenant_view("instance.reveal_credentials")  # a role without it: 403, audited
-@require_POST
 def instance_credentials_reveal(request, instance_id: str):
-    """The Connection tab with the password shown once: never cached, never in an address."""
+    """The Connection tab with the password shown once: never cached, never in an address.
+    A GET (a reload of the answer) is the tab again, the password masked."""
     instance = _instance(request, instance_id)  # another tenant's id: a 404 before anything
+    if request.method != "POST":
+        return redirect(_page_url(instance, "connection"))
     return _credentials_reveal(request, instance)
 
 

@@ -50,3 +50,23 @@ def test_the_connection_tab_never_scrolls_sideways(open_page, owner, instance, w
     expect(page.locator("#connection-uri")).to_contain_text("postgresql://app:••••••@")
     expect(page.get_by_role("button", name="Reveal password")).to_be_visible()
     assert not scrolls_sideways(page)
+
+
+@BOTH_WIDTHS
+def test_reveal_asks_for_the_password_then_shows_it_once(open_page, owner, instance, width):
+    from deployments import services
+    from tests.conftest import PASSWORD
+
+    secret = services.instance_parameters(instance)["password"]
+    page = _open(open_page, owner, instance, width, tab="connection")
+
+    page.get_by_role("button", name="Reveal password").click()
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_label("Password").press("Enter")
+
+    expect(page.locator("#connection-password")).to_have_text(secret)
+    shot(page, f"instance-connection-revealed-{width}")
+    assert not scrolls_sideways(page)
+    page.reload()  # a GET of the same address: the revealed answer is not cached
+    expect(page.locator("#connection-host")).to_be_visible()
+    assert secret not in page.content()

@@ -125,3 +125,11 @@ def test_another_tenants_instance_is_a_404_even_before_reauthentication(
 
     assert response.status_code == 404
     assert not AuditEvent.objects.filter(action="instance.reveal_credentials").exists()
+
+
+def test_a_reload_of_the_reveal_address_is_the_tab_with_the_password_masked(owner_client, instance):
+    response = owner_client.get(_url(instance, "connection/reveal/"))
+
+    assert response.status_code == 302
+    assert response["Location"] == _url(instance) + "?tab=connection"
+    assert not AuditEvent.objects.filter(action="instance.reveal_credentials").exists()
