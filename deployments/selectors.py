@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 from django.db.models import Count, F, Prefetch, Q, QuerySet
 from django.db.models.functions import Coalesce
@@ -395,7 +397,7 @@ class InstanceAction:
     @property
     def in_dialog(self) -> bool:
         """Whether it asks for input or confirmation first."""
-        return bool(self.parameters) or self.verb == "delete"
+        return bool(self.parameters) or self.verb in {"modify", "delete"}
 
 
 def instance_retry_verb(instance: Instance) -> str | None:
@@ -415,8 +417,8 @@ def instance_retry_verb(instance: Instance) -> str | None:
 
 
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:
-    """The actions the instance page offers to a member whose role allows `allowed`: the
-    plan's lifecycle verbs, a retry of a failed create or restore, its custom workflows, and
+    """The actions the instance page offers to a member whose role allows `allowed`: modify,
+    the plan's lifecycle verbs, a retry of a failed create or restore, its custom workflows, and
     delete last."""
     spec = plan_spec(instance.plan_version)
     verbs = spec.main.verbs
@@ -428,6 +430,8 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
         refusal = lifecycle.refusal(verb, instance.state, custom=custom)
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
 
+    if "modify" in verbs:
+        offer("modify", "Modify")
     for verb, label in BUTTONS.items():
         if verb in verbs:
             offer(verb, label)
@@ -502,3 +506,56 @@ def backup_retention_days(instance: Instance) -> int:
         .first()
     )
     return days or backup_schedule_default(instance).retention_days
+
+
+MASKED = "••••••"  # what a URI shows in place of the password
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach an instance: its main endpoint and the user, database and URI scheme the
+    spec names (`x-opsdeck.connection`); empty strings for what the spec does not say."""
+
+    host: str
+    port: str
+    database: str
+    user: str
+    scheme: str
+    has_password: bool
+
+    def uri(self, password: str = MASKED) -> str:
+        """The URI to connect with (the password masked unless given); "" without a scheme."""
+        if not self.scheme or not self.host:
+            return ""
+        secret = password if password == MASKED else quote(password, safe="")
+        credentials = f"{quote(self.user, safe='')}:{secret}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        database = f"/{quote(self.database, safe='')}" if self.database else ""
+        return f"{self.scheme}://{credentials}{self.host}{port}{database}"
+
+
+_SYS_ID = re.compile(r"\{\{\s*\$sys\.id\s*\}\}|\$sys\.id\b")
+
+
+def instance_connection(instance: Instance) -> Connection:
+    """The instance's connection details: the main service's primary endpoint (the first if
+    none is marked) with `$sys.id` replaced by the instance id, and its parameter values."""
+    spec = plan_spec(instance.plan_version)
+    endpoints = [e for e in spec.main.endpoints.values() if isinstance(e, dict)]
+    endpoint = next((e for e in endpoints if e.get("primary")), endpoints[0] if endpoints else {})
+    ports = endpoint.get("ports") or []
+    mapping = spec.connection
+    values = instance.parameters  # plain values only: the password is never read here
+
+    def value(key: str) -> str:
+        name = mapping.get(key)
+        return str(values.get(name, "")) if name else ""
+
+    return Connection(
+        host=_SYS_ID.sub(instance.pk, str(endpoint.get("host", ""))),
+        port=str(ports[0]) if isinstance(ports, list) and ports else "",
+        database=value("database"),
+        user=value("user"),
+        scheme=str(mapping.get("scheme", "")),
+        has_password=bool(mapping.get("password")),
+    )

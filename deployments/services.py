@@ -643,6 +643,23 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
     return operation
 
 
+def instance_credentials_reveal(*, actor: Actor, instance: Instance) -> str:
+    """The password of the instance's connection user (`x-opsdeck.connection.password`),
+    for one showing; the reveal is audited, never with the password."""
+    tenant = instance.tenant
+    action = "instance.reveal_credentials"
+    with audited_action(actor=actor, action=action, tenant=tenant, target=instance):
+        permission_require(actor=actor, tenant=tenant, action=action)
+        key = selectors.plan_spec(instance.plan_version).connection.get("password")
+        password = instance_parameters(instance).get(key) if key else None
+        if not password:
+            raise ValidationError("This plan does not say which password connects to it.")
+        audit_record(
+            actor=actor, action=action, tenant=tenant, target=instance, payload={"parameter": key}
+        )
+    return str(password)
+
+
 def operation_email_send(*, operation: Operation) -> None:
     """Tell whoever started an operation that it failed (or was cancelled), or that the
     instance its create or restore made is ready; sent by a worker after the end committed."""

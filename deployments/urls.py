@@ -41,4 +41,23 @@ tenant_urlpatterns = [
         views.backup_schedule_update,
         name="backup_schedule_update",
     ),
+    # modify
+    path("deployments/<str:instance_id>/modify/", views.instance_modify, name="instance_modify"),
+    path(
+        "deployments/<str:instance_id>/modify/estimate/",
+        views.instance_modify_estimate,
+        name="instance_modify_estimate",
+    ),
+    # cancel an operation
+    path(
+        "deployments/<str:instance_id>/operations/<uuid:operation_id>/cancel/",
+        views.operation_cancel,
+        name="operation_cancel",
+    ),
+    # connection
+    path(
+        "deployments/<str:instance_id>/connection/reveal/",
+        views.instance_credentials_reveal,
+        name="instance_credentials_reveal",
+    ),
 ]

@@ -1,6 +1,7 @@
 import re
 import uuid
 
+from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
@@ -16,6 +17,7 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import partial_template
 from accounts.tenancy import tenant_view
+from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, selectors, services
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
@@ -91,6 +93,17 @@ def _create_form_class(request, spec: PlanSpec):
     )
 
 
+def _estimate(version: PlanVersion, values: dict | None) -> Cost | None:
+    """What typed parameter values cost; None when there are none (the form's are not valid)
+    or a usage rule cannot price them."""
+    if values is None:
+        return None
+    try:
+        return metering.estimate(version.plan, selectors.plan_spec(version), values)
+    except metering.UsageError:
+        return None
+
+
 def _estimate_context(version: PlanVersion, spec: PlanSpec, form) -> dict:
     """The cost of the values a (bound or unbound) form holds; None when they are not valid."""
     if form.is_bound:
@@ -98,11 +111,7 @@ def _estimate_context(version: PlanVersion, spec: PlanSpec, form) -> dict:
         values = form.values
     else:
         values = selectors.default_values(spec)
-    try:
-        cost = metering.estimate(version.plan, spec, values) if values is not None else None
-    except metering.UsageError:
-        cost = None
-    return {"cost": cost, "plan": version.plan}
+    return {"cost": _estimate(version, values), "plan": version.plan}
 
 
 def _instance_page(request, instance_id: str):
@@ -170,6 +179,7 @@ def instance_estimate(request, plan_key: str):
 
 TABS = {
     "overview": "Overview",
+    "connection": "Connection",
     "operations": "Operations",
     "backups": "Backups",
     "activity": "Activity",
@@ -196,14 +206,15 @@ def _page_url(instance: Instance, tab: str = "") -> str:
     return f"{url}?tab={tab}" if tab else url
 
 
-def _tab_context(instance: Instance, tab: str, actions: list) -> dict:
-    """What one tab shows (`actions`: those the header offers)."""
+def _tab_context(instance: Instance, tab: str, actions: list, allowed: frozenset[str]) -> dict:
+    """What one tab shows (`actions`: those the header offers; `allowed`: the role's)."""
     if tab == "operations":
         operations = list(selectors.operations_with_runs(instance))
         return {
             "operations": operations,
             "pending": any(op.state in PENDING for op in operations),
             "verb_labels": selectors.verb_labels(instance.plan_version),
+            "cancellable": _cancellable(instance, operations, allowed),
         }
     if tab == "backups":
         return {
@@ -213,6 +224,16 @@ def _tab_context(instance: Instance, tab: str, actions: list) -> dict:
         }
     if tab == "activity":
         return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
+    if tab == "connection":
+        connection = selectors.instance_connection(instance)
+        rows = [("Host", connection.host, "host"), ("Port", connection.port, "port")]
+        rows += [("Database", connection.database, "database"), ("User", connection.user, "user")]
+        return {
+            "connection": connection,
+            "connection_rows": [row for row in rows if row[1]],
+            "masked_uri": connection.uri(),
+            "can_reveal": "instance.reveal_credentials" in allowed,
+        }
     return {
         "status": selectors.observed_status(instance),
         "parameters": selectors.instance_parameters_shown(instance),
@@ -232,7 +253,7 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
         "snapshot_count": selectors.snapshots_of_instance(instance).count(),
-        **_tab_context(instance, tab, actions),
+        **_tab_context(instance, tab, actions, allowed),
         **extra,
     }
     template = DETAIL
@@ -240,6 +261,10 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         target = request.htmx.target if request.method == "GET" else "instance-page"
         template = f"{DETAIL}#{target if target in SWAPPED else 'instance-page'}"
         context["polled"] = target == "instance-operations"
+    # Only the parts with the dialogs need the modify form (not each poll of the timeline).
+    dialogs = template in {DETAIL, f"{DETAIL}#instance-page"} and "modify_form" not in context
+    if dialogs and any(a.verb == "modify" and not a.refusal for a in actions):
+        context.update(_modify_context(instance))
     response = render(request, template, context, status=status)
     patch_vary_headers(response, ["HX-Request", "HX-Target"])
     return response
@@ -477,3 +502,165 @@ def backup_schedule_update(request, instance_id: str):
         )
     messages.success(request, f"The backup schedule of {instance.name} is saved.")
     return _after(request, instance, "backups")
+
+
+# --- modify ---
+
+
+def _modify_form(instance: Instance, data=None) -> forms.ParameterForm:
+    """The modify form: the modifiable parameters, prefilled with the instance's values."""
+    spec = selectors.plan_spec(instance.plan_version)
+    form_class = forms.parameter_form_class(
+        spec.main.parameters,
+        groups=spec.parameter_groups,
+        current=services.instance_parameters(instance),
+    )
+    return form_class(data)
+
+
+def _modify_context(instance: Instance, form: forms.ParameterForm | None = None) -> dict:
+    """The modify dialog's form and the cost now and after the change (None when the values
+    entered are not valid)."""
+    form = form or _modify_form(instance)
+    if form.is_bound:
+        form.is_valid()
+        values = form.values
+    else:
+        values = form.current
+    return {
+        "modify_form": form,
+        "current_cost": _estimate(instance.plan_version, form.current),
+        "new_cost": _estimate(instance.plan_version, values),
+    }
+
+
+def _changed(form: forms.ParameterForm) -> dict:
+    """What the user changed or filled in: the entries whose typed value differs from the
+    instance's (a password only when one was typed)."""
+    return {
+        key: value
+        for key, value in form.given.items()
+        if key not in form.current or form.values[key] != form.current[key]
+    }
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_modify(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    form = _modify_form(instance, request.POST)
+    valid = form.is_valid()
+    # The service refuses (403, audited) a role without modify, whatever the form holds.
+    if valid or not roles.can(request.membership.role, "instance.modify"):
+        try:
+            operation = services.instance_action(
+                actor=Actor.from_request(request),
+                instance=instance,
+                verb="modify",
+                request_id=request.POST.get("request_id", ""),
+                parameters=_changed(form) if valid else {},
+            )
+        except ActionDenied as exc:
+            return _refused(request, instance, exc, "instance.modify", tab="operations")
+        except ValidationError as exc:
+            form.errors_from(exc)
+        else:
+            return _queued(
+                request, instance, operation, f"Modification of {instance.name}", tab="operations"
+            )
+    return _page(
+        request,
+        instance,
+        tab="operations",
+        status=200 if request.htmx else 400,
+        open_dialog="dialog-modify",
+        **_modify_context(instance, form),
+    )
+
+
+@tenant_view("instance.modify")
+@require_POST
+def instance_modify_estimate(request, instance_id: str):
+    """The cost now and after the change, for the values in the modify dialog (POST: a
+    password typed there never lands in an address)."""
+    instance = _instance(request, instance_id)
+    context = _modify_context(instance, _modify_form(instance, request.POST))
+    return render(request, "deployments/_modify_estimate.html", context)
+
+
+# --- cancel an operation ---
+
+
+def _verb_action(version: PlanVersion, verb: str) -> str:
+    """The role action a verb needs (cancelling an operation needs the same)."""
+    spec_verb = selectors.plan_spec(version).main.verbs.get(verb)
+    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom)).action
+
+
+def _cancellable(instance: Instance, operations: list, allowed: frozenset[str]) -> set:
+    """The operations the reader may cancel: queued or running ones not already stopping,
+    never a delete, whose verb the role allows."""
+    return {
+        op.pk
+        for op in operations
+        if op.state in PENDING
+        and op.verb != "delete"
+        and not op.cancel_reason
+        and _verb_action(instance.plan_version, op.verb) in allowed
+    }
+
+
+@tenant_view("instance.view")
+@require_POST
+def operation_cancel(request, instance_id: str, operation_id):
+    instance = _instance(request, instance_id)
+    operation = get_object_or_404(instance.operations.all(), pk=operation_id)
+    try:
+        operation = services.operation_cancel(
+            actor=Actor.from_request(request),
+            operation=operation,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        action = _verb_action(operation.plan_version, operation.verb)
+        return _refused(request, instance, exc, action, tab="operations")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return _after(request, instance, "operations")
+    label = selectors.verb_labels(instance.plan_version).get(operation.verb, operation.verb)
+    if operation.state == Operation.State.CANCELLED:
+        messages.success(request, f"{label} of {instance.name} is cancelled.")
+    else:
+        messages.success(
+            request,
+            f"{label} of {instance.name} stops at its next step; its clean-up still runs.",
+        )
+    return _after(request, _instance(request, instance.pk), "operations")
+
+
+# --- connection ---
+
+
+@tenant_view("instance.reveal_credentials")  # a role without it: 403, audited
+def instance_credentials_reveal(request, instance_id: str):
+    """The Connection tab with the password shown once: never cached, never in an address.
+    A GET (a reload of the answer) is the tab again, the password masked."""
+    instance = _instance(request, instance_id)  # another tenant's id: a 404 before anything
+    if request.method != "POST":
+        return redirect(_page_url(instance, "connection"))
+    return _credentials_reveal(request, instance)
+
+
+@reauthentication_required  # else allauth asks for the password, then replays the POST
+def _credentials_reveal(request, instance: Instance):
+    try:
+        password = services.instance_credentials_reveal(
+            actor=Actor.from_request(request), instance=instance
+        )
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect(_page_url(instance, "connection"))
+    uri = selectors.instance_connection(instance).uri(password)
+    response = _page(request, instance, tab="connection", revealed=password, revealed_uri=uri)
+    response["Cache-Control"] = "no-store"
+    return response

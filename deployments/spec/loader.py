@@ -15,6 +15,8 @@ Opsdeck's own settings live under one top-level key, `x-opsdeck`:
         cpu: "double(var.cpu) * double(var.instances)"
       display:
         groups: [{name: Compute, parameters: [cpu, instances]}]
+      connection:                    # what the Connection tab shows (parameters by key)
+        {user: owner, database: database, password: password, scheme: postgresql}
 
 Without `kinds`, the kinds found in the spec's own manifests are the allowed ones.
 """
@@ -833,6 +835,7 @@ def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
         usage_rules={str(k): str(v) for k, v in usage.items()},
         raw=document,
         parameter_groups=_list(display.get("groups"), "x-opsdeck.display.groups", report),
+        connection=_mapping(extensions.get("connection"), "x-opsdeck.connection", report),
     )
     return Built(spec, document, report)
 

@@ -200,6 +200,9 @@ class PlanSpec:
     raw: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     parameter_groups: list[dict] = field(default_factory=list)
+    # x-opsdeck.connection: which parameters are the user, database and password of the
+    # endpoint, and the scheme of its URI (e.g. {user: owner, scheme: postgresql}).
+    connection: dict = field(default_factory=dict)
 
     def parameter(self, key: str) -> Parameter | None:
         """The main service's parameter called `key`, or None."""

@@ -131,6 +131,7 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     _check_kinds(spec, kinds, report)
     _check_usage(spec, report)
     _check_groups(spec, report)
+    _check_connection(spec, report)
     _check_status(spec, report)
 
 
@@ -254,6 +255,26 @@ def _check_groups(spec: PlanSpec, report: Report) -> None:
         for key in group.get("parameters", []):
             if key not in keys:
                 report.error(f"{path}.parameters", f'unknown parameter "{key}"')
+
+
+CONNECTION_PARAMETERS = ("user", "database", "password")
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
+def _check_connection(spec: PlanSpec, report: Report) -> None:
+    path = "x-opsdeck.connection"
+    for key, value in spec.connection.items():
+        if key == "scheme":
+            if not isinstance(value, str) or not _SCHEME.fullmatch(value):
+                report.error(f"{path}.scheme", "must be a URI scheme (lowercase, e.g. https)")
+        elif key not in CONNECTION_PARAMETERS:
+            expected = ", ".join((*CONNECTION_PARAMETERS, "scheme"))
+            report.error(f"{path}.{key}", f'unknown key "{key}"; expected one of {expected}')
+        elif spec.parameter(str(value)) is None:
+            report.error(f"{path}.{key}", f'unknown parameter "{value}"')
+        elif (spec.parameter(str(value)).type == "Password") != (key == "password"):
+            wanted = "a Password" if key == "password" else "not a Password"
+            report.error(f"{path}.{key}", f'parameter "{value}" must be {wanted} parameter')
 
 
 # --- verbs ------------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+# ruff: noqa: F811 (the fixtures imported from the instance page tests are parameters here)
+"""The instance page's Modify dialog: the modifiable parameters prefilled, the cost of the
+change, and a modify queued with only what changed."""
+
+import pytest
+
+from accounts.models import AuditEvent
+from deployments.models import Instance, Operation
+from tests.deployments.test_instance_page import (  # noqa: F401 (fixtures)
+    SECRET,
+    _url,
+    instance,
+    local_cell,
+    plan,
+)
+
+
+def _modify(client, instance, **values):
+    data = {"request_id": "mod-1", **{f"p-{key}": value for key, value in values.items()}}
+    return client.post(_url(instance, "modify/"), data)
+
+
+def test_the_dialog_lists_only_modifiable_parameters_with_current_values_and_no_password(
+    owner_client, instance
+):
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert 'id="dialog-modify"' in html
+    assert 'name="p-instances"' in html and 'value="2"' in html
+    assert 'name="p-cpu"' in html and 'name="p-storageGi"' in html
+    assert 'name="p-password"' in html  # may be changed, never shown
+    assert 'name="p-version"' not in html and 'name="p-owner"' not in html
+    assert SECRET not in html
+
+
+def test_a_valid_modify_queues_only_the_changed_values(owner_client, instance):
+    response = _modify(owner_client, instance, instances="3", cpu="1", memoryGi="2", storageGi="10")
+
+    assert response.status_code == 302
+    modify = Operation.objects.get(verb="modify")
+    assert modify.requested == {"instances": 3}
+    follow = owner_client.get(response["Location"]).content.decode()
+    assert f"Modification of {instance.name} is" in follow
+
+
+def test_an_invalid_value_is_shown_beside_its_field_and_nothing_is_queued(owner_client, instance):
+    response = _modify(owner_client, instance, instances="9")
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="dialog-modify"' in html and "data-open" in html
+    assert 'class="field-error" id="id_p-instances_error"' in html
+    assert not Operation.objects.filter(verb="modify").exists()
+
+
+def test_nothing_to_change_is_said_in_the_dialog(owner_client, instance):
+    response = _modify(owner_client, instance, instances="2")
+
+    assert response.status_code == 400
+    assert "Nothing to change" in response.content.decode()
+    assert not Operation.objects.filter(verb="modify").exists()
+
+
+def test_the_estimate_shows_the_cost_now_and_after_the_change(owner_client, instance):
+    response = owner_client.post(_url(instance, "modify/estimate/"), {"p-instances": "4"})
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    now = _cell(html, "modify-current-month")
+    after = _cell(html, "modify-new-month")
+    # every dimension counts per server (each amount is rounded to the cent)
+    assert float(after) == pytest.approx(2 * float(now), abs=0.02)
+
+
+def _cell(html: str, cell_id: str) -> str:
+    return html.split(f'id="{cell_id}">', 1)[1].split("<", 1)[0]
+
+
+def test_a_viewer_sees_no_modify_and_a_forged_post_is_refused_and_audited(
+    client, instance, add_member
+):
+    viewer = add_member("viewer@example.com", "viewer")
+    client.force_login(viewer)
+
+    assert "dialog-modify" not in client.get(_url(instance)).content.decode()
+    for values in ({"instances": "3"}, {"instances": "not a number"}):
+        assert _modify(client, instance, **values).status_code == 403
+
+    assert not Operation.objects.filter(verb="modify").exists()
+    assert (
+        AuditEvent.objects.filter(
+            action="instance.modify", result="denied", actor=viewer, target_id=instance.pk
+        ).count()
+        == 2
+    )
+
+
+def test_a_state_that_forbids_modify_disables_it_with_the_reason(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert 'data-dialog="dialog-modify" disabled aria-describedby="why-modify"' in html
+    assert '<li id="why-modify"><strong>Modify:</strong>' in html
+    assert 'id="dialog-modify"' not in html
+
+
+def test_an_htmx_modify_with_an_error_gets_the_page_part_with_the_dialog_open(
+    owner_client, instance
+):
+    response = owner_client.post(
+        _url(instance, "modify/"), {"request_id": "hx-mod", "p-instances": "0"},
+        HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-page",
+    )  # fmt: skip
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith('<div id="instance-page">')
+    assert 'id="dialog-modify"' in html and "open data-open" in html
+    assert not Operation.objects.filter(verb="modify").exists()
+
+
+def test_the_polled_timeline_leaves_the_dialogs_out(owner_client, instance):
+    response = owner_client.get(
+        _url(instance), {"tab": "operations"},
+        HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations",
+    )  # fmt: skip
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert 'data-dialog="dialog-modify"' in html  # the header's button, refreshed
+    assert 'id="dialog-modify"' not in html
