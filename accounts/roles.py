@@ -31,6 +31,7 @@ ACTIONS: dict[str, str] = {
     "instance.modify": "modifying deployments",
     "instance.operate": "stopping, starting or restarting deployments",
     "instance.delete": "deleting deployments",
+    "instance.protect": "turning deletion protection on or off",
     "backup.create": "taking backups",
     "backup.restore": "restoring backups",
     "backup.delete": "deleting backups",
@@ -51,7 +52,7 @@ _INSTANCES = {
 
 ROLE_ACTIONS: dict[str, frozenset[str]] = {
     Role.OWNER: frozenset(ACTIONS),
-    Role.ADMIN: frozenset(_VIEW | _TEAM | _BILLING | _INSTANCES),
+    Role.ADMIN: frozenset(_VIEW | _TEAM | _BILLING | _INSTANCES | {"instance.protect"}),
     Role.MEMBER: frozenset(_VIEW | _INSTANCES),
     Role.VIEWER: frozenset(_VIEW),
     Role.BILLING: frozenset(_VIEW | _BILLING),
