@@ -114,6 +114,31 @@ def test_an_upgrade_moves_the_instance_to_the_new_version_with_the_new_defaults(
         _upgrade(owner, instance)
 
 
+def test_an_upgrade_the_api_server_refuses_leaves_the_instance_on_its_version(
+    worker, cell, plan, tenant, owner, kube
+):
+    instance = _running(owner, tenant, plan, instances="2")
+    v1 = instance.plan_version
+    # Version 2 sends a fractional maxSyncReplicas, which the Cluster's schema refuses.
+    sync = MAX_CONNECTIONS.replace("maxConnections", "syncReplicas").replace('"200"', '"0.5"')
+    text = SPEC.read_text().replace("      - key: database\n", sync + "      - key: database\n", 1)
+    text = text.replace(
+        IMAGE, IMAGE + "                    maxSyncReplicas: {{ $var.syncReplicas }}\n"
+    )
+    services.plan_load(
+        text=text.replace("limits: {min: 10, max: 1000}", "limits: {min: 0, max: 5}")
+    )
+
+    upgrade = _upgrade(owner, instance)
+
+    assert wait_done(upgrade).state == Operation.State.FAILED
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.plan_version == v1
+    assert "syncReplicas" not in instance.parameters
+    assert _cluster(kube, instance)["spec"].get("maxSyncReplicas", 0) == 0  # its schema default
+
+
 def _loose_plan_writing_the_secret_first():
     """A plan that lets 2.5 servers through to the API server (which refuses it), whose modify
     writes the password Secret before the Cluster: the refusal comes after a write."""
