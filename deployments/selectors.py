@@ -576,22 +576,25 @@ class LifecycleOffer:
     can_protect: bool
 
 
+def lifecycle_refusal(instance: Instance, verb: str) -> str | None:
+    """Why an upgrade or a roll back (`verb`) cannot start now: the instance's state, or
+    operations still pending (the version they run on would change under them)."""
+    reason = lifecycle.refusal(verb, instance.state)
+    if reason is None and operations_pending(instance).exists():
+        reason = f"Operations are queued on this instance; {verb} once they have finished."
+    return reason
+
+
 def instance_lifecycle_offer(instance: Instance, allowed: frozenset[str]) -> LifecycleOffer:
     upgrade = rollback_of = None
     upgrade_refusal = rollback_refusal = None
     if lifecycle.rule("upgrade").action in allowed:
         upgrade = upgrade_preview(instance)
         if upgrade is not None:
-            upgrade_refusal = lifecycle.refusal("upgrade", instance.state)
-            if not upgrade_refusal and operations_pending(instance).exists():
-                upgrade_refusal = UPGRADE_WAITS
+            upgrade_refusal = lifecycle_refusal(instance, "upgrade")
     if lifecycle.rule("rollback").action in allowed:
         rollback_of = instance_rollback_source(instance)
-        if rollback_of is not None and operations_pending(instance).exists():
-            rollback_refusal = ROLLBACK_WAITS
+        if rollback_of is not None:
+            rollback_refusal = lifecycle_refusal(instance, "rollback")
     can_protect = "instance.protect" in allowed and instance.state in lifecycle.PROTECTABLE
     return LifecycleOffer(upgrade, upgrade_refusal, rollback_of, rollback_refusal, can_protect)
-
-
-UPGRADE_WAITS = "Operations are queued on this instance; upgrade it once they have finished."
-ROLLBACK_WAITS = "Operations are queued on this instance; roll it back once they have finished."

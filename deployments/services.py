@@ -626,9 +626,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
         preview = selectors.upgrade_preview(instance)
         if preview is None:
             raise ActionDenied("The instance runs its plan's newest version already.")
-        reason = lifecycle.refusal("upgrade", instance.state)
-        if not reason and selectors.operations_pending(instance).exists():
-            reason = selectors.UPGRADE_WAITS
+        reason = selectors.lifecycle_refusal(instance, "upgrade")
         if reason:
             raise ActionDenied(reason)
         if preview.problems:
@@ -674,9 +672,7 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        reason = lifecycle.refusal("rollback", instance.state)
-        if not reason and selectors.operations_pending(instance).exists():
-            reason = selectors.ROLLBACK_WAITS
+        reason = selectors.lifecycle_refusal(instance, "rollback")
         if reason:
             raise ActionDenied(reason)
         failed = selectors.instance_rollback_source(instance)
@@ -710,11 +706,11 @@ def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:
     with audited_action(actor=actor, action="instance.protect", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.protect")
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        if instance.state not in lifecycle.PROTECTABLE:
-            raise ActionDenied(
-                f"The instance is {instance.get_state_display().lower()}: its deletion protection"
-                " no longer matters."
-            )
+        deleting = instance.operations.filter(
+            verb="delete", state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
+        ).exists()
+        if deleting or instance.state not in lifecycle.PROTECTABLE:
+            raise ActionDenied("The instance is being deleted: protecting it is too late.")
         if instance.deletion_protected != on:
             instance.deletion_protected = on
             instance.save(update_fields=["deletion_protected"])

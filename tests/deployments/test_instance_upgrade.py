@@ -316,7 +316,10 @@ def test_a_protected_instance_cannot_be_deleted_until_protection_is_off(running,
     services.instance_protect(actor=Actor(user=owner), instance=running, on=False)
     delete = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-1")
     assert delete.verb == "delete"
+    with pytest.raises(ActionDenied, match="too late"):  # the queued delete would run anyway
+        services.instance_protect(actor=Actor(user=owner), instance=running, on=True)
     events = AuditEvent.objects.filter(action="instance.protect", result="ok")
+    assert AuditEvent.objects.filter(action="instance.protect", result="denied").count() == 1
     assert [e.payload for e in events.order_by("created_at", "id")] == [{"on": True}, {"on": False}]
 
 
