@@ -175,3 +175,18 @@ def test_another_tenants_instance_is_a_404(client, instance, v2, make_user, add_
     theirs.refresh_from_db()
     assert not theirs.deletion_protected
     assert theirs.operations.count() == 1
+
+
+def test_an_upgrade_the_new_version_cannot_take_reopens_its_dialog_with_the_reason(
+    owner_client, instance
+):
+    text = SPEC.read_text().replace('options: ["16", "17", "18"]', 'options: ["18"]')
+    services.plan_load(text=text.replace('defaultValue: "17"', 'defaultValue: "18"'))
+
+    response = owner_client.post(_url(instance, "upgrade/"), {"request_id": "up-2"})
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="dialog-upgrade" aria-labelledby="dialog-upgrade-title" open data-open' in html
+    assert "PostgreSQL version: version 2 refuses 17." in html
+    assert not instance.operations.filter(verb="upgrade").exists()
