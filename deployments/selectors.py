@@ -499,15 +499,17 @@ def _shown(parameter: Parameter, value: Any) -> str:
     return HIDDEN_VALUE if parameter.type == "Password" else format_value(parameter, value)
 
 
-def upgrade_preview(instance: Instance) -> UpgradePreview | None:
-    """The upgrade of `instance` to its plan's newest version; None when it runs that one."""
+def upgrade_preview(instance: Instance, values: dict | None = None) -> UpgradePreview | None:
+    """The upgrade of `instance` to its plan's newest version; None when it runs that one.
+    `values`: the instance's values to check, Password ones included (the page leaves them
+    out: it never reads a password)."""
     current = instance.plan_version
     target = plan_version_latest(current.plan)
     if target is None or target.number <= current.number:
         return None
     before = {p.key: p for p in plan_spec(current).main.parameters}
     after = {p.key: p for p in plan_spec(target).main.parameters}
-    values = {**instance.parameters}
+    values = values if values is not None else {**instance.parameters}
     added, defaults, problems = [], [], {}
     for key, parameter in after.items():
         name = parameter.name or key
@@ -537,7 +539,9 @@ def upgrade_preview(instance: Instance) -> UpgradePreview | None:
             try:
                 check(parameter, coerce(parameter, values[key]))
             except ValueError as exc:
-                shown = format_value(parameter, values[key])
+                shown = (
+                    "its value" if parameter.type == "Password" else _shown(parameter, values[key])
+                )
                 problems[key] = f"{name}: version {target.number} refuses {shown}. {exc}"
     removed = [
         ParameterChange(key, parameter.name or key, before=_shown(parameter, values.get(key)))

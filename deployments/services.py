@@ -623,7 +623,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
             .select_for_update(of=("self",))
             .get(pk=instance.pk)
         )
-        preview = selectors.upgrade_preview(instance)
+        preview = selectors.upgrade_preview(instance, instance_parameters(instance))
         if preview is None:
             raise ActionDenied("The instance runs its plan's newest version already.")
         reason = selectors.lifecycle_refusal(instance, "upgrade")

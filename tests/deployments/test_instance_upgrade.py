@@ -243,6 +243,18 @@ def test_an_upgrade_is_refused_when_the_new_version_refuses_the_instances_values
     assert [(c.key, c.before, c.after) for c in preview.defaults] == [("version", "17", "18")]
 
 
+def test_an_upgrade_checks_the_password_against_the_new_rules_without_showing_it(running, owner):
+    services.plan_load(
+        text=SPEC.read_text().replace("limits: {min: 12, max: 100}", "limits: {min: 30, max: 100}")
+    )
+    password = services.instance_parameters(running)["password"]
+
+    with pytest.raises(ValidationError) as refused:
+        _upgrade(owner, running)
+    assert "Owner password: version 2 refuses its value." in refused.value.messages[0]
+    assert password not in refused.value.messages[0]
+
+
 def test_a_repeated_upgrade_request_returns_the_same_operation(running, owner):
     services.plan_load(text=_v2_text(SPEC.read_text()))
 
