@@ -32,6 +32,7 @@ ACTIONS: dict[str, str] = {
     "instance.operate": "stopping, starting or restarting deployments",
     "instance.delete": "deleting deployments",
     "instance.reveal_credentials": "revealing deployment passwords",
+    "instance.protect": "turning deletion protection on or off",
     "backup.create": "taking backups",
     "backup.restore": "restoring backups",
     "backup.delete": "deleting backups",
@@ -53,7 +54,7 @@ _INSTANCES = {
 
 ROLE_ACTIONS: dict[str, frozenset[str]] = {
     Role.OWNER: frozenset(ACTIONS),
-    Role.ADMIN: frozenset(_VIEW | _TEAM | _BILLING | _INSTANCES),
+    Role.ADMIN: frozenset(_VIEW | _TEAM | _BILLING | _INSTANCES | {"instance.protect"}),
     Role.MEMBER: frozenset(_VIEW | _INSTANCES),
     Role.VIEWER: frozenset(_VIEW),
     Role.BILLING: frozenset(_VIEW | _BILLING),

@@ -29,6 +29,10 @@ RULES: dict[str, Rule] = {
     # Retrying a failed create runs it again.
     "create": Rule(frozenset({S.FAILED}), S.CREATING, S.RUNNING, "instance.create"),
     "modify": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.modify"),
+    # An upgrade runs the newer version's modify; a roll back re-applies the stored parameters
+    # and version (what last ran) through that version's modify, after a failed change.
+    "upgrade": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.modify"),
+    "rollback": Rule(frozenset({S.FAILED}), S.UPDATING, S.RUNNING, "instance.modify"),
     "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate"),
     "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate"),
     "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
@@ -49,6 +53,18 @@ RULES: dict[str, Rule] = {
 }
 # Custom workflows act on a running instance and leave its state alone.
 CUSTOM = Rule(_LIVE, None, None, "instance.operate")
+
+# Opsdeck's own verbs that run a spec verb's workflow (of the operation's plan version).
+_RUNS = {"upgrade": "modify", "rollback": "modify"}
+# The verbs whose failure a roll back undoes (a failed roll back can be rolled back again).
+ROLLED_BACK = frozenset({"modify", "upgrade", "rollback"})
+# Deletion protection can change until a delete has started.
+PROTECTABLE = frozenset({S.CREATING, S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED})
+
+
+def workflow_verb(verb: str) -> str:
+    """The spec verb whose workflow an operation of `verb` runs."""
+    return _RUNS.get(verb, verb)
 
 
 def rule(verb: str, *, custom: bool = False) -> Rule:

@@ -133,6 +133,8 @@ class Instance(models.Model):
     observed = models.JSONField(default=dict, blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
     outputs = models.JSONField(default=dict, blank=True)
+    # While on, a delete is refused (owners and admins turn it off first).
+    deletion_protected = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -14,9 +14,10 @@ from typing import Any
 
 from deployments.models import Instance, Operation
 from deployments.spec.model import Parameter, Verb
+from deployments.spec.params import initial_value
 
 # Verbs whose run applies the instance's whole parameter set, which the instance then holds.
-_APPLIES_PARAMETERS = frozenset({"create", "restore", "modify"})
+_APPLIES_PARAMETERS = frozenset({"create", "restore", "modify", "upgrade", "rollback"})
 
 
 def split_values(parameters: list[Parameter], values: dict) -> tuple[dict, str]:
@@ -25,6 +26,18 @@ def split_values(parameters: list[Parameter], values: dict) -> tuple[dict, str]:
     plain = {k: v for k, v in values.items() if k not in secret}
     hidden = {k: v for k, v in values.items() if k in secret}
     return plain, json.dumps(hidden) if hidden else ""
+
+
+def values_for_version(parameters: list[Parameter], values: dict) -> dict:
+    """`values` as a plan version with `parameters` takes them (an upgrade): those it no longer
+    has are dropped, those it adds take their defaults (a new Password is generated)."""
+    kept = {p.key: values[p.key] for p in parameters if p.key in values}
+    for parameter in parameters:
+        if parameter.key not in kept:
+            found, value = initial_value(parameter)
+            if found:
+                kept[parameter.key] = value
+    return kept
 
 
 def instance_values(instance: Instance) -> dict:

@@ -34,6 +34,7 @@ from deployments.parameters import (
     run_values,
     split_values,
     values_after,
+    values_for_version,
     verb_values,
 )
 from deployments.workflow import engine
@@ -129,15 +130,18 @@ def _begin(op: Operation, now) -> bool:
     if first is not None and first.pk != op.pk:
         return False  # it starts when the one before it finishes
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
-    verb = spec.main.verbs[op.verb]
+    verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
     state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
     # The run applies the instance's values as the operations before it left them, with the
     # changes this one asked for.
     known = {p.key for p in spec.main.parameters}
     changes = {k: v for k, v in requested_changes(op).items() if k in known}
-    op.parameters, op.secret_parameters = split_values(
-        spec.main.parameters, {**instance_values(op.instance), **changes}
-    )
+    values = {**instance_values(op.instance), **changes}
+    if op.plan_version_id != op.instance.plan_version_id:
+        # An upgrade: the parameters of the version it applies, worked out now, from the
+        # values the instance holds when it starts.
+        values = values_for_version(spec.main.parameters, values)
+    op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
     op.state = Operation.State.RUNNING
     op.started_at = now
     op.engine_state = json.dumps(state.to_json())
@@ -162,7 +166,7 @@ def _begin(op: Operation, now) -> bool:
 def _advance(op: Operation, now) -> float | None:
     op.moves += 1
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
-    verb = spec.main.verbs[op.verb]
+    verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
     saved = json.loads(op.engine_state)
     state = engine.RunState.from_json(saved)
     instance = op.instance
@@ -274,10 +278,16 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
             instance.parameters, instance.secret_parameters = split_values(
                 selectors.plan_version_loaded(op.plan_version_id).spec.main.parameters, after
             )
+            # ... and the version whose workflow applied them (an upgrade's newer one).
+            instance.plan_version_id = op.plan_version_id
         if op.outputs and not op.arguments.get("snapshot"):  # a backup's go to its snapshot
             instance.outputs = {**instance.outputs, **op.outputs}
         instance.updated_at = now
-        instance.save(update_fields=["parameters", "secret_parameters", "outputs", "updated_at"])
+        instance.save(
+            update_fields=[
+                "parameters", "secret_parameters", "plan_version", "outputs", "updated_at"
+            ]
+        )  # fmt: skip
         if rule.after:
             services.instance_state_set(instance, rule.after, operation=op)
     elif rule.during and not _delete_waiting(instance):  # else the delete takes it from here
@@ -365,7 +375,7 @@ def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> N
 
 def op_template(op: Operation, name: str):
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
-    verb = spec.main.verbs[op.verb]
+    verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
     return verb.workflow.templates.get(name)
 
 
@@ -396,7 +406,9 @@ def _context(op: Operation, spec, verb) -> Context:
         started_at=op.started_at,
         extra=op.arguments.get("sys", {}),
     )
-    ctx = context.run_context(verb.workflow, verb=op.verb, values=values, sys=sys, seed=instance.pk)
+    ctx = context.run_context(
+        verb.workflow, verb=verb.name, values=values, sys=sys, seed=instance.pk
+    )
     # $secret.<NAME>: the platform's secrets, read when the step runs (they may be rotated),
     # and only for specs that use them.
     if not selectors.plan_version_loaded(op.plan_version_id).uses_secrets:

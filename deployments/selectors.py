@@ -27,7 +27,7 @@ from deployments.models import (
 )
 from deployments.spec.loader import load_spec
 from deployments.spec.model import Parameter, PlanSpec
-from deployments.spec.params import format_value, number_text
+from deployments.spec.params import check, coerce, format_value, initial_value, number_text
 
 
 @lru_cache(maxsize=64)
@@ -428,6 +428,8 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
         if lifecycle.rule(verb, custom=custom).action not in allowed:
             return
         refusal = lifecycle.refusal(verb, instance.state, custom=custom)
+        if verb == "delete" and instance.deletion_protected and not refusal:
+            refusal = DELETION_PROTECTED
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
 
     if "modify" in verbs:
@@ -464,9 +466,11 @@ VERB_LABELS = {
 
 
 def verb_labels(version: PlanVersion) -> dict[str, str]:
-    """Each verb of the plan version as the operations timeline names it."""
+    """Each verb of the plan version as the operations timeline names it (with Opsdeck's own
+    upgrade and roll back)."""
     verbs = plan_spec(version).main.verbs.values()
-    return {v.name: VERB_LABELS.get(v.name) or v.display_name or v.name for v in verbs}
+    labels = {v.name: VERB_LABELS.get(v.name) or v.display_name or v.name for v in verbs}
+    return {**labels, "upgrade": "Upgrade", "rollback": "Roll back"}
 
 
 # --- backup schedules ---
@@ -559,3 +563,145 @@ def instance_connection(instance: Instance) -> Connection:
         scheme=str(mapping.get("scheme", "")),
         has_password=bool(mapping.get("password")),
     )
+
+
+# --- upgrade, roll back, protection ----------------------------------------------------------
+
+DELETION_PROTECTED = "Deletion protection is on; an owner or an admin can turn it off."
+
+
+@dataclass(frozen=True)
+class ParameterChange:
+    """One difference an upgrade makes: `before` and `after` as the page shows them."""
+
+    key: str
+    name: str
+    before: str = ""
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class UpgradePreview:
+    """What upgrading an instance to its plan's newest version changes.
+
+    `added`: new parameters, with the default the instance takes; `removed`: parameters the
+    newer version no longer has, with the value dropped; `defaults`: changed defaults (the
+    instance keeps its value); `problems`: why the newer version cannot take the instance's
+    values (the upgrade is refused while there is one).
+    """
+
+    current: PlanVersion
+    target: PlanVersion
+    added: list[ParameterChange]
+    removed: list[ParameterChange]
+    defaults: list[ParameterChange]
+    problems: dict[str, str]
+
+
+def _shown(parameter: Parameter, value: Any) -> str:
+    return HIDDEN_VALUE if parameter.type == "Password" else format_value(parameter, value)
+
+
+def upgrade_preview(instance: Instance, values: dict | None = None) -> UpgradePreview | None:
+    """The upgrade of `instance` to its plan's newest version; None when it runs that one.
+    `values`: the instance's values to check, Password ones included (the page leaves them
+    out: it never reads a password)."""
+    current = instance.plan_version
+    target = plan_version_latest(current.plan)
+    if target is None or target.number <= current.number:
+        return None
+    before = {p.key: p for p in plan_spec(current).main.parameters}
+    after = {p.key: p for p in plan_spec(target).main.parameters}
+    values = values if values is not None else {**instance.parameters}
+    added, defaults, problems = [], [], {}
+    for key, parameter in after.items():
+        name = parameter.name or key
+        old = before.get(key)
+        if old is None:
+            found, default = initial_value(parameter)
+            if not found:
+                problems[key] = f"{name}: version {target.number} adds it without a default."
+            elif parameter.type == "Password":
+                added.append(ParameterChange(key, name, after="generated"))
+            else:
+                added.append(ParameterChange(key, name, after=format_value(parameter, default)))
+            continue
+        if old.type != parameter.type:
+            problems[key] = f"{name}: its type changes from {old.type} to {parameter.type}."
+            continue
+        if old.default != parameter.default and parameter.type != "Password":
+            defaults.append(
+                ParameterChange(
+                    key,
+                    name,
+                    before=format_value(old, old.default),
+                    after=format_value(parameter, parameter.default),
+                )
+            )
+        if key in values:
+            try:
+                check(parameter, coerce(parameter, values[key]))
+            except ValueError as exc:
+                shown = (
+                    "its value" if parameter.type == "Password" else _shown(parameter, values[key])
+                )
+                problems[key] = f"{name}: version {target.number} refuses {shown}. {exc}"
+    removed = [
+        ParameterChange(key, parameter.name or key, before=_shown(parameter, values.get(key)))
+        for key, parameter in before.items()
+        if key not in after
+    ]
+    return UpgradePreview(current, target, added, removed, defaults, problems)
+
+
+def instance_rollback_source(instance: Instance) -> Operation | None:
+    """The failed modify, upgrade or roll back that left the instance failed (a roll back
+    re-applies what the instance held before it); None when something else failed it."""
+    if instance.state != Instance.State.FAILED:
+        return None
+    change = (
+        instance.history.filter(to_state=Instance.State.FAILED)
+        .select_related("operation")
+        .order_by("-at", "-id")
+        .first()
+    )
+    operation = change.operation if change is not None else None
+    if operation is None or operation.verb not in lifecycle.ROLLED_BACK:
+        return None
+    return operation
+
+
+@dataclass(frozen=True)
+class LifecycleOffer:
+    """The upgrade, roll back and deletion protection controls the instance page offers to a
+    member: None (and False) for what the role or the instance does not allow."""
+
+    upgrade: UpgradePreview | None
+    upgrade_refusal: str | None
+    rollback_of: Operation | None
+    rollback_refusal: str | None
+    can_protect: bool
+
+
+def lifecycle_refusal(instance: Instance, verb: str) -> str | None:
+    """Why an upgrade or a roll back (`verb`) cannot start now: the instance's state, or
+    operations still pending (the version they run on would change under them)."""
+    reason = lifecycle.refusal(verb, instance.state)
+    if reason is None and operations_pending(instance).exists():
+        reason = f"Operations are queued on this instance; {verb} once they have finished."
+    return reason
+
+
+def instance_lifecycle_offer(instance: Instance, allowed: frozenset[str]) -> LifecycleOffer:
+    upgrade = rollback_of = None
+    upgrade_refusal = rollback_refusal = None
+    if lifecycle.rule("upgrade").action in allowed:
+        upgrade = upgrade_preview(instance)
+        if upgrade is not None:
+            upgrade_refusal = lifecycle_refusal(instance, "upgrade")
+    if lifecycle.rule("rollback").action in allowed:
+        rollback_of = instance_rollback_source(instance)
+        if rollback_of is not None:
+            rollback_refusal = lifecycle_refusal(instance, "rollback")
+    can_protect = "instance.protect" in allowed and instance.state in lifecycle.PROTECTABLE
+    return LifecycleOffer(upgrade, upgrade_refusal, rollback_of, rollback_refusal, can_protect)

@@ -197,7 +197,7 @@ def instance_state_set(
 
 
 def _verb_of(op: Operation):
-    return selectors.plan_spec(op.plan_version).main.verbs.get(op.verb)
+    return selectors.plan_spec(op.plan_version).main.verbs.get(lifecycle.workflow_verb(op.verb))
 
 
 def _projected_state(instance: Instance) -> str:
@@ -312,15 +312,17 @@ def _operation_new(
     requested: dict | None = None,
     requested_secret: dict | None = None,
     arguments: dict | None = None,
+    plan_version: PlanVersion | None = None,
 ) -> Operation:
-    """A queued operation on `instance`, sent to a worker once the transaction commits."""
+    """A queued operation on `instance` (on its plan version unless an upgrade names the
+    newer one), sent to a worker once the transaction commits."""
     secret = {key: value for key, value in (requested_secret or {}).items() if value}
     operation = Operation.objects.create(
         instance=instance,
         verb=verb,
         requested_by=actor.user,
         request_id=request_id,
-        plan_version=instance.plan_version,
+        plan_version=plan_version or instance.plan_version,
         requested=requested or {},
         requested_secret=json.dumps(secret) if secret else "",
         arguments=arguments or {},
@@ -482,8 +484,8 @@ def instance_action(
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         reason = lifecycle.refusal(verb, _projected_state(instance), custom=spec_verb.custom)
-        if reason:
-            raise ActionDenied(reason)
+        if reason or _upgrading(instance):
+            raise ActionDenied(reason or UPGRADING)
         requested, requested_secret, arguments, changed = {}, {}, {}, {}
         if verb == "modify":
             requested, requested_secret = _modify_request(spec, instance, values)
@@ -550,6 +552,8 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        if instance.deletion_protected:
+            raise ActionDenied(selectors.DELETION_PROTECTED)
         deletes = instance.operations.filter(verb="delete")
         pending = deletes.filter(
             state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
@@ -590,6 +594,140 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         claim.bind(operation)
         audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
     return operation
+
+
+# --- upgrade, roll back, protection ---
+
+# An operation queued behind an upgrade would run the version the instance is leaving.
+UPGRADING = "The instance is being upgraded; try again once the upgrade has finished."
+
+
+def _upgrading(instance: Instance) -> bool:
+    return selectors.operations_pending(instance).filter(verb="upgrade").exists()
+
+
+def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Operation:
+    """Upgrade an instance to its plan's newest version: the operation runs that version's
+    modify with the instance's values (those the version drops left out, those it adds at
+    their defaults); on success the instance is on the new version. Refused when there is no
+    newer version, the state forbids it, operations are pending, or the newer version cannot
+    take the instance's values. A repeated request id returns the operation it queued."""
+    request_id = idempotency.request_id_clean(request_id)
+    tenant = instance.tenant
+    with audited_action(actor=actor, action="instance.upgrade", tenant=tenant, target=instance):
+        permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("upgrade").action)
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="instance.upgrade",
+            raw={"instance": instance.pk},
+        )
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
+        instance = (
+            Instance.objects.select_related("plan_version__plan")
+            .select_for_update(of=("self",))
+            .get(pk=instance.pk)
+        )
+        preview = selectors.upgrade_preview(instance, instance_parameters(instance))
+        if preview is None:
+            raise ActionDenied("The instance runs its plan's newest version already.")
+        reason = selectors.lifecycle_refusal(instance, "upgrade")
+        if reason:
+            raise ActionDenied(reason)
+        if preview.problems:
+            raise ValidationError(list(preview.problems.values()))
+        versions = {"from": preview.current.number, "to": preview.target.number}
+        operation = _operation_new(
+            actor=actor,
+            instance=instance,
+            verb="upgrade",
+            request_id=request_id,
+            arguments={"upgrade": versions},
+            plan_version=preview.target,
+        )
+        claim.bind(operation)
+        audit_record(
+            actor=actor,
+            action="instance.upgrade",
+            tenant=tenant,
+            target=instance,
+            payload={
+                **versions,
+                "added": [c.key for c in preview.added],
+                "removed": [c.key for c in preview.removed],
+            },
+        )
+    return operation
+
+
+def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> Operation:
+    """After a modify or an upgrade failed the instance: re-apply the parameters and plan
+    version it holds (stored = deployed: what last ran) through that version's modify, as a
+    new operation. A repeated request id returns the operation it queued."""
+    request_id = idempotency.request_id_clean(request_id)
+    tenant = instance.tenant
+    with audited_action(actor=actor, action="instance.rollback", tenant=tenant, target=instance):
+        permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("rollback").action)
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="instance.rollback",
+            raw={"instance": instance.pk},
+        )
+        if claim.earlier is not None:
+            return _repeat(claim.earlier)
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        reason = selectors.lifecycle_refusal(instance, "rollback")
+        if reason:
+            raise ActionDenied(reason)
+        failed = selectors.instance_rollback_source(instance)
+        if failed is None:
+            raise ActionDenied(
+                "Only an instance that a failed modify or upgrade left failed can be rolled back."
+            )
+        operation = _operation_new(
+            actor=actor,
+            instance=instance,
+            verb="rollback",
+            request_id=request_id,
+            arguments={"rollback_of": str(failed.pk)},
+        )
+        claim.bind(operation)
+        audit_record(
+            actor=actor,
+            action="instance.rollback",
+            tenant=tenant,
+            target=instance,
+            payload={"operation": str(failed.pk), "verb": failed.verb},
+        )
+    return operation
+
+
+def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:
+    """Turn deletion protection on or off: while on, a delete is refused."""
+    if not isinstance(on, bool):
+        raise ValidationError("Say whether deletion protection is to be on or off.")
+    tenant = instance.tenant
+    with audited_action(actor=actor, action="instance.protect", tenant=tenant, target=instance):
+        permission_require(actor=actor, tenant=tenant, action="instance.protect")
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        deleting = instance.operations.filter(
+            verb="delete", state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
+        ).exists()
+        if deleting or instance.state not in lifecycle.PROTECTABLE:
+            raise ActionDenied("The instance is being deleted: protecting it is too late.")
+        if instance.deletion_protected != on:
+            instance.deletion_protected = on
+            instance.save(update_fields=["deletion_protected"])
+        audit_record(
+            actor=actor,
+            action="instance.protect",
+            tenant=tenant,
+            target=instance,
+            payload={"on": on},
+        )
+    return instance
 
 
 def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> Operation:

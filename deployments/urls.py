@@ -60,4 +60,14 @@ tenant_urlpatterns = [
         views.instance_credentials_reveal,
         name="instance_credentials_reveal",
     ),
+    # --- upgrade, roll back, protection ---
+    path("deployments/<str:instance_id>/upgrade/", views.instance_upgrade, name="instance_upgrade"),
+    path(
+        "deployments/<str:instance_id>/rollback/", views.instance_rollback, name="instance_rollback"
+    ),
+    path(
+        "deployments/<str:instance_id>/protection/",
+        views.instance_protect,
+        name="instance_protect",
+    ),
 ]

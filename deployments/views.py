@@ -664,3 +664,62 @@ def _credentials_reveal(request, instance: Instance):
     response = _page(request, instance, tab="connection", revealed=password, revealed_uri=uri)
     response["Cache-Control"] = "no-store"
     return response
+
+
+# --- upgrade, roll back, protection ---
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_upgrade(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    try:
+        operation = services.instance_upgrade(
+            actor=Actor.from_request(request),
+            instance=instance,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "instance.modify", tab="operations")
+    except ValidationError as exc:
+        return _dialog_again(request, instance, "dialog-upgrade", _errors(exc), tab="overview")
+    number = operation.plan_version.number
+    return _queued(
+        request, instance, operation, f"Upgrade of {instance.name} to v{number}", tab="operations"
+    )
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_rollback(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    try:
+        operation = services.instance_rollback(
+            actor=Actor.from_request(request),
+            instance=instance,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "instance.modify", tab="operations")
+    except ValidationError as exc:
+        return _dialog_again(request, instance, "dialog-rollback", _errors(exc), tab="overview")
+    return _queued(request, instance, operation, f"Roll back of {instance.name}", tab="operations")
+
+
+@tenant_view("instance.view")
+@require_POST
+def instance_protect(request, instance_id: str):
+    instance = _instance(request, instance_id)
+    on = {"on": True, "off": False}.get(request.POST.get("protect", ""))
+    if on is None:
+        messages.error(request, "Say whether deletion protection is to be on or off.")
+        return _after(request, instance, "overview")
+    try:
+        instance = services.instance_protect(
+            actor=Actor.from_request(request), instance=instance, on=on
+        )
+    except ActionDenied as exc:
+        return _refused(request, instance, exc, "instance.protect", tab="overview")
+    state = "on" if instance.deletion_protected else "off"
+    messages.success(request, f"Deletion protection of {instance.name} is {state}.")
+    return _after(request, instance, "overview")

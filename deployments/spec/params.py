@@ -200,7 +200,7 @@ def _given(value: Any) -> bool:
     return value is not None and not (isinstance(value, str) and value.strip() == "")
 
 
-def _initial(parameter: Parameter) -> tuple[bool, Any]:
+def initial_value(parameter: Parameter) -> tuple[bool, Any]:
     """The value of a parameter nobody gave: (found, value)."""
     if parameter.default is not None:
         return True, parameter.default
@@ -233,7 +233,7 @@ def validate_parameters(
             if current is not None and key in current:
                 result[key] = current[key]
                 continue
-            found, value = _initial(parameter)
+            found, value = initial_value(parameter)
             if not found:
                 errors[key] = REQUIRED
             else:

@@ -1,0 +1,350 @@
+"""Upgrade to the plan's newer version, roll back a failed change, deletion protection: the
+services, with a real worker and the sandbox cluster where a run matters."""
+
+import base64
+import uuid
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent
+from deployments import selectors, services
+from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.models import Cell, Instance, Operation
+from deployments.parameters import values_for_version
+from deployments.spec.model import Parameter
+from tests.deployments.conftest import SPEC, wait_done
+
+IMAGE = "                    imageName: ghcr.io/cloudnative-pg/postgresql:{{ $var.version }}\n"
+MAX_CONNECTIONS = """\
+      - key: maxConnections
+        name: Maximum connections
+        description: Connections each server accepts at once.
+        type: Float64
+        limits: {min: 10, max: 1000}
+        defaultValue: "200"
+        required: false
+        modifiable: true
+"""
+
+
+def _v2_text(text: str) -> str:
+    """The shipped spec with a new parameter (default 200) that the Cluster uses."""
+    assert IMAGE in text  # the create and restore Clusters (modify reuses the create one)
+    text = text.replace("      - key: database\n", MAX_CONNECTIONS + "      - key: database\n", 1)
+    return text.replace(
+        IMAGE,
+        IMAGE + "                    postgresql:\n"
+        '                      parameters: {max_connections: "{{ $var.maxConnections }}"}\n',
+    )
+
+
+@pytest.fixture
+def kube(sandbox_kubeconfig, tmp_path):
+    driver = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
+    )
+    yield driver
+    driver.close()
+
+
+def _object(kube, instance, api, kind, name):
+    return kube.get({
+        "apiVersion": api, "kind": kind,
+        "metadata": {"name": name, "namespace": instance.namespace},
+    })  # fmt: skip
+
+
+def _cluster(kube, instance):
+    return _object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
+
+
+def _password_in_cluster(kube, instance) -> str:
+    secret = _object(kube, instance, "v1", "Secret", f"{instance.pk}-owner")
+    return base64.b64decode(secret["data"]["password"]).decode()
+
+
+def _running(owner, tenant, plan, **parameters) -> Instance:
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def _upgrade(user, instance, request_id=None):
+    return services.instance_upgrade(
+        actor=Actor(user=user), instance=instance, request_id=request_id or uuid.uuid4().hex
+    )
+
+
+def _rollback(user, instance, request_id=None):
+    return services.instance_rollback(
+        actor=Actor(user=user), instance=instance, request_id=request_id or uuid.uuid4().hex
+    )
+
+
+# --- with a worker and the sandbox cluster ---
+
+
+def test_an_upgrade_moves_the_instance_to_the_new_version_with_the_new_defaults(
+    worker, cell, plan, tenant, owner, kube
+):
+    instance = _running(owner, tenant, plan, instances="2")
+    v1 = instance.plan_version
+    v2 = services.plan_load(text=_v2_text(SPEC.read_text())).version
+    assert v2.number == v1.number + 1
+
+    upgrade = _upgrade(owner, instance)
+
+    assert upgrade.plan_version == v2
+    assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.plan_version == v2
+    assert instance.parameters["maxConnections"] == 200
+    assert instance.parameters["instances"] == 2  # its own values carried over
+    spec = _cluster(kube, instance)["spec"]
+    assert spec["postgresql"]["parameters"]["max_connections"] == "200"
+    assert spec["instances"] == 2
+    with pytest.raises(ActionDenied, match="newest version already"):
+        _upgrade(owner, instance)
+
+
+def test_an_upgrade_the_api_server_refuses_leaves_the_instance_on_its_version(
+    worker, cell, plan, tenant, owner, kube
+):
+    instance = _running(owner, tenant, plan, instances="2")
+    v1 = instance.plan_version
+    # Version 2 sends a fractional maxSyncReplicas, which the Cluster's schema refuses.
+    sync = MAX_CONNECTIONS.replace("maxConnections", "syncReplicas").replace('"200"', '"0.5"')
+    text = SPEC.read_text().replace("      - key: database\n", sync + "      - key: database\n", 1)
+    text = text.replace(
+        IMAGE, IMAGE + "                    maxSyncReplicas: {{ $var.syncReplicas }}\n"
+    )
+    services.plan_load(
+        text=text.replace("limits: {min: 10, max: 1000}", "limits: {min: 0, max: 5}")
+    )
+
+    upgrade = _upgrade(owner, instance)
+
+    assert wait_done(upgrade).state == Operation.State.FAILED
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.plan_version == v1
+    assert "syncReplicas" not in instance.parameters
+    assert _cluster(kube, instance)["spec"].get("maxSyncReplicas", 0) == 0  # its schema default
+
+
+def _loose_plan_writing_the_secret_first():
+    """A plan that lets 2.5 servers through to the API server (which refuses it), whose modify
+    writes the password Secret before the Cluster: the refusal comes after a write."""
+    text = SPEC.read_text().replace("        x-opsdeck: {step: 1}  # whole servers\n", "")
+    cluster_first = (
+        "                  - {name: cluster, template: cluster}\n"
+        "                  - {name: credentials, template: credentials, dependencies: [cluster]}\n"
+    )
+    secret_first = (
+        "                  - {name: credentials, template: credentials}\n"
+        "                  - {name: cluster, template: cluster, dependencies: [credentials]}\n"
+    )
+    head, modify = text.split("      modify:\n", 1)
+    assert cluster_first in modify
+    text = head + "      modify:\n" + modify.replace(cluster_first, secret_first, 1)
+    return services.plan_load(text=text.replace("plan: postgres-cnpg", "plan: pg-loose")).plan
+
+
+def test_a_roll_back_after_a_failed_modify_returns_the_instance_to_its_old_values(
+    worker, cell, tenant, owner, kube
+):
+    plan = _loose_plan_writing_the_secret_first()
+    instance = _running(owner, tenant, plan, instances="2", password="the-first-password")
+    modify = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="modify", request_id="m-1",
+        parameters={"instances": "2.5", "password": "the-second-password"},
+    )  # fmt: skip
+    assert wait_done(modify).state == Operation.State.FAILED
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.FAILED  # the new password reached the cluster
+    assert _password_in_cluster(kube, instance) == "the-second-password"
+
+    rollback = _rollback(owner, instance)
+
+    assert rollback.verb == "rollback"
+    assert rollback.arguments["rollback_of"] == str(modify.pk)
+    assert wait_done(rollback).state == Operation.State.SUCCEEDED, rollback.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.parameters["instances"] == 2
+    assert services.instance_parameters(instance)["password"] == "the-first-password"
+    assert _password_in_cluster(kube, instance) == "the-first-password"
+    assert _cluster(kube, instance)["spec"]["instances"] == 2
+    with pytest.raises(ActionDenied, match="needs it to be failed"):
+        _rollback(owner, instance)
+
+
+# --- services, without a cluster ---
+
+
+@pytest.fixture
+def local_cell(db):
+    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+
+
+@pytest.fixture
+def running(db, owner, tenant, local_cell):
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={"instances": "2"}, request_id="c-1",
+    )  # fmt: skip
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def _fail(instance, verb="modify"):
+    """Mark the instance failed by a `verb` operation, as the runner does."""
+    op = Operation.objects.create(
+        instance=instance, verb=verb, request_id=uuid.uuid4().hex,
+        plan_version=instance.plan_version, state=Operation.State.FAILED, error="refused",
+    )  # fmt: skip
+    services.instance_state_set(instance, Instance.State.FAILED, operation=op, reason="refused")
+    return op
+
+
+def test_an_upgrade_without_a_newer_version_is_refused_and_audited(running, owner):
+    with pytest.raises(ActionDenied, match="newest version already"):
+        _upgrade(owner, running)
+
+    assert not running.operations.filter(verb="upgrade").exists()
+    assert AuditEvent.objects.filter(action="instance.upgrade", result="denied").exists()
+
+
+def test_an_upgrade_is_refused_while_the_state_forbids_it(running, owner):
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
+
+    with pytest.raises(ActionDenied, match="upgrade needs it to be running"):
+        _upgrade(owner, running)
+
+
+def test_an_upgrade_is_refused_when_the_new_version_refuses_the_instances_values(running, owner):
+    text = SPEC.read_text().replace('options: ["16", "17", "18"]', 'options: ["18"]')
+    text = text.replace('defaultValue: "17"', 'defaultValue: "18"')
+    services.plan_load(text=text)
+
+    with pytest.raises(ValidationError, match="refuses 17"):
+        _upgrade(owner, running)
+    preview = selectors.upgrade_preview(running)
+    assert [(c.key, c.before, c.after) for c in preview.defaults] == [("version", "17", "18")]
+
+
+def test_an_upgrade_checks_the_password_against_the_new_rules_without_showing_it(running, owner):
+    services.plan_load(
+        text=SPEC.read_text().replace("limits: {min: 12, max: 100}", "limits: {min: 30, max: 100}")
+    )
+    password = services.instance_parameters(running)["password"]
+
+    with pytest.raises(ValidationError) as refused:
+        _upgrade(owner, running)
+    assert "Owner password: version 2 refuses its value." in refused.value.messages[0]
+    assert password not in refused.value.messages[0]
+
+
+def test_a_repeated_upgrade_request_returns_the_same_operation(running, owner):
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+
+    first = _upgrade(owner, running, "up-1")
+    again = _upgrade(owner, running, "up-1")
+
+    assert again == first
+    assert running.operations.filter(verb="upgrade").count() == 1
+
+
+def test_other_actions_wait_until_a_queued_upgrade_has_run(running, owner):
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+    _upgrade(owner, running)
+
+    with pytest.raises(ActionDenied, match="being upgraded"):
+        services.instance_action(
+            actor=Actor(user=owner), instance=running, verb="restart", request_id="r-1"
+        )
+
+
+def test_the_upgrade_preview_lists_the_new_parameter_and_its_default(running):
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+
+    preview = selectors.upgrade_preview(running)
+
+    assert preview.target.number == 2
+    assert [(c.key, c.after) for c in preview.added] == [("maxConnections", "200")]
+    assert preview.removed == [] and preview.problems == {}
+
+
+def test_an_upgrade_keeps_the_values_the_new_version_has_and_defaults_the_new_ones():
+    def parameter(key, default=None, kind="String"):
+        return Parameter(key=key, name=key, description="", type=kind, default=default)
+
+    values = values_for_version(
+        [parameter("kept", "x"), parameter("new", "d"), parameter("secret", kind="Password")],
+        {"kept": "mine", "gone": "old"},
+    )
+
+    assert values["kept"] == "mine" and values["new"] == "d"
+    assert "gone" not in values and len(values["secret"]) >= 12
+
+
+def test_a_roll_back_needs_a_failed_modify_or_upgrade(running, owner):
+    with pytest.raises(ActionDenied, match="needs it to be failed"):
+        _rollback(owner, running)
+    _fail(running, verb="restart")
+    with pytest.raises(ActionDenied, match="failed modify or upgrade"):
+        _rollback(owner, running)
+
+
+def test_a_roll_back_re_applies_the_stored_version_and_repeats_return_it(running, owner):
+    failed = _fail(running, verb="upgrade")
+
+    rollback = _rollback(owner, running, "rb-1")
+
+    assert _rollback(owner, running, "rb-1") == rollback
+    assert rollback.plan_version == running.plan_version
+    assert rollback.arguments == {"rollback_of": str(failed.pk)}
+    assert AuditEvent.objects.filter(action="instance.rollback", result="ok").count() == 1
+
+
+def test_a_protected_instance_cannot_be_deleted_until_protection_is_off(running, owner):
+    services.instance_protect(actor=Actor(user=owner), instance=running, on=True)
+
+    with pytest.raises(ActionDenied, match="Deletion protection is on"):
+        services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-1")
+    assert not running.operations.filter(verb="delete").exists()
+    assert AuditEvent.objects.filter(action="instance.delete", result="denied").exists()
+
+    services.instance_protect(actor=Actor(user=owner), instance=running, on=False)
+    delete = services.instance_delete(actor=Actor(user=owner), instance=running, request_id="d-1")
+    assert delete.verb == "delete"
+    with pytest.raises(ActionDenied, match="too late"):  # the queued delete would run anyway
+        services.instance_protect(actor=Actor(user=owner), instance=running, on=True)
+    events = AuditEvent.objects.filter(action="instance.protect", result="ok")
+    assert AuditEvent.objects.filter(action="instance.protect", result="denied").count() == 1
+    assert [e.payload for e in events.order_by("created_at", "id")] == [{"on": True}, {"on": False}]
+
+
+@pytest.mark.parametrize(("role", "allowed"), [("admin", True), ("member", False)])
+def test_only_owners_and_admins_may_switch_deletion_protection(running, add_member, role, allowed):
+    user = add_member(f"{role}@example.com", role)
+
+    if allowed:
+        services.instance_protect(actor=Actor(user=user), instance=running, on=True)
+    else:
+        with pytest.raises(ActionDenied, match="does not allow"):
+            services.instance_protect(actor=Actor(user=user), instance=running, on=True)
+    running.refresh_from_db()
+    assert running.deletion_protected is allowed
+    result = "ok" if allowed else "denied"
+    assert AuditEvent.objects.filter(action="instance.protect", result=result, actor=user).exists()
