@@ -13,6 +13,7 @@ from tests.browser.conftest import (  # noqa: F401 - fixtures, found by name
     browser,
     open_page,
 )
+from tests.conftest import PASSWORD
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 pytestmark = pytest.mark.usefixtures("_served_like_a_browser_expects")
@@ -60,6 +61,26 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     expect(page.locator("h1")).to_have_text("shop")
     _wait_state(page, "Running")
     _step(page, "02-running")
+    instance_url = page.url.split("?")[0]
+
+    page.goto(instance_url + "?tab=connection")
+    page.get_by_role("button", name="Reveal password").click()
+    page.get_by_label("Password").fill(PASSWORD)  # recent sign-in asked for again
+    page.get_by_label("Password").press("Enter")
+    expect(page.locator("#connection-password")).to_have_text(re.compile(r"\S{12,}"))
+    _step(page, "02-revealed")
+
+    page.goto(instance_url)
+    _press(page, "Modify")
+    page.locator("#dialog-modify").get_by_label("Servers").fill("3")
+    page.locator("#dialog-modify").get_by_role(
+        "button", name=re.compile("Modify|Apply|Save")
+    ).last.click()
+    expect(page.locator("#messages")).to_contain_text("Modification of shop")
+    page.goto(instance_url)
+    _wait_state(page, "Running")
+    expect(page.locator("tr", has_text="Servers")).to_contain_text("3")
+    _step(page, "02-scaled")
 
     page.get_by_role("link", name="Backups").click()
     page.get_by_role("button", name="Back up now").click()
@@ -74,7 +95,7 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     page.get_by_label("Name of the new instance").fill("shop-copy")
     page.get_by_role("button", name="Restore into a new instance").click()
     expect(page.locator("#messages")).to_contain_text("shop-copy")
-    source_url = page.url
+    source_url = instance_url
 
     page.locator("#messages").get_by_role("link", name="queued").click()
     _wait_state(page, "Running")
