@@ -70,3 +70,73 @@ def test_a_member_cannot_reach_another_organizations_member_by_id(client, tenant
     assert response.status_code == 404
     victim.refresh_from_db()
     assert victim.role == "owner"
+
+
+# Each object a route can name, and where a member of another organization finds its real id.
+OBJECT_PARAMETERS = {
+    "instance_id", "operation_id", "snapshot_id", "membership_id", "invitation_id"
+}  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_member_using_another_organizations_real_ids_gets_404_on_every_object_route(
+    client, tenant, make_user, add_member
+):
+    """Generated from the URL configuration: every route naming an object, filled with the
+    real ids of another organization's instance, operation, snapshot, member and invitation
+    under the member's own organization, answers 404 and changes nothing."""
+    import uuid
+
+    from accounts import services as account_services
+    from accounts.audit import Actor
+    from accounts.models import AuditEvent
+    from deployments import services
+    from deployments.models import Cell, Instance, Operation, Snapshot
+    from tests.deployments.conftest import SPEC
+
+    stranger = make_user("stranger@example.com")
+    theirs = account_services.tenant_create(actor=Actor(user=stranger), name="Theirs")
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    Cell.objects.create(name="local", region="local", is_default=True)
+    create = services.instance_create(
+        actor=Actor(user=stranger), tenant=theirs, plan=plan, name="their-db",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    snapshot = Snapshot.objects.create(
+        tenant=theirs, instance=create.instance, source_instance_id=create.instance_id,
+        plan_version=create.plan_version, name="their-backup", status="completed",
+    )  # fmt: skip
+    invitation = account_services.invitation_create(
+        actor=Actor(user=stranger), tenant=theirs, email="x@example.com", role="member"
+    )
+    real = {
+        "instance_id": create.instance_id,
+        "operation_id": str(create.pk),
+        "snapshot_id": str(snapshot.pk),
+        "membership_id": str(theirs.memberships.get().pk),
+        "invitation_id": str(invitation.pk),
+        "verb": "restart",
+    }
+    client.force_login(add_member("member@example.com", "admin"))  # of `tenant`, not `theirs`
+    events = AuditEvent.objects.filter(tenant=theirs).count()
+
+    checked = 0
+    for route in TENANT_ROUTES:
+        names = set(re.findall(r"<\w+:(\w+)>", route)) - {"tenant_slug"}
+        if not names & OBJECT_PARAMETERS:
+            continue
+        path = "/" + route.replace("<slug:tenant_slug>", tenant.slug)
+        path = re.sub(r"<\w+:(\w+)>", lambda m: real[m.group(1)], path)
+        data = {"request_id": uuid.uuid4().hex, "role": "viewer", "confirm_name": "their-db",
+                "name": "copy", "on": "off", "p-instances": "2"}  # fmt: skip
+        assert client.get(path).status_code in {404, 405}, path
+        assert client.post(path, data).status_code == 404, path
+        checked += 1
+
+    assert checked >= 10
+    assert Operation.objects.filter(instance__tenant=theirs).count() == 1
+    assert not Instance.objects.filter(name="copy").exists()
+    assert theirs.memberships.get().role == "owner"
+    assert AuditEvent.objects.filter(tenant=theirs).count() == events
