@@ -1,13 +1,15 @@
 import re
 import uuid
+from datetime import UTC
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
@@ -401,33 +403,94 @@ def _snapshot(instance: Instance, snapshot_id: int) -> Snapshot:
     return snapshot
 
 
+def _point_in_time(version: PlanVersion) -> bool:
+    """Whether the plan's restore can recover to a point in time: its workflow reads
+    `$sys.restore.targetTime` (as the shipped PostgreSQL spec does)."""
+    verb = selectors.plan_spec(version).main.verbs.get("restore")
+    return verb is not None and forms.POINT_IN_TIME_MARK in repr(verb.workflow)
+
+
+def _local(moment) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm:
+    spec = selectors.plan_spec(snapshot.plan_version)
+    bounds = None
+    if _point_in_time(snapshot.plan_version):
+        bounds = (_local(snapshot.created_at), _local(timezone.now()))
+    form_class = forms.restore_form_class(
+        spec.main.parameters,
+        groups=spec.parameter_groups,
+        snapshot_values=dict(snapshot.parameters or {}),
+        point_in_time=bounds,
+    )
+    return form_class(data, initial={"name": f"{name}-restored"})
+
+
 @tenant_view("instance.view")
-@require_POST
 def snapshot_restore(request, instance_id: str, snapshot_id: int):
+    """The restore form of a completed backup (GET) and the restore itself (POST): a new
+    instance from the backup's parameters, the fixed ones as the backup holds them."""
     instance = _instance(request, instance_id)
     snapshot = _snapshot(instance, snapshot_id)
-    name = request.POST.get("name", "")
-    try:
-        operation = services.snapshot_restore(
-            actor=Actor.from_request(request),
-            snapshot=snapshot,
-            name=name,
-            request_id=request.POST.get("request_id", ""),
-        )
-    except ActionDenied as exc:
-        return _refused(request, instance, exc, "backup.restore", tab="backups")
-    except ValidationError as exc:
-        shown = snapshot.status == Snapshot.Status.COMPLETED  # the only ones with a dialog
-        dialog = f"dialog-restore-{snapshot.pk}" if shown else None
-        return _dialog_again(
-            request, instance, dialog, _errors(exc), tab="backups", submitted={"name": name}
-        )
-    return _queued(
+    if request.method == "GET":
+        if not roles.can(request.membership.role, "backup.restore"):
+            raise PermissionDenied
+        if not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
+            return redirect(f"{request.path}?request={uuid.uuid4().hex}")
+    form = _restore_form(snapshot, instance.name, request.POST or None)
+    request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    # The service refuses (403, audited) a role without restore, whatever the form holds.
+    valid = request.method == "POST" and form.is_valid()
+    if valid or (
+        request.method == "POST" and not roles.can(request.membership.role, "backup.restore")
+    ):
+        target_time = form.cleaned_data.get("target_time") if valid else None
+        if target_time is not None and timezone.is_naive(target_time):
+            target_time = target_time.replace(tzinfo=UTC)  # the field says it is UTC
+        try:
+            operation = services.snapshot_restore(
+                actor=Actor.from_request(request),
+                snapshot=snapshot,
+                name=form.cleaned_data.get("name", "") if valid else "",
+                request_id=request_id,
+                parameters=form.given if valid else {},
+                target_time=target_time,
+            )
+        except ActionDenied as exc:
+            if not roles.can(request.membership.role, "backup.restore"):
+                raise
+            messages.error(request, exc.reason)
+            request_id = uuid.uuid4().hex
+        except ValidationError as exc:
+            form.errors_from(exc)
+            request_id = uuid.uuid4().hex  # nothing was made: the corrected form is a new request
+        else:
+            url = reverse(
+                "operation_detail",
+                kwargs={
+                    "tenant_slug": request.tenant.slug,
+                    "instance_id": operation.instance_id,
+                    "operation_id": operation.pk,
+                },
+            )
+            what = f"Restore of {snapshot.name} into {operation.instance.name}"
+            messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
+            return _instance_page(request, operation.instance_id)
+    context = {
+        "form": form,
+        "instance": instance,
+        "snapshot": snapshot,
+        "request_id": request_id,
+        "action": f"{request.path}?request={request_id}",
+        "version": snapshot.plan_version,
+    }
+    return render(
         request,
-        instance,
-        operation,
-        f"Restore of {snapshot.name} into {operation.instance.name}",
-        tab="backups",
+        "deployments/instance_restore.html",
+        context,
+        status=400 if request.method == "POST" else 200,
     )
 
 
