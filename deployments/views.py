@@ -267,6 +267,13 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
     dialogs = template in {DETAIL, f"{DETAIL}#instance-page"} and "modify_form" not in context
     if dialogs and any(a.verb == "modify" and not a.refusal for a in actions):
         context.update(_modify_context(instance))
+    if dialogs:
+        bound = context.get("verb_forms") or {}
+        context["verb_forms"] = {
+            a.verb: bound.get(a.verb) or _verb_form(a.verb, a.parameters)
+            for a in actions
+            if a.parameters and a.verb != "modify" and not a.refusal
+        }
     response = render(request, template, context, status=status)
     patch_vary_headers(response, ["HX-Request", "HX-Target"])
     return response
@@ -345,6 +352,12 @@ def _refused(request, instance: Instance, exc: ActionDenied, action: str, *, tab
     return _after(request, instance, tab)
 
 
+def _verb_form(verb: str, parameters: list, data=None) -> forms.ParameterForm:
+    """A custom workflow's form, from its own `apiParameters`; its ids are its dialog's, so
+    they never clash with another dialog's on the page."""
+    return forms.parameter_form_class(parameters)(data, auto_id=f"dialog-{verb}-%s")
+
+
 @tenant_view("instance.view")
 @require_POST
 def instance_act(request, instance_id: str, verb: str):
@@ -353,26 +366,36 @@ def instance_act(request, instance_id: str, verb: str):
     if spec_verb is None or verb == "delete":
         raise Http404("No such action.")
     tab = "backups" if verb == "backup" else "operations"
-    given = {p.key: request.POST.get(f"param-{p.key}", "") for p in spec_verb.parameters}
-    try:
-        operation = services.instance_action(
-            actor=Actor.from_request(request),
-            instance=instance,
-            verb=verb,
-            request_id=request.POST.get("request_id", ""),
-            parameters=given or None,
-        )
-    except ActionDenied as exc:
-        return _refused(
-            request, instance, exc, lifecycle.rule(verb, custom=spec_verb.custom).action, tab=tab
-        )
-    except ValidationError as exc:
-        secret = {p.key for p in spec_verb.parameters if p.type == "Password"}
-        kept = {key: value for key, value in given.items() if key not in secret}
-        dialog = f"dialog-{verb}" if spec_verb.parameters else None
-        return _dialog_again(request, instance, dialog, _errors(exc), tab=tab, submitted=kept)
-    label = selectors.verb_labels(instance.plan_version).get(verb, verb)
-    return _queued(request, instance, operation, f"{label} of {instance.name}", tab=tab)
+    action = lifecycle.rule(verb, custom=spec_verb.custom).action
+    form = _verb_form(verb, spec_verb.parameters, request.POST) if spec_verb.parameters else None
+    valid = form is None or form.is_valid()
+    # The service refuses (403, audited) a role without the action, whatever the form holds.
+    if valid or not roles.can(request.membership.role, action):
+        try:
+            operation = services.instance_action(
+                actor=Actor.from_request(request),
+                instance=instance,
+                verb=verb,
+                request_id=request.POST.get("request_id", ""),
+                parameters=(form.given if valid else {}) if form is not None else None,
+            )
+        except ActionDenied as exc:
+            return _refused(request, instance, exc, action, tab=tab)
+        except ValidationError as exc:
+            if form is None:
+                return _dialog_again(request, instance, None, _errors(exc), tab=tab)
+            form.errors_from(exc)
+        else:
+            label = selectors.verb_labels(instance.plan_version).get(verb, verb)
+            return _queued(request, instance, operation, f"{label} of {instance.name}", tab=tab)
+    return _page(
+        request,
+        instance,
+        tab=tab,
+        status=200 if request.htmx else 400,
+        open_dialog=f"dialog-{verb}",
+        verb_forms={verb: form},
+    )
 
 
 @tenant_view("instance.view")

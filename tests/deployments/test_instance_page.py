@@ -1,5 +1,6 @@
 """The instance page: its tabs, its actions, and who may see and do what."""
 
+import json
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -200,7 +201,7 @@ ACTIONS = [
     ("failover", {}),
     ("backup", {}),
     ("reloadConfiguration", {}),
-    ("rotateCredentials", {"param-newPassword": "another-long-password-1"}),
+    ("rotateCredentials", {"p-newPassword": "another-long-password-1"}),
 ]
 
 
@@ -254,7 +255,7 @@ def test_an_htmx_action_gets_the_refreshed_page_part_and_the_operations_address(
 def test_a_custom_action_with_a_bad_value_reopens_its_dialog_with_the_error(owner_client, instance):
     response = owner_client.post(
         _url(instance, "actions/rotateCredentials/"),
-        {"request_id": "bad-1", "param-newPassword": "short"},
+        {"request_id": "bad-1", "p-newPassword": "short"},
     )
 
     assert response.status_code == 400
@@ -263,9 +264,40 @@ def test_a_custom_action_with_a_bad_value_reopens_its_dialog_with_the_error(owne
         'id="dialog-rotateCredentials" aria-labelledby="dialog-rotateCredentials-title" open'
         in html
     )
-    assert "Must be between 12 and 100 characters long." in html
+    # The builder's field, with the dialog's own ids, and the message beside it.
+    assert (
+        '<small class="field-error" id="dialog-rotateCredentials-p-newPassword_error">'
+        "Must be between 12 and 100 characters long.</small>"
+    ) in html
+    field = r'<input type="password" name="p-newPassword"[^>]*id="dialog-rotateCredentials-p-'
+    assert re.search(field, html)
     assert 'value="short"' not in html  # a password is never sent back
     assert not Operation.objects.filter(verb="rotateCredentials").exists()
+
+
+def test_a_custom_action_queues_its_verb_with_the_values_of_its_form(owner_client, instance):
+    page = owner_client.get(_url(instance)).content.decode()
+    assert 'id="dialog-rotateCredentials-p-newPassword"' in page
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # the Modify dialog's and this one's never clash
+
+    response = owner_client.post(
+        _url(instance, "actions/rotateCredentials/"),
+        {"request_id": "rot-1", "p-newPassword": "another-long-password-2"},
+    )
+
+    assert response.status_code == 302
+    operation = Operation.objects.get(verb="rotateCredentials")
+    assert operation.request_id == "rot-1"
+    secret = json.loads(operation.requested_secret)
+    assert secret["verb_parameters"]["newPassword"] == "another-long-password-2"
+
+
+def test_a_custom_action_left_empty_gets_a_generated_password(owner_client, instance):
+    owner_client.post(_url(instance, "actions/rotateCredentials/"), {"request_id": "rot-2"})
+
+    secret = json.loads(Operation.objects.get(verb="rotateCredentials").requested_secret)
+    assert len(secret["verb_parameters"]["newPassword"]) >= 12
 
 
 def test_a_state_forbidden_action_is_disabled_with_its_reason(owner_client, instance):
