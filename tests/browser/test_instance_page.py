@@ -226,3 +226,14 @@ def test_the_restore_form_opens_from_the_backups_tab_and_never_scrolls_sideways(
     assert re.search(r"\?request=[0-9a-f]{32}$", page.url)
     shot(page, f"restore-form-{width}")
     assert not scrolls_sideways(page)
+
+
+def test_generate_fills_a_custom_actions_password(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", "narrow")
+    page.get_by_role("button", name="Rotate owner password").click()
+    dialog = page.get_by_role("dialog")
+
+    dialog.get_by_role("button", name="Generate").click()
+
+    expect(dialog.get_by_label("New password")).to_have_value(re.compile(r"^[A-Za-z2-9]{24}$"))
+    assert not scrolls_sideways(page)
