@@ -211,6 +211,7 @@ class CellChoiceField(forms.ModelChoiceField):
 
 
 POINT_IN_TIME_MARK = "$sys.restore.targetTime"
+KEPT_HELP = "Leave empty to keep the backed-up instance's password."
 
 
 class RestoreForm(InstanceCreateForm):
@@ -262,7 +263,10 @@ def restore_form_class(
         if parameter.type == "Password":
             initial = None
         field = parameter_field(parameter, initial=initial)
-        if not parameter.modifiable and parameter.type != "Password":
+        if parameter.type == "Password":
+            # A restore keeps the source's passwords; the generated one is for a fresh create.
+            field.help_text = f"{parameter.description} {KEPT_HELP}".strip()
+        elif not parameter.modifiable:
             # Fixed by the snapshot: shown, sent back as it is, refused by the service if changed.
             field = forms.CharField(
                 label=field.label,

@@ -443,6 +443,7 @@ def test_the_restore_form_is_prefilled_from_the_backup_never_with_a_password(
     assert not re.search(r'name="p-instances"[^>]* readonly', html)
     assert re.search(r'<input type="password" name="p-password"[^>]*>', html)
     assert 'name="p-password" value' not in html
+    assert "Leave empty to keep the backed-up instance&#x27;s password." in html
     assert SECRET not in html
     # The shipped spec's restore reads $sys.restore.targetTime: a point in time, in UTC.
     field = re.search(r'<input type="datetime-local" name="target_time"[^>]*>', html).group()
@@ -467,6 +468,7 @@ def test_a_valid_restore_keeps_the_backups_fixed_values(owner_client, instance):
     copy = Instance.objects.get(name="ledger-copy")
     assert response.status_code == 302 and response["Location"] == _url(copy)
     assert copy.parameters["database"] == "ledger" and copy.parameters["instances"] == 3
+    assert services.instance_parameters(copy)["password"] == SECRET  # left empty: kept
     restore = copy.operations.get()
     assert restore.verb == "restore" and restore.arguments["sys"]["restore"]["targetTime"] == ""
     page = owner_client.get(response["Location"]).content.decode()
