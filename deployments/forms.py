@@ -265,7 +265,8 @@ def restore_form_class(
         field = parameter_field(parameter, initial=initial)
         if parameter.type == "Password":
             # A restore keeps the source's passwords; the generated one is for a fresh create.
-            field.help_text = f"{parameter.description} {KEPT_HELP}".strip()
+            described = parameter.description.replace(GENERATED_HELP, "").strip()
+            field.help_text = f"{described} {KEPT_HELP}".strip()
         elif not parameter.modifiable:
             # Fixed by the snapshot: shown, sent back as it is, refused by the service if changed.
             field = forms.CharField(

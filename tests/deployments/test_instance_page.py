@@ -444,6 +444,7 @@ def test_the_restore_form_is_prefilled_from_the_backup_never_with_a_password(
     assert re.search(r'<input type="password" name="p-password"[^>]*>', html)
     assert 'name="p-password" value' not in html
     assert "Leave empty to keep the backed-up instance&#x27;s password." in html
+    assert "Leave empty to have one generated." not in html  # a restore keeps it instead
     assert SECRET not in html
     # The shipped spec's restore reads $sys.restore.targetTime: a point in time, in UTC.
     field = re.search(r'<input type="datetime-local" name="target_time"[^>]*>', html).group()
