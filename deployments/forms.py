@@ -208,3 +208,81 @@ def instance_create_form_class(
 class CellChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: Cell) -> str:
         return f"{obj.region} ({obj.name})" if obj.region else obj.name
+
+
+POINT_IN_TIME_MARK = "$sys.restore.targetTime"
+KEPT_HELP = "Leave empty to keep the backed-up instance's password."
+
+
+class RestoreForm(InstanceCreateForm):
+    """A new instance from a snapshot: its name, the parameters (the snapshot's, the fixed ones
+    read-only) and, where the plan can, a point in time. The service checks the parameters
+    against the snapshot's, so its messages are the ones shown."""
+
+    def clean(self) -> dict:
+        data = forms.Form.clean(self)
+        self.given = {}
+        for parameter in self.shown:
+            value = data.get(field_name(parameter.key))
+            if parameter.type == "Boolean" or (isinstance(value, str) and value.strip()):
+                self.given[parameter.key] = value
+        return data
+
+
+def restore_form_class(
+    parameters: list[Parameter],
+    *,
+    groups: list[dict],
+    snapshot_values: dict,
+    point_in_time: tuple[str, str] | None = None,
+) -> type[RestoreForm]:
+    """The restore form of a snapshot: every parameter prefilled from `snapshot_values` (never a
+    password), those that cannot change after creation read-only; with `point_in_time` (the
+    bounds, as `datetime-local` values) an optional "Point in time", read as UTC."""
+    extra: dict[str, forms.Field] = {}
+    if point_in_time is not None:
+        extra["target_time"] = forms.DateTimeField(
+            label="Point in time (UTC)",
+            required=False,
+            input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"],
+            help_text="In UTC, between the backup and now. Leave empty to restore the backup "
+            "as it was taken.",
+            widget=forms.DateTimeInput(
+                {
+                    "type": "datetime-local",
+                    "min": point_in_time[0],
+                    "max": point_in_time[1],
+                    "step": 1,
+                },
+                format="%Y-%m-%dT%H:%M:%S",
+            ),
+        )
+    fields = dict(extra)
+    for parameter in parameters:
+        initial = snapshot_values.get(parameter.key, parameter.default)
+        if parameter.type == "Password":
+            initial = None
+        field = parameter_field(parameter, initial=initial)
+        if parameter.type == "Password":
+            # A restore keeps the source's passwords; the generated one is for a fresh create.
+            described = parameter.description.replace(GENERATED_HELP, "").strip()
+            field.help_text = f"{described} {KEPT_HELP}".strip()
+        elif not parameter.modifiable:
+            # Fixed by the snapshot: shown, sent back as it is, refused by the service if changed.
+            field = forms.CharField(
+                label=field.label,
+                required=False,
+                strip=False,
+                initial=format_value(parameter, initial) if initial is not None else "",
+                help_text="Fixed by the backup.",
+                widget=forms.TextInput({"readonly": True}),
+            )
+        fields[field_name(parameter.key)] = field
+    attributes = {
+        **fields,
+        "parameters": list(parameters),
+        "shown": list(parameters),
+        "groups_spec": [g for g in (groups or []) if isinstance(g, dict)],
+        "current": snapshot_values,
+    }
+    return type("GeneratedRestoreForm", (RestoreForm,), attributes)

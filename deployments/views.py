@@ -1,13 +1,15 @@
 import re
 import uuid
+from datetime import UTC
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
@@ -265,6 +267,13 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
     dialogs = template in {DETAIL, f"{DETAIL}#instance-page"} and "modify_form" not in context
     if dialogs and any(a.verb == "modify" and not a.refusal for a in actions):
         context.update(_modify_context(instance))
+    if dialogs:
+        bound = context.get("verb_forms") or {}
+        context["verb_forms"] = {
+            a.verb: bound.get(a.verb) or _verb_form(a.verb, a.parameters)
+            for a in actions
+            if a.parameters and a.verb != "modify" and not a.refusal
+        }
     response = render(request, template, context, status=status)
     patch_vary_headers(response, ["HX-Request", "HX-Target"])
     return response
@@ -343,6 +352,12 @@ def _refused(request, instance: Instance, exc: ActionDenied, action: str, *, tab
     return _after(request, instance, tab)
 
 
+def _verb_form(verb: str, parameters: list, data=None) -> forms.ParameterForm:
+    """A custom workflow's form, from its own `apiParameters`; its ids are its dialog's, so
+    they never clash with another dialog's on the page."""
+    return forms.parameter_form_class(parameters)(data, auto_id=f"dialog-{verb}-%s")
+
+
 @tenant_view("instance.view")
 @require_POST
 def instance_act(request, instance_id: str, verb: str):
@@ -351,26 +366,36 @@ def instance_act(request, instance_id: str, verb: str):
     if spec_verb is None or verb == "delete":
         raise Http404("No such action.")
     tab = "backups" if verb == "backup" else "operations"
-    given = {p.key: request.POST.get(f"param-{p.key}", "") for p in spec_verb.parameters}
-    try:
-        operation = services.instance_action(
-            actor=Actor.from_request(request),
-            instance=instance,
-            verb=verb,
-            request_id=request.POST.get("request_id", ""),
-            parameters=given or None,
-        )
-    except ActionDenied as exc:
-        return _refused(
-            request, instance, exc, lifecycle.rule(verb, custom=spec_verb.custom).action, tab=tab
-        )
-    except ValidationError as exc:
-        secret = {p.key for p in spec_verb.parameters if p.type == "Password"}
-        kept = {key: value for key, value in given.items() if key not in secret}
-        dialog = f"dialog-{verb}" if spec_verb.parameters else None
-        return _dialog_again(request, instance, dialog, _errors(exc), tab=tab, submitted=kept)
-    label = selectors.verb_labels(instance.plan_version).get(verb, verb)
-    return _queued(request, instance, operation, f"{label} of {instance.name}", tab=tab)
+    action = lifecycle.rule(verb, custom=spec_verb.custom).action
+    form = _verb_form(verb, spec_verb.parameters, request.POST) if spec_verb.parameters else None
+    valid = form is None or form.is_valid()
+    # The service refuses (403, audited) a role without the action, whatever the form holds.
+    if valid or not roles.can(request.membership.role, action):
+        try:
+            operation = services.instance_action(
+                actor=Actor.from_request(request),
+                instance=instance,
+                verb=verb,
+                request_id=request.POST.get("request_id", ""),
+                parameters=(form.given if valid else {}) if form is not None else None,
+            )
+        except ActionDenied as exc:
+            return _refused(request, instance, exc, action, tab=tab)
+        except ValidationError as exc:
+            if form is None:
+                return _dialog_again(request, instance, None, _errors(exc), tab=tab)
+            form.errors_from(exc)
+        else:
+            label = selectors.verb_labels(instance.plan_version).get(verb, verb)
+            return _queued(request, instance, operation, f"{label} of {instance.name}", tab=tab)
+    return _page(
+        request,
+        instance,
+        tab=tab,
+        status=200 if request.htmx else 400,
+        open_dialog=f"dialog-{verb}",
+        verb_forms={verb: form},
+    )
 
 
 @tenant_view("instance.view")
@@ -401,33 +426,94 @@ def _snapshot(instance: Instance, snapshot_id: int) -> Snapshot:
     return snapshot
 
 
+def _point_in_time(version: PlanVersion) -> bool:
+    """Whether the plan's restore can recover to a point in time: its workflow reads
+    `$sys.restore.targetTime` (as the shipped PostgreSQL spec does)."""
+    verb = selectors.plan_spec(version).main.verbs.get("restore")
+    return verb is not None and forms.POINT_IN_TIME_MARK in repr(verb.workflow)
+
+
+def _local(moment) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm:
+    spec = selectors.plan_spec(snapshot.plan_version)
+    bounds = None
+    if _point_in_time(snapshot.plan_version):
+        bounds = (_local(snapshot.created_at), _local(timezone.now()))
+    form_class = forms.restore_form_class(
+        spec.main.parameters,
+        groups=spec.parameter_groups,
+        snapshot_values=dict(snapshot.parameters or {}),
+        point_in_time=bounds,
+    )
+    return form_class(data, initial={"name": f"{name}-restored"})
+
+
 @tenant_view("instance.view")
-@require_POST
 def snapshot_restore(request, instance_id: str, snapshot_id: int):
+    """The restore form of a completed backup (GET) and the restore itself (POST): a new
+    instance from the backup's parameters, the fixed ones as the backup holds them."""
     instance = _instance(request, instance_id)
     snapshot = _snapshot(instance, snapshot_id)
-    name = request.POST.get("name", "")
-    try:
-        operation = services.snapshot_restore(
-            actor=Actor.from_request(request),
-            snapshot=snapshot,
-            name=name,
-            request_id=request.POST.get("request_id", ""),
-        )
-    except ActionDenied as exc:
-        return _refused(request, instance, exc, "backup.restore", tab="backups")
-    except ValidationError as exc:
-        shown = snapshot.status == Snapshot.Status.COMPLETED  # the only ones with a dialog
-        dialog = f"dialog-restore-{snapshot.pk}" if shown else None
-        return _dialog_again(
-            request, instance, dialog, _errors(exc), tab="backups", submitted={"name": name}
-        )
-    return _queued(
+    if request.method == "GET":
+        if not roles.can(request.membership.role, "backup.restore"):
+            raise PermissionDenied
+        if not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
+            return redirect(f"{request.path}?request={uuid.uuid4().hex}")
+    form = _restore_form(snapshot, instance.name, request.POST or None)
+    request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    # The service refuses (403, audited) a role without restore, whatever the form holds.
+    valid = request.method == "POST" and form.is_valid()
+    if valid or (
+        request.method == "POST" and not roles.can(request.membership.role, "backup.restore")
+    ):
+        target_time = form.cleaned_data.get("target_time") if valid else None
+        if target_time is not None and timezone.is_naive(target_time):
+            target_time = target_time.replace(tzinfo=UTC)  # the field says it is UTC
+        try:
+            operation = services.snapshot_restore(
+                actor=Actor.from_request(request),
+                snapshot=snapshot,
+                name=form.cleaned_data.get("name", "") if valid else "",
+                request_id=request_id,
+                parameters=form.given if valid else {},
+                target_time=target_time,
+            )
+        except ActionDenied as exc:
+            if not roles.can(request.membership.role, "backup.restore"):
+                raise
+            messages.error(request, exc.reason)
+            request_id = uuid.uuid4().hex
+        except ValidationError as exc:
+            form.errors_from(exc)
+            request_id = uuid.uuid4().hex  # nothing was made: the corrected form is a new request
+        else:
+            url = reverse(
+                "operation_detail",
+                kwargs={
+                    "tenant_slug": request.tenant.slug,
+                    "instance_id": operation.instance_id,
+                    "operation_id": operation.pk,
+                },
+            )
+            what = f"Restore of {snapshot.name} into {operation.instance.name}"
+            messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
+            return _instance_page(request, operation.instance_id)
+    context = {
+        "form": form,
+        "instance": instance,
+        "snapshot": snapshot,
+        "request_id": request_id,
+        "action": f"{request.path}?request={request_id}",
+        "version": snapshot.plan_version,
+    }
+    return render(
         request,
-        instance,
-        operation,
-        f"Restore of {snapshot.name} into {operation.instance.name}",
-        tab="backups",
+        "deployments/instance_restore.html",
+        context,
+        status=400 if request.method == "POST" else 200,
     )
 
 

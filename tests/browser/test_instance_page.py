@@ -208,3 +208,32 @@ def test_the_backup_schedule_is_changed_from_the_backups_tab(open_page, owner, i
     expect(page.locator("#backup-schedule-status")).to_contain_text("at 0 3 * * * (UTC)")
     expect(page.get_by_text("The backup schedule of")).to_be_visible()
     shot(page, "backup-schedule-saved")
+
+
+@BOTH_WIDTHS
+def test_the_restore_form_opens_from_the_backups_tab_and_never_scrolls_sideways(
+    open_page, owner, instance, width
+):
+    page = open_page(
+        owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups", width
+    )
+    page.locator("#instance-backups").get_by_role("button", name="Restore").click()
+
+    expect(page.get_by_role("heading", name="Restore a backup")).to_be_visible()
+    expect(page.get_by_label("Instance name")).to_have_value(f"{instance.name}-restored")
+    expect(page.get_by_label("Database", exact=True)).to_have_attribute("readonly", "")
+    expect(page.get_by_label("Point in time (UTC)")).to_have_attribute("type", "datetime-local")
+    assert re.search(r"\?request=[0-9a-f]{32}$", page.url)
+    shot(page, f"restore-form-{width}")
+    assert not scrolls_sideways(page)
+
+
+def test_generate_fills_a_custom_actions_password(open_page, owner, instance):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", "narrow")
+    page.get_by_role("button", name="Rotate owner password").click()
+    dialog = page.get_by_role("dialog")
+
+    dialog.get_by_role("button", name="Generate").click()
+
+    expect(dialog.get_by_label("New password")).to_have_value(re.compile(r"^[A-Za-z2-9]{24}$"))
+    assert not scrolls_sideways(page)

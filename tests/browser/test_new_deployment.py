@@ -109,3 +109,26 @@ def test_back_and_resubmit_of_the_create_form_makes_one_instance(open_page, owne
     expect(page.locator("#messages")).to_contain_text("Creating orders.")
 
     assert Instance.objects.count() == 1
+
+
+def test_generate_fills_the_password_field_and_the_instance_uses_it(open_page, owner, tenant, plan):
+    from deployments import services
+    from deployments.models import Instance
+
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/", "narrow")
+    password = page.locator("input[name=p-password]")
+    expect(password).to_have_value("")
+
+    page.get_by_role("button", name="Generate").click()
+
+    expect(password).to_have_value(re.compile(r"^[A-Za-z2-9]{24}$"))
+    expect(password).to_have_attribute("type", "text")  # shown, so it can be noted
+    generated = password.input_value()
+    assert not scrolls_sideways(page)
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_role("button", name="Create instance").click()
+
+    expect(page.locator("#messages")).to_contain_text("Creating orders.")
+    assert generated not in page.content()
+    instance = Instance.objects.get(name="orders")
+    assert services.instance_parameters(instance)["password"] == generated

@@ -92,7 +92,7 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     expect(page.locator("#instance-backups .badge-snapshot-completed")).to_have_count(1)
     _step(page, "03-backup")
     page.locator("#instance-backups").get_by_role("button", name="Restore").click()
-    page.get_by_label("Name of the new instance").fill("shop-copy")
+    page.get_by_label("Instance name").fill("shop-copy")
     page.get_by_role("button", name="Restore into a new instance").click()
     expect(page.locator("#messages")).to_contain_text("shop-copy")
     source_url = instance_url

@@ -214,6 +214,24 @@ def test_the_form_gets_a_request_id_in_its_address_and_shows_the_estimate_for_th
     assert 'name="cell"' not in page  # one cell offered: nothing to choose
 
 
+def test_a_password_field_has_a_generate_button_and_says_empty_is_generated(
+    owner_client, tenant, plan, cell
+):
+    url = f"/t/{tenant.slug}/deployments/new/postgres-cnpg/?request={'d' * 32}"
+
+    page = text(owner_client.get(url))
+
+    assert re.search(
+        r'<div role="group" class="password-group"><input type="password" name="p-password"'
+        r'[^>]*id="id_p-password"[^>]*><button type="button" class="secondary outline" '
+        r'data-generate="id_p-password" aria-controls="id_p-password">Generate</button></div>',
+        page,
+    )
+    assert "Leave empty to have one generated." in page
+    assert re.search(r'<script src="[^"]*js/opsdeck[.0-9a-f]*\.js" defer></script>', page)
+    assert "<script>" not in page  # no inline script
+
+
 def test_a_region_is_chosen_among_the_cells_offered_to_the_tenant_only(
     owner_client, tenant, plan, cell
 ):

@@ -1,5 +1,7 @@
 """The instance page: its tabs, its actions, and who may see and do what."""
 
+import json
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -199,7 +201,7 @@ ACTIONS = [
     ("failover", {}),
     ("backup", {}),
     ("reloadConfiguration", {}),
-    ("rotateCredentials", {"param-newPassword": "another-long-password-1"}),
+    ("rotateCredentials", {"p-newPassword": "another-long-password-1"}),
 ]
 
 
@@ -253,7 +255,7 @@ def test_an_htmx_action_gets_the_refreshed_page_part_and_the_operations_address(
 def test_a_custom_action_with_a_bad_value_reopens_its_dialog_with_the_error(owner_client, instance):
     response = owner_client.post(
         _url(instance, "actions/rotateCredentials/"),
-        {"request_id": "bad-1", "param-newPassword": "short"},
+        {"request_id": "bad-1", "p-newPassword": "short"},
     )
 
     assert response.status_code == 400
@@ -262,9 +264,40 @@ def test_a_custom_action_with_a_bad_value_reopens_its_dialog_with_the_error(owne
         'id="dialog-rotateCredentials" aria-labelledby="dialog-rotateCredentials-title" open'
         in html
     )
-    assert "Must be between 12 and 100 characters long." in html
+    # The builder's field, with the dialog's own ids, and the message beside it.
+    assert (
+        '<small class="field-error" id="dialog-rotateCredentials-p-newPassword_error">'
+        "Must be between 12 and 100 characters long.</small>"
+    ) in html
+    field = r'<input type="password" name="p-newPassword"[^>]*id="dialog-rotateCredentials-p-'
+    assert re.search(field, html)
     assert 'value="short"' not in html  # a password is never sent back
     assert not Operation.objects.filter(verb="rotateCredentials").exists()
+
+
+def test_a_custom_action_queues_its_verb_with_the_values_of_its_form(owner_client, instance):
+    page = owner_client.get(_url(instance)).content.decode()
+    assert 'id="dialog-rotateCredentials-p-newPassword"' in page
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # the Modify dialog's and this one's never clash
+
+    response = owner_client.post(
+        _url(instance, "actions/rotateCredentials/"),
+        {"request_id": "rot-1", "p-newPassword": "another-long-password-2"},
+    )
+
+    assert response.status_code == 302
+    operation = Operation.objects.get(verb="rotateCredentials")
+    assert operation.request_id == "rot-1"
+    secret = json.loads(operation.requested_secret)
+    assert secret["verb_parameters"]["newPassword"] == "another-long-password-2"
+
+
+def test_a_custom_action_left_empty_gets_a_generated_password(owner_client, instance):
+    owner_client.post(_url(instance, "actions/rotateCredentials/"), {"request_id": "rot-2"})
+
+    secret = json.loads(Operation.objects.get(verb="rotateCredentials").requested_secret)
+    assert len(secret["verb_parameters"]["newPassword"]) >= 12
 
 
 def test_a_state_forbidden_action_is_disabled_with_its_reason(owner_client, instance):
@@ -346,14 +379,14 @@ def test_restore_makes_a_new_instance_from_the_backup(owner_client, instance):
         {"request_id": "rs-1", "name": "orders-copy"},
     )
 
-    assert response.status_code == 302
-    assert response["Location"] == _url(instance) + "?tab=backups"
     copy = Instance.objects.get(name="orders-copy")
+    assert response.status_code == 302
+    assert response["Location"] == _url(copy)
     assert copy.operations.get().verb == "restore"
     assert copy.parameters["instances"] == 2
 
 
-def test_restore_without_a_name_reopens_its_dialog(owner_client, instance):
+def test_restore_without_a_name_shows_the_form_again(owner_client, instance):
     snapshot = instance.snapshots.get()
 
     response = owner_client.post(
@@ -361,9 +394,179 @@ def test_restore_without_a_name_reopens_its_dialog(owner_client, instance):
     )
 
     assert response.status_code == 400
-    assert "Give the instance a name." in response.content.decode()
-    assert f'id="dialog-restore-{snapshot.pk}"' in response.content.decode()
+    html = response.content.decode()
+    assert '<small class="field-error" id="id_name_error">Give the instance a name.</small>' in html
+    assert 'id="restore-form"' in html
     assert Instance.objects.count() == 1
+
+
+def _restore_url(instance, snapshot, request_id="a" * 32):
+    return _url(instance, f"backups/{snapshot.pk}/restore/?request={request_id}")
+
+
+def test_the_backups_tab_links_each_completed_backup_to_its_restore_form(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    html = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    assert f'href="{_url(instance, f"backups/{snapshot.pk}/restore/")}">Restore</a>' in html
+
+
+def test_the_restore_form_keeps_its_request_id_in_the_address(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    response = owner_client.get(_url(instance, f"backups/{snapshot.pk}/restore/"))
+
+    assert response.status_code == 302
+    assert re.fullmatch(
+        rf"{_url(instance, f'backups/{snapshot.pk}/restore/')}\?request=[0-9a-f]{{32}}",
+        response["Location"],
+    )
+
+
+def test_the_restore_form_is_prefilled_from_the_backup_never_with_a_password(
+    owner_client, instance
+):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(
+        parameters={**snapshot.parameters, "database": "ledger", "instances": 3}
+    )
+
+    response = owner_client.get(_restore_url(instance, snapshot))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'value="orders-restored"' in html
+    # Fixed by the backup: shown read-only with the backup's value.
+    assert re.search(r'<input type="text" name="p-database" value="ledger"[^>]* readonly', html)
+    assert re.search(r'name="p-instances" value="3"', html)
+    assert not re.search(r'name="p-instances"[^>]* readonly', html)
+    assert re.search(r'<input type="password" name="p-password"[^>]*>', html)
+    assert 'name="p-password" value' not in html
+    assert "Leave empty to keep the backed-up instance&#x27;s password." in html
+    assert "Leave empty to have one generated." not in html  # a restore keeps it instead
+    assert SECRET not in html
+    # The shipped spec's restore reads $sys.restore.targetTime: a point in time, in UTC.
+    field = re.search(r'<input type="datetime-local" name="target_time"[^>]*>', html).group()
+    created = snapshot.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    assert f'min="{created}"' in field and 'max="' in field
+    assert "Point in time (UTC)" in html
+
+
+def test_a_valid_restore_keeps_the_backups_fixed_values(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(
+        parameters={**snapshot.parameters, "database": "ledger"}
+    )
+    form = owner_client.get(_restore_url(instance, snapshot))
+    assert form.status_code == 200
+
+    response = owner_client.post(
+        _restore_url(instance, snapshot),
+        {"name": "ledger-copy", "p-database": "ledger", "p-instances": "3", "p-password": ""},
+    )
+
+    copy = Instance.objects.get(name="ledger-copy")
+    assert response.status_code == 302 and response["Location"] == _url(copy)
+    assert copy.parameters["database"] == "ledger" and copy.parameters["instances"] == 3
+    assert services.instance_parameters(copy)["password"] == SECRET  # left empty: kept
+    restore = copy.operations.get()
+    assert restore.verb == "restore" and restore.arguments["sys"]["restore"]["targetTime"] == ""
+    page = owner_client.get(response["Location"]).content.decode()
+    assert f"Restore of {snapshot.name} into ledger-copy is" in page
+
+
+def test_changing_a_value_the_backup_fixes_is_refused_beside_the_field(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    response = owner_client.post(
+        _restore_url(instance, snapshot), {"name": "copy", "p-database": "other"}
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert (
+        '<small class="field-error" id="id_p-database_error">'
+        "Fixed by the snapshot, which holds app.</small>"
+    ) in html
+    assert Instance.objects.count() == 1
+
+
+def test_a_point_in_time_before_the_backup_is_refused_beside_the_field(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    before = (snapshot.created_at - timedelta(hours=1)).astimezone(UTC)
+
+    response = owner_client.post(
+        _restore_url(instance, snapshot),
+        {"name": "copy", "target_time": before.strftime("%Y-%m-%dT%H:%M:%S")},
+    )
+
+    assert response.status_code == 400
+    assert (
+        '<small class="field-error" id="id_target_time_error">'
+        "The point in time is before the snapshot was taken.</small>"
+    ) in response.content.decode()
+    assert Instance.objects.count() == 1
+
+
+def test_a_point_in_time_without_a_zone_is_read_as_utc(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    taken = timezone.now() - timedelta(hours=2)
+    Snapshot.objects.filter(pk=snapshot.pk).update(created_at=taken)
+    moment = (taken + timedelta(minutes=30)).astimezone(UTC).replace(microsecond=0)
+
+    response = owner_client.post(
+        _restore_url(instance, snapshot),
+        {"name": "copy", "target_time": moment.strftime("%Y-%m-%dT%H:%M:%S")},
+    )
+
+    assert response.status_code == 302
+    restore = Instance.objects.get(name="copy").operations.get()
+    assert restore.arguments["sys"]["restore"]["targetTime"] == moment.strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+
+
+def test_a_restore_sent_twice_makes_one_instance(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    url = _restore_url(instance, snapshot, "b" * 32)
+
+    first = owner_client.post(url, {"name": "copy"})
+    second = owner_client.post(url, {"name": "copy"})
+
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"]
+    assert Instance.objects.filter(name="copy").count() == 1
+
+
+def test_a_viewer_sees_no_restore_and_a_forged_one_is_refused_and_audited(
+    client, instance, add_member
+):
+    viewer = add_member("viewer@example.com", "viewer")
+    client.force_login(viewer)
+    snapshot = instance.snapshots.get()
+
+    tab = client.get(_url(instance), {"tab": "backups"}).content.decode()
+    form = client.get(_restore_url(instance, snapshot))
+    forged = client.post(_restore_url(instance, snapshot), {"name": "copy"})
+
+    assert ">Restore</a>" not in tab
+    assert form.status_code == 403
+    assert forged.status_code == 403
+    assert AuditEvent.objects.filter(
+        action="instance.restore", result="denied", actor=viewer
+    ).exists()
+    assert Instance.objects.count() == 1
+
+
+def test_another_tenants_backup_has_no_restore_form(client, instance, add_member, theirs):
+    member = add_member("member@example.com", "member")
+    client.force_login(member)
+    their_instance, _, their_snapshot = theirs
+
+    for owner_id in (their_instance.pk, instance.pk):
+        url = f"/t/{instance.tenant.slug}/deployments/{owner_id}/backups/{their_snapshot.pk}/"
+        assert client.get(f"{url}restore/?request={'c' * 32}").status_code == 404
 
 
 def test_delete_backup_runs_the_plans_delete_backup(owner_client, instance):
