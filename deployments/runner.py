@@ -129,6 +129,9 @@ def _begin(op: Operation, now) -> bool:
     first = selectors.operations_pending(op.instance).first()
     if first is not None and first.pk != op.pk:
         return False  # it starts when the one before it finishes
+    # Read the instance again: the row joined when this step began may predate the commit of
+    # the operation before it (which the look above saw finished), and with it its values.
+    op.instance.refresh_from_db()
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
     state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
