@@ -331,6 +331,13 @@ def _operation_new(
     return operation
 
 
+def _claim(tenant: Tenant, request_id: str, action: str, raw: Any) -> idempotency.Claim:
+    """Claim a request id in the organization (after the role check, inside the transaction)."""
+    return idempotency.request_claim(
+        scope=idempotency.tenant_scope(tenant), request_id=request_id, action=action, raw=raw
+    )
+
+
 def _repeat(earlier: RequestKey) -> Operation | None:
     """The operation an earlier request with the same id queued (None: it queued none)."""
     if earlier.target_type != Operation._meta.label_lower:
@@ -362,12 +369,7 @@ def instance_create(
             "parameters": values,
             "cell": cell.pk if cell else None,
         }
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="instance.create",
-            raw=submitted,
-        )
+        claim = _claim(tenant, request_id, "instance.create", submitted)
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         version = selectors.plan_version_latest(plan)
@@ -474,11 +476,8 @@ def instance_action(
     rule = lifecycle.rule(verb, custom=spec_verb.custom)
     with audited_action(actor=actor, action=f"instance.{verb}", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=rule.action)
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action=f"instance.{verb}",
-            raw={"instance": instance.pk, "parameters": values},
+        claim = _claim(
+            tenant, request_id, f"instance.{verb}", {"instance": instance.pk, "parameters": values}
         )
         if claim.earlier is not None:
             return _repeat(claim.earlier)
@@ -543,12 +542,7 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.delete", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.delete")
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="instance.delete",
-            raw={"instance": instance.pk},
-        )
+        claim = _claim(tenant, request_id, "instance.delete", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
@@ -616,12 +610,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.upgrade", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("upgrade").action)
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="instance.upgrade",
-            raw={"instance": instance.pk},
-        )
+        claim = _claim(tenant, request_id, "instance.upgrade", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = (
@@ -669,12 +658,7 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.rollback", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("rollback").action)
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="instance.rollback",
-            raw={"instance": instance.pk},
-        )
+        claim = _claim(tenant, request_id, "instance.rollback", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
@@ -742,12 +726,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
     rule = lifecycle.rule(operation.verb, custom=bool(verb and verb.custom))
     with audited_action(actor=actor, action="operation.cancel", tenant=tenant, target=operation):
         permission_require(actor=actor, tenant=tenant, action=rule.action)
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="operation.cancel",
-            raw={"operation": str(operation.pk)},
-        )
+        claim = _claim(tenant, request_id, "operation.cancel", {"operation": str(operation.pk)})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         if operation.verb == "delete":
@@ -867,12 +846,7 @@ def snapshot_restore(
             "parameters": values,
             "target_time": target_time.isoformat() if target_time else None,
         }
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="instance.restore",
-            raw=submitted,
-        )
+        claim = _claim(tenant, request_id, "instance.restore", submitted)
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         if snapshot.status != Snapshot.Status.COMPLETED:
@@ -959,12 +933,7 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
     tenant = snapshot.tenant
     with audited_action(actor=actor, action="backup.delete", tenant=tenant, target=snapshot):
         permission_require(actor=actor, tenant=tenant, action="backup.delete")
-        claim = idempotency.request_claim(
-            scope=idempotency.tenant_scope(tenant),
-            request_id=request_id,
-            action="backup.delete",
-            raw={"snapshot": snapshot.pk},
-        )
+        claim = _claim(tenant, request_id, "backup.delete", {"snapshot": snapshot.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         operation = _snapshot_forget(actor=actor, snapshot=snapshot, request_id=request_id)
