@@ -59,7 +59,10 @@ class StripeEmulator:
         self.state.base_url = self.url
         self.webhooks.start()
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="stripe-emulator-http", daemon=True
+            target=self._server.serve_forever,
+            args=(0.05,),  # the poll interval: stop() waits for one
+            name="stripe-emulator-http",
+            daemon=True,
         )
         self._thread.start()
         log.info("stripe emulator serving on %s", self.url)

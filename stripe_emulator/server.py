@@ -105,6 +105,16 @@ class Handler(BaseHTTPRequestHandler):
         self.status = 0
         self.request_id = new_id("req_", 14)
         try:
+            self._answer(method)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (a timeout while a fault hung): nothing to answer.
+            self.close_connection = True
+        log.debug(
+            "%s %s %s %.1fms", method, self.path, self.status, (time.monotonic() - started) * 1000
+        )
+
+    def _answer(self, method: str) -> None:
+        try:
             body = self._read_body()
             url = urlsplit(self.path)
             if url.path.startswith("/_emulator/"):
@@ -112,18 +122,15 @@ class Handler(BaseHTTPRequestHandler):
             elif url.path.startswith("/v1/"):
                 self._api(method, url.path, url.query, body)
             else:
-                self._page(method, url.path, body)
+                self._page(method, url.path)
         except StripeError as err:
             self._send_json(err.status, err.body(), err.headers())
         except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
+            raise
         except Exception:  # a bug in the emulator must not stop it serving
             log.exception("internal error on %s %s", method, self.path)
             err = StripeError(500, "The emulator failed on this request.", type="api_error")
             self._send_json(500, err.body())
-        log.debug(
-            "%s %s %s %.1fms", method, self.path, self.status, (time.monotonic() - started) * 1000
-        )
 
     def _read_body(self) -> str:
         length = int(self.headers.get("Content-Length") or 0)
@@ -218,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- hosted pages ----------------------------------------------------------------------
 
-    def _page(self, method: str, path: str, body: str) -> None:
+    def _page(self, method: str, path: str) -> None:
         self._fault(method, path)
         handler, args = resolve(PAGES, method, path)
         state = self.emulator.state
