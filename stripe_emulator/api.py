@@ -6,6 +6,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from . import invoices, sessions
@@ -128,7 +129,7 @@ class StripeEmulator:
         fault = self.fault_rules.add(
             path=path, method=method, status=status, count=count, rate=rate, hang=hang
         )
-        return dict(fault.__dict__)
+        return asdict(fault)
 
     def clear_faults(self) -> None:
         """Remove every fault."""

@@ -46,11 +46,13 @@ def customer_update(state: State, params: Params, customer_id: str) -> dict[str,
     """POST /v1/customers/{id}: emits `customer.updated` when something changed."""
     params.only("email", "name", "description", "phone", "metadata")
     customer = state.get("customer", customer_id)
+    # Read every value before writing any: a refused update changes nothing.
+    lengths = {"email": 512, "name": 256, "description": 5000, "phone": 20}
+    values = {k: params.text(k, max_length=n) or None for k, n in lengths.items() if params.has(k)}
+    metadata = params.metadata()
     before = dict(customer)
-    for key, length in (("email", 512), ("name", 256), ("description", 5000), ("phone", 20)):
-        if params.has(key):
-            customer[key] = params.text(key, max_length=length) or None
-    customer["metadata"] = merge_metadata(customer["metadata"], params.metadata())
+    customer.update(values)
+    customer["metadata"] = merge_metadata(customer["metadata"], metadata)
     previous = changed(before, customer)
     if previous:
         state.emit("customer.updated", customer, previous)

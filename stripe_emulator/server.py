@@ -152,14 +152,13 @@ class Handler(BaseHTTPRequestHandler):
         data = parse_form(query if method in ("GET", "DELETE") else body)
         key = self.headers.get("Idempotency-Key") if method == "POST" else None
         state = self.emulator.state
-        record = {"method": method, "path": path, "params": data, "idempotency_key": key}
         with state.lock:
             try:
                 status, payload, replayed = self._execute(api_key, key, path, handler, args, data)
             except StripeError as err:
-                state.requests.append({**record, "status": err.status, "replayed": False})
+                self._record(path, data, key, err.status)
                 raise
-            state.requests.append({**record, "status": status, "replayed": replayed})
+            self._record(path, data, key, status, replayed=replayed)
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
         if key:
             headers["Idempotency-Key"] = key
@@ -212,16 +211,31 @@ class Handler(BaseHTTPRequestHandler):
         if fault.hang:
             self.emulator.stopping.wait(fault.hang)
         with self.emulator.state.lock:
-            self.emulator.state.requests.append(
-                {
-                    "method": method,
-                    "path": path,
-                    "params": None,
-                    "status": fault.status,
-                    "fault": True,
-                }
-            )
+            self._record(path, None, self.headers.get("Idempotency-Key"), fault.status, fault=True)
         raise fault.error()
+
+    def _record(
+        self,
+        path: str,
+        params: Any,
+        key: str | None,
+        status: int,
+        *,
+        replayed: bool = False,
+        fault: bool = False,
+    ) -> None:
+        """Keep the request for `requests()`; called under the state lock."""
+        self.emulator.state.requests.append(
+            {
+                "method": self.command,
+                "path": path,
+                "params": params,
+                "idempotency_key": key,
+                "status": status,
+                "replayed": replayed,
+                "fault": fault,
+            }
+        )
 
     # ---- hosted pages ----------------------------------------------------------------------
 

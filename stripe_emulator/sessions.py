@@ -35,6 +35,7 @@ def checkout_session_create(state: State, params: Params) -> dict[str, Any]:
     items = _line_items(state, params.hashes("line_items"))
     subscription_data = params.hash("subscription_data") or Params({}, "subscription_data")
     subscription_data.only("metadata")
+    subscription_metadata = merge_metadata({}, subscription_data.metadata())
     now = state.now()
     session_id = new_id("cs_test_", 58)
     session = {
@@ -67,7 +68,7 @@ def checkout_session_create(state: State, params: Params) -> dict[str, Any]:
         {
             "id": session_id,
             "items": items,
-            "subscription_metadata": merge_metadata({}, subscription_data.metadata()),
+            "subscription_metadata": subscription_metadata,
         },
     )
     return session

@@ -125,14 +125,17 @@ def subscription_update(state: State, params: Params, subscription_id: str) -> d
         raise invalid(
             "A canceled subscription can only update its metadata.", param="cancel_at_period_end"
         )
-    before = copy.deepcopy(subscription)
+    # Read every value before writing any: a refused update changes nothing.
     at_period_end = params.flag("cancel_at_period_end")
+    description = params.text("description", max_length=500)
+    metadata = params.metadata()
+    before = copy.deepcopy(subscription)
     if at_period_end is not None:
         subscription["cancel_at_period_end"] = at_period_end
         subscription["cancel_at"] = current_period(subscription)[1] if at_period_end else None
     if params.has("description"):
-        subscription["description"] = params.text("description", max_length=500) or None
-    subscription["metadata"] = merge_metadata(subscription["metadata"], params.metadata())
+        subscription["description"] = description or None
+    subscription["metadata"] = merge_metadata(subscription["metadata"], metadata)
     emit_if_changed(state, before, subscription)
     return subscription
 
