@@ -32,6 +32,11 @@ def checkout_session_create(state: State, params: Params) -> dict[str, Any]:
     customer = params.text("customer")
     if customer is not None:
         state.get("customer", customer, param="customer")
+        if params.has("customer_email"):
+            raise invalid(
+                "You may only specify one of these parameters: customer, customer_email.",
+                param="customer_email",
+            )
     items = _line_items(state, params.hashes("line_items"))
     subscription_data = params.hash("subscription_data") or Params({}, "subscription_data")
     subscription_data.only("metadata")

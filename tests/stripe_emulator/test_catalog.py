@@ -23,6 +23,15 @@ def test_customer_create_retrieve_update_and_list_by_email(client):
     assert [c.id for c in found.data] == [created.id] and found.has_more is False
 
 
+def test_a_refused_update_changes_nothing(client):
+    customer = client.v1.customers.create({"email": "ada@example.com"})
+
+    with pytest.raises(stripe.InvalidRequestError) as exc:
+        client.v1.customers.update(customer.id, {"email": "new@example.com", "phone": "9" * 21})
+    assert exc.value.param == "phone"
+    assert client.v1.customers.retrieve(customer.id).email == "ada@example.com"
+
+
 def test_missing_customer_is_a_404_resource_missing(client):
     with pytest.raises(stripe.InvalidRequestError) as exc:
         client.v1.customers.retrieve("cus_nope")

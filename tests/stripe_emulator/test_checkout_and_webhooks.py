@@ -156,6 +156,27 @@ def test_metered_line_items_take_no_quantity(client, metered):
     assert client.v1.checkout.sessions.list().data == []
 
 
+def test_a_session_without_customer_creates_one_from_its_email(client, emulator, metered):
+    session = client.v1.checkout.sessions.create(
+        {
+            "mode": "subscription",
+            "customer_email": "new@example.com",
+            "line_items": [{"price": metered["price"].id}],
+        }
+    )
+
+    done = emulator.complete_checkout(session.id)
+
+    customer = client.v1.customers.retrieve(done["customer"])
+    assert customer.email == "new@example.com"
+    assert client.v1.subscriptions.retrieve(done["subscription"]).customer == customer.id
+    assert [e["type"] for e in emulator.events()] == [
+        "customer.created",
+        "customer.subscription.created",
+        "checkout.session.completed",
+    ]
+
+
 def test_portal_page_links_back_to_the_return_url(client, metered):
     portal = client.v1.billing_portal.sessions.create(
         {"customer": metered["customer"].id, "return_url": "https://opsdeck.test/billing"}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import stripe
+
+from .conftest import make_client
 
 DAY = 86400
 
@@ -42,6 +45,23 @@ def test_a_repeated_identifier_is_refused_without_retry(client, emulator, metere
     assert exc.value.param == "identifier"
     assert exc.value.headers["Stripe-Should-Retry"] == "false"
     assert [e["payload"]["value"] for e in emulator.meter_events()] == ["12"]
+
+
+def test_concurrent_repeats_of_an_identifier_are_accepted_once(emulator, metered):
+    clients = [make_client(emulator) for _ in range(8)]
+
+    def send(client):
+        try:
+            _send(client, metered["customer"], "1", "same")
+        except stripe.InvalidRequestError:
+            return False
+        return True
+
+    with ThreadPoolExecutor(len(clients)) as pool:
+        accepted = list(pool.map(send, clients))
+
+    assert accepted.count(True) == 1
+    assert len(emulator.meter_events()) == 1
 
 
 def test_an_identifier_is_free_again_after_24_hours(client, emulator, metered):
