@@ -20,6 +20,15 @@ log = logging.getLogger("stripe_emulator.webhooks")
 TIMEOUT = 10.0
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # Stripe does not follow a webhook endpoint's redirect: a 3xx is a failed delivery.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def sign(payload: bytes, secret: str, timestamp: int) -> str:
     """The `Stripe-Signature` header: `t=<ts>,v1=<hex HMAC-SHA256 of "{t}.{body}">`."""
     signed = f"{timestamp}.".encode() + payload
@@ -146,8 +155,11 @@ class WebhookSender:
         if endpoint is None:
             return
         delay = endpoint.retry_delay
-        for attempt in range(1, endpoint.retries + 2):
-            if self._attempt(endpoint, event, attempt)["ok"] or self._stop.wait(delay):
+        attempts = endpoint.retries + 1
+        for attempt in range(1, attempts + 1):
+            if self._attempt(endpoint, event, attempt)["ok"] or attempt == attempts:
+                return
+            if self._stop.wait(delay):
                 return
             delay *= 2
 
@@ -166,11 +178,11 @@ class WebhookSender:
         status: int | None = None
         error: str | None = None
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310
+            with _OPENER.open(request, timeout=TIMEOUT) as response:
                 status = response.status
         except urllib.error.HTTPError as exc:
             status = exc.code
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # unreachable, refused, timed out, malformed URL
             error = str(exc)
         ok = status is not None and 200 <= status < 300
         record = {
