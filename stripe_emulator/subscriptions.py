@@ -157,7 +157,7 @@ def subscription_cancel(state: State, params: Params, subscription_id: str) -> d
     """DELETE /v1/subscriptions/{id}: cancelled now; emits `customer.subscription.deleted`.
     `invoice_now` and `prorate` are accepted but no final invoice is made."""
     params.only("invoice_now", "prorate", "cancellation_details")
-    params.flag("invoice_now")
+    params.flag("invoice_now")  # checked as booleans, then ignored
     params.flag("prorate")
     details = params.hash("cancellation_details") or Params({}, "cancellation_details")
     details.only("comment", "feedback")
