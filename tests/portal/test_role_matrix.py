@@ -1,0 +1,284 @@
+# ruff: noqa: F811 (the fixtures imported from the instance page tests are parameters here)
+"""Each role against each action of `accounts.roles`, through the real pages.
+
+`WAYS` is the spec: for every action in `roles.ACTIONS`, how a member does it in the browser
+(the address, the method, what the form sends) and what it changes. Each role is then tried
+on each action: a role the table allows is not refused and the change happens; a role it
+forbids is refused, the refusal is in the audit log, and nothing changes.
+
+A refusal is a 403 with the reason, except on the team page, whose forms come back to the
+page with the reason in a message (a redirect).
+"""
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from html import unescape
+from urllib.parse import urlsplit
+
+import pytest
+from django.urls import reverse
+
+from accounts import roles
+from accounts.models import AuditEvent, Invitation, Membership
+from accounts.roles import Role
+from deployments import services
+from deployments.models import Instance, Operation
+from deployments.spec.loader import load_spec
+from tests.conftest import PASSWORD
+from tests.deployments.test_instance_page import (  # noqa: F401 (fixtures)
+    SECRET,
+    instance,
+    local_cell,
+    plan,
+)
+
+REFUSED = 403
+SAID_ON_THE_TEAM_PAGE = 302  # the team forms redirect back with the reason in a message
+
+
+class World:
+    """The organization as one member (`user`, with `role`) finds it; what an action needs
+    (an instance with a completed backup, another member) is made on first use."""
+
+    def __init__(self, request, client, tenant, user, role):
+        self._request = request
+        self.client = client
+        self.tenant = tenant
+        self.user = user
+        self.role = role
+
+    def url(self, name: str, **kwargs) -> str:
+        return reverse(name, kwargs={"tenant_slug": self.tenant.slug, **kwargs})
+
+    def page(self, name: str, **kwargs) -> str:
+        """An instance page's address."""
+        return self.url(name, instance_id=self.instance.pk, **kwargs)
+
+    @cached_property
+    def instance(self) -> Instance:
+        return self._request.getfixturevalue("instance")
+
+    @cached_property
+    def snapshot(self):
+        return self.instance.snapshots.get()
+
+    def create_form(self) -> str:
+        """The create form of the PostgreSQL plan, with a cell to create in."""
+        self._request.getfixturevalue("local_cell")
+        plan = self._request.getfixturevalue("plan")
+        return self.url("instance_create", plan_key=plan.key) + f"?request={fresh()}"
+
+    @cached_property
+    def bob(self) -> Membership:
+        """Another member, the one a team action is done to."""
+        user = self._request.getfixturevalue("add_member")("bob@example.com", Role.MEMBER)
+        return Membership.objects.get(tenant=self.tenant, user=user)
+
+    def bob_role(self) -> str:
+        return Membership.objects.get(pk=self.bob.pk).role
+
+    def operations(self) -> int:
+        return Operation.objects.filter(instance=self.instance).count()
+
+
+def fresh() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Way:
+    """How a member does an action through the pages."""
+
+    url: Callable[[World], str]
+    method: str = "post"
+    data: Callable[[World], dict] = lambda w: {}
+    # What the action changes: a refusal leaves it as it was, an allowed action changes it.
+    effect: Callable[[World], object] | None = None
+    # The action name the audit log gives the refusal (the service's, not always the role's).
+    audited: str = ""
+    refusal: int = REFUSED
+    reauthenticate: bool = False  # allauth asks for the password first (a reveal)
+
+
+WAYS: dict[str, Way | None] = {
+    "tenant.view": Way(lambda w: w.url("dashboard"), method="get"),
+    "member.view": Way(lambda w: w.url("team"), method="get"),
+    "member.invite": Way(
+        lambda w: w.url("team_invite"),
+        data=lambda w: {"email": "new@example.com", "role": Role.MEMBER, "request_id": fresh()},
+        effect=lambda w: Invitation.objects.filter(tenant=w.tenant).count(),
+        audited="member.invite",
+        refusal=SAID_ON_THE_TEAM_PAGE,
+    ),
+    "member.change_role": Way(
+        lambda w: w.url("member_role", membership_id=w.bob.pk),
+        data=lambda w: {"role": Role.VIEWER},
+        effect=World.bob_role,
+        audited="member.change_role",
+        refusal=SAID_ON_THE_TEAM_PAGE,
+    ),
+    "member.remove": Way(
+        lambda w: w.url("member_remove", membership_id=w.bob.pk),
+        effect=lambda w: w.tenant.memberships.count(),
+        audited="member.remove",
+        refusal=SAID_ON_THE_TEAM_PAGE,
+    ),
+    "member.manage_owners": Way(
+        lambda w: w.url("member_role", membership_id=w.bob.pk),
+        data=lambda w: {"role": Role.OWNER},
+        effect=World.bob_role,
+        audited="member.change_role",
+        refusal=SAID_ON_THE_TEAM_PAGE,
+    ),
+    "audit.view": Way(lambda w: w.url("audit_log"), method="get", audited="audit.view"),
+    "billing.view": Way(lambda w: w.url("billing_overview"), method="get", audited="billing.view"),
+    "billing.manage": None,  # no page manages billing yet: billing/urls.py has the overview only
+    "instance.view": Way(lambda w: w.page("instance_detail"), method="get"),
+    "instance.create": Way(
+        lambda w: w.create_form(),
+        data=lambda w: {"name": "matrix-db", "p-instances": "1", "request_id": fresh()},
+        effect=lambda w: Instance.objects.count(),
+        audited="instance.create",
+    ),
+    "instance.modify": Way(
+        lambda w: w.page("instance_modify"),
+        data=lambda w: {"p-instances": "3", "request_id": fresh()},
+        effect=World.operations,
+        audited="instance.modify",
+    ),
+    "instance.operate": Way(
+        lambda w: w.page("instance_act", verb="restart"),
+        data=lambda w: {"request_id": fresh()},
+        effect=World.operations,
+        audited="instance.restart",
+    ),
+    "instance.delete": Way(
+        lambda w: w.page("instance_delete"),
+        data=lambda w: {"confirm_name": w.instance.name, "request_id": fresh()},
+        effect=World.operations,
+        audited="instance.delete",
+    ),
+    "instance.reveal_credentials": Way(
+        lambda w: w.page("instance_credentials_reveal"),
+        effect=lambda w: AuditEvent.objects.filter(
+            action="instance.reveal_credentials", result=AuditEvent.Result.OK
+        ).count(),
+        audited="instance.reveal_credentials",
+        reauthenticate=True,
+    ),
+    "instance.protect": Way(
+        lambda w: w.page("instance_protect"),
+        data=lambda w: {"protect": "on"},
+        effect=lambda w: Instance.objects.get(pk=w.instance.pk).deletion_protected,
+        audited="instance.protect",
+    ),
+    "backup.create": Way(
+        lambda w: w.page("instance_act", verb="backup"),
+        data=lambda w: {"request_id": fresh()},
+        effect=World.operations,
+        audited="instance.backup",
+    ),
+    "backup.restore": Way(
+        lambda w: w.page("snapshot_restore", snapshot_id=w.snapshot.pk),
+        data=lambda w: {"name": "orders-copy", "request_id": fresh()},
+        effect=lambda w: Instance.objects.count(),
+        audited="instance.restore",
+    ),
+    "backup.delete": Way(
+        lambda w: w.page("snapshot_delete", snapshot_id=w.snapshot.pk),
+        data=lambda w: {"request_id": fresh()},
+        effect=World.operations,
+        audited="backup.delete",
+    ),
+}
+
+
+def test_the_table_covers_exactly_the_actions_of_the_roles_table():
+    assert list(WAYS) == list(roles.ACTIONS)
+
+
+def _case(role: str, action: str):
+    allowed = roles.can(role, action)
+    marks = []
+    if WAYS.get(action) is None:
+        marks.append(pytest.mark.skip(reason=f"no page does {action} yet"))
+    return pytest.param(
+        role, action, allowed, marks=marks, id=f"{role}-{'may' if allowed else 'not'}-{action}"
+    )
+
+
+CASES = [_case(role, action) for role in Role.values for action in roles.ACTIONS]
+
+
+@lru_cache
+def _spec_loaded(text: str):
+    return load_spec(text)
+
+
+@pytest.fixture(autouse=True)
+def _quick(settings, monkeypatch):
+    """Nearly a hundred cases, each with its users and its plan: passwords hashed the cheap
+    way, and the plan's spec read once (as the pages read it, `selectors.plan_spec`); the
+    rows are made anew each time. Neither is under test here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    monkeypatch.setattr(services, "load_spec", _spec_loaded)
+
+
+@pytest.fixture
+def world(request, client, tenant, owner, add_member):
+    role = request.node.callspec.params["role"]
+    user = owner if role == Role.OWNER else add_member(f"{role}@example.com", role)
+    client.force_login(user)
+    return World(request, client, tenant, user, role)
+
+
+def _send(world: World, way: Way, url: str, data: dict):
+    response = getattr(world.client, way.method)(url, data)
+    asked = response.status_code == 302 and urlsplit(response["Location"]).path == reverse(
+        "account_reauthenticate"
+    )
+    if way.reauthenticate and asked:
+        # As the connection tab's tests do: allauth asks for the password, then replays.
+        response = world.client.post(response["Location"], {"password": PASSWORD})
+    return response
+
+
+def _denials(world: World):
+    return AuditEvent.objects.filter(
+        tenant=world.tenant, actor=world.user, result=AuditEvent.Result.DENIED
+    )
+
+
+def _text(response) -> str:
+    return unescape(response.content.decode())
+
+
+@pytest.mark.parametrize(("role", "action", "allowed"), CASES)
+def test_each_role_against_each_action(world, role, action, allowed):
+    way = WAYS[action]
+    url, data = way.url(world), way.data(world)  # makes what the action needs
+    before = way.effect(world) if way.effect else None
+
+    response = _send(world, way, url, data)
+
+    after = way.effect(world) if way.effect else None
+    if allowed:
+        assert response.status_code < 400, f"{role} was refused {action}"
+        assert not _denials(world).exists()
+        if way.effect:
+            assert after != before, f"{action} by {role} changed nothing"
+        if way.reauthenticate:
+            assert SECRET in _text(response)
+        return
+
+    assert response.status_code == way.refusal, f"{role} was not refused {action}"
+    if way.refusal == SAID_ON_THE_TEAM_PAGE:
+        response = world.client.get(response["Location"])
+    said = f"Your role ({Role(role).label}) does not allow"
+    assert said in _text(response)
+    denied = _denials(world).get()
+    assert denied.action == way.audited
+    assert denied.payload["reason"].startswith(said)
+    assert after == before, f"{action} by {role} changed something"
