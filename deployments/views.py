@@ -4,7 +4,7 @@ from datetime import UTC
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
@@ -18,7 +18,7 @@ from accounts import roles
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import partial_template
-from accounts.tenancy import tenant_view
+from accounts.tenancy import action_require, tenant_view
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, selectors, services
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
@@ -459,8 +459,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     instance = _instance(request, instance_id)
     snapshot = _snapshot(instance, snapshot_id)
     if request.method == "GET":
-        if not roles.can(request.membership.role, "backup.restore"):
-            raise PermissionDenied
+        action_require(request, "backup.restore")
         if not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
             return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = _restore_form(snapshot, instance.name, request.POST or None)

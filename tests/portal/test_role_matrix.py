@@ -341,11 +341,7 @@ ALSO: dict[str, tuple[str, Way]] = {
 
 
 # Refusals that do not yet follow the rule (the role is refused, but not as the others are).
-REFUSAL_GAPS = {
-    "restore-form": "the restore form's GET refuses with a bare 403: no reason on the page and "
-    "no denied event in the audit log (deployments.views.snapshot_restore raises a plain "
-    "PermissionDenied before the service is asked)",
-}
+REFUSAL_GAPS: dict[str, str] = {}
 
 
 def test_the_table_covers_exactly_the_actions_of_the_roles_table():
