@@ -1,0 +1,149 @@
+"""Usage records: what each instance used, per dimension and UTC hour, and which hours are
+metered. Deployments' metering works the quantities out and hands them over as plain rows;
+billing never imports deployments.
+
+Each hour is recorded once: one row per (instance, dimension, hour), inserted with ON CONFLICT
+DO NOTHING, so metering an hour again changes nothing. A row is billed in its hour's month,
+unless that billing period was already closed when the hour was metered: then it goes to the
+first open period after it, marked as an adjustment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import BillingPeriod, MeteredHour, UsageRecord
+
+HOUR = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One instance's use of one dimension during one hour, in unit-hours."""
+
+    tenant_id: int
+    plan_id: int
+    instance_id: str
+    instance_name: str
+    dimension: str
+    unit: str
+    quantity: Decimal
+
+
+@dataclass(frozen=True)
+class Recorded:
+    hour: datetime
+    instances: int
+    rows: int  # rows handed over
+    inserted: int  # rows new in the table (0 when the hour was metered before)
+    period: str
+    adjustment: bool
+
+
+def hour_start(moment: datetime) -> datetime:
+    """The start of the UTC hour `moment` falls in."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def is_hour_start(moment: datetime) -> bool:
+    return moment.tzinfo is not None and hour_start(moment) == moment
+
+
+def period_key(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+def period_bounds(key: str) -> tuple[datetime, datetime]:
+    """The first hour of the period `key` ("YYYY-MM") and the first hour after it."""
+    start = datetime.strptime(key, "%Y-%m").replace(tzinfo=UTC)
+    end = (start + timedelta(days=32)).replace(day=1)
+    return start, end
+
+
+def billing_period_for(hour: datetime) -> tuple[str, bool]:
+    """The period an hour metered now is billed in, and whether that is an adjustment (its own
+    period is closed, so it goes to the first open one after it)."""
+    key = period_key(hour)
+    closed = set(
+        BillingPeriod.objects.filter(key__gte=key, closed_at__isnull=False).values_list(
+            "key", flat=True
+        )
+    )
+    if key not in closed:
+        return key, False
+    start = period_bounds(key)[0]
+    while key in closed:
+        start = period_bounds(key)[1]
+        key = period_key(start)
+    return key, True
+
+
+@transaction.atomic
+def record(hour: datetime, rows: Iterable[UsageRow], *, instances: int | None = None) -> Recorded:
+    """Store the usage of `hour` (the start of a UTC hour) and mark the hour metered, in one
+    transaction. Rows already recorded for the same (instance, dimension, hour) are left as
+    they are. `instances`: how many instances were metered (default: those in `rows`)."""
+    if not is_hour_start(hour):
+        raise ValueError(f"{hour} is not the start of an hour.")
+    rows = list(rows)
+    period, adjustment = billing_period_for(hour)
+    now = timezone.now()
+    before = UsageRecord.objects.filter(hour=hour).count()
+    UsageRecord.objects.bulk_create(
+        (
+            UsageRecord(
+                tenant_id=row.tenant_id,
+                plan_id=row.plan_id,
+                instance_id=row.instance_id,
+                instance_name=row.instance_name,
+                dimension=row.dimension,
+                unit=row.unit,
+                hour=hour,
+                quantity=row.quantity,
+                period=period,
+                adjustment=adjustment,
+                recorded_at=now,
+            )
+            for row in rows
+        ),
+        batch_size=5000,
+        ignore_conflicts=True,
+    )
+    inserted = UsageRecord.objects.filter(hour=hour).count() - before
+    count = len({row.instance_id for row in rows}) if instances is None else instances
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=hour, instances=count, recorded_at=now)], ignore_conflicts=True
+    )
+    return Recorded(hour, count, len(rows), inserted, period, adjustment)
+
+
+def last_metered_hour() -> datetime | None:
+    return MeteredHour.objects.order_by("-hour").values_list("hour", flat=True).first()
+
+
+def unmetered_hours(start: datetime, end: datetime) -> list[datetime]:
+    """The hours from `start` up to (not including) `end` that metering has not covered."""
+    first = hour_start(start)
+    if first < start:
+        first += HOUR
+    metered = set(
+        MeteredHour.objects.filter(hour__gte=first, hour__lt=end).values_list("hour", flat=True)
+    )
+    hours, hour = [], first
+    while hour < end:
+        if hour not in metered:
+            hours.append(hour)
+        hour += HOUR
+    return hours
+
+
+def period_close_check(key: str) -> list[datetime]:
+    """The hours of the period `key` ("YYYY-MM") still unmetered: a period may be closed only
+    when this is empty (so never before it has ended)."""
+    return unmetered_hours(*period_bounds(key))
