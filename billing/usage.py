@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -23,8 +24,7 @@ from billing.models import BillingPeriod, MeteredHour
 HOUR = timedelta(hours=1)
 
 
-@dataclass(frozen=True)
-class UsageRow:
+class UsageRow(NamedTuple):
     """One instance's use of one dimension during one hour, in unit-hours."""
 
     tenant_id: int
@@ -121,10 +121,7 @@ def record(hour: datetime, rows: Iterable[UsageRow], *, instances: int | None = 
         cursor.execute(_SCRATCH)
         with cursor.cursor.copy(_COPY) as copy:
             for row in rows:
-                copy.write_row(
-                    (row.tenant_id, row.plan_id, row.instance_id, row.instance_name,
-                     row.dimension, row.unit, row.quantity)
-                )  # fmt: skip
+                copy.write_row(row)  # the columns in UsageRow's order
         cursor.execute(_INSERT, [hour, period, adjustment, now])
         inserted = cursor.rowcount
         cursor.execute("DROP TABLE billing_usage_incoming")

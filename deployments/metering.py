@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from django.db.models import Exists, Min, OuterRef, Q
+from django.db.models import BigIntegerField, Exists, Min, OuterRef, Q, TextField
+from django.db.models.functions import Cast, Extract, Floor
 from django.utils import timezone
 
 from billing import pricing, usage
@@ -133,37 +134,64 @@ def _versions() -> dict[int, _Version]:
     return versions
 
 
-def _second(moment: datetime) -> datetime:
-    return moment.replace(microsecond=0)
+# Where a piece of the hour's parameter values come from, as the database wrote them (JSON
+# text), so that instances with the same values share one parse and one usage-rule run:
+# ("instance", version id, parameters) or ("op", version id, verb, parameters, requested,
+# arguments) for the values an operation left.
+Source = tuple
 
 
-class _Quantities:
-    """`quantities()` once per (plan version, parameter values), however many instances share
-    them."""
+class _Measure:
+    """Quantities per source, and an instance's hour totals per list of pieces: with 10,000
+    instances of a few sizes, the usage rules and the arithmetic run a few times, not 10,000."""
 
     def __init__(self, versions: dict[int, _Version]) -> None:
         self.versions = versions
-        self.cache: dict[tuple[int, str], dict[str, Decimal]] = {}
+        self.by_source: dict[Source, dict[str, Decimal]] = {}
+        self.by_pieces: dict[tuple, dict[str, Decimal]] = {}
 
-    def of(self, version_id: int, values: dict[str, Any]) -> dict[str, Decimal]:
-        key = (version_id, json.dumps(values, sort_keys=True, default=str))
-        found = self.cache.get(key)
+    def quantities(self, source: Source) -> dict[str, Decimal]:
+        found = self.by_source.get(source)
         if found is None:
+            version_id, values = _values(source, self.versions)
             measured = quantities(self.versions[version_id].spec, values)
             found = {d: q for d, q in measured.items() if d not in UNMETERED_DIMENSIONS}
-            self.cache[key] = found
+            self.by_source[source] = found
+        return found
+
+    def totals(self, pieces: tuple[tuple[int, bool, Source], ...]) -> dict[str, Decimal]:
+        """Unit-hours per dimension of (seconds, whether only persistent dimensions count,
+        source) pieces, exact to 6 places; dimensions that add up to 0 are left out."""
+        found = self.by_pieces.get(pieces)
+        if found is None:
+            sums: dict[str, Decimal] = defaultdict(Decimal)
+            for seconds, persistent_only, source in pieces:
+                for dimension, quantity in self.quantities(source).items():
+                    if not persistent_only or dimension in PERSISTENT_DIMENSIONS:
+                        sums[dimension] += quantity * seconds
+            found = {}
+            for dimension in sorted(sums):
+                total = (sums[dimension] / _SECONDS_PER_HOUR).quantize(_PLACES, ROUND_HALF_UP)
+                if total > 0:
+                    found[dimension] = total
+            self.by_pieces[pieces] = found
         return found
 
 
-def _values_after(op: dict, versions: dict[int, _Version]) -> dict[str, Any]:
-    """The instance's (plain) parameter values once `op` succeeded, as the runner stores them
-    (`parameters.values_after`): what the run applied, with what the request changed."""
-    if op["verb"] in APPLIES_PARAMETERS:
-        return {**op["parameters"], **op["requested"]}
-    verb = versions[op["plan_version_id"]].spec.main.verbs.get(op["verb"])
-    given = op["arguments"].get("verb_parameters", {})
+def _values(source: Source, versions: dict[int, _Version]) -> tuple[int, dict[str, Any]]:
+    """The plan version and (plain) parameter values a source stands for. An operation's are
+    the instance's once it succeeded, as the runner stores them (`parameters.values_after`):
+    what the run applied, with what the request changed or the verb's `updates` set."""
+    if source[0] == "instance":
+        return source[1], json.loads(source[2])
+    _, version_id, verb_name, parameters, requested, arguments = source
+    applied = json.loads(parameters)
+    if verb_name in APPLIES_PARAMETERS:
+        return version_id, {**applied, **json.loads(requested)}
+    verb = versions[version_id].spec.main.verbs.get(verb_name)
+    given = json.loads(arguments).get("verb_parameters", {})
     updates = verb.updates if verb is not None else {}
-    return {**op["parameters"], **{t: given[s] for t, s in updates.items() if s in given}}
+    return version_id, {**applied, **{t: given[s] for t, s in updates.items() if s in given}}
 
 
 def usage_rows(hour: datetime) -> list[UsageRow]:
@@ -190,12 +218,14 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
     alive = Instance.objects.filter(created_at__lt=end).filter(
         ~Q(state=_State.DELETED) | Exists(deleted_later)
     )
+    ids = alive.values("pk")
     instances = list(
-        alive.order_by("id").values(
-            "id", "name", "tenant_id", "plan_version_id", "parameters", "state", "created_at"
+        alive.order_by("id")
+        .annotate(parameters_text=_text("parameters"), created=_epoch("created_at"))
+        .values_list(
+            "id", "name", "tenant_id", "plan_version_id", "parameters_text", "state", "created"
         )
     )
-    ids = alive.values("pk")
 
     # The state each instance was in when the hour began, and its changes during the hour.
     last_before = (
@@ -205,13 +235,14 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
         .values("pk")
     )
     changes = defaultdict(list)
-    for change in (
+    for instance_id, from_state, to_state, at in (
         InstanceStateChange.objects.filter(instance__in=ids)
         .filter(Q(at__gte=start, at__lt=end) | Q(pk__in=last_before))
         .order_by("instance_id", "at", "id")
-        .values("instance_id", "from_state", "to_state", "at")
+        .annotate(second=_epoch("at"))
+        .values_list("instance_id", "from_state", "to_state", "second")
     ):
-        changes[change["instance_id"]].append(change)
+        changes[instance_id].append((at, from_state, to_state))
 
     # The parameter values and plan version each instance ran with when the hour began, and
     # those its operations left when they succeeded during the hour.
@@ -228,122 +259,107 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
         .values("pk")
     )
     operations = defaultdict(list)
-    for op in (
+    for instance_id, finished_at, *source in (
         succeeded.filter(Q(finished_at__gte=start) | Q(pk__in=op_before))
         .order_by("instance_id", "finished_at")
-        .values(
-            "instance_id", "verb", "plan_version_id", "parameters", "requested", "arguments",
-            "finished_at",
+        .annotate(
+            second=_epoch("finished_at"),
+            parameters_text=_text("parameters"),
+            requested_text=_text("requested"),
+            arguments_text=_text("arguments"),
+        )
+        .values_list(
+            "instance_id", "second", "plan_version_id", "verb", "parameters_text",
+            "requested_text", "arguments_text",
         )
     ):  # fmt: skip
-        operations[op["instance_id"]].append(op)
+        operations[instance_id].append((finished_at, ("op", *source)))
 
-    measure = _Quantities(versions)
+    measure = _Measure(versions)
     result = HourUsage(hour, [], len(instances))
+    start_second, end_second = int(start.timestamp()), int(end.timestamp())
     for instance in instances:
+        instance_id, name, tenant_id = instance[:3]
         try:
-            result.rows.extend(
-                _instance_rows(
-                    instance, start, end, changes[instance["id"]], operations[instance["id"]],
-                    versions, measure,
-                )
-            )  # fmt: skip
+            version_id, totals = _instance_totals(
+                instance,
+                start_second,
+                end_second,
+                changes[instance_id],
+                operations[instance_id],
+                measure,
+            )
         except UsageError as exc:
-            log.error("metering %s for %s: %s", instance["id"], start, exc)
-            result.failed.append(instance["id"])
+            log.error("metering %s for %s: %s", instance_id, start, exc)
+            result.failed.append(instance_id)
+            continue
+        version = versions[version_id]
+        result.rows.extend(
+            UsageRow(tenant_id, version.plan_id, instance_id, name, dimension,
+                     version.units.get(dimension, ""), quantity)
+            for dimension, quantity in totals.items()
+        )  # fmt: skip
     return result
 
 
-def _instance_rows(
-    instance: dict,
-    start: datetime,
-    end: datetime,
-    changes: list[dict],
-    operations: list[dict],
-    versions: dict[int, _Version],
-    measure: _Quantities,
-) -> list[UsageRow]:
-    """One instance's rows for the hour: the hour cut at each state or parameter change (to
-    the second), each piece measured, the pieces summed."""
-    before = [c for c in changes if c["at"] < start]
-    within = [c for c in changes if c["at"] >= start]
-    if before:
-        state = before[-1]["to_state"]
-    elif within:
-        state = within[0]["from_state"]  # "" before its first state: nothing to count
-    else:
-        state = instance["state"]
+def _text(field_name: str) -> Cast:
+    return Cast(field_name, TextField())
 
-    ops_before = [op for op in operations if op["finished_at"] < start]
-    ops_within = [op for op in operations if op["finished_at"] >= start]
-    if ops_before:
-        version_id, values = (
-            ops_before[-1]["plan_version_id"],
-            _values_after(ops_before[-1], versions),
-        )
-    elif ops_within and ops_within[0]["verb"] in {"create", "restore"}:
-        # Being created with the values its create applies.
-        version_id, values = (
-            ops_within[0]["plan_version_id"],
-            _values_after(ops_within[0], versions),
-        )
-    else:
-        version_id, values = instance["plan_version_id"], instance["parameters"]
 
-    events = [(_second(c["at"]), "state", c["to_state"]) for c in within]
-    events += [
-        (_second(op["finished_at"]), "values", (op["plan_version_id"], _values_after(op, versions)))
-        for op in ops_within
-    ]
+def _epoch(field_name: str) -> Cast:
+    """The whole second (since the epoch) of a timestamp: usage is counted to the second."""
+    return Cast(Floor(Extract(field_name, "epoch")), BigIntegerField())
+
+
+def _instance_totals(
+    instance: tuple,
+    start: int,
+    end: int,
+    changes: list[tuple],
+    operations: list[tuple],
+    measure: _Measure,
+) -> tuple[int, dict[str, Decimal]]:
+    """One instance's hour (`start` to `end`, in seconds since the epoch): cut at each state or
+    parameter change, each piece measured, the pieces summed. Returns the plan version it
+    ended the hour on, and the unit-hours per dimension."""
+    _, _, _, current_version, current_values, current_state, created_at = instance
+    state = current_state
+    if changes:
+        at, from_state, to_state = changes[0]
+        # Before its first recorded change the instance was in that change's from_state
+        # ("" before it existed: nothing to count).
+        state = to_state if at < start else from_state
+    source: Source = ("instance", current_version, current_values)
+    if operations:
+        finished_at, first = operations[0]
+        if finished_at < start or first[2] in {"create", "restore"}:
+            # The values the last operation before the hour left, or those a create that
+            # finishes during the hour is applying.
+            source = first
+
+    events = [(at, True, to_state) for at, _, to_state in changes if at >= start]
+    events += [(at, False, op) for at, op in operations if at >= start]
     events.sort(key=lambda event: event[0])
 
-    totals: dict[str, Decimal] = defaultdict(Decimal)
-
-    def count(since: datetime, until: datetime) -> None:
-        seconds = int((until - since).total_seconds())
-        if seconds <= 0:
-            return
-        if state in ALL_DIMENSIONS_STATES:
-            measured = measure.of(version_id, values)
-        elif state in PERSISTENT_STATES:
-            measured = {
-                d: q
-                for d, q in measure.of(version_id, values).items()
-                if d in PERSISTENT_DIMENSIONS
-            }
-        else:
-            return
-        for dimension, quantity in measured.items():
-            totals[dimension] += quantity * seconds
-
-    moment = max(start, _second(instance["created_at"]))
-    for at, kind, value in events:
+    pieces = []
+    moment = max(start, created_at)
+    for at, is_state, value in events:
         if at > moment:
-            count(moment, at)
+            _piece(pieces, at - moment, state, source)
             moment = at
-        if kind == "state":
+        if is_state:
             state = value
         else:
-            version_id, values = value
-    count(moment, end)
+            source = value
+    _piece(pieces, end - moment, state, source)
+    return source[1], measure.totals(tuple(pieces))
 
-    version = versions[version_id]
-    rows = []
-    for dimension in sorted(totals):
-        quantity = (totals[dimension] / _SECONDS_PER_HOUR).quantize(_PLACES, ROUND_HALF_UP)
-        if quantity > 0:
-            rows.append(
-                UsageRow(
-                    tenant_id=instance["tenant_id"],
-                    plan_id=version.plan_id,
-                    instance_id=instance["id"],
-                    instance_name=instance["name"],
-                    dimension=dimension,
-                    unit=version.units.get(dimension, ""),
-                    quantity=quantity,
-                )
-            )
-    return rows
+
+def _piece(pieces: list, seconds: int, state: str, source: Source) -> None:
+    if state in ALL_DIMENSIONS_STATES:
+        pieces.append((seconds, False, source))
+    elif state in PERSISTENT_STATES:
+        pieces.append((seconds, True, source))
 
 
 def meter_hour(hour: datetime, *, versions: dict[int, _Version] | None = None) -> usage.Recorded:
