@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from billing.models import MeteredHour, UsageRecord
+from billing.models import BillingPeriod, MeteredHour, UsageRecord
 from deployments import metering, services
 from deployments.models import Instance, InstanceStateChange, Operation
 from tests.deployments import factories
@@ -325,3 +325,36 @@ def test_back_filling_looks_back_at_most_31_days(make):
     assert due[0] == HOUR - timedelta(days=31)
     assert due[-1] == HOUR
     assert len(due) == 31 * 24 + 1
+
+
+def test_an_instance_whose_usage_rule_fails_is_logged_and_the_others_are_recorded(make, caplog):
+    odd = services.plan_load(
+        text=SPEC.read_text().replace(
+            'storage: "double(var.storageGi) * double(var.instances)"',
+            'storage: "double(var.storageGi) / (3.0 - double(var.instances))"',
+        )
+    ).version
+    fine = make(at(-90), name="fine")
+    broken = make(at(-90), name="broken", instances=3)
+    Instance.objects.filter(pk__in=[fine.pk, broken.pk]).update(plan_version=odd)
+    Operation.objects.filter(instance__in=[fine, broken]).update(plan_version=odd)
+
+    found = metering.hour_usage(HOUR)
+
+    assert found.failed == [broken.pk]
+    assert {row.instance_id for row in found.rows} == {fine.pk}
+    assert next(r.quantity for r in found.rows if r.dimension == "storage") == Decimal(5)
+    assert f"metering {broken.pk}" in caplog.text
+    assert "The usage rule for storage gives" in caplog.text
+
+
+def test_a_back_filled_hour_of_a_closed_period_is_billed_in_the_next_one(make):
+    october = datetime(2026, 10, 31, 23, tzinfo=UTC)
+    instance = make(october - timedelta(hours=2))
+    BillingPeriod.objects.create(key="2026-10", closed_at=HOUR)
+
+    metering.meter_hour(october)
+
+    stored = UsageRecord.objects.filter(instance_id=instance.pk)
+    assert {(r.period, r.adjustment, r.hour) for r in stored} == {("2026-11", True, october)}
+    assert stored.get(dimension="replica").quantity == Decimal(1)
