@@ -68,20 +68,19 @@ def period_bounds(key: str) -> tuple[datetime, datetime]:
 
 def billing_period_for(hour: datetime) -> tuple[str, bool]:
     """The period an hour metered now is billed in, and whether that is an adjustment (its own
-    period is closed, so it goes to the first open one after it)."""
+    period is closed, so it goes to the first open one after it).
+
+    Call it in the transaction that records the rows: it makes the period's row if there is
+    none and locks it until that transaction ends, so closing the period (an UPDATE of its
+    row) waits for the rows being recorded, and a record made after the close sees it closed.
+    """
     key = period_key(hour)
-    closed = set(
-        BillingPeriod.objects.filter(key__gte=key, closed_at__isnull=False).values_list(
-            "key", flat=True
-        )
-    )
-    if key not in closed:
-        return key, False
-    start = period_bounds(key)[0]
-    while key in closed:
-        start = period_bounds(key)[1]
-        key = period_key(start)
-    return key, True
+    while True:
+        BillingPeriod.objects.bulk_create([BillingPeriod(key=key)], ignore_conflicts=True)
+        period = BillingPeriod.objects.select_for_update(no_key=True).get(key=key)
+        if period.closed_at is None:
+            return key, key != period_key(hour)
+        key = period_key(period_bounds(key)[1])
 
 
 # The rows arrive through COPY into a scratch table and go in with one INSERT … SELECT … ON
