@@ -10,6 +10,7 @@ first open period after it, marked as an adjustment.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,9 +18,11 @@ from decimal import Decimal
 from typing import NamedTuple
 
 from django.db import connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
-from billing.models import BillingPeriod, MeteredHour
+from billing import pricing
+from billing.models import BillingPeriod, MeteredHour, Plan, UsageRecord
 
 HOUR = timedelta(hours=1)
 
@@ -149,6 +152,25 @@ def unmetered_hours(start: datetime, end: datetime) -> list[datetime]:
             hours.append(hour)
         hour += HOUR
     return hours
+
+
+def hour_cost(hour: datetime) -> dict[str, Decimal]:
+    """What the usage recorded for `hour` costs on its plans' prices, per currency, to 4
+    decimal places (`pricing.cost`: a dimension a plan does not price is free)."""
+    used: dict[int, dict[str, Decimal]] = defaultdict(dict)
+    for plan_id, dimension, total in (
+        UsageRecord.objects.filter(hour=hour)
+        .values("plan_id", "dimension")
+        .annotate(total=Sum("quantity"))
+        .values_list("plan_id", "dimension", "total")
+        .order_by()
+    ):
+        used[plan_id][dimension] = total
+    amounts: dict[str, Decimal] = defaultdict(Decimal)
+    for plan in Plan.objects.filter(pk__in=used).prefetch_related("prices"):
+        priced = pricing.cost(plan, used[plan.pk])
+        amounts[priced.currency] += priced.per_hour
+    return dict(amounts)
 
 
 def period_close_check(key: str) -> list[datetime]:

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing import usage
-from billing.models import BillingPeriod, MeteredHour, Plan, UsageRecord
+from billing.models import BillingPeriod, MeteredHour, Plan, Price, UsageRecord
 from billing.usage import UsageRow
 
 HOUR = datetime(2026, 11, 29, 13, tzinfo=UTC)
@@ -150,3 +150,19 @@ def test_staff_read_usage_records_in_the_admin_and_cannot_change_them(client, ma
     assert "2.333333" in listing.content.decode()
     assert "name of inst-a" in listing.content.decode()
     assert b'type="submit" value="Save"' not in detail.content
+
+
+def test_an_hours_cost_prices_what_was_recorded_and_leaves_unpriced_dimensions_free(rows, plan):
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.035"))
+    Price.objects.create(
+        plan=plan, dimension="storage", unit="GiB", time_unit="month", unit_price=Decimal("7.3")
+    )
+    usage.record(
+        HOUR,
+        rows(("inst-a", "cpu", "2.333333"), ("inst-b", "cpu", "1"), ("inst-a", "storage", "10"),
+             ("inst-a", "replica", "3")),
+    )  # fmt: skip
+
+    # 3.333333 cores at 0.035 and 10 GiB at 7.3 / 730 = 0.01 an hour.
+    assert usage.hour_cost(HOUR) == {"usd": Decimal("0.2167")}
+    assert usage.hour_cost(HOUR + timedelta(hours=1)) == {}

@@ -47,8 +47,10 @@ def meter(*args: str) -> str:
 def test_one_full_hour_is_metered_on_request(running, now):
     out = meter("--hour", "2026-11-29T13:00Z")
 
+    # 1 core at 0.035, 2 GiB of memory at 0.005 and 10 GiB of storage at 0.00014 an hour.
     assert out == (
-        "2026-11-29T13:00Z: 1 instance(s), 5 new usage record(s) of 5, billed in 2026-11\n"
+        "2026-11-29T13:00Z: 1 instance(s), 5 new usage record(s) of 5, worth 0.0464 usd, "
+        "billed in 2026-11\n"
     )
     assert set(UsageRecord.objects.values_list("hour", flat=True)) == {HOUR}
     assert meter("--hour", "2026-11-29T13:00Z").startswith(

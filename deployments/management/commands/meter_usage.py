@@ -63,7 +63,10 @@ class Command(BaseCommand):
             return
         for recorded in metering.meter_hours(hours):
             where = recorded.period + (" (adjustment)" if recorded.adjustment else "")
+            cost = usage.hour_cost(recorded.hour)
+            worth = ", ".join(f"{amount} {currency}" for currency, amount in sorted(cost.items()))
             self.stdout.write(
                 f"{recorded.hour:%Y-%m-%dT%H:%MZ}: {recorded.instances} instance(s), "
-                f"{recorded.inserted} new usage record(s) of {recorded.rows}, billed in {where}"
+                f"{recorded.inserted} new usage record(s) of {recorded.rows}, "
+                f"worth {worth or 'nothing'}, billed in {where}"
             )
