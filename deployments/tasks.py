@@ -45,3 +45,12 @@ def operation_notify(operation_id: str) -> None:
     )
     if operation is not None:
         services.operation_email_send(operation=operation)
+
+
+@shared_task
+def usage_meter() -> int:
+    """Meter every full hour not metered yet (run every 5 minutes by beat, so an hour is
+    metered within minutes of its end; metering it again changes nothing)."""
+    from deployments import metering
+
+    return len(metering.meter_due())

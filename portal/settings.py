@@ -169,6 +169,8 @@ CELERY_BEAT_SCHEDULE = {
     "instances-observe": {"task": "deployments.tasks.instances_observe", "schedule": 30.0},
     "backups-run-due": {"task": "deployments.tasks.backups_run_due", "schedule": 60.0},
     "snapshots-prune": {"task": "deployments.tasks.snapshots_prune", "schedule": 600.0},
+    # Every full hour not metered yet; running again changes nothing.
+    "usage-meter": {"task": "deployments.tasks.usage_meter", "schedule": 300.0},
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------

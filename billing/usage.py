@@ -1,0 +1,179 @@
+"""Usage records: what each instance used, per dimension and UTC hour, and which hours are
+metered. Deployments' metering works the quantities out and hands them over as plain rows;
+billing never imports deployments.
+
+Each hour is recorded once: one row per (instance, dimension, hour), inserted with ON CONFLICT
+DO NOTHING, so metering an hour again changes nothing. A row is billed in its hour's month,
+unless that billing period was already closed when the hour was metered: then it goes to the
+first open period after it, marked as an adjustment.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import NamedTuple
+
+from django.db import connection, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing import pricing
+from billing.models import BillingPeriod, MeteredHour, Plan, UsageRecord
+
+HOUR = timedelta(hours=1)
+
+
+class UsageRow(NamedTuple):
+    """One instance's use of one dimension during one hour, in unit-hours."""
+
+    tenant_id: int
+    plan_id: int
+    instance_id: str
+    instance_name: str
+    dimension: str
+    unit: str
+    quantity: Decimal
+
+
+@dataclass(frozen=True)
+class Recorded:
+    hour: datetime
+    instances: int
+    rows: int  # rows handed over
+    inserted: int  # rows new in the table (0 when the hour was metered before)
+    period: str
+    adjustment: bool
+
+
+def hour_start(moment: datetime) -> datetime:
+    """The start of the UTC hour `moment` falls in."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def is_hour_start(moment: datetime) -> bool:
+    return moment.tzinfo is not None and hour_start(moment) == moment
+
+
+def period_key(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+def period_bounds(key: str) -> tuple[datetime, datetime]:
+    """The first hour of the period `key` ("YYYY-MM") and the first hour after it."""
+    start = datetime.strptime(key, "%Y-%m").replace(tzinfo=UTC)
+    end = (start + timedelta(days=32)).replace(day=1)
+    return start, end
+
+
+def billing_period_for(hour: datetime) -> tuple[str, bool]:
+    """The period an hour metered now is billed in, and whether that is an adjustment (its own
+    period is closed, so it goes to the first open one after it).
+
+    Call it in the transaction that records the rows: it makes the period's row if there is
+    none and locks it until that transaction ends, so closing the period (an UPDATE of its
+    row) waits for the rows being recorded, and a record made after the close sees it closed.
+    """
+    key = period_key(hour)
+    while True:
+        BillingPeriod.objects.bulk_create([BillingPeriod(key=key)], ignore_conflicts=True)
+        period = BillingPeriod.objects.select_for_update(no_key=True).get(key=key)
+        if period.closed_at is None:
+            return key, key != period_key(hour)
+        key = period_key(period_bounds(key)[1])
+
+
+# The rows arrive through COPY into a scratch table and go in with one INSERT … SELECT … ON
+# CONFLICT DO NOTHING: for tens of thousands of rows an hour, a Django model per row costs
+# several times what the database does with them.
+_SCRATCH = """
+CREATE TEMPORARY TABLE billing_usage_incoming (
+    tenant_id bigint, plan_id bigint, instance_id text, instance_name text, dimension text,
+    unit text, quantity numeric
+) ON COMMIT DROP
+"""
+_COPY = """
+COPY billing_usage_incoming
+    (tenant_id, plan_id, instance_id, instance_name, dimension, unit, quantity) FROM STDIN
+"""
+_INSERT = """
+INSERT INTO billing_usagerecord
+    (tenant_id, plan_id, instance_id, instance_name, dimension, unit, quantity, hour, period,
+     adjustment, recorded_at)
+SELECT tenant_id, plan_id, instance_id, instance_name, dimension, unit, quantity, %s, %s, %s, %s
+FROM billing_usage_incoming
+ON CONFLICT (instance_id, dimension, hour) DO NOTHING
+"""
+
+
+@transaction.atomic
+def record(hour: datetime, rows: Iterable[UsageRow], *, instances: int | None = None) -> Recorded:
+    """Store the usage of `hour` (the start of a UTC hour) and mark the hour metered, in one
+    transaction. Rows already recorded for the same (instance, dimension, hour) are left as
+    they are. `instances`: how many instances were metered (default: those in `rows`)."""
+    if not is_hour_start(hour):
+        raise ValueError(f"{hour} is not the start of an hour.")
+    rows = list(rows)
+    period, adjustment = billing_period_for(hour)
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_SCRATCH)
+        with cursor.cursor.copy(_COPY) as copy:
+            for row in rows:
+                copy.write_row(row)  # the columns in UsageRow's order
+        cursor.execute(_INSERT, [hour, period, adjustment, now])
+        inserted = cursor.rowcount
+        cursor.execute("DROP TABLE billing_usage_incoming")
+    count = len({row.instance_id for row in rows}) if instances is None else instances
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=hour, instances=count, recorded_at=now)], ignore_conflicts=True
+    )
+    return Recorded(hour, count, len(rows), inserted, period, adjustment)
+
+
+def last_metered_hour() -> datetime | None:
+    return MeteredHour.objects.order_by("-hour").values_list("hour", flat=True).first()
+
+
+def unmetered_hours(start: datetime, end: datetime) -> list[datetime]:
+    """The hours from `start` up to (not including) `end` that metering has not covered."""
+    first = hour_start(start)
+    if first < start:
+        first += HOUR
+    metered = set(
+        MeteredHour.objects.filter(hour__gte=first, hour__lt=end).values_list("hour", flat=True)
+    )
+    hours, hour = [], first
+    while hour < end:
+        if hour not in metered:
+            hours.append(hour)
+        hour += HOUR
+    return hours
+
+
+def hour_cost(hour: datetime) -> dict[str, Decimal]:
+    """What the usage recorded for `hour` costs on its plans' prices, per currency, to 4
+    decimal places (`pricing.cost`: a dimension a plan does not price is free)."""
+    used: dict[int, dict[str, Decimal]] = defaultdict(dict)
+    for plan_id, dimension, total in (
+        UsageRecord.objects.filter(hour=hour)
+        .values("plan_id", "dimension")
+        .annotate(total=Sum("quantity"))
+        .values_list("plan_id", "dimension", "total")
+        .order_by()
+    ):
+        used[plan_id][dimension] = total
+    amounts: dict[str, Decimal] = defaultdict(Decimal)
+    for plan in Plan.objects.filter(pk__in=used).prefetch_related("prices"):
+        priced = pricing.cost(plan, used[plan.pk])
+        amounts[priced.currency] += priced.per_hour
+    return dict(amounts)
+
+
+def period_close_check(key: str) -> list[datetime]:
+    """The hours of the period `key` ("YYYY-MM") still unmetered: a period may be closed only
+    when this is empty (so never before it has ended)."""
+    return unmetered_hours(*period_bounds(key))
