@@ -101,3 +101,8 @@ document.addEventListener("htmx:afterSettle", () => {
   openMarkedDialogs();
   keepFolding();
 });
+
+// "Print or save as PDF" on an invoice.
+document.addEventListener("click", (event) => {
+  if (event.target.closest("[data-print]")) window.print();
+});
