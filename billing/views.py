@@ -1,8 +1,9 @@
 from django.http import Http404
 from django.shortcuts import render
+from django.utils import timezone
 
 from accounts.tenancy import tenant_view
-from billing import selectors
+from billing import reports, selectors, usage
 
 
 @tenant_view("billing.view")
@@ -10,7 +11,10 @@ def overview(request):
     return render(
         request,
         "billing/overview.html",
-        {"invoices": list(selectors.invoices_of(request.tenant)[:24])},
+        {
+            "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
+            "invoices": list(selectors.invoices_of(request.tenant)[:24]),
+        },
     )
 
 
