@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import Count, Q, QuerySet, Sum
 
 from accounts.models import Tenant
 from billing.models import Invoice
@@ -40,6 +43,63 @@ def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
     return (
         Invoice.objects.filter(tenant=tenant, pk=invoice_id)
         .exclude(status=Invoice.Status.DRAFT)
+        .select_related("plan", "tenant")
+        .prefetch_related("lines")
+        .first()
+    )
+
+
+# --- the billing team's pages ---------------------------------------------------------------
+
+_TEAM_ROW = [*_INVOICE_ROW, "created_at", "tenant__name", "tenant__slug"]
+
+
+def invoices_for_team(
+    *,
+    status: str = "",
+    period: str = "",
+    tenant: str = "",
+    min_total: Decimal | None = None,
+    max_total: Decimal | None = None,
+) -> QuerySet[Invoice]:
+    """Every tenant's invoices (drafts included), filtered, newest period first."""
+    invoices = Invoice.objects.select_related("plan", "tenant").only(*_TEAM_ROW)
+    if status:
+        invoices = invoices.filter(status=status)
+    if period:
+        invoices = invoices.filter(period=period)
+    if tenant:
+        invoices = invoices.filter(Q(tenant__name__icontains=tenant) | Q(tenant__slug=tenant))
+    if min_total is not None:
+        invoices = invoices.filter(total__gte=min_total)
+    if max_total is not None:
+        invoices = invoices.filter(total__lte=max_total)
+    return invoices.order_by("-period", "tenant__name", "plan__name", "-pk")
+
+
+@dataclass(frozen=True)
+class PeriodTotal:
+    period: str
+    currency: str
+    invoices: int
+    total: Decimal
+
+
+def period_totals(invoices: QuerySet[Invoice]) -> list[PeriodTotal]:
+    """Totals per period and currency of `invoices`, voided ones left out, newest first."""
+    rows = (
+        invoices.exclude(status=Invoice.Status.VOID)
+        .order_by()
+        .values("period", "currency")
+        .annotate(count=Count("pk"), amount=Sum("total"))
+        .order_by("-period", "currency")
+    )
+    return [PeriodTotal(r["period"], r["currency"], r["count"], r["amount"]) for r in rows]
+
+
+def invoice_for_team(invoice_id: int) -> Invoice | None:
+    return (
+        Invoice.objects.filter(pk=invoice_id)
         .select_related("plan", "tenant")
         .prefetch_related("lines")
         .first()
