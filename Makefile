@@ -46,7 +46,7 @@ format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# Refresh static/vendor/ (htmx, Pico CSS) from the npm registry.
+# Refresh static/vendor/ (htmx, Pico CSS, Chart.js) from the npm registry.
 vendor:
 	scripts/vendor.sh
 

@@ -22,11 +22,11 @@ class ServiceOwnedAdmin(admin.ModelAdmin):
         return False
 
 
-def _staff(request) -> Actor:
+def staff_actor(request) -> Actor:
     return Actor.from_request(request, staff=True)
 
 
-def _run(modeladmin, request, queryset, call, done: str) -> None:
+def run_action(modeladmin, request, queryset, call, done: str) -> None:
     """Apply a service call to each selected row, reporting successes and refusals."""
     changed = 0
     for obj in queryset:
@@ -61,7 +61,7 @@ class UserAdmin(BaseUserAdmin):
         super().save_model(request, obj, form, change)
         changed = [name for name in form.changed_data if "password" not in name]
         audit_record(
-            actor=_staff(request),
+            actor=staff_actor(request),
             action="user.update" if change else "user.create",
             target=obj,
             payload={"email": obj.email, "changed": changed},
@@ -93,12 +93,12 @@ class TenantAdmin(ServiceOwnedAdmin):
 
 def _role_action(role: str):
     def action(modeladmin, request, queryset):
-        _run(
+        run_action(
             modeladmin,
             request,
             queryset.select_related("tenant", "user"),
             lambda m: services.membership_change_role(
-                actor=_staff(request), membership=m, role=role
+                actor=staff_actor(request), membership=m, role=role
             ),
             f"Changed to {role}",
         )
@@ -123,11 +123,11 @@ class MembershipAdmin(ServiceOwnedAdmin):
 
     @admin.action(description="Remove from organization", permissions=["manage"])
     def remove_memberships(self, request, queryset):
-        _run(
+        run_action(
             self,
             request,
             queryset.select_related("tenant", "user"),
-            lambda m: services.membership_remove(actor=_staff(request), membership=m),
+            lambda m: services.membership_remove(actor=staff_actor(request), membership=m),
             "Removed",
         )
 
@@ -145,11 +145,11 @@ class InvitationAdmin(ServiceOwnedAdmin):
 
     @admin.action(description="Withdraw invitation", permissions=["manage"])
     def withdraw(self, request, queryset):
-        _run(
+        run_action(
             self,
             request,
             queryset.select_related("tenant"),
-            lambda i: services.invitation_revoke(actor=_staff(request), invitation=i),
+            lambda i: services.invitation_revoke(actor=staff_actor(request), invitation=i),
             "Withdrawn",
         )
 

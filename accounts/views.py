@@ -1,4 +1,3 @@
-import csv
 import re
 import uuid
 
@@ -6,7 +5,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -15,6 +14,7 @@ from django.views.decorators.http import require_POST
 from accounts import roles, selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
+from accounts.exports import csv_download
 from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
 from accounts.htmx import partial_template
 from accounts.roles import Role
@@ -238,40 +238,21 @@ def audit_log(request):
     return response
 
 
-class _Echo:
-    def write(self, value):
-        return value
-
-
 @tenant_view("audit.view")
 def audit_export(request):
     _, events = _audit_events(request)
-    writer = csv.writer(_Echo())
     header = ["time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip"]
-
-    def cell(value: str) -> str:
-        # A spreadsheet runs a cell starting with = + - @ as a formula.
-        return "'" + value if value[:1] in {"=", "+", "-", "@"} else value
-
-    def rows():
-        yield writer.writerow(header)
-        for e in events.iterator(chunk_size=500):
-            yield writer.writerow(
-                [
-                    e.created_at.isoformat(),
-                    cell(e.actor_email),
-                    e.actor_kind,
-                    cell(e.action),
-                    e.target_type,
-                    cell(e.target_id),
-                    e.result,
-                    e.ip or "",
-                ]
-            )
-
-    filename = f"audit-{request.tenant.slug}.csv"
-    return StreamingHttpResponse(
-        rows(),
-        content_type="text/csv",
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    rows = (
+        [
+            e.created_at.isoformat(),
+            e.actor_email,
+            e.actor_kind,
+            e.action,
+            e.target_type,
+            e.target_id,
+            e.result,
+            e.ip or "",
+        ]
+        for e in events.iterator(chunk_size=500)
     )
+    return csv_download(f"audit-{request.tenant.slug}.csv", header, rows)

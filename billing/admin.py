@@ -1,7 +1,16 @@
 from django.contrib import admin
 
-from accounts.admin import ServiceOwnedAdmin
-from billing.models import BillingPeriod, MeteredHour, Plan, Price, UsageRecord
+from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor
+from billing import invoicing
+from billing.models import (
+    BillingPeriod,
+    Invoice,
+    InvoiceLine,
+    MeteredHour,
+    Plan,
+    Price,
+    UsageRecord,
+)
 
 
 @admin.register(Plan)
@@ -44,3 +53,61 @@ class MeteredHourAdmin(ServiceOwnedAdmin):
 @admin.register(BillingPeriod)
 class BillingPeriodAdmin(ServiceOwnedAdmin):
     list_display = ["key", "closed_at"]
+
+
+class InvoiceLineInline(admin.TabularInline):
+    model = InvoiceLine
+    fields = ["instance_name", "instance_id", "dimension", "quantity", "unit", "unit_price"]
+    fields += ["amount", "adjustment_of"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(ServiceOwnedAdmin):
+    """Drafts come from closing a period (`manage.py close_billing_period`); staff finalize,
+    void or mark them paid with the actions, through `billing.invoicing` (audited)."""
+
+    list_display = ["__str__", "tenant", "plan", "period", "status", "total", "currency"]
+    list_filter = ["status", "period", "source", "currency"]
+    search_fields = ["number", "tenant__name", "tenant__slug"]
+    inlines = [InvoiceLineInline]
+    actions = ["finalize", "void", "mark_paid"]
+    readonly_fields = [field.name for field in Invoice._meta.fields]
+
+    @admin.action(description="Finalize the selected drafts (numbers them; final)")
+    def finalize(self, request, queryset):
+        actor = staff_actor(request)
+        run_action(
+            self,
+            request,
+            queryset.order_by("pk"),
+            lambda invoice: invoicing.invoice_finalize(actor=actor, invoice=invoice),
+            "Finalized",
+        )
+
+    @admin.action(description="Void the selected invoices")
+    def void(self, request, queryset):
+        actor = staff_actor(request)
+        run_action(
+            self,
+            request,
+            queryset,
+            lambda invoice: invoicing.invoice_void(actor=actor, invoice=invoice),
+            "Voided",
+        )
+
+    @admin.action(description="Mark the selected invoices paid")
+    def mark_paid(self, request, queryset):
+        actor = staff_actor(request)
+        run_action(
+            self,
+            request,
+            queryset,
+            lambda invoice: invoicing.invoice_mark_paid(actor=actor, invoice=invoice),
+            "Marked paid",
+        )

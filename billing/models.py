@@ -1,3 +1,5 @@
+from decimal import Decimal
+
 from django.db import models
 from django.utils import timezone
 
@@ -125,3 +127,95 @@ class BillingPeriod(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class Invoice(models.Model):
+    """What a tenant owes for one plan and one billing period.
+
+    Opsdeck drafts it when the period closes (`billing.invoicing`); staff finalize it, which
+    numbers it and freezes it (a database trigger refuses any later change to its amounts or
+    lines), or void it. Mirrored Stripe invoices (`source` stripe) are shown the same way.
+    """
+
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        OPEN = "open", "Finalized"  # Stripe's name for a finalized, unpaid invoice
+        PAID = "paid", "Paid"
+        VOID = "void", "Void"
+
+    class Source(models.TextChoices):
+        LOCAL = "local", "Opsdeck"
+        STRIPE = "stripe", "Stripe"
+
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="invoices")
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="invoices")
+    period = models.CharField(max_length=7)  # "YYYY-MM"
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.DRAFT)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.LOCAL)
+    # Given at finalization, in order, without gaps (`InvoiceCounter`).
+    number = models.CharField(max_length=32, unique=True, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="usd")
+    total = models.DecimalField(max_digits=18, decimal_places=2, default=Decimal(0))
+    stripe_invoice_id = models.CharField(max_length=255, unique=True, null=True, blank=True)
+    hosted_invoice_url = models.URLField(max_length=1000, blank=True)
+    pdf_url = models.URLField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finalized_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    voided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-period", "tenant", "plan"]
+        constraints = [
+            # One Opsdeck invoice per tenant, plan and period (a voided one keeps its place).
+            models.UniqueConstraint(
+                fields=["tenant", "plan", "period"],
+                condition=models.Q(source="local"),
+                name="invoice_local_once",
+            )
+        ]
+        indexes = [models.Index(fields=["period", "status"], name="invoice_period_status")]
+
+    def __str__(self) -> str:
+        return self.number or f"Draft {self.period} · {self.tenant_id}"
+
+    @property
+    def frozen(self) -> bool:
+        return self.status != self.Status.DRAFT
+
+
+class InvoiceLine(models.Model):
+    """One instance's use of one dimension in the invoice's period, at one unit price."""
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    instance_id = models.CharField(max_length=13, blank=True)  # blank: not about one instance
+    instance_name = models.CharField(max_length=100, blank=True)
+    dimension = models.CharField(max_length=32)
+    unit = models.CharField(max_length=32, blank=True)
+    # Unit-hours used, and the price of one unit-hour (a monthly price spread over 730 h).
+    quantity = models.DecimalField(max_digits=24, decimal_places=6)
+    unit_price = models.DecimalField(max_digits=24, decimal_places=12)
+    amount = models.DecimalField(max_digits=18, decimal_places=2)
+    # Usage of an earlier, already closed period metered late (an adjustment line).
+    adjustment_of = models.CharField(max_length=7, blank=True)
+
+    class Meta:
+        ordering = ["invoice", "instance_name", "instance_id", "dimension", "adjustment_of"]
+
+    def __str__(self) -> str:
+        return f"{self.instance_name or '-'} {self.dimension}: {self.amount}"
+
+    @property
+    def label(self) -> str:
+        return DIMENSION_LABELS.get(self.dimension, self.dimension)
+
+
+class InvoiceCounter(models.Model):
+    """The last invoice number given, per series; locked while a number is taken, so numbers
+    follow each other without gaps (a database sequence would skip on a rollback)."""
+
+    series = models.CharField(max_length=16, unique=True)
+    last = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.series}: {self.last}"

@@ -28,5 +28,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("allauth.urls")),
     path("t/<slug:tenant_slug>/", include(tenant_urlpatterns)),
+    path("billing-team/", include("billing.team_urls")),
     path("", include("accounts.urls")),
 ]

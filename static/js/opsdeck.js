@@ -101,3 +101,47 @@ document.addEventListener("htmx:afterSettle", () => {
   openMarkedDialogs();
   keepFolding();
 });
+
+// "Print or save as PDF" on an invoice.
+document.addEventListener("click", (event) => {
+  if (event.target.closest("[data-print]")) window.print();
+});
+
+// Charts: every [data-chart] names the JSON of a chart (templates/includes/chart.html); drawn
+// with the vendored Chart.js when the page loads it, its table of figures then folded.
+const CHART_COLOURS = ["#1565c0", "#2e7d32", "#f9a825", "#6a1b9a", "#c62828", "#00838f", "#616161"];
+
+function drawCharts(root) {
+  if (typeof Chart === "undefined") return;
+  root.querySelectorAll("[data-chart]").forEach((figure) => {
+    const canvas = figure.querySelector("canvas");
+    const source = document.getElementById(figure.dataset.chart);
+    if (!canvas || !source || Chart.getChart(canvas)) return;
+    const chart = JSON.parse(source.textContent);
+    new Chart(canvas, {
+      type: chart.kind,
+      data: {
+        labels: chart.labels,
+        datasets: chart.series.map((series, i) => ({
+          label: series.label,
+          data: series.values,
+          backgroundColor: CHART_COLOURS[i % CHART_COLOURS.length],
+          borderColor: CHART_COLOURS[i % CHART_COLOURS.length],
+        })),
+      },
+      options: {
+        responsive: true,
+        maintainAspectRatio: false,
+        animation: false,
+        scales: {
+          x: { stacked: chart.stacked },
+          y: { stacked: chart.stacked, beginAtZero: true, title: { display: true, text: chart.unit } },
+        },
+      },
+    });
+    figure.querySelector(".chart-table")?.removeAttribute("open");
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => drawCharts(document));
+document.addEventListener("htmx:afterSettle", (event) => drawCharts(event.detail.elt));

@@ -1,0 +1,28 @@
+from django import forms
+
+from billing.models import Invoice
+
+
+class InvoiceFilterForm(forms.Form):
+    """The billing team's invoice filters; a bad field is flagged and the others still apply."""
+
+    status = forms.ChoiceField(
+        required=False, choices=[("", "Any"), *Invoice.Status.choices], label="Status"
+    )
+    period = forms.RegexField(
+        required=False,
+        regex=r"^\d{4}-(0[1-9]|1[0-2])$",
+        label="Period",
+        error_messages={"invalid": "Write the month as YYYY-MM."},
+        widget=forms.TextInput({"placeholder": "2026-11", "inputmode": "numeric"}),
+    )
+    tenant = forms.CharField(required=False, max_length=200, label="Organization")
+    min_total = forms.DecimalField(required=False, min_value=0, decimal_places=2, label="From")
+    max_total = forms.DecimalField(required=False, min_value=0, decimal_places=2, label="To")
+
+    def clean(self):
+        data = super().clean()
+        low, high = data.get("min_total"), data.get("max_total")
+        if low is not None and high is not None and low > high:
+            self.add_error("max_total", "The upper amount is below the lower one.")
+        return data

@@ -1,0 +1,252 @@
+"""Invoices computed by Opsdeck (billing without Stripe): a closed billing period becomes one
+draft invoice per tenant and plan; staff finalize (number and freeze) or void drafts.
+
+A period closes once every hour of it is metered (`billing.usage`). Its invoice has a line per
+instance and dimension: the unit-hours used (the `UsageRecord`s billed in the period — late
+usage of an earlier, closed period comes as a line of its own, `adjustment_of`), the price of a
+unit-hour (a monthly price is spread over 730 hours, as everywhere) and the amount. A line's
+amount is rounded half up to the currency's minor unit once; the total is the sum of the lines
+as printed, so an invoice always adds up.
+
+Finalized invoices are numbered `<year>-<000001>` in the order they were finalized, without
+gaps: the number comes from an `InvoiceCounter` row locked in the finalizing transaction. A
+database trigger (migration `0004_invoices`) refuses any change to a finalized invoice's
+amounts, number or lines; its status may still move on to paid or void.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Max, Sum
+from django.db.models.functions import TruncMonth
+from django.utils import timezone
+
+from accounts.audit import Actor, audit_record, audited_action
+from accounts.errors import ActionDenied
+from billing import usage
+from billing.models import (
+    BillingPeriod,
+    Invoice,
+    InvoiceCounter,
+    InvoiceLine,
+    Plan,
+    UsageRecord,
+)
+from billing.pricing import unit_price_per_hour
+
+# Stripe's zero-decimal currencies: amounts in them have no minor unit.
+ZERO_DECIMAL_CURRENCIES = frozenset(
+    {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}
+    | {"pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
+)
+_PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+
+
+def minor_unit(currency: str) -> Decimal:
+    """The smallest amount of `currency` an invoice shows: 0.01, or 1 for yen and the like."""
+    return Decimal(1) if currency.lower() in ZERO_DECIMAL_CURRENCIES else Decimal("0.01")
+
+
+def rounded(amount: Decimal, currency: str) -> Decimal:
+    return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_UP)
+
+
+def period_clean(key: str) -> str:
+    """`key` if it names a month as "YYYY-MM"; else a ValidationError saying so."""
+    if not isinstance(key, str) or not _PERIOD.fullmatch(key.strip()):
+        raise ValidationError(f"{key!r} is not a billing period: write the month as YYYY-MM.")
+    return key.strip()
+
+
+# --- closing a period ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Closed:
+    period: str
+    invoices: list[Invoice]
+
+
+@transaction.atomic
+def period_close(key: str, *, now: datetime | None = None) -> Closed:
+    """Close the billing period `key`: one draft invoice per tenant and plan with usage billed
+    in it. Refused (ValidationError, nothing written) before the period has ended, while any
+    of its hours is unmetered, or when it is already closed."""
+    key = period_clean(key)
+    now = now or timezone.now()
+    end = usage.period_bounds(key)[1]
+    if end > now:
+        raise ValidationError(
+            f"The period {key} has not ended yet: it can be closed from {end:%Y-%m-%d %H:%M} UTC."
+        )
+    BillingPeriod.objects.get_or_create(key=key)
+    period = BillingPeriod.objects.select_for_update().get(key=key)
+    if period.closed_at is not None:
+        raise ValidationError(f"The period {key} was closed on {period.closed_at:%Y-%m-%d}.")
+    missing = usage.period_close_check(key)
+    if missing:
+        raise ValidationError(
+            f"{len(missing)} hour{'s' if len(missing) != 1 else ''} of {key} "
+            f"{'are' if len(missing) != 1 else 'is'} not metered yet (the first: "
+            f"{missing[0]:%Y-%m-%d %H:00} UTC); run meter_usage, then close the period."
+        )
+    invoices = _drafts(key)
+    period.closed_at = now
+    period.save(update_fields=["closed_at"])
+    return Closed(key, invoices)
+
+
+def _drafts(key: str) -> list[Invoice]:
+    """The draft invoices of the period `key`, from its usage records summed in the database
+    per tenant, plan, instance, dimension and (for late usage) the month it was used in."""
+    sums = (
+        UsageRecord.objects.filter(period=key)
+        .annotate(used_in=TruncMonth("hour"))
+        .values("tenant_id", "plan_id", "instance_id", "dimension", "adjustment", "used_in")
+        .annotate(quantity=Sum("quantity"), name=Max("instance_name"), unit=Max("unit"))
+        .order_by("tenant_id", "plan_id", "name", "instance_id", "dimension", "used_in")
+    )
+    by_invoice: dict[tuple[int, int], list[dict]] = {}
+    for row in sums:
+        by_invoice.setdefault((row["tenant_id"], row["plan_id"]), []).append(row)
+    plans = Plan.objects.prefetch_related("prices").in_bulk({plan for _, plan in by_invoice})
+    invoices = []
+    for (tenant_id, plan_id), rows in by_invoice.items():
+        plan = plans[plan_id]
+        prices = {price.dimension: price for price in plan.prices.all()}
+        currency = next(iter(prices.values())).currency if prices else "usd"
+        lines = []
+        for row in rows:
+            price = prices.get(row["dimension"])
+            if price is None or not row["quantity"]:
+                continue  # a dimension the plan does not price is free
+            unit_price = unit_price_per_hour(price)
+            lines.append(
+                InvoiceLine(
+                    instance_id=row["instance_id"],
+                    instance_name=row["name"],
+                    dimension=row["dimension"],
+                    unit=price.unit or row["unit"],
+                    quantity=row["quantity"],
+                    unit_price=unit_price.quantize(Decimal("1e-12"), rounding=ROUND_HALF_UP),
+                    amount=rounded(row["quantity"] * unit_price, currency),
+                    adjustment_of=f"{row['used_in']:%Y-%m}" if row["adjustment"] else "",
+                )
+            )
+        invoice = Invoice.objects.create(
+            tenant_id=tenant_id,
+            plan=plan,
+            period=key,
+            currency=currency,
+            total=sum((line.amount for line in lines), Decimal(0)),
+        )
+        for line in lines:
+            line.invoice = invoice
+        InvoiceLine.objects.bulk_create(lines)
+        invoices.append(invoice)
+    return invoices
+
+
+def period_close_due(*, now: datetime | None = None) -> Closed | None:
+    """Close the month before `now` if it is not closed yet (run by beat early each month; a
+    period that still has unmetered hours is left for the next run). None when nothing was
+    closed."""
+    now = now or timezone.now()
+    key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
+    if BillingPeriod.objects.filter(key=key, closed_at__isnull=False).exists():
+        return None
+    try:
+        return period_close(key, now=now)
+    except ValidationError:
+        return None
+
+
+# --- staff actions ---------------------------------------------------------------------------
+
+
+def _staff_require(actor: Actor) -> None:
+    if not (actor.staff and actor.user is not None and actor.user.is_staff):
+        raise ActionDenied("Only platform staff may finalize, void or settle invoices.")
+
+
+def _locked(invoice: Invoice) -> Invoice:
+    return Invoice.objects.select_for_update().get(pk=invoice.pk)
+
+
+def invoice_finalize(*, actor: Actor, invoice: Invoice) -> Invoice:
+    """Number a draft and freeze it: from now on only its status may change (paid, void)."""
+    with audited_action(
+        actor=actor, action="invoice.finalize", tenant=invoice.tenant, target=invoice
+    ):
+        _staff_require(actor)
+        invoice = _locked(invoice)
+        if invoice.status != Invoice.Status.DRAFT:
+            raise ValidationError(f"Invoice {invoice} is {invoice.get_status_display().lower()}.")
+        now = timezone.now()
+        invoice.number = _number_next(now)
+        invoice.status = Invoice.Status.OPEN
+        invoice.finalized_at = now
+        invoice.save(update_fields=["number", "status", "finalized_at"])
+        audit_record(
+            actor=actor,
+            action="invoice.finalize",
+            tenant=invoice.tenant,
+            target=invoice,
+            payload={"number": invoice.number, "total": str(invoice.total)},
+        )
+    return invoice
+
+
+def _number_next(now: datetime) -> str:
+    """The next invoice number of `now`'s year; the counter row stays locked until the
+    finalizing transaction ends, so numbers are given in order and a rollback frees its one."""
+    series = f"{now:%Y}"
+    InvoiceCounter.objects.get_or_create(series=series)
+    counter = InvoiceCounter.objects.select_for_update().get(series=series)
+    counter.last += 1
+    counter.save(update_fields=["last"])
+    return f"{series}-{counter.last:06d}"
+
+
+def invoice_void(*, actor: Actor, invoice: Invoice) -> Invoice:
+    """Cancel a draft or a finalized, unpaid invoice; a finalized one keeps its number."""
+    with audited_action(actor=actor, action="invoice.void", tenant=invoice.tenant, target=invoice):
+        _staff_require(actor)
+        invoice = _locked(invoice)
+        if invoice.status not in {Invoice.Status.DRAFT, Invoice.Status.OPEN}:
+            raise ValidationError(
+                f"Invoice {invoice} is {invoice.get_status_display().lower()}: "
+                "only a draft or an unpaid invoice can be voided."
+            )
+        invoice.status = Invoice.Status.VOID
+        invoice.voided_at = timezone.now()
+        invoice.save(update_fields=["status", "voided_at"])
+        audit_record(
+            actor=actor, action="invoice.void", tenant=invoice.tenant, target=invoice, payload={}
+        )
+    return invoice
+
+
+def invoice_mark_paid(*, actor: Actor, invoice: Invoice) -> Invoice:
+    """Record that a finalized invoice was paid (a bank transfer, outside Opsdeck)."""
+    with audited_action(
+        actor=actor, action="invoice.mark_paid", tenant=invoice.tenant, target=invoice
+    ):
+        _staff_require(actor)
+        invoice = _locked(invoice)
+        if invoice.status != Invoice.Status.OPEN:
+            raise ValidationError(
+                f"Invoice {invoice} is {invoice.get_status_display().lower()}: only a "
+                "finalized, unpaid invoice can be marked paid."
+            )
+        invoice.status = Invoice.Status.PAID
+        invoice.paid_at = timezone.now()
+        invoice.save(update_fields=["status", "paid_at"])
+        audit_record(actor=actor, action="invoice.mark_paid", tenant=invoice.tenant, target=invoice)
+    return invoice

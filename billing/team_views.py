@@ -1,0 +1,142 @@
+"""The billing team's pages: every tenant's invoices (review, finalize, void, export) and
+usage. For staff in the "Billing team" group; anyone else gets 404 (the pages do not exist
+for them). Actions go through `billing.invoicing`, which audits them."""
+
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.exports import csv_download
+from accounts.models import Tenant
+from billing import invoicing, reports, selectors, usage
+from billing.forms import InvoiceFilterForm
+
+BILLING_TEAM = "Billing team"
+
+
+def in_billing_team(user) -> bool:
+    return bool(
+        user.is_authenticated and user.is_staff and user.groups.filter(name=BILLING_TEAM).exists()
+    )
+
+
+def billing_team_view(view):
+    @login_required
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if not in_billing_team(request.user):
+            raise Http404("No such page.")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _filtered(request):
+    form = InvoiceFilterForm(request.GET or None)
+    filters = {}
+    if form.is_bound:
+        form.is_valid()  # flags each bad field; the valid ones still apply
+        filters = {
+            key: value for key, value in form.cleaned_data.items() if value not in ("", None)
+        }
+    return form, selectors.invoices_for_team(**filters)
+
+
+@billing_team_view
+def invoices(request):
+    form, found = _filtered(request)
+    page = Paginator(found, 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "billing/team/invoices.html",
+        {
+            "form": form,
+            "page": page,
+            "query": query.urlencode(),
+            "totals": selectors.period_totals(found),
+        },
+    )
+
+
+@billing_team_view
+def invoices_export(request):
+    _, found = _filtered(request)
+    header = ["number", "organization", "plan", "period", "status", "currency", "total"]
+    header += ["finalized_at"]
+    rows = (
+        [
+            invoice.number or "",
+            invoice.tenant.name,
+            invoice.plan.name,
+            invoice.period,
+            invoice.status,
+            invoice.currency,
+            invoice.total,
+            invoice.finalized_at.isoformat() if invoice.finalized_at else "",
+        ]
+        for invoice in found.iterator(chunk_size=500)
+    )
+    return csv_download("invoices.csv", header, rows)
+
+
+@billing_team_view
+def invoice(request, invoice_id: int):
+    found = selectors.invoice_for_team(invoice_id)
+    if found is None:
+        raise Http404("No such invoice.")
+    return render(request, "billing/team/invoice.html", {"invoice": found})
+
+
+_ACTIONS = {
+    "finalize": (invoicing.invoice_finalize, "Invoice {} finalized."),
+    "void": (invoicing.invoice_void, "Invoice {} voided."),
+    "mark_paid": (invoicing.invoice_mark_paid, "Invoice {} marked paid."),
+}
+
+
+@billing_team_view
+@require_POST
+def invoice_act(request, invoice_id: int, action: str):
+    """Finalize, void or mark paid one invoice; the refusal is shown on its page."""
+    found = selectors.invoice_for_team(invoice_id)
+    if found is None or action not in _ACTIONS:
+        raise Http404("No such invoice.")
+    call, done = _ACTIONS[action]
+    try:
+        changed = call(actor=Actor.from_request(request, staff=True), invoice=found)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+    else:
+        messages.success(request, done.format(changed))
+    return redirect("billing_team_invoice", invoice_id=found.pk)
+
+
+@billing_team_view
+def tenant_usage(request, tenant_slug: str):
+    """One tenant's usage and cost in a period, with the chart its Billing page shows."""
+    tenant = get_object_or_404(Tenant, slug=tenant_slug)
+    period = request.GET.get("period", "")
+    try:
+        period = invoicing.period_clean(period)
+    except ValidationError as exc:
+        if period:
+            messages.error(request, " ".join(exc.messages))
+        period = usage.period_key(timezone.now())
+    return render(
+        request,
+        "billing/team/usage.html",
+        {"tenant": tenant, "period": period, "cost": reports.period_cost(tenant, period)},
+    )

@@ -1,0 +1,189 @@
+"""The billing team's pages: every invoice with filters, totals and CSV, draft review, a
+tenant's usage. Staff in the "Billing team" group only."""
+
+import csv
+import io
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from accounts.models import AuditEvent, Tenant
+from billing import usage
+from billing.models import Invoice, InvoiceLine, Plan, Price
+from billing.team_views import BILLING_TEAM
+from billing.usage import UsageRow
+
+
+@pytest.fixture
+def plan(db):
+    plan = Plan.objects.create(key="pg", name="PostgreSQL", service="postgresql")
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.035"))
+    return plan
+
+
+@pytest.fixture
+def team_client(client, make_user):
+    user = make_user("finance@opsdeck.example", is_staff=True)
+    user.groups.add(Group.objects.get(name=BILLING_TEAM))
+    client.force_login(user)
+    return client
+
+
+def _invoice(tenant, plan, period, total, status="draft", number=None):
+    invoice = Invoice.objects.create(
+        tenant=tenant, plan=plan, period=period, currency="usd", total=Decimal(total)
+    )
+    InvoiceLine.objects.create(
+        invoice=invoice, instance_id="inst-abcdefgh", instance_name="orders", dimension="cpu",
+        quantity=Decimal(10), unit_price=Decimal("0.035"), amount=Decimal(total),
+    )  # fmt: skip
+    if status != "draft":
+        Invoice.objects.filter(pk=invoice.pk).update(status=status, number=number)
+    return invoice
+
+
+@pytest.fixture
+def invoices(tenant, plan):
+    acme = Tenant.objects.create(name="=Globex Corp", slug="globex-abc123")
+    return {
+        "draft": _invoice(tenant, plan, "2026-10", "12.50"),
+        "open": _invoice(acme, plan, "2026-10", "99.00", "open", "2025-000001"),
+        "void": _invoice(acme, plan, "2026-09", "5.00", "void", "2025-000002"),
+        "paid": _invoice(tenant, plan, "2026-09", "7.25", "paid", "2025-000003"),
+    }
+
+
+@pytest.mark.parametrize(
+    "who", ["anonymous", "member", "staff outside the team", "team, not staff"]
+)
+def test_only_staff_in_the_billing_team_reach_the_pages(client, make_user, invoices, who):
+    if who == "member":
+        client.force_login(make_user("member@example.com"))
+    elif who == "staff outside the team":
+        client.force_login(make_user("admin@example.com", is_staff=True))
+    elif who == "team, not staff":
+        user = make_user("ex-staff@example.com")
+        user.groups.add(Group.objects.get(name=BILLING_TEAM))
+        client.force_login(user)
+    draft = invoices["draft"]
+
+    for url in [
+        "/billing-team/",
+        "/billing-team/invoices.csv",
+        f"/billing-team/invoices/{draft.pk}/",
+    ]:
+        response = client.get(url)
+        assert response.status_code == (302 if who == "anonymous" else 404), url
+    response = client.post(f"/billing-team/invoices/{draft.pk}/finalize/")
+    assert response.status_code == (302 if who == "anonymous" else 404)
+    assert Invoice.objects.get(pk=draft.pk).status == "draft"
+
+
+def test_the_team_sees_every_tenants_invoices_with_totals_per_period(team_client, invoices):
+    page = team_client.get("/billing-team/").content.decode()
+
+    assert 'Invoices <small class="muted">(4)</small>' in page
+    assert "=Globex Corp" in page and "2025-000001" in page and "Draft" in page
+    # Voided invoices are left out: October 12.50 + 99.00, September 7.25.
+    assert '<td>2026-10</td><td class="num">2</td><td class="num">111.50 USD</td>' in page
+    assert '<td>2026-09</td><td class="num">1</td><td class="num">7.25 USD</td>' in page
+
+
+def test_filters_narrow_the_list_and_a_bad_one_is_flagged_not_applied(team_client, invoices):
+    by_status = team_client.get("/billing-team/", {"status": "draft"}).content.decode()
+    by_tenant = team_client.get("/billing-team/", {"tenant": "globex"}).content.decode()
+    by_amount = team_client.get("/billing-team/", {"min_total": "10", "max_total": "50"})
+    flagged = team_client.get("/billing-team/", {"period": "October", "status": "paid"})
+
+    assert "(1)" in by_status and "12.50 USD" in by_status
+    assert "(2)" in by_tenant and "7.25 USD" not in by_tenant
+    assert "(1)" in by_amount.content.decode() and "12.50 USD" in by_amount.content.decode()
+    flagged = flagged.content.decode()
+    assert "Period: Write the month as YYYY-MM." in flagged
+    assert "(1)" in flagged and "2025-000003" in flagged  # the status filter still applies
+
+
+def test_the_csv_export_has_the_filtered_invoices_safe_for_spreadsheets(team_client, invoices):
+    response = team_client.get("/billing-team/invoices.csv", {"tenant": "globex"})
+
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert rows[0] == [
+        "number", "organization", "plan", "period", "status", "currency", "total", "finalized_at",
+    ]  # fmt: skip
+    assert sorted(row[0] for row in rows[1:]) == ["2025-000001", "2025-000002"]
+    assert {row[1] for row in rows[1:]} == {"'=Globex Corp"}  # not run as a formula
+
+
+def test_the_team_finalizes_a_draft_from_its_page(team_client, invoices):
+    draft = invoices["draft"]
+
+    page = team_client.get(f"/billing-team/invoices/{draft.pk}/").content.decode()
+    response = team_client.post(f"/billing-team/invoices/{draft.pk}/finalize/", follow=True)
+
+    assert ">Finalize</button>" in page
+    draft.refresh_from_db()
+    assert (draft.status, draft.number) == ("open", f"{datetime.now(UTC):%Y}-000001")
+    assert f"Invoice {draft.number} finalized." in response.content.decode()
+    event = AuditEvent.objects.get(action="invoice.finalize", result="ok")
+    assert (event.actor_email, event.actor_kind) == ("finance@opsdeck.example", "staff")
+
+
+def test_a_refused_action_is_explained_on_the_invoice_page(team_client, invoices):
+    paid = invoices["paid"]
+
+    response = team_client.post(f"/billing-team/invoices/{paid.pk}/void/", follow=True)
+
+    assert "only a draft or an unpaid invoice can be voided" in response.content.decode()
+    assert Invoice.objects.get(pk=paid.pk).status == "paid"
+
+
+def test_the_usage_explorer_shows_a_tenants_period_with_its_chart(team_client, tenant, plan):
+    hour = datetime(2026, 10, 3, 4, tzinfo=UTC)
+    usage.record(
+        hour, [UsageRow(tenant.pk, plan.pk, "inst-aaaaaaaa", "orders", "cpu", "", Decimal(20))]
+    )
+
+    page = team_client.get(f"/billing-team/usage/{tenant.slug}/", {"period": "2026-10"})
+    bad = team_client.get(f"/billing-team/usage/{tenant.slug}/", {"period": "soon"})
+
+    page = page.content.decode()
+    assert "Usage billed in 2026-10" in page
+    assert '<span class="figure">0.70 USD</span>' in page
+    assert 'data-chart="daily-cost-usd-data"' in page
+    assert "is not a billing period" in bad.content.decode()
+
+
+def test_the_invoice_list_makes_as_many_queries_for_many_invoices_as_for_few(
+    team_client, tenant, plan
+):
+    _invoice(tenant, plan, "2026-01", "1.00")
+    team_client.get("/billing-team/")
+    with CaptureQueriesContext(connection) as few:
+        team_client.get("/billing-team/")
+    for month in range(2, 13):
+        _invoice(tenant, plan, f"2025-{month:02d}", "1.00")
+    with CaptureQueriesContext(connection) as many:
+        team_client.get("/billing-team/")
+
+    assert len(many.captured_queries) == len(few.captured_queries)
+
+
+def test_the_top_bar_links_the_team_pages_for_its_members_only(team_client, owner, tenant):
+    owner_client = Client()
+    owner_client.force_login(owner)
+
+    assert "Billing team</a>" in team_client.get("/billing-team/").content.decode()
+    assert "Billing team</a>" not in owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+
+def test_the_usage_page_shows_the_current_period_by_default(team_client, tenant):
+    page = team_client.get(f"/billing-team/usage/{tenant.slug}/").content.decode()
+
+    assert f"Usage billed in {datetime.now(UTC):%Y-%m}" in page
+    assert "No usage yet this period." in page

@@ -1,0 +1,101 @@
+"""The tenant's invoices on the Billing page and the printable invoice."""
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from billing.models import Invoice, InvoiceLine, Plan
+
+
+@pytest.fixture
+def plan(db):
+    return Plan.objects.create(key="pg", name="PostgreSQL", service="postgresql")
+
+
+def _invoice(tenant, plan, period="2026-10", status="open", number="2026-000001", **extra):
+    invoice = Invoice.objects.create(
+        tenant=tenant, plan=plan, period=period, currency="usd", total=Decimal("12.34"),
+        **({"number": number} if status != "draft" else {}), **extra,
+    )  # fmt: skip
+    InvoiceLine.objects.create(
+        invoice=invoice, instance_id="inst-abcdefgh", instance_name="orders", dimension="cpu",
+        unit="core", quantity=Decimal("352.5"), unit_price=Decimal("0.035"),
+        amount=Decimal("12.34"),
+    )  # fmt: skip
+    if status != "draft":
+        Invoice.objects.filter(pk=invoice.pk).update(status=status)
+    return invoice
+
+
+def _billing(tenant):
+    return f"/t/{tenant.slug}/billing/"
+
+
+def test_the_billing_page_lists_finalized_invoices_but_not_drafts(owner_client, tenant, plan):
+    shown = _invoice(tenant, plan)
+    _invoice(tenant, plan, period="2026-11", status="draft")
+
+    page = owner_client.get(_billing(tenant)).content.decode()
+
+    url = f"/t/{tenant.slug}/billing/invoices/{shown.pk}/"
+    assert f'<a href="{url}">2026-000001</a>' in page
+    assert '<span class="badge badge-invoice-open">Finalized</span>' in page
+    assert "12.34 USD" in page
+    assert "2026-11" not in page
+
+
+def test_without_invoices_the_page_says_when_they_come(owner_client, tenant):
+    page = owner_client.get(_billing(tenant)).content.decode()
+
+    assert "No invoices yet. When a month ends, its usage becomes an invoice here." in page
+
+
+def test_the_invoice_page_shows_its_lines_and_total_ready_to_print(owner_client, tenant, plan):
+    invoice = _invoice(tenant, plan)
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").content.decode()
+
+    assert "<h1>Invoice 2026-000001</h1>" in page
+    assert "orders" in page and "inst-abcdefgh" in page
+    assert "352.5 core-hours" in page
+    assert "<strong>12.34 USD</strong>" in page
+    assert "data-print" in page
+
+
+def test_a_draft_is_not_shown_to_the_tenant(owner_client, tenant, plan):
+    draft = _invoice(tenant, plan, status="draft")
+
+    assert owner_client.get(f"/t/{tenant.slug}/billing/invoices/{draft.pk}/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("role", "status"), [("billing", 200), ("admin", 200), ("member", 403), ("viewer", 403)]
+)
+def test_billing_members_see_invoices_and_others_do_not(
+    client, tenant, plan, add_member, role, status
+):
+    invoice = _invoice(tenant, plan)
+    client.force_login(add_member(f"{role}@example.com", role))
+
+    assert client.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").status_code == status
+    assert client.get(_billing(tenant)).status_code == status
+
+
+def _queries(client, url) -> int:
+    client.get(url)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries.captured_queries)
+
+
+def test_the_billing_page_makes_as_many_queries_for_many_invoices_as_for_few(
+    owner_client, tenant, plan
+):
+    _invoice(tenant, plan)
+    few = _queries(owner_client, _billing(tenant))
+    for month in range(1, 10):
+        _invoice(tenant, plan, period=f"2025-{month:02d}", number=f"2025-{month:06d}")
+
+    assert _queries(owner_client, _billing(tenant)) == few

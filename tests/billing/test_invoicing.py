@@ -1,0 +1,351 @@
+"""Closing a billing period into draft invoices, and staff finalizing (numbering, freezing),
+voiding and settling them."""
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, transaction
+from django.urls import reverse
+
+from accounts.audit import SYSTEM, Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Tenant
+from billing import invoicing, usage
+from billing.models import (
+    BillingPeriod,
+    Invoice,
+    InvoiceLine,
+    MeteredHour,
+    Plan,
+    Price,
+    UsageRecord,
+)
+from billing.usage import UsageRow
+from tests.concurrency import race
+
+NOVEMBER = datetime(2026, 11, 1, tzinfo=UTC)
+DECEMBER = datetime(2026, 12, 1, tzinfo=UTC)
+AFTER = DECEMBER + timedelta(hours=2)  # when the period may be closed
+
+
+@pytest.fixture
+def plan(db):
+    plan = Plan.objects.create(key="pg", name="PostgreSQL", service="postgresql")
+    for dimension, unit, time_unit, price in [
+        ("cpu", "core", "hour", "0.035"),
+        ("storage", "GiB", "hour", "0.00014"),
+        ("backupStorage", "GiB", "month", "0.02"),
+    ]:
+        Price.objects.create(
+            plan=plan, dimension=dimension, unit=unit, time_unit=time_unit,
+            unit_price=Decimal(price), currency="usd",
+        )  # fmt: skip
+    return plan
+
+
+@pytest.fixture
+def staff(make_user):
+    user = make_user("finance@opsdeck.example")
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    return Actor(user=user, staff=True)
+
+
+def _metered(start=NOVEMBER, end=DECEMBER, *, skip=()):
+    hours, hour = [], start
+    while hour < end:
+        if hour not in skip:
+            hours.append(MeteredHour(hour=hour))
+        hour += usage.HOUR
+    MeteredHour.objects.bulk_create(hours, ignore_conflicts=True)
+
+
+def _use(tenant, plan, hour, instance="inst-aaaaaaaa", **quantities):
+    rows = [
+        UsageRow(
+            tenant_id=tenant.pk,
+            plan_id=plan.pk,
+            instance_id=instance,
+            instance_name=f"db-{instance[-4:]}",
+            dimension=dimension,
+            unit="",
+            quantity=Decimal(quantity),
+        )
+        for dimension, quantity in quantities.items()
+    ]
+    return usage.record(hour, rows)
+
+
+def _line(invoice, dimension, instance="inst-aaaaaaaa", adjustment_of=""):
+    return invoice.lines.get(dimension=dimension, instance_id=instance, adjustment_of=adjustment_of)
+
+
+# --- closing a period ---
+
+
+def test_a_closed_period_makes_one_draft_per_tenant_and_plan_with_a_line_per_instance_and_dimension(
+    tenant, plan, make_user
+):
+    other = Tenant.objects.create(name="Other", slug="other-x1y2z3")
+    # 2 cores for 10 hours and 3 hours at 1.5 cores: 24.5 core-hours; 10 GiB for 13 hours.
+    for i in range(10):
+        _use(tenant, plan, NOVEMBER + usage.HOUR * i, cpu="2", storage="10")
+    for i in range(10, 13):
+        _use(tenant, plan, NOVEMBER + usage.HOUR * i, cpu="1.5", storage="10")
+    _use(tenant, plan, NOVEMBER + usage.HOUR * 14, instance="inst-bbbbbbbb", cpu="1", replica="1")
+    _use(other, plan, NOVEMBER + usage.HOUR * 20, instance="inst-cccccccc", cpu="4")
+    _metered()
+
+    closed = invoicing.period_close("2026-11", now=AFTER)
+
+    assert {(i.tenant, i.plan, i.status) for i in closed.invoices} == {
+        (tenant, plan, "draft"), (other, plan, "draft"),
+    }  # fmt: skip
+    invoice = Invoice.objects.get(tenant=tenant)
+    cpu = _line(invoice, "cpu")
+    assert (cpu.quantity, cpu.unit, cpu.unit_price, cpu.amount) == (
+        Decimal("24.5"), "core", Decimal("0.035"), Decimal("0.86"),  # 0.8575 rounded half up
+    )  # fmt: skip
+    storage = _line(invoice, "storage")
+    assert (storage.quantity, storage.amount) == (Decimal(130), Decimal("0.02"))  # 0.0182
+    assert _line(invoice, "cpu", "inst-bbbbbbbb").amount == Decimal("0.04")  # 0.035
+    assert not invoice.lines.filter(dimension="replica").exists()  # not priced: free
+    assert invoice.total == Decimal("0.92") == sum(line.amount for line in invoice.lines.all())
+    assert Invoice.objects.get(tenant=other).total == Decimal("0.14")
+    assert BillingPeriod.objects.get(key="2026-11").closed_at == AFTER
+
+
+def test_a_monthly_price_is_spread_over_730_hours(tenant, plan):
+    _use(tenant, plan, NOVEMBER, backupStorage="730000")  # 1,000 GiB-months in one hour
+    _metered()
+
+    invoice = invoicing.period_close("2026-11", now=AFTER).invoices[0]
+
+    line = _line(invoice, "backupStorage")
+    assert line.amount == Decimal("20.00")
+    assert line.unit_price == (Decimal("0.02") / 730).quantize(Decimal("1e-12"))
+
+
+def test_amounts_in_a_zero_decimal_currency_are_whole(tenant, plan):
+    plan.prices.update(currency="jpy", unit_price=Decimal("5.5"))
+    _use(tenant, plan, NOVEMBER, cpu="3")  # 16.5 yen
+    _metered()
+
+    invoice = invoicing.period_close("2026-11", now=AFTER).invoices[0]
+
+    assert (invoice.currency, invoice.total) == ("jpy", Decimal(17))
+
+
+def test_a_period_is_not_closed_before_it_ends(tenant, plan):
+    with pytest.raises(ValidationError, match="not ended yet: it can be closed from 2026-12-01"):
+        invoicing.period_close("2026-11", now=DECEMBER - timedelta(minutes=1))
+    assert not BillingPeriod.objects.filter(closed_at__isnull=False).exists()
+
+
+def test_a_period_with_an_unmetered_hour_is_not_closed(tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    gap = NOVEMBER + timedelta(days=3, hours=5)
+    _metered(skip={gap, gap + usage.HOUR})
+
+    missing = r"2 hours of 2026-11 are not metered yet \(the first: 2026-11-04 05:00 UTC\)"
+    with pytest.raises(ValidationError, match=missing):
+        invoicing.period_close("2026-11", now=AFTER)
+
+    assert not Invoice.objects.exists()
+    assert not BillingPeriod.objects.filter(closed_at__isnull=False).exists()
+
+
+def test_a_period_closes_once(tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+
+    with pytest.raises(ValidationError, match="The period 2026-11 was closed on 2026-12-01"):
+        invoicing.period_close("2026-11", now=AFTER)
+    assert Invoice.objects.count() == 1
+
+
+def test_two_closes_at_once_make_one_set_of_invoices(transactional_db, tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+
+    results = race(lambda: invoicing.period_close("2026-11", now=AFTER))
+
+    assert sum(isinstance(r, invoicing.Closed) for r in results) == 1
+    assert all(isinstance(r, invoicing.Closed | ValidationError) for r in results), results
+    assert Invoice.objects.count() == 1
+
+
+def test_usage_metered_after_its_period_closed_is_an_adjustment_line_of_the_next_one(tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    # The last hour of November is metered again with an instance it had missed.
+    late = DECEMBER - usage.HOUR
+    _use(tenant, plan, late, instance="inst-dddddddd", cpu="2")
+    _use(tenant, plan, DECEMBER, instance="inst-dddddddd", cpu="2")
+    _metered(DECEMBER, datetime(2027, 1, 1, tzinfo=UTC))
+
+    (invoice,) = invoicing.period_close("2026-12", now=datetime(2027, 1, 1, 1, tzinfo=UTC)).invoices
+
+    assert invoice.period == "2026-12"
+    adjustment = _line(invoice, "cpu", "inst-dddddddd", adjustment_of="2026-11")
+    assert (adjustment.quantity, adjustment.amount) == (Decimal(2), Decimal("0.07"))
+    assert _line(invoice, "cpu", "inst-dddddddd").quantity == Decimal(2)
+    assert Invoice.objects.get(period="2026-11").total == Decimal("0.04")  # unchanged
+
+
+def test_the_beat_task_closes_the_month_just_ended_once_it_is_metered(tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered(skip={DECEMBER - usage.HOUR})
+
+    assert invoicing.period_close_due(now=AFTER) is None  # an hour is still unmetered
+    _metered()
+    assert invoicing.period_close_due(now=AFTER).period == "2026-11"
+    assert invoicing.period_close_due(now=AFTER) is None  # closed already
+
+
+@pytest.mark.parametrize("bad", ["2026-13", "2026-1", "november", "", "2026-11-01"])
+def test_a_period_must_be_a_month(bad, db):
+    with pytest.raises(ValidationError, match="not a billing period: write the month as YYYY-MM"):
+        invoicing.period_close(bad, now=AFTER)
+
+
+def test_the_command_closes_a_period_and_says_what_it_made(tenant, plan, capsys):
+    october = datetime(2026, 10, 1, tzinfo=UTC)
+    _use(tenant, plan, october, cpu="10")
+    _metered(october, NOVEMBER)
+    BillingPeriod.objects.create(key="2026-09", closed_at=october)
+
+    with pytest.raises(CommandError, match="The period 2026-09 was closed on 2026-10-01"):
+        call_command("close_billing_period", "--period", "2026-09")
+    with pytest.raises(CommandError, match="is not a billing period"):
+        call_command("close_billing_period", "--period", "October")
+    call_command("close_billing_period", "--period", "2026-10")
+
+    out = capsys.readouterr().out
+    assert "Closed 2026-10: 1 draft invoice(s)." in out
+    assert f"{tenant.slug} · pg: 0.35 USD" in out
+
+
+# --- finalize, void, paid ---
+
+
+@pytest.fixture
+def drafts(tenant, plan):
+    tenants = [tenant] + [
+        Tenant.objects.create(name=f"T{i}", slug=f"t{i}-abcdef") for i in range(3)
+    ]
+    for i, owner in enumerate(tenants):
+        _use(owner, plan, NOVEMBER, instance=f"inst-{i:08d}", cpu=str(i + 1))
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    return list(Invoice.objects.order_by("tenant_id"))
+
+
+def test_finalized_invoices_are_numbered_in_order_without_gaps(drafts, staff):
+    first = invoicing.invoice_finalize(actor=staff, invoice=drafts[0])
+    with pytest.raises(ValidationError, match="is finalized"):
+        invoicing.invoice_finalize(actor=staff, invoice=drafts[0])  # takes no number
+    invoicing.invoice_void(actor=staff, invoice=drafts[1])  # a voided draft takes none either
+    second = invoicing.invoice_finalize(actor=staff, invoice=drafts[2])
+
+    assert (first.number, first.status) == ("2026-000001", "open")
+    assert second.number == "2026-000002"
+    event = AuditEvent.objects.get(action="invoice.finalize", target_id=str(first.pk))
+    assert event.payload == {"number": "2026-000001", "total": "0.04"}
+    assert event.actor_kind == "staff"
+
+
+def test_invoices_finalized_at_once_take_consecutive_numbers(transactional_db, drafts, staff):
+    pending = iter(drafts)
+
+    results = race(lambda: invoicing.invoice_finalize(actor=staff, invoice=next(pending)))
+
+    assert sorted(r.number for r in results) == [f"2026-00000{i}" for i in range(1, 5)]
+
+
+def test_a_finalized_invoice_is_frozen_by_the_database(drafts, staff):
+    invoice = invoicing.invoice_finalize(actor=staff, invoice=drafts[0])
+    line = invoice.lines.get()
+
+    for change in (
+        lambda: Invoice.objects.filter(pk=invoice.pk).update(total=Decimal("0.01")),
+        lambda: Invoice.objects.filter(pk=invoice.pk).update(number="2026-000099"),
+        lambda: Invoice.objects.filter(pk=invoice.pk).update(status="draft"),
+        lambda: Invoice.objects.filter(pk=invoice.pk).delete(),
+        lambda: InvoiceLine.objects.filter(pk=line.pk).update(amount=Decimal(0)),
+        lambda: InvoiceLine.objects.filter(pk=line.pk).delete(),
+        lambda: InvoiceLine.objects.create(
+            invoice=invoice, dimension="cpu", quantity=1, unit_price=1, amount=1
+        ),
+    ):
+        with pytest.raises(DatabaseError, match="finalized"), transaction.atomic():
+            change()
+
+    invoice.refresh_from_db()
+    assert (invoice.total, invoice.number, invoice.lines.count()) == (
+        Decimal("0.04"), "2026-000001", 1,
+    )  # fmt: skip
+    # A draft stays editable (staff may correct one before finalizing).
+    InvoiceLine.objects.filter(invoice=drafts[1]).update(amount=Decimal(1))
+
+
+def test_a_finalized_invoice_can_be_paid_or_voided_but_a_paid_one_not_voided(drafts, staff):
+    paid = invoicing.invoice_finalize(actor=staff, invoice=drafts[0])
+    invoicing.invoice_mark_paid(actor=staff, invoice=paid)
+    voided = invoicing.invoice_finalize(actor=staff, invoice=drafts[1])
+    invoicing.invoice_void(actor=staff, invoice=voided)
+
+    with pytest.raises(ValidationError, match="only a draft or an unpaid invoice can be voided"):
+        invoicing.invoice_void(actor=staff, invoice=paid)
+    with pytest.raises(ValidationError, match="only a finalized, unpaid invoice can be marked"):
+        invoicing.invoice_mark_paid(actor=staff, invoice=drafts[2])
+    assert Invoice.objects.get(pk=paid.pk).status == "paid"
+    assert Invoice.objects.get(pk=voided.pk).number == "2026-000002"  # a voided one keeps it
+
+
+@pytest.mark.parametrize("who", ["member", "system"])
+def test_only_staff_finalize_and_the_refusal_is_audited(drafts, owner, who):
+    actor = Actor(user=owner) if who == "member" else SYSTEM
+
+    with pytest.raises(ActionDenied, match="Only platform staff"):
+        invoicing.invoice_finalize(actor=actor, invoice=drafts[0])
+
+    assert Invoice.objects.get(pk=drafts[0].pk).status == "draft"
+    assert AuditEvent.objects.filter(action="invoice.finalize", result="denied").count() == 1
+
+
+def test_usage_records_are_untouched_by_closing(tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    before = list(UsageRecord.objects.values_list("pk", "period", "quantity"))
+
+    invoicing.period_close("2026-11", now=AFTER)
+
+    assert list(UsageRecord.objects.values_list("pk", "period", "quantity")) == before
+
+
+def test_staff_finalize_drafts_from_the_admin_and_cannot_edit_them(client, drafts, make_user):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    url = reverse("admin:billing_invoice_changelist")
+
+    listing = client.get(url)
+    response = client.post(
+        url,
+        {"action": "finalize", "_selected_action": [drafts[0].pk, drafts[1].pk]},
+        follow=True,
+    )
+    detail = client.get(reverse("admin:billing_invoice_change", args=[drafts[0].pk]))
+
+    assert listing.status_code == 200 and "Draft 2026-11" in listing.content.decode()
+    assert "Finalized: 2." in response.content.decode()
+    assert sorted(Invoice.objects.exclude(number=None).values_list("number", flat=True)) == [
+        "2026-000001", "2026-000002",
+    ]  # fmt: skip
+    assert AuditEvent.objects.filter(action="invoice.finalize", actor_kind="staff").count() == 2
+    assert b'type="submit" value="Save"' not in detail.content
+    assert "inst-00000000" in detail.content.decode()  # the lines, read-only
