@@ -5,4 +5,10 @@ from billing import views
 # Mounted under /t/<tenant_slug>/.
 tenant_urlpatterns = [
     path("billing/", views.overview, name="billing_overview"),
+    path("billing/subscribe/<slug:plan_key>/", views.subscribe, name="billing_subscribe"),
+    path(
+        "billing/subscriptions/<int:subscription_id>/cancel/",
+        views.subscription_cancel,
+        name="billing_subscription_cancel",
+    ),
 ]

@@ -45,3 +45,9 @@ def operation_notify(operation_id: str) -> None:
     )
     if operation is not None:
         services.operation_email_send(operation=operation)
+
+
+@shared_task
+def suspended_instances_stop() -> dict[str, int]:
+    """Stop the running instances of long-suspended subscriptions (run hourly by beat)."""
+    return services.suspended_instances_stop()

@@ -169,6 +169,14 @@ CELERY_BEAT_SCHEDULE = {
     "instances-observe": {"task": "deployments.tasks.instances_observe", "schedule": 30.0},
     "backups-run-due": {"task": "deployments.tasks.backups_run_due", "schedule": 60.0},
     "snapshots-prune": {"task": "deployments.tasks.snapshots_prune", "schedule": 600.0},
+    "subscriptions-suspend-overdue": {
+        "task": "billing.tasks.subscriptions_suspend_overdue",
+        "schedule": 3600.0,
+    },
+    "suspended-instances-stop": {
+        "task": "deployments.tasks.suspended_instances_stop",
+        "schedule": 3600.0,
+    },
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------
