@@ -147,7 +147,7 @@ def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "")
             target=subscription,
             payload={"plan": plan.key, "status": subscription.status},
         )
-        _notify(subscription, "created")
+        _notify(subscription, "created" if subscription.status == Status.ACTIVE else "requested")
     return subscription
 
 
@@ -353,7 +353,8 @@ def _notify(subscription: Subscription, event: str) -> None:
 
 
 _SUBJECTS = {
-    "created": "Your subscription to {plan} is {status}",
+    "created": "Your subscription to {plan} is active",
+    "requested": "Your subscription to {plan} awaits approval",
     "approve": "Your subscription to {plan} is approved",
     "mark_past_due": "Your subscription to {plan} is past due",
     "suspend": "Your subscription to {plan} is suspended",
@@ -375,9 +376,7 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
         "event": event,
         "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
     }
-    subject = _SUBJECTS[event].format(
-        plan=subscription.plan.name, status=subscription.get_status_display().lower()
-    )
+    subject = _SUBJECTS[event].format(plan=subscription.plan.name)
     send_mail(
         subject=f"[Opsdeck] {subject}",
         message=render_to_string("billing/email/subscription.txt", context),
