@@ -531,7 +531,9 @@ def _entitled(instance: Instance, action: str, **request: Any) -> None:
 
 def _entitled_to_modify(instance: Instance, requested: dict) -> None:
     """A modify's sizes against the plan's limits: the values once the operations queued
-    before it have run, and with its changes."""
+    before it have run, and with its changes. The tenant is locked, as for a create, so two
+    concurrent changes cannot both pass a total."""
+    Tenant.objects.select_for_update().get(pk=instance.tenant_id)
     projected = _projected_values(instance)
     _entitled(
         instance,
