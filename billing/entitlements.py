@@ -1,26 +1,331 @@
 """What a tenant is entitled to: the one place entitlement rules live.
 
-For now a plan's only limit is its maximum number of instances per tenant.
+Callers (deployments' services) describe what is asked in plain values — the tenant's current
+usage of a plan and the change requested — and get a `Decision` with a one-sentence reason
+that names the limit and how to get more. Limits are the plan's (`Plan.limits`, from the
+spec's `x-opsdeck.entitlements`) with the tenant's `PlanOverride` in effect applied on top;
+the tenant's `Subscription` to the plan decides whether anything may run at all.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.utils import timezone
+
 from accounts.models import Tenant
-from billing.models import Plan
+from billing.models import Plan, PlanOverride, Subscription
+
+# The keys of `Plan.limits` (and of `PlanOverride.limits`) that are limits.
+LIMIT_KEYS = (
+    "max_instances",
+    "max_total",
+    "max_per_instance",
+    "cells",
+    "denied_verbs",
+    "max_backup_retention_days",
+)
+# Keys of `Plan.limits` that are subscription terms, not limits.
+TERM_KEYS = ("auto_approve", "grace_days", "stop_after_days")
+DIMENSION_KEYS = ("max_total", "max_per_instance")  # overrides merge these per dimension
+
+# A suspended tenant may still stop and delete what it runs, and forget backups.
+ALWAYS_ALLOWED = frozenset({"stop", "delete", "deleteBackup"})
+# The verbs that make a new instance: they count against the instance limit and the cells.
+NEW_INSTANCE = frozenset({"create", "restore"})
+# Denying this pseudo-verb refuses a restore to a point in time; plain restores still run.
+POINT_IN_TIME = "restore.pointInTime"
+# Settings that are not verbs: the subscription's status does not refuse them.
+SETTINGS = frozenset({"backup.schedule"})
+
+# How a quantity of each usage dimension reads after its number.
+DIMENSION_UNITS = {
+    "cpu": "CPU cores",
+    "memory": "GiB of memory",
+    "storage": "GiB of storage",
+    "backupStorage": "GiB of backup storage",
+    "replica": "replicas",
+    "deploymentCell": "deployment cells",
+    "base": "base units",
+}
 
 
 class EntitlementDenied(Exception):
     """A request beyond what the tenant's plan allows; the message says which limit."""
 
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
-def check(*, tenant: Tenant, plan: Plan, action: str, active_instances: int) -> None:
-    """Refuse `action` when it would take `tenant` past `plan`'s limits.
 
-    `active_instances` is the tenant's count of instances on this plan that are not deleted,
-    counted by the caller (billing knows nothing of instances).
-    """
-    limit = plan.max_instances
-    if action == "instance.create" and limit is not None and active_instances >= limit:
-        raise EntitlementDenied(
-            f"The {plan.name} plan allows at most {plan.max_instances} "
-            f"instance{'s' if plan.max_instances != 1 else ''} per organization; "
-            "delete one or choose another plan."
+@dataclass(frozen=True)
+class Usage:
+    """What the tenant runs on the plan now: its instances (not deleted) and their summed
+    quantities per usage dimension."""
+
+    instances: int = 0
+    totals: Mapping[str, Decimal] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The change asked for. `quantities`: the instance's quantities per dimension after the
+    change; `delta`: how much the tenant's totals grow (a new instance: its quantities);
+    `cell`: the cell a new instance would run on; `retention_days`: a backup retention asked
+    for; `point_in_time`: a restore to a point in time."""
+
+    quantities: Mapping[str, Decimal] | None = None
+    delta: Mapping[str, Decimal] | None = None
+    cell: str | None = None
+    retention_days: int | None = None
+    point_in_time: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reason: str = ""
+
+    def require(self) -> None:
+        """Raise EntitlementDenied with the reason when the request is refused."""
+        if not self.allowed:
+            raise EntitlementDenied(self.reason)
+
+
+ALLOW = Decision(True)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A plan's limits for one tenant at one time; None (or empty) means no limit."""
+
+    max_instances: int | None = None
+    max_total: Mapping[str, Decimal] = field(default_factory=dict)
+    max_per_instance: Mapping[str, Decimal] = field(default_factory=dict)
+    cells: tuple[str, ...] | None = None
+    denied_verbs: frozenset[str] = frozenset()
+    max_backup_retention_days: int | None = None
+
+
+def quantity_text(dimension: str, quantity: Decimal | int) -> str:
+    """`500 GiB of storage`, `3 replicas`: a quantity as people read it."""
+    number = Decimal(quantity)
+    shown = number.quantize(1) if number == number.to_integral_value() else number.normalize()
+    return f"{shown} {DIMENSION_UNITS.get(dimension, dimension)}"
+
+
+def override_in_effect(tenant: Tenant, plan: Plan, at: datetime | None = None):
+    """The tenant's override of `plan` in effect at `at` (now): the latest that started by
+    then, or None."""
+    return (
+        PlanOverride.objects.filter(
+            tenant=tenant, plan=plan, effective_from__lte=at or timezone.now()
         )
+        .order_by("-effective_from", "-pk")
+        .first()
+    )
+
+
+def limits_merge(base: Mapping, override: Mapping) -> dict:
+    """`base` limits with `override`'s on top: per dimension for the dimension limits, whole
+    for the others; an override's null removes the limit."""
+    merged = {key: base[key] for key in LIMIT_KEYS if key in base}
+    for key in LIMIT_KEYS:
+        if key not in override:
+            continue
+        value = override[key]
+        if key in DIMENSION_KEYS and isinstance(value, Mapping):
+            dimensions = {**(merged.get(key) or {}), **value}
+            merged[key] = {dim: limit for dim, limit in dimensions.items() if limit is not None}
+        else:
+            merged[key] = value
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def limits_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> Limits:
+    """The plan's limits for `tenant` at `at` (now), its override applied."""
+    override = override_in_effect(tenant, plan, at)
+    raw = limits_merge(plan.limits, override.limits if override else {})
+    cells = raw.get("cells")
+    return Limits(
+        max_instances=_whole(raw.get("max_instances")),
+        max_total={k: Decimal(str(v)) for k, v in (raw.get("max_total") or {}).items()},
+        max_per_instance={
+            k: Decimal(str(v)) for k, v in (raw.get("max_per_instance") or {}).items()
+        },
+        cells=tuple(cells) if cells is not None else None,
+        denied_verbs=frozenset(raw.get("denied_verbs") or ()),
+        max_backup_retention_days=_whole(raw.get("max_backup_retention_days")),
+    )
+
+
+def prices_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> dict[str, Decimal]:
+    """The unit price per dimension for `tenant` at `at` (now): the plan's, with the prices of
+    the override in effect instead where it sets them."""
+    prices = {price.dimension: price.unit_price for price in plan.prices.all()}
+    override = override_in_effect(tenant, plan, at)
+    if override is not None:
+        prices.update({dim: Decimal(str(value)) for dim, value in override.prices.items()})
+    return prices
+
+
+def subscription_of(tenant: Tenant, plan: Plan) -> Subscription | None:
+    """The tenant's open (not cancelled) subscription to `plan`, or None."""
+    return (
+        Subscription.objects.filter(tenant=tenant, plan=plan)
+        .exclude(status=Subscription.Status.CANCELLED)
+        .first()
+    )
+
+
+def suspended_in_effect(subscription: Subscription, now: datetime | None = None) -> bool:
+    """Suspended, or past due beyond the plan's grace period (the sweep suspends it soon)."""
+    if subscription.status == Subscription.Status.SUSPENDED:
+        return True
+    if subscription.status != Subscription.Status.PAST_DUE or subscription.past_due_since is None:
+        return False
+    grace = timedelta(days=subscription.plan.grace_days)
+    return subscription.past_due_since + grace <= (now or timezone.now())
+
+
+def _whole(value) -> int | None:
+    return int(value) if value is not None else None
+
+
+def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
+    if action in ALWAYS_ALLOWED or action in SETTINGS:
+        return None
+    subscription = subscription_of(tenant, plan)
+    what = "create instances on it" if action in NEW_INSTANCE else "run this action"
+    if subscription is None:
+        return f"Subscribe to the {plan.name} plan on the Billing page to {what}."
+    if subscription.status == Subscription.Status.PENDING:
+        return (
+            f"Your subscription to the {plan.name} plan is awaiting approval by the platform "
+            f"team; you can {what} once it is approved."
+        )
+    if suspended_in_effect(subscription):
+        return (
+            f"Your subscription to the {plan.name} plan is suspended, so its instances can only "
+            "be stopped or deleted; see the Billing page to reactivate it."
+        )
+    return None
+
+
+def _verb_refusal(plan: Plan, action: str, limits: Limits, request: Request) -> str | None:
+    if action in limits.denied_verbs:
+        return (
+            f"The {plan.name} plan does not include the {action} action; "
+            "change plan on the Billing page to use it."
+        )
+    if action == "restore" and request.point_in_time and POINT_IN_TIME in limits.denied_verbs:
+        return (
+            f"The {plan.name} plan does not include point-in-time restore; restore the snapshot "
+            "as it was taken, or change plan on the Billing page."
+        )
+    return None
+
+
+def _size_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) -> str | None:
+    for dimension, limit in limits.max_per_instance.items():
+        asked = Decimal((request.quantities or {}).get(dimension, 0))
+        if asked > limit:
+            return (
+                f"The {plan.name} plan allows at most {quantity_text(dimension, limit)} per "
+                f"instance and this asks for {quantity_text(dimension, asked)}; "
+                "change plan on the Billing page for more."
+            )
+    for dimension, limit in limits.max_total.items():
+        grows = Decimal((request.delta or {}).get(dimension, 0))
+        total = Decimal(usage.totals.get(dimension, 0)) + grows
+        if grows > 0 and total > limit:
+            return (
+                f"The {plan.name} plan allows at most {quantity_text(dimension, limit)} across "
+                f"your organization's instances and this would make "
+                f"{quantity_text(dimension, total)}; free some or change plan on the Billing page."
+            )
+    return None
+
+
+def _new_instance_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) -> str | None:
+    if request.cell is not None and limits.cells is not None and request.cell not in limits.cells:
+        offered = ", ".join(limits.cells) or "none"
+        return (
+            f"The {plan.name} plan does not run in the {request.cell} cell; "
+            f"choose one of: {offered}."
+        )
+    most = limits.max_instances
+    if most is not None and usage.instances >= most:
+        return (
+            f"The {plan.name} plan allows at most {most} instance{'s' if most != 1 else ''} per "
+            f"organization and you have {usage.instances}; delete one or change plan on the "
+            "Billing page."
+        )
+    return None
+
+
+def check(
+    *,
+    tenant: Tenant,
+    plan: Plan,
+    action: str,
+    usage: Usage | None = None,
+    request: Request | None = None,
+    at: datetime | None = None,
+) -> Decision:
+    """Whether `tenant` may do `action` on `plan` given its `usage` and the `request`.
+
+    `action` is a verb (create, modify, restore, stop, start, backup, a custom verb, upgrade,
+    rollback, deleteBackup, delete) or the setting `backup.schedule`. Refusals come first from
+    the subscription (none, awaiting approval, suspended), then from the limits.
+    """
+    usage = usage or Usage()
+    request = request or Request()
+    reason = _status_refusal(tenant, plan, action)
+    if reason:
+        return Decision(False, reason)
+    if action in ALWAYS_ALLOWED:
+        return ALLOW
+    limits = limits_for(tenant, plan, at)
+    reason = _verb_refusal(plan, action, limits, request)
+    if reason:
+        return Decision(False, reason)
+    if action in NEW_INSTANCE:
+        reason = _new_instance_refusal(plan, limits, usage, request)
+        if reason:
+            return Decision(False, reason)
+    reason = _size_refusal(plan, limits, usage, request)
+    if reason:
+        return Decision(False, reason)
+    days, most = request.retention_days, limits.max_backup_retention_days
+    if days is not None and most is not None and days > most:
+        return Decision(
+            False,
+            f"The {plan.name} plan keeps backups for at most {most} days; choose {most} or "
+            "fewer, or change plan on the Billing page.",
+        )
+    return ALLOW
+
+
+# Where the billing page reads a tenant's usage of a plan: deployments registers its counter
+# (billing never imports deployments). None until it has.
+_usage_source: Callable[[Tenant, Plan], Usage] | None = None
+
+
+def usage_source_register(source: Callable[[Tenant, Plan], Usage]) -> None:
+    """Name the function that tells billing a tenant's current usage of a plan."""
+    global _usage_source
+    _usage_source = source
+
+
+def usage_of(tenant: Tenant, plan: Plan) -> Usage | None:
+    """The tenant's current usage of `plan`, None when no source is registered."""
+    return _usage_source(tenant, plan) if _usage_source is not None else None
+
+
+def require(**kwargs) -> None:
+    """`check`, raising EntitlementDenied with the reason on a refusal."""
+    check(**kwargs).require()

@@ -1,11 +1,24 @@
 """Writes for billing. Callers pass plain values; billing never imports deployments."""
 
-from decimal import Decimal
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
 from django.db import transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 
-from billing.models import Plan, Price
+from accounts import idempotency
+from accounts.audit import SYSTEM, Actor, audit_record, audited_action
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent, Membership, Tenant
+from accounts.roles import Role
+from accounts.services import permission_require
+from billing import entitlements, periods
+from billing.models import Plan, PlanOverride, Price, Subscription
 
 
 @transaction.atomic
@@ -63,3 +76,457 @@ def plan_prices_replace(*, plan: Plan, currency: str, prices: list[dict]) -> boo
         price.full_clean()
     Price.objects.bulk_create(wanted.values())
     return True
+
+
+# --- subscriptions ----------------------------------------------------------------------------
+
+Status = Subscription.Status
+# Which statuses each transition may start from.
+_FROM = {
+    "approve": {Status.PENDING},
+    "mark_past_due": {Status.ACTIVE},
+    "suspend": {Status.ACTIVE, Status.PAST_DUE},
+    "reactivate": {Status.SUSPENDED, Status.PAST_DUE},
+    "cancel": {Status.PENDING, Status.ACTIVE, Status.PAST_DUE, Status.SUSPENDED},
+}
+# What a transition is called in refusals and mails.
+_DOING = {
+    "approve": "approved",
+    "mark_past_due": "marked past due",
+    "suspend": "suspended",
+    "reactivate": "reactivated",
+    "cancel": "cancelled",
+}
+
+
+def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "") -> Subscription:
+    """Subscribe `tenant` to `plan`: active at once when the plan auto-approves, else pending
+    until staff approve it in the admin. One subscription per request id, and at most one
+    open subscription per tenant and plan (subscribing again returns it).
+
+    Stripe Checkout plugs in here: when Stripe is configured, the subscription starts pending
+    with the Checkout session's ids, and the `checkout.session.completed` webhook approves it
+    through `subscription_approve`. Until then, every subscription takes the paths below.
+    """
+    request_id = idempotency.request_id_clean(request_id)
+    with audited_action(actor=actor, action="subscription.create", tenant=tenant):
+        permission_require(actor=actor, tenant=tenant, action="billing.manage")
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="subscription.create",
+            raw={"plan": plan.key},
+        )
+        if claim.earlier is not None:
+            return Subscription.objects.get(pk=claim.earlier.target_id)
+        # The tenant row lock orders concurrent subscribes with different request ids.
+        Tenant.objects.select_for_update().get(pk=tenant.pk)
+        subscription = (
+            Subscription.objects.filter(tenant=tenant, plan=plan)
+            .exclude(status=Status.CANCELLED)
+            .first()
+        )
+        if subscription is not None:
+            claim.bind(subscription)
+            return subscription
+        now = timezone.now()
+        subscription = Subscription(
+            tenant=tenant,
+            plan=plan,
+            status=Status.ACTIVE if plan.auto_approve else Status.PENDING,
+            requested_by=actor.user,
+            current_period_start=periods.current_start(now) if plan.auto_approve else None,
+        )
+        subscription.full_clean()
+        subscription.save()
+        claim.bind(subscription)
+        audit_record(
+            actor=actor,
+            action="subscription.create",
+            tenant=tenant,
+            target=subscription,
+            payload={"plan": plan.key, "status": subscription.status},
+        )
+        _notify(subscription, "created" if subscription.status == Status.ACTIVE else "requested")
+    return subscription
+
+
+def subscription_create_active(*, actor: Actor, tenant: Tenant, plan: Plan) -> Subscription:
+    """An active subscription for a tenant already running `plan` (the data migration's rule,
+    and the demo's): no role is checked, so only the platform calls this, never a view.
+    Returns the open subscription when there is one."""
+    with transaction.atomic():
+        Tenant.objects.select_for_update().get(pk=tenant.pk)
+        subscription = (
+            Subscription.objects.filter(tenant=tenant, plan=plan)
+            .exclude(status=Status.CANCELLED)
+            .first()
+        )
+        if subscription is not None:
+            return subscription
+        subscription = Subscription.objects.create(
+            tenant=tenant,
+            plan=plan,
+            status=Status.ACTIVE,
+            current_period_start=periods.current_start(),
+        )
+        audit_record(
+            actor=actor,
+            action="subscription.create",
+            tenant=tenant,
+            target=subscription,
+            payload={"plan": plan.key, "status": subscription.status},
+        )
+    return subscription
+
+
+def _transition(
+    *,
+    actor: Actor,
+    subscription: Subscription,
+    transition: str,
+    to: str,
+    stamp: dict | None = None,
+    reason: str = "",
+    check=None,
+    tenant_may: bool = False,
+) -> Subscription:
+    """Move a subscription to `to` when its status allows `transition` (else ActionDenied),
+    audit it and mail the tenant's owners and billing members after commit. Only staff and
+    the system may, unless `tenant_may` lets the tenant's billing managers too."""
+    tenant = subscription.tenant
+    action = f"subscription.{transition}"
+    with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):
+        if tenant_may:
+            permission_require(actor=actor, tenant=tenant, action="billing.manage")
+        elif actor.user is not None and not (actor.staff and actor.user.is_staff):
+            raise ActionDenied(
+                f"Only the platform team can have a subscription {_DOING[transition]}."
+            )
+        subscription = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        if subscription.status not in _FROM[transition]:
+            raise ActionDenied(
+                f"A subscription that is {subscription.get_status_display().lower()} cannot be "
+                f"{_DOING[transition]}."
+            )
+        if check is not None:
+            check(subscription)
+        before = subscription.status
+        subscription.status = to
+        for field_name, value in (stamp or {}).items():
+            setattr(subscription, field_name, value)
+        subscription.updated_at = timezone.now()
+        subscription.full_clean()
+        subscription.save()
+        audit_record(
+            actor=actor,
+            action=action,
+            tenant=tenant,
+            target=subscription,
+            payload={
+                "plan": subscription.plan.key,
+                "from": before,
+                "to": to,
+                **({"reason": reason} if reason else {}),
+            },
+        )
+        _notify(subscription, transition)
+    return subscription
+
+
+def subscription_approve(*, actor: Actor, subscription: Subscription) -> Subscription:
+    """Staff approve a pending subscription: it is active from now."""
+    return _transition(
+        actor=actor,
+        subscription=subscription,
+        transition="approve",
+        to=Status.ACTIVE,
+        stamp={"current_period_start": periods.current_start()},
+    )
+
+
+def subscription_mark_past_due(
+    *, actor: Actor, subscription: Subscription, since: datetime | None = None
+) -> Subscription:
+    """An unpaid invoice: the subscription keeps running for the plan's grace period."""
+    return _transition(
+        actor=actor,
+        subscription=subscription,
+        transition="mark_past_due",
+        to=Status.PAST_DUE,
+        stamp={"past_due_since": since or timezone.now()},
+    )
+
+
+def subscription_suspend(
+    *, actor: Actor, subscription: Subscription, reason: str = "", at: datetime | None = None
+) -> Subscription:
+    """Suspend a subscription (past due beyond its grace period, or a staff action): its
+    instances may only be stopped or deleted; after `stop_after_days` they are stopped."""
+    return _transition(
+        actor=actor,
+        subscription=subscription,
+        transition="suspend",
+        to=Status.SUSPENDED,
+        stamp={"suspended_at": at or timezone.now()},
+        reason=reason,
+    )
+
+
+def subscription_reactivate(*, actor: Actor, subscription: Subscription) -> Subscription:
+    """Back to active: nothing restarts by itself, but starting instances is allowed again."""
+    return _transition(
+        actor=actor,
+        subscription=subscription,
+        transition="reactivate",
+        to=Status.ACTIVE,
+        stamp={"suspended_at": None, "past_due_since": None},
+    )
+
+
+def subscription_cancel(
+    *, actor: Actor, subscription: Subscription, running_instances: int = 0
+) -> Subscription:
+    """Cancel a subscription; refused while the tenant has instances on the plan
+    (`running_instances`, counted by the caller: billing knows nothing of instances)."""
+
+    def no_instances(subscription: Subscription) -> None:
+        if running_instances:
+            plural = "s" if running_instances != 1 else ""
+            raise ActionDenied(
+                f"{running_instances} instance{plural} still run on the "
+                f"{subscription.plan.name} plan; delete them before cancelling."
+            )
+
+    return _transition(
+        actor=actor,
+        subscription=subscription,
+        transition="cancel",
+        to=Status.CANCELLED,
+        stamp={"cancelled_at": timezone.now()},
+        check=no_instances,
+        tenant_may=True,
+    )
+
+
+def subscriptions_suspend_overdue(*, now: datetime | None = None) -> int:
+    """Suspend every past-due subscription beyond its plan's grace period (run by beat); the
+    number suspended. Each is suspended by the system, audited and mailed."""
+    now = now or timezone.now()
+    suspended = 0
+    overdue = Subscription.objects.filter(status=Status.PAST_DUE, past_due_since__isnull=False)
+    for subscription in overdue.select_related("plan", "tenant"):
+        ends = subscription.past_due_since + timedelta(days=subscription.plan.grace_days)
+        if ends > now:
+            continue
+        try:
+            subscription_suspend(
+                actor=SYSTEM,
+                subscription=subscription,
+                reason="past due beyond the grace period",
+                at=now,
+            )
+        except ActionDenied:
+            continue  # it changed meanwhile (paid, or suspended by staff)
+        suspended += 1
+    return suspended
+
+
+def subscription_recipients(tenant: Tenant) -> list[str]:
+    """Who hears about a tenant's billing: its owners and billing members."""
+    return sorted(
+        Membership.objects.filter(tenant=tenant, role__in=[Role.OWNER, Role.BILLING])
+        .exclude(user__email="")
+        .values_list("user__email", flat=True)
+    )
+
+
+def _notify(subscription: Subscription, event: str) -> None:
+    pk = subscription.pk
+
+    def send() -> None:
+        from billing.tasks import subscription_notify  # tasks import services: import late
+
+        subscription_notify.delay(pk, event)
+
+    transaction.on_commit(send)
+
+
+_SUBJECTS = {
+    "created": "Your subscription to {plan} is active",
+    "requested": "Your subscription to {plan} awaits approval",
+    "approve": "Your subscription to {plan} is approved",
+    "mark_past_due": "Your subscription to {plan} is past due",
+    "suspend": "Your subscription to {plan} is suspended",
+    "reactivate": "Your subscription to {plan} is active again",
+    "cancel": "Your subscription to {plan} is cancelled",
+    "stopped": "Instances on {plan} were stopped",
+}
+
+
+def subscription_email_send(*, subscription: Subscription, event: str) -> None:
+    """Tell the tenant's owners and billing members what happened to its subscription; sent
+    by a worker after the change committed."""
+    recipients = subscription_recipients(subscription.tenant)
+    if not recipients:
+        return
+    path = reverse("billing_overview", kwargs={"tenant_slug": subscription.tenant.slug})
+    context = {
+        "subscription": subscription,
+        "event": event,
+        "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
+    }
+    subject = _SUBJECTS[event].format(plan=subscription.plan.name)
+    send_mail(
+        subject=f"[Opsdeck] {subject}",
+        message=render_to_string("billing/email/subscription.txt", context),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        recipient_list=recipients,
+    )
+
+
+# --- overrides ---------------------------------------------------------------------------------
+
+
+def plan_override_validate(
+    *, effective_from: datetime, limits: dict, prices: dict, now: datetime | None = None
+) -> None:
+    """ValidationError, field by field, for an override that reaches into a closed billing
+    period or holds limits or prices billing cannot read."""
+    errors: dict[str, str] = {}
+    if effective_from is not None and periods.is_closed(effective_from, now=now):
+        errors["effective_from"] = (
+            "This date is in a closed billing period; an override takes effect from "
+            f"{periods.current_start(now):%Y-%m-%d} on."
+        )
+    if not isinstance(limits, dict):
+        errors["limits"] = "Give the limits as a mapping."
+    else:
+        unknown = sorted(set(limits) - set(entitlements.LIMIT_KEYS))
+        if unknown:
+            errors["limits"] = (
+                f"Unknown limit {', '.join(unknown)}; use {', '.join(entitlements.LIMIT_KEYS)}."
+            )
+    if not isinstance(prices, dict):
+        errors["prices"] = "Give the prices as a mapping of dimension to unit price."
+    else:
+        for dimension, value in prices.items():
+            try:
+                price = Decimal(str(value))
+                if not price.is_finite() or price < 0:
+                    raise InvalidOperation
+            except InvalidOperation:
+                errors["prices"] = f'"{value}" for {dimension} is not a price.'
+    if errors:
+        raise ValidationError(errors)
+
+
+def plan_override_create(
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    plan: Plan,
+    effective_from: datetime,
+    limits: dict | None = None,
+    prices: dict | None = None,
+    note: str = "",
+) -> PlanOverride:
+    """A per-tenant override of `plan`'s limits and prices from `effective_from` on (staff)."""
+    limits, prices = limits or {}, prices or {}
+    with audited_action(actor=actor, action="plan_override.create", tenant=tenant):
+        plan_override_validate(effective_from=effective_from, limits=limits, prices=prices)
+        override = PlanOverride(
+            tenant=tenant,
+            plan=plan,
+            effective_from=effective_from,
+            limits=limits,
+            prices={k: str(v) for k, v in prices.items()},
+            note=note,
+            created_by=actor.user,
+        )
+        override.full_clean()
+        override.save()
+        audit_record(
+            actor=actor,
+            action="plan_override.create",
+            tenant=tenant,
+            target=override,
+            payload={
+                "plan": plan.key,
+                "effective_from": effective_from.isoformat(),
+                "limits": limits,
+                "prices": override.prices,
+            },
+        )
+    return override
+
+
+def subscription_instances_stopped(
+    *, subscription: Subscription, stopped: list[str], unstoppable: list[str]
+) -> None:
+    """Record that the system stopped a suspended subscription's running instances (their ids
+    in `stopped`; those whose plan has no stop verb in `unstoppable`, flagged to staff), and
+    tell the tenant's owners and billing members."""
+    with transaction.atomic():
+        audit_record(
+            actor=SYSTEM,
+            action="subscription.instances_stop",
+            tenant=subscription.tenant,
+            target=subscription,
+            payload={"plan": subscription.plan.key, "stopped": stopped},
+        )
+        if unstoppable:
+            # Staff read this in the audit log: the plan gives no way to stop these.
+            audit_record(
+                actor=SYSTEM,
+                action="subscription.instances_unstoppable",
+                tenant=subscription.tenant,
+                target=subscription,
+                result=AuditEvent.Result.ERROR,
+                payload={
+                    "plan": subscription.plan.key,
+                    "instances": unstoppable,
+                    "reason": "the plan has no stop verb",
+                },
+            )
+        if stopped:
+            _notify(subscription, "stopped")
+
+
+def plan_override_update(
+    *,
+    actor: Actor,
+    override: PlanOverride,
+    effective_from: datetime,
+    limits: dict,
+    prices: dict,
+    note: str = "",
+) -> PlanOverride:
+    """Change an override that has not reached into a closed billing period (staff)."""
+    tenant = override.tenant
+    with audited_action(actor=actor, action="plan_override.update", tenant=tenant, target=override):
+        override = PlanOverride.objects.select_for_update().get(pk=override.pk)
+        if periods.is_closed(override.effective_from):
+            raise ActionDenied(
+                "This override took effect in a closed billing period; add a new one instead."
+            )
+        plan_override_validate(effective_from=effective_from, limits=limits, prices=prices)
+        override.effective_from = effective_from
+        override.limits = limits
+        override.prices = {k: str(v) for k, v in prices.items()}
+        override.note = note
+        override.full_clean()
+        override.save()
+        audit_record(
+            actor=actor,
+            action="plan_override.update",
+            tenant=tenant,
+            target=override,
+            payload={
+                "plan": override.plan.key,
+                "effective_from": effective_from.isoformat(),
+                "limits": limits,
+                "prices": override.prices,
+            },
+        )
+    return override

@@ -1,21 +1,85 @@
-from django.http import Http404
-from django.shortcuts import render
-from django.utils import timezone
+import uuid
 
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
 from accounts.tenancy import tenant_view
-from billing import reports, selectors, usage
+from billing import entitlements, reports, selectors, services, usage
+from billing.models import Plan, Subscription
 
 
 @tenant_view("billing.view")
 def overview(request):
-    return render(
-        request,
-        "billing/overview.html",
-        {
-            "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
-            "invoices": list(selectors.invoices_of(request.tenant)[:24]),
-        },
+    context = {
+        "rows": selectors.plan_rows(request.tenant),
+        "request_id": uuid.uuid4().hex,  # one per rendering: a double submit sends it twice
+        "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
+        "invoices": list(selectors.invoices_of(request.tenant)[:24]),
+    }
+    return render(request, "billing/overview.html", context)
+
+
+def _back(request):
+    return redirect("billing_overview", tenant_slug=request.tenant.slug)
+
+
+def _refusal(exc: ActionDenied | ValidationError) -> str:
+    return exc.reason if isinstance(exc, ActionDenied) else " ".join(exc.messages)
+
+
+@tenant_view("billing.manage")
+@require_POST
+def subscribe(request, plan_key: str):
+    plan = get_object_or_404(Plan, key=plan_key)
+    try:
+        subscription = services.subscribe(
+            actor=Actor.from_request(request),
+            tenant=request.tenant,
+            plan=plan,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except (ActionDenied, ValidationError) as exc:
+        messages.error(request, _refusal(exc))
+    else:
+        if subscription.status == Subscription.Status.PENDING:
+            messages.success(
+                request,
+                f"Your subscription to {plan.name} awaits approval by the platform team; "
+                "we will email you once it is approved.",
+            )
+        else:
+            messages.success(request, f"You are subscribed to {plan.name}.")
+    return _back(request)
+
+
+@tenant_view("billing.manage")
+@require_POST
+def subscription_cancel(request, subscription_id: int):
+    subscription = (
+        Subscription.objects.filter(tenant=request.tenant, pk=subscription_id)
+        .select_related("plan")
+        .first()
     )
+    if subscription is None:
+        raise Http404("No such subscription.")
+    current = entitlements.usage_of(request.tenant, subscription.plan)
+    try:
+        services.subscription_cancel(
+            actor=Actor.from_request(request),
+            subscription=subscription,
+            running_instances=current.instances if current else 0,
+        )
+    except (ActionDenied, ValidationError) as exc:
+        messages.error(request, _refusal(exc))
+    else:
+        messages.success(request, f"Your subscription to {subscription.plan.name} is cancelled.")
+    return _back(request)
 
 
 @tenant_view("billing.view")

@@ -330,6 +330,7 @@ def _opsdeck(kubeconfig: str, spec_text: str, count: int, workers: int, timeout:
     from accounts import services as accounts_services
     from accounts.audit import Actor
     from accounts.models import User
+    from billing import services as billing_services
     from deployments import services
     from deployments.models import Operation, TaskRun
 
@@ -342,6 +343,7 @@ def _opsdeck(kubeconfig: str, spec_text: str, count: int, workers: int, timeout:
     user = User.objects.create_user(email="bench@opsdeck.invalid", password=None)
     tenant = accounts_services.tenant_create(actor=Actor(user=user), name="Bench")
     actor = Actor(user=user)
+    billing_services.subscribe(actor=actor, tenant=tenant, plan=plan)
 
     watch = ClusterWatch(kubeconfig)
     pool = WorkerPool(workers, Path(settings.VAR_DIR))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,12 +28,12 @@ from django.utils import timezone
 from accounts import idempotency
 from accounts.audit import REDACTED, SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
-from accounts.models import RequestKey, Tenant
+from accounts.models import AuditEvent, RequestKey, Tenant
 from accounts.services import permission_require
-from billing import entitlements
 from billing import services as billing_services
-from billing.models import Plan
+from billing.models import Plan, Subscription
 from deployments import lifecycle, schedules, selectors
+from deployments.entitlement_usage import entitlement_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import (
     BackupSchedule,
@@ -51,6 +52,7 @@ from deployments.spec.params import check as check_value
 from deployments.workflow.driver import DriverError
 
 STEP_TASK = "deployments.tasks.operation_step"
+logger = logging.getLogger(__name__)
 
 
 # --- plans ------------------------------------------------------------------------------
@@ -74,7 +76,9 @@ def plan_load(*, text: str) -> PlanLoad:
     Raises SpecError (with every error) when the spec is invalid.
     """
     spec = load_spec(text)
-    limits = {"max_instances": spec.max_instances} if spec.max_instances is not None else {}
+    limits = {**spec.entitlements, **spec.subscription}
+    if spec.max_instances is not None:
+        limits["max_instances"] = spec.max_instances
     plan, plan_changed = billing_services.plan_upsert(
         key=spec.key,
         name=spec.name,
@@ -255,11 +259,13 @@ def _instance_new(
     name: str,
     values: dict,
     base: dict | None = None,
+    action: str = "create",
+    point_in_time: bool = False,
 ) -> Instance:
     """A new instance row (state creating) after the checks every new instance passes:
-    a cell offered to the tenant (its default one when none is given), a name, the plan's
-    limit for the tenant, valid parameters (with `base`, the values a restore starts from,
-    whose fixed ones cannot change)."""
+    a cell offered to the tenant (its default one when none is given), a name, valid
+    parameters (with `base`, the values a restore starts from, whose fixed ones cannot
+    change), and the tenant's entitlements on the plan for `action` (create or restore)."""
     offered = Cell.objects.offered_to(tenant)
     if cell is None:
         cell = offered.order_by("-is_default", "name").first()
@@ -268,26 +274,22 @@ def _instance_new(
     elif not offered.filter(pk=cell.pk).exists():
         raise ValidationError({"cell": "This region is not offered to your organization."})
     name = _instance_name(name)
-    # Lock the tenant so two concurrent creates cannot both pass the limit.
-    Tenant.objects.select_for_update().get(pk=tenant.pk)
-    plan = version.plan
-    try:
-        entitlements.check(
-            tenant=tenant,
-            plan=plan,
-            action="instance.create",
-            active_instances=Instance.objects.for_tenant(tenant)
-            .active()
-            .filter(plan_version__plan=plan)
-            .count(),
-        )
-    except entitlements.EntitlementDenied as exc:
-        raise ActionDenied(str(exc)) from exc
     spec = selectors.plan_spec(version)
     try:
         typed = validate_parameters(spec.main.parameters, values, current=base)
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc
+    # Lock the tenant so two concurrent creates cannot both pass the limits.
+    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    entitlement_require(
+        tenant=tenant,
+        plan=version.plan,
+        action=action,
+        version=version,
+        after=typed,
+        cell=cell.name,
+        point_in_time=point_in_time,
+    )
     plain, hidden = split_values(spec.main.parameters, typed)
     instance = Instance.objects.create(
         tenant=tenant,
@@ -489,7 +491,9 @@ def instance_action(
         if verb == "modify":
             requested, requested_secret = _modify_request(spec, instance, values)
             changed = {**requested, **{k: REDACTED for k in requested_secret["parameters"]}}
+            _entitled_to_modify(instance, requested)
         else:
+            _entitled(instance, "retry" if verb in {"create", "restore"} else verb)
             requested_secret, arguments = _verb_request(spec, spec_verb, values)
         if verb in {"create", "restore"}:
             arguments = _retry_arguments(instance, verb)
@@ -515,6 +519,29 @@ def instance_action(
             payload={"changed": changed} if verb == "modify" else {},
         )
     return operation
+
+
+def _entitled(instance: Instance, action: str, **request: Any) -> None:
+    """ActionDenied (with billing's reason) unless the tenant's subscription and limits on the
+    instance's plan allow `action` now."""
+    entitlement_require(
+        tenant=instance.tenant, plan=instance.plan_version.plan, action=action, **request
+    )
+
+
+def _entitled_to_modify(instance: Instance, requested: dict) -> None:
+    """A modify's sizes against the plan's limits: the values once the operations queued
+    before it have run, and with its changes. The tenant is locked, as for a create, so two
+    concurrent changes cannot both pass a total."""
+    Tenant.objects.select_for_update().get(pk=instance.tenant_id)
+    projected = _projected_values(instance)
+    _entitled(
+        instance,
+        "modify",
+        version=instance.plan_version,
+        before=projected,
+        after={**projected, **requested},
+    )
 
 
 def _snapshot_start(instance: Instance, *, scheduled: bool = False) -> dict:
@@ -624,6 +651,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
         reason = selectors.lifecycle_refusal(instance, "upgrade")
         if reason:
             raise ActionDenied(reason)
+        _entitled(instance, "upgrade")
         if preview.problems:
             raise ValidationError(list(preview.problems.values()))
         versions = {"from": preview.current.number, "to": preview.target.number}
@@ -665,6 +693,7 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
         reason = selectors.lifecycle_refusal(instance, "rollback")
         if reason:
             raise ActionDenied(reason)
+        _entitled(instance, "rollback")
         failed = selectors.instance_rollback_source(instance)
         if failed is None:
             raise ActionDenied(
@@ -890,6 +919,8 @@ def snapshot_restore(
                 name=name,
                 values=values,
                 base=base,
+                action="restore",
+                point_in_time=target_time is not None,
             )
         except ValidationError as exc:
             raise _fixed_by_snapshot(exc, base) from exc
@@ -1072,6 +1103,7 @@ def backup_schedule_update(
         )
         if errors:
             raise ValidationError(errors)
+        _entitled(instance, "backup.schedule", retention_days=retention_days)
         now = timezone.now()
         schedule = BackupSchedule.objects.select_for_update().filter(
             instance=instance
@@ -1178,6 +1210,7 @@ def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
         reason = lifecycle.refusal("backup", _projected_state(instance))
         if reason:
             raise ActionDenied(reason)
+        _entitled(instance, "backup")
         arguments = _snapshot_start(instance, scheduled=True)
         # One operation per slot, also enforced by the (instance, request id) constraint.
         operation = _operation_new(
@@ -1240,3 +1273,94 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
             continue  # an upgrade is pending: the next run prunes it on the new version
         forgotten += 1
     return forgotten
+
+
+# --- suspended subscriptions -----------------------------------------------------------------
+
+
+def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
+    """Stop the running instances of subscriptions suspended for longer than their plan's
+    `stop_after_days` (run by beat): each through its plan's `stop` verb, queued by the
+    system, never deleted. An instance whose plan has no stop verb is flagged to staff (an
+    audit event and a log line) instead. Idempotent: each stop's request id derives from the
+    suspension, so a second sweep queues nothing new."""
+    now = now or timezone.now()
+    counts = {"stopped": 0, "unstoppable": 0}
+    suspended = Subscription.objects.filter(
+        status=Subscription.Status.SUSPENDED, suspended_at__isnull=False
+    ).select_related("tenant", "plan")
+    for subscription in suspended:
+        if subscription.suspended_at + timedelta(days=subscription.plan.stop_after_days) > now:
+            continue
+        stopped, unstoppable = _suspended_stop(subscription)
+        counts["stopped"] += len(stopped)
+        counts["unstoppable"] += len(unstoppable)
+    return counts
+
+
+def _suspended_stop(subscription: Subscription) -> tuple[list[str], list[str]]:
+    """Queue `stop` for one suspended subscription's running instances; the ids stopped now
+    and those that cannot be (flagged once per suspension)."""
+    request_id = idempotency.derived_request_id(
+        f"{subscription.pk}:{subscription.suspended_at.isoformat()}", "suspended-stop"
+    )
+    running = (
+        Instance.objects.for_tenant(subscription.tenant)
+        .filter(plan_version__plan=subscription.plan, state=Instance.State.RUNNING)
+        .select_related("plan_version", "tenant")
+    )
+    stopped, unstoppable = [], []
+    for instance in running:
+        if "stop" not in selectors.plan_spec(instance.plan_version).main.verbs:
+            unstoppable.append(instance.pk)
+            continue
+        if instance.operations.filter(request_id=request_id).exists():
+            continue
+        try:
+            _stop_queue_suspended(instance, request_id)
+        except ActionDenied:
+            continue  # busy or changed meanwhile: the next sweep tries again
+        stopped.append(instance.pk)
+    flagged = AuditEvent.objects.filter(
+        action="subscription.instances_unstoppable",
+        target_type=subscription._meta.model_name,
+        target_id=str(subscription.pk),
+        created_at__gte=subscription.suspended_at,
+    ).exists()
+    if unstoppable and not flagged:
+        logger.warning(
+            "Suspended subscription %s: plan %s has no stop verb; instances %s keep running",
+            subscription.pk,
+            subscription.plan.key,
+            ", ".join(unstoppable),
+        )
+    else:
+        unstoppable = []
+    if stopped or unstoppable:
+        billing_services.subscription_instances_stopped(
+            subscription=subscription, stopped=stopped, unstoppable=unstoppable
+        )
+    return stopped, unstoppable
+
+
+def _stop_queue_suspended(instance: Instance, request_id: str) -> Operation:
+    """A suspended subscription's stop, queued as the system: no role is checked, so only beat
+    (`suspended_instances_stop`) calls this, never a view. ActionDenied when the instance's
+    state forbids a stop now (audited as refused)."""
+    tenant = instance.tenant
+    with audited_action(actor=SYSTEM, action="instance.stop", tenant=tenant, target=instance):
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        reason = lifecycle.refusal("stop", _projected_state(instance))
+        if reason or _upgrading(instance):
+            raise ActionDenied(reason or UPGRADING)
+        operation = _operation_new(
+            actor=SYSTEM, instance=instance, verb="stop", request_id=request_id
+        )
+        audit_record(
+            actor=SYSTEM,
+            action="instance.stop",
+            tenant=tenant,
+            target=instance,
+            payload={"reason": "the subscription is suspended"},
+        )
+    return operation

@@ -54,3 +54,9 @@ def usage_meter() -> int:
     from deployments import metering
 
     return len(metering.meter_due())
+
+
+@shared_task
+def suspended_instances_stop() -> dict[str, int]:
+    """Stop the running instances of long-suspended subscriptions (run hourly by beat)."""
+    return services.suspended_instances_stop()

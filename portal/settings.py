@@ -172,6 +172,14 @@ CELERY_BEAT_SCHEDULE = {
     "snapshots-prune": {"task": "deployments.tasks.snapshots_prune", "schedule": 600.0},
     # Every full hour not metered yet; running again changes nothing.
     "usage-meter": {"task": "deployments.tasks.usage_meter", "schedule": 300.0},
+    "subscriptions-suspend-overdue": {
+        "task": "billing.tasks.subscriptions_suspend_overdue",
+        "schedule": 3600.0,
+    },
+    "suspended-instances-stop": {
+        "task": "deployments.tasks.suspended_instances_stop",
+        "schedule": 3600.0,
+    },
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------

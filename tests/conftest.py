@@ -48,6 +48,55 @@ def _own_cache(request):
     }
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "unsubscribed: tenants are not subscribed to plans on their own (see below)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _tenants_subscribed(request):
+    """Every tenant a test makes is subscribed (active) to every plan, whichever is made
+    first — as the data migration subscribes the tenants that already ran instances — so a
+    test about instances need not say so. Tests of subscriptions mark themselves
+    `unsubscribed` and subscribe for themselves."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield
+        return
+    if request.node.get_closest_marker("unsubscribed"):
+        yield
+        return
+    from django.db.models.signals import post_save
+
+    from accounts.models import Tenant
+    from billing.models import Plan, Subscription
+
+    def subscribe(tenants, plans) -> None:
+        for tenant in tenants:
+            for plan in plans:
+                open_ = Subscription.objects.filter(tenant=tenant, plan=plan).exclude(
+                    status=Subscription.Status.CANCELLED
+                )
+                if not open_.exists():
+                    Subscription.objects.create(
+                        tenant=tenant, plan=plan, status=Subscription.Status.ACTIVE
+                    )
+
+    def tenant_made(sender, instance, created, raw=False, **kwargs):
+        if created and not raw:
+            subscribe([instance], Plan.objects.all())
+
+    def plan_made(sender, instance, created, raw=False, **kwargs):
+        if created and not raw:
+            subscribe(Tenant.objects.all(), [instance])
+
+    post_save.connect(tenant_made, sender=Tenant, dispatch_uid="test-tenant-subscribed")
+    post_save.connect(plan_made, sender=Plan, dispatch_uid="test-plan-subscribed")
+    yield
+    post_save.disconnect(sender=Tenant, dispatch_uid="test-tenant-subscribed")
+    post_save.disconnect(sender=Plan, dispatch_uid="test-plan-subscribed")
+
+
 PASSWORD = "correct-horse-battery-9"
 
 

@@ -17,6 +17,10 @@ Opsdeck's own settings live under one top-level key, `x-opsdeck`:
         groups: [{name: Compute, parameters: [cpu, instances]}]
       connection:                    # what the Connection tab shows (parameters by key)
         {user: owner, database: database, password: password, scheme: postgresql}
+      entitlements:                  # limits over the usage dimensions (docs/spec-format.md)
+        {maxInstances: 10, maxTotal: {storage: 2000}, maxPerInstance: {replica: 5},
+         cells: [eu-1], deniedVerbs: [restore.pointInTime], maxBackupRetentionDays: 35}
+      subscription: {autoApprove: true, graceDays: 7, stopAfterDays: 7}
 
 Without `kinds`, the kinds found in the spec's own manifests are the allowed ones.
 """
@@ -776,6 +780,124 @@ def _currency(extensions: dict, report: Report) -> str:
     return value
 
 
+ENTITLEMENT_KEYS = (
+    "maxInstances",
+    "maxTotal",
+    "maxPerInstance",
+    "cells",
+    "deniedVerbs",
+    "maxBackupRetentionDays",
+)
+# A pseudo-verb: denying it refuses restores to a point in time, not plain restores.
+POINT_IN_TIME = "restore.pointInTime"
+# Verbs a plan cannot deny: an instance must always be creatable and deletable.
+UNDENIABLE_VERBS = ("create", "delete")
+SUBSCRIPTION_DEFAULTS = {"autoApprove": True, "graceDays": 7, "stopAfterDays": 7}
+
+
+def _dimension_limits(
+    raw: Any, path: str, dimensions: list[str], report: Report
+) -> dict[str, int | float]:
+    """`{dimension: number}` over the plan's usage dimensions."""
+    result = {}
+    for dimension, value in _mapping(raw, path, report).items():
+        where = f"{path}.{dimension}"
+        if dimension not in dimensions:
+            report.error(
+                where,
+                f'unknown dimension "{dimension}"; expected one of the x-opsdeck.usage '
+                f"dimensions ({', '.join(dimensions) or 'none'})",
+            )
+            continue
+        try:
+            number = _number(value)
+        except (TypeError, ValueError):
+            number = -1
+        if number < 0:
+            report.error(where, f'"{value}" is not a number of at least 0')
+            continue
+        result[str(dimension)] = number
+    return result
+
+
+def _entitlements(
+    extensions: dict, document: dict, main: Service, report: Report
+) -> tuple[int | None, dict]:
+    """`x-opsdeck.entitlements` as billing stores it, and the instance limit it shares with
+    Omnistrate's `maxNumberOfInstancesAllowed`."""
+    path = "x-opsdeck.entitlements"
+    raw = _mapping(extensions.get("entitlements"), path, report)
+    for key in raw:
+        if key not in ENTITLEMENT_KEYS:
+            report.warn(
+                _at(path, key), f"unknown key; expected one of {', '.join(ENTITLEMENT_KEYS)}"
+            )
+    legacy_max = _int(document, "maxNumberOfInstancesAllowed", "", report)
+    max_instances = _int(raw, "maxInstances", path, report)
+    if max_instances is not None and legacy_max is not None and max_instances != legacy_max:
+        report.error(
+            f"{path}.maxInstances",
+            f"is {max_instances} but maxNumberOfInstancesAllowed is {legacy_max}; give one",
+        )
+    if max_instances is None:
+        max_instances = legacy_max
+    dimensions = sorted(_mapping(extensions.get("usage"), "x-opsdeck.usage", Report()))
+    result: dict[str, Any] = {}
+    for key, name in (("maxTotal", "max_total"), ("maxPerInstance", "max_per_instance")):
+        limits = _dimension_limits(raw.get(key), f"{path}.{key}", dimensions, report)
+        if limits:
+            result[name] = limits
+    if raw.get("cells") is not None:
+        cells = _list(raw.get("cells"), f"{path}.cells", report)
+        if not all(isinstance(cell, str) and cell for cell in cells):
+            report.error(f"{path}.cells", "must be a list of cell names")
+        else:
+            result["cells"] = cells
+    denied = _list(raw.get("deniedVerbs"), f"{path}.deniedVerbs", report)
+    for i, verb in enumerate(denied):
+        where = f"{path}.deniedVerbs[{i}]"
+        if verb in UNDENIABLE_VERBS:
+            report.error(where, f'"{verb}" cannot be denied')
+        elif verb == POINT_IN_TIME:
+            if "restore" not in main.verbs:
+                report.error(where, f'"{verb}" needs the restore verb, which the plan lacks')
+        elif verb not in main.verbs:
+            report.error(
+                where,
+                f'unknown verb "{verb}"; expected one of the plan\'s verbs or {POINT_IN_TIME}',
+            )
+    if denied:
+        result["denied_verbs"] = [str(verb) for verb in denied]
+    most = _int(raw, "maxBackupRetentionDays", path, report)
+    if most is not None:
+        own = (main.backup or {}).get("backupRetentionInDays")
+        if isinstance(own, int) and own > most:
+            report.error(
+                f"{path}.maxBackupRetentionDays",
+                f"is {most} but the plan's own backupRetentionInDays is {own}; raise it or "
+                "shorten that",
+            )
+        result["max_backup_retention_days"] = most
+    return max_instances, result
+
+
+def _subscription(extensions: dict, report: Report) -> dict:
+    """`x-opsdeck.subscription` with its defaults, in billing's keys."""
+    path = "x-opsdeck.subscription"
+    raw = _mapping(extensions.get("subscription"), path, report)
+    for key in raw:
+        if key not in SUBSCRIPTION_DEFAULTS:
+            report.warn(
+                _at(path, key), f"unknown key; expected one of {', '.join(SUBSCRIPTION_DEFAULTS)}"
+            )
+    grace, stop = _int(raw, "graceDays", path, report), _int(raw, "stopAfterDays", path, report)
+    return {
+        "auto_approve": _bool(raw, "autoApprove", path, report, True),
+        "grace_days": SUBSCRIPTION_DEFAULTS["graceDays"] if grace is None else grace,
+        "stop_after_days": SUBSCRIPTION_DEFAULTS["stopAfterDays"] if stop is None else stop,
+    }
+
+
 def _main_service(services: list[Service]) -> Service | None:
     for service in services:
         if "operatorCRDConfiguration" in service.raw:
@@ -820,6 +942,7 @@ def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
     kinds = _list(extensions.get("kinds"), "x-opsdeck.kinds", report)
     usage = _mapping(extensions.get("usage"), "x-opsdeck.usage", report)
     display = _mapping(extensions.get("display"), "x-opsdeck.display", report)
+    max_instances, entitlements = _entitlements(extensions, document, main, report)
     spec = PlanSpec(
         key=key,
         name=name,
@@ -829,7 +952,9 @@ def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
         main=main,
         pricing=_pricing(document.get("pricing"), "pricing", report),
         currency=_currency(extensions, report),
-        max_instances=_int(document, "maxNumberOfInstancesAllowed", "", report),
+        max_instances=max_instances,
+        entitlements=entitlements,
+        subscription=_subscription(extensions, report),
         extensions=extensions,
         allowed_kinds=[str(k) for k in kinds],
         usage_rules={str(k): str(v) for k, v in usage.items()},

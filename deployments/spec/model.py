@@ -194,6 +194,11 @@ class PlanSpec:
     pricing: list[dict] = field(default_factory=list)  # {dimension, unit, timeUnit, price}
     currency: str = "usd"  # x-opsdeck.currency: the currency of every price
     max_instances: int | None = None
+    # x-opsdeck.entitlements, in billing's keys (max_total, max_per_instance, cells,
+    # denied_verbs, max_backup_retention_days); max_instances is the field above.
+    entitlements: dict = field(default_factory=dict)
+    # x-opsdeck.subscription with its defaults: auto_approve, grace_days, stop_after_days.
+    subscription: dict = field(default_factory=dict)
     extensions: dict = field(default_factory=dict)
     allowed_kinds: list[str] = field(default_factory=list)
     usage_rules: dict[str, str] = field(default_factory=dict)

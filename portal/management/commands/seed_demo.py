@@ -4,8 +4,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from accounts import services
-from accounts.audit import Actor
+from accounts.audit import SYSTEM, Actor
 from accounts.models import Tenant, User
+from billing import services as billing_services
+from billing.models import Plan
 
 DEMO_EMAIL = "demo@opsdeck.example"
 DEMO_PASSWORD = "opsdeck-demo"  # noqa: S105 - a published demo credential, not a secret
@@ -13,7 +15,10 @@ DEMO_TENANT = "Demo Company"
 
 
 class Command(BaseCommand):
-    help = "Create the demo user (verified email) and the organization they own; idempotent."
+    help = (
+        "Create the demo user (verified email) and the organization they own, subscribed to "
+        "every loaded plan (run load_specs first); idempotent."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--password", default=DEMO_PASSWORD, help="the demo user's password")
@@ -39,6 +44,8 @@ class Command(BaseCommand):
         tenant = Tenant.objects.for_user(user).filter(name=DEMO_TENANT).first()
         if tenant is None:
             tenant = services.tenant_create(actor=Actor(user=user), name=DEMO_TENANT)
+        for plan in Plan.objects.all():
+            billing_services.subscription_create_active(actor=SYSTEM, tenant=tenant, plan=plan)
         self.stdout.write(
             "Demo ready. Sign in with\n"
             f"  email:        {DEMO_EMAIL}\n"

@@ -1,0 +1,20 @@
+from celery import shared_task
+
+from billing import services
+from billing.models import Subscription
+
+
+@shared_task
+def subscription_notify(subscription_pk: int, event: str) -> None:
+    """Mail the tenant's owners and billing members what happened to its subscription."""
+    subscription = (
+        Subscription.objects.select_related("tenant", "plan").filter(pk=subscription_pk).first()
+    )
+    if subscription is not None:
+        services.subscription_email_send(subscription=subscription, event=event)
+
+
+@shared_task
+def subscriptions_suspend_overdue() -> int:
+    """Suspend past-due subscriptions beyond their grace period (run hourly by beat)."""
+    return services.subscriptions_suspend_overdue()

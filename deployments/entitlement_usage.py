@@ -1,0 +1,92 @@
+"""What deployments tells billing's entitlement check: a tenant's usage of a plan and the
+quantities a change asks for, as plain values (billing never reads instances).
+
+Quantities come from the plan's usage rules (`metering.quantities`), computed only when the
+tenant's limits name a dimension: most checks need the instance count alone.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from accounts.errors import ActionDenied
+from accounts.models import Tenant
+from billing import entitlements
+from billing.models import Plan
+from deployments import metering
+from deployments.models import Instance, PlanVersion
+
+
+def usage_on_plan(tenant: Tenant, plan: Plan, *, dimensions: bool) -> entitlements.Usage:
+    """The tenant's instances on `plan` that are not deleted, and with `dimensions`, their
+    summed quantities per usage dimension (one query)."""
+    instances = Instance.objects.for_tenant(tenant).active().filter(plan_version__plan=plan)
+    if not dimensions:
+        return entitlements.Usage(instances=instances.count())
+    rows = list(instances.select_related("plan_version").only("parameters", "plan_version"))
+    totals: dict[str, Decimal] = {}
+    for row in rows:
+        try:
+            measured = metering.quantities(row.plan_version, row.parameters)
+        except metering.UsageError:
+            continue  # its values cannot be measured: it cannot hold the tenant back either
+        for dimension, quantity in measured.items():
+            totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
+    return entitlements.Usage(instances=len(rows), totals=totals)
+
+
+def _quantities(version: PlanVersion, values: dict[str, Any]) -> dict[str, Decimal]:
+    try:
+        return metering.quantities(version, values)
+    except metering.UsageError as exc:
+        raise ValidationError(str(exc)) from exc
+
+
+def entitlement_require(
+    *,
+    tenant: Tenant,
+    plan: Plan,
+    action: str,
+    version: PlanVersion | None = None,
+    after: dict[str, Any] | None = None,
+    before: dict[str, Any] | None = None,
+    cell: str | None = None,
+    retention_days: int | None = None,
+    point_in_time: bool = False,
+) -> None:
+    """Ask billing whether `tenant` may do `action` on `plan`; ActionDenied with its reason
+    when not. `after` and `before`: the instance's parameter values after and before the
+    change (`before` None for a new instance), read on `version`."""
+    limits = entitlements.limits_for(tenant, plan)
+    sized = bool(limits.max_total or limits.max_per_instance) and after is not None
+    usage = usage_on_plan(tenant, plan, dimensions=sized and bool(limits.max_total))
+    quantities = delta = None
+    if sized:
+        quantities = _quantities(version, after)
+        was = _quantities(version, before) if before is not None else {}
+        delta = {dim: q - was.get(dim, Decimal(0)) for dim, q in quantities.items()}
+    decision = entitlements.check(
+        tenant=tenant,
+        plan=plan,
+        action=action,
+        usage=usage,
+        request=entitlements.Request(
+            quantities=quantities,
+            delta=delta,
+            cell=cell,
+            retention_days=retention_days,
+            point_in_time=point_in_time,
+        ),
+    )
+    if not decision.allowed:
+        raise ActionDenied(decision.reason)
+
+
+def _tenant_usage(tenant: Tenant, plan: Plan) -> entitlements.Usage:
+    return usage_on_plan(tenant, plan, dimensions=True)
+
+
+entitlements.usage_source_register(_tenant_usage)

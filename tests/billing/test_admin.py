@@ -1,0 +1,111 @@
+"""Staff manage subscriptions and overrides in the admin, through the billing services."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts.models import AuditEvent
+from billing import periods
+from billing.models import Plan, PlanOverride, Subscription
+
+pytestmark = pytest.mark.unsubscribed
+
+
+@pytest.fixture
+def staff_client(client, make_user):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    return client
+
+
+@pytest.fixture
+def plan(db):
+    return Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+
+
+def _changelist(model):
+    return reverse(f"admin:billing_{model._meta.model_name}_changelist")
+
+
+def _act(staff_client, action, *subscriptions):
+    return staff_client.post(
+        _changelist(Subscription),
+        {"action": action, "_selected_action": [s.pk for s in subscriptions]},
+        follow=True,
+    )
+
+
+def test_staff_approve_suspend_reactivate_and_cancel_through_the_services(
+    staff_client, tenant, plan
+):
+    subscription = Subscription.objects.create(tenant=tenant, plan=plan, status="pending")
+
+    for action in ["approve", "suspend", "reactivate", "cancel"]:
+        page = _act(staff_client, action, subscription)
+        assert page.status_code == 200
+
+    assert Subscription.objects.get().status == "cancelled"
+    events = AuditEvent.objects.filter(action__startswith="subscription.").order_by("pk")
+    assert [(e.action, e.actor_kind, e.result) for e in events] == [
+        ("subscription.approve", "staff", "ok"),
+        ("subscription.suspend", "staff", "ok"),
+        ("subscription.reactivate", "staff", "ok"),
+        ("subscription.cancel", "staff", "ok"),
+    ]
+
+
+def test_an_action_the_status_does_not_allow_is_reported_not_applied(staff_client, tenant, plan):
+    subscription = Subscription.objects.create(tenant=tenant, plan=plan, status="active")
+
+    page = _act(staff_client, "approve", subscription)
+
+    assert "A subscription that is active cannot be approved." in page.content.decode()
+    assert Subscription.objects.get().status == "active"
+
+
+def test_the_subscription_list_filters_by_status_and_plan(staff_client, tenant, plan):
+    Subscription.objects.create(tenant=tenant, plan=plan, status="suspended")
+
+    page = staff_client.get(_changelist(Subscription) + "?status__exact=suspended")
+
+    assert page.status_code == 200
+    assert "Acme" in page.content.decode()
+
+
+def _add_override(staff_client, tenant, plan, effective_from, limits='{"max_instances": 9}'):
+    return staff_client.post(
+        reverse("admin:billing_planoverride_add"),
+        {
+            "tenant": tenant.pk,
+            "plan": plan.pk,
+            "effective_from_0": effective_from.strftime("%Y-%m-%d"),
+            "effective_from_1": effective_from.strftime("%H:%M:%S"),
+            "limits": limits,
+            "prices": '{"cpu": "0.02"}',
+            "note": "pilot",
+        },
+    )
+
+
+def test_staff_add_an_override_from_now_on_and_it_is_audited(staff_client, tenant, plan):
+    response = _add_override(staff_client, tenant, plan, timezone.now() + timedelta(hours=1))
+
+    assert response.status_code == 302
+    override = PlanOverride.objects.get()
+    assert override.limits == {"max_instances": 9}
+    assert override.created_by.email == "staff@example.com"
+    assert AuditEvent.objects.get(action="plan_override.create").actor_kind == "staff"
+
+
+def test_an_override_in_a_closed_period_or_with_unknown_limits_is_refused_beside_the_field(
+    staff_client, tenant, plan
+):
+    closed = _add_override(staff_client, tenant, plan, periods.current_start() - timedelta(days=3))
+    unknown = _add_override(
+        staff_client, tenant, plan, timezone.now() + timedelta(hours=1), limits='{"bogus": 1}'
+    )
+
+    assert "closed billing period" in closed.content.decode()
+    assert "Unknown limit bogus" in unknown.content.decode()
+    assert not PlanOverride.objects.exists()

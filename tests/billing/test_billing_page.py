@@ -1,0 +1,166 @@
+"""The Billing page: each plan with the tenant's subscription and its usage against the limits;
+subscribe and cancel from it."""
+
+import re
+
+import pytest
+
+from accounts.audit import SYSTEM
+from billing import services
+from billing.models import Plan, Subscription
+from deployments.models import Cell, Instance
+from tests.concurrency import race
+from tests.deployments import factories
+
+pytestmark = pytest.mark.unsubscribed
+
+
+@pytest.fixture
+def version(db):
+    return factories.postgres_version()
+
+
+@pytest.fixture
+def plan(version):
+    return version.plan
+
+
+@pytest.fixture
+def subscribed(tenant, plan):
+    return services.subscription_create_active(actor=SYSTEM, tenant=tenant, plan=plan)
+
+
+def _url(tenant, suffix=""):
+    return f"/t/{tenant.slug}/billing/{suffix}"
+
+
+def _request_id(page) -> str:
+    return re.search(r'name="request_id" value="([^"]+)"', page.content.decode()).group(1)
+
+
+@pytest.mark.parametrize("role", ["owner", "admin", "billing"])
+def test_owners_admins_and_billing_members_see_usage_against_each_limit(
+    client, tenant, owner, add_member, version, subscribed, role
+):
+    user = owner if role == "owner" else add_member(f"{role}@example.com", role)
+    params = {"instances": 2, "storageGi": 60, "cpu": 1, "memoryGi": 2}
+    for n in range(3):
+        factories.make_instances(tenant, version, factories.cell(f"c{n}"), 1, name=f"db{n}")
+        Instance.objects.filter(name=f"db{n}-0").update(parameters=params)
+    client.force_login(user)
+
+    page = client.get(_url(tenant))
+
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "3 of 10 instances" in text
+    assert "360 of 10000 GiB of storage" in text
+    assert "At most 5 replicas per instance" in text
+    assert "Backups kept at most 365 days" in text
+    assert '<span class="badge badge-ok">Active</span>' in text
+
+
+@pytest.mark.parametrize("role", ["member", "viewer"])
+def test_members_and_viewers_may_not_see_billing(client, tenant, add_member, role):
+    client.force_login(add_member(f"{role}@example.com", role))
+
+    assert client.get(_url(tenant)).status_code == 403
+
+
+def test_another_organizations_billing_is_not_found(client, tenant, make_user):
+    client.force_login(make_user("stranger@example.com"))
+
+    assert client.get(_url(tenant)).status_code == 404
+
+
+def test_a_plan_not_subscribed_offers_subscribe_and_it_subscribes(owner_client, tenant, plan):
+    page = owner_client.get(_url(tenant))
+    assert "Not subscribed" in page.content.decode()
+
+    done = owner_client.post(
+        _url(tenant, f"subscribe/{plan.key}/"), {"request_id": _request_id(page)}, follow=True
+    )
+
+    assert Subscription.objects.get(tenant=tenant, plan=plan).status == "active"
+    assert "You are subscribed to PostgreSQL." in done.content.decode()
+    assert "Cancel my PostgreSQL subscription" in done.content.decode()
+
+
+def test_a_pending_subscription_says_it_awaits_approval(owner_client, tenant, plan):
+    Plan.objects.filter(pk=plan.pk).update(limits={**plan.limits, "auto_approve": False})
+    page = owner_client.get(_url(tenant))
+
+    done = owner_client.post(
+        _url(tenant, f"subscribe/{plan.key}/"), {"request_id": _request_id(page)}, follow=True
+    )
+
+    text = done.content.decode()
+    assert "awaits approval by the platform team" in text
+    assert '<span class="badge badge-op-queued">Awaiting approval</span>' in text
+
+
+def test_billing_members_subscribe_but_members_cannot(client, tenant, plan, add_member):
+    client.force_login(add_member("member@example.com", "member"))
+
+    refused = client.post(_url(tenant, f"subscribe/{plan.key}/"), {"request_id": "r"})
+
+    assert refused.status_code == 403
+    assert not Subscription.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_double_submitted_subscribe_form_makes_one_subscription(client, tenant, owner, plan):
+    from django.test import Client
+
+    def submit():
+        browser = Client()
+        browser.force_login(owner)
+        return browser.post(_url(tenant, f"subscribe/{plan.key}/"), {"request_id": "twice"})
+
+    results = race(submit)
+
+    assert [r.status_code for r in results] == [302] * 4, results
+    assert Subscription.objects.filter(tenant=tenant).count() == 1
+
+
+def test_cancelling_is_refused_while_instances_run_and_says_why(
+    owner_client, tenant, version, subscribed
+):
+    factories.make_instances(tenant, version, factories.cell(), 2)
+
+    done = owner_client.post(_url(tenant, f"subscriptions/{subscribed.pk}/cancel/"), follow=True)
+
+    assert "2 instances still run on the PostgreSQL plan" in done.content.decode()
+    assert Subscription.objects.get(pk=subscribed.pk).status == "active"
+
+
+def test_cancelling_without_instances_cancels(owner_client, tenant, subscribed):
+    done = owner_client.post(_url(tenant, f"subscriptions/{subscribed.pk}/cancel/"), follow=True)
+
+    assert "Your subscription to PostgreSQL is cancelled." in done.content.decode()
+    assert Subscription.objects.get(pk=subscribed.pk).status == "cancelled"
+
+
+def test_another_tenants_subscription_cannot_be_cancelled(owner_client, tenant, plan, make_user):
+    from accounts import services as account_services
+    from accounts.audit import Actor
+
+    other = account_services.tenant_create(actor=Actor(user=make_user("x@example.com")), name="X")
+    theirs = services.subscription_create_active(actor=SYSTEM, tenant=other, plan=plan)
+
+    response = owner_client.post(_url(tenant, f"subscriptions/{theirs.pk}/cancel/"))
+
+    assert response.status_code == 404
+    assert Subscription.objects.get(pk=theirs.pk).status == "active"
+
+
+def test_creating_without_a_subscription_points_to_the_billing_page(owner_client, tenant, plan):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    import uuid
+
+    page = owner_client.post(
+        f"/t/{tenant.slug}/deployments/new/{plan.key}/?request={uuid.uuid4().hex}",
+        {"name": "orders", "request_id": uuid.uuid4().hex},
+    )
+
+    assert "Subscribe to the PostgreSQL plan on the Billing page" in page.content.decode()

@@ -1,0 +1,403 @@
+"""Deployments ask billing before every create, change and verb: a tenant without an active
+subscription, or past its plan's limits, is refused with a reason — audited, and said next to
+the form."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from accounts.audit import SYSTEM, Actor
+from accounts.errors import ActionDenied
+from accounts.models import AuditEvent
+from billing import services as billing_services
+from billing.models import PlanOverride, Subscription
+from deployments import services
+from deployments.models import Cell, Instance, Operation, Snapshot
+from tests.concurrency import race
+from tests.deployments.conftest import SPEC
+
+pytestmark = pytest.mark.unsubscribed
+
+HOBBY = """
+  entitlements:
+    maxInstances: 2
+    maxPerInstance: {replica: 2}
+    maxTotal: {storage: 50}
+    cells: [local]
+    deniedVerbs: [restart, restore.pointInTime]
+    maxBackupRetentionDays: 30
+  subscription: {autoApprove: true, graceDays: 7, stopAfterDays: 7}
+"""
+
+
+def _hobby_text() -> str:
+    text = SPEC.read_text()
+    start = text.index("  entitlements:")
+    end = text.index("\nservices:")
+    text = text[:start] + HOBBY.lstrip("\n") + text[end:]
+    text = text.replace("maxNumberOfInstancesAllowed: 10\n", "")
+    return text.replace("plan: postgres-cnpg", "plan: pg-hobby").replace(
+        "name: PostgreSQL\n", "name: Hobby\n", 1
+    )
+
+
+@pytest.fixture
+def local(db):
+    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+
+
+@pytest.fixture
+def hobby(db):
+    return services.plan_load(text=_hobby_text()).plan
+
+
+@pytest.fixture
+def subscribed(tenant, hobby, owner):
+    return billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=hobby)
+
+
+def _create(owner, tenant, plan, name="orders", cell=None, request_id=None, **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name, parameters=parameters,
+        request_id=request_id or uuid.uuid4().hex, cell=cell,
+    )  # fmt: skip
+
+
+def _running(owner, tenant, plan, **parameters) -> Instance:
+    op = _create(owner, tenant, plan, **parameters)
+    Operation.objects.filter(pk=op.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=op.instance_id).update(state=Instance.State.RUNNING)
+    return Instance.objects.get(pk=op.instance_id)
+
+
+def _act(owner, instance, verb, **parameters):
+    return services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb=verb, request_id=uuid.uuid4().hex,
+        parameters=parameters,
+    )  # fmt: skip
+
+
+def _denied(tenant, action):
+    return AuditEvent.objects.filter(tenant=tenant, action=action, result="denied")
+
+
+def test_the_spec_entitlements_reach_the_plan(hobby):
+    assert hobby.limits == {
+        "max_instances": 2,
+        "max_per_instance": {"replica": 2},
+        "max_total": {"storage": 50},
+        "cells": ["local"],
+        "denied_verbs": ["restart", "restore.pointInTime"],
+        "max_backup_retention_days": 30,
+        "auto_approve": True,
+        "grace_days": 7,
+        "stop_after_days": 7,
+    }
+    assert hobby.max_instances == 2
+
+
+def test_omnistrates_instance_limit_is_the_plans_max_instances(db):
+    plan = services.plan_load(text=SPEC.read_text()).plan
+
+    assert plan.max_instances == 10
+    assert plan.limits["max_per_instance"] == {"replica": 5}
+
+
+def test_a_tenant_without_a_subscription_cannot_create_and_is_told_how_to(
+    local, hobby, tenant, owner
+):
+    with pytest.raises(ActionDenied) as refused:
+        _create(owner, tenant, hobby)
+
+    assert refused.value.reason == (
+        "Subscribe to the Hobby plan on the Billing page to create instances on it."
+    )
+    assert not Instance.objects.exists()
+    assert _denied(tenant, "instance.create").get().payload["reason"] == refused.value.reason
+
+
+def test_a_pending_subscription_cannot_create_yet(local, tenant, owner):
+    text = _hobby_text().replace("autoApprove: true", "autoApprove: false")
+    plan = services.plan_load(text=text).plan
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+
+    with pytest.raises(ActionDenied, match="awaiting approval"):
+        _create(owner, tenant, plan)
+
+
+def test_the_refusal_is_shown_next_to_the_create_form(local, hobby, tenant, owner, owner_client):
+    url = f"/t/{tenant.slug}/deployments/new/{hobby.key}/?request={uuid.uuid4().hex}"
+
+    page = owner_client.post(url, {"name": "orders", "request_id": uuid.uuid4().hex})
+
+    assert page.status_code == 200
+    assert "Subscribe to the Hobby plan on the Billing page" in page.content.decode()
+    assert not Instance.objects.exists()
+
+
+def test_the_instance_limit_counts_instances_not_deleted(local, hobby, subscribed, tenant, owner):
+    first = _running(owner, tenant, hobby, name="a", storageGi=5)
+    _running(owner, tenant, hobby, name="b", storageGi=5)
+
+    with pytest.raises(ActionDenied) as refused:
+        _create(owner, tenant, hobby, name="c", storageGi=5)
+    Instance.objects.filter(pk=first.pk).update(state=Instance.State.DELETED)
+    _create(owner, tenant, hobby, name="d", storageGi=5)
+
+    assert refused.value.reason == (
+        "The Hobby plan allows at most 2 instances per organization and you have 2; "
+        "delete one or change plan on the Billing page."
+    )
+
+
+def test_a_total_across_the_tenant_is_a_limit(local, hobby, subscribed, tenant, owner):
+    _running(owner, tenant, hobby, name="a", storageGi=20, instances=2)  # 40 GiB
+
+    with pytest.raises(ActionDenied) as refused:
+        _create(owner, tenant, hobby, name="b", storageGi=11)
+
+    assert refused.value.reason == (
+        "The Hobby plan allows at most 50 GiB of storage across your organization's instances "
+        "and this would make 51 GiB of storage; free some or change plan on the Billing page."
+    )
+    _create(owner, tenant, hobby, name="c", storageGi=10)  # exactly 50
+
+
+def test_a_modify_past_the_per_instance_limit_is_refused_and_audited(
+    local, hobby, subscribed, tenant, owner
+):
+    instance = _running(owner, tenant, hobby, storageGi=5)
+
+    with pytest.raises(ActionDenied) as refused:
+        _act(owner, instance, "modify", instances=3)
+
+    assert refused.value.reason == (
+        "The Hobby plan allows at most 2 replicas per instance and this asks for 3 replicas; "
+        "change plan on the Billing page for more."
+    )
+    assert _denied(tenant, "instance.modify").exists()
+    assert not instance.operations.filter(verb="modify").exists()
+    _act(owner, instance, "modify", instances=2)
+
+
+def test_a_modify_growing_the_total_past_the_limit_is_refused(
+    local, hobby, subscribed, tenant, owner
+):
+    instance = _running(owner, tenant, hobby, storageGi=20)  # 20 GiB
+
+    with pytest.raises(ActionDenied, match="at most 50 GiB of storage across"):
+        _act(owner, instance, "modify", instances=2, storageGi=26)  # 52 GiB
+    _act(owner, instance, "modify", storageGi=25)  # shrinking below is never the limit's business
+
+
+def test_a_cell_outside_the_plan_is_refused(hobby, subscribed, tenant, owner):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    elsewhere = Cell.objects.create(name="us-1", region="us-east")
+
+    with pytest.raises(ActionDenied) as refused:
+        _create(owner, tenant, hobby, cell=elsewhere)
+
+    assert refused.value.reason == (
+        "The Hobby plan does not run in the us-1 cell; choose one of: local."
+    )
+
+
+def test_a_verb_the_plan_denies_is_refused(local, hobby, subscribed, tenant, owner):
+    instance = _running(owner, tenant, hobby)
+
+    with pytest.raises(ActionDenied) as refused:
+        _act(owner, instance, "restart")
+
+    assert refused.value.reason == (
+        "The Hobby plan does not include the restart action; "
+        "change plan on the Billing page to use it."
+    )
+    assert _denied(tenant, "instance.restart").exists()
+
+
+def _completed_snapshot(instance) -> Snapshot:
+    return Snapshot.objects.create(
+        tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-snap",
+        status=Snapshot.Status.COMPLETED, created_at=timezone.now() - timedelta(hours=2),
+        parameters=instance.parameters,
+    )  # fmt: skip
+
+
+def test_point_in_time_restore_is_refused_where_denied_but_a_plain_restore_runs(
+    local, hobby, subscribed, tenant, owner
+):
+    snapshot = _completed_snapshot(_running(owner, tenant, hobby, storageGi=5))
+
+    with pytest.raises(ActionDenied) as refused:
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="pitr",
+            target_time=timezone.now() - timedelta(hours=1),
+        )  # fmt: skip
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="plain"
+    )
+
+    assert "does not include point-in-time restore" in refused.value.reason
+    assert _denied(tenant, "instance.restore").exists()
+    assert restore.verb == "restore"
+
+
+def test_a_backup_retention_beyond_the_plan_is_refused(local, hobby, subscribed, tenant, owner):
+    instance = _running(owner, tenant, hobby)
+
+    def schedule(days):
+        return services.backup_schedule_update(
+            actor=Actor(user=owner), instance=instance, interval_hours=24, cron="",
+            retention_days=days, retention_count=None, enabled=True,
+        )  # fmt: skip
+
+    with pytest.raises(ActionDenied) as refused:
+        schedule(31)
+    schedule(30)
+
+    assert refused.value.reason == (
+        "The Hobby plan keeps backups for at most 30 days; choose 30 or fewer, "
+        "or change plan on the Billing page."
+    )
+    assert _denied(tenant, "backup.schedule").exists()
+
+
+@pytest.mark.parametrize("verb", ["start", "backup", "modify", "reloadConfiguration"])
+def test_a_suspended_subscription_refuses_every_verb_but_stop_and_delete(
+    local, hobby, subscribed, tenant, owner, verb
+):
+    instance = _running(owner, tenant, hobby)
+    if verb == "start":
+        Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+    billing_services.subscription_suspend(actor=SYSTEM, subscription=subscribed)
+
+    with pytest.raises(ActionDenied, match="is suspended, so its instances can only be stopped"):
+        _act(owner, instance, verb, **({"instances": 2} if verb == "modify" else {}))
+
+
+def test_a_suspended_subscription_still_stops_deletes_and_forgets_backups(
+    local, hobby, subscribed, tenant, owner
+):
+    instance = _running(owner, tenant, hobby)
+    snapshot = _completed_snapshot(instance)
+    billing_services.subscription_suspend(actor=SYSTEM, subscription=subscribed)
+
+    assert _act(owner, instance, "stop").verb == "stop"
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f")
+    delete = services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="d")
+
+    assert forget.verb == "deleteBackup"
+    assert delete.verb == "delete"
+    with pytest.raises(ActionDenied, match="is suspended"):
+        _create(owner, tenant, hobby, name="more")
+
+
+def test_past_due_within_grace_still_runs_and_beyond_it_is_refused(
+    local, hobby, subscribed, tenant, owner
+):
+    instance = _running(owner, tenant, hobby)
+    billing_services.subscription_mark_past_due(
+        actor=SYSTEM, subscription=subscribed, since=timezone.now() - timedelta(days=6)
+    )
+    _act(owner, instance, "backup")
+
+    Subscription.objects.filter(pk=subscribed.pk).update(
+        past_due_since=timezone.now() - timedelta(days=8)
+    )
+    with pytest.raises(ActionDenied, match="is suspended"):
+        _act(owner, instance, "backup")
+
+
+def test_reactivation_restarts_nothing_but_allows_it(local, hobby, subscribed, tenant, owner):
+    instance = _running(owner, tenant, hobby)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+    billing_services.subscription_suspend(actor=SYSTEM, subscription=subscribed)
+    billing_services.subscription_reactivate(actor=SYSTEM, subscription=subscribed)
+
+    assert not instance.operations.filter(verb="start").exists()
+    assert _act(owner, instance, "start").verb == "start"
+
+
+# --- the stop sweep ---
+
+
+def _suspended_days_ago(subscription, days):
+    billing_services.subscription_suspend(actor=SYSTEM, subscription=subscription)
+    Subscription.objects.filter(pk=subscription.pk).update(
+        suspended_at=timezone.now() - timedelta(days=days)
+    )
+
+
+def test_the_sweep_stops_running_instances_after_the_second_grace_once(
+    local, hobby, subscribed, tenant, owner
+):
+    running = _running(owner, tenant, hobby, name="a")
+    stopped = _running(owner, tenant, hobby, name="b")
+    Instance.objects.filter(pk=stopped.pk).update(state=Instance.State.STOPPED)
+    _suspended_days_ago(subscribed, 6)
+
+    assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
+    Subscription.objects.filter(pk=subscribed.pk).update(
+        suspended_at=timezone.now() - timedelta(days=8)
+    )
+    first = services.suspended_instances_stop()
+    second = services.suspended_instances_stop()
+
+    assert first == {"stopped": 1, "unstoppable": 0}
+    assert second == {"stopped": 0, "unstoppable": 0}
+    (stop,) = Operation.objects.filter(verb="stop")
+    assert stop.instance_id == running.pk
+    assert stop.requested_by is None  # the system
+    assert AuditEvent.objects.filter(
+        tenant=tenant, action="instance.stop", actor_kind="system", result="ok"
+    ).exists()
+    assert AuditEvent.objects.filter(action="subscription.instances_stop").count() == 1
+    assert not Operation.objects.filter(verb="delete").exists()
+
+
+def test_a_plan_without_stop_is_flagged_to_staff_instead(tenant, owner, caplog):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    text = _hobby_text()
+    start = text.index("      stop:\n")
+    end = text.index("      start:\n")
+    plan = services.plan_load(text=text[:start] + text[end:]).plan
+    subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    instance = _running(owner, tenant, plan)
+    _suspended_days_ago(subscription, 8)
+
+    first = services.suspended_instances_stop()
+    services.suspended_instances_stop()
+
+    assert first == {"stopped": 0, "unstoppable": 1}
+    flag = AuditEvent.objects.get(action="subscription.instances_unstoppable")
+    assert flag.payload["instances"] == [instance.pk]
+    assert "has no stop verb" in caplog.text
+    assert not Operation.objects.filter(verb="stop").exists()
+
+
+# --- races ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_creates_at_the_limit_make_one_instance(tenant, owner):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=_hobby_text()).plan
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    PlanOverride.objects.create(tenant=tenant, plan=plan, limits={"max_instances": 1})
+
+    results = race(lambda: _create(owner, tenant, plan, name="orders"))
+
+    assert sum(isinstance(r, Operation) for r in results) == 1, results
+    assert all(isinstance(r, Operation | ActionDenied) for r in results), results
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
+def test_an_unmeasurable_request_is_a_validation_error_not_a_crash(
+    local, hobby, subscribed, tenant, owner
+):
+    with pytest.raises(ValidationError):
+        _create(owner, tenant, hobby, instances="x")
