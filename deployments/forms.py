@@ -245,8 +245,9 @@ def restore_form_class(
             label="Point in time (UTC)",
             required=False,
             input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"],
-            help_text="In UTC, between the backup and now. Leave empty to restore the backup "
-            "as it was taken.",
+            help_text=f"In UTC, from {point_in_time[0].replace('T', ' ')} to "
+            f"{point_in_time[1].replace('T', ' ')}: what the backups can recover. Leave empty to "
+            "restore the backup as it was taken.",
             widget=forms.DateTimeInput(
                 {
                     "type": "datetime-local",

@@ -12,6 +12,7 @@ from urllib.parse import quote
 from django.db.models import Count, F, Prefetch, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from accounts.models import AuditEvent, Tenant
 from billing.models import Plan
@@ -237,7 +238,14 @@ def _main_limits(spec: PlanSpec) -> list[tuple[str, str]]:
     return limits
 
 
-def catalog(tenant: Tenant) -> list[tuple[str, list[CatalogPlan]]]:
+@dataclass(frozen=True)
+class CatalogService:
+    key: str  # `x-opsdeck.service`
+    name: str  # `x-opsdeck.serviceName` of its plans, else the key
+    plans: list[CatalogPlan]
+
+
+def catalog(tenant: Tenant) -> list[CatalogService]:
     """The plans `tenant` may use, grouped by service (`x-opsdeck.service`), by name."""
     from deployments import metering  # metering reads plan specs through this module
 
@@ -249,10 +257,12 @@ def catalog(tenant: Tenant) -> list[tuple[str, list[CatalogPlan]]]:
             cost = None
         entry = CatalogPlan(version.plan, version, spec, _main_limits(spec), cost)
         services.setdefault(version.plan.service, []).append(entry)
-    return [
-        (service, sorted(plans, key=lambda p: p.plan.name))
-        for service, plans in sorted(services.items())
-    ]
+    grouped = []
+    for key, plans in services.items():
+        names = [p.spec.extensions.get("serviceName") for p in plans]
+        name = next((str(n) for n in names if isinstance(n, str) and n.strip()), key)
+        grouped.append(CatalogService(key, name, sorted(plans, key=lambda p: p.plan.name)))
+    return sorted(grouped, key=lambda service: service.name.casefold())
 
 
 # --- instance page ---------------------------------------------------------------------------
@@ -291,6 +301,41 @@ def snapshots_of_instance(instance: Instance) -> QuerySet[Snapshot]:
 
 def snapshot_of_instance(instance: Instance, snapshot_id: int) -> Snapshot | None:
     return snapshots_of_instance(instance).filter(pk=snapshot_id).first()
+
+
+def recovery_window(snapshot: Snapshot, now: datetime) -> tuple[datetime, datetime]:
+    """The instants a point-in-time restore from `snapshot` may target: from the snapshot (or
+    the oldest recoverable instant the operator reports for its source instance, when later:
+    older data has left the object store) to now (or the newest recoverable instant the
+    operator reports, when the plan's status maps one). Both come from the source's observed
+    status (`recoverableFrom`, `recoverableUntil`); a source that is gone bounds nothing."""
+    low, high = snapshot.created_at, now
+    observed = {}
+    if snapshot.instance_id is not None:
+        observed = (
+            Instance.objects.filter(pk=snapshot.instance_id)
+            .values_list("observed", flat=True)
+            .first()
+            or {}
+        )
+    reported_low = _instant(observed.get("recoverableFrom"))
+    reported_high = _instant(observed.get("recoverableUntil"))
+    if reported_low is not None and reported_low > low:
+        low = reported_low
+    if reported_high is not None and reported_high < high:
+        high = reported_high
+    return low, max(low, high)
+
+
+def _instant(value: Any) -> datetime | None:
+    """An aware instant from observed RFC 3339 text; None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = parse_datetime(value)
+    except ValueError:
+        return None
+    return moment if moment is not None and moment.utcoffset() is not None else None
 
 
 def instance_audit_events(instance: Instance) -> QuerySet[AuditEvent]:

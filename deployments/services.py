@@ -814,6 +814,29 @@ def _restore_base(snapshot: Snapshot) -> dict:
     return base
 
 
+def _point_in_time_check(snapshot: Snapshot, target_time: datetime) -> None:
+    """Refuse a target outside what can be recovered (`selectors.recovery_window`)."""
+    now = timezone.now()
+    if target_time > now:
+        raise ValidationError({"target_time": "The point in time is in the future."})
+    low, high = selectors.recovery_window(snapshot, now)
+    if target_time < snapshot.created_at:
+        raise ValidationError(
+            {"target_time": "The point in time is before the snapshot was taken."}
+        )
+    if not low <= target_time <= high:
+        raise ValidationError(
+            {
+                "target_time": f"The point in time must be between {_utc_text(low)} and "
+                f"{_utc_text(high)}: that is what the backups can recover."
+            }
+        )
+
+
+def _utc_text(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def snapshot_restore(
     *,
     actor: Actor,
@@ -851,12 +874,8 @@ def snapshot_restore(
             return _repeat(claim.earlier)
         if snapshot.status != Snapshot.Status.COMPLETED:
             raise ValidationError("Only a completed snapshot can be restored.")
-        if target_time is not None and target_time < snapshot.created_at:
-            raise ValidationError(
-                {"target_time": "The point in time is before the snapshot was taken."}
-            )
-        if target_time is not None and target_time > timezone.now():
-            raise ValidationError({"target_time": "The point in time is in the future."})
+        if target_time is not None:
+            _point_in_time_check(snapshot, target_time)
         version = snapshot.plan_version
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
@@ -957,6 +976,8 @@ def _snapshot_forget(
         and instance.state not in {Instance.State.DELETING, Instance.State.DELETED}
         and "deleteBackup" in spec.main.verbs
     )
+    if runs and _upgrading(instance):
+        raise ActionDenied(UPGRADING)
     audit_record(
         actor=actor,
         action="backup.delete",
@@ -1207,12 +1228,15 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
             and snapshot.instance.operations.filter(request_id=request_id).exists()
         ):
             continue  # its deleteBackup is queued (or ran and failed: it shows on the page)
-        with transaction.atomic():
-            _snapshot_forget(
-                actor=SYSTEM,
-                snapshot=snapshot,
-                request_id=request_id,
-                reason="expired" if snapshot.pk in expired else "beyond the retention count",
-            )
+        try:
+            with transaction.atomic():
+                _snapshot_forget(
+                    actor=SYSTEM,
+                    snapshot=snapshot,
+                    request_id=request_id,
+                    reason="expired" if snapshot.pk in expired else "beyond the retention count",
+                )
+        except ActionDenied:
+            continue  # an upgrade is pending: the next run prunes it on the new version
         forgotten += 1
     return forgotten

@@ -441,7 +441,8 @@ def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm
     spec = selectors.plan_spec(snapshot.plan_version)
     bounds = None
     if _point_in_time(snapshot.plan_version):
-        bounds = (_local(snapshot.created_at), _local(timezone.now()))
+        low, high = selectors.recovery_window(snapshot, timezone.now())
+        bounds = (_local(low), _local(high))
     form_class = forms.restore_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,

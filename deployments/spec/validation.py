@@ -133,10 +133,27 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     _check_groups(spec, report)
     _check_connection(spec, report)
     _check_status(spec, report)
+    _check_service_name(spec, report)
+
+
+def _check_service_name(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.serviceName`: how the catalog names the service (`PostgreSQL`)."""
+    name = spec.extensions.get("serviceName")
+    if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 100):
+        report.error("x-opsdeck.serviceName", "must be text of 1 to 100 characters")
 
 
 # What the portal shows of an instance's status (deployments.status reads the same names).
-SHOWN_STATUS = ("phase", "ready", "total", "primary", "conditions")
+SHOWN_STATUS = (
+    "phase",
+    "ready",
+    "total",
+    "primary",
+    "conditions",
+    # The oldest and newest instants a point-in-time restore can reach (RFC 3339).
+    "recoverableFrom",
+    "recoverableUntil",
+)
 
 
 def _check_status(spec: PlanSpec, report: Report) -> None:

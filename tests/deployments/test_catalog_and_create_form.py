@@ -64,7 +64,7 @@ def test_the_catalog_lists_each_plan_under_its_service_with_prices_for_its_defau
     page = text(response)
     assert response.status_code == 200
     assert "<h1>New deployment</h1>" in page
-    assert '<h2 id="service-postgresql">postgresql</h2>' in page
+    assert '<h2 id="service-postgresql">PostgreSQL</h2>' in page  # x-opsdeck.serviceName
     assert "<h3>PostgreSQL</h3>" in page
     # 1 core x 0.035 + 2 GiB x 0.005 + 10 GiB x 0.00014 = 0.0464 an hour, 33.87 a month
     assert "<strong>0.0464 USD</strong> per hour" in page
@@ -371,6 +371,7 @@ def test_plans_are_grouped_by_service_and_each_shows_its_latest_version(owner_cl
         .replace("name: PostgreSQL\n", "name: MySQL-ish\n", 1)
         .replace("plan: postgres-cnpg", "plan: mysqlish")
         .replace("service: postgresql", "service: mysql")
+        .replace("serviceName: PostgreSQL", "serviceName: MySQL")
     )
     services.plan_load(text=mysql)
     services.plan_load(
@@ -380,7 +381,7 @@ def test_plans_are_grouped_by_service_and_each_shows_its_latest_version(owner_cl
     page = text(owner_client.get(catalog_url(tenant)))
 
     assert (
-        page.index('id="service-mysql"')
+        page.index('<h2 id="service-mysql">MySQL</h2>')
         < page.index("MySQL-ish")
         < page.index('id="service-postgresql"')
     )

@@ -509,6 +509,40 @@ def test_a_point_in_time_before_the_backup_is_refused_beside_the_field(owner_cli
     assert Instance.objects.count() == 1
 
 
+def test_the_point_in_time_is_bounded_by_what_the_operator_can_recover(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    taken = (timezone.now() - timedelta(hours=3)).replace(microsecond=0)
+    Snapshot.objects.filter(pk=snapshot.pk).update(created_at=taken)
+    # The operator reports older WAL gone: recovery starts an hour after the backup, and (a
+    # plan mapping it) ends an hour ago.
+    oldest, newest = taken + timedelta(hours=1), taken + timedelta(hours=2)
+    Instance.objects.filter(pk=instance.pk).update(
+        observed={
+            "phase": "Cluster in healthy state",
+            "recoverableFrom": oldest.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "recoverableUntil": newest.astimezone(UTC).isoformat(),
+        }
+    )
+
+    html = owner_client.get(_restore_url(instance, snapshot)).content.decode()
+    field = re.search(r'<input type="datetime-local" name="target_time"[^>]*>', html).group()
+    assert f'min="{oldest.astimezone(UTC):%Y-%m-%dT%H:%M:%S}"' in field
+    assert f'max="{newest.astimezone(UTC):%Y-%m-%dT%H:%M:%S}"' in field
+    assert f"from {oldest.astimezone(UTC):%Y-%m-%d %H:%M:%S} to" in html
+
+    for outside in (oldest - timedelta(minutes=5), newest + timedelta(minutes=5)):
+        response = owner_client.post(
+            _restore_url(instance, snapshot),
+            {"name": "copy", "target_time": outside.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")},
+        )
+        assert response.status_code == 400
+        assert (
+            f"The point in time must be between {oldest.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC "
+            f"and {newest.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+        ) in response.content.decode()
+    assert Instance.objects.count() == 1
+
+
 def test_a_point_in_time_without_a_zone_is_read_as_utc(owner_client, instance):
     snapshot = instance.snapshots.get()
     taken = timezone.now() - timedelta(hours=2)

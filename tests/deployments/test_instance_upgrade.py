@@ -3,16 +3,18 @@ services, with a real worker and the sandbox cluster where a run matters."""
 
 import base64
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from deployments import selectors, services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
-from deployments.models import Cell, Instance, Operation
+from deployments.models import Cell, Instance, Operation, Snapshot
 from deployments.parameters import values_for_version
 from deployments.spec.model import Parameter
 from tests.deployments.conftest import SPEC, wait_done
@@ -273,6 +275,46 @@ def test_other_actions_wait_until_a_queued_upgrade_has_run(running, owner):
         services.instance_action(
             actor=Actor(user=owner), instance=running, verb="restart", request_id="r-1"
         )
+
+
+def test_deleting_a_backup_waits_until_a_queued_upgrade_has_run(running, owner):
+    snapshot = Snapshot.objects.create(
+        tenant=running.tenant, instance=running, source_instance_id=running.pk,
+        plan_version=running.plan_version, name=f"{running.pk}-1", status="completed",
+    )  # fmt: skip
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+    _upgrade(owner, running)
+
+    with pytest.raises(ActionDenied, match="being upgraded"):
+        services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="d-1")
+
+    snapshot.refresh_from_db()
+    assert snapshot.status == Snapshot.Status.COMPLETED
+    assert not running.operations.filter(verb="deleteBackup").exists()
+
+
+def test_pruning_skips_a_backup_while_an_upgrade_is_queued(running, owner):
+    taken = timezone.now() - timedelta(days=40)
+    expired = Snapshot.objects.create(
+        tenant=running.tenant, instance=running, source_instance_id=running.pk,
+        plan_version=running.plan_version, name=f"{running.pk}-old", status="completed",
+        scheduled=True, created_at=taken, expires_at=taken + timedelta(days=30),
+    )  # fmt: skip
+    Snapshot.objects.create(
+        tenant=running.tenant, instance=running, source_instance_id=running.pk,
+        plan_version=running.plan_version, name=f"{running.pk}-new", status="completed",
+        scheduled=True,
+    )  # fmt: skip
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+    upgrade = _upgrade(owner, running)
+
+    assert services.snapshots_prune() == 0
+    assert not running.operations.filter(verb="deleteBackup").exists()
+
+    Operation.objects.filter(pk=upgrade.pk).update(state=Operation.State.SUCCEEDED)
+    assert services.snapshots_prune() == 1
+    (forget,) = running.operations.filter(verb="deleteBackup")
+    assert forget.arguments["forget_snapshot"] == expired.pk
 
 
 def test_the_upgrade_preview_lists_the_new_parameter_and_its_default(running):

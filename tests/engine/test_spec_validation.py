@@ -908,7 +908,8 @@ def test_workflow_status_may_be_read_by_an_exit_handler():
         ),
         (
             {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "fields": {"cpu": "x"}},
-            "x-opsdeck.status.fields.cpu: is not one of phase, ready, total, primary, conditions",
+            "x-opsdeck.status.fields.cpu: is not one of phase, ready, total, primary, "
+            "conditions, recoverableFrom, recoverableUntil",
         ),
     ],
 )
@@ -917,6 +918,14 @@ def test_the_status_object_must_be_one_the_plan_uses(status, message):
         document["x-opsdeck"]["status"] = status
 
     assert message in errors(change)
+
+
+@pytest.mark.parametrize("name", ["", "  ", 7, "x" * 101])
+def test_a_service_name_must_be_short_text(name):
+    def change(document):
+        document["x-opsdeck"]["serviceName"] = name
+
+    assert "x-opsdeck.serviceName: must be text of 1 to 100 characters" in errors(change)
 
 
 def test_a_status_object_of_a_kind_the_plan_uses_is_accepted():

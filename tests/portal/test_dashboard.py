@@ -61,14 +61,18 @@ def test_operations_running_now_link_to_their_deployment(
     (orders,) = factories.make_instances(tenant, version, cell, 1, name="orders")
     (done,) = factories.make_instances(tenant, version, cell, 1, name="done")
     (theirs,) = factories.make_instances(other_tenant, version, cell, 1, name="theirs")
-    factories.make_operation(orders, verb="backup", state="running", ago=timedelta(minutes=5))
+    backup = factories.make_operation(
+        orders, verb="backup", state="running", ago=timedelta(minutes=5)
+    )
     factories.make_operation(done, verb="create", state="succeeded")
     factories.make_operation(theirs, verb="restart", state="running")
 
     running = section(owner_client.get(f"/t/{tenant.slug}/").content.decode(), "running-now")
 
     assert "(1)" in running
-    assert "<code>backup</code>" in running
+    operation_url = f"/t/{tenant.slug}/deployments/{orders.pk}/operations/{backup.pk}/"
+    assert f'<a href="{operation_url}"><code>backup</code></a>' in running
+    assert '<span class="badge badge-op-running">Running</span>' in running
     link = f'<a href="/t/{tenant.slug}/deployments/{orders.pk}/?tab=operations">orders-0</a>'
     assert link in running
     assert "5\xa0minutes ago</time>" in running
@@ -82,7 +86,7 @@ def test_operations_failed_in_the_last_7_days_link_to_their_deployment(
     (orders,) = factories.make_instances(tenant, version, cell, 1, name="orders")
     (old,) = factories.make_instances(tenant, version, cell, 1, name="old")
     (theirs,) = factories.make_instances(other_tenant, version, cell, 1, name="theirs")
-    factories.make_operation(
+    modify = factories.make_operation(
         orders, verb="modify", state="failed", ago=timedelta(days=2), error="The disk is full."
     )
     factories.make_operation(old, verb="modify", state="failed", ago=timedelta(days=8))
@@ -94,7 +98,9 @@ def test_operations_failed_in_the_last_7_days_link_to_their_deployment(
     assert "(1)" in failed
     link = f'<a href="/t/{tenant.slug}/deployments/{orders.pk}/?tab=operations">orders-0</a>'
     assert link in failed
-    assert "<code>modify</code>" in failed
+    operation_url = f"/t/{tenant.slug}/deployments/{orders.pk}/operations/{modify.pk}/"
+    assert f'<a href="{operation_url}"><code>modify</code></a>' in failed
+    assert '<span class="badge badge-op-failed">Failed</span>' in failed
     assert "The disk is full." in failed
     assert "2\xa0days ago</time>" in failed
     assert "old-0" not in failed

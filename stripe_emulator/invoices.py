@@ -1,0 +1,264 @@
+"""Invoices: read through the API; made, finalized, paid or failed through the control API.
+
+An invoice closes one subscription period: each metered item is billed its meter's aggregate
+over the period's accepted meter events times the price's unit amount; a licensed item its
+quantity times the unit amount (Stripe bills those in advance; here they ride along).
+"""
+
+from __future__ import annotations
+
+import copy
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from .errors import invalid
+from .forms import Params
+from .metering import aggregate, meter_usage_events
+from .state import State, list_object, new_id, page
+from .subscriptions import current_period, emit_if_changed, end, month_bounds
+
+
+def invoice_retrieve(state: State, params: Params, invoice_id: str) -> dict[str, Any]:
+    """GET /v1/invoices/{id}."""
+    params.only()
+    return state.get("invoice", invoice_id)
+
+
+def invoice_list(state: State, params: Params) -> dict[str, Any]:
+    """GET /v1/invoices by `customer`, `subscription`, `status`."""
+    params.only("customer", "subscription", "status", "limit", "starting_after", "ending_before")
+    customer, subscription = params.text("customer"), params.text("subscription")
+    status = params.choice("status", ("draft", "open", "paid", "uncollectible", "void"))
+    invoices = [
+        i
+        for i in state.all("invoice")
+        if (customer is None or i["customer"] == customer)
+        and (subscription is None or invoice_subscription(i) == subscription)
+        and (status is None or i["status"] == status)
+    ]
+    return page(invoices, params, "/v1/invoices")
+
+
+def invoice_subscription(invoice: dict[str, Any]) -> str | None:
+    """The subscription an invoice bills (under `parent` since 2025-03-31.basil)."""
+    details = (invoice.get("parent") or {}).get("subscription_details") or {}
+    return details.get("subscription")
+
+
+def period_close(state: State, subscription_id: str) -> dict[str, Any]:
+    """Close the subscription's current period: a draft invoice for it (`invoice.created`),
+    then the next period starts (`customer.subscription.updated`), or, when the subscription
+    was set to cancel at period end, it ends (`customer.subscription.deleted`)."""
+    subscription = state.get("subscription", subscription_id)
+    if subscription["status"] == "canceled":
+        raise invalid(f"Subscription {subscription_id} is canceled.", param="subscription")
+    start, stop = current_period(subscription)
+    invoice = _invoice(state, subscription, start, stop)
+    state.add("invoice", invoice)
+    state.emit("invoice.created", invoice)
+    before = copy.deepcopy(subscription)
+    subscription["latest_invoice"] = invoice["id"]
+    if subscription["cancel_at_period_end"]:
+        end(state, subscription, "cancellation_requested", None)
+        return invoice
+    next_start, next_end = month_bounds(stop)
+    for item in subscription["items"]["data"]:
+        item.update(current_period_start=next_start, current_period_end=next_end)
+    subscription["billing_cycle_anchor"] = next_end
+    emit_if_changed(state, before, subscription)
+    return invoice
+
+
+def _invoice(state: State, subscription: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    invoice_id = new_id("in_")
+    customer = state.get("customer", subscription["customer"])
+    lines = [
+        _line(state, invoice_id, subscription, item, start, stop)
+        for item in subscription["items"]["data"]
+    ]
+    total = sum(line["amount"] for line in lines)
+    return {
+        "id": invoice_id,
+        "object": "invoice",
+        "amount_due": total,
+        "amount_overpaid": 0,
+        "amount_paid": 0,
+        "amount_remaining": total,
+        "amount_shipping": 0,
+        "attempt_count": 0,
+        "attempted": False,
+        "auto_advance": True,
+        "billing_reason": "subscription_cycle",
+        "collection_method": "charge_automatically",
+        "created": state.now(),
+        "currency": subscription["currency"],
+        "customer": customer["id"],
+        "customer_email": customer["email"],
+        "customer_name": customer["name"],
+        "default_payment_method": None,
+        "description": None,
+        "discounts": [],
+        "due_date": None,
+        "effective_at": None,
+        "ending_balance": None,
+        "hosted_invoice_url": None,
+        "invoice_pdf": None,
+        "last_finalization_error": None,
+        "lines": list_object(lines, f"/v1/invoices/{invoice_id}/lines"),
+        "livemode": False,
+        "metadata": {},
+        "next_payment_attempt": None,
+        "number": None,
+        "parent": {
+            "type": "subscription_details",
+            "quote_details": None,
+            "subscription_details": {
+                "metadata": dict(subscription["metadata"]),
+                "subscription": subscription["id"],
+            },
+        },
+        "period_end": stop,
+        "period_start": start,
+        "starting_balance": 0,
+        "status": "draft",
+        "status_transitions": {
+            "finalized_at": None,
+            "marked_uncollectible_at": None,
+            "paid_at": None,
+            "voided_at": None,
+        },
+        "subtotal": total,
+        "subtotal_excluding_tax": total,
+        "total": total,
+        "total_discount_amounts": [],
+        "total_excluding_tax": total,
+        "total_taxes": [],
+        "webhooks_delivered_at": None,
+    }
+
+
+def _line(
+    state: State,
+    invoice_id: str,
+    subscription: dict[str, Any],
+    item: dict[str, Any],
+    start: int,
+    stop: int,
+) -> dict[str, Any]:
+    price = item["price"]
+    quantity = _quantity(state, subscription["customer"], item, start, stop)
+    unit = Decimal(price["unit_amount_decimal"])
+    # Amounts are whole units of the currency's smallest denomination, rounded half up.
+    amount = int((quantity * unit).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    product = state.find("product", price["product"]) or {"name": price["product"]}
+    whole = quantity == quantity.to_integral_value()
+    return {
+        "id": new_id("il_"),
+        "object": "line_item",
+        "amount": amount,
+        "currency": price["currency"],
+        # "3 <U+00D7> Product": the multiplication sign Stripe's descriptions use.
+        "description": f"{format(quantity.normalize(), 'f')} \u00d7 {product['name']}",
+        "discount_amounts": [],
+        "discountable": True,
+        "discounts": [],
+        "invoice": invoice_id,
+        "livemode": False,
+        "metadata": {},
+        "parent": {
+            "type": "subscription_item_details",
+            "invoice_item_details": None,
+            "subscription_item_details": {
+                "invoice_item": None,
+                "proration": False,
+                "proration_details": {"credited_items": None},
+                "subscription": subscription["id"],
+                "subscription_item": item["id"],
+            },
+        },
+        "period": {"end": stop, "start": start},
+        "pretax_credit_amounts": [],
+        "pricing": {
+            "type": "price_details",
+            "price_details": {"price": price["id"], "product": price["product"]},
+            "unit_amount_decimal": price["unit_amount_decimal"],
+        },
+        "quantity": int(quantity) if whole else None,
+        "quantity_decimal": format(quantity.normalize(), "f"),
+        "subtotal": amount,
+        "taxes": [],
+    }
+
+
+def _quantity(state: State, customer: str, item: dict[str, Any], start: int, stop: int) -> Decimal:
+    recurring = item["price"]["recurring"] or {}
+    if recurring.get("usage_type") != "metered":
+        return Decimal(item.get("quantity", 1))
+    meter = state.get("billing.meter", recurring["meter"], label="billing meter")
+    return aggregate(meter, meter_usage_events(state, meter, customer, start, stop))
+
+
+def invoice_finalize(state: State, invoice_id: str) -> dict[str, Any]:
+    """draft → open, with a number and the hosted page and PDF; emits `invoice.finalized`."""
+    invoice = state.get("invoice", invoice_id)
+    if invoice["status"] != "draft":
+        raise invalid(f"Invoice {invoice_id} is {invoice['status']}, not draft.", param="invoice")
+    customer = state.get("customer", invoice["customer"])
+    state.invoice_numbers += 1
+    now = state.now()
+    invoice.update(
+        number=f"{customer['invoice_prefix']}-{state.invoice_numbers:04d}",
+        status="open",
+        effective_at=now,
+        hosted_invoice_url=f"{state.base_url}/i/{invoice_id}",
+        invoice_pdf=f"{state.base_url}/i/{invoice_id}/pdf",
+    )
+    invoice["status_transitions"]["finalized_at"] = now
+    state.emit("invoice.finalized", invoice)
+    return invoice
+
+
+def invoice_pay(state: State, invoice_id: str) -> dict[str, Any]:
+    """The payment succeeds (a draft is finalized first, as Stripe's pay does): `invoice.paid`
+    and `invoice.payment_succeeded`; a past_due subscription becomes active again."""
+    invoice = _payable(state, invoice_id)
+    now = state.now()
+    invoice.update(
+        amount_paid=invoice["amount_due"],
+        amount_remaining=0,
+        attempt_count=invoice["attempt_count"] + 1,
+        attempted=True,
+        next_payment_attempt=None,
+        status="paid",
+    )
+    invoice["status_transitions"]["paid_at"] = now
+    state.emit("invoice.paid", invoice)
+    state.emit("invoice.payment_succeeded", invoice)
+    _subscription_status(state, invoice, "past_due", "active")
+    return invoice
+
+
+def invoice_fail(state: State, invoice_id: str) -> dict[str, Any]:
+    """The payment fails: `invoice.payment_failed`, and the subscription goes past_due."""
+    invoice = _payable(state, invoice_id)
+    invoice.update(attempt_count=invoice["attempt_count"] + 1, attempted=True)
+    state.emit("invoice.payment_failed", invoice)
+    _subscription_status(state, invoice, "active", "past_due")
+    return invoice
+
+
+def _payable(state: State, invoice_id: str) -> dict[str, Any]:
+    invoice = state.get("invoice", invoice_id)
+    if invoice["status"] == "draft":
+        invoice_finalize(state, invoice_id)
+    if invoice["status"] != "open":
+        raise invalid(f"Invoice {invoice_id} is already {invoice['status']}.", param="invoice")
+    return invoice
+
+
+def _subscription_status(state: State, invoice: dict[str, Any], old: str, new: str) -> None:
+    subscription = state.find("subscription", invoice_subscription(invoice) or "")
+    if subscription is not None and subscription["status"] == old:
+        before = copy.deepcopy(subscription)
+        subscription["status"] = new
+        emit_if_changed(state, before, subscription)

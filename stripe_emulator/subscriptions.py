@@ -1,0 +1,178 @@
+"""Subscriptions: started by checkout, read, updated, cancelled; periods are calendar months."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import invalid
+from .forms import Params, merge_metadata
+from .state import State, changed, list_object, new_id, page
+
+
+def month_bounds(timestamp: int) -> tuple[int, int]:
+    """The UTC calendar month holding timestamp, as [start, end) epoch seconds."""
+    moment = datetime.fromtimestamp(timestamp, UTC)
+    start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+    return int(start.timestamp()), int(end.timestamp())
+
+
+def subscription_start(
+    state: State, customer: str, items: list[dict[str, Any]], metadata: dict[str, str]
+) -> dict[str, Any]:
+    """An active subscription for the line items, in the current month; emits
+    `customer.subscription.created`. Since 2025-03-31.basil the period lives on each item."""
+    now = state.now()
+    period_start, period_end = month_bounds(now)
+    subscription_id = new_id("sub_")
+    subscription_items = []
+    for item in items:
+        subscription_item = {
+            "id": new_id("si_", 14),
+            "object": "subscription_item",
+            "created": now,
+            "current_period_end": period_end,
+            "current_period_start": period_start,
+            "discounts": [],
+            "metadata": {},
+            "price": copy.deepcopy(item["price"]),
+            "subscription": subscription_id,
+            "tax_rates": [],
+        }
+        if item["quantity"] is not None:  # Stripe leaves quantity out for metered prices
+            subscription_item["quantity"] = item["quantity"]
+        subscription_items.append(subscription_item)
+    subscription = {
+        "id": subscription_id,
+        "object": "subscription",
+        "billing_cycle_anchor": period_end,
+        "cancel_at": None,
+        "cancel_at_period_end": False,
+        "canceled_at": None,
+        "cancellation_details": {"comment": None, "feedback": None, "reason": None},
+        "collection_method": "charge_automatically",
+        "created": now,
+        "currency": items[0]["price"]["currency"],
+        "customer": customer,
+        "default_payment_method": None,
+        "description": None,
+        "discounts": [],
+        "ended_at": None,
+        "items": list_object(
+            subscription_items, f"/v1/subscription_items?subscription={subscription_id}"
+        ),
+        "latest_invoice": None,
+        "livemode": False,
+        "metadata": dict(metadata),
+        "start_date": now,
+        "status": "active",
+        "test_clock": None,
+        "trial_end": None,
+        "trial_start": None,
+    }
+    state.add("subscription", subscription)
+    state.emit("customer.subscription.created", subscription)
+    return subscription
+
+
+def subscription_retrieve(state: State, params: Params, subscription_id: str) -> dict[str, Any]:
+    """GET /v1/subscriptions/{id}."""
+    params.only()
+    return state.get("subscription", subscription_id)
+
+
+def subscription_list(state: State, params: Params) -> dict[str, Any]:
+    """GET /v1/subscriptions: by `customer`, `price`, `status` (cancelled ones only when asked
+    for, as Stripe lists them)."""
+    params.only("customer", "price", "status", "limit", "starting_after", "ending_before")
+    customer, price = params.text("customer"), params.text("price")
+    status = params.choice(
+        "status",
+        ("active", "all", "canceled", "ended", "incomplete", "past_due", "trialing", "unpaid"),
+    )
+    subscriptions = [
+        s
+        for s in state.all("subscription")
+        if (customer is None or s["customer"] == customer)
+        and (price is None or any(i["price"]["id"] == price for i in s["items"]["data"]))
+        and _status_matches(s["status"], status)
+    ]
+    return page(subscriptions, params, "/v1/subscriptions")
+
+
+def _status_matches(actual: str, wanted: str | None) -> bool:
+    if wanted == "all":
+        return True
+    if wanted is None:
+        return actual != "canceled"
+    if wanted == "ended":
+        return actual == "canceled"
+    return actual == wanted
+
+
+def subscription_update(state: State, params: Params, subscription_id: str) -> dict[str, Any]:
+    """POST /v1/subscriptions/{id}: `cancel_at_period_end`, `metadata`, `description`;
+    emits `customer.subscription.updated` with the previous values when something changed."""
+    params.only("cancel_at_period_end", "metadata", "description")
+    subscription = state.get("subscription", subscription_id)
+    if subscription["status"] == "canceled" and params.has("cancel_at_period_end"):
+        raise invalid(
+            "A canceled subscription can only update its metadata.", param="cancel_at_period_end"
+        )
+    # Read every value before writing any: a refused update changes nothing.
+    at_period_end = params.flag("cancel_at_period_end")
+    description = params.text("description", max_length=500)
+    metadata = params.metadata()
+    before = copy.deepcopy(subscription)
+    if at_period_end is not None:
+        subscription["cancel_at_period_end"] = at_period_end
+        subscription["cancel_at"] = current_period(subscription)[1] if at_period_end else None
+    if params.has("description"):
+        subscription["description"] = description or None
+    subscription["metadata"] = merge_metadata(subscription["metadata"], metadata)
+    emit_if_changed(state, before, subscription)
+    return subscription
+
+
+def emit_if_changed(state: State, before: dict[str, Any], subscription: dict[str, Any]) -> None:
+    """`customer.subscription.updated`, with previous_attributes, unless nothing changed."""
+    previous = changed(before, subscription)
+    if previous:
+        state.emit("customer.subscription.updated", subscription, previous)
+
+
+def current_period(subscription: dict[str, Any]) -> tuple[int, int]:
+    """The [start, end) of the period in progress (every item shares it here)."""
+    item = subscription["items"]["data"][0]
+    return item["current_period_start"], item["current_period_end"]
+
+
+def subscription_cancel(state: State, params: Params, subscription_id: str) -> dict[str, Any]:
+    """DELETE /v1/subscriptions/{id}: cancelled now; emits `customer.subscription.deleted`.
+    `invoice_now` and `prorate` are accepted but no final invoice is made."""
+    params.only("invoice_now", "prorate", "cancellation_details")
+    params.flag("invoice_now")  # checked as booleans, then ignored
+    params.flag("prorate")
+    details = params.hash("cancellation_details") or Params({}, "cancellation_details")
+    details.only("comment", "feedback")
+    subscription = state.get("subscription", subscription_id)
+    if subscription["status"] == "canceled":
+        raise invalid(
+            f"This subscription has already been canceled: {subscription_id}.", param="id"
+        )
+    end(state, subscription, "cancellation_requested", details.text("comment"))
+    return subscription
+
+
+def end(state: State, subscription: dict[str, Any], reason: str, comment: str | None) -> None:
+    """Cancel now (on request, or at the end of a period marked cancel_at_period_end)."""
+    now = state.now()
+    subscription.update(status="canceled", canceled_at=now, ended_at=now)
+    subscription["cancellation_details"] = {"comment": comment, "feedback": None, "reason": reason}
+    state.emit("customer.subscription.deleted", subscription)
