@@ -207,9 +207,14 @@ def _moment(epoch: int | None) -> datetime | None:
     return datetime.fromtimestamp(epoch, UTC) if epoch else None
 
 
+def _field(obj: Any, name: str) -> Any:
+    """A field of a Stripe object, None when absent (SDK objects are not dicts)."""
+    return getattr(obj, name, None)
+
+
 def subscription_values(subscription: Any) -> dict[str, Any]:
     """What Opsdeck keeps of a Stripe subscription (its period lives on its items)."""
-    items = subscription["items"].data if subscription.get("items") else []
+    items = subscription["items"].data if _field(subscription, "items") else []
     return {
         "stripe_subscription_id": subscription.id,
         "stripe_customer_id": subscription.customer,
@@ -217,27 +222,26 @@ def subscription_values(subscription: Any) -> dict[str, Any]:
         "status": SUBSCRIPTION_STATUSES.get(subscription.status, "pending"),
         "current_period_start": _moment(items[0].current_period_start if items else None),
         "current_period_end": _moment(items[0].current_period_end if items else None),
-        "cancel_at_period_end": bool(subscription.get("cancel_at_period_end")),
+        "cancel_at_period_end": bool(_field(subscription, "cancel_at_period_end")),
         "price_ids": [item.price.id for item in items],
     }
 
 
 def invoice_values(invoice: Any) -> dict[str, Any]:
     """What Opsdeck keeps of a Stripe invoice (its subscription is under `parent`)."""
-    parent = invoice.get("parent") or {}
-    details = parent.get("subscription_details") or {}
+    details = _field(_field(invoice, "parent"), "subscription_details")
     return {
         "stripe_invoice_id": invoice.id,
         "stripe_customer_id": invoice.customer,
-        "stripe_subscription_id": details.get("subscription"),
+        "stripe_subscription_id": _field(details, "subscription"),
         "status": invoice.status,
-        "number": invoice.get("number"),
+        "number": _field(invoice, "number"),
         "currency": invoice.currency,
-        "amount_due": invoice.get("amount_due"),
-        "amount_paid": invoice.get("amount_paid"),
-        "hosted_invoice_url": invoice.get("hosted_invoice_url"),
-        "period_start": _moment(invoice.get("period_start")),
-        "period_end": _moment(invoice.get("period_end")),
+        "amount_due": _field(invoice, "amount_due"),
+        "amount_paid": _field(invoice, "amount_paid"),
+        "hosted_invoice_url": _field(invoice, "hosted_invoice_url"),
+        "period_start": _moment(_field(invoice, "period_start")),
+        "period_end": _moment(_field(invoice, "period_end")),
     }
 
 
@@ -259,8 +263,8 @@ def invoice_mirror(invoice: Any) -> dict[str, Any]:
 def checkout_completed(session: Any) -> StripeCustomer | None:
     """A finished checkout (freshly fetched): remember the customer Stripe made for the tenant
     named by `client_reference_id` (the tenant's id, as the checkout is created)."""
-    reference = session.get("client_reference_id")
-    if not (reference and str(reference).isdigit() and session.get("customer")):
+    reference = _field(session, "client_reference_id")
+    if not (reference and str(reference).isdigit() and _field(session, "customer")):
         return None
     tenant = Tenant.objects.filter(pk=int(reference)).first()
     if tenant is None:

@@ -35,7 +35,7 @@ def _object_id(event: StripeEvent) -> str:
 def checkout_session_completed(event: StripeEvent, gw: StripeGateway) -> None:
     session = gw.checkout_session(_object_id(event))
     stripe_sync.checkout_completed(session)
-    if session.get("subscription"):
+    if getattr(session, "subscription", None):
         stripe_sync.subscription_mirror(gw.subscription(session.subscription))
 
 
