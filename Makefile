@@ -36,6 +36,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m sandbox.bench
 	$(PY) -m deployments.workflow.evaluator_bench
 	$(LAUNCH) --dev -- $(PY) manage.py bench_operations
+	$(LAUNCH) --dev -- $(PY) -m billing.bench_meter_events
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,7 @@ send one row, and a worker that dies mid-batch leaves rows that come back after 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -34,8 +35,8 @@ import stripe
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, QuerySet
-from django.db.models.functions import TruncHour
+from django.db.models import F, QuerySet, Value
+from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
 from accounts.audit import Actor, audit_record
@@ -113,11 +114,13 @@ def enqueue() -> int:
 
 
 def _insert(rows: list[MeterEvent]) -> int:
+    """Insert, skipping rows another enqueue added meanwhile; how many are new."""
     if not rows:
         return 0
-    before = MeterEvent.objects.count()
+    ours = MeterEvent.objects.filter(usage_record_id__in=[row.usage_record_id for row in rows])
+    before = ours.count()
     MeterEvent.objects.bulk_create(rows, ignore_conflicts=True)
-    return MeterEvent.objects.count() - before
+    return ours.count() - before
 
 
 # --- sending -----------------------------------------------------------------------------------
@@ -159,48 +162,39 @@ def flush(now: datetime | None = None, *, gateway_: StripeGateway | None = None)
             return result
 
 
-def _claim(now: datetime) -> list[tuple[MeterEvent, MeterEvent]]:
+def _claim(now: datetime) -> list[MeterEvent]:
     """Lock up to BATCH due rows (skipping those another worker holds), count an attempt on
-    each and move it a lease ahead; each as (claimed, as it was)."""
+    each and move it a lease ahead."""
     with transaction.atomic():
         rows = list(
             MeterEvent.objects.select_for_update(skip_locked=True)
             .filter(status=MeterEvent.Status.PENDING, next_attempt_at__lte=now)
             .order_by("next_attempt_at", "id")[:BATCH]
         )
-        claimed = []
-        for row in rows:
-            before = MeterEvent(
-                pk=row.pk,
-                attempts=row.attempts,
-                first_attempt_at=row.first_attempt_at,
-                next_attempt_at=row.next_attempt_at,
-            )
-            row.attempts += 1
-            row.first_attempt_at = row.first_attempt_at or now
-            row.next_attempt_at = now + LEASE
-            claimed.append((row, before))
-        MeterEvent.objects.bulk_update(
-            [row for row, _ in claimed], ["attempts", "first_attempt_at", "next_attempt_at"]
+        MeterEvent.objects.filter(pk__in=[row.pk for row in rows]).update(
+            attempts=F("attempts") + 1,
+            first_attempt_at=Coalesce("first_attempt_at", Value(now)),
+            next_attempt_at=now + LEASE,
         )
-    return claimed
-
-
-_RESULT_FIELDS = ["status", "attempts", "first_attempt_at", "next_attempt_at", "check_first",
-                  "last_error", "sent_at"]  # fmt: skip
+    for row in rows:
+        row.untried = row.first_attempt_at is None
+        row.attempts += 1
+        row.first_attempt_at = row.first_attempt_at or now
+        row.next_attempt_at = now + LEASE
+    return rows
 
 
 def _send_batch(
     gw: StripeGateway,
-    claimed: list[tuple[MeterEvent, MeterEvent]],
+    claimed: list[MeterEvent],
     now: datetime,
     meters: dict[str, str],
     result: Flushed,
 ) -> bool:
     """Send a claimed batch and store each outcome; False when Stripe looked down (the rest
-    of the batch is released as it was, and flushing stops for now)."""
+    of the batch is released untried, and flushing stops for now)."""
     done, failures_in_a_row = [], 0
-    for row, _ in claimed:
+    for row in claimed:
         try:
             _send_one(gw, row, now, meters, result)
             failures_in_a_row = 0
@@ -212,10 +206,29 @@ def _send_batch(
         done.append(row)
         if failures_in_a_row >= OUTAGE_AFTER:
             break
-    MeterEvent.objects.bulk_update(done, _RESULT_FIELDS)
-    untouched = [before for _, before in claimed[len(done) :]]
-    MeterEvent.objects.bulk_update(untouched, ["attempts", "first_attempt_at", "next_attempt_at"])
+    _store(done)
+    untouched = claimed[len(done) :]
+    if untouched:
+        # As they were: due, and never tried when they had not been.
+        MeterEvent.objects.filter(pk__in=[row.pk for row in untouched]).update(
+            attempts=F("attempts") - 1, next_attempt_at=now
+        )
+        MeterEvent.objects.filter(pk__in=[row.pk for row in untouched if row.untried]).update(
+            first_attempt_at=None
+        )
     return not untouched and failures_in_a_row < OUTAGE_AFTER
+
+
+_OUTCOME = ["status", "next_attempt_at", "check_first", "last_error", "sent_at"]
+
+
+def _store(rows: list[MeterEvent]) -> None:
+    """Write the outcomes: one UPDATE per distinct outcome (most of a batch shares one)."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(getattr(row, name) for name in _OUTCOME)].append(row.pk)
+    for values, pks in groups.items():
+        MeterEvent.objects.filter(pk__in=pks).update(**dict(zip(_OUTCOME, values, strict=True)))
 
 
 def _send_one(
@@ -232,9 +245,10 @@ def _send_one(
                 _mark(row, MeterEvent.Status.SENT, "Found in the meter's summary.", sent_at=now)
                 result.held += 1
                 return
-            # Checked: a send now cannot count it twice, also once this one fails.
+            # Checked: from now on, Stripe's identifier window guards the re-sends.
             row.check_first = False
             row.first_attempt_at = now
+            MeterEvent.objects.filter(pk=row.pk).update(check_first=False, first_attempt_at=now)
         accepted = gw.meter_event_send(
             event_name=row.event_name,
             customer_id=row.customer_id,
