@@ -235,20 +235,26 @@ def _send_one(
     gw: StripeGateway, row: MeterEvent, now: datetime, meters: dict[str, str], result: Flushed
 ) -> None:
     """Decide and act on one claimed row; `_Transient` when it must be tried again."""
-    if row.timestamp <= now - PAST_LIMIT:
-        _mark(row, MeterEvent.Status.ADJUSTED, "Older than Stripe accepts: a local adjustment.")
-        result.adjusted += 1
-        return
+    too_old = row.timestamp <= now - PAST_LIMIT
     try:
-        if row.check_first or now - row.first_attempt_at > RESEND_WINDOW:
+        # A row tried before may be in Stripe already: past the identifier window (or too old
+        # to send at all, or retried by the admin) only the meter's summary can tell.
+        if not row.untried and (
+            too_old or row.check_first or now - row.first_attempt_at > RESEND_WINDOW
+        ):
             if _held(gw, row, meters):
                 _mark(row, MeterEvent.Status.SENT, "Found in the meter's summary.", sent_at=now)
                 result.held += 1
                 return
-            # Checked: from now on, Stripe's identifier window guards the re-sends.
-            row.check_first = False
-            row.first_attempt_at = now
-            MeterEvent.objects.filter(pk=row.pk).update(check_first=False, first_attempt_at=now)
+            if not too_old:
+                # Checked: from now on, Stripe's identifier window guards the re-sends.
+                row.check_first = False
+                row.first_attempt_at = now
+                MeterEvent.objects.filter(pk=row.pk).update(check_first=False, first_attempt_at=now)
+        if too_old:
+            _mark(row, MeterEvent.Status.ADJUSTED, "Older than Stripe takes: a local adjustment.")
+            result.adjusted += 1
+            return
         accepted = gw.meter_event_send(
             event_name=row.event_name,
             customer_id=row.customer_id,
@@ -266,9 +272,7 @@ def _send_one(
             result.dead += 1
         result.errors.append(f"{row.identifier}: {_error(exc)}")
         return
-    except (stripe.APIConnectionError, stripe.RateLimitError, stripe.APIError) as exc:
-        raise _Transient(_error(exc)) from exc
-    except stripe.StripeError as exc:  # authentication, permission: fixable, so retried
+    except stripe.StripeError as exc:  # no answer, 5xx, 429, or a key to fix: tried again
         raise _Transient(_error(exc)) from exc
     _mark(row, MeterEvent.Status.SENT, "" if accepted else "Stripe already had it.", sent_at=now)
     if accepted:

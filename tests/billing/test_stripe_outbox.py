@@ -265,6 +265,26 @@ def test_rows_older_than_35_days_become_local_adjustments(stripe_ready, emulator
     assert len(emulator.meter_events()) == 1
 
 
+def test_a_row_tried_before_it_grew_too_old_is_adjusted_only_if_stripe_lacks_it(
+    stripe_ready, emulator, gw, record_usage
+):
+    record_usage(_hours_ago(34 * 24), ("inst-a", "cpu", "3"), ("inst-b", "cpu", "5"))
+    meter_events.enqueue()
+    rows = _rows()
+    _send_directly(gw, rows["inst-a"])  # a's answer was lost, b never got there
+    for row in rows.values():
+        _attempted(row, hours_ago=1)
+    emulator.advance_clock(2 * 24 * 3600)
+
+    result = flush(timezone.now() + timedelta(days=2))
+
+    assert (result.held, result.adjusted, result.sent) == (1, 1, 0)
+    rows = _rows()
+    assert (rows["inst-a"].status, rows["inst-b"].status) == ("sent", "adjusted")
+    assert list(meter_events.adjustments()) == [rows["inst-b"]]
+    assert len(emulator.meter_events()) == 1
+
+
 def test_a_row_failing_every_time_is_parked_dead_and_the_admin_retries_it(
     stripe_ready, emulator, record_usage, settings, admin_client
 ):
