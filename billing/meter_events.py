@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-import stripe
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -41,7 +40,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor, audit_record
 from billing.models import MeterEvent, StripeMeter, UsageRecord
-from billing.stripe_gateway import StripeGateway, gateway
+from billing.stripe_gateway import StripeGateway, StripeRefused, StripeRetryable, gateway
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +141,6 @@ class Flushed:
         return self.sent + self.held + self.adjusted + self.retrying + self.dead
 
 
-class _Transient(Exception):
-    """Stripe did not answer, or answered that it could not (5xx, 429, a timeout)."""
-
-
 def flush(now: datetime | None = None, *, gateway_: StripeGateway | None = None) -> Flushed:
     """Send every due pending row, a batch at a time, until none is due or Stripe is down."""
     gw = gateway_ or gateway()
@@ -200,7 +195,7 @@ def _send_batch(
             failures_in_a_row = 0
         except _Mismatch as exc:
             _retry_later(row, now, str(exc), result)
-        except _Transient as exc:
+        except StripeRetryable as exc:
             _retry_later(row, now, str(exc), result)
             failures_in_a_row += 1
         done.append(row)
@@ -234,7 +229,7 @@ def _store(rows: list[MeterEvent]) -> None:
 def _send_one(
     gw: StripeGateway, row: MeterEvent, now: datetime, meters: dict[str, str], result: Flushed
 ) -> None:
-    """Decide and act on one claimed row; `_Transient` when it must be tried again."""
+    """Decide and act on one claimed row; `StripeRetryable` when it must be tried again."""
     too_old = row.timestamp <= now - PAST_LIMIT
     try:
         # A row tried before may be in Stripe already: past the identifier window (or too old
@@ -263,17 +258,15 @@ def _send_one(
             timestamp=int(row.timestamp.timestamp()),
             attempt=row.attempts,
         )
-    except stripe.InvalidRequestError as exc:
+    except StripeRefused as exc:
         if exc.code == "timestamp_too_far_in_past":
-            _mark(row, MeterEvent.Status.ADJUSTED, _error(exc))
+            _mark(row, MeterEvent.Status.ADJUSTED, str(exc))
             result.adjusted += 1
         else:  # a request Stripe refuses is refused again: someone has to look at it
-            _mark(row, MeterEvent.Status.DEAD, _error(exc))
+            _mark(row, MeterEvent.Status.DEAD, str(exc))
             result.dead += 1
-        result.errors.append(f"{row.identifier}: {_error(exc)}")
+        result.errors.append(f"{row.identifier}: {exc}")
         return
-    except stripe.StripeError as exc:  # no answer, 5xx, 429, or a key to fix: tried again
-        raise _Transient(_error(exc)) from exc
     _mark(row, MeterEvent.Status.SENT, "" if accepted else "Stripe already had it.", sent_at=now)
     if accepted:
         result.sent += 1
@@ -297,11 +290,6 @@ def _retry_later(row: MeterEvent, now: datetime, error: str, result: Flushed) ->
         return
     row.next_attempt_at = now + min(BACKOFF_BASE * 2 ** (row.attempts - 1), BACKOFF_CAP)
     result.retrying += 1
-
-
-def _error(exc: stripe.StripeError) -> str:
-    status = f"{exc.http_status} " if exc.http_status else ""
-    return f"{status}{type(exc).__name__}: {exc.user_message or exc}"[:2000]
 
 
 # --- does Stripe already hold it? --------------------------------------------------------------

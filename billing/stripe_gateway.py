@@ -8,7 +8,9 @@ network retries are off: the outbox retries with its own identifiers and back-of
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import stripe
 from django.conf import settings
@@ -19,8 +21,53 @@ TIMEOUT = 20.0  # seconds for one request: a hanging Stripe must not hold a work
 _DUPLICATE_IDENTIFIER = "An event already exists with identifier"
 
 
+class StripeFailure(Exception):
+    """A call that did not do what was asked; `str()` is a readable reason."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class StripeRetryable(StripeFailure):
+    """No answer, a 5xx, a 429, or a key or permission to fix: the same call may work later."""
+
+
+class StripeRefused(StripeFailure):
+    """Stripe refused the request itself (a 4xx such as a bad parameter): it will again."""
+
+
+class BadWebhook(Exception):
+    """A webhook whose signature does not verify, or whose body is not an event."""
+
+
+def classify(exc: stripe.StripeError) -> StripeFailure:
+    """What a Stripe error means for the caller."""
+    status = exc.http_status
+    message = f"{f'{status} ' if status else ''}{type(exc).__name__}: {exc.user_message or exc}"
+    kind = StripeRefused if isinstance(exc, stripe.InvalidRequestError) else StripeRetryable
+    return kind(message[:2000], status=status, code=exc.code)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _translated(call: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(call)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        except stripe.StripeError as exc:
+            raise classify(exc) from exc
+
+    return wrapper
+
+
 class StripeGateway:
-    """What billing asks of Stripe, each call one request; answers are SDK objects."""
+    """What billing asks of Stripe, each call one request; answers are SDK objects, failures
+    `StripeRetryable` or `StripeRefused`."""
 
     def __init__(
         self,
@@ -45,6 +92,7 @@ class StripeGateway:
 
     # --- customers -------------------------------------------------------------------------
 
+    @_translated
     def customer_create(self, *, tenant_id: int, name: str, email: str = "") -> Any:
         params: dict[str, Any] = {"name": name, "metadata": {"opsdeck_tenant": str(tenant_id)}}
         if email:
@@ -55,9 +103,11 @@ class StripeGateway:
 
     # --- catalog ---------------------------------------------------------------------------
 
+    @_translated
     def meters(self) -> list[Any]:
         return list(self.client.v1.billing.meters.list({"limit": 100}).auto_paging_iter())
 
+    @_translated
     def meter_create(self, *, dimension: str, event_name: str, display_name: str) -> Any:
         return self.client.v1.billing.meters.create(
             {
@@ -70,6 +120,7 @@ class StripeGateway:
             {"idempotency_key": f"opsdeck-meter-{dimension}"},
         )
 
+    @_translated
     def product(self, product_id: str) -> Any | None:
         try:
             return self.client.v1.products.retrieve(product_id)
@@ -78,6 +129,7 @@ class StripeGateway:
                 return None
             raise
 
+    @_translated
     def product_create(self, *, product_id: str, name: str, plan_key: str) -> Any:
         # Our own id, so a lost answer is found again by id.
         return self.client.v1.products.create(
@@ -85,10 +137,12 @@ class StripeGateway:
             {"idempotency_key": f"opsdeck-product-{plan_key}"},
         )
 
+    @_translated
     def price_by_lookup_key(self, lookup_key: str) -> Any | None:
         found = self.client.v1.prices.list({"lookup_keys": [lookup_key], "limit": 1})
         return found.data[0] if found.data else None
 
+    @_translated
     def metered_price_create(
         self,
         *,
@@ -115,6 +169,7 @@ class StripeGateway:
 
     # --- meter events ----------------------------------------------------------------------
 
+    @_translated
     def meter_event_send(
         self,
         *,
@@ -144,6 +199,7 @@ class StripeGateway:
             raise
         return True
 
+    @_translated
     def meter_total(self, *, meter_id: str, customer_id: str, start: int, end: int) -> int:
         """The meter's aggregated value for one customer from `start` to `end` (epoch seconds
         on hour boundaries). Our values are whole numbers, so Stripe's float sum is exact."""
@@ -154,21 +210,29 @@ class StripeGateway:
 
     # --- subscriptions, invoices, webhooks -------------------------------------------------
 
+    @_translated
     def subscription(self, subscription_id: str) -> Any:
         """The subscription as Stripe holds it now."""
         return self.client.v1.subscriptions.retrieve(subscription_id)
 
+    @_translated
     def invoice(self, invoice_id: str) -> Any:
         """The invoice as Stripe holds it now."""
         return self.client.v1.invoices.retrieve(invoice_id)
 
+    @_translated
     def checkout_session(self, session_id: str) -> Any:
         return self.client.v1.checkout.sessions.retrieve(session_id)
 
     def webhook_event(self, body: bytes, signature: str) -> stripe.Event:
         """The event in a webhook's raw body, once its signature is verified (Stripe's default
-        tolerance). `stripe.SignatureVerificationError` or `ValueError` otherwise."""
-        return stripe.Webhook.construct_event(body, signature, self.webhook_secret)
+        tolerance); `BadWebhook` otherwise."""
+        if not self.webhook_secret:
+            raise BadWebhook("STRIPE_WEBHOOK_SECRET is not set: no webhook can be verified.")
+        try:
+            return stripe.Webhook.construct_event(body, signature, self.webhook_secret)
+        except (ValueError, stripe.SignatureVerificationError) as exc:
+            raise BadWebhook(str(exc)) from exc
 
 
 def gateway() -> StripeGateway | None:

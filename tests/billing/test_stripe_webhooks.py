@@ -233,3 +233,14 @@ def test_without_stripe_the_endpoint_is_not_there(settings, client):
         client.post(reverse("stripe_webhook"), b"{}", content_type="application/json").status_code
         == 404
     )
+
+
+def test_without_a_webhook_secret_no_event_is_accepted(
+    stripe_settings, emulator, subscribed, client
+):
+    stripe_settings.STRIPE_WEBHOOK_SECRET = ""
+
+    assert (
+        _post(client, _event(emulator, "checkout.session.completed"), secret="").status_code == 400
+    )
+    assert StripeEvent.objects.count() == 0

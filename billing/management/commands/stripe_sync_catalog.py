@@ -1,10 +1,9 @@
 """`manage.py stripe_sync_catalog`: Stripe meters, products and metered prices for our plans."""
 
-import stripe
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import stripe_sync
-from billing.stripe_gateway import gateway
+from billing.stripe_gateway import StripeFailure, gateway
 
 
 class Command(BaseCommand):
@@ -20,7 +19,7 @@ class Command(BaseCommand):
             raise CommandError("STRIPE_API_KEY is not set: billing is local, there is no catalog.")
         try:
             done = stripe_sync.catalog_sync(gw, out=lambda item: self.stdout.write(str(item)))
-        except stripe.StripeError as exc:
-            raise CommandError(f"Stripe refused: {exc.user_message or exc}") from exc
+        except StripeFailure as exc:
+            raise CommandError(f"Stripe: {exc}") from exc
         created = sum(item.action == "created" for item in done)
         self.stdout.write(self.style.SUCCESS(f"{created} created, {len(done) - created} found."))
