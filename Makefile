@@ -37,6 +37,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m deployments.workflow.evaluator_bench
 	$(LAUNCH) --dev -- $(PY) manage.py bench_operations
 	$(LAUNCH) --dev -- $(PY) manage.py bench_metering
+	$(LAUNCH) --dev -- $(PY) -m billing.bench_meter_events
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

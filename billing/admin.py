@@ -4,15 +4,20 @@ from django.core.exceptions import ValidationError
 
 from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor
 from accounts.errors import ActionDenied
-from billing import entitlements, invoicing, periods, services
+from billing import entitlements, invoicing, meter_events, periods, services
 from billing.models import (
     BillingPeriod,
     Invoice,
     InvoiceLine,
     MeteredHour,
+    MeterEvent,
     Plan,
     PlanOverride,
     Price,
+    StripeCustomer,
+    StripeEvent,
+    StripeMeter,
+    StripePrice,
     Subscription,
     UsageRecord,
 )
@@ -240,3 +245,61 @@ class PlanOverrideAdmin(admin.ModelAdmin):
             self.message_user(request, reason, messages.ERROR)
             return
         obj.pk = saved.pk
+
+
+@admin.register(MeterEvent)
+class MeterEventAdmin(ServiceOwnedAdmin):
+    """The Stripe outbox; a dead row goes back to the flusher through "Retry"."""
+
+    list_display = ["identifier", "status", "event_name", "value", "timestamp", "customer_id",
+                    "attempts", "next_attempt_at", "sent_at", "last_error"]  # fmt: skip
+    list_filter = ["status", "event_name"]
+    search_fields = ["identifier", "customer_id"]
+    date_hierarchy = "timestamp"
+    actions = ["retry"]
+
+    def has_manage_permission(self, request):
+        return request.user.has_perm("billing.change_meterevent")
+
+    @admin.action(
+        description="Retry (dead rows: checked against Stripe first)", permissions=["manage"]
+    )
+    def retry(self, request, queryset):
+        run_action(
+            self,
+            request,
+            queryset,
+            lambda row: meter_events.meter_event_retry(actor=staff_actor(request), meter_event=row),
+            "Queued again",
+        )
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ServiceOwnedAdmin):
+    list_display = ["event_id", "type", "created", "received_at", "processed_at", "error"]
+    list_filter = ["type", "processed_at"]
+    search_fields = ["event_id", "type"]
+    date_hierarchy = "created"
+
+
+@admin.register(StripeCustomer)
+class StripeCustomerAdmin(ServiceOwnedAdmin):
+    list_display = ["tenant", "customer_id", "created_at"]
+    search_fields = ["customer_id", "tenant__name", "tenant__slug"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(StripeMeter)
+class StripeMeterAdmin(ServiceOwnedAdmin):
+    """Written by `manage.py stripe_sync_catalog`."""
+
+    list_display = ["dimension", "event_name", "meter_id", "created_at"]
+
+
+@admin.register(StripePrice)
+class StripePriceAdmin(ServiceOwnedAdmin):
+    """Written by `manage.py stripe_sync_catalog`."""
+
+    list_display = ["lookup_key", "price", "stripe_price_id", "stripe_product_id",
+                    "unit_amount_decimal"]  # fmt: skip
+    list_select_related = ["price__plan"]

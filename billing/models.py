@@ -238,6 +238,8 @@ class InvoiceCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.series}: {self.last}"
+
+
 class Subscription(models.Model):
     """A tenant's subscription to a plan: without an active one it cannot create instances on it.
 
@@ -305,3 +307,114 @@ class PlanOverride(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} — {self.plan} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+# --- Stripe: the ids of what Opsdeck created there, the meter-event outbox, webhook events ---
+
+
+class StripeCustomer(models.Model):
+    """The Stripe customer of a tenant."""
+
+    tenant = models.OneToOneField(
+        "accounts.Tenant", on_delete=models.PROTECT, related_name="stripe_customer"
+    )
+    customer_id = models.CharField(max_length=255, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.customer_id
+
+
+class StripeMeter(models.Model):
+    """The Stripe meter summing one usage dimension (`manage.py stripe_sync_catalog`)."""
+
+    dimension = models.CharField(max_length=32, unique=True)
+    event_name = models.CharField(max_length=100, unique=True)
+    meter_id = models.CharField(max_length=255, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["dimension"]
+
+    def __str__(self) -> str:
+        return f"{self.dimension}: {self.meter_id}"
+
+
+class StripePrice(models.Model):
+    """The Stripe product and metered price of one of our prices; `Price` stays as the spec
+    wrote it."""
+
+    price = models.OneToOneField(Price, on_delete=models.CASCADE, related_name="stripe")
+    # `stripe_`: `price_id` is the foreign key's column.
+    stripe_product_id = models.CharField(max_length=255)
+    stripe_price_id = models.CharField(max_length=255, unique=True)
+    lookup_key = models.CharField(max_length=200, unique=True)
+    # What the Stripe price charges per meter unit (a millionth of a unit-hour), in cents.
+    unit_amount_decimal = models.DecimalField(max_digits=30, decimal_places=12)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["lookup_key"]
+
+    def __str__(self) -> str:
+        return self.lookup_key
+
+
+class MeterEvent(models.Model):
+    """The outbox: one usage record on its way to a Stripe meter."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        SENT = "sent", "sent"
+        DEAD = "dead", "dead"  # failed too often; the admin can retry it
+        ADJUSTED = "adjusted", "adjusted"  # too old for Stripe: a local adjustment line
+
+    usage_record = models.OneToOneField(
+        UsageRecord, on_delete=models.PROTECT, related_name="meter_event"
+    )
+    identifier = models.CharField(max_length=100, unique=True)
+    customer_id = models.CharField(max_length=255)
+    event_name = models.CharField(max_length=100)
+    # Whole millionths of a unit-hour, as Stripe wants them: a string of digits.
+    value = models.CharField(max_length=40)
+    timestamp = models.DateTimeField()  # the usage record's hour
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # Once set, Stripe may hold the event: a later send must not count it twice.
+    first_attempt_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    # Ask the meter's summaries whether Stripe has it before sending (an admin retry).
+    check_first = models.BooleanField(default=False)
+    last_error = models.TextField(blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-timestamp", "id"]
+        indexes = [
+            models.Index(fields=["status", "next_attempt_at"], name="meterevent_due"),
+            models.Index(
+                fields=["customer_id", "event_name", "timestamp"], name="meterevent_window"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.identifier
+
+
+class StripeEvent(models.Model):
+    """A webhook event as Stripe sent it, stored once per id."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    created = models.DateTimeField()  # when Stripe created the event
+    payload = models.JSONField()
+    received_at = models.DateTimeField(default=timezone.now)
+    processed_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.event_id}"

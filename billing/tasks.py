@@ -1,6 +1,8 @@
+from dataclasses import asdict
+
 from celery import shared_task
 
-from billing import services
+from billing import meter_events, services
 from billing.models import Subscription
 
 
@@ -18,3 +20,12 @@ def subscription_notify(subscription_pk: int, event: str) -> None:
 def subscriptions_suspend_overdue() -> int:
     """Suspend past-due subscriptions beyond their grace period (run hourly by beat)."""
     return services.subscriptions_suspend_overdue()
+
+
+@shared_task
+def meter_events_flush() -> dict:
+    """Queue new usage for Stripe and send what is due (run every minute by beat; nothing
+    happens while Stripe is not configured)."""
+    added = meter_events.enqueue()
+    flushed = asdict(meter_events.flush())
+    return {"enqueued": added, **{k: v for k, v in flushed.items() if k != "errors"}}

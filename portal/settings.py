@@ -10,6 +10,7 @@ lists every variable.
 from pathlib import Path
 
 import environ
+import stripe
 from django.core.exceptions import ImproperlyConfigured
 
 env = environ.Env()
@@ -180,6 +181,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "deployments.tasks.suspended_instances_stop",
         "schedule": 3600.0,
     },
+    # Sends due Stripe meter events (does nothing while Stripe is not configured).
+    "meter-events-flush": {"task": "billing.tasks.meter_events_flush", "schedule": 60.0},
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------
@@ -219,6 +222,18 @@ MFA_TOTP_ISSUER = "Opsdeck"
 OPSDECK_BASE_URL = env.str("OPSDECK_BASE_URL", default="http://127.0.0.1:8000")
 # Signed invitation links expire after this many seconds (7 days).
 OPSDECK_INVITATION_MAX_AGE = 7 * 24 * 3600
+
+# --- Stripe ----------------------------------------------------------------------
+
+# Unset: billing stays local (nothing is sent to Stripe, the webhook endpoint answers 404).
+STRIPE_API_KEY = env.str("STRIPE_API_KEY", default="")
+STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
+# Another Stripe-compatible server (the emulator, `python -m stripe_emulator serve`).
+STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="")
+# The API version the installed SDK was generated for: object shapes match its types.
+STRIPE_API_VERSION = stripe.api_version
+# A meter event failing this many times is parked as `dead` (the admin can retry it).
+STRIPE_METER_EVENT_MAX_ATTEMPTS = env.int("STRIPE_METER_EVENT_MAX_ATTEMPTS", default=8)
 
 # --- Email ---------------------------------------------------------------------
 

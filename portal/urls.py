@@ -4,6 +4,7 @@ from django.urls import include, path
 
 from accounts.urls import tenant_urlpatterns as accounts_tenant_urls
 from billing.urls import tenant_urlpatterns as billing_tenant_urls
+from billing.webhooks import stripe_webhook
 from deployments.urls import tenant_urlpatterns as deployments_tenant_urls
 from portal import views
 
@@ -26,6 +27,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("admin/", admin.site.urls),
+    path("billing/stripe/webhook/", stripe_webhook, name="stripe_webhook"),
     path("accounts/", include("allauth.urls")),
     path("t/<slug:tenant_slug>/", include(tenant_urlpatterns)),
     path("billing-team/", include("billing.team_urls")),

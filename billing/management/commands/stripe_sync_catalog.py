@@ -1,0 +1,25 @@
+"""`manage.py stripe_sync_catalog`: Stripe meters, products and metered prices for our plans."""
+
+from django.core.management.base import BaseCommand, CommandError
+
+from billing import stripe_sync
+from billing.stripe_gateway import StripeFailure, gateway
+
+
+class Command(BaseCommand):
+    help = (
+        "Create in Stripe a meter per priced usage dimension, a product per plan and a metered "
+        "monthly price per plan and dimension, and store their ids. Existing ones are found "
+        "(by event name, product id, lookup key): running it again creates nothing."
+    )
+
+    def handle(self, *args, **options):
+        gw = gateway()
+        if gw is None:
+            raise CommandError("STRIPE_API_KEY is not set: billing is local, there is no catalog.")
+        try:
+            done = stripe_sync.catalog_sync(gw, out=lambda item: self.stdout.write(str(item)))
+        except StripeFailure as exc:
+            raise CommandError(f"Stripe: {exc}") from exc
+        created = sum(item.action == "created" for item in done)
+        self.stdout.write(self.style.SUCCESS(f"{created} created, {len(done) - created} found."))

@@ -1,0 +1,247 @@
+"""The one place Opsdeck talks to Stripe: a `StripeGateway` around one `stripe.StripeClient`.
+
+Every POST carries an `Idempotency-Key` derived from our own row (`opsdeck-customer-<tenant>`,
+`opsdeck-meter-<dimension>`, …), so a retried task never creates an object twice. The SDK's own
+network retries are off: the outbox retries with its own identifiers and back-off.
+`gateway()` is None when `STRIPE_API_KEY` is unset: billing then stays local.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import stripe
+from django.conf import settings
+
+TIMEOUT = 20.0  # seconds for one request: a hanging Stripe must not hold a worker for long
+
+# Stripe's answer to an identifier it already accepted (a 400 without a code).
+_DUPLICATE_IDENTIFIER = "An event already exists with identifier"
+
+
+class StripeFailure(Exception):
+    """A call that did not do what was asked; `str()` is a readable reason."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class StripeRetryable(StripeFailure):
+    """No answer, a 5xx, a 429, or a key or permission to fix: the same call may work later."""
+
+
+class StripeRefused(StripeFailure):
+    """Stripe refused the request itself (a 4xx such as a bad parameter): it will again."""
+
+
+class BadWebhook(Exception):
+    """A webhook whose signature does not verify, or whose body is not an event."""
+
+
+def classify(exc: stripe.StripeError) -> StripeFailure:
+    """What a Stripe error means for the caller."""
+    status = exc.http_status
+    message = f"{f'{status} ' if status else ''}{type(exc).__name__}: {exc.user_message or exc}"
+    kind = StripeRefused if isinstance(exc, stripe.InvalidRequestError) else StripeRetryable
+    return kind(message[:2000], status=status, code=exc.code)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _translated(call: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(call)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        except stripe.StripeError as exc:
+            raise classify(exc) from exc
+
+    return wrapper
+
+
+class StripeGateway:
+    """What billing asks of Stripe, each call one request; answers are SDK objects, failures
+    `StripeRetryable` or `StripeRefused`."""
+
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        api_version: str,
+        api_base: str = "",
+        webhook_secret: str = "",
+        timeout: float = TIMEOUT,
+    ) -> None:
+        base_addresses: Any = (
+            {"api": api_base, "meter_events": api_base, "files": api_base} if api_base else None
+        )
+        self.webhook_secret = webhook_secret
+        self.client = stripe.StripeClient(
+            api_key,
+            stripe_version=api_version,
+            base_addresses=base_addresses,
+            max_network_retries=0,
+            http_client=stripe.new_default_http_client(timeout=timeout),
+        )
+
+    # --- customers -------------------------------------------------------------------------
+
+    @_translated
+    def customer_create(self, *, tenant_id: int, name: str, email: str = "") -> Any:
+        params: dict[str, Any] = {"name": name, "metadata": {"opsdeck_tenant": str(tenant_id)}}
+        if email:
+            params["email"] = email
+        return self.client.v1.customers.create(
+            params, {"idempotency_key": f"opsdeck-customer-{tenant_id}"}
+        )
+
+    # --- catalog ---------------------------------------------------------------------------
+
+    @_translated
+    def meters(self) -> list[Any]:
+        return list(self.client.v1.billing.meters.list({"limit": 100}).auto_paging_iter())
+
+    @_translated
+    def meter_create(self, *, dimension: str, event_name: str, display_name: str) -> Any:
+        return self.client.v1.billing.meters.create(
+            {
+                "display_name": display_name,
+                "event_name": event_name,
+                "default_aggregation": {"formula": "sum"},
+                "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
+                "value_settings": {"event_payload_key": "value"},
+            },
+            {"idempotency_key": f"opsdeck-meter-{dimension}"},
+        )
+
+    @_translated
+    def product(self, product_id: str) -> Any | None:
+        try:
+            return self.client.v1.products.retrieve(product_id)
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status == 404:
+                return None
+            raise
+
+    @_translated
+    def product_create(self, *, product_id: str, name: str, plan_key: str) -> Any:
+        # Our own id, so a lost answer is found again by id.
+        return self.client.v1.products.create(
+            {"id": product_id, "name": name, "metadata": {"opsdeck_plan": plan_key}},
+            {"idempotency_key": f"opsdeck-product-{plan_key}"},
+        )
+
+    @_translated
+    def price_by_lookup_key(self, lookup_key: str) -> Any | None:
+        found = self.client.v1.prices.list({"lookup_keys": [lookup_key], "limit": 1})
+        return found.data[0] if found.data else None
+
+    @_translated
+    def metered_price_create(
+        self,
+        *,
+        lookup_key: str,
+        product_id: str,
+        meter_id: str,
+        currency: str,
+        unit_amount_decimal: str,
+        nickname: str,
+    ) -> Any:
+        return self.client.v1.prices.create(
+            {
+                "currency": currency,
+                "product": product_id,
+                "unit_amount_decimal": unit_amount_decimal,
+                "recurring": {"interval": "month", "usage_type": "metered", "meter": meter_id},
+                "lookup_key": lookup_key,
+                # A changed amount is a new price that takes the key over (prices are immutable).
+                "transfer_lookup_key": True,
+                "nickname": nickname,
+            },
+            {"idempotency_key": f"{lookup_key}-{unit_amount_decimal}"},
+        )
+
+    # --- meter events ----------------------------------------------------------------------
+
+    @_translated
+    def meter_event_send(
+        self,
+        *,
+        event_name: str,
+        customer_id: str,
+        value: str,
+        identifier: str,
+        timestamp: int,
+        attempt: int,
+    ) -> bool:
+        """Send one meter event; False when Stripe already holds one with this identifier."""
+        try:
+            self.client.v1.billing.meter_events.create(
+                {
+                    "event_name": event_name,
+                    "payload": {"stripe_customer_id": customer_id, "value": value},
+                    "identifier": identifier,
+                    "timestamp": timestamp,
+                },
+                # The identifier is what de-duplicates; a key per attempt, because Stripe
+                # replays a first answer for a key even when it was a 500.
+                {"idempotency_key": f"{identifier}-{attempt}"},
+            )
+        except stripe.InvalidRequestError as exc:
+            if exc.param == "identifier" and _DUPLICATE_IDENTIFIER in (exc.user_message or ""):
+                return False
+            raise
+        return True
+
+    @_translated
+    def meter_total(self, *, meter_id: str, customer_id: str, start: int, end: int) -> int:
+        """The meter's aggregated value for one customer from `start` to `end` (epoch seconds
+        on hour boundaries). Our values are whole numbers, so Stripe's float sum is exact."""
+        summaries = self.client.v1.billing.meters.event_summaries.list(
+            meter_id, {"customer": customer_id, "start_time": start, "end_time": end}
+        )
+        return round(sum(s.aggregated_value for s in summaries.data))
+
+    # --- subscriptions, invoices, webhooks -------------------------------------------------
+
+    @_translated
+    def subscription(self, subscription_id: str) -> Any:
+        """The subscription as Stripe holds it now."""
+        return self.client.v1.subscriptions.retrieve(subscription_id)
+
+    @_translated
+    def invoice(self, invoice_id: str) -> Any:
+        """The invoice as Stripe holds it now."""
+        return self.client.v1.invoices.retrieve(invoice_id)
+
+    @_translated
+    def checkout_session(self, session_id: str) -> Any:
+        return self.client.v1.checkout.sessions.retrieve(session_id)
+
+    def webhook_event(self, body: bytes, signature: str) -> stripe.Event:
+        """The event in a webhook's raw body, once its signature is verified (Stripe's default
+        tolerance); `BadWebhook` otherwise."""
+        if not self.webhook_secret:
+            raise BadWebhook("STRIPE_WEBHOOK_SECRET is not set: no webhook can be verified.")
+        try:
+            return stripe.Webhook.construct_event(body, signature, self.webhook_secret)
+        except (ValueError, stripe.SignatureVerificationError) as exc:
+            raise BadWebhook(str(exc)) from exc
+
+
+def gateway() -> StripeGateway | None:
+    """The gateway as configured, or None when billing stays local (no `STRIPE_API_KEY`)."""
+    if not settings.STRIPE_API_KEY:
+        return None
+    return StripeGateway(
+        settings.STRIPE_API_KEY,
+        api_version=settings.STRIPE_API_VERSION,
+        api_base=settings.STRIPE_API_BASE,
+        webhook_secret=settings.STRIPE_WEBHOOK_SECRET,
+    )

@@ -1,0 +1,272 @@
+"""What Opsdeck keeps of Stripe's objects: the catalog (meters, products, metered prices),
+customers, and the values of subscriptions and invoices as Stripe holds them now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.db import transaction
+
+from accounts.models import Tenant
+from billing.meter_events import MICRO
+from billing.models import Plan, Price, StripeCustomer, StripeMeter, StripePrice
+from billing.pricing import unit_price_per_hour
+from billing.stripe_gateway import StripeGateway
+
+# Stripe's currencies without a minor unit: amounts are in whole units there.
+ZERO_DECIMAL_CURRENCIES = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf",
+                           "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}  # fmt: skip
+STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
+
+
+# --- catalog -----------------------------------------------------------------------------------
+
+
+def event_name_for(dimension: str) -> str:
+    return f"opsdeck_{dimension}"
+
+
+def lookup_key_for(price: Price) -> str:
+    return f"opsdeck-{price.plan.key}-{price.dimension}"
+
+
+def product_id_for(plan: Plan) -> str:
+    return f"opsdeck-plan-{plan.key}"
+
+
+def unit_amount_decimal(price: Price) -> Decimal:
+    """What a Stripe metered price charges per meter unit (a millionth of a unit-hour), in the
+    currency's minor unit, to Stripe's 12 decimal places. Its rounding costs at most half a
+    minor unit per million unit-hours."""
+    minor = 1 if price.currency.lower() in ZERO_DECIMAL_CURRENCIES else 100
+    exact = unit_price_per_hour(price) * minor / MICRO
+    return exact.quantize(STRIPE_PLACES, rounding=ROUND_HALF_UP).normalize()
+
+
+def _decimal_text(amount: Decimal) -> str:
+    return format(amount, "f")
+
+
+@dataclass(frozen=True)
+class Synced:
+    """One catalog object: created or found, its kind, our key, Stripe's id."""
+
+    action: str  # "created" or "found"
+    kind: str  # "meter", "product", "price"
+    key: str
+    stripe_id: str
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.kind} {self.key}: {self.stripe_id}"
+
+
+def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = None) -> list[Synced]:
+    """Create what Stripe lacks of our catalog and store the ids: a meter per priced dimension,
+    a product per plan, a metered monthly price per plan and dimension. Existing objects are
+    found (meters by event name, products by id, prices by lookup key), so running it again
+    creates nothing; a price whose amount changed is replaced, its lookup key moved over."""
+    done: list[Synced] = []
+
+    def note(item: Synced) -> None:
+        done.append(item)
+        if out:
+            out(item)
+
+    meters = _meters_sync(gw, note)
+    for plan in Plan.objects.prefetch_related("prices").order_by("key"):
+        prices = list(plan.prices.all())
+        if not prices:
+            continue
+        product_id = _product_sync(gw, plan, note)
+        for price in prices:
+            _price_sync(gw, price, product_id, meters[price.dimension], note)
+    return done
+
+
+def _meters_sync(gw: StripeGateway, note: Callable[[Synced], None]) -> dict[str, str]:
+    dimensions = sorted(set(Price.objects.values_list("dimension", flat=True)))
+    existing = {m.event_name: m.id for m in gw.meters() if m.status == "active"}
+    meters = {}
+    for dimension in dimensions:
+        event_name = event_name_for(dimension)
+        meter_id = existing.get(event_name)
+        if meter_id:
+            note(Synced("found", "meter", event_name, meter_id))
+        else:
+            meter_id = gw.meter_create(
+                dimension=dimension, event_name=event_name, display_name=f"Opsdeck {dimension}"
+            ).id
+            note(Synced("created", "meter", event_name, meter_id))
+        StripeMeter.objects.update_or_create(
+            dimension=dimension, defaults={"event_name": event_name, "meter_id": meter_id}
+        )
+        meters[dimension] = meter_id
+    return meters
+
+
+def _product_sync(gw: StripeGateway, plan: Plan, note: Callable[[Synced], None]) -> str:
+    product_id = product_id_for(plan)
+    if gw.product(product_id) is None:
+        gw.product_create(product_id=product_id, name=plan.name, plan_key=plan.key)
+        note(Synced("created", "product", plan.key, product_id))
+    else:
+        note(Synced("found", "product", plan.key, product_id))
+    return product_id
+
+
+def _price_sync(
+    gw: StripeGateway,
+    price: Price,
+    product_id: str,
+    meter_id: str,
+    note: Callable[[Synced], None],
+) -> None:
+    lookup_key = lookup_key_for(price)
+    amount = unit_amount_decimal(price)
+    found = gw.price_by_lookup_key(lookup_key)
+    if (
+        found is not None
+        and Decimal(found.unit_amount_decimal) == amount
+        and found.currency == price.currency.lower()
+        and found.recurring.meter == meter_id
+    ):
+        stripe_price_id = found.id
+        note(Synced("found", "price", lookup_key, stripe_price_id))
+    else:
+        stripe_price_id = gw.metered_price_create(
+            lookup_key=lookup_key,
+            product_id=product_id,
+            meter_id=meter_id,
+            currency=price.currency.lower(),
+            unit_amount_decimal=_decimal_text(amount),
+            nickname=f"{price.plan.name}: {price.label}",
+        ).id
+        note(Synced("created", "price", lookup_key, stripe_price_id))
+    StripePrice.objects.update_or_create(
+        price=price,
+        defaults={
+            "stripe_product_id": product_id,
+            "stripe_price_id": stripe_price_id,
+            "lookup_key": lookup_key,
+            "unit_amount_decimal": amount,
+        },
+    )
+
+
+# --- customers ---------------------------------------------------------------------------------
+
+
+def customer_ensure(gw: StripeGateway, tenant: Tenant, *, email: str = "") -> StripeCustomer:
+    """The tenant's Stripe customer, created once (the idempotency key is the tenant's id)."""
+    existing = StripeCustomer.objects.filter(tenant=tenant).first()
+    if existing:
+        return existing
+    customer = gw.customer_create(tenant_id=tenant.pk, name=tenant.name, email=email)
+    return customer_remember(tenant=tenant, customer_id=customer.id)
+
+
+def customer_remember(*, tenant: Tenant, customer_id: str) -> StripeCustomer:
+    """Store the tenant's customer id (one per tenant: a second id is refused)."""
+    with transaction.atomic():
+        stored, _ = StripeCustomer.objects.get_or_create(
+            tenant=tenant, defaults={"customer_id": customer_id}
+        )
+    if stored.customer_id != customer_id:
+        raise ValueError(f"{tenant} already has the Stripe customer {stored.customer_id}.")
+    return stored
+
+
+# --- subscriptions and invoices, as Stripe holds them now --------------------------------------
+
+# Stripe's subscription statuses in ours (pending, active, past_due, suspended, cancelled).
+SUBSCRIPTION_STATUSES = {
+    "incomplete": "pending",
+    "trialing": "active",
+    "active": "active",
+    "past_due": "past_due",
+    "unpaid": "past_due",
+    "paused": "suspended",
+    "canceled": "cancelled",
+    "incomplete_expired": "cancelled",
+}
+
+
+def subscription_status_next(current: str | None, stripe_status: str) -> str:
+    """The status to store: Stripe's, except that a cancelled subscription stays cancelled
+    (an event about its earlier life may arrive late)."""
+    if current == "cancelled":
+        return current
+    return SUBSCRIPTION_STATUSES.get(stripe_status, "pending")
+
+
+def _moment(epoch: int | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch else None
+
+
+def _field(obj: Any, name: str) -> Any:
+    """A field of a Stripe object, None when absent (SDK objects are not dicts)."""
+    return getattr(obj, name, None)
+
+
+def subscription_values(subscription: Any) -> dict[str, Any]:
+    """What Opsdeck keeps of a Stripe subscription (its period lives on its items)."""
+    items = subscription["items"].data if _field(subscription, "items") else []
+    return {
+        "stripe_subscription_id": subscription.id,
+        "stripe_customer_id": subscription.customer,
+        "stripe_status": subscription.status,
+        "status": SUBSCRIPTION_STATUSES.get(subscription.status, "pending"),
+        "current_period_start": _moment(items[0].current_period_start if items else None),
+        "current_period_end": _moment(items[0].current_period_end if items else None),
+        "cancel_at_period_end": bool(_field(subscription, "cancel_at_period_end")),
+        "price_ids": [item.price.id for item in items],
+    }
+
+
+def invoice_values(invoice: Any) -> dict[str, Any]:
+    """What Opsdeck keeps of a Stripe invoice (its subscription is under `parent`)."""
+    details = _field(_field(invoice, "parent"), "subscription_details")
+    return {
+        "stripe_invoice_id": invoice.id,
+        "stripe_customer_id": invoice.customer,
+        "stripe_subscription_id": _field(details, "subscription"),
+        "status": invoice.status,
+        "number": _field(invoice, "number"),
+        "currency": invoice.currency,
+        "amount_due": _field(invoice, "amount_due"),
+        "amount_paid": _field(invoice, "amount_paid"),
+        "hosted_invoice_url": _field(invoice, "hosted_invoice_url"),
+        "period_start": _moment(_field(invoice, "period_start")),
+        "period_end": _moment(_field(invoice, "period_end")),
+    }
+
+
+def subscription_mirror(subscription: Any) -> dict[str, Any]:
+    """Bring our record of this subscription to what Stripe holds now (`subscription` is
+    freshly fetched, never an event's copy). This branch has no Subscription model: the values
+    are worked out and returned; storing them (with `subscription_status_next`) is the merge's
+    part."""
+    return subscription_values(subscription)
+
+
+def invoice_mirror(invoice: Any) -> dict[str, Any]:
+    """Bring our record of this invoice to what Stripe holds now (freshly fetched). This branch
+    has no Invoice model: the values are worked out and returned; storing them, and a failed
+    payment making the subscription past_due, is the merge's part."""
+    return invoice_values(invoice)
+
+
+def checkout_completed(session: Any) -> StripeCustomer | None:
+    """A finished checkout (freshly fetched): remember the customer Stripe made for the tenant
+    named by `client_reference_id` (the tenant's id, as the checkout is created)."""
+    reference = _field(session, "client_reference_id")
+    if not (reference and str(reference).isdigit() and _field(session, "customer")):
+        return None
+    tenant = Tenant.objects.filter(pk=int(reference)).first()
+    if tenant is None:
+        return None
+    return customer_remember(tenant=tenant, customer_id=session.customer)

@@ -1,0 +1,115 @@
+"""Stripe's webhooks: `POST /billing/stripe/webhook/`.
+
+The signature is verified on the raw body (400 and nothing stored when it fails). Each event is
+stored once, by id, then handed to its handler; a replay of a processed event changes nothing.
+A handler that fails leaves the event stored with its error and answers 500, so Stripe sends
+it again and the handler runs again. Delivery is unordered and an event's object is a copy
+from when it was sent, so handlers act on the object as Stripe holds it now, fetched again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from billing import stripe_sync
+from billing.models import StripeEvent
+from billing.stripe_gateway import BadWebhook, StripeGateway, gateway
+
+log = logging.getLogger(__name__)
+
+
+def _object_id(event: StripeEvent) -> str:
+    return event.payload["data"]["object"]["id"]
+
+
+def checkout_session_completed(event: StripeEvent, gw: StripeGateway) -> None:
+    session = gw.checkout_session(_object_id(event))
+    stripe_sync.checkout_completed(session)
+    if getattr(session, "subscription", None):
+        stripe_sync.subscription_mirror(gw.subscription(session.subscription))
+
+
+def subscription_changed(event: StripeEvent, gw: StripeGateway) -> None:
+    stripe_sync.subscription_mirror(gw.subscription(_object_id(event)))
+
+
+def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
+    stripe_sync.invoice_mirror(gw.invoice(_object_id(event)))
+
+
+Handler = Callable[[StripeEvent, StripeGateway], None]
+
+HANDLERS: dict[str, Handler] = {
+    "checkout.session.completed": checkout_session_completed,
+    "customer.subscription.created": subscription_changed,
+    "customer.subscription.updated": subscription_changed,
+    "customer.subscription.deleted": subscription_changed,
+    "invoice.created": invoice_changed,
+    "invoice.finalized": invoice_changed,
+    "invoice.paid": invoice_changed,
+    "invoice.payment_failed": invoice_changed,
+}
+
+
+def event_record(body: bytes, stripe_event: Any) -> StripeEvent:
+    """The stored event, created on its first delivery."""
+    stored, _ = StripeEvent.objects.get_or_create(
+        event_id=stripe_event.id,
+        defaults={
+            "type": stripe_event.type,
+            "created": datetime.fromtimestamp(stripe_event.created, UTC),
+            "payload": json.loads(body),
+        },
+    )
+    return stored
+
+
+def event_process(event_id: str, gw: StripeGateway) -> bool:
+    """Run the event's handler unless it already ran; False when the handler failed (its error
+    is stored). Concurrent deliveries of one event wait for each other on its row."""
+    with transaction.atomic():
+        event = StripeEvent.objects.select_for_update().get(event_id=event_id)
+        if event.processed_at is not None:
+            return True
+        handler = HANDLERS.get(event.type)
+        try:
+            with transaction.atomic():
+                if handler is not None:
+                    handler(event, gw)
+        except Exception as exc:  # any failure: stored, answered 500, retried by Stripe
+            log.exception("stripe event %s (%s) failed", event.event_id, event.type)
+            event.error = f"{type(exc).__name__}: {exc}"[:2000]
+            event.save(update_fields=["error"])
+            return False
+        event.processed_at = timezone.now()
+        event.error = ""
+        event.save(update_fields=["processed_at", "error"])
+        return True
+
+
+@csrf_exempt
+@require_POST
+def stripe_webhook(request: HttpRequest) -> HttpResponse:
+    gw = gateway()
+    if gw is None:
+        raise Http404("Stripe is not configured.")
+    body = request.body
+    try:
+        stripe_event = gw.webhook_event(body, request.headers.get("Stripe-Signature", ""))
+    except BadWebhook as exc:
+        log.warning("stripe webhook refused: %s", exc)
+        return HttpResponse("Bad signature or payload.", status=400, content_type="text/plain")
+    stored = event_record(body, stripe_event)
+    if not event_process(stored.event_id, gw):
+        return HttpResponse("Handler failed; send again.", status=500, content_type="text/plain")
+    return HttpResponse("ok", content_type="text/plain")

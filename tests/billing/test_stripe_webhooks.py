@@ -1,0 +1,246 @@
+"""`POST /billing/stripe/webhook/`: verified, stored once, acted on with what Stripe holds now."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.urls import reverse
+
+from billing import stripe_sync, webhooks
+from billing.models import StripeCustomer, StripeEvent
+from stripe_emulator import sign
+from tests.billing.conftest import WEBHOOK_SECRET
+
+URL = "/billing/stripe/webhook/"
+
+
+def _post(client, event: dict, *, secret: str = WEBHOOK_SECRET, body: bytes | None = None):
+    body = json.dumps(event).encode() if body is None else body
+    return client.post(
+        URL,
+        body,
+        content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=sign(body, secret, int(time.time())),
+    )
+
+
+@pytest.fixture
+def subscribed(gw, emulator, tenant):
+    """A tenant that went through Checkout: a customer, a metered price, a subscription."""
+    client = gw.client
+    meter = client.v1.billing.meters.create(
+        {
+            "display_name": "cpu",
+            "event_name": "opsdeck_cpu",
+            "default_aggregation": {"formula": "sum"},
+            "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
+            "value_settings": {"event_payload_key": "value"},
+        }
+    )
+    price = client.v1.prices.create(
+        {
+            "currency": "usd",
+            "unit_amount_decimal": "0.000005",
+            "product_data": {"name": "cpu"},
+            "recurring": {"interval": "month", "usage_type": "metered", "meter": meter.id},
+        }
+    )
+    session = client.v1.checkout.sessions.create(
+        {
+            "mode": "subscription",
+            "line_items": [{"price": price.id}],
+            "client_reference_id": str(tenant.pk),
+            "success_url": "https://opsdeck.test/done",
+            "cancel_url": "https://opsdeck.test/",
+        }
+    )
+    emulator.complete_checkout(session.id)
+    return client.v1.checkout.sessions.retrieve(session.id)
+
+
+@pytest.fixture
+def mirrored(monkeypatch):
+    """What the subscription seam was handed, in order (then doing what it does)."""
+    seen: list[dict] = []
+    real = stripe_sync.subscription_mirror
+
+    def record(subscription):
+        values = real(subscription)
+        seen.append(values)
+        return values
+
+    monkeypatch.setattr(stripe_sync, "subscription_mirror", record)
+    return seen
+
+
+def _event(emulator, event_type: str, index: int = -1) -> dict:
+    return emulator.events(event_type)[index]
+
+
+def test_checkout_completed_remembers_the_tenants_customer(
+    stripe_settings, emulator, subscribed, tenant, client, mirrored
+):
+    answer = _post(client, _event(emulator, "checkout.session.completed"))
+
+    assert answer.status_code == 200
+    assert StripeCustomer.objects.get(tenant=tenant).customer_id == subscribed.customer
+    stored = StripeEvent.objects.get()
+    assert stored.type == "checkout.session.completed" and stored.processed_at is not None
+    assert stored.payload["data"]["object"]["id"] == subscribed.id
+    assert [m["stripe_subscription_id"] for m in mirrored] == [subscribed.subscription]
+    assert mirrored[0]["status"] == "active" and len(mirrored[0]["price_ids"]) == 1
+    assert mirrored[0]["current_period_start"] < mirrored[0]["current_period_end"]
+
+
+def test_a_bad_signature_is_refused_and_nothing_is_stored(
+    stripe_settings, emulator, subscribed, client
+):
+    event = _event(emulator, "checkout.session.completed")
+
+    assert _post(client, event, secret="whsec_someone_else").status_code == 400
+    unsigned = client.post(URL, json.dumps(event), content_type="application/json")
+    assert unsigned.status_code == 400
+    assert _post(client, event, body=b"{not json").status_code == 400
+    assert StripeEvent.objects.count() == 0 and StripeCustomer.objects.count() == 0
+
+
+def test_only_post_is_answered(stripe_settings, client):
+    assert client.get(URL).status_code == 405
+
+
+def test_a_replayed_event_changes_nothing(
+    stripe_settings, emulator, subscribed, client, monkeypatch
+):
+    calls = []
+    monkeypatch.setitem(
+        webhooks.HANDLERS,
+        "checkout.session.completed",
+        lambda event, gw: calls.append(event.event_id),
+    )
+    event = _event(emulator, "checkout.session.completed")
+    assert _post(client, event).status_code == 200
+    first = StripeEvent.objects.get()
+
+    again = _post(client, event)
+
+    assert again.status_code == 200
+    assert calls == [event["id"]]
+    assert list(StripeEvent.objects.values("processed_at", "received_at")) == [
+        {"processed_at": first.processed_at, "received_at": first.received_at}
+    ]
+
+
+def test_a_failing_handler_answers_500_and_runs_again_on_the_retry(
+    stripe_settings, emulator, subscribed, client, monkeypatch
+):
+    calls = []
+
+    def flaky(event, gw):
+        calls.append(event.event_id)
+        if len(calls) == 1:
+            StripeCustomer.objects.create(
+                tenant_id=subscribed.client_reference_id, customer_id="cus_half_done"
+            )
+            raise RuntimeError("database hiccup")
+        webhooks.checkout_session_completed(event, gw)
+
+    monkeypatch.setitem(webhooks.HANDLERS, "checkout.session.completed", flaky)
+    event = _event(emulator, "checkout.session.completed")
+
+    failed = _post(client, event)
+
+    assert failed.status_code == 500
+    stored = StripeEvent.objects.get()
+    assert stored.processed_at is None and stored.error == "RuntimeError: database hiccup"
+    assert StripeCustomer.objects.count() == 0  # the failed handler's writes are undone
+
+    retried = _post(client, event)
+
+    assert retried.status_code == 200 and len(calls) == 2
+    stored.refresh_from_db()
+    assert stored.processed_at is not None and stored.error == ""
+    assert StripeCustomer.objects.get().customer_id == subscribed.customer
+
+
+def test_events_delivered_out_of_order_act_on_the_current_subscription(
+    stripe_settings, emulator, gw, subscribed, client, mirrored
+):
+    subscriptions = gw.client.v1.subscriptions
+    subscriptions.update(subscribed.subscription, {"cancel_at_period_end": True})
+    subscriptions.update(subscribed.subscription, {"cancel_at_period_end": False})
+    older, newer = emulator.events("customer.subscription.updated")[-2:]
+    assert older["data"]["object"]["cancel_at_period_end"] is True
+
+    assert _post(client, newer).status_code == 200
+    assert _post(client, older).status_code == 200
+
+    # Both acted on Stripe's subscription as it is now, not on the older event's copy.
+    assert [m["cancel_at_period_end"] for m in mirrored] == [False, False]
+    assert StripeEvent.objects.count() == 2
+
+
+def test_a_late_event_about_a_cancelled_subscription_sees_it_cancelled(
+    stripe_settings, emulator, gw, subscribed, client, mirrored
+):
+    gw.client.v1.subscriptions.update(subscribed.subscription, {"cancel_at_period_end": True})
+    gw.client.v1.subscriptions.cancel(subscribed.subscription)
+    deleted = _event(emulator, "customer.subscription.deleted")
+    updated = _event(emulator, "customer.subscription.updated")
+
+    assert _post(client, deleted).status_code == 200
+    assert _post(client, updated).status_code == 200
+
+    assert [m["status"] for m in mirrored] == ["cancelled", "cancelled"]
+    assert stripe_sync.subscription_status_next("cancelled", "active") == "cancelled"
+    assert stripe_sync.subscription_status_next("active", "past_due") == "past_due"
+
+
+def test_invoice_events_act_on_the_invoice_stripe_holds_now(
+    stripe_settings, emulator, gw, subscribed, client, monkeypatch
+):
+    seen = []
+    monkeypatch.setattr(
+        stripe_sync,
+        "invoice_mirror",
+        lambda invoice: seen.append(stripe_sync.invoice_values(invoice)),
+    )
+    invoice = emulator.close_period(subscribed.subscription)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.pay_invoice(invoice["id"])
+
+    for event_type in ("invoice.created", "invoice.finalized", "invoice.paid"):
+        assert _post(client, _event(emulator, event_type)).status_code == 200
+
+    assert [v["status"] for v in seen] == ["paid", "paid", "paid"]
+    assert seen[0]["stripe_subscription_id"] == subscribed.subscription
+    assert seen[0]["hosted_invoice_url"]
+
+
+def test_an_event_without_a_handler_is_recorded(stripe_settings, emulator, subscribed, client):
+    event = _event(emulator, "customer.created")  # Checkout made the customer
+
+    assert _post(client, event).status_code == 200
+    stored = StripeEvent.objects.get()
+    assert stored.type == event["type"] and stored.processed_at is not None
+
+
+def test_without_stripe_the_endpoint_is_not_there(settings, client):
+    settings.STRIPE_API_KEY = ""
+
+    assert (
+        client.post(reverse("stripe_webhook"), b"{}", content_type="application/json").status_code
+        == 404
+    )
+
+
+def test_without_a_webhook_secret_no_event_is_accepted(
+    stripe_settings, emulator, subscribed, client
+):
+    stripe_settings.STRIPE_WEBHOOK_SECRET = ""
+
+    assert (
+        _post(client, _event(emulator, "checkout.session.completed"), secret="").status_code == 400
+    )
+    assert StripeEvent.objects.count() == 0
