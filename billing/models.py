@@ -238,6 +238,8 @@ class InvoiceCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.series}: {self.last}"
+
+
 class Subscription(models.Model):
     """A tenant's subscription to a plan: without an active one it cannot create instances on it.
 
