@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from billing import services
+from billing import invoicing, services
 from billing.models import Subscription
 
 
@@ -18,3 +18,12 @@ def subscription_notify(subscription_pk: int, event: str) -> None:
 def subscriptions_suspend_overdue() -> int:
     """Suspend past-due subscriptions beyond their grace period (run hourly by beat)."""
     return services.subscriptions_suspend_overdue()
+
+
+@shared_task
+def billing_period_close() -> str:
+    """Close the month just ended into draft invoices once all of its hours are metered (run
+    hourly by beat: early in a month it waits for the last hours' metering; then it finds the
+    period closed and does nothing)."""
+    closed = invoicing.period_close_due()
+    return f"closed {closed.period}: {len(closed.invoices)} invoice(s)" if closed else ""

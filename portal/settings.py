@@ -180,6 +180,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "deployments.tasks.suspended_instances_stop",
         "schedule": 3600.0,
     },
+    # The month just ended becomes draft invoices once every hour of it is metered.
+    "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------

@@ -409,3 +409,17 @@ def test_a_monthly_price_override_is_spread_over_730_hours_too(tenant, plan):
     invoice = invoicing.period_close("2026-11", now=AFTER).invoices[0]
 
     assert invoice.total == Decimal("1.46")
+
+
+def test_beat_closes_the_month_just_ended_through_its_task(tenant, plan, settings):
+    from billing.tasks import billing_period_close
+
+    entry = settings.CELERY_BEAT_SCHEDULE["billing-period-close"]
+    assert entry["task"] == "billing.tasks.billing_period_close"
+    this_month = usage.period_bounds(usage.period_key(datetime.now(UTC)))[0]
+    last_month = usage.period_bounds(usage.period_key(this_month - usage.HOUR))[0]
+    _use(tenant, plan, last_month, cpu="10")
+    _metered(last_month, this_month)
+
+    assert billing_period_close.apply().get() == f"closed {last_month:%Y-%m}: 1 invoice(s)"
+    assert billing_period_close.apply().get() == ""
