@@ -55,10 +55,13 @@ class PeriodCost:
     currencies: list[CurrencyCost]
 
 
-def period_cost(tenant: Tenant, period: str) -> PeriodCost:
-    """The cost of `tenant`'s usage billed in `period` ("YYYY-MM"), so far."""
+def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> PeriodCost:
+    """The cost of `tenant`'s usage billed in `period` ("YYYY-MM") so far, on every plan or
+    on `plan` only (what one invoice covers)."""
     start, end = usage.period_bounds(period)
     records = UsageRecord.objects.filter(tenant=tenant, period=period)
+    if plan is not None:
+        records = records.filter(plan=plan)
     plans = Plan.objects.prefetch_related("prices").in_bulk(
         set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
