@@ -38,7 +38,7 @@ from billing.models import (
     Plan,
     UsageRecord,
 )
-from billing.pricing import unit_price_per_hour
+from billing.pricing import PriceBook
 
 # Stripe's zero-decimal currencies: amounts in them have no minor unit.
 ZERO_DECIMAL_CURRENCIES = frozenset(
@@ -104,41 +104,55 @@ def period_close(key: str, *, now: datetime | None = None) -> Closed:
 
 def _drafts(key: str) -> list[Invoice]:
     """The draft invoices of the period `key`, from its usage records summed in the database
-    per tenant, plan, instance, dimension and (for late usage) the month it was used in."""
-    sums = (
-        UsageRecord.objects.filter(period=key)
-        .annotate(used_in=TruncMonth("hour"))
-        .values("tenant_id", "plan_id", "instance_id", "dimension", "adjustment", "used_in")
-        .annotate(quantity=Sum("quantity"), name=Max("instance_name"), unit=Max("unit"))
-        .order_by("tenant_id", "plan_id", "name", "instance_id", "dimension", "used_in")
+    per tenant, plan, instance, dimension, price span (`PriceBook`) and, for late usage, the
+    month it was used in."""
+    start, end = usage.period_bounds(key)
+    records = UsageRecord.objects.filter(period=key)
+    plans = Plan.objects.prefetch_related("prices").in_bulk(
+        set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
+    book = PriceBook(plans, start, end)
+    sums = (
+        records.annotate(used_in=TruncMonth("hour"), span=book.span())
+        .values(
+            "tenant_id", "plan_id", "instance_id", "dimension", "adjustment", "used_in", "span"
+        )
+        .annotate(quantity=Sum("quantity"), name=Max("instance_name"), unit=Max("unit"))
+        .order_by("tenant_id", "plan_id", "name", "instance_id", "dimension", "used_in", "span")
+    )  # fmt: skip
     by_invoice: dict[tuple[int, int], list[dict]] = {}
     for row in sums:
         by_invoice.setdefault((row["tenant_id"], row["plan_id"]), []).append(row)
-    plans = Plan.objects.prefetch_related("prices").in_bulk({plan for _, plan in by_invoice})
     invoices = []
     for (tenant_id, plan_id), rows in by_invoice.items():
         plan = plans[plan_id]
-        prices = {price.dimension: price for price in plan.prices.all()}
-        currency = next(iter(prices.values())).currency if prices else "usd"
-        lines = []
+        currency = next((p.currency for p in plan.prices.all()), "usd")
+        units = {p.dimension: p.unit for p in plan.prices.all()}
+        # One line per instance, dimension, month used in and unit price (spans of an
+        # override that leaves a dimension's price as it was add up into one line).
+        quantities: dict[tuple, Decimal] = {}
+        names: dict[str, str] = {}
         for row in rows:
-            price = prices.get(row["dimension"])
-            if price is None or not row["quantity"]:
+            priced = book.per_hour(tenant_id, plan_id, row["span"], row["dimension"])
+            if priced is None or not row["quantity"]:
                 continue  # a dimension the plan does not price is free
-            unit_price = unit_price_per_hour(price)
-            lines.append(
-                InvoiceLine(
-                    instance_id=row["instance_id"],
-                    instance_name=row["name"],
-                    dimension=row["dimension"],
-                    unit=price.unit or row["unit"],
-                    quantity=row["quantity"],
-                    unit_price=unit_price.quantize(Decimal("1e-12"), rounding=ROUND_HALF_UP),
-                    amount=rounded(row["quantity"] * unit_price, currency),
-                    adjustment_of=f"{row['used_in']:%Y-%m}" if row["adjustment"] else "",
-                )
+            used_in = f"{row['used_in']:%Y-%m}" if row["adjustment"] else ""
+            line_key = (row["instance_id"], row["dimension"], row["unit"], used_in, priced[0])
+            quantities[line_key] = quantities.get(line_key, Decimal(0)) + row["quantity"]
+            names[row["instance_id"]] = row["name"]
+        lines = [
+            InvoiceLine(
+                instance_id=instance_id,
+                instance_name=names[instance_id],
+                dimension=dimension,
+                unit=units.get(dimension) or unit,
+                quantity=quantity,
+                unit_price=unit_price.quantize(Decimal("1e-12"), rounding=ROUND_HALF_UP),
+                amount=rounded(quantity * unit_price, currency),
+                adjustment_of=used_in,
             )
+            for (instance_id, dimension, unit, used_in, unit_price), quantity in quantities.items()
+        ]
         invoice = Invoice.objects.create(
             tenant_id=tenant_id,
             plan=plan,

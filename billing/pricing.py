@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-from billing.models import DIMENSION_LABELS, Plan, Price
+from django.db.models import Case, IntegerField, Value, When
+
+from billing.models import DIMENSION_LABELS, Plan, PlanOverride, Price
 
 HOURS_PER_MONTH = Decimal(730)
 HOURLY_PLACES = Decimal("0.0001")
@@ -102,3 +104,58 @@ def cost(plan: Plan, quantities: dict[str, Decimal], hours: Decimal | int = 1) -
         per_month=_cents(exact_hourly * HOURS_PER_MONTH),
         amount=_cents(exact_hourly * hours),
     )
+
+
+class PriceBook:
+    """What a unit-hour of each dimension costs on some plans over a span of time: the plan's
+    prices, and a tenant's `PlanOverride` prices from the hour they take effect (the override
+    in effect at an hour is the latest started by then, as for limits). Invoices and the cost
+    reports price usage records through it, in SQL-grouped spans:
+
+        book = PriceBook(plans, start, end)
+        rows = records.annotate(span=book.span()).values(..., "span").annotate(Sum("quantity"))
+        book.per_hour(tenant_id, plan_id, span, dimension)  # (price of a unit-hour, currency)
+    """
+
+    def __init__(self, plans: dict[int, Plan], start, end, tenant_ids=None):
+        self._prices = {
+            (plan.pk, price.dimension): price
+            for plan in plans.values()
+            for price in plan.prices.all()
+        }
+        overrides = PlanOverride.objects.filter(plan_id__in=plans, effective_from__lt=end)
+        if tenant_ids is not None:
+            overrides = overrides.filter(tenant_id__in=tenant_ids)
+        # (tenant, plan) -> [(from, prices)]: index 0 holds what is in effect at `start`.
+        self._spans: dict[tuple[int, int], list[tuple[object, dict]]] = {}
+        for override in overrides.order_by("effective_from", "pk"):
+            spans = self._spans.setdefault((override.tenant_id, override.plan_id), [(start, {})])
+            if override.effective_from <= start:
+                spans[0] = (start, override.prices)
+            else:
+                spans.append((override.effective_from, override.prices))
+
+    def span(self):
+        """A SQL expression numbering the price span a usage record's hour falls in."""
+        whens = [
+            When(tenant_id=tenant, plan_id=plan, hour__gte=starts, then=Value(index))
+            for (tenant, plan), spans in self._spans.items()
+            for index, (starts, _) in reversed(list(enumerate(spans)))
+            if index > 0
+        ]
+        return Case(*whens, default=Value(0), output_field=IntegerField())
+
+    def per_hour(
+        self, tenant_id: int, plan_id: int, span: int, dimension: str
+    ) -> tuple[Decimal, str] | None:
+        """The exact price of one unit-hour of `dimension`, and its currency; None when the
+        plan does not price it (free)."""
+        price = self._prices.get((plan_id, dimension))
+        if price is None:
+            return None
+        spans = self._spans.get((tenant_id, plan_id))
+        overridden = spans[span][1].get(dimension) if spans else None
+        unit_price = Decimal(str(overridden)) if overridden is not None else price.unit_price
+        if price.time_unit == Price.TimeUnit.MONTH:
+            unit_price = unit_price / HOURS_PER_MONTH
+        return unit_price, price.currency

@@ -21,7 +21,7 @@ from accounts.models import Tenant
 from billing import usage
 from billing.invoicing import rounded
 from billing.models import DIMENSION_LABELS, Plan, UsageRecord
-from billing.pricing import unit_price_per_hour
+from billing.pricing import PriceBook
 
 
 @dataclass(frozen=True)
@@ -55,53 +55,54 @@ class PeriodCost:
     currencies: list[CurrencyCost]
 
 
-def period_cost(tenant: Tenant, period: str) -> PeriodCost:
-    """The cost of `tenant`'s usage billed in `period` ("YYYY-MM"), so far."""
+def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> PeriodCost:
+    """The cost of `tenant`'s usage billed in `period` ("YYYY-MM") so far, on every plan or
+    on `plan` only (what one invoice covers)."""
     start, end = usage.period_bounds(period)
     records = UsageRecord.objects.filter(tenant=tenant, period=period)
+    if plan is not None:
+        records = records.filter(plan=plan)
+    plans = Plan.objects.prefetch_related("prices").in_bulk(
+        set(records.values_list("plan_id", flat=True).distinct().order_by())
+    )
+    book = PriceBook(plans, start, end, tenant_ids={tenant.pk})
+    spanned = records.annotate(span=book.span())
     per_instance = (
-        records.values("plan_id", "instance_id", "dimension")
+        spanned.values("plan_id", "instance_id", "dimension", "span")
         .annotate(quantity=Sum("quantity"), name=Max("instance_name"))
         .order_by()
     )
     per_day = (
-        records.annotate(day=TruncDate("hour"))
-        .values("plan_id", "dimension", "day")
+        spanned.annotate(day=TruncDate("hour"))
+        .values("plan_id", "dimension", "day", "span")
         .annotate(quantity=Sum("quantity"))
         .order_by()
     )
-    plans = Plan.objects.prefetch_related("prices").in_bulk(
-        {row["plan_id"] for row in per_instance}
-    )
-    prices = {
-        (plan.pk, price.dimension): (unit_price_per_hour(price), price.currency)
-        for plan in plans.values()
-        for price in plan.prices.all()
-    }
-    costs: dict[str, CurrencyCost] = {}
-    instances: dict[tuple[str, str], dict[str, Decimal]] = defaultdict(dict)
+    # Quantities per instance, dimension and unit price, rounded once each: the invoice's lines.
+    lines: dict[tuple[str, str, str, Decimal], Decimal] = defaultdict(Decimal)
     names: dict[str, tuple[str, str]] = {}
     for row in per_instance:
-        priced = prices.get((row["plan_id"], row["dimension"]))
+        priced = book.per_hour(tenant.pk, row["plan_id"], row["span"], row["dimension"])
         if priced is None:
             continue  # a dimension the plan does not price is free
         unit_price, currency = priced
-        amount = rounded(row["quantity"] * unit_price, currency)
+        lines[(currency, row["instance_id"], row["dimension"], unit_price)] += row["quantity"]
+        names[row["instance_id"]] = (row["name"], plans[row["plan_id"]].name)
+    costs: dict[str, CurrencyCost] = {}
+    instances: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for (currency, instance_id, dimension, unit_price), quantity in lines.items():
+        amount = rounded(quantity * unit_price, currency)
         cost = costs.setdefault(currency, CurrencyCost(currency))
         cost.total += amount
-        cost.by_dimension[row["dimension"]] = cost.by_dimension.get(row["dimension"], 0) + amount
-        by_instance = instances[(currency, row["instance_id"])]
-        by_instance[row["dimension"]] = amount
-        names[row["instance_id"]] = (row["name"], plans[row["plan_id"]].name)
-    for (currency, instance_id), amounts in instances.items():
+        cost.by_dimension[dimension] = cost.by_dimension.get(dimension, 0) + amount
+        instances[(currency, instance_id)] += amount
+    for (currency, instance_id), amount in instances.items():
         name, plan = names[instance_id]
-        costs[currency].by_instance.append(
-            InstanceCost(instance_id, name, plan, sum(amounts.values(), Decimal(0)))
-        )
+        costs[currency].by_instance.append(InstanceCost(instance_id, name, plan, amount))
     days = [start.date() + timedelta(days=n) for n in range((end - start).days)]
     daily: dict[str, dict[str, dict[date, Decimal]]] = defaultdict(lambda: defaultdict(dict))
     for row in per_day:
-        priced = prices.get((row["plan_id"], row["dimension"]))
+        priced = book.per_hour(tenant.pk, row["plan_id"], row["span"], row["dimension"])
         if priced is None:
             continue
         unit_price, currency = priced

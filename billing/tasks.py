@@ -2,7 +2,7 @@ from dataclasses import asdict
 
 from celery import shared_task
 
-from billing import meter_events, services
+from billing import invoicing, meter_events, services
 from billing.models import Subscription
 
 
@@ -29,3 +29,12 @@ def meter_events_flush() -> dict:
     added = meter_events.enqueue()
     flushed = asdict(meter_events.flush())
     return {"enqueued": added, **{k: v for k, v in flushed.items() if k != "errors"}}
+
+
+@shared_task
+def billing_period_close() -> str:
+    """Close the month just ended into draft invoices once all of its hours are metered (run
+    hourly by beat: early in a month it waits for the last hours' metering; then it finds the
+    period closed and does nothing)."""
+    closed = invoicing.period_close_due()
+    return f"closed {closed.period}: {len(closed.invoices)} invoice(s)" if closed else ""

@@ -88,4 +88,5 @@ def invoice_detail(request, invoice_id: int):
     invoice = selectors.invoice_of(request.tenant, invoice_id)
     if invoice is None:
         raise Http404("No such invoice.")
-    return render(request, "billing/invoice_detail.html", {"invoice": invoice})
+    cost = reports.period_cost(request.tenant, invoice.period, plan=invoice.plan)
+    return render(request, "billing/invoice_detail.html", {"invoice": invoice, "cost": cost})

@@ -183,6 +183,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Sends due Stripe meter events (does nothing while Stripe is not configured).
     "meter-events-flush": {"task": "billing.tasks.meter_events_flush", "schedule": 60.0},
+    # The month just ended becomes draft invoices once every hour of it is metered.
+    "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
 }
 
 # --- Accounts: email login, verification, MFA --------------------------------

@@ -1,9 +1,25 @@
-"""The Billing page in a real browser, at a desktop width and a phone's (390 px)."""
+"""The Billing page in a real browser, at a desktop width and a phone's (390 px); and money end
+to end with billing kept by Opsdeck (no Stripe): a tenant subscribes on its Billing page, its
+instance's hours are metered, the month closes into a draft that the billing team finds,
+finalizes and exports, and the tenant reads the invoice with its chart. (One module: the
+browser fixture is one per module that imports it.)"""
+
+import csv
+import io
+import re
+from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
+from django.utils import timezone
+from playwright.sync_api import expect
 
 from accounts.audit import SYSTEM
-from billing import services
+from billing import invoicing, services, usage
+from billing.models import Invoice, Subscription
+from billing.team_views import BILLING_TEAM
+from deployments import metering
+from deployments.models import Instance, InstanceStateChange, Operation
 from tests.browser.conftest import (  # noqa: F401 - fixtures shared with the browser tests
     _served_like_a_browser_expects,
     browser,
@@ -27,3 +43,85 @@ def test_the_billing_page_never_scrolls_sideways(open_page, owner, tenant, width
 
     assert "3 of 10 instances" in page.content()
     assert not scrolls_sideways(page)
+
+
+PARAMETERS = {"version": "17", "instances": 3, "cpu": 2, "memoryGi": 4, "storageGi": 20,
+              "database": "app", "owner": "app"}  # fmt: skip
+
+
+def _ran_since(tenant, version, cell, since) -> Instance:
+    """An instance that has been running since `since`, as the runner leaves one."""
+    instance = Instance.objects.create(
+        tenant=tenant, name="orders", plan_version=version, cell=cell, parameters=PARAMETERS,
+        state=Instance.State.RUNNING, created_at=since,
+    )  # fmt: skip
+    InstanceStateChange.objects.create(instance=instance, to_state="creating", at=since)
+    Operation.objects.create(
+        instance=instance, verb="create", request_id="create-orders", plan_version=version,
+        requested=PARAMETERS, parameters=PARAMETERS, state=Operation.State.SUCCEEDED,
+        created_at=since, started_at=since, finished_at=since + timedelta(minutes=1),
+    )  # fmt: skip
+    InstanceStateChange.objects.create(
+        instance=instance, from_state="creating", to_state="running",
+        at=since + timedelta(minutes=1),
+    )  # fmt: skip
+    return instance
+
+
+def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
+    open_page,  # noqa: F811 - the fixture imported above
+    owner,
+    tenant,
+    make_user,
+):
+    version = factories.postgres_version()
+    plan = version.plan
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/")
+    page.get_by_role("button", name=f"Subscribe to {plan.name}").click()
+    expect(page.locator("#messages")).to_contain_text(f"You are subscribed to {plan.name}.")
+    assert Subscription.objects.get(tenant=tenant, plan=plan).status == "active"
+
+    # The instance ran all of last month and this month so far; metering counts its hours.
+    this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
+    last_month = usage.period_bounds(usage.period_key(this_month - usage.HOUR))[0]
+    _ran_since(tenant, version, factories.cell(), last_month)
+    hours, hour = [], last_month
+    while hour <= metering.last_full_hour():
+        hours.append(hour)
+        hour += usage.HOUR
+    metering.meter_hours(hours)
+    (draft,) = invoicing.period_close(f"{last_month:%Y-%m}").invoices
+
+    finance = make_user("finance@opsdeck.example", is_staff=True)
+    finance.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])  # flushed by live tests
+    team = open_page(finance, "/billing-team/")
+    team.get_by_label("Organization").fill(tenant.name)
+    team.get_by_label("Status").select_option("draft")
+    team.get_by_role("button", name="Filter").click()
+    team.get_by_role("link", name="Draft").click()
+    expect(team.locator("h1")).to_have_text("Draft invoice")
+    team.get_by_role("button", name="Finalize").click()
+    expect(team.locator("#messages")).to_contain_text("finalized")
+    number = Invoice.objects.get(pk=draft.pk).number
+    team.get_by_role("link", name="All invoices").click()
+    with team.expect_download() as download:
+        team.get_by_role("button", name="Export CSV").click()
+    rows = list(csv.reader(io.StringIO(download.value.path().read_text())))
+    assert [number, tenant.name, plan.name, f"{last_month:%Y-%m}", "open"] == rows[1][:5]
+    shot(team, "billing-team-invoices")
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/")
+    expect(page.locator("#daily-cost-usd canvas")).to_be_visible()  # this month, drawn
+    page.get_by_role("link", name=number).click()
+    expect(page.locator("h1")).to_have_text(f"Invoice {number}")
+    expect(page.locator(".invoice-lines")).to_contain_text("orders")
+    total = page.locator(".invoice-lines tfoot").inner_text()
+    assert re.search(rf"{draft.total} USD", total)
+    expect(page.locator("#invoice-daily-cost canvas")).to_be_visible()
+    # Drawn by Chart.js: the figures' table is folded away behind the chart.
+    expect(page.locator("#invoice-daily-cost details")).not_to_have_attribute("open", "")
+    shot(page, "invoice")
+
+    phone = open_page(owner, f"/t/{tenant.slug}/billing/invoices/{draft.pk}/", "narrow")
+    assert not scrolls_sideways(phone)

@@ -20,6 +20,7 @@ from billing.models import (
     InvoiceLine,
     MeteredHour,
     Plan,
+    PlanOverride,
     Price,
     UsageRecord,
 )
@@ -349,3 +350,76 @@ def test_staff_finalize_drafts_from_the_admin_and_cannot_edit_them(client, draft
     assert AuditEvent.objects.filter(action="invoice.finalize", actor_kind="staff").count() == 2
     assert b'type="submit" value="Save"' not in detail.content
     assert "inst-00000000" in detail.content.decode()  # the lines, read-only
+
+
+# --- overrides ---
+
+
+def _override(tenant, plan, starts, **prices):
+    return PlanOverride.objects.create(
+        tenant=tenant, plan=plan, effective_from=starts, prices=prices
+    )
+
+
+def test_an_override_prices_the_hours_from_when_it_takes_effect(tenant, plan):
+    tenth = NOVEMBER + timedelta(days=9)
+    for hour in (
+        NOVEMBER,
+        NOVEMBER + usage.HOUR,
+        tenth,
+        tenth + usage.HOUR,
+        tenth + timedelta(days=5),
+    ):
+        _use(tenant, plan, hour, cpu="10", storage="100")
+    _override(tenant, plan, tenth, cpu="0.02")
+    _metered()
+
+    invoice = invoicing.period_close("2026-11", now=AFTER).invoices[0]
+
+    cpu = invoice.lines.filter(dimension="cpu").order_by("unit_price")
+    assert [(line.quantity, line.unit_price, line.amount) for line in cpu] == [
+        (Decimal(30), Decimal("0.02"), Decimal("0.60")),  # from the 10th
+        (Decimal(20), Decimal("0.035"), Decimal("0.70")),  # before it
+    ]
+    # The override sets no storage price: the plan's applies all month.
+    (storage,) = invoice.lines.filter(dimension="storage")
+    assert (storage.quantity, storage.amount) == (Decimal(500), Decimal("0.07"))
+    assert invoice.total == Decimal("1.37")
+
+
+def test_an_override_in_effect_before_the_period_prices_all_of_it_and_only_its_tenant(tenant, plan):
+    other = Tenant.objects.create(name="Other", slug="other-x1y2z3")
+    _use(tenant, plan, NOVEMBER, cpu="10")
+    _use(other, plan, NOVEMBER, instance="inst-cccccccc", cpu="10")
+    _override(tenant, plan, NOVEMBER - timedelta(days=40), cpu="0.01")
+    _override(tenant, plan, NOVEMBER - timedelta(days=20), cpu="0.02")  # replaces the first
+    _metered()
+
+    invoicing.period_close("2026-11", now=AFTER)
+
+    assert Invoice.objects.get(tenant=tenant).total == Decimal("0.20")
+    assert Invoice.objects.get(tenant=other).total == Decimal("0.35")
+
+
+def test_a_monthly_price_override_is_spread_over_730_hours_too(tenant, plan):
+    _use(tenant, plan, NOVEMBER, backupStorage="730")
+    _override(tenant, plan, NOVEMBER - timedelta(days=1), backupStorage="1.46")
+    _metered()
+
+    invoice = invoicing.period_close("2026-11", now=AFTER).invoices[0]
+
+    assert invoice.total == Decimal("1.46")
+
+
+def test_beat_closes_the_month_just_ended_through_its_task(tenant, plan, settings):
+    from billing.tasks import billing_period_close
+
+    entry = settings.CELERY_BEAT_SCHEDULE["billing-period-close"]
+    assert entry["task"] == "billing.tasks.billing_period_close"
+    this_month = usage.period_bounds(usage.period_key(datetime.now(UTC)))[0]
+    last_month = usage.period_bounds(usage.period_key(this_month - usage.HOUR))[0]
+    _use(tenant, plan, last_month, cpu="10")
+    _metered(last_month, this_month)
+
+    assert billing_period_close.apply().get() == f"closed {last_month:%Y-%m}: 1 invoice(s)"
+    assert billing_period_close.apply().get() == ""

@@ -121,3 +121,19 @@ def test_the_billing_page_makes_as_many_queries_for_many_instances_as_for_few(
         owner_client.get(url)
 
     assert len(many.captured_queries) == len(few.captured_queries)
+
+
+def test_the_cost_so_far_follows_the_tenants_price_override(tenant, plan):
+    from billing.models import PlanOverride
+
+    _november(tenant, plan)
+    PlanOverride.objects.create(
+        tenant=tenant, plan=plan, effective_from=NOVEMBER + timedelta(days=2), prices={"cpu": "0"}
+    )
+
+    (money,) = reports.period_cost(tenant, "2026-11").currencies
+
+    # CPU is free from the 3rd: orders' first 24 hours (1.68) are all that is charged of it.
+    assert money.by_dimension["cpu"] == Decimal("1.68")
+    cpu = next(s for s in money.chart["series"] if s["label"] == "CPU")["values"]
+    assert cpu[:4] == [0.0, 1.68, 0.0, 0.0]
