@@ -24,9 +24,10 @@ WIDTHS = {"wide": (1280, 900), "narrow": (390, 844)}
 SHOTS = os.environ.get("OPSDECK_SHOTS", "")  # a folder to save screenshots in, if set
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def browser(django_db_setup):
-    """One Chromium for these tests; gone (with Playwright's event loop) when they end."""
+    """One Chromium per test module; gone (with Playwright's event loop) when the module ends,
+    so that modules elsewhere in the suite that import this fixture never hold two at once."""
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: `apt-get install chromium` to run browser tests")
     from playwright.sync_api import sync_playwright
