@@ -52,6 +52,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "unsubscribed: tenants are not subscribed to plans on their own (see below)"
     )
+    if config.pluginmanager.hasplugin("django"):
+        from django.conf import settings as django_settings
+
+        # A million PBKDF2 rounds take most of a second here, once per user a test makes;
+        # what is tested is who may sign in, not how slowly the hash is made.
+        django_settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
