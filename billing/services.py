@@ -19,6 +19,7 @@ from accounts.roles import Role
 from accounts.services import permission_require
 from billing import entitlements, periods
 from billing.models import Plan, PlanOverride, Price, Subscription
+from billing.stripe_gateway import gateway
 
 
 @transaction.atomic
@@ -104,9 +105,9 @@ def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "")
     until staff approve it in the admin. One subscription per request id, and at most one
     open subscription per tenant and plan (subscribing again returns it).
 
-    Stripe Checkout plugs in here: when Stripe is configured, the subscription starts pending
-    with the Checkout session's ids, and the `checkout.session.completed` webhook approves it
-    through `subscription_approve`. Until then, every subscription takes the paths below.
+    When Stripe is configured, the subscription starts pending whatever the plan: the view
+    sends the tenant to Stripe Checkout (`stripe_sync.checkout_start`), and the webhook
+    approves it through `subscription_approve` once Stripe reports it active.
     """
     request_id = idempotency.request_id_clean(request_id)
     with audited_action(actor=actor, action="subscription.create", tenant=tenant):
@@ -130,12 +131,14 @@ def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "")
             claim.bind(subscription)
             return subscription
         now = timezone.now()
+        # With Stripe, a subscription starts when its Checkout is paid (the webhook).
+        at_once = plan.auto_approve and gateway() is None
         subscription = Subscription(
             tenant=tenant,
             plan=plan,
-            status=Status.ACTIVE if plan.auto_approve else Status.PENDING,
+            status=Status.ACTIVE if at_once else Status.PENDING,
             requested_by=actor.user,
-            current_period_start=periods.current_start(now) if plan.auto_approve else None,
+            current_period_start=periods.current_start(now) if at_once else None,
         )
         subscription.full_clean()
         subscription.save()
@@ -147,7 +150,8 @@ def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "")
             target=subscription,
             payload={"plan": plan.key, "status": subscription.status},
         )
-        _notify(subscription, "created" if subscription.status == Status.ACTIVE else "requested")
+        if gateway() is None:  # with Stripe, the mail follows the paid Checkout
+            _notify(subscription, "created" if at_once else "requested")
     return subscription
 
 
@@ -197,9 +201,11 @@ def _transition(
     tenant = subscription.tenant
     action = f"subscription.{transition}"
     with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):
-        if tenant_may:
+        if actor.user is None:
+            pass  # the system (beat, Stripe's webhooks): never reached from a view
+        elif tenant_may:
             permission_require(actor=actor, tenant=tenant, action="billing.manage")
-        elif actor.user is not None and not (actor.staff and actor.user.is_staff):
+        elif not (actor.staff and actor.user.is_staff):
             raise ActionDenied(
                 f"Only the platform team can have a subscription {_DOING[transition]}."
             )

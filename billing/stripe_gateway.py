@@ -224,6 +224,41 @@ class StripeGateway:
     def checkout_session(self, session_id: str) -> Any:
         return self.client.v1.checkout.sessions.retrieve(session_id)
 
+    @_translated
+    def checkout_session_create(
+        self,
+        *,
+        subscription_id: int,
+        customer_id: str,
+        tenant_id: int,
+        price_ids: list[str],
+        success_url: str,
+        cancel_url: str,
+    ) -> Any:
+        """A hosted Checkout page subscribing the customer to metered prices (no quantity);
+        one per subscription of ours (the idempotency key is its id)."""
+        return self.client.v1.checkout.sessions.create(
+            {
+                "mode": "subscription",
+                "customer": customer_id,
+                "client_reference_id": str(tenant_id),
+                "line_items": [{"price": price_id} for price_id in price_ids],
+                "success_url": success_url,
+                "cancel_url": cancel_url,
+                "metadata": {"opsdeck_subscription": str(subscription_id)},
+                # The Stripe subscription names ours too, whichever event arrives first.
+                "subscription_data": {"metadata": {"opsdeck_subscription": str(subscription_id)}},
+            },
+            {"idempotency_key": f"opsdeck-checkout-{subscription_id}"},
+        )
+
+    @_translated
+    def billing_portal_session_create(self, *, customer_id: str, return_url: str) -> Any:
+        """Stripe's customer portal (payment methods, invoices) for one visit."""
+        return self.client.v1.billing_portal.sessions.create(
+            {"customer": customer_id, "return_url": return_url}
+        )
+
     def webhook_event(self, body: bytes, signature: str) -> stripe.Event:
         """The event in a webhook's raw body, once its signature is verified (Stripe's default
         tolerance); `BadWebhook` otherwise."""

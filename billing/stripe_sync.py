@@ -3,6 +3,7 @@ customers, and the values of subscriptions and invoices as Stripe holds them now
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -11,16 +12,18 @@ from typing import Any
 
 from django.db import transaction
 
+from accounts.audit import SYSTEM
 from accounts.models import Tenant
 from billing.meter_events import MICRO
-from billing.models import Plan, Price, StripeCustomer, StripeMeter, StripePrice
+from billing.models import Plan, Price, StripeCustomer, StripeMeter, StripePrice, Subscription
 from billing.pricing import unit_price_per_hour
 from billing.stripe_gateway import StripeGateway
 
 # Stripe's currencies without a minor unit: amounts are in whole units there.
 ZERO_DECIMAL_CURRENCIES = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf",
                            "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}  # fmt: skip
-STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
+STRIPE_PLACES = Decimal("1e-12")
+log = logging.getLogger(__name__)  # `unit_amount_decimal` takes at most 12 decimal places
 
 
 # --- catalog -----------------------------------------------------------------------------------
@@ -245,12 +248,104 @@ def invoice_values(invoice: Any) -> dict[str, Any]:
     }
 
 
-def subscription_mirror(subscription: Any) -> dict[str, Any]:
-    """Bring our record of this subscription to what Stripe holds now (`subscription` is
-    freshly fetched, never an event's copy). This branch has no Subscription model: the values
-    are worked out and returned; storing them (with `subscription_status_next`) is the merge's
-    part."""
-    return subscription_values(subscription)
+class CatalogMissing(Exception):
+    """A plan whose prices are not in Stripe yet (`manage.py stripe_sync_catalog`)."""
+
+
+def checkout_start(
+    gw: StripeGateway, subscription: Subscription, *, success_url: str, cancel_url: str,
+    email: str = "",
+) -> str:  # fmt: skip
+    """The address of a Stripe Checkout page that subscribes the tenant's customer (made
+    once) to the plan's metered prices; the webhook activates our subscription once it is
+    paid for. Asking again for the same subscription gives the same page."""
+    price_ids = list(
+        StripePrice.objects.filter(price__plan=subscription.plan)
+        .order_by("price__dimension")
+        .values_list("stripe_price_id", flat=True)
+    )
+    if not price_ids:
+        raise CatalogMissing(
+            f"The {subscription.plan.name} plan is not in Stripe's catalog yet "
+            "(manage.py stripe_sync_catalog)."
+        )
+    customer = customer_ensure(gw, subscription.tenant, email=email)
+    session = gw.checkout_session_create(
+        subscription_id=subscription.pk,
+        customer_id=customer.customer_id,
+        tenant_id=subscription.tenant_id,
+        price_ids=price_ids,
+        success_url=success_url,
+        cancel_url=cancel_url,
+    )
+    Subscription.objects.filter(pk=subscription.pk).update(stripe_customer_id=customer.customer_id)
+    return session.url
+
+
+def _ours(stripe_subscription: Any) -> Subscription | None:
+    """Our subscription for a Stripe one: by its id, else by the id our checkout put in its
+    metadata (then the ids are stored), provided the customer is the tenant's."""
+    found = Subscription.objects.filter(stripe_subscription_id=stripe_subscription.id).first()
+    if found is not None:
+        return found
+    reference = str(_field(_field(stripe_subscription, "metadata"), "opsdeck_subscription") or "")
+    if not reference.isdigit():
+        return None
+    found = Subscription.objects.filter(
+        pk=int(reference), tenant__stripe_customer__customer_id=stripe_subscription.customer
+    ).first()
+    if found is not None:
+        Subscription.objects.filter(pk=found.pk).update(
+            stripe_subscription_id=stripe_subscription.id,
+            stripe_customer_id=stripe_subscription.customer,
+        )
+        found.refresh_from_db()
+    return found
+
+
+# Which service moves our subscription to the status Stripe reports, from where it is.
+_MOVES = {
+    ("pending", "active"): "approve",
+    ("active", "past_due"): "mark_past_due",
+    ("past_due", "active"): "reactivate",
+    ("suspended", "active"): "reactivate",
+    ("active", "suspended"): "suspend",
+    ("past_due", "suspended"): "suspend",
+}
+
+
+def subscription_mirror(subscription: Any) -> Subscription | None:
+    """Bring our subscription to what Stripe holds now (`subscription` is freshly fetched,
+    never an event's copy): its period, and its status through the same services staff use
+    (audited, mailed), as the system. A cancelled one stays cancelled; a Stripe subscription
+    we did not start is logged and left alone."""
+    from billing import services  # services do not import this module
+
+    values = subscription_values(subscription)
+    ours = _ours(subscription)
+    if ours is None:
+        log.warning("stripe subscription %s is not one of ours", subscription.id)
+        return None
+    Subscription.objects.filter(pk=ours.pk).update(
+        current_period_start=values["current_period_start"],
+        current_period_end=values["current_period_end"],
+    )
+    wanted = subscription_status_next(ours.status, subscription.status)
+    if wanted == ours.status:
+        return ours
+    if wanted == "cancelled":
+        # Stripe ended it: ours ends too (instances keep running; new ones are refused).
+        return services.subscription_cancel(actor=SYSTEM, subscription=ours)
+    move = _MOVES.get((ours.status, wanted))
+    if move is None:
+        log.warning("stripe subscription %s: no move from %s to %s", subscription.id,
+                    ours.status, wanted)  # fmt: skip
+        return ours
+    if move == "suspend":
+        return services.subscription_suspend(
+            actor=SYSTEM, subscription=ours, reason="paused in Stripe"
+        )
+    return getattr(services, f"subscription_{move}")(actor=SYSTEM, subscription=ours)
 
 
 def invoice_mirror(invoice: Any) -> dict[str, Any]:

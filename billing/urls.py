@@ -7,6 +7,7 @@ tenant_urlpatterns = [
     path("billing/", views.overview, name="billing_overview"),
     path("billing/invoices/<int:invoice_id>/", views.invoice_detail, name="invoice_detail"),
     path("billing/subscribe/<slug:plan_key>/", views.subscribe, name="billing_subscribe"),
+    path("billing/payment/", views.payment_manage, name="billing_payment"),
     path(
         "billing/subscriptions/<int:subscription_id>/cancel/",
         views.subscription_cancel,

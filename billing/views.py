@@ -1,17 +1,22 @@
+import logging
 import uuid
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.tenancy import tenant_view
-from billing import entitlements, reports, selectors, services, usage
-from billing.models import Plan, Subscription
+from billing import entitlements, reports, selectors, services, stripe_sync, usage
+from billing.models import Plan, StripeCustomer, Subscription
+from billing.stripe_gateway import StripeFailure, gateway
+
+log = logging.getLogger(__name__)
 
 
 @tenant_view("billing.view")
@@ -21,6 +26,9 @@ def overview(request):
         "request_id": uuid.uuid4().hex,  # one per rendering: a double submit sends it twice
         "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
         "invoices": list(selectors.invoices_of(request.tenant)[:24]),
+        "stripe_checkout": gateway() is not None,
+        "checkout": request.GET.get("checkout", ""),
+        "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists(),
     }
     return render(request, "billing/overview.html", context)
 
@@ -46,16 +54,66 @@ def subscribe(request, plan_key: str):
         )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _refusal(exc))
+        return _back(request)
+    gw = gateway()
+    if gw is not None and subscription.status == Subscription.Status.PENDING:
+        return _checkout(request, gw, subscription)
+    if subscription.status == Subscription.Status.PENDING:
+        messages.success(
+            request,
+            f"Your subscription to {plan.name} awaits approval by the platform team; "
+            "we will email you once it is approved.",
+        )
     else:
-        if subscription.status == Subscription.Status.PENDING:
-            messages.success(
-                request,
-                f"Your subscription to {plan.name} awaits approval by the platform team; "
-                "we will email you once it is approved.",
-            )
-        else:
-            messages.success(request, f"You are subscribed to {plan.name}.")
+        messages.success(request, f"You are subscribed to {plan.name}.")
     return _back(request)
+
+
+def _overview_url(request) -> str:
+    return request.build_absolute_uri(
+        reverse("billing_overview", kwargs={"tenant_slug": request.tenant.slug})
+    )
+
+
+def _checkout(request, gw, subscription: Subscription):
+    """Off to Stripe's Checkout page for a subscription waiting for payment."""
+    back = _overview_url(request)
+    try:
+        url = stripe_sync.checkout_start(
+            gw,
+            subscription,
+            success_url=f"{back}?checkout=done",
+            cancel_url=f"{back}?checkout=cancelled",
+            email=request.user.email,
+        )
+    except (stripe_sync.CatalogMissing, StripeFailure) as exc:
+        log.error("checkout for subscription %s: %s", subscription.pk, exc)
+        messages.error(
+            request,
+            "Payment by card is not available right now; please try again later or contact "
+            "the platform team.",
+        )
+        return _back(request)
+    return redirect(url)
+
+
+@tenant_view("billing.manage")
+@require_POST
+def payment_manage(request):
+    """Stripe's customer portal: payment methods and past invoices."""
+    gw = gateway()
+    customer = StripeCustomer.objects.filter(tenant=request.tenant).first()
+    if gw is None or customer is None:
+        raise Http404("No payment method is kept for this organization.")
+    try:
+        session = gw.billing_portal_session_create(
+            customer_id=customer.customer_id, return_url=_overview_url(request)
+        )
+    except StripeFailure as exc:
+        log.error("billing portal for %s: %s", request.tenant.slug, exc)
+        messages.error(request, "The payment page is not available right now; try again later.")
+        return _back(request)
+    return redirect(session.url)
 
 
 @tenant_view("billing.manage")

@@ -67,9 +67,8 @@ def mirrored(monkeypatch):
     real = stripe_sync.subscription_mirror
 
     def record(subscription):
-        values = real(subscription)
-        seen.append(values)
-        return values
+        seen.append(stripe_sync.subscription_values(subscription))
+        return real(subscription)
 
     monkeypatch.setattr(stripe_sync, "subscription_mirror", record)
     return seen

@@ -1,0 +1,159 @@
+"""Subscribing through Stripe Checkout (the local Stripe emulator stands in for Stripe): the
+Billing page sends the tenant to Checkout, and Stripe's webhooks move our subscription as
+Stripe's moves, whatever order they arrive in."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from django.core import mail
+
+from accounts.models import AuditEvent
+from billing import stripe_sync
+from billing.models import StripeCustomer, Subscription
+from stripe_emulator import sign
+from tests.billing.conftest import WEBHOOK_SECRET
+
+pytestmark = pytest.mark.unsubscribed
+
+WEBHOOK = "/billing/stripe/webhook/"
+
+
+def _deliver(client, event: dict):
+    body = json.dumps(event).encode()
+    response = client.post(
+        WEBHOOK, body, content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=sign(body, WEBHOOK_SECRET, int(time.time())),
+    )  # fmt: skip
+    assert response.status_code == 200, response.content
+    return response
+
+
+@pytest.fixture
+def catalog(gw, priced_plan):
+    stripe_sync.catalog_sync(gw)
+    return priced_plan
+
+
+def _subscribe(client, tenant, plan, request_id="sub-1"):
+    return client.post(
+        f"/t/{tenant.slug}/billing/subscribe/{plan.key}/", {"request_id": request_id}
+    )
+
+
+def _checkout_paid(owner_client, tenant, plan, emulator) -> Subscription:
+    response = _subscribe(owner_client, tenant, plan)
+    assert response.status_code == 302
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
+    emulator.complete_checkout(session_id)
+    return Subscription.objects.get(tenant=tenant, plan=plan)
+
+
+def test_subscribing_goes_to_checkout_and_waits_for_payment(
+    owner_client, tenant, catalog, emulator, gw
+):
+    mail.outbox.clear()
+    response = _subscribe(owner_client, tenant, catalog)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(f"{emulator.url}/c/pay/cs_")
+    subscription = Subscription.objects.get(tenant=tenant, plan=catalog)
+    assert subscription.status == "pending"
+    customer = StripeCustomer.objects.get(tenant=tenant)
+    assert subscription.stripe_customer_id == customer.customer_id
+    session = gw.client.v1.checkout.sessions.retrieve(
+        re.findall(r"cs_\w+", response["Location"])[0]
+    )
+    assert session.client_reference_id == str(tenant.pk)
+    assert session.customer == customer.customer_id
+    assert not mail.outbox  # nothing is said before Stripe confirms
+    # Asking again (a double click, or "Continue to payment") gives the same page.
+    again = _subscribe(owner_client, tenant, catalog, request_id="sub-2")
+    assert again["Location"] == response["Location"]
+    assert Subscription.objects.filter(tenant=tenant).count() == 1
+
+
+def test_a_paid_checkout_activates_the_subscription_through_the_webhook(
+    client, owner_client, tenant, catalog, emulator
+):
+    subscription = _checkout_paid(owner_client, tenant, catalog, emulator)
+
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+    assert subscription.stripe_subscription_id.startswith("sub_")
+    assert subscription.current_period_start is not None
+    event = AuditEvent.objects.get(action="subscription.approve", tenant=tenant)
+    assert event.actor_kind == "system"
+
+
+def test_the_subscription_event_may_come_before_the_checkout_one(
+    client, owner_client, tenant, catalog, emulator
+):
+    subscription = _checkout_paid(owner_client, tenant, catalog, emulator)
+
+    _deliver(client, emulator.events("customer.subscription.created")[-1])
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+    assert AuditEvent.objects.filter(action="subscription.approve").count() == 1
+
+
+def test_a_failed_payment_makes_it_past_due_and_stripe_ending_it_cancels_it_for_good(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    subscription = _checkout_paid(owner_client, tenant, catalog, emulator)
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+    subscription.refresh_from_db()
+    invoice = emulator.close_period(subscription.stripe_subscription_id)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.fail_invoice(invoice["id"])
+
+    _deliver(client, emulator.events("customer.subscription.updated")[-1])
+    subscription.refresh_from_db()
+    assert subscription.status == "past_due" and subscription.past_due_since is not None
+
+    gw.client.v1.subscriptions.cancel(subscription.stripe_subscription_id)
+    _deliver(client, emulator.events("customer.subscription.deleted")[-1])
+    # An older event arriving late: Stripe holds the subscription cancelled now.
+    _deliver(client, emulator.events("customer.subscription.created")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+
+
+def test_without_the_plan_in_stripes_catalog_the_page_says_paying_is_unavailable(
+    owner_client, tenant, priced_plan, gw
+):
+    response = _subscribe(owner_client, tenant, priced_plan)
+
+    assert response.status_code == 302 and response["Location"] == f"/t/{tenant.slug}/billing/"
+    page = owner_client.get(response["Location"]).content.decode()
+    assert "Payment by card is not available right now" in page
+    assert Subscription.objects.get(tenant=tenant).status == "pending"
+    assert ">Continue to payment</button>" in page
+
+
+def test_manage_payment_method_opens_stripes_portal(
+    client, owner_client, tenant, catalog, emulator
+):
+    _checkout_paid(owner_client, tenant, catalog, emulator)
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    response = owner_client.post(f"/t/{tenant.slug}/billing/payment/")
+
+    assert "Manage payment method" in page
+    assert response.status_code == 302 and response["Location"].startswith(emulator.url)
+
+
+def test_without_stripe_subscribing_stays_local(owner_client, tenant, priced_plan):
+    response = _subscribe(owner_client, tenant, priced_plan)
+
+    assert response["Location"] == f"/t/{tenant.slug}/billing/"
+    assert Subscription.objects.get(tenant=tenant).status == "active"
+    assert owner_client.post(f"/t/{tenant.slug}/billing/payment/").status_code == 404
