@@ -58,6 +58,10 @@ def pytest_configure(config):
         # A million PBKDF2 rounds take most of a second here, once per user a test makes;
         # what is tested is who may sign in, not how slowly the hash is made.
         django_settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+        # A test's commit need not wait for the disk (this connection only; a crash loses a
+        # test database, not data anyone keeps).
+        options = django_settings.DATABASES["default"].setdefault("OPTIONS", {})
+        options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
 
 
 @pytest.fixture(autouse=True)
