@@ -173,7 +173,13 @@ WAYS: dict[str, Way | None] = {
     ),
     "audit.view": Way(lambda w: w.url("audit_log"), method="get", audited="audit.view"),
     "billing.view": Way(lambda w: w.url("billing_overview"), method="get", audited="billing.view"),
-    "billing.manage": None,  # no page manages billing yet: billing/urls.py has the overview only
+    # The tenant is already subscribed (tests' default), so an allowed subscribe returns its
+    # subscription and changes nothing: the refusal is what this row proves.
+    "billing.manage": Way(
+        lambda w: w.url("billing_subscribe", plan_key=w.plan_key),
+        data=lambda w: {"request_id": fresh()},
+        audited="billing.manage",
+    ),
     "instance.view": Way(lambda w: w.page("instance_detail"), method="get"),
     "instance.create": Way(
         lambda w: w.url("instance_create", plan_key=w.plan_key) + f"?request={fresh()}",
