@@ -38,23 +38,9 @@ from billing.models import (
     Plan,
     UsageRecord,
 )
-from billing.pricing import PriceBook
+from billing.pricing import PriceBook, rounded
 
-# Stripe's zero-decimal currencies: amounts in them have no minor unit.
-ZERO_DECIMAL_CURRENCIES = frozenset(
-    {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}
-    | {"pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
-)
 _PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
-
-
-def minor_unit(currency: str) -> Decimal:
-    """The smallest amount of `currency` an invoice shows: 0.01, or 1 for yen and the like."""
-    return Decimal(1) if currency.lower() in ZERO_DECIMAL_CURRENCIES else Decimal("0.01")
-
-
-def rounded(amount: Decimal, currency: str) -> Decimal:
-    return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_UP)
 
 
 def period_clean(key: str) -> str:

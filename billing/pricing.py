@@ -30,6 +30,23 @@ def _cents(amount: Decimal) -> Decimal:
     return amount.quantize(CENTS, rounding=ROUND_HALF_UP)
 
 
+# Stripe's zero-decimal currencies: amounts in them have no minor unit.
+ZERO_DECIMAL_CURRENCIES = frozenset(
+    {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}
+    | {"pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
+)
+
+
+def minor_unit(currency: str) -> Decimal:
+    """The smallest amount of `currency` an invoice shows: 0.01, or 1 for yen and the like."""
+    return Decimal(1) if currency.lower() in ZERO_DECIMAL_CURRENCIES else CENTS
+
+
+def rounded(amount: Decimal, currency: str) -> Decimal:
+    """`amount` rounded half up to the currency's minor unit (what an invoice line shows)."""
+    return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_UP)
+
+
 def unit_price_per_hour(price: Price) -> Decimal:
     """The exact price of one unit for one hour (a monthly price spread over 730 h)."""
     if price.time_unit == Price.TimeUnit.MONTH:

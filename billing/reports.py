@@ -19,9 +19,8 @@ from django.db.models.functions import TruncDate
 
 from accounts.models import Tenant
 from billing import usage
-from billing.invoicing import rounded
 from billing.models import DIMENSION_LABELS, Plan, UsageRecord
-from billing.pricing import PriceBook
+from billing.pricing import PriceBook, rounded
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,11 @@ from accounts.audit import SYSTEM
 from accounts.models import Tenant
 from billing.meter_events import MICRO
 from billing.models import Plan, Price, StripeCustomer, StripeMeter, StripePrice, Subscription
-from billing.pricing import unit_price_per_hour
+from billing.pricing import minor_unit, unit_price_per_hour
 from billing.stripe_gateway import StripeGateway
 
-# Stripe's currencies without a minor unit: amounts are in whole units there.
-ZERO_DECIMAL_CURRENCIES = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf",
-                           "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}  # fmt: skip
-STRIPE_PLACES = Decimal("1e-12")
-log = logging.getLogger(__name__)  # `unit_amount_decimal` takes at most 12 decimal places
+STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
+log = logging.getLogger(__name__)
 
 
 # --- catalog -----------------------------------------------------------------------------------
@@ -45,8 +42,7 @@ def unit_amount_decimal(price: Price) -> Decimal:
     """What a Stripe metered price charges per meter unit (a millionth of a unit-hour), in the
     currency's minor unit, to Stripe's 12 decimal places. Its rounding costs at most half a
     minor unit per million unit-hours."""
-    minor = 1 if price.currency.lower() in ZERO_DECIMAL_CURRENCIES else 100
-    exact = unit_price_per_hour(price) * minor / MICRO
+    exact = unit_price_per_hour(price) / minor_unit(price.currency) / MICRO
     return exact.quantize(STRIPE_PLACES, rounding=ROUND_HALF_UP).normalize()
 
 
