@@ -12,6 +12,11 @@ Finalized invoices are numbered `<year>-<000001>` in the order they were finaliz
 gaps: the number comes from an `InvoiceCounter` row locked in the finalizing transaction. A
 database trigger (migration `0004_invoices`) refuses any change to a finalized invoice's
 amounts, number or lines; its status may still move on to paid or void.
+
+With Stripe, usage sent to Stripe's meters is billed on Stripe's invoice (mirrored by
+`stripe_sync.invoice_mirror`), not here: a tenant with a Stripe subscription gets a draft only
+for what Stripe could not take — hours older than its meters accept (`MeterEvent` adjusted),
+as adjustment lines.
 """
 
 from __future__ import annotations
@@ -23,18 +28,19 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max, Sum
+from django.db.models import BooleanField, Exists, ExpressionWrapper, Max, OuterRef, Q, Sum
 from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
 from accounts.audit import Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
-from billing import usage
+from billing import meter_events, usage
 from billing.models import (
     BillingPeriod,
     Invoice,
     InvoiceCounter,
     InvoiceLine,
+    MeterEvent,
     Plan,
     UsageRecord,
 )
@@ -93,16 +99,30 @@ def _drafts(key: str) -> list[Invoice]:
     per tenant, plan, instance, dimension, price span (`PriceBook`) and, for late usage, the
     month it was used in."""
     start, end = usage.period_bounds(key)
-    records = UsageRecord.objects.filter(period=key)
+    # Usage that went to Stripe's meters is on Stripe's invoice; what Stripe could not take
+    # (older than it accepts) is billed here, as adjustment lines.
+    meter_events.enqueue()
+    records = UsageRecord.objects.filter(period=key).exclude(
+        Exists(
+            MeterEvent.objects.filter(usage_record=OuterRef("pk")).exclude(
+                status=MeterEvent.Status.ADJUSTED
+            )
+        )
+    )
     plans = Plan.objects.prefetch_related("prices").in_bulk(
         set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
     book = PriceBook(plans, start, end)
     sums = (
-        records.annotate(used_in=TruncMonth("hour"), span=book.span())
-        .values(
-            "tenant_id", "plan_id", "instance_id", "dimension", "adjustment", "used_in", "span"
+        records.annotate(
+            used_in=TruncMonth("hour"),
+            span=book.span(),
+            late=ExpressionWrapper(
+                Q(adjustment=True) | Q(meter_event__status=MeterEvent.Status.ADJUSTED),
+                output_field=BooleanField(),
+            ),
         )
+        .values("tenant_id", "plan_id", "instance_id", "dimension", "late", "used_in", "span")
         .annotate(quantity=Sum("quantity"), name=Max("instance_name"), unit=Max("unit"))
         .order_by("tenant_id", "plan_id", "name", "instance_id", "dimension", "used_in", "span")
     )  # fmt: skip
@@ -122,7 +142,7 @@ def _drafts(key: str) -> list[Invoice]:
             priced = book.per_hour(tenant_id, plan_id, row["span"], row["dimension"])
             if priced is None or not row["quantity"]:
                 continue  # a dimension the plan does not price is free
-            used_in = f"{row['used_in']:%Y-%m}" if row["adjustment"] else ""
+            used_in = f"{row['used_in']:%Y-%m}" if row["late"] else ""
             line_key = (row["instance_id"], row["dimension"], row["unit"], used_in, priced[0])
             quantities[line_key] = quantities.get(line_key, Decimal(0)) + row["quantity"]
             names[row["instance_id"]] = row["name"]
@@ -176,7 +196,15 @@ def _staff_require(actor: Actor) -> None:
 
 
 def _locked(invoice: Invoice) -> Invoice:
-    return Invoice.objects.select_for_update().get(pk=invoice.pk)
+    """The invoice, locked; refused when it is Stripe's (Stripe finalizes, voids and collects
+    it; Opsdeck mirrors what Stripe holds)."""
+    invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+    if invoice.source == Invoice.Source.STRIPE:
+        raise ValidationError(
+            f"Invoice {invoice} is issued by Stripe: finalize, void or settle it in Stripe, "
+            "and Opsdeck follows."
+        )
+    return invoice
 
 
 def invoice_finalize(*, actor: Actor, invoice: Invoice) -> Invoice:

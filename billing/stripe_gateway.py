@@ -221,6 +221,15 @@ class StripeGateway:
         return self.client.v1.invoices.retrieve(invoice_id)
 
     @_translated
+    def invoice_lines(self, invoice: Any) -> list[Any]:
+        """All lines of an invoice just fetched: those it embeds, or, when it embeds only the
+        first page of them, every page."""
+        if not invoice.lines.has_more:
+            return list(invoice.lines.data)
+        pages = self.client.v1.invoices.line_items.list(invoice.id, {"limit": 100})
+        return list(pages.auto_paging_iter())
+
+    @_translated
     def checkout_session(self, session_id: str) -> Any:
         return self.client.v1.checkout.sessions.retrieve(session_id)
 

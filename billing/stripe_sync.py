@@ -9,13 +9,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import transaction
 
-from accounts.audit import SYSTEM
+from accounts.audit import SYSTEM, audit_record
 from accounts.models import Tenant
 from billing.meter_events import MICRO
-from billing.models import Plan, Price, StripeCustomer, StripeMeter, StripePrice, Subscription
+from billing.models import (
+    Invoice,
+    InvoiceLine,
+    Plan,
+    Price,
+    StripeCustomer,
+    StripeMeter,
+    StripePrice,
+    Subscription,
+)
 from billing.pricing import minor_unit, unit_price_per_hour
 from billing.stripe_gateway import StripeGateway
 
@@ -344,11 +354,127 @@ def subscription_mirror(subscription: Any) -> Subscription | None:
     return getattr(services, f"subscription_{move}")(actor=SYSTEM, subscription=ours)
 
 
-def invoice_mirror(invoice: Any) -> dict[str, Any]:
-    """Bring our record of this invoice to what Stripe holds now (freshly fetched). This branch
-    has no Invoice model: the values are worked out and returned; storing them, and a failed
-    payment making the subscription past_due, is the merge's part."""
-    return invoice_values(invoice)
+# Stripe's invoice statuses in ours; an uncollectible invoice stays finalized and unpaid.
+INVOICE_STATUSES = {
+    "draft": "draft",
+    "open": "open",
+    "paid": "paid",
+    "uncollectible": "open",
+    "void": "void",
+}
+# How far along each status is: a mirror never moves an invoice back (two deliveries fetched
+# at different moments may store in either order).
+_INVOICE_PROGRESS = {"draft": 0, "open": 1, "paid": 2, "void": 2}
+
+
+def link_safe(url: Any) -> str:
+    """`url` if it is an absolute http(s) address, else "": what Stripe sends is shown as a
+    link, and a link must never run script."""
+    if not isinstance(url, str) or len(url) > 1000:
+        return ""
+    parts = urlsplit(url)
+    return url if parts.scheme in {"http", "https"} and parts.netloc else ""
+
+
+def _money(minor_units: Any, currency: str) -> Decimal:
+    """An amount Stripe gives in the currency's minor unit, in the currency."""
+    return Decimal(int(minor_units or 0)) * minor_unit(currency)
+
+
+def invoice_line_values(line: Any, currency: str, prices: dict[str, StripePrice]) -> dict:
+    """One Stripe invoice line as ours: the dimension and unit of the price it bills, the
+    unit-hours (Stripe counts millionths of one), the price of a unit-hour and the amount."""
+    details = _field(_field(line, "pricing"), "price_details")
+    ours = prices.get(str(_field(details, "price") or ""))
+    quantity = Decimal(str(_field(line, "quantity_decimal") or _field(line, "quantity") or 0))
+    unit_amount = Decimal(str(_field(_field(line, "pricing"), "unit_amount_decimal") or 0))
+    if ours is None:  # a line Opsdeck did not price (e.g. added in Stripe's dashboard)
+        return {
+            "dimension": "other",
+            "unit": "",
+            "instance_name": str(_field(line, "description") or "")[:100],
+            "quantity": quantity,
+            "unit_price": unit_amount * minor_unit(currency),
+            "amount": _money(line.amount, currency),
+        }
+    return {
+        "dimension": ours.price.dimension,
+        "unit": ours.price.unit,
+        "instance_name": "",
+        "quantity": (quantity / MICRO).quantize(Decimal("1e-6")),
+        "unit_price": (unit_amount * MICRO * minor_unit(currency)).quantize(Decimal("1e-12")),
+        "amount": _money(line.amount, currency),
+    }
+
+
+def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
+    """Bring our copy of a Stripe invoice to what Stripe holds now (`invoice` and its `lines`
+    freshly fetched): number, status, total, period, lines, and the hosted page and PDF
+    addresses. Stored once per Stripe id; its lines follow Stripe's while it is a draft, and
+    once finalized only its status moves on (the database refuses anything else). An invoice
+    of a subscription we did not start is logged and left alone."""
+    values = invoice_values(invoice)
+    subscription = (
+        Subscription.objects.filter(stripe_subscription_id=values["stripe_subscription_id"])
+        .select_related("tenant", "plan")
+        .first()
+        if values["stripe_subscription_id"]
+        else None
+    )
+    if subscription is None:
+        log.warning("stripe invoice %s is not of one of our subscriptions", invoice.id)
+        return None
+    status = INVOICE_STATUSES.get(values["status"], "draft")
+    currency = values["currency"]
+    transitions = _field(invoice, "status_transitions")
+    period_start = values["period_start"] or _moment(_field(invoice, "created"))
+    # Made once whichever delivery comes first (the unique id settles a race), then locked:
+    # concurrent deliveries about one invoice apply one after the other.
+    Invoice.objects.get_or_create(
+        stripe_invoice_id=invoice.id,
+        defaults={
+            "tenant": subscription.tenant,
+            "plan": subscription.plan,
+            "period": f"{period_start:%Y-%m}",
+            "source": Invoice.Source.STRIPE,
+            "currency": currency,
+        },
+    )
+    with transaction.atomic():
+        stored = Invoice.objects.select_for_update().get(stripe_invoice_id=invoice.id)
+        if _INVOICE_PROGRESS[status] < _INVOICE_PROGRESS[stored.status]:
+            return stored  # an older copy: what we hold is newer
+        fields: dict[str, Any] = {
+            "status": status,
+            "hosted_invoice_url": link_safe(values["hosted_invoice_url"]),
+            "pdf_url": link_safe(_field(invoice, "invoice_pdf")),
+            "paid_at": _moment(_field(transitions, "paid_at")),
+            "voided_at": _moment(_field(transitions, "voided_at")),
+        }
+        if stored.status == Invoice.Status.DRAFT:
+            prices = {p.stripe_price_id: p for p in StripePrice.objects.select_related("price")}
+            Invoice.objects.filter(pk=stored.pk).update(
+                number=values["number"] or None,
+                currency=currency,
+                total=_money(_field(invoice, "total"), currency),
+                finalized_at=_moment(_field(transitions, "finalized_at")),
+            )
+            stored.lines.all().delete()
+            InvoiceLine.objects.bulk_create(
+                InvoiceLine(invoice=stored, **invoice_line_values(line, currency, prices))
+                for line in lines
+            )
+        Invoice.objects.filter(pk=stored.pk).update(**fields)
+        if status != stored.status:
+            audit_record(
+                actor=SYSTEM,
+                action=f"invoice.stripe_{status}",
+                tenant=subscription.tenant,
+                target=stored,
+                payload={"stripe_invoice": invoice.id, "number": values["number"] or ""},
+            )
+    stored.refresh_from_db()
+    return stored
 
 
 def checkout_completed(session: Any) -> StripeCustomer | None:

@@ -44,7 +44,13 @@ def subscription_changed(event: StripeEvent, gw: StripeGateway) -> None:
 
 
 def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
-    stripe_sync.invoice_mirror(gw.invoice(_object_id(event)))
+    """The invoice as Stripe holds it now; and its subscription, whose status a payment moves
+    (a failed one makes it past due) whether or not its own event has arrived yet."""
+    invoice = gw.invoice(_object_id(event))
+    stripe_sync.invoice_mirror(invoice, gw.invoice_lines(invoice))
+    subscription_id = stripe_sync.invoice_values(invoice)["stripe_subscription_id"]
+    if subscription_id:
+        stripe_sync.subscription_mirror(gw.subscription(subscription_id))
 
 
 Handler = Callable[[StripeEvent, StripeGateway], None]

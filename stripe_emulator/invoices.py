@@ -39,6 +39,12 @@ def invoice_list(state: State, params: Params) -> dict[str, Any]:
     return page(invoices, params, "/v1/invoices")
 
 
+def invoice_lines(state: State, params: Params, invoice_id: str) -> dict[str, Any]:
+    """GET /v1/invoices/{id}/lines: the invoice's lines, a page at a time."""
+    invoice = state.get("invoice", invoice_id)
+    return page(invoice["lines"]["data"], params, f"/v1/invoices/{invoice_id}/lines")
+
+
 def invoice_subscription(invoice: dict[str, Any]) -> str | None:
     """The subscription an invoice bills (under `parent` since 2025-03-31.basil)."""
     details = (invoice.get("parent") or {}).get("subscription_details") or {}

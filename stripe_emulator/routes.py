@@ -77,6 +77,7 @@ API: list[Route] = [
     route("DELETE", "/v1/subscriptions/{id}", subscriptions.subscription_cancel),
     route("GET", "/v1/invoices", invoices.invoice_list),
     route("GET", "/v1/invoices/{id}", invoices.invoice_retrieve),
+    route("GET", "/v1/invoices/{id}/lines", invoices.invoice_lines),
     route("GET", "/v1/events", events.event_list),
     route("GET", "/v1/events/{id}", events.event_retrieve),
 ]

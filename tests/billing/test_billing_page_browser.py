@@ -7,7 +7,6 @@ browser fixture is one per module that imports it.)"""
 import csv
 import io
 import re
-from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
@@ -19,7 +18,6 @@ from billing import invoicing, services, usage
 from billing.models import Invoice, Subscription
 from billing.team_views import BILLING_TEAM
 from deployments import metering
-from deployments.models import Instance, InstanceStateChange, Operation
 from tests.browser.conftest import (  # noqa: F401 - fixtures shared with the browser tests
     _served_like_a_browser_expects,
     browser,
@@ -45,29 +43,6 @@ def test_the_billing_page_never_scrolls_sideways(open_page, owner, tenant, width
     assert not scrolls_sideways(page)
 
 
-PARAMETERS = {"version": "17", "instances": 3, "cpu": 2, "memoryGi": 4, "storageGi": 20,
-              "database": "app", "owner": "app"}  # fmt: skip
-
-
-def _ran_since(tenant, version, cell, since) -> Instance:
-    """An instance that has been running since `since`, as the runner leaves one."""
-    instance = Instance.objects.create(
-        tenant=tenant, name="orders", plan_version=version, cell=cell, parameters=PARAMETERS,
-        state=Instance.State.RUNNING, created_at=since,
-    )  # fmt: skip
-    InstanceStateChange.objects.create(instance=instance, to_state="creating", at=since)
-    Operation.objects.create(
-        instance=instance, verb="create", request_id="create-orders", plan_version=version,
-        requested=PARAMETERS, parameters=PARAMETERS, state=Operation.State.SUCCEEDED,
-        created_at=since, started_at=since, finished_at=since + timedelta(minutes=1),
-    )  # fmt: skip
-    InstanceStateChange.objects.create(
-        instance=instance, from_state="creating", to_state="running",
-        at=since + timedelta(minutes=1),
-    )  # fmt: skip
-    return instance
-
-
 def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     open_page,  # noqa: F811 - the fixture imported above
     owner,
@@ -86,7 +61,7 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     # (a period closes only once all of them are metered) and this month's last two.
     this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
     last_month = usage.period_bounds(usage.period_key(this_month - usage.HOUR))[0]
-    _ran_since(tenant, version, factories.cell(), last_month)
+    factories.ran_since(tenant, version, factories.cell(), last_month)
     hours, hour = [], last_month
     while hour < this_month:
         hours.append(hour)

@@ -203,7 +203,7 @@ def test_invoice_events_act_on_the_invoice_stripe_holds_now(
     monkeypatch.setattr(
         stripe_sync,
         "invoice_mirror",
-        lambda invoice: seen.append(stripe_sync.invoice_values(invoice)),
+        lambda invoice, lines: seen.append(stripe_sync.invoice_values(invoice)),
     )
     invoice = emulator.close_period(subscribed.subscription)
     emulator.finalize_invoice(invoice["id"])

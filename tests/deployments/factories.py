@@ -6,7 +6,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from billing.models import Plan
-from deployments.models import Cell, Instance, Operation, PlanVersion
+from deployments.models import Cell, Instance, InstanceStateChange, Operation, PlanVersion
 
 SPEC = Path(__file__).resolve().parents[2] / "specs" / "postgres-cnpg.yaml"
 
@@ -62,3 +62,27 @@ def make_operation(instance, *, verb="create", state="running", ago=timedelta(0)
         error=error,
         engine_state='{"secret": "x"}',
     )
+
+
+PARAMETERS = {"version": "17", "instances": 3, "cpu": 2, "memoryGi": 4, "storageGi": 20,
+              "database": "app", "owner": "app"}  # fmt: skip
+
+
+def ran_since(tenant, version, cell, since, *, name="orders") -> Instance:
+    """An instance that has been running since `since`, with the state history and create
+    operation the runner leaves (what metering reads)."""
+    instance = Instance.objects.create(
+        tenant=tenant, name=name, plan_version=version, cell=cell, parameters=PARAMETERS,
+        state=Instance.State.RUNNING, created_at=since,
+    )  # fmt: skip
+    InstanceStateChange.objects.create(instance=instance, to_state="creating", at=since)
+    Operation.objects.create(
+        instance=instance, verb="create", request_id=f"create-{name}", plan_version=version,
+        requested=PARAMETERS, parameters=PARAMETERS, state=Operation.State.SUCCEEDED,
+        created_at=since, started_at=since, finished_at=since + timedelta(minutes=1),
+    )  # fmt: skip
+    InstanceStateChange.objects.create(
+        instance=instance, from_state="creating", to_state="running",
+        at=since + timedelta(minutes=1),
+    )  # fmt: skip
+    return instance

@@ -1,0 +1,130 @@
+"""Money end to end with Stripe, in a real browser, against the local Stripe emulator: a tenant
+subscribes through Checkout, its instance's hours go to Stripe's meters, Stripe closes the
+period and issues the invoice, webhooks bring it back, the tenant reads it with its chart, and
+a billing team member finds it and exports it. (One module: one browser per module.)"""
+
+import csv
+import io
+import time
+
+import pytest
+from django.contrib.auth.models import Group
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from billing import meter_events, stripe_sync, usage
+from billing.models import Invoice, StripeCustomer, Subscription
+from billing.stripe_gateway import gateway
+from billing.team_views import BILLING_TEAM
+from deployments import metering
+from stripe_emulator import StripeEmulator
+from tests.billing.conftest import API_KEY, WEBHOOK_SECRET
+from tests.browser.conftest import (  # noqa: F401 - fixtures shared with the browser tests
+    _served_like_a_browser_expects,
+    browser,
+    open_page,
+    scrolls_sideways,
+    shot,
+)
+from tests.deployments import factories
+
+pytestmark = pytest.mark.unsubscribed
+
+
+@pytest.fixture
+def stripe_live(settings, live_server):
+    """The emulator, delivering its webhooks to the live server, and billing pointed at it."""
+    with StripeEmulator(
+        webhook_url=f"{live_server.url}/billing/stripe/webhook/", webhook_secret=WEBHOOK_SECRET
+    ) as emulator:
+        settings.STRIPE_API_KEY = API_KEY
+        settings.STRIPE_API_BASE = emulator.url
+        settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
+        yield emulator
+
+
+def _until(check, what: str, timeout: float = 15.0):
+    """Poll `check` (webhooks arrive on their own) until it holds; its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
+    open_page,  # noqa: F811 - the fixture imported above
+    stripe_live,
+    owner,
+    tenant,
+    make_user,
+):
+    version = factories.postgres_version()
+    plan = version.plan
+    stripe_sync.catalog_sync(gateway())
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/")
+    page.get_by_role("button", name=f"Subscribe to {plan.name}").click()
+    page.wait_for_url(f"{stripe_live.url}/c/pay/cs_*")  # Stripe's Checkout page
+    shot(page, "checkout")
+    page.get_by_role("button", name="Pay").click()
+    expect(page.locator("main")).to_contain_text("Stripe has your payment details")
+    subscription = _until(
+        lambda: Subscription.objects.filter(tenant=tenant, plan=plan, status="active").first(),
+        "the webhook to activate the subscription",
+    )
+    page.reload()
+    expect(page.locator(f"#plan-{plan.key} .badge")).to_have_text("Active")
+    expect(page.get_by_role("button", name="Manage payment method")).to_be_visible()
+
+    # The instance runs from the start of the month; the customer has been Stripe's since
+    # then (a test cannot wait for an hour to pass). Its hours go to Stripe's meters.
+    this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
+    StripeCustomer.objects.filter(tenant=tenant).update(created_at=this_month)
+    factories.ran_since(tenant, version, factories.cell(), this_month)
+    latest = metering.last_full_hour()
+    hours = [h for h in (latest - usage.HOUR, latest) if h >= this_month]  # none at 00:xx
+    metering.meter_hours(hours)
+    meter_events.enqueue()
+    assert meter_events.flush().sent == len(stripe_live.meter_events())
+
+    # Stripe closes the period, drafts the invoice, finalizes it an hour later.
+    invoice = stripe_live.close_period(subscription.stripe_subscription_id)
+    stripe_live.finalize_invoice(invoice["id"])
+    stored = _until(
+        lambda: Invoice.objects.filter(stripe_invoice_id=invoice["id"], status="open").first(),
+        "the finalized invoice's webhook",
+    )
+    assert stored.number and stored.source == "stripe"
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/")
+    page.get_by_role("link", name=stored.number).click()
+    expect(page.locator("h1")).to_have_text(f"Invoice {stored.number}")
+    expect(page.locator(".invoice-lines")).to_contain_text("CPU")
+    expect(page.locator(".invoice-lines tfoot")).to_contain_text(f"{stored.total} USD")
+    if hours:
+        expect(page.locator("#invoice-daily-cost canvas")).to_be_visible()
+    else:
+        expect(page.locator("#invoice-daily-cost")).to_be_visible()
+    link = page.get_by_role("button", name="Pay or view on Stripe")
+    expect(link).to_have_attribute("href", f"{stripe_live.url}/i/{invoice['id']}")
+    shot(page, "stripe-invoice")
+    phone = open_page(owner, f"/t/{tenant.slug}/billing/invoices/{stored.pk}/", "narrow")
+    assert not scrolls_sideways(phone)
+
+    finance = make_user("finance@opsdeck.example", is_staff=True)
+    finance.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])  # flushed by live tests
+    team = open_page(finance, "/billing-team/")
+    team.get_by_label("Organization").fill(tenant.name)
+    team.get_by_label("Status").select_option("open")
+    team.get_by_role("button", name="Filter").click()
+    team.get_by_role("link", name=stored.number).click()
+    expect(team.locator("#invoice-review")).to_contain_text("Stripe issues this invoice")
+    team.get_by_role("link", name="All invoices").click()
+    with team.expect_download() as download:
+        team.get_by_role("button", name="Export CSV").click()
+    rows = list(csv.reader(io.StringIO(download.value.path().read_text())))
+    assert [stored.number, tenant.name, plan.name, stored.period, "open"] == rows[1][:5]

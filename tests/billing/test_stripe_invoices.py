@@ -1,0 +1,283 @@
+"""Invoices with Stripe: Stripe's invoices are mirrored from its webhooks and shown as Opsdeck's
+are; a closed period drafts locally only what Stripe could not take."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from accounts.audit import Actor
+from accounts.models import AuditEvent
+from billing import invoicing, meter_events, stripe_sync, usage
+from billing.models import Invoice, MeteredHour, MeterEvent, Subscription
+from billing.team_views import BILLING_TEAM
+from stripe_emulator import sign
+from tests.billing.conftest import WEBHOOK_SECRET
+from tests.concurrency import race
+
+pytestmark = pytest.mark.unsubscribed
+
+WEBHOOK = "/billing/stripe/webhook/"
+
+
+def _deliver(client, event: dict, status: int = 200):
+    body = json.dumps(event).encode()
+    response = client.post(
+        WEBHOOK, body, content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=sign(body, WEBHOOK_SECRET, int(time.time())),
+    )  # fmt: skip
+    assert response.status_code == status, response.content
+    return response
+
+
+@pytest.fixture
+def subscription(client, owner_client, tenant, gw, priced_plan, customer, emulator):
+    """The tenant subscribed to the priced plan through Checkout; Stripe's webhook delivered."""
+    stripe_sync.catalog_sync(gw)
+    response = owner_client.post(
+        f"/t/{tenant.slug}/billing/subscribe/{priced_plan.key}/", {"request_id": "sub-1"}
+    )
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
+    emulator.complete_checkout(session_id)
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+    subscribed = Subscription.objects.get(tenant=tenant, plan=priced_plan)
+    assert subscribed.status == "active"
+    return subscribed
+
+
+def _this_hour():
+    return timezone.now().replace(minute=0, second=0, microsecond=0)
+
+
+def _metered_and_invoiced(emulator, record_usage, subscription) -> dict:
+    """2.5 core-hours this hour, sent to Stripe's meter; Stripe closes the period."""
+    record_usage(_this_hour(), ("inst-a", "cpu", "2.5"))
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 1
+    return emulator.close_period(subscription.stripe_subscription_id)
+
+
+def test_a_stripe_invoice_is_mirrored_and_shown_once_stripe_finalizes_it(
+    client, owner_client, tenant, subscription, emulator, gw, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    billing_page = f"/t/{tenant.slug}/billing/"
+
+    _deliver(client, emulator.events("invoice.created")[-1])
+
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert (stored.source, stored.status, stored.plan, stored.tenant) == (
+        "stripe", "draft", subscription.plan, tenant,
+    )  # fmt: skip
+    assert stored.period == f"{_this_hour():%Y-%m}"
+    lines = {line.dimension: line for line in stored.lines.all()}
+    assert lines.keys() == {"cpu", "storage"}  # as Stripe bills them, unused ones too
+    line = lines["cpu"]
+    assert lines["storage"].quantity == 0 and lines["storage"].amount == 0
+    # 2,500,000 millionths of a core-hour at 0.000005 cents: 12.5 cents, rounded half up.
+    assert (line.dimension, line.unit, line.quantity) == ("cpu", "core", Decimal("2.5"))
+    assert line.unit_price == Decimal("0.05") and line.amount == Decimal("0.13")
+    assert stored.total == Decimal("0.13")
+    assert "invoice-list" not in owner_client.get(billing_page).content.decode()  # a draft
+
+    emulator.finalize_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.finalized")[-1])
+
+    stored.refresh_from_db()
+    number = gw.invoice(invoice["id"]).number
+    assert stored.status == "open" and stored.number == number
+    assert stored.hosted_invoice_url == f"{emulator.url}/i/{invoice['id']}"
+    page = owner_client.get(billing_page).content.decode()
+    assert number in page and "0.13 USD" in page
+    detail = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
+    assert f'href="{stored.hosted_invoice_url}"' in detail
+    assert "2.5 core-hours" in detail
+
+    emulator.pay_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.paid")[-1])
+
+    stored.refresh_from_db()
+    assert stored.status == "paid" and stored.paid_at is not None
+    assert list(
+        AuditEvent.objects.filter(target_type="invoice", target_id=str(stored.pk))
+        .order_by("pk")
+        .values_list("action", "actor_kind")
+    ) == [("invoice.stripe_open", "system"), ("invoice.stripe_paid", "system")]
+
+
+def test_staff_leave_a_stripe_invoice_to_stripe(
+    client, make_user, subscription, emulator, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    _deliver(client, emulator.events("invoice.created")[-1])
+    stored = Invoice.objects.get()
+    finance = make_user("finance@opsdeck.example", is_staff=True)
+    finance.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
+    client.force_login(finance)
+
+    page = client.get(f"/billing-team/invoices/{stored.pk}/").content.decode()
+    assert "Stripe issues this invoice" in page and ">Finalize<" not in page
+    with pytest.raises(ValidationError, match="issued by Stripe"):
+        invoicing.invoice_finalize(actor=Actor(user=finance, staff=True), invoice=stored)
+    response = client.post(f"/billing-team/invoices/{stored.pk}/finalize/", follow=True)
+    assert "issued by Stripe" in response.content.decode()
+    stored.refresh_from_db()
+    assert stored.status == "draft" and stored.number is None
+    assert emulator.events("invoice.finalized") == [] and invoice["status"] == "draft"
+
+
+def test_deliveries_in_any_order_leave_the_newest_invoice(
+    client, subscription, emulator, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.pay_invoice(invoice["id"])
+
+    _deliver(client, emulator.events("invoice.paid")[-1])
+    _deliver(client, emulator.events("invoice.created")[-1])
+    _deliver(client, emulator.events("invoice.finalized")[-1])
+
+    stored = Invoice.objects.get()
+    assert stored.status == "paid" and stored.number and stored.lines.count() == 2
+
+
+def test_an_older_copy_never_moves_an_invoice_back(
+    client, subscription, emulator, gw, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    draft = gw.invoice(invoice["id"])  # fetched before finalizing
+    emulator.finalize_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.finalized")[-1])
+
+    stripe_sync.invoice_mirror(draft, list(draft.lines.data))
+
+    assert Invoice.objects.get().status == "open"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_deliveries_about_one_invoice_store_it_once(
+    subscription, emulator, gw, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    emulator.finalize_invoice(invoice["id"])
+    fetched = gw.invoice(invoice["id"])
+    lines = gw.invoice_lines(fetched)
+
+    results = race(lambda: stripe_sync.invoice_mirror(fetched, lines))
+
+    assert all(isinstance(r, Invoice) for r in results), results
+    stored = Invoice.objects.get()
+    assert stored.lines.count() == 2 and stored.status == "open"
+    assert AuditEvent.objects.filter(action="invoice.stripe_open").count() == 1
+
+
+def test_a_failed_payment_alone_makes_the_subscription_past_due(
+    client, subscription, emulator, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.fail_invoice(invoice["id"])
+
+    # The subscription's own event is late: the invoice's is enough.
+    _deliver(client, emulator.events("invoice.payment_failed")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "past_due"
+    assert Invoice.objects.get().status == "open"
+
+
+def test_an_invoice_with_more_lines_than_stripe_embeds_is_read_in_full(gw, emulator, monkeypatch):
+    """Stripe embeds an invoice's first lines only (`has_more`): the rest are listed."""
+    customer = gw.client.v1.customers.create({"name": "Many lines"})
+    meter = gw.client.v1.billing.meters.create(
+        {
+            "display_name": "m",
+            "event_name": "many",
+            "default_aggregation": {"formula": "sum"},
+            "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
+            "value_settings": {"event_payload_key": "value"},
+        }
+    )
+    prices = [
+        gw.client.v1.prices.create(
+            {
+                "currency": "usd",
+                "unit_amount_decimal": "1",
+                "product_data": {"name": f"p{i}"},
+                "recurring": {"interval": "month", "usage_type": "metered", "meter": meter.id},
+            }
+        ).id
+        for i in range(12)
+    ]
+    session = gw.client.v1.checkout.sessions.create(
+        {
+            "mode": "subscription",
+            "customer": customer.id,
+            "line_items": [{"price": p} for p in prices],
+            "success_url": "https://opsdeck.test/done",
+            "cancel_url": "https://opsdeck.test/",
+        }
+    )
+    emulator.complete_checkout(session.id)
+    subscription_id = gw.client.v1.checkout.sessions.retrieve(session.id).subscription
+    invoice = emulator.close_period(subscription_id)
+    fetched = gw.invoice(invoice["id"])
+    fetched.lines.has_more = True  # as Stripe sends an invoice of more than ten lines
+    fetched.lines.data = fetched.lines.data[:10]
+
+    assert len(gw.invoice_lines(fetched)) == 12
+
+
+@pytest.mark.parametrize(
+    ("url", "kept"),
+    [
+        ("https://invoice.stripe.com/i/acct_1/test_x", True),
+        ("http://127.0.0.1:12111/i/in_1", True),
+        ("javascript:alert(1)", False),
+        ("data:text/html,<script>alert(1)</script>", False),
+        ("//evil.example/x", False),
+        ("https:///no-host", False),
+        (None, False),
+        ("https://x.example/" + "a" * 1000, False),
+    ],
+)
+def test_only_http_addresses_from_stripe_become_links(url, kept):
+    assert stripe_sync.link_safe(url) == (url if kept else "")
+
+
+def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
+    tenant, subscription, customer, emulator, record_usage
+):
+    """Usage sent to Stripe is on Stripe's invoice; an hour older than Stripe's meters accept
+    becomes a local draft of adjustment lines; nothing is billed twice."""
+    now = timezone.now()
+    key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
+    start, end = usage.period_bounds(key)  # last month
+    customer.created_at = start - timedelta(days=1)
+    customer.save(update_fields=["created_at"])
+    record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))
+    record_usage(start, ("inst-a", "cpu", "4"))
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=start + usage.HOUR * i) for i in range((end - start) // usage.HOUR)],
+        ignore_conflicts=True,
+    )
+    meter_events.enqueue()
+    # Sent 36 days or more after the month began: its first hour is too old for Stripe by then.
+    flushed = meter_events.flush(now=max(timezone.now(), start + timedelta(days=36)))
+    assert (flushed.sent, flushed.adjusted) == (1, 1)
+
+    closed = invoicing.period_close(key, now=now)
+
+    (draft,) = closed.invoices
+    assert draft.source == "local" and draft.total == Decimal("0.20")  # 4 core-hours at 0.05
+    (line,) = draft.lines.all()
+    assert (line.quantity, line.adjustment_of) == (Decimal("4"), key)
+    assert MeterEvent.objects.get(usage_record__hour=start).status == "adjusted"
