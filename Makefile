@@ -27,9 +27,12 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 run: $(VENV)/.installed
 	PORT=$(PORT) $(LAUNCH) --dev -- scripts/run.sh
 
-# PYTEST_ADDOPTS="tests/portal" make test runs a part of the suite.
+# PYTEST_ADDOPTS="tests/portal" make test runs a part of the suite. TEST_WORKERS processes
+# share the tests a module at a time (most tests wait on a server, a worker or a browser, so
+# more processes than cores pay); TEST_WORKERS=0 runs them in this one.
+TEST_WORKERS ?= 4
 test: $(VENV)/.installed-dev
-	$(LAUNCH) -- $(PY) -m pytest
+	$(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 # Speed figures, printed next to baselines measured in the same run (not pass/fail).
 bench: $(VENV)/.installed-dev

@@ -29,7 +29,7 @@ def plan(db):
 @pytest.fixture
 def team_client(client, make_user):
     user = make_user("finance@opsdeck.example", is_staff=True)
-    user.groups.add(Group.objects.get(name=BILLING_TEAM))
+    user.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
     client.force_login(user)
     return client
 
@@ -68,7 +68,7 @@ def test_only_staff_in_the_billing_team_reach_the_pages(client, make_user, invoi
         client.force_login(make_user("admin@example.com", is_staff=True))
     elif who == "team, not staff":
         user = make_user("ex-staff@example.com")
-        user.groups.add(Group.objects.get(name=BILLING_TEAM))
+        user.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
         client.force_login(user)
     draft = invoices["draft"]
 
