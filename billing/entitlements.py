@@ -162,16 +162,6 @@ def limits_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> Limits
     )
 
 
-def prices_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> dict[str, Decimal]:
-    """The unit price per dimension for `tenant` at `at` (now): the plan's, with the prices of
-    the override in effect instead where it sets them."""
-    prices = {price.dimension: price.unit_price for price in plan.prices.all()}
-    override = override_in_effect(tenant, plan, at)
-    if override is not None:
-        prices.update({dim: Decimal(str(value)) for dim, value in override.prices.items()})
-    return prices
-
-
 def subscription_of(tenant: Tenant, plan: Plan) -> Subscription | None:
     """The tenant's open (not cancelled) subscription to `plan`, or None."""
     return (

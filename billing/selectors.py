@@ -21,6 +21,12 @@ STATUS_BADGES = {
 }
 
 
+@dataclass(frozen=True)
+class Alternative:
+    plan: Plan
+    subscribed: bool  # an active subscription: instances can move there now
+
+
 @dataclass
 class PlanRow:
     """One plan on the billing page: the tenant's subscription to it, and its limits with the
@@ -31,6 +37,9 @@ class PlanRow:
     usage: list[str] = field(default_factory=list)  # "3 of 10 instances"
     limits: list[str] = field(default_factory=list)  # the limits usage does not measure
     instances: int = 0
+    # The other plans of the same service its instances could move to (a change of plan), and
+    # whether the tenant may already run instances on each.
+    alternatives: list[Alternative] = field(default_factory=list)
 
     @property
     def badge(self) -> str:
@@ -190,5 +199,12 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
                 instances=usage.instances if usage else 0,
             )
         )
+    for row in rows:
+        row.alternatives = [
+            Alternative(other.plan, other.subscription is not None and other.subscription.status
+                        == Subscription.Status.ACTIVE)
+            for other in rows
+            if other.plan.service == row.plan.service and other.plan.pk != row.plan.pk
+        ]  # fmt: skip
     rows.sort(key=lambda row: row.subscription is None)
     return rows

@@ -53,20 +53,22 @@ def entitlement_require(
     version: PlanVersion | None = None,
     after: dict[str, Any] | None = None,
     before: dict[str, Any] | None = None,
+    before_version: PlanVersion | None = None,
     cell: str | None = None,
     retention_days: int | None = None,
     point_in_time: bool = False,
 ) -> None:
     """Ask billing whether `tenant` may do `action` on `plan`; ActionDenied with its reason
     when not. `after` and `before`: the instance's parameter values after and before the
-    change (`before` None for a new instance), read on `version`."""
+    change (`before` None for a new instance), read on `version` (`before` on `before_version`
+    when given: an upgrade measures the values before it by the rules of the version left)."""
     limits = entitlements.limits_for(tenant, plan)
     sized = bool(limits.max_total or limits.max_per_instance) and after is not None
     usage = usage_on_plan(tenant, plan, dimensions=sized and bool(limits.max_total))
     quantities = delta = None
     if sized:
         quantities = _quantities(version, after)
-        was = _quantities(version, before) if before is not None else {}
+        was = _quantities(before_version or version, before) if before is not None else {}
         delta = {dim: q - was.get(dim, Decimal(0)) for dim, q in quantities.items()}
     decision = entitlements.check(
         tenant=tenant,
@@ -83,6 +85,33 @@ def entitlement_require(
     )
     if not decision.allowed:
         raise ActionDenied(decision.reason)
+
+
+def moves_require(
+    *, tenant: Tenant, plan: Plan, version: PlanVersion, moves: list[tuple[str, dict, str]]
+) -> None:
+    """Whether `plan` can take the tenant's instances moving onto it (a change of plan): each
+    move — (instance name, values on `version`, cell) — counts as a new instance on `plan`,
+    measured by `version`'s usage rules, on top of those before it. ActionDenied naming the
+    first instance that does not fit, with billing's reason."""
+    limits = entitlements.limits_for(tenant, plan)
+    sized = bool(limits.max_total or limits.max_per_instance)
+    usage = usage_on_plan(tenant, plan, dimensions=bool(limits.max_total))
+    count, totals = usage.instances, dict(usage.totals)
+    for name, values, cell in moves:
+        quantities = _quantities(version, values) if sized else None
+        decision = entitlements.check(
+            tenant=tenant,
+            plan=plan,
+            action="create",
+            usage=entitlements.Usage(instances=count, totals=totals),
+            request=entitlements.Request(quantities=quantities, delta=quantities, cell=cell),
+        )
+        if not decision.allowed:
+            raise ActionDenied(f"{name}: {decision.reason}")
+        count += 1
+        for dimension, quantity in (quantities or {}).items():
+            totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
 
 
 def _tenant_usage(tenant: Tenant, plan: Plan) -> entitlements.Usage:

@@ -647,13 +647,16 @@ def _shown(parameter: Parameter, value: Any) -> str:
     return HIDDEN_VALUE if parameter.type == "Password" else format_value(parameter, value)
 
 
-def upgrade_preview(instance: Instance, values: dict | None = None) -> UpgradePreview | None:
-    """The upgrade of `instance` to its plan's newest version; None when it runs that one.
-    `values`: the instance's values to check, Password ones included (the page leaves them
-    out: it never reads a password)."""
+def upgrade_preview(
+    instance: Instance, values: dict | None = None, target: PlanVersion | None = None
+) -> UpgradePreview | None:
+    """The upgrade of `instance` to its plan's newest version, or to `target` (the newest
+    version of another plan of its service, on a change of plan); None when there is nothing
+    to upgrade to. `values`: the instance's values to check, Password ones included (the page
+    leaves them out: it never reads a password)."""
     current = instance.plan_version
-    target = plan_version_latest(current.plan)
-    if target is None or target.number <= current.number:
+    target = target or plan_version_latest(current.plan)
+    if target is None or (target.plan_id == current.plan_id and target.number <= current.number):
         return None
     before = {p.key: p for p in plan_spec(current).main.parameters}
     after = {p.key: p for p in plan_spec(target).main.parameters}

@@ -33,7 +33,7 @@ from accounts.services import permission_require
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import lifecycle, schedules, selectors
-from deployments.entitlement_usage import entitlement_require
+from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import (
     BackupSchedule,
@@ -44,7 +44,12 @@ from deployments.models import (
     PlanVersion,
     Snapshot,
 )
-from deployments.parameters import instance_values, split_values, values_after
+from deployments.parameters import (
+    instance_values,
+    split_values,
+    values_after,
+    values_for_version,
+)
 from deployments.spec.loader import load_spec
 from deployments.spec.model import Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
@@ -651,7 +656,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
         reason = selectors.lifecycle_refusal(instance, "upgrade")
         if reason:
             raise ActionDenied(reason)
-        _entitled(instance, "upgrade")
+        _entitled_to_upgrade(instance, preview.target)
         if preview.problems:
             raise ValidationError(list(preview.problems.values()))
         versions = {"from": preview.current.number, "to": preview.target.number}
@@ -676,6 +681,127 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
             },
         )
     return operation
+
+
+def _entitled_to_upgrade(instance: Instance, target: PlanVersion) -> None:
+    """An upgrade's sizes against the plan's limits: the newer version may measure the same
+    values differently (its usage rules), so the values it will run with are measured by its
+    rules and those before by the rules of the version left. The tenant is locked, as for a
+    modify."""
+    Tenant.objects.select_for_update().get(pk=instance.tenant_id)
+    projected = _projected_values(instance)
+    _entitled(
+        instance,
+        "upgrade",
+        version=target,
+        before=projected,
+        before_version=instance.plan_version,
+        after=values_for_version(selectors.plan_spec(target).main.parameters, projected),
+    )
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """What a change of plan queued: an upgrade per instance that moves, in creation order."""
+
+    source: Plan
+    target: Plan
+    operations: list[Operation]
+
+
+def plan_change(
+    *, actor: Actor, tenant: Tenant, source: Plan, target: Plan, request_id: str
+) -> PlanChange:
+    """Move the tenant's instances from `source` to `target`, another plan of the same service:
+    each through an upgrade to `target`'s newest version, which runs that version's modify
+    with the instance's values; once it succeeds the instance is on `target`, metered and
+    billed on it from that moment. All or nothing: refused, with nothing queued, when the
+    plans are not of one service, the tenant is not subscribed to `target`, `target`'s limits
+    cannot take the instances (measured by its usage rules), or one of them cannot move now
+    (its state, queued operations, values the target refuses). A repeated request id returns
+    what the first one queued."""
+    request_id = idempotency.request_id_clean(request_id)
+    with audited_action(actor=actor, action="plan.change", tenant=tenant):
+        permission_require(actor=actor, tenant=tenant, action="billing.manage")
+        claim = _claim(tenant, request_id, "plan.change", {"from": source.pk, "to": target.pk})
+        prefix = idempotency.derived_request_id(request_id, "plan-change")[:48]
+        if claim.earlier is not None:
+            return PlanChange(source, target, _plan_change_operations(tenant, prefix))
+        if target.pk == source.pk or target.service != source.service:
+            raise ValidationError(
+                f"{target.name} is not another plan of {source.name}'s service: instances move "
+                "only between plans of one service."
+            )
+        version = selectors.plan_version_latest(target)
+        if version is None:
+            raise ValidationError(f"The {target.name} plan has no version to run yet.")
+        Tenant.objects.select_for_update().get(pk=tenant.pk)  # one change of limits at a time
+        instances = list(
+            Instance.objects.for_tenant(tenant)
+            .active()
+            .filter(plan_version__plan=source)
+            .select_related("plan_version__plan", "cell")
+            .select_for_update(of=("self",))
+            .order_by("created_at", "pk")
+        )
+        if not instances:
+            raise ValidationError(f"No instance runs on {source.name}: there is nothing to move.")
+        moves = []
+        for instance in instances:
+            refusal = selectors.lifecycle_refusal(instance, "upgrade")
+            if refusal:
+                raise ActionDenied(f"{instance.name}: {refusal}")
+            current = instance_parameters(instance)  # nothing is queued: as it runs now
+            preview = selectors.upgrade_preview(instance, current, version)
+            if preview.problems:
+                raise ValidationError(f"{instance.name}: {' '.join(preview.problems.values())}")
+            values = values_for_version(selectors.plan_spec(version).main.parameters, current)
+            moves.append((instance, preview, values))
+        moves_require(
+            tenant=tenant,
+            plan=target,
+            version=version,
+            moves=[(i.name, values, i.cell.name) for i, _, values in moves],
+        )
+        operations = []
+        for instance, preview, _ in moves:
+            versions = {"from": preview.current.number, "to": version.number}
+            operation = _operation_new(
+                actor=actor,
+                instance=instance,
+                verb="upgrade",
+                request_id=f"{prefix}-{instance.pk}",
+                arguments={"upgrade": versions, "plan": {"from": source.key, "to": target.key}},
+                plan_version=version,
+            )
+            operations.append(operation)
+            audit_record(
+                actor=actor,
+                action="instance.upgrade",
+                tenant=tenant,
+                target=instance,
+                payload={**versions, "plan_from": source.key, "plan_to": target.key},
+            )
+        claim.bind(operations[0])
+        audit_record(
+            actor=actor,
+            action="plan.change",
+            tenant=tenant,
+            payload={
+                "from": source.key,
+                "to": target.key,
+                "instances": [instance.pk for instance, _, _ in moves],
+            },
+        )
+    return PlanChange(source, target, operations)
+
+
+def _plan_change_operations(tenant: Tenant, prefix: str) -> list[Operation]:
+    return list(
+        Operation.objects.filter(
+            instance__tenant=tenant, verb="upgrade", request_id__startswith=f"{prefix}-"
+        ).order_by("pk")
+    )
 
 
 def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> Operation:

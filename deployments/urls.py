@@ -62,6 +62,8 @@ tenant_urlpatterns = [
     ),
     # --- upgrade, roll back, protection ---
     path("deployments/<str:instance_id>/upgrade/", views.instance_upgrade, name="instance_upgrade"),
+    # A change of plan moves instances: deployments' part of the Billing page.
+    path("billing/plans/<slug:plan_key>/change/", views.plan_change, name="billing_plan_change"),
     path(
         "deployments/<str:instance_id>/rollback/", views.instance_rollback, name="instance_rollback"
     ),

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
@@ -19,6 +20,7 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import partial_template
 from accounts.tenancy import action_require, tenant_view
+from billing.models import Plan
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, selectors, services
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
@@ -773,6 +775,40 @@ def instance_upgrade(request, instance_id: str):
     return _queued(
         request, instance, operation, f"Upgrade of {instance.name} to v{number}", tab="operations"
     )
+
+
+@tenant_view("billing.manage")
+@require_POST
+def plan_change(request, plan_key: str):
+    """The Billing page's "Change plan": move the instances on one plan to another."""
+    source = get_object_or_404(Plan, key=plan_key)
+    target = Plan.objects.filter(key=str(request.POST.get("plan", ""))[:100]).first()
+    back = redirect("billing_overview", tenant_slug=request.tenant.slug)
+    if target is None:
+        messages.error(request, "Choose the plan to move your instances to.")
+        return back
+    try:
+        change = services.plan_change(
+            actor=Actor.from_request(request),
+            tenant=request.tenant,
+            source=source,
+            target=target,
+            request_id=request.POST.get("request_id", ""),
+        )
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+        return back
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return back
+    count = len(change.operations)
+    messages.success(
+        request,
+        f"Moving {count} instance{pluralize(count)} from {source.name} to {target.name}; "
+        "follow each on its Operations tab. Cancel your "
+        f"{source.name} subscription once they have moved.",
+    )
+    return back
 
 
 @tenant_view("instance.view")

@@ -199,19 +199,6 @@ def test_the_latest_override_that_has_started_wins(tenant, plan, active, other_t
     assert entitlements.limits_for(other_tenant, plan).max_instances == 3  # theirs alone
 
 
-def test_an_override_sets_prices(tenant, plan):
-    from billing.models import Price
-
-    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.035"))
-    Price.objects.create(plan=plan, dimension="storage", unit="GiB", unit_price=Decimal("0.0002"))
-    PlanOverride.objects.create(tenant=tenant, plan=plan, prices={"cpu": "0.02"})
-
-    assert entitlements.prices_for(tenant, plan) == {
-        "cpu": Decimal("0.02"),
-        "storage": Decimal("0.0002"),
-    }
-
-
 @pytest.fixture
 def other_tenant(make_user):
     from accounts import services

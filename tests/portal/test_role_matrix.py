@@ -242,6 +242,16 @@ WAYS: dict[str, Way | None] = {
 
 # The other pages that need an action of the table, held to the same rule.
 ALSO: dict[str, tuple[str, Way]] = {
+    # No other plan of the service here: an allowed change is refused by the service (nothing
+    # changes); the refusal of the roles without billing.manage is what this row proves.
+    "change-plan": (
+        "billing.manage",
+        Way(
+            lambda w: w.url("billing_plan_change", plan_key=w.plan_key),
+            data=lambda w: {"plan": w.plan_key, "request_id": fresh()},
+            audited="billing.manage",
+        ),
+    ),
     "revoke-invitation": (
         "member.invite",
         Way(
