@@ -23,7 +23,8 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	$(PIP_INSTALL) -r requirements-dev.txt
 	touch $@
 
-# scripts/run.sh: migrate, load the plans, start the sandbox cell, seed the demo, honcho.
+# scripts/run.sh: migrate, load the plans, start the sandbox cell (and with STRIPE_EMULATOR=1
+# the Stripe emulator and its catalog), seed the demo, honcho.
 run: $(VENV)/.installed
 	PORT=$(PORT) $(LAUNCH) --dev -- scripts/run.sh
 
@@ -54,10 +55,11 @@ format: $(VENV)/.installed-dev
 vendor:
 	scripts/vendor.sh
 
-# Stop the sandbox cluster, and the embedded PostgreSQL and Redis if `make run` started them;
-# each returns once its process has exited.
+# Stop the sandbox cluster, the Stripe emulator, and the embedded PostgreSQL and Redis if
+# `make run` started them; each returns once its process has exited.
 stop:
 	@scripts/sandbox.sh stop
+	@scripts/stripe_emulator.sh stop
 	@scripts/stop.sh $(VAR)/redis/redis.pid
 	@scripts/stop.sh $(VAR)/postgres/postmaster.pid INT
 

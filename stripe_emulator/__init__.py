@@ -2,7 +2,8 @@
 
 from .api import StripeEmulator
 from .errors import StripeError
+from .persistence import StateFileError
 from .state import API_VERSION
 from .webhooks import sign
 
-__all__ = ["API_VERSION", "StripeEmulator", "StripeError", "sign"]
+__all__ = ["API_VERSION", "StateFileError", "StripeEmulator", "StripeError", "sign"]

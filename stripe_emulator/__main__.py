@@ -9,6 +9,7 @@ import sys
 import threading
 
 from .api import StripeEmulator
+from .persistence import StateFileError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +22,31 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", help="accept only this sk_test_ key (default: any)")
     serve.add_argument("--webhook-url", help="deliver events here")
     serve.add_argument("--webhook-secret", help="sign them with this whsec_ secret")
+    serve.add_argument(
+        "--webhook-retries", type=int, default=3, help="attempts after a failed delivery (3)"
+    )
+    serve.add_argument(
+        "--webhook-retry-delay",
+        type=float,
+        default=0.5,
+        help="seconds before the first retry, doubling after each (0.5)",
+    )
+    serve.add_argument(
+        "--state", metavar="FILE", help="keep the state in FILE across restarts (JSON)"
+    )
+    serve.add_argument(
+        "--auto-bill",
+        action="store_true",
+        help="close ended periods, finalize drafts after an hour and charge open invoices "
+        "as the emulator's clock passes",
+    )
+    serve.add_argument(
+        "--auto-bill-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often --auto-bill looks (5)",
+    )
     serve.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
 
@@ -34,12 +60,30 @@ def main(argv: list[str] | None = None) -> int:
             args.host,
             args.port,
             api_key=args.api_key,
-            webhook_url=args.webhook_url,
-            webhook_secret=args.webhook_secret,
+            state_file=args.state,
+            auto_bill=args.auto_bill,
+            auto_bill_interval=args.auto_bill_interval,
         )
+        if args.webhook_url:
+            emulator.set_webhook(
+                args.webhook_url,
+                args.webhook_secret,
+                retries=args.webhook_retries,
+                retry_delay=args.webhook_retry_delay,
+            )
+    except StateFileError as exc:
+        print(f"python -m stripe_emulator: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         parser.error(str(exc))
-    emulator.start()
+    try:
+        emulator.start()
+    except OSError as exc:
+        print(
+            f"python -m stripe_emulator: cannot serve on {args.host}:{args.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
     print(emulator.url, flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -7,12 +7,14 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from . import invoices, sessions
 from .events import type_matches
 from .faults import Faults
 from .idempotency import IdempotencyKeys
+from .persistence import StateFileError, state_dump, state_load, state_save
 from .server import make_server
 from .state import State
 from .webhooks import Endpoint, WebhookSender
@@ -35,7 +37,14 @@ class StripeEmulator:
         api_key: str | None = None,
         webhook_url: str | None = None,
         webhook_secret: str | None = None,
+        state_file: str | Path | None = None,
+        auto_bill: bool = False,
+        auto_bill_interval: float = 5.0,
     ) -> None:
+        """`state_file`: load the state from it (a missing file is an empty state;
+        StateFileError for one that cannot be read) and write it back after every change.
+        `auto_bill`: every `auto_bill_interval` seconds, do what Stripe does as its clock
+        passes (`invoices.billing_cycle_run`). Off, tests drive billing themselves."""
         self.host = host
         self.requested_port = port
         # Any sk_test_/rk_test_ key is accepted unless one is named here.
@@ -48,8 +57,22 @@ class StripeEmulator:
         self.stopping = threading.Event()
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._biller: threading.Thread | None = None
+        if auto_bill_interval <= 0:
+            raise ValueError("auto_bill_interval must be positive")
+        self.auto_bill = auto_bill
+        self.auto_bill_interval = auto_bill_interval
         if webhook_url or webhook_secret:
             self.set_webhook(webhook_url or "", webhook_secret or "")
+        self.state_file = Path(state_file) if state_file is not None else None
+        if self.state_file is not None:
+            state_load(self.state_file, self.state, self.idempotency)
+            try:  # an unwritable place fails now, not at the first change
+                self._write_state()
+            except OSError as exc:
+                raise StateFileError(
+                    f"cannot write the state file {self.state_file}: {exc}"
+                ) from None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -66,6 +89,11 @@ class StripeEmulator:
             daemon=True,
         )
         self._thread.start()
+        if self.auto_bill:
+            self._biller = threading.Thread(
+                target=self._auto_bill, name="stripe-emulator-auto-bill", daemon=True
+            )
+            self._biller.start()
         log.info("stripe emulator serving on %s", self.url)
         return self
 
@@ -80,6 +108,10 @@ class StripeEmulator:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self._biller is not None:
+            self._biller.join(timeout=10)
+            self._biller = None
+        self.save_state()
         self.webhooks.stop()
 
     def __enter__(self) -> StripeEmulator:
@@ -103,6 +135,32 @@ class StripeEmulator:
         """`base_addresses` for `stripe.StripeClient`."""
         return {"api": self.url, "meter_events": self.url, "files": self.url}
 
+    # ---- state file and auto-bill ------------------------------------------------------------
+
+    def save_state(self) -> None:
+        """Write the state file (when there is one): after every change and at stop. A failed
+        write is logged, not raised: the change it follows is made and answered already."""
+        try:
+            self._write_state()
+        except OSError:
+            log.exception("cannot write the state file %s", self.state_file)
+
+    def _write_state(self) -> None:
+        if self.state_file is None:
+            return
+        # Under the lock: a snapshot of one moment, and writes in the order of the changes.
+        with self.state.lock:
+            state_save(self.state_file, state_dump(self.state, self.idempotency))
+
+    def _auto_bill(self) -> None:
+        while not self.stopping.wait(self.auto_bill_interval):
+            try:
+                with self.state.lock:
+                    if invoices.billing_cycle_run(self.state):
+                        self.save_state()
+            except Exception:  # a bug must not end the ticker; the next tick tries again
+                log.exception("auto-bill failed")
+
     # ---- control ---------------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -111,6 +169,7 @@ class StripeEmulator:
         with self.state.lock:
             self.state.reset()
             self.idempotency.clear()
+            self.save_state()
         self.fault_rules.clear()
         self.webhooks.clear()
 
@@ -216,6 +275,7 @@ class StripeEmulator:
             raise ValueError("the clock only moves forward")
         with self.state.lock:
             self.state.clock_offset += seconds
+            self.save_state()
             return self.state.now()
 
     def complete_checkout(self, session_id: str) -> dict[str, Any]:
@@ -240,4 +300,6 @@ class StripeEmulator:
 
     def _locked(self, action: Callable[[State, str], dict[str, Any]], object_id: str) -> Any:
         with self.state.lock:
-            return copy.deepcopy(action(self.state, object_id))
+            result = copy.deepcopy(action(self.state, object_id))
+            self.save_state()
+            return result

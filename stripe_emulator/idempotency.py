@@ -64,3 +64,28 @@ class IdempotencyKeys:
     def save(self, api_key: str, key: str, saved: Saved) -> None:
         """Remember a successful response."""
         self._saved[(api_key, key)] = saved
+
+    def to_list(self, now: int) -> list[dict[str, Any]]:
+        """The responses still replayable at `now`, JSON-ready (for the state file)."""
+        return [
+            {
+                "api_key": api_key,
+                "key": key,
+                "fingerprint": saved.fingerprint,
+                "status": saved.status,
+                "body": saved.body.decode("utf-8"),
+                "created": saved.created,
+            }
+            for (api_key, key), saved in self._saved.items()
+            if saved.created > now - DAY
+        ]
+
+    def load_list(self, saved: list[dict[str, Any]]) -> None:
+        """Replace every key by what `to_list` returned."""
+        loaded = {
+            (s["api_key"], s["key"]): Saved(
+                s["fingerprint"], int(s["status"]), s["body"].encode("utf-8"), int(s["created"])
+            )
+            for s in saved
+        }
+        self._saved = loaded

@@ -1,4 +1,5 @@
-"""Invoices: read through the API; made, finalized, paid or failed through the control API.
+"""Invoices: read through the API; made, finalized, paid or failed through the control API,
+or as the clock passes with `--auto-bill` (`billing_cycle_run`).
 
 An invoice closes one subscription period: each metered item is billed its meter's aggregate
 over the period's accepted meter events times the price's unit amount; a licensed item its
@@ -8,14 +9,18 @@ quantity times the unit amount (Stripe bills those in advance; here they ride al
 from __future__ import annotations
 
 import copy
+import logging
+from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from .errors import invalid
+from .errors import StripeError, invalid
 from .forms import Params
 from .metering import aggregate, meter_usage_events
 from .state import State, list_object, new_id, page
 from .subscriptions import current_period, emit_if_changed, end, month_bounds
+
+log = logging.getLogger("stripe_emulator.invoices")
 
 
 def invoice_retrieve(state: State, params: Params, invoice_id: str) -> dict[str, Any]:
@@ -268,3 +273,36 @@ def _subscription_status(state: State, invoice: dict[str, Any], old: str, new: s
         before = copy.deepcopy(subscription)
         subscription["status"] = new
         emit_if_changed(state, before, subscription)
+
+
+# Stripe finalizes a subscription's draft invoice about an hour after making it.
+FINALIZE_AFTER = 3600
+
+
+def billing_cycle_run(state: State) -> int:
+    """What Stripe does by itself as its clock passes (`--auto-bill`): close every period
+    that has ended (several, when the clock jumped months), finalize drafts an hour old, and
+    charge open invoices no payment was attempted for (a failed one waits for `pay`). Oldest
+    first; one object that fails is logged and skipped. The number of steps taken."""
+    steps = 0
+    now = state.now()
+    for subscription in reversed(state.all("subscription")):
+        while subscription["status"] != "canceled" and current_period(subscription)[1] <= now:
+            if not _step(period_close, state, subscription["id"]):
+                break
+            steps += 1
+    for invoice in reversed(state.all("invoice")):
+        if invoice["status"] == "draft" and invoice["created"] <= now - FINALIZE_AFTER:
+            steps += _step(invoice_finalize, state, invoice["id"])
+        if invoice["status"] == "open" and not invoice["attempted"]:
+            steps += _step(invoice_pay, state, invoice["id"])
+    return steps
+
+
+def _step(action: Callable[[State, str], dict[str, Any]], state: State, object_id: str) -> bool:
+    try:
+        action(state, object_id)
+    except StripeError as err:
+        log.warning("auto-bill: %s %s failed: %s", action.__name__, object_id, err.message)
+        return False
+    return True

@@ -159,6 +159,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._record(path, data, key, err.status)
                 raise
             self._record(path, data, key, status, replayed=replayed)
+            if method != "GET" and not replayed:
+                self.emulator.save_state()
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
         if key:
             headers["Idempotency-Key"] = key
@@ -245,6 +247,8 @@ class Handler(BaseHTTPRequestHandler):
         state = self.emulator.state
         with state.lock:
             page: Page = handler(state, *args)
+            if method == "POST":  # the Pay button
+                self.emulator.save_state()
         headers = {"Location": page.location} if page.location else {}
         self._send_bytes(page.status, page.content_type, page.body, headers)
 
