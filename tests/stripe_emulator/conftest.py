@@ -126,10 +126,8 @@ def receiver() -> Iterator[Receiver]:
     thread.join(timeout=5)
 
 
-@pytest.fixture
-def metered(client: stripe.StripeClient) -> dict[str, Any]:
-    """A customer, a `sum` meter and a metered price of 0.5 cents per unit on it."""
-    customer = client.v1.customers.create({"email": "ada@example.com", "name": "Ada"})
+def metered_catalog(client: stripe.StripeClient, customer: Any) -> dict[str, Any]:
+    """For `customer`: a `sum` meter and a metered price of 0.5 cents per unit on it."""
     meter = client.v1.billing.meters.create(
         {
             "display_name": "vCPU hours",
@@ -149,3 +147,27 @@ def metered(client: stripe.StripeClient) -> dict[str, Any]:
         }
     )
     return {"customer": customer, "meter": meter, "price": price}
+
+
+@pytest.fixture
+def metered(client: stripe.StripeClient) -> dict[str, Any]:
+    """A customer, a `sum` meter and a metered price of 0.5 cents per unit on it."""
+    return metered_catalog(
+        client, client.v1.customers.create({"email": "ada@example.com", "name": "Ada"})
+    )
+
+
+def subscribed(client: stripe.StripeClient, emulator: Any, metered: dict[str, Any]) -> Any:
+    """An active subscription to the metered price, started through checkout."""
+    session = client.v1.checkout.sessions.create(
+        {
+            "mode": "subscription",
+            "customer": metered["customer"].id,
+            "line_items": [{"price": metered["price"].id}],
+            "success_url": "https://opsdeck.test/done",
+        }
+    )
+    emulator.complete_checkout(session.id)
+    return client.v1.subscriptions.retrieve(
+        client.v1.checkout.sessions.retrieve(session.id).subscription
+    )

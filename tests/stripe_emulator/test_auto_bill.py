@@ -12,7 +12,7 @@ import requests
 
 from stripe_emulator import StripeEmulator
 
-from .conftest import WEBHOOK_SECRET
+from .conftest import WEBHOOK_SECRET, subscribed
 
 TICK = 0.05
 
@@ -41,16 +41,7 @@ def _advance(emulator: StripeEmulator, seconds: int) -> None:
 
 @pytest.fixture
 def subscription(client, emulator, metered) -> Any:
-    session = client.v1.checkout.sessions.create(
-        {
-            "mode": "subscription",
-            "customer": metered["customer"].id,
-            "line_items": [{"price": metered["price"].id}],
-            "success_url": "https://opsdeck.test/done",
-        }
-    )
-    emulator.complete_checkout(session.id)
-    subscription = client.v1.subscriptions.list({"customer": metered["customer"].id}).data[0]
+    subscription = subscribed(client, emulator, metered)
     start = subscription["items"].data[0].current_period_start
     client.v1.billing.meter_events.create(
         {

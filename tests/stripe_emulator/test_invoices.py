@@ -7,24 +7,12 @@ import requests
 
 from stripe_emulator import StripeError
 
-from .conftest import WEBHOOK_SECRET
+from .conftest import WEBHOOK_SECRET, subscribed
 
 
 @pytest.fixture
 def subscription(client, emulator, metered):
-    """An active subscription to the metered price, started through checkout."""
-    session = client.v1.checkout.sessions.create(
-        {
-            "mode": "subscription",
-            "customer": metered["customer"].id,
-            "line_items": [{"price": metered["price"].id}],
-            "success_url": "https://opsdeck.test/done",
-        }
-    )
-    emulator.complete_checkout(session.id)
-    return client.v1.subscriptions.retrieve(
-        client.v1.checkout.sessions.retrieve(session.id).subscription
-    )
+    return subscribed(client, emulator, metered)
 
 
 def _usage(client, subscription, values):

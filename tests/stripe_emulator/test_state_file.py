@@ -17,7 +17,7 @@ import stripe
 
 from stripe_emulator import API_VERSION, StateFileError, StripeEmulator
 
-from .conftest import API_KEY
+from .conftest import API_KEY, metered_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,24 +93,7 @@ def test_a_restarted_emulator_keeps_objects_meter_events_and_its_clock(serve, tm
     customer = client.v1.customers.create(
         {"email": "ada@example.com"}, {"idempotency_key": "opsdeck-customer-1"}
     )
-    meter = client.v1.billing.meters.create(
-        {
-            "display_name": "vCPU hours",
-            "event_name": "vcpu_hours",
-            "default_aggregation": {"formula": "sum"},
-            "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
-            "value_settings": {"event_payload_key": "value"},
-        }
-    )
-    price = client.v1.prices.create(
-        {
-            "currency": "usd",
-            "unit_amount_decimal": "0.5",
-            "product_data": {"name": "vCPU hours"},
-            "recurring": {"interval": "month", "usage_type": "metered", "meter": meter.id},
-            "lookup_key": "vcpu_hours",
-        }
-    )
+    price = metered_catalog(client, customer)["price"]
     usage = {"stripe_customer_id": customer.id, "value": "7"}
     client.v1.billing.meter_events.create(
         {"event_name": "vcpu_hours", "payload": usage, "identifier": "usage-1"}
