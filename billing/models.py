@@ -202,6 +202,11 @@ class Invoice(models.Model):
     def frozen(self) -> bool:
         return self.status != self.Status.DRAFT
 
+    @property
+    def per_deployment(self) -> bool:
+        """Whether its lines are per deployment (Opsdeck's) or per price (Stripe's)."""
+        return self.source == self.Source.LOCAL
+
 
 class InvoiceLine(models.Model):
     """One instance's use of one dimension in the invoice's period, at one unit price."""

@@ -58,7 +58,7 @@ def test_the_invoice_page_shows_its_lines_and_total_ready_to_print(owner_client,
     page = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").content.decode()
 
     assert "<h1>Invoice 2026-000001</h1>" in page
-    assert "orders" in page and "inst-abcdefgh" in page
+    assert "orders" in page and "inst-abcdefgh" in page and "<th>Deployment</th>" in page
     assert "352.5 core-hours" in page
     assert "<strong>12.34 USD</strong>" in page
     assert "data-print" in page
