@@ -1,5 +1,6 @@
 """Writes for billing. Callers pass plain values; billing never imports deployments."""
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
@@ -291,10 +292,16 @@ def subscription_reactivate(*, actor: Actor, subscription: Subscription) -> Subs
 
 
 def subscription_cancel(
-    *, actor: Actor, subscription: Subscription, running_instances: int = 0
+    *,
+    actor: Actor,
+    subscription: Subscription,
+    running_instances: int = 0,
+    then: Callable[[Subscription], None] | None = None,
 ) -> Subscription:
     """Cancel a subscription; refused while the tenant has instances on the plan
-    (`running_instances`, counted by the caller: billing knows nothing of instances)."""
+    (`running_instances`, counted by the caller: billing knows nothing of instances). `then`
+    runs inside the cancelling transaction once it is allowed (telling Stripe): if it raises,
+    nothing is cancelled."""
 
     def no_instances(subscription: Subscription) -> None:
         if running_instances:
@@ -303,6 +310,8 @@ def subscription_cancel(
                 f"{running_instances} instance{plural} still run on the "
                 f"{subscription.plan.name} plan; delete them before cancelling."
             )
+        if then is not None:
+            then(subscription)
 
     return _transition(
         actor=actor,

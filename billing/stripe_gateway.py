@@ -216,6 +216,15 @@ class StripeGateway:
         return self.client.v1.subscriptions.retrieve(subscription_id)
 
     @_translated
+    def subscription_cancel_at_period_end(self, subscription_id: str) -> Any:
+        """End a subscription when its period ends: the usage so far is invoiced then."""
+        return self.client.v1.subscriptions.update(
+            subscription_id,
+            {"cancel_at_period_end": True},
+            {"idempotency_key": f"opsdeck-cancel-{subscription_id}"},
+        )
+
+    @_translated
     def invoice(self, invoice_id: str) -> Any:
         """The invoice as Stripe holds it now."""
         return self.client.v1.invoices.retrieve(invoice_id)

@@ -157,3 +157,52 @@ def test_without_stripe_subscribing_stays_local(owner_client, tenant, priced_pla
     assert response["Location"] == f"/t/{tenant.slug}/billing/"
     assert Subscription.objects.get(tenant=tenant).status == "active"
     assert owner_client.post(f"/t/{tenant.slug}/billing/payment/").status_code == 404
+
+
+def _active(client, owner_client, tenant, plan, emulator) -> Subscription:
+    subscription = _checkout_paid(owner_client, tenant, plan, emulator)
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+    subscription.refresh_from_db()
+    return subscription
+
+
+def _cancel(owner_client, tenant, subscription):
+    return owner_client.post(
+        f"/t/{tenant.slug}/billing/subscriptions/{subscription.pk}/cancel/", follow=True
+    )
+
+
+def test_cancelling_ends_the_stripe_subscription_with_its_period(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+
+    page = _cancel(owner_client, tenant, subscription).content.decode()
+
+    assert f"Your subscription to {catalog.name} is cancelled." in page
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+    in_stripe = gw.subscription(subscription.stripe_subscription_id)
+    assert in_stripe.cancel_at_period_end and in_stripe.status == "active"  # until it ends
+    # The period ends: Stripe invoices it and ends the subscription; ours stays cancelled.
+    emulator.close_period(subscription.stripe_subscription_id)
+    _deliver(client, emulator.events("customer.subscription.deleted")[-1])
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+
+
+def test_when_stripe_cannot_be_told_nothing_is_cancelled(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    emulator.add_fault(f"/v1/subscriptions/{subscription.stripe_subscription_id}", method="POST")
+    mail.outbox.clear()
+
+    page = _cancel(owner_client, tenant, subscription).content.decode()
+
+    assert "Stripe could not be reached, so nothing was cancelled" in page
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+    assert not gw.subscription(subscription.stripe_subscription_id).cancel_at_period_end
+    assert not AuditEvent.objects.filter(action="subscription.cancel").exists()
+    assert not mail.outbox
