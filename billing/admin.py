@@ -4,7 +4,7 @@ from django.core.exceptions import ValidationError
 
 from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor
 from accounts.errors import ActionDenied
-from billing import entitlements, invoicing, meter_events, periods, services
+from billing import entitlements, invoicing, meter_events, periods, services, stripe_sync
 from billing.models import (
     BillingPeriod,
     Invoice,
@@ -173,6 +173,7 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
                 actor=staff_actor(request),
                 subscription=subscription,
                 running_instances=usage.instances if usage else 0,
+                then=stripe_sync.subscription_end,
             )
 
         run_action(self, request, queryset, call, "Cancelled")

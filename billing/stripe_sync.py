@@ -11,6 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from accounts.audit import SYSTEM, audit_record
@@ -27,7 +28,7 @@ from billing.models import (
     Subscription,
 )
 from billing.pricing import minor_unit, unit_price_per_hour
-from billing.stripe_gateway import StripeGateway
+from billing.stripe_gateway import StripeFailure, StripeGateway, gateway
 
 STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
 log = logging.getLogger(__name__)
@@ -475,6 +476,23 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
             )
     stored.refresh_from_db()
     return stored
+
+
+def subscription_end(subscription: Subscription) -> None:
+    """Tell Stripe to end the tenant's Stripe subscription when its period ends (the usage
+    until then is invoiced then). Runs inside the cancelling transaction: when Stripe cannot
+    be told, a ValidationError says so and nothing is cancelled. Nothing to do without Stripe
+    or for a subscription Stripe does not bill."""
+    gw = gateway()
+    if gw is None or not subscription.stripe_subscription_id:
+        return
+    try:
+        gw.subscription_cancel_at_period_end(subscription.stripe_subscription_id)
+    except StripeFailure as exc:
+        log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
+        raise ValidationError(
+            "Stripe could not be reached, so nothing was cancelled; please try again."
+        ) from exc
 
 
 def checkout_completed(session: Any) -> StripeCustomer | None:

@@ -127,28 +127,15 @@ def subscription_cancel(request, subscription_id: int):
     if subscription is None:
         raise Http404("No such subscription.")
     current = entitlements.usage_of(request.tenant, subscription.plan)
-    gw = gateway()
-
-    def stripe_told(cancelled: Subscription) -> None:
-        # Stripe ends its subscription with the period, invoicing the usage until now; if it
-        # cannot be told, nothing is cancelled here either.
-        if gw is not None and cancelled.stripe_subscription_id:
-            gw.subscription_cancel_at_period_end(cancelled.stripe_subscription_id)
-
     try:
         services.subscription_cancel(
             actor=Actor.from_request(request),
             subscription=subscription,
             running_instances=current.instances if current else 0,
-            then=stripe_told,
+            then=stripe_sync.subscription_end,
         )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _refusal(exc))
-    except StripeFailure as exc:
-        log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
-        messages.error(
-            request, "Stripe could not be reached, so nothing was cancelled; please try again."
-        )
     else:
         messages.success(request, f"Your subscription to {subscription.plan.name} is cancelled.")
     return _back(request)

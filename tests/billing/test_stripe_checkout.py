@@ -206,3 +206,24 @@ def test_when_stripe_cannot_be_told_nothing_is_cancelled(
     assert not gw.subscription(subscription.stripe_subscription_id).cancel_at_period_end
     assert not AuditEvent.objects.filter(action="subscription.cancel").exists()
     assert not mail.outbox
+
+
+def test_staff_cancelling_in_the_admin_ends_it_in_stripe_too(
+    client, owner_client, tenant, catalog, emulator, gw, make_user
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    staff = make_user("staff@example.com", is_staff=True, is_superuser=True)
+    emulator.add_fault("/v1/subscriptions/", method="POST", count=1)
+    owner_client.force_login(staff)
+    changelist = "/admin/billing/subscription/"
+    form = {"action": "cancel", "_selected_action": [subscription.pk]}
+
+    refused = owner_client.post(changelist, form, follow=True).content.decode()
+    assert "Stripe could not be reached, so nothing was cancelled" in refused
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+
+    owner_client.post(changelist, form, follow=True)
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+    assert gw.subscription(subscription.stripe_subscription_id).cancel_at_period_end
