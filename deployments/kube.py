@@ -100,6 +100,10 @@ def classify(exc: Exception) -> DriverError:
     return PermanentError(readable(exc))
 
 
+class WatchExpired(Exception):
+    """410 Gone: the version a watch resumes from is too old; list again."""
+
+
 class KubeDriver:
     """The engine's driver over one cluster, with a discovery cache of its own."""
 
@@ -292,6 +296,37 @@ class KubeDriver:
             )
         chosen = next((r for r in found if getattr(r, "preferred", False)), found[0])
         return chosen.group_version, chosen.kind
+
+    # --- watching (the cell watcher) ------------------------------------------------
+
+    def list_for_watch(self, api_version: str, kind: str) -> tuple[list[dict[str, Any]], str]:
+        """Every object of `kind` in all namespaces, and the resourceVersion to watch from."""
+        resource = self._resource({"apiVersion": api_version, "kind": kind})
+        listed = self._call(resource.get) or {}
+        return listed.get("items") or [], (listed.get("metadata") or {}).get("resourceVersion")
+
+    def watch_objects(
+        self, api_version: str, kind: str, *, resource_version: str, timeout: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The changes to objects of `kind` in all namespaces after `resource_version`, as
+        (event type, object) — BOOKMARK events too, whose object carries only the version —
+        until the server ends the watch after `timeout` seconds. `WatchExpired` when the
+        version is too old (list again); a DriverError for any other failure."""
+        resource = self._resource({"apiVersion": api_version, "kind": kind})
+        try:
+            for event in self.dynamic.watch(
+                resource,
+                resource_version=resource_version,
+                timeout=timeout,
+                allow_watch_bookmarks=True,
+            ):
+                yield event["type"], event["raw_object"]
+        except (DynamicApiError, ApiException) as exc:
+            if getattr(exc, "status", None) == 410:
+                raise WatchExpired(readable(exc)) from exc
+            raise classify(exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise classify(exc) from exc
 
     # --- what Opsdeck itself needs ------------------------------------------------
 

@@ -345,3 +345,19 @@ class PlatformSecret(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class CellWatchLease(models.Model):
+    """Which `watch_cells` process watches a cell: the holder until `expires_at` (renewed while
+    it runs), and a rising `epoch` given at each takeover. Every write the watcher makes checks
+    its holder and epoch here in the same statement, so a process that lost the lease (stuck,
+    or partitioned) cannot write after another took over. A row, not a session advisory lock:
+    those do not survive a pooler in transaction mode."""
+
+    cell = models.OneToOneField(Cell, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    holder = models.CharField(max_length=200)
+    epoch = models.BigIntegerField(default=1)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.cell_id}: {self.holder} (epoch {self.epoch})"

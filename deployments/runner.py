@@ -43,8 +43,6 @@ from deployments.workflow.render import Context, RenderError
 
 log = logging.getLogger(__name__)
 
-POLL_FIRST = 0.2  # seconds between reads right after an object was applied
-POLL_MAX = 5.0
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
 NOTIFY_TASK = "deployments.tasks.operation_notify"
@@ -72,8 +70,10 @@ def driver_for(cell: Cell) -> KubeDriver:
 
 
 def poll_delay(idle_steps: int) -> float:
-    """Fast at first, then slower, capped: 0.2 s, 0.3 s, 0.45 s, … 5 s."""
-    return min(POLL_MAX, POLL_FIRST * (1.5**idle_steps))
+    """Fast at first, then slower, capped: `OPSDECK_POLL_FIRST` (0.2 s), 0.3 s, 0.45 s, …
+    `OPSDECK_POLL_MAX` (5 s)."""
+    first, most = settings.OPSDECK_POLL_FIRST, settings.OPSDECK_POLL_MAX
+    return min(most, first * (1.5**idle_steps))
 
 
 def schedule(operation_id, delay: float) -> None:

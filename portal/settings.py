@@ -164,6 +164,14 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 # An operation whose next step is this many seconds overdue is re-enqueued by the sweeper.
 OPSDECK_STALLED_AFTER = env.int("OPSDECK_STALLED_AFTER", default=60)
+# The longest an operation waits between two looks at the cluster when nothing wakes it. The
+# cell watcher (`watch_cells`) wakes an operation as soon as an object it may wait on changes,
+# so with it running this is only a safety net and may be raised (e.g. 30).
+OPSDECK_POLL_MAX = env.float("OPSDECK_POLL_MAX", default=5.0)
+# The first wait, right after an object was applied (each next one 1.5 times longer).
+OPSDECK_POLL_FIRST = env.float("OPSDECK_POLL_FIRST", default=0.2)
+# Seconds one watch request lasts before the watcher resumes it from the last version seen.
+OPSDECK_WATCH_TIMEOUT = env.int("OPSDECK_WATCH_TIMEOUT", default=60)
 CELERY_TIMEZONE = "UTC"
 # Beat's DatabaseScheduler stores these entries in the database at start-up.
 CELERY_BEAT_SCHEDULE = {

@@ -201,6 +201,9 @@ class PlanSpec:
     subscription: dict = field(default_factory=dict)
     extensions: dict = field(default_factory=dict)
     allowed_kinds: list[str] = field(default_factory=list)
+    # Every (apiVersion, kind) its workflows' resource templates make: what a cell's watcher
+    # watches for the operations of this plan.
+    resource_kinds: list[tuple[str, str]] = field(default_factory=list)
     usage_rules: dict[str, str] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -128,6 +128,7 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
             )
         for verb in service.verbs.values():
             _VerbChecker(service, verb, report, kinds).run()
+    spec.resource_kinds = sorted({(api, kind) for _, api, kind in kinds if api and kind})
     _check_kinds(spec, kinds, report)
     _check_usage(spec, report)
     _check_groups(spec, report)

@@ -1,0 +1,323 @@
+"""Operations woken by watches: `python manage.py watch_cells`.
+
+Kubernetes controllers watch rather than poll. Per cell, and per kind the loaded plans' resource
+templates make, the watcher lists (for a resourceVersion) and then watches from there, resuming
+after each server-side timeout from the last version seen (bookmarks keep it fresh) and listing
+again on 410 Gone. It keeps no objects, only each watch's resourceVersion, so its memory does not
+grow with the cell.
+
+Each instance is its own namespace: when an object in an instance's namespace changes, the
+instance's running operations are due at once — their `next_step_at` is set to now, then their
+step is sent (a step arriving before `next_step_at` is taken for an early duplicate and
+dropped) — and when the object is the plan's status object, the instance's observed status is
+written (`deployments.status`). Polling stays as a safety net: an event the watcher misses
+delays an operation by one poll, never strands it.
+
+One watcher per cell across any number of processes: a `CellWatchLease` row per cell, taken when
+free or expired (its epoch rises), renewed every few seconds, and checked by every write the
+watcher makes in the same statement. A process that dies loses its cells within `LEASE_TTL`; a
+process that cannot renew stops its watches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from deployments import selectors, services, status
+from deployments.kube import KubeDriver, WatchExpired
+from deployments.models import Cell, Instance, Operation, PlanVersion
+from deployments.workflow.driver import DriverError
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL = timedelta(seconds=15)
+RENEW_EVERY = 3.0  # seconds; a lease lives through several missed renewals
+RETRY_AFTER = 2.0  # seconds before a failed list or watch is tried again
+
+
+def holder_name() -> str:
+    """Who holds a lease: this host and process (and a thread, for tests running two)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+# --- the lease -----------------------------------------------------------------------------
+
+
+def lease_take(cell_id: int, holder: str) -> int | None:
+    """Take the cell's lease if it is free, expired or already ours; the new epoch, or None
+    when another holder has it."""
+    ttl = LEASE_TTL.total_seconds()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO deployments_cellwatchlease (cell_id, holder, epoch, expires_at)
+            VALUES (%s, %s, 1, clock_timestamp() + make_interval(secs => %s))
+            ON CONFLICT (cell_id) DO UPDATE
+              SET holder = EXCLUDED.holder,
+                  epoch = deployments_cellwatchlease.epoch + 1,
+                  expires_at = EXCLUDED.expires_at
+              WHERE deployments_cellwatchlease.expires_at < clock_timestamp()
+                 OR deployments_cellwatchlease.holder = EXCLUDED.holder
+            RETURNING epoch
+            """,
+            [cell_id, holder, ttl],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def lease_renew(cell_id: int, holder: str, epoch: int) -> bool:
+    """Extend our lease; False when it is no longer ours (expired and taken, or gone)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE deployments_cellwatchlease
+               SET expires_at = clock_timestamp() + make_interval(secs => %s)
+             WHERE cell_id = %s AND holder = %s AND epoch = %s AND expires_at > clock_timestamp()
+            """,
+            [LEASE_TTL.total_seconds(), cell_id, holder, epoch],
+        )
+        return cursor.rowcount == 1
+
+
+def lease_release(cell_id: int, holder: str, epoch: int) -> None:
+    """Let another process take the cell at once (a clean stop)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE deployments_cellwatchlease SET expires_at = clock_timestamp() "
+            "WHERE cell_id = %s AND holder = %s AND epoch = %s",
+            [cell_id, holder, epoch],
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    cell_id: int
+    holder: str
+    epoch: int
+
+
+# The condition every write of the watcher carries: the lease is still this one.
+_FENCE = """EXISTS (
+    SELECT 1 FROM deployments_cellwatchlease l
+     WHERE l.cell_id = %s AND l.holder = %s AND l.epoch = %s
+       AND l.expires_at > clock_timestamp())"""
+
+
+# --- what an event does ----------------------------------------------------------------------
+
+
+def operations_wake(lease: Lease, instance_id: str) -> list[str]:
+    """Make the instance's running operations (in the leased cell) due now and send their
+    step; their ids. Nothing when the lease is no longer ours."""
+    table = Operation._meta.db_table
+    instances = Instance._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {table} o SET next_step_at = clock_timestamp()
+              FROM {instances} i
+             WHERE o.instance_id = i.id AND i.id = %s AND i.cell_id = %s
+               AND o.state = %s AND (o.next_step_at IS NULL OR o.next_step_at > clock_timestamp())
+               AND {_FENCE}
+            RETURNING o.id
+            """,  # noqa: S608 - our table names
+            [
+                instance_id,
+                lease.cell_id,
+                Operation.State.RUNNING,
+                lease.cell_id,
+                lease.holder,
+                lease.epoch,
+            ],
+        )
+        woken = [str(row[0]) for row in cursor.fetchall()]
+    for operation_id in woken:
+        current_app.send_task(services.STEP_TASK, args=[operation_id])
+    return woken
+
+
+def observed_write(lease: Lease, instance_id: str, observed: dict) -> bool:
+    """Store the instance's observed status (fenced by the lease); whether it was written."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Instance._meta.db_table}
+               SET observed = %s::jsonb, observed_at = clock_timestamp()
+             WHERE id = %s AND cell_id = %s AND {_FENCE}
+            """,  # noqa: S608 - our table name
+            [json.dumps(observed), instance_id, lease.cell_id, lease.cell_id, lease.holder,
+             lease.epoch],
+        )  # fmt: skip
+        return cursor.rowcount == 1
+
+
+@dataclass
+class Kind:
+    """What a watch of one kind needs from the plans: for the plans whose status object is of
+    this kind, the shown fields per plan version."""
+
+    api_version: str
+    kind: str
+    status_paths: dict[int, dict[str, str]] = field(default_factory=dict)  # version id -> paths
+
+
+def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
+    """Every kind the plan versions' resource templates make, and which are status objects."""
+    kinds: dict[tuple[str, str], Kind] = {}
+    for version in versions:
+        spec = selectors.plan_version_loaded(version.pk).spec
+        for api_version, kind in spec.resource_kinds:
+            kinds.setdefault((api_version, kind), Kind(api_version, kind))
+        found = status.status_object(spec.extensions)
+        if found is not None:
+            api_version, kind, paths = found
+            entry = kinds.setdefault((api_version, kind), Kind(api_version, kind))
+            entry.status_paths[version.pk] = paths
+    return kinds
+
+
+def event_handle(lease: Lease, kind: Kind, obj: dict) -> None:
+    """An object changed: wake its instance's operations; if it is the instance's status
+    object, store what the portal shows of it."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace") or ""
+    if not namespace:
+        return
+    if kind.status_paths and meta.get("name") == namespace:
+        version_id = (
+            Instance.objects.filter(pk=namespace, cell_id=lease.cell_id)
+            .values_list("plan_version_id", flat=True)
+            .first()
+        )
+        paths = kind.status_paths.get(version_id) if version_id else None
+        if paths is not None:
+            observed_write(lease, namespace, status.observed_of(obj, paths))
+    operations_wake(lease, namespace)
+
+
+# --- the watches -----------------------------------------------------------------------------
+
+
+class KindWatch(threading.Thread):
+    """List then watch one kind in one cell until told to stop."""
+
+    def __init__(self, lease: Lease, cell: Cell, kind: Kind, stopping: threading.Event):
+        super().__init__(name=f"watch-{cell.name}-{kind.kind}", daemon=True)
+        self.lease, self.cell, self.kind, self.stopping = lease, cell, kind, stopping
+        self.resource_version: str | None = None
+
+    def run(self) -> None:
+        from deployments.runner import driver_for  # one client and discovery cache per cell
+
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self._watch(driver_for(self.cell))
+                except WatchExpired:
+                    self.resource_version = None  # too old: list again for a current one
+                except DriverError as exc:  # not served (yet), unreachable, refused
+                    log.warning("watch %s: %s", self.name, exc.message)
+                    self.resource_version = None
+                    self.stopping.wait(RETRY_AFTER)
+                except Exception:  # a watcher thread must not die of one bad answer
+                    log.exception("watch %s failed; starting again", self.name)
+                    self.resource_version = None
+                    self.stopping.wait(RETRY_AFTER)
+        finally:
+            connection.close()
+
+    def _watch(self, driver: KubeDriver) -> None:
+        """List if there is no version to resume from, then watch until the server ends the
+        watch (a timeout: resumed from the last version seen) or the cell is dropped."""
+        api_version, kind = self.kind.api_version, self.kind.kind
+        if self.resource_version is None:
+            items, self.resource_version = driver.list_for_watch(api_version, kind)
+            for obj in items:  # whatever changed while nobody watched is news
+                self._handle(obj)
+        for event_type, obj in driver.watch_objects(
+            api_version,
+            kind,
+            resource_version=self.resource_version,
+            timeout=settings.OPSDECK_WATCH_TIMEOUT,
+        ):
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.resource_version = version
+            if self.stopping.is_set():
+                return
+            if event_type in {"ADDED", "MODIFIED", "DELETED"}:
+                self._handle(obj)
+
+    def _handle(self, obj: dict) -> None:
+        close_old_connections()
+        event_handle(self.lease, self.kind, obj)
+
+
+class CellWatcher:
+    """What `watch_cells` runs: takes the lease of every cell it can, watches the kinds of
+    the loaded plans in each, renews, and stops a cell's watches when its lease is lost."""
+
+    def __init__(self, *, holder: str | None = None, stopping: threading.Event | None = None):
+        self.holder = holder or holder_name()
+        self.stopping = stopping or threading.Event()
+        # cell id -> (lease, its stop event, {kind key: thread})
+        self.cells: dict[int, tuple[Lease, threading.Event, dict[tuple[str, str], KindWatch]]] = {}
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                close_old_connections()
+                try:
+                    self.round()
+                except Exception:
+                    log.exception("watch_cells: a round failed")
+                self.stopping.wait(RENEW_EVERY)
+        finally:
+            for cell_id in list(self.cells):
+                self._drop(cell_id, release=True)
+            connection.close()
+
+    def round(self) -> None:
+        """Renew or take each cell's lease and start the watches a new plan needs."""
+        kinds = kinds_of(PlanVersion.objects.only("id"))
+        for cell in Cell.objects.all():
+            held = self.cells.get(cell.pk)
+            if held is not None and not lease_renew(cell.pk, self.holder, held[0].epoch):
+                log.warning("watch_cells: lost the lease of cell %s", cell.name)
+                self._drop(cell.pk, release=False)
+                held = None
+            if held is None:
+                epoch = lease_take(cell.pk, self.holder)
+                if epoch is None:
+                    continue  # another process watches it
+                log.info("watch_cells: watching cell %s (epoch %s)", cell.name, epoch)
+                held = (Lease(cell.pk, self.holder, epoch), threading.Event(), {})
+                self.cells[cell.pk] = held
+            lease, stop, watches = held
+            for key, kind in kinds.items():
+                if key not in watches:
+                    watches[key] = KindWatch(lease, cell, kind, stop)
+                    watches[key].start()
+
+    def _drop(self, cell_id: int, *, release: bool) -> None:
+        lease, stop, watches = self.cells.pop(cell_id)
+        stop.set()
+        for thread in watches.values():
+            thread.join(settings.OPSDECK_WATCH_TIMEOUT + 5)
+        if release:
+            lease_release(cell_id, lease.holder, lease.epoch)
+
+    def holds(self, cell_id: int) -> bool:
+        return cell_id in self.cells

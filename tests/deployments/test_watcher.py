@@ -1,0 +1,116 @@
+"""Operations woken by watches (`watch_cells`): with polling slowed to a minute, an operation
+still finishes in seconds, because the cell watcher sees the operator's status change and wakes
+it; one watcher per cell, by a lease that a second process takes over once it expires, and that
+fences every write of the one that lost it."""
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from accounts.audit import Actor
+from deployments import services
+from deployments.models import Cell, CellWatchLease, Instance, Operation
+from deployments.watcher import (
+    CellWatcher,
+    Lease,
+    lease_renew,
+    lease_take,
+    observed_write,
+    operations_wake,
+)
+from tests.concurrency import race
+from tests.deployments.conftest import SPEC, wait_done, wait_for
+
+SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
+
+
+@pytest.fixture
+def cell_watcher(cell, settings):
+    """`watch_cells` as it runs, in a thread of this process (its watches too)."""
+    settings.OPSDECK_WATCH_TIMEOUT = 2  # a stopping watch returns within this
+    stopping = threading.Event()
+    watcher = CellWatcher(holder=f"test-{uuid.uuid4().hex[:8]}", stopping=stopping)
+    thread = threading.Thread(target=watcher.run, name="test-watch-cells", daemon=True)
+    thread.start()
+    wait_for(lambda: watcher.holds(cell.pk), timeout=10, what="the watcher to take the cell")
+    yield watcher
+    stopping.set()
+    thread.join(30)
+
+
+def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
+    worker, cell, plan, tenant, owner, settings, cell_watcher
+):
+    settings.OPSDECK_POLL_FIRST = settings.OPSDECK_POLL_MAX = SLOW_POLL
+
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={"instances": "2"}, request_id="w-1",
+    )  # fmt: skip
+
+    # Well before the first poll would look again.
+    assert wait_done(create, timeout=SLOW_POLL / 2).state == Operation.State.SUCCEEDED, create.error
+    instance = Instance.objects.get(pk=create.instance_id)
+    assert instance.state == Instance.State.RUNNING
+    # The status the portal shows came from the watch (nothing polled it).
+    assert instance.observed_at is not None
+    assert instance.observed.get("ready") == 2 and instance.observed.get("total") == 2
+
+
+@pytest.fixture
+def waiting(db, tenant, owner):
+    """A running operation whose next look is a minute away."""
+    cell = Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex, cell=cell,
+    )  # fmt: skip
+    later = timezone.now() + timedelta(seconds=SLOW_POLL)
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.RUNNING, next_step_at=later)
+    return Operation.objects.select_related("instance").get(pk=create.pk)
+
+
+def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_first(waiting):
+    cell_id = waiting.instance.cell_id
+    first = lease_take(cell_id, "a")
+    assert first is not None
+    assert lease_take(cell_id, "b") is None  # a holds it
+    assert lease_renew(cell_id, "a", first)
+
+    # a stops renewing (dead, or stuck in a call): once its lease expires, b takes over.
+    CellWatchLease.objects.filter(cell_id=cell_id).update(expires_at=timezone.now())
+    second = lease_take(cell_id, "b")
+    assert second == first + 1
+    assert not lease_renew(cell_id, "a", first)
+
+    old, new = Lease(cell_id, "a", first), Lease(cell_id, "b", second)
+    assert operations_wake(old, waiting.instance_id) == []  # a's writes are refused
+    assert not observed_write(old, waiting.instance_id, {"phase": "stale"})
+    waiting.refresh_from_db()
+    assert waiting.next_step_at > timezone.now() + timedelta(seconds=SLOW_POLL / 2)
+
+    assert operations_wake(new, waiting.instance_id) == [str(waiting.pk)]
+    assert observed_write(new, waiting.instance_id, {"phase": "Healthy"})
+    waiting.refresh_from_db()
+    assert waiting.next_step_at <= timezone.now()  # due: the step sent finds it so
+    assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": "Healthy"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_racing_for_a_free_cell_get_one_lease(tenant, owner):
+    cell = Cell.objects.create(name="local", region="eu-local")
+
+    def take():
+        try:
+            return lease_take(cell.pk, f"holder-{threading.get_ident()}")
+        finally:
+            connection.close()
+
+    epochs = race(take)
+
+    assert sorted(epochs, key=lambda e: e is None) == [1, None, None, None]
