@@ -146,7 +146,10 @@ class StatefulSetController:
                 new = None if event.type == "DELETED" else event.obj
                 dirty |= self._index(event.old, new, okey[1])
             elif okey in self.claim_owner:
-                dirty.add(self.claim_owner[okey])
+                owner = self.claim_owner[okey]
+                dirty.add(owner)
+                if event.type == "DELETED":
+                    del self.claim_owner[okey]
         return dirty
 
     def _index(
@@ -330,7 +333,10 @@ class StatefulSetController:
             if claim is None:
                 continue
             body = copy.deepcopy(claim)
-            body["metadata"].setdefault("ownerReferences", []).append(ref)
+            # The pod replaces the set as owner (whenDeleted: Delete made the set one).
+            refs = body["metadata"].get("ownerReferences") or []
+            refs = [r for r in refs if r.get("uid") != sts["metadata"]["uid"]]
+            body["metadata"]["ownerReferences"] = [*refs, ref]
             self.core.update(self.claims, ns, claim_name, body, self.ctx)
 
     @staticmethod
