@@ -195,12 +195,10 @@ class StatefulSetController:
 
         pods = self._owned_pods(key, uid)
         wanted = range(start, start + replicas)
-        condemned = sorted(
-            (o for o in pods if o not in wanted), key=lambda o: -o
-        )  # highest ordinal first
+        condemned = sorted((o for o in pods if o not in wanted), reverse=True)
 
         for pod in pods.values():
-            self._kubelet(key, sts, pod)
+            self._kubelet(key, pod)
         pods = self._owned_pods(key, uid)
 
         blocked = False
@@ -244,7 +242,7 @@ class StatefulSetController:
                 out[int(ordinal)] = pod
         return out
 
-    def _kubelet(self, key: ObjKey, sts: dict[str, Any], pod: dict[str, Any]) -> None:
+    def _kubelet(self, key: ObjKey, pod: dict[str, Any]) -> None:
         """Start a pending pod once its claims are bound, after the simulated start delay."""
         meta = pod["metadata"]
         if (pod.get("status") or {}).get("phase") != "Pending" or meta.get("deletionTimestamp"):
