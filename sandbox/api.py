@@ -92,8 +92,14 @@ class Sandbox:
         self._bootstrap()
         if operators:
             from .operators.cnpg import CnpgOperator
+            from .operators.statefulset import StatefulSetController
+            from .operators.volumes import VolumeController
 
-            self.controllers.append(CnpgOperator(self))
+            self.controllers += [
+                VolumeController(self),
+                StatefulSetController(self),
+                CnpgOperator(self),
+            ]
 
     # ---- lifecycle -------------------------------------------------------------------------
 

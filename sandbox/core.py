@@ -19,8 +19,9 @@ from typing import Any
 from . import errors as E
 from . import patch as P
 from . import schema as S
+from . import workloads
 from .resources import ResourceType, builtin_types, types_from_crd
-from .selectors import parse_field_selector, parse_label_selector
+from .selectors import label_selector_string, parse_field_selector, parse_label_selector
 from .store import Store
 
 JSON_PATCH = "application/json-patch+json"
@@ -825,6 +826,13 @@ class Core:
         elif rt.plural == "persistentvolumeclaims":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
             obj.setdefault("spec", {}).setdefault("volumeMode", "Filesystem")
+            errs = workloads.validate_pvc_update(obj, old) if old is not None else []
+            if errs:
+                raise E.invalid_object(rt.kind, rt.group, name, errs)
+        elif rt.plural == "statefulsets":
+            errs = workloads.prepare_statefulset(obj, old)
+            if errs:
+                raise E.invalid_object(rt.kind, rt.group, name, errs)
         elif rt.plural == "pods":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         elif rt.plural == "customresourcedefinitions":
@@ -1160,6 +1168,9 @@ class Core:
         obj = self.get(rt, ns, name)
         scale = rt.scale or {}
         meta = obj["metadata"]
+        selector = _jsonpath_get(obj, scale.get("labelSelectorPath", "")) or ""
+        if isinstance(selector, dict):
+            selector = label_selector_string(selector)
         return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
@@ -1171,7 +1182,7 @@ class Core:
             "spec": {"replicas": _jsonpath_get(obj, scale.get("specReplicasPath", "")) or 0},
             "status": {
                 "replicas": _jsonpath_get(obj, scale.get("statusReplicasPath", "")) or 0,
-                "selector": _jsonpath_get(obj, scale.get("labelSelectorPath", "")) or "",
+                "selector": selector,
             },
         }
 

@@ -21,7 +21,8 @@ class Faults:
     drop_watch: float = 0.0
     # Operator faults: clusters ("ns/name") failing bootstrap, backups to fail, and frozen
     # controllers: "cnpg" (all of it), "clusters", "backups", "scheduledbackups",
-    # "garbage-collector" (also namespace cleanup).
+    # "statefulsets", "volumes" (claim binding and expansion), "garbage-collector" (also
+    # namespace cleanup).
     fail_bootstrap: list[str] = field(default_factory=list)
     fail_backups: int = 0
     frozen: list[str] = field(default_factory=list)

@@ -237,10 +237,21 @@ FieldPath = tuple[str, ...]
 _OWNED_METADATA = ("labels", "annotations", "finalizers", "ownerReferences")
 
 
+# Defaults of list-map key fields: an item that leaves one out is keyed by its default, as
+# structured-merge-diff does (a container port applied without protocol is the TCP one).
+_KEY_DEFAULTS = {"protocol": "TCP"}
+
+
+def _identity(item: dict[str, Any], mkeys: list[str]) -> dict[str, Any]:
+    return {
+        k: item[k] if k in item else _KEY_DEFAULTS[k]
+        for k in mkeys
+        if k in item or k in _KEY_DEFAULTS
+    }
+
+
 def _key_element(item: dict[str, Any], mkeys: list[str]) -> str:
-    return "k:" + json.dumps(
-        {k: item.get(k) for k in mkeys if k in item}, separators=(",", ":"), sort_keys=True
-    )
+    return "k:" + json.dumps(_identity(item, mkeys), separators=(",", ":"), sort_keys=True)
 
 
 def field_set(obj: dict[str, Any], keys: KeyResolver) -> set[FieldPath]:
@@ -397,11 +408,8 @@ def apply_merge(current: Any, applied: Any, keys: KeyResolver, names: tuple[str,
         if mkeys and all(isinstance(i, dict) for i in applied + current):
             out = copy.deepcopy(current)
             for item in applied:
-                ident = {k: item.get(k) for k in mkeys}
-                idx = next(
-                    (n for n, c in enumerate(out) if all(c.get(k) == v for k, v in ident.items())),
-                    None,
-                )
+                ident = _identity(item, mkeys)
+                idx = next((n for n, c in enumerate(out) if _identity(c, mkeys) == ident), None)
                 if idx is None:
                     out.append(copy.deepcopy(item))
                 else:

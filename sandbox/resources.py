@@ -94,6 +94,8 @@ def _core(
     short: list[str] | None = None,
     status: bool = False,
     generation: bool = False,
+    scale: dict[str, Any] | None = None,
+    categories: list[str] | None = None,
 ) -> ResourceType:
     return ResourceType(
         group=group,
@@ -103,8 +105,9 @@ def _core(
         kind=kind,
         namespaced=namespaced,
         short_names=short or [],
-        categories=["all"] if plural in ("pods", "services") else [],
+        categories=categories or [],
         status=status,
+        scale=scale,
         has_generation=generation,
     )
 
@@ -115,8 +118,8 @@ def builtin_types() -> list[ResourceType]:
         _core("namespaces", "Namespace", namespaced=False, short=["ns"], status=True),
         _core("secrets", "Secret"),
         _core("configmaps", "ConfigMap", short=["cm"]),
-        _core("services", "Service", short=["svc"], status=True),
-        _core("pods", "Pod", short=["po"], status=True, generation=True),
+        _core("services", "Service", short=["svc"], status=True, categories=["all"]),
+        _core("pods", "Pod", short=["po"], status=True, generation=True, categories=["all"]),
         _core("persistentvolumeclaims", "PersistentVolumeClaim", short=["pvc"], status=True),
         _core("serviceaccounts", "ServiceAccount", short=["sa"]),
         _core("resourcequotas", "ResourceQuota", short=["quota"], status=True),
@@ -132,6 +135,22 @@ def builtin_types() -> list[ResourceType]:
             group="rbac.authorization.k8s.io",
             namespaced=False,
         ),
+        _core(
+            "statefulsets",
+            "StatefulSet",
+            group="apps",
+            short=["sts"],
+            status=True,
+            generation=True,
+            categories=["all"],
+            # The Scale's status.selector is spec.selector written as a selector string.
+            scale={
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".spec.selector",
+            },
+        ),
+        _core("controllerrevisions", "ControllerRevision", group="apps"),
         _core("networkpolicies", "NetworkPolicy", group="networking.k8s.io", short=["netpol"]),
         _core(
             "customresourcedefinitions",

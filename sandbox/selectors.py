@@ -116,3 +116,35 @@ def parse_field_selector(text: str | None, plural: str, kind: str) -> Matcher:
         else:
             reqs.append(lambda o, k=key, v=val: _field_value(o, k) == v)
     return lambda obj: all(r(obj) for r in reqs)
+
+
+def label_selector_string(selector: Any) -> str:
+    """A `LabelSelector` object (matchLabels, matchExpressions) as a selector string.
+
+    Written like apimachinery's `LabelSelectorAsSelector(...).String()`: requirements sorted
+    by key, `=` for equality. This is the Scale subresource's `status.selector`.
+    """
+    if not isinstance(selector, dict):
+        return ""
+    reqs: list[tuple[str, str]] = []
+    for key, value in (selector.get("matchLabels") or {}).items():
+        reqs.append((key, f"{key}={value}"))
+    for expr in selector.get("matchExpressions") or []:
+        if not isinstance(expr, dict):
+            continue
+        key, op = str(expr.get("key", "")), expr.get("operator")
+        values = ",".join(sorted(str(v) for v in expr.get("values") or []))
+        text = {
+            "In": f"{key} in ({values})",
+            "NotIn": f"{key} notin ({values})",
+            "Exists": key,
+            "DoesNotExist": f"!{key}",
+        }.get(str(op))
+        if text is not None:
+            reqs.append((key, text))
+    return ",".join(text for _, text in sorted(reqs))
+
+
+def label_selector_matcher(selector: Any) -> Matcher:
+    """A matcher over labels for a `LabelSelector` object (an empty one matches everything)."""
+    return parse_label_selector(label_selector_string(selector))

@@ -179,6 +179,31 @@ def _core_columns(rt: ResourceType) -> list[tuple[dict[str, Any], Any]]:
             (col("StorageClass"), lambda o: (o.get("spec") or {}).get("storageClassName", "")),
             age,
         ]
+    if plural == "statefulsets":
+
+        def containers(o: dict[str, Any]) -> list[dict[str, Any]]:
+            return (((o.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+                "containers"
+            ) or []
+
+        return [
+            (
+                col("Ready"),
+                lambda o: (
+                    f"{(o.get('status') or {}).get('readyReplicas', 0)}/"
+                    f"{(o.get('spec') or {}).get('replicas', 1)}"
+                ),
+            ),
+            age,
+            (
+                {**col("Containers"), "priority": 1},
+                lambda o: ",".join(c.get("name", "") for c in containers(o)),
+            ),
+            (
+                {**col("Images"), "priority": 1},
+                lambda o: ",".join(c.get("image", "") for c in containers(o)),
+            ),
+        ]
     if plural == "events":
         # Events show their name only with -o wide.
         return [

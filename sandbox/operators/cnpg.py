@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import Ctx, now_iso
 from ..errors import ApiError
 from .cron import CronError, next_time
+from .machinery import EventRecorder
 
 if TYPE_CHECKING:
     from ..api import Sandbox
@@ -107,7 +108,7 @@ class CnpgOperator:
         # The operator writes only fields its CRDs declare; Ignore keeps no warnings around.
         self.ctx = Ctx(field_manager=MANAGER, field_validation="Ignore")
         self.changed = False
-        self.last_event_stamp = 0
+        self.events = EventRecorder(self.core, MANAGER)
         self.core.defaulters[(GROUP, "clusters")] = default_cluster
 
     # ---- controller protocol ---------------------------------------------------------------
@@ -196,45 +197,8 @@ class CnpgOperator:
         self.changed = True
 
     def _event(self, obj: dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
-        meta = obj["metadata"]
-        ns = meta["namespace"]
-        if self._get("namespaces", "", ns) is None:
-            return
-        if (self._get("namespaces", "", ns) or {}).get("metadata", {}).get("deletionTimestamp"):
-            return
-        now = now_iso()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            # Named like client-go's recorder: object name and a hex timestamp, so lists run in
-            # chronological order.
-            "metadata": {"name": f"{meta['name']}.{self._event_stamp():x}", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": obj["apiVersion"],
-                "kind": obj["kind"],
-                "name": meta["name"],
-                "namespace": ns,
-                "uid": meta["uid"],
-                "resourceVersion": meta.get("resourceVersion", ""),
-            },
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": MANAGER},
-            "reportingComponent": MANAGER,
-            "reportingInstance": MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "eventTime": None,
-            "count": 1,
-        }
-        self.core.create(self._rt("", "events"), ns, body, self.ctx)
-        self.changed = True
-
-    def _event_stamp(self) -> int:
-        stamp = max(time.time_ns(), self.last_event_stamp + 1)
-        self.last_event_stamp = stamp
-        return stamp
+        if self.events.record(obj, reason, message, kind):
+            self.changed = True
 
     def _due(self, key: str, step: str, seconds: float) -> bool:
         """Start a simulated step, or tell whether the one in flight is done."""
