@@ -206,6 +206,14 @@ def plans_available(tenant: Tenant) -> list[tuple[PlanVersion, PlanSpec]]:
     return [(version, plan_spec(version)) for version in versions]
 
 
+def plans_for_cell(name: str) -> list[PlanSpec]:
+    """The latest spec of every plan whose instances may run on the cell `name` (those whose
+    `x-opsdeck.entitlements.cells` leave it out are not)."""
+    versions = PlanVersion.objects.order_by("plan_id", "-number").distinct("plan_id")
+    specs = [plan_spec(version) for version in versions]
+    return [s for s in specs if name in s.entitlements.get("cells", [name])]
+
+
 def plan_available(tenant: Tenant, key: str) -> tuple[PlanVersion, PlanSpec] | None:
     """The plan `key` with its latest version, if `tenant` may create instances of it."""
     version = (
