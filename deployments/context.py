@@ -12,7 +12,7 @@ from typing import Any
 from deployments.kube import KubeDriver
 from deployments.schedules import DEFAULT_RETENTION_DAYS
 from deployments.spec.model import Workflow
-from deployments.workflow.render import Context, render_value
+from deployments.workflow.render import Context, RenderError, render_value
 
 # The Secret, in every instance namespace, holding the cell's object-store credentials.
 BACKUP_CREDENTIALS_NAME = "opsdeck-backup-credentials"
@@ -34,6 +34,7 @@ def sys_variables(
     parameters: dict[str, Any] | None = None,
     operation_id: str = "",
     started_at: datetime | None = None,
+    endpoint: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `$sys` mapping of one run (docs/spec-format.md, "Variables").
@@ -41,12 +42,14 @@ def sys_variables(
     `labels` are the cell's (networkID, cidrRange, publicSubnetIDs, privateSubnetIDs);
     `parameters` are the values the run renders with, whose `instanceType`, if any, is the
     node's instance type; `backup_retention_days` is how long the object store keeps backups
-    (the instance's backup schedule, else the plan's `backupRetentionInDays`); `extra` (e.g.
-    `snapshot`, `restore`) is merged in last.
+    (the instance's backup schedule, else the plan's `backupRetentionInDays`); `endpoint` is
+    the main service's primary endpoint (`Service.primary_endpoint()`), whose host gives
+    `network.externalClusterEndpoint`; `extra` (e.g. `snapshot`, `restore`) is merged in last.
     """
     labels = labels or {}
     destination = backup_destination.rstrip("/")
     instance_type = (parameters or {}).get("instanceType", "")
+    endpoint_at = endpoint_name(endpoint or {}, instance_id=instance_id, namespace=namespace)
     return {
         "id": instance_id,
         "instanceId": instance_id,
@@ -72,7 +75,7 @@ def sys_variables(
         },
         "compute": {"node": {"instanceType": str(instance_type)}},
         "deployment": {"resourceID": instance_id},
-        "network": {"externalClusterEndpoint": f"{instance_id}-rw.{namespace}"},
+        "network": {"externalClusterEndpoint": endpoint_at},
         "deterministicSeedValue": instance_id,
         "operation": {
             "id": operation_id,
@@ -82,6 +85,43 @@ def sys_variables(
         },
         **(extra or {}),
     }
+
+
+def endpoint_name(endpoint: dict[str, Any], *, instance_id: str, namespace: str) -> str:
+    """`$sys.network.externalClusterEndpoint`: the endpoint's `host` rendered as a spec template
+    is, with `$sys.id`, `$sys.instanceId` and `$sys.namespace`, and qualified with the namespace
+    when it has no dot (a Service name resolves cluster-wide as `<name>.<namespace>`). When the
+    host is missing or needs more (Omnistrate specs write `host: $sys.network.
+    externalClusterEndpoint`, leaving the name to the platform): `<instance id>.<namespace>`."""
+    sys = {"id": instance_id, "instanceId": instance_id, "namespace": namespace}
+    host = _render_host(endpoint, sys)
+    if not host:
+        return f"{instance_id}.{namespace}"
+    return host if "." in host else f"{host}.{namespace}"
+
+
+def endpoint_host(endpoint: dict[str, Any], *, instance_id: str, namespace: str) -> str:
+    """The endpoint's `host` as the Connection tab shows it, rendered like `endpoint_name`
+    (`"{{ $sys.id }}-rw"` → `inst-a1b2c3d4-rw`), where it may also use that name; ""
+    when it has none or refers to anything else."""
+    name = endpoint_name(endpoint, instance_id=instance_id, namespace=namespace)
+    sys = {
+        "id": instance_id,
+        "instanceId": instance_id,
+        "namespace": namespace,
+        "network": {"externalClusterEndpoint": name},
+    }
+    return _render_host(endpoint, sys)
+
+
+def _render_host(endpoint: dict[str, Any], sys: dict[str, Any]) -> str:
+    host = endpoint.get("host")
+    if not isinstance(host, str) or not host:
+        return ""
+    try:
+        return str(render_value(host, Context(var={}, sys=sys, seed=sys["id"])))
+    except RenderError:
+        return ""
 
 
 def run_context(
@@ -105,14 +145,18 @@ def namespace_objects(
     instance_id: str,
     tenant_slug: str,
     extensions: dict[str, Any],
-    operator_namespace: str,
+    endpoint: dict[str, Any] | None = None,
+    operator_namespace: str = "",
     customer_sources: list[str],
     backup_credentials: dict[str, str] | None,
 ) -> list[dict[str, Any]]:
     """The instance's namespace and its guard rails, in the order they are applied.
 
-    `extensions` is the spec's `x-opsdeck` (its `quota.storage` and `network.port`);
-    `backup_credentials`, when given, becomes the Secret `$sys.backup.credentialsSecret` names.
+    `extensions` is the spec's `x-opsdeck` (its `quota.storage`, `network.port` and `operator`);
+    `endpoint` is the main service's primary endpoint, whose ports customers reach unless
+    `network.port` names one; `operator_namespace` is the cell's override of
+    `x-opsdeck.operator.namespace` ("" keeps the spec's); `backup_credentials`, when given,
+    becomes the Secret `$sys.backup.credentialsSecret` names.
     """
     ns = namespace
     labels = {"opsdeck.io/tenant": tenant_slug, "opsdeck.io/instance": instance_id}
@@ -128,24 +172,11 @@ def namespace_objects(
         "metadata": {"name": "opsdeck-quota", "namespace": ns},
         "spec": {"hard": quota},
     })  # fmt: skip
-    port = int((extensions.get("network") or {}).get("port", 5432))
-    ingress = [
-        {"from": [{"podSelector": {}}]},
-        {
-            "from": [{"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": operator_namespace}}}],
-            "ports": [{"port": 8000}, {"port": 5432}],
-        },
-    ]  # fmt: skip
-    if customer_sources:
-        ingress.append({
-            "from": [{"ipBlock": {"cidr": cidr}} for cidr in customer_sources],
-            "ports": [{"port": port}],
-        })  # fmt: skip
     objects.append({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": "opsdeck-isolation", "namespace": ns},
-        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": ingress},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": _ingress(
+            extensions, endpoint or {}, operator_namespace, customer_sources)},
     })  # fmt: skip
     if backup_credentials:
         objects.append({
@@ -154,6 +185,33 @@ def namespace_objects(
             "stringData": backup_credentials,
         })  # fmt: skip
     return objects
+
+
+def _ingress(
+    extensions: dict[str, Any],
+    endpoint: dict[str, Any],
+    operator_namespace: str,
+    customer_sources: list[str],
+) -> list[dict[str, Any]]:
+    """Who may reach the instance's pods: each other; the operator's namespace on the ports
+    `x-opsdeck.operator` names (every port when it names none); customers on the plan's port."""
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {}}]}]
+    operator = extensions.get("operator") or {}
+    operator_namespace = operator_namespace or operator.get("namespace", "")
+    if operator_namespace:
+        rule: dict[str, Any] = {"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": operator_namespace}}}]}  # fmt: skip
+        if operator.get("ports"):
+            rule["ports"] = [{"port": int(port)} for port in operator["ports"]]
+        ingress.append(rule)
+    network = extensions.get("network") or {}
+    ports = [network["port"]] if "port" in network else endpoint.get("ports") or []
+    if customer_sources and ports:
+        ingress.append({
+            "from": [{"ipBlock": {"cidr": cidr}} for cidr in customer_sources],
+            "ports": [{"port": int(port)} for port in ports],
+        })  # fmt: skip
+    return ingress
 
 
 def namespace_prepare(driver: KubeDriver, **values: Any) -> None:

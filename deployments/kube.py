@@ -76,7 +76,7 @@ def readable(exc: Exception) -> str:
     if isinstance(exc, ApiException):
         message, _ = _status(exc)
         message = message or exc.reason or f"HTTP {exc.status}"
-        # "Backup.postgresql.cnpg.io "x" is invalid" reads better as "Backup "x" is invalid".
+        # "Backup.example.io "x" is invalid" reads better as "Backup "x" is invalid".
         return re.sub(r'^(\w+)\.[a-z0-9.-]+ "', r'\1 "', message)
     if isinstance(exc, urllib3.exceptions.HTTPError):
         return f"The cluster did not answer: {exc.__class__.__name__}"

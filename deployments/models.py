@@ -42,7 +42,13 @@ class Cell(models.Model):
     # Empty means the in-cluster configuration of the worker's own pod.
     kubeconfig = EncryptedTextField(blank=True)
     context = models.CharField(max_length=253, blank=True)
-    operator_namespace = models.CharField(max_length=63, default="cnpg-system")
+    # Where the operators run in this cluster, when not where the plans' specs say
+    # (x-opsdeck.operator.namespace); empty: the spec's.
+    operator_namespace = models.CharField(
+        max_length=63,
+        blank=True,
+        help_text="The operators' namespace in this cluster; empty: the one each plan names.",
+    )
     backup_destination = models.CharField(max_length=500, blank=True)
     # JSON {"ACCESS_KEY_ID": ..., "ACCESS_SECRET_KEY": ...} for the object store.
     backup_credentials = EncryptedTextField(blank=True)

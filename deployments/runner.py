@@ -407,6 +407,7 @@ def _context(op: Operation, spec, verb) -> Context:
         parameters=values,
         operation_id=str(op.pk),
         started_at=op.started_at,
+        endpoint=spec.main.primary_endpoint(),
         extra=op.arguments.get("sys", {}),
     )
     ctx = context.run_context(
@@ -428,6 +429,7 @@ def _namespace_objects(op: Operation, spec) -> list[dict]:
         instance_id=instance.pk,
         tenant_slug=instance.tenant.slug,
         extensions=spec.extensions,
+        endpoint=spec.main.primary_endpoint(),
         operator_namespace=cell.operator_namespace,
         customer_sources=cell.customer_sources,
         backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -18,6 +17,7 @@ from accounts.models import AuditEvent, Tenant
 from billing.models import Plan
 from billing.pricing import Cost
 from deployments import lifecycle, schedules
+from deployments.context import endpoint_host
 from deployments.models import (
     BackupSchedule,
     Instance,
@@ -204,6 +204,14 @@ def plans_available(tenant: Tenant) -> list[tuple[PlanVersion, PlanSpec]]:
         .distinct("plan_id")
     )
     return [(version, plan_spec(version)) for version in versions]
+
+
+def plans_for_cell(name: str) -> list[PlanSpec]:
+    """The latest spec of every plan whose instances may run on the cell `name` (those whose
+    `x-opsdeck.entitlements.cells` leave it out are not)."""
+    versions = PlanVersion.objects.order_by("plan_id", "-number").distinct("plan_id")
+    specs = [plan_spec(version) for version in versions]
+    return [s for s in specs if name in s.entitlements.get("cells", [name])]
 
 
 def plan_available(tenant: Tenant, key: str) -> tuple[PlanVersion, PlanSpec] | None:
@@ -583,15 +591,11 @@ class Connection:
         return f"{self.scheme}://{credentials}{self.host}{port}{database}"
 
 
-_SYS_ID = re.compile(r"\{\{\s*\$sys\.id\s*\}\}|\$sys\.id\b")
-
-
 def instance_connection(instance: Instance) -> Connection:
     """The instance's connection details: the main service's primary endpoint (the first if
-    none is marked) with `$sys.id` replaced by the instance id, and its parameter values."""
+    none is marked) with its host rendered for the instance, and its parameter values."""
     spec = plan_spec(instance.plan_version)
-    endpoints = [e for e in spec.main.endpoints.values() if isinstance(e, dict)]
-    endpoint = next((e for e in endpoints if e.get("primary")), endpoints[0] if endpoints else {})
+    endpoint = spec.main.primary_endpoint()
     ports = endpoint.get("ports") or []
     mapping = spec.connection
     values = instance.parameters  # plain values only: the password is never read here
@@ -601,7 +605,7 @@ def instance_connection(instance: Instance) -> Connection:
         return str(values.get(name, "")) if name else ""
 
     return Connection(
-        host=_SYS_ID.sub(instance.pk, str(endpoint.get("host", ""))),
+        host=endpoint_host(endpoint, instance_id=instance.pk, namespace=instance.namespace),
         port=str(ports[0]) if isinstance(ports, list) and ports else "",
         database=value("database"),
         user=value("user"),

@@ -51,7 +51,7 @@ from deployments.parameters import (
     values_for_version,
 )
 from deployments.spec.loader import load_spec
-from deployments.spec.model import Verb
+from deployments.spec.model import PlanSpec, Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
 from deployments.spec.params import check as check_value
 from deployments.workflow.driver import DriverError
@@ -122,23 +122,40 @@ def plan_load(*, text: str) -> PlanLoad:
 
 # --- cells --------------------------------------------------------------------------------
 
-CNPG_KINDS = [("postgresql.cnpg.io/v1", "Cluster"), ("postgresql.cnpg.io/v1", "Backup")]
 
-
-def cell_check(*, kubeconfig: str, context: str = "") -> None:
-    """Raise ValidationError unless the cluster answers and serves the operator's kinds."""
+def cell_check(*, kubeconfig: str, context: str = "", name: str = "") -> None:
+    """Raise ValidationError unless the cluster answers and serves every kind the plans that
+    may run on the cell `name` write; a refusal names the kinds missing and what each plan's
+    `x-opsdeck.operator.install` says to do about them."""
+    plans = selectors.plans_for_cell(name)
     try:
         driver = KubeDriver(api_client_from_kubeconfig(kubeconfig, context=context or None))
         try:
-            missing = [kind for api, kind in CNPG_KINDS if not driver.serves(api, kind)]
+            driver.serves("v1", "Namespace")  # the cluster answers: what every instance needs
+            missing = _kinds_missing(driver, plans)
         finally:
             driver.close()
     except DriverError as exc:
         raise ValidationError(f"The cluster cannot be reached: {exc.message}") from exc
     if missing:
-        raise ValidationError(
-            f"The cluster does not serve {', '.join(missing)}: install CloudNativePG first."
-        )
+        lacks = "; ".join(f"{', '.join(kinds)}{todo}" for todo, kinds in missing.items())
+        raise ValidationError(f"The cluster does not serve {lacks}.")
+
+
+def _kinds_missing(driver: KubeDriver, plans: list[PlanSpec]) -> dict[str, list[str]]:
+    """The kinds the plans need that the cluster does not serve, grouped by what to do about
+    them (": install … first", or ", which plan <key> uses" when the spec does not say)."""
+    served: dict[tuple[str, str], bool] = {}
+    missing: dict[str, list[str]] = {}
+    for spec in plans:
+        install = (spec.extensions.get("operator") or {}).get("install")
+        todo = f": {install.rstrip('.')}" if install else f", which plan {spec.key} uses"
+        for api_version, kind in spec.required_kinds:
+            if (api_version, kind) not in served:
+                served[api_version, kind] = driver.serves(api_version, kind)
+            if not served[api_version, kind] and kind not in missing.get(todo, []):
+                missing.setdefault(todo, []).append(kind)
+    return missing
 
 
 @transaction.atomic
@@ -152,10 +169,12 @@ def cell_register(
     deployment_model: str = Cell.DeploymentModel.HOSTED,
     backup_destination: str = "",
     backup_credentials: dict | None = None,
+    operator_namespace: str = "",
     make_default: bool = False,
 ) -> Cell:
-    """Register (or update) the cell `name` after checking that its cluster answers."""
-    cell_check(kubeconfig=kubeconfig, context=context)
+    """Register (or update) the cell `name` after checking that its cluster answers and serves
+    what the plans that may run on it need."""
+    cell_check(kubeconfig=kubeconfig, context=context, name=name)
     cell = Cell.objects.select_for_update().filter(name=name).first() or Cell(name=name)
     cell.kubeconfig = kubeconfig
     cell.context = context
@@ -164,6 +183,7 @@ def cell_register(
     cell.deployment_model = deployment_model
     cell.backup_destination = backup_destination
     cell.backup_credentials = json.dumps(backup_credentials) if backup_credentials else ""
+    cell.operator_namespace = operator_namespace
     if make_default or not Cell.objects.exclude(pk=cell.pk).filter(is_default=True).exists():
         Cell.objects.exclude(pk=cell.pk).filter(is_default=True).update(is_default=False)
         cell.is_default = True

@@ -66,7 +66,7 @@ class SpecTestCell:
     subnets: tuple[str, ...] = ("subnet-a", "subnet-b")
     network_id: str = "network-local"
     cidr_range: str = "10.0.0.0/16"
-    operator_namespace: str = "cnpg-system"
+    operator_namespace: str = ""  # "" keeps the spec's x-opsdeck.operator.namespace
     backup_credentials: dict[str, str] = field(
         default_factory=lambda: {"ACCESS_KEY_ID": "spec-test", "ACCESS_SECRET_KEY": "spec-test"}
     )
@@ -88,7 +88,7 @@ class SpecTestCell:
             subnets=tuple(labels.get("publicSubnetIDs") or defaults.subnets),
             network_id=labels.get("networkID") or defaults.network_id,
             cidr_range=labels.get("cidrRange") or defaults.cidr_range,
-            operator_namespace=cell.operator_namespace or defaults.operator_namespace,
+            operator_namespace=cell.operator_namespace,
         )
 
     @property
@@ -312,6 +312,7 @@ class SpecTest:
                     instance_id=instance.id,
                     tenant_slug=cell.tenant_slug,
                     extensions=self.spec.extensions,
+                    endpoint=self.spec.main.primary_endpoint(),
                     operator_namespace=cell.operator_namespace,
                     customer_sources=[],
                     backup_credentials=dict(cell.backup_credentials),
@@ -332,6 +333,7 @@ class SpecTest:
                 parameters=values,
                 operation_id=operation_id,
                 started_at=datetime.fromtimestamp(started, UTC),
+                endpoint=self.spec.main.primary_endpoint(),
                 extra=extra_sys,
             )
             ctx = context.run_context(

@@ -178,7 +178,7 @@ def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
     kinds: dict[tuple[str, str], Kind] = {}
     for version in versions:
         spec = selectors.plan_version_loaded(version.pk).spec
-        for api_version, kind in spec.resource_kinds:
+        for api_version, kind in spec.required_kinds:
             kinds.setdefault((api_version, kind), Kind(api_version, kind))
         found = status.status_object(spec.extensions)
         if found is not None:

@@ -11,6 +11,8 @@ Opsdeck's own settings live under one top-level key, `x-opsdeck`:
       service: postgresql            # catalog service grouping plans (default: the plan key)
       currency: usd                  # the currency of `pricing` (default: usd)
       kinds: [Cluster, Backup, Secret]   # kinds (or apiVersion/Kind) workflows may touch
+      operator: {namespace: db-system, ports: [8000], install: install the DB operator first}
+      network: {port: 5432}          # the port customers reach (default: the endpoint's ports)
       usage:                         # per pricing dimension, a CEL expression over `var`
         cpu: "double(var.cpu) * double(var.instances)"
       display:

@@ -180,6 +180,12 @@ class Service:
     endpoints: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
 
+    def primary_endpoint(self) -> dict:
+        """The `endpointConfiguration` entry marked `primary: true`, else the first; {} when
+        the service declares none."""
+        endpoints = [e for e in self.endpoints.values() if isinstance(e, dict)]
+        return next((e for e in endpoints if e.get("primary")), endpoints[0] if endpoints else {})
+
 
 @dataclass
 class PlanSpec:
@@ -201,9 +207,9 @@ class PlanSpec:
     subscription: dict = field(default_factory=dict)
     extensions: dict = field(default_factory=dict)
     allowed_kinds: list[str] = field(default_factory=list)
-    # Every (apiVersion, kind) its workflows' resource templates make: what a cell's watcher
-    # watches for the operations of this plan.
-    resource_kinds: list[tuple[str, str]] = field(default_factory=list)
+    # (apiVersion, kind) of every object the workflows' manifests name, in order of first
+    # appearance: what a cell must serve to run the plan, and what its watcher watches.
+    required_kinds: list[tuple[str, str]] = field(default_factory=list)
     usage_rules: dict[str, str] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -128,8 +128,17 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
             )
         for verb in service.verbs.values():
             _VerbChecker(service, verb, report, kinds).run()
-    spec.resource_kinds = sorted({(api, kind) for _, api, kind in kinds if api and kind})
     _check_kinds(spec, kinds, report)
+    spec.required_kinds = list(
+        dict.fromkeys(
+            (api_version, kind)
+            for _, api_version, kind in kinds
+            if api_version and not _TOKEN_RE.search(api_version)
+        )
+    )
+    _check_operator(spec, report)
+    _check_network(spec, report)
+    _check_endpoints(spec, report)
     _check_usage(spec, report)
     _check_groups(spec, report)
     _check_connection(spec, report)
@@ -207,6 +216,91 @@ def _check_kinds(spec: PlanSpec, kinds: list[tuple[str, str, str]], report: Repo
                 path,
                 f'kind "{kind}" is not in x-opsdeck.kinds ({", ".join(spec.allowed_kinds)})',
             )
+
+
+OPERATOR_KEYS = ("namespace", "ports", "install")
+# A namespace name: a DNS label (RFC 1123), as Kubernetes requires.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_INSTALL_MAX = 200
+
+
+def _port_problem(value: Any) -> str | None:
+    """Why `value` is not a port number (None when it is one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        return f'"{value}" is not a port number (a whole number from 1 to 65535)'
+    return None
+
+
+def _check_operator(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.operator`: where the plan's operator runs, the ports of the instance's pods it
+    must reach, and what a cell lacking the plan's kinds is told to do."""
+    operator = spec.extensions.get("operator")
+    if operator is None:
+        return
+    path = "x-opsdeck.operator"
+    if not isinstance(operator, dict):
+        report.error(path, "must be a mapping with namespace, ports and install")
+        return
+    for key in operator:
+        if key not in OPERATOR_KEYS:
+            report.warn(f"{path}.{key}", f"unknown key; expected one of {', '.join(OPERATOR_KEYS)}")
+    namespace = operator.get("namespace")
+    if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
+        shown = "is required" if namespace is None else f'"{namespace}" is not a namespace name'
+        report.error(f"{path}.namespace", f"{shown} (lowercase letters, digits and -, at most 63)")
+    if "ports" in operator:
+        ports = operator["ports"]
+        if not isinstance(ports, list) or not ports:
+            report.error(
+                f"{path}.ports", "must list at least one port; leave it out to admit every port"
+            )
+        else:
+            for i, port in enumerate(ports):
+                problem = _port_problem(port)
+                if problem:
+                    report.error(f"{path}.ports[{i}]", problem)
+    install = operator.get("install")
+    if install is not None and (
+        not isinstance(install, str) or not install.strip() or len(install) > _INSTALL_MAX
+    ):
+        report.error(f"{path}.install", f"must be text of 1 to {_INSTALL_MAX} characters")
+
+
+def _check_network(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.network.port`: the port customers reach (default: the primary endpoint's)."""
+    network = spec.extensions.get("network")
+    if network is None:
+        return
+    if not isinstance(network, dict):
+        report.error("x-opsdeck.network", "must be a mapping with port")
+        return
+    if "port" in network:
+        problem = _port_problem(network["port"])
+        if problem:
+            report.error("x-opsdeck.network.port", problem)
+
+
+def _check_endpoints(spec: PlanSpec, report: Report) -> None:
+    """The main service's `endpointConfiguration`: its host names the instance's endpoint and
+    its ports admit customers, so each must be what it says."""
+    path = f"services[{spec.services.index(spec.main)}].endpointConfiguration"
+    for name, endpoint in spec.main.endpoints.items():
+        where = f"{path}.{name}"
+        if not isinstance(endpoint, dict):
+            report.error(where, "must be a mapping with host and ports")
+            continue
+        if "host" in endpoint and not isinstance(endpoint["host"], str):
+            report.error(f"{where}.host", "must be text")
+        ports = endpoint.get("ports")
+        if ports is None:
+            continue
+        if not isinstance(ports, list):
+            report.error(f"{where}.ports", "must be a list of port numbers")
+            continue
+        for i, port in enumerate(ports):
+            problem = _port_problem(port)
+            if problem:
+                report.error(f"{where}.ports[{i}]", problem)
 
 
 def _cel_variables(tree: lark.Tree, root: str) -> set[str]:

@@ -67,5 +67,5 @@ class Driver(Protocol):
 
     def resolve(self, resource: str) -> tuple[str, str]:
         """The (apiVersion, kind) a kubectl resource argument names (`cluster`, `cm`,
-        `clusters.postgresql.cnpg.io`); a PermanentError when the cluster serves none."""
+        `widgets.example.io`); a PermanentError when the cluster serves none."""
         ...

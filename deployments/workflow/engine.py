@@ -721,7 +721,7 @@ _VALUED_FLAGS = {"-n", "--namespace", "--type", "-p", "--patch", "-o", "--output
 
 def patch_target(flags: list[str]) -> tuple[str, str] | None:
     """The (resource type, name) kubectl-style resource arguments in `flags` name:
-    `["cluster", "pg"]` or `["clusters.postgresql.cnpg.io/pg"]`; None when they name none."""
+    `["widget", "w1"]` or `["widgets.example.io/w1"]`; None when they name none."""
     positional, skip = [], False
     for flag in flags:
         if skip:

@@ -19,9 +19,10 @@ from typing import Any, NoReturn
 
 import yaml
 
-# The specs we know nest at most 15 levels and Kubernetes objects at most 26 (the CNPG Cluster
-# CRD); 64 leaves room for any real one and keeps recursive walkers of the parsed value (JSON
-# encoding, rendering, CEL) far from Python's limit of 1000 frames.
+# The specs we know nest at most 15 levels and Kubernetes objects at most 26 (the deepest
+# custom resource definition we know); 64 leaves room for any real one and keeps recursive
+# walkers of the parsed value (JSON encoding, rendering, CEL) far from Python's limit of 1000
+# frames.
 MAX_DEPTH = 64
 # The largest spec we know holds about 1,000 values; 200,000 is far beyond any hand-written
 # spec, yet small enough that the expanded document costs tens of MB at most.

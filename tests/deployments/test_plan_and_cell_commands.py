@@ -8,6 +8,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from billing.models import Plan
+from deployments import services
 from deployments.models import Cell, PlanVersion
 from tests.deployments.conftest import SPEC
 
@@ -58,10 +59,59 @@ def test_add_cell_checks_the_cluster_and_stores_the_kubeconfig_encrypted(
     assert "Cell eu-1 registered (default)." in capsys.readouterr().out
     cell = Cell.objects.get(name="eu-1")
     assert cell.kubeconfig == sandbox_kubeconfig
+    assert cell.operator_namespace == ""  # the plans' own
     with connection.cursor() as cursor:
         cursor.execute("SELECT kubeconfig, backup_credentials FROM deployments_cell")
         stored = "".join(cursor.fetchone())
     assert "server:" not in stored and "s3cret" not in stored
+
+
+def widget_plan(*, cells: list[str] | None = None) -> str:
+    """The shipped spec with its operator's kinds moved to a group the sandbox does not serve."""
+    text = (
+        SPEC.read_text()
+        .replace("postgresql.cnpg.io/v1", "widgets.example.io/v1")
+        .replace("install CloudNativePG first", "install the Widget operator first")
+        .replace("plan: postgres-cnpg", "plan: widgets")
+    )
+    if cells:
+        text = text.replace("  entitlements:\n", f"  entitlements:\n    cells: {cells}\n", 1)
+    return text
+
+
+def test_add_cell_refuses_a_cluster_lacking_what_a_plan_writes_with_the_spec_hint(
+    transactional_db, sandbox_kubeconfig, tmp_path
+):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(sandbox_kubeconfig)
+    services.plan_load(text=SPEC.read_text())  # the sandbox serves what this one writes
+    services.plan_load(text=widget_plan())
+
+    with pytest.raises(CommandError) as refused:
+        call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig))
+
+    assert str(refused.value) == (
+        "The cluster does not serve Cluster, Backup: install the Widget operator first."
+    )
+    assert not Cell.objects.exists()
+
+
+def test_add_cell_checks_only_the_plans_that_may_run_on_the_cell(
+    transactional_db, sandbox_kubeconfig, tmp_path, capsys
+):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(sandbox_kubeconfig)
+    services.plan_load(text=widget_plan(cells=["widget-cell"]))
+
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+        "--operator-namespace", "postgres-operator",
+    )  # fmt: skip
+
+    assert "Cell eu-1 registered (default)." in capsys.readouterr().out
+    assert Cell.objects.get(name="eu-1").operator_namespace == "postgres-operator"
+    with pytest.raises(CommandError, match="install the Widget operator first"):
+        call_command("add_cell", "--name", "widget-cell", "--kubeconfig", str(kubeconfig))
 
 
 def test_add_cell_refuses_a_cluster_that_does_not_answer(transactional_db, tmp_path):

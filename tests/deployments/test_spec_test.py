@@ -137,6 +137,8 @@ services:
     apiParameters:
       - {key: instanceType, type: String, modifiable: false, defaultValue: m5.large}
       - {key: size, type: Float64, modifiable: true, defaultValue: "3", limits: {min: 1, max: 3}}
+    endpointConfiguration:
+      writer: {host: "{{ $sys.id }}-writer", ports: [7000], primary: true}
     operatorCRDConfiguration: {helmChartDependencies: []}
     systemWorkflows:
       create: &write
@@ -248,13 +250,13 @@ def test_sys_holds_the_documented_defaults_and_restore_sees_the_backup():
 
     assert {r.result for r in results.values()} == {"passed", "skipped"}
     create = results["create"].outputs
-    instance = create["endpoint"].split("-rw.")[0]
+    instance = create["endpoint"].split("-writer.")[0]
     assert create == {
         "region": "local",
         "cloud": "sandbox",
         "subnets": "subnet-a,subnet-b",
         "instanceType": "m5.large",
-        "endpoint": f"{instance}-rw.{instance}",
+        "endpoint": f"{instance}-writer.{instance}",  # the spec's endpoint, in its namespace
         "destination": f"s3://spec-test/backups/spec-test/{instance}",
         "size": "3",
     }

@@ -10,8 +10,9 @@ from deployments.models import Cell
 
 class Command(BaseCommand):
     help = (
-        "Register a Kubernetes cluster as a cell after checking that it answers and serves "
-        "CloudNativePG's resources. The kubeconfig is stored encrypted."
+        "Register a Kubernetes cluster as a cell after checking that it answers and serves the "
+        "kinds the plans that may run on it use (their operators are installed). The kubeconfig "
+        "is stored encrypted."
     )
 
     def add_arguments(self, parser):
@@ -30,6 +31,12 @@ class Command(BaseCommand):
             "--backup-credentials",
             default="",
             help="JSON file with ACCESS_KEY_ID and ACCESS_SECRET_KEY for the object store",
+        )
+        parser.add_argument(
+            "--operator-namespace",
+            default="",
+            help="where the operators run in this cluster (default: the namespace each plan's "
+            "spec names)",
         )
         parser.add_argument("--default", action="store_true", help="make it the default cell")
 
@@ -53,6 +60,7 @@ class Command(BaseCommand):
                 deployment_model=options["model"],
                 backup_destination=options["backup_destination"],
                 backup_credentials=credentials,
+                operator_namespace=options["operator_namespace"],
                 make_default=options["default"],
             )
         except ValidationError as exc:

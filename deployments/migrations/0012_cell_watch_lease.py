@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("deployments", "0010_subscribe_running_tenants"),
+        ("deployments", "0011_cell_operator_namespace_from_spec"),
     ]
 
     operations = [
