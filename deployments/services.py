@@ -820,7 +820,7 @@ def _plan_change_operations(tenant: Tenant, prefix: str) -> list[Operation]:
     return list(
         Operation.objects.filter(
             instance__tenant=tenant, verb="upgrade", request_id__startswith=f"{prefix}-"
-        ).order_by("pk")
+        ).order_by("instance__created_at", "instance_id")  # as the change queued them
     )
 
 

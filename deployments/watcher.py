@@ -244,6 +244,8 @@ class KindWatch(threading.Thread):
         api_version, kind = self.kind.api_version, self.kind.kind
         if self.resource_version is None:
             items, self.resource_version = driver.list_for_watch(api_version, kind)
+            log.info("watch %s: listed %d, watching from %s", self.name, len(items),
+                     self.resource_version)  # fmt: skip
             for obj in items:  # whatever changed while nobody watched is news
                 self._handle(obj)
         for event_type, obj in driver.watch_objects(
