@@ -5,7 +5,6 @@ a billing team member finds it and exports it. (One module: one browser per modu
 
 import csv
 import io
-import time
 
 import pytest
 from django.contrib.auth.models import Group
@@ -27,6 +26,7 @@ from tests.browser.conftest import (  # noqa: F401 - fixtures shared with the br
     shot,
 )
 from tests.deployments import factories
+from tests.deployments.conftest import wait_for
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -41,18 +41,6 @@ def stripe_live(settings, live_server):
         settings.STRIPE_API_BASE = emulator.url
         settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
         yield emulator
-
-
-def _until(check, what: str, timeout: float = 15.0):
-    """Poll `check` (webhooks arrive on their own) until it holds; its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
@@ -72,9 +60,10 @@ def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
     shot(page, "checkout")
     page.get_by_role("button", name="Pay").click()
     expect(page.locator("main")).to_contain_text("Stripe has your payment details")
-    subscription = _until(
+    subscription = wait_for(
         lambda: Subscription.objects.filter(tenant=tenant, plan=plan, status="active").first(),
-        "the webhook to activate the subscription",
+        timeout=15,
+        what="the webhook to activate the subscription",
     )
     page.reload()
     expect(page.locator(f"#plan-{plan.key} .badge")).to_have_text("Active")
@@ -94,9 +83,10 @@ def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
     # Stripe closes the period, drafts the invoice, finalizes it an hour later.
     invoice = stripe_live.close_period(subscription.stripe_subscription_id)
     stripe_live.finalize_invoice(invoice["id"])
-    stored = _until(
+    stored = wait_for(
         lambda: Invoice.objects.filter(stripe_invoice_id=invoice["id"], status="open").first(),
-        "the finalized invoice's webhook",
+        timeout=15,
+        what="the finalized invoice's webhook",
     )
     assert stored.number and stored.source == "stripe"
 
