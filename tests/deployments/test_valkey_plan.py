@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from accounts.audit import Actor
-from deployments import services
+from deployments import context, selectors, services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Instance, Operation
 from deployments.spec import load_spec
@@ -79,6 +79,22 @@ def test_every_verb_passes_spec_test_against_the_sandbox():
     for verb in ("create", "modify", "setEvictionPolicy", "stop", "start", "restart", "delete"):
         assert table[verb] == "passed", out.getvalue()
     assert out.getvalue().splitlines()[-1] == "7 passed, 0 failed, 6 skipped"
+
+
+def test_without_an_operator_only_the_pods_and_customers_on_6379_get_in():
+    spec = load_spec(VALKEY.read_text())
+
+    objects = context.namespace_objects(
+        namespace="inst-a1b2c3d4", instance_id="inst-a1b2c3d4", tenant_slug="acme",
+        extensions=spec.extensions, endpoint=spec.main.primary_endpoint(),
+        customer_sources=["203.0.113.0/24"], backup_credentials=None,
+    )  # fmt: skip
+
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {}}]},
+        {"from": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"port": 6379}]},
+    ]
 
 
 # --- the catalog ----------------------------------------------------------------------------
@@ -162,6 +178,9 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     headless = _get(kube, instance, "v1", "Service", f"{instance.pk}-headless")["spec"]
     assert headless["clusterIP"] == "None"
     assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
+    connection = selectors.instance_connection(instance)
+    assert connection.uri() == f"redis://{instance.pk}:6379"
+    assert connection.has_password
 
     # Scale out, and grow every claim (the claim template itself cannot change).
     _run(owner, instance, "modify", servers="3", storageGi="5")
