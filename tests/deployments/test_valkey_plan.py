@@ -1,0 +1,240 @@
+"""The Valkey plan (specs/valkey.yaml): a cache on a plain StatefulSet, no operator. It loads
+clean, every verb passes spec_test, and a real worker runs an instance through its life."""
+
+import base64
+import re
+import uuid
+from html import unescape
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from accounts.audit import Actor
+from deployments import context, selectors, services
+from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.models import Instance, Operation
+from deployments.spec import load_spec
+from deployments.status import cell_observe
+from tests.deployments.conftest import wait_done
+from tests.deployments.test_spec_test import rows
+
+VALKEY = Path(__file__).resolve().parents[2] / "specs" / "valkey.yaml"
+POLICIES = [
+    "allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu",
+    "allkeys-random", "volatile-random", "volatile-ttl", "noeviction",
+]  # fmt: skip
+
+
+@pytest.fixture
+def valkey_plan(transactional_db):
+    return services.plan_load(text=VALKEY.read_text()).plan
+
+
+@pytest.fixture
+def kube(sandbox_kubeconfig, tmp_path):
+    driver = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
+    )
+    yield driver
+    driver.close()
+
+
+# --- the spec -----------------------------------------------------------------------------
+
+
+def test_the_spec_loads_without_errors_or_warnings():
+    spec = load_spec(VALKEY.read_text())  # raises SpecError on any error
+
+    assert spec.warnings == []
+    assert set(spec.main.verbs) == {
+        "create", "modify", "delete", "stop", "start", "restart", "setEvictionPolicy",
+    }  # fmt: skip
+    policy = spec.main.verbs["setEvictionPolicy"].parameters
+    assert [str(o) for o in policy[0].options] == POLICIES
+
+
+def test_validate_spec_says_ok_with_no_warning():
+    out = StringIO()
+
+    call_command("validate_spec", str(VALKEY), stdout=out)
+
+    assert out.getvalue().splitlines() == [f"{VALKEY}: ok"]
+
+
+def test_plan_load_makes_the_valkey_plan_in_its_own_service(transactional_db):
+    load = services.plan_load(text=VALKEY.read_text())
+
+    assert load.warnings == []
+    assert (load.plan.key, load.plan.service, load.plan.name) == ("valkey", "valkey", "Valkey")
+
+
+def test_every_verb_passes_spec_test_against_the_sandbox():
+    out = StringIO()
+
+    call_command("spec_test", str(VALKEY), "--speed", "200", "--timeout", "30", stdout=out)
+
+    table = rows(out.getvalue())
+    for verb in ("create", "modify", "setEvictionPolicy", "stop", "start", "restart", "delete"):
+        assert table[verb] == "passed", out.getvalue()
+    assert out.getvalue().splitlines()[-1] == "7 passed, 0 failed, 6 skipped"
+
+
+def test_without_an_operator_only_the_pods_and_customers_on_6379_get_in():
+    spec = load_spec(VALKEY.read_text())
+
+    objects = context.namespace_objects(
+        namespace="inst-a1b2c3d4", instance_id="inst-a1b2c3d4", tenant_slug="acme",
+        extensions=spec.extensions, endpoint=spec.main.primary_endpoint(),
+        customer_sources=["203.0.113.0/24"], backup_credentials=None,
+    )  # fmt: skip
+
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {}}]},
+        {"from": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"port": 6379}]},
+    ]
+
+
+# --- the catalog ----------------------------------------------------------------------------
+
+
+def test_the_catalog_lists_valkey_beside_postgresql(owner_client, tenant, plan, valkey_plan):
+    response = owner_client.get(f"/t/{tenant.slug}/deployments/new/")
+
+    page = unescape(re.sub(r"\s+", " ", response.content.decode()))
+    assert response.status_code == 200
+    assert '<h2 id="service-postgresql">PostgreSQL</h2>' in page
+    assert '<h2 id="service-valkey">Valkey</h2>' in page
+    # 0.5 core x 0.035 + 1 GiB x 0.005 + 2 GiB x 0.00014 = 0.02278 an hour, 16.63 a month
+    assert "<strong>0.0228 USD</strong> per hour" in page
+    assert "<strong>16.63 USD</strong> per month" in page
+    assert f'href="/t/{tenant.slug}/deployments/new/valkey/"' in page
+
+
+# --- with a worker and the sandbox cluster --------------------------------------------------
+
+
+def _get(kube, instance, api_version, kind, name):
+    return kube.get({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": name, "namespace": instance.namespace},
+    })  # fmt: skip
+
+
+def _statefulset(kube, instance):
+    return _get(kube, instance, "apps/v1", "StatefulSet", instance.pk)
+
+
+def _pods(kube, instance) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in kube.list_objects("v1", "Pod", label_selector=f"opsdeck.io/instance={instance.pk}")
+        if p["metadata"]["namespace"] == instance.namespace
+    )
+
+
+def _claims(kube, instance) -> dict[str, str]:
+    """Claim name → its capacity."""
+    return {
+        c["metadata"]["name"]: (c.get("status") or {}).get("capacity", {}).get("storage", "")
+        for c in kube.list_objects("v1", "PersistentVolumeClaim", label_selector="")
+        if c["metadata"]["namespace"] == instance.namespace
+    }
+
+
+def _run(owner, instance, verb, **parameters) -> Operation:
+    operation = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb=verb,
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(operation, timeout=90).state == Operation.State.SUCCEEDED, operation.error
+    instance.refresh_from_db()
+    return operation
+
+
+def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
+    worker, cell, valkey_plan, tenant, owner, kube
+):
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=valkey_plan, name="sessions",
+        parameters={"servers": "2"}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(create, timeout=90).state == Operation.State.SUCCEEDED, create.error
+    instance = Instance.objects.get(pk=create.instance_id)
+    assert instance.state == Instance.State.RUNNING
+    cell_observe(cell, kube)
+    instance.refresh_from_db()
+    assert instance.observed == {"ready": 2, "total": 2}
+    secret = _get(kube, instance, "v1", "Secret", instance.pk)
+    password = services.instance_parameters(instance)["password"]
+    assert base64.b64decode(secret["data"]["password"]).decode() == password
+    conf = _get(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
+    assert "maxmemory 1gb\n" in conf and "maxmemory-policy allkeys-lru\n" in conf
+    client = _get(kube, instance, "v1", "Service", instance.pk)["spec"]
+    assert client["ports"][0]["port"] == 6379
+    assert client["selector"]["statefulset.kubernetes.io/pod-name"] == f"{instance.pk}-0"
+    headless = _get(kube, instance, "v1", "Service", f"{instance.pk}-headless")["spec"]
+    assert headless["clusterIP"] == "None"
+    assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
+    connection = selectors.instance_connection(instance)
+    assert connection.uri() == f"redis://{instance.pk}:6379"
+    assert connection.has_password
+
+    # Scale out, and grow every claim (the claim template itself cannot change).
+    _run(owner, instance, "modify", servers="3", storageGi="5")
+    assert _pods(kube, instance) == [f"{instance.pk}-{i}" for i in range(3)]
+    assert _claims(kube, instance) == {f"data-{instance.pk}-{i}": "5Gi" for i in range(3)}
+    assert instance.parameters["servers"] == 3 and instance.parameters["storageGi"] == 5
+
+    # A claim cannot shrink: refused before anything changed, so the instance keeps running.
+    shrink = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="modify",
+        parameters={"servers": "2", "storageGi": "3"}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(shrink, timeout=90).state == Operation.State.FAILED
+    assert shrink.error == "grow-existing: 3 of 3 items failed"
+    refusals = [r.message for r in shrink.task_runs.filter(node__contains=".grow-existing(")]
+    assert len(refusals) == 3 and all("can not be less than" in m for m in refusals), refusals
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.parameters["servers"] == 3 and instance.parameters["storageGi"] == 5
+    assert _statefulset(kube, instance)["spec"]["replicas"] == 3
+
+    before = _statefulset(kube, instance)["status"]["currentRevision"]
+    _run(owner, instance, "setEvictionPolicy", policy="allkeys-lfu")
+    conf = _get(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
+    assert "maxmemory-policy allkeys-lfu\n" in conf
+    status = _statefulset(kube, instance)["status"]
+    assert status["updateRevision"] == status["currentRevision"] != before
+    assert status["readyReplicas"] == 3
+    assert instance.parameters["evictionPolicy"] == "allkeys-lfu"
+
+    _run(owner, instance, "stop")
+    assert instance.state == Instance.State.STOPPED
+    assert _pods(kube, instance) == []
+    assert set(_claims(kube, instance)) == {f"data-{instance.pk}-{i}" for i in range(3)}
+
+    _run(owner, instance, "start")
+    assert instance.state == Instance.State.RUNNING
+    assert _statefulset(kube, instance)["status"]["readyReplicas"] == 3
+
+    before = _statefulset(kube, instance)["status"]["currentRevision"]
+    restart = _run(owner, instance, "restart")
+    status = _statefulset(kube, instance)["status"]
+    assert status["updateRevision"] == status["currentRevision"] != before
+    assert status["readyReplicas"] == 3
+    pod = _get(kube, instance, "v1", "Pod", f"{instance.pk}-0")
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] == (
+        restart.started_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
+
+    delete = services.instance_delete(
+        actor=Actor(user=owner), instance=instance, request_id=uuid.uuid4().hex
+    )
+    assert wait_done(delete, timeout=90).state == Operation.State.SUCCEEDED, delete.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.DELETED
+    assert _statefulset(kube, instance) is None
+    assert _get(kube, instance, "v1", "Namespace", instance.namespace) is None
