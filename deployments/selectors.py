@@ -375,12 +375,16 @@ class ObservedStatus:
     primary: str
     conditions: list[Condition]
     at: datetime | None
+    # What the plan's `x-opsdeck.status.fields` maps: the page shows only those (a plan whose
+    # status object has no phase or primary, a StatefulSet say, shows no such row).
+    shown: frozenset[str] = frozenset()
 
 
 def observed_status(instance: Instance) -> ObservedStatus | None:
     """The instance's observed status, None until the status sync has seen it
     (`deployments.status`: `{"phase", "ready", "total", "primary", "conditions": [{"type",
-    "status", "message"}]}`, read at `observed_at`); a key it leaves out shows as unknown."""
+    "status", "message"}]}`, read at `observed_at`); a key the plan maps but the object left
+    out shows as unknown."""
     observed = instance.observed or {}
     if not observed:
         return None
@@ -397,6 +401,9 @@ def observed_status(instance: Instance) -> ObservedStatus | None:
         primary=str(observed.get("primary") or ""),
         conditions=conditions,
         at=at,
+        shown=frozenset(
+            (plan_spec(instance.plan_version).extensions.get("status") or {}).get("fields") or ()
+        ),
     )
 
 

@@ -119,6 +119,22 @@ def test_the_overview_shows_the_operators_observed_status(owner_client, instance
     assert 'datetime="2026-11-30T07:00:00+00:00"' in html
 
 
+def test_the_overview_shows_only_what_the_plans_status_object_reports(
+    owner, owner_client, tenant, local_cell
+):
+    """Valkey's StatefulSet reports ready and total servers, no phase, no primary."""
+    valkey = services.plan_load(text=(SPEC.parent / "valkey.yaml").read_text()).plan
+    instance = Instance.objects.get(pk=_create(owner, tenant, valkey, name="cache").instance_id)
+    Instance.objects.filter(pk=instance.pk).update(
+        observed={"ready": 2, "total": 2}, observed_at=timezone.now()
+    )
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert "2 of 2" in html
+    assert "Operator phase" not in html and "Primary" not in html
+
+
 def test_the_operations_tab_lists_task_runs_with_their_messages_and_attempts(
     owner_client, instance
 ):
