@@ -497,11 +497,15 @@ class _Run:
             child = self.state.nodes[child_id]
             if child.phase not in FINISHED:
                 step.merge(self.node(child, ctx))
-        phases = [self.state.nodes[c].phase for c in group.children]
-        if all(p in FINISHED for p in phases):
-            failed = [p for p in phases if p in {FAILED, ERRORED}]
-            _finish(group, FAILED if failed else SUCCEEDED, self.now,
-                    f"{len(failed)} of {len(phases)} items failed" if failed else "")  # fmt: skip
+        children = [self.state.nodes[c] for c in group.children]
+        if all(c.phase in FINISHED for c in children):
+            failed = [c for c in children if c.phase in {FAILED, ERRORED}]
+            message = ""
+            if failed:  # the first failure's reason, which is what a person needs to act
+                message = f"{len(failed)} of {len(children)} items failed"
+                if failed[0].message:
+                    message += f"; the first: {failed[0].message}"
+            _finish(group, FAILED if failed else SUCCEEDED, self.now, message)
             step.progressed = True
         return step
 

@@ -493,6 +493,31 @@ def test_with_items_fans_out_one_child_per_item():
     assert run.state.phase == engine.SUCCEEDED
 
 
+def test_a_fanned_out_task_that_fails_says_why_its_first_item_failed():
+    wf = workflow(
+        dag(Task(name="each", template="each", with_items=["a", "b"],
+                 arguments={"value": "{{ item }}"})),
+        Template(
+            name="each",
+            inputs=["value"],
+            resource=ResourceAction(
+                action="apply", manifest=configmap("cm-{{ inputs.parameters.value }}", "x"),
+                success_condition="status.ok", failure_condition="status.broken",
+            ),
+        ),
+    )  # fmt: skip
+    run = Runner(wf)
+    run.until_quiet()
+    run.cluster.set_status("ConfigMap", "cm-a", ok="yes")
+    run.cluster.set_status("ConfigMap", "cm-b", broken="yes")
+    run.until_quiet()
+
+    assert run.state.phase == engine.FAILED
+    message = run.state.message
+    assert message.startswith("each: 1 of 2 items failed; the first: "), message
+    assert "status.broken" in message
+
+
 def test_an_empty_with_items_list_skips_the_task():
     wf = workflow(
         dag(Task(name="each", template="each", with_items=[])),
