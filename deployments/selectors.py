@@ -592,7 +592,9 @@ class Connection:
         if not self.scheme or not self.host:
             return ""
         secret = password if password == MASKED else quote(password, safe="")
-        credentials = f"{quote(self.user, safe='')}:{secret}@" if self.user else ""
+        # A password without a user (Redis and the like) is written `scheme://:password@host`.
+        user = quote(self.user, safe="")
+        credentials = f"{user}:{secret}@" if self.user or self.has_password else ""
         port = f":{self.port}" if self.port else ""
         database = f"/{quote(self.database, safe='')}" if self.database else ""
         return f"{self.scheme}://{credentials}{self.host}{port}{database}"

@@ -179,8 +179,9 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert headless["clusterIP"] == "None"
     assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
     connection = selectors.instance_connection(instance)
-    assert connection.uri() == f"redis://{instance.pk}:6379"
     assert connection.has_password
+    assert connection.uri() == f"redis://:{selectors.MASKED}@{instance.pk}:6379"
+    assert connection.uri("p@ss") == f"redis://:p%40ss@{instance.pk}:6379"
 
     # Scale out, and grow every claim (the claim template itself cannot change).
     _run(owner, instance, "modify", servers="3", storageGi="5")
