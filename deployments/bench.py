@@ -65,7 +65,8 @@ BACKUP_CREDENTIALS = {"ACCESS_KEY_ID": "bench", "ACCESS_SECRET_KEY": "bench-secr
 BACKUP_DESTINATION = "s3://bench/opsdeck"
 TENANT_SLUG = "bench"
 AIM_RATIO = 2.0
-AIM_P50 = 0.5
+AIM_P50 = 0.1  # seconds: a 50th of Argo's 5 s poll
+AIM_P95 = 0.3
 OPERATORS = ("instant", "cnpg")
 
 
@@ -203,7 +204,8 @@ class Figures:
             f"{self.tasks} Celery tasks)",
             f"{'notice delay p50':28} {p50:9.3f} s   (aim: p50 under {AIM_P50:g} s; "
             "Argo polls every 5 s)",
-            f"{'notice delay p95':28} {p95:9.3f} s",
+            f"{'notice delay p95':28} {p95:9.3f} s   (aim: p95 under {AIM_P95:g} s; the cell "
+            "watcher wakes operations)",
         ]
         if self.unseen:
             lines.append(f"({self.unseen} instances had no healthy status in the watch)")
@@ -425,7 +427,8 @@ def _queue_delete(queue: str) -> None:
 
 
 class WorkerPool:
-    """`celery worker --pool solo` processes on this process's database and queue."""
+    """`celery worker --pool solo` processes on this process's database and queue, and the cell
+    watcher (`watch_cells`) that wakes their operations, as the Procfile runs them."""
 
     def __init__(self, size: int, log_dir: Path) -> None:
         self.size = size
@@ -453,9 +456,25 @@ class WorkerPool:
                 if time.monotonic() > deadline:
                     raise BenchError(f"the workers were not ready after {WORKER_START_TIMEOUT:g} s")
                 time.sleep(0.1)
+        self._watcher_start()
+
+    def _watcher_start(self) -> None:
+        log = self.log_dir / "watcher.log"
+        with open(log, "w") as handle:
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "watch_cells"],
+                cwd=ROOT, env={**os.environ, "LOG_LEVEL": "INFO"}, stdout=handle,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.procs.append((proc, log))
+        deadline = time.monotonic() + WORKER_START_TIMEOUT
+        while "watching cell" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"the cell watcher did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
 
     def cpu_seconds(self) -> float:
-        """User and system CPU time the workers (and their children) used so far."""
+        """User and system CPU time the workers and the watcher (and children) used so far."""
         import psutil
 
         total = 0.0
