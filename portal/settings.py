@@ -296,5 +296,8 @@ LOGGING = {
     "loggers": {
         # A refused request (403) is one line with its reason, not a traceback.
         "django.request": {"filters": ["expected_denials"]},
+        # The Stripe SDK logs two INFO lines per request (a meter event each); its failures
+        # reach our own log lines as StripeFailure.
+        "stripe": {"level": env.str("STRIPE_LOG_LEVEL", default="WARNING")},
     },
 }
