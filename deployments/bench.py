@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import os
 import re
@@ -99,6 +100,7 @@ def run(*, count: int, workers: int, timeout: float = TIMEOUT, operator: str = "
                 "SECRET_KEY": secrets.token_urlsafe(50),
                 "OPSDECK_ENCRYPTION_KEYS": _fernet_key(),
                 "OPSDECK_VAR_DIR": var_dir,
+                FIGURES_FILE_VARIABLE: str(Path(settings.VAR_DIR) / "bench.json"),
                 "LOG_LEVEL": "WARNING",
             }
             command = [sys.executable, str(ROOT / "manage.py"), "bench_operations", "--inner",
@@ -189,6 +191,15 @@ class Figures:
     delays: list[float] = field(default_factory=list)  # seconds, one per instance
     unseen: int = 0  # instances whose healthy status the watch did not see
 
+    def machine_readable(self) -> dict[str, float]:
+        """The figures under `var/bench.json`'s keys."""
+        return {
+            "engine_ratio": round(self.baseline_rate / self.opsdeck_rate, 3),
+            "engine_cpu_per_move_s": round(self.cpu_per_step, 5),
+            "notice_p50_s": round(percentile(self.delays, 50), 4),
+            "notice_p95_s": round(percentile(self.delays, 95), 4),
+        }
+
     def lines(self) -> list[str]:
         ratio = self.baseline_rate / self.opsdeck_rate
         p50, p95 = percentile(self.delays, 50), percentile(self.delays, 95)
@@ -244,7 +255,29 @@ def measure(
     )  # fmt: skip
     for line in figures.lines():
         out(line)
+    figures_record(os.environ.get(FIGURES_FILE_VARIABLE, ""), figures.machine_readable())
     return figures
+
+
+# Where `make bench` keeps a machine-readable copy of every figure (the outer process names it:
+# the measuring one runs on a var/ of its own).
+FIGURES_FILE_VARIABLE = "OPSDECK_BENCH_FIGURES"
+
+
+def figures_record(path: str, figures: dict[str, float]) -> None:
+    """Merge `figures` into the JSON file at `path` (other benchmarks' figures stay)."""
+    if not path:
+        return
+    target = Path(path)
+    try:
+        kept = json.loads(target.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    kept.update(figures)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".json.partial")
+    partial.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
+    partial.replace(target)
 
 
 def sandbox_cluster(operator: str):
