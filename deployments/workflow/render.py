@@ -561,6 +561,14 @@ def _describe(node: Any) -> str:
 def _one_document(template: str, where: str) -> tuple[Any, _Tokenized]:
     if not isinstance(template, str):
         raise RenderError(_located("manifest must be YAML text", where))
+    return _parsed(template, where)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(template: str, where: str) -> tuple[Any, _Tokenized]:
+    """The template's one document, placeholders tokenized, parsed once per process: it does
+    not depend on the values (they are filled in afterwards, into new objects — `_fill` never
+    changes what it reads), and a plan's manifests are rendered on every move."""
     tokenized = _tokenize(template, where)
     documents = [doc for doc in _load_documents(tokenized, where) if doc is not None]
     if not documents:
