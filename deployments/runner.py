@@ -363,8 +363,11 @@ def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> N
             and not (prev.get("object") is None and prev.get("phase") == engine.PENDING)
         )
         if synced:
+            changed = dict(values)
+            if prev.get("object") == node.object:
+                del changed["object"]  # unchanged: not encrypted and written again
             rows = TaskRun.objects.filter(operation=op, node=node.id, attempt=node.attempt)
-            if rows.update(**values):
+            if rows.update(**changed):
                 continue
         # New in this move (the state naming it commits with it): one INSERT, which would
         # update a row that exists after all rather than fail on it.
