@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ from deployments.workflow.driver import DriverError
 
 log = logging.getLogger(__name__)
 
+# Every instance is a namespace named after its id (`models.new_instance_id`).
+INSTANCE_NAMESPACE = re.compile(r"inst-[a-z0-9]{8}")
 LEASE_TTL = timedelta(seconds=15)
 RENEW_EVERY = 3.0  # seconds; a lease lives through several missed renewals
 RETRY_AFTER = 2.0  # seconds before a failed list or watch is tried again
@@ -193,8 +196,8 @@ def event_handle(lease: Lease, kind: Kind, obj: dict) -> None:
     object, store what the portal shows of it."""
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace") or ""
-    if not namespace:
-        return
+    if not INSTANCE_NAMESPACE.fullmatch(namespace):
+        return  # not an instance's namespace (the cluster's own, or another tenant of it)
     if kind.status_paths and meta.get("name") == namespace:
         version_id = (
             Instance.objects.filter(pk=namespace, cell_id=lease.cell_id)
@@ -276,6 +279,8 @@ class CellWatcher:
         self.stopping = stopping or threading.Event()
         # cell id -> (lease, its stop event, {kind key: thread})
         self.cells: dict[int, tuple[Lease, threading.Event, dict[tuple[str, str], KindWatch]]] = {}
+        # The kinds of the plan versions last seen, worked out again only when they change.
+        self._kinds: tuple[frozenset[int], dict[tuple[str, str], Kind]] = (frozenset(), {})
 
     def run(self) -> None:
         try:
@@ -293,7 +298,7 @@ class CellWatcher:
 
     def round(self) -> None:
         """Renew or take each cell's lease and start the watches a new plan needs."""
-        kinds = kinds_of(PlanVersion.objects.only("id"))
+        kinds = self.kinds()
         for cell in Cell.objects.all():
             held = self.cells.get(cell.pk)
             if held is not None and not lease_renew(cell.pk, self.holder, held[0].epoch):
@@ -312,6 +317,19 @@ class CellWatcher:
                 if key not in watches:
                     watches[key] = KindWatch(lease, cell, kind, stop)
                     watches[key].start()
+
+    def kinds(self) -> dict[tuple[str, str], Kind]:
+        """The kinds to watch, for the plan versions loaded now (one query when unchanged)."""
+        ids = frozenset(PlanVersion.objects.values_list("id", flat=True))
+        if ids != self._kinds[0]:
+            kinds = self._kinds[1]
+            for key, kind in kinds_of(PlanVersion.objects.filter(pk__in=ids).only("id")).items():
+                if key in kinds:  # its running watches read the new versions' paths from now on
+                    kinds[key].status_paths = kind.status_paths
+                else:
+                    kinds[key] = kind
+            self._kinds = (ids, kinds)
+        return self._kinds[1]
 
     def _drop(self, cell_id: int, *, release: bool) -> None:
         lease, stop, watches = self.cells.pop(cell_id)
