@@ -214,6 +214,10 @@ class Operation(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # time inside the run is frozen here
     finished_at = models.DateTimeField(null=True, blank=True)
     next_step_at = models.DateTimeField(null=True, blank=True)
+    # The worker advancing it: a token claimed until a time (`runner`), so that no transaction
+    # or row lock stays open through a call to the cluster.
+    claim_token = models.UUIDField(null=True, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
     # Engine moves made (each a committed transaction), for the record and the benchmark.
     moves = models.PositiveIntegerField(default=0)
     # Steps in a row that found nothing to do: the poll interval grows with them.

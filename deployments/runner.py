@@ -1,9 +1,11 @@
 """The runner: advances operations one engine step at a time, durably.
 
-A Celery task calls `operation_step(id)`. For each move it locks the
-operation row (`select_for_update(skip_locked=True)`: a second worker
-holding the same message skips it), lets the engine advance from the saved
-state, and commits the new state and the task runs. After progress it goes
+A Celery task calls `operation_step(id)`. For each move it claims the
+operation (a token valid for `OPSDECK_OPERATION_LEASE` seconds: a second
+worker holding the same message finds it claimed and skips it), lets the
+engine advance from the saved state — calling the cluster outside any
+transaction — and commits the new state and the task runs in a short
+transaction fenced by the claim. After progress it goes
 on with the next move in the same task (for up to two seconds); when the run
 has to wait it sends itself again after a poll that starts fast and slows to
 5 s. Nothing sleeps. A worker killed anywhere loses at most the move in
@@ -16,12 +18,16 @@ import hashlib
 import json
 import logging
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
@@ -102,26 +108,77 @@ def operation_step(operation_id: str) -> None:
             return
 
 
+class ClaimLost(Exception):
+    """Another worker took the operation over (this one's claim expired while it waited on
+    the cluster) or it ended meanwhile: the move made is discarded, never committed."""
+
+
+def _claim(operation_id: str, now, *, early: bool = False) -> uuid.UUID | None:
+    """Claim the operation for one move: a token valid until the lease ends; None when it
+    ended, another worker holds it, or (unless `early`) its next step is not due yet."""
+    token = uuid.uuid4()
+    due = (
+        Q()
+        if early
+        else Q(next_step_at__isnull=True) | Q(next_step_at__lte=now + timedelta(milliseconds=50))
+    )
+    claimed = Operation.objects.filter(
+        Q(claimed_until__isnull=True) | Q(claimed_until__lt=now),
+        due,
+        pk=operation_id,
+        state__in=[Operation.State.QUEUED, Operation.State.RUNNING],
+    ).update(
+        claim_token=token,
+        claimed_until=now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
+    )
+    return token if claimed else None
+
+
+@contextmanager
+def _committing(op: Operation, token: uuid.UUID) -> Iterator[None]:
+    """The short transaction a move commits in. It begins by releasing this worker's claim,
+    which also locks the row until the commit, and raises ClaimLost, writing nothing, when
+    the claim is not ours any more or the operation ended meanwhile (a delete cancelled it)."""
+    with transaction.atomic():
+        held = Operation.objects.filter(pk=op.pk, claim_token=token, state=op.state).update(
+            claim_token=None, claimed_until=None
+        )
+        if not held:
+            raise ClaimLost
+        yield
+
+
 def _step(operation_id: str) -> float | None:
     """One move, committed; the delay before the next one, or None when there is none to
-    schedule (finished, cancelled, waiting for its turn, or held by another worker)."""
-    with transaction.atomic():
-        op = (
-            Operation.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("instance__cell", "instance__tenant", "requested_by")
-            .filter(pk=operation_id, state__in=[Operation.State.QUEUED, Operation.State.RUNNING])
-            .first()
-        )
-        if op is None:
-            return None  # finished, cancelled, or another worker holds it
-        now = timezone.now()
-        if op.next_step_at and op.next_step_at > now + timedelta(milliseconds=50):
-            return None  # an early duplicate; the scheduled delivery will come
-        if op.state == Operation.State.QUEUED and not _begin(op, now):
-            # Its predecessor schedules it when it finishes; looking again now and then covers
-            # a predecessor that finished while this one was being queued.
-            return QUEUED_RECHECK
-        return _advance(op, now)
+    schedule (finished, cancelled, waiting for its turn, held by another worker, or an early
+    duplicate of a delivery still to come).
+
+    No transaction or row lock stays open while the cluster is called: the operation is
+    claimed first (`_claim`), the move is computed, and it is committed in a short transaction
+    fenced by the claim (`_committing`) — so a worker that lost its claim while stuck in a
+    call discards its move instead of overwriting the new owner's."""
+    now = timezone.now()
+    token = _claim(operation_id, now)
+    if token is None:
+        return None
+    op = Operation.objects.select_related("instance__cell", "instance__tenant", "requested_by").get(
+        pk=operation_id
+    )
+    try:
+        if op.state == Operation.State.QUEUED:
+            with _committing(op, token):
+                begun = _begin(op, now)
+            if not begun:
+                # Its predecessor schedules it when it finishes; looking again now and then
+                # covers a predecessor that finished while this one was being queued.
+                return QUEUED_RECHECK
+            token = _claim(operation_id, now, early=True)  # its first move follows at once
+            if token is None:
+                return None
+        return _advance(op, now, token)
+    except ClaimLost:
+        log.warning("operation %s: its claim was lost; the move is discarded", op.pk)
+        return None
 
 
 def _begin(op: Operation, now) -> bool:
@@ -166,7 +223,7 @@ def _begin(op: Operation, now) -> bool:
     return True
 
 
-def _advance(op: Operation, now) -> float | None:
+def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     op.moves += 1
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
@@ -209,12 +266,13 @@ def _advance(op: Operation, now) -> float | None:
         op.error = f"{RETRYING}{exc.message}"[:2000]
         if state.changed:  # a write was sent and its answer lost: the cluster may hold it
             op.arguments = {**op.arguments, "cluster_touched": True}
-        op.save(
-            update_fields=[
-                "transient_failures", "transient_streak", "next_step_at", "moves", "arguments",
-                "error",
-            ]
-        )  # fmt: skip
+        with _committing(op, token):
+            op.save(
+                update_fields=[
+                    "transient_failures", "transient_streak", "next_step_at", "moves",
+                    "arguments", "error",
+                ]
+            )  # fmt: skip
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
         return delay
     except (PermanentError, RenderError) as exc:
@@ -225,10 +283,16 @@ def _advance(op: Operation, now) -> float | None:
         step = engine.Step(progressed=True)
 
     op.engine_state = json.dumps(state.to_json())
-    _sync_task_runs(op, state, before=saved.get("nodes", {}))
-    if state.done:
-        _finish(op, state, verb, now)
-        return None
+    with _committing(op, token):
+        _sync_task_runs(op, state, before=saved.get("nodes", {}))
+        if state.done:
+            _finish(op, state, verb, now)
+            return None
+        return _wait(op, step, now)
+
+
+def _wait(op: Operation, step: engine.Step, now) -> float:
+    """Store a move that left the run waiting; the delay before the next one."""
     if op.transient_streak:
         op.error = ""  # the cluster answers again
     op.transient_streak = 0

@@ -170,6 +170,10 @@ OPSDECK_STALLED_AFTER = env.int("OPSDECK_STALLED_AFTER", default=60)
 OPSDECK_POLL_MAX = env.float("OPSDECK_POLL_MAX", default=5.0)
 # The first wait, right after an object was applied (each next one 1.5 times longer).
 OPSDECK_POLL_FIRST = env.float("OPSDECK_POLL_FIRST", default=0.2)
+# Seconds a worker holds an operation it advances; another takes a worker's operation over
+# after that. At least twice the longest Kubernetes call (5 s to connect, 30 s to read), so a
+# slow call never loses a live worker its claim.
+OPSDECK_OPERATION_LEASE = env.int("OPSDECK_OPERATION_LEASE", default=90)
 # Seconds one watch request lasts before the watcher resumes it from the last version seen.
 OPSDECK_WATCH_TIMEOUT = env.int("OPSDECK_WATCH_TIMEOUT", default=60)
 CELERY_TIMEZONE = "UTC"

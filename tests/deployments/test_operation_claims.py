@@ -1,0 +1,65 @@
+"""Operations are claimed, not locked, while a worker advances them: no transaction stays
+open through a call to the cluster, a second worker leaves a claimed operation alone, and a
+worker whose claim ran out (stuck in a call) discards its move instead of committing it over
+the new owner's."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from accounts.audit import Actor
+from deployments import runner, services
+from deployments.models import Cell, Operation
+from tests.deployments.conftest import SPEC
+
+
+@pytest.fixture
+def queued(db, owner, tenant):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def test_an_operation_another_worker_holds_is_left_alone_until_its_claim_runs_out(queued):
+    now = timezone.now()
+    Operation.objects.filter(pk=queued.pk).update(
+        claim_token=uuid.uuid4(), claimed_until=now + timedelta(seconds=60)
+    )
+
+    runner.operation_step(str(queued.pk))
+
+    queued.refresh_from_db()
+    assert queued.state == Operation.State.QUEUED and queued.moves == 0
+    # The other worker died: once its claim has run out, the next step takes the operation.
+    assert runner._claim(str(queued.pk), now + timedelta(seconds=61)) is not None
+
+
+def test_a_worker_whose_claim_ran_out_commits_nothing(queued):
+    stale = runner._claim(str(queued.pk), timezone.now())
+    # Stuck in a call past its lease: another worker claims the operation and moves it on.
+    later = timezone.now() + timedelta(seconds=runner.settings.OPSDECK_OPERATION_LEASE + 1)
+    fresh = runner._claim(str(queued.pk), later)
+    assert fresh is not None and fresh != stale
+
+    with pytest.raises(runner.ClaimLost), runner._committing(queued, stale):
+        Operation.objects.filter(pk=queued.pk).update(error="written by the stale worker")
+
+    queued.refresh_from_db()
+    assert queued.error == "" and queued.claim_token == fresh  # the new owner's claim stands
+    with runner._committing(queued, fresh):  # the owner commits; the claim is released
+        pass
+    queued.refresh_from_db()
+    assert queued.claim_token is None and queued.claimed_until is None
+
+
+def test_a_move_is_not_committed_on_an_operation_a_delete_cancelled_meanwhile(queued):
+    token = runner._claim(str(queued.pk), timezone.now())
+    Operation.objects.filter(pk=queued.pk).update(state=Operation.State.CANCELLED)
+
+    with pytest.raises(runner.ClaimLost), runner._committing(queued, token):
+        pass
