@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0012_cell_watch_lease'),
+        ("deployments", "0012_cell_watch_lease"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='operation',
-            name='claim_token',
+            model_name="operation",
+            name="claim_token",
             field=models.UUIDField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='operation',
-            name='claimed_until',
+            model_name="operation",
+            name="claimed_until",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
