@@ -235,9 +235,10 @@ class CnpgOperator:
 
     def _bootstrap_faults(self) -> set[ObjKey]:
         """Clusters named in fail_bootstrap now or in the previous round."""
-        failing = {tuple(n.split("/", 1)) for n in self.sb.faults.fail_bootstrap if "/" in n}
-        named, self.failing = self.failing | failing, failing  # type: ignore[assignment]
-        return named
+        named = (n.partition("/") for n in self.sb.faults.fail_bootstrap)
+        failing = {(ns, name) for ns, _, name in named if name}
+        both, self.failing = self.failing | failing, failing
+        return both
 
     # ---- helpers ---------------------------------------------------------------------------
 
