@@ -205,9 +205,9 @@ def main() -> None:
         f"CNPG at speed {FLEET_SPEED:.0f}: new 3-instance cluster (10 s simulated), idle 1-instance"
     )
     for size, (healthy, _) in fleets.items():
-        print(f"{f'new cluster healthy beside {size}':28} {healthy:9.2f} s")
+        print(f"{f'new cluster healthy, {size} idle':28} {healthy:9.2f} s")
     for size, (_, round_seconds) in fleets.items():
-        print(f"{f'round with {size} idle clusters':28} {round_seconds * 1000:9.1f} ms")
+        print(f"{f'round, {size} idle clusters':28} {round_seconds * 1000:9.2f} ms")
     ratio = fleets[large][0] / fleets[small][0]
     print(f"{f'healthy, {large} vs {small}':28} {ratio:9.2f}   (aim: 1.0, as fast beside {large})")
 
