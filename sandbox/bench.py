@@ -1,4 +1,5 @@
-"""`python -m sandbox.bench`: request rates against a bare http.server, and watch fan-out."""
+"""`python -m sandbox.bench`: request rates against a bare http.server, watch fan-out, and how the
+CNPG simulation keeps up beside many clusters."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .api import Sandbox
+from .core import Ctx
 
 # One keep-alive connection, as the issue measures it: a single client's request rate.
 THREADS = 1
 SECONDS = 2.0
 LIST_SIZE = 1000
+# The CNPG figures: idle clusters beside the new one, at one speed (a 3-instance cluster is
+# healthy in 10 s of simulated time, 0.5 s at this speed).
+FLEETS = (10, 1000)
+FLEET_SPEED = 20.0
+CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 
 
 class _Bare(BaseHTTPRequestHandler):
@@ -99,6 +106,57 @@ def _fan_out(sb: Sandbox, watchers: int = 100) -> float:
     return elapsed
 
 
+def _cluster(name: str, instances: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "kind": "Cluster",
+        "metadata": {"name": name},
+        "spec": {"instances": instances, "storage": {"size": "1Gi"}},
+    }
+
+
+def _healthy(sb: Sandbox, ns: str, name: str) -> bool:
+    rt = sb.core.resolve(*CNPG)
+    with sb.core.lock:
+        obj = sb.core.store.get(rt.key, ns, name)
+        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _cnpg_fleet(size: int) -> tuple[float, float]:
+    """Seconds until a new 3-instance Cluster is healthy beside `size` healthy 1-instance ones,
+    and seconds of one controller round (garbage collector and every controller) once idle.
+
+    The fleet is created through the object model (`Core.create`, what the HTTP layer calls),
+    in one namespace, with the controllers running; the new Cluster the same way, and its Ready
+    condition is read from the store every millisecond.
+    """
+    ctx = Ctx(field_manager="bench")
+    sb = Sandbox(speed=FLEET_SPEED).start()
+    try:
+        core, rt = sb.core, sb.core.resolve(*CNPG)
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}}
+        core.create(core.builtin("namespaces"), "", namespace, ctx)
+        for i in range(size):
+            core.create(rt, "fleet", _cluster(f"pg-{i}", 1), ctx)
+        sb.run_until_idle(timeout=900)
+        started = time.monotonic()
+        core.create(rt, "default", _cluster("newcomer", 3), ctx)
+        while not _healthy(sb, "default", "newcomer"):
+            time.sleep(0.001)
+        healthy = time.monotonic() - started
+        sb.run_until_idle(timeout=300)
+    finally:
+        sb.stop()
+    # Rounds on this thread once the loop is stopped: nothing is due, nothing changed.
+    rounds = []
+    for _ in range(5):
+        started = time.monotonic()
+        sb.reconcile_once()
+        rounds.append(time.monotonic() - started)
+    return healthy, sorted(rounds)[len(rounds) // 2]
+
+
 def main() -> None:
     """Print the figures."""
     bare = ThreadingHTTPServer(("127.0.0.1", 0), _Bare)
@@ -140,6 +198,18 @@ def main() -> None:
         ratio = figures["GET configmap"] / baseline
         print(f"{'GET, sandbox vs baseline':28} {ratio:9.2f}   (aim: at least 0.5)")
         print(f"{'watch fan-out to 100':28} {_fan_out(sb) * 1000:9.1f} ms")
+
+    fleets = {size: _cnpg_fleet(size) for size in FLEETS}
+    small, large = FLEETS
+    print(
+        f"CNPG at speed {FLEET_SPEED:.0f}: new 3-instance cluster (10 s simulated), idle 1-instance"
+    )
+    for size, (healthy, _) in fleets.items():
+        print(f"{f'new cluster healthy, {size} idle':28} {healthy:9.2f} s")
+    for size, (_, round_seconds) in fleets.items():
+        print(f"{f'round, {size} idle clusters':28} {round_seconds * 1000:9.2f} ms")
+    ratio = fleets[large][0] / fleets[small][0]
+    print(f"{f'healthy, {large} vs {small}':28} {ratio:9.2f}   (aim: 1.0, as fast beside {large})")
 
 
 if __name__ == "__main__":

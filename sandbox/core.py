@@ -20,6 +20,7 @@ from . import errors as E
 from . import patch as P
 from . import schema as S
 from . import workloads
+from .garbage import GcIndex
 from .resources import ResourceType, builtin_types, types_from_crd
 from .selectors import label_selector_string, parse_field_selector, parse_label_selector
 from .store import Store
@@ -96,6 +97,7 @@ class Core:
     def __init__(self, store: Store | None = None) -> None:
         self.store = store or Store()
         self.lock = self.store.lock
+        self.gc_index = GcIndex(self.store)
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         self.bookmark_seconds = 5.0
         # Mutating admission (an operator's defaulting webhook), by (group, plural).
@@ -927,14 +929,10 @@ class Core:
 
     def _dependents(self, uid: str) -> list[tuple[ResourceType, dict[str, Any]]]:
         out = []
-        for key, bucket in list(self.store.objects.items()):
+        for key, obj in self.gc_index.dependents_of(uid):
             rt = self.type_of_key(key)
-            if rt is None:
-                continue
-            for obj in bucket.values():
-                refs = obj["metadata"].get("ownerReferences") or []
-                if any(r.get("uid") == uid for r in refs):
-                    out.append((rt, obj))
+            if rt is not None:
+                out.append((rt, obj))
         return out
 
     def _orphan_dependents(self, uid: str) -> None:
@@ -950,52 +948,57 @@ class Core:
     # ---- system controllers: garbage collector and namespace lifecycle ---------------------
 
     def collect_garbage(self) -> bool:
-        """One pass of the garbage collector and namespace controller; True if it wrote."""
+        """One pass of the garbage collector and namespace controller; True if it wrote.
+
+        It looks only at what changed since the previous pass (see garbage.GcIndex).
+        """
         changed = False
         with self.lock:
-            index: dict[str, tuple[ResourceType, dict[str, Any]]] = {}
-            for key, bucket in self.store.objects.items():
-                rt = self.type_of_key(key)
-                if rt is None:
-                    continue
-                for obj in bucket.values():
-                    index[obj["metadata"]["uid"]] = (rt, obj)
-            for uid, (rt, obj) in list(index.items()):
+            index = self.gc_index
+            for key, obj in index.take_unchecked():
                 meta = obj["metadata"]
                 refs = meta.get("ownerReferences") or []
-                if refs and not meta.get("deletionTimestamp"):
-                    alive = [r for r in refs if self._owner_alive(r, meta, index)]
-                    if not alive:
-                        self._delete_quiet(rt, meta)
-                        changed = True
-                        continue
-                if "foregroundDeletion" in (meta.get("finalizers") or []):
-                    deps = self._dependents(uid)
-                    for drt, dep in deps:
-                        if not dep["metadata"].get("deletionTimestamp"):
-                            self._delete_quiet(drt, dep["metadata"], "Foreground")
-                            changed = True
-                    blocking = [
-                        d
-                        for _, d in self._dependents(uid)
-                        if any(
-                            r.get("uid") == uid and r.get("blockOwnerDeletion")
-                            for r in d["metadata"].get("ownerReferences") or []
-                        )
-                    ]
-                    if not blocking:
-                        current = self.store.get(rt.key, meta.get("namespace", ""), meta["name"])
-                        if current is not None:
-                            new = copy.deepcopy(current)
-                            new["metadata"]["finalizers"] = [
-                                f
-                                for f in new["metadata"]["finalizers"]
-                                if f != "foregroundDeletion"
-                            ]
-                            self._commit(rt, new, current)
-                            changed = True
+                rt = self.type_of_key(key)
+                if rt is None or not refs or meta.get("deletionTimestamp"):
+                    continue
+                if not any(self._owner_alive(r, meta) for r in refs):
+                    self._delete_quiet(rt, meta)
+                    changed = True
+            for key, okey in sorted(index.foreground):
+                rt = self.type_of_key(key)
+                obj = self.store.get(key, *okey)
+                if rt is not None and obj is not None:
+                    changed |= self._delete_foreground(rt, obj)
             changed |= self._finalize_namespaces()
             changed |= self._expire_events()
+        return changed
+
+    def _delete_foreground(self, rt: ResourceType, obj: dict[str, Any]) -> bool:
+        """Delete an owner's dependents, then let it go once none blocks it; True if it wrote."""
+        changed = False
+        meta = obj["metadata"]
+        uid = meta["uid"]
+        for drt, dep in self._dependents(uid):
+            if not dep["metadata"].get("deletionTimestamp"):
+                self._delete_quiet(drt, dep["metadata"], "Foreground")
+                changed = True
+        blocking = [
+            d
+            for _, d in self._dependents(uid)
+            if any(
+                r.get("uid") == uid and r.get("blockOwnerDeletion")
+                for r in d["metadata"].get("ownerReferences") or []
+            )
+        ]
+        if not blocking:
+            current = self.store.get(rt.key, meta.get("namespace", ""), meta["name"])
+            if current is not None:
+                new = copy.deepcopy(current)
+                new["metadata"]["finalizers"] = [
+                    f for f in new["metadata"]["finalizers"] if f != "foregroundDeletion"
+                ]
+                self._commit(rt, new, current)
+                changed = True
         return changed
 
     def _expire_events(self) -> bool:
@@ -1004,26 +1007,20 @@ class Core:
         cutoff = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=EVENT_TTL_SECONDS)).strftime(
             "%Y-%m-%dT%H:%M:%SZ"
         )
-        old = [
-            e
-            for e in self.store.items(rt.key)
-            if (e.get("lastTimestamp") or e["metadata"].get("creationTimestamp") or cutoff) < cutoff
-        ]
-        for event in old:
-            self._delete_quiet(rt, event["metadata"])
+        old = self.gc_index.expired_events(cutoff)
+        for ns, name in old:
+            self._delete_quiet(rt, {"namespace": ns, "name": name})
         return bool(old)
 
-    def _owner_alive(
-        self, ref: dict[str, Any], meta: dict[str, Any], index: dict[str, Any]
-    ) -> bool:
-        found = index.get(ref.get("uid", ""))
+    def _owner_alive(self, ref: dict[str, Any], meta: dict[str, Any]) -> bool:
+        found = self.gc_index.uids.get(ref.get("uid", ""))
         if found is None:
             return False
-        owner_rt, owner = found
+        owner_rt = self.type_of_key(found[0])
         # No cross-namespace owners: a namespaced owner must live in the dependent's namespace.
-        return not owner_rt.namespaced or owner["metadata"].get("namespace") == meta.get(
-            "namespace"
-        )
+        if owner_rt is None:
+            return False
+        return not owner_rt.namespaced or found[1][0] == meta.get("namespace")
 
     def _delete_quiet(
         self, rt: ResourceType, meta: dict[str, Any], policy: str | None = None
@@ -1038,10 +1035,10 @@ class Core:
         namespaced = [
             rt for rt in map(self.type_of_key, list(self.store.objects)) if rt and rt.namespaced
         ]
-        for nso in list(self.store.items(ns_rt.key)):
-            if not nso["metadata"].get("deletionTimestamp"):
+        for name in sorted(self.gc_index.terminating):
+            nso = self.store.get(ns_rt.key, "", name)
+            if nso is None or not nso["metadata"].get("deletionTimestamp"):
                 continue
-            name = nso["metadata"]["name"]
             for rt in namespaced:
                 for obj in list(self.store.items(rt.key, name)):
                     if not obj["metadata"].get("deletionTimestamp"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ class Store:
         self.window = window
         # Watches and continue tokens older than this are answered 410 Gone.
         self.compacted_rv = 0
+        # resource -> label -> (namespace, label value) -> names, kept up to date on write.
+        self.indexes: dict[Key, dict[str, dict[ObjKey, set[str]]]] = {}
 
     def next_rv(self) -> int:
         """Take the next resourceVersion from the global counter."""
@@ -48,7 +51,42 @@ class Store:
     def items(self, key: Key, ns: str | None = None) -> list[dict[str, Any]]:
         """Objects of one resource, sorted by namespace and name, optionally in one namespace."""
         bucket = self.objects.get(key, {})
-        return [bucket[k] for k in sorted(bucket) if ns is None or k[0] == ns]
+        keys = bucket if ns is None else [k for k in bucket if k[0] == ns]
+        return [bucket[k] for k in sorted(keys)]
+
+    def index_label(self, key: Key, label: str) -> None:
+        """Keep one resource's objects findable by namespace and the value of a label."""
+        with self.lock:
+            if label in self.indexes.get(key, {}):
+                return
+            self.indexes.setdefault(key, {})[label] = {}
+            for obj in self.objects.get(key, {}).values():
+                self._index(key, obj, True)
+
+    def labelled(self, key: Key, ns: str, label: str, value: str) -> list[dict[str, Any]]:
+        """Objects in ns whose label has this value, sorted by name (index_label first)."""
+        bucket = self.objects.get(key, {})
+        found = (
+            bucket.get((ns, name)) for name in sorted(self.indexes[key][label].get((ns, value), ()))
+        )
+        # Checked again, in case a caller changed a stored object in place.
+        return [o for o in found if o and (o["metadata"].get("labels") or {}).get(label) == value]
+
+    def _index(self, key: Key, obj: dict[str, Any] | None, add: bool) -> None:
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        labels = meta.get("labels") or {}
+        for label, index in self.indexes.get(key, {}).items():
+            if label not in labels:
+                continue
+            entry = (meta.get("namespace", ""), labels[label])
+            if add:
+                index.setdefault(entry, set()).add(meta["name"])
+            elif entry in index:
+                index[entry].discard(meta["name"])
+                if not index[entry]:
+                    del index[entry]
 
     def write(self, key: Key, obj: dict[str, Any], etype: str) -> dict[str, Any]:
         """Store an object under a fresh resourceVersion and log the event."""
@@ -61,6 +99,9 @@ class Store:
             bucket.pop(okey, None)
         else:
             bucket[okey] = obj
+        if key in self.indexes:
+            self._index(key, old, False)
+            self._index(key, None if etype == "DELETED" else obj, True)
         self._record(Event(self.rv, key, etype, copy.deepcopy(obj), old))
         return obj
 
@@ -124,3 +165,29 @@ class Store:
                 for obj in entry["items"]:
                     meta = obj["metadata"]
                     bucket[(meta.get("namespace", ""), meta["name"])] = obj
+            for key, labels in self.indexes.items():
+                for label in labels:
+                    labels[label] = {}
+                for obj in self.objects.get(key, {}).values():
+                    self._index(key, obj, True)
+
+
+class ChangeFeed:
+    """The store's events for some resources (all without keys) since the previous poll."""
+
+    def __init__(self, store: Store, keys: Iterable[Key] | None = None) -> None:
+        self.store = store
+        self.keys = None if keys is None else set(keys)
+        self.rv: int | None = None
+
+    def poll(self) -> list[Event] | None:
+        """New events; None when the caller must resync (first poll, or events were lost)."""
+        with self.store.lock:
+            if self.rv is None or self.rv < self.store.compacted_rv:
+                self.rv = self.store.rv
+                return None
+            events = self.store.events_after(self.rv)
+            if self.keys is not None:
+                events = [e for e in events if e.key in self.keys]
+            self.rv = self.store.rv
+            return events

@@ -16,12 +16,15 @@ import logging
 import secrets
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core import Ctx, now_iso
 from ..errors import ApiError
+from ..store import ObjKey
 from .cron import CronError, next_time
-from .machinery import EventRecorder
+from .machinery import ChangeFeed, EventRecorder, Timers
 
 if TYPE_CHECKING:
     from ..api import Sandbox
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandbox.cnpg")
 
 GROUP, VERSION = "postgresql.cnpg.io", "v1"
+PLURALS = ("clusters", "backups", "scheduledbackups")
+CLUSTER_LABEL = "cnpg.io/cluster"
 MANAGER = "cloudnative-pg"
 DEFAULT_IMAGE = "ghcr.io/cloudnative-pg/postgresql:18.1-system-trixie"
 
@@ -99,15 +104,30 @@ class CnpgOperator:
     def __init__(self, sandbox: Sandbox) -> None:
         self.sb = sandbox
         self.core = sandbox.core
-        # uid -> (monotonic due time, step key): one simulated step in flight per object.
-        self.timers: dict[str, tuple[float, str]] = {}
-        # Steps asked for in this round; a step nobody asks for any more is dropped.
-        self.touched: set[str] = set()
-        # ScheduledBackup wake-ups: not work in progress, so they do not keep the sandbox busy.
-        self.wakeups: dict[str, float] = {}
+        self.pods = self.core.builtin("pods")
+        self.claims = self.core.builtin("persistentvolumeclaims")
+        # Instances are found by their cluster label, through an index the store keeps.
+        for rt in (self.pods, self.claims):
+            self.core.store.index_label(rt.key, CLUSTER_LABEL)
+        # Built-in objects a Cluster owns: a change to one (say a deleted pod) wakes its Cluster.
+        self.owned = {rt.key for rt in (self.pods, self.claims)} | {
+            self.core.builtin(p).key for p in ("secrets", "services")
+        }
+        self.feed: ChangeFeed | None = None
+        # Objects to reconcile, by plural: changed since they were last looked at.
+        self.dirty: dict[str, set[ObjKey]] = {p: set() for p in PLURALS}
+        # Simulated steps in flight, by plural.
+        self.timers = {p: Timers(sandbox.scaled) for p in PLURALS}
+        # Schedules and retention: not work in progress, so they do not keep the sandbox busy.
+        self.wakeups: dict[tuple[str, ObjKey], float] = {}
+        # Clusters waiting on what sends no events (the object store, a bootstrap fault).
+        self.polled: set[ObjKey] = set()
+        self.failing: set[ObjKey] = set()
         # The operator writes only fields its CRDs declare; Ignore keeps no warnings around.
         self.ctx = Ctx(field_manager=MANAGER, field_validation="Ignore")
         self.changed = False
+        # How often each object was looked at: what a round costs, for tests.
+        self.visits: Counter[tuple[str, ObjKey]] = Counter()
         self.events = EventRecorder(self.core, MANAGER)
         self.core.defaulters[(GROUP, "clusters")] = default_cluster
 
@@ -115,49 +135,110 @@ class CnpgOperator:
 
     def next_due(self) -> float | None:
         """The earliest pending simulated step or schedule."""
-        times = [due for due, _ in self.timers.values()] + list(self.wakeups.values())
-        return min(times, default=None)
+        times = [t.next_due() for t in self.timers.values()] + list(self.wakeups.values())
+        return min((t for t in times if t is not None), default=None)
 
     def busy(self) -> bool:
         """True while a simulated step is in flight."""
-        return bool(self.timers)
+        return any(self.timers.values())
 
     def reconcile(self) -> bool:
-        """One pass over every Cluster, Backup and ScheduledBackup."""
+        """Reconcile the Clusters, Backups and ScheduledBackups that changed or are due."""
         self.changed = False
-        self.touched = set()
         core = self.core
-        rts = {
-            p: core.resolve(GROUP, VERSION, p) for p in ("clusters", "backups", "scheduledbackups")
-        }
+        rts = {p: core.resolve(GROUP, VERSION, p) for p in PLURALS}
         if any(rt is None for rt in rts.values()):
             return False
+        with core.lock:
+            self._collect(rts)
         for plural, handler in (
             ("clusters", self._cluster),
             ("backups", self._backup),
             ("scheduledbackups", self._scheduled),
         ):
+            timers = self.timers[plural]
             if plural in self.sb.faults.frozen:
+                # A frozen controller's steps start again once it thaws.
+                self.dirty[plural] |= set(timers.steps)
+                timers.steps.clear()
                 continue
             with core.lock:
-                objs = [copy.deepcopy(o) for o in core.store.items(rts[plural].key)]
-            for obj in objs:
-                obj["apiVersion"], obj["kind"] = f"{GROUP}/{VERSION}", rts[plural].kind
+                todo, self.dirty[plural] = self.dirty[plural], set()
+                todo |= set(timers.expired())
+                if plural == "clusters":
+                    todo |= self.polled | self._bootstrap_faults()
+            for key in sorted(todo):
                 try:
                     with core.lock:
-                        handler(obj)
+                        timers.begin(key)
+                        try:
+                            self._visit(rts[plural], key, handler)
+                        finally:
+                            timers.end(key)
                 except ApiError as exc:
-                    # A conflicting client write: the next round sees the new version.
-                    log.debug("cnpg %s %s: %s", plural, obj["metadata"]["name"], exc.message)
+                    # A conflicting client write: the next round looks again.
+                    self.dirty[plural].add(key)
+                    log.debug("cnpg %s %s/%s: %s", plural, *key, exc.message)
                 except Exception:
                     # One odd object must not stop the others from being reconciled.
-                    log.exception("cnpg %s %s failed", plural, obj["metadata"]["name"])
-        for key in [k for k in self.timers if k not in self.touched]:
-            del self.timers[key]
-        live = {"s:" + o["metadata"]["uid"] for o in core.store.items(rts["scheduledbackups"].key)}
-        for key in [k for k in self.wakeups if k not in live]:
-            del self.wakeups[key]
+                    self.dirty[plural].add(key)
+                    log.exception("cnpg %s %s/%s failed", plural, *key)
         return self.changed
+
+    def _visit(self, rt: Any, key: ObjKey, handler: Callable[[dict[str, Any]], None]) -> None:
+        self.wakeups.pop((rt.plural, key), None)
+        if rt.plural == "clusters":
+            self.polled.discard(key)
+        stored = self.core.store.get(rt.key, *key)
+        if stored is None:
+            return
+        self.visits[(rt.plural, key)] += 1
+        obj = copy.deepcopy(stored)
+        obj["apiVersion"], obj["kind"] = f"{GROUP}/{VERSION}", rt.kind
+        handler(obj)
+
+    def _collect(self, rts: dict[str, Any]) -> None:
+        """Turn the store's events since the last round into objects to look at."""
+        if self.feed is None:
+            self.feed = ChangeFeed(self.core.store, {rt.key for rt in rts.values()} | self.owned)
+        events = self.feed.poll()
+        due = [k for k, when in self.wakeups.items() if when <= time.monotonic()]
+        for plural, key in due:
+            self.dirty[plural].add(key)
+        if events is None:
+            # First round, or events were lost: look at everything once.
+            for plural, rt in rts.items():
+                self.dirty[plural] |= set(self.core.store.objects.get(rt.key, {}))
+            return
+        plural_of = {rt.key: plural for plural, rt in rts.items()}
+        clusters = self.dirty["clusters"]
+        for event in events:
+            meta = event.obj["metadata"]
+            ns = meta.get("namespace", "")
+            if event.key in plural_of:
+                plural = plural_of[event.key]
+                self.dirty[plural].add((ns, meta["name"]))
+                if event.type == "DELETED":
+                    # A Cluster created again under the same name starts afresh.
+                    self.timers[plural].steps.pop((ns, meta["name"]), None)
+                continue
+            for obj in (event.old, event.obj):
+                cluster = ((obj or {}).get("metadata", {}).get("labels") or {}).get(CLUSTER_LABEL)
+                if cluster:
+                    clusters.add((ns, cluster))
+        # A backup in flight stops when its cluster stops being fit for one.
+        for ns, name in self.timers["backups"].steps:
+            backup = self.core.store.get(rts["backups"].key, ns, name)
+            cname = ((backup or {}).get("spec", {}).get("cluster") or {}).get("name")
+            if (ns, cname) in clusters:
+                self.dirty["backups"].add((ns, name))
+
+    def _bootstrap_faults(self) -> set[ObjKey]:
+        """Clusters named in fail_bootstrap now or in the previous round."""
+        named = (n.partition("/") for n in self.sb.faults.fail_bootstrap)
+        failing = {(ns, name) for ns, _, name in named if name}
+        both, self.failing = self.failing | failing, failing
+        return both
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -200,18 +281,11 @@ class CnpgOperator:
         if self.events.record(obj, reason, message, kind):
             self.changed = True
 
-    def _due(self, key: str, step: str, seconds: float) -> bool:
-        """Start a simulated step, or tell whether the one in flight is done."""
-        self.touched.add(key)
-        current = self.timers.get(key)
-        now = time.monotonic()
-        if current is None or current[1] != step:
-            self.timers[key] = (now + self.sb.scaled(seconds), step)
-            return False
-        if now >= current[0]:
-            del self.timers[key]
-            return True
-        return False
+    def _due(self, obj: dict[str, Any], step: str, seconds: float) -> bool:
+        """Start a simulated step for obj, or tell whether the one in flight is done."""
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        return self.timers[_plural(obj["kind"])].due(key, step, seconds)
 
     # ---- Cluster ---------------------------------------------------------------------------
 
@@ -224,7 +298,6 @@ class CnpgOperator:
         ):
             return
         ns, name = meta["namespace"], meta["name"]
-        key = "c:" + meta["uid"]
         spec = c.get("spec") or {}
         status = copy.deepcopy(c.get("status") or {})
         image = spec.get("imageName") or DEFAULT_IMAGE
@@ -253,6 +326,8 @@ class CnpgOperator:
         if recovery is not None and not status.get("currentPrimary"):
             source, why = self._recovery_source(c, recovery)
             if source is None:
+                # The backup may reach the object store without any event: look again next round.
+                self.polled.add((ns, name))
                 if status.get("phaseReason") != why:
                     self._event(c, "ErrorNoBackup", why, "Warning")
                 self._phase(status, SETTING_UP, why)
@@ -317,7 +392,7 @@ class CnpgOperator:
             inst = not_ready[0]
             first_boot = not primary
             seconds = PRIMARY_SECONDS if first_boot else REPLICA_SECONDS
-            if self._due(key, f"ready:{inst}", seconds):
+            if self._due(c, f"ready:{inst}", seconds):
                 self._mark_ready(pods[inst])
                 if first_boot:
                     status["currentPrimary"] = inst
@@ -369,7 +444,7 @@ class CnpgOperator:
             if status.get("phase") != SWITCHOVER:
                 self._phase(status, SWITCHOVER, f"Switching over to {target}")
                 self._event(c, "SwitchoverInitiated", f"Switching over from {primary} to {target}")
-            if self._due(key, f"switchover:{target}", SWITCHOVER_SECONDS):
+            if self._due(c, f"switchover:{target}", SWITCHOVER_SECONDS):
                 self._promote(c, status, pods, target)
             self._set_status(c, status)
             return
@@ -402,7 +477,7 @@ class CnpgOperator:
         if status.get("phase") != APPLYING_CONFIG:
             self._phase(status, APPLYING_CONFIG, "Reloading PostgreSQL configuration")
             self._event(c, "ApplyingConfiguration", "Applying the new PostgreSQL configuration")
-        if self._due("c:" + c["metadata"]["uid"], f"config:{wanted}", ROLL_SECONDS):
+        if self._due(c, f"config:{wanted}", ROLL_SECONDS):
             for inst in stale:
                 self.core.patch(
                     self._rt("", "pods"),
@@ -423,13 +498,12 @@ class CnpgOperator:
         replicas = [i for i in instances if i != primary and i in pods and self._ready(pods[i])]
         if not primary or primary in pods or not replicas:
             return False
-        key = "c:" + c["metadata"]["uid"]
         if status.get("phase") != FAILING_OVER:
             status["targetPrimary"] = "pending"
             self._phase(status, FAILING_OVER, f"Primary {primary} is gone")
             self._event(c, "FailingOver", f"Current primary {primary} is gone, failing over")
         self._counts(status, instances, pods)
-        if self._due(key, f"failover:{primary}", SWITCHOVER_SECONDS):
+        if self._due(c, f"failover:{primary}", SWITCHOVER_SECONDS):
             self._promote(c, status, pods, replicas[0])
             self._event(c, "FailoverTarget", f"Promoted {replicas[0]} to primary")
         return True
@@ -605,21 +679,20 @@ class CnpgOperator:
         }
 
     def _pods(self, ns: str, name: str) -> dict[str, dict[str, Any]]:
-        rt = self._rt("", "pods")
-        return {
-            p["metadata"]["name"]: copy.deepcopy(p)
-            for p in self.core.store.items(rt.key, ns)
-            if (p["metadata"].get("labels") or {}).get("cnpg.io/cluster") == name
-            and (p["metadata"].get("labels") or {}).get("cnpg.io/podRole") == "instance"
-        }
+        return self._instances(self.pods.key, ns, name, ("cnpg.io/podRole", "instance"))
 
     def _pvcs(self, ns: str, name: str) -> dict[str, dict[str, Any]]:
-        rt = self._rt("", "persistentvolumeclaims")
+        return self._instances(self.claims.key, ns, name, ("cnpg.io/pvcRole", "PG_DATA"))
+
+    def _instances(
+        self, key: Any, ns: str, name: str, role: tuple[str, str]
+    ) -> dict[str, dict[str, Any]]:
+        """A Cluster's pods or claims of one role, by name (copies)."""
+        label, value = role
         return {
             p["metadata"]["name"]: copy.deepcopy(p)
-            for p in self.core.store.items(rt.key, ns)
-            if (p["metadata"].get("labels") or {}).get("cnpg.io/cluster") == name
-            and (p["metadata"].get("labels") or {}).get("cnpg.io/pvcRole") == "PG_DATA"
+            for p in self.core.store.labelled(key, ns, CLUSTER_LABEL, name)
+            if p["metadata"]["labels"].get(label) == value
         }
 
     @staticmethod
@@ -798,7 +871,6 @@ class CnpgOperator:
     ) -> bool:
         """Image upgrades and restarts: replicas first, primary last. True while rolling."""
         spec = c.get("spec") or {}
-        key = "c:" + c["metadata"]["uid"]
         primary = status.get("currentPrimary")
 
         def stale(inst: str) -> bool:
@@ -824,7 +896,7 @@ class CnpgOperator:
             self._phase(
                 status, UPGRADING, f"{'Upgrading' if upgrade else 'Restarting'} instance {inst}"
             )
-            if self._due(key, f"roll:{inst}", ROLL_SECONDS):
+            if self._due(c, f"roll:{inst}", ROLL_SECONDS):
                 self._recreate(pods[inst], image, restarted_at)
                 self._event(
                     c,
@@ -838,7 +910,7 @@ class CnpgOperator:
         others = [i for i in instances if i != primary]
         if spec.get("primaryUpdateMethod") == "switchover" and others:
             self._phase(status, SWITCHOVER, f"Switching over to {others[0]} to update the primary")
-            if self._due(key, f"switchover:{others[0]}", SWITCHOVER_SECONDS):
+            if self._due(c, f"switchover:{others[0]}", SWITCHOVER_SECONDS):
                 self._promote(c, status, pods, others[0])
                 self._recreate(pods[primary], image, restarted_at, role="replica")
             return True
@@ -847,7 +919,7 @@ class CnpgOperator:
             RESTARTING_PRIMARY if not upgrade else UPGRADING,
             f"Restarting primary {primary}",
         )
-        if self._due(key, f"roll:{primary}", ROLL_SECONDS):
+        if self._due(c, f"roll:{primary}", ROLL_SECONDS):
             self._recreate(pods[primary], image, restarted_at)
             self._event(c, "PrimaryRestarted", f"Primary {primary} rolled out")
         return True
@@ -880,7 +952,6 @@ class CnpgOperator:
     def _hibernate(
         self, c: dict[str, Any], status: dict[str, Any], pods: dict[str, Any], pvcs: dict[str, Any]
     ) -> None:
-        key = "c:" + c["metadata"]["uid"]
         cond = self._condition(status, HIBERNATION)
         if cond.get("status") == "True" and not pods:
             return
@@ -890,7 +961,7 @@ class CnpgOperator:
                     status, HIBERNATION, "False", "StartedHibernation", "Hibernation in progress"
                 )
                 self._event(c, "Hibernating", "Hibernation started: deleting instance pods")
-            if self._due(key, "hibernate", HIBERNATE_SECONDS):
+            if self._due(c, "hibernate", HIBERNATE_SECONDS):
                 for name in pods:
                     self._delete("pods", c["metadata"]["namespace"], name)
             return
@@ -943,6 +1014,14 @@ class CnpgOperator:
         if len(kept) != len(entry["backups"]):
             entry["backups"] = kept
             self.changed = True
+        # Look again when the next kept backup (never the newest) grows too old.
+        expiring = [_ts(b["stoppedAt"]) for b in kept[:-1]]
+        soonest = min((when for when in expiring if when is not None), default=None)
+        if soonest is not None:
+            wait = (soonest + keep - dt.datetime.now(dt.UTC)).total_seconds()
+            meta = c["metadata"]
+            key = ("clusters", (meta["namespace"], meta["name"]))
+            self.wakeups[key] = time.monotonic() + max(wait, 0.05)
 
     def _recovery_source(
         self, c: dict[str, Any], recovery: dict[str, Any]
@@ -1019,7 +1098,6 @@ class CnpgOperator:
         phase = status.get("phase")
         if phase in ("completed", "failed") or meta.get("deletionTimestamp"):
             return
-        key = "b:" + meta["uid"]
         ns = meta["namespace"]
         spec = b.get("spec") or {}
         cname = (spec.get("cluster") or {}).get("name", "")
@@ -1037,7 +1115,7 @@ class CnpgOperator:
         server = cstore.get("serverName") or cname
         primary = cluster["status"]["currentPrimary"]
         if phase == "pending":
-            if self._due(key, "start", BACKUP_START_SECONDS):
+            if self._due(b, "start", BACKUP_START_SECONDS):
                 started = dt.datetime.now(dt.UTC)
                 stored = self.sb.object_store.get(cstore.get("destinationPath", ""), {}).get(
                     server, {}
@@ -1066,7 +1144,7 @@ class CnpgOperator:
                 self._event(b, "Starting", f"Backup {meta['name']} started on {primary}")
             return
         if phase in ("running", "finalizing"):
-            if not self._due(key, f"finish:{phase}", BACKUP_SECONDS):
+            if not self._due(b, f"finish:{phase}", BACKUP_SECONDS):
                 return
             if self.sb.faults.take_backup_failure():
                 self._fail(b, status, cluster, "injected backup failure")
@@ -1173,7 +1251,6 @@ class CnpgOperator:
             return
         status = copy.deepcopy(s.get("status") or {})
         now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-        key = "s:" + meta["uid"]
         try:
             last = _ts(status.get("lastScheduleTime"))
             nxt = _ts(status.get("nextScheduleTime"))
@@ -1195,7 +1272,9 @@ class CnpgOperator:
             status["lastCheckTime"] = _fmt(now)
             status["nextScheduleTime"] = _fmt(nxt)
             self._set_status(s, status)
-        self.wakeups[key] = time.monotonic() + max((nxt - now).total_seconds(), 0.05)
+        self.wakeups[("scheduledbackups", (meta["namespace"], meta["name"]))] = (
+            time.monotonic() + max((nxt - now).total_seconds(), 0.05)
+        )
 
     def _create_scheduled_backup(self, s: dict[str, Any], now: dt.datetime) -> None:
         meta, spec = s["metadata"], s.get("spec") or {}

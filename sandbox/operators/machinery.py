@@ -2,40 +2,24 @@
 
 A controller that reads the store's event log instead of every object each round costs what
 changed, like an informer's work queue; the timers carry simulated durations on the sandbox's
-clock (divided by its speed).
+clock (divided by its speed). The change feed lives in the store: the garbage collector reads
+it too.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ..core import Core, Ctx, now_iso
-from ..store import Event, Key, ObjKey, Store
+from ..store import ChangeFeed, ObjKey
+
+__all__ = ["ChangeFeed", "EventRecorder", "Timers", "event_stamp"]
 
 _stamp_lock = threading.Lock()
 _last_stamp = 0
-
-
-class ChangeFeed:
-    """The store's events for some resources since the previous poll."""
-
-    def __init__(self, store: Store, keys: Iterable[Key]) -> None:
-        self.store = store
-        self.keys = set(keys)
-        self.rv: int | None = None
-
-    def poll(self) -> list[Event] | None:
-        """New events; None when the caller must resync (first poll, or events were lost)."""
-        with self.store.lock:
-            if self.rv is None or self.rv < self.store.compacted_rv:
-                self.rv = self.store.rv
-                return None
-            events = [e for e in self.store.events_after(self.rv) if e.key in self.keys]
-            self.rv = self.store.rv
-            return events
 
 
 class Timers:
