@@ -121,3 +121,23 @@ def wait_done(operation, timeout=60.0):
 
 def decoded(value: str) -> dict:
     return json.loads(value) if value else {}
+
+
+@pytest.fixture
+def kube(sandbox_kubeconfig, tmp_path):
+    """The Kubernetes driver Opsdeck uses, on the sandbox cluster (to read what a run made)."""
+    from deployments.kube import KubeDriver, api_client_from_kubeconfig
+
+    driver = KubeDriver(
+        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
+    )
+    yield driver
+    driver.close()
+
+
+def instance_object(kube, instance, api_version: str, kind: str, name: str):
+    """An object in the instance's namespace as the cluster holds it (None when absent)."""
+    return kube.get({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": name, "namespace": instance.namespace},
+    })  # fmt: skip

@@ -2,24 +2,13 @@
 
 import uuid
 
-import pytest
 from django.db import connection
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import services
-from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Instance, Operation, Snapshot
 from tests.deployments.conftest import wait_done
-
-
-@pytest.fixture
-def kube(sandbox_kubeconfig, tmp_path):
-    driver = KubeDriver(
-        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
-    )
-    yield driver
-    driver.close()
 
 
 def _cluster(kube, instance):

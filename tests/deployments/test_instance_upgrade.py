@@ -13,11 +13,10 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from deployments import selectors, services
-from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Cell, Instance, Operation, Snapshot
 from deployments.parameters import values_for_version
 from deployments.spec.model import Parameter
-from tests.deployments.conftest import SPEC, wait_done
+from tests.deployments.conftest import SPEC, instance_object, wait_done
 
 IMAGE = "                    imageName: ghcr.io/cloudnative-pg/postgresql:{{ $var.version }}\n"
 MAX_CONNECTIONS = """\
@@ -43,28 +42,12 @@ def _v2_text(text: str) -> str:
     )
 
 
-@pytest.fixture
-def kube(sandbox_kubeconfig, tmp_path):
-    driver = KubeDriver(
-        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
-    )
-    yield driver
-    driver.close()
-
-
-def _object(kube, instance, api, kind, name):
-    return kube.get({
-        "apiVersion": api, "kind": kind,
-        "metadata": {"name": name, "namespace": instance.namespace},
-    })  # fmt: skip
-
-
 def _cluster(kube, instance):
-    return _object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
+    return instance_object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
 
 
 def _password_in_cluster(kube, instance) -> str:
-    secret = _object(kube, instance, "v1", "Secret", f"{instance.pk}-owner")
+    secret = instance_object(kube, instance, "v1", "Secret", f"{instance.pk}-owner")
     return base64.b64decode(secret["data"]["password"]).decode()
 
 

@@ -13,11 +13,10 @@ from django.core.management import call_command
 
 from accounts.audit import Actor
 from deployments import context, selectors, services
-from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Instance, Operation
 from deployments.spec import load_spec
 from deployments.status import cell_observe
-from tests.deployments.conftest import wait_done
+from tests.deployments.conftest import instance_object, wait_done
 from tests.deployments.test_spec_test import rows
 
 VALKEY = Path(__file__).resolve().parents[2] / "specs" / "valkey.yaml"
@@ -30,15 +29,6 @@ POLICIES = [
 @pytest.fixture
 def valkey_plan(transactional_db):
     return services.plan_load(text=VALKEY.read_text()).plan
-
-
-@pytest.fixture
-def kube(sandbox_kubeconfig, tmp_path):
-    driver = KubeDriver(
-        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "d.json")
-    )
-    yield driver
-    driver.close()
 
 
 # --- the spec -----------------------------------------------------------------------------
@@ -116,15 +106,8 @@ def test_the_catalog_lists_valkey_beside_postgresql(owner_client, tenant, plan, 
 # --- with a worker and the sandbox cluster --------------------------------------------------
 
 
-def _get(kube, instance, api_version, kind, name):
-    return kube.get({
-        "apiVersion": api_version, "kind": kind,
-        "metadata": {"name": name, "namespace": instance.namespace},
-    })  # fmt: skip
-
-
 def _statefulset(kube, instance):
-    return _get(kube, instance, "apps/v1", "StatefulSet", instance.pk)
+    return instance_object(kube, instance, "apps/v1", "StatefulSet", instance.pk)
 
 
 def _pods(kube, instance) -> list[str]:
@@ -167,15 +150,15 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     cell_observe(cell, kube)
     instance.refresh_from_db()
     assert instance.observed == {"ready": 2, "total": 2}
-    secret = _get(kube, instance, "v1", "Secret", instance.pk)
+    secret = instance_object(kube, instance, "v1", "Secret", instance.pk)
     password = services.instance_parameters(instance)["password"]
     assert base64.b64decode(secret["data"]["password"]).decode() == password
-    conf = _get(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
+    conf = instance_object(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
     assert "maxmemory 1gb\n" in conf and "maxmemory-policy allkeys-lru\n" in conf
-    client = _get(kube, instance, "v1", "Service", instance.pk)["spec"]
+    client = instance_object(kube, instance, "v1", "Service", instance.pk)["spec"]
     assert client["ports"][0]["port"] == 6379
     assert client["selector"]["statefulset.kubernetes.io/pod-name"] == f"{instance.pk}-0"
-    headless = _get(kube, instance, "v1", "Service", f"{instance.pk}-headless")["spec"]
+    headless = instance_object(kube, instance, "v1", "Service", f"{instance.pk}-headless")["spec"]
     assert headless["clusterIP"] == "None"
     assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
     connection = selectors.instance_connection(instance)
@@ -207,7 +190,7 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
 
     before = _statefulset(kube, instance)["status"]["currentRevision"]
     _run(owner, instance, "setEvictionPolicy", policy="allkeys-lfu")
-    conf = _get(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
+    conf = instance_object(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
     assert "maxmemory-policy allkeys-lfu\n" in conf
     status = _statefulset(kube, instance)["status"]
     assert status["updateRevision"] == status["currentRevision"] != before
@@ -228,7 +211,7 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     status = _statefulset(kube, instance)["status"]
     assert status["updateRevision"] == status["currentRevision"] != before
     assert status["readyReplicas"] == 3
-    pod = _get(kube, instance, "v1", "Pod", f"{instance.pk}-0")
+    pod = instance_object(kube, instance, "v1", "Pod", f"{instance.pk}-0")
     assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] == (
         restart.started_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     )
@@ -240,4 +223,4 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     instance.refresh_from_db()
     assert instance.state == Instance.State.DELETED
     assert _statefulset(kube, instance) is None
-    assert _get(kube, instance, "v1", "Namespace", instance.namespace) is None
+    assert instance_object(kube, instance, "v1", "Namespace", instance.namespace) is None
