@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from deployments import context
+from deployments import executor
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.schedules import plan_retention_days
 from deployments.spec import load_spec, validate_parameters
 from deployments.spec.model import PlanSpec
 from deployments.workflow.engine import OPERATION_LABEL
@@ -640,19 +641,18 @@ def _baseline_create(driver: KubeDriver, spec: PlanSpec, verb, deadline: float) 
     instance_id = new_instance_id()
     operation_id = str(uuid.uuid4())
     values = validate_parameters(spec.main.parameters, {})
-    context.namespace_prepare(
-        driver, namespace=instance_id, instance_id=instance_id, tenant_slug=TENANT_SLUG,
-        extensions=spec.extensions, operator_namespace=OPERATOR_NAMESPACE, customer_sources=[],
-        backup_credentials=dict(BACKUP_CREDENTIALS),
+    # The same namespace and variables as the runner's (the executor's), then bare calls.
+    where = executor.Placement(
+        instance_id=instance_id, tenant_slug=TENANT_SLUG, tenant_name="Bench", region="local",
+        cloud="sandbox", backup_destination=BACKUP_DESTINATION,
+        operator_namespace=OPERATOR_NAMESPACE, backup_credentials=dict(BACKUP_CREDENTIALS),
     )  # fmt: skip
-    sys_vars = context.sys_variables(
-        instance_id=instance_id, namespace=instance_id, tenant_slug=TENANT_SLUG,
-        tenant_name="Bench", region="local", cloud="sandbox",
-        backup_destination=BACKUP_DESTINATION, parameters=values, operation_id=operation_id,
+    for _ in executor.prelude(driver, executor.namespace_objects(spec, where)):
+        pass
+    ctx = executor.run_context(
+        spec, verb, where, values=values, operation_id=operation_id, started_at=None,
+        retention_days=plan_retention_days(spec.main.backup),
     )  # fmt: skip
-    ctx = context.run_context(
-        verb.workflow, verb="create", values=values, sys=sys_vars, seed=instance_id
-    )
     objects = []
     for name in ("credentials", "cluster"):
         obj = render_manifest(verb.workflow.templates[name].resource.manifest, ctx)

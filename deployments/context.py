@@ -214,12 +214,6 @@ def _ingress(
     return ingress
 
 
-def namespace_prepare(driver: KubeDriver, **values: Any) -> None:
-    """Apply every object of `namespace_objects(**values)` (server-side apply: idempotent)."""
-    for obj in namespace_objects(**values):
-        driver.apply(obj)
-
-
 def namespace_delete(driver: KubeDriver, namespace: str) -> None:
     """Delete the instance's namespace (after its delete workflow succeeded)."""
     driver.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from celery import current_app
@@ -31,7 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
-from deployments import context, lifecycle, selectors, services
+from deployments import executor, lifecycle, selectors, services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot, TaskRun
 from deployments.parameters import (
@@ -232,30 +231,25 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     instance = op.instance
     if op.cancel_reason and state.stage == "main":
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
+    where = placement(op)
     try:
         driver = driver_for(instance.cell)
-        if op.verb in {"create", "restore"} and not op.arguments.get("namespace_ready"):
+        if op.verb in executor.PRELUDE_VERBS and not op.arguments.get("namespace_ready"):
             # Progress is counted per object, so a failed write redoes only itself.
-            objects = _namespace_objects(op, spec)
-            done = op.arguments.get("namespace_objects_applied", 0)
+            objects = executor.namespace_objects(spec, where)
+            applied = op.arguments.get("namespace_objects_applied", 0)
             try:
-                while done < len(objects):
-                    driver.apply(objects[done])
-                    done += 1
+                for count in executor.prelude(driver, objects, applied):
+                    applied = count
             finally:
                 op.arguments = {
                     **op.arguments,
-                    "namespace_objects_applied": done,
-                    "namespace_ready": done == len(objects),
+                    "namespace_objects_applied": applied,
+                    "namespace_ready": applied == len(objects),
                 }
         # The workflow's first move goes in the same transaction as the namespace's.
-        ctx = _context(op, spec, verb)
-        settings = engine.RunSettings(
-            namespace=instance.namespace, allowed_kinds=list(spec.allowed_kinds)
-        )
-        step = engine.advance(state, verb.workflow, ctx, driver, settings, now=time.time())
-        if state.done and state.phase == engine.SUCCEEDED and op.verb == "delete":
-            context.namespace_delete(driver, instance.namespace)
+        ctx = _context(op, spec, verb, where)
+        step = executor.move(state, spec, verb, ctx, driver, where, now=time.time())
     except TransientError as exc:
         # The cluster hiccupped: the same step again later, from the saved state. The error
         # stays visible while the step is retried.
@@ -453,14 +447,12 @@ def _dt(timestamp: float | None) -> datetime | None:
     return datetime.fromtimestamp(timestamp, tz=UTC) if timestamp is not None else None
 
 
-def _context(op: Operation, spec, verb) -> Context:
-    """The run's variables, fixed by what the operation recorded when it started."""
+def placement(op: Operation) -> executor.Placement:
+    """Where and for whom the operation runs, from its instance, tenant, cell and requester."""
     instance, tenant, cell = op.instance, op.instance.tenant, op.instance.cell
-    values = {**run_values(op), **verb_values(op)}
     user = op.requested_by
-    sys = context.sys_variables(
+    return executor.Placement(
         instance_id=instance.pk,
-        namespace=instance.namespace,
         tenant_slug=tenant.slug,
         tenant_name=tenant.name,
         user_id=str(user.pk) if user else "",
@@ -469,37 +461,28 @@ def _context(op: Operation, spec, verb) -> Context:
         cloud=cell.cloud,
         labels=cell.labels,
         backup_destination=cell.backup_destination,
-        backup_retention_days=op.arguments.get("retention_days")
-        or selectors.backup_retention_days(instance),
-        parameters=values,
+        operator_namespace=cell.operator_namespace,
+        customer_sources=tuple(cell.customer_sources),
+        backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,
+    )
+
+
+def _context(op: Operation, spec, verb, where: executor.Placement) -> Context:
+    """The run's variables, fixed by what the operation recorded when it started; the
+    platform's secrets are read when the step runs (they may be rotated), and only for specs
+    that use them."""
+    uses_secrets = selectors.plan_version_loaded(op.plan_version_id).uses_secrets
+    return executor.run_context(
+        spec,
+        verb,
+        where,
+        values={**run_values(op), **verb_values(op)},
         operation_id=str(op.pk),
         started_at=op.started_at,
-        endpoint=spec.main.primary_endpoint(),
-        extra=op.arguments.get("sys", {}),
-    )
-    ctx = context.run_context(
-        verb.workflow, verb=verb.name, values=values, sys=sys, seed=instance.pk
-    )
-    # $secret.<NAME>: the platform's secrets, read when the step runs (they may be rotated),
-    # and only for specs that use them.
-    if not selectors.plan_version_loaded(op.plan_version_id).uses_secrets:
-        return ctx
-    secrets = dict(PlatformSecret.objects.values_list("name", "value"))
-    return replace(ctx, secret=secrets)
-
-
-def _namespace_objects(op: Operation, spec) -> list[dict]:
-    """The instance's namespace with its guard rails, applied before its first workflow."""
-    instance, cell = op.instance, op.instance.cell
-    return context.namespace_objects(
-        namespace=instance.namespace,
-        instance_id=instance.pk,
-        tenant_slug=instance.tenant.slug,
-        extensions=spec.extensions,
-        endpoint=spec.main.primary_endpoint(),
-        operator_namespace=cell.operator_namespace,
-        customer_sources=cell.customer_sources,
-        backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,
+        retention_days=op.arguments.get("retention_days")
+        or selectors.backup_retention_days(op.instance),
+        extra_sys=op.arguments.get("sys", {}),
+        secrets=dict(PlatformSecret.objects.values_list("name", "value")) if uses_secrets else None,
     )
 
 

@@ -4,7 +4,8 @@ A spec author's CI. No database and no worker: the workflow engine is driven dir
 `KubeDriver` on the sandbox, in the order an instance lives through its verbs (`ORDER`). A
 backup's outputs become the snapshot metadata that `restore` reads, and the restore runs into a
 new instance, as it would in production. `$sys` is built as the runner builds it
-(`deployments.context`), from a pretend cell (`SpecTestCell`) and tenant.
+(`deployments.executor`, which the runner runs too), from a pretend cell (`SpecTestCell`) and
+tenant.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from deployments import context
+from deployments import executor
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.schedules import plan_retention_days
 from deployments.spec.model import Parameter, PlanSpec, Verb
@@ -99,6 +100,22 @@ class SpecTestCell:
             "publicSubnetIDs": list(self.subnets),
             "privateSubnetIDs": list(self.subnets),
         }
+
+    def placement(self, instance_id: str) -> executor.Placement:
+        """An instance of the pretend tenant on this cell, as the executor runs it."""
+        return executor.Placement(
+            instance_id=instance_id,
+            tenant_slug=self.tenant_slug,
+            tenant_name=self.tenant_name,
+            user_id=self.user_id,
+            user_email=self.user_email,
+            region=self.region,
+            cloud=self.cloud,
+            labels=self.labels,
+            backup_destination=self.backup_destination,
+            operator_namespace=self.operator_namespace,
+            backup_credentials=dict(self.backup_credentials),
+        )
 
 
 @dataclass
@@ -299,53 +316,32 @@ class SpecTest:
         operation_id = str(uuid.uuid4())
         started = time.time()
         state = engine.start(verb.workflow, operation_id=operation_id, now=started)
-        settings = engine.RunSettings(
-            namespace=instance.namespace, allowed_kinds=list(self.spec.allowed_kinds)
-        )
-        cell = self.cell
+        where = self.cell.placement(instance.id)
         transient = ""
         try:
-            if name in {"create", "restore"}:  # the runner prepares the namespace first
-                context.namespace_prepare(
-                    self.driver,
-                    namespace=instance.namespace,
-                    instance_id=instance.id,
-                    tenant_slug=cell.tenant_slug,
-                    extensions=self.spec.extensions,
-                    endpoint=self.spec.main.primary_endpoint(),
-                    operator_namespace=cell.operator_namespace,
-                    customer_sources=[],
-                    backup_credentials=dict(cell.backup_credentials),
-                )
-            sys = context.sys_variables(
-                instance_id=instance.id,
-                namespace=instance.namespace,
-                tenant_slug=cell.tenant_slug,
-                tenant_name=cell.tenant_name,
-                user_id=cell.user_id,
-                user_email=cell.user_email,
-                region=cell.region,
-                cloud=cell.cloud,
-                labels=cell.labels,
-                backup_destination=cell.backup_destination,
-                # The plan's default, as a new instance's backup schedule starts with.
-                backup_retention_days=plan_retention_days(self.spec.main.backup),
-                parameters=values,
+            if name in executor.PRELUDE_VERBS:  # the namespace first, as the runner does
+                for _ in executor.prelude(
+                    self.driver, executor.namespace_objects(self.spec, where)
+                ):
+                    pass
+            ctx = executor.run_context(
+                self.spec,
+                verb,
+                where,
+                values=values,
                 operation_id=operation_id,
                 started_at=datetime.fromtimestamp(started, UTC),
-                endpoint=self.spec.main.primary_endpoint(),
-                extra=extra_sys,
-            )
-            ctx = context.run_context(
-                verb.workflow, verb=name, values=values, sys=sys, seed=instance.id
+                # The plan's default, as a new instance's backup schedule starts with.
+                retention_days=plan_retention_days(self.spec.main.backup),
+                extra_sys=extra_sys,
             )
             while not state.done:
                 if time.monotonic() - began > self.verb_timeout:
                     stuck = self._stuck(verb, state, transient)
                     return VerbResult(name, FAILED, time.monotonic() - began, stuck)
                 try:
-                    step = engine.advance(
-                        state, verb.workflow, ctx, self.driver, settings, now=time.time()
+                    step = executor.move(
+                        state, self.spec, verb, ctx, self.driver, where, now=time.time()
                     )
                 except TransientError as exc:
                     transient = exc.message  # the runner would retry the step later, too
@@ -353,8 +349,6 @@ class SpecTest:
                     continue
                 if not step.progressed:
                     time.sleep(IDLE_SLEEP)
-            if state.phase == engine.SUCCEEDED and name == "delete":
-                context.namespace_delete(self.driver, instance.namespace)
         except (DriverError, RenderError) as exc:  # outside any task: the namespace, $sys
             message = exc.message if isinstance(exc, DriverError) else str(exc)
             return VerbResult(name, FAILED, time.monotonic() - began, message)
