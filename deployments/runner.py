@@ -139,6 +139,10 @@ def _committing(op: Operation, token: uuid.UUID) -> Iterator[None]:
     which also locks the row until the commit, and raises ClaimLost, writing nothing, when
     the claim is not ours any more or the operation ended meanwhile (a delete cancelled it)."""
     with transaction.atomic():
+        # The instance first, as every service that changes an instance's operations locks it
+        # (a delete): a move that ends the run writes the instance too, and the other order
+        # deadlocks with such a service.
+        list(Instance.objects.select_for_update().filter(pk=op.instance_id).values_list("pk"))
         held = Operation.objects.filter(pk=op.pk, claim_token=token, state=op.state).update(
             claim_token=None, claimed_until=None
         )
