@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import transaction
 
 from accounts.audit import SYSTEM, audit_record
@@ -368,13 +368,20 @@ INVOICE_STATUSES = {
 _INVOICE_PROGRESS = {"draft": 0, "open": 1, "paid": 2, "void": 2}
 
 
+# What the invoice's URL fields hold (their max_length): an absolute http(s) address.
+_LINK = URLValidator(schemes=["http", "https"])
+
+
 def link_safe(url: Any) -> str:
     """`url` if it is an absolute http(s) address, else "": what Stripe sends is shown as a
     link, and a link must never run script."""
     if not isinstance(url, str) or len(url) > 1000:
         return ""
-    parts = urlsplit(url)
-    return url if parts.scheme in {"http", "https"} and parts.netloc else ""
+    try:
+        _LINK(url)
+    except ValidationError:
+        return ""
+    return url
 
 
 def _money(minor_units: Any, currency: str) -> Decimal:

@@ -11,12 +11,8 @@ LABEL = "opsdeck.io/operation"
 
 
 @pytest.fixture
-def driver(sandbox_kubeconfig, tmp_path):
-    driver = KubeDriver(
-        api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(tmp_path / "discovery.json")
-    )
-    yield driver
-    driver.close()
+def driver(kube):
+    return kube  # the deployments tests' driver on the sandbox
 
 
 @pytest.fixture
