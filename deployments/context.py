@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from deployments.kube import KubeDriver
 from deployments.schedules import DEFAULT_RETENTION_DAYS
 from deployments.spec.model import Workflow
+from deployments.workflow.driver import Driver
 from deployments.workflow.render import Context, RenderError, render_value
 
 # The Secret, in every instance namespace, holding the cell's object-store credentials.
@@ -214,6 +214,6 @@ def _ingress(
     return ingress
 
 
-def namespace_delete(driver: KubeDriver, namespace: str) -> None:
+def namespace_delete(driver: Driver, namespace: str) -> None:
     """Delete the instance's namespace (after its delete workflow succeeded)."""
     driver.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -2,12 +2,12 @@
 (`spectest`) and the benchmark's baseline all run it, so `spec_test` proves what production does.
 
 No Django and no database: callers hand it plain values (`Placement`). A run is
-- before a `create` or a `restore`, the instance's namespace with its guard rails
-  (`namespace_objects`), applied one object at a time so that a failure redoes only the object
-  it failed on (`prelude`);
+- before a verb that makes the instance (`lifecycle`: create, restore), the instance's
+  namespace with its guard rails (`prelude_objects`), applied one object at a time so that a
+  failure redoes only the object it failed on (`prelude`);
 - the run's variables (`run_context`: `$sys`, `$var`, the seed; `$secret` when given);
-- moves (`move`): the engine advances the saved state by one move; once a `delete` succeeded,
-  the instance's namespace goes too.
+- moves (`move`): the engine advances the saved state by one move; once a verb that ends the
+  instance (delete) succeeded, the instance's namespace goes too.
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from deployments import context
-from deployments.kube import KubeDriver
+from deployments import context, lifecycle
 from deployments.spec.model import PlanSpec, Verb
 from deployments.workflow import engine
+from deployments.workflow.driver import Driver
 from deployments.workflow.render import Context
-
-# The verbs that make an instance: its namespace is prepared before their workflow runs.
-PRELUDE_VERBS = frozenset({"create", "restore"})
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,13 @@ def namespace_objects(spec: PlanSpec, where: Placement) -> list[dict[str, Any]]:
     )
 
 
-def prelude(driver: KubeDriver, objects: list[dict[str, Any]], done: int = 0) -> Iterator[int]:
+def prelude_objects(spec: PlanSpec, verb: str, where: Placement) -> list[dict[str, Any]]:
+    """What Opsdeck's `verb` applies before its workflow: the namespace and its guard rails for
+    a verb that makes the instance, nothing for any other."""
+    return namespace_objects(spec, where) if verb in lifecycle.MAKES_INSTANCE else []
+
+
+def prelude(driver: Driver, objects: list[dict[str, Any]], done: int = 0) -> Iterator[int]:
     """Apply `objects` from the `done`-th on (server-side apply: idempotent), yielding how many
     are applied after each; a failure raises where it happened, so the caller keeps the count
     it last saw and the next attempt starts with the object that failed."""
@@ -118,14 +121,16 @@ def move(
     spec: PlanSpec,
     verb: Verb,
     ctx: Context,
-    driver: KubeDriver,
+    driver: Driver,
     where: Placement,
     *,
     now: float,
 ) -> engine.Step:
-    """One move of the run; once a `delete` succeeded, its namespace is deleted too."""
+    """One move of the run; once a verb that ends the instance succeeded, its namespace is
+    deleted too."""
     settings = engine.RunSettings(namespace=where.namespace, allowed_kinds=list(spec.allowed_kinds))
     step = engine.advance(state, verb.workflow, ctx, driver, settings, now=now)
-    if state.done and state.phase == engine.SUCCEEDED and verb.name == "delete":
+    ends = not verb.custom and verb.name in lifecycle.ENDS_INSTANCE
+    if state.done and state.phase == engine.SUCCEEDED and ends:
         context.namespace_delete(driver, where.namespace)
     return step

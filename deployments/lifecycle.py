@@ -1,16 +1,37 @@
-"""Which verb may start from which instance state, and where it leaves the instance.
+"""What each of Opsdeck's verbs does to an instance, in one table.
 
-One table, read by the services that accept a verb and by the runner that
-moves the instance through its states.
+A verb's rule says where it may start, where it leaves the instance, the role action it
+needs, whether it makes the instance (its namespace is prepared first, a failure always leaves
+it failed, its requester hears when it is ready), ends it (its namespace goes once it
+succeeded), and whether its run applies the instance's whole parameter set. The services that
+accept a verb, the runner, the executor that production and `spec_test` share, and metering
+read it here, so a new verb is one row.
+
+No database and no app registry: the executor (which `spec_test` and the benchmark's baseline
+run without Django's apps) imports it. Changing an instance's state, and sending an
+operation's step to a worker, are in `transitions`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployments.models import Instance
+from django.db import models
 
-S = Instance.State
+
+class InstanceState(models.TextChoices):
+    """An instance's lifecycle state (`Instance.State`)."""
+
+    CREATING = "creating", "Creating"
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+    UPDATING = "updating", "Updating"
+    FAILED = "failed", "Failed"
+    DELETING = "deleting", "Deleting"
+    DELETED = "deleted", "Deleted"
+
+
+S = InstanceState
 
 
 @dataclass(frozen=True)
@@ -22,17 +43,41 @@ class Rule:
     during: str | None
     after: str | None
     action: str  # the role action (accounts.roles) it needs
+    # The spec verb whose workflow it runs, when it is not the verb itself.
+    runs: str | None = None
+    # It brings the instance into being: its namespace and guard rails are applied before its
+    # workflow, a failure leaves the instance failed (even before the cluster took anything),
+    # "Retry" runs it again, and its requester is told when the instance is ready.
+    makes_instance: bool = False
+    # Once it succeeded the instance's namespace, and everything in it, is deleted.
+    ends_instance: bool = False
+    # Its run applies the instance's whole parameter set, which the instance holds after it.
+    applies_parameters: bool = False
+    # A failure of it can be rolled back (a failed roll back can be rolled back again).
+    rolled_back: bool = False
 
 
 _LIVE = frozenset({S.RUNNING})
 RULES: dict[str, Rule] = {
     # Retrying a failed create runs it again.
-    "create": Rule(frozenset({S.FAILED}), S.CREATING, S.RUNNING, "instance.create"),
-    "modify": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.modify"),
+    "create": Rule(
+        frozenset({S.FAILED}), S.CREATING, S.RUNNING, "instance.create",
+        makes_instance=True, applies_parameters=True,
+    ),
+    "modify": Rule(
+        _LIVE, S.UPDATING, S.RUNNING, "instance.modify",
+        applies_parameters=True, rolled_back=True,
+    ),
     # An upgrade runs the newer version's modify; a roll back re-applies the stored parameters
     # and version (what last ran) through that version's modify, after a failed change.
-    "upgrade": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.modify"),
-    "rollback": Rule(frozenset({S.FAILED}), S.UPDATING, S.RUNNING, "instance.modify"),
+    "upgrade": Rule(
+        _LIVE, S.UPDATING, S.RUNNING, "instance.modify",
+        runs="modify", applies_parameters=True, rolled_back=True,
+    ),
+    "rollback": Rule(
+        frozenset({S.FAILED}), S.UPDATING, S.RUNNING, "instance.modify",
+        runs="modify", applies_parameters=True, rolled_back=True,
+    ),
     "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate"),
     "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate"),
     "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
@@ -43,31 +88,41 @@ RULES: dict[str, Rule] = {
         frozenset({S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}), None, None, "backup.delete"
     ),
     # Restore always makes a new instance, which starts out creating.
-    "restore": Rule(frozenset({S.FAILED}), S.CREATING, S.RUNNING, "backup.restore"),
+    "restore": Rule(
+        frozenset({S.FAILED}), S.CREATING, S.RUNNING, "backup.restore",
+        makes_instance=True, applies_parameters=True,
+    ),
     "delete": Rule(
         frozenset({S.CREATING, S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}),
         S.DELETING,
         S.DELETED,
         "instance.delete",
+        ends_instance=True,
     ),
-}
+}  # fmt: skip
 # Custom workflows act on a running instance and leave its state alone.
 CUSTOM = Rule(_LIVE, None, None, "instance.operate")
 
-# Opsdeck's own verbs that run a spec verb's workflow (of the operation's plan version).
-_RUNS = {"upgrade": "modify", "rollback": "modify"}
-# The verbs whose failure a roll back undoes (a failed roll back can be rolled back again).
-ROLLED_BACK = frozenset({"modify", "upgrade", "rollback"})
+# The verbs that bring an instance into being (create, restore).
+MAKES_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.makes_instance)
+# The verbs that end it (delete).
+ENDS_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.ends_instance)
+# The verbs whose run applies the instance's whole parameter set.
+APPLIES_PARAMETERS = frozenset(verb for verb, r in RULES.items() if r.applies_parameters)
+# The verbs whose failure a roll back undoes.
+ROLLED_BACK = frozenset(verb for verb, r in RULES.items() if r.rolled_back)
 # Deletion protection can change until a delete has started.
-PROTECTABLE = frozenset({S.CREATING, S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED})
+PROTECTABLE = RULES["delete"].from_states
 
 
 def workflow_verb(verb: str) -> str:
     """The spec verb whose workflow an operation of `verb` runs."""
-    return _RUNS.get(verb, verb)
+    found = RULES.get(verb)
+    return (found.runs if found else None) or verb
 
 
 def rule(verb: str, *, custom: bool = False) -> Rule:
+    """The rule of an Opsdeck verb; a custom verb of the spec (`custom`) has `CUSTOM`'s."""
     return CUSTOM if custom else RULES[verb]
 
 

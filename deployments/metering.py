@@ -28,8 +28,8 @@ from billing.models import Plan
 from billing.pricing import Cost
 from billing.usage import HOUR, UsageRow, hour_start
 from deployments import selectors
+from deployments.lifecycle import APPLIES_PARAMETERS, MAKES_INSTANCE
 from deployments.models import Instance, InstanceStateChange, Operation, PlanVersion
-from deployments.parameters import _APPLIES_PARAMETERS as APPLIES_PARAMETERS
 from deployments.spec.model import PlanSpec
 from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
 
@@ -332,7 +332,7 @@ def _instance_totals(
     source: Source = ("instance", current_version, current_values)
     if operations:
         finished_at, first = operations[0]
-        if finished_at < start or first[2] in {"create", "restore"}:
+        if finished_at < start or first[2] in MAKES_INSTANCE:
             # The values the last operation before the hour left, or those a create that
             # finishes during the hour is applying.
             source = first

@@ -10,6 +10,7 @@ from django.utils import timezone
 from accounts.crypto import EncryptedTextField
 from accounts.models import Tenant
 from billing.models import Plan
+from deployments.lifecycle import InstanceState
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -116,14 +117,7 @@ class InstanceQuerySet(models.QuerySet):
 class Instance(models.Model):
     """A customer's running service: one namespace and the objects its workflows made."""
 
-    class State(models.TextChoices):
-        CREATING = "creating", "Creating"
-        RUNNING = "running", "Running"
-        STOPPED = "stopped", "Stopped"
-        UPDATING = "updating", "Updating"
-        FAILED = "failed", "Failed"
-        DELETING = "deleting", "Deleting"
-        DELETED = "deleted", "Deleted"
+    State = InstanceState  # which verb moves it from which state to which: `lifecycle`
 
     id = models.CharField(primary_key=True, max_length=13, default=new_instance_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="instances")

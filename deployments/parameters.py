@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deployments.lifecycle import APPLIES_PARAMETERS
 from deployments.models import Instance, Operation
 from deployments.spec.model import Parameter, Verb
 from deployments.spec.params import initial_value
-
-# Verbs whose run applies the instance's whole parameter set, which the instance then holds.
-_APPLIES_PARAMETERS = frozenset({"create", "restore", "modify", "upgrade", "rollback"})
 
 
 def split_values(parameters: list[Parameter], values: dict) -> tuple[dict, str]:
@@ -72,7 +70,7 @@ def run_values(op: Operation) -> dict:
 def values_after(op: Operation, verb: Verb, before: dict[str, Any]) -> dict | None:
     """The instance's values once `op` has succeeded, starting from `before` (what it applied,
     or what the instance is projected to hold); None when the verb changes no parameter."""
-    if op.verb in _APPLIES_PARAMETERS:
+    if op.verb in APPLIES_PARAMETERS:
         return {**before, **requested_changes(op)}
     if verb.updates:
         given = verb_values(op)

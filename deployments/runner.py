@@ -23,14 +23,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
-from deployments import executor, lifecycle, selectors, services
+from deployments import executor, lifecycle, selectors
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot, TaskRun
 from deployments.parameters import (
@@ -42,6 +41,11 @@ from deployments.parameters import (
     values_for_version,
     verb_values,
 )
+from deployments.transitions import (
+    instance_state_set,
+    operation_dispatch,
+    operation_notify,
+)
 from deployments.workflow import engine
 from deployments.workflow.driver import DriverError, PermanentError, TransientError
 from deployments.workflow.render import Context, RenderError
@@ -50,7 +54,6 @@ log = logging.getLogger(__name__)
 
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
-NOTIFY_TASK = "deployments.tasks.operation_notify"
 RETRYING = "Retrying after a cluster error: "  # an operation's error while it retries a step
 
 _drivers: dict[tuple[int, str], KubeDriver] = {}
@@ -81,14 +84,6 @@ def poll_delay(idle_steps: int) -> float:
     return min(most, first * (1.5**idle_steps))
 
 
-def schedule(operation_id, delay: float) -> None:
-    transaction.on_commit(
-        lambda: current_app.send_task(
-            services.STEP_TASK, args=[str(operation_id)], countdown=max(delay, 0)
-        )
-    )
-
-
 def operation_step(operation_id: str) -> None:
     """Advance one operation while it makes progress (see the module docstring).
 
@@ -103,7 +98,7 @@ def operation_step(operation_id: str) -> None:
         if delay is None:
             return
         if delay > 0 or time.monotonic() >= stop_at:
-            current_app.send_task(services.STEP_TASK, args=[str(operation_id)], countdown=delay)
+            operation_dispatch(operation_id, delay)
             return
 
 
@@ -131,6 +126,63 @@ def _claim(operation_id: str, now, *, early: bool = False) -> uuid.UUID | None:
         claimed_until=now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
     )
     return token if claimed else None
+
+
+class ClaimedDriver:
+    """The cell's driver as one move calls it, under the worker's claim on the operation.
+
+    Before each call the claim is renewed once half its lease has passed, so a move that makes
+    many slow calls keeps it; a worker whose claim was taken over meanwhile (it stalled longer
+    than the lease) raises ClaimLost before its next call rather than write to the cluster
+    beside the new owner. A single call never outlasts the half lease left after a renewal
+    (`OPSDECK_OPERATION_LEASE` is at least twice the longest call)."""
+
+    def __init__(self, driver: KubeDriver, operation_id: str, token: uuid.UUID) -> None:
+        self._driver = driver
+        self._operation_id = operation_id
+        self._token = token
+        self._lease = settings.OPSDECK_OPERATION_LEASE
+        self._renew_at = time.monotonic() + self._lease / 2
+
+    def _keep(self) -> None:
+        if time.monotonic() < self._renew_at:
+            return
+        until = timezone.now() + timedelta(seconds=self._lease)
+        # Outside any transaction: the renewal stands at once, whatever the move does next.
+        kept = Operation.objects.filter(pk=self._operation_id, claim_token=self._token).update(
+            claimed_until=until
+        )
+        if not kept:
+            raise ClaimLost
+        self._renew_at = time.monotonic() + self._lease / 2
+
+    def create(self, obj: dict, *, owner_label: tuple[str, str]) -> dict:
+        self._keep()
+        return self._driver.create(obj, owner_label=owner_label)
+
+    def apply(self, obj: dict) -> dict:
+        self._keep()
+        return self._driver.apply(obj)
+
+    def patch(self, obj: dict, *, strategy: str, subresource: str | None) -> dict:
+        self._keep()
+        return self._driver.patch(obj, strategy=strategy, subresource=subresource)
+
+    def replace(self, obj: dict) -> dict:
+        self._keep()
+        return self._driver.replace(obj)
+
+    def delete(self, obj: dict) -> None:
+        self._keep()
+        self._driver.delete(obj)
+
+    def get(self, obj: dict) -> dict | None:
+        self._keep()
+        return self._driver.get(obj)
+
+    def resolve(self, resource: str) -> tuple[str, str]:
+        self._keep()
+        return self._driver.resolve(resource)
 
 
 @contextmanager
@@ -222,7 +274,7 @@ def _begin(op: Operation, now) -> bool:
     )  # fmt: skip
     during = lifecycle.rule(op.verb, custom=verb.custom).during
     if during:
-        services.instance_state_set(op.instance, during, operation=op)
+        instance_state_set(op.instance, during, operation=op)
     return True
 
 
@@ -233,14 +285,15 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     saved = json.loads(op.engine_state)
     state = engine.RunState.from_json(saved)
     instance = op.instance
-    if op.cancel_reason and state.stage == "main":
+    if op.cancel_reason:  # a user's cancel or a delete: the main stage stops, onExit runs
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
     where = placement(op)
     try:
-        driver = driver_for(instance.cell)
-        if op.verb in executor.PRELUDE_VERBS and not op.arguments.get("namespace_ready"):
+        driver = ClaimedDriver(driver_for(instance.cell), str(op.pk), token)
+        ready = op.arguments.get("namespace_ready")
+        objects = [] if ready else executor.prelude_objects(spec, op.verb, where)
+        if objects:
             # Progress is counted per object, so a failed write redoes only itself.
-            objects = executor.namespace_objects(spec, where)
             applied = op.arguments.get("namespace_objects_applied", 0)
             try:
                 for count in executor.prelude(driver, objects, applied):
@@ -276,8 +329,7 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     except (PermanentError, RenderError) as exc:
         # A failure outside any task (a cell that cannot be used, bad variables).
         message = exc.message if isinstance(exc, DriverError) else str(exc)
-        engine.cancel(state, now=now.timestamp(), reason=message)
-        state.stage, state.phase = "done", engine.FAILED
+        engine.fail(state, now=now.timestamp(), reason=message)
         step = engine.Step(progressed=True)
 
     op.engine_state = json.dumps(state.to_json())
@@ -354,16 +406,14 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
             ]
         )  # fmt: skip
         if rule.after:
-            services.instance_state_set(instance, rule.after, operation=op)
+            instance_state_set(instance, rule.after, operation=op)
     elif rule.during and not _delete_waiting(instance):  # else the delete takes it from here
         before = op.arguments.get("state_before")
         changed = state.changed or op.arguments.get("cluster_touched", False)
-        if changed or op.verb in {"create", "restore"} or not before:
-            services.instance_state_set(
-                instance, Instance.State.FAILED, operation=op, reason=op.error
-            )
+        if changed or rule.makes_instance or not before:
+            instance_state_set(instance, Instance.State.FAILED, operation=op, reason=op.error)
         else:  # stopped before the cluster took any of it: the instance runs as it did
-            services.instance_state_set(instance, before, operation=op, reason=op.error)
+            instance_state_set(instance, before, operation=op, reason=op.error)
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
             status=Snapshot.Status.DELETED
@@ -382,15 +432,13 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         payload={"verb": op.verb, "instance": instance.pk, "error": op.error},
     )
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
-    notify = op.verb in {"create", "restore"} if succeeded else not _delete_waiting(instance)
+    notify = rule.makes_instance if succeeded else not _delete_waiting(instance)
     if notify:
-        transaction.on_commit(
-            lambda: current_app.send_task(NOTIFY_TASK, args=[str(op.pk)]), robust=True
-        )
+        operation_notify(op.pk)
     # The next queued operation of this instance may start now.
     following = selectors.operations_pending(instance).exclude(pk=op.pk).first()
     if following is not None:
-        schedule(following.pk, 0)
+        operation_dispatch(following.pk)
 
 
 def _delete_waiting(instance: Instance) -> bool:
@@ -505,5 +553,5 @@ def operations_sweep() -> int:
         ).values_list("pk", flat=True)
     )
     for pk in stalled:
-        current_app.send_task(services.STEP_TASK, args=[str(pk)])
+        operation_dispatch(pk)
     return len(stalled)

@@ -471,7 +471,7 @@ def instance_retry_verb(instance: Instance) -> str | None:
         .only("verb", "state")
         .first()
     )
-    if last and last.verb in {"create", "restore"} and last.state == Operation.State.FAILED:
+    if last and last.verb in lifecycle.MAKES_INSTANCE and last.state == Operation.State.FAILED:
         return last.verb
     return None
 

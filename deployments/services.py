@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
@@ -54,9 +53,9 @@ from deployments.spec.loader import load_spec
 from deployments.spec.model import PlanSpec, Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
 from deployments.spec.params import check as check_value
+from deployments.transitions import operation_dispatch
 from deployments.workflow.driver import DriverError
 
-STEP_TASK = "deployments.tasks.operation_step"
 logger = logging.getLogger(__name__)
 
 
@@ -203,28 +202,6 @@ def instance_parameters(instance: Instance) -> dict:
     return instance_values(instance)
 
 
-def _dispatch(operation: Operation) -> None:
-    transaction.on_commit(lambda: current_app.send_task(STEP_TASK, args=[str(operation.pk)]))
-
-
-def instance_state_set(
-    instance: Instance, state: str, *, operation: Operation | None = None, reason: str = ""
-) -> None:
-    """Move an instance to `state`, recording the change with its time."""
-    if instance.state == state:
-        return
-    InstanceStateChange.objects.create(
-        instance=instance,
-        from_state=instance.state,
-        to_state=state,
-        operation=operation,
-        reason=reason[:500],
-    )
-    instance.state = state
-    instance.updated_at = timezone.now()
-    instance.save(update_fields=["state", "updated_at"])
-
-
 def _verb_of(op: Operation):
     return selectors.plan_spec(op.plan_version).main.verbs.get(lifecycle.workflow_verb(op.verb))
 
@@ -354,7 +331,7 @@ def _operation_new(
         requested_secret=json.dumps(secret) if secret else "",
         arguments=arguments or {},
     )
-    _dispatch(operation)
+    operation_dispatch(operation.pk)
     return operation
 
 
@@ -425,7 +402,9 @@ def instance_create(
 
 def _origin(instance: Instance) -> Operation | None:
     """The operation that made the instance: its create, or the restore it came from."""
-    return instance.operations.filter(verb__in=["create", "restore"]).order_by("created_at").first()
+    return (
+        instance.operations.filter(verb__in=lifecycle.MAKES_INSTANCE).order_by("created_at").first()
+    )
 
 
 def _modify_request(spec, instance: Instance, values: dict) -> tuple[dict, dict]:
@@ -518,9 +497,9 @@ def instance_action(
             changed = {**requested, **{k: REDACTED for k in requested_secret["parameters"]}}
             _entitled_to_modify(instance, requested)
         else:
-            _entitled(instance, "retry" if verb in {"create", "restore"} else verb)
+            _entitled(instance, "retry" if verb in lifecycle.MAKES_INSTANCE else verb)
             requested_secret, arguments = _verb_request(spec, spec_verb, values)
-        if verb in {"create", "restore"}:
+        if verb in lifecycle.MAKES_INSTANCE:
             arguments = _retry_arguments(instance, verb)
         if verb == "backup":
             arguments.update(_snapshot_start(instance))
@@ -923,7 +902,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
         else:
             operation.cancel_reason = reason
             operation.save(update_fields=["cancel_reason"])
-            _dispatch(operation)  # stop it at once rather than at its next poll
+            operation_dispatch(operation.pk)  # stop it at once rather than at its next poll
         claim.bind(operation)
         audit_record(
             actor=actor,
@@ -960,7 +939,7 @@ def operation_email_send(*, operation: Operation) -> None:
         return
     instance = operation.instance
     if operation.state == Operation.State.SUCCEEDED:
-        if operation.verb not in {"create", "restore"}:
+        if operation.verb not in lifecycle.MAKES_INSTANCE:
             return
         subject = f"[Opsdeck] {instance.name} is ready"
     else:

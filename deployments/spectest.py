@@ -319,11 +319,10 @@ class SpecTest:
         where = self.cell.placement(instance.id)
         transient = ""
         try:
-            if name in executor.PRELUDE_VERBS:  # the namespace first, as the runner does
-                for _ in executor.prelude(
-                    self.driver, executor.namespace_objects(self.spec, where)
-                ):
-                    pass
+            # The namespace first for a verb that makes the instance, as the runner does.
+            objects = executor.prelude_objects(self.spec, name, where)
+            for _ in executor.prelude(self.driver, objects):
+                pass
             ctx = executor.run_context(
                 self.spec,
                 verb,

@@ -31,13 +31,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from deployments import selectors, services, status
+from deployments import selectors, status
 from deployments.kube import KubeDriver, WatchExpired
 from deployments.models import Cell, Instance, Operation, PlanVersion
+from deployments.transitions import operation_dispatch
 from deployments.workflow.driver import DriverError
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def operations_wake(lease: Lease, instance_id: str) -> list[str]:
         )
         woken = [str(row[0]) for row in cursor.fetchall()]
     for operation_id in woken:
-        current_app.send_task(services.STEP_TASK, args=[operation_id])
+        operation_dispatch(operation_id)
     return woken
 
 

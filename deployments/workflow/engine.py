@@ -173,6 +173,14 @@ def cancel(state: RunState, *, now: float, reason: str) -> None:
     state.stage = "exit"
 
 
+def fail(state: RunState, *, now: float, reason: str) -> None:
+    """End the run failed at once, onExit not run: for a failure outside any task (a cell that
+    cannot be used, variables that do not render), which onExit would meet again."""
+    cancel(state, now=now, reason=reason)
+    state.message = state.message or reason
+    state.stage, state.phase = "done", FAILED
+
+
 def verb_outputs(state: RunState, expressions_by_name: dict[str, str]) -> dict[str, str]:
     """A verb's outputParameters, read from the objects its tasks captured.
 

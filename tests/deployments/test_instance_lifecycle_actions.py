@@ -7,7 +7,7 @@ import pytest
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
-from deployments import services
+from deployments import services, transitions
 from deployments.models import Cell, Instance, Operation
 from tests.deployments.conftest import SPEC
 from tests.deployments.test_instance_upgrade import _v2_text
@@ -56,7 +56,7 @@ def _fail(instance, verb):
         instance=instance, verb=verb, request_id=uuid.uuid4().hex,
         plan_version=instance.plan_version, state=Operation.State.FAILED, error="refused",
     )  # fmt: skip
-    services.instance_state_set(instance, Instance.State.FAILED, operation=op, reason="refused")
+    transitions.instance_state_set(instance, Instance.State.FAILED, operation=op, reason="refused")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ def test_roll_back_appears_only_after_a_failed_modify_or_upgrade(owner_client, i
     assert ROLLBACK not in _page(owner_client, instance)
     _fail(instance, "restart")
     assert ROLLBACK not in _page(owner_client, instance)
-    services.instance_state_set(instance, Instance.State.RUNNING)  # e.g. a retry repaired it
+    transitions.instance_state_set(instance, Instance.State.RUNNING)  # e.g. a retry repaired it
     _fail(instance, "modify")
     assert ROLLBACK in _page(owner_client, instance)
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
-from deployments import selectors, services
+from deployments import selectors, services, transitions
 from deployments.models import Cell, Instance, Operation, Snapshot
 from deployments.parameters import values_for_version
 from deployments.spec.model import Parameter
@@ -197,7 +197,7 @@ def _fail(instance, verb="modify"):
         instance=instance, verb=verb, request_id=uuid.uuid4().hex,
         plan_version=instance.plan_version, state=Operation.State.FAILED, error="refused",
     )  # fmt: skip
-    services.instance_state_set(instance, Instance.State.FAILED, operation=op, reason="refused")
+    transitions.instance_state_set(instance, Instance.State.FAILED, operation=op, reason="refused")
     return op
 
 

@@ -3,10 +3,13 @@ open through a call to the cluster, a second worker leaves a claimed operation a
 worker whose claim ran out (stuck in a call) discards its move instead of committing it over
 the new owner's."""
 
+import threading
+import time
 import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from accounts.audit import Actor
@@ -63,3 +66,64 @@ def test_a_move_is_not_committed_on_an_operation_a_delete_cancelled_meanwhile(qu
 
     with pytest.raises(runner.ClaimLost), runner._committing(queued, token):
         pass
+
+
+@pytest.fixture
+def slow_cluster(faults):
+    """Every request to the sandbox cluster takes half a second."""
+    faults(latency_ms=500)
+    yield
+    faults(latency_ms=0)
+
+
+def test_a_move_longer_than_the_lease_keeps_its_claim_from_other_workers(
+    cell, plan, owner, tenant, settings, slow_cluster
+):
+    # A create's first move applies the namespace and its guard rails, one slow call each: it
+    # lasts well over a one-second lease, which the worker renews as it goes.
+    settings.OPSDECK_OPERATION_LEASE = 1
+    queued = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    moving = threading.Event()
+    taken: list[uuid.UUID] = []
+
+    def other_worker():  # a second delivery of the same step, trying all the while
+        try:
+            while moving.is_set() and not taken:
+                token = runner._claim(str(queued.pk), timezone.now())
+                if token is not None:
+                    taken.append(token)
+                time.sleep(0.05)
+        finally:
+            connection.close()
+
+    moving.set()
+    contender = threading.Thread(target=other_worker)
+    contender.start()
+    try:
+        started = time.monotonic()
+        delay = runner._step(str(queued.pk))
+        took = time.monotonic() - started
+    finally:
+        moving.clear()
+        contender.join(10)
+
+    queued.refresh_from_db()
+    assert took > 1.5 * settings.OPSDECK_OPERATION_LEASE  # the move outlasted its lease ...
+    assert taken == []  # ... and no other worker could take the operation meanwhile
+    assert delay is not None and queued.moves == 1 and queued.arguments["namespace_ready"]
+    assert queued.claim_token is None  # committed, the claim released
+
+
+def test_a_worker_whose_claim_was_taken_over_makes_no_further_call(queued, settings, kube):
+    settings.OPSDECK_OPERATION_LEASE = 0  # the claim is checked before every call
+    stale = runner._claim(str(queued.pk), timezone.now())
+    Operation.objects.filter(pk=queued.pk).update(claim_token=uuid.uuid4())  # a new owner
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inst-0stale00"}}
+
+    with pytest.raises(runner.ClaimLost):
+        runner.ClaimedDriver(kube, str(queued.pk), stale).apply(namespace)
+
+    assert kube.get(namespace) is None

@@ -1,0 +1,52 @@
+"""Moving an instance between states, and sending an operation's work to a worker.
+
+The services that accept a verb and the runner that carries it out both use this module; they
+never call each other. Which verb moves an instance from which state to which is `lifecycle`'s
+table.
+"""
+
+from __future__ import annotations
+
+from celery import current_app
+from django.db import transaction
+from django.utils import timezone
+
+from deployments.models import Instance, InstanceStateChange, Operation
+
+STEP_TASK = "deployments.tasks.operation_step"
+NOTIFY_TASK = "deployments.tasks.operation_notify"
+
+
+def instance_state_set(
+    instance: Instance, state: str, *, operation: Operation | None = None, reason: str = ""
+) -> None:
+    """Move an instance to `state`, recording the change with its time."""
+    if instance.state == state:
+        return
+    InstanceStateChange.objects.create(
+        instance=instance,
+        from_state=instance.state,
+        to_state=state,
+        operation=operation,
+        reason=reason[:500],
+    )
+    instance.state = state
+    instance.updated_at = timezone.now()
+    instance.save(update_fields=["state", "updated_at"])
+
+
+def operation_dispatch(operation_id, delay: float = 0.0) -> None:
+    """Send the operation's next step to a worker in `delay` seconds, once the current
+    transaction commits (at once outside one): a worker never looks for a row it cannot see
+    yet, and a rolled-back request sends nothing."""
+    transaction.on_commit(
+        lambda: current_app.send_task(STEP_TASK, args=[str(operation_id)], countdown=max(delay, 0))
+    )
+
+
+def operation_notify(operation_id) -> None:
+    """Tell whoever started the operation how it ended (an email, from a worker) once the
+    current transaction commits; a broker that cannot be reached does not undo the commit."""
+    transaction.on_commit(
+        lambda: current_app.send_task(NOTIFY_TASK, args=[str(operation_id)]), robust=True
+    )
