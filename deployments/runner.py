@@ -19,8 +19,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -137,15 +135,17 @@ class ClaimedDriver:
     beside the new owner. A single call never outlasts the half lease left after a renewal
     (`OPSDECK_OPERATION_LEASE` is at least twice the longest call)."""
 
-    def __init__(self, driver: KubeDriver, operation_id: str, token: uuid.UUID) -> None:
+    def __init__(
+        self, driver: KubeDriver, operation_id: str, token: uuid.UUID, claimed_until: datetime
+    ) -> None:
         self._driver = driver
         self._operation_id = operation_id
         self._token = token
         self._lease = settings.OPSDECK_OPERATION_LEASE
-        self._renew_at = time.monotonic() + self._lease / 2
+        self._renew_at = claimed_until.timestamp() - self._lease / 2
 
     def _keep(self) -> None:
-        if time.monotonic() < self._renew_at:
+        if time.time() < self._renew_at:
             return
         until = timezone.now() + timedelta(seconds=self._lease)
         # Outside any transaction: the renewal stands at once, whatever the move does next.
@@ -154,7 +154,7 @@ class ClaimedDriver:
         )
         if not kept:
             raise ClaimLost
-        self._renew_at = time.monotonic() + self._lease / 2
+        self._renew_at = until.timestamp() - self._lease / 2
 
     def create(self, obj: dict, *, owner_label: tuple[str, str]) -> dict:
         self._keep()
@@ -185,22 +185,19 @@ class ClaimedDriver:
         return self._driver.resolve(resource)
 
 
-@contextmanager
-def _committing(op: Operation, token: uuid.UUID) -> Iterator[None]:
-    """The short transaction a move commits in. It begins by releasing this worker's claim,
-    which also locks the row until the commit, and raises ClaimLost, writing nothing, when
-    the claim is not ours any more or the operation ended meanwhile (a delete cancelled it)."""
-    with transaction.atomic():
-        # The instance first, as every service that changes an instance's operations locks it
-        # (a delete): a move that ends the run writes the instance too, and the other order
-        # deadlocks with such a service.
-        list(Instance.objects.select_for_update().filter(pk=op.instance_id).values_list("pk"))
-        held = Operation.objects.filter(pk=op.pk, claim_token=token, state=op.state).update(
-            claim_token=None, claimed_until=None
-        )
-        if not held:
-            raise ClaimLost
-        yield
+_LIVE = (Operation.State.QUEUED, Operation.State.RUNNING)
+
+
+def _store(op: Operation, token: uuid.UUID, fields: list[str], *, release: bool = True) -> None:
+    """Write the move's `fields` of the operation in one UPDATE fenced by the claim, releasing
+    it (unless `release` is False: the same worker goes on with the next move). Raises
+    ClaimLost, and the transaction it is in rolls back, when the claim is not ours any more or
+    the operation ended meanwhile (a delete cancelled it)."""
+    values = {name: getattr(op, name) for name in fields}
+    if release:
+        values.update(claim_token=None, claimed_until=None)
+    if not Operation.objects.filter(pk=op.pk, claim_token=token, state__in=_LIVE).update(**values):
+        raise ClaimLost
 
 
 def _step(operation_id: str) -> float | None:
@@ -210,8 +207,8 @@ def _step(operation_id: str) -> float | None:
 
     No transaction or row lock stays open while the cluster is called: the operation is
     claimed first (`_claim`), the move is computed, and it is committed in a short transaction
-    fenced by the claim (`_committing`) — so a worker that lost its claim while stuck in a
-    call discards its move instead of overwriting the new owner's."""
+    whose write of the operation is fenced by the claim (`_store`) — so a worker that lost its
+    claim while stuck in a call discards its move instead of overwriting the new owner's."""
     now = timezone.now()
     token = _claim(operation_id, now)
     if token is None:
@@ -220,61 +217,68 @@ def _step(operation_id: str) -> float | None:
         pk=operation_id
     )
     try:
-        if op.state == Operation.State.QUEUED:
-            with _committing(op, token):
-                begun = _begin(op, now)
-            if not begun:
-                # Its predecessor schedules it when it finishes; looking again now and then
-                # covers a predecessor that finished while this one was being queued.
-                return QUEUED_RECHECK
-            token = _claim(operation_id, now, early=True)  # its first move follows at once
-            if token is None:
-                return None
+        if op.state == Operation.State.QUEUED and not _begin(op, now, token):
+            # Its predecessor schedules it when it finishes; looking again now and then
+            # covers a predecessor that finished while this one was being queued.
+            return QUEUED_RECHECK
         return _advance(op, now, token)
     except ClaimLost:
         log.warning("operation %s: its claim was lost; the move is discarded", op.pk)
         return None
 
 
-def _begin(op: Operation, now) -> bool:
-    """Start a queued operation if it is the instance's oldest pending one."""
-    first = selectors.operations_pending(op.instance).first()
-    if first is not None and first.pk != op.pk:
-        return False  # it starts when the one before it finishes
-    # Read the instance again: the row joined when this step began may predate the commit of
-    # the operation before it (which the look above saw finished), and with it its values.
-    op.instance.refresh_from_db()
-    spec = selectors.plan_version_loaded(op.plan_version_id).spec
-    verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
-    state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
-    # The run applies the instance's values as the operations before it left them, with the
-    # changes this one asked for.
-    known = {p.key for p in spec.main.parameters}
-    changes = {k: v for k, v in requested_changes(op).items() if k in known}
-    values = {**instance_values(op.instance), **changes}
-    if op.plan_version_id != op.instance.plan_version_id:
-        # An upgrade: the parameters of the version it applies, worked out now, from the
-        # values the instance holds when it starts.
-        values = values_for_version(spec.main.parameters, values)
-    op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
-    op.state = Operation.State.RUNNING
-    op.started_at = now
-    op.engine_state = json.dumps(state.to_json())
-    # Where a run that fails before the cluster accepted any change leaves the instance, and
-    # the backup retention it renders with (fixed for the run, as its parameters are).
-    op.arguments = {
-        **op.arguments,
-        "state_before": op.instance.state,
-        "retention_days": selectors.backup_retention_days(op.instance),
-    }
-    op.save(
-        update_fields=[
-            "state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"
-        ]
-    )  # fmt: skip
-    during = lifecycle.rule(op.verb, custom=verb.custom).during
-    if during:
-        instance_state_set(op.instance, during, operation=op)
+# The instance's fields a run reads or writes (its tenant and cell never change).
+_INSTANCE_FIELDS = [
+    f.attname for f in Instance._meta.concrete_fields if f.attname not in {"tenant_id", "cell_id"}
+]
+
+
+def _begin(op: Operation, now, token: uuid.UUID) -> bool:
+    """Start a queued operation if it is the instance's oldest pending one, keeping the claim
+    for its first move; else release the claim and leave it queued."""
+    with transaction.atomic():
+        # The instance first, locked, as every service that queues or cancels its operations
+        # locks it; read again, since the row read when this step began may predate the commit
+        # of the operation before this one (which the look below sees finished), and with it
+        # its values.
+        op.instance.refresh_from_db(
+            fields=_INSTANCE_FIELDS, from_queryset=Instance.objects.select_for_update()
+        )
+        first = selectors.operations_pending(op.instance).values_list("pk", flat=True).first()
+        if first is not None and first != op.pk:
+            _store(op, token, [])  # it starts when the one before it finishes
+            return False
+        spec = selectors.plan_version_loaded(op.plan_version_id).spec
+        verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
+        state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
+        # The run applies the instance's values as the operations before it left them, with
+        # the changes this one asked for.
+        known = {p.key for p in spec.main.parameters}
+        changes = {k: v for k, v in requested_changes(op).items() if k in known}
+        values = {**instance_values(op.instance), **changes}
+        if op.plan_version_id != op.instance.plan_version_id:
+            # An upgrade: the parameters of the version it applies, worked out now, from the
+            # values the instance holds when it starts.
+            values = values_for_version(spec.main.parameters, values)
+        op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
+        op.state = Operation.State.RUNNING
+        op.started_at = now
+        op.engine_state = json.dumps(state.to_json())
+        # Where a run that fails before the cluster accepted any change leaves the instance,
+        # and the backup retention it renders with (fixed for the run, as its parameters are).
+        op.arguments = {
+            **op.arguments,
+            "state_before": op.instance.state,
+            "retention_days": selectors.backup_retention_days(op.instance),
+        }
+        _store(
+            op, token,
+            ["state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"],
+            release=False,
+        )  # fmt: skip
+        during = lifecycle.rule(op.verb, custom=verb.custom).during
+        if during:
+            instance_state_set(op.instance, during, operation=op)
     return True
 
 
@@ -289,7 +293,9 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
     where = placement(op)
     try:
-        driver = ClaimedDriver(driver_for(instance.cell), str(op.pk), token)
+        # Claimed when this step began (`now`), for a lease (`_claim`).
+        claimed_until = now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE)
+        driver = ClaimedDriver(driver_for(instance.cell), str(op.pk), token, claimed_until)
         ready = op.arguments.get("namespace_ready")
         objects = [] if ready else executor.prelude_objects(spec, op.verb, where)
         if objects:
@@ -317,13 +323,11 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
         op.error = f"{RETRYING}{exc.message}"[:2000]
         if state.changed:  # a write was sent and its answer lost: the cluster may hold it
             op.arguments = {**op.arguments, "cluster_touched": True}
-        with _committing(op, token):
-            op.save(
-                update_fields=[
-                    "transient_failures", "transient_streak", "next_step_at", "moves",
-                    "arguments", "error",
-                ]
-            )  # fmt: skip
+        _store(
+            op, token,
+            ["transient_failures", "transient_streak", "next_step_at", "moves", "arguments",
+             "error"],
+        )  # fmt: skip
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
         return delay
     except (PermanentError, RenderError) as exc:
@@ -333,15 +337,21 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
         step = engine.Step(progressed=True)
 
     op.engine_state = json.dumps(state.to_json())
-    with _committing(op, token):
+    with transaction.atomic():
+        if not state.done:  # a move that only waits writes no instance, and locks none
+            delay = _wait(op, step, now, token)
+            _sync_task_runs(op, state, before=saved.get("nodes", {}))
+            return delay
+        # The instance first, as every service that changes an instance's operations locks it
+        # (a delete): finishing writes the instance too, and the other order deadlocks with
+        # such a service.
+        list(Instance.objects.select_for_update().filter(pk=op.instance_id).values_list("pk"))
+        _finish(op, state, verb, now, token)
         _sync_task_runs(op, state, before=saved.get("nodes", {}))
-        if state.done:
-            _finish(op, state, verb, now)
-            return None
-        return _wait(op, step, now)
+    return None
 
 
-def _wait(op: Operation, step: engine.Step, now) -> float:
+def _wait(op: Operation, step: engine.Step, now, token: uuid.UUID) -> float:
     """Store a move that left the run waiting; the delay before the next one."""
     if op.transient_streak:
         op.error = ""  # the cluster answers again
@@ -351,21 +361,15 @@ def _wait(op: Operation, step: engine.Step, now) -> float:
     if step.wake_at is not None:  # a retry's backoff ends then
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
-    op.save(
-        update_fields=[
-            "engine_state",
-            "idle_steps",
-            "transient_streak",
-            "next_step_at",
-            "arguments",
-            "moves",
-            "error",
-        ]
-    )
+    _store(
+        op, token,
+        ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments", "moves",
+         "error"],
+    )  # fmt: skip
     return delay
 
 
-def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
+def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) -> None:
     succeeded = state.phase == engine.SUCCEEDED
     cancelled = not succeeded and bool(op.cancel_reason)  # by a user, or by a delete
     if succeeded:
@@ -380,14 +384,20 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
     op.outputs = engine.verb_outputs(state, verb.outputs) if succeeded else {}
     op.next_step_at = None
     # Only what finishing changes: a delete may have set cancel_reason meanwhile.
-    op.save(
-        update_fields=[
-            "state", "finished_at", "error", "outputs", "next_step_at",
-            "engine_state", "moves", "arguments", "transient_streak",
-        ]
+    _store(
+        op, token,
+        ["state", "finished_at", "error", "outputs", "next_step_at", "engine_state", "moves",
+         "arguments", "transient_streak"],
     )  # fmt: skip
     instance = op.instance
     rule = lifecycle.rule(op.verb, custom=verb.custom)
+    # The instance's other pending operations, oldest first: the next one may start now.
+    following = list(
+        selectors.operations_pending(instance).exclude(pk=op.pk).values_list("pk", "verb", "state")
+    )
+    delete_waiting = any(
+        verb == "delete" and state == Operation.State.QUEUED for _, verb, state in following
+    )
     if succeeded:
         # Stored = deployed: the values the run applied (and those the verb declares it sets).
         after = values_after(op, verb, run_values(op))
@@ -400,14 +410,11 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         if op.outputs and not op.arguments.get("snapshot"):  # a backup's go to its snapshot
             instance.outputs = {**instance.outputs, **op.outputs}
         instance.updated_at = now
-        instance.save(
-            update_fields=[
-                "parameters", "secret_parameters", "plan_version", "outputs", "updated_at"
-            ]
+        instance_state_set(
+            instance, rule.after or instance.state, operation=op,
+            also=["parameters", "secret_parameters", "plan_version", "outputs", "updated_at"],
         )  # fmt: skip
-        if rule.after:
-            instance_state_set(instance, rule.after, operation=op)
-    elif rule.during and not _delete_waiting(instance):  # else the delete takes it from here
+    elif rule.during and not delete_waiting:  # else the delete takes it from here
         before = op.arguments.get("state_before")
         changed = state.changed or op.arguments.get("cluster_touched", False)
         if changed or rule.makes_instance or not before:
@@ -432,17 +439,10 @@ def _finish(op: Operation, state: engine.RunState, verb, now) -> None:
         payload={"verb": op.verb, "instance": instance.pk, "error": op.error},
     )
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
-    notify = rule.makes_instance if succeeded else not _delete_waiting(instance)
-    if notify:
+    if rule.makes_instance if succeeded else not delete_waiting:
         operation_notify(op.pk)
-    # The next queued operation of this instance may start now.
-    following = selectors.operations_pending(instance).exclude(pk=op.pk).first()
-    if following is not None:
-        operation_dispatch(following.pk)
-
-
-def _delete_waiting(instance: Instance) -> bool:
-    return instance.operations.filter(verb="delete", state=Operation.State.QUEUED).exists()
+    if following:
+        operation_dispatch(following[0][0])
 
 
 def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> None:

@@ -7,6 +7,8 @@ table.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from celery import current_app
 from django.db import transaction
 from django.utils import timezone
@@ -18,21 +20,30 @@ NOTIFY_TASK = "deployments.tasks.operation_notify"
 
 
 def instance_state_set(
-    instance: Instance, state: str, *, operation: Operation | None = None, reason: str = ""
+    instance: Instance,
+    state: str,
+    *,
+    operation: Operation | None = None,
+    reason: str = "",
+    also: Iterable[str] = (),
 ) -> None:
-    """Move an instance to `state`, recording the change with its time."""
-    if instance.state == state:
-        return
-    InstanceStateChange.objects.create(
-        instance=instance,
-        from_state=instance.state,
-        to_state=state,
-        operation=operation,
-        reason=reason[:500],
-    )
-    instance.state = state
-    instance.updated_at = timezone.now()
-    instance.save(update_fields=["state", "updated_at"])
+    """Move an instance to `state`, recording the change with its time; `also` names other
+    fields the caller changed on `instance`, saved in the same UPDATE (also when the state
+    stays as it is)."""
+    fields = set(also)
+    if instance.state != state:
+        InstanceStateChange.objects.create(
+            instance=instance,
+            from_state=instance.state,
+            to_state=state,
+            operation=operation,
+            reason=reason[:500],
+        )
+        instance.state = state
+        instance.updated_at = timezone.now()
+        fields |= {"state", "updated_at"}
+    if fields:
+        instance.save(update_fields=sorted(fields))
 
 
 def operation_dispatch(operation_id, delay: float = 0.0) -> None:

@@ -9,12 +9,12 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import runner, services
-from deployments.models import Cell, Operation
+from deployments.models import Cell, Operation, TaskRun
 from tests.deployments.conftest import SPEC
 
 
@@ -49,13 +49,15 @@ def test_a_worker_whose_claim_ran_out_commits_nothing(queued):
     fresh = runner._claim(str(queued.pk), later)
     assert fresh is not None and fresh != stale
 
-    with pytest.raises(runner.ClaimLost), runner._committing(queued, stale):
-        Operation.objects.filter(pk=queued.pk).update(error="written by the stale worker")
+    queued.error = "written by the stale worker"
+    with pytest.raises(runner.ClaimLost), transaction.atomic():
+        TaskRun.objects.create(operation=queued, node="main.cluster", attempt=1, state="Running")
+        runner._store(queued, stale, ["error"])
 
     queued.refresh_from_db()
     assert queued.error == "" and queued.claim_token == fresh  # the new owner's claim stands
-    with runner._committing(queued, fresh):  # the owner commits; the claim is released
-        pass
+    assert not TaskRun.objects.filter(operation=queued).exists()  # the move rolled back whole
+    runner._store(queued, fresh, [])  # the owner commits; the claim is released
     queued.refresh_from_db()
     assert queued.claim_token is None and queued.claimed_until is None
 
@@ -64,14 +66,14 @@ def test_a_move_is_not_committed_on_an_operation_a_delete_cancelled_meanwhile(qu
     token = runner._claim(str(queued.pk), timezone.now())
     Operation.objects.filter(pk=queued.pk).update(state=Operation.State.CANCELLED)
 
-    with pytest.raises(runner.ClaimLost), runner._committing(queued, token):
-        pass
+    with pytest.raises(runner.ClaimLost):
+        runner._store(queued, token, [])
 
 
 @pytest.fixture
 def slow_cluster(faults):
-    """Every request to the sandbox cluster takes half a second."""
-    faults(latency_ms=500)
+    """Every request to the sandbox cluster takes a second."""
+    faults(latency_ms=1000)
     yield
     faults(latency_ms=0)
 
@@ -80,8 +82,8 @@ def test_a_move_longer_than_the_lease_keeps_its_claim_from_other_workers(
     cell, plan, owner, tenant, settings, slow_cluster
 ):
     # A create's first move applies the namespace and its guard rails, one slow call each: it
-    # lasts well over a one-second lease, which the worker renews as it goes.
-    settings.OPSDECK_OPERATION_LEASE = 1
+    # lasts well over a two-second lease, which the worker renews as it goes.
+    settings.OPSDECK_OPERATION_LEASE = 2
     queued = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
         parameters={}, request_id=uuid.uuid4().hex,
@@ -124,6 +126,6 @@ def test_a_worker_whose_claim_was_taken_over_makes_no_further_call(queued, setti
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inst-0stale00"}}
 
     with pytest.raises(runner.ClaimLost):
-        runner.ClaimedDriver(kube, str(queued.pk), stale).apply(namespace)
+        runner.ClaimedDriver(kube, str(queued.pk), stale, timezone.now()).apply(namespace)
 
     assert kube.get(namespace) is None

@@ -242,7 +242,6 @@ def test_operations_queued_before_the_upgrade_keep_their_request_and_their_secre
     import importlib
 
     from django.apps import apps
-    from django.db import transaction
 
     from deployments import runner
     from deployments.parameters import verb_values
@@ -260,10 +259,10 @@ def test_operations_queued_before_the_upgrade_keep_their_request_and_their_secre
     )  # fmt: skip
 
     importlib.import_module("deployments.migrations.0005_requested_changes").forwards(apps, None)
-    with transaction.atomic():
-        runner._begin(
-            Operation.objects.select_related("instance").get(pk=rotation.pk), timezone.now()
-        )
+    token = runner._claim(str(rotation.pk), timezone.now())
+    runner._begin(
+        Operation.objects.select_related("instance").get(pk=rotation.pk), timezone.now(), token
+    )
 
     rotation.refresh_from_db()
     modify.refresh_from_db()
