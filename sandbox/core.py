@@ -23,7 +23,7 @@ from . import workloads
 from .garbage import GcIndex
 from .resources import ResourceType, builtin_types, types_from_crd
 from .selectors import label_selector_string, parse_field_selector, parse_label_selector
-from .store import Store
+from .store import Event, Store
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -1067,10 +1067,12 @@ class Core:
         should_stop: Any = None,
         send_initial: bool = False,
     ) -> Iterator[WatchEvent]:
-        """Yield watch events: synthetic ADDED for rv unset/"0", else changes after rv.
+        """Start a watch: synthetic ADDED for rv unset/"0", else changes after rv.
 
         With send_initial (a streaming list, as kubectl 1.37 asks), the current objects come
         first whatever the version, then a BOOKMARK marking the end of the initial events.
+        Bad selectors and versions raise here; the returned iterator only waits for events,
+        so a caller can answer the request before the first one comes.
         """
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, rt.plural, rt.kind)
@@ -1093,9 +1095,21 @@ class Core:
                 except ValueError:
                     raise E.bad_request(f'invalid resource version "{resource_version}"') from None
                 initial = []
-                if last < self.store.compacted_rv:
-                    yield WatchEvent("ERROR", _too_old(last, self.store.compacted_rv + 1))
-                    return
+        return self._watch_events(
+            rt, match, last, initial, deadline, bookmarks, should_stop, send_initial
+        )
+
+    def _watch_events(
+        self,
+        rt: ResourceType,
+        match: Callable[[dict[str, Any] | None], bool],
+        last: int,
+        initial: list[dict[str, Any]],
+        deadline: float,
+        bookmarks: bool,
+        should_stop: Any,
+        send_initial: bool,
+    ) -> Iterator[WatchEvent]:
         for obj in initial:
             yield WatchEvent("ADDED", self._view(rt, obj))
         if send_initial:
@@ -1117,15 +1131,19 @@ class Core:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
+            events: list[Event] = []
             with self.lock:
-                events = self.store.events_after(last)
-                if not events:
-                    self.store.changed.wait(min(remaining, 0.5))
+                gone = self._expired(last)
+                if gone is None:
                     events = self.store.events_after(last)
-                if last < self.store.compacted_rv:
-                    yield WatchEvent("ERROR", _too_old(last, self.store.compacted_rv + 1))
-                    return
+                    if not events:
+                        self.store.changed.wait(min(remaining, 0.5))
+                        events = self.store.events_after(last)
+                    gone = self._expired(last)
                 head_rv = self.store.rv
+            if gone is not None:
+                yield WatchEvent("ERROR", gone)
+                return
             out = []
             for event in events:
                 last = event.rv
@@ -1157,6 +1175,12 @@ class Core:
                         "metadata": {"resourceVersion": str(max(last, head_rv))},
                     },
                 )
+
+    def _expired(self, rv: int) -> dict[str, Any] | None:
+        """The 410 Expired status for a watch at rv whose next events were compacted away."""
+        if rv < self.store.compacted_rv:
+            return _too_old(rv, self.store.compacted_rv + 1)
+        return None
 
     # ---- scale subresource -----------------------------------------------------------------
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.dynamic import DynamicClient
+
+from tests.sandbox.conftest import Raw
 
 G, V = "postgresql.cnpg.io", "v1"
 CLUSTER = {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster"}
@@ -664,6 +667,29 @@ def test_watch_with_too_old_version_gets_410_error_event(raw, core_v1, namespace
     assert event["object"]["code"] == 410
     assert event["object"]["reason"] == "Expired"
     assert event["object"]["message"].startswith("too old resource version: 1 (")
+
+
+def test_a_watch_answers_at_once_before_any_event(sandbox, namespace):
+    """A client may wait for the response before it makes the change it watches for (the
+    watch fan-out benchmark does): the headers must not wait for the first event."""
+    conn = http.client.HTTPConnection(sandbox.host, sandbox.port, timeout=2)
+    try:
+        conn.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/configmaps?watch=1"
+            f"&resourceVersion={sandbox.core.store.rv}&timeoutSeconds=10",
+        )
+        stream = conn.getresponse()  # times out if the server holds the headers back
+        Raw(sandbox.url).request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "awaited"}},
+        )
+        event = json.loads(stream.readline())
+    finally:
+        conn.close()
+    assert stream.status == 200
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "awaited")
 
 
 def test_watch_client_raises_after_repeated_410(core_v1, namespace, sandbox):
