@@ -589,6 +589,11 @@ class Handler(BaseHTTPRequestHandler):
                 raise E.method_not_allowed()
             self._send_json(200, {"speed": sb.speed})
             return 200
+        if parts == ["compact"]:
+            if method not in ("POST", "PUT"):
+                raise E.method_not_allowed()
+            self._send_json(200, {"resourceVersion": str(sb.compact())})
+            return 200
         if parts == ["healthz"] or parts == []:
             self._send_json(200, {"status": "ok", "resourceVersion": str(sb.core.store.rv)})
             return 200
