@@ -1032,19 +1032,15 @@ class Core:
         """Empty terminating namespaces, then remove those with nothing left in them."""
         changed = False
         ns_rt = self.builtin("namespaces")
-        namespaced = [
-            rt for rt in map(self.type_of_key, list(self.store.objects)) if rt and rt.namespaced
-        ]
         for name in sorted(self.gc_index.terminating):
             nso = self.store.get(ns_rt.key, "", name)
             if nso is None or not nso["metadata"].get("deletionTimestamp"):
                 continue
-            for rt in namespaced:
-                for obj in list(self.store.items(rt.key, name)):
-                    if not obj["metadata"].get("deletionTimestamp"):
-                        self._delete_quiet(rt, obj["metadata"])
-                        changed = True
-            if any(self.store.items(rt.key, name) for rt in namespaced):
+            for rt, obj in self._namespace_contents(name):
+                if not obj["metadata"].get("deletionTimestamp"):
+                    self._delete_quiet(rt, obj["metadata"])
+                    changed = True
+            if self._namespace_contents(name):
                 continue  # objects held by finalizers keep the namespace Terminating
             gone = copy.deepcopy(nso)
             gone["spec"]["finalizers"] = []
@@ -1052,6 +1048,21 @@ class Core:
             self._remove(ns_rt, gone)
             changed = True
         return changed
+
+    def _namespace_contents(self, name: str) -> list[tuple[ResourceType, dict[str, Any]]]:
+        """The objects of served namespaced types in a namespace, type by type in the order
+        the store first held them, then by name (found through the collector's index)."""
+        types: dict[tuple[str, str], ResourceType | None] = {}
+        found = []
+        for key, obj in self.gc_index.objects_in(name):
+            if key not in types:
+                types[key] = self.type_of_key(key)
+            rt = types[key]
+            if rt is not None and rt.namespaced:
+                found.append((rt, obj))
+        order = {key: i for i, key in enumerate(self.store.objects)}
+        found.sort(key=lambda entry: order[entry[0].key])  # stable: names stay sorted
+        return found
 
     # ---- watch -----------------------------------------------------------------------------
 
