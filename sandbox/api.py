@@ -262,6 +262,19 @@ class Sandbox:
                 self.core.store.changed.notify_all()
             time.sleep(0.002)
 
+    def compact(self) -> int:
+        """Forget the event history, as etcd compaction does; the compacted resourceVersion.
+
+        From now on a watch or a continue token from an older resourceVersion is answered
+        410 Gone (a watch gets an ERROR event with a 410 Expired status, as from kube-apiserver),
+        and so is a watch still open with changes from before the compaction left to read; a
+        watch already caught up goes on. The controllers look at every object again.
+        """
+        with self.core.lock:
+            self.core.store.compact()
+            self.core.store.changed.notify_all()
+            return self.core.store.compacted_rv
+
     # ---- state -----------------------------------------------------------------------------
 
     def _bootstrap(self) -> None:

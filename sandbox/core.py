@@ -23,7 +23,7 @@ from . import workloads
 from .garbage import GcIndex
 from .resources import ResourceType, builtin_types, types_from_crd
 from .selectors import label_selector_string, parse_field_selector, parse_label_selector
-from .store import Store
+from .store import Event, Store
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -1032,19 +1032,15 @@ class Core:
         """Empty terminating namespaces, then remove those with nothing left in them."""
         changed = False
         ns_rt = self.builtin("namespaces")
-        namespaced = [
-            rt for rt in map(self.type_of_key, list(self.store.objects)) if rt and rt.namespaced
-        ]
         for name in sorted(self.gc_index.terminating):
             nso = self.store.get(ns_rt.key, "", name)
             if nso is None or not nso["metadata"].get("deletionTimestamp"):
                 continue
-            for rt in namespaced:
-                for obj in list(self.store.items(rt.key, name)):
-                    if not obj["metadata"].get("deletionTimestamp"):
-                        self._delete_quiet(rt, obj["metadata"])
-                        changed = True
-            if any(self.store.items(rt.key, name) for rt in namespaced):
+            for rt, obj in self._namespace_contents(name):
+                if not obj["metadata"].get("deletionTimestamp"):
+                    self._delete_quiet(rt, obj["metadata"])
+                    changed = True
+            if self._namespace_contents(name):
                 continue  # objects held by finalizers keep the namespace Terminating
             gone = copy.deepcopy(nso)
             gone["spec"]["finalizers"] = []
@@ -1052,6 +1048,21 @@ class Core:
             self._remove(ns_rt, gone)
             changed = True
         return changed
+
+    def _namespace_contents(self, name: str) -> list[tuple[ResourceType, dict[str, Any]]]:
+        """The objects of served namespaced types in a namespace, type by type in the order
+        the store first held them, then by name (found through the collector's index)."""
+        types: dict[tuple[str, str], ResourceType | None] = {}
+        found = []
+        for key, obj in self.gc_index.objects_in(name):
+            if key not in types:
+                types[key] = self.type_of_key(key)
+            rt = types[key]
+            if rt is not None and rt.namespaced:
+                found.append((rt, obj))
+        order = {key: i for i, key in enumerate(self.store.objects)}
+        found.sort(key=lambda entry: order[entry[0].key])  # stable: names stay sorted
+        return found
 
     # ---- watch -----------------------------------------------------------------------------
 
@@ -1067,10 +1078,12 @@ class Core:
         should_stop: Any = None,
         send_initial: bool = False,
     ) -> Iterator[WatchEvent]:
-        """Yield watch events: synthetic ADDED for rv unset/"0", else changes after rv.
+        """Start a watch: synthetic ADDED for rv unset/"0", else changes after rv.
 
         With send_initial (a streaming list, as kubectl 1.37 asks), the current objects come
         first whatever the version, then a BOOKMARK marking the end of the initial events.
+        Bad selectors and versions raise here; the returned iterator only waits for events,
+        so a caller can answer the request before the first one comes.
         """
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, rt.plural, rt.kind)
@@ -1093,9 +1106,21 @@ class Core:
                 except ValueError:
                     raise E.bad_request(f'invalid resource version "{resource_version}"') from None
                 initial = []
-                if last < self.store.compacted_rv:
-                    yield WatchEvent("ERROR", _too_old(last, self.store.compacted_rv + 1))
-                    return
+        return self._watch_events(
+            rt, match, last, initial, deadline, bookmarks, should_stop, send_initial
+        )
+
+    def _watch_events(
+        self,
+        rt: ResourceType,
+        match: Callable[[dict[str, Any] | None], bool],
+        last: int,
+        initial: list[dict[str, Any]],
+        deadline: float,
+        bookmarks: bool,
+        should_stop: Any,
+        send_initial: bool,
+    ) -> Iterator[WatchEvent]:
         for obj in initial:
             yield WatchEvent("ADDED", self._view(rt, obj))
         if send_initial:
@@ -1117,15 +1142,19 @@ class Core:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
+            events: list[Event] = []
             with self.lock:
-                events = self.store.events_after(last)
-                if not events:
-                    self.store.changed.wait(min(remaining, 0.5))
+                gone = self._expired(last)
+                if gone is None:
                     events = self.store.events_after(last)
-                if last < self.store.compacted_rv:
-                    yield WatchEvent("ERROR", _too_old(last, self.store.compacted_rv + 1))
-                    return
+                    if not events:
+                        self.store.changed.wait(min(remaining, 0.5))
+                        events = self.store.events_after(last)
+                    gone = self._expired(last)
                 head_rv = self.store.rv
+            if gone is not None:
+                yield WatchEvent("ERROR", gone)
+                return
             out = []
             for event in events:
                 last = event.rv
@@ -1157,6 +1186,12 @@ class Core:
                         "metadata": {"resourceVersion": str(max(last, head_rv))},
                     },
                 )
+
+    def _expired(self, rv: int) -> dict[str, Any] | None:
+        """The 410 Expired status for a watch at rv whose next events were compacted away."""
+        if rv < self.store.compacted_rv:
+            return _too_old(rv, self.store.compacted_rv + 1)
+        return None
 
     # ---- scale subresource -----------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """What the garbage collector looks up, kept from the store's event log.
 
 Every object by uid, every dependent by owner uid, the objects whose owners must be checked,
-the objects being deleted in the foreground, terminating namespaces and when Events expire. A
+the objects being deleted in the foreground, terminating namespaces, the objects in each
+namespace (so emptying one costs its own objects) and when Events expire. A
 round reads only the events since the previous one; everything is indexed again only at start
 or when the log was trimmed past what the collector had read.
 """
@@ -36,6 +37,7 @@ class GcIndex:
         self.unchecked: set[Where] = set()
         self.foreground: set[Where] = set()
         self.terminating: set[str] = set()
+        self.in_namespace: dict[str, set[Where]] = {}
         # (last seen, where): an entry is stale if the Event was seen again since.
         self.expiry: list[tuple[str, Where]] = []
 
@@ -69,6 +71,16 @@ class GcIndex:
         self.unchecked = set()
         return out
 
+    def objects_in(self, namespace: str) -> list[tuple[Key, dict[str, Any]]]:
+        """The stored objects in a namespace, by resource then name."""
+        self.sync()
+        out = []
+        for key, okey in sorted(self.in_namespace.get(namespace, ())):
+            obj = self.store.get(key, *okey)
+            if obj is not None:
+                out.append((key, obj))
+        return out
+
     def expired_events(self, cutoff: str) -> list[ObjKey]:
         """Events last seen before cutoff."""
         self.sync()
@@ -83,7 +95,7 @@ class GcIndex:
     def _rebuild(self) -> None:
         self.uids, self.dependents = {}, {}
         self.unchecked, self.foreground, self.terminating = set(), set(), set()
-        self.expiry = []
+        self.in_namespace, self.expiry = {}, []
         for key, bucket in self.store.objects.items():
             for obj in bucket.values():
                 self._add(key, obj)
@@ -102,6 +114,8 @@ class GcIndex:
         meta = obj["metadata"]
         where = (key, (meta.get("namespace", ""), meta["name"]))
         self.uids[meta["uid"]] = where
+        if where[1][0]:
+            self.in_namespace.setdefault(where[1][0], set()).add(where)
         refs = meta.get("ownerReferences") or []
         for ref in refs:
             self.dependents.setdefault(ref.get("uid", ""), set()).add(where)
@@ -119,6 +133,11 @@ class GcIndex:
         where = (key, (meta.get("namespace", ""), meta["name"]))
         if self.uids.get(meta["uid"]) == where:
             del self.uids[meta["uid"]]
+        inside = self.in_namespace.get(where[1][0])
+        if inside is not None:
+            inside.discard(where)
+            if not inside:
+                del self.in_namespace[where[1][0]]
         for ref in meta.get("ownerReferences") or []:
             deps = self.dependents.get(ref.get("uid", ""))
             if deps is not None:

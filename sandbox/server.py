@@ -475,7 +475,8 @@ class Handler(BaseHTTPRequestHandler):
         self.watch_table = None
         if "as=Table" in self.headers.get("Accept", ""):
             self.watch_table = (rt, query.get("includeObject", "Metadata"))
-        first = next(events, None)  # raise bad selectors as a plain error response
+        # Headers go out at once, as kube-apiserver sends them: a client may wait for them
+        # before it makes the change it is watching for.
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Cache-Control", "no-cache, private")
@@ -485,14 +486,12 @@ class Handler(BaseHTTPRequestHandler):
         drop = sb.faults.roll(sb.faults.drop_watch)
         started = time.monotonic()
         try:
-            if first is not None:
-                self._chunk(first)
-                for event in events:
-                    self._chunk(event)
-                    if drop and time.monotonic() - started > 0.05:
-                        # Fault injection: cut the stream without the terminating chunk.
-                        self.close_connection = True
-                        return 200
+            for event in events:
+                self._chunk(event)
+                if drop and time.monotonic() - started > 0.05:
+                    # Fault injection: cut the stream without the terminating chunk.
+                    self.close_connection = True
+                    return 200
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -589,6 +588,11 @@ class Handler(BaseHTTPRequestHandler):
             elif method != "GET":
                 raise E.method_not_allowed()
             self._send_json(200, {"speed": sb.speed})
+            return 200
+        if parts == ["compact"]:
+            if method not in ("POST", "PUT"):
+                raise E.method_not_allowed()
+            self._send_json(200, {"resourceVersion": str(sb.compact())})
             return 200
         if parts == ["healthz"] or parts == []:
             self._send_json(200, {"status": "ok", "resourceVersion": str(sb.core.store.rv)})

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.kube import KubeDriver, WatchExpired, api_client_from_kubeconfig
 from deployments.workflow.driver import PermanentError, TransientError
 
 LABEL = "opsdeck.io/operation"
@@ -106,6 +106,24 @@ def test_server_errors_are_transient(driver, namespace, sandbox_cluster):
             driver.get(cluster(namespace))
     finally:
         sandbox_cluster.set_faults(error_503=0.0)
+
+
+def test_a_watch_from_a_compacted_version_expires_and_a_new_list_resumes_it(
+    driver, namespace, sandbox_cluster
+):
+    _, listed_at = driver.list_for_watch("v1", "ConfigMap")
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": namespace}}
+    driver.apply({**config, "metadata": {**config["metadata"], "name": "before"}})
+    sandbox_cluster.compact()
+
+    with pytest.raises(WatchExpired, match="too old resource version"):
+        list(driver.watch_objects("v1", "ConfigMap", resource_version=listed_at, timeout=2))
+
+    items, relisted_at = driver.list_for_watch("v1", "ConfigMap")
+    assert "before" in {o["metadata"]["name"] for o in items}
+    driver.apply({**config, "metadata": {**config["metadata"], "name": "after"}})
+    events = driver.watch_objects("v1", "ConfigMap", resource_version=relisted_at, timeout=2)
+    assert ("ADDED", "after") in {(kind, o["metadata"]["name"]) for kind, o in events}
 
 
 def test_an_unreachable_cluster_is_transient(tmp_path):

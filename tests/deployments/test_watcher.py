@@ -1,7 +1,8 @@
 """Operations woken by watches (`watch_cells`): with polling slowed to a minute, an operation
 still finishes in seconds, because the cell watcher sees the operator's status change and wakes
-it; one watcher per cell, by a lease that a second process takes over once it expires, and that
-fences every write of the one that lost it."""
+it (listing again when a compaction answers its watch 410 Gone); one watcher per cell, by a
+lease that a second process takes over once it expires, and that fences every write of the one
+that lost it."""
 
 import threading
 import uuid
@@ -22,6 +23,7 @@ from deployments.watcher import (
     observed_write,
     operations_wake,
 )
+from sandbox.core import Ctx
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC, wait_done, wait_for
 
@@ -61,10 +63,8 @@ def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
     assert instance.observed.get("ready") == 2 and instance.observed.get("total") == 2
 
 
-@pytest.fixture
-def waiting(db, tenant, owner):
-    """A running operation whose next look is a minute away."""
-    cell = Cell.objects.create(name="local", region="eu-local", is_default=True)
+def running_operation(cell, tenant, owner) -> Operation:
+    """A running operation in the cell whose next look is a minute away."""
     plan = services.plan_load(text=SPEC.read_text()).plan
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
@@ -73,6 +73,58 @@ def waiting(db, tenant, owner):
     later = timezone.now() + timedelta(seconds=SLOW_POLL)
     Operation.objects.filter(pk=create.pk).update(state=Operation.State.RUNNING, next_step_at=later)
     return Operation.objects.select_related("instance").get(pk=create.pk)
+
+
+@pytest.fixture
+def waiting(db, tenant, owner):
+    """A running operation whose next look is a minute away."""
+    cell = Cell.objects.create(name="local", region="eu-local", is_default=True)
+    return running_operation(cell, tenant, owner)
+
+
+@pytest.fixture
+def waiting_in_sandbox(cell, tenant, owner, kube):
+    """`waiting`, in the sandbox's cell, its instance's namespace made there."""
+    operation = running_operation(cell, tenant, owner)
+    namespace = operation.instance.namespace
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    return operation
+
+
+def test_a_watch_whose_version_was_compacted_lists_again_and_still_wakes_the_operation(
+    waiting_in_sandbox, faults, sandbox_cluster, cell_watcher
+):
+    waiting, cell_id = waiting_in_sandbox, waiting_in_sandbox.instance.cell_id
+    namespace = waiting.instance.namespace
+    faults(frozen=["cnpg"])  # the status below is the test's, not the operator's
+
+    def listed():  # the watch of the status object's kind has listed, and watches from there
+        watch = cell_watcher.cells[cell_id][2].get(("postgresql.cnpg.io/v1", "Cluster"))
+        return watch is not None and watch.resource_version is not None
+
+    wait_for(listed, timeout=10, what="the status object's kind to be listed")
+    core, ctx = sandbox_cluster.core, Ctx(field_manager="test")
+    clusters = core.resolve("postgresql.cnpg.io", "v1", "clusters")
+    body = {
+        "apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "metadata": {"name": namespace},
+        "spec": {"instances": 2, "storage": {"size": "1Gi"}},
+    }  # fmt: skip
+
+    # In one hold of the sandbox's lock: no watch reads the change before the compaction
+    # forgets it, so the watcher learns of it only by listing again after its 410.
+    with core.lock:
+        made = core.create(clusters, namespace, body, ctx)
+        made["status"] = {"phase": "Cluster in healthy state", "instances": 2, "readyInstances": 2}
+        core.update(clusters, namespace, namespace, made, ctx, "status")
+        sandbox_cluster.compact()
+
+    def observed():
+        return Instance.objects.get(pk=waiting.instance_id).observed
+
+    wait_for(lambda: observed().get("ready") == 2, timeout=15, what="the observed status")
+    assert observed() == {"phase": "Cluster in healthy state", "ready": 2, "total": 2}
+    waiting.refresh_from_db()
+    assert waiting.next_step_at <= timezone.now()  # woken, a minute before its poll
 
 
 def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_first(waiting):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.dynamic import DynamicClient
+
+from tests.sandbox.conftest import Raw
 
 G, V = "postgresql.cnpg.io", "v1"
 CLUSTER = {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster"}
@@ -408,7 +411,7 @@ def test_expired_continue_token_is_410(core_v1, namespace, sandbox):
     core_v1.create_namespaced_config_map(
         namespace, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}}
     )
-    sandbox.core.store.compact()
+    sandbox.compact()
     with pytest.raises(client.ApiException) as exc:
         core_v1.list_namespaced_config_map(namespace, limit=1, _continue=first.metadata._continue)
     assert exc.value.status == 410
@@ -653,7 +656,7 @@ def test_watch_with_too_old_version_gets_410_error_event(raw, core_v1, namespace
     core_v1.create_namespaced_config_map(
         namespace, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
     )
-    sandbox.core.store.compact()
+    sandbox.compact()
     status, _, body = raw.request(
         "GET",
         f"/api/v1/namespaces/{namespace}/configmaps?watch=true&resourceVersion=1&timeoutSeconds=1",
@@ -666,8 +669,74 @@ def test_watch_with_too_old_version_gets_410_error_event(raw, core_v1, namespace
     assert event["object"]["message"].startswith("too old resource version: 1 (")
 
 
+def test_compaction_through_the_control_api_expires_only_older_versions(raw, namespace):
+    configmaps = f"/api/v1/namespaces/{namespace}/configmaps"
+    _, _, before = raw.request("GET", configmaps)
+    raw.request(
+        "POST", configmaps, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    )
+
+    status, _, compacted = raw.request("POST", "/sandbox/v1/compact")
+
+    assert status == 200
+    assert int(compacted["resourceVersion"]) > int(before["metadata"]["resourceVersion"])
+    old = before["metadata"]["resourceVersion"]
+    _, _, body = raw.request("GET", f"{configmaps}?watch=1&resourceVersion={old}&timeoutSeconds=1")
+    assert body["type"] == "ERROR" and body["object"]["code"] == 410  # the stream's one event
+    since = compacted["resourceVersion"]
+    _, _, body = raw.request(
+        "GET", f"{configmaps}?watch=1&resourceVersion={since}&timeoutSeconds=1"
+    )
+    assert body == ""  # nothing lost after the compacted version: no error, no event
+
+
+def test_an_open_watch_that_has_read_everything_outlives_a_compaction(make_sandbox):
+    sb = make_sandbox(operators=False)
+    configmaps = "/api/v1/namespaces/default/configmaps"
+    conn = http.client.HTTPConnection(sb.host, sb.port, timeout=5)
+    try:
+        conn.request(
+            "GET", f"{configmaps}?watch=1&resourceVersion={sb.core.store.rv}&timeoutSeconds=5"
+        )
+        stream = conn.getresponse()
+        sb.compact()
+        Raw(sb.url).request(
+            "POST",
+            configmaps,
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "after"}},
+        )
+
+        event = json.loads(stream.readline())
+    finally:
+        conn.close()
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "after")
+
+
+def test_a_watch_answers_at_once_before_any_event(sandbox, namespace):
+    """A client may wait for the response before it makes the change it watches for (the
+    watch fan-out benchmark does): the headers must not wait for the first event."""
+    conn = http.client.HTTPConnection(sandbox.host, sandbox.port, timeout=2)
+    try:
+        conn.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/configmaps?watch=1"
+            f"&resourceVersion={sandbox.core.store.rv}&timeoutSeconds=10",
+        )
+        stream = conn.getresponse()  # times out if the server holds the headers back
+        Raw(sandbox.url).request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "awaited"}},
+        )
+        event = json.loads(stream.readline())
+    finally:
+        conn.close()
+    assert stream.status == 200
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "awaited")
+
+
 def test_watch_client_raises_after_repeated_410(core_v1, namespace, sandbox):
-    sandbox.core.store.compact()
+    sandbox.compact()
     w = watch.Watch()
     with pytest.raises(client.ApiException) as exc:
         for _ in w.stream(

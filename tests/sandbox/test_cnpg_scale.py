@@ -82,3 +82,44 @@ def test_deleting_one_cluster_among_many_removes_only_its_objects():
     assert sb.core.store.get(sb.core.builtin("services").key, "default", "pg-7-rw") is None
     assert pods(sb, "pg-8") == ["pg-8-1"]
     assert phase(sb, "pg-8") == "Cluster in healthy state"
+
+
+def test_a_terminating_namespace_is_emptied_without_scanning_the_others(monkeypatch):
+    sb = Sandbox(speed=SPEED, operators=False)
+    core, ctx = sb.core, Ctx(field_manager="test")
+    namespaces, configmaps = core.builtin("namespaces"), core.builtin("configmaps")
+
+    def configmap(name: str, **meta: object) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta}}
+
+    for name in ("crowded", "leaving"):
+        core.create(
+            namespaces,
+            "",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            ctx,
+        )
+    for i in range(IDLE * 20):
+        core.create(configmaps, "crowded", configmap(f"cm-{i}"), ctx)
+    core.create(configmaps, "leaving", configmap("held", finalizers=["example.com/hold"]), ctx)
+    core.create(configmaps, "leaving", configmap("plain"), ctx)
+    settle(sb)
+    listed: list[tuple[str, str]] = []
+    items = core.store.items
+    monkeypatch.setattr(
+        core.store, "items", lambda key, ns=None: listed.append(key) or items(key, ns)
+    )
+
+    core.delete(namespaces, "", "leaving")
+    settle(sb)
+
+    assert core.store.get(namespaces.key, "", "leaving")["status"]["phase"] == "Terminating"
+    assert core.store.get(configmaps.key, "leaving", "plain") is None
+    held = core.store.get(configmaps.key, "leaving", "held")
+    assert held["metadata"]["deletionTimestamp"]
+    released = {**held, "metadata": {**held["metadata"], "finalizers": []}}
+    core.update(configmaps, "leaving", "held", released, ctx)
+    settle(sb)
+    assert core.store.get(namespaces.key, "", "leaving") is None
+    assert len(items(configmaps.key, "crowded")) == IDLE * 20
+    assert listed == []  # no resource was listed whole to find the namespace's objects
