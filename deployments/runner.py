@@ -14,7 +14,6 @@ flight, which the next delivery redoes from the last saved state.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -28,8 +27,9 @@ from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
 from deployments import executor, lifecycle, selectors
-from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
-from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot, TaskRun
+from deployments.cells import driver_for
+from deployments.kube import KubeDriver
+from deployments.models import Instance, Operation, PlatformSecret, Snapshot, TaskRun
 from deployments.parameters import (
     instance_values,
     requested_changes,
@@ -53,26 +53,6 @@ log = logging.getLogger(__name__)
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
 RETRYING = "Retrying after a cluster error: "  # an operation's error while it retries a step
-
-_drivers: dict[tuple[int, str], KubeDriver] = {}
-
-
-def driver_for(cell: Cell) -> KubeDriver:
-    """One driver (one ApiClient and discovery cache) per cell and configuration, per process."""
-    key = (cell.pk, cell.kubeconfig + "\0" + cell.context)
-    if key not in _drivers:
-        api = (
-            api_client_from_kubeconfig(cell.kubeconfig, context=cell.context or None)
-            if cell.kubeconfig
-            else api_client_in_cluster()
-        )
-        cache_dir = settings.VAR_DIR / "kube-cache"
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        # Named after the configuration too: databases sharing var/ may hold other clusters.
-        digest = hashlib.sha256(key[1].encode()).hexdigest()[:12]
-        cache_file = cache_dir / f"cell-{cell.pk}-{digest}.json"
-        _drivers[key] = KubeDriver(api, cache_file=str(cache_file))
-    return _drivers[key]
 
 
 def poll_delay(idle_steps: int) -> float:
@@ -188,16 +168,28 @@ class ClaimedDriver:
 _LIVE = (Operation.State.QUEUED, Operation.State.RUNNING)
 
 
-def _store(op: Operation, token: uuid.UUID, fields: list[str], *, release: bool = True) -> None:
+def _store(
+    op: Operation,
+    token: uuid.UUID,
+    fields: list[str],
+    *,
+    release: bool = True,
+    unless: dict | None = None,
+) -> bool:
     """Write the move's `fields` of the operation in one UPDATE fenced by the claim, releasing
     it (unless `release` is False: the same worker goes on with the next move). Raises
     ClaimLost, and the transaction it is in rolls back, when the claim is not ours any more or
-    the operation ended meanwhile (a delete cancelled it)."""
+    the operation ended meanwhile (a delete cancelled it). With `unless` (lookups the row must
+    still match), False and nothing written when it does not."""
     values = {name: getattr(op, name) for name in fields}
     if release:
         values.update(claim_token=None, claimed_until=None)
-    if not Operation.objects.filter(pk=op.pk, claim_token=token, state__in=_LIVE).update(**values):
-        raise ClaimLost
+    mine = Operation.objects.filter(pk=op.pk, claim_token=token, state__in=_LIVE)
+    if mine.filter(**(unless or {})).update(**values):
+        return True
+    if unless is not None and mine.exists():
+        return False
+    raise ClaimLost
 
 
 def _step(operation_id: str) -> float | None:
@@ -283,6 +275,7 @@ def _begin(op: Operation, now, token: uuid.UUID) -> bool:
 
 
 def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
+    due = op.next_step_at  # as read after the claim; a wake-up during the move changes it
     op.moves += 1
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
@@ -339,7 +332,7 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     op.engine_state = json.dumps(state.to_json())
     with transaction.atomic():
         if not state.done:  # a move that only waits writes no instance, and locks none
-            delay = _wait(op, step, now, token)
+            delay = _wait(op, step, now, token, due=due)
             _sync_task_runs(op, state, before=saved.get("nodes", {}))
             return delay
         # The instance first, as every service that changes an instance's operations locks it
@@ -351,8 +344,13 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     return None
 
 
-def _wait(op: Operation, step: engine.Step, now, token: uuid.UUID) -> float:
-    """Store a move that left the run waiting; the delay before the next one."""
+def _wait(op: Operation, step: engine.Step, now, token: uuid.UUID, *, due) -> float:
+    """Store a move that left the run waiting; the delay before the next one.
+
+    The cell watcher wakes a waiting operation by making it due (`next_step_at`); one that
+    wakes it while this move runs finds it claimed, and this move may have read the objects
+    before the change it signals. So when `next_step_at` is no longer what this move read
+    (`due`), the next move follows at once instead of after the poll delay."""
     if op.transient_streak:
         op.error = ""  # the cluster answers again
     op.transient_streak = 0
@@ -361,12 +359,14 @@ def _wait(op: Operation, step: engine.Step, now, token: uuid.UUID) -> float:
     if step.wake_at is not None:  # a retry's backoff ends then
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
-    _store(
-        op, token,
-        ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments", "moves",
-         "error"],
-    )  # fmt: skip
-    return delay
+    fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
+              "moves", "error"]  # fmt: skip
+    unwoken = {"next_step_at": due} if due is not None else {"next_step_at__isnull": True}
+    if _store(op, token, fields, unless=unwoken):
+        return delay
+    op.next_step_at, op.idle_steps = now, 0  # woken meanwhile
+    _store(op, token, fields)
+    return 0.0
 
 
 def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) -> None:

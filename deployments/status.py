@@ -18,6 +18,7 @@ from typing import Any
 from django.utils import timezone
 
 from deployments import selectors
+from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import Cell, Instance
 from deployments.spec.validation import SHOWN_STATUS
@@ -102,8 +103,6 @@ def cell_observe(cell: Cell, driver: KubeDriver) -> int:
 
 def instances_observe() -> int:
     """Every cell's instances (a cell that cannot be read is logged and skipped)."""
-    from deployments.runner import driver_for  # one driver (client, discovery) per cell
-
     total = 0
     for cell in Cell.objects.filter(instances__isnull=False).distinct():
         try:

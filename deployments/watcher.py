@@ -35,6 +35,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from deployments import selectors, status
+from deployments.cells import driver_for
 from deployments.kube import KubeDriver, WatchExpired
 from deployments.models import Cell, Instance, Operation, PlanVersion
 from deployments.transitions import operation_dispatch
@@ -123,7 +124,9 @@ _FENCE = """EXISTS (
 
 def operations_wake(lease: Lease, instance_id: str) -> list[str]:
     """Make the instance's running operations (in the leased cell) due now and send their
-    step; their ids. Nothing when the lease is no longer ours."""
+    step; their ids. Nothing when the lease is no longer ours. One a worker is moving right now
+    ignores the step sent, and its move, once stored, finds it woken and goes on at once
+    (`runner._wait`)."""
     table = Operation._meta.db_table
     instances = Instance._meta.db_table
     with connection.cursor() as cursor:
@@ -132,7 +135,7 @@ def operations_wake(lease: Lease, instance_id: str) -> list[str]:
             UPDATE {table} o SET next_step_at = clock_timestamp()
               FROM {instances} i
              WHERE o.instance_id = i.id AND i.id = %s AND i.cell_id = %s
-               AND o.state = %s AND (o.next_step_at IS NULL OR o.next_step_at > clock_timestamp())
+               AND o.state = %s
                AND {_FENCE}
             RETURNING o.id
             """,  # noqa: S608 - our table names
@@ -222,8 +225,6 @@ class KindWatch(threading.Thread):
         self.resource_version: str | None = None
 
     def run(self) -> None:
-        from deployments.runner import driver_for  # one client and discovery cache per cell
-
         try:
             while not self.stopping.is_set():
                 try:

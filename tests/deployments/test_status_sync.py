@@ -7,8 +7,8 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts.audit import Actor
 from deployments import services, status
+from deployments.cells import driver_for
 from deployments.models import Instance, Operation
-from deployments.runner import driver_for
 from tests.deployments.conftest import wait_done
 
 

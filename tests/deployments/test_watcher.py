@@ -9,11 +9,11 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import Actor
-from deployments import services
+from deployments import runner, services
 from deployments.models import Cell, CellWatchLease, Instance, Operation
 from deployments.watcher import (
     CellWatcher,
@@ -23,6 +23,7 @@ from deployments.watcher import (
     observed_write,
     operations_wake,
 )
+from deployments.workflow import engine
 from sandbox.core import Ctx
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC, wait_done, wait_for
@@ -58,9 +59,14 @@ def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
     assert wait_done(create, timeout=SLOW_POLL / 2).state == Operation.State.SUCCEEDED, create.error
     instance = Instance.objects.get(pk=create.instance_id)
     assert instance.state == Instance.State.RUNNING
-    # The status the portal shows came from the watch (nothing polled it).
-    assert instance.observed_at is not None
-    assert instance.observed.get("ready") == 2 and instance.observed.get("total") == 2
+
+    # The status the portal shows comes from the watch (nothing polls it), which may write the
+    # last change a moment after the engine read it for itself.
+    def observed():
+        return Instance.objects.get(pk=create.instance_id).observed
+
+    wait_for(lambda: observed().get("ready") == 2, timeout=10, what="the watched status")
+    assert observed().get("total") == 2
 
 
 def running_operation(cell, tenant, owner) -> Operation:
@@ -166,3 +172,38 @@ def test_two_processes_racing_for_a_free_cell_get_one_lease(tenant, owner):
     epochs = race(take)
 
     assert sorted(epochs, key=lambda e: e is None) == [1, None, None, None]
+
+
+def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(waiting):
+    lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
+    now = timezone.now()
+    token = runner._claim(str(waiting.pk), now, early=True)  # a worker is moving it ...
+    moving = Operation.objects.get(pk=waiting.pk)
+
+    # ... when the operator changes what it waits on: the watcher makes it due, and the step it
+    # sends finds the operation claimed and does nothing.
+    assert operations_wake(lease, waiting.instance_id) == [str(waiting.pk)]
+    assert runner._step(str(waiting.pk)) is None
+
+    # The move, which may have read the objects before that change, ends waiting: its next
+    # move follows at once, not after the poll delay.
+    with transaction.atomic():
+        delay = runner._wait(
+            moving, engine.Step(progressed=False), now, token, due=moving.next_step_at
+        )
+    waiting.refresh_from_db()
+    assert delay == 0 and waiting.next_step_at <= timezone.now()
+    assert waiting.claim_token is None
+
+
+def test_a_move_nobody_woke_waits_its_poll_delay(waiting):
+    now = timezone.now()
+    token = runner._claim(str(waiting.pk), now, early=True)
+    moving = Operation.objects.get(pk=waiting.pk)
+
+    with transaction.atomic():
+        delay = runner._wait(
+            moving, engine.Step(progressed=False), now, token, due=moving.next_step_at
+        )
+    waiting.refresh_from_db()
+    assert delay == runner.poll_delay(1) and waiting.next_step_at > now
