@@ -27,6 +27,8 @@ from deployments.workflow.driver import DriverError, PermanentError, TransientEr
 FIELD_MANAGER = "opsdeck"
 # (connect, read) seconds for every call.
 TIMEOUT = (5, 30)
+# The most of a pod's log one read brings back.
+LOG_BYTES = 512 * 1024
 _TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 _STRICT = [("fieldValidation", "Strict")]
 _PATCH_TYPES = {
@@ -247,20 +249,61 @@ class KubeDriver:
             raise
 
     def list_objects(
-        self, api_version: str, kind: str, *, label_selector: str, page: int = 500
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        label_selector: str = "",
+        namespace: str | None = None,
+        page: int = 500,
     ) -> Iterator[dict[str, Any]]:
-        """Every object of `kind` in all namespaces that `label_selector` selects, read a page at
-        a time (one LIST per page, `continue` between them), so memory stays bounded."""
+        """Every object of `kind` that `label_selector` selects, in `namespace` or in all of
+        them, read a page at a time (one LIST per page, `continue` between them), so memory
+        stays bounded."""
         resource = self._resource({"apiVersion": api_version, "kind": kind})
         token = None
         while True:
             listed = self._call(
-                resource.get, label_selector=label_selector, limit=page, _continue=token
+                resource.get,
+                namespace=namespace,
+                label_selector=label_selector or None,
+                limit=page,
+                _continue=token,
             )
             yield from listed.get("items") or []
             token = (listed.get("metadata") or {}).get("continue")
             if not token:
                 return
+
+    def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        container: str | None = None,
+        tail_lines: int | None = None,
+        since_seconds: int | None = None,
+        limit_bytes: int = LOG_BYTES,
+    ) -> str:
+        """A pod's recent log lines, each prefixed with its RFC 3339 time (`timestamps`), at
+        most `limit_bytes` of them (the pod log API; one request, never a held-open stream)."""
+        try:
+            # Unparsed: the client would otherwise return the repr of the bytes it read
+            # (kubernetes-client/python#2596).
+            response = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
+                pod,
+                namespace,
+                container=container or None,
+                tail_lines=tail_lines,
+                since_seconds=since_seconds,
+                timestamps=True,
+                limit_bytes=limit_bytes,
+                _request_timeout=TIMEOUT,
+                _preload_content=False,
+            )
+            return response.data.decode("utf-8", errors="replace")
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise classify(exc) from exc
 
     def resolve(self, resource: str) -> tuple[str, str]:
         name, _, qualifier = resource.strip().partition(".")

@@ -119,6 +119,10 @@ class Instance(models.Model):
 
     State = InstanceState  # which verb moves it from which state to which: `lifecycle`
 
+    class Health(models.TextChoices):
+        HEALTHY = "healthy", "Healthy"
+        DEGRADED = "degraded", "Degraded"
+
     id = models.CharField(primary_key=True, max_length=13, default=new_instance_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="instances")
     name = models.CharField(max_length=100)
@@ -132,6 +136,12 @@ class Instance(models.Model):
     # was read.
     observed = models.JSONField(default=dict, blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
+    # Whether it serves as its plan's health rule says (`deployments.health`), beside its state:
+    # Degraded once the observed status failed the rule for a while (since `unhealthy_since`),
+    # with the operator's reason then; meaningful while it runs.
+    health = models.CharField(max_length=10, choices=Health.choices, default=Health.HEALTHY)
+    health_reason = models.CharField(max_length=500, blank=True)
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
     outputs = models.JSONField(default=dict, blank=True)
     # While on, a delete is refused (owners and admins turn it off first).
     deletion_protected = models.BooleanField(default=False)

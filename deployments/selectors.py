@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from django.db.models import Count, F, Prefetch, Q, QuerySet
+from django.db.models import Case, Count, F, Prefetch, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -67,6 +67,7 @@ _INSTANCE_ROW = [
     "id",
     "name",
     "state",
+    "health",
     "created_at",
     "plan_version__number",
     "plan_version__plan__name",
@@ -93,10 +94,15 @@ def instances_for_tenant(
         instances = instances.filter(Q(name__icontains=search) | Q(id__startswith=prefix))
     if service:
         instances = instances.filter(plan_version__plan__service=service)
+    # Running instances that do not serve as they should come first.
+    degraded = Case(
+        When(state=Instance.State.RUNNING, health=Instance.Health.DEGRADED, then=Value(0)),
+        default=Value(1),
+    )
     return (
         instances.select_related("plan_version__plan", "cell")
         .only(*_INSTANCE_ROW)
-        .order_by("-created_at", "-id")
+        .order_by(degraded, "-created_at", "-id")
     )
 
 

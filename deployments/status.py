@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
 
-from deployments import selectors
+from deployments import health, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import Cell, Instance
@@ -30,8 +31,21 @@ log = logging.getLogger(__name__)
 INSTANCE_LABEL = "opsdeck.io/instance"
 
 
-def status_object(extensions: dict[str, Any]) -> tuple[str, str, dict[str, str]] | None:
-    """(apiVersion, kind, {shown name: dotted path in the object}) from a spec's `x-opsdeck`."""
+@dataclass(frozen=True)
+class StatusRule:
+    """A plan's status object (`x-opsdeck.status`): its apiVersion and kind, where in it the
+    portal finds what it shows, and its health rule (`x-opsdeck.health`: a condition as a
+    successCondition is written, and the path of the operator's reason when it fails)."""
+
+    api_version: str
+    kind: str
+    paths: dict[str, str]
+    health: str = ""
+    health_reason: str = ""
+
+
+def status_rule(extensions: dict[str, Any]) -> StatusRule | None:
+    """The status rule of a spec's `x-opsdeck` extensions (None without a status object)."""
     status = extensions.get("status")
     if not isinstance(status, dict) or not status.get("apiVersion") or not status.get("kind"):
         return None
@@ -41,14 +55,24 @@ def status_object(extensions: dict[str, Any]) -> tuple[str, str, dict[str, str]]
         if isinstance(fields, dict)
         else {}
     )
-    return str(status["apiVersion"]), str(status["kind"]), paths
+    health = extensions.get("health")
+    health = health if isinstance(health, dict) else {}
+    return StatusRule(
+        str(status["apiVersion"]),
+        str(status["kind"]),
+        paths,
+        health=str(health.get("condition") or ""),
+        health_reason=str(health.get("reason") or ""),
+    )
 
 
-def observed_of(obj: dict[str, Any], paths: dict[str, str]) -> dict[str, Any]:
+def observed_of(obj: dict[str, Any], rule: StatusRule) -> dict[str, Any]:
     """What Opsdeck keeps of an object: the shown values its spec points at, conditions as
-    `{type, status, message}` (nothing else of the object: memory stays small)."""
+    `{type, status, message}`, and with a health rule whether the object passes it (`healthy`)
+    and, when not, the operator's reason (`healthReason`) — nothing else of the object: memory
+    stays small."""
     observed: dict[str, Any] = {}
-    for name, path in paths.items():
+    for name, path in rule.paths.items():
         value = dotted_get(obj, path)
         if value is MISSING:
             continue
@@ -67,6 +91,8 @@ def observed_of(obj: dict[str, Any], paths: dict[str, str]) -> dict[str, Any]:
         else:
             value = str(value)
         observed[name] = value
+    if rule.health:
+        observed.update(health.verdict(obj, rule.health, rule.health_reason))
     return observed
 
 
@@ -77,14 +103,11 @@ def cell_observe(cell: Cell, driver: KubeDriver) -> int:
         .exclude(state=Instance.State.DELETED)
         .only("id", "observed", "plan_version_id")
     )
-    by_kind: dict[tuple[str, str], dict[str, tuple[Instance, dict[str, str]]]] = defaultdict(dict)
+    by_kind: dict[tuple[str, str], dict[str, tuple[Instance, StatusRule]]] = defaultdict(dict)
     for instance in instances:
-        found = status_object(
-            selectors.plan_version_loaded(instance.plan_version_id).spec.extensions
-        )
-        if found is not None:
-            api_version, kind, paths = found
-            by_kind[(api_version, kind)][instance.pk] = (instance, paths)
+        rule = status_rule(selectors.plan_version_loaded(instance.plan_version_id).spec.extensions)
+        if rule is not None:
+            by_kind[(rule.api_version, rule.kind)][instance.pk] = (instance, rule)
     now = timezone.now()
     seen = []
     for (api_version, kind), wanted in by_kind.items():
@@ -93,8 +116,8 @@ def cell_observe(cell: Cell, driver: KubeDriver) -> int:
             entry = wanted.get(meta.get("name", ""))
             if entry is None or meta.get("namespace") != entry[0].namespace:
                 continue
-            instance, paths = entry
-            instance.observed = observed_of(obj, paths)
+            instance, rule = entry
+            instance.observed = observed_of(obj, rule)
             instance.observed_at = now
             seen.append(instance)
     Instance.objects.bulk_update(seen, ["observed", "observed_at"], batch_size=500)

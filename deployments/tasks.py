@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from deployments import runner, services, status
+from deployments import health, runner, services, status
 
 
 @shared_task
@@ -19,6 +19,12 @@ def operations_sweep() -> int:
 def instances_observe() -> int:
     """Read the operator's status of every instance (run every 30 s by beat)."""
     return status.instances_observe()
+
+
+@shared_task
+def instances_health() -> dict[str, int]:
+    """Bring running instances' health up to their observed status (run every 30 s by beat)."""
+    return health.instances_assess()
 
 
 @shared_task

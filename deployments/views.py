@@ -1,4 +1,5 @@
 import re
+import time
 import uuid
 from datetime import UTC
 
@@ -22,9 +23,11 @@ from accounts.htmx import partial_template
 from accounts.tenancy import action_require, tenant_view
 from billing.models import Plan
 from billing.pricing import Cost
-from deployments import forms, lifecycle, metering, selectors, services
+from deployments import forms, lifecycle, metering, selectors, servers, services
+from deployments.cells import driver_for
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
+from deployments.workflow.driver import DriverError
 
 
 def _list_filters(request, service_names: list[str]) -> dict[str, str]:
@@ -184,13 +187,20 @@ def instance_estimate(request, plan_key: str):
 TABS = {
     "overview": "Overview",
     "connection": "Connection",
+    "servers": "Servers",
+    "logs": "Logs",
+    "events": "Events",
     "operations": "Operations",
     "backups": "Backups",
     "activity": "Activity",
 }
+# The tabs read live from the instance's cell each time they are shown or refreshed.
+LIVE_TABS = {"servers", "logs", "events"}
+# Seconds "Follow" keeps polling a server's log after the last interaction with the tab.
+FOLLOW_FOR = 300
 DETAIL = "deployments/instance_detail.html"
 # An htmx request names the element it swaps; each of these has a partial of its own.
-SWAPPED = {"instance-page", "instance-tab", "instance-operations"}
+SWAPPED = {"instance-page", "instance-tab", "instance-operations", "instance-live"}
 ACTIVITY_SHOWN = 100
 PENDING = {Operation.State.QUEUED, Operation.State.RUNNING}
 
@@ -210,8 +220,13 @@ def _page_url(instance: Instance, tab: str = "") -> str:
     return f"{url}?tab={tab}" if tab else url
 
 
-def _tab_context(instance: Instance, tab: str, actions: list, allowed: frozenset[str]) -> dict:
-    """What one tab shows (`actions`: those the header offers; `allowed`: the role's)."""
+def _tab_context(
+    instance: Instance, tab: str, actions: list, allowed: frozenset[str], params
+) -> dict:
+    """What one tab shows (`actions`: those the header offers; `allowed`: the role's;
+    `params`: the request's query, which the Logs tab reads its choices from)."""
+    if tab in LIVE_TABS:
+        return _live_context(instance, tab, params)
     if tab == "operations":
         operations = list(selectors.operations_with_runs(instance))
         return {
@@ -244,6 +259,61 @@ def _tab_context(instance: Instance, tab: str, actions: list, allowed: frozenset
     }
 
 
+def _live_context(instance: Instance, tab: str, params) -> dict:
+    """The Servers, Logs and Events tabs: read from the instance's cell now (a cell that
+    cannot be read is said, not raised)."""
+    rule = servers.servers_rule(selectors.plan_spec(instance.plan_version).extensions)
+    driver, namespace = driver_for(instance.cell), instance.namespace
+    try:
+        if tab == "events":
+            return {"events": servers.events_read(driver, namespace)}
+        found = servers.servers_read(driver, namespace, rule) if rule else []
+        if tab == "servers":
+            return {"servers": found, "claims": servers.claims_read(driver, namespace)}
+        return _logs_context(driver, namespace, rule, found, params)
+    except DriverError as exc:
+        return {"live_error": f"The cluster could not be read: {exc.message}"}
+
+
+def _logs_context(driver, namespace: str, rule, found: list, params) -> dict:
+    """The Logs tab: the chosen server's (the first by default) chosen container's last lines
+    containing the filter text; following for FOLLOW_FOR seconds after the last change."""
+    by_name = {server.name: server for server in found}
+    server = by_name.get(params.get("server", "")) or (found[0] if found else None)
+    tail = _whole(params.get("tail", ""))
+    tail = tail if tail in servers.LOG_TAILS else servers.LOG_TAILS[0]
+    contains = params.get("q", "").strip()[:200]
+    now = int(time.time())
+    # "start" (the checkbox, or any change of the form while it is ticked) starts a new period;
+    # the polls carry the time it ends.
+    follow = params.get("follow", "")
+    until = now + FOLLOW_FOR if follow == "start" else _whole(follow)
+    if isinstance(until, int):
+        until = min(until, now + FOLLOW_FOR)  # never longer than a period from now
+    context = {
+        "servers": found,
+        "server": server,
+        "tail": tail,
+        "tails": servers.LOG_TAILS,
+        "contains": contains,
+        "following": isinstance(until, int) and until > now,
+        "follow_until": until if isinstance(until, int) else 0,
+        "follow_stopped": isinstance(until, int) and until <= now,
+        "follow_minutes": FOLLOW_FOR // 60,
+    }
+    if server is None:
+        return context
+    preferred = rule.container if rule else ""
+    container = params.get("container", "")
+    if container not in server.containers:
+        container = preferred if preferred in server.containers else server.containers[0]
+    context["container"] = container
+    context["lines"] = servers.log_read(
+        driver, namespace, server, container=container, tail=tail, contains=contains
+    )
+    return context
+
+
 def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
     """The instance page, or for htmx the part it swaps (the whole page's part after an
     action, whatever asked)."""
@@ -257,7 +327,7 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
         "snapshot_count": selectors.snapshots_of_instance(instance).count(),
-        **_tab_context(instance, tab, actions, allowed),
+        **_tab_context(instance, tab, actions, allowed, request.GET),
         **extra,
     }
     template = DETAIL

@@ -172,11 +172,11 @@ def observed_write(lease: Lease, instance_id: str, observed: dict) -> bool:
 @dataclass
 class Kind:
     """What a watch of one kind needs from the plans: for the plans whose status object is of
-    this kind, the shown fields per plan version."""
+    this kind, their status rule per plan version."""
 
     api_version: str
     kind: str
-    status_paths: dict[int, dict[str, str]] = field(default_factory=dict)  # version id -> paths
+    status_rules: dict[int, status.StatusRule] = field(default_factory=dict)  # by version id
 
 
 def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
@@ -186,11 +186,12 @@ def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
         spec = selectors.plan_version_loaded(version.pk).spec
         for api_version, kind in spec.required_kinds:
             kinds.setdefault((api_version, kind), Kind(api_version, kind))
-        found = status.status_object(spec.extensions)
-        if found is not None:
-            api_version, kind, paths = found
-            entry = kinds.setdefault((api_version, kind), Kind(api_version, kind))
-            entry.status_paths[version.pk] = paths
+        rule = status.status_rule(spec.extensions)
+        if rule is not None:
+            entry = kinds.setdefault(
+                (rule.api_version, rule.kind), Kind(rule.api_version, rule.kind)
+            )
+            entry.status_rules[version.pk] = rule
     return kinds
 
 
@@ -201,15 +202,15 @@ def event_handle(lease: Lease, kind: Kind, obj: dict) -> None:
     namespace = meta.get("namespace") or ""
     if not INSTANCE_NAMESPACE.fullmatch(namespace):
         return  # not an instance's namespace (the cluster's own, or another tenant of it)
-    if kind.status_paths and meta.get("name") == namespace:
+    if kind.status_rules and meta.get("name") == namespace:
         version_id = (
             Instance.objects.filter(pk=namespace, cell_id=lease.cell_id)
             .values_list("plan_version_id", flat=True)
             .first()
         )
-        paths = kind.status_paths.get(version_id) if version_id else None
-        if paths is not None:
-            observed_write(lease, namespace, status.observed_of(obj, paths))
+        rule = kind.status_rules.get(version_id) if version_id else None
+        if rule is not None:
+            observed_write(lease, namespace, status.observed_of(obj, rule))
     operations_wake(lease, namespace)
 
 
@@ -326,7 +327,7 @@ class CellWatcher:
             kinds = self._kinds[1]
             for key, kind in kinds_of(PlanVersion.objects.filter(pk__in=ids).only("id")).items():
                 if key in kinds:  # its running watches read the new versions' paths from now on
-                    kinds[key].status_paths = kind.status_paths
+                    kinds[key].status_rules = kind.status_rules
                 else:
                     kinds[key] = kind
             self._kinds = (ids, kinds)

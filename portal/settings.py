@@ -176,11 +176,15 @@ OPSDECK_POLL_FIRST = env.float("OPSDECK_POLL_FIRST", default=0.2)
 OPSDECK_OPERATION_LEASE = env.int("OPSDECK_OPERATION_LEASE", default=90)
 # Seconds one watch request lasts before the watcher resumes it from the last version seen.
 OPSDECK_WATCH_TIMEOUT = env.int("OPSDECK_WATCH_TIMEOUT", default=60)
+# Seconds a running instance fails its plan's health rule before it shows as Degraded (and
+# its owners and admins are emailed).
+OPSDECK_DEGRADED_AFTER = env.int("OPSDECK_DEGRADED_AFTER", default=120)
 CELERY_TIMEZONE = "UTC"
 # Beat's DatabaseScheduler stores these entries in the database at start-up.
 CELERY_BEAT_SCHEDULE = {
     "operations-sweep": {"task": "deployments.tasks.operations_sweep", "schedule": 30.0},
     "instances-observe": {"task": "deployments.tasks.instances_observe", "schedule": 30.0},
+    "instances-health": {"task": "deployments.tasks.instances_health", "schedule": 30.0},
     "backups-run-due": {"task": "deployments.tasks.backups_run_due", "schedule": 60.0},
     "snapshots-prune": {"task": "deployments.tasks.snapshots_prune", "schedule": 600.0},
     # Every full hour not metered yet; running again changes nothing.

@@ -143,6 +143,8 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     _check_groups(spec, report)
     _check_connection(spec, report)
     _check_status(spec, report)
+    _check_health(spec, report)
+    _check_servers(spec, report)
     _check_service_name(spec, report)
 
 
@@ -192,6 +194,89 @@ def _check_status(spec: PlanSpec, report: Report) -> None:
             report.error(f"{path}.fields.{name}", f"is not one of {', '.join(SHOWN_STATUS)}")
         elif not isinstance(where, str) or not where:
             report.error(f"{path}.fields.{name}", "must be a dotted path such as status.phase")
+
+
+def _check_health(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.health`: a condition over the status object (as a successCondition is
+    written) and the dotted path of the operator's reason."""
+    health = spec.extensions.get("health")
+    if health is None:
+        return
+    path = "x-opsdeck.health"
+    if not isinstance(health, dict):
+        report.error(path, "must be a mapping with a condition")
+        return
+    if spec.extensions.get("status") is None:
+        report.error(path, "needs x-opsdeck.status: the object the condition looks at")
+    condition = health.get("condition")
+    if not isinstance(condition, str) or not condition.strip():
+        report.error(f"{path}.condition", "is required (e.g. cel: self.status.ready == true)")
+    else:
+        try:
+            parse_condition(condition)
+        except ConditionError as exc:
+            report.error(f"{path}.condition", str(exc))
+    reason = health.get("reason")
+    if reason is not None and (not isinstance(reason, str) or not reason):
+        report.error(f"{path}.reason", "must be a dotted path such as status.phase")
+
+
+# What a plan's servers' limits are measured in (what the Metrics charts draw).
+SERVER_LIMITS = ("cpu", "memory")
+
+
+def _check_servers(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.servers`: the label selector finding an instance's pods, the labels and
+    container the tabs show, and each server's limits (CEL over the parameters)."""
+    servers = spec.extensions.get("servers")
+    if servers is None:
+        return
+    path = "x-opsdeck.servers"
+    if not isinstance(servers, dict):
+        report.error(path, "must be a mapping with a selector")
+        return
+    selector = servers.get("selector")
+    if not isinstance(selector, str) or not selector.strip() or len(selector) > 300:
+        report.error(f"{path}.selector", "is required: a label selector such as app=db")
+    else:
+        try:
+            parse_condition(selector)  # Argo's conditions are label selectors
+        except ConditionError as exc:
+            report.error(f"{path}.selector", f"is not a label selector: {exc}")
+    for key in ("role", "container"):
+        value = servers.get(key)
+        if value is not None and (not isinstance(value, str) or not value or len(value) > 253):
+            report.error(f"{path}.{key}", "must be a name (text)")
+    limits = servers.get("limits")
+    if limits is None:
+        return
+    if not isinstance(limits, dict):
+        report.error(f"{path}.limits", f"must map {' and '.join(SERVER_LIMITS)} to expressions")
+        return
+    keys = {p.key for p in spec.main.parameters}
+    defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
+    for name, expression in limits.items():
+        where = f"{path}.limits.{name}"
+        if name not in SERVER_LIMITS:
+            report.error(where, f"is not one of {', '.join(SERVER_LIMITS)}")
+            continue
+        problem = _parameter_expression_problem(str(expression), keys, defaults)
+        if problem:
+            report.error(where, problem)
+
+
+def _parameter_expression_problem(expression: str, keys: set[str], defaults: dict) -> str | None:
+    """Why a CEL expression over the parameters (`var`) cannot give a number."""
+    try:
+        tree = celpy.Environment().compile(expression)
+    except celpy.CELParseError as exc:
+        where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
+        return f'cannot parse CEL expression "{expression}"{where}'
+    names = _cel_variables(tree, "var")
+    unknown = sorted(names - keys)
+    if unknown:
+        return f'undefined parameter reference var.{unknown[0]}; no apiParameter "{unknown[0]}"'
+    return _usage_problem(expression, defaults, "a limit") if names <= set(defaults) else None
 
 
 def _require_verbs(
@@ -344,8 +429,9 @@ def _check_usage(spec: PlanSpec, report: Report) -> None:
                 report.error(path, problem)
 
 
-def _usage_problem(expression: str, values: dict) -> str | None:
-    """Why a usage rule cannot price the default parameters (None when it gives a number)."""
+def _usage_problem(expression: str, values: dict, what: str = "a usage rule") -> str | None:
+    """Why a usage rule (or another number over the parameters, `what`) cannot be worked out
+    from the default parameters (None when it gives a number)."""
     try:
         result = evaluate_cel(expression, "var", values)
     except ProgramError as exc:
@@ -353,7 +439,7 @@ def _usage_problem(expression: str, values: dict) -> str | None:
     except ProgramLimitError as exc:
         return f"{exc} with the default parameters"
     if isinstance(result.value, bool) or not isinstance(result.value, int | float):
-        return f"gives {result.shown} with the default parameters; a usage rule must give a number"
+        return f"gives {result.shown} with the default parameters; {what} must give a number"
     return None
 
 

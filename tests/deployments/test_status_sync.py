@@ -42,7 +42,11 @@ def test_every_instance_gets_what_its_spec_points_at_in_the_operators_object(
     assert first.observed["primary"] == f"{first.pk}-1"
     assert {"type": "Ready", "status": "True"}.items() <= first.observed["conditions"][0].items()
     assert (second.observed["ready"], second.observed["total"]) == (1, 1)
-    assert set(first.observed) == {"phase", "ready", "total", "primary", "conditions"}
+    # ... and the plan's health rule's verdict on it (its reason only when it fails).
+    assert set(first.observed) == {
+        "phase", "ready", "total", "primary", "conditions", "healthy", "healthReason",
+    }  # fmt: skip
+    assert first.observed["healthy"] is True and first.observed["healthReason"] == ""
     assert first.observed_at is not None
     # One read of the instances and one bulk write, whatever their number.
     assert len([q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]) == 1

@@ -149,7 +149,7 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert instance.state == Instance.State.RUNNING
     cell_observe(cell, kube)
     instance.refresh_from_db()
-    assert instance.observed == {"ready": 2, "total": 2}
+    assert instance.observed == {"ready": 2, "total": 2, "healthy": True, "healthReason": ""}
     secret = instance_object(kube, instance, "v1", "Secret", instance.pk)
     password = services.instance_parameters(instance)["password"]
     assert base64.b64decode(secret["data"]["password"]).decode() == password

@@ -128,7 +128,10 @@ def test_a_watch_whose_version_was_compacted_lists_again_and_still_wakes_the_ope
         return Instance.objects.get(pk=waiting.instance_id).observed
 
     wait_for(lambda: observed().get("ready") == 2, timeout=15, what="the observed status")
-    assert observed() == {"phase": "Cluster in healthy state", "ready": 2, "total": 2}
+    assert observed() == {
+        "phase": "Cluster in healthy state", "ready": 2, "total": 2,
+        "healthy": True, "healthReason": "",
+    }  # fmt: skip
     waiting.refresh_from_db()
     assert waiting.next_step_at <= timezone.now()  # woken, a minute before its poll
 

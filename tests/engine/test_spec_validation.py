@@ -937,3 +937,68 @@ def test_a_status_object_of_a_kind_the_plan_uses_is_accepted():
         }
 
     assert errors(change) == []
+
+
+STATUS = {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster"}
+
+
+@pytest.mark.parametrize(
+    ("health", "status", "message"),
+    [
+        ({"condition": "cel: self.status.ready"}, None,
+         "x-opsdeck.health: needs x-opsdeck.status: the object the condition looks at"),
+        ({"reason": "status.phase"}, STATUS, "x-opsdeck.health.condition: is required"),
+        ({"condition": "cel: self.status.("}, STATUS, "x-opsdeck.health.condition: "),
+        ({"condition": "cel: true", "reason": 7}, STATUS,
+         "x-opsdeck.health.reason: must be a dotted path such as status.phase"),
+    ],
+)  # fmt: skip
+def test_a_health_rule_is_a_condition_over_the_status_object(health, status, message):
+    def change(document):
+        document["x-opsdeck"]["health"] = health
+        if status:
+            document["x-opsdeck"]["status"] = status
+
+    assert any(error.startswith(message) for error in errors(change)), errors(change)
+
+
+@pytest.mark.parametrize(
+    ("servers", "message"),
+    [
+        ({"role": "app.kubernetes.io/role"}, "x-opsdeck.servers.selector: is required"),
+        ({"selector": "app in (db"}, "x-opsdeck.servers.selector: is not a label selector"),
+        ({"selector": "app=db", "limits": {"disk": "1.0"}},
+         "x-opsdeck.servers.limits.disk: is not one of cpu, memory"),
+        ({"selector": "app=db", "limits": {"cpu": "double(var.cores)"}},
+         'x-opsdeck.servers.limits.cpu: undefined parameter reference var.cores'),
+    ],
+)  # fmt: skip
+def test_servers_are_found_by_a_label_selector_and_their_limits_are_numbers(servers, message):
+    def change(document):
+        document["x-opsdeck"]["servers"] = servers
+
+    assert any(error.startswith(message) for error in errors(change)), errors(change)
+
+
+def test_a_servers_limit_that_gives_no_number_says_a_limit_must_give_one():
+    def change(document):
+        document["x-opsdeck"]["servers"] = {"selector": "app=db", "limits": {"cpu": '"a lot"'}}
+
+    [error] = errors(change)
+    assert error.startswith("x-opsdeck.servers.limits.cpu: gives")
+    assert error.endswith("with the default parameters; a limit must give a number")
+
+
+def test_the_shipped_plans_health_and_servers_are_accepted():
+    def change(document):
+        document["x-opsdeck"]["status"] = STATUS
+        document["x-opsdeck"]["health"] = {
+            "condition": "cel: self.status.readyInstances == self.spec.instances",
+            "reason": "status.phase",
+        }
+        document["x-opsdeck"]["servers"] = {
+            "selector": "cnpg.io/podRole=instance", "role": "cnpg.io/instanceRole",
+            "limits": {"cpu": "double(var.cpu)", "memory": "double(var.cpu) * 1073741824.0"},
+        }  # fmt: skip
+
+    assert errors(change) == []

@@ -1,0 +1,200 @@
+"""What the instance page shows from inside an instance, read live from its cell: its servers
+(pods) and volume claims, the Kubernetes events of its namespace, and a server's log lines.
+
+The plan spec says which pods are the instance's servers and what their roles are
+(`x-opsdeck.servers`: a label selector, the label naming a server's role, the container whose
+log is shown first), so no operator is named here. Every read goes through the cell's
+`KubeDriver` (`deployments.kube`), one LIST or one log request at a time, and keeps only the
+few fields a page shows. A cluster that cannot be reached raises `DriverError`; the page says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from deployments.kube import KubeDriver
+
+EVENTS_SHOWN = 200
+LOG_TAILS = (100, 500, 2000)  # the line counts the Logs tab offers, the first by default
+
+
+@dataclass(frozen=True)
+class ServersRule:
+    """A plan's `x-opsdeck.servers`."""
+
+    selector: str
+    role_label: str = ""
+    container: str = ""
+
+
+def servers_rule(extensions: dict[str, Any]) -> ServersRule | None:
+    """The plan's servers rule (None when its spec declares none)."""
+    servers = extensions.get("servers")
+    if not isinstance(servers, dict) or not isinstance(servers.get("selector"), str):
+        return None
+    return ServersRule(
+        selector=servers["selector"],
+        role_label=str(servers.get("role") or ""),
+        container=str(servers.get("container") or ""),
+    )
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    role: str
+    status: str  # as kubectl's STATUS column: Running, Pending, CrashLoopBackOff, Terminating…
+    ready: int  # containers ready …
+    containers: tuple[str, ...]  # … of these
+    restarts: int
+    created: datetime | None
+    node: str
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "Running" and self.ready == len(self.containers)
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    capacity: str
+    requested: str
+    status: str  # Bound, Pending, Lost
+    storage_class: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal, Warning
+    reason: str
+    object: str  # Kind/name
+    message: str
+    count: int
+    last_seen: datetime | None
+
+
+def _time(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) and value else None
+
+
+def _pod_status(pod: dict[str, Any]) -> str:
+    """The one word kubectl shows for a pod: a waiting or terminated container's reason first,
+    else its phase; Terminating once it is being deleted."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        for waiting in ("waiting", "terminated"):
+            reason = (state.get(waiting) or {}).get("reason")
+            if reason:
+                return str(reason)
+    return str(status.get("phase") or "Unknown")
+
+
+def _server(pod: dict[str, Any], rule: ServersRule) -> Server:
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    labels = meta.get("labels") or {}
+    return Server(
+        name=str(meta.get("name", "")),
+        role=str(labels.get(rule.role_label, "")) if rule.role_label else "",
+        status=_pod_status(pod),
+        ready=sum(1 for c in statuses if c.get("ready")),
+        containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
+        restarts=sum(int(c.get("restartCount") or 0) for c in statuses),
+        created=_time(meta.get("creationTimestamp")),
+        node=str(spec.get("nodeName") or ""),
+    )
+
+
+def servers_read(driver: KubeDriver, namespace: str, rule: ServersRule) -> list[Server]:
+    """The instance's servers, by name (one LIST in its namespace)."""
+    pods = driver.list_objects("v1", "Pod", namespace=namespace, label_selector=rule.selector)
+    return sorted((_server(pod, rule) for pod in pods), key=lambda s: _natural(s.name))
+
+
+def claims_read(driver: KubeDriver, namespace: str) -> list[Claim]:
+    """The volume claims of the instance's namespace, by name (one LIST)."""
+    claims = []
+    for claim in driver.list_objects("v1", "PersistentVolumeClaim", namespace=namespace):
+        meta, spec, status = (claim.get(k) or {} for k in ("metadata", "spec", "status"))
+        requests = (spec.get("resources") or {}).get("requests") or {}
+        claims.append(
+            Claim(
+                name=str(meta.get("name", "")),
+                capacity=str((status.get("capacity") or {}).get("storage", "")),
+                requested=str(requests.get("storage", "")),
+                status=str(status.get("phase") or "Pending"),
+                storage_class=str(spec.get("storageClassName") or ""),
+            )
+        )
+    return sorted(claims, key=lambda c: _natural(c.name))
+
+
+def events_read(driver: KubeDriver, namespace: str) -> list[Event]:
+    """The Kubernetes events of the instance's namespace, newest first (one LIST; at most
+    EVENTS_SHOWN)."""
+    events = []
+    for event in driver.list_objects("v1", "Event", namespace=namespace):
+        involved = event.get("involvedObject") or {}
+        series = event.get("series") or {}
+        last = (
+            _time(event.get("lastTimestamp"))
+            or _time(series.get("lastObservedTime"))
+            or _time(event.get("eventTime"))
+            or _time((event.get("metadata") or {}).get("creationTimestamp"))
+        )
+        events.append(
+            Event(
+                type=str(event.get("type") or "Normal"),
+                reason=str(event.get("reason") or ""),
+                object=f"{involved.get('kind', '')}/{involved.get('name', '')}",
+                message=str(event.get("message") or ""),
+                count=int(event.get("count") or series.get("count") or 1),
+                last_seen=last,
+            )
+        )
+    events.sort(key=lambda e: e.last_seen or datetime.min.replace(tzinfo=UTC), reverse=True)
+    return events[:EVENTS_SHOWN]
+
+
+@dataclass(frozen=True)
+class LogLine:
+    at: datetime | None
+    text: str
+
+
+def log_read(
+    driver: KubeDriver,
+    namespace: str,
+    server: Server,
+    *,
+    container: str,
+    tail: int,
+    contains: str = "",
+) -> list[LogLine]:
+    """The last `tail` lines of one container of a server, oldest first, those containing
+    `contains` (any case) when given."""
+    text = driver.pod_log(namespace, server.name, container=container, tail_lines=tail)
+    lines = []
+    needle = contains.casefold()
+    for raw in text.splitlines():
+        stamp, _, rest = raw.partition(" ")
+        at = _time(stamp)
+        line = rest if at is not None else raw
+        if needle and needle not in line.casefold():
+            continue
+        lines.append(LogLine(at, line))
+    return lines
+
+
+def _natural(name: str) -> list:
+    """`db-2` before `db-10`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

@@ -1,0 +1,178 @@
+"""An instance's health, beside its state: the plan's health rule over the status object, kept
+as a verdict in the observed status; Degraded after two minutes of failing verdicts, recorded
+and emailed to the organization's owners and admins once per incident and once on recovery."""
+
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from accounts.models import AuditEvent
+from deployments import health, status
+from deployments.models import Instance
+from tests.concurrency import race
+from tests.deployments import factories
+
+RULE = status.status_rule(
+    {
+        "status": {
+            "apiVersion": "example.com/v1",
+            "kind": "Db",
+            "fields": {"phase": "status.phase", "ready": "status.ready"},
+        },
+        "health": {
+            "condition": "cel: self.status.ready == self.spec.servers",
+            "reason": "status.phase",
+        },
+    }
+)
+
+
+def db(ready: int, phase: str) -> dict:
+    return {"spec": {"servers": 2}, "status": {"ready": ready, "phase": phase}}
+
+
+def test_the_observed_status_keeps_the_health_rules_verdict_and_the_operators_reason():
+    assert status.observed_of(db(2, "Healthy"), RULE) == {
+        "phase": "Healthy", "ready": 2, "healthy": True, "healthReason": "",
+    }  # fmt: skip
+    assert status.observed_of(db(1, "Failing over"), RULE)["healthReason"] == "Failing over"
+    assert status.observed_of(db(1, "Failing over"), RULE)["healthy"] is False
+    # A field the condition reads is missing: not healthy (as a successCondition would not hold).
+    assert status.observed_of({"status": {}}, RULE)["healthy"] is False
+
+
+def test_a_rule_that_runs_past_its_bounds_gives_no_verdict_rather_than_a_false_alarm():
+    endless = (
+        "cel: self.status.items.all(a, self.status.items.all(b, self.status.items.all(c, true)))"
+    )
+    obj = {"status": {"items": list(range(2000))}}
+
+    assert health.verdict(obj, endless, "") == {}
+
+
+@pytest.fixture
+def running(db, tenant, owner, add_member):
+    add_member("admin@example.com", "admin")
+    add_member("member@example.com", "member")
+    add_member("viewer@example.com", "viewer")
+    version = factories.postgres_version()
+    [instance] = factories.make_instances(tenant, version, factories.cell(), 1, name="orders")
+    return instance
+
+
+@pytest.fixture
+def assess(django_capture_on_commit_callbacks):
+    """`health.instances_assess` as beat runs it: what it leaves for after its commits (the
+    emails) runs too."""
+
+    def run(at):
+        with django_capture_on_commit_callbacks(execute=True):
+            return health.instances_assess(at)
+
+    return run
+
+
+def observe(instance: Instance, healthy: bool, reason: str = "") -> None:
+    instance.observed = {"phase": reason or "Cluster in healthy state", "healthy": healthy,
+                         "healthReason": reason}  # fmt: skip
+    instance.save(update_fields=["observed"])
+
+
+def test_an_instance_failing_its_rule_for_two_minutes_is_degraded_and_its_owners_told_once(
+    running, assess
+):
+    start = timezone.now()
+    observe(running, False, "Failing over")
+
+    assert assess(start) == {"degraded": 0, "recovered": 0}
+    assert assess(start + timedelta(seconds=119))["degraded"] == 0
+    running.refresh_from_db()
+    assert running.health == Instance.Health.HEALTHY and running.unhealthy_since == start
+
+    assert assess(start + timedelta(seconds=121))["degraded"] == 1
+    assert assess(start + timedelta(seconds=151))["degraded"] == 0  # once
+
+    running.refresh_from_db()
+    assert running.health == Instance.Health.DEGRADED
+    assert running.health_reason == "Failing over"
+    assert running.state == Instance.State.RUNNING  # health is not a lifecycle state
+    [email] = mail.outbox
+    assert email.subject == "[Opsdeck] orders-0 is degraded"
+    assert sorted(email.to) == ["admin@example.com", "owner@example.com"]
+    assert "Failing over" in email.body
+    assert AuditEvent.objects.filter(action="instance.degraded", target_id=running.pk).count() == 1
+
+
+def test_a_degraded_instance_recovers_at_its_first_passing_verdict_and_says_so_once(
+    running, assess
+):
+    start = timezone.now()
+    observe(running, False, "Failing over")
+    assess(start)
+    assess(start + timedelta(minutes=3))
+    observe(running, True)
+
+    assert assess(start + timedelta(minutes=4))["recovered"] == 1
+    assert assess(start + timedelta(minutes=5))["recovered"] == 0
+
+    running.refresh_from_db()
+    assert running.health == Instance.Health.HEALTHY and running.unhealthy_since is None
+    assert [m.subject for m in mail.outbox] == [
+        "[Opsdeck] orders-0 is degraded", "[Opsdeck] orders-0 is healthy again",
+    ]  # fmt: skip
+    assert AuditEvent.objects.filter(action="instance.healthy", target_id=running.pk).exists()
+
+
+def test_a_blip_shorter_than_two_minutes_sends_nothing(running, assess):
+    start = timezone.now()
+    observe(running, False, "Failing over")
+    assess(start)
+    observe(running, True)
+    assess(start + timedelta(seconds=90))
+    observe(running, False, "Failing over")
+    assess(start + timedelta(seconds=150))  # the clock started again
+
+    running.refresh_from_db()
+    assert running.health == Instance.Health.HEALTHY and mail.outbox == []
+
+
+def test_a_stopped_instance_is_not_unhealthy(running, assess):
+    start = timezone.now()
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
+    observe(running, False, "Cluster is hibernated")
+
+    assess(start)
+    assess(start + timedelta(minutes=10))
+
+    running.refresh_from_db()
+    assert running.health == Instance.Health.HEALTHY and running.unhealthy_since is None
+    assert mail.outbox == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_beat_runs_overlapping_degrade_an_instance_once(tenant, owner):
+    version = factories.postgres_version()
+    [instance] = factories.make_instances(tenant, version, factories.cell(), 1, name="orders")
+    observe(instance, False, "Failing over")
+    health.instances_assess(timezone.now() - timedelta(minutes=5))
+    later = timezone.now()
+
+    results = race(lambda: health.instances_assess(later))
+
+    assert sorted(r["degraded"] for r in results) == [0, 0, 0, 1]
+    assert len(mail.outbox) == 1
+    assert AuditEvent.objects.filter(action="instance.degraded").count() == 1
+
+
+def test_the_deployments_list_shows_degraded_running_instances_first(running, owner_client):
+    version = factories.postgres_version()
+    later = factories.make_instances(running.tenant, version, running.cell, 2, name="newer")
+    Instance.objects.filter(pk=running.pk).update(health=Instance.Health.DEGRADED)
+
+    page = owner_client.get(f"/t/{running.tenant.slug}/deployments/").content.decode()
+
+    names = [running.name] + [i.name for i in later]
+    assert sorted(names, key=page.index) == ["orders-0", "newer-1", "newer-0"]
+    assert page.count('class="badge badge-state-degraded">Degraded<') == 1
