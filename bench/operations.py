@@ -245,22 +245,27 @@ def wait_finished(operations: list, pool: WorkerPool, timeout: float) -> None:
 
 def opsdeck_window(tenant: Tenant, cell_row, count: int, pool: WorkerPool, timeout: float):
     """Creates per second for `count` creates, and their operations."""
+    began = time.time()
+    operations = [tenant.create(cell_row) for _ in range(count)]
+    wait_finished(operations, pool, timeout)
+    return count / (opsdeck_finished(operations) - began), operations
+
+
+def opsdeck_finished(operations: list) -> float:
+    """When the last of `operations` finished (`time.time()`)."""
     from django.db.models import Max
 
     from deployments.models import Operation
 
-    began = time.time()
-    operations = [tenant.create(cell_row) for _ in range(count)]
-    wait_finished(operations, pool, timeout)
     finished = Operation.objects.filter(pk__in=operations).aggregate(last=Max("finished_at"))
-    return count / (finished["last"].timestamp() - began), operations
+    return finished["last"].timestamp()
 
 
 def notice_delays(
-    operations: list, create: plan.Create, watch: cell.NoticeWatch, commits: dict
+    operations: list, create: plan.Create, satisfied: dict, commits: dict
 ) -> tuple[list[float], int]:
-    """The notice delay of every waited-on task of `operations`, and how many could not be
-    measured (the watch or the listener missed it)."""
+    """The notice delay of every waited-on task of `operations` (`NoticeWatch.satisfied` to
+    `CommitListener.collect()`), and how many could not be measured."""
     from deployments.models import Operation
 
     delays, missed = [], 0
@@ -268,7 +273,7 @@ def notice_delays(
         "pk", "instance_id"
     ):
         for step in create.waits:
-            stored = watch.satisfied.get((instance_id, step.node))
+            stored = satisfied.get((instance_id, step.node))
             committed = commits.get((str(pk), step.node))
             if stored is None or committed is None:
                 missed += 1
@@ -469,16 +474,16 @@ def measure(
             pool.stop()
             for watch in watches:
                 watch.stop()
-            _queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+            queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
         for watch in watches:
             if watch.error is not None:
                 raise BenchError(f"the notice watch failed: {watch.error!r}")
     for operations in _split(measured, windows):
-        delays, missed = notice_delays(operations, create, watches[0], commits)
+        delays, missed = notice_delays(operations, create, watches[0].satisfied, commits)
         instant.delays.append(delays)
         instant.missed += missed
     for operations in real_windows:
-        delays, missed = notice_delays(operations, create, watches[1], commits)
+        delays, missed = notice_delays(operations, create, watches[1].satisfied, commits)
         simulated.delays.append(delays)
         simulated.missed += missed
 
@@ -533,7 +538,7 @@ def _split(items: list, parts: int) -> list[list]:
     return [items[i * size : (i + 1) * size] for i in range(parts)]
 
 
-def _queue_delete(queue: str) -> None:
+def queue_delete(queue: str) -> None:
     """Leave no bench queue behind on the broker."""
     from contextlib import suppress
 
