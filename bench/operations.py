@@ -60,6 +60,8 @@ TIMEOUT = 300.0  # wall-clock seconds one window may take before the benchmark f
 WARMUP = 20  # creates run (on both sides) before the measured ones, not counted
 WORKER_START_TIMEOUT = 60.0
 SPEED = 1.0  # the simulated cell's time factor: the operators' own pace
+# Seconds the watches get after the last operation finished to deliver the last events.
+WATCH_SETTLE = 1.0
 AIM_RATIO = 1.5
 AIM_P50 = 0.1  # seconds: a 50th of Argo's 5 s poll
 AIM_P95 = 0.3
@@ -453,12 +455,13 @@ def measure(
             wait_finished([tenant.create(cells["instant"]) for _ in range(warmup)], pool, timeout)
             baseline.run(warmup, timeout)
             cpu_before, tasks_before = pool.cpu_seconds(), pool.steps()
-            measured = []
+            instant_windows = []
             for _ in range(windows):
                 rate, operations = opsdeck_window(tenant, cells["instant"], count, pool, timeout)
                 instant.rates.append(rate)
                 instant.baseline.append(baseline.run(count, timeout))
-                measured += operations
+                instant_windows.append(operations)
+            measured = [op for operations in instant_windows for op in operations]
             cpu, tasks = pool.cpu_seconds() - cpu_before, pool.steps() - tasks_before
             moves = Operation.objects.filter(pk__in=measured).aggregate(n=Sum("moves"))["n"] or 0
             real_windows = []
@@ -478,14 +481,14 @@ def measure(
         for watch in watches:
             if watch.error is not None:
                 raise BenchError(f"the notice watch failed: {watch.error!r}")
-    for operations in _split(measured, windows):
-        delays, missed = notice_delays(operations, create, watches[0].satisfied, commits)
-        instant.delays.append(delays)
-        instant.missed += missed
-    for operations in real_windows:
-        delays, missed = notice_delays(operations, create, watches[1].satisfied, commits)
-        simulated.delays.append(delays)
-        simulated.missed += missed
+    for found, watch, operation_windows in (
+        (instant, watches[0], instant_windows),
+        (simulated, watches[1], real_windows),
+    ):
+        for operations in operation_windows:
+            delays, missed = notice_delays(operations, create, watch.satisfied, commits)
+            found.delays.append(delays)
+            found.missed += missed
 
     cpu_per_move = cpu / max(moves, 1)
     print(
@@ -527,15 +530,6 @@ def measure(
     }
     figures_record(figures)
     return figures
-
-
-# Seconds the watches get after the last operation finished to deliver the last events.
-WATCH_SETTLE = 1.0
-
-
-def _split(items: list, parts: int) -> list[list]:
-    size = len(items) // parts
-    return [items[i * size : (i + 1) * size] for i in range(parts)]
 
 
 def queue_delete(queue: str) -> None:
