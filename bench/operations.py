@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,33 +167,71 @@ class WorkerPool:
         return sum(len(STEP_SUCCEEDED.findall(log.read_text())) for _, log in self.procs)
 
 
-@dataclass
-class Tenant:
-    """Who the benchmark creates instances for: one subscribed tenant."""
-
-    actor: object
-    tenant: object
-    plan: object
-    numbers: itertools.count = field(default_factory=itertools.count)
-
-    def create(self, cell) -> str:
-        from deployments import services
-
-        n = next(self.numbers)
-        return services.instance_create(
-            actor=self.actor,
-            tenant=self.tenant,
-            plan=self.plan,
-            name=f"bench-{n}",
-            parameters={},
-            request_id=uuid.uuid4().hex,
-            cell=cell,
-        ).pk
+# Instances per tenant. A create's entitlement check sums the usage of all the tenant's instances
+# (usage rules evaluated per instance), so one tenant holding the whole benchmark would measure
+# that sum growing; customers hold a few instances each.
+TENANT_SIZE = 10
 
 
-def setup(spec_text: str, cells: dict[str, str], *, instances: int, tenant_size: int):
-    """The cells registered, the plan loaded (its instance limit raised to `tenant_size`) and
-    tenants subscribed to it, enough for `instances`."""
+class Creator:
+    """Submits creates for the benchmark's tenants, TENANT_SIZE instances each, from `processes`
+    processes of their own: web processes take requests side by side, as the baseline's
+    clients run side by side."""
+
+    def __init__(self, user, plan_row, tenants: list, processes: int) -> None:
+        self.tenants = [tenant.pk for tenant in tenants]
+        self.numbers = itertools.count()
+        self.pool = ProcessPoolExecutor(
+            processes, mp_context=SPAWN, initializer=_submitter_start,
+            initargs=(user.pk, plan_row.pk),
+        )  # fmt: skip
+
+    def create(self, cell_row, count: int) -> list[str]:
+        """Submit `count` creates on `cell_row`; their operations' ids."""
+        jobs = [
+            (self.tenants[n // TENANT_SIZE], cell_row.pk, n)
+            for n in itertools.islice(self.numbers, count)
+        ]
+        return list(self.pool.map(_submit, jobs))
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+_submitting: dict = {}  # a submitting process's actor, plan, tenants and cells
+
+
+def _submitter_start(user_pk: int, plan_pk: int) -> None:
+    django_setup()
+    from accounts.audit import Actor
+    from accounts.models import User
+    from billing.models import Plan
+
+    _submitting["actor"] = Actor(user=User.objects.get(pk=user_pk))
+    _submitting["plan"] = Plan.objects.get(pk=plan_pk)
+
+
+def _submit(job: tuple[int, int, int]) -> str:
+    from accounts.models import Tenant
+    from deployments import services
+    from deployments.models import Cell
+
+    tenant_pk, cell_pk, n = job
+    if ("tenant", tenant_pk) not in _submitting:
+        _submitting["tenant", tenant_pk] = Tenant.objects.get(pk=tenant_pk)
+    if ("cell", cell_pk) not in _submitting:
+        _submitting["cell", cell_pk] = Cell.objects.get(pk=cell_pk)
+    operation = services.instance_create(
+        actor=_submitting["actor"], tenant=_submitting["tenant", tenant_pk],
+        plan=_submitting["plan"], name=f"bench-{n}", parameters={},
+        request_id=uuid.uuid4().hex, cell=_submitting["cell", cell_pk],
+    )  # fmt: skip
+    return str(operation.pk)
+
+
+def setup(spec_text: str, cells: dict[str, str], *, instances: int, processes: int):
+    """The cells registered, the plan loaded, enough tenants subscribed to it for `instances`,
+    and a `Creator` submitting from `processes` processes."""
     from accounts import services as accounts_services
     from accounts.audit import Actor
     from accounts.models import User
@@ -209,15 +248,15 @@ def setup(spec_text: str, cells: dict[str, str], *, instances: int, tenant_size:
             backup_destination=plan.BACKUP_DESTINATION,
             backup_credentials=plan.BACKUP_CREDENTIALS,
         )
-    loaded = services.plan_load(text=plan.raised_limit(spec_text, tenant_size)).plan
+    loaded = services.plan_load(text=plan.raised_limit(spec_text, TENANT_SIZE)).plan
     user = User.objects.create_user(email="bench@opsdeck.invalid", password=None)
     actor = Actor(user=user)
     tenants = []
-    for n in range(-(-instances // tenant_size)):
+    for n in range(-(-instances // TENANT_SIZE)):
         tenant = accounts_services.tenant_create(actor=actor, name=f"Bench {n}")
         billing_services.subscribe(actor=actor, tenant=tenant, plan=loaded)
-        tenants.append(Tenant(actor, tenant, loaded))
-    return registered, tenants
+        tenants.append(tenant)
+    return registered, Creator(user, loaded, tenants, processes)
 
 
 def wait_finished(operations: list, pool: WorkerPool, timeout: float) -> None:
@@ -245,10 +284,10 @@ def wait_finished(operations: list, pool: WorkerPool, timeout: float) -> None:
         raise BenchError(f"{failed.count()} of {len(operations)} did not succeed ({first})")
 
 
-def opsdeck_window(tenant: Tenant, cell_row, count: int, pool: WorkerPool, timeout: float):
+def opsdeck_window(creator: Creator, cell_row, count: int, pool: WorkerPool, timeout: float):
     """Creates per second for `count` creates, and their operations."""
     began = time.time()
-    operations = [tenant.create(cell_row) for _ in range(count)]
+    operations = creator.create(cell_row, count)
     wait_finished(operations, pool, timeout)
     return count / (opsdeck_finished(operations) - began), operations
 
@@ -439,25 +478,24 @@ def measure(
         cell.CommitListener(settings.DATABASES["default"]) as listener,
         BaselinePool(workers, bare.kubeconfig, spec_text) as baseline,
     ):
-        cells, tenants = setup(
+        cells, creator = setup(
             spec_text,
             {"instant": fast.kubeconfig, "simulated": real.kubeconfig},
             instances=total,
-            tenant_size=total,
+            processes=workers,
         )
-        tenant = tenants[0]
         watches = [cell.NoticeWatch(sb.kubeconfig, create, sb) for sb in (fast, real)]
         try:
             for watch in watches:
                 watch.start()
             pool.start()
             # Warm up first (connections, caches, the first tasks' imports) on both sides.
-            wait_finished([tenant.create(cells["instant"]) for _ in range(warmup)], pool, timeout)
+            wait_finished(creator.create(cells["instant"], warmup), pool, timeout)
             baseline.run(warmup, timeout)
             cpu_before, tasks_before = pool.cpu_seconds(), pool.steps()
             instant_windows = []
             for _ in range(windows):
-                rate, operations = opsdeck_window(tenant, cells["instant"], count, pool, timeout)
+                rate, operations = opsdeck_window(creator, cells["instant"], count, pool, timeout)
                 instant.rates.append(rate)
                 instant.baseline.append(baseline.run(count, timeout))
                 instant_windows.append(operations)
@@ -467,13 +505,14 @@ def measure(
             real_windows = []
             for _ in range(windows):
                 rate, operations = opsdeck_window(
-                    tenant, cells["simulated"], sim_count, pool, timeout
+                    creator, cells["simulated"], sim_count, pool, timeout
                 )
                 simulated.rates.append(rate)
                 real_windows.append(operations)
             time.sleep(WATCH_SETTLE)
             commits = listener.collect()
         finally:
+            creator.close()
             pool.stop()
             for watch in watches:
                 watch.stop()

@@ -7,8 +7,9 @@ own with instant operators (the fleet measures the engine and the cell watcher, 
 simulation), registers them as cells, and starts `--workers` Celery workers and the cell watcher
 (`manage.py watch_cells`), as the Procfile runs them. Then:
 
-1. the fleet: `--instances` creates, spread over the cells and over tenants of TENANT_SIZE
-   instances, submitted at once and run to the end (its throughput is printed, not aimed at);
+1. the fleet: `--instances` creates, spread over the cells and over tenants of
+   `operations.TENANT_SIZE` instances, submitted at once and run to the end (its throughput
+   is printed, not aimed at);
 2. the measured load: `--concurrent` more creates submitted at once beside the fleet — the
    create being the one verb every plan has — with their throughput and their notice delay
    (from the sandbox storing the change that satisfied the successCondition to the commit of
@@ -24,10 +25,12 @@ import argparse
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from . import cell, plan
 from .operations import (
+    WATCH_SETTLE,
     WorkerPool,
     notice_delays,
     opsdeck_finished,
@@ -37,7 +40,6 @@ from .operations import (
 )
 from .support import BenchError, django_setup, figures_record, percentile, run_measuring
 
-TENANT_SIZE = 100  # instances per tenant: a plan's per-tenant limits stay those of a tenant
 TIMEOUT = 1800.0
 AIM_P50, AIM_P95 = 0.1, 0.3
 
@@ -63,11 +65,11 @@ class MemorySampler(threading.Thread):
             self.now()
 
 
-def _submit(tenants, cells: list, count: int, offset: int) -> list:
-    """`count` creates, the n-th on cell n mod cells and tenant n // TENANT_SIZE."""
+def _submit(creator, cells: list, count: int) -> list:
+    """`count` creates, shared out over the cells."""
+    shares = [count // len(cells) + (i < count % len(cells)) for i in range(len(cells))]
     return [
-        tenants[(offset + n) // TENANT_SIZE].create(cells[(offset + n) % len(cells)])
-        for n in range(count)
+        op for row, share in zip(cells, shares, strict=True) for op in creator.create(row, share)
     ]
 
 
@@ -83,44 +85,42 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
     spec_text = spec.read_text()
     create = plan.Create(spec_text)
     pool = WorkerPool(workers, Path(settings.VAR_DIR))
-    sandboxes = [cell.SandboxProcess(speed=1.0, instant=True) for _ in range(cells)]
-    try:
-        for sandbox in sandboxes:
-            sandbox.__enter__()
-        with cell.CommitListener(settings.DATABASES["default"]) as listener:
-            registered, tenants = setup(
-                spec_text,
-                {f"cell-{i}": sb.kubeconfig for i, sb in enumerate(sandboxes)},
-                instances=instances + concurrent,
-                tenant_size=TENANT_SIZE,
-            )
-            rows = list(registered.values())
-            watches = [cell.NoticeWatch(sb.kubeconfig, create, sb) for sb in sandboxes]
-            try:
-                for watch in watches:
-                    watch.start()
-                pool.start()
-                memory = MemorySampler(pool.watcher_pid)
-                memory.start()
-                began = time.time()
-                wait_finished(_submit(tenants, rows, instances, 0), pool, TIMEOUT)
-                fleet_seconds = time.time() - began
-                after_fleet = memory.now()
-                began = time.time()
-                operations = _submit(tenants, rows, concurrent, instances)
-                wait_finished(operations, pool, TIMEOUT)
-                rate = concurrent / (opsdeck_finished(operations) - began)
-                time.sleep(1.0)  # the watches' last events
-                commits = listener.collect()
-                memory.stopping.set()
-            finally:
-                pool.stop()
-                for watch in watches:
-                    watch.stop()
-                queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
-    finally:
-        for sandbox in sandboxes:
-            sandbox.close()
+    with ExitStack() as stack:
+        sandboxes = [
+            stack.enter_context(cell.SandboxProcess(speed=1.0, instant=True)) for _ in range(cells)
+        ]
+        listener = stack.enter_context(cell.CommitListener(settings.DATABASES["default"]))
+        registered, creator = setup(
+            spec_text,
+            {f"cell-{i}": sb.kubeconfig for i, sb in enumerate(sandboxes)},
+            instances=instances + concurrent,
+            processes=workers,
+        )
+        rows = list(registered.values())
+        watches = [cell.NoticeWatch(sb.kubeconfig, create, sb) for sb in sandboxes]
+        try:
+            for watch in watches:
+                watch.start()
+            pool.start()
+            memory = MemorySampler(pool.watcher_pid)
+            memory.start()
+            began = time.time()
+            wait_finished(_submit(creator, rows, instances), pool, TIMEOUT)
+            fleet_seconds = time.time() - began
+            after_fleet = memory.now()
+            began = time.time()
+            operations = _submit(creator, rows, concurrent)
+            wait_finished(operations, pool, TIMEOUT)
+            rate = concurrent / (opsdeck_finished(operations) - began)
+            time.sleep(WATCH_SETTLE)
+            commits = listener.collect()
+            memory.stopping.set()
+        finally:
+            creator.close()
+            pool.stop()
+            for watch in watches:
+                watch.stop()
+            queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
     satisfied = {}
     for watch in watches:
         if watch.error is not None:
