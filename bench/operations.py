@@ -8,14 +8,17 @@ The outer process creates a throwaway database and runs the measuring one on it
   cell, one with instant operators for the baseline, one with the simulated operators at
   `--speed` registered as a second cell;
 - `--workers` real `celery worker --pool solo` processes and the cell watcher
-  (`manage.py watch_cells`), as the Procfile runs them;
+  (`manage.py watch_cells`), as the Procfile runs them, and `--workers` processes submitting
+  the creates through `services.instance_create`, as web processes would (`Creator`), for
+  tenants of TENANT_SIZE instances;
 - `--workers` baseline processes: each runs the spec's create as a bare script (`plan.Create.run`:
   the executor's namespace prelude, the same rendered objects applied, each waited-on object
   read until its successCondition holds), no Django and no Celery.
 
 Fair, as far as one machine allows: the baseline's clients are separate processes, as Opsdeck's
-workers are, and every sandbox serves from its own process, so no client shares the server's
-interpreter lock (threads in the server's process flattered the baseline by 4 to 18 %). Both sides
+workers and submitters are, and every sandbox serves from its own process, so no client shares
+the server's interpreter lock (threads in the server's process flattered the baseline by 4 to
+18 %). Opsdeck's rate runs from the first submission to the last operation's end. Both sides
 start warm (`--warmup` creates each, not counted), and their windows alternate — Opsdeck's
 `--count` creates, then the baseline's — so that the machine's other load falls on both. The
 ratio is the baseline's rate over Opsdeck's, per window; min, median and max are printed.
