@@ -35,12 +35,16 @@ TEST_WORKERS ?= 4
 test: $(VENV)/.installed-dev
 	$(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
-# Speed figures, printed next to baselines measured in the same run (not pass/fail).
+# Speed figures, printed next to baselines measured in the same run (not pass/fail), and kept
+# machine-readable in var/bench.json. The plan spec is an argument: the bench/ tooling names no
+# operator. BENCH_SPEC=specs/valkey.yaml make bench measures the other plan.
+BENCH_SPEC ?= specs/postgres-cnpg.yaml
 bench: $(VENV)/.installed-dev
 	$(PY) -m sandbox.bench
-	$(PY) -m deployments.workflow.evaluator_bench
-	$(LAUNCH) --dev -- $(PY) manage.py bench_operations
-	$(LAUNCH) --dev -- $(PY) manage.py bench_metering
+	$(PY) -m bench.evaluator $(BENCH_SPEC)
+	$(LAUNCH) --dev -- $(PY) -m bench.operations $(BENCH_SPEC)
+	$(LAUNCH) --dev -- $(PY) -m bench.scale $(BENCH_SPEC)
+	$(LAUNCH) --dev -- $(PY) -m bench.metering $(BENCH_SPEC)
 	$(LAUNCH) --dev -- $(PY) -m billing.bench_meter_events
 
 lint: $(VENV)/.installed-dev

@@ -320,5 +320,19 @@ class Sandbox:
         """Write --state now (also done on stop)."""
         self._save_state()
 
+    # ---- measuring -------------------------------------------------------------------------
+
+    def use_instant_operators(self) -> None:
+        """Replace the simulated operators by `operators.instant.InstantOperator` from the next
+        round on: status objects are ready at once, so a benchmark measures its client."""
+        from .operators.instant import InstantOperator
+
+        self.controllers = [InstantOperator(self)]
+
+    def stored_at(self, resource_version: str | int) -> float | None:
+        """When (`time.time()`) the change that made `resource_version` was stored; None once
+        the event log has forgotten it. A client's delay in noticing a change starts here."""
+        return self.core.store.stored_at(int(resource_version))
+
 
 __all__ = ["ApiError", "Sandbox"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import copy
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ class Event:
     type: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
     old: dict[str, Any] | None
+    # The wall-clock time (`time.time()`) it was stored: how long a client took to notice a
+    # change is measured from here.
+    at: float = 0.0
 
 
 class Store:
@@ -102,7 +107,7 @@ class Store:
         if key in self.indexes:
             self._index(key, old, False)
             self._index(key, None if etype == "DELETED" else obj, True)
-        self._record(Event(self.rv, key, etype, copy.deepcopy(obj), old))
+        self._record(Event(self.rv, key, etype, copy.deepcopy(obj), old, time.time()))
         return obj
 
     def _record(self, event: Event) -> None:
@@ -116,6 +121,15 @@ class Store:
         with self.lock:
             self.log.clear()
             self.compacted_rv = self.rv
+
+    def stored_at(self, rv: int) -> float | None:
+        """When the change with resourceVersion rv was stored (`time.time()`); None once the
+        event log has forgotten it, or when no change has that version."""
+        with self.lock:
+            at = bisect.bisect_left(self.log, rv, key=lambda event: event.rv)
+            if at < len(self.log) and self.log[at].rv == rv:
+                return self.log[at].at
+            return None
 
     def events_after(self, rv: int) -> list[Event]:
         """Logged events with a resourceVersion above rv."""

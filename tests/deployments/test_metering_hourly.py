@@ -2,9 +2,6 @@
 succeeded operations left, to the second (histories made straight in the database, at chosen
 times)."""
 
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -16,7 +13,7 @@ from billing.models import BillingPeriod, MeteredHour, UsageRecord
 from deployments import metering, services
 from deployments.models import Instance, InstanceStateChange, Operation
 from tests.deployments import factories
-from tests.deployments.conftest import ROOT, SPEC
+from tests.deployments.conftest import SPEC
 
 HOUR = datetime(2026, 11, 29, 13, tzinfo=UTC)
 DEFAULTS = {
@@ -361,17 +358,3 @@ def test_a_back_filled_hour_of_a_closed_period_is_billed_in_the_next_one(make):
     stored = UsageRecord.objects.filter(instance_id=instance.pk)
     assert {(r.period, r.adjustment, r.hour) for r in stored} == {("2026-11", True, october)}
     assert stored.get(dimension="replica").quantity == Decimal(1)
-
-
-def test_the_metering_benchmark_prints_both_figures_for_the_same_rows():
-    # A smoke test: the figures are `make bench`'s business; the bench itself fails when
-    # metering and its hand-written baseline did not record the same rows.
-    result = subprocess.run(
-        [sys.executable, "manage.py", "bench_metering", "--count", "30"],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "metering one hour of 30 instances (138 usage records)" in result.stdout
-    for figure in ("Opsdeck meter_hour", "baseline (INSERT … SELECT)", "Opsdeck vs baseline"):
-        assert figure in result.stdout

@@ -1,0 +1,661 @@
+"""`python -m bench.operations SPEC`: how fast Opsdeck runs a plan's creates, next to a bare
+client script making the same calls, and how soon it notices the operator's status change.
+
+The outer process creates a throwaway database and runs the measuring one on it
+(`support.run_measuring`). That one starts, each in a process of its own:
+
+- three sandbox clusters (`cell.SandboxProcess`): one with instant operators registered as a
+  cell, one with instant operators for the baseline, one with the simulated operators at
+  `--speed` registered as a second cell;
+- `--workers` real `celery worker --pool solo` processes and the cell watcher
+  (`manage.py watch_cells`), as the Procfile runs them, and `--workers` processes submitting
+  the creates through `services.instance_create`, as web processes would (`Creator`), for
+  tenants of TENANT_SIZE instances;
+- `--workers` baseline processes: each runs the spec's create as a bare script (`plan.Create.run`:
+  the executor's namespace prelude, the same rendered objects applied, each waited-on object
+  read until its successCondition holds), no Django and no Celery.
+
+Fair, as far as one machine allows: the baseline's clients are separate processes, as Opsdeck's
+workers and submitters are, and every sandbox serves from its own process, so no client shares
+the server's interpreter lock (threads in the server's process flattered the baseline by 4 to
+18 %). Opsdeck's rate runs from the first submission to the last operation's end. Both sides
+start warm (`--warmup` creates each, not counted), and their windows alternate — Opsdeck's
+`--count` creates, then the baseline's — so that the machine's other load falls on both. The
+ratio is the baseline's rate over Opsdeck's, per window; min, median and max are printed.
+
+The notice delay runs on both cells: from the moment the sandbox stored the change that first
+satisfied a waited-on object's successCondition to the commit of the engine move that found it
+satisfied (see `cell`). The instant cell shows the engine alone; the simulated cell, whose
+operators write status in several steps over seconds, is the realistic figure the aims and
+`notice_p50_s`/`notice_p95_s` refer to.
+
+Every figure is also merged into `var/bench.json`. Figures, not pass/fail: the run fails only
+when an operation does not succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cell, plan
+from .cell import SPAWN
+from .support import (
+    ROOT,
+    BenchError,
+    django_setup,
+    figures_record,
+    percentile,
+    run_measuring,
+    spread,
+)
+
+TIMEOUT = 300.0  # wall-clock seconds one window may take before the benchmark fails
+WARMUP = 20  # creates run (on both sides) before the measured ones, not counted
+WORKER_START_TIMEOUT = 60.0
+SPEED = 1.0  # the simulated cell's time factor: the operators' own pace
+# Seconds the watches get after the last operation finished to deliver the last events.
+WATCH_SETTLE = 1.0
+AIM_RATIO = 1.5
+AIM_P50 = 0.1  # seconds: a 50th of Argo's 5 s poll
+AIM_P95 = 0.3
+STEP_SUCCEEDED = re.compile(r"Task deployments\.tasks\.operation_step\[[^\]]+\] succeeded")
+HOW = (
+    "notice delay: from the sandbox storing the change that first satisfied the create's "
+    "successCondition to the commit of the engine move that found it (a NOTIFY, delivered at "
+    "commit)"
+)
+
+
+# --- the Opsdeck side ------------------------------------------------------------------------
+
+
+class WorkerPool:
+    """`celery worker --pool solo` processes on this process's database and queue, and the cell
+    watcher (`watch_cells`) that wakes their operations, as the Procfile runs them."""
+
+    def __init__(self, size: int, log_dir: Path) -> None:
+        self.size = size
+        self.log_dir = log_dir
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self) -> None:
+        tag = secrets.token_hex(3)
+        for i in range(self.size):
+            self._start(
+                f"worker-{i}",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "--app",
+                    "portal",
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "--loglevel",
+                    "INFO",
+                    "--without-mingle",
+                    "--without-gossip",
+                    "--hostname",
+                    f"bench{i}-{tag}@%h",
+                ],
+                " ready.",
+            )
+        self._start("watcher", [sys.executable, "manage.py", "watch_cells"], "watching cell")
+
+    @property
+    def watcher_pid(self) -> int:
+        return self.procs[-1][0].pid
+
+    def _start(self, name: str, command: list[str], ready: str) -> None:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "w") as handle:
+            proc = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed arguments
+                command,
+                cwd=ROOT,
+                env={**os.environ, "LOG_LEVEL": "INFO"},
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs.append((proc, log))
+        deadline = time.monotonic() + WORKER_START_TIMEOUT
+        while ready not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{name} did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the workers and the watcher (and children) used so far."""
+        import psutil
+
+        total = 0.0
+        for proc, _ in self.procs:
+            t = psutil.Process(proc.pid).cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+    def dead(self) -> str:
+        """The last log lines of the processes that exited ("" while all run)."""
+        return self.tail([(p, log) for p, log in self.procs if p.poll() is not None])
+
+    def tail(self, procs: list | None = None, lines: int = 10) -> str:
+        """The last log lines of `procs` (default: every process)."""
+        chosen = self.procs if procs is None else procs
+        return "\n".join("\n".join(log.read_text().splitlines()[-lines:]) for _, log in chosen)
+
+    def stop(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.terminate()  # a warm shutdown: the task in hand finishes first
+        for proc, _ in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def steps(self) -> int:
+        """Task steps the workers executed, from their INFO log lines."""
+        return sum(len(STEP_SUCCEEDED.findall(log.read_text())) for _, log in self.procs)
+
+
+# Instances per tenant. A create's entitlement check sums the usage of all the tenant's instances
+# (usage rules evaluated per instance), so one tenant holding the whole benchmark would measure
+# that sum growing; customers hold a few instances each.
+TENANT_SIZE = 10
+
+
+class Creator:
+    """Submits creates for the benchmark's tenants, TENANT_SIZE instances each, from `processes`
+    processes of their own: web processes take requests side by side, as the baseline's
+    clients run side by side."""
+
+    def __init__(self, user, plan_row, tenants: list, processes: int) -> None:
+        self.tenants = [tenant.pk for tenant in tenants]
+        self.numbers = itertools.count()
+        self.pool = ProcessPoolExecutor(
+            processes, mp_context=SPAWN, initializer=_submitter_start,
+            initargs=(user.pk, plan_row.pk),
+        )  # fmt: skip
+
+    def create(self, cell_row, count: int) -> list[str]:
+        """Submit `count` creates on `cell_row`; their operations' ids."""
+        jobs = [
+            (self.tenants[n // TENANT_SIZE], cell_row.pk, n)
+            for n in itertools.islice(self.numbers, count)
+        ]
+        return list(self.pool.map(_submit, jobs))
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+_submitting: dict = {}  # a submitting process's actor, plan, tenants and cells
+
+
+def _submitter_start(user_pk: int, plan_pk: int) -> None:
+    django_setup()
+    from accounts.audit import Actor
+    from accounts.models import User
+    from billing.models import Plan
+
+    _submitting["actor"] = Actor(user=User.objects.get(pk=user_pk))
+    _submitting["plan"] = Plan.objects.get(pk=plan_pk)
+
+
+def _submit(job: tuple[int, int, int]) -> str:
+    from accounts.models import Tenant
+    from deployments import services
+    from deployments.models import Cell
+
+    tenant_pk, cell_pk, n = job
+    if ("tenant", tenant_pk) not in _submitting:
+        _submitting["tenant", tenant_pk] = Tenant.objects.get(pk=tenant_pk)
+    if ("cell", cell_pk) not in _submitting:
+        _submitting["cell", cell_pk] = Cell.objects.get(pk=cell_pk)
+    operation = services.instance_create(
+        actor=_submitting["actor"], tenant=_submitting["tenant", tenant_pk],
+        plan=_submitting["plan"], name=f"bench-{n}", parameters={},
+        request_id=uuid.uuid4().hex, cell=_submitting["cell", cell_pk],
+    )  # fmt: skip
+    return str(operation.pk)
+
+
+def setup(spec_text: str, cells: dict[str, str], *, instances: int, processes: int):
+    """The cells registered, the plan loaded, enough tenants subscribed to it for `instances`,
+    and a `Creator` submitting from `processes` processes."""
+    from accounts import services as accounts_services
+    from accounts.audit import Actor
+    from accounts.models import User
+    from billing import services as billing_services
+    from deployments import services
+
+    registered = {}
+    for name, kubeconfig in cells.items():
+        registered[name] = services.cell_register(
+            name=name,
+            kubeconfig=kubeconfig,
+            region="local",
+            cloud="sandbox",
+            backup_destination=plan.BACKUP_DESTINATION,
+            backup_credentials=plan.BACKUP_CREDENTIALS,
+        )
+    loaded = services.plan_load(text=plan.raised_limit(spec_text, TENANT_SIZE)).plan
+    user = User.objects.create_user(email="bench@opsdeck.invalid", password=None)
+    actor = Actor(user=user)
+    tenants = []
+    for n in range(-(-instances // TENANT_SIZE)):
+        tenant = accounts_services.tenant_create(actor=actor, name=f"Bench {n}")
+        billing_services.subscribe(actor=actor, tenant=tenant, plan=loaded)
+        tenants.append(tenant)
+    return registered, Creator(user, loaded, tenants, processes)
+
+
+def wait_finished(operations: list, pool: WorkerPool, timeout: float) -> None:
+    """Until no operation of `operations` is queued or running; BenchError if one failed."""
+    from deployments.models import Operation
+
+    active = [Operation.State.QUEUED, Operation.State.RUNNING]
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = Operation.objects.filter(pk__in=operations, state__in=active).count()
+        if pending == 0:
+            break
+        dead = pool.dead()
+        if dead:
+            raise BenchError(f"a worker exited early:\n{dead}")
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"{pending} of {len(operations)} operations still unfinished after {timeout:g} s;"
+                f" last log lines:\n{pool.tail()}"
+            )
+        time.sleep(0.05)
+    failed = Operation.objects.filter(pk__in=operations).exclude(state=Operation.State.SUCCEEDED)
+    if failed:
+        first = "; ".join(f"{op.instance_id}: {op.state} {op.error}".strip() for op in failed[:3])
+        raise BenchError(f"{failed.count()} of {len(operations)} did not succeed ({first})")
+
+
+def opsdeck_window(creator: Creator, cell_row, count: int, pool: WorkerPool, timeout: float):
+    """Creates per second for `count` creates, and their operations."""
+    began = time.time()
+    operations = creator.create(cell_row, count)
+    wait_finished(operations, pool, timeout)
+    return count / (opsdeck_finished(operations) - began), operations
+
+
+def opsdeck_finished(operations: list) -> float:
+    """When the last of `operations` finished (`time.time()`)."""
+    from django.db.models import Max
+
+    from deployments.models import Operation
+
+    finished = Operation.objects.filter(pk__in=operations).aggregate(last=Max("finished_at"))
+    return finished["last"].timestamp()
+
+
+def notice_delays(
+    operations: list, create: plan.Create, satisfied: dict, commits: dict
+) -> tuple[list[float], int]:
+    """The notice delay of every waited-on task of `operations` (`NoticeWatch.satisfied` to
+    `CommitListener.collect()`), and how many could not be measured."""
+    from deployments.models import Operation
+
+    delays, missed = [], 0
+    for pk, instance_id in Operation.objects.filter(pk__in=operations).values_list(
+        "pk", "instance_id"
+    ):
+        for step in create.waits:
+            stored = satisfied.get((instance_id, step.node))
+            committed = commits.get((str(pk), step.node))
+            if stored is None or committed is None:
+                missed += 1
+            else:
+                delays.append(committed - stored)
+    return delays, missed
+
+
+# --- the baseline: the same calls from bare client processes -----------------------------------
+
+
+def _baseline_client(conn, counter, kubeconfig: str, spec_text: str) -> None:
+    import tempfile
+
+    from deployments.kube import KubeDriver, api_client_from_kubeconfig
+
+    create = plan.Create(spec_text)
+    with tempfile.TemporaryDirectory(prefix="opsdeck-baseline-") as tmp:
+        driver = KubeDriver(
+            api_client_from_kubeconfig(kubeconfig), cache_file=str(Path(tmp) / "d.json")
+        )
+        conn.send("ready")
+        try:
+            while (message := conn.recv())[0] == "run":
+                deadline = time.monotonic() + message[2]
+                try:
+                    while True:
+                        with counter.get_lock():
+                            n, counter.value = counter.value, counter.value + 1
+                        if n >= message[1]:
+                            break
+                        create.run(driver, deadline=deadline)
+                    conn.send(None)
+                except Exception as exc:
+                    conn.send(repr(exc))
+        except (EOFError, KeyboardInterrupt):
+            pass
+        finally:
+            driver.close()
+
+
+class BaselinePool:
+    """`size` client processes sharing the creates of each `run` through one counter."""
+
+    def __init__(self, size: int, kubeconfig: str, spec_text: str) -> None:
+        self.counter = SPAWN.Value("l", 0)
+        self.clients = []
+        for i in range(size):
+            conn, child = SPAWN.Pipe()
+            proc = SPAWN.Process(
+                target=_baseline_client,
+                args=(child, self.counter, kubeconfig, spec_text),
+                name=f"bench-baseline-{i}",
+                daemon=True,
+            )
+            self.clients.append((proc, conn))
+
+    def __enter__(self) -> BaselinePool:
+        for proc, _ in self.clients:
+            proc.start()
+        for _, conn in self.clients:
+            if not conn.poll(WORKER_START_TIMEOUT):
+                raise BenchError("a baseline client did not start")
+            conn.recv()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc, conn in self.clients:
+            if proc.is_alive():
+                conn.send(("stop",))
+        for proc, _ in self.clients:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+
+    def run(self, count: int, timeout: float) -> float:
+        """Creates per second of `count` creates shared by the clients."""
+        self.counter.value = 0
+        began = time.monotonic()
+        for _, conn in self.clients:
+            conn.send(("run", count, timeout))
+        errors = [conn.recv() for _, conn in self.clients]
+        elapsed = time.monotonic() - began
+        if any(errors):
+            raise BenchError(f"the baseline failed: {next(e for e in errors if e)}")
+        return count / elapsed
+
+
+# --- the measuring process --------------------------------------------------------------------
+
+
+@dataclass
+class Windows:
+    """What each window measured on one cell."""
+
+    rates: list[float] = field(default_factory=list)
+    baseline: list[float] = field(default_factory=list)
+    delays: list[list[float]] = field(default_factory=list)
+    missed: int = 0
+
+    @property
+    def ratios(self) -> list[float]:
+        return [b / r for b, r in zip(self.baseline, self.rates, strict=True)]
+
+    def all_delays(self) -> list[float]:
+        return [d for window in self.delays for d in window]
+
+
+def _row(label: str, values: list[float], unit: str, aim: str = "", digits: int = 2) -> str:
+    low, mid, high = spread(values)
+    return (
+        f"{label:30} {low:8.{digits}f} {mid:8.{digits}f} {high:8.{digits}f} {unit:6}{aim}".rstrip()
+    )
+
+
+def _notice_rows(windows: Windows) -> list[str]:
+    p50s = [percentile(w, 50) for w in windows.delays]
+    p95s = [percentile(w, 95) for w in windows.delays]
+    every = windows.all_delays()
+    negative = sum(1 for d in every if d < 0)
+    return [
+        _row("notice delay p50", p50s, "s", f"aim: at most {AIM_P50:g} s", 3),
+        _row("notice delay p95", p95s, "s", f"aim: at most {AIM_P95:g} s", 3),
+        f"{'':30} all windows: p50 {percentile(every, 50):.3f} s, p95 "
+        f"{percentile(every, 95):.3f} s over {len(every)} samples ({negative} negative, "
+        f"{windows.missed} missed)",
+    ]
+
+
+def measure(
+    *,
+    spec: Path,
+    count: int,
+    sim_count: int,
+    windows: int,
+    workers: int,
+    speed: float,
+    timeout: float,
+    warmup: int = WARMUP,
+) -> dict[str, float]:
+    """The run the module docstring describes; prints the figures and returns them."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.models import Sum
+
+    from deployments.models import Operation
+
+    call_command("migrate", verbosity=0, interactive=False)
+    with connection.cursor() as cursor:
+        cursor.execute(cell.TRIGGER)
+    spec_text = spec.read_text()
+    create = plan.Create(spec_text)
+    total = windows * (count + sim_count) + warmup
+    instant, simulated = Windows(), Windows()
+    pool = WorkerPool(workers, Path(settings.VAR_DIR))
+    with (
+        cell.SandboxProcess(speed=SPEED, instant=True) as fast,
+        cell.SandboxProcess(speed=SPEED, instant=True) as bare,
+        cell.SandboxProcess(speed=speed, instant=False) as real,
+        cell.CommitListener(settings.DATABASES["default"]) as listener,
+        BaselinePool(workers, bare.kubeconfig, spec_text) as baseline,
+    ):
+        cells, creator = setup(
+            spec_text,
+            {"instant": fast.kubeconfig, "simulated": real.kubeconfig},
+            instances=total,
+            processes=workers,
+        )
+        watches = [cell.NoticeWatch(sb.kubeconfig, create, sb) for sb in (fast, real)]
+        try:
+            for watch in watches:
+                watch.start()
+            pool.start()
+            # Warm up first (connections, caches, the first tasks' imports) on both sides.
+            wait_finished(creator.create(cells["instant"], warmup), pool, timeout)
+            baseline.run(warmup, timeout)
+            cpu_before, tasks_before = pool.cpu_seconds(), pool.steps()
+            instant_windows = []
+            for _ in range(windows):
+                rate, operations = opsdeck_window(creator, cells["instant"], count, pool, timeout)
+                instant.rates.append(rate)
+                instant.baseline.append(baseline.run(count, timeout))
+                instant_windows.append(operations)
+            measured = [op for operations in instant_windows for op in operations]
+            cpu, tasks = pool.cpu_seconds() - cpu_before, pool.steps() - tasks_before
+            moves = Operation.objects.filter(pk__in=measured).aggregate(n=Sum("moves"))["n"] or 0
+            real_windows = []
+            for _ in range(windows):
+                rate, operations = opsdeck_window(
+                    creator, cells["simulated"], sim_count, pool, timeout
+                )
+                simulated.rates.append(rate)
+                real_windows.append(operations)
+            time.sleep(WATCH_SETTLE)
+            commits = listener.collect()
+        finally:
+            creator.close()
+            pool.stop()
+            for watch in watches:
+                watch.stop()
+            queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+        for watch in watches:
+            if watch.error is not None:
+                raise BenchError(f"the notice watch failed: {watch.error!r}")
+    for found, watch, operation_windows in (
+        (instant, watches[0], instant_windows),
+        (simulated, watches[1], real_windows),
+    ):
+        for operations in operation_windows:
+            delays, missed = notice_delays(operations, create, watch.satisfied, commits)
+            found.delays.append(delays)
+            found.missed += missed
+
+    cpu_per_move = cpu / max(moves, 1)
+    print(
+        f"Operations: {spec.name}'s create, {windows} windows of {count} creates each side, "
+        f"{workers} worker processes (Opsdeck) and {workers} client processes (baseline)"
+    )
+    print(f"{'':30} {'min':>8} {'median':>8} {'max':>8}")
+    print("instant operators:")
+    for line in [
+        _row("Opsdeck creates", instant.rates, "ops/s", digits=1),
+        _row("baseline (bare client)", instant.baseline, "ops/s", digits=1),
+        _row("Opsdeck vs baseline", instant.ratios, "x", f"aim: at most {AIM_RATIO:g}x"),
+        *_notice_rows(instant),
+    ]:
+        print("  " + line)
+    print(f"simulated operators at speed {speed:g}, {windows} windows of {sim_count} creates:")
+    for line in [
+        _row("Opsdeck creates", simulated.rates, "ops/s", digits=1),
+        *_notice_rows(simulated),
+    ]:
+        print("  " + line)
+    print(
+        f"engine CPU per move {cpu_per_move * 1000:.2f} ms ({moves} moves, "
+        f"{moves / max(len(measured), 1):.1f} per create, {tasks} Celery tasks)"
+    )
+    print(HOW)
+    low, mid, high = spread(instant.ratios)
+    figures = {
+        "engine_ratio": round(mid, 3),
+        "engine_ratio_min": round(low, 3),
+        "engine_ratio_max": round(high, 3),
+        "engine_cpu_per_move_s": round(cpu_per_move, 5),
+        "engine_creates_per_s": round(spread(instant.rates)[1], 2),
+        "baseline_creates_per_s": round(spread(instant.baseline)[1], 2),
+        "notice_p50_s": round(percentile(simulated.all_delays(), 50), 4),
+        "notice_p95_s": round(percentile(simulated.all_delays(), 95), 4),
+        "notice_instant_p50_s": round(percentile(instant.all_delays(), 50), 4),
+        "notice_instant_p95_s": round(percentile(instant.all_delays(), 95), 4),
+    }
+    figures_record(figures)
+    return figures
+
+
+def queue_delete(queue: str) -> None:
+    """Leave no bench queue behind on the broker."""
+    from contextlib import suppress
+
+    from celery import current_app
+    from kombu import Exchange, Queue
+
+    # Declared first: a channel deletes only the bindings it knows of. Celery's default queue
+    # is bound to a direct exchange of the same name.
+    with suppress(Exception), current_app.connection_for_write() as conn:
+        bound = Queue(queue, Exchange(queue), routing_key=queue)(conn.default_channel)
+        bound.declare()
+        bound.delete()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.operations",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("spec", type=Path, help="the plan spec whose create is measured")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=200,
+        help="creates per window and side with instant operators (default 200)",
+    )
+    parser.add_argument(
+        "--sim-count",
+        type=int,
+        default=40,
+        help="creates per window with the simulated operators (default 40)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP,
+        help=f"creates each side runs first, not counted (default {WARMUP})",
+    )
+    parser.add_argument("--windows", type=int, default=3, help="windows (default 3)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes, and baseline client processes (default 2)",
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=SPEED,
+        help=f"the simulated operators' time factor (default {SPEED:g}: their own pace)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=TIMEOUT,
+        help=f"seconds a window may take (default {TIMEOUT:g})",
+    )
+    # The measuring child process, run on the throwaway database.
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.count, args.sim_count, args.windows, args.workers) < 1 or args.timeout <= 0:
+        parser.error("--count, --sim-count, --windows, --workers and --timeout must be positive")
+    django_setup()
+    try:
+        if args.inner:
+            measure(
+                spec=args.spec.resolve(),
+                count=args.count,
+                sim_count=args.sim_count,
+                windows=args.windows,
+                workers=args.workers,
+                speed=args.speed,
+                timeout=args.timeout,
+                warmup=args.warmup,
+            )
+        else:
+            run_measuring("bench.operations", sys.argv[1:] if argv is None else argv)
+    except BenchError as exc:
+        sys.exit(f"bench.operations: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""What the benchmarks share: Django set up outside `manage.py`, a throwaway database around a
+measuring child process, the machine-readable figures, and percentiles."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where `make bench` keeps a machine-readable copy of every figure. The outer process names it
+# for the measuring one, which runs on a var/ of its own.
+FIGURES_FILE_VARIABLE = "OPSDECK_BENCH_FIGURES"
+
+
+class BenchError(Exception):
+    """The benchmark could not run or what it measured did not all succeed."""
+
+
+def django_setup() -> None:
+    """Django with the project's settings, as `manage.py` would set it up."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    django.setup()
+
+
+# --- a database of its own around the measuring process ---------------------------------------
+
+
+@contextmanager
+def throwaway_database() -> Iterator[dict[str, str]]:
+    """A fresh PostgreSQL database `opsdeck_bench_<random>` on the configured server, dropped
+    at the end even on failure (the development database is never used); yields the
+    environment a measuring child process runs with: that database, a Celery queue and a cache
+    prefix of its own, production settings with keys of its own and a var/ of its own."""
+    from django.conf import settings
+
+    run_id = secrets.token_hex(4)
+    name = f"opsdeck_bench_{run_id}"
+    db = settings.DATABASES["default"]
+    _database_create(db, name)
+    try:
+        with tempfile.TemporaryDirectory(prefix="opsdeck-bench-") as var_dir:
+            yield {
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "portal.settings",
+                "DATABASE_URL": _database_url(db, name),
+                "CELERY_QUEUE": f"opsdeck-bench-{run_id}",
+                "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+                "CACHE_URL": settings.CACHE_URL,
+                "CACHE_KEY_PREFIX": f"opsdeck-bench-{run_id}",
+                "DEBUG": "0",
+                "SECRET_KEY": secrets.token_urlsafe(50),
+                "OPSDECK_ENCRYPTION_KEYS": _fernet_key(),
+                "OPSDECK_VAR_DIR": var_dir,
+                FIGURES_FILE_VARIABLE: str(Path(settings.VAR_DIR) / "bench.json"),
+                "LOG_LEVEL": "WARNING",
+            }
+    finally:
+        _database_drop(db, name)
+
+
+def run_measuring(module: str, args: list[str]) -> None:
+    """Run `python -m <module> --inner <args>` on a throwaway database; BenchError when it
+    fails (its own output says why)."""
+    with throwaway_database() as env:
+        command = [sys.executable, "-m", module, "--inner", *args]
+        child = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
+        try:
+            code = child.wait()
+        except BaseException:
+            # Ctrl-C reached the child as well (one process group): let it stop its workers
+            # and its sandboxes before the database goes.
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
+    if code != 0:
+        raise BenchError(f"the benchmark failed (exit status {code}); see above")
+
+
+def _fernet_key() -> str:
+    from cryptography.fernet import Fernet
+
+    return Fernet.generate_key().decode()
+
+
+def server_params(db: dict[str, Any]) -> dict[str, Any]:
+    host = db.get("HOST") or (db.get("OPTIONS") or {}).get("host", "")
+    return {"host": host, "port": str(db.get("PORT") or ""), "user": db.get("USER") or "",
+            "password": db.get("PASSWORD") or ""}  # fmt: skip
+
+
+def connect(db: dict[str, Any], dbname: str):
+    """An autocommit psycopg connection to `dbname` on the server of Django's `db` settings."""
+    import psycopg
+
+    params = {k: v for k, v in server_params(db).items() if v}
+    try:
+        return psycopg.connect(dbname=dbname, autocommit=True, connect_timeout=10, **params)
+    except psycopg.OperationalError as exc:
+        raise BenchError(f"cannot reach the PostgreSQL server: {str(exc).strip()}") from exc
+
+
+def _maintenance(db: dict[str, Any]):
+    return connect(db, "postgres")
+
+
+def _database_create(db: dict[str, Any], name: str) -> None:
+    from psycopg import sql
+
+    with _maintenance(db) as conn:
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        except Exception as exc:
+            raise BenchError(f"cannot create the database {name}: {str(exc).strip()}") from exc
+
+
+def _database_drop(db: dict[str, Any], name: str) -> None:
+    from psycopg import sql
+
+    with _maintenance(db) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def _database_url(db: dict[str, Any], name: str) -> str:
+    server = server_params(db)
+    user = quote(server["user"], safe="")
+    if server["password"]:
+        user += ":" + quote(server["password"], safe="")
+    if server["host"].startswith("/"):
+        return f"postgres://{user}@/{name}?host={quote(server['host'], safe='/')}"
+    return f"postgres://{user}@{server['host'] or 'localhost'}:{server['port'] or 5432}/{name}"
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+
+def figures_record(figures: dict[str, float], path: str | None = None) -> None:
+    """Merge `figures` into the JSON file at `path` (default: the one the outer process named;
+    nowhere when it named none); other benchmarks' figures stay."""
+    path = path if path is not None else os.environ.get(FIGURES_FILE_VARIABLE, "")
+    if not path:
+        return
+    target = Path(path)
+    try:
+        kept = json.loads(target.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    kept.update(figures)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".json.partial")
+    partial.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
+    partial.replace(target)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The nearest-rank percentile (NaN when there are no values)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """The smallest, the median and the largest of `values` (NaNs when there are none)."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    return min(values), statistics.median(values), max(values)
