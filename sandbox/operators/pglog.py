@@ -35,25 +35,19 @@ class InstanceLog:
             "client backend": base + 57,
         }
 
-    def _line(self, when: float, fields: dict[str, Any], level: str = "info") -> str:
-        stamp = rfc3339_nano(int(when * 1e9))
-        line = {"level": level, "ts": stamp, **fields, "logging_pod": self.pod}
+    def _line(
+        self, when: float, logger: str, msg: str, extra: dict[str, Any], level: str = "info"
+    ) -> str:
+        # zap's field order and compact encoding, as the instance manager prints them.
+        line = {"level": level, "ts": rfc3339_nano(int(when * 1e9)), "logger": logger, "msg": msg}
+        line.update({"logging_pod": self.pod, **extra})
         return json.dumps(line, separators=(",", ":"))
 
     def manager(
-        self,
-        message: str,
-        *,
-        level: str = "info",
-        logger: str = "instance-manager",
-        when: float | None = None,
-        **extra: Any,
+        self, message: str, *, level: str = "info", logger: str = "instance-manager", **extra: Any
     ) -> str:
         """A line of the instance manager itself."""
-        line = json.loads(self._line(when or time.time(), {"msg": message, "logger": logger}))
-        line["level"] = level
-        line.update(extra)
-        return json.dumps(line)
+        return self._line(time.time(), logger, message, extra, level)
 
     def record(
         self,
@@ -81,7 +75,7 @@ class InstanceLog:
             "backend_type": backend,
             "query_id": "0",
         }
-        return self._line(when, {"logger": "postgres", "msg": "record", "record": record})
+        return self._line(when, "postgres", "record", {"record": record})
 
     # ---- moments ---------------------------------------------------------------------------
 

@@ -51,6 +51,12 @@ def test_primary_and_replica_logs_tell_their_start(core_v1, namespace, pg_cluste
 
 def test_lines_are_cnpg_json_records(core_v1, namespace, pg_cluster):
     pg_cluster(instances=1)
+    text = read_log(core_v1, namespace, "pg-1")
+    for raw_line in text.splitlines():
+        # zap's compact encoding, level and time first.
+        parsed = json.loads(raw_line)
+        assert json.dumps(parsed, separators=(",", ":")) == raw_line
+        assert list(parsed)[:5] == ["level", "ts", "logger", "msg", "logging_pod"]
     line = next(
         json.loads(line)
         for line in read_log(core_v1, namespace, "pg-1").splitlines()
