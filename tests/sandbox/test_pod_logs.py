@@ -107,6 +107,23 @@ def test_since_seconds_keeps_only_recent_lines(core_v1, custom, namespace, pg_cl
     assert "database system is ready to accept connections" not in recent
 
 
+def test_limit_bytes_cuts_the_output(core_v1, namespace, pg_cluster):
+    pg_cluster(instances=1)
+    full = read_log(core_v1, namespace, "pg-1")
+    assert read_log(core_v1, namespace, "pg-1", limit_bytes=100) == full[:100]
+
+
+def test_since_time_keeps_lines_written_from_then_on(raw, namespace, pg_cluster):
+    pg_cluster(instances=1)
+    path = f"/api/v1/namespaces/{namespace}/pods/pg-1/log"
+    _, _, everything = raw.request("GET", f"{path}?sinceTime=2020-01-01T00:00:00Z")
+    assert "ready to accept connections" in everything
+    _, _, nothing = raw.request("GET", f"{path}?sinceTime=2999-01-01T00:00:00Z")
+    assert nothing == ""
+    status, _, body = raw.request("GET", f"{path}?sinceTime=2020-01-01T00:00:00Z&sinceSeconds=5")
+    assert (status, body["reason"]) == (422, "Invalid")
+
+
 def test_backups_are_logged_on_the_primary(core_v1, custom, namespace, pg_cluster, sandbox):
     pg_cluster(instances=1, backup={"barmanObjectStore": {"destinationPath": "s3://logs/"}})
     body = {"apiVersion": f"{G}/{V}", "kind": "Backup", "metadata": {"name": "b1"}}
