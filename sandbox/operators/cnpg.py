@@ -843,10 +843,12 @@ class CnpgOperator:
                 "metadata": {
                     "name": inst + suffix,
                     "labels": {
+                        **_inherited(c, "labels"),
                         "cnpg.io/cluster": name,
                         "cnpg.io/instanceName": inst,
                         "cnpg.io/pvcRole": role_label,
                     },
+                    **_annotations(_inherited(c, "annotations")),
                     "ownerReferences": [_owner(c)],
                 },
                 "spec": {
@@ -880,6 +882,7 @@ class CnpgOperator:
             "metadata": {
                 "name": inst,
                 "labels": {
+                    **_inherited(c, "labels"),
                     "cnpg.io/cluster": meta["name"],
                     "cnpg.io/instanceName": inst,
                     "cnpg.io/instanceRole": role,
@@ -887,6 +890,7 @@ class CnpgOperator:
                     "cnpg.io/podRole": "instance",
                 },
                 "annotations": {
+                    **_inherited(c, "annotations"),
                     CONFIG_HASH: _config_hash(c),
                     **(
                         {RESTARTED_AT: (meta.get("annotations") or {})[RESTARTED_AT]}
@@ -1483,6 +1487,16 @@ class CnpgOperator:
 
 def _plural(kind: str) -> str:
     return {"Cluster": "clusters", "Backup": "backups", "ScheduledBackup": "scheduledbackups"}[kind]
+
+
+def _inherited(c: dict[str, Any], kind: str) -> dict[str, str]:
+    """spec.inheritedMetadata labels or annotations, which CloudNativePG copies to instances."""
+    inherited = ((c.get("spec") or {}).get("inheritedMetadata") or {}).get(kind)
+    return dict(inherited) if isinstance(inherited, dict) else {}
+
+
+def _annotations(values: dict[str, str]) -> dict[str, Any]:
+    return {"annotations": values} if values else {}
 
 
 def _image_id(image: str) -> str:

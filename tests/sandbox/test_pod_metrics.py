@@ -76,6 +76,20 @@ def test_list_across_namespaces_filters_by_label_selector(custom, namespace, pg_
     }
 
 
+def test_inherited_labels_select_instances_across_namespaces(
+    core_v1, custom, namespace, pg_cluster
+):
+    labels = {"x-opsdeck/cell": f"cell-{namespace}"}
+    pg_cluster(instances=2, inheritedMetadata={"labels": labels})
+    assert core_v1.read_namespaced_pod("pg-1", namespace).metadata.labels["x-opsdeck/cell"]
+    pvc = core_v1.read_namespaced_persistent_volume_claim("pg-2", namespace)
+    assert pvc.metadata.labels["x-opsdeck/cell"] == f"cell-{namespace}"
+    listed = custom.list_cluster_custom_object(
+        MG, MV, "pods", label_selector=f"x-opsdeck/cell=cell-{namespace}"
+    )
+    assert [i["metadata"]["name"] for i in listed["items"]] == ["pg-1", "pg-2"]
+
+
 def test_a_bad_label_selector_is_refused(raw):
     status, _, body = raw.request("GET", f"/apis/{MG}/{MV}/pods?labelSelector=a%3D%3D%3Db")
     assert status == 400 and body["reason"] == "BadRequest"
