@@ -571,6 +571,10 @@ class Handler(BaseHTTPRequestHandler):
         options = _log_options(name, query)
         pod = core.get(core.builtin("pods"), ns, name)
         container = _log_container(pod, query.get("container", ""))
+        if options.previous and not _restarted(pod, container):
+            raise E.bad_request(
+                f'previous terminated container "{container}" in pod "{name}" not found'
+            )
         kept = core.logs.open(ns, name, pod["metadata"]["uid"], container)
         with core.lock:
             current = core.store.get(core.builtin("pods").key, ns, name)
@@ -732,6 +736,7 @@ class LogOptions:
 
     follow: bool = False
     timestamps: bool = False
+    previous: bool = False
     tail_lines: int | None = None
     since_seconds: int | None = None
     limit_bytes: int | None = None
@@ -756,6 +761,7 @@ def _log_options(name: str, query: dict[str, str]) -> LogOptions:
     options = LogOptions(
         follow=flag("follow"),
         timestamps=flag("timestamps"),
+        previous=flag("previous"),
         tail_lines=number("tailLines"),
         since_seconds=number("sinceSeconds"),
         limit_bytes=number("limitBytes"),
@@ -818,6 +824,11 @@ def _log_container(pod: dict[str, Any], container: str) -> str:
             f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
         )
     return container
+
+
+def _restarted(pod: dict[str, Any], container: str) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(s.get("name") == container and s.get("restartCount") for s in statuses)
 
 
 def _log_text(lines: list[Any], timestamps: bool, budget: int | None) -> tuple[str, int | None]:

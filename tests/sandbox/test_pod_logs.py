@@ -231,6 +231,7 @@ def test_unknown_pod_is_404_with_a_status(core_v1, namespace):
             "must be greater than 0",
         ),
         ("container=nope", 400, "container nope is not valid for pod pg-1"),
+        ("previous=true", 400, 'previous terminated container "postgres" in pod "pg-1" not found'),
     ],
 )
 def test_bad_options_are_refused(raw, namespace, pg_cluster, query, code, message):
