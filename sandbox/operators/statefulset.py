@@ -311,8 +311,7 @@ class StatefulSetController:
             return
         now = now_iso()
         containers = pod["spec"].get("containers") or []
-        body = copy.deepcopy(pod)
-        body["status"] = {
+        status = {
             "phase": "Running",
             "conditions": [
                 {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
@@ -336,8 +335,7 @@ class StatefulSetController:
             "qosClass": "BestEffort",
             "startTime": now,
         }
-        self.core.update(self.pods, key[0], meta["name"], body, self.ctx, "status")
-        self.changed = True
+        self._set_pod_status(pod, status)
         self._log_start(pod)
 
     def _set_pod_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
