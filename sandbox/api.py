@@ -275,6 +275,25 @@ class Sandbox:
             self.core.store.changed.notify_all()
             return self.core.store.compacted_rv
 
+    def pod_fail(self, namespace: str, name: str, *, seconds: float | None = 60.0) -> None:
+        """Crash a pod's containers for `seconds` of real time (None: until cleared).
+
+        The pod stays Running but not ready (its containers back off, restartCount grows, the
+        crash is in its log and a kubelet BackOff Event), and its controller reports it: a CNPG
+        Cluster fails over from a failing primary or waits for a failing replica, a
+        StatefulSet's readyReplicas drops. When the time is up, or `pod_fail_clear` is called,
+        the containers start again and the owner recovers. 404 ApiError for an unknown pod.
+        """
+        self.core.get(self.core.builtin("pods"), namespace, name)
+        self.faults.fail_pod(namespace, name, seconds)
+        self.poke()
+
+    def pod_fail_clear(self, namespace: str, name: str) -> bool:
+        """End a pod failure early (False if the pod was not failing); it then recovers."""
+        cleared = self.faults.clear_pod(namespace, name)
+        self.poke()
+        return cleared
+
     # ---- state -----------------------------------------------------------------------------
 
     def _bootstrap(self) -> None:

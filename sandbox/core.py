@@ -21,6 +21,7 @@ from . import patch as P
 from . import schema as S
 from . import workloads
 from .garbage import GcIndex
+from .logs import PodLogs
 from .resources import ResourceType, builtin_types, types_from_crd
 from .selectors import label_selector_string, parse_field_selector, parse_label_selector
 from .store import Event, Store
@@ -103,6 +104,8 @@ class Core:
         # Mutating admission (an operator's defaulting webhook), by (group, plural).
         self.defaulters: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {}
         self.closing = False
+        # Container logs of the simulated pods (the kubelet's part of `pods/{name}/log`).
+        self.logs = PodLogs()
         for rt in builtin_types():
             self.types[(rt.group, rt.version, rt.plural)] = rt
 
@@ -917,6 +920,8 @@ class Core:
     def _remove(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         gone = copy.deepcopy(obj)
         self.store.write(rt.key, gone, "DELETED")
+        if rt.key == ("", "pods"):
+            self.logs.drop(gone["metadata"].get("namespace", ""), gone["metadata"]["name"])
         if rt.plural == "customresourcedefinitions":
             self.sync_crd(gone, removed=True)
 

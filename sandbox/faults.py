@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,13 +29,17 @@ class Faults:
     fail_backups: int = 0
     frozen: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # Pods failed on purpose: (namespace, name) -> monotonic end (inf: until cleared).
+    failed_pods: dict[tuple[str, str], float] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON-ready values."""
         return {
             name: copy.copy(getattr(self, name))
             for name in self.__dataclass_fields__
-            if name != "lock"
+            if name not in _INTERNAL
         }
 
     def update(self, data: dict[str, Any]) -> None:
@@ -41,7 +47,7 @@ class Faults:
         with self.lock:
             for key, value in data.items():
                 key = _ALIASES.get(key, key)
-                if key not in self.__dataclass_fields__ or key == "lock":
+                if key not in self.__dataclass_fields__ or key in _INTERNAL:
                     raise ValueError(f"unknown fault {key!r}")
                 current = getattr(self, key)
                 if isinstance(current, list):
@@ -60,6 +66,27 @@ class Faults:
         """True with probability rate."""
         return rate > 0 and random.random() < rate  # noqa: S311 - chance, not secrecy
 
+    def fail_pod(self, ns: str, name: str, seconds: float | None = None) -> None:
+        """Make a pod's containers crash for `seconds` of real time (None: until cleared)."""
+        if seconds is not None and not seconds > 0:
+            raise ValueError("seconds must be a positive number")
+        until = math.inf if seconds is None else time.monotonic() + seconds
+        with self.lock:
+            self.failed_pods[(ns, name)] = until
+
+    def clear_pod(self, ns: str, name: str) -> bool:
+        """End a pod failure early; False if the pod was not failing."""
+        with self.lock:
+            return self.failed_pods.pop((ns, name), None) is not None
+
+    def pod_failures(self) -> dict[tuple[str, str], float]:
+        """The pod failures in force (ended ones are forgotten), with their monotonic end."""
+        now = time.monotonic()
+        with self.lock:
+            for key in [k for k, until in self.failed_pods.items() if until <= now]:
+                del self.failed_pods[key]
+            return dict(self.failed_pods)
+
     def take_backup_failure(self) -> bool:
         """Consume one of the 'next N backups fail' tokens."""
         with self.lock:
@@ -68,6 +95,8 @@ class Faults:
                 return True
             return False
 
+
+_INTERNAL = {"lock", "failed_pods"}
 
 _ALIASES = {
     "500": "error_500",

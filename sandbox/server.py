@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
+import math
 import re
+import select
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -16,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from . import errors as E
+from . import metrics
 from .core import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, Ctx
 from .patch import json_patch, merge_patch
 from .resources import ResourceType
@@ -258,6 +263,13 @@ class Handler(BaseHTTPRequestHandler):
         plural = rest[0]
         name = rest[1] if len(rest) > 1 else ""
         sub = rest[2] if len(rest) > 2 else ""
+        if (group, version) == (metrics.GROUP, metrics.VERSION):
+            return self._metrics(method, plural, ns, name, sub, query)
+        if (group, plural, sub) == ("", "pods", "log") and ns is not None:
+            if method != "GET":
+                raise E.method_not_allowed()
+            self._faults(method, query)
+            return self._pod_log(ns, name, query)
         with sb.core.lock:
             rt = sb.core.resolve(group, version, plural)
         if rt is None:
@@ -507,9 +519,120 @@ class Handler(BaseHTTPRequestHandler):
             rt, include = self.watch_table
             obj = to_table(rt, [obj], obj["metadata"].get("resourceVersion", ""), include)
         data = json.dumps({"type": event.type, "object": obj}, separators=(",", ":")).encode()
-        data += b"\n"
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
+        self._write_chunk(data + b"\n")
+
+    def _pod_fault(self, method: str, ns: str, name: str, content_type: str) -> int:
+        """POST fails a pod (`{"seconds": 30}`, null: until cleared); DELETE clears it."""
+        sb = self.server.sandbox
+        if method == "DELETE":
+            cleared = sb.pod_fail_clear(ns, name)
+            self._send_json(200, {"namespace": ns, "name": name, "cleared": cleared})
+            return 200
+        if method not in ("POST", "PUT"):
+            raise E.method_not_allowed()
+        raw = self._read_body()
+        body = self._decode(raw, content_type) if raw.strip() else {}
+        if not isinstance(body, dict):
+            raise E.bad_request("the body must be a JSON object")
+        seconds = body.get("seconds", 60.0)
+        valid = seconds is None or (
+            isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0
+        )
+        if not valid:
+            raise E.bad_request("seconds must be a positive number or null")
+        sb.pod_fail(ns, name, seconds=seconds)
+        self._send_json(200, {"namespace": ns, "name": name, "seconds": seconds})
+        return 200
+
+    # ---- metrics.k8s.io and pod logs --------------------------------------------------------
+
+    def _metrics(
+        self, method: str, plural: str, ns: str | None, name: str, sub: str, query: dict[str, str]
+    ) -> int:
+        """PodMetrics get and list, as metrics-server serves them through the aggregator."""
+        if plural != "pods" or sub or (name and ns is None):
+            raise E.path_not_found()
+        if method != "GET":
+            raise E.method_not_allowed()
+        self._faults(method, query)
+        core = self.server.sandbox.core
+        if name:
+            self._send_json(200, metrics.get_pod_metrics(core, ns or "", name))
+        else:
+            listed = metrics.list_pod_metrics(
+                core, ns, query.get("labelSelector"), query.get("fieldSelector")
+            )
+            self._send_json(200, listed)
+        return 200
+
+    def _pod_log(self, ns: str, name: str, query: dict[str, str]) -> int:
+        """`GET pods/{name}/log`: what the kubelet keeps of a container's output."""
+        core = self.server.sandbox.core
+        options = _log_options(name, query)
+        pod = core.get(core.builtin("pods"), ns, name)
+        container = _log_container(pod, query.get("container", ""))
+        if options.previous and not _restarted(pod, container):
+            raise E.bad_request(
+                f'previous terminated container "{container}" in pod "{name}" not found'
+            )
+        kept = core.logs.open(ns, name, pod["metadata"]["uid"], container)
+        with core.lock:
+            current = core.store.get(core.builtin("pods").key, ns, name)
+            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                core.logs.drop(ns, name)  # deleted meanwhile: what it wrote, then the end
+        lines = core.logs.after(kept, 0)
+        last = lines[-1].seq if lines else 0
+        if options.since_seconds is not None:
+            since_ns = time.time_ns() - options.since_seconds * 1_000_000_000
+            lines = [line for line in lines if line.time_ns >= since_ns]
+        if options.tail_lines is not None:
+            lines = lines[len(lines) - options.tail_lines :] if options.tail_lines else []
+        budget = options.limit_bytes
+        text, budget = _log_text(lines, options.timestamps, budget)
+        if not options.follow:
+            self._send_text(200, text)
+            return 200
+        # Streamed like the kubelet's follow: chunks as lines are written, until the pod goes.
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.sent = True
+        try:
+            self._write_chunk(text.encode())
+            while budget != 0 and not core.closing:
+                new = core.logs.after(kept, last)
+                if new:
+                    last = new[-1].seq
+                    text, budget = _log_text(new, options.timestamps, budget)
+                    self._write_chunk(text.encode())
+                    continue
+                if kept.dropped:
+                    break  # the pod is gone, and all it wrote was sent
+                if self._client_gone():
+                    self.close_connection = True
+                    return 200
+                core.logs.wait(0.5)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+        return 200
+
+    def _write_chunk(self, data: bytes) -> None:
+        """One chunk of a chunked response (an empty one would end it, so none is sent)."""
+        if data:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    def _client_gone(self) -> bool:
+        """True once the client closed a streamed response (it sends nothing while reading)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     # ---- discovery -------------------------------------------------------------------------
 
@@ -545,8 +668,13 @@ class Handler(BaseHTTPRequestHandler):
                 return {
                     "kind": "APIGroupList",
                     "apiVersion": "v1",
-                    "groups": [_group(g, vs) for g, vs in core.groups().items()],
+                    "groups": [_group(g, vs) for g, vs in core.groups().items()]
+                    + [metrics.api_group()],
                 }
+            if parts == ["apis", metrics.GROUP]:
+                return {"kind": "APIGroup", "apiVersion": "v1", **metrics.api_group()}
+            if parts == ["apis", metrics.GROUP, metrics.VERSION]:
+                return metrics.api_resources()
             if len(parts) == 2 and parts[0] == "apis":
                 versions = core.groups().get(parts[1])
                 if versions is None:
@@ -594,10 +722,122 @@ class Handler(BaseHTTPRequestHandler):
                 raise E.method_not_allowed()
             self._send_json(200, {"resourceVersion": str(sb.compact())})
             return 200
+        if len(parts) == 5 and (parts[0], parts[2], parts[4]) == ("namespaces", "pods", "fail"):
+            return self._pod_fault(method, parts[1], parts[3], content_type)
         if parts == ["healthz"] or parts == []:
             self._send_json(200, {"status": "ok", "resourceVersion": str(sb.core.store.rv)})
             return 200
         raise E.path_not_found()
+
+
+@dataclass
+class LogOptions:
+    """PodLogOptions from the query string, validated as kube-apiserver does."""
+
+    follow: bool = False
+    timestamps: bool = False
+    previous: bool = False
+    tail_lines: int | None = None
+    since_seconds: int | None = None
+    limit_bytes: int | None = None
+
+
+def _log_options(name: str, query: dict[str, str]) -> LogOptions:
+    def number(key: str) -> int | None:
+        value = query.get(key)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            # The query parameter codec's error, answered 400 BadRequest.
+            raise E.bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax') from None
+
+    def flag(key: str) -> bool:
+        # Go's conversion: absent is false, "0" and "false" are false, anything else is true.
+        value = query.get(key)
+        return value is not None and value != "0" and value.lower() != "false"
+
+    options = LogOptions(
+        follow=flag("follow"),
+        timestamps=flag("timestamps"),
+        previous=flag("previous"),
+        tail_lines=number("tailLines"),
+        since_seconds=number("sinceSeconds"),
+        limit_bytes=number("limitBytes"),
+    )
+    since_time = query.get("sinceTime")
+    problems = []
+    if options.tail_lines is not None and options.tail_lines < 0:
+        problems.append(
+            E.invalid("tailLines", options.tail_lines, "must be greater than or equal to 0")
+        )
+    if options.limit_bytes is not None and options.limit_bytes < 1:
+        problems.append(E.invalid("limitBytes", options.limit_bytes, "must be greater than 0"))
+    if options.since_seconds is not None and since_time:
+        problems.append(
+            E.FieldError(
+                "FieldValueForbidden",
+                "",
+                "at most one of `sinceTime` or `sinceSeconds` may be specified",
+            )
+        )
+    elif options.since_seconds is not None and options.since_seconds < 1:
+        problems.append(E.invalid("sinceSeconds", options.since_seconds, "must be greater than 0"))
+    if problems:
+        raise E.invalid_object("PodLogOptions", "", name, problems)
+    if since_time:
+        try:
+            when = dt.datetime.fromisoformat(since_time.replace("Z", "+00:00"))
+        except ValueError:
+            raise E.bad_request(
+                f'parsing time "{since_time}" as "2006-01-02T15:04:05Z07:00": cannot parse'
+            ) from None
+        options.since_seconds = max(math.ceil(time.time() - when.timestamp()), 0)
+    return options
+
+
+def _log_container(pod: dict[str, Any], container: str) -> str:
+    """The container whose log is asked for, with the API server's and kubelet's refusals."""
+    name = pod["metadata"]["name"]
+    spec = pod.get("spec") or {}
+    names = [c.get("name", "") for c in spec.get("containers") or []]
+    init_names = [c.get("name", "") for c in spec.get("initContainers") or []]
+    if not container:
+        if len(names) == 1:
+            container = names[0]
+        elif not names:
+            raise E.bad_request(f"a container name must be specified for pod {name}")
+        else:
+            message = (
+                f"a container name must be specified for pod {name}, "
+                f"choose one of: [{' '.join(names)}]"
+            )
+            if init_names:
+                message += f" or one of the init containers: [{' '.join(init_names)}]"
+            raise E.bad_request(message)
+    elif container not in names + init_names:
+        raise E.bad_request(f"container {container} is not valid for pod {name}")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if not any(s.get("name") == container for s in statuses) and container in names:
+        raise E.bad_request(
+            f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+        )
+    return container
+
+
+def _restarted(pod: dict[str, Any], container: str) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(s.get("name") == container and s.get("restartCount") for s in statuses)
+
+
+def _log_text(lines: list[Any], timestamps: bool, budget: int | None) -> tuple[str, int | None]:
+    """Lines as served, cut at a byte budget (limitBytes); the budget left (None: no limit)."""
+    text = "".join(line.render(timestamps) for line in lines)
+    if budget is None:
+        return text, None
+    data = text.encode()[:budget]
+    return data.decode(errors="ignore"), budget - len(data)
 
 
 def _scale_fields(body: Any) -> tuple[Any, str | None]:

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -24,7 +25,9 @@ from ..core import Ctx, now_iso
 from ..errors import ApiError
 from ..store import ObjKey
 from .cron import CronError, next_time
+from .kubelet import crash_status, crashed, record_backoff
 from .machinery import ChangeFeed, EventRecorder, Timers
+from .pglog import InstanceLog
 
 if TYPE_CHECKING:
     from ..api import Sandbox
@@ -47,6 +50,7 @@ UPGRADING = "Upgrading cluster"
 WAITING_USER = "Waiting for user action"
 RESTARTING_PRIMARY = "Primary instance is being restarted in-place"
 CANNOT_CREATE = "Unable to create required cluster objects"
+WAITING_ACTIVE = "Waiting for the instances to become active"
 
 # Realistic durations in seconds at speed 1.0 (a 3-instance cluster is healthy in about 10 s).
 PRIMARY_SECONDS = 4.0
@@ -56,6 +60,8 @@ SWITCHOVER_SECONDS = 2.0
 HIBERNATE_SECONDS = 2.0
 BACKUP_START_SECONDS = 0.5
 BACKUP_SECONDS = 3.0
+# PostgreSQL's checkpoint_timeout: a timed checkpoint (restartpoint on replicas) is logged so often.
+CHECKPOINT_SECONDS = 300.0
 
 HIBERNATION = "cnpg.io/hibernation"
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
@@ -123,12 +129,15 @@ class CnpgOperator:
         # Clusters waiting on what sends no events (the object store, a bootstrap fault).
         self.polled: set[ObjKey] = set()
         self.failing: set[ObjKey] = set()
+        # Pod failures (Faults.fail_pod) as last seen: a change wakes the pod's Cluster.
+        self.pod_failures: dict[ObjKey, float] = {}
         # The operator writes only fields its CRDs declare; Ignore keeps no warnings around.
         self.ctx = Ctx(field_manager=MANAGER, field_validation="Ignore")
         self.changed = False
         # How often each object was looked at: what a round costs, for tests.
         self.visits: Counter[tuple[str, ObjKey]] = Counter()
         self.events = EventRecorder(self.core, MANAGER)
+        self.kubelet_events = EventRecorder(self.core, "kubelet")
         self.core.defaulters[(GROUP, "clusters")] = default_cluster
 
     # ---- controller protocol ---------------------------------------------------------------
@@ -205,6 +214,7 @@ class CnpgOperator:
         due = [k for k, when in self.wakeups.items() if when <= time.monotonic()]
         for plural, key in due:
             self.dirty[plural].add(key)
+        self._pod_faults()
         if events is None:
             # First round, or events were lost: look at everything once.
             for plural, rt in rts.items():
@@ -232,6 +242,25 @@ class CnpgOperator:
             cname = ((backup or {}).get("spec", {}).get("cluster") or {}).get("name")
             if (ns, cname) in clusters:
                 self.dirty["backups"].add((ns, name))
+
+    def _pod_faults(self) -> None:
+        """Wake the Clusters whose pods started or stopped failing (Faults.fail_pod)."""
+        failures = self.sb.faults.pod_failures()
+        if failures == self.pod_failures:
+            return
+        changed = failures.keys() ^ self.pod_failures.keys()
+        changed |= {k for k, until in failures.items() if self.pod_failures.get(k) != until}
+        self.pod_failures = failures
+        for ns, pod_name in changed:
+            pod = self.core.store.get(self.pods.key, ns, pod_name)
+            cluster = ((pod or {}).get("metadata", {}).get("labels") or {}).get(CLUSTER_LABEL)
+            if cluster:
+                self.dirty["clusters"].add((ns, cluster))
+
+    def _wake(self, key: tuple[str, ObjKey], when: float) -> None:
+        """Look at an object again at monotonic time `when` (the earliest asked wins)."""
+        current = self.wakeups.get(key)
+        self.wakeups[key] = when if current is None else min(current, when)
 
     def _bootstrap_faults(self) -> set[ObjKey]:
         """Clusters named in fail_bootstrap now or in the previous round."""
@@ -378,7 +407,8 @@ class CnpgOperator:
             )
             self._set_status(c, status)
             return
-        if self._failover(c, status, pods, instances):
+        held = self._hold_failed(c, pods, instances)
+        if self._failover(c, status, pods, instances, held):
             self._set_status(c, status)
             return
         for inst in instances:
@@ -387,12 +417,13 @@ class CnpgOperator:
                 self._create_pod(c, inst, image, role)
                 pods = self._pods(ns, name)
 
-        not_ready = [p for p in instances if not self._ready(pods[p])]
+        not_ready = [p for p in instances if not self._ready(pods[p]) and p not in held]
         if not_ready:
             inst = not_ready[0]
             first_boot = not primary
             seconds = PRIMARY_SECONDS if first_boot else REPLICA_SECONDS
             if self._due(c, f"ready:{inst}", seconds):
+                was_crashed = crashed(pods[inst])
                 self._mark_ready(pods[inst])
                 if first_boot:
                     status["currentPrimary"] = inst
@@ -401,6 +432,7 @@ class CnpgOperator:
                     self._event(c, "ClusterPrimaryReady", f"Primary instance {inst} is ready")
                 else:
                     self._event(c, "InstanceReady", f"Instance {inst} is ready")
+                self._log_ready(status, self._get("pods", ns, inst), crashed=was_crashed)
             self._counts(status, instances, self._pods(ns, name))
             if not primary:
                 self._phase(
@@ -412,6 +444,10 @@ class CnpgOperator:
             return
 
         self._counts(status, instances, pods)
+        if held:
+            self._held_phase(c, status, sorted(held))
+            self._set_status(c, status)
+            return
         if len(instances) < want:
             serial = int(status.get("latestGeneratedNode", 0)) + 1
             status["latestGeneratedNode"] = serial
@@ -479,6 +515,7 @@ class CnpgOperator:
             self._event(c, "ApplyingConfiguration", "Applying the new PostgreSQL configuration")
         if self._due(c, f"config:{wanted}", ROLL_SECONDS):
             for inst in stale:
+                self._log(pods[inst], InstanceLog(inst).reload())
                 self.core.patch(
                     self._rt("", "pods"),
                     c["metadata"]["namespace"],
@@ -491,22 +528,109 @@ class CnpgOperator:
         return True
 
     def _failover(
-        self, c: dict[str, Any], status: dict[str, Any], pods: dict[str, Any], instances: list[str]
+        self,
+        c: dict[str, Any],
+        status: dict[str, Any],
+        pods: dict[str, Any],
+        instances: list[str],
+        held: set[str],
     ) -> bool:
-        """The primary's pod is gone: promote the first ready replica. True while failing over."""
+        """The primary's pod is gone or failing: promote the first ready replica.
+
+        True while failing over.
+        """
         primary = status.get("currentPrimary")
-        replicas = [i for i in instances if i != primary and i in pods and self._ready(pods[i])]
-        if not primary or primary in pods or not replicas:
+        replicas = [
+            i
+            for i in instances
+            if i != primary and i in pods and self._ready(pods[i]) and i not in held
+        ]
+        if not primary or (primary in pods and primary not in held) or not replicas:
             return False
         if status.get("phase") != FAILING_OVER:
+            why = "is gone" if primary not in pods else "is not ready"
             status["targetPrimary"] = "pending"
-            self._phase(status, FAILING_OVER, f"Primary {primary} is gone")
-            self._event(c, "FailingOver", f"Current primary {primary} is gone, failing over")
+            self._phase(status, FAILING_OVER, f"Primary {primary} {why}")
+            self._event(
+                c, "FailingOver", f"Current primary {primary} {why}, failing over", "Warning"
+            )
         self._counts(status, instances, pods)
         if self._due(c, f"failover:{primary}", SWITCHOVER_SECONDS):
             self._promote(c, status, pods, replicas[0])
             self._event(c, "FailoverTarget", f"Promoted {replicas[0]} to primary")
         return True
+
+    def _hold_failed(
+        self, c: dict[str, Any], pods: dict[str, Any], instances: list[str]
+    ) -> set[str]:
+        """Crash the instances a fault names (Faults.fail_pod); those held down now."""
+        ns, name = c["metadata"]["namespace"], c["metadata"]["name"]
+        failures = self.sb.faults.pod_failures()
+        held = set()
+        for inst in instances:
+            until = failures.get((ns, inst))
+            pod = pods.get(inst)
+            if until is None or pod is None:
+                continue
+            held.add(inst)
+            if until != math.inf:
+                self._wake(("clusters", (ns, name)), until)
+            if crashed(pod) or not (pod.get("status") or {}).get("containerStatuses"):
+                continue
+            self._write_status("pods", pod, crash_status(pod))
+            self._log(pod, InstanceLog(inst).crash())
+            record_backoff(self.kubelet_events, pod)
+            pods[inst] = self._get("pods", ns, inst)
+        return held
+
+    def _held_phase(self, c: dict[str, Any], status: dict[str, Any], held: list[str]) -> None:
+        """The phase while instances are failing and no failover can help."""
+        primary = status.get("currentPrimary")
+        if primary in held:
+            reason = f"Primary {primary} is not ready and there is no replica to promote"
+            if status.get("phase") != FAILING_OVER:
+                self._event(c, "FailingOver", reason, "Warning")
+            self._phase(status, FAILING_OVER, reason)
+            return
+        names = ", ".join(held)
+        self._phase(status, WAITING_ACTIVE, f"Instance {names} is not active")
+
+    def _log(self, pod: dict[str, Any] | None, lines: list[str]) -> None:
+        """Write lines into the postgres container's log of pod."""
+        if pod is not None:
+            meta = pod["metadata"]
+            self.core.logs.write(meta["namespace"], meta["name"], meta["uid"], "postgres", *lines)
+
+    def _log_ready(
+        self, status: dict[str, Any], pod: dict[str, Any] | None, crashed: bool = False
+    ) -> None:
+        """PostgreSQL is up on pod, as primary or replica (by its role label)."""
+        if pod is None:
+            return
+        meta = pod["metadata"]
+        ns, inst = meta["namespace"], meta["name"]
+        log = InstanceLog(inst)
+        replica = (meta.get("labels") or {}).get("cnpg.io/instanceRole") != "primary"
+        if replica:
+            primary = status.get("currentPrimary") or ""
+            self._log(pod, log.replica_ready(primary, int(status.get("timelineID", 1))))
+            self._log(self._get("pods", ns, primary), InstanceLog(primary).replica_connected(inst))
+        else:
+            self._log(pod, log.primary_ready(crashed=crashed))
+        self._checkpoints(pod, replica)
+
+    def _checkpoints(self, pod: dict[str, Any], replica: bool) -> None:
+        """Timed checkpoints (restartpoints on a replica) in pod's log from now on."""
+        meta = pod["metadata"]
+        log = InstanceLog(meta["name"])
+        self.core.logs.every(
+            meta["namespace"],
+            meta["name"],
+            meta["uid"],
+            "postgres",
+            max(self.sb.scaled(CHECKPOINT_SECONDS), 1.0),
+            lambda when: log.checkpoint(when, replica),
+        )
 
     def _counts(self, status: dict[str, Any], instances: list[str], pods: dict[str, Any]) -> None:
         ready = [i for i in instances if i in pods and self._ready(pods[i])]
@@ -719,10 +843,12 @@ class CnpgOperator:
                 "metadata": {
                     "name": inst + suffix,
                     "labels": {
+                        **_inherited(c, "labels"),
                         "cnpg.io/cluster": name,
                         "cnpg.io/instanceName": inst,
                         "cnpg.io/pvcRole": role_label,
                     },
+                    **_annotations(_inherited(c, "annotations")),
                     "ownerReferences": [_owner(c)],
                 },
                 "spec": {
@@ -756,6 +882,7 @@ class CnpgOperator:
             "metadata": {
                 "name": inst,
                 "labels": {
+                    **_inherited(c, "labels"),
                     "cnpg.io/cluster": meta["name"],
                     "cnpg.io/instanceName": inst,
                     "cnpg.io/instanceRole": role,
@@ -763,6 +890,7 @@ class CnpgOperator:
                     "cnpg.io/podRole": "instance",
                 },
                 "annotations": {
+                    **_inherited(c, "annotations"),
                     CONFIG_HASH: _config_hash(c),
                     **(
                         {RESTARTED_AT: (meta.get("annotations") or {})[RESTARTED_AT]}
@@ -784,7 +912,14 @@ class CnpgOperator:
                 "hostname": inst,
             },
         }
-        self._ensure("pods", meta["namespace"], pod)
+        resources = (c.get("spec") or {}).get("resources")
+        if resources:
+            # CloudNativePG gives the postgres container the Cluster's resources.
+            pod["spec"]["containers"][0]["resources"] = copy.deepcopy(resources)
+        if self._get("pods", meta["namespace"], inst) is None:
+            self._log(
+                self._ensure("pods", meta["namespace"], pod), InstanceLog(inst).manager_start()
+            )
 
     def _write_status(
         self, plural: str, obj: dict[str, Any], status: dict[str, Any]
@@ -858,6 +993,13 @@ class CnpgOperator:
         status["targetPrimary"] = target
         status["currentPrimaryTimestamp"] = now_iso()
         status["timelineID"] = int(status.get("timelineID", 1)) + 1
+        if target in pods:
+            self._log(pods[target], InstanceLog(target).promoted(status["timelineID"]))
+            self._checkpoints(pods[target], replica=False)
+        if old in pods and self._ready(pods[old]):
+            # The former primary shuts down and follows the new one.
+            self._log(pods[old], InstanceLog(old).shutdown())
+            self._log_ready(status, self._get("pods", c["metadata"]["namespace"], old))
         self._event(c, "SwitchoverCompleted", f"Switchover completed: {old} -> {target}")
 
     def _roll(
@@ -897,7 +1039,7 @@ class CnpgOperator:
                 status, UPGRADING, f"{'Upgrading' if upgrade else 'Restarting'} instance {inst}"
             )
             if self._due(c, f"roll:{inst}", ROLL_SECONDS):
-                self._recreate(pods[inst], image, restarted_at)
+                self._recreate(status, pods[inst], image, restarted_at)
                 self._event(
                     c,
                     "InstanceRestarted" if not upgrade else "InstanceUpgraded",
@@ -912,7 +1054,7 @@ class CnpgOperator:
             self._phase(status, SWITCHOVER, f"Switching over to {others[0]} to update the primary")
             if self._due(c, f"switchover:{others[0]}", SWITCHOVER_SECONDS):
                 self._promote(c, status, pods, others[0])
-                self._recreate(pods[primary], image, restarted_at, role="replica")
+                self._recreate(status, pods[primary], image, restarted_at, role="replica")
             return True
         self._phase(
             status,
@@ -920,14 +1062,20 @@ class CnpgOperator:
             f"Restarting primary {primary}",
         )
         if self._due(c, f"roll:{primary}", ROLL_SECONDS):
-            self._recreate(pods[primary], image, restarted_at)
+            self._recreate(status, pods[primary], image, restarted_at)
             self._event(c, "PrimaryRestarted", f"Primary {primary} rolled out")
         return True
 
     def _recreate(
-        self, pod: dict[str, Any], image: str, restarted_at: str | None, role: str | None = None
+        self,
+        status: dict[str, Any],
+        pod: dict[str, Any],
+        image: str,
+        restarted_at: str | None,
+        role: str | None = None,
     ) -> None:
         """Roll one pod in place: new image and restart annotation, counted as a restart."""
+        self._log(pod, InstanceLog(pod["metadata"]["name"]).shutdown())
         body = copy.deepcopy(pod)
         body["spec"]["containers"][0]["image"] = image
         annotations = body["metadata"].setdefault("annotations", {})
@@ -947,6 +1095,8 @@ class CnpgOperator:
             "restartCount", 0
         ) + 1
         self._mark_ready(updated, restarts)
+        self._log(updated, InstanceLog(pod["metadata"]["name"]).manager_start())
+        self._log_ready(status, updated)
         self.changed = True
 
     def _hibernate(
@@ -961,6 +1111,8 @@ class CnpgOperator:
                     status, HIBERNATION, "False", "StartedHibernation", "Hibernation in progress"
                 )
                 self._event(c, "Hibernating", "Hibernation started: deleting instance pods")
+                for pod in pods.values():
+                    self._log(pod, InstanceLog(pod["metadata"]["name"]).shutdown())
             if self._due(c, "hibernate", HIBERNATE_SECONDS):
                 for name in pods:
                     self._delete("pods", c["metadata"]["namespace"], name)
@@ -1020,8 +1172,9 @@ class CnpgOperator:
         if soonest is not None:
             wait = (soonest + keep - dt.datetime.now(dt.UTC)).total_seconds()
             meta = c["metadata"]
-            key = ("clusters", (meta["namespace"], meta["name"]))
-            self.wakeups[key] = time.monotonic() + max(wait, 0.05)
+            self._wake(
+                ("clusters", (meta["namespace"], meta["name"])), time.monotonic() + max(wait, 0.05)
+            )
 
     def _recovery_source(
         self, c: dict[str, Any], recovery: dict[str, Any]
@@ -1142,6 +1295,10 @@ class CnpgOperator:
                         status["endpointURL"] = cstore["endpointURL"]
                 self._set_status(b, status)
                 self._event(b, "Starting", f"Backup {meta['name']} started on {primary}")
+                self._log(
+                    self._get("pods", ns, primary),
+                    InstanceLog(primary).backup_started(meta["name"], ns),
+                )
             return
         if phase in ("running", "finalizing"):
             if not self._due(b, f"finish:{phase}", BACKUP_SECONDS):
@@ -1191,6 +1348,10 @@ class CnpgOperator:
                 self._store_entry(cstore["destinationPath"], server)["backups"].append(record)
             self._set_status(b, status)
             self._event(b, "Completed", f"Backup {meta['name']} completed")
+            self._log(
+                self._get("pods", ns, primary),
+                InstanceLog(primary).backup_finished(meta["name"], ns),
+            )
             self._cluster_backup_result(cluster, True, "", status)
             if method == "barmanObjectStore":
                 self._prune(cluster, cstore, server)
@@ -1217,6 +1378,13 @@ class CnpgOperator:
         self, b: dict[str, Any], status: dict[str, Any], cluster: dict[str, Any] | None, why: str
     ) -> None:
         status.update({"phase": "failed", "error": why})
+        pod_name = (status.get("instanceID") or {}).get("podName")
+        if pod_name:
+            ns = b["metadata"]["namespace"]
+            self._log(
+                self._get("pods", ns, pod_name),
+                InstanceLog(pod_name).backup_finished(b["metadata"]["name"], ns, why),
+            )
         status.setdefault("stoppedAt", now_iso())
         self._set_status(b, status)
         self._event(b, "Failed", f"Backup failed: {why}", "Warning")
@@ -1319,6 +1487,16 @@ class CnpgOperator:
 
 def _plural(kind: str) -> str:
     return {"Cluster": "clusters", "Backup": "backups", "ScheduledBackup": "scheduledbackups"}[kind]
+
+
+def _inherited(c: dict[str, Any], kind: str) -> dict[str, str]:
+    """spec.inheritedMetadata labels or annotations, which CloudNativePG copies to instances."""
+    inherited = ((c.get("spec") or {}).get("inheritedMetadata") or {}).get(kind)
+    return dict(inherited) if isinstance(inherited, dict) else {}
+
+
+def _annotations(values: dict[str, str]) -> dict[str, Any]:
+    return {"annotations": values} if values else {}
 
 
 def _image_id(image: str) -> str:

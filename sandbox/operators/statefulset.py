@@ -12,13 +12,17 @@ or timers did) are looked at in a round.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import logging
+import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..core import Ctx, now_iso
 from ..errors import ApiError
 from ..store import ObjKey
+from .kubelet import crash_status, crashed, record_backoff, restarted_status
 from .machinery import ChangeFeed, EventRecorder, Timers
 
 if TYPE_CHECKING:
@@ -36,6 +40,7 @@ HASH_LABEL = "controller.kubernetes.io/hash"
 POD_START_SECONDS = 2.0
 POD_STOP_SECONDS = 1.0
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 def template_hash(template: dict[str, Any]) -> str:
@@ -54,6 +59,13 @@ def is_ready(pod: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+
+
+def _log_stamp() -> str:
+    """`30 Nov 2026 12:00:00.123`, the time format of many servers' logs."""
+    now = dt.datetime.now(dt.UTC)
+    month = _MONTHS[now.month - 1]
+    return f"{now.day:02d} {month} {now.year} {now:%H:%M:%S}.{now.microsecond // 1000:03d}"
 
 
 def _owner(sts: dict[str, Any]) -> dict[str, Any]:
@@ -93,6 +105,10 @@ class StatefulSetController:
         self.feed = ChangeFeed(self.core.store, [self.sets.key, self.pods.key, self.claims.key])
         self.timers = Timers(sandbox.scaled)
         self.events = EventRecorder(self.core, COMPONENT)
+        self.kubelet_events = EventRecorder(self.core, "kubelet")
+        # Pod failures (Faults.fail_pod) as last seen, and when a failing pod's set looks again.
+        self.pod_failures: dict[ObjKey, float] = {}
+        self.wakeups: dict[ObjKey, float] = {}
         self.ctx = Ctx(field_manager=MANAGER)
         # Which pods each StatefulSet controls, and which set a claim name belongs to.
         self.pods_of: dict[ObjKey, set[str]] = {}
@@ -102,8 +118,9 @@ class StatefulSetController:
     # ---- controller protocol ---------------------------------------------------------------
 
     def next_due(self) -> float | None:
-        """The earliest simulated step in flight."""
-        return self.timers.next_due()
+        """The earliest simulated step in flight or end of a pod failure."""
+        times = [self.timers.next_due(), *self.wakeups.values()]
+        return min((t for t in times if t is not None), default=None)
 
     def busy(self) -> bool:
         """True while a pod is starting or stopping."""
@@ -132,6 +149,19 @@ class StatefulSetController:
     def _dirty(self) -> set[ObjKey]:
         events = self.feed.poll()
         dirty = set(self.timers.expired())
+        now = time.monotonic()
+        for key in [k for k, when in self.wakeups.items() if when <= now]:
+            del self.wakeups[key]
+            dirty.add(key)
+        failures = self.sb.faults.pod_failures()
+        if failures != self.pod_failures:
+            changed = failures.keys() ^ self.pod_failures.keys()
+            changed |= {k for k, until in failures.items() if self.pod_failures.get(k) != until}
+            self.pod_failures = failures
+            for ns, pod_name in changed:
+                owning = _owning_set(self.core.store.get(self.pods.key, ns, pod_name))
+                if owning is not None:
+                    dirty.add(owning[0])
         if events is None:
             self.pods_of = {}
             for pod in self.core.store.objects.get(self.pods.key, {}).values():
@@ -197,8 +227,9 @@ class StatefulSetController:
         wanted = range(start, start + replicas)
         condemned = sorted((o for o in pods if o not in wanted), reverse=True)
 
+        failures = self.sb.faults.pod_failures()
         for pod in pods.values():
-            self._kubelet(key, pod)
+            self._kubelet(key, pod, failures)
         pods = self._owned_pods(key, uid)
 
         blocked = False
@@ -242,10 +273,31 @@ class StatefulSetController:
                 out[int(ordinal)] = pod
         return out
 
-    def _kubelet(self, key: ObjKey, pod: dict[str, Any]) -> None:
-        """Start a pending pod once its claims are bound, after the simulated start delay."""
+    def _kubelet(self, key: ObjKey, pod: dict[str, Any], failures: dict[ObjKey, float]) -> None:
+        """Start a pending pod once its claims are bound, after the simulated start delay.
+
+        A pod named in a fault (Faults.fail_pod) crashes and stays down until the fault ends,
+        then starts again after the same delay.
+        """
         meta = pod["metadata"]
-        if (pod.get("status") or {}).get("phase") != "Pending" or meta.get("deletionTimestamp"):
+        if meta.get("deletionTimestamp"):
+            return
+        until = failures.get((key[0], meta["name"]))
+        if until is not None:
+            if until != math.inf:
+                current = self.wakeups.get(key)
+                self.wakeups[key] = until if current is None else min(current, until)
+            if is_ready(pod):
+                self._set_pod_status(pod, crash_status(pod))
+                self._log(pod, "# Exiting on fatal signal SIGKILL (injected by the sandbox)")
+                record_backoff(self.kubelet_events, pod)
+            return
+        if crashed(pod):
+            if self.timers.due(key, f"restart:{meta['name']}:{meta['uid']}", POD_START_SECONDS):
+                self._set_pod_status(pod, restarted_status(pod))
+                self._log_start(pod)
+            return
+        if (pod.get("status") or {}).get("phase") != "Pending":
             return
         for volume in pod["spec"].get("volumes") or []:
             claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
@@ -286,6 +338,31 @@ class StatefulSetController:
         }
         self.core.update(self.pods, key[0], meta["name"], body, self.ctx, "status")
         self.changed = True
+        self._log_start(pod)
+
+    def _set_pod_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        body = copy.deepcopy(pod)
+        body["status"] = status
+        meta = pod["metadata"]
+        self.core.update(self.pods, meta["namespace"], meta["name"], body, self.ctx, "status")
+        self.changed = True
+
+    def _log(self, pod: dict[str, Any], *messages: str) -> None:
+        """Write lines into every container's log, in the common `pid:role date level` form."""
+        meta = pod["metadata"]
+        for container in pod["spec"].get("containers") or []:
+            lines = [f"1:M {_log_stamp()} {message}" for message in messages]
+            self.core.logs.write(
+                meta["namespace"], meta["name"], meta["uid"], container.get("name", ""), *lines
+            )
+
+    def _log_start(self, pod: dict[str, Any]) -> None:
+        self._log(
+            pod,
+            "# Configuration loaded",
+            "* Server initialized",
+            "* Ready to accept connections tcp",
+        )
 
     def _terminate(
         self, key: ObjKey, sts: dict[str, Any], pods: dict[int, dict[str, Any]], ordinal: int

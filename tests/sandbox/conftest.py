@@ -176,3 +176,47 @@ def raw_at() -> Callable[[str], Raw]:
 def raw(sandbox: Sandbox) -> Raw:
     """Raw HTTP access to the session sandbox."""
     return Raw(sandbox.url)
+
+
+@pytest.fixture
+def pg_cluster(
+    custom: client.CustomObjectsApi, sandbox: Sandbox, namespace: str
+) -> Callable[..., dict[str, Any]]:
+    """Create a CNPG Cluster in the test's namespace and return it once it is healthy."""
+
+    def make(name: str = "pg", instances: int = 3, **spec: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": "postgresql.cnpg.io/v1",
+            "kind": "Cluster",
+            "metadata": {"name": name},
+            "spec": {"instances": instances, "storage": {"size": "1Gi"}, **spec},
+        }
+        custom.create_namespaced_custom_object(
+            "postgresql.cnpg.io", "v1", namespace, "clusters", body
+        )
+        sandbox.run_until_idle()
+        found = custom.get_namespaced_custom_object(
+            "postgresql.cnpg.io", "v1", namespace, "clusters", name
+        )
+        assert found["status"]["phase"] == "Cluster in healthy state"
+        return found
+
+    return make
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Poll until check() returns something truthy (and return it), or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout}s (last: {value!r})")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def until() -> Callable[..., Any]:
+    """wait_for as a fixture: poll a check until it holds."""
+    return wait_for
