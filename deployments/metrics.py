@@ -159,7 +159,7 @@ WINDOWS = {
     for w in (
         Window("1h", "Last hour", _HOUR, _MINUTE, "each minute", "%H:%M"),
         Window("24h", "Last 24 hours", 24 * _HOUR, 10 * _MINUTE, "10 minutes", "%H:%M"),
-        Window("7d", "Last 7 days", 7 * 24 * _HOUR, _HOUR, "each hour", "%a %H:%M"),
+        Window("7d", "Last 7 days", 7 * 24 * _HOUR, _HOUR, "each hour", "%d %b %H:%M"),
     )
 }
 DEFAULT_WINDOW = "1h"
@@ -232,7 +232,9 @@ def _chart(labels: list[str], lines: dict[str, list], unit: str, limit: float | 
     }
 
 
-def instance_charts(instance: Instance, window: Window, *, now: datetime | None = None):
+def instance_charts(
+    instance: Instance, window: Window, *, now: datetime | None = None
+) -> MetricsCharts:
     """The CPU and memory charts of an instance's servers over `window`, averaged per bucket
     in the database (one query, whatever the number of samples or servers)."""
     end = _bucket_start(now or timezone.now(), window.bucket)
@@ -268,8 +270,8 @@ def instance_charts(instance: Instance, window: Window, *, now: datetime | None 
     def named(lines: dict[str, list]) -> dict[str, list]:
         return {(f"{s} ({roles[s]})" if roles[s] else s): v for s, v in lines.items()}
 
-    version = instance.plan_version
-    limits = server_limits(instance, servers_of(selectors.plan_spec(version).extensions))
+    spec = selectors.plan_spec(instance.plan_version)  # parsed once per process
+    limits = server_limits(instance, servers_of(spec.extensions))
     memory_limit = limits.get("memory")
     labels = [t.strftime(window.time_format) for t in times]
     return MetricsCharts(
