@@ -375,3 +375,30 @@ class CellWatchLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cell_id}: {self.holder} (epoch {self.epoch})"
+
+
+class ServerSample(models.Model):
+    """One minute of one server's (pod's) CPU and memory use, as the cluster's metrics API
+    reported it: taken every minute while the instance runs, kept 7 days (`metrics`)."""
+
+    # Indexed by the unique constraint, which starts with it.
+    instance = models.ForeignKey(
+        Instance, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    server = models.CharField(max_length=253)  # the pod's name
+    role = models.CharField(max_length=63, blank=True)  # e.g. primary or replica, when known
+    minute = models.DateTimeField()  # when it was taken, truncated to the minute
+    cpu = models.PositiveIntegerField()  # millicores
+    memory = models.PositiveBigIntegerField()  # bytes
+
+    class Meta:
+        constraints = [
+            # Also the index that reads one instance's window.
+            models.UniqueConstraint(
+                fields=["instance", "minute", "server"], name="serversample_once"
+            )
+        ]
+        indexes = [models.Index(fields=["minute"], name="serversample_minute")]  # pruning
+
+    def __str__(self) -> str:
+        return f"{self.server} at {self.minute:%Y-%m-%d %H:%M}"

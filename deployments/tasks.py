@@ -66,3 +66,12 @@ def usage_meter() -> int:
 def suspended_instances_stop() -> dict[str, int]:
     """Stop the running instances of long-suspended subscriptions (run hourly by beat)."""
     return services.suspended_instances_stop()
+
+
+@shared_task
+def server_samples_take() -> int:
+    """Sample the CPU and memory of every running instance's servers, and forget samples older
+    than 7 days (run every minute by beat)."""
+    from deployments import metrics
+
+    return metrics.samples_take()

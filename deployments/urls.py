@@ -1,6 +1,6 @@
 from django.urls import path
 
-from deployments import views
+from deployments import metrics_views, views
 
 # Mounted under /t/<tenant_slug>/.
 tenant_urlpatterns = [
@@ -71,5 +71,10 @@ tenant_urlpatterns = [
         "deployments/<str:instance_id>/protection/",
         views.instance_protect,
         name="instance_protect",
+    ),
+    path(
+        "deployments/<str:instance_id>/metrics/",
+        metrics_views.instance_metrics,
+        name="instance_metrics",
     ),
 ]

@@ -1,0 +1,287 @@
+"""CPU and memory of every running instance's servers, sampled each minute, and the Metrics
+tab's charts of them.
+
+A plan's spec describes its servers (`x-opsdeck.servers`): the label selector that finds an
+instance's pods, the label naming each one's role, and each server's limits as CEL over the
+instance's parameters (cpu in cores, memory in bytes). Beat calls `samples_take()` every
+minute: per cell, one LIST of the metrics API's PodMetrics per distinct selector in all
+namespaces (each instance is its own namespace, so never one LIST per instance), matched to the
+cell's running instances by namespace and inserted in bulk, one row per server and minute.
+Samples are kept 7 days.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.db.models import Avg, DateTimeField, DurationField, Func, Max, Value
+from django.utils import timezone
+from kubernetes.utils.quantity import parse_quantity
+
+from deployments import selectors
+from deployments.cells import driver_for
+from deployments.kube import KubeDriver
+from deployments.models import Cell, Instance, ServerSample
+from deployments.workflow.driver import DriverError
+from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
+
+log = logging.getLogger(__name__)
+
+METRICS_API = "metrics.k8s.io/v1beta1"
+METRICS_KIND = "PodMetrics"
+KEPT = timedelta(days=7)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Servers:
+    """What a plan's spec says of its instances' servers (`x-opsdeck.servers`)."""
+
+    selector: str
+    role_label: str  # the pod label naming a server's role; empty: servers have no roles
+    limits: dict[str, str]  # "cpu" (cores) and "memory" (bytes): CEL over `var`
+
+
+def servers_of(extensions: dict[str, Any]) -> Servers | None:
+    """The servers a spec's `x-opsdeck` describes; None when it names no selector."""
+    servers = extensions.get("servers")
+    if not isinstance(servers, dict) or not servers.get("selector"):
+        return None
+    limits = servers.get("limits")
+    limits = limits if isinstance(limits, dict) else {}
+    return Servers(
+        selector=str(servers["selector"]),
+        role_label=str(servers.get("role") or ""),
+        limits={k: str(limits[k]) for k in ("cpu", "memory") if limits.get(k)},
+    )
+
+
+# --- sampling ----------------------------------------------------------------------------------
+
+
+def usage_of(pod_metrics: dict[str, Any]) -> tuple[int, int]:
+    """A pod's (millicores, bytes): the sum of its containers' usage. ValueError when a
+    quantity is not one."""
+    cores = memory = Decimal(0)
+    for container in pod_metrics.get("containers") or []:
+        usage = container.get("usage") or {}
+        cores += parse_quantity(usage.get("cpu", 0))
+        memory += parse_quantity(usage.get("memory", 0))
+    if cores < 0 or memory < 0:
+        raise ValueError("negative usage")
+    millicores = (cores * 1000).to_integral_value(ROUND_HALF_UP)
+    return int(millicores), int(memory.to_integral_value(ROUND_HALF_UP))
+
+
+def cell_sample(cell: Cell, driver: KubeDriver, at: datetime) -> int:
+    """Sample the servers of the cell's running instances for the minute of `at`, one LIST per
+    distinct selector of their plans; how many samples were offered (a minute already sampled
+    keeps its rows)."""
+    minute = at.replace(second=0, microsecond=0)
+    # selector -> {namespace: (instance id, role label)}
+    wanted: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
+    running = Instance.objects.filter(cell=cell, state=Instance.State.RUNNING)
+    for instance in running.only("id", "plan_version_id"):
+        spec = selectors.plan_version_loaded(instance.plan_version_id).spec
+        servers = servers_of(spec.extensions)
+        if servers is not None:
+            wanted[servers.selector][instance.namespace] = (instance.pk, servers.role_label)
+    samples = []
+    for selector, namespaces in wanted.items():
+        for pod_metrics in driver.list_objects(METRICS_API, METRICS_KIND, label_selector=selector):
+            meta = pod_metrics.get("metadata") or {}
+            found = namespaces.get(meta.get("namespace", ""))
+            if found is None or not meta.get("name"):
+                continue
+            instance_id, role_label = found
+            try:
+                cpu, memory = usage_of(pod_metrics)
+            except (ValueError, ArithmeticError):
+                log.warning("pod %s/%s: unreadable usage", meta.get("namespace"), meta["name"])
+                continue
+            role = (meta.get("labels") or {}).get(role_label, "") if role_label else ""
+            samples.append(
+                ServerSample(
+                    instance_id=instance_id,
+                    server=meta["name"][:253],
+                    role=str(role)[:63],
+                    minute=minute,
+                    cpu=cpu,
+                    memory=memory,
+                )
+            )
+    ServerSample.objects.bulk_create(samples, ignore_conflicts=True, batch_size=1000)
+    return len(samples)
+
+
+def samples_prune(now: datetime | None = None) -> int:
+    """Forget the samples older than 7 days, in one DELETE; how many went."""
+    cutoff = (now or timezone.now()) - KEPT
+    deleted, _ = ServerSample.objects.filter(minute__lt=cutoff).delete()
+    return deleted
+
+
+def samples_take(now: datetime | None = None) -> int:
+    """Sample every cell's running instances for this minute (a cell that cannot be read is
+    logged and skipped), then prune; how many samples were offered."""
+    now = now or timezone.now()
+    taken = 0
+    for cell in Cell.objects.filter(instances__state=Instance.State.RUNNING).distinct():
+        try:
+            taken += cell_sample(cell, driver_for(cell), now)
+        except DriverError as exc:
+            log.warning("cell %s: metrics not read: %s", cell.name, exc.message)
+    samples_prune(now)
+    return taken
+
+
+# --- charts --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    key: str
+    label: str
+    span: timedelta
+    bucket: timedelta  # samples are averaged over buckets this long: ~150 points a line at most
+    averaged: str  # the bucket, as the page says it
+    time_format: str
+
+
+_MINUTE, _HOUR = timedelta(minutes=1), timedelta(hours=1)
+WINDOWS = {
+    w.key: w
+    for w in (
+        Window("1h", "Last hour", _HOUR, _MINUTE, "each minute", "%H:%M"),
+        Window("24h", "Last 24 hours", 24 * _HOUR, 10 * _MINUTE, "10 minutes", "%H:%M"),
+        Window("7d", "Last 7 days", 7 * 24 * _HOUR, _HOUR, "each hour", "%d %b %H:%M"),
+    )
+}
+DEFAULT_WINDOW = "1h"
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # buckets are aligned on it, here and in SQL
+
+
+def window_of(key: str | None) -> Window:
+    """The window a query string names; any other value is the default one."""
+    return WINDOWS.get(key or "", WINDOWS[DEFAULT_WINDOW])
+
+
+class _DateBin(Func):
+    """PostgreSQL's date_bin(stride, source, origin): the start of the bucket of `source`."""
+
+    function = "date_bin"
+    output_field = DateTimeField()
+
+
+def _bucket_start(moment: datetime, bucket: timedelta) -> datetime:
+    return _ORIGIN + (moment - _ORIGIN) // bucket * bucket
+
+
+@dataclass
+class MetricsCharts:
+    window: Window
+    cpu: dict
+    memory: dict
+    servers: list[str]
+
+    @property
+    def empty(self) -> bool:
+        return not self.servers
+
+
+def server_limits(instance: Instance, servers: Servers | None) -> dict[str, float]:
+    """Each server's limits the plan declares, for the instance's parameters: {"cpu": cores,
+    "memory": bytes}; a limit that cannot be worked out is left out."""
+    limits: dict[str, float] = {}
+    if servers is None:
+        return limits
+    for name, expression in servers.limits.items():
+        try:
+            value = evaluate_cel(expression, "var", instance.parameters).value
+        except (ProgramError, ProgramLimitError) as exc:
+            log.warning("instance %s: the %s limit failed: %s", instance.pk, name, exc)
+            continue
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            limits[name] = float(value)
+    return limits
+
+
+def _chart(labels: list[str], lines: dict[str, list], unit: str, limit: float | None) -> dict:
+    """A line chart as `includes/chart.html` draws it: a line per server, the limit as one
+    more (flat) line, and the same figures as table rows (empty where a server had no sample)."""
+    series = [{"label": label, "values": values} for label, values in lines.items()]
+    if limit is not None:
+        series.append({"label": "Limit per server", "values": [limit] * len(labels)})
+    rows = [
+        [label, ["" if s["values"][i] is None else s["values"][i] for s in series]]
+        for i, label in enumerate(labels)
+    ]
+    return {
+        "kind": "line",
+        "stacked": False,
+        "labels": labels,
+        "series": series,
+        "unit": unit,
+        "axis": "Time (UTC)",
+        "rows": rows,
+    }
+
+
+def instance_charts(
+    instance: Instance, window: Window, *, now: datetime | None = None
+) -> MetricsCharts:
+    """The CPU and memory charts of an instance's servers over `window`, averaged per bucket
+    in the database (one query, whatever the number of samples or servers)."""
+    end = _bucket_start(now or timezone.now(), window.bucket)
+    start = end - window.span + window.bucket
+    count = int(window.span / window.bucket)
+    times = [start + i * window.bucket for i in range(count)]
+    index = {t: i for i, t in enumerate(times)}
+    buckets = (
+        ServerSample.objects.filter(instance=instance, minute__gte=start)
+        .annotate(
+            bucket=_DateBin(
+                Value(window.bucket, output_field=DurationField()),
+                "minute",
+                Value(_ORIGIN, output_field=DateTimeField()),
+            )
+        )
+        .values("server", "bucket")
+        .annotate(cpu=Avg("cpu"), memory=Avg("memory"), role=Max("role"))
+        .order_by("server", "bucket")
+    )
+    cpu: dict[str, list] = {}
+    memory: dict[str, list] = {}
+    roles: dict[str, str] = {}
+    for row in buckets:
+        i = index.get(row["bucket"])
+        if i is None:  # a sample from the future (a clock ahead): not on this axis
+            continue
+        server = row["server"]
+        cpu.setdefault(server, [None] * count)[i] = round(float(row["cpu"]) / 1000, 3)
+        memory.setdefault(server, [None] * count)[i] = round(float(row["memory"]) / MIB, 1)
+        roles[server] = row["role"]  # the latest bucket's: rows come in time order
+
+    def named(lines: dict[str, list]) -> dict[str, list]:
+        return {(f"{s} ({roles[s]})" if roles[s] else s): v for s, v in lines.items()}
+
+    spec = selectors.plan_spec(instance.plan_version)  # parsed once per process
+    limits = server_limits(instance, servers_of(spec.extensions))
+    memory_limit = limits.get("memory")
+    labels = [t.strftime(window.time_format) for t in times]
+    return MetricsCharts(
+        window=window,
+        cpu=_chart(labels, named(cpu), "cores", limits.get("cpu")),
+        memory=_chart(
+            labels,
+            named(memory),
+            "MiB",
+            round(memory_limit / MIB, 1) if memory_limit is not None else None,
+        ),
+        servers=sorted(cpu),
+    )

@@ -1,0 +1,277 @@
+"""Every minute, the CPU and memory of each running instance's servers: one LIST of PodMetrics
+per cell and selector, bulk-inserted once per minute, kept 7 days."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from accounts.audit import Actor
+from deployments import metrics, services, tasks
+from deployments.cells import driver_for
+from deployments.models import Instance, Operation, ServerSample
+from deployments.workflow.driver import TransientError
+from tests.deployments import factories
+from tests.deployments.conftest import SPEC, wait_done
+
+# How a plan describes its servers (x-opsdeck.servers); added to the shipped spec when the
+# checkout's copy does not carry it yet.
+SERVERS = """\
+  servers:
+    selector: cnpg.io/podRole=instance
+    role: cnpg.io/instanceRole
+    container: postgres
+    limits:
+      cpu: "double(var.cpu)"
+      memory: "double(var.memoryGi) * 1073741824.0"
+"""
+SELECTOR = "cnpg.io/podRole=instance"
+MINUTE = datetime(2026, 11, 30, 12, 5, tzinfo=UTC)
+
+
+def spec_with_servers() -> str:
+    text = SPEC.read_text()
+    if "\n  servers:\n" in text:
+        return text
+    return text.replace("\nx-opsdeck:\n", "\nx-opsdeck:\n" + SERVERS, 1)
+
+
+def postgres_with_servers():
+    return services.plan_load(text=spec_with_servers()).version
+
+
+def pod_metrics(namespace: str, name: str, role: str = "replica", **usage) -> dict:
+    """A PodMetrics as metrics-server serves it (labels copied from the pod)."""
+    containers = usage.pop("containers", None) or [
+        {"name": "postgres", "usage": {"cpu": "250m", "memory": "512Mi"}}
+    ]
+    return {
+        "apiVersion": "metrics.k8s.io/v1beta1",
+        "kind": "PodMetrics",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"cnpg.io/podRole": "instance", "cnpg.io/instanceRole": role},
+        },
+        "timestamp": "2026-11-30T12:04:50Z",
+        "window": "15s",
+        "containers": containers,
+    }
+
+
+class FakeMetricsDriver:
+    """The part of the kube driver sampling uses, serving PodMetrics and counting LISTs."""
+
+    def __init__(self, items: list[dict], error: Exception | None = None):
+        self.items = items
+        self.error = error
+        self.lists: list[tuple[str, str, str]] = []
+
+    def list_objects(self, api_version, kind, *, label_selector, page=500):
+        self.lists.append((api_version, kind, label_selector))
+        if self.error is not None:
+            raise self.error
+        yield from self.items
+
+
+@pytest.fixture
+def version(db):
+    return postgres_with_servers()
+
+
+@pytest.fixture
+def local_cell(db):
+    return factories.cell()
+
+
+def _running(tenant, version, cell, name="db", state="running"):
+    return Instance.objects.create(
+        tenant=tenant, name=name, plan_version=version, cell=cell, state=state,
+        parameters=factories.PARAMETERS,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cpu", "memory", "millicores", "bytes_"),
+    [
+        ("12m", "1234Ki", 12, 1234 * 1024),
+        ("12345678n", "12Mi", 12, 12 * 1024 * 1024),
+        ("1", "1Gi", 1000, 1024**3),
+        ("0.5", "1000000", 500, 1_000_000),
+    ],
+)
+def test_kubernetes_quantities_are_read_as_millicores_and_bytes(cpu, memory, millicores, bytes_):
+    pod = pod_metrics(
+        "ns", "p", containers=[{"name": "c", "usage": {"cpu": cpu, "memory": memory}}]
+    )
+
+    assert metrics.usage_of(pod) == (millicores, bytes_)
+
+
+def test_a_pods_usage_is_the_sum_of_its_containers():
+    pod = pod_metrics("ns", "p", containers=[
+        {"name": "postgres", "usage": {"cpu": "250m", "memory": "512Mi"}},
+        {"name": "bootstrap", "usage": {"cpu": "5000000n", "memory": "16Mi"}},
+    ])  # fmt: skip
+
+    assert metrics.usage_of(pod) == (255, 528 * 1024 * 1024)
+
+
+def test_one_list_per_cell_samples_every_running_instances_servers_once_a_minute(
+    tenant, version, local_cell
+):
+    orders, billing = (
+        _running(tenant, version, local_cell, "orders"),
+        _running(tenant, version, local_cell),
+    )
+    stopped = _running(tenant, version, local_cell, "old", state="stopped")
+    driver = FakeMetricsDriver([
+        pod_metrics(orders.namespace, f"{orders.pk}-1", "primary"),
+        pod_metrics(orders.namespace, f"{orders.pk}-2", "replica"),
+        pod_metrics(billing.namespace, f"{billing.pk}-1", "primary"),
+        pod_metrics(stopped.namespace, f"{stopped.pk}-1", "primary"),  # still winding down
+        pod_metrics("inst-notours", "inst-notours-1", "primary"),  # no instance of this cell
+    ])  # fmt: skip
+
+    with CaptureQueriesContext(connection) as queries:
+        offered = metrics.cell_sample(local_cell, driver, MINUTE)
+
+    assert driver.lists == [("metrics.k8s.io/v1beta1", "PodMetrics", SELECTOR)]
+    assert offered == 3
+    samples = {(s.instance_id, s.server, s.role, s.cpu, s.memory, s.minute)
+               for s in ServerSample.objects.all()}  # fmt: skip
+    assert samples == {
+        (orders.pk, f"{orders.pk}-1", "primary", 250, 512 * 1024**2, MINUTE),
+        (orders.pk, f"{orders.pk}-2", "replica", 250, 512 * 1024**2, MINUTE),
+        (billing.pk, f"{billing.pk}-1", "primary", 250, 512 * 1024**2, MINUTE),
+    }
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1  # in bulk
+
+    # The same minute again (beat ran twice, or a retry): nothing more, nothing changed.
+    metrics.cell_sample(local_cell, driver, MINUTE + timedelta(seconds=30))
+    assert ServerSample.objects.count() == 3
+
+
+def test_a_spec_without_a_server_selector_describes_no_servers():
+    assert metrics.servers_of({}) is None
+    assert metrics.servers_of({"servers": {"role": "x"}}) is None
+    assert metrics.servers_of({"servers": {"selector": "app=db"}}) == metrics.Servers(
+        selector="app=db", role_label="", limits={}
+    )
+
+
+def test_a_pod_whose_usage_cannot_be_read_is_skipped_and_the_others_kept(
+    tenant, version, local_cell
+):
+    instance = _running(tenant, version, local_cell)
+    bad = [{"name": "postgres", "usage": {"cpu": "lots", "memory": "1Mi"}}]
+    driver = FakeMetricsDriver([
+        pod_metrics(instance.namespace, f"{instance.pk}-1", containers=bad),
+        pod_metrics(instance.namespace, f"{instance.pk}-2"),
+    ])  # fmt: skip
+
+    assert metrics.cell_sample(local_cell, driver, MINUTE) == 1
+    assert list(ServerSample.objects.values_list("server", flat=True)) == [f"{instance.pk}-2"]
+
+
+def test_a_cell_that_cannot_be_read_is_skipped_and_the_others_sampled(
+    tenant, version, local_cell, monkeypatch, caplog
+):
+    other = factories.cell("us-1", "us-east")
+    down, up = _running(tenant, version, local_cell), _running(tenant, version, other)
+    drivers = {
+        local_cell.pk: FakeMetricsDriver([], error=TransientError("The cluster did not answer")),
+        other.pk: FakeMetricsDriver([pod_metrics(up.namespace, f"{up.pk}-1")]),
+    }
+    monkeypatch.setattr(metrics, "driver_for", lambda c: drivers[c.pk])
+    ServerSample.objects.create(
+        instance=up, server="gone", minute=MINUTE - timedelta(days=8), cpu=1, memory=1
+    )
+
+    assert metrics.samples_take(MINUTE + timedelta(seconds=42)) == 1
+
+    assert list(ServerSample.objects.values_list("instance_id", "minute")) == [(up.pk, MINUTE)]
+    assert not ServerSample.objects.filter(instance=down).exists()
+    assert "metrics not read: The cluster did not answer" in caplog.text
+    assert not ServerSample.objects.filter(server="gone").exists()  # pruned on the way
+
+
+def test_beat_takes_samples_every_minute(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["server-samples-take"]
+
+    assert entry == {"task": "deployments.tasks.server_samples_take", "schedule": 60.0}
+    assert tasks.server_samples_take.name == entry["task"]
+
+
+def test_samples_older_than_seven_days_are_pruned_in_one_delete(tenant, version, local_cell):
+    instance = _running(tenant, version, local_cell)
+    now = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
+    for age in (timedelta(days=8), timedelta(days=7, minutes=1), timedelta(days=6, hours=23),
+                timedelta(minutes=1)):  # fmt: skip
+        ServerSample.objects.create(
+            instance=instance, server=f"{instance.pk}-1", minute=now - age, cpu=1, memory=1
+        )
+
+    with CaptureQueriesContext(connection) as queries:
+        assert metrics.samples_prune(now) == 2
+
+    assert len(queries.captured_queries) == 1
+    assert queries.captured_queries[0]["sql"].startswith("DELETE")
+    kept = sorted(now - m for m in ServerSample.objects.values_list("minute", flat=True))
+    assert kept == [timedelta(minutes=1), timedelta(days=6, hours=23)]
+
+
+# --- against the sandbox cluster ---------------------------------------------------------------
+
+
+@pytest.fixture
+def plan(transactional_db):
+    return services.plan_load(text=spec_with_servers()).plan
+
+
+def _create(owner, tenant, plan, **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def test_a_running_instances_servers_are_sampled_from_the_clusters_metrics_api(
+    worker, cell, plan, tenant, owner, monkeypatch
+):
+    ops = [_create(owner, tenant, plan, instances="2", cpu="1", memoryGi="1"),
+           _create(owner, tenant, plan)]  # fmt: skip
+    for op in ops:
+        assert wait_done(op).state == Operation.State.SUCCEEDED, op.error
+    # Marked stopped while its pods still run (as while a stop winds down): not sampled.
+    stopped = ops[1].instance
+    Instance.objects.filter(pk=stopped.pk).update(state=Instance.State.STOPPED)
+    running = ops[0].instance
+    driver = driver_for(cell)
+    requests = []
+    call = driver._call
+    monkeypatch.setattr(driver, "_call", lambda *a, **kw: requests.append(a) or call(*a, **kw))
+    now = timezone.now()
+
+    metrics.cell_sample(cell, driver, now)
+
+    assert len(requests) == 1  # one LIST for the cell, whatever its number of instances
+    samples = list(ServerSample.objects.order_by("server"))
+    assert [(s.instance_id, s.server, s.role) for s in samples] == [
+        (running.pk, f"{running.pk}-1", "primary"),
+        (running.pk, f"{running.pk}-2", "replica"),
+    ]
+    for sample in samples:
+        assert sample.minute == now.replace(second=0, microsecond=0)
+        assert 0 < sample.cpu <= 1000  # within the plan's limits: 1 core, 1 GiB a server
+        assert 0 < sample.memory <= 1024**3
+    assert samples[0].cpu > samples[1].cpu  # the primary is the busier
+
+    # Again within the same minute: nothing more.
+    metrics.cell_sample(cell, driver, now.replace(second=59))
+    assert ServerSample.objects.count() == 2
+    assert not ServerSample.objects.filter(instance=stopped).exists()
