@@ -27,6 +27,7 @@ from deployments import selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import Cell, Instance, ServerSample
+from deployments.servers import ServersRule, servers_rule
 from deployments.workflow.driver import DriverError
 from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
 
@@ -36,29 +37,6 @@ METRICS_API = "metrics.k8s.io/v1beta1"
 METRICS_KIND = "PodMetrics"
 KEPT = timedelta(days=7)
 MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Servers:
-    """What a plan's spec says of its instances' servers (`x-opsdeck.servers`)."""
-
-    selector: str
-    role_label: str  # the pod label naming a server's role; empty: servers have no roles
-    limits: dict[str, str]  # "cpu" (cores) and "memory" (bytes): CEL over `var`
-
-
-def servers_of(extensions: dict[str, Any]) -> Servers | None:
-    """The servers a spec's `x-opsdeck` describes; None when it names no selector."""
-    servers = extensions.get("servers")
-    if not isinstance(servers, dict) or not servers.get("selector"):
-        return None
-    limits = servers.get("limits")
-    limits = limits if isinstance(limits, dict) else {}
-    return Servers(
-        selector=str(servers["selector"]),
-        role_label=str(servers.get("role") or ""),
-        limits={k: str(limits[k]) for k in ("cpu", "memory") if limits.get(k)},
-    )
 
 
 # --- sampling ----------------------------------------------------------------------------------
@@ -88,7 +66,7 @@ def cell_sample(cell: Cell, driver: KubeDriver, at: datetime) -> int:
     running = Instance.objects.filter(cell=cell, state=Instance.State.RUNNING)
     for instance in running.only("id", "plan_version_id"):
         spec = selectors.plan_version_loaded(instance.plan_version_id).spec
-        servers = servers_of(spec.extensions)
+        servers = servers_rule(spec.extensions)
         if servers is not None:
             wanted[servers.selector][instance.namespace] = (instance.pk, servers.role_label)
     samples = []
@@ -194,7 +172,7 @@ class MetricsCharts:
         return not self.servers
 
 
-def server_limits(instance: Instance, servers: Servers | None) -> dict[str, float]:
+def server_limits(instance: Instance, servers: ServersRule | None) -> dict[str, float]:
     """Each server's limits the plan declares, for the instance's parameters: {"cpu": cores,
     "memory": bytes}; a limit that cannot be worked out is left out."""
     limits: dict[str, float] = {}
@@ -216,7 +194,7 @@ def _chart(labels: list[str], lines: dict[str, list], unit: str, limit: float | 
     more (flat) line, and the same figures as table rows (empty where a server had no sample)."""
     series = [{"label": label, "values": values} for label, values in lines.items()]
     if limit is not None:
-        series.append({"label": "Limit per server", "values": [limit] * len(labels)})
+        series.append({"label": "Limit per server", "values": [limit] * len(labels), "limit": True})
     rows = [
         [label, ["" if s["values"][i] is None else s["values"][i] for s in series]]
         for i, label in enumerate(labels)
@@ -271,7 +249,7 @@ def instance_charts(
         return {(f"{s} ({roles[s]})" if roles[s] else s): v for s, v in lines.items()}
 
     spec = selectors.plan_spec(instance.plan_version)  # parsed once per process
-    limits = server_limits(instance, servers_of(spec.extensions))
+    limits = server_limits(instance, servers_rule(spec.extensions))
     memory_limit = limits.get("memory")
     labels = [t.strftime(window.time_format) for t in times]
     return MetricsCharts(

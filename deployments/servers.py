@@ -11,7 +11,7 @@ few fields a page shows. A cluster that cannot be reached raises `DriverError`; 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,19 +28,23 @@ class ServersRule:
     """A plan's `x-opsdeck.servers`."""
 
     selector: str
-    role_label: str = ""
+    role_label: str = ""  # the pod label naming a server's role; empty: servers have no roles
     container: str = ""
+    limits: dict[str, str] = field(default_factory=dict)  # cpu (cores), memory (bytes): CEL
 
 
 def servers_rule(extensions: dict[str, Any]) -> ServersRule | None:
     """The plan's servers rule (None when its spec declares none)."""
     servers = extensions.get("servers")
-    if not isinstance(servers, dict) or not isinstance(servers.get("selector"), str):
+    if not isinstance(servers, dict) or not servers.get("selector"):
         return None
+    limits = servers.get("limits")
+    limits = limits if isinstance(limits, dict) else {}
     return ServersRule(
-        selector=servers["selector"],
+        selector=str(servers["selector"]),
         role_label=str(servers.get("role") or ""),
         container=str(servers.get("container") or ""),
+        limits={k: str(limits[k]) for k in ("cpu", "memory") if limits.get(k)},
     )
 
 

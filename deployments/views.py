@@ -188,6 +188,7 @@ TABS = {
     "overview": "Overview",
     "connection": "Connection",
     "servers": "Servers",
+    "metrics": "Metrics",
     "logs": "Logs",
     "events": "Events",
     "operations": "Operations",

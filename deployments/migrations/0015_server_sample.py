@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("deployments", "0013_operation_claim"),
+        ("deployments", "0014_instance_health"),
     ]
 
     operations = [

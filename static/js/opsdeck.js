@@ -126,7 +126,9 @@ function drawCharts(root) {
           label: series.label,
           data: series.values,
           backgroundColor: CHART_COLOURS[i % CHART_COLOURS.length],
-          borderColor: CHART_COLOURS[i % CHART_COLOURS.length],
+          borderColor: series.limit ? "#c62828" : CHART_COLOURS[i % CHART_COLOURS.length],
+          borderDash: series.limit ? [6, 4] : [],
+          pointRadius: series.limit ? 0 : 2,
         })),
       },
       options: {
@@ -144,4 +146,6 @@ function drawCharts(root) {
 }
 
 document.addEventListener("DOMContentLoaded", () => drawCharts(document));
-document.addEventListener("htmx:afterSettle", (event) => drawCharts(event.detail.elt));
+// After a swap the new element may replace the one the event names (outerHTML): look at the
+// whole page; charts already drawn are left alone.
+document.addEventListener("htmx:afterSettle", () => drawCharts(document));

@@ -176,3 +176,47 @@ def test_the_deployments_list_shows_degraded_running_instances_first(running, ow
     names = [running.name] + [i.name for i in later]
     assert sorted(names, key=page.index) == ["orders-0", "newer-1", "newer-0"]
     assert page.count('class="badge badge-state-degraded">Degraded<') == 1
+
+
+def test_a_failed_server_makes_its_instance_degraded_and_it_recovers(
+    worker, cell, plan, tenant, owner, sandbox_cluster
+):
+    from accounts.audit import Actor
+    from deployments import services
+    from deployments.cells import driver_for
+    from deployments.models import Operation
+    from tests.deployments.conftest import wait_done, wait_for
+
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={"instances": "2"}, request_id="health-create",
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    instance = Instance.objects.get(pk=create.instance_id)
+
+    def verdict():
+        status.cell_observe(cell, driver_for(cell))  # as beat's status sync reads it
+        instance.refresh_from_db()
+        return instance.observed.get("healthy")
+
+    assert verdict() is True
+    sandbox_cluster.pod_fail(instance.namespace, f"{instance.pk}-2", seconds=None)
+    wait_for(lambda: verdict() is False, timeout=30, what="the failing verdict")
+    start = timezone.now()
+    health.instances_assess(start)
+    health.instances_assess(start + timedelta(minutes=3))
+
+    instance.refresh_from_db()
+    assert instance.health == Instance.Health.DEGRADED and instance.health_reason
+    told = [m for m in mail.outbox if "degraded" in m.subject]  # (the create's "ready" too)
+    assert [(m.subject, m.to) for m in told] == [
+        ("[Opsdeck] orders is degraded", ["owner@example.com"])
+    ]
+
+    sandbox_cluster.pod_fail_clear(instance.namespace, f"{instance.pk}-2")
+    wait_for(lambda: verdict() is True, timeout=30, what="the passing verdict")
+    health.instances_assess(start + timedelta(minutes=4))
+
+    instance.refresh_from_db()
+    assert instance.health == Instance.Health.HEALTHY
+    assert mail.outbox[-1].subject == "[Opsdeck] orders is healthy again"

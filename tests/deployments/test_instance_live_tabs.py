@@ -1,13 +1,14 @@
 """The Servers and Events tabs read a running instance's pods, volume claims and Kubernetes
 events from its cell when shown, and refresh themselves (the sandbox cluster, a real worker)."""
 
+import time
 import uuid
 
 import yaml
 
 from accounts import services as accounts_services
 from accounts.audit import Actor
-from deployments import services
+from deployments import services, views
 from deployments.models import Cell, Operation
 from tests.deployments import factories
 from tests.deployments.conftest import wait_done
@@ -33,15 +34,32 @@ def test_a_running_instances_servers_claims_and_events_are_shown_to_its_members(
     assert page.count('<span class="badge badge-ok">Running</span>') == 2
     assert 'id="instance-claims"' in page and '<span class="badge badge-ok">Bound</span>' in page
     # It refreshes itself: a poll answers only the live part.
-    poll = client.get(
-        url, {"tab": "servers"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-live"
-    )
+    htmx = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "instance-live"}
+    poll = client.get(url, {"tab": "servers"}, **htmx)
     text = poll.content.decode().strip()
     assert text.startswith('<div id="instance-live"') and "<nav" not in text
     assert 'hx-trigger="every 5s' in text and f"{instance_id}-2" in text
 
     events = client.get(url, {"tab": "events"}).content.decode()
     assert "ClusterPrimaryReady" in events and f"Cluster/{instance_id}" in events
+
+    # Logs: the first server's, its plan's container; a filter keeps the lines containing it.
+    logs = client.get(url, {"tab": "logs"}).content.decode()
+    assert f'<option value="{instance_id}-1" selected>' in logs
+    assert "database system is ready to accept connections" in logs
+    replica = client.get(url, {"tab": "logs", "server": f"{instance_id}-2", "q": "STREAMING"})
+    replica = replica.content.decode()
+    assert f'<option value="{instance_id}-2" selected>' in replica
+    assert "streaming" in replica and "ready to accept connections" not in replica
+    # Follow polls the lines every 2 s, until the period ends (it never grows past one).
+    following = client.get(url, {"tab": "logs", "follow": "start"}).content.decode()
+    assert 'hx-trigger="every 2s' in following
+    poll = client.get(url, {"tab": "logs", "follow": str(10**12)}, **htmx).content.decode()
+    assert poll.strip().startswith('<div id="instance-live"') and "every 2s" in poll
+    assert f"follow={int(time.time()) + views.FOLLOW_FOR + 5}" not in poll
+    ended = client.get(url, {"tab": "logs", "follow": str(int(time.time()) - 1)}, **htmx)
+    assert "every 2s" not in ended.content.decode()
+    assert "Following stopped after 5 minutes" in ended.content.decode()
 
 
 def test_a_cell_that_cannot_be_reached_is_said_not_raised(db, tenant, owner_client):

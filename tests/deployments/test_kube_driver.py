@@ -235,3 +235,48 @@ def test_resolve_prefers_the_core_type_and_asks_for_a_group_between_two_others(d
     finally:
         for definition in definitions:
             driver.delete(definition)
+
+
+@pytest.fixture
+def healthy_cluster(driver, namespace):
+    """A two-server Cluster in the namespace, once the simulated operator made it healthy."""
+    from tests.deployments.conftest import wait_for
+
+    driver.apply(cluster(namespace, instances=2))
+
+    def ready():
+        found = driver.get(cluster(namespace))
+        return found and (found.get("status") or {}).get("readyInstances") == 2
+
+    wait_for(ready, timeout=30, what="a healthy cluster")
+    return namespace
+
+
+def test_a_namespaces_pods_events_and_a_pods_log_are_read(driver, healthy_cluster):
+    pods = list(
+        driver.list_objects(
+            "v1", "Pod", namespace=healthy_cluster, label_selector="cnpg.io/podRole"
+        )
+    )
+    assert sorted(p["metadata"]["name"] for p in pods) == ["db-1", "db-2"]
+    events = list(driver.list_objects("v1", "Event", namespace=healthy_cluster))
+    assert {e["involvedObject"]["name"] for e in events} >= {"db"}
+
+    log = driver.pod_log(healthy_cluster, "db-1", container="postgres", tail_lines=3)
+
+    lines = log.splitlines()
+    assert 0 < len(lines) <= 3
+    stamp, _, text = lines[-1].partition(" ")  # each line starts with its time
+    assert stamp.endswith("Z") and text
+    with pytest.raises(PermanentError, match="not found"):
+        driver.pod_log(healthy_cluster, "db-9")
+
+
+def test_pod_metrics_of_every_namespace_come_in_one_labelled_list(driver, healthy_cluster):
+    listed = driver.list_objects(
+        "metrics.k8s.io/v1beta1", "PodMetrics", label_selector="cnpg.io/podRole=instance"
+    )
+    mine = [m for m in listed if m["metadata"]["namespace"] == healthy_cluster]
+
+    assert sorted(m["metadata"]["name"] for m in mine) == ["db-1", "db-2"]
+    assert all(m["containers"][0]["usage"]["cpu"] for m in mine)
