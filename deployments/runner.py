@@ -332,7 +332,7 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     op.engine_state = json.dumps(state.to_json())
     with transaction.atomic():
         if not state.done:  # a move that only waits writes no instance, and locks none
-            delay = _wait(op, step, now, token, due=due)
+            delay = _wait(op, state, step, now, token, due=due)
             _sync_task_runs(op, state, before=saved.get("nodes", {}))
             return delay
         # The instance first, as every service that changes an instance's operations locks it
@@ -344,7 +344,9 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     return None
 
 
-def _wait(op: Operation, step: engine.Step, now, token: uuid.UUID, *, due) -> float:
+def _wait(
+    op: Operation, state: engine.RunState, step: engine.Step, now, token: uuid.UUID, *, due
+) -> float:
     """Store a move that left the run waiting; the delay before the next one.
 
     The cell watcher wakes a waiting operation by making it due (`next_step_at`); one that
@@ -359,8 +361,9 @@ def _wait(op: Operation, step: engine.Step, now, token: uuid.UUID, *, due) -> fl
     if step.wake_at is not None:  # a retry's backoff ends then
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
+    op.waiting_on = engine.waiting_on(state)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
-              "moves", "error"]  # fmt: skip
+              "moves", "error", "waiting_on"]  # fmt: skip
     unwoken = {"next_step_at": due} if due is not None else {"next_step_at__isnull": True}
     if _store(op, token, fields, unless=unwoken):
         return delay

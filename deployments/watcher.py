@@ -122,13 +122,15 @@ _FENCE = """EXISTS (
 # --- what an event does ----------------------------------------------------------------------
 
 
-def operations_wake(lease: Lease, instance_id: str) -> list[str]:
-    """Make the instance's running operations (in the leased cell) due now and send their
-    step; their ids. Nothing when the lease is no longer ours. One a worker is moving right now
-    ignores the step sent, and its move, once stored, finds it woken and goes on at once
-    (`runner._wait`)."""
+def operations_wake(lease: Lease, instance_id: str, changed: str | None = None) -> list[str]:
+    """Make the instance's running operations (in the leased cell) that wait on the `changed`
+    object ("Kind/name"; any of them when None, and any that waits on nothing in particular)
+    due now and send their step; their ids. Nothing when the lease is no longer ours. One a
+    worker is moving right now ignores the step sent, and its move, once stored, finds it
+    woken and goes on at once (`runner._wait`)."""
     table = Operation._meta.db_table
     instances = Instance._meta.db_table
+    wanted = json.dumps([changed]) if changed else None
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -136,6 +138,7 @@ def operations_wake(lease: Lease, instance_id: str) -> list[str]:
               FROM {instances} i
              WHERE o.instance_id = i.id AND i.id = %s AND i.cell_id = %s
                AND o.state = %s
+               AND (o.waiting_on = '[]'::jsonb OR %s::jsonb IS NULL OR o.waiting_on @> %s::jsonb)
                AND {_FENCE}
             RETURNING o.id
             """,  # noqa: S608 - our table names
@@ -143,6 +146,8 @@ def operations_wake(lease: Lease, instance_id: str) -> list[str]:
                 instance_id,
                 lease.cell_id,
                 Operation.State.RUNNING,
+                wanted,
+                wanted,
                 lease.cell_id,
                 lease.holder,
                 lease.epoch,
@@ -211,7 +216,7 @@ def event_handle(lease: Lease, kind: Kind, obj: dict) -> None:
         rule = kind.status_rules.get(version_id) if version_id else None
         if rule is not None:
             observed_write(lease, namespace, status.observed_of(obj, rule))
-    operations_wake(lease, namespace)
+    operations_wake(lease, namespace, f"{obj.get('kind', '')}/{meta.get('name', '')}")
 
 
 # --- the watches -----------------------------------------------------------------------------

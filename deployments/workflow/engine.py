@@ -173,6 +173,19 @@ def cancel(state: RunState, *, now: float, reason: str) -> None:
     state.stage = "exit"
 
 
+def waiting_on(state: RunState) -> list[str]:
+    """The objects the run waits on for a condition, as "Kind/name" (in the run's namespace):
+    a change to one of them is what may move it on. Empty when it waits on none (a retry's
+    backoff, a step still to take)."""
+    return sorted(
+        {
+            f"{node.object.get('kind', '')}/{(node.object.get('metadata') or {}).get('name', '')}"
+            for node in state.nodes.values()
+            if node.phase == RUNNING and node.step == "waiting" and node.object
+        }
+    )
+
+
 def fail(state: RunState, *, now: float, reason: str) -> None:
     """End the run failed at once, onExit not run: for a failure outside any task (a cell that
     cannot be used, variables that do not render), which onExit would meet again."""

@@ -125,7 +125,7 @@ function drawCharts(root) {
         datasets: chart.series.map((series, i) => ({
           label: series.label,
           data: series.values,
-          backgroundColor: CHART_COLOURS[i % CHART_COLOURS.length],
+          backgroundColor: series.limit ? "#c62828" : CHART_COLOURS[i % CHART_COLOURS.length],
           borderColor: series.limit ? "#c62828" : CHART_COLOURS[i % CHART_COLOURS.length],
           borderDash: series.limit ? [6, 4] : [],
           pointRadius: series.limit ? 0 : 2,

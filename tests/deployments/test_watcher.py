@@ -4,6 +4,7 @@ it (listing again when a compaction answers its watch 410 Gone); one watcher per
 lease that a second process takes over once it expires, and that fences every write of the one
 that lost it."""
 
+import json
 import threading
 import uuid
 from datetime import timedelta
@@ -192,8 +193,9 @@ def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(waiting):
     # move follows at once, not after the poll delay.
     with transaction.atomic():
         delay = runner._wait(
-            moving, engine.Step(progressed=False), now, token, due=moving.next_step_at
-        )
+            moving, _state(moving), engine.Step(progressed=False), now, token,
+            due=moving.next_step_at,
+        )  # fmt: skip
     waiting.refresh_from_db()
     assert delay == 0 and waiting.next_step_at <= timezone.now()
     assert waiting.claim_token is None
@@ -206,7 +208,50 @@ def test_a_move_nobody_woke_waits_its_poll_delay(waiting):
 
     with transaction.atomic():
         delay = runner._wait(
-            moving, engine.Step(progressed=False), now, token, due=moving.next_step_at
-        )
+            moving, _state(moving), engine.Step(progressed=False), now, token,
+            due=moving.next_step_at,
+        )  # fmt: skip
     waiting.refresh_from_db()
     assert delay == runner.poll_delay(1) and waiting.next_step_at > now
+
+
+def _state(operation: Operation) -> engine.RunState:
+    """The run's saved state (a fresh one for an operation made running by hand)."""
+    if operation.engine_state:
+        return engine.RunState.from_json(json.loads(operation.engine_state))
+    return engine.RunState(operation_id=str(operation.pk), started_at=0, deadline_at=0)
+
+
+def test_only_a_change_of_what_an_operation_waits_on_wakes_it(waiting):
+    lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
+    cluster = f"Cluster/{waiting.instance.namespace}"
+    Operation.objects.filter(pk=waiting.pk).update(waiting_on=[cluster])
+
+    # The operator's other objects change all the time (pods, claims, secrets): no move for them.
+    assert operations_wake(lease, waiting.instance_id, f"Pod/{waiting.instance_id}-1") == []
+    waiting.refresh_from_db()
+    assert waiting.next_step_at > timezone.now()
+
+    assert operations_wake(lease, waiting.instance_id, cluster) == [str(waiting.pk)]
+    waiting.refresh_from_db()
+    assert waiting.next_step_at <= timezone.now()
+
+
+def test_a_move_records_what_its_run_waits_on(waiting):
+    state = _state(waiting)
+    state.nodes["main.cluster"] = engine.Node(
+        id="main.cluster", template="cluster", phase=engine.RUNNING, step="waiting",
+        object={"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+                "metadata": {"name": waiting.instance.namespace}},
+    )  # fmt: skip
+    now = timezone.now()
+    token = runner._claim(str(waiting.pk), now, early=True)
+    moving = Operation.objects.get(pk=waiting.pk)
+
+    with transaction.atomic():
+        runner._wait(
+            moving, state, engine.Step(progressed=False), now, token, due=moving.next_step_at
+        )
+
+    waiting.refresh_from_db()
+    assert waiting.waiting_on == [f"Cluster/{waiting.instance.namespace}"]
