@@ -131,6 +131,20 @@ def instance_counts_by_state(tenant: Tenant) -> list[tuple[str, str, int]]:
     ]
 
 
+DEGRADED_SHOWN = 10
+
+
+def instances_degraded(tenant: Tenant) -> list[Instance]:
+    """The tenant's running instances that do not serve as they should, the longest degraded
+    first (at most DEGRADED_SHOWN; only what the dashboard shows of them)."""
+    return list(
+        Instance.objects.for_tenant(tenant)
+        .filter(state=Instance.State.RUNNING, health=Instance.Health.DEGRADED)
+        .only("id", "name", "health_reason", "unhealthy_since", "tenant_id")
+        .order_by("unhealthy_since", "id")[:DEGRADED_SHOWN]
+    )
+
+
 @dataclass(frozen=True)
 class OperationDigest:
     operations: list[Operation]  # the newest few

@@ -39,6 +39,7 @@ def dashboard(request):
         context |= {
             "instance_count": sum(count for _, _, count in states),
             "instance_states": states,
+            "instances_degraded": deployment_selectors.instances_degraded(tenant),
             "operations_running": deployment_selectors.operations_running(tenant),
             "operations_failed": deployment_selectors.operations_failed_recently(tenant, days=7),
         }

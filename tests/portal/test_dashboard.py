@@ -144,3 +144,33 @@ def test_the_dashboard_makes_as_many_queries_for_many_deployments_as_for_few(
     page = owner_client.get(url).content.decode()
     assert "(32)" in section(page, "running-now")
     assert "The 10 started last of 32." in page
+
+
+def test_degraded_instances_come_first_with_why_and_only_running_ones(
+    owner_client, tenant, version, cell, other_tenant
+):
+    from django.utils import timezone
+
+    from deployments.models import Instance
+
+    mine = factories.make_instances(tenant, version, cell, 3, name="db")
+    theirs = factories.make_instances(other_tenant, version, cell, 1, name="theirs")
+    since = timezone.now() - timedelta(minutes=5)
+    Instance.objects.filter(pk__in=[mine[0].pk, theirs[0].pk]).update(
+        health="degraded", health_reason="Failing over", unhealthy_since=since
+    )
+    # A stopped instance is not degraded, whatever it was before it stopped.
+    Instance.objects.filter(pk=mine[1].pk).update(health="degraded", state="stopped")
+
+    page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+    degraded = section(page, "degraded-now")
+    assert page.index('id="degraded-now"') < page.index('id="by-state"')  # first
+    assert "db-0" in degraded and "Failing over" in degraded
+    assert "db-1" not in degraded and "theirs" not in degraded
+
+
+def test_no_degraded_section_while_every_instance_serves(owner_client, tenant, version, cell):
+    factories.make_instances(tenant, version, cell, 2, name="db")
+
+    assert 'id="degraded-now"' not in owner_client.get(f"/t/{tenant.slug}/").content.decode()
