@@ -220,3 +220,24 @@ def wait_for(check: Callable[[], Any], timeout: float = 15.0) -> Any:
 def until() -> Callable[..., Any]:
     """wait_for as a fixture: poll a check until it holds."""
     return wait_for
+
+
+def cache_statefulset(replicas: int, **container: Any) -> dict[str, Any]:
+    """A StatefulSet "cache" of `replicas` one-container pods labelled app=cache (`container`:
+    more of the container's fields, e.g. resources)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "cache"},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "cache",
+            "selector": {"matchLabels": {"app": "cache"}},
+            "template": {
+                "metadata": {"labels": {"app": "cache"}},
+                "spec": {
+                    "containers": [{"name": "valkey", "image": "valkey/valkey:8.1", **container}]
+                },
+            },
+        },
+    }

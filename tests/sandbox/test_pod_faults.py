@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client, watch
 
 from sandbox.errors import ApiError
+from tests.sandbox.conftest import cache_statefulset
 
 G, V = "postgresql.cnpg.io", "v1"
 HEALTHY = "Cluster in healthy state"
@@ -134,20 +135,7 @@ def test_a_failing_statefulset_pod_lowers_ready_replicas(
     apps = client.AppsV1Api(api_client)
     apps.create_namespaced_stateful_set(
         namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "cache"},
-            "spec": {
-                "replicas": 2,
-                "serviceName": "cache",
-                "selector": {"matchLabels": {"app": "cache"}},
-                "template": {
-                    "metadata": {"labels": {"app": "cache"}},
-                    "spec": {"containers": [{"name": "valkey", "image": "valkey/valkey:8.1"}]},
-                },
-            },
-        },
+        cache_statefulset(2),
     )
     sandbox.run_until_idle()
     assert apps.read_namespaced_stateful_set("cache", namespace).status.ready_replicas == 2

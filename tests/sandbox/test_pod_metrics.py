@@ -13,6 +13,7 @@ from kubernetes import client
 
 from sandbox.metrics import SAMPLE_SECONDS, pod_metrics
 from sandbox.workloads import parse_quantity
+from tests.sandbox.conftest import cache_statefulset
 
 MG, MV = "metrics.k8s.io", "v1beta1"
 LIMITS = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "512Mi"}}
@@ -130,28 +131,7 @@ def test_a_failing_pod_loses_its_metrics_until_it_recovers(custom, namespace, pg
 def test_statefulset_pods_have_metrics(custom, api_client, namespace, sandbox):
     client.AppsV1Api(api_client).create_namespaced_stateful_set(
         namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "cache"},
-            "spec": {
-                "replicas": 2,
-                "serviceName": "cache",
-                "selector": {"matchLabels": {"app": "cache"}},
-                "template": {
-                    "metadata": {"labels": {"app": "cache"}},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "valkey",
-                                "image": "valkey/valkey:8.1",
-                                "resources": {"limits": {"cpu": "250m", "memory": "256Mi"}},
-                            }
-                        ]
-                    },
-                },
-            },
-        },
+        cache_statefulset(2, resources={"limits": {"cpu": "250m", "memory": "256Mi"}}),
     )
     sandbox.run_until_idle()
     listed = custom.list_namespaced_custom_object(
