@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from itertools import product
 from pathlib import Path
 
-from .support import BenchError, django_setup, figures_record, run_measuring
+from .support import BenchError, figures_record, measure_or_run
 
 HOUR = datetime(2026, 11, 2, 13, tzinfo=UTC)
 ROUNDS = 3
@@ -222,14 +221,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.count < 1:
         parser.error("--count must be positive")
-    django_setup()
-    try:
-        if args.inner:
-            measure(spec_path=args.spec.resolve(), count=args.count)
-        else:
-            run_measuring("bench.metering", sys.argv[1:] if argv is None else argv)
-    except BenchError as exc:
-        sys.exit(f"bench.metering: {exc}")
+    measure_or_run(
+        "bench.metering",
+        inner=args.inner,
+        argv=argv,
+        measure=lambda: measure(spec_path=args.spec.resolve(), count=args.count),
+    )
 
 
 if __name__ == "__main__":

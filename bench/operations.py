@@ -55,8 +55,8 @@ from .support import (
     BenchError,
     django_setup,
     figures_record,
+    measure_or_run,
     percentile,
-    run_measuring,
     spread,
 )
 
@@ -638,23 +638,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.count, args.sim_count, args.windows, args.workers) < 1 or args.timeout <= 0:
         parser.error("--count, --sim-count, --windows, --workers and --timeout must be positive")
-    django_setup()
-    try:
-        if args.inner:
-            measure(
-                spec=args.spec.resolve(),
-                count=args.count,
-                sim_count=args.sim_count,
-                windows=args.windows,
-                workers=args.workers,
-                speed=args.speed,
-                timeout=args.timeout,
-                warmup=args.warmup,
-            )
-        else:
-            run_measuring("bench.operations", sys.argv[1:] if argv is None else argv)
-    except BenchError as exc:
-        sys.exit(f"bench.operations: {exc}")
+    measure_or_run(
+        "bench.operations",
+        inner=args.inner,
+        argv=argv,
+        measure=lambda: measure(
+            spec=args.spec.resolve(),
+            count=args.count,
+            sim_count=args.sim_count,
+            windows=args.windows,
+            workers=args.workers,
+            speed=args.speed,
+            timeout=args.timeout,
+            warmup=args.warmup,
+        ),
+    )
 
 
 if __name__ == "__main__":

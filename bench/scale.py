@@ -22,7 +22,6 @@ simulation), registers them as cells, and starts `--workers` Celery workers and 
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -38,7 +37,7 @@ from .operations import (
     setup,
     wait_finished,
 )
-from .support import BenchError, django_setup, figures_record, percentile, run_measuring
+from .support import BenchError, figures_record, measure_or_run, percentile
 
 TIMEOUT = 1800.0
 AIM_P50, AIM_P95 = 0.1, 0.3
@@ -171,20 +170,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.instances, args.cells, args.concurrent, args.workers) < 1:
         parser.error("--instances, --cells, --concurrent and --workers must be positive")
-    django_setup()
-    try:
-        if args.inner:
-            measure(
-                spec=args.spec.resolve(),
-                instances=args.instances,
-                cells=args.cells,
-                concurrent=args.concurrent,
-                workers=args.workers,
-            )
-        else:
-            run_measuring("bench.scale", sys.argv[1:] if argv is None else argv)
-    except BenchError as exc:
-        sys.exit(f"bench.scale: {exc}")
+    measure_or_run(
+        "bench.scale",
+        inner=args.inner,
+        argv=argv,
+        measure=lambda: measure(
+            spec=args.spec.resolve(),
+            instances=args.instances,
+            cells=args.cells,
+            concurrent=args.concurrent,
+            workers=args.workers,
+        ),
+    )
 
 
 if __name__ == "__main__":

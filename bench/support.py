@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,22 @@ def throwaway_database() -> Iterator[dict[str, str]]:
             }
     finally:
         _database_drop(db, name)
+
+
+def measure_or_run(
+    module: str, *, inner: bool, argv: list[str] | None, measure: Callable[[], object]
+) -> None:
+    """A benchmark's `main`, once its arguments are read: the measuring child (`--inner`) runs
+    `measure`; the outer process runs that child on a throwaway database (`run_measuring`). A
+    BenchError ends the program with its message."""
+    django_setup()
+    try:
+        if inner:
+            measure()
+        else:
+            run_measuring(module, sys.argv[1:] if argv is None else argv)
+    except BenchError as exc:
+        sys.exit(f"{module}: {exc}")
 
 
 def run_measuring(module: str, args: list[str]) -> None:

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 H = Instance.Health
 # Who hears of an incident: the organization's owners and admins.
 RECIPIENT_ROLES = (Role.OWNER, Role.ADMIN)
+# The verdict the last read of the status object kept.
+FAILING, PASSING = Q(observed__healthy=False), Q(observed__healthy=True)
 
 
 def verdict(obj: dict[str, Any], condition: str, reason_path: str) -> dict[str, Any]:
@@ -56,14 +58,6 @@ def verdict(obj: dict[str, Any], condition: str, reason_path: str) -> dict[str, 
     return {"healthy": healthy, "healthReason": "" if reason is MISSING else str(reason)[:500]}
 
 
-def _failing() -> Q:
-    return Q(observed__healthy=False)
-
-
-def _passing() -> Q:
-    return Q(observed__healthy=True)
-
-
 def instances_assess(now: datetime | None = None) -> dict[str, int]:
     """Bring every running instance's health up to its verdicts (see the module docstring);
     how many became degraded and recovered."""
@@ -74,13 +68,13 @@ def instances_assess(now: datetime | None = None) -> dict[str, int]:
         unhealthy_since__isnull=False
     ).update(unhealthy_since=None)
     # The clock starts at the first failing verdict, and stops at a passing one.
-    running.filter(_failing(), unhealthy_since__isnull=True).update(unhealthy_since=now)
-    running.filter(_passing(), health=H.HEALTHY, unhealthy_since__isnull=False).update(
+    running.filter(FAILING, unhealthy_since__isnull=True).update(unhealthy_since=now)
+    running.filter(PASSING, health=H.HEALTHY, unhealthy_since__isnull=False).update(
         unhealthy_since=None
     )
     after = timedelta(seconds=settings.OPSDECK_DEGRADED_AFTER)
-    degrading = running.filter(_failing(), health=H.HEALTHY, unhealthy_since__lte=now - after)
-    recovering = running.filter(_passing(), health=H.DEGRADED)
+    degrading = running.filter(FAILING, health=H.HEALTHY, unhealthy_since__lte=now - after)
+    recovering = running.filter(PASSING, health=H.DEGRADED)
     degraded = sum(_change(pk, H.DEGRADED, now) for pk in degrading.values_list("pk", flat=True))
     recovered = sum(_change(pk, H.HEALTHY, now) for pk in recovering.values_list("pk", flat=True))
     return {"degraded": degraded, "recovered": recovered}

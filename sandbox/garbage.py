@@ -53,29 +53,25 @@ class GcIndex:
     def dependents_of(self, uid: str) -> list[tuple[Key, dict[str, Any]]]:
         """The stored objects with an owner reference to uid, in a stable order."""
         self.sync()
-        out = []
-        for key, okey in sorted(self.dependents.get(uid, ())):
-            obj = self.store.get(key, *okey)
-            if obj is not None:
-                out.append((key, obj))
-        return out
+        return self._stored(self.dependents.get(uid, ()))
 
     def take_unchecked(self) -> list[tuple[Key, dict[str, Any]]]:
         """The objects whose owners must be checked, forgotten once taken."""
         self.sync()
-        out = []
-        for key, okey in sorted(self.unchecked):
-            obj = self.store.get(key, *okey)
-            if obj is not None:
-                out.append((key, obj))
+        out = self._stored(self.unchecked)
         self.unchecked = set()
         return out
 
     def objects_in(self, namespace: str) -> list[tuple[Key, dict[str, Any]]]:
         """The stored objects in a namespace, by resource then name."""
         self.sync()
+        return self._stored(self.in_namespace.get(namespace, ()))
+
+    def _stored(self, refs) -> list[tuple[Key, dict[str, Any]]]:
+        """The objects `refs` ((resource key, object key) pairs) name that are still stored, in
+        a stable order."""
         out = []
-        for key, okey in sorted(self.in_namespace.get(namespace, ())):
+        for key, okey in sorted(refs):
             obj = self.store.get(key, *okey)
             if obj is not None:
                 out.append((key, obj))

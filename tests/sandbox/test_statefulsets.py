@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.dynamic import DynamicClient
+
+from tests.sandbox.conftest import wait_for as until
 
 REVISION = "controller-revision-hash"
 
@@ -54,18 +55,6 @@ def valkey(name: str = "cache", replicas: int = 3, **spec: Any) -> dict[str, Any
 @pytest.fixture
 def apps_v1(api_client: client.ApiClient) -> client.AppsV1Api:
     return client.AppsV1Api(api_client)
-
-
-def until(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Poll until check() returns something truthy (and return it), or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout}s (last: {value!r})")
-        time.sleep(0.02)
 
 
 def ready(apps_v1, ns: str, name: str, replicas: int):
