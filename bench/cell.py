@@ -14,6 +14,11 @@
 A notice delay is `CommitListener` time minus `NoticeWatch` time: from the sandbox storing the
 change to the commit of the move that acted on it. The engine cannot evaluate a change before
 it is stored, so no sample can be negative (any that were would be reported).
+
+On the way, the same process notes when each operation was woken (the watcher's UPDATE making
+it due, committed) and when a worker claimed it for a move, so that a delay can be split into
+its stages: the watch delivering the change (`NoticeWatch` receiving it is the proxy), the
+watcher waking the operation, the step waiting for a worker, and the move itself.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from .support import BenchError
@@ -31,6 +37,7 @@ SPAWN = multiprocessing.get_context("spawn")
 START_TIMEOUT = 60.0
 WATCH_TIMEOUT = 5  # seconds a watch request lasts before it is made again (and stop checked)
 CHANNEL = "bench_task_succeeded"
+STAGES = "bench_operation_moved"  # a claim taken (a move begins), or a wake-up
 # Installed in the bench's throwaway database only.
 TRIGGER = f"""
 CREATE FUNCTION bench_task_succeeded() RETURNS trigger AS $$
@@ -42,6 +49,18 @@ BEGIN
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER bench_task_succeeded AFTER INSERT OR UPDATE OF state ON deployments_taskrun
   FOR EACH ROW EXECUTE FUNCTION bench_task_succeeded();
+CREATE FUNCTION bench_operation_moved() RETURNS trigger AS $$
+BEGIN
+  IF OLD.claim_token IS NULL AND NEW.claim_token IS NOT NULL THEN
+    PERFORM pg_notify('{STAGES}', 'claimed ' || NEW.id::text);
+  ELSIF NEW.claim_token IS NOT DISTINCT FROM OLD.claim_token
+        AND NEW.next_step_at IS DISTINCT FROM OLD.next_step_at THEN
+    PERFORM pg_notify('{STAGES}', 'woken ' || NEW.id::text);
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER bench_operation_moved AFTER UPDATE ON deployments_operation
+  FOR EACH ROW EXECUTE FUNCTION bench_operation_moved();
 """
 
 
@@ -129,13 +148,14 @@ class SandboxProcess:
 class NoticeWatch:
     """Watches the kinds the create waits on; `satisfied[(instance id, node)]` is when the
     sandbox stored the first version of that node's object that satisfied its successCondition
-    (None when the sandbox had forgotten it)."""
+    (None when the sandbox had forgotten it), `seen[…]` when this watch received it."""
 
     def __init__(self, kubeconfig: str, create, sandbox: SandboxProcess) -> None:
         self.kubeconfig = kubeconfig
         self.create = create
         self.sandbox = sandbox
         self.satisfied: dict[tuple[str, str], float | None] = {}
+        self.seen: dict[tuple[str, str], float] = {}  # when this watch received that change
         self.error: BaseException | None = None
         self._waits: dict[str, dict[tuple[str, str, str], tuple[str, str, str | None]]] = {}
         self._stop = threading.Event()
@@ -194,6 +214,7 @@ class NoticeWatch:
             return
         node, success, failure = wait
         if conditions.evaluate(obj, success, failure) == conditions.SUCCEEDED:
+            self.seen[(namespace, node)] = time.time()
             self.satisfied[(namespace, node)] = self.sandbox.stored_at(meta["resourceVersion"])
 
     def _waits_in(self, namespace: str) -> dict[tuple[str, str, str], tuple[str, str, str | None]]:
@@ -217,17 +238,22 @@ def _listen(conn, server: dict[str, str], dbname: str) -> None:
     import psycopg
 
     committed: dict[str, float] = {}
+    stages: dict[str, list[float]] = {}  # "woken <id>" / "claimed <id>": every time, in order
     params = {k: v for k, v in server.items() if v}
     with psycopg.connect(dbname=dbname, autocommit=True, **params) as db:
         db.execute(f"LISTEN {CHANNEL}")
+        db.execute(f"LISTEN {STAGES}")
         conn.send("listening")
         while True:
             for notice in db.notifies(timeout=0.2):
-                committed.setdefault(notice.payload, time.time())
+                if notice.channel == CHANNEL:
+                    committed.setdefault(notice.payload, time.time())
+                else:
+                    stages.setdefault(notice.payload, []).append(time.time())
             if conn.poll():
                 message = conn.recv()
                 if message[0] == "collect":
-                    conn.send(dict(committed))
+                    conn.send((dict(committed), stages))
                 else:
                     return
 
@@ -261,6 +287,45 @@ class CommitListener:
         if self._proc.is_alive():
             self._proc.kill()
 
-    def collect(self) -> dict[tuple[str, str], float]:
-        raw = _ask(self._conn, self._lock, ("collect",))
-        return {tuple(key.split(" ", 1)): at for key, at in raw.items()}
+    def collect(self) -> Commits:
+        raw, stages = _ask(self._conn, self._lock, ("collect",))
+        return Commits(
+            succeeded={tuple(key.split(" ", 1)): at for key, at in raw.items()},
+            woken={key.split(" ", 1)[1]: at for key, at in stages.items() if key[0] == "w"},
+            claimed={key.split(" ", 1)[1]: at for key, at in stages.items() if key[0] == "c"},
+        )
+
+
+@dataclass
+class Commits:
+    """What `CommitListener` heard: when the move that made each (operation id, node)'s task
+    run Succeeded committed, and every time each operation was woken or claimed."""
+
+    succeeded: dict[tuple[str, str], float]
+    woken: dict[str, list[float]]
+    claimed: dict[str, list[float]]
+
+    def stages(self, operation_id: str, node: str, stored: float, seen: float | None):
+        """The delay from `stored` to the commit of the move that found it, split: to the
+        watch delivering the change (`seen`), to the first wake-up after that, to the first claim
+        after it, and the move to its commit; None for a stage that cannot be placed (the move
+        that found it was not woken for it, say: a poll)."""
+        committed = self.succeeded.get((operation_id, node))
+        if committed is None:
+            return None
+        woken = _first_after(self.woken.get(operation_id, []), stored, committed)
+        claimed = _first_after(self.claimed.get(operation_id, []), woken or stored, committed)
+        return Stages(stored=stored, seen=seen, woken=woken, claimed=claimed, committed=committed)
+
+
+def _first_after(times: list[float], start: float, end: float) -> float | None:
+    return next((t for t in times if start <= t <= end), None)
+
+
+@dataclass
+class Stages:
+    stored: float
+    seen: float | None
+    woken: float | None
+    claimed: float | None
+    committed: float

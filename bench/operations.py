@@ -306,24 +306,50 @@ def opsdeck_finished(operations: list) -> float:
 
 
 def notice_delays(
-    operations: list, create: plan.Create, satisfied: dict, commits: dict
-) -> tuple[list[float], int]:
+    operations: list, create: plan.Create, watch: cell.NoticeWatch, commits: cell.Commits
+) -> tuple[list[float], int, list[cell.Stages]]:
     """The notice delay of every waited-on task of `operations` (`NoticeWatch.satisfied` to
-    `CommitListener.collect()`), and how many could not be measured."""
+    the commit `CommitListener` heard), how many could not be measured, and each measured
+    delay's stages."""
     from deployments.models import Operation
 
-    delays, missed = [], 0
+    delays, missed, stages = [], 0, []
     for pk, instance_id in Operation.objects.filter(pk__in=operations).values_list(
         "pk", "instance_id"
     ):
         for step in create.waits:
-            stored = satisfied.get((instance_id, step.node))
-            committed = commits.get((str(pk), step.node))
-            if stored is None or committed is None:
+            stored = watch.satisfied.get((instance_id, step.node))
+            found = None
+            if stored is not None:
+                seen = watch.seen.get((instance_id, step.node))
+                found = commits.stages(str(pk), step.node, stored, seen)
+            if found is None:
                 missed += 1
             else:
-                delays.append(committed - stored)
-    return delays, missed
+                delays.append(found.committed - found.stored)
+                stages.append(found)
+    return delays, missed, stages
+
+
+def stage_rows(stages: list[cell.Stages]) -> list[str]:
+    """Where the notice delay goes: p50 and p95 of each stage, over the samples that have it."""
+    parts = [
+        ("the watch delivering the change", lambda s: s.seen and s.seen - s.stored),
+        ("the watcher waking the operation", lambda s: s.seen and s.woken and s.woken - s.seen),
+        ("the step waiting for a worker", lambda s: s.woken and s.claimed and s.claimed - s.woken),
+        ("the move, to its commit", lambda s: s.claimed and s.committed - s.claimed),
+    ]
+    rows = []
+    for label, part in parts:
+        values = [v for v in (part(s) for s in stages) if v is not None]
+        if values:
+            rows.append(
+                f"  {label:34} p50 {percentile(values, 50):6.3f} s  p95 "
+                f"{percentile(values, 95):6.3f} s  ({len(values)} samples)"
+            )
+    unwoken = sum(1 for s in stages if s.woken is None)
+    rows.append(f"  {'found by a poll, not a wake-up':34} {unwoken} of {len(stages)} samples")
+    return rows
 
 
 # --- the baseline: the same calls from bare client processes -----------------------------------
@@ -417,6 +443,7 @@ class Windows:
     baseline: list[float] = field(default_factory=list)
     delays: list[list[float]] = field(default_factory=list)
     missed: int = 0
+    stages: list[cell.Stages] = field(default_factory=list)
 
     @property
     def ratios(self) -> list[float]:
@@ -514,6 +541,10 @@ def measure(
                 real_windows.append(operations)
             time.sleep(WATCH_SETTLE)
             commits = listener.collect()
+            simulated_ops = [op for operations in real_windows for op in operations]
+            simulated_moves = (
+                Operation.objects.filter(pk__in=simulated_ops).aggregate(n=Sum("moves"))["n"] or 0
+            )
         finally:
             creator.close()
             pool.stop()
@@ -528,9 +559,10 @@ def measure(
         (simulated, watches[1], real_windows),
     ):
         for operations in operation_windows:
-            delays, missed = notice_delays(operations, create, watch.satisfied, commits)
+            delays, missed, stages = notice_delays(operations, create, watch, commits)
             found.delays.append(delays)
             found.missed += missed
+            found.stages.extend(stages)
 
     cpu_per_move = cpu / max(moves, 1)
     print(
@@ -551,6 +583,12 @@ def measure(
         _row("Opsdeck creates", simulated.rates, "ops/s", digits=1),
         *_notice_rows(simulated),
     ]:
+        print("  " + line)
+    print(
+        f"  where the simulated cell's notice delay goes (all windows; "
+        f"{simulated_moves / max(len(simulated_ops), 1):.1f} moves per create):"
+    )
+    for line in stage_rows(simulated.stages):
         print("  " + line)
     print(
         f"engine CPU per move {cpu_per_move * 1000:.2f} ms ({moves} moves, "

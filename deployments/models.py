@@ -222,8 +222,9 @@ class Operation(models.Model):
     # or row lock stays open through a call to the cluster.
     claim_token = models.UUIDField(null=True, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
-    # While it waits: the objects ("Kind/name" in its instance's namespace) whose change may
-    # move it on; the cell watcher wakes it on those only (on any change while empty).
+    # While it waits: the objects in its instance's namespace whose change may move it on, with
+    # their conditions as rendered (`engine.waiting_on`); the cell watcher wakes it when a change
+    # decides one (on any change while empty).
     waiting_on = models.JSONField(default=list, blank=True)
     # Engine moves made (each a committed transaction), for the record and the benchmark.
     moves = models.PositiveIntegerField(default=0)

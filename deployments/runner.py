@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -29,7 +30,14 @@ from accounts.audit import SYSTEM, audit_record
 from deployments import executor, lifecycle, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
-from deployments.models import Instance, Operation, PlatformSecret, Snapshot, TaskRun
+from deployments.models import (
+    CellWatchLease,
+    Instance,
+    Operation,
+    PlatformSecret,
+    Snapshot,
+    TaskRun,
+)
 from deployments.parameters import (
     instance_values,
     requested_changes,
@@ -76,7 +84,8 @@ def operation_step(operation_id: str) -> None:
         if delay is None:
             return
         if delay > 0 or time.monotonic() >= stop_at:
-            operation_dispatch(operation_id, delay)
+            # Its next move right away (it ran out of time here) goes before new work.
+            operation_dispatch(operation_id, delay, urgent=delay == 0)
             return
 
 
@@ -332,7 +341,8 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     op.engine_state = json.dumps(state.to_json())
     with transaction.atomic():
         if not state.done:  # a move that only waits writes no instance, and locks none
-            delay = _wait(op, state, step, now, token, due=due)
+            kinds = frozenset(spec.required_kinds)
+            delay = _wait(op, state, step, now, token, due=due, watched_kinds=kinds)
             _sync_task_runs(op, state, before=saved.get("nodes", {}))
             return delay
         # The instance first, as every service that changes an instance's operations locks it
@@ -345,23 +355,40 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
 
 
 def _wait(
-    op: Operation, state: engine.RunState, step: engine.Step, now, token: uuid.UUID, *, due
+    op: Operation,
+    state: engine.RunState,
+    step: engine.Step,
+    now,
+    token: uuid.UUID,
+    *,
+    due,
+    watched_kinds: Collection[tuple[str, str]] = (),
 ) -> float:
     """Store a move that left the run waiting; the delay before the next one.
 
-    The cell watcher wakes a waiting operation by making it due (`next_step_at`); one that
-    wakes it while this move runs finds it claimed, and this move may have read the objects
-    before the change it signals. So when `next_step_at` is no longer what this move read
-    (`due`), the next move follows at once instead of after the poll delay."""
+    The cell watcher wakes a waiting operation by making it due (`next_step_at`) when an
+    object it waits on changes in a way that decides its condition (`engine.wakes`). While it
+    does — it holds the cell's lease and watches every kind waited on (`watched_kinds`: the
+    plan's) — polling is only the safety net: the next look is `OPSDECK_POLL_MAX` away. Else
+    the poll starts fast and slows down (`poll_delay`).
+
+    A wake-up that arrives while this move runs finds the operation claimed, and this move may
+    have read the objects before the change it signals. So when `next_step_at` is no longer
+    what this move read (`due`), the next move follows at once instead of after the delay."""
     if op.transient_streak:
         op.error = ""  # the cluster answers again
     op.transient_streak = 0
     op.idle_steps = 0 if step.progressed else op.idle_steps + 1
-    delay = 0.0 if step.progressed else poll_delay(op.idle_steps)
+    op.waiting_on = engine.waiting_on(state)
+    if step.progressed:
+        delay = 0.0
+    elif _watched(op, watched_kinds):
+        delay = settings.OPSDECK_POLL_MAX
+    else:
+        delay = poll_delay(op.idle_steps)
     if step.wake_at is not None:  # a retry's backoff ends then
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
-    op.waiting_on = engine.waiting_on(state)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
               "moves", "error", "waiting_on"]  # fmt: skip
     unwoken = {"next_step_at": due} if due is not None else {"next_step_at__isnull": True}
@@ -370,6 +397,19 @@ def _wait(
     op.next_step_at, op.idle_steps = now, 0  # woken meanwhile
     _store(op, token, fields)
     return 0.0
+
+
+def _watched(op: Operation, kinds: Collection[tuple[str, str]]) -> bool:
+    """Whether a change to what the operation waits on wakes it: it waits on objects, each of
+    a kind in `kinds`, and a cell watcher holds the lease of its instance's cell."""
+    if not op.waiting_on or any(
+        (entry.get("apiVersion", ""), entry["object"].split("/", 1)[0]) not in kinds
+        for entry in op.waiting_on
+    ):
+        return False
+    return CellWatchLease.objects.filter(
+        cell_id=op.instance.cell_id, expires_at__gt=timezone.now()
+    ).exists()
 
 
 def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) -> None:

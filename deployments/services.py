@@ -902,7 +902,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
         else:
             operation.cancel_reason = reason
             operation.save(update_fields=["cancel_reason"])
-            operation_dispatch(operation.pk)  # stop it at once rather than at its next poll
+            operation_dispatch(operation.pk, urgent=True)  # stop it now, not at its next poll
         claim.bind(operation)
         audit_record(
             actor=actor,

@@ -7,11 +7,13 @@ again on 410 Gone. It keeps no objects, only each watch's resourceVersion, so it
 grow with the cell.
 
 Each instance is its own namespace: when an object in an instance's namespace changes, the
-instance's running operations are due at once — their `next_step_at` is set to now, then their
-step is sent (a step arriving before `next_step_at` is taken for an early duplicate and
-dropped) — and when the object is the plan's status object, the instance's observed status is
-written (`deployments.status`). Polling stays as a safety net: an event the watcher misses
-delays an operation by one poll, never strands it.
+instance's running operations that the change may move on are due at once — those waiting on
+that object whose condition it decides (`engine.wakes`), and those waiting on nothing in
+particular: their `next_step_at` is set to now, then their step is sent (a step arriving before
+`next_step_at` is taken for an early duplicate and dropped) — and when the object is the plan's
+status object, the instance's observed status is written (`deployments.status`). Polling stays
+as a safety net, slowed to `OPSDECK_POLL_MAX` while the watcher covers an operation
+(`runner._wait`): an event the watcher misses delays it by one poll, never strands it.
 
 One watcher per cell across any number of processes: a `CellWatchLease` row per cell, taken when
 free or expired (its epoch rises), renewed every few seconds, and checked by every write the
@@ -39,6 +41,7 @@ from deployments.cells import driver_for
 from deployments.kube import KubeDriver, WatchExpired
 from deployments.models import Cell, Instance, Operation, PlanVersion
 from deployments.transitions import operation_dispatch
+from deployments.workflow import engine
 from deployments.workflow.driver import DriverError
 
 log = logging.getLogger(__name__)
@@ -122,41 +125,68 @@ _FENCE = """EXISTS (
 # --- what an event does ----------------------------------------------------------------------
 
 
-def operations_wake(lease: Lease, instance_id: str, changed: str | None = None) -> list[str]:
-    """Make the instance's running operations (in the leased cell) that wait on the `changed`
-    object ("Kind/name"; any of them when None, and any that waits on nothing in particular)
-    due now and send their step; their ids. Nothing when the lease is no longer ours. One a
-    worker is moving right now ignores the step sent, and its move, once stored, finds it
+def operations_wake(
+    lease: Lease, instance_id: str, changed: dict | None = None, *, deleted: bool = False
+) -> list[str]:
+    """Make the instance's running operations (in the leased cell) that the change of
+    `changed` (one of the instance's objects, `deleted` or not; None: anything may have
+    changed) may move on due now, and send their step; their ids. Nothing when the lease is no
+    longer ours.
+
+    An operation waiting on that object wakes only when the change decides its condition
+    (`engine.wakes`): an operator writes its status many times on the way, and a move for each
+    would find it still pending. One waiting on no object in particular wakes on any change.
+    One a worker is moving right now ignores the step sent, and its move, once stored, finds it
     woken and goes on at once (`runner._wait`)."""
     table = Operation._meta.db_table
     instances = Instance._meta.db_table
-    wanted = json.dumps([changed]) if changed else None
+    key = wanted = None
+    if changed is not None:
+        meta = changed.get("metadata") or {}
+        key = f"{changed.get('kind', '')}/{meta.get('name', '')}"
+        wanted = json.dumps([{"object": key}])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT o.id, o.waiting_on FROM {table} o JOIN {instances} i ON o.instance_id = i.id
+             WHERE i.id = %s AND i.cell_id = %s AND o.state = %s
+               AND (o.waiting_on = '[]'::jsonb OR %s::jsonb IS NULL OR o.waiting_on @> %s::jsonb)
+            """,  # noqa: S608 - our table names
+            [instance_id, lease.cell_id, Operation.State.RUNNING, wanted, wanted],
+        )
+        candidates = cursor.fetchall()
+    due = [
+        operation_id
+        for operation_id, waits in candidates
+        if _woken_by(_json(waits), key, None if deleted else changed)
+    ]
+    if not due:
+        return []
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {table} o SET next_step_at = clock_timestamp()
-              FROM {instances} i
-             WHERE o.instance_id = i.id AND i.id = %s AND i.cell_id = %s
-               AND o.state = %s
-               AND (o.waiting_on = '[]'::jsonb OR %s::jsonb IS NULL OR o.waiting_on @> %s::jsonb)
-               AND {_FENCE}
+             WHERE o.id = ANY(%s) AND o.state = %s AND {_FENCE}
             RETURNING o.id
-            """,  # noqa: S608 - our table names
-            [
-                instance_id,
-                lease.cell_id,
-                Operation.State.RUNNING,
-                wanted,
-                wanted,
-                lease.cell_id,
-                lease.holder,
-                lease.epoch,
-            ],
+            """,  # noqa: S608 - our table name
+            [due, Operation.State.RUNNING, lease.cell_id, lease.holder, lease.epoch],
         )
         woken = [str(row[0]) for row in cursor.fetchall()]
     for operation_id in woken:
-        operation_dispatch(operation_id)
+        operation_dispatch(operation_id, urgent=True)
     return woken
+
+
+def _woken_by(waits: list[dict], key: str | None, obj: dict | None) -> bool:
+    """Whether an operation waiting on `waits` is moved on by the object `key` becoming `obj`
+    (None: deleted); any change moves one that waits on nothing in particular."""
+    if key is None or not waits:
+        return True
+    return any(entry["object"] == key and engine.wakes(entry, obj) for entry in waits)
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def observed_write(lease: Lease, instance_id: str, observed: dict) -> bool:
@@ -200,9 +230,9 @@ def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
     return kinds
 
 
-def event_handle(lease: Lease, kind: Kind, obj: dict) -> None:
-    """An object changed: wake its instance's operations; if it is the instance's status
-    object, store what the portal shows of it."""
+def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) -> None:
+    """An object changed (or was `deleted`): wake its instance's operations it may move on; if
+    it is the instance's status object, store what the portal shows of it."""
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace") or ""
     if not INSTANCE_NAMESPACE.fullmatch(namespace):
@@ -216,7 +246,7 @@ def event_handle(lease: Lease, kind: Kind, obj: dict) -> None:
         rule = kind.status_rules.get(version_id) if version_id else None
         if rule is not None:
             observed_write(lease, namespace, status.observed_of(obj, rule))
-    operations_wake(lease, namespace, f"{obj.get('kind', '')}/{meta.get('name', '')}")
+    operations_wake(lease, namespace, obj, deleted=deleted)
 
 
 # --- the watches -----------------------------------------------------------------------------
@@ -270,11 +300,11 @@ class KindWatch(threading.Thread):
             if self.stopping.is_set():
                 return
             if event_type in {"ADDED", "MODIFIED", "DELETED"}:
-                self._handle(obj)
+                self._handle(obj, deleted=event_type == "DELETED")
 
-    def _handle(self, obj: dict) -> None:
+    def _handle(self, obj: dict, *, deleted: bool = False) -> None:
         close_old_connections()
-        event_handle(self.lease, self.kind, obj)
+        event_handle(self.lease, self.kind, obj, deleted=deleted)
 
 
 class CellWatcher:

@@ -67,6 +67,9 @@ class Node:
     message: str = ""
     object: dict | None = None  # the rendered object, re-applied as is on resume
     observed: dict | None = None  # the object as last read back
+    # While waiting: its success and failure conditions as last rendered (placeholders filled
+    # in), so that whoever sees the object change can tell whether the change moves it on.
+    conditions: list[str | None] | None = None
     outputs: dict[str, str] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
 
@@ -173,17 +176,37 @@ def cancel(state: RunState, *, now: float, reason: str) -> None:
     state.stage = "exit"
 
 
-def waiting_on(state: RunState) -> list[str]:
-    """The objects the run waits on for a condition, as "Kind/name" (in the run's namespace):
-    a change to one of them is what may move it on. Empty when it waits on none (a retry's
-    backoff, a step still to take)."""
-    return sorted(
-        {
-            f"{node.object.get('kind', '')}/{(node.object.get('metadata') or {}).get('name', '')}"
-            for node in state.nodes.values()
-            if node.phase == RUNNING and node.step == "waiting" and node.object
-        }
-    )
+def waiting_on(state: RunState) -> list[dict]:
+    """The objects the run waits on for a condition: a change to one of them is what may move
+    it on. Each as `{"object": "Kind/name", "apiVersion": …}` (in the run's namespace), with
+    `"conditions": [success, failure]` once they were rendered (`wakes` reads them). Empty when
+    it waits on no object (a retry's backoff, a step still to take)."""
+    found = {}
+    for node in state.nodes.values():
+        if node.phase == RUNNING and node.step == "waiting" and node.object:
+            meta = node.object.get("metadata") or {}
+            entry = {
+                "object": f"{node.object.get('kind', '')}/{meta.get('name', '')}",
+                "apiVersion": node.object.get("apiVersion", ""),
+            }
+            if node.conditions is not None:
+                entry["conditions"] = list(node.conditions)
+            found.setdefault(entry["object"], entry)
+    return [found[key] for key in sorted(found)]
+
+
+def wakes(entry: dict, obj: dict | None) -> bool:
+    """Whether the object a `waiting_on` entry names, now `obj` (None: deleted), may move the
+    run on: when its conditions decide (succeeded or failed), or cannot be evaluated, or were
+    not rendered yet, or the object is gone. False only when they evaluate to pending: the
+    move would find exactly that and wait again."""
+    if obj is None or "conditions" not in entry:
+        return True
+    success, failure = entry["conditions"]
+    try:
+        return conditions.evaluate(obj, success, failure) != conditions.PENDING
+    except conditions.ConditionError:
+        return True  # the move reports it
 
 
 def fail(state: RunState, *, now: float, reason: str) -> None:
@@ -586,7 +609,7 @@ class _Run:
                 action.success_condition or action.failure_condition
             ):
                 return self._succeed(node, template)
-            node.step = "waiting"
+            node.step, node.conditions = "waiting", None
             return Step(progressed=True)
         # waiting: read the object back and let the conditions decide
         current = self.driver.get(node.object)
@@ -601,6 +624,7 @@ class _Run:
                 render_text(text, ctx, where=template.where("resource")) if text else text
                 for text in (action.success_condition, action.failure_condition)
             )
+            node.conditions = [success, failure]
             verdict = conditions.evaluate(current, success, failure)
         except (conditions.ConditionError, RenderError) as exc:
             return self._attempt_failed(node, template, ERRORED, str(exc))

@@ -222,27 +222,94 @@ def _state(operation: Operation) -> engine.RunState:
     return engine.RunState(operation_id=str(operation.pk), started_at=0, deadline_at=0)
 
 
+def _cluster(name: str, phase: str) -> dict:
+    return {
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": name},
+        "status": {"phase": phase},
+    }
+
+
+HEALTHY = "Cluster in healthy state"
+
+
+def _waits_on_cluster(operation: Operation, conditions: list | None) -> None:
+    entry = {"object": f"Cluster/{operation.instance.namespace}",
+             "apiVersion": "postgresql.cnpg.io/v1"}  # fmt: skip
+    if conditions is not None:
+        entry["conditions"] = conditions
+    Operation.objects.filter(pk=operation.pk).update(waiting_on=[entry])
+
+
+def _due(operation: Operation) -> bool:
+    operation.refresh_from_db()
+    return operation.next_step_at <= timezone.now()
+
+
 def test_only_a_change_of_what_an_operation_waits_on_wakes_it(waiting):
     lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
-    cluster = f"Cluster/{waiting.instance.namespace}"
-    Operation.objects.filter(pk=waiting.pk).update(waiting_on=[cluster])
+    name = waiting.instance.namespace
+    _waits_on_cluster(waiting, None)  # its conditions not rendered yet: any change of it
 
     # The operator's other objects change all the time (pods, claims, secrets): no move for them.
-    assert operations_wake(lease, waiting.instance_id, f"Pod/{waiting.instance_id}-1") == []
-    waiting.refresh_from_db()
-    assert waiting.next_step_at > timezone.now()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-1", "namespace": name}}
+    assert operations_wake(lease, waiting.instance_id, pod) == []
+    assert not _due(waiting)
 
-    assert operations_wake(lease, waiting.instance_id, cluster) == [str(waiting.pk)]
-    waiting.refresh_from_db()
-    assert waiting.next_step_at <= timezone.now()
+    assert operations_wake(lease, waiting.instance_id, _cluster(name, "Setting up primary")) == [
+        str(waiting.pk)
+    ]
+    assert _due(waiting)
 
 
-def test_a_move_records_what_its_run_waits_on(waiting):
+def test_a_change_that_leaves_the_condition_pending_does_not_wake_it(waiting):
+    lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
+    name = waiting.instance.namespace
+    _waits_on_cluster(waiting, [f'cel: self.status.phase == "{HEALTHY}"', "status.phase == Failed"])
+
+    # The operator writes its status many times on the way: each would be a move finding it
+    # still pending.
+    for phase in ("Setting up primary", "Creating a new replica", "Waiting for the instances"):
+        assert operations_wake(lease, waiting.instance_id, _cluster(name, phase)) == []
+        assert not _due(waiting)
+
+    # The change that satisfies its successCondition wakes it ...
+    assert operations_wake(lease, waiting.instance_id, _cluster(name, HEALTHY)) == [str(waiting.pk)]
+    assert _due(waiting)
+
+
+@pytest.mark.parametrize(
+    "conditions, obj, why",
+    [
+        (["status.phase == Ready", "status.phase == Failed"], _cluster("x", "Failed"),
+         "its failureCondition holds"),
+        (["status.phase == Ready", None], None, "the object was deleted"),
+        (["cel: self.status.phase ==", None], _cluster("x", "Setting up"),
+         "its condition cannot be evaluated: the move reports why"),
+    ],
+)  # fmt: skip
+def test_a_change_that_decides_or_breaks_the_condition_wakes_it(waiting, conditions, obj, why):
+    lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
+    name = waiting.instance.namespace
+    _waits_on_cluster(waiting, conditions)
+    changed = obj or _cluster(name, "Ready")
+    changed["metadata"] = {"name": name, "namespace": name}
+
+    woken = operations_wake(lease, waiting.instance_id, changed, deleted=obj is None)
+
+    assert woken == [str(waiting.pk)], why
+    assert _due(waiting)
+
+
+def test_a_move_records_what_its_run_waits_on_with_its_conditions_as_rendered(waiting):
     state = _state(waiting)
+    name = waiting.instance.namespace
     state.nodes["main.cluster"] = engine.Node(
         id="main.cluster", template="cluster", phase=engine.RUNNING, step="waiting",
         object={"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
-                "metadata": {"name": waiting.instance.namespace}},
+                "metadata": {"name": name}},
+        conditions=["status.readyInstances == 2", None],
     )  # fmt: skip
     now = timezone.now()
     token = runner._claim(str(waiting.pk), now, early=True)
@@ -254,4 +321,52 @@ def test_a_move_records_what_its_run_waits_on(waiting):
         )
 
     waiting.refresh_from_db()
-    assert waiting.waiting_on == [f"Cluster/{waiting.instance.namespace}"]
+    assert waiting.waiting_on == [
+        {
+            "object": f"Cluster/{name}",
+            "apiVersion": "postgresql.cnpg.io/v1",
+            "conditions": ["status.readyInstances == 2", None],
+        }
+    ]
+
+
+def _wait_move(operation: Operation, *, kinds) -> float:
+    """One move of `operation` that finds its Cluster still pending; its delay."""
+    state = _state(operation)
+    state.nodes["main.cluster"] = engine.Node(
+        id="main.cluster", template="cluster", phase=engine.RUNNING, step="waiting",
+        object={"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+                "metadata": {"name": operation.instance.namespace}},
+        conditions=[f'cel: self.status.phase == "{HEALTHY}"', None],
+    )  # fmt: skip
+    now = timezone.now()
+    token = runner._claim(str(operation.pk), now, early=True)
+    moving = Operation.objects.select_related("instance").get(pk=operation.pk)
+    with transaction.atomic():
+        return runner._wait(
+            moving, state, engine.Step(progressed=False), now, token,
+            due=moving.next_step_at, watched_kinds=kinds,
+        )  # fmt: skip
+
+
+CLUSTER_KIND = ("postgresql.cnpg.io/v1", "Cluster")
+
+
+def test_while_a_watcher_covers_what_it_waits_on_polling_is_only_the_safety_net(waiting):
+    cell_id = waiting.instance.cell_id
+
+    # No watcher: the poll starts fast.
+    assert _wait_move(waiting, kinds={CLUSTER_KIND}) == runner.poll_delay(1)
+
+    # A watcher holds the cell, and watches Clusters: a change wakes it, the poll is slow.
+    lease_take(cell_id, "a")
+    assert _wait_move(waiting, kinds={CLUSTER_KIND}) == runner.poll_delay(99)
+
+    # ... but not a kind it does not watch.
+    assert _wait_move(waiting, kinds={("v1", "Secret")}) == runner.poll_delay(3)
+
+    # The watcher died: its lease expired, the poll is fast again.
+    CellWatchLease.objects.filter(cell_id=cell_id).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert _wait_move(waiting, kinds={CLUSTER_KIND}) == runner.poll_delay(4)

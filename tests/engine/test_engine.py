@@ -643,6 +643,42 @@ def test_conditions_may_use_the_runs_variables():
     assert run.state.phase == engine.SUCCEEDED
 
 
+def test_a_waiting_run_says_what_it_waits_on_and_which_change_would_move_it_on():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource(
+            "cluster", cluster_manifest(), success="status.readyInstances == {{ $var.instances }}"
+        ),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    # Its condition as the move rendered it, placeholders filled in.
+    [entry] = engine.waiting_on(run.state)
+    assert entry == {
+        "object": f"Cluster/{NS}",
+        "apiVersion": "postgresql.cnpg.io/v1",
+        "conditions": ["status.readyInstances == 3", None],
+    }
+    cluster = run.node("cluster").observed
+    cluster["status"] = {"readyInstances": 2}
+    assert not engine.wakes(entry, cluster)  # a move would find it pending again
+    cluster["status"] = {"readyInstances": 3}
+    assert engine.wakes(entry, cluster)
+    assert engine.wakes(entry, None)  # deleted: the move fails the task
+
+
+def test_a_run_waits_on_no_object_while_its_task_is_still_to_apply():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource("cluster", cluster_manifest(), success="status.readyInstances == 3"),
+    )
+    run = Runner(wf)
+    run.step()  # rendered, not applied yet
+
+    assert engine.waiting_on(run.state) == []
+
+
 def test_kinds_may_be_allowed_with_their_api_version():
     wf = workflow(dag(Task(name="cm", template="cm")), resource("cm", configmap("c", "x")))
     run = Runner(wf, kinds=("v1/ConfigMap",))
