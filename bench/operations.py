@@ -288,11 +288,35 @@ def wait_finished(operations: list, pool: WorkerPool, timeout: float) -> None:
 
 
 def opsdeck_window(creator: Creator, cell_row, count: int, pool: WorkerPool, timeout: float):
-    """Creates per second for `count` creates, and their operations."""
+    """Creates per second for `count` creates, and their operations. Returns once the broker
+    holds no more steps for the workers, so that no work of this window runs into the next one
+    (a baseline window would pay for it)."""
     began = time.time()
     operations = creator.create(cell_row, count)
     wait_finished(operations, pool, timeout)
-    return count / (opsdeck_finished(operations) - began), operations
+    rate = count / (opsdeck_finished(operations) - began)
+    queue_drained(timeout)
+    return rate, operations
+
+
+def queue_drained(timeout: float) -> None:
+    """Until the workers' queue on the broker is empty (every priority) three looks in a row:
+    steps still sent for operations that finished (a late wake-up finds nothing to do, but its
+    worker still spends time on it)."""
+    from celery import current_app
+    from django.conf import settings
+    from kombu import Exchange, Queue
+
+    name = settings.CELERY_TASK_DEFAULT_QUEUE
+    deadline = time.monotonic() + timeout
+    empty = 0
+    with current_app.connection_for_read() as conn:
+        queue = Queue(name, Exchange(name), routing_key=name)(conn.default_channel)
+        while empty < 3:
+            if time.monotonic() > deadline:
+                raise BenchError(f"the queue still held steps after {timeout:g} s")
+            empty = empty + 1 if queue.queue_declare().message_count == 0 else 0
+            time.sleep(0.1)
 
 
 def opsdeck_finished(operations: list) -> float:

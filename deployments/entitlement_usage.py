@@ -26,11 +26,11 @@ def usage_on_plan(tenant: Tenant, plan: Plan, *, dimensions: bool) -> entitlemen
     instances = Instance.objects.for_tenant(tenant).active().filter(plan_version__plan=plan)
     if not dimensions:
         return entitlements.Usage(instances=instances.count())
-    rows = list(instances.select_related("plan_version").only("parameters", "plan_version"))
+    rows = list(instances.values_list("plan_version_id", "parameters"))
     totals: dict[str, Decimal] = {}
-    for row in rows:
+    for version_id, parameters in rows:
         try:
-            measured = metering.quantities(row.plan_version, row.parameters)
+            measured = metering.stored_quantities(version_id, parameters)
         except metering.UsageError:
             continue  # its values cannot be measured: it cannot hold the tenant back either
         for dimension, quantity in measured.items():

@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from functools import lru_cache
 from typing import Any
 
 from django.db.models import BigIntegerField, Exists, Min, OuterRef, Q, TextField
@@ -75,6 +76,20 @@ def _quantity(dimension: str, expression: str, values: dict[str, Any]) -> Decima
     return (
         quantity.quantize(1) if quantity == quantity.to_integral_value() else quantity.normalize()
     )
+
+
+def stored_quantities(version_id: int, parameters: dict[str, Any]) -> dict[str, Decimal]:
+    """`quantities` of an instance's stored parameter values on a plan version, remembered
+    per process: a version's usage rules never change, and the same values always measure the
+    same (a tenant's usage is summed on every create, over every instance it holds). Raises
+    UsageError as `quantities` does (not remembered)."""
+    return dict(_stored_quantities(version_id, json.dumps(parameters, sort_keys=True)))
+
+
+@lru_cache(maxsize=4096)
+def _stored_quantities(version_id: int, values: str) -> tuple[tuple[str, Decimal], ...]:
+    spec = selectors.plan_version_loaded(version_id).spec
+    return tuple(quantities(spec, json.loads(values)).items())
 
 
 def _spec(plan: PlanVersion | PlanSpec) -> PlanSpec:

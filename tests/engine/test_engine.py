@@ -624,14 +624,22 @@ def test_cancel_fails_the_running_tasks_and_runs_on_exit():
     assert run.cluster.objects[("ConfigMap", NS, "exit")]["data"] == {"value": "Failed"}
 
 
-def test_conditions_may_use_the_runs_variables():
-    wf = workflow(
-        dag(Task(name="cluster", template="cluster")),
-        resource(
-            "cluster", cluster_manifest(), success="status.readyInstances == {{ $var.instances }}"
-        ),
+def _waits_for_the_instances():
+    """A run whose one task applies the Cluster and waits for `$var.instances` ready."""
+    return Runner(
+        workflow(
+            dag(Task(name="cluster", template="cluster")),
+            resource(
+                "cluster",
+                cluster_manifest(),
+                success="status.readyInstances == {{ $var.instances }}",
+            ),
+        )
     )
-    run = Runner(wf)
+
+
+def test_conditions_may_use_the_runs_variables():
+    run = _waits_for_the_instances()
     run.until_quiet()
     run.cluster.set_status("Cluster", NS, readyInstances=2)
     run.until_quiet()
@@ -644,13 +652,7 @@ def test_conditions_may_use_the_runs_variables():
 
 
 def test_a_waiting_run_says_what_it_waits_on_and_which_change_would_move_it_on():
-    wf = workflow(
-        dag(Task(name="cluster", template="cluster")),
-        resource(
-            "cluster", cluster_manifest(), success="status.readyInstances == {{ $var.instances }}"
-        ),
-    )
-    run = Runner(wf)
+    run = _waits_for_the_instances()
     run.until_quiet()
 
     # Its condition as the move rendered it, placeholders filled in.
