@@ -48,7 +48,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cell, plan
+from . import cell, cpu, plan
 from .cell import SPAWN
 from .support import (
     ROOT,
@@ -196,6 +196,10 @@ class Creator:
             for n in itertools.islice(self.numbers, count)
         ]
         return list(self.pool.map(_submit, jobs))
+
+    def pids(self) -> list[int]:
+        """The submitting processes (the executor keeps them by pid)."""
+        return list(self.pool._processes or {})
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
@@ -459,6 +463,28 @@ class BaselinePool:
 # --- the measuring process --------------------------------------------------------------------
 
 
+def cpu_meters(pool: WorkerPool, creator: Creator, baseline: BaselinePool, fast, bare):
+    """Meters of each side's processes: Opsdeck's (its workers, watcher, submitters, the cell's
+    sandbox, PostgreSQL's backends for the bench's database, Redis) and the baseline's (its
+    clients and their sandbox)."""
+    from django.conf import settings
+
+    workers = [proc.pid for proc, _ in pool.procs[:-1]]
+    ours = cpu.CpuMeter(
+        {
+            "workers": lambda: workers,
+            "watcher": lambda: [pool.watcher_pid],
+            "submitters": creator.pids,
+            "sandbox": lambda: [fast.pid],
+            "PostgreSQL": cpu.postgres_backends(settings.DATABASES["default"]["NAME"]),
+            "Redis": cpu.named("redis-server"),
+        }
+    )
+    clients = [proc.pid for proc, _ in baseline.clients]
+    theirs = cpu.CpuMeter({"clients": lambda: clients, "sandbox": lambda: [bare.pid]})
+    return ours, theirs
+
+
 @dataclass
 class Windows:
     """What each window measured on one cell."""
@@ -547,11 +573,16 @@ def measure(
             wait_finished(creator.create(cells["instant"], warmup), pool, timeout)
             baseline.run(warmup, timeout)
             cpu_before, tasks_before = pool.cpu_seconds(), pool.steps()
+            ours, theirs = cpu_meters(pool, creator, baseline, fast, bare)
             instant_windows = []
             for _ in range(windows):
+                ours.begin()
                 rate, operations = opsdeck_window(creator, cells["instant"], count, pool, timeout)
+                ours.end()
                 instant.rates.append(rate)
+                theirs.begin()
                 instant.baseline.append(baseline.run(count, timeout))
+                theirs.end()
                 instant_windows.append(operations)
             measured = [op for operations in instant_windows for op in operations]
             cpu, tasks = pool.cpu_seconds() - cpu_before, pool.steps() - tasks_before
@@ -618,6 +649,11 @@ def measure(
         f"engine CPU per move {cpu_per_move * 1000:.2f} ms ({moves} moves, "
         f"{moves / max(len(measured), 1):.1f} per create, {tasks} Celery tasks)"
     )
+    opsdeck_cpu, baseline_cpu = ours.per(windows * count), theirs.per(windows * count)
+    print("CPU per create with instant operators, in ms (user + system, every process):")
+    for side, found in (("Opsdeck", opsdeck_cpu), ("baseline", baseline_cpu)):
+        parts = ", ".join(f"{name} {ms:.1f}" for name, ms in found.items())
+        print(f"  {side:9} {sum(found.values()):6.1f}  ({parts})")
     print(HOW)
     low, mid, high = spread(instant.ratios)
     figures = {
@@ -631,6 +667,8 @@ def measure(
         "notice_p95_s": round(percentile(simulated.all_delays(), 95), 4),
         "notice_instant_p50_s": round(percentile(instant.all_delays(), 50), 4),
         "notice_instant_p95_s": round(percentile(instant.all_delays(), 95), 4),
+        "engine_cpu_per_create_ms": round(sum(opsdeck_cpu.values()), 1),
+        "baseline_cpu_per_create_ms": round(sum(baseline_cpu.values()), 1),
     }
     figures_record(figures)
     return figures

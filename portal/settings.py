@@ -157,6 +157,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True  # state lives in PostgreSQL, not in a result backend
+# Celery's Django fixup closes every database connection before and after each task unless told
+# to reuse them: an operation's move would open one (a PostgreSQL backend forked, TLS and auth)
+# per step. It closes them once per this many tasks; in between, `portal.celery` applies
+# DATABASE_CONN_MAX_AGE and the health check around each task, as Django does per request.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # A message a killed worker held comes back after this many seconds (Redis brokers); the
