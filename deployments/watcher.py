@@ -136,8 +136,9 @@ def operations_wake(
     An operation waiting on that object wakes only when the change decides its condition
     (`engine.wakes`): an operator writes its status many times on the way, and a move for each
     would find it still pending. One waiting on no object in particular wakes on any change.
-    One a worker is moving right now ignores the step sent, and its move, once stored, finds it
-    woken and goes on at once (`runner._wait`)."""
+    One a worker is moving right now (claimed) gets no step: its move, once stored, finds it
+    woken and goes on at once (`runner._wait`); if that worker died, the claim expires and the
+    sweeper sends the overdue step."""
     table = Operation._meta.db_table
     instances = Instance._meta.db_table
     key = wanted = None
@@ -167,14 +168,15 @@ def operations_wake(
             f"""
             UPDATE {table} o SET next_step_at = clock_timestamp()
              WHERE o.id = ANY(%s) AND o.state = %s AND {_FENCE}
-            RETURNING o.id
+            RETURNING o.id, o.claimed_until > clock_timestamp()
             """,  # noqa: S608 - our table name
             [due, Operation.State.RUNNING, lease.cell_id, lease.holder, lease.epoch],
         )
-        woken = [str(row[0]) for row in cursor.fetchall()]
-    for operation_id in woken:
-        operation_dispatch(operation_id, urgent=True)
-    return woken
+        woken = cursor.fetchall()
+    for operation_id, moving in woken:
+        if not moving:  # one a worker is moving finds itself woken when it stores its move
+            operation_dispatch(operation_id, urgent=True)
+    return [str(operation_id) for operation_id, _ in woken]
 
 
 def _woken_by(waits: list[dict], key: str | None, obj: dict | None) -> bool:

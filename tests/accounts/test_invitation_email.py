@@ -4,18 +4,17 @@ import re
 import time
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.core import mail
 
 from accounts import services
 from accounts.audit import Actor
-from portal.celery import app
+from tests.celery_worker import threads_worker
 
 
 @pytest.fixture
 def worker(transactional_db):
     # A worker thread on this run's own queue, consuming from the real broker.
-    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+    with threads_worker(concurrency=1):
         yield
 
 

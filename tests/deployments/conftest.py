@@ -65,11 +65,10 @@ def worker(transactional_db, settings):
     (faster here: a step 3 s overdue is re-enqueued)."""
     import threading
 
-    from celery.contrib.testing.worker import start_worker
     from django.db import connection
 
     from deployments import runner
-    from portal.celery import app
+    from tests.celery_worker import threads_worker
 
     settings.OPSDECK_STALLED_AFTER = 3
     stop = threading.Event()
@@ -80,7 +79,7 @@ def worker(transactional_db, settings):
         connection.close()
 
     sweeper = threading.Thread(target=sweep, name="test-sweeper", daemon=True)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+    with threads_worker(concurrency=2):
         sweeper.start()
         yield
         # Let operations still in flight finish while the database is there for them.

@@ -178,15 +178,19 @@ def test_two_processes_racing_for_a_free_cell_get_one_lease(tenant, owner):
     assert sorted(epochs, key=lambda e: e is None) == [1, None, None, None]
 
 
-def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(waiting):
+def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(
+    waiting, django_capture_on_commit_callbacks
+):
     lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
     now = timezone.now()
     token = runner._claim(str(waiting.pk), now, early=True)  # a worker is moving it ...
     moving = Operation.objects.get(pk=waiting.pk)
 
-    # ... when the operator changes what it waits on: the watcher makes it due, and the step it
-    # sends finds the operation claimed and does nothing.
-    assert operations_wake(lease, waiting.instance_id) == [str(waiting.pk)]
+    # ... when the operator changes what it waits on: the watcher makes it due but sends no
+    # step (a step would find the operation claimed and do nothing) ...
+    with django_capture_on_commit_callbacks() as sent:
+        assert operations_wake(lease, waiting.instance_id) == [str(waiting.pk)]
+    assert sent == []
     assert runner._step(str(waiting.pk)) is None
 
     # The move, which may have read the objects before that change, ends waiting: its next
@@ -247,7 +251,9 @@ def _due(operation: Operation) -> bool:
     return operation.next_step_at <= timezone.now()
 
 
-def test_only_a_change_of_what_an_operation_waits_on_wakes_it(waiting):
+def test_only_a_change_of_what_an_operation_waits_on_wakes_it(
+    waiting, django_capture_on_commit_callbacks
+):
     lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
     name = waiting.instance.namespace
     _waits_on_cluster(waiting, None)  # its conditions not rendered yet: any change of it
@@ -257,10 +263,11 @@ def test_only_a_change_of_what_an_operation_waits_on_wakes_it(waiting):
     assert operations_wake(lease, waiting.instance_id, pod) == []
     assert not _due(waiting)
 
-    assert operations_wake(lease, waiting.instance_id, _cluster(name, "Setting up primary")) == [
-        str(waiting.pk)
-    ]
+    with django_capture_on_commit_callbacks() as sent:
+        woken = operations_wake(lease, waiting.instance_id, _cluster(name, "Setting up primary"))
+    assert woken == [str(waiting.pk)]
     assert _due(waiting)
+    assert len(sent) == 1  # its step, sent once the wake-up commits
 
 
 def test_a_change_that_leaves_the_condition_pending_does_not_wake_it(waiting):
