@@ -360,7 +360,12 @@ def notice_delays(
 
 
 def stage_rows(stages: list[cell.Stages]) -> list[str]:
-    """Where the notice delay goes: p50 and p95 of each stage, over the samples that have it."""
+    """Where the notice delay goes: p50 and p95 of each stage, over the samples that have it.
+
+    The watcher's own watch may deliver a change before the benchmark's does, so its stage can
+    read below zero. An operation woken while a worker was moving it needs no new claim (the
+    move goes on), so it has no "waiting for a worker" stage; one found with no wake-up at all
+    was found by a move already under way, or by a poll."""
     parts = [
         ("the watch delivering the change", lambda s: s.seen and s.seen - s.stored),
         ("the watcher waking the operation", lambda s: s.seen and s.woken and s.woken - s.seen),
@@ -376,7 +381,7 @@ def stage_rows(stages: list[cell.Stages]) -> list[str]:
                 f"{percentile(values, 95):6.3f} s  ({len(values)} samples)"
             )
     unwoken = sum(1 for s in stages if s.woken is None)
-    rows.append(f"  {'found by a poll, not a wake-up':34} {unwoken} of {len(stages)} samples")
+    rows.append(f"  {'found without a wake-up':34} {unwoken} of {len(stages)} samples")
     return rows
 
 
