@@ -341,8 +341,7 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     op.engine_state = json.dumps(state.to_json())
     with transaction.atomic():
         if not state.done:  # a move that only waits writes no instance, and locks none
-            kinds = frozenset(spec.required_kinds)
-            delay = _wait(op, state, step, now, token, due=due, watched_kinds=kinds)
+            delay = _wait(op, state, step, now, token, due=due, watched_kinds=spec.required_kinds)
             _sync_task_runs(op, state, before=saved.get("nodes", {}))
             return delay
         # The instance first, as every service that changes an instance's operations locks it

@@ -35,6 +35,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.db.models import Q
 
 from deployments import selectors, status
 from deployments.cells import driver_for
@@ -140,26 +141,18 @@ def operations_wake(
     woken and goes on at once (`runner._wait`); if that worker died, the claim expires and the
     sweeper sends the overdue step."""
     table = Operation._meta.db_table
-    instances = Instance._meta.db_table
-    key = wanted = None
+    running = Operation.objects.filter(
+        instance_id=instance_id, instance__cell_id=lease.cell_id, state=Operation.State.RUNNING
+    )
+    key = None
     if changed is not None:
         meta = changed.get("metadata") or {}
         key = f"{changed.get('kind', '')}/{meta.get('name', '')}"
-        wanted = json.dumps([{"object": key}])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT o.id, o.waiting_on FROM {table} o JOIN {instances} i ON o.instance_id = i.id
-             WHERE i.id = %s AND i.cell_id = %s AND o.state = %s
-               AND (o.waiting_on = '[]'::jsonb OR %s::jsonb IS NULL OR o.waiting_on @> %s::jsonb)
-            """,  # noqa: S608 - our table names
-            [instance_id, lease.cell_id, Operation.State.RUNNING, wanted, wanted],
-        )
-        candidates = cursor.fetchall()
+        running = running.filter(Q(waiting_on=[]) | Q(waiting_on__contains=[{"object": key}]))
     due = [
         operation_id
-        for operation_id, waits in candidates
-        if _woken_by(_json(waits), key, None if deleted else changed)
+        for operation_id, waits in running.values_list("id", "waiting_on")
+        if _woken_by(waits, key, None if deleted else changed)
     ]
     if not due:
         return []
@@ -185,10 +178,6 @@ def _woken_by(waits: list[dict], key: str | None, obj: dict | None) -> bool:
     if key is None or not waits:
         return True
     return any(entry["object"] == key and engine.wakes(entry, obj) for entry in waits)
-
-
-def _json(value):
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def observed_write(lease: Lease, instance_id: str, observed: dict) -> bool:

@@ -6,6 +6,7 @@ import uuid
 import pytest
 from kombu import Exchange, Queue
 
+from bench.operations import queue_delete
 from deployments.transitions import operation_dispatch
 from portal.celery import app
 
@@ -18,10 +19,7 @@ def queue(transactional_db):
     app.conf.task_default_queue = name
     yield name
     app.conf.task_default_queue = before
-    with app.connection_for_write() as conn:
-        bound = Queue(name, Exchange(name), routing_key=name)(conn.default_channel)
-        bound.declare()
-        bound.delete()
+    queue_delete(name)
 
 
 def _taken_in_order(name: str) -> list[str]:

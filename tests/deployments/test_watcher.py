@@ -309,42 +309,17 @@ def test_a_change_that_decides_or_breaks_the_condition_wakes_it(waiting, conditi
     assert _due(waiting)
 
 
-def test_a_move_records_what_its_run_waits_on_with_its_conditions_as_rendered(waiting):
-    state = _state(waiting)
-    name = waiting.instance.namespace
-    state.nodes["main.cluster"] = engine.Node(
-        id="main.cluster", template="cluster", phase=engine.RUNNING, step="waiting",
-        object={"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
-                "metadata": {"name": name}},
-        conditions=["status.readyInstances == 2", None],
-    )  # fmt: skip
-    now = timezone.now()
-    token = runner._claim(str(waiting.pk), now, early=True)
-    moving = Operation.objects.get(pk=waiting.pk)
-
-    with transaction.atomic():
-        runner._wait(
-            moving, state, engine.Step(progressed=False), now, token, due=moving.next_step_at
-        )
-
-    waiting.refresh_from_db()
-    assert waiting.waiting_on == [
-        {
-            "object": f"Cluster/{name}",
-            "apiVersion": "postgresql.cnpg.io/v1",
-            "conditions": ["status.readyInstances == 2", None],
-        }
-    ]
-
-
-def _wait_move(operation: Operation, *, kinds) -> float:
-    """One move of `operation` that finds its Cluster still pending; its delay."""
+def _wait_move(
+    operation: Operation, *, conditions=(f'cel: self.status.phase == "{HEALTHY}"', None), kinds=()
+) -> float:
+    """One move of `operation` that finds the Cluster it waits on (on `conditions`: by default
+    to be healthy) still pending; its delay."""
     state = _state(operation)
     state.nodes["main.cluster"] = engine.Node(
         id="main.cluster", template="cluster", phase=engine.RUNNING, step="waiting",
         object={"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
                 "metadata": {"name": operation.instance.namespace}},
-        conditions=[f'cel: self.status.phase == "{HEALTHY}"', None],
+        conditions=list(conditions),
     )  # fmt: skip
     now = timezone.now()
     token = runner._claim(str(operation.pk), now, early=True)
@@ -354,6 +329,19 @@ def _wait_move(operation: Operation, *, kinds) -> float:
             moving, state, engine.Step(progressed=False), now, token,
             due=moving.next_step_at, watched_kinds=kinds,
         )  # fmt: skip
+
+
+def test_a_move_records_what_its_run_waits_on_with_its_conditions_as_rendered(waiting):
+    _wait_move(waiting, conditions=["status.readyInstances == 2", None])
+
+    waiting.refresh_from_db()
+    assert waiting.waiting_on == [
+        {
+            "object": f"Cluster/{waiting.instance.namespace}",
+            "apiVersion": "postgresql.cnpg.io/v1",
+            "conditions": ["status.readyInstances == 2", None],
+        }
+    ]
 
 
 CLUSTER_KIND = ("postgresql.cnpg.io/v1", "Cluster")
