@@ -83,6 +83,14 @@ def scrolls_sideways(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth > window.innerWidth")
 
 
+def htmx_settled(page) -> None:
+    """Until htmx has no request in flight and has settled what it swapped in. htmx 2 binds
+    the triggers of new content when it settles (20 ms after the swap): a change made before
+    that is lost, which a person never manages but a test easily does."""
+    busy = ".htmx-request, .htmx-swapping, .htmx-settling, .htmx-added"
+    page.wait_for_function(f"() => !document.querySelector('{busy}')")
+
+
 def shot(page, name: str) -> None:
     """Save a full-page screenshot to $OPSDECK_SHOTS (for a person to look at), if set."""
     if SHOTS:

@@ -10,6 +10,7 @@ from deployments.models import Operation
 from tests.browser.conftest import (  # noqa: F401 - fixtures, found by name
     _served_like_a_browser_expects,
     browser,
+    htmx_settled,
     open_page,
     scrolls_sideways,
 )
@@ -56,8 +57,10 @@ def test_each_live_tab_of_a_running_instance_shows_what_its_cluster_reports(
         expect(page.locator(".log-lines")).to_contain_text(
             "database system is ready to accept connections"
         )
+        htmx_settled(page)
         page.get_by_label("Server", exact=True).select_option(f"{instance_id}-2")
         expect(page.locator(".log-status")).to_contain_text(f"{instance_id}-2")
+        htmx_settled(page)
         page.get_by_label("Follow").check()
         expect(page.locator(".log-status")).to_contain_text("Following")
         assert not scrolls_sideways(page), width
