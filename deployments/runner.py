@@ -6,10 +6,11 @@ worker holding the same message finds it claimed and skips it), lets the
 engine advance from the saved state — calling the cluster outside any
 transaction — and commits the new state and the task runs in a short
 transaction fenced by the claim. After progress it goes
-on with the next move in the same task (for up to two seconds); when the run
-has to wait it sends itself again after a poll that starts fast and slows to
-5 s. Nothing sleeps. A worker killed anywhere loses at most the move in
-flight, which the next delivery redoes from the last saved state.
+on with the next move in the same task (for up to two seconds), keeping its
+claim and the operation it read; when the run has to wait it sends itself again
+after a poll that starts fast and slows to 5 s. Nothing sleeps. A worker killed
+anywhere loses at most the move in flight, which the next delivery redoes from
+the last saved state.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -79,11 +81,13 @@ def operation_step(operation_id: str) -> None:
     does not queue behind every other run's task for each of its moves.
     """
     stop_at = time.monotonic() + MOVES_PER_TASK
+    held = None
     while True:
-        delay = _step(operation_id)
+        # A move that starts in time and progresses keeps the claim for the next one.
+        delay, held = _step(operation_id, held, keep=time.monotonic() < stop_at)
         if delay is None:
             return
-        if delay > 0 or time.monotonic() >= stop_at:
+        if held is None:
             # Its next move right away (it ran out of time here) goes before new work.
             operation_dispatch(operation_id, delay, urgent=delay == 0)
             return
@@ -201,31 +205,62 @@ def _store(
     raise ClaimLost
 
 
-def _step(operation_id: str) -> float | None:
-    """One move, committed; the delay before the next one, or None when there is none to
+@dataclass
+class Held:
+    """A worker's claim on an operation, kept from one move to the next within a task: the
+    operation as read when it was claimed, and the cell's driver under the claim (made at the
+    first move that calls the cluster)."""
+
+    op: Operation
+    token: uuid.UUID
+    claimed_until: datetime
+    driver: ClaimedDriver | None = None
+
+
+def _step(
+    operation_id: str, held: Held | None = None, *, keep: bool = False
+) -> tuple[float | None, Held | None]:
+    """One move, committed: the delay before the next one, or None when there is none to
     schedule (finished, cancelled, waiting for its turn, held by another worker, or an early
-    duplicate of a delivery still to come).
+    duplicate of a delivery still to come); and, when `keep` and the next move follows at
+    once, the claim, kept for it.
 
     No transaction or row lock stays open while the cluster is called: the operation is
     claimed first (`_claim`), the move is computed, and it is committed in a short transaction
     whose write of the operation is fenced by the claim (`_store`) — so a worker that lost its
-    claim while stuck in a call discards its move instead of overwriting the new owner's."""
+    claim while stuck in a call discards its move instead of overwriting the new owner's.
+
+    A move that goes on from a kept claim reads again only what others write to a claimed
+    operation (a cancel, a wake-up); its store's fence finds the rest (an end, a lost claim)."""
     now = timezone.now()
-    token = _claim(operation_id, now)
-    if token is None:
-        return None
-    op = Operation.objects.select_related("instance__cell", "instance__tenant", "requested_by").get(
-        pk=operation_id
-    )
+    if held is None:
+        token = _claim(operation_id, now)
+        if token is None:
+            return None, None
+        op = Operation.objects.select_related(
+            "instance__cell", "instance__tenant", "requested_by"
+        ).get(pk=operation_id)
+        held = Held(op, token, now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE))
+    else:
+        fresh = (
+            Operation.objects.filter(pk=operation_id, claim_token=held.token, state__in=_LIVE)
+            .values_list("cancel_reason", "next_step_at")
+            .first()
+        )
+        if fresh is None:
+            return None, None  # it ended meanwhile (a delete), or the claim was taken over
+        held.op.cancel_reason, held.op.next_step_at = fresh
+    op = held.op
     try:
-        if op.state == Operation.State.QUEUED and not _begin(op, now, token):
+        if op.state == Operation.State.QUEUED and not _begin(op, now, held.token):
             # Its predecessor schedules it when it finishes; looking again now and then
             # covers a predecessor that finished while this one was being queued.
-            return QUEUED_RECHECK
-        return _advance(op, now, token)
+            return QUEUED_RECHECK, None
+        delay = _advance(op, now, held, keep=keep)
     except ClaimLost:
         log.warning("operation %s: its claim was lost; the move is discarded", op.pk)
-        return None
+        return None, None
+    return delay, (held if keep and delay == 0 else None)
 
 
 # The instance's fields a run reads or writes (its tenant and cell never change).
@@ -283,7 +318,10 @@ def _begin(op: Operation, now, token: uuid.UUID) -> bool:
     return True
 
 
-def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
+def _advance(op: Operation, now, held: Held, *, keep: bool) -> float | None:
+    """The run's next move from its saved state; the claim is released when it is stored,
+    unless `keep` and the next move follows at once (see `_wait`)."""
+    token = held.token
     due = op.next_step_at  # as read after the claim; a wake-up during the move changes it
     op.moves += 1
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
@@ -295,9 +333,11 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
     where = placement(op)
     try:
-        # Claimed when this step began (`now`), for a lease (`_claim`).
-        claimed_until = now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE)
-        driver = ClaimedDriver(driver_for(instance.cell), str(op.pk), token, claimed_until)
+        if held.driver is None:
+            held.driver = ClaimedDriver(
+                driver_for(instance.cell), str(op.pk), token, held.claimed_until
+            )
+        driver = held.driver
         ready = op.arguments.get("namespace_ready")
         objects = [] if ready else executor.prelude_objects(spec, op.verb, where)
         if objects:
@@ -341,13 +381,19 @@ def _advance(op: Operation, now, token: uuid.UUID) -> float | None:
     op.engine_state = json.dumps(state.to_json())
     with transaction.atomic():
         if not state.done:  # a move that only waits writes no instance, and locks none
-            delay = _wait(op, state, step, now, token, due=due, watched_kinds=spec.required_kinds)
+            delay = _wait(
+                op, state, step, now, token,
+                due=due, watched_kinds=spec.required_kinds, keep=keep,
+            )  # fmt: skip
             _sync_task_runs(op, state, before=saved.get("nodes", {}))
             return delay
         # The instance first, as every service that changes an instance's operations locks it
         # (a delete): finishing writes the instance too, and the other order deadlocks with
         # such a service.
-        list(Instance.objects.select_for_update().filter(pk=op.instance_id).values_list("pk"))
+        # Read again with the lock: a task's later moves go on from the row its first read.
+        instance.refresh_from_db(
+            fields=_INSTANCE_FIELDS, from_queryset=Instance.objects.select_for_update()
+        )
         _finish(op, state, verb, now, token)
         _sync_task_runs(op, state, before=saved.get("nodes", {}))
     return None
@@ -362,8 +408,10 @@ def _wait(
     *,
     due,
     watched_kinds: Collection[tuple[str, str]] = (),
+    keep: bool = False,
 ) -> float:
-    """Store a move that left the run waiting; the delay before the next one.
+    """Store a move that left the run waiting; the delay before the next one. The claim is
+    released, unless `keep` and the next move follows at once: the same worker makes it.
 
     The cell watcher wakes a waiting operation by making it due (`next_step_at`) when an
     object it waits on changes in a way that decides its condition (`engine.wakes`). While it
@@ -391,10 +439,10 @@ def _wait(
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
               "moves", "error", "waiting_on"]  # fmt: skip
     unwoken = {"next_step_at": due} if due is not None else {"next_step_at__isnull": True}
-    if _store(op, token, fields, unless=unwoken):
+    if _store(op, token, fields, release=not (keep and delay == 0), unless=unwoken):
         return delay
     op.next_step_at, op.idle_steps = now, 0  # woken meanwhile
-    _store(op, token, fields)
+    _store(op, token, fields, release=not keep)
     return 0.0
 
 

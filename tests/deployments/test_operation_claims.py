@@ -106,7 +106,7 @@ def test_a_move_longer_than_the_lease_keeps_its_claim_from_other_workers(
     contender.start()
     try:
         started = time.monotonic()
-        delay = runner._step(str(queued.pk))
+        delay, _ = runner._step(str(queued.pk))
         took = time.monotonic() - started
     finally:
         moving.clear()
@@ -129,3 +129,56 @@ def test_a_worker_whose_claim_was_taken_over_makes_no_further_call(queued, setti
         runner.ClaimedDriver(kube, str(queued.pk), stale, timezone.now()).apply(namespace)
 
     assert kube.get(namespace) is None
+
+
+@pytest.fixture
+def created(cell, plan, owner, tenant):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def test_a_move_that_progresses_keeps_the_claim_for_the_tasks_next_move(created):
+    delay, held = runner._step(str(created.pk), keep=True)
+
+    created.refresh_from_db()
+    assert delay == 0 and held is not None and created.moves == 1  # committed, and ...
+    assert created.claim_token == held.token  # ... still claimed by this worker:
+    assert runner._claim(str(created.pk), timezone.now()) is None  # no other can take it
+
+    delay, held = runner._step(str(created.pk), held)  # the task's last move
+
+    created.refresh_from_db()
+    assert created.moves == 2 and held is None
+    assert created.claim_token is None and created.claimed_until is None  # released
+
+
+def test_a_cancel_between_two_moves_of_a_task_is_acted_on_by_the_next(
+    created, owner, django_capture_on_commit_callbacks
+):
+    _, held = runner._step(str(created.pk), keep=True)
+    created.refresh_from_db()
+    assert created.state == Operation.State.RUNNING
+
+    with django_capture_on_commit_callbacks():  # its step is not sent: this task goes on
+        services.operation_cancel(
+            actor=Actor(user=owner), operation=created, request_id=uuid.uuid4().hex
+        )
+    assert runner._step(str(created.pk), held, keep=True) == (None, None)
+
+    created.refresh_from_db()  # the plan has no onExit: the run ends with that move
+    assert created.state == Operation.State.CANCELLED and created.moves == 2
+    assert created.error == f"Cancelled by {owner.email}."
+
+
+def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(created):
+    _, held = runner._step(str(created.pk), keep=True)
+    new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
+    Operation.objects.filter(pk=created.pk).update(claim_token=new_owner)
+    moves = Operation.objects.get(pk=created.pk).moves
+
+    assert runner._step(str(created.pk), held, keep=True) == (None, None)
+
+    created.refresh_from_db()
+    assert created.moves == moves and created.claim_token == new_owner

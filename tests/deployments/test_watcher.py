@@ -191,7 +191,7 @@ def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(
     with django_capture_on_commit_callbacks() as sent:
         assert operations_wake(lease, waiting.instance_id) == [str(waiting.pk)]
     assert sent == []
-    assert runner._step(str(waiting.pk)) is None
+    assert runner._step(str(waiting.pk)) == (None, None)
 
     # The move, which may have read the objects before that change, ends waiting: its next
     # move follows at once, not after the poll delay.
