@@ -265,8 +265,10 @@ def check(
     usage: Usage | None = None,
     request: Request | None = None,
     at: datetime | None = None,
+    limits: Limits | None = None,
 ) -> Decision:
-    """Whether `tenant` may do `action` on `plan` given its `usage` and the `request`.
+    """Whether `tenant` may do `action` on `plan` given its `usage` and the `request`;
+    `limits`: the plan's for the tenant at `at`, when the caller has read them already.
 
     `action` is a verb (create, modify, restore, stop, start, backup, a custom verb, upgrade,
     rollback, deleteBackup, delete) or the setting `backup.schedule`. Refusals come first from
@@ -279,7 +281,7 @@ def check(
         return Decision(False, reason)
     if action in ALWAYS_ALLOWED:
         return ALLOW
-    limits = limits_for(tenant, plan, at)
+    limits = limits if limits is not None else limits_for(tenant, plan, at)
     reason = _verb_refusal(plan, action, limits, request)
     if reason:
         return Decision(False, reason)

@@ -75,6 +75,7 @@ def entitlement_require(
         plan=plan,
         action=action,
         usage=usage,
+        limits=limits,
         request=entitlements.Request(
             quantities=quantities,
             delta=delta,
@@ -105,6 +106,7 @@ def moves_require(
             plan=plan,
             action="create",
             usage=entitlements.Usage(instances=count, totals=totals),
+            limits=limits,
             request=entitlements.Request(quantities=quantities, delta=quantities, cell=cell),
         )
         if not decision.allowed:

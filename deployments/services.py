@@ -303,7 +303,7 @@ def _instance_new(
         created_by=actor.user,
     )
     InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
-    selectors.backup_schedule_default(instance).save()
+    selectors.backup_schedule_default(instance).save(force_insert=True)  # a new instance has none
     return instance
 
 
