@@ -62,6 +62,18 @@ END $$ LANGUAGE plpgsql;
 CREATE TRIGGER bench_operation_moved AFTER UPDATE ON deployments_operation
   FOR EACH ROW EXECUTE FUNCTION bench_operation_moved();
 """
+TRIGGERS = (
+    ("deployments_taskrun", "bench_task_succeeded"),
+    ("deployments_operation", "bench_operation_moved"),
+)
+
+
+def triggers_enable(cursor, enabled: bool) -> None:
+    """Turn the triggers on for the windows that measure notice delays, off for those that
+    measure throughput: the baseline pays for no such instrument."""
+    verb = "ENABLE" if enabled else "DISABLE"
+    for table, trigger in TRIGGERS:
+        cursor.execute(f"ALTER TABLE {table} {verb} TRIGGER {trigger}")
 
 
 def _ask(conn, lock: threading.Lock, message: tuple) -> Any:
