@@ -29,12 +29,13 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import Q
 
 from deployments import selectors, status
@@ -52,6 +53,10 @@ INSTANCE_NAMESPACE = re.compile(r"inst-[a-z0-9]{8}")
 LEASE_TTL = timedelta(seconds=15)
 RENEW_EVERY = 3.0  # seconds; a lease lives through several missed renewals
 RETRY_AFTER = 2.0  # seconds before a failed list or watch is tried again
+# Seconds between two looks at a watch's database connection (too old, or unusable after an
+# error, is closed; a kept one is checked before its next use): per event, that check would be
+# one more statement for every object an operator writes.
+TIDY_EVERY = 1.0
 
 
 def holder_name() -> str:
@@ -250,6 +255,7 @@ class KindWatch(threading.Thread):
         super().__init__(name=f"watch-{cell.name}-{kind.kind}", daemon=True)
         self.lease, self.cell, self.kind, self.stopping = lease, cell, kind, stopping
         self.resource_version: str | None = None
+        self._tidy_at = 0.0  # when the database connection is looked at next (`TIDY_EVERY`)
 
     def run(self) -> None:
         try:
@@ -265,6 +271,7 @@ class KindWatch(threading.Thread):
                 except Exception:  # a watcher thread must not die of one bad answer
                     log.exception("watch %s failed; starting again", self.name)
                     self.resource_version = None
+                    self._tidy_at = 0.0  # a database error: its connection is looked at first
                     self.stopping.wait(RETRY_AFTER)
         finally:
             connection.close()
@@ -294,7 +301,9 @@ class KindWatch(threading.Thread):
                 self._handle(obj, deleted=event_type == "DELETED")
 
     def _handle(self, obj: dict, *, deleted: bool = False) -> None:
-        close_old_connections()
+        if time.monotonic() >= self._tidy_at:
+            close_old_connections()
+            self._tidy_at = time.monotonic() + TIDY_EVERY
         event_handle(self.lease, self.kind, obj, deleted=deleted)
 
 
@@ -320,6 +329,7 @@ class CellWatcher:
                     log.exception("watch_cells: a round failed")
                 self.stopping.wait(RENEW_EVERY)
         finally:
+            close_old_connections()  # one broken since the last round is not used to release
             for cell_id in list(self.cells):
                 self._drop(cell_id, release=True)
             connection.close()
@@ -365,7 +375,10 @@ class CellWatcher:
         for thread in watches.values():
             thread.join(settings.OPSDECK_WATCH_TIMEOUT + 5)
         if release:
-            lease_release(cell_id, lease.holder, lease.epoch)
+            try:
+                lease_release(cell_id, lease.holder, lease.epoch)
+            except DatabaseError as exc:  # another process takes the cell when the lease expires
+                log.warning("watch_cells: could not release the lease of cell %s: %s", cell_id, exc)
 
     def holds(self, cell_id: int) -> bool:
         return cell_id in self.cells

@@ -137,6 +137,56 @@ def test_a_watch_whose_version_was_compacted_lists_again_and_still_wakes_the_ope
     assert waiting.next_step_at <= timezone.now()  # woken, a minute before its poll
 
 
+def database_restarted() -> None:
+    """A database restart, as far as the watcher can tell: every connection but this test's is
+    cut."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchall()  # the watcher's connections among them
+
+
+def test_a_watch_whose_database_connection_was_cut_reconnects_and_still_wakes_the_operation(
+    waiting_in_sandbox, faults, sandbox_cluster, cell_watcher
+):
+    waiting, namespace = waiting_in_sandbox, waiting_in_sandbox.instance.namespace
+    faults(frozen=["cnpg"])  # the status below is the test's, not the operator's
+    watches = cell_watcher.cells[waiting.instance.cell_id][2].values()
+    wait_for(lambda: all(w.resource_version for w in watches), timeout=10, what="the lists")
+    database_restarted()
+
+    core, ctx = sandbox_cluster.core, Ctx(field_manager="test")
+    clusters = core.resolve("postgresql.cnpg.io", "v1", "clusters")
+    made = core.create(clusters, namespace, {
+        "apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "metadata": {"name": namespace},
+        "spec": {"instances": 1, "storage": {"size": "1Gi"}},
+    }, ctx)  # fmt: skip
+    made["status"] = {"phase": "Cluster in healthy state", "instances": 1, "readyInstances": 1}
+    core.update(clusters, namespace, namespace, made, ctx, "status")
+
+    def observed():
+        return Instance.objects.get(pk=waiting.instance_id).observed
+
+    wait_for(lambda: observed().get("ready") == 1, timeout=15, what="the observed status")
+    waiting.refresh_from_db()
+    assert waiting.next_step_at <= timezone.now()  # woken, a minute before its poll
+
+
+def test_a_watcher_stopping_right_after_a_database_restart_still_releases_its_cell(
+    cell, cell_watcher
+):
+    database_restarted()
+    cell_watcher.stopping.set()  # before its next round would have reconnected
+
+    def released():
+        return CellWatchLease.objects.get(cell_id=cell.pk).expires_at <= timezone.now()
+
+    # Released for the next process at once, not left to expire (15 s).
+    wait_for(released, timeout=10, what="the lease to be released")
+
+
 def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_first(waiting):
     cell_id = waiting.instance.cell_id
     first = lease_take(cell_id, "a")
