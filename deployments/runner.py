@@ -535,15 +535,28 @@ def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) 
         operation_dispatch(following[0][0])
 
 
+# What a TaskRun row shows of its node (besides the attempt that names it).
+_SHOWN = ("phase", "message", "object", "started_at", "finished_at")
+
+
 def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> None:
     """One TaskRun row per attempt of each resource task, with the object it rendered.
 
-    Only nodes this step changed are written (`before` is the saved state's nodes).
+    Only what this step changed of what a row shows is written (`before` is the saved state's
+    nodes): a move that only read an object back, or took a node from one step to the next,
+    writes none.
     """
     for node in state.nodes.values():
         if node.template == "" or (node.object is None and node.phase == engine.PENDING):
             continue
-        if before.get(node.id) == vars(node):
+        prev = before.get(node.id)
+        # Written by an earlier move already: one UPDATE instead of a SELECT and a write.
+        synced = (
+            prev is not None
+            and prev.get("attempt") == node.attempt
+            and not (prev.get("object") is None and prev.get("phase") == engine.PENDING)
+        )
+        if synced and all(prev.get(name) == getattr(node, name) for name in _SHOWN):
             continue
         template = op_template(op, node.template)
         if template is None or template.resource is None:
@@ -555,13 +568,6 @@ def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> N
             "started_at": _dt(node.started_at),
             "finished_at": _dt(node.finished_at),
         }
-        prev = before.get(node.id)
-        # Written by an earlier move already: one UPDATE instead of a SELECT and a write.
-        synced = (
-            prev is not None
-            and prev.get("attempt") == node.attempt
-            and not (prev.get("object") is None and prev.get("phase") == engine.PENDING)
-        )
         if synced:
             changed = dict(values)
             if prev.get("object") == node.object:

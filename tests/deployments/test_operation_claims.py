@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.audit import Actor
@@ -182,3 +183,33 @@ def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(create
 
     created.refresh_from_db()
     assert created.moves == moves and created.claim_token == new_owner
+
+
+def test_a_move_that_only_reads_the_object_back_writes_no_task_run(created, faults):
+    faults(frozen=["cnpg"])  # the cluster stays unready: every look finds it pending
+    for _ in range(10):  # up to the move that waits on the cluster
+        Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+        runner._step(str(created.pk))
+        created.refresh_from_db()
+        if created.waiting_on:
+            break
+    assert [w["object"].split("/")[0] for w in created.waiting_on] == ["Cluster"]
+
+    Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+    with CaptureQueriesContext(connection) as statements:
+        runner._step(str(created.pk))  # it reads the cluster back, still pending
+
+    created.refresh_from_db()
+    assert created.idle_steps >= 1  # a look that found nothing new
+    assert not [s for s in statements if "deployments_taskrun" in s["sql"]]
+    cluster = TaskRun.objects.get(operation=created, node__endswith="cluster")
+    assert cluster.state == "Running" and cluster.finished_at is None
+
+    faults(frozen=[])  # the operator catches up: the row follows once the node moves on
+    for _ in range(100):
+        Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+        if runner._step(str(created.pk))[0] is None:
+            break
+        time.sleep(0.05)
+    cluster.refresh_from_db()
+    assert cluster.state == "Succeeded" and cluster.finished_at is not None
