@@ -54,6 +54,7 @@ BEGIN
   IF OLD.claim_token IS NULL AND NEW.claim_token IS NOT NULL THEN
     PERFORM pg_notify('{STAGES}', 'claimed ' || NEW.id::text);
   ELSIF NEW.claim_token IS NOT DISTINCT FROM OLD.claim_token
+        AND NEW.moves = OLD.moves
         AND NEW.next_step_at IS DISTINCT FROM OLD.next_step_at THEN
     PERFORM pg_notify('{STAGES}', 'woken ' || NEW.id::text);
   END IF;

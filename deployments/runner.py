@@ -1,14 +1,14 @@
 """The runner: advances operations one engine step at a time, durably.
 
-A Celery task calls `operation_step(id)`. For each move it claims the
-operation (a token valid for `OPSDECK_OPERATION_LEASE` seconds: a second
-worker holding the same message finds it claimed and skips it), lets the
-engine advance from the saved state — calling the cluster outside any
-transaction — and commits the new state and the task runs in a short
-transaction fenced by the claim. After progress it goes
-on with the next move in the same task (for up to two seconds), keeping its
-claim and the operation it read; when the run has to wait it sends itself again
-after a poll that starts fast and slows to 5 s. Nothing sleeps. A worker killed
+A Celery task calls `operation_step(id)`. It claims the operation (a token
+valid for `OPSDECK_OPERATION_LEASE` seconds: a second worker holding the same
+message finds it claimed and skips it), lets the engine advance from the saved
+state — calling the cluster outside any transaction — and commits the new state
+and the task runs in a short transaction fenced by the claim. After progress it
+goes on with the next move in the same task (while two seconds have not passed
+when a move is stored), keeping its claim and the operation it read; when the
+run has to wait it releases the claim and sends itself again after a poll that
+starts fast and slows to 5 s. Nothing sleeps. A worker killed
 anywhere loses at most the move in flight, which the next delivery redoes from
 the last saved state.
 """
@@ -77,14 +77,15 @@ def operation_step(operation_id: str) -> None:
 
     Each move is its own transaction, committed before the next one starts, so a crash
     loses at most the move in flight. The task stops at the first move that has to wait,
-    or after MOVES_PER_TASK seconds, and sends itself for the rest: a run that progresses
-    does not queue behind every other run's task for each of its moves.
+    or at the first stored once MOVES_PER_TASK seconds have passed, and sends itself for the
+    rest: a run that progresses does not queue behind every other run's task for each of its
+    moves.
     """
     stop_at = time.monotonic() + MOVES_PER_TASK
     held = None
     while True:
-        # A move that starts in time and progresses keeps the claim for the next one.
-        delay, held = _step(operation_id, held, keep=time.monotonic() < stop_at)
+        # A move that progresses and is stored in time keeps the claim for the next one.
+        delay, held = _step(operation_id, held, keep_until=stop_at)
         if delay is None:
             return
         if held is None:
@@ -120,7 +121,7 @@ def _claim(operation_id: str, now, *, early: bool = False) -> uuid.UUID | None:
 
 
 class ClaimedDriver:
-    """The cell's driver as one move calls it, under the worker's claim on the operation.
+    """The cell's driver as a task's moves call it, under the worker's claim on the operation.
 
     Before each call the claim is renewed once half its lease has passed, so a move that makes
     many slow calls keeps it; a worker whose claim was taken over meanwhile (it stalled longer
@@ -208,22 +209,23 @@ def _store(
 @dataclass
 class Held:
     """A worker's claim on an operation, kept from one move to the next within a task: the
-    operation as read when it was claimed, and the cell's driver under the claim (made at the
-    first move that calls the cluster)."""
+    operation as read when it was claimed, and the cell's driver under the claim (made by the
+    first move; it renews the claim from then on)."""
 
     op: Operation
     token: uuid.UUID
-    claimed_until: datetime
+    claimed_until: datetime  # as claimed
     driver: ClaimedDriver | None = None
+    kept: bool = False  # whether the last move stored kept the claim for the next one
 
 
 def _step(
-    operation_id: str, held: Held | None = None, *, keep: bool = False
+    operation_id: str, held: Held | None = None, *, keep_until: float = 0.0
 ) -> tuple[float | None, Held | None]:
     """One move, committed: the delay before the next one, or None when there is none to
-    schedule (finished, cancelled, waiting for its turn, held by another worker, or an early
-    duplicate of a delivery still to come); and, when `keep` and the next move follows at
-    once, the claim, kept for it.
+    schedule (finished, cancelled, held by another worker, or an early duplicate of a delivery
+    still to come); and the claim, when the next move follows at once and this one was stored
+    before `keep_until` (`time.monotonic()`): kept for it.
 
     No transaction or row lock stays open while the cluster is called: the operation is
     claimed first (`_claim`), the move is computed, and it is committed in a short transaction
@@ -251,16 +253,17 @@ def _step(
             return None, None  # it ended meanwhile (a delete), or the claim was taken over
         held.op.cancel_reason, held.op.next_step_at = fresh
     op = held.op
+    held.kept = False
     try:
         if op.state == Operation.State.QUEUED and not _begin(op, now, held.token):
             # Its predecessor schedules it when it finishes; looking again now and then
             # covers a predecessor that finished while this one was being queued.
             return QUEUED_RECHECK, None
-        delay = _advance(op, now, held, keep=keep)
+        delay = _advance(op, now, held, keep_until=keep_until)
     except ClaimLost:
         log.warning("operation %s: its claim was lost; the move is discarded", op.pk)
         return None, None
-    return delay, (held if keep and delay == 0 else None)
+    return delay, (held if held.kept else None)
 
 
 # The instance's fields a run reads or writes (its tenant and cell never change).
@@ -318,9 +321,9 @@ def _begin(op: Operation, now, token: uuid.UUID) -> bool:
     return True
 
 
-def _advance(op: Operation, now, held: Held, *, keep: bool) -> float | None:
+def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | None:
     """The run's next move from its saved state; the claim is released when it is stored,
-    unless `keep` and the next move follows at once (see `_wait`)."""
+    unless the next move follows at once and it is stored before `keep_until` (`held.kept`)."""
     token = held.token
     due = op.next_step_at  # as read after the claim; a wake-up during the move changes it
     op.moves += 1
@@ -381,10 +384,14 @@ def _advance(op: Operation, now, held: Held, *, keep: bool) -> float | None:
     op.engine_state = json.dumps(state.to_json())
     with transaction.atomic():
         if not state.done:  # a move that only waits writes no instance, and locks none
+            # In time for another move in this task: the claim is kept if that one follows
+            # at once.
+            in_time = time.monotonic() < keep_until
             delay = _wait(
                 op, state, step, now, token,
-                due=due, watched_kinds=spec.required_kinds, keep=keep,
+                due=due, watched_kinds=spec.required_kinds, keep=in_time,
             )  # fmt: skip
+            held.kept = in_time and delay == 0
             _sync_task_runs(op, state, before=saved.get("nodes", {}))
             return delay
         # The instance first, as every service that changes an instance's operations locks it

@@ -271,7 +271,7 @@ class KindWatch(threading.Thread):
                 except Exception:  # a watcher thread must not die of one bad answer
                     log.exception("watch %s failed; starting again", self.name)
                     self.resource_version = None
-                    self._tidy_at = 0.0  # a database error: its connection is looked at first
+                    self._tidy_at = 0.0  # perhaps a database error: look at the connection first
                     self.stopping.wait(RETRY_AFTER)
         finally:
             connection.close()
@@ -329,7 +329,6 @@ class CellWatcher:
                     log.exception("watch_cells: a round failed")
                 self.stopping.wait(RENEW_EVERY)
         finally:
-            close_old_connections()  # one broken since the last round is not used to release
             for cell_id in list(self.cells):
                 self._drop(cell_id, release=True)
             connection.close()
@@ -375,6 +374,7 @@ class CellWatcher:
         for thread in watches.values():
             thread.join(settings.OPSDECK_WATCH_TIMEOUT + 5)
         if release:
+            close_old_connections()  # one broken since the last round is not used to release
             try:
                 lease_release(cell_id, lease.holder, lease.epoch)
             except DatabaseError as exc:  # another process takes the cell when the lease expires

@@ -3,6 +3,7 @@ open through a call to the cluster, a second worker leaves a claimed operation a
 worker whose claim ran out (stuck in a call) discards its move instead of committing it over
 the new owner's."""
 
+import math
 import threading
 import time
 import uuid
@@ -141,7 +142,7 @@ def created(cell, plan, owner, tenant):
 
 
 def test_a_move_that_progresses_keeps_the_claim_for_the_tasks_next_move(created):
-    delay, held = runner._step(str(created.pk), keep=True)
+    delay, held = runner._step(str(created.pk), keep_until=math.inf)
 
     created.refresh_from_db()
     assert delay == 0 and held is not None and created.moves == 1  # committed, and ...
@@ -155,10 +156,18 @@ def test_a_move_that_progresses_keeps_the_claim_for_the_tasks_next_move(created)
     assert created.claim_token is None and created.claimed_until is None  # released
 
 
+def test_a_move_stored_once_the_tasks_time_is_up_releases_the_claim(created):
+    delay, held = runner._step(str(created.pk), keep_until=time.monotonic())
+
+    created.refresh_from_db()
+    assert delay == 0 and held is None and created.moves == 1  # its next move: another task's
+    assert created.claim_token is None and created.claimed_until is None
+
+
 def test_a_cancel_between_two_moves_of_a_task_is_acted_on_by_the_next(
     created, owner, django_capture_on_commit_callbacks
 ):
-    _, held = runner._step(str(created.pk), keep=True)
+    _, held = runner._step(str(created.pk), keep_until=math.inf)
     created.refresh_from_db()
     assert created.state == Operation.State.RUNNING
 
@@ -166,7 +175,7 @@ def test_a_cancel_between_two_moves_of_a_task_is_acted_on_by_the_next(
         services.operation_cancel(
             actor=Actor(user=owner), operation=created, request_id=uuid.uuid4().hex
         )
-    assert runner._step(str(created.pk), held, keep=True) == (None, None)
+    assert runner._step(str(created.pk), held, keep_until=math.inf) == (None, None)
 
     created.refresh_from_db()  # the plan has no onExit: the run ends with that move
     assert created.state == Operation.State.CANCELLED and created.moves == 2
@@ -174,12 +183,12 @@ def test_a_cancel_between_two_moves_of_a_task_is_acted_on_by_the_next(
 
 
 def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(created):
-    _, held = runner._step(str(created.pk), keep=True)
+    _, held = runner._step(str(created.pk), keep_until=math.inf)
     new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
     Operation.objects.filter(pk=created.pk).update(claim_token=new_owner)
     moves = Operation.objects.get(pk=created.pk).moves
 
-    assert runner._step(str(created.pk), held, keep=True) == (None, None)
+    assert runner._step(str(created.pk), held, keep_until=math.inf) == (None, None)
 
     created.refresh_from_db()
     assert created.moves == moves and created.claim_token == new_owner
