@@ -137,16 +137,6 @@ class WorkerPool:
                 raise BenchError(f"{name} did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
 
-    def cpu_seconds(self) -> float:
-        """User and system CPU time the workers and the watcher (and children) used so far."""
-        import psutil
-
-        total = 0.0
-        for proc, _ in self.procs:
-            t = psutil.Process(proc.pid).cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        return total
-
     def dead(self) -> str:
         """The last log lines of the processes that exited ("" while all run)."""
         return self.tail([(p, log) for p, log in self.procs if p.poll() is not None])
@@ -578,7 +568,7 @@ def measure(
             # Warm up first (connections, caches, the first tasks' imports) on both sides.
             wait_finished(creator.create(cells["instant"], warmup), pool, timeout)
             baseline.run(warmup, timeout)
-            cpu_before, tasks_before = pool.cpu_seconds(), pool.steps()
+            tasks_before = pool.steps()
             ours, theirs = cpu_meters(pool, creator, baseline, fast, bare)
             # Throughput: Opsdeck as it runs anywhere, without the notice delay's instruments
             # (a watch of its own, triggers on every move), which the baseline does not carry.
@@ -593,7 +583,9 @@ def measure(
                 theirs.end()
                 rate_windows.append(operations)
             measured = [op for operations in rate_windows for op in operations]
-            cpu, tasks = pool.cpu_seconds() - cpu_before, pool.steps() - tasks_before
+            # The engine's CPU: its workers' and its watcher's, over its windows.
+            cpu = ours.seconds["workers"] + ours.seconds["watcher"]
+            tasks = pool.steps() - tasks_before
             moves = Operation.objects.filter(pk__in=measured).aggregate(n=Sum("moves"))["n"] or 0
             # Notice delays: windows of their own, with the instruments on.
             with connection.cursor() as cursor:

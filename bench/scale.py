@@ -121,13 +121,13 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
             for watch in watches:
                 watch.stop()
             queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
-    delays, missed, stages = [], 0, []
+    delays, stages = [], []
     for watch in watches:
         if watch.error is not None:
             raise BenchError(f"the notice watch failed: {watch.error!r}")
-        found = notice_delays(operations, create, watch, commits)
-        delays += found[0]
-        stages += found[2]
+        cell_delays, _, cell_stages = notice_delays(operations, create, watch, commits)
+        delays += cell_delays
+        stages += cell_stages
     # Each operation ran in one cell: another cell's watch misses each of its waits.
     missed = len(operations) * len(create.waits) - len(delays)
     negative = sum(1 for d in delays if d < 0)

@@ -8,9 +8,9 @@ and the task runs in a short transaction fenced by the claim. After progress it
 goes on with the next move in the same task (while two seconds have not passed
 when a move is stored), keeping its claim and the operation it read; when the
 run has to wait it releases the claim and sends itself again after a poll that
-starts fast and slows to 5 s. Nothing sleeps. A worker killed
-anywhere loses at most the move in flight, which the next delivery redoes from
-the last saved state.
+starts fast and slows to 5 s. Nothing sleeps. A worker killed anywhere loses at
+most the move in flight, which the next delivery redoes from the last saved
+state.
 """
 
 from __future__ import annotations
