@@ -83,7 +83,8 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     _step(page, "02-scaled")
 
     page.get_by_role("link", name="Backups").click()
-    page.get_by_role("button", name="Back up now").click()
+    # The tab's own button (the header has one too, once the tab has loaded beside it).
+    page.get_by_role("region", name="Backups").get_by_role("button", name="Back up now").click()
     for _ in range(120):
         if page.locator("#instance-backups .badge-snapshot-completed").count():
             break
