@@ -5,6 +5,8 @@ data re-encrypted with `manage.py rotate_encryption_key`, and the old key then
 dropped.
 """
 
+import functools
+
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -12,7 +14,12 @@ from django.db import models
 
 
 def _fernet() -> MultiFernet:
-    keys = settings.OPSDECK_ENCRYPTION_KEYS
+    return _fernet_of(tuple(settings.OPSDECK_ENCRYPTION_KEYS))
+
+
+@functools.lru_cache(maxsize=4)
+def _fernet_of(keys: tuple[str, ...]) -> MultiFernet:
+    """Made once per set of keys: every secret field read or written uses it."""
     if not keys:
         raise ImproperlyConfigured("OPSDECK_ENCRYPTION_KEYS is empty.")
     try:

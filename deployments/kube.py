@@ -157,13 +157,21 @@ class KubeDriver:
         return resource
 
     def _call(self, fn, *args, **kwargs) -> dict[str, Any] | None:
+        """The call's answer as plain JSON (`serialize=False`: the dynamic client's own
+        wrapping of every nested field, unwrapped again here, cost more than the request)."""
         try:
-            result = fn(*args, _request_timeout=TIMEOUT, **kwargs)
+            response = fn(*args, _request_timeout=TIMEOUT, serialize=False, **kwargs)
+            body = response.data
         except DynamicApiError as exc:
             raise classify(exc) from exc
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify(exc) from exc
-        return result.to_dict() if result is not None and hasattr(result, "to_dict") else result
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise PermanentError("The cluster's answer is not JSON.") from exc
 
     @staticmethod
     def _where(obj: dict[str, Any]) -> tuple[str, str | None]:

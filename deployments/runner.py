@@ -20,12 +20,12 @@ import logging
 import time
 import uuid
 from collections.abc import Collection
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
@@ -103,21 +103,18 @@ def _claim(operation_id: str, now, *, early: bool = False) -> uuid.UUID | None:
     """Claim the operation for one move: a token valid until the lease ends; None when it
     ended, another worker holds it, or (unless `early`) its next step is not due yet."""
     token = uuid.uuid4()
-    due = (
-        Q()
-        if early
-        else Q(next_step_at__isnull=True) | Q(next_step_at__lte=now + timedelta(milliseconds=50))
-    )
-    claimed = Operation.objects.filter(
-        Q(claimed_until__isnull=True) | Q(claimed_until__lt=now),
-        due,
-        pk=operation_id,
-        state__in=[Operation.State.QUEUED, Operation.State.RUNNING],
-    ).update(
-        claim_token=token,
-        claimed_until=now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
-    )
-    return token if claimed else None
+    due = "" if early else "AND (next_step_at IS NULL OR next_step_at <= %s)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {_TABLE} SET claim_token = %s, claimed_until = %s
+             WHERE id = %s AND state = ANY(%s) AND (claimed_until IS NULL OR claimed_until < %s)
+                   {due}
+            """,  # noqa: S608 - our table name
+            [token, now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE), operation_id,
+             _LIVE, now, *([] if early else [now + timedelta(milliseconds=50)])],
+        )  # fmt: skip
+        return token if cursor.rowcount else None
 
 
 class ClaimedDriver:
@@ -179,7 +176,12 @@ class ClaimedDriver:
         return self._driver.resolve(resource)
 
 
-_LIVE = (Operation.State.QUEUED, Operation.State.RUNNING)
+# The statements every move makes on its operation, written in SQL: building each with the ORM
+# took longer than the worker's whole share of running it.
+_TABLE = Operation._meta.db_table
+_LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
+_MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
+_ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
 
 
 def _store(
@@ -188,22 +190,44 @@ def _store(
     fields: list[str],
     *,
     release: bool = True,
-    unless: dict | None = None,
+    due: object = _ANY,
 ) -> bool:
     """Write the move's `fields` of the operation in one UPDATE fenced by the claim, releasing
     it (unless `release` is False: the same worker goes on with the next move). Raises
     ClaimLost, and the transaction it is in rolls back, when the claim is not ours any more or
-    the operation ended meanwhile (a delete cancelled it). With `unless` (lookups the row must
-    still match), False and nothing written when it does not."""
-    values = {name: getattr(op, name) for name in fields}
+    the operation ended meanwhile (a delete cancelled it). With `due` (the `next_step_at` the
+    move read), False and nothing written when a wake-up changed it meanwhile."""
+    columns = [Operation._meta.get_field(name) for name in fields]
+    names = [column.column for column in columns]
+    values = [column.get_db_prep_save(getattr(op, column.name), connection) for column in columns]
     if release:
-        values.update(claim_token=None, claimed_until=None)
-    mine = Operation.objects.filter(pk=op.pk, claim_token=token, state__in=_LIVE)
-    if mine.filter(**(unless or {})).update(**values):
-        return True
-    if unless is not None and mine.exists():
+        names, values = [*names, "claim_token", "claimed_until"], [*values, None, None]
+    if not names:
+        raise ValueError("a store writes at least one field or releases the claim")
+    sets = ", ".join(f"{connection.ops.quote_name(name)} = %s" for name in names)
+    woken = "" if due is _ANY else "AND next_step_at IS NOT DISTINCT FROM %s"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_TABLE} SET {sets} WHERE {_MINE} {woken}",  # noqa: S608 - our names
+            [*values, op.pk, token, _LIVE, *([] if due is _ANY else [due])],
+        )  # fmt: skip
+        if cursor.rowcount:
+            return True
+    if due is not _ANY and _reread(op.pk, token) is not None:
         return False
     raise ClaimLost
+
+
+def _reread(operation_id, token: uuid.UUID) -> tuple[str, datetime | None] | None:
+    """What others write to an operation this worker claimed: its cancel_reason (a user's
+    cancel, a delete) and next_step_at (a wake-up); None when the claim is not ours any more
+    or the operation ended."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT cancel_reason, next_step_at FROM {_TABLE} WHERE {_MINE}",  # noqa: S608
+            [operation_id, token, _LIVE],
+        )
+        return cursor.fetchone()
 
 
 @dataclass
@@ -244,11 +268,7 @@ def _step(
         ).get(pk=operation_id)
         held = Held(op, token, now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE))
     else:
-        fresh = (
-            Operation.objects.filter(pk=operation_id, claim_token=held.token, state__in=_LIVE)
-            .values_list("cancel_reason", "next_step_at")
-            .first()
-        )
+        fresh = _reread(operation_id, held.token)
         if fresh is None:
             return None, None  # it ended meanwhile (a delete), or the claim was taken over
         held.op.cancel_reason, held.op.next_step_at = fresh
@@ -382,18 +402,21 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         step = engine.Step(progressed=True)
 
     op.engine_state = json.dumps(state.to_json())
-    with transaction.atomic():
-        if not state.done:  # a move that only waits writes no instance, and locks none
-            # In time for another move in this task: the claim is kept if that one follows
-            # at once.
-            in_time = time.monotonic() < keep_until
+    before = saved.get("nodes", {})
+    rows = _task_runs_changed(op, state, before=before)
+    if not state.done:  # a move that only waits writes no instance, and locks none
+        # In time for another move in this task: the claim is kept if that one follows at once.
+        in_time = time.monotonic() < keep_until
+        # A move that changed no task run writes the operation alone: no transaction for it.
+        with transaction.atomic() if rows else nullcontext():
             delay = _wait(
                 op, state, step, now, token,
                 due=due, watched_kinds=spec.required_kinds, keep=in_time,
             )  # fmt: skip
-            held.kept = in_time and delay == 0
-            _sync_task_runs(op, state, before=saved.get("nodes", {}))
-            return delay
+            _task_runs_write(op, rows, before=before)
+        held.kept = in_time and delay == 0
+        return delay
+    with transaction.atomic():
         # The instance first, as every service that changes an instance's operations locks it
         # (a delete): finishing writes the instance too, and the other order deadlocks with
         # such a service.
@@ -402,7 +425,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
             fields=_INSTANCE_FIELDS, from_queryset=Instance.objects.select_for_update()
         )
         _finish(op, state, verb, now, token)
-        _sync_task_runs(op, state, before=saved.get("nodes", {}))
+        _task_runs_write(op, rows, before=before)
     return None
 
 
@@ -445,8 +468,7 @@ def _wait(
     op.next_step_at = now + timedelta(seconds=delay)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
               "moves", "error", "waiting_on"]  # fmt: skip
-    unwoken = {"next_step_at": due} if due is not None else {"next_step_at__isnull": True}
-    if _store(op, token, fields, release=not (keep and delay == 0), unless=unwoken):
+    if _store(op, token, fields, release=not (keep and delay == 0), due=due):
         return delay
     op.next_step_at, op.idle_steps = now, 0  # woken meanwhile
     _store(op, token, fields, release=not keep)
@@ -546,28 +568,38 @@ def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) 
 _SHOWN = ("phase", "message", "object", "started_at", "finished_at")
 
 
-def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> None:
-    """One TaskRun row per attempt of each resource task, with the object it rendered.
-
-    Only what this step changed of what a row shows is written (`before` is the saved state's
-    nodes): a move that only read an object back, or took a node from one step to the next,
-    writes none.
-    """
+def _task_runs_changed(op: Operation, state: engine.RunState, *, before: dict) -> list:
+    """The nodes whose TaskRun row (one per attempt of each resource task, with the object it
+    rendered) this move changed: only what a row shows counts (`before` is the saved state's
+    nodes), so a move that only read an object back, or took a node from one step to the next,
+    writes none."""
+    changed = []
     for node in state.nodes.values():
         if node.template == "" or (node.object is None and node.phase == engine.PENDING):
             continue
         prev = before.get(node.id)
-        # Written by an earlier move already: one UPDATE instead of a SELECT and a write.
-        synced = (
-            prev is not None
-            and prev.get("attempt") == node.attempt
-            and not (prev.get("object") is None and prev.get("phase") == engine.PENDING)
-        )
-        if synced and all(prev.get(name) == getattr(node, name) for name in _SHOWN):
+        if _synced(prev, node) and all(prev.get(name) == getattr(node, name) for name in _SHOWN):
             continue
         template = op_template(op, node.template)
-        if template is None or template.resource is None:
-            continue
+        if template is not None and template.resource is not None:
+            changed.append(node)
+    return changed
+
+
+def _synced(prev: dict | None, node) -> bool:
+    """Whether the node's row was written by an earlier move (the saved state `prev` names
+    the same attempt, past pending)."""
+    return (
+        prev is not None
+        and prev.get("attempt") == node.attempt
+        and not (prev.get("object") is None and prev.get("phase") == engine.PENDING)
+    )
+
+
+def _task_runs_write(op: Operation, nodes: list, *, before: dict) -> None:
+    """Write the TaskRun rows of `nodes` (`_task_runs_changed`)."""
+    for node in nodes:
+        prev = before.get(node.id)
         values = {
             "state": node.phase,
             "message": node.message,
@@ -575,7 +607,7 @@ def _sync_task_runs(op: Operation, state: engine.RunState, *, before: dict) -> N
             "started_at": _dt(node.started_at),
             "finished_at": _dt(node.finished_at),
         }
-        if synced:
+        if _synced(prev, node):  # one UPDATE instead of a SELECT and a write
             changed = dict(values)
             if prev.get("object") == node.object:
                 del changed["object"]  # unchanged: not encrypted and written again

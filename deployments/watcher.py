@@ -36,7 +36,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
-from django.db.models import Q
 
 from deployments import selectors, status
 from deployments.cells import driver_for
@@ -146,18 +145,28 @@ def operations_wake(
     woken and goes on at once (`runner._wait`); if that worker died, the claim expires and the
     sweeper sends the overdue step."""
     table = Operation._meta.db_table
-    running = Operation.objects.filter(
-        instance_id=instance_id, instance__cell_id=lease.cell_id, state=Operation.State.RUNNING
-    )
     key = None
+    waiting = ""  # which running operations the change may concern: all of them, or ...
     if changed is not None:
         meta = changed.get("metadata") or {}
         key = f"{changed.get('kind', '')}/{meta.get('name', '')}"
-        running = running.filter(Q(waiting_on=[]) | Q(waiting_on__contains=[{"object": key}]))
+        # ... those waiting on that object, or on nothing in particular.
+        waiting = "AND (o.waiting_on = '[]'::jsonb OR o.waiting_on @> %s::jsonb)"
+    with connection.cursor() as cursor:  # one per event: in SQL, not built by the ORM each time
+        cursor.execute(
+            f"""
+            SELECT o.id, o.waiting_on FROM {table} o
+              JOIN {Instance._meta.db_table} i ON i.id = o.instance_id
+             WHERE o.instance_id = %s AND i.cell_id = %s AND o.state = %s {waiting}
+            """,  # noqa: S608 - our table names
+            [instance_id, lease.cell_id, Operation.State.RUNNING,
+             *([] if key is None else [json.dumps([{"object": key}])])],
+        )  # fmt: skip
+        running = cursor.fetchall()
     due = [
         operation_id
-        for operation_id, waits in running.values_list("id", "waiting_on")
-        if _woken_by(waits, key, None if deleted else changed)
+        for operation_id, waits in running
+        if _woken_by(_json(waits), key, None if deleted else changed)
     ]
     if not due:
         return []
@@ -175,6 +184,11 @@ def operations_wake(
         if not moving:  # one a worker is moving finds itself woken when it stores its move
             operation_dispatch(operation_id, urgent=True)
     return [str(operation_id) for operation_id, _ in woken]
+
+
+def _json(value):
+    """A jsonb column as a raw cursor reads it: text (Django leaves decoding to the field)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def _woken_by(waits: list[dict], key: str | None, obj: dict | None) -> bool:
@@ -234,11 +248,14 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
     if not INSTANCE_NAMESPACE.fullmatch(namespace):
         return  # not an instance's namespace (the cluster's own, or another tenant of it)
     if kind.status_rules and meta.get("name") == namespace:
-        version_id = (
-            Instance.objects.filter(pk=namespace, cell_id=lease.cell_id)
-            .values_list("plan_version_id", flat=True)
-            .first()
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT plan_version_id FROM {Instance._meta.db_table} "  # noqa: S608
+                "WHERE id = %s AND cell_id = %s",
+                [namespace, lease.cell_id],
+            )
+            row = cursor.fetchone()
+        version_id = row[0] if row else None
         rule = kind.status_rules.get(version_id) if version_id else None
         if rule is not None:
             observed_write(lease, namespace, status.observed_of(obj, rule))

@@ -194,7 +194,7 @@ def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(create
     assert created.moves == moves and created.claim_token == new_owner
 
 
-def test_a_move_that_only_reads_the_object_back_writes_no_task_run(created, faults):
+def test_a_move_that_only_reads_the_object_back_writes_the_operation_alone(created, faults):
     faults(frozen=["cnpg"])  # the cluster stays unready: every look finds it pending
     for _ in range(10):  # up to the move that waits on the cluster
         Operation.objects.filter(pk=created.pk).update(next_step_at=None)
@@ -211,6 +211,8 @@ def test_a_move_that_only_reads_the_object_back_writes_no_task_run(created, faul
     created.refresh_from_db()
     assert created.idle_steps >= 1  # a look that found nothing new
     assert not [s for s in statements if "deployments_taskrun" in s["sql"]]
+    # Its one write, the operation's, commits alone: no transaction is opened for it.
+    assert [s["sql"] for s in statements if s["sql"] in {"BEGIN", "COMMIT"}] == []
     cluster = TaskRun.objects.get(operation=created, node__endswith="cluster")
     assert cluster.state == "Running" and cluster.finished_at is None
 
