@@ -102,6 +102,19 @@ def classify(exc: Exception) -> DriverError:
     return PermanentError(readable(exc))
 
 
+def _listed_typed(answer: Any) -> Any:
+    """A list's items with their apiVersion and kind: an API server leaves both out of the
+    items of built-in kinds (a Secret list's items are Secrets), and what reads an item (the
+    watcher's listing, for one) names it by its kind."""
+    kind = answer.get("kind", "") if isinstance(answer, dict) else ""
+    if kind.endswith("List") and "items" in answer:
+        answer["items"] = answer["items"] or []
+        for item in answer["items"]:
+            item.setdefault("apiVersion", answer.get("apiVersion"))
+            item.setdefault("kind", kind.removesuffix("List"))
+    return answer
+
+
 class WatchExpired(Exception):
     """410 Gone: the version a watch resumes from is too old; list again."""
 
@@ -169,9 +182,10 @@ class KubeDriver:
         if not body:
             return None
         try:
-            return json.loads(body)
+            answer = json.loads(body)
         except ValueError as exc:
             raise PermanentError("The cluster's answer is not JSON.") from exc
+        return _listed_typed(answer)
 
     @staticmethod
     def _where(obj: dict[str, Any]) -> tuple[str, str | None]:

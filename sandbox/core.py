@@ -167,6 +167,14 @@ class Core:
         """A read-only view for serialising (stored objects are never changed in place)."""
         return {**obj, "apiVersion": rt.group_version, "kind": rt.kind}
 
+    @classmethod
+    def _item(cls, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """An item of a list, as the API server encodes it: a custom resource with its
+        apiVersion and kind, a built-in kind's without (the list's kind names them)."""
+        if rt.crd:
+            return cls._view(rt, obj)
+        return {key: value for key, value in obj.items() if key not in ("apiVersion", "kind")}
+
     def list(
         self,
         rt: ResourceType,
@@ -208,7 +216,7 @@ class Core:
             if len(page) < len(matching):
                 meta["continue"] = _encode_continue(snap_rv, page[-1])
                 meta["remainingItemCount"] = len(matching) - len(page)
-            items = [self._view(rt, state[k]) for k in page]
+            items = [self._item(rt, state[k]) for k in page]
             return {
                 "apiVersion": rt.group_version,
                 "kind": rt.list_kind,

@@ -187,6 +187,25 @@ def test_resource_versions_come_from_one_counter_and_lists_carry_snapshot(
     assert int(listed.metadata.resource_version) >= int(b["metadata"]["resourceVersion"])
 
 
+def test_list_items_of_a_built_in_kind_leave_out_their_kind_and_custom_resources_keep_it(
+    raw, core_v1, custom, namespace
+):
+    core_v1.create_namespaced_config_map(
+        namespace, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}
+    )
+    custom.create_namespaced_custom_object(G, V, namespace, "clusters", cluster_body("b"))
+
+    _, _, configs = raw.request("GET", f"/api/v1/namespaces/{namespace}/configmaps")
+    _, _, clusters = raw.request("GET", f"/apis/{G}/{V}/namespaces/{namespace}/clusters")
+
+    # As the API server encodes them: the list's kind names a built-in kind's items.
+    assert configs["kind"] == "ConfigMapList"
+    assert [sorted(set(item) & {"apiVersion", "kind"}) for item in configs["items"]] == [[]]
+    assert [(item["apiVersion"], item["kind"]) for item in clusters["items"]] == [
+        (f"{G}/{V}", "Cluster")
+    ]
+
+
 def test_stale_put_is_409_conflict(custom, namespace):
     first = custom.create_namespaced_custom_object(G, V, namespace, "clusters", cluster_body("c"))
     first["spec"]["instances"] = 2
