@@ -163,10 +163,13 @@ def limits_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> Limits
 
 
 def subscription_of(tenant: Tenant, plan: Plan) -> Subscription | None:
-    """The tenant's open (not cancelled) subscription to `plan`, or None."""
+    """The tenant's open (not cancelled) subscription to `plan`, or None (at most one is open).
+    Ordered by its own column: the model's ordering, by tenant and plan names, would join both
+    tables to every entitlement check."""
     return (
         Subscription.objects.filter(tenant=tenant, plan=plan)
         .exclude(status=Subscription.Status.CANCELLED)
+        .order_by("-created_at")
         .first()
     )
 
