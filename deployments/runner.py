@@ -99,6 +99,14 @@ class ClaimLost(Exception):
     the cluster) or it ended meanwhile: the move made is discarded, never committed."""
 
 
+# The statements every move makes on its operation, written in SQL: building each with the ORM
+# took longer than the worker's whole share of running it.
+_TABLE = Operation._meta.db_table
+_LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
+_MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
+_ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
+
+
 def _claim(operation_id: str, now, *, early: bool = False) -> uuid.UUID | None:
     """Claim the operation for one move: a token valid until the lease ends; None when it
     ended, another worker holds it, or (unless `early`) its next step is not due yet."""
@@ -174,14 +182,6 @@ class ClaimedDriver:
     def resolve(self, resource: str) -> tuple[str, str]:
         self._keep()
         return self._driver.resolve(resource)
-
-
-# The statements every move makes on its operation, written in SQL: building each with the ORM
-# took longer than the worker's whole share of running it.
-_TABLE = Operation._meta.db_table
-_LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
-_MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
-_ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
 
 
 def _store(
