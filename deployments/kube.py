@@ -102,17 +102,33 @@ def classify(exc: Exception) -> DriverError:
     return PermanentError(readable(exc))
 
 
-def _listed_typed(answer: Any) -> Any:
-    """A list's items with their apiVersion and kind: an API server leaves both out of the
-    items of built-in kinds (a Secret list's items are Secrets), and what reads an item (the
-    watcher's listing, for one) names it by its kind."""
-    kind = answer.get("kind", "") if isinstance(answer, dict) else ""
+def _as_shown(answer: Any) -> Any:
+    """An answer as `kubectl get -o json` shows it (kubectl 1.21 and later), which is what
+    Argo's resource templates and a spec author see:
+
+    - no object's `metadata.managedFields`: the field managers' bookkeeping, a third or more of a
+      small object, which nothing here reads and the engine would otherwise keep with every
+      object it reads back;
+    - a list's items with their apiVersion and kind: an API server leaves both out of the
+      items of built-in kinds (a Secret list's items are Secrets), and what reads an item
+      (the watcher's listing, for one) names it by its kind."""
+    if not isinstance(answer, dict):
+        return answer
+    kind = answer.get("kind", "")
     if kind.endswith("List") and "items" in answer:
         answer["items"] = answer["items"] or []
         for item in answer["items"]:
             item.setdefault("apiVersion", answer.get("apiVersion"))
             item.setdefault("kind", kind.removesuffix("List"))
-    return answer
+            _unmanaged(item)
+    return _unmanaged(answer)
+
+
+def _unmanaged(obj: Any) -> Any:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 class WatchExpired(Exception):
@@ -185,7 +201,7 @@ class KubeDriver:
             answer = json.loads(body)
         except ValueError as exc:
             raise PermanentError("The cluster's answer is not JSON.") from exc
-        return _listed_typed(answer)
+        return _as_shown(answer)
 
     @staticmethod
     def _where(obj: dict[str, Any]) -> tuple[str, str | None]:
@@ -385,7 +401,7 @@ class KubeDriver:
                 timeout=timeout,
                 allow_watch_bookmarks=True,
             ):
-                yield event["type"], event["raw_object"]
+                yield event["type"], _unmanaged(event["raw_object"])
         except (DynamicApiError, ApiException) as exc:
             if getattr(exc, "status", None) == 410:
                 raise WatchExpired(readable(exc)) from exc

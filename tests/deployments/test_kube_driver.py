@@ -3,6 +3,7 @@
 import uuid
 
 import pytest
+from kubernetes import client
 
 from deployments.kube import KubeDriver, WatchExpired, api_client_from_kubeconfig
 from deployments.workflow.driver import PermanentError, TransientError
@@ -138,6 +139,28 @@ def test_listed_objects_of_a_built_in_kind_are_named_by_their_kind(driver, names
 
     ours = [o for o in items if o["metadata"]["namespace"] == namespace]
     assert [(o["apiVersion"], o["kind"]) for o in ours + listed] == [("v1", "Secret")] * 2
+
+
+def test_objects_are_read_as_kubectl_shows_them_without_managed_fields(driver, namespace):
+    # The API server keeps every field manager's bookkeeping on the object; kubectl get (and
+    # so an Argo resource template) leaves it out, and so does every read through the driver:
+    # what the engine keeps of each object it reads back is smaller by as much.
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": namespace}}
+    _, listed_at = driver.list_for_watch("v1", "ConfigMap")
+    applied = driver.apply({**config, "metadata": {**config["metadata"], "name": "c"}})
+    stored = client.CoreV1Api(driver.api_client).read_namespaced_config_map("c", namespace)
+    assert [m.manager for m in stored.metadata.managed_fields] == ["opsdeck"]
+
+    events = driver.watch_objects("v1", "ConfigMap", resource_version=listed_at, timeout=1)
+    read = [
+        applied,
+        driver.get(applied),
+        *driver.list_objects("v1", "ConfigMap", namespace=namespace),
+        *[o for kind, o in events if kind == "ADDED"],
+    ]
+    assert len(read) == 4
+    assert all(o["metadata"]["name"] == "c" for o in read)
+    assert not any("managedFields" in o["metadata"] for o in read)
 
 
 def test_an_unreachable_cluster_is_transient(tmp_path):
