@@ -2,12 +2,13 @@ import re
 import time
 import uuid
 from datetime import UTC
+from urllib.parse import urlsplit
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.urls import NoReverseMatch, reverse
@@ -15,6 +16,7 @@ from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
+from django_htmx.http import reswap, retarget
 
 from accounts import roles
 from accounts.audit import Actor
@@ -201,7 +203,7 @@ LIVE_TABS = {"servers", "logs", "events"}
 FOLLOW_FOR = 300
 DETAIL = "deployments/instance_detail.html"
 # An htmx request names the element it swaps; each of these has a partial of its own.
-SWAPPED = {"instance-page", "instance-tab", "instance-operations", "instance-live"}
+SWAPPED = {"instance-page", "instance-head", "instance-tab", "instance-operations", "instance-live"}
 ACTIVITY_SHOWN = 100
 PENDING = {Operation.State.QUEUED, Operation.State.RUNNING}
 
@@ -315,9 +317,22 @@ def _logs_context(driver, namespace: str, rule, found: list, params) -> dict:
     return context
 
 
-def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
-    """The instance page, or for htmx the part it swaps (the whole page's part after an
-    action, whatever asked)."""
+def _page(
+    request,
+    instance: Instance,
+    *,
+    tab: str,
+    status: int = 200,
+    part: str | None = None,
+    params=None,
+    **extra,
+):
+    """The instance page, or for htmx the part it swaps (`part`, else the one the request
+    names; the whole page's part after an action, whatever asked). `params`: the query the
+    tab reads its choices from (the request's by default)."""
+    if part is None and request.htmx and not request.htmx.history_restore_request:
+        part = request.htmx.target if request.method == "GET" else "instance-page"
+        part = part if part in SWAPPED else "instance-page"
     allowed = roles.allowed_actions(request.membership.role)
     actions = selectors.instance_actions(instance, allowed)
     context = {
@@ -327,15 +342,18 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
         "tabs": TABS,
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
-        "snapshot_count": selectors.snapshots_of_instance(instance).count(),
-        **_tab_context(instance, tab, actions, allowed, request.GET),
         **extra,
     }
-    template = DETAIL
-    if request.htmx and not request.htmx.history_restore_request:
-        target = request.htmx.target if request.method == "GET" else "instance-page"
-        template = f"{DETAIL}#{target if target in SWAPPED else 'instance-page'}"
-        context["polled"] = target == "instance-operations"
+    if part in {None, "instance-page"} and "following" not in context:
+        # While an operation is pending, the header follows it (it polls).
+        context["following"] = selectors.operations_pending(instance).exists()
+    if part != "instance-head":
+        context["snapshot_count"] = selectors.snapshots_of_instance(instance).count()
+        shown = _tab_context(
+            instance, tab, actions, allowed, request.GET if params is None else params
+        )
+        context.update({**shown, **extra})
+    template = f"{DETAIL}#{part}" if part else DETAIL
     # Only the parts with the dialogs need the modify form (not each poll of the timeline).
     dialogs = template in {DETAIL, f"{DETAIL}#instance-page"} and "modify_form" not in context
     if dialogs and any(a.verb == "modify" and not a.refusal for a in actions):
@@ -352,9 +370,31 @@ def _page(request, instance: Instance, *, tab: str, status: int = 200, **extra):
     return response
 
 
+def _header_followed(request, instance: Instance):
+    """The header's poll while an operation is pending: the header again while one is. Once
+    none is, the whole page as the browser shows it (its tab and the tab's choices, from the
+    address it is at): an operation's end changes more than the header — the actions it
+    offers and their dialogs, the status, the parameters, the outputs."""
+    if selectors.operations_pending(instance).exists():
+        return _page(request, instance, tab="overview", part="instance-head", following=True)
+    shown = QueryDict(urlsplit(request.htmx.current_url or "").query)
+    tab = shown.get("tab", "overview")
+    response = _page(
+        request,
+        instance,
+        tab=tab if tab in TABS else "overview",
+        part="instance-page",
+        params=shown,
+        focus=shown.get("operation", ""),
+    )
+    return reswap(retarget(response, "#instance-page"), "outerHTML")
+
+
 @tenant_view("instance.view")
 def instance_detail(request, instance_id: str):
     instance = _instance(request, instance_id)
+    if request.htmx and request.htmx.target == "instance-head":
+        return _header_followed(request, instance)
     tab = request.GET.get("tab", "overview")
     focus = request.GET.get("operation", "")  # the operation to show unfolded
     return _page(request, instance, tab=tab if tab in TABS else "overview", focus=focus)

@@ -169,14 +169,47 @@ def test_a_pending_operation_makes_the_timeline_poll_until_it_ends(owner_client,
         url, {"tab": "operations"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations"
     ).content.decode()
     assert polled.lstrip().startswith('<div id="instance-operations" hx-get=')
-    assert 'id="instance-head" hx-swap-oob="true"' in polled  # the state badge follows
-    assert "<html" not in polled
+    assert "<html" not in polled and 'id="instance-head"' not in polled  # it follows itself
 
     Operation.objects.filter(verb="restart").update(state=Operation.State.SUCCEEDED)
     done = owner_client.get(
         url, {"tab": "operations"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-operations"
     ).content.decode()
     assert 'hx-trigger="every 2s' not in done
+
+
+def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
+    owner_client, instance
+):
+    url = _url(instance)
+    owner_client.post(f"{url}actions/stop/", {"request_id": "follow-1"})
+    head = re.compile(r'<header[^>]*id="instance-head"[^>]*>')
+
+    page = owner_client.get(url).content.decode()  # the overview, which does not poll itself
+    assert 'hx-trigger="every 2s' in head.search(page).group(0)
+
+    def poll(shown: str):
+        return owner_client.get(
+            url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head",
+            HTTP_HX_CURRENT_URL=f"http://testserver{url}{shown}",
+        )  # fmt: skip
+
+    pending = poll("?tab=backups")
+    html = pending.content.decode()
+    assert html.lstrip().startswith("<header") and "every 2s" in head.search(html).group(0)
+    assert 'id="instance-state">Running<' in html  # queued: it has not started yet
+    assert 'id="instance-tab"' not in html and "HX-Retarget" not in pending
+
+    Operation.objects.filter(verb="stop").update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+    ended = poll("?tab=backups")
+    html = ended.content.decode()
+    # The whole page of the tab on screen: the header stops polling, the actions change.
+    assert (ended["HX-Retarget"], ended["HX-Reswap"]) == ("#instance-page", "outerHTML")
+    assert html.lstrip().startswith('<div id="instance-page">')
+    assert 'id="instance-state">Stopped<' in html
+    assert "every 2s" not in head.search(html).group(0)
+    assert f"{instance.pk}-20261130080000" in html  # the Backups tab, as it was shown
 
 
 def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
