@@ -1,3 +1,5 @@
+import hashlib
+import json
 import re
 import time
 import uuid
@@ -8,7 +10,7 @@ from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, QueryDict
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.urls import NoReverseMatch, reverse
@@ -246,6 +248,8 @@ def _tab_context(
         }
     if tab == "activity":
         return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
+    if tab == "metrics":  # the charts load apart, for the chosen window
+        return {"metrics_window": params.get("window", "")}
     if tab == "connection":
         connection = selectors.instance_connection(instance)
         rows = [("Host", connection.host, "host"), ("Port", connection.port, "port")]
@@ -344,9 +348,11 @@ def _page(
         "refusals": [a for a in actions if a.refusal],
         **extra,
     }
-    if part in {None, "instance-page"} and "following" not in context:
+    if part in {None, "instance-page"} and "head_follows" not in context:
         # While an operation is pending, the header follows it (it polls).
-        context["following"] = selectors.operations_pending(instance).exists()
+        context["head_follows"] = selectors.operations_pending(instance).exists()
+    if context.get("head_follows"):
+        context["head_shown"] = _head_shown(instance, actions)
     if part != "instance-head":
         context["snapshot_count"] = selectors.snapshots_of_instance(instance).count()
         shown = _tab_context(
@@ -366,17 +372,38 @@ def _page(
             if a.parameters and a.verb != "modify" and not a.refusal
         }
     response = render(request, template, context, status=status)
-    patch_vary_headers(response, ["HX-Request", "HX-Target"])
+    patch_vary_headers(response, ["HX-Request", "HX-Target", "HX-Current-URL"])
     return response
 
 
+def _head_shown(instance: Instance, actions: list) -> str:
+    """A digest of what the header shows that a pending operation may change: its poll gets
+    nothing to swap while it is unchanged (a swap every 2 s would close what the member
+    opened in it and move the keyboard focus)."""
+    shown = [
+        instance.state,
+        instance.health,
+        instance.health_reason,
+        instance.plan_version_id,
+        instance.deletion_protected,
+        [(a.verb, a.refusal) for a in actions],
+    ]
+    return hashlib.blake2s(json.dumps(shown, default=str).encode(), digest_size=8).hexdigest()
+
+
 def _header_followed(request, instance: Instance):
-    """The header's poll while an operation is pending: the header again while one is. Once
-    none is, the whole page as the browser shows it (its tab and the tab's choices, from the
-    address it is at): an operation's end changes more than the header — the actions it
-    offers and their dialogs, the status, the parameters, the outputs."""
+    """The header's poll while an operation is pending: the header again while one is, or
+    nothing while what it shows is unchanged (`_head_shown`). Once none is, the whole page as
+    the browser shows it (its tab and the tab's choices, from the address it is at): an
+    operation's end changes more than the header — the actions it offers and their dialogs,
+    the status, the parameters, the outputs."""
     if selectors.operations_pending(instance).exists():
-        return _page(request, instance, tab="overview", part="instance-head", following=True)
+        actions = selectors.instance_actions(
+            instance, roles.allowed_actions(request.membership.role)
+        )
+        if request.GET.get("shown") == _head_shown(instance, actions):
+            return HttpResponse(status=204)  # nothing to swap
+        return _page(request, instance, tab="overview", part="instance-head", head_follows=True)
     shown = QueryDict(urlsplit(request.htmx.current_url or "").query)
     tab = shown.get("tab", "overview")
     response = _page(

@@ -199,6 +199,17 @@ def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
     assert html.lstrip().startswith("<header") and "every 2s" in head.search(html).group(0)
     assert 'id="instance-state">Running<' in html  # queued: it has not started yet
     assert 'id="instance-tab"' not in html and "HX-Retarget" not in pending
+    # Polled again with what it shows unchanged: nothing to swap (what is open in it stays).
+    again = head.search(html).group(0).split('hx-get="', 1)[1].split('"', 1)[0]
+    unchanged = owner_client.get(
+        again.replace("&amp;", "&"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head"
+    )
+    assert unchanged.status_code == 204 and not unchanged.content
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.UPDATING)
+    changed = owner_client.get(
+        again.replace("&amp;", "&"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head"
+    )
+    assert 'id="instance-state">Updating<' in changed.content.decode()
 
     Operation.objects.filter(verb="stop").update(state=Operation.State.SUCCEEDED)
     Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
@@ -210,6 +221,18 @@ def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
     assert 'id="instance-state">Stopped<' in html
     assert "every 2s" not in head.search(html).group(0)
     assert f"{instance.pk}-20261130080000" in html  # the Backups tab, as it was shown
+
+
+def test_the_refresh_when_an_operation_ends_keeps_the_tabs_choices(owner_client, instance):
+    url = _url(instance)
+    ended = owner_client.get(
+        url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head",
+        HTTP_HX_CURRENT_URL=f"http://testserver{url}?tab=metrics&window=7d",
+    )  # fmt: skip
+
+    html = ended.content.decode()
+    assert html.lstrip().startswith('<div id="instance-page">')
+    assert f'hx-get="{url}metrics/?window=7d"' in html  # the charts load for the window shown
 
 
 def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
