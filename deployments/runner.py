@@ -29,10 +29,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
+from accounts.models import Tenant, User
 from deployments import executor, lifecycle, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
+    Cell,
     CellWatchLease,
     Instance,
     Operation,
@@ -107,22 +109,71 @@ _MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
 _ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
 
 
-def _claim(operation_id: str, now, *, early: bool = False) -> uuid.UUID | None:
-    """Claim the operation for one move: a token valid until the lease ends; None when it
-    ended, another worker holds it, or (unless `early`) its next step is not due yet."""
-    token = uuid.uuid4()
+class _Joined:
+    """A row of the claimed operation and what a move reads beside it — its instance, the
+    instance's cell and tenant, its requester (none for the system's) — built into model
+    instances as the ORM builds them (`from_db`, each value through its field's converters:
+    JSON decoded, encrypted fields decrypted) and linked as `select_related` links them."""
+
+    PARTS = ((Operation, "claimed"), (Instance, "i"), (Cell, "c"), (Tenant, "t"), (User, "u"))
+    FROM = f"""
+        claimed JOIN {Instance._meta.db_table} i ON i.id = claimed.instance_id
+        JOIN {Cell._meta.db_table} c ON c.id = i.cell_id
+        JOIN {Tenant._meta.db_table} t ON t.id = i.tenant_id
+        LEFT JOIN {User._meta.db_table} u ON u.id = claimed.requested_by_id"""
+    COLUMNS = ", ".join(
+        f"{alias}.{connection.ops.quote_name(f.column)}"
+        for model, alias in PARTS
+        for f in model._meta.concrete_fields
+    )
+    _converters: list | None = None  # per part, per field: found at the first row
+
+    @classmethod
+    def built(cls, row: tuple) -> Operation:
+        if cls._converters is None:
+            cls._converters = [
+                [
+                    (col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+                    for col in (f.get_col(alias) for f in model._meta.concrete_fields)
+                ]
+                for model, alias in cls.PARTS
+            ]
+        built, start = [], 0
+        for (model, _), converters in zip(cls.PARTS, cls._converters, strict=True):
+            values = list(row[start : start + len(converters)])
+            start += len(converters)
+            for n, (col, functions) in enumerate(converters):
+                for convert in functions:
+                    values[n] = convert(values[n], col, connection)
+            names = [f.attname for f in model._meta.concrete_fields]
+            built.append(model.from_db(connection.alias, names, values))
+        op, instance, cell, tenant, user = built
+        instance.cell, instance.tenant = cell, tenant
+        op.instance, op.requested_by = instance, user if user.pk is not None else None
+        return op
+
+
+def _claim(operation_id: str, now, *, early: bool = False) -> Operation | None:
+    """Claim the operation for one move (`claim_token`, valid until the lease ends) and read
+    it, with what a move reads beside it (`_Joined`), in one statement; None when it ended,
+    another worker holds it, or (unless `early`) its next step is not due yet."""
     due = "" if early else "AND (next_step_at IS NULL OR next_step_at <= %s)"
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            UPDATE {_TABLE} SET claim_token = %s, claimed_until = %s
-             WHERE id = %s AND state = ANY(%s) AND (claimed_until IS NULL OR claimed_until < %s)
-                   {due}
-            """,  # noqa: S608 - our table name
-            [token, now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE), operation_id,
-             _LIVE, now, *([] if early else [now + timedelta(milliseconds=50)])],
+            WITH claimed AS (
+                UPDATE {_TABLE} SET claim_token = %s, claimed_until = %s
+                 WHERE id = %s AND state = ANY(%s) AND (claimed_until IS NULL OR claimed_until < %s)
+                       {due}
+                RETURNING *
+            )
+            SELECT {_Joined.COLUMNS} FROM {_Joined.FROM}
+            """,  # noqa: S608 - our table and column names
+            [uuid.uuid4(), now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
+             operation_id, _LIVE, now, *([] if early else [now + timedelta(milliseconds=50)])],
         )  # fmt: skip
-        return token if cursor.rowcount else None
+        row = cursor.fetchone()
+    return None if row is None else _Joined.built(row)
 
 
 class ClaimedDriver:
@@ -260,13 +311,10 @@ def _step(
     operation (a cancel, a wake-up); its store's fence finds the rest (an end, a lost claim)."""
     now = timezone.now()
     if held is None:
-        token = _claim(operation_id, now)
-        if token is None:
+        op = _claim(operation_id, now)
+        if op is None:
             return None, None
-        op = Operation.objects.select_related(
-            "instance__cell", "instance__tenant", "requested_by"
-        ).get(pk=operation_id)
-        held = Held(op, token, now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE))
+        held = Held(op, op.claim_token, op.claimed_until)
     else:
         fresh = _reread(operation_id, held.token)
         if fresh is None:

@@ -45,11 +45,11 @@ def test_an_operation_another_worker_holds_is_left_alone_until_its_claim_runs_ou
 
 
 def test_a_worker_whose_claim_ran_out_commits_nothing(queued):
-    stale = runner._claim(str(queued.pk), timezone.now())
+    stale = runner._claim(str(queued.pk), timezone.now()).claim_token
     # Stuck in a call past its lease: another worker claims the operation and moves it on.
     later = timezone.now() + timedelta(seconds=runner.settings.OPSDECK_OPERATION_LEASE + 1)
-    fresh = runner._claim(str(queued.pk), later)
-    assert fresh is not None and fresh != stale
+    fresh = runner._claim(str(queued.pk), later).claim_token
+    assert fresh != stale
 
     queued.error = "written by the stale worker"
     with pytest.raises(runner.ClaimLost), transaction.atomic():
@@ -65,7 +65,7 @@ def test_a_worker_whose_claim_ran_out_commits_nothing(queued):
 
 
 def test_a_move_is_not_committed_on_an_operation_a_delete_cancelled_meanwhile(queued):
-    token = runner._claim(str(queued.pk), timezone.now())
+    token = runner._claim(str(queued.pk), timezone.now()).claim_token
     Operation.objects.filter(pk=queued.pk).update(state=Operation.State.CANCELLED)
 
     with pytest.raises(runner.ClaimLost):
@@ -96,9 +96,9 @@ def test_a_move_longer_than_the_lease_keeps_its_claim_from_other_workers(
     def other_worker():  # a second delivery of the same step, trying all the while
         try:
             while moving.is_set() and not taken:
-                token = runner._claim(str(queued.pk), timezone.now())
-                if token is not None:
-                    taken.append(token)
+                claimed = runner._claim(str(queued.pk), timezone.now())
+                if claimed is not None:
+                    taken.append(claimed.claim_token)
                 time.sleep(0.05)
         finally:
             connection.close()
@@ -123,7 +123,7 @@ def test_a_move_longer_than_the_lease_keeps_its_claim_from_other_workers(
 
 def test_a_worker_whose_claim_was_taken_over_makes_no_further_call(queued, settings, kube):
     settings.OPSDECK_OPERATION_LEASE = 0  # the claim is checked before every call
-    stale = runner._claim(str(queued.pk), timezone.now())
+    stale = runner._claim(str(queued.pk), timezone.now()).claim_token
     Operation.objects.filter(pk=queued.pk).update(claim_token=uuid.uuid4())  # a new owner
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inst-0stale00"}}
 
@@ -224,3 +224,39 @@ def test_a_move_that_only_reads_the_object_back_writes_the_operation_alone(creat
         time.sleep(0.05)
     cluster.refresh_from_db()
     assert cluster.state == "Succeeded" and cluster.finished_at is not None
+
+
+def _values(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("requester", ["a member", "the system"])
+def test_a_claim_reads_the_operation_with_what_a_move_reads_as_the_orm_reads_them(
+    created, requester
+):
+    if requester == "the system":
+        Operation.objects.filter(pk=created.pk).update(requested_by=None)
+    runner._step(str(created.pk))  # a move: run state, parameters and arguments stored
+    read = Operation.objects.select_related("instance__cell", "instance__tenant", "requested_by")
+    expected = read.get(pk=created.pk)
+
+    claimed = runner._claim(str(created.pk), timezone.now())
+
+    # Every value decoded as the ORM decodes it: JSON, times, encrypted fields in the clear.
+    assert claimed.engine_state and claimed.secret_parameters and claimed.instance.cell.kubeconfig
+    claim = {"claim_token": claimed.claim_token, "claimed_until": claimed.claimed_until}
+    assert _values(claimed) == {**_values(expected), **claim}
+    for part in ("instance", "cell", "tenant"):
+        got = claimed if part == "instance" else claimed.instance
+        want = expected if part == "instance" else expected.instance
+        assert _values(getattr(got, part)) == _values(getattr(want, part)), part
+    if requester == "the system":
+        assert claimed.requested_by is None
+    else:
+        assert _values(claimed.requested_by) == _values(expected.requested_by)
+    with CaptureQueriesContext(connection) as queries:  # all read with the claim, linked
+        linked = (claimed.instance.cell.name, claimed.instance.tenant.slug, claimed.requested_by)
+    assert len(queries) == 0 and linked[:2] == (
+        expected.instance.cell.name,
+        created.instance.tenant.slug,
+    )

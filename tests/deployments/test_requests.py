@@ -259,7 +259,7 @@ def test_operations_queued_before_the_upgrade_keep_their_request_and_their_secre
     )  # fmt: skip
 
     importlib.import_module("deployments.migrations.0005_requested_changes").forwards(apps, None)
-    token = runner._claim(str(rotation.pk), timezone.now())
+    token = runner._claim(str(rotation.pk), timezone.now()).claim_token
     runner._begin(
         Operation.objects.select_related("instance").get(pk=rotation.pk), timezone.now(), token
     )

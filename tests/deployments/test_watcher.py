@@ -233,7 +233,7 @@ def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(
 ):
     lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
     now = timezone.now()
-    token = runner._claim(str(waiting.pk), now, early=True)  # a worker is moving it ...
+    token = runner._claim(str(waiting.pk), now, early=True).claim_token  # a worker is moving it ...
     moving = Operation.objects.get(pk=waiting.pk)
 
     # ... when the operator changes what it waits on: the watcher makes it due but sends no
@@ -257,7 +257,7 @@ def test_a_wake_up_during_a_move_is_not_lost_to_the_moves_poll_delay(
 
 def test_a_move_nobody_woke_waits_its_poll_delay(waiting):
     now = timezone.now()
-    token = runner._claim(str(waiting.pk), now, early=True)
+    token = runner._claim(str(waiting.pk), now, early=True).claim_token
     moving = Operation.objects.get(pk=waiting.pk)
 
     with transaction.atomic():
@@ -372,7 +372,7 @@ def _wait_move(
         conditions=list(conditions),
     )  # fmt: skip
     now = timezone.now()
-    token = runner._claim(str(operation.pk), now, early=True)
+    token = runner._claim(str(operation.pk), now, early=True).claim_token
     moving = Operation.objects.select_related("instance").get(pk=operation.pk)
     with transaction.atomic():
         return runner._wait(
