@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
@@ -109,11 +110,38 @@ _MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
 _ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
 
 
+_CONVERTERS: dict[tuple[type[Model], str], list] = {}
+
+
+def _columns(model: type[Model], alias: str) -> str:
+    """The model's concrete columns, in order, as `alias.column, …`."""
+    return ", ".join(
+        f"{alias}.{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields
+    )
+
+
+def _built(model: type[Model], alias: str, values) -> Model:
+    """A `model` instance from the `values` of its `_columns(model, alias)`, as the ORM builds
+    one: each value through its field's converters (JSON decoded, encrypted fields
+    decrypted), then `from_db`."""
+    if (model, alias) not in _CONVERTERS:
+        cols = [f.get_col(alias) for f in model._meta.concrete_fields]
+        _CONVERTERS[model, alias] = [
+            (col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+            for col in cols
+        ]
+    values = list(values)
+    for n, (col, functions) in enumerate(_CONVERTERS[model, alias]):
+        for convert in functions:
+            values[n] = convert(values[n], col, connection)
+    names = [f.attname for f in model._meta.concrete_fields]
+    return model.from_db(connection.alias, names, values)
+
+
 class _Joined:
     """A row of the claimed operation and what a move reads beside it — its instance, the
-    instance's cell and tenant, its requester (none for the system's) — built into model
-    instances as the ORM builds them (`from_db`, each value through its field's converters:
-    JSON decoded, encrypted fields decrypted) and linked as `select_related` links them."""
+    instance's cell and tenant, its requester (none for the system's) — built as the ORM
+    builds them (`_built`) and linked as `select_related` links them."""
 
     PARTS = ((Operation, "claimed"), (Instance, "i"), (Cell, "c"), (Tenant, "t"), (User, "u"))
     FROM = f"""
@@ -121,33 +149,16 @@ class _Joined:
         JOIN {Cell._meta.db_table} c ON c.id = i.cell_id
         JOIN {Tenant._meta.db_table} t ON t.id = i.tenant_id
         LEFT JOIN {User._meta.db_table} u ON u.id = claimed.requested_by_id"""
-    COLUMNS = ", ".join(
-        f"{alias}.{connection.ops.quote_name(f.column)}"
-        for model, alias in PARTS
-        for f in model._meta.concrete_fields
-    )
-    _converters: list | None = None  # per part, per field: found at the first row
+    COLUMNS = ", ".join(_columns(model, alias) for model, alias in PARTS)
 
     @classmethod
     def built(cls, row: tuple) -> Operation:
-        if cls._converters is None:
-            cls._converters = [
-                [
-                    (col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
-                    for col in (f.get_col(alias) for f in model._meta.concrete_fields)
-                ]
-                for model, alias in cls.PARTS
-            ]
-        built, start = [], 0
-        for (model, _), converters in zip(cls.PARTS, cls._converters, strict=True):
-            values = list(row[start : start + len(converters)])
-            start += len(converters)
-            for n, (col, functions) in enumerate(converters):
-                for convert in functions:
-                    values[n] = convert(values[n], col, connection)
-            names = [f.attname for f in model._meta.concrete_fields]
-            built.append(model.from_db(connection.alias, names, values))
-        op, instance, cell, tenant, user = built
+        parts, start = [], 0
+        for model, alias in cls.PARTS:
+            width = len(model._meta.concrete_fields)
+            parts.append(_built(model, alias, row[start : start + width]))
+            start += width
+        op, instance, cell, tenant, user = parts
         instance.cell, instance.tenant = cell, tenant
         op.instance, op.requested_by = instance, user if user.pk is not None else None
         return op
@@ -340,19 +351,37 @@ _INSTANCE_FIELDS = [
 ]
 
 
+def _instance_locked(instance: Instance) -> list[tuple[str, str, str]]:
+    """Lock the instance, as every service that queues or cancels its operations locks it, and
+    read it again (the row read when the task began may predate the commit of an operation
+    before this one, and with it its values); and, in the same statement, its queued and
+    running operations as (id, verb, state), oldest first — which none can change while the
+    lock is held."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT {_columns(Instance, "i")},
+                   (SELECT coalesce(json_agg(json_build_array(o.id, o.verb, o.state)
+                                             ORDER BY o.created_at), '[]')::text
+                      FROM {_TABLE} o WHERE o.instance_id = i.id AND o.state = ANY(%s))
+              FROM {Instance._meta.db_table} i WHERE i.id = %s FOR UPDATE OF i
+            """,  # noqa: S608 - our table and column names
+            [_LIVE, instance.pk],
+        )
+        *values, pending = cursor.fetchone()
+    fresh = _built(Instance, "i", values)
+    for name in _INSTANCE_FIELDS:
+        setattr(instance, name, getattr(fresh, name))
+    return [tuple(entry) for entry in json.loads(pending)]
+
+
 def _begin(op: Operation, now, token: uuid.UUID) -> bool:
     """Start a queued operation if it is the instance's oldest pending one, keeping the claim
     for its first move; else release the claim and leave it queued."""
     with transaction.atomic():
-        # The instance first, locked, as every service that queues or cancels its operations
-        # locks it; read again, since the row read when this step began may predate the commit
-        # of the operation before this one (which the look below sees finished), and with it
-        # its values.
-        op.instance.refresh_from_db(
-            fields=_INSTANCE_FIELDS, from_queryset=Instance.objects.select_for_update()
-        )
-        first = selectors.operations_pending(op.instance).values_list("pk", flat=True).first()
-        if first is not None and first != op.pk:
+        # The instance first, locked and read again, with the operations pending on it.
+        pending = _instance_locked(op.instance)
+        if pending and pending[0][0] != str(op.pk):
             _store(op, token, [])  # it starts when the one before it finishes
             return False
         spec = selectors.plan_version_loaded(op.plan_version_id).spec
@@ -469,10 +498,8 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # (a delete): finishing writes the instance too, and the other order deadlocks with
         # such a service.
         # Read again with the lock: a task's later moves go on from the row its first read.
-        instance.refresh_from_db(
-            fields=_INSTANCE_FIELDS, from_queryset=Instance.objects.select_for_update()
-        )
-        _finish(op, state, verb, now, token)
+        pending = _instance_locked(instance)
+        _finish(op, state, verb, now, token, following=[p for p in pending if p[0] != str(op.pk)])
         _task_runs_write(op, rows, before=before)
     return None
 
@@ -536,7 +563,12 @@ def _watched(op: Operation, kinds: Collection[tuple[str, str]]) -> bool:
     ).exists()
 
 
-def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) -> None:
+def _finish(
+    op: Operation, state: engine.RunState, verb, now, token: uuid.UUID, *, following: list
+) -> None:
+    """Store the run's end and what it does to the instance (locked by the caller; `following`:
+    the instance's other pending operations, oldest first, as (id, verb, state)): the next
+    of them may start now."""
     succeeded = state.phase == engine.SUCCEEDED
     cancelled = not succeeded and bool(op.cancel_reason)  # by a user, or by a delete
     if succeeded:
@@ -558,10 +590,6 @@ def _finish(op: Operation, state: engine.RunState, verb, now, token: uuid.UUID) 
     )  # fmt: skip
     instance = op.instance
     rule = lifecycle.rule(op.verb, custom=verb.custom)
-    # The instance's other pending operations, oldest first: the next one may start now.
-    following = list(
-        selectors.operations_pending(instance).exclude(pk=op.pk).values_list("pk", "verb", "state")
-    )
     delete_waiting = any(
         verb == "delete" and state == Operation.State.QUEUED for _, verb, state in following
     )
