@@ -26,12 +26,11 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Model
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
 from accounts.models import Tenant, User
-from deployments import executor, lifecycle, selectors
+from deployments import executor, lifecycle, rows, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
@@ -110,38 +109,10 @@ _MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
 _ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
 
 
-_CONVERTERS: dict[tuple[type[Model], str], list] = {}
-
-
-def _columns(model: type[Model], alias: str) -> str:
-    """The model's concrete columns, in order, as `alias.column, …`."""
-    return ", ".join(
-        f"{alias}.{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields
-    )
-
-
-def _built(model: type[Model], alias: str, values) -> Model:
-    """A `model` instance from the `values` of its `_columns(model, alias)`, as the ORM builds
-    one: each value through its field's converters (JSON decoded, encrypted fields
-    decrypted), then `from_db`."""
-    if (model, alias) not in _CONVERTERS:
-        cols = [f.get_col(alias) for f in model._meta.concrete_fields]
-        _CONVERTERS[model, alias] = [
-            (col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
-            for col in cols
-        ]
-    values = list(values)
-    for n, (col, functions) in enumerate(_CONVERTERS[model, alias]):
-        for convert in functions:
-            values[n] = convert(values[n], col, connection)
-    names = [f.attname for f in model._meta.concrete_fields]
-    return model.from_db(connection.alias, names, values)
-
-
 class _Joined:
     """A row of the claimed operation and what a move reads beside it — its instance, the
     instance's cell and tenant, its requester (none for the system's) — built as the ORM
-    builds them (`_built`) and linked as `select_related` links them."""
+    builds them (`rows.built`) and linked as `select_related` links them."""
 
     PARTS = ((Operation, "claimed"), (Instance, "i"), (Cell, "c"), (Tenant, "t"), (User, "u"))
     FROM = f"""
@@ -149,14 +120,14 @@ class _Joined:
         JOIN {Cell._meta.db_table} c ON c.id = i.cell_id
         JOIN {Tenant._meta.db_table} t ON t.id = i.tenant_id
         LEFT JOIN {User._meta.db_table} u ON u.id = claimed.requested_by_id"""
-    COLUMNS = ", ".join(_columns(model, alias) for model, alias in PARTS)
+    COLUMNS = ", ".join(rows.columns(model, alias) for model, alias in PARTS)
 
     @classmethod
     def built(cls, row: tuple) -> Operation:
         parts, start = [], 0
         for model, alias in cls.PARTS:
             width = len(model._meta.concrete_fields)
-            parts.append(_built(model, alias, row[start : start + width]))
+            parts.append(rows.built(model, alias, row[start : start + width]))
             start += width
         op, instance, cell, tenant, user = parts
         instance.cell, instance.tenant = cell, tenant
@@ -259,18 +230,16 @@ def _store(
     ClaimLost, and the transaction it is in rolls back, when the claim is not ours any more or
     the operation ended meanwhile (a delete cancelled it). With `due` (the `next_step_at` the
     move read), False and nothing written when a wake-up changed it meanwhile."""
-    columns = [Operation._meta.get_field(name) for name in fields]
-    names = [column.column for column in columns]
-    values = [column.get_db_prep_save(getattr(op, column.name), connection) for column in columns]
+    names = [Operation._meta.get_field(name).column for name in fields]
+    values = rows.prepared(Operation, fields, {name: getattr(op, name) for name in fields})
     if release:
         names, values = [*names, "claim_token", "claimed_until"], [*values, None, None]
     if not names:
         raise ValueError("a store writes at least one field or releases the claim")
-    sets = ", ".join(f"{connection.ops.quote_name(name)} = %s" for name in names)
     woken = "" if due is _ANY else "AND next_step_at IS NOT DISTINCT FROM %s"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {_TABLE} SET {sets} WHERE {_MINE} {woken}",  # noqa: S608 - our names
+            f"UPDATE {_TABLE} SET {rows.sets(names)} WHERE {_MINE} {woken}",  # noqa: S608 - our names
             [*values, op.pk, token, _LIVE, *([] if due is _ANY else [due])],
         )  # fmt: skip
         if cursor.rowcount:
@@ -360,7 +329,7 @@ def _instance_locked(instance: Instance) -> list[tuple[str, str, str]]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT {_columns(Instance, "i")},
+            SELECT {rows.columns(Instance, "i")},
                    (SELECT coalesce(json_agg(json_build_array(o.id, o.verb, o.state)
                                              ORDER BY o.created_at), '[]')::text
                       FROM {_TABLE} o WHERE o.instance_id = i.id AND o.state = ANY(%s))
@@ -369,7 +338,7 @@ def _instance_locked(instance: Instance) -> list[tuple[str, str, str]]:
             [_LIVE, instance.pk],
         )
         *values, pending = cursor.fetchone()
-    fresh = _built(Instance, "i", values)
+    fresh = rows.built(Instance, "i", values)
     for name in _INSTANCE_FIELDS:
         setattr(instance, name, getattr(fresh, name))
     return [tuple(entry) for entry in json.loads(pending)]
@@ -480,17 +449,17 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
 
     op.engine_state = json.dumps(state.to_json())
     before = saved.get("nodes", {})
-    rows = _task_runs_changed(op, state, before=before)
+    runs = _task_runs_changed(op, state, before=before)
     if not state.done:  # a move that only waits writes no instance, and locks none
         # In time for another move in this task: the claim is kept if that one follows at once.
         in_time = time.monotonic() < keep_until
         # A move that changed no task run writes the operation alone: no transaction for it.
-        with transaction.atomic() if rows else nullcontext():
+        with transaction.atomic() if runs else nullcontext():
             delay = _wait(
                 op, state, step, now, token,
                 due=due, watched_kinds=spec.required_kinds, keep=in_time,
             )  # fmt: skip
-            _task_runs_write(op, rows, before=before)
+            _task_runs_write(op, runs, before=before)
         held.kept = in_time and delay == 0
         return delay
     with transaction.atomic():
@@ -500,7 +469,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # Read again with the lock: a task's later moves go on from the row its first read.
         pending = _instance_locked(instance)
         _finish(op, state, verb, now, token, following=[p for p in pending if p[0] != str(op.pk)])
-        _task_runs_write(op, rows, before=before)
+        _task_runs_write(op, runs, before=before)
     return None
 
 
@@ -672,8 +641,15 @@ def _synced(prev: dict | None, node) -> bool:
     )
 
 
+_RUNS = TaskRun._meta.db_table
+_RUN_KEY = "operation_id = %s AND node = %s AND attempt = %s"
+
+
 def _task_runs_write(op: Operation, nodes: list, *, before: dict) -> None:
-    """Write the TaskRun rows of `nodes` (`_task_runs_changed`)."""
+    """Write the TaskRun rows of `nodes` (`_task_runs_changed`), in SQL as the move's write of
+    the operation is: a row an earlier move wrote gets one UPDATE; a row new in this move (the
+    state naming it commits with it) one INSERT, which would update a row that exists after
+    all rather than fail on it."""
     for node in nodes:
         prev = before.get(node.id)
         values = {
@@ -683,21 +659,28 @@ def _task_runs_write(op: Operation, nodes: list, *, before: dict) -> None:
             "started_at": _dt(node.started_at),
             "finished_at": _dt(node.finished_at),
         }
-        if _synced(prev, node):  # one UPDATE instead of a SELECT and a write
-            changed = dict(values)
-            if prev.get("object") == node.object:
-                del changed["object"]  # unchanged: not encrypted and written again
-            rows = TaskRun.objects.filter(operation=op, node=node.id, attempt=node.attempt)
-            if rows.update(**changed):
-                continue
-        # New in this move (the state naming it commits with it): one INSERT, which would
-        # update a row that exists after all rather than fail on it.
-        TaskRun.objects.bulk_create(
-            [TaskRun(operation=op, node=node.id, attempt=node.attempt, **values)],
-            update_conflicts=True,
-            unique_fields=["operation", "node", "attempt"],
-            update_fields=list(values),
-        )
+        key = [op.pk, node.id, node.attempt]
+        with connection.cursor() as cursor:
+            if _synced(prev, node):
+                # The object unchanged is not encrypted and written again.
+                names = [n for n in values if n != "object" or prev.get("object") != node.object]
+                cursor.execute(
+                    f"UPDATE {_RUNS} SET {rows.sets(names)} WHERE {_RUN_KEY}",  # noqa: S608
+                    [*rows.prepared(TaskRun, names, values), *key],
+                )
+                if cursor.rowcount:
+                    continue
+            names = list(values)
+            columns = [connection.ops.quote_name(name) for name in names]
+            cursor.execute(
+                f"""
+                INSERT INTO {_RUNS} (operation_id, node, attempt, {", ".join(columns)})
+                VALUES (%s, %s, %s, {", ".join(["%s"] * len(names))})
+                ON CONFLICT (operation_id, node, attempt)
+                DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in columns)}
+                """,  # noqa: S608 - our table and column names
+                [*key, *rows.prepared(TaskRun, names, values)],
+            )
 
 
 def op_template(op: Operation, name: str):
