@@ -39,9 +39,14 @@ def built(model: type[Model], alias: str, values) -> Model:
     return model.from_db(connection.alias, names, values)
 
 
-def sets(names: list[str]) -> str:
-    """An UPDATE's `SET` of these columns: `name = %s, …`."""
-    return ", ".join(f"{connection.ops.quote_name(name)} = %s" for name in names)
+def column(model: type[Model], name: str) -> str:
+    """The column of the model's field `name`, quoted."""
+    return connection.ops.quote_name(model._meta.get_field(name).column)
+
+
+def sets(model: type[Model], names: list[str]) -> str:
+    """An UPDATE's `SET` of the model's fields `names`: `column = %s, …`."""
+    return ", ".join(f"{column(model, name)} = %s" for name in names)
 
 
 def prepared(model: type[Model], names: list[str], values: dict) -> list:

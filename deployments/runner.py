@@ -230,17 +230,18 @@ def _store(
     ClaimLost, and the transaction it is in rolls back, when the claim is not ours any more or
     the operation ended meanwhile (a delete cancelled it). With `due` (the `next_step_at` the
     move read), False and nothing written when a wake-up changed it meanwhile."""
-    names = [Operation._meta.get_field(name).column for name in fields]
-    values = rows.prepared(Operation, fields, {name: getattr(op, name) for name in fields})
+    values = {name: getattr(op, name) for name in fields}
     if release:
-        names, values = [*names, "claim_token", "claimed_until"], [*values, None, None]
-    if not names:
+        values |= {"claim_token": None, "claimed_until": None}
+    if not values:
         raise ValueError("a store writes at least one field or releases the claim")
+    names = list(values)
     woken = "" if due is _ANY else "AND next_step_at IS NOT DISTINCT FROM %s"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {_TABLE} SET {rows.sets(names)} WHERE {_MINE} {woken}",  # noqa: S608 - our names
-            [*values, op.pk, token, _LIVE, *([] if due is _ANY else [due])],
+            f"UPDATE {_TABLE} SET {rows.sets(Operation, names)} WHERE {_MINE} {woken}",  # noqa: S608 - our names
+            [*rows.prepared(Operation, names, values), op.pk, token, _LIVE,
+             *([] if due is _ANY else [due])],
         )  # fmt: skip
         if cursor.rowcount:
             return True
@@ -323,25 +324,28 @@ _INSTANCE_FIELDS = [
 def _instance_locked(instance: Instance) -> list[tuple[str, str, str]]:
     """Lock the instance, as every service that queues or cancels its operations locks it, and
     read it again (the row read when the task began may predate the commit of an operation
-    before this one, and with it its values); and, in the same statement, its queued and
-    running operations as (id, verb, state), oldest first — which none can change while the
-    lock is held."""
+    before this one, and with it its values); then its queued and running operations as
+    (id, verb, state), oldest first, which none can change while the lock is held.
+
+    Two statements: a statement that waits for the lock reads the locked row as committed
+    meanwhile but the rest as it was when it began, so a list read beside the lock could
+    miss an operation queued, or still hold one finished, while it waited."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            SELECT {rows.columns(Instance, "i")},
-                   (SELECT coalesce(json_agg(json_build_array(o.id, o.verb, o.state)
-                                             ORDER BY o.created_at), '[]')::text
-                      FROM {_TABLE} o WHERE o.instance_id = i.id AND o.state = ANY(%s))
-              FROM {Instance._meta.db_table} i WHERE i.id = %s FOR UPDATE OF i
-            """,  # noqa: S608 - our table and column names
-            [_LIVE, instance.pk],
+            f"SELECT {rows.columns(Instance, 'i')} FROM {Instance._meta.db_table} i"  # noqa: S608
+            " WHERE i.id = %s FOR UPDATE",
+            [instance.pk],
         )
-        *values, pending = cursor.fetchone()
-    fresh = rows.built(Instance, "i", values)
+        fresh = rows.built(Instance, "i", cursor.fetchone())
+        cursor.execute(
+            f"SELECT id::text, verb, state FROM {_TABLE}"  # noqa: S608 - our table
+            " WHERE instance_id = %s AND state = ANY(%s) ORDER BY created_at",
+            [instance.pk, _LIVE],
+        )
+        pending = cursor.fetchall()
     for name in _INSTANCE_FIELDS:
         setattr(instance, name, getattr(fresh, name))
-    return [tuple(entry) for entry in json.loads(pending)]
+    return pending
 
 
 def _begin(op: Operation, now, token: uuid.UUID) -> bool:
@@ -665,13 +669,13 @@ def _task_runs_write(op: Operation, nodes: list, *, before: dict) -> None:
                 # The object unchanged is not encrypted and written again.
                 names = [n for n in values if n != "object" or prev.get("object") != node.object]
                 cursor.execute(
-                    f"UPDATE {_RUNS} SET {rows.sets(names)} WHERE {_RUN_KEY}",  # noqa: S608
+                    f"UPDATE {_RUNS} SET {rows.sets(TaskRun, names)} WHERE {_RUN_KEY}",  # noqa: S608
                     [*rows.prepared(TaskRun, names, values), *key],
                 )
                 if cursor.rowcount:
                     continue
             names = list(values)
-            columns = [connection.ops.quote_name(name) for name in names]
+            columns = [rows.column(TaskRun, name) for name in names]
             cursor.execute(
                 f"""
                 INSERT INTO {_RUNS} (operation_id, node, attempt, {", ".join(columns)})

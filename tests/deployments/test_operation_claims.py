@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import runner, services
-from deployments.models import Cell, Operation, TaskRun
+from deployments.models import Cell, Instance, Operation, TaskRun
 from tests.deployments.conftest import SPEC
 
 
@@ -260,3 +260,33 @@ def test_a_claim_reads_the_operation_with_what_a_move_reads_as_the_orm_reads_the
         expected.instance.cell.name,
         created.instance.tenant.slug,
     )
+
+
+def test_the_operations_read_under_the_instances_lock_include_one_queued_while_it_waited(
+    created,
+):
+    instance = created.instance
+    locked, queued = threading.Event(), []
+
+    def service():  # queues an operation under the instance's lock, as services do
+        try:
+            with transaction.atomic():
+                Instance.objects.select_for_update().get(pk=instance.pk)
+                locked.set()
+                time.sleep(0.5)  # the run waits for the lock meanwhile
+                restart = Operation.objects.create(
+                    instance=instance, verb="restart", request_id="race",
+                    plan_version=instance.plan_version,
+                )  # fmt: skip
+                queued.append(str(restart.pk))
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=service)
+    other.start()
+    assert locked.wait(5)
+    with transaction.atomic():
+        pending = runner._instance_locked(Instance.objects.get(pk=instance.pk))
+    other.join(10)
+
+    assert [entry[0] for entry in pending] == [str(created.pk), *queued] and len(queued) == 1
