@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from django.db.models import Case, Count, F, Prefetch, Q, QuerySet, Value, When
+from django.db.models import Case, Count, Exists, F, Prefetch, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -304,6 +304,21 @@ def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:
         .filter(pk=instance_id)
         .first()
     )
+
+
+def instance_now(instance: Instance) -> tuple[Instance, bool]:
+    """The instance as it is now, and whether an operation is pending on it, in one query
+    while it has not changed since it was read: one read before an operation ended would
+    show the operation's end as not come (and a page would not follow it any more)."""
+    changed_at, pending = (
+        Instance.objects.filter(pk=instance.pk)
+        .annotate(pending=Exists(operations_pending(instance)))
+        .values_list("updated_at", "pending")
+        .get()
+    )
+    if changed_at != instance.updated_at:
+        instance = instance_for_tenant(instance.tenant, instance.pk) or instance
+    return instance, pending
 
 
 def operations_with_runs(instance: Instance) -> QuerySet[Operation]:

@@ -337,6 +337,9 @@ def _page(
     if part is None and request.htmx and not request.htmx.history_restore_request:
         part = request.htmx.target if request.method == "GET" else "instance-page"
         part = part if part in SWAPPED else "instance-page"
+    if part in {None, "instance-page"} and "head_follows" not in extra:
+        # While an operation is pending, the header follows it (it polls).
+        instance, extra["head_follows"] = selectors.instance_now(instance)
     allowed = roles.allowed_actions(request.membership.role)
     actions = selectors.instance_actions(instance, allowed)
     context = {
@@ -348,9 +351,6 @@ def _page(
         "refusals": [a for a in actions if a.refusal],
         **extra,
     }
-    if part in {None, "instance-page"} and "head_follows" not in context:
-        # While an operation is pending, the header follows it (it polls).
-        context["head_follows"] = selectors.operations_pending(instance).exists()
     if context.get("head_follows"):
         context["head_shown"] = _head_shown(instance, actions)
     if part != "instance-head":

@@ -235,6 +235,22 @@ def test_the_refresh_when_an_operation_ends_keeps_the_tabs_choices(owner_client,
     assert f'hx-get="{url}metrics/?window=7d"' in html  # the charts load for the window shown
 
 
+def test_a_page_shows_an_operations_end_that_came_after_it_read_the_instance(
+    instance, django_assert_num_queries
+):
+    read = Instance.objects.get(pk=instance.pk)  # the page's read, as the operation ends:
+    Instance.objects.filter(pk=instance.pk).update(
+        state=Instance.State.STOPPED, updated_at=timezone.now()
+    )
+
+    now, pending = selectors.instance_now(read)
+
+    # Neither stale nor followed (nothing pending), it would have stayed Running.
+    assert (now.state, pending) == (Instance.State.STOPPED, False)
+    with django_assert_num_queries(1):  # unchanged since: one query, the same instance
+        assert selectors.instance_now(now) == (now, False)
+
+
 def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
     response = owner_client.get(
         _url(instance), {"tab": "backups"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-tab"
