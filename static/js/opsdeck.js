@@ -79,21 +79,24 @@ document.addEventListener("click", (event) => {
 });
 
 // Polling replaces the operations timeline every few seconds: what the reader unfolded or
-// folded stays so.
-let folding = new Map();
+// folded stays so. Only the timeline's own swaps record it: the header polls beside it, and
+// its swaps (or its empty answers) must not wipe what the timeline's next settle restores.
+let folding = null;
 document.addEventListener("htmx:beforeSwap", (event) => {
-  folding = new Map();
   if (event.detail.target.id !== "instance-operations") return;
+  folding = new Map();
   event.detail.target.querySelectorAll("li[id] > details").forEach((details) => {
     folding.set(details.parentElement.id, details.open);
   });
 });
 
 function keepFolding() {
+  if (!folding) return;
   folding.forEach((open, id) => {
     const details = document.querySelector(`#${CSS.escape(id)} > details`);
     if (details) details.open = open;
   });
+  folding = null;
 }
 
 document.addEventListener("DOMContentLoaded", openMarkedDialogs);
