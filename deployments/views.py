@@ -397,7 +397,8 @@ def _header_followed(request, instance: Instance):
     the browser shows it (its tab and the tab's choices, from the address it is at): an
     operation's end changes more than the header — the actions it offers and their dialogs,
     the status, the parameters, the outputs."""
-    if selectors.operations_pending(instance).exists():
+    instance, pending = selectors.instance_now(instance)
+    if pending:
         actions = selectors.instance_actions(
             instance, roles.allowed_actions(request.membership.role)
         )
@@ -413,6 +414,7 @@ def _header_followed(request, instance: Instance):
         part="instance-page",
         params=shown,
         focus=shown.get("operation", ""),
+        head_follows=False,
     )
     return reswap(retarget(response, "#instance-page"), "outerHTML")
 
