@@ -405,7 +405,10 @@ def _header_followed(request, instance: Instance):
         if request.GET.get("shown") == _head_shown(instance, actions):
             return HttpResponse(status=204)  # nothing to swap
         return _page(request, instance, tab="overview", part="instance-head", head_follows=True)
-    shown = QueryDict(urlsplit(request.htmx.current_url or "").query)
+    try:
+        shown = QueryDict(urlsplit(request.htmx.current_url or "").query)
+    except ValueError:  # not an address (the header is the client's to send): the overview
+        shown = QueryDict()
     tab = shown.get("tab", "overview")
     response = _page(
         request,

@@ -251,6 +251,16 @@ def test_a_page_shows_an_operations_end_that_came_after_it_read_the_instance(
         assert selectors.instance_now(now) == (now, False)
 
 
+def test_a_poll_from_an_address_that_is_not_one_gets_the_overview(owner_client, instance):
+    url = _url(instance)
+    ended = owner_client.get(
+        url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head",
+        HTTP_HX_CURRENT_URL="http://[::1/?tab=backups",
+    )  # fmt: skip
+
+    assert ended.status_code == 200 and 'id="instance-parameters"' in ended.content.decode()
+
+
 def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
     response = owner_client.get(
         _url(instance), {"tab": "backups"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-tab"
