@@ -55,11 +55,22 @@ def instance_list(request):
     filters = _list_filters(request, service_names)
     instances = selectors.instances_for_tenant(tenant, **filters)
     page = Paginator(instances, selectors.INSTANCES_PER_PAGE).get_page(request.GET.get("page"))
+    rows = list(page.object_list)  # read once: the digest and the table share it
+    shown = _digest([(i.pk, i.state, i.health) for i in rows])
+    if request.htmx and request.GET.get("shown") == shown:
+        # The table's poll while a row shows an operation under way: nothing changed to swap.
+        response = HttpResponse(status=204)
+        patch_vary_headers(response, ["HX-Request"])
+        return response
     query = request.GET.copy()
     query.pop("page", None)
+    query.pop("shown", None)
     list_url = reverse("instance_list", kwargs={"tenant_slug": tenant.slug})
     context = {
         "page": page,
+        # A row in a state an operation is changing: the table polls until none is.
+        "follows": any(i.state in lifecycle.UNDER_WAY for i in rows),
+        "shown": shown,
         "filters": filters,
         "filtered": any(filters.values()),
         "query": query.urlencode(),
@@ -376,6 +387,12 @@ def _page(
     return response
 
 
+def _digest(shown: list) -> str:
+    """A short digest of what a polling part of a page shows: its poll sends it back and gets
+    nothing to swap (204) while it is unchanged."""
+    return hashlib.blake2s(json.dumps(shown, default=str).encode(), digest_size=8).hexdigest()
+
+
 def _head_shown(instance: Instance, actions: list) -> str:
     """A digest of what the header shows that a pending operation may change: its poll gets
     nothing to swap while it is unchanged (a swap every 2 s would close what the member
@@ -388,7 +405,7 @@ def _head_shown(instance: Instance, actions: list) -> str:
         instance.deletion_protected,
         [(a.verb, a.refusal) for a in actions],
     ]
-    return hashlib.blake2s(json.dumps(shown, default=str).encode(), digest_size=8).hexdigest()
+    return _digest(shown)
 
 
 def _header_followed(request, instance: Instance):

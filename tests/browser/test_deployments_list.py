@@ -94,3 +94,45 @@ def test_the_dashboard_with_running_and_failed_operations_never_scrolls_sideways
     assert not scrolls_sideways(page)
     page.locator("#operations-failed").get_by_role("link", name=second.name).click()
     expect(page.locator("h1")).to_have_text(second.name)
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_a_deployment_being_created_turns_running_in_the_list_without_a_reload(
+    open_page, owner, tenant, width
+):
+    from deployments.models import Instance
+
+    version = factories.postgres_version()
+    cell = factories.cell("eu-1", "europe-west-frankfurt")
+    factories.make_instances(tenant, version, cell, 2, name="orders")
+    (shop,) = factories.make_instances(tenant, version, cell, 1, state="creating", name="shop")
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/", width)
+    page.evaluate("window.stillTheSamePage = true")
+    row = page.locator("#deployment-table tbody tr", has_text="shop-0")
+    expect(row.locator(".badge")).to_have_text("Creating")
+
+    Instance.objects.filter(pk=shop.pk).update(state="running")  # as the worker does
+
+    expect(row.locator(".badge")).to_have_text("Running", timeout=10_000)
+    assert page.evaluate("window.stillTheSamePage") is True
+    expect(page.locator("#deployment-table")).not_to_have_attribute("hx-get", re.compile(""))
+    assert not scrolls_sideways(page)
+
+
+def test_a_search_typed_while_the_list_follows_a_creation_stays(open_page, owner, tenant, thirty):
+    from deployments.models import Instance
+
+    version = factories.postgres_version()
+    cell = factories.cell("us-1", "us-east")
+    creating = factories.make_instances(tenant, version, cell, 2, state="creating", name="shop")
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/")
+
+    page.get_by_label("Name or id").press_sequentially("shop", delay=20)
+    expect(rows(page)).to_have_count(2)
+    Instance.objects.filter(pk=creating[0].pk).update(state="running")
+
+    # The poll asks for the search shown: the row turns Running and the list stays narrowed.
+    expect(rows(page).locator(".badge")).to_have_text(["Creating", "Running"], timeout=10_000)
+    page.wait_for_timeout(2500)  # a poll more
+    expect(rows(page)).to_have_count(2)
+    expect(page.get_by_label("Name or id")).to_have_value("shop")

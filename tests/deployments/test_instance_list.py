@@ -253,3 +253,75 @@ def test_the_name_opens_the_deployment(owner_client, tenant, version, cell):
 
     assert page.status_code == 200
     assert "orders-0" in page.content.decode()
+
+
+def _poll(page: str) -> str | None:
+    """Where the table's poll asks (its hx-get, unescaped), or None when the table does not
+    poll."""
+    table = re.search(r'<div id="deployment-table"([^>]*)>', page).group(1)
+    found = re.search(r'hx-get="([^"]+)"', table)
+    return found.group(1).replace("&amp;", "&") if found else None
+
+
+def test_a_list_showing_an_operation_under_way_follows_it_until_it_ends(
+    owner_client, tenant, version, cell, url
+):
+    factories.make_instances(tenant, version, cell, 2, name="up")
+    (shop,) = factories.make_instances(tenant, version, cell, 1, state="creating", name="shop")
+    poll = _poll(owner_client.get(url).content.decode())
+    assert poll is not None and poll.startswith(f"{url}?page=1&shown=")
+
+    # Nothing changed: nothing to swap.
+    assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 204
+
+    Instance.objects.filter(pk=shop.pk).update(state="running")
+    answer = owner_client.get(poll, headers={"HX-Request": "true"})
+
+    assert answer.status_code == 200
+    table = answer.content.decode().strip()
+    assert table.startswith('<div id="deployment-table"')  # the table alone, to swap
+    assert re.search(r'shop-0</a>.*?badge-state-running">Running', table, re.DOTALL)
+    assert _poll(table) is None  # nothing under way any more: it stops polling
+
+
+def test_a_list_with_nothing_under_way_does_not_poll(owner_client, tenant, version, cell, url):
+    for state in ["running", "stopped", "failed"]:
+        factories.make_instances(tenant, version, cell, 1, state=state, name=state)
+
+    assert _poll(owner_client.get(url).content.decode()) is None
+
+
+def test_every_state_an_operation_is_changing_is_followed(owner_client, tenant, version, cell, url):
+    (instance,) = factories.make_instances(tenant, version, cell, 1)
+    for state in ["creating", "updating", "deleting"]:
+        Instance.objects.filter(pk=instance.pk).update(state=state)
+        assert _poll(owner_client.get(url, {"state": state}).content.decode()) is not None
+
+
+def test_the_poll_asks_for_the_page_and_filters_shown(owner_client, tenant, version, cell, url):
+    factories.make_instances(tenant, version, cell, 27, state="creating", name="db")
+
+    page = owner_client.get(url, {"q": "db", "state": "creating", "page": "2"}).content.decode()
+    poll = _poll(page)
+
+    assert poll.startswith(f"{url}?q=db&state=creating&page=2&shown=")
+    answer = owner_client.get(poll.replace("shown=", "shown=x"), headers={"HX-Request": "true"})
+    assert names(answer) == ["db-1", "db-0"]
+    # The page links the answer carries keep the filters, not the digest.
+    assert f'href="{url}?q=db&amp;state=creating&amp;page=1"' in answer.content.decode()
+
+
+def test_the_poll_costs_as_many_queries_for_many_deployments_as_for_few(
+    owner_client, tenant, version, cell, url
+):
+    def poll_queries() -> int:
+        poll = _poll(owner_client.get(url).content.decode())
+        with CaptureQueriesContext(connection) as queries:
+            assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 204
+        return len(queries.captured_queries)
+
+    factories.make_instances(tenant, version, cell, 3, state="creating")
+    few = poll_queries()
+    factories.make_instances(tenant, version, cell, 200, state="updating", name="more")
+
+    assert poll_queries() == few
