@@ -1,5 +1,3 @@
-import hashlib
-import json
 import re
 import time
 import uuid
@@ -23,7 +21,7 @@ from django_htmx.http import reswap, retarget
 from accounts import roles
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
-from accounts.htmx import partial_template
+from accounts.htmx import partial_template, shown_digest
 from accounts.tenancy import action_require, tenant_view
 from billing.models import Plan
 from billing.pricing import Cost
@@ -56,7 +54,7 @@ def instance_list(request):
     instances = selectors.instances_for_tenant(tenant, **filters)
     page = Paginator(instances, selectors.INSTANCES_PER_PAGE).get_page(request.GET.get("page"))
     rows = list(page.object_list)  # read once: the digest and the table share it
-    shown = _digest([(i.pk, i.state, i.health) for i in rows])
+    shown = shown_digest([(i.pk, i.state, i.health) for i in rows])
     if request.htmx and request.GET.get("shown") == shown:
         # The table's poll while a row shows an operation under way: nothing changed to swap.
         response = HttpResponse(status=204)
@@ -387,12 +385,6 @@ def _page(
     return response
 
 
-def _digest(shown: list) -> str:
-    """A short digest of what a polling part of a page shows: its poll sends it back and gets
-    nothing to swap (204) while it is unchanged."""
-    return hashlib.blake2s(json.dumps(shown, default=str).encode(), digest_size=8).hexdigest()
-
-
 def _head_shown(instance: Instance, actions: list) -> str:
     """A digest of what the header shows that a pending operation may change: its poll gets
     nothing to swap while it is unchanged (a swap every 2 s would close what the member
@@ -405,7 +397,7 @@ def _head_shown(instance: Instance, actions: list) -> str:
         instance.deletion_protected,
         [(a.verb, a.refusal) for a in actions],
     ]
-    return _digest(shown)
+    return shown_digest(shown)
 
 
 def _header_followed(request, instance: Instance):

@@ -1,13 +1,15 @@
 from django.conf import settings
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
-from django.utils.cache import patch_cache_control
+from django.utils.cache import patch_cache_control, patch_vary_headers
 from kombu import Connection
 
 from accounts import roles, selectors
+from accounts.htmx import partial_template, shown_digest
 from accounts.tenancy import SESSION_KEY, tenant_view
+from deployments import lifecycle
 from deployments import selectors as deployment_selectors
 
 
@@ -36,14 +38,43 @@ def dashboard(request):
         context["recent_events"] = selectors.audit_events_for_tenant(tenant)[:8]
     if roles.can(role, "instance.view"):
         states = deployment_selectors.instance_counts_by_state(tenant)
+        running = deployment_selectors.operations_running(tenant)
         context |= {
             "instance_count": sum(count for _, _, count in states),
             "instance_states": states,
             "instances_degraded": deployment_selectors.instances_degraded(tenant),
-            "operations_running": deployment_selectors.operations_running(tenant),
+            "operations_running": running,
             "operations_failed": deployment_selectors.operations_failed_recently(tenant, days=7),
+            # While an operation runs, the page follows it (a poll answered with nothing while
+            # what it shows is unchanged).
+            "follows": running.total > 0
+            or any(state in lifecycle.UNDER_WAY for state, _, _ in states),
         }
-    return render(request, "portal/dashboard.html", context)
+    shown = _dashboard_shown(context)
+    if request.htmx and request.GET.get("shown") == shown:
+        response = HttpResponse(status=204)
+    else:
+        context["shown"] = shown
+        template = partial_template(request, "portal/dashboard.html", "dashboard")
+        response = render(request, template, context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def _dashboard_shown(context: dict) -> str:
+    """A digest of what the dashboard shows that operations change (figures, states, the rows
+    of each table), for its poll."""
+    tables = [context.get("operations_running"), context.get("operations_failed")]
+    return shown_digest(
+        [
+            context["member_count"],
+            context["pending_invitations"],
+            [event.pk for event in context["recent_events"]],
+            context.get("instance_states"),
+            [(i.pk, i.health_reason) for i in context.get("instances_degraded", [])],
+            [(t.total, [op.pk for op in t.operations]) for t in tables if t is not None],
+        ]
+    )
 
 
 def favicon(request):

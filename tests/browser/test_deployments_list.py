@@ -136,3 +136,20 @@ def test_a_search_typed_while_the_list_follows_a_creation_stays(open_page, owner
     page.wait_for_timeout(2500)  # a poll more
     expect(rows(page)).to_have_count(2)
     expect(page.get_by_label("Name or id")).to_have_value("shop")
+
+
+def test_the_dashboard_sees_an_operation_end_without_a_reload(open_page, owner, tenant, thirty):
+    from deployments.models import Instance
+
+    first = Instance.objects.filter(tenant=tenant).first()
+    operation = factories.make_operation(first, verb="restart", state="running")
+    page = open_page(owner, f"/t/{tenant.slug}/", "narrow")
+    page.evaluate("window.stillTheSamePage = true")
+    expect(page.locator("#operations-running")).to_contain_text(first.name)
+
+    operation.state = "succeeded"  # as the worker ends it
+    operation.save(update_fields=["state"])
+
+    expect(page.get_by_text("Nothing is running.")).to_be_visible(timeout=10_000)
+    assert page.evaluate("window.stillTheSamePage") is True
+    assert not scrolls_sideways(page)

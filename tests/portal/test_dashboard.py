@@ -174,3 +174,59 @@ def test_no_degraded_section_while_every_instance_serves(owner_client, tenant, v
     factories.make_instances(tenant, version, cell, 2, name="db")
 
     assert 'id="degraded-now"' not in owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+
+def _poll(page: str) -> str | None:
+    """Where the dashboard's poll asks, or None when it does not poll."""
+    found = re.search(r'<div id="dashboard" hx-get="([^"]+)"', page)
+    return found.group(1) if found else None
+
+
+def test_the_dashboard_follows_an_operation_until_it_ends(owner_client, tenant, version, cell):
+    (instance,) = factories.make_instances(tenant, version, cell, 1, state="creating")
+    operation = factories.make_operation(instance, verb="create", state="running")
+    url = f"/t/{tenant.slug}/"
+    poll = _poll(owner_client.get(url).content.decode())
+    assert poll is not None and poll.startswith(f"{url}?shown=")
+
+    assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 204
+
+    operation.state = "succeeded"
+    operation.save(update_fields=["state"])
+    instance.state = "running"
+    instance.save(update_fields=["state"])
+    answer = owner_client.get(poll, headers={"HX-Request": "true"})
+
+    assert answer.status_code == 200
+    page = answer.content.decode().strip()
+    assert page.startswith('<div id="dashboard"')  # the dashboard's content alone, to swap
+    assert "Nothing is running." in section(page, "running-now")
+    assert re.search(r'badge-state-running">Running</span> <strong class="state-count">1<', page)
+    assert _poll(page) is None  # nothing runs any more: it stops polling
+
+
+def test_the_dashboard_does_not_poll_while_nothing_runs(owner_client, tenant, version, cell):
+    (instance,) = factories.make_instances(tenant, version, cell, 1)
+    factories.make_operation(instance, verb="backup", state="failed")
+
+    assert _poll(owner_client.get(f"/t/{tenant.slug}/").content.decode()) is None
+
+
+def test_the_dashboards_poll_costs_as_many_queries_for_many_operations_as_for_few(
+    owner_client, tenant, version, cell
+):
+    url = f"/t/{tenant.slug}/"
+
+    def poll_queries() -> int:
+        poll = _poll(owner_client.get(url).content.decode())
+        with CaptureQueriesContext(connection) as queries:
+            assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 204
+        return len(queries.captured_queries)
+
+    for instance in factories.make_instances(tenant, version, cell, 2):
+        factories.make_operation(instance, verb="restart", state="running")
+    few = poll_queries()
+    for instance in factories.make_instances(tenant, version, cell, 40, name="more"):
+        factories.make_operation(instance, verb="restart", state="running")
+
+    assert poll_queries() == few
