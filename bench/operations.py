@@ -301,13 +301,11 @@ def queue_drained(timeout: float) -> None:
     worker still spends time on it)."""
     from celery import current_app
     from django.conf import settings
-    from kombu import Exchange, Queue
 
-    name = settings.CELERY_TASK_DEFAULT_QUEUE
     deadline = time.monotonic() + timeout
     empty = 0
     with current_app.connection_for_read() as conn:
-        queue = Queue(name, Exchange(name), routing_key=name)(conn.default_channel)
+        queue = task_queue(settings.CELERY_TASK_DEFAULT_QUEUE, conn)
         while empty < 3:
             if time.monotonic() > deadline:
                 raise BenchError(f"the queue still held steps after {timeout:g} s")
@@ -688,14 +686,23 @@ def queue_delete(queue: str) -> None:
     from contextlib import suppress
 
     from celery import current_app
-    from kombu import Exchange, Queue
 
-    # Declared first: a channel deletes only the bindings it knows of. Celery's default queue
-    # is bound to a direct exchange of the same name.
+    # Declared first: a channel deletes only the bindings it knows of.
     with suppress(Exception), current_app.connection_for_write() as conn:
-        bound = Queue(queue, Exchange(queue), routing_key=queue)(conn.default_channel)
+        bound = task_queue(queue, conn)
         bound.declare()
         bound.delete()
+
+
+def task_queue(name: str, conn):
+    """Celery's queue `name` bound to a channel of `conn`, declared as Celery declares it: bound
+    to a direct exchange of the same name, with the app's maximum priority (RabbitMQ refuses a
+    declaration whose arguments differ from the queue's)."""
+    from celery import current_app
+    from kombu import Exchange, Queue
+
+    highest = current_app.conf.task_queue_max_priority
+    return Queue(name, Exchange(name), routing_key=name, max_priority=highest)(conn.default_channel)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,11 +46,20 @@ def instance_state_set(
         instance.save(update_fields=sorted(fields))
 
 
-# Which waiting step a worker takes first. On Redis, the default broker, each priority is a list
-# of its own and workers pop the lowest number's first (kombu's `priority_steps`: 0, 3, 6, 9); a
-# broker without priorities (a RabbitMQ queue declared without them) keeps its order.
+# Which waiting step a worker takes first, in Redis's terms: each priority is a list of its own
+# and workers pop the lowest number's first (kombu's `priority_steps`: 0, 3, 6, 9).
 URGENT = 0  # an operation under way moving on: what it waited for came, a cancel, its next move
 ROUTINE = 3  # an operation starting, or looking again after a delay (a poll, a back-off)
+
+
+def step_priority(*, urgent: bool) -> int:
+    """A step's priority in the broker's terms. Redis pops the lowest number first. A broker
+    whose queues are declared with a maximum priority (RabbitMQ: `task_queue_max_priority`,
+    which the settings give an amqp broker) delivers the highest first: the same two levels,
+    counted down from that maximum."""
+    priority = URGENT if urgent else ROUTINE
+    highest = current_app.conf.task_queue_max_priority
+    return highest - priority if highest else priority
 
 
 def operation_dispatch(operation_id, delay: float = 0.0, *, urgent: bool = False) -> None:
@@ -59,7 +68,7 @@ def operation_dispatch(operation_id, delay: float = 0.0, *, urgent: bool = False
     yet, and a rolled-back request sends nothing. An `urgent` step goes before every routine
     one waiting: a burst of new operations does not delay those under way from acting on what
     they waited for."""
-    priority = URGENT if urgent else ROUTINE
+    priority = step_priority(urgent=urgent)
     transaction.on_commit(
         lambda: current_app.send_task(
             STEP_TASK, args=[str(operation_id)], countdown=max(delay, 0), priority=priority
