@@ -56,7 +56,7 @@ def step_priority(*, urgent: bool) -> int:
     """A step's priority in the broker's terms. Redis pops the lowest number first. A broker
     whose queues are declared with a maximum priority (RabbitMQ: `task_queue_max_priority`,
     which the settings give an amqp broker) delivers the highest first: the same two levels,
-    counted down from that maximum."""
+    counted down from that maximum (at least ROUTINE)."""
     priority = URGENT if urgent else ROUTINE
     highest = current_app.conf.task_queue_max_priority
     return highest - priority if highest else priority

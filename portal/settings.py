@@ -157,10 +157,14 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Steps have priorities (`deployments.transitions.step_priority`). Redis keeps a list per
-# priority; RabbitMQ honours them only on a queue declared with a maximum priority, so its
-# queues are declared with one (a queue declared earlier without it must be deleted once).
+# priority and pops the lowest number first; a task sent without one counts as 0, the first.
+# RabbitMQ honours priorities only on a queue declared with a maximum priority (a queue declared
+# earlier without it must be deleted once) and delivers the highest first: its queues get the
+# fewest levels the steps need (RabbitMQ advises few), and a task sent without a priority (an
+# email, beat's) the highest, by a route every task takes, so that each keeps its place.
 if CELERY_BROKER_URL.split(":", 1)[0] in {"amqp", "amqps", "pyamqp"}:
-    CELERY_TASK_QUEUE_MAX_PRIORITY = 9
+    CELERY_TASK_QUEUE_MAX_PRIORITY = 3
+    CELERY_TASK_ROUTES = {"*": {"priority": CELERY_TASK_QUEUE_MAX_PRIORITY}}
 CELERY_TASK_IGNORE_RESULT = True  # state lives in PostgreSQL, not in a result backend
 # Celery's Django fixup closes every database connection before and after each task unless told
 # to reuse them: an operation's move would open one (a PostgreSQL backend forked, TLS and auth)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from bench.operations import queue_delete
-from deployments.transitions import operation_dispatch
+from bench.operations import queue_delete, task_queue
+from deployments.transitions import operation_dispatch, operation_notify
 from portal.celery import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +44,26 @@ def _taken_in_order(conn: Connection, queue: Queue) -> list[str]:
         message.ack()
 
 
-def test_a_woken_operation_goes_before_the_new_ones_already_waiting(queue):
+# The order a worker takes what `_send_steps` sends: the woken operation's step first, and the
+# email, a task sent without a priority, with the urgent steps (where Redis puts it).
+TAKEN = ["woken", "ended", "new-0", "new-1", "new-2", "new-3"]
+
+
+def _send_steps() -> None:
     for n in range(3):
         operation_dispatch(f"new-{n}")  # creates submitted in a burst
     operation_dispatch("woken", urgent=True)  # the change one under way waited for came
+    operation_notify("ended")  # its requester's email
     operation_dispatch("new-3")
 
-    with app.connection_for_read() as conn:
-        taken = _taken_in_order(conn, Queue(queue, Exchange(queue), routing_key=queue))
 
-    assert taken == ["woken", "new-0", "new-1", "new-2", "new-3"]
+def test_a_woken_operation_goes_before_the_new_ones_already_waiting(queue):
+    _send_steps()
+
+    with app.connection_for_read() as conn:
+        taken = _taken_in_order(conn, task_queue(queue, conn))
+
+    assert taken == TAKEN
 
 
 @pytest.fixture
@@ -76,22 +86,25 @@ def test_on_rabbitmq_a_woken_operation_goes_before_the_new_ones_already_waiting(
     name = f"test-priority-{uuid.uuid4().hex[:8]}"
     sending = (
         "import django; django.setup()\n"
-        "from deployments.transitions import operation_dispatch\n"
-        "for n in range(3): operation_dispatch(f'new-{n}')\n"
-        "operation_dispatch('woken', urgent=True)\n"
-        "operation_dispatch('new-3')\n"
+        "from celery import current_app\n"
+        "from tests.deployments.test_step_priority import _send_steps\n"
+        "_send_steps()\n"
+        "print(current_app.conf.task_queue_max_priority)\n"
     )
     environment = {**os.environ, "CELERY_BROKER_URL": AMQP_URL, "CELERY_QUEUE": name}
     environment.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    # The queue as the app declares it, with a maximum priority: RabbitMQ refuses a declaration
-    # whose arguments differ from the queue's.
-    queue = Queue(name, Exchange(name), routing_key=name, max_priority=9)
     try:
-        subprocess.run(  # noqa: S603 - our interpreter and a fixed program
-            [sys.executable, "-c", sending], cwd=ROOT, env=environment, check=True, timeout=60
-        )
+        sent = subprocess.run(  # noqa: S603 - our interpreter and a fixed program
+            [sys.executable, "-c", sending], cwd=ROOT, env=environment, check=True, timeout=60,
+            capture_output=True, text=True,
+        )  # fmt: skip
+        # The queue as that process declared it: RabbitMQ refuses a declaration whose
+        # arguments differ from the queue's.
+        highest = int(sent.stdout.split()[-1])
+        queue = Queue(name, Exchange(name), routing_key=name, max_priority=highest)
         taken = _taken_in_order(rabbitmq, queue)
     finally:
-        queue(rabbitmq.default_channel).delete()
+        with rabbitmq.channel() as channel:
+            channel.queue_delete(name)
 
-    assert taken == ["woken", "new-0", "new-1", "new-2", "new-3"]
+    assert taken == TAKEN
