@@ -3,7 +3,8 @@
 import hashlib
 import json
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.utils.cache import patch_vary_headers
 
 
 def partial_template(request: HttpRequest, template: str, name: str) -> str:
@@ -15,6 +16,16 @@ def partial_template(request: HttpRequest, template: str, name: str) -> str:
 
 def shown_digest(shown: list) -> str:
     """A short digest of what a part of a page that follows a change shows: its poll sends it
-    back and gets nothing to swap (204) while it is unchanged, so nothing the reader opened or
-    focused in it is swapped away."""
+    back (`shown`) and gets nothing to swap while it is unchanged (`unchanged`), so nothing the
+    reader opened or focused in it is swapped away."""
     return hashlib.blake2s(json.dumps(shown, default=str).encode(), digest_size=8).hexdigest()
+
+
+def unchanged(request: HttpRequest, shown: str) -> HttpResponse | None:
+    """The answer to a poll that sent back the digest of what it shows when that is still
+    `shown`: 204, nothing to swap. None for any other request."""
+    if not (request.htmx and request.GET.get("shown") == shown):
+        return None
+    response = HttpResponse(status=204)
+    patch_vary_headers(response, ["HX-Request"])
+    return response

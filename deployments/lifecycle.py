@@ -113,8 +113,6 @@ APPLIES_PARAMETERS = frozenset(verb for verb, r in RULES.items() if r.applies_pa
 ROLLED_BACK = frozenset(verb for verb, r in RULES.items() if r.rolled_back)
 # Deletion protection can change until a delete has started.
 PROTECTABLE = RULES["delete"].from_states
-# The states an instance is in while an operation changes it: a page showing one follows it.
-UNDER_WAY = frozenset(r.during for r in RULES.values() if r.during)
 
 
 def workflow_verb(verb: str) -> str:

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from django.db.models import Case, Count, Exists, F, Prefetch, Q, QuerySet, Value, When
+from django.db.models import Case, Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -59,6 +59,9 @@ def plan_version_latest(plan: Plan) -> PlanVersion | None:
     return plan.versions.order_by("-number").first()
 
 
+# An operation is pending while it is queued or running: the pages that show it follow it.
+_PENDING = [Operation.State.QUEUED, Operation.State.RUNNING]
+
 INSTANCES_PER_PAGE = 25
 
 # What a row of the deployments list shows: never a plan version's spec text or parsed JSON,
@@ -80,7 +83,8 @@ _INSTANCE_ROW = [
 def instances_for_tenant(
     tenant: Tenant, *, search: str = "", state: str = "", service: str = ""
 ) -> QuerySet[Instance]:
-    """The tenant's instances, newest first, with only the columns a list shows.
+    """The tenant's instances, newest first, with only the columns a list shows, and whether an
+    operation is pending on each (`pending`: the list follows those).
 
     `search` matches a name (any part, any case) or the start of an id, with or without its
     "inst-"; deleted instances are left out unless `state` asks for them.
@@ -99,9 +103,11 @@ def instances_for_tenant(
         When(state=Instance.State.RUNNING, health=Instance.Health.DEGRADED, then=Value(0)),
         default=Value(1),
     )
+    pending = Operation.objects.filter(instance=OuterRef("pk"), state__in=_PENDING)
     return (
         instances.select_related("plan_version__plan", "cell")
         .only(*_INSTANCE_ROW)
+        .annotate(pending=Exists(pending))
         .order_by(degraded, "-created_at", "-id")
     )
 
@@ -194,9 +200,12 @@ def operations_failed_recently(
 
 def operations_pending(instance: Instance) -> QuerySet[Operation]:
     """The instance's queued and running operations, oldest first."""
-    return instance.operations.filter(
-        state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
-    ).order_by("created_at")
+    return instance.operations.filter(state__in=_PENDING).order_by("created_at")
+
+
+def operations_pending_in(tenant: Tenant) -> bool:
+    """Whether an operation is queued or running on any of the tenant's instances."""
+    return Operation.objects.filter(instance__tenant=tenant, state__in=_PENDING).exists()
 
 
 # --- catalog ----------------------------------------------------------------------------------

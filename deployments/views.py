@@ -8,7 +8,7 @@ from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse, QueryDict
+from django.http import Http404, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.urls import NoReverseMatch, reverse
@@ -21,7 +21,7 @@ from django_htmx.http import reswap, retarget
 from accounts import roles
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
-from accounts.htmx import partial_template, shown_digest
+from accounts.htmx import partial_template, shown_digest, unchanged
 from accounts.tenancy import action_require, tenant_view
 from billing.models import Plan
 from billing.pricing import Cost
@@ -37,7 +37,8 @@ def _list_filters(request, service_names: list[str]) -> dict[str, str]:
     state = request.GET.get("state", "")
     service = request.GET.get("service", "")
     return {
-        "search": request.GET.get("q", "").strip()[:100],
+        # No name holds a NUL, and PostgreSQL refuses one in any text it compares.
+        "search": request.GET.get("q", "").replace("\x00", "").strip()[:100],
         "state": state if state in Instance.State.values else "",
         "service": service if service in service_names else "",
     }
@@ -54,20 +55,20 @@ def instance_list(request):
     instances = selectors.instances_for_tenant(tenant, **filters)
     page = Paginator(instances, selectors.INSTANCES_PER_PAGE).get_page(request.GET.get("page"))
     rows = list(page.object_list)  # read once: the digest and the table share it
-    shown = shown_digest([(i.pk, i.state, i.health) for i in rows])
-    if request.htmx and request.GET.get("shown") == shown:
-        # The table's poll while a row shows an operation under way: nothing changed to swap.
-        response = HttpResponse(status=204)
-        patch_vary_headers(response, ["HX-Request"])
-        return response
+    shown = shown_digest(
+        [page.paginator.count]
+        + [(i.pk, i.name, i.state, i.health, i.pending, i.plan_version_id, i.cell_id) for i in rows]
+    )
+    if answer := unchanged(request, shown):  # the table's poll, and nothing changed to swap
+        return answer
     query = request.GET.copy()
     query.pop("page", None)
     query.pop("shown", None)
     list_url = reverse("instance_list", kwargs={"tenant_slug": tenant.slug})
     context = {
         "page": page,
-        # A row in a state an operation is changing: the table polls until none is.
-        "follows": any(i.state in lifecycle.UNDER_WAY for i in rows),
+        # A row with an operation pending: the table polls until none has.
+        "follows": any(i.pending for i in rows),
         "shown": shown,
         "filters": filters,
         "filtered": any(filters.values()),
@@ -411,8 +412,8 @@ def _header_followed(request, instance: Instance):
         actions = selectors.instance_actions(
             instance, roles.allowed_actions(request.membership.role)
         )
-        if request.GET.get("shown") == _head_shown(instance, actions):
-            return HttpResponse(status=204)  # nothing to swap
+        if answer := unchanged(request, _head_shown(instance, actions)):
+            return answer
         return _page(request, instance, tab="overview", part="instance-head", head_follows=True)
     try:
         shown = QueryDict(urlsplit(request.htmx.current_url or "").query)

@@ -1,15 +1,14 @@
 from django.conf import settings
 from django.db import connection
-from django.http import HttpResponse, JsonResponse
+from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.utils.cache import patch_cache_control, patch_vary_headers
 from kombu import Connection
 
 from accounts import roles, selectors
-from accounts.htmx import partial_template, shown_digest
+from accounts.htmx import partial_template, shown_digest, unchanged
 from accounts.tenancy import SESSION_KEY, tenant_view
-from deployments import lifecycle
 from deployments import selectors as deployment_selectors
 
 
@@ -38,25 +37,21 @@ def dashboard(request):
         context["recent_events"] = selectors.audit_events_for_tenant(tenant)[:8]
     if roles.can(role, "instance.view"):
         states = deployment_selectors.instance_counts_by_state(tenant)
-        running = deployment_selectors.operations_running(tenant)
         context |= {
             "instance_count": sum(count for _, _, count in states),
             "instance_states": states,
             "instances_degraded": deployment_selectors.instances_degraded(tenant),
-            "operations_running": running,
+            "operations_running": deployment_selectors.operations_running(tenant),
             "operations_failed": deployment_selectors.operations_failed_recently(tenant, days=7),
-            # While an operation runs, the page follows it (a poll answered with nothing while
-            # what it shows is unchanged).
-            "follows": running.total > 0
-            or any(state in lifecycle.UNDER_WAY for state, _, _ in states),
+            # While an operation is queued or running, the page follows it.
+            "follows": deployment_selectors.operations_pending_in(tenant),
         }
     shown = _dashboard_shown(context)
-    if request.htmx and request.GET.get("shown") == shown:
-        response = HttpResponse(status=204)
-    else:
-        context["shown"] = shown
-        template = partial_template(request, "portal/dashboard.html", "dashboard")
-        response = render(request, template, context)
+    if answer := unchanged(request, shown):  # the page's poll, and nothing changed to swap
+        return answer
+    context["shown"] = shown
+    template = partial_template(request, "portal/dashboard.html", "dashboard")
+    response = render(request, template, context)
     patch_vary_headers(response, ["HX-Request"])
     return response
 
@@ -67,6 +62,7 @@ def _dashboard_shown(context: dict) -> str:
     tables = [context.get("operations_running"), context.get("operations_failed")]
     return shown_digest(
         [
+            context.get("follows"),
             context["member_count"],
             context["pending_invitations"],
             [event.pk for event in context["recent_events"]],

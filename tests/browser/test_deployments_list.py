@@ -106,12 +106,15 @@ def test_a_deployment_being_created_turns_running_in_the_list_without_a_reload(
     cell = factories.cell("eu-1", "europe-west-frankfurt")
     factories.make_instances(tenant, version, cell, 2, name="orders")
     (shop,) = factories.make_instances(tenant, version, cell, 1, state="creating", name="shop")
+    create = factories.make_operation(shop, verb="create", state="running")
     page = open_page(owner, f"/t/{tenant.slug}/deployments/", width)
     page.evaluate("window.stillTheSamePage = true")
     row = page.locator("#deployment-table tbody tr", has_text="shop-0")
     expect(row.locator(".badge")).to_have_text("Creating")
 
-    Instance.objects.filter(pk=shop.pk).update(state="running")  # as the worker does
+    create.state = "succeeded"  # as the worker ends it
+    create.save(update_fields=["state"])
+    Instance.objects.filter(pk=shop.pk).update(state="running")
 
     expect(row.locator(".badge")).to_have_text("Running", timeout=10_000)
     assert page.evaluate("window.stillTheSamePage") is True
@@ -125,6 +128,8 @@ def test_a_search_typed_while_the_list_follows_a_creation_stays(open_page, owner
     version = factories.postgres_version()
     cell = factories.cell("us-1", "us-east")
     creating = factories.make_instances(tenant, version, cell, 2, state="creating", name="shop")
+    for instance in creating:
+        factories.make_operation(instance, verb="create", state="running")
     page = open_page(owner, f"/t/{tenant.slug}/deployments/")
 
     page.get_by_label("Name or id").press_sequentially("shop", delay=20)
@@ -153,3 +158,50 @@ def test_the_dashboard_sees_an_operation_end_without_a_reload(open_page, owner, 
     expect(page.get_by_text("Nothing is running.")).to_be_visible(timeout=10_000)
     assert page.evaluate("window.stillTheSamePage") is True
     assert not scrolls_sideways(page)
+
+
+def test_a_search_sent_while_a_poll_is_under_way_is_not_undone_by_its_answer(
+    open_page, owner, tenant, thirty
+):
+    """The poll's answer arriving after the search was sent must not put the whole list back
+    over it: sending the search aborts the poll. The order is forced by holding both answers."""
+    from contextlib import suppress
+
+    from playwright.sync_api import Error
+
+    from deployments.models import Instance
+
+    version = factories.postgres_version()
+    cell = factories.cell("us-1", "us-east")
+    (shop,) = factories.make_instances(tenant, version, cell, 1, state="creating", name="shop")
+    factories.make_operation(shop, verb="create", state="running")
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/")
+    held = []
+
+    def hold(route):
+        if route.request.headers.get("hx-request"):
+            held.append(route)  # answered when the test says so
+        else:
+            route.continue_()
+
+    page.route(re.compile(r"/deployments/\?"), hold)
+
+    def next_held():
+        for _ in range(100):
+            if held:
+                return held.pop()
+            page.wait_for_timeout(50)
+        raise AssertionError("no request was sent")
+
+    poll = next_held()
+    shop.operations.update(state="succeeded")  # the poll's answer will have news: the whole list
+    Instance.objects.filter(pk=shop.pk).update(state="running")
+    page.get_by_label("Name or id").fill("reports")
+    search = next_held()
+    with suppress(Error):  # the page aborted it: nothing to answer
+        poll.continue_()
+    page.wait_for_timeout(500)
+    search.continue_()
+
+    expect(rows(page)).to_have_count(3)
+    expect(rows(page)).to_contain_text(["reports-2", "reports-1", "reports-0"])

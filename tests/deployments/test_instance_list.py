@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts import services as account_services
 from accounts.audit import Actor
-from deployments.models import Instance
+from deployments.models import Instance, PlanVersion
 from tests.deployments import factories
 
 pytestmark = pytest.mark.django_db
@@ -263,17 +263,26 @@ def _poll(page: str) -> str | None:
     return found.group(1).replace("&amp;", "&") if found else None
 
 
+def _creating(tenant, version, cell, count: int = 1, name: str = "shop") -> list[Instance]:
+    """Instances being created: each with its create running."""
+    made = factories.make_instances(tenant, version, cell, count, state="creating", name=name)
+    for instance in made:
+        factories.make_operation(instance, verb="create", state="running")
+    return made
+
+
 def test_a_list_showing_an_operation_under_way_follows_it_until_it_ends(
     owner_client, tenant, version, cell, url
 ):
     factories.make_instances(tenant, version, cell, 2, name="up")
-    (shop,) = factories.make_instances(tenant, version, cell, 1, state="creating", name="shop")
+    (shop,) = _creating(tenant, version, cell)
     poll = _poll(owner_client.get(url).content.decode())
     assert poll is not None and poll.startswith(f"{url}?page=1&shown=")
 
     # Nothing changed: nothing to swap.
     assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 204
 
+    shop.operations.update(state="succeeded")  # as the worker ends it
     Instance.objects.filter(pk=shop.pk).update(state="running")
     answer = owner_client.get(poll, headers={"HX-Request": "true"})
 
@@ -284,22 +293,52 @@ def test_a_list_showing_an_operation_under_way_follows_it_until_it_ends(
     assert _poll(table) is None  # nothing under way any more: it stops polling
 
 
-def test_a_list_with_nothing_under_way_does_not_poll(owner_client, tenant, version, cell, url):
+def test_a_queued_operation_is_followed_before_it_changes_the_state(
+    owner_client, tenant, version, cell, url
+):
+    """Workers busy elsewhere: a restart waits its turn while the row still reads Running, and
+    the list follows it from the start (it would miss it if it looked at the state alone)."""
+    (instance,) = factories.make_instances(tenant, version, cell, 1)
+    factories.make_operation(instance, verb="restart", state="queued")
+    poll = _poll(owner_client.get(url).content.decode())
+    assert poll is not None
+
+    Instance.objects.filter(pk=instance.pk).update(state="updating")  # it started
+
+    assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 200
+
+
+def test_a_list_with_nothing_pending_does_not_poll(owner_client, tenant, version, cell, url):
     for state in ["running", "stopped", "failed"]:
-        factories.make_instances(tenant, version, cell, 1, state=state, name=state)
+        (instance,) = factories.make_instances(tenant, version, cell, 1, state=state, name=state)
+        factories.make_operation(
+            instance, verb="create", state=state.replace("running", "succeeded")
+        )
 
     assert _poll(owner_client.get(url).content.decode()) is None
 
 
-def test_every_state_an_operation_is_changing_is_followed(owner_client, tenant, version, cell, url):
-    (instance,) = factories.make_instances(tenant, version, cell, 1)
-    for state in ["creating", "updating", "deleting"]:
-        Instance.objects.filter(pk=instance.pk).update(state=state)
-        assert _poll(owner_client.get(url, {"state": state}).content.decode()) is not None
+def test_a_change_of_plan_version_under_the_same_state_is_swapped_in(
+    owner_client, tenant, version, cell, url
+):
+    """An upgrade ends and the next operation starts between two polls: the row reads Updating
+    before and after, and its new version still shows."""
+    (instance,) = _creating(tenant, version, cell)
+    poll = _poll(owner_client.get(url).content.decode())
+    newer = PlanVersion.objects.create(
+        plan=version.plan, number=version.number + 1, spec_text=version.spec_text,
+        parsed=version.parsed, digest="0" * 64,
+    )  # fmt: skip
+    Instance.objects.filter(pk=instance.pk).update(plan_version=newer)
+
+    answer = owner_client.get(poll, headers={"HX-Request": "true"})
+
+    assert answer.status_code == 200
+    assert f"v{newer.number}</small>" in answer.content.decode()
 
 
 def test_the_poll_asks_for_the_page_and_filters_shown(owner_client, tenant, version, cell, url):
-    factories.make_instances(tenant, version, cell, 27, state="creating", name="db")
+    _creating(tenant, version, cell, 27, name="db")
 
     page = owner_client.get(url, {"q": "db", "state": "creating", "page": "2"}).content.decode()
     poll = _poll(page)
@@ -314,14 +353,29 @@ def test_the_poll_asks_for_the_page_and_filters_shown(owner_client, tenant, vers
 def test_the_poll_costs_as_many_queries_for_many_deployments_as_for_few(
     owner_client, tenant, version, cell, url
 ):
-    def poll_queries() -> int:
+    def poll_queries() -> tuple[int, int]:
+        """Queries of a poll answered with nothing, and of one answered with the table."""
         poll = _poll(owner_client.get(url).content.decode())
-        with CaptureQueriesContext(connection) as queries:
-            assert owner_client.get(poll, headers={"HX-Request": "true"}).status_code == 204
-        return len(queries.captured_queries)
+        counts = []
+        for sent in (poll, poll.replace("shown=", "shown=x")):
+            with CaptureQueriesContext(connection) as queries:
+                owner_client.get(sent, headers={"HX-Request": "true"})
+            counts.append(len(queries.captured_queries))
+        return tuple(counts)
 
-    factories.make_instances(tenant, version, cell, 3, state="creating")
+    _creating(tenant, version, cell, 3)
     few = poll_queries()
-    factories.make_instances(tenant, version, cell, 200, state="updating", name="more")
+    _creating(tenant, version, cell, 200, name="more")
 
     assert poll_queries() == few
+
+
+def test_a_search_holding_a_nul_finds_what_the_rest_of_it_names(
+    owner_client, tenant, version, cell, url
+):
+    factories.make_instances(tenant, version, cell, 1, name="orders")
+    factories.make_instances(tenant, version, cell, 1, name="billing")
+
+    response = owner_client.get(url, {"q": "ord\x00ers"})
+
+    assert response.status_code == 200 and names(response) == ["orders-0"]

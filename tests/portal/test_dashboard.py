@@ -205,6 +205,21 @@ def test_the_dashboard_follows_an_operation_until_it_ends(owner_client, tenant, 
     assert _poll(page) is None  # nothing runs any more: it stops polling
 
 
+def test_the_dashboard_follows_an_operation_still_queued(owner_client, tenant, version, cell):
+    (instance,) = factories.make_instances(tenant, version, cell, 1)
+    operation = factories.make_operation(instance, verb="restart", state="queued")
+    url = f"/t/{tenant.slug}/"
+    poll = _poll(owner_client.get(url).content.decode())
+    assert poll is not None
+
+    operation.state = "running"  # a worker took it
+    operation.save(update_fields=["state"])
+    answer = owner_client.get(poll, headers={"HX-Request": "true"})
+
+    assert answer.status_code == 200
+    assert instance.name in section(answer.content.decode(), "running-now")
+
+
 def test_the_dashboard_does_not_poll_while_nothing_runs(owner_client, tenant, version, cell):
     (instance,) = factories.make_instances(tenant, version, cell, 1)
     factories.make_operation(instance, verb="backup", state="failed")
