@@ -100,6 +100,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "allauth.account.middleware.AccountMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "portal.middleware.HtmxPageGoneMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"

@@ -205,3 +205,27 @@ def test_a_search_sent_while_a_poll_is_under_way_is_not_undone_by_its_answer(
 
     expect(rows(page)).to_have_count(3)
     expect(rows(page)).to_contain_text(["reports-2", "reports-1", "reports-0"])
+
+
+def test_a_list_following_an_operation_sends_a_signed_out_reader_to_sign_in_and_back(
+    open_page, owner, tenant
+):
+    from django.contrib.sessions.models import Session
+
+    from tests.conftest import PASSWORD
+
+    version = factories.postgres_version()
+    cell = factories.cell("eu-1", "europe-west-frankfurt")
+    (shop,) = factories.make_instances(tenant, version, cell, 1, state="creating", name="shop")
+    factories.make_operation(shop, verb="create", state="running")
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/?q=shop")
+    expect(rows(page)).to_have_count(1)
+
+    Session.objects.all().delete()  # the session ended (signed out elsewhere, or expired)
+
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next="), timeout=10_000)
+    page.get_by_label("Email").fill(owner.email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name=re.compile("sign in", re.I)).click()
+    expect(page).to_have_url(re.compile(rf"/t/{tenant.slug}/deployments/\?q=shop$"))
+    expect(rows(page)).to_have_count(1)
