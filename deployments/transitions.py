@@ -67,12 +67,17 @@ def operation_dispatch(operation_id, delay: float = 0.0, *, urgent: bool = False
     transaction commits (at once outside one): a worker never looks for a row it cannot see
     yet, and a rolled-back request sends nothing. An `urgent` step goes before every routine
     one waiting: a burst of new operations does not delay those under way from acting on what
-    they waited for."""
+    they waited for.
+
+    A broker that cannot be reached then does not undo the commit, nor turn the request that
+    made it into an error: the step is lost, and the sweeper (`runner.operations_sweep`) sends
+    the operation's next one once it is overdue."""
     priority = step_priority(urgent=urgent)
     transaction.on_commit(
         lambda: current_app.send_task(
             STEP_TASK, args=[str(operation_id)], countdown=max(delay, 0), priority=priority
-        )
+        ),
+        robust=True,
     )
 
 
