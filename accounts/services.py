@@ -232,7 +232,8 @@ def invitation_create(
             target=invitation,
             payload={"email": email, "role": role},
         )
-        transaction.on_commit(lambda: _send_invitation_email(invitation.pk))
+        # A broker out of reach loses the email, not the invitation (inviting again sends it).
+        transaction.on_commit(lambda: _send_invitation_email(invitation.pk), robust=True)
     return invitation
 
 

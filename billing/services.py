@@ -364,7 +364,7 @@ def _notify(subscription: Subscription, event: str) -> None:
 
         subscription_notify.delay(pk, event)
 
-    transaction.on_commit(send)
+    transaction.on_commit(send, robust=True)  # a broker out of reach loses the email only
 
 
 _SUBJECTS = {

@@ -153,3 +153,31 @@ def add_member(tenant, make_user):
 def owner_client(client, owner):
     client.force_login(owner)
     return client
+
+
+@pytest.fixture
+def broker(monkeypatch):
+    """The broker as Celery reaches it: `down()` makes every send fail as kombu fails when the
+    broker refuses the connection; `sent` holds what was sent once it is `back()`."""
+    from celery import Celery
+    from kombu.exceptions import OperationalError
+
+    class Broker:
+        def __init__(self):
+            self.sent = []
+
+        def down(self):
+            def refuse(app, name, *args, **kwargs):
+                raise OperationalError(
+                    "Error 111 connecting to 127.0.0.1:6379. Connection refused."
+                )
+
+            monkeypatch.setattr(Celery, "send_task", refuse)
+
+        def back(self):
+            def send(app, name, args=None, kwargs=None, **options):
+                self.sent.append((name, list(args or [])))
+
+            monkeypatch.setattr(Celery, "send_task", send)
+
+    return Broker()

@@ -1,0 +1,64 @@
+"""A broker that cannot be reached when a request commits neither undoes what was committed
+nor shows the member an error: an operation stays queued, and the sweeper sends its step once
+the broker answers again; an invitation or a subscription is kept, and only its email is lost."""
+
+import uuid
+
+import pytest
+
+from accounts import services as accounts_services
+from accounts.audit import Actor
+from accounts.models import Invitation
+from billing import services as billing_services
+from billing.models import Plan, Subscription
+from deployments import runner, services
+from deployments.models import Cell, Operation
+from tests.deployments.conftest import SPEC
+
+
+def test_a_create_sent_while_the_broker_is_down_is_queued_and_swept_once_it_is_back(
+    transactional_db, owner, tenant, broker, settings
+):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    broker.down()
+
+    operation = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+    assert Operation.objects.get(pk=operation.pk).state == Operation.State.QUEUED
+    broker.back()
+    settings.OPSDECK_STALLED_AFTER = 0  # overdue at once (60 s in production)
+    assert runner.operations_sweep() == 1
+    assert broker.sent == [("deployments.tasks.operation_step", [str(operation.pk)])]
+
+
+def test_an_invitation_made_while_the_broker_is_down_is_kept_and_mailed_when_made_again(
+    transactional_db, owner, tenant, broker
+):
+    broker.down()
+    first = accounts_services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="viewer"
+    )
+    assert Invitation.objects.filter(pk=first.pk, revoked_at=None).exists()
+
+    broker.back()
+    again = accounts_services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="viewer"
+    )
+
+    assert broker.sent == [("accounts.tasks.invitation_send", [again.pk])]
+
+
+@pytest.mark.unsubscribed
+def test_a_subscription_made_while_the_broker_is_down_is_kept(
+    transactional_db, owner, tenant, broker
+):
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    broker.down()
+
+    subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+
+    assert Subscription.objects.get(pk=subscription.pk).status == "active"
