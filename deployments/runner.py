@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_record
@@ -737,17 +738,16 @@ def _context(op: Operation, spec, verb, where: executor.Placement) -> Context:
 
 
 def operations_sweep() -> int:
-    """Re-enqueue operations whose next step is long overdue (a lost message, a dead worker)."""
+    """Re-enqueue operations whose next step is long overdue (a lost message, a dead worker):
+    one due long ago, and one with no step due yet that was queued, or started, long ago (a
+    step never sent; a worker that died in a run's first move, before it stored any)."""
     overdue = timezone.now() - timedelta(seconds=settings.OPSDECK_STALLED_AFTER)
+    State = Operation.State
     stalled = list(
         Operation.objects.filter(
-            state__in=[Operation.State.QUEUED, Operation.State.RUNNING],
-        )
-        .filter(next_step_at__lt=overdue)
-        .values_list("pk", flat=True)
-    ) + list(
-        Operation.objects.filter(
-            state=Operation.State.QUEUED, next_step_at=None, created_at__lt=overdue
+            Q(state__in=[State.QUEUED, State.RUNNING], next_step_at__lt=overdue)
+            | Q(state=State.QUEUED, next_step_at=None, created_at__lt=overdue)
+            | Q(state=State.RUNNING, next_step_at=None, started_at__lt=overdue)
         ).values_list("pk", flat=True)
     )
     for pk in stalled:

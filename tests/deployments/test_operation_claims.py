@@ -290,3 +290,22 @@ def test_the_operations_read_under_the_instances_lock_include_one_queued_while_i
     other.join(10)
 
     assert [entry[0] for entry in pending] == [str(created.pk), *queued] and len(queued) == 1
+
+
+def test_the_sweeper_resends_a_run_whose_worker_died_in_its_first_move(
+    transactional_db, tenant, broker
+):
+    """Started (running, claimed) but no move stored: no step is due, and its message went
+    with the worker. Once long started, the sweeper sends it again; a run started just now is
+    left to its worker."""
+    from tests.deployments import factories
+
+    version = factories.postgres_version()
+    cell = factories.cell()
+    stuck, busy = factories.make_instances(tenant, version, cell, 2)
+    died = factories.make_operation(stuck, state="running", ago=timedelta(minutes=5))
+    factories.make_operation(busy, state="running")
+    broker.back()
+
+    assert runner.operations_sweep() == 1
+    assert broker.sent == [("deployments.tasks.operation_step", [str(died.pk)])]
