@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from urllib.parse import SplitResult, urlsplit
 
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import patch_vary_headers
@@ -12,6 +13,15 @@ def partial_template(request: HttpRequest, template: str, name: str) -> str:
     if request.htmx and not request.htmx.history_restore_request:
         return f"{template}#{name}"
     return template
+
+
+def current_address(request: HttpRequest) -> SplitResult | None:
+    """The address of the page the browser shows (htmx's `HX-Current-URL`), split; None when
+    there is none or it does not parse (the header is the client's to send)."""
+    try:
+        return urlsplit(request.htmx.current_url or "")
+    except ValueError:
+        return None
 
 
 def shown_digest(shown: list) -> str:

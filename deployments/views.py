@@ -2,7 +2,6 @@ import re
 import time
 import uuid
 from datetime import UTC
-from urllib.parse import urlsplit
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
@@ -21,7 +20,7 @@ from django_htmx.http import reswap, retarget
 from accounts import roles
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
-from accounts.htmx import partial_template, shown_digest, unchanged
+from accounts.htmx import current_address, partial_template, shown_digest, unchanged
 from accounts.tenancy import action_require, tenant_view
 from billing.models import Plan
 from billing.pricing import Cost
@@ -415,10 +414,8 @@ def _header_followed(request, instance: Instance):
         if answer := unchanged(request, _head_shown(instance, actions)):
             return answer
         return _page(request, instance, tab="overview", part="instance-head", head_follows=True)
-    try:
-        shown = QueryDict(urlsplit(request.htmx.current_url or "").query)
-    except ValueError:  # not an address (the header is the client's to send): the overview
-        shown = QueryDict()
+    address = current_address(request)  # None when it does not parse: the overview
+    shown = QueryDict(address.query if address else "")
     tab = shown.get("tab", "overview")
     response = _page(
         request,

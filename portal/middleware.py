@@ -3,9 +3,14 @@
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import resolve_url
 from django_htmx.http import HttpResponseClientRedirect
+
+from accounts.htmx import current_address
 
 
 class HtmxPageGoneMiddleware:
@@ -17,34 +22,48 @@ class HtmxPageGoneMiddleware:
     - signed out meanwhile (the session ended): the login page, which leads back to the page
       the browser is on;
     - the page's organization or object gone or no longer the member's (404), or what it does
-      no longer allowed to the member's role (403): the page is loaded again, and says so.
+      no longer allowed to the member's role (403, whose reason the page then shows): the page
+      is loaded again.
+
+    Not a history restore (Back to a page htmx did not keep): htmx reads none of these headers
+    for one, and it swaps its answer as it comes.
     """
 
-    def __init__(self, get_response):
+    def __init__(self, get_response) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        if not getattr(request, "htmx", False):
+        if not _in_place(request):
             return response
         if response.status_code in (403, 404):
             response["HX-Refresh"] = "true"
-        elif response.status_code == 302 and _is_login(response.url):
+            if refusal := getattr(request, "_refusal", ""):
+                # Added once the error page is rendered (which shows, and so spends, messages):
+                # the page loaded again says it.
+                messages.error(request, refusal)
+        elif response.status_code == 302 and _is_login(response.get("Location", "")):
             return HttpResponseClientRedirect(redirect_to_login(_page_shown(request)).url)
         return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
+        if isinstance(exception, PermissionDenied):
+            request._refusal = str(exception)  # why, for the page loaded again
+
+
+def _in_place(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request
 
 
 def _is_login(url: str) -> bool:
     return urlsplit(url).path == resolve_url(settings.LOGIN_URL)
 
 
-def _page_shown(request) -> str:
+def _page_shown(request: HttpRequest) -> str:
     """The path (and query) of the page the browser is on: the part's own address is no page
-    to come back to. Only the path: the header is the client's to send."""
-    try:
-        shown = urlsplit(request.htmx.current_url or "")
-    except ValueError:
-        shown = None
+    to come back to. Only a path of this site: the header is the client's to send."""
+    shown = current_address(request)
     if not shown or not shown.path.startswith("/") or shown.path.startswith("//"):
         return "/"
     return f"{shown.path}?{shown.query}" if shown.query else shown.path

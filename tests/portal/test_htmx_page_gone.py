@@ -62,3 +62,32 @@ def test_requests_not_sent_by_htmx_are_answered_as_before(client, tenant, add_me
     answer = client.get(f"/t/{tenant.slug}/")
 
     assert answer.status_code == 404 and not answer.has_header("HX-Refresh")
+
+
+def test_a_refusal_says_why_on_the_page_loaded_again(client, tenant, add_member):
+    client.force_login(add_member("vic@example.com", "viewer"))
+    audit = f"/t/{tenant.slug}/audit/"
+    client.get(f"{audit}?action=x", headers=_htmx(audit))
+
+    reloaded = client.get(f"/t/{tenant.slug}/").content.decode()  # what HX-Refresh loads
+
+    assert "viewing the audit log" in reloaded  # the reason, as the role matrix words it
+
+
+def test_a_history_restore_after_the_session_ended_is_sent_to_sign_in_as_a_page_is(client, tenant):
+    """htmx reads no header of a history restore's answer and swaps it as it comes: the login
+    page it follows the redirect to, not an empty answer."""
+    restore = {**_htmx(f"/t/{tenant.slug}/"), "HX-History-Restore-Request": "true"}
+
+    answer = client.get(f"/t/{tenant.slug}/deployments/", headers=restore)
+
+    assert answer.status_code == 302 and answer.url.startswith("/accounts/login/?next=")
+
+
+def test_other_answers_to_htmx_pass_unchanged(owner_client, tenant):
+    """A redirect elsewhere than the login page, and a poll's empty answer."""
+    headers = _htmx(f"/t/{tenant.slug}/")
+
+    elsewhere = owner_client.get("/", headers=headers)  # to the member's organization
+    assert elsewhere.status_code == 302 and not elsewhere.has_header("HX-Redirect")
+    assert owner_client.get(f"/t/{tenant.slug}/", headers=headers).status_code == 200
