@@ -175,8 +175,12 @@ CELERY_DB_REUSE_MAX = 1000
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # A message a killed worker held comes back after this many seconds (Redis brokers); the
-# operation sweeper usually re-enqueues the operation sooner.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+# operation sweeper usually re-enqueues the operation sooner. A Redis broker whose host stops
+# answering (its packets dropped, not refused) is given up on after a few seconds per attempt,
+# not the system's two minutes: a request that committed sends its step after the commit and
+# answers once the send gave up (the sweeper sends the step later). RabbitMQ's connection
+# timeout is Celery's `broker_connection_timeout` (4 s).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300, "socket_connect_timeout": 3}
 # An operation whose next step is this many seconds overdue is re-enqueued by the sweeper.
 OPSDECK_STALLED_AFTER = env.int("OPSDECK_STALLED_AFTER", default=60)
 # The longest an operation waits between two looks at the cluster when nothing wakes it. The

@@ -1,8 +1,15 @@
 """A broker that cannot be reached when a request commits neither undoes what was committed
 nor shows the member an error: an operation stays queued, and the sweeper sends its step once
-the broker answers again; an invitation or a subscription is kept, and only its email is lost."""
+the broker answers again; an invitation or a subscription is kept, and only its email is lost.
+A broker host that stops answering altogether is given up on in seconds."""
 
+import os
+import socket
+import subprocess
+import sys
 import uuid
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +69,47 @@ def test_a_subscription_made_while_the_broker_is_down_is_kept(
     subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
 
     assert Subscription.objects.get(pk=subscription.pk).status == "active"
+
+
+@contextmanager
+def _black_hole():
+    """A port on this host whose connections are neither accepted nor refused, as a broker
+    host behind a network that drops its packets: its accept queue is full, so the kernel drops
+    every new connection's first packet."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    port = hole.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        hole.close()
+
+
+def test_a_broker_host_that_stops_answering_is_given_up_on_in_seconds():
+    """Not after the system's two minutes of connection attempts: a request that committed
+    answers once its step's send gave up (the sweeper sends the step later)."""
+    sending = (
+        "import django; django.setup()\n"
+        "from deployments.transitions import operation_dispatch\n"
+        "operation_dispatch('00000000-0000-0000-0000-000000000000')\n"
+        "print('answered')\n"
+    )
+    with _black_hole() as port:
+        environment = {**os.environ, "CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0"}
+        environment.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+        sent = subprocess.run(  # noqa: S603 - our interpreter and a fixed program
+            [sys.executable, "-c", sending], cwd=Path(__file__).resolve().parents[2],
+            env=environment, timeout=60, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+
+    assert sent.stdout.split() == ["answered"]
+    assert "Timeout connecting" in sent.stderr  # the send gave up, and said why
