@@ -3,6 +3,7 @@
 A service calls `request_claim` after its permission check and inside its transaction. The
 claim inserts a `RequestKey` row; a concurrent request with the same id waits on the unique
 index until the first one commits (or rolls back), so the check and the write cannot race.
+Rows are kept `OPSDECK_REQUEST_IDS_KEPT_DAYS` days (`request_ids_prune`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, models
+from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from accounts.models import RequestKey, Tenant
@@ -111,3 +115,20 @@ def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Clai
     if earlier.digest != digest:
         raise ValidationError(REUSED)
     return Claim(scope, request_id, earlier)
+
+
+def request_ids_prune(*, now: datetime | None = None, batch: int = 10_000) -> int:
+    """Forget the request ids used more than `OPSDECK_REQUEST_IDS_KEPT_DAYS` ago (run daily by
+    beat), a batch at a time so that no statement holds the table long; how many were forgotten.
+
+    Only a repeat that late is affected, and it acts as a new request: a form kept open, or
+    gone back to, for that long and sent again (Stripe keeps its idempotency keys 24 hours).
+    """
+    before = (now or timezone.now()) - timedelta(days=settings.OPSDECK_REQUEST_IDS_KEPT_DAYS)
+    forgotten = 0
+    while True:
+        old = RequestKey.objects.filter(created_at__lt=before).order_by("created_at")
+        batch_ids = list(old.values_list("pk", flat=True)[:batch])
+        if not batch_ids:
+            return forgotten
+        forgotten += RequestKey.objects.filter(pk__in=batch_ids).delete()[0]

@@ -211,6 +211,8 @@ class RequestKey(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["scope", "request_id"], name="requestkey_once")
         ]
+        # The oldest are forgotten daily (`idempotency.request_ids_prune`).
+        indexes = [models.Index(fields=["created_at"], name="requestkey_created")]
 
     def __str__(self) -> str:
         return f"{self.action} {self.request_id} in {self.scope}"

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from accounts import services
+from accounts import idempotency, services
 from accounts.models import Invitation
 
 
@@ -9,3 +9,9 @@ def invitation_send(invitation_pk: int) -> None:
     invitation = Invitation.objects.select_related("tenant").filter(pk=invitation_pk).first()
     if invitation is not None:
         services.invitation_email_send(invitation=invitation)
+
+
+@shared_task
+def request_ids_prune() -> int:
+    """Forget request ids used long ago (run daily by beat)."""
+    return idempotency.request_ids_prune()

@@ -222,7 +222,11 @@ CELERY_BEAT_SCHEDULE = {
     "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
     # The Metrics tab's samples: one a minute per server of every running instance.
     "server-samples-take": {"task": "deployments.tasks.server_samples_take", "schedule": 60.0},
+    # Request ids older than OPSDECK_REQUEST_IDS_KEPT_DAYS.
+    "request-ids-prune": {"task": "accounts.tasks.request_ids_prune", "schedule": 86400.0},
 }
+# Days a request id is remembered: a repeat within them returns what the first request made.
+OPSDECK_REQUEST_IDS_KEPT_DAYS = env.int("OPSDECK_REQUEST_IDS_KEPT_DAYS", default=30)
 
 # --- Accounts: email login, verification, MFA --------------------------------
 

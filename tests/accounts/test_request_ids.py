@@ -102,3 +102,34 @@ def test_an_organization_name_that_is_not_clean_text_is_a_field_error(owner, nam
         services.tenant_create(actor=Actor(user=owner), name=name)
 
     assert "name" in refused.value.message_dict
+
+
+@pytest.mark.django_db
+def test_request_ids_older_than_the_days_kept_are_forgotten_and_the_rest_still_answer(
+    owner, settings
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from accounts import idempotency
+    from accounts.models import RequestKey
+    from accounts.tasks import request_ids_prune
+
+    settings.OPSDECK_REQUEST_IDS_KEPT_DAYS = 30
+    actor = Actor(user=owner)
+    old = services.tenant_create(actor=actor, name="Old", request_id="r-old")
+    services.tenant_create(actor=actor, name="Older", request_id="r-older")
+    recent = services.tenant_create(actor=actor, name="Recent", request_id="r-recent")
+    RequestKey.objects.filter(request_id__in=["r-old", "r-older"]).update(
+        created_at=timezone.now() - timedelta(days=31)
+    )
+
+    assert idempotency.request_ids_prune(batch=1) == 2  # a batch at a time
+    assert list(RequestKey.objects.values_list("request_id", flat=True)) == ["r-recent"]
+    # Within the days kept, a repeat still returns what the first request made ...
+    assert services.tenant_create(actor=actor, name="Recent", request_id="r-recent") == recent
+    # ... and beat's daily task forgets nothing more.
+    assert settings.CELERY_BEAT_SCHEDULE["request-ids-prune"]["task"] == request_ids_prune.name
+    assert request_ids_prune.apply().get() == 0
+    assert Tenant.objects.filter(pk=old.pk).exists()  # forgetting the id keeps what it made
