@@ -177,10 +177,17 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # A message a killed worker held comes back after this many seconds (Redis brokers); the
 # operation sweeper usually re-enqueues the operation sooner. A Redis broker whose host stops
 # answering (its packets dropped, not refused) is given up on after a few seconds per attempt,
-# not the system's two minutes: a request that committed sends its step after the commit and
-# answers once the send gave up (the sweeper sends the step later). RabbitMQ's connection
-# timeout is Celery's `broker_connection_timeout` (4 s).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300, "socket_connect_timeout": 3}
+# not the system's two minutes, and so is one that takes the connection but never answers a
+# command (a hung server, a half-open connection; kombu's default waits for ever): a request
+# that committed sends its step after the commit and answers once the send gave up (the sweeper
+# sends the step later). A worker's BRPOP is answered by the server within a second when idle,
+# so 5 s between any two answers is no limit to a live server. RabbitMQ's connection timeout is
+# Celery's `broker_connection_timeout` (4 s).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 300,
+    "socket_connect_timeout": 3,
+    "socket_timeout": 5,
+}
 # An operation whose next step is this many seconds overdue is re-enqueued by the sweeper.
 OPSDECK_STALLED_AFTER = env.int("OPSDECK_STALLED_AFTER", default=60)
 # The longest an operation waits between two looks at the cluster when nothing wakes it. The

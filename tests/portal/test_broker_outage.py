@@ -1,7 +1,8 @@
 """A broker that cannot be reached when a request commits neither undoes what was committed
 nor shows the member an error: an operation stays queued, and the sweeper sends its step once
 the broker answers again; an invitation or a subscription is kept, and only its email is lost.
-A broker host that stops answering altogether is given up on in seconds."""
+A broker host that stops answering, or a broker that never answers a command, is given up on
+in seconds."""
 
 import os
 import socket
@@ -113,3 +114,38 @@ def test_a_broker_host_that_stops_answering_is_given_up_on_in_seconds():
 
     assert sent.stdout.split() == ["answered"]
     assert "Timeout connecting" in sent.stderr  # the send gave up, and said why
+
+
+@contextmanager
+def _silent_server():
+    """A port on this host that takes connections and never answers, as a hung Redis (or one
+    behind a half-open connection): the kernel completes each connection into the listening
+    socket's queue, nothing ever accepts it, and what is sent is read by no one."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        yield silent.getsockname()[1]
+    finally:
+        silent.close()
+
+
+def test_a_broker_that_takes_the_connection_but_never_answers_is_given_up_on_in_seconds():
+    """Connecting succeeds, so only a timeout on the answer ends the send: without one, the
+    request that committed would never answer."""
+    sending = (
+        "import django; django.setup()\n"
+        "from deployments.transitions import operation_dispatch\n"
+        "operation_dispatch('00000000-0000-0000-0000-000000000000')\n"
+        "print('answered')\n"
+    )
+    with _silent_server() as port:
+        environment = {**os.environ, "CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0"}
+        environment.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+        sent = subprocess.run(  # noqa: S603 - our interpreter and a fixed program
+            [sys.executable, "-c", sending], cwd=Path(__file__).resolve().parents[2],
+            env=environment, timeout=90, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+
+    assert sent.stdout.split() == ["answered"]
+    assert "Timeout reading from" in sent.stderr  # the send gave up, and said why
