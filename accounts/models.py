@@ -105,12 +105,31 @@ class Invitation(models.Model):
     )
     revoked_at = models.DateTimeField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True, db_index=True)
+    # The invitation is its email's outbox: a worker sets `emailed_at` once the mail server took
+    # it, and beat sends again those still unsent (`services.invitations_mail_unsent`), at most
+    # EMAIL_RETRIES times, a minute apart: enough for a broker or a mail server back within
+    # minutes, not a send a minute for the invitation's week when its address is refused for good.
+    EMAIL_RETRIES = 5
+    emailed_at = models.DateTimeField(null=True, blank=True)
+    email_retries = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="invitation_unsent",
+                condition=models.Q(emailed_at=None, accepted_at=None, revoked_at=None),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.email} to {self.tenant} ({self.role})"
+
+    @property
+    def email_undeliverable(self) -> bool:
+        """Whether beat gave up sending its email."""
+        return self.emailed_at is None and self.email_retries >= self.EMAIL_RETRIES
 
     @property
     def expires_at(self):

@@ -6,6 +6,8 @@ and records the outcome in the audit log (refusals included).
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from allauth.account.models import EmailAddress
 from anyascii import anyascii
 from django.conf import settings
@@ -13,6 +15,7 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -232,7 +235,8 @@ def invitation_create(
             target=invitation,
             payload={"email": email, "role": role},
         )
-        # A broker out of reach loses the email, not the invitation (inviting again sends it).
+        # A broker out of reach delays the email, never loses the invitation: beat sends it
+        # again (`invitations_mail_unsent`).
         transaction.on_commit(lambda: _send_invitation_email(invitation.pk), robust=True)
     return invitation
 
@@ -244,8 +248,10 @@ def _send_invitation_email(invitation_pk: int) -> None:
 
 
 def invitation_email_send(*, invitation: Invitation) -> None:
-    """Mail the invitation link; called by the worker after the invitation is committed."""
-    if invitation.status != "pending":
+    """Mail the invitation link, once; called by a worker after the invitation is committed.
+    `emailed_at` records that the mail server took it: a send that failed (the server refused
+    it, the worker died) leaves it unset, and beat sends again."""
+    if invitation.status != "pending" or invitation.emailed_at is not None:
         return
     link = settings.OPSDECK_BASE_URL.rstrip("/") + reverse(
         "invitation_accept", kwargs={"token": invitation_token(invitation)}
@@ -257,6 +263,30 @@ def invitation_email_send(*, invitation: Invitation) -> None:
         from_email=settings.DEFAULT_FROM_EMAIL,
         recipient_list=[invitation.email],
     )
+    Invitation.objects.filter(pk=invitation.pk).update(emailed_at=timezone.now())
+
+
+INVITATION_EMAIL_DUE = timedelta(seconds=60)  # unsent this long after it was made: sent again
+
+
+def invitations_mail_unsent(*, now: datetime | None = None) -> int:
+    """Send again the email of each pending invitation that has none sent a minute after it was
+    made (its message was lost, or the mail server refused it), at most `Invitation.EMAIL_RETRIES`
+    times; how many were sent (run every minute by beat)."""
+    now = now or timezone.now()
+    unsent = Invitation.objects.filter(
+        emailed_at=None,
+        accepted_at=None,
+        revoked_at=None,
+        created_at__lt=now - INVITATION_EMAIL_DUE,
+        created_at__gt=now - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE),
+        email_retries__lt=Invitation.EMAIL_RETRIES,
+    )
+    pks = list(unsent.values_list("pk", flat=True))
+    for pk in pks:
+        _send_invitation_email(pk)  # a broker out of reach fails the run: the next one tries
+        Invitation.objects.filter(pk=pk).update(email_retries=F("email_retries") + 1)
+    return len(pks)
 
 
 def invitation_from_token(token: str) -> Invitation:

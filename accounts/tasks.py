@@ -12,6 +12,13 @@ def invitation_send(invitation_pk: int) -> None:
 
 
 @shared_task
+def invitations_mail_unsent() -> int:
+    """Send again the invitation emails a lost message or the mail server left unsent (run
+    every minute by beat)."""
+    return services.invitations_mail_unsent()
+
+
+@shared_task
 def request_ids_prune() -> int:
     """Forget request ids used long ago (run daily by beat)."""
     return idempotency.request_ids_prune()

@@ -229,6 +229,11 @@ CELERY_BEAT_SCHEDULE = {
     "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
     # The Metrics tab's samples: one a minute per server of every running instance.
     "server-samples-take": {"task": "deployments.tasks.server_samples_take", "schedule": 60.0},
+    # Invitation emails still unsent a minute after the invitation was made.
+    "invitations-mail-unsent": {
+        "task": "accounts.tasks.invitations_mail_unsent",
+        "schedule": 60.0,
+    },
     # Request ids older than OPSDECK_REQUEST_IDS_KEPT_DAYS.
     "request-ids-prune": {"task": "accounts.tasks.request_ids_prune", "schedule": 86400.0},
 }
