@@ -46,6 +46,11 @@ def operation_notify(operation_id: str) -> None:
 
     operation = (
         Operation.objects.select_related("instance__tenant", "requested_by")
+        # What the email shows: not the run's state, parameters and outputs (large, encrypted).
+        .only(
+            "state", "verb", "finished_at", "error", "requested_by__email", "instance__name",
+            "instance__state", "instance__tenant__slug",
+        )  # fmt: skip
         .filter(pk=operation_id)
         .first()
     )
