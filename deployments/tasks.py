@@ -44,13 +44,12 @@ def operation_notify(operation_id: str) -> None:
     """Email whoever started an operation how it ended, when that is worth an email."""
     from deployments.models import Operation
 
+    # What the email shows: not the run's state, parameters and outputs (large, encrypted).
+    shown = ["state", "verb", "finished_at", "error", "requested_by__email", "instance__name",
+             "instance__state", "instance__tenant__slug"]  # fmt: skip
     operation = (
         Operation.objects.select_related("instance__tenant", "requested_by")
-        # What the email shows: not the run's state, parameters and outputs (large, encrypted).
-        .only(
-            "state", "verb", "finished_at", "error", "requested_by__email", "instance__name",
-            "instance__state", "instance__tenant__slug",
-        )  # fmt: skip
+        .only(*shown)
         .filter(pk=operation_id)
         .first()
     )
