@@ -92,27 +92,6 @@ def _black_hole():
         hole.close()
 
 
-def test_a_broker_host_that_stops_answering_is_given_up_on_in_seconds():
-    """Not after the system's two minutes of connection attempts: a request that committed
-    answers once its step's send gave up (the sweeper sends the step later)."""
-    sending = (
-        "import django; django.setup()\n"
-        "from deployments.transitions import operation_dispatch\n"
-        "operation_dispatch('00000000-0000-0000-0000-000000000000')\n"
-        "print('answered')\n"
-    )
-    with _black_hole() as port:
-        environment = {**os.environ, "CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0"}
-        environment.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-        sent = subprocess.run(  # noqa: S603 - our interpreter and a fixed program
-            [sys.executable, "-c", sending], cwd=Path(__file__).resolve().parents[2],
-            env=environment, timeout=60, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-
-    assert sent.stdout.split() == ["answered"]
-    assert "Timeout connecting" in sent.stderr  # the send gave up, and said why
-
-
 @contextmanager
 def _silent_server():
     """A port on this host that takes connections and never answers, as a hung Redis (or one
@@ -127,22 +106,38 @@ def _silent_server():
         silent.close()
 
 
-def test_a_broker_that_takes_the_connection_but_never_answers_is_given_up_on_in_seconds():
-    """Connecting succeeds, so only a timeout on the answer ends the send: without one, the
-    request that committed would never answer."""
+def _dispatch_through(port: int) -> subprocess.CompletedProcess:
+    """Send a step, after a commit as a request does, from a process whose broker is the
+    Redis at `port` of this host; it prints "answered" once the send gave up."""
     sending = (
         "import django; django.setup()\n"
         "from deployments.transitions import operation_dispatch\n"
         "operation_dispatch('00000000-0000-0000-0000-000000000000')\n"
         "print('answered')\n"
     )
+    environment = {**os.environ, "CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0"}
+    environment.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    return subprocess.run(  # noqa: S603 - our interpreter and a fixed program
+        [sys.executable, "-c", sending], cwd=Path(__file__).resolve().parents[2],
+        env=environment, timeout=90, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+
+
+def test_a_broker_host_that_stops_answering_is_given_up_on_in_seconds():
+    """Not after the system's two minutes of connection attempts: a request that committed
+    answers once its step's send gave up (the sweeper sends the step later)."""
+    with _black_hole() as port:
+        sent = _dispatch_through(port)
+
+    assert sent.stdout.split() == ["answered"]
+    assert "Timeout connecting" in sent.stderr  # the send gave up, and said why
+
+
+def test_a_broker_that_takes_the_connection_but_never_answers_is_given_up_on_in_seconds():
+    """Connecting succeeds, so only a timeout on the answer ends the send: without one, the
+    request that committed would never answer."""
     with _silent_server() as port:
-        environment = {**os.environ, "CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0"}
-        environment.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-        sent = subprocess.run(  # noqa: S603 - our interpreter and a fixed program
-            [sys.executable, "-c", sending], cwd=Path(__file__).resolve().parents[2],
-            env=environment, timeout=90, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+        sent = _dispatch_through(port)
 
     assert sent.stdout.split() == ["answered"]
     assert "Timeout reading from" in sent.stderr  # the send gave up, and said why
