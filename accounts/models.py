@@ -105,13 +105,14 @@ class Invitation(models.Model):
     )
     revoked_at = models.DateTimeField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True, db_index=True)
-    # The invitation is its email's outbox: a worker sets `emailed_at` once the mail server took
-    # it, and beat sends again those still unsent (`services.invitations_mail_unsent`), at most
-    # EMAIL_RETRIES times, a minute apart: enough for a broker or a mail server back within
-    # minutes, not a send a minute for the invitation's week when its address is refused for good.
-    EMAIL_RETRIES = 5
+    # The invitation is its email's outbox (`services.invitation_email_send`): a worker claims
+    # an attempt (`email_attempted_at`, counted in `email_attempts`) before it sends and records
+    # when the mail server took it (`emailed_at`); beat sends again the ones still unsent, up to
+    # EMAIL_ATTEMPTS attempts in all.
+    EMAIL_ATTEMPTS = 5
     emailed_at = models.DateTimeField(null=True, blank=True)
-    email_retries = models.PositiveSmallIntegerField(default=0)
+    email_attempted_at = models.DateTimeField(null=True, blank=True)
+    email_attempts = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -128,8 +129,8 @@ class Invitation(models.Model):
 
     @property
     def email_undeliverable(self) -> bool:
-        """Whether beat gave up sending its email."""
-        return self.emailed_at is None and self.email_retries >= self.EMAIL_RETRIES
+        """Whether every attempt to send its email failed (beat tries no more)."""
+        return self.emailed_at is None and self.email_attempts >= self.EMAIL_ATTEMPTS
 
     @property
     def expires_at(self):

@@ -29,7 +29,14 @@ def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
 
 def invitations_pending(tenant: Tenant) -> list[Invitation]:
     invitations = tenant.invitations.filter(accepted_at=None, revoked_at=None).only(
-        "email", "role", "created_at", "accepted_at", "revoked_at", "emailed_at", "email_retries"
+        "tenant",
+        "email",
+        "role",
+        "created_at",
+        "accepted_at",
+        "revoked_at",
+        "emailed_at",
+        "email_attempts",
     )
     return [i for i in invitations.order_by("email") if i.status == "pending"]
 

@@ -15,7 +15,7 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -241,18 +241,52 @@ def invitation_create(
     return invitation
 
 
+# An attempt to send an invitation's email that has not ended this long after it was claimed
+# failed (its worker died, or its message sat in a backlog): beat may make another. Longer than
+# a send may take (`EMAIL_TIMEOUT`).
+INVITATION_EMAIL_LEASE = timedelta(minutes=2)
+INVITATION_EMAIL_DUE = timedelta(seconds=60)  # no attempt this long after it was made: beat sends
+
+
 def _send_invitation_email(invitation_pk: int) -> None:
     from accounts.tasks import invitation_send  # tasks import services: import late
 
-    invitation_send.delay(invitation_pk)
+    # A message older than the lease is dropped: beat has sent another by then.
+    invitation_send.apply_async(
+        args=[invitation_pk], expires=INVITATION_EMAIL_LEASE.total_seconds()
+    )
 
 
-def invitation_email_send(*, invitation: Invitation) -> None:
-    """Mail the invitation link, once; called by a worker after the invitation is committed.
-    `emailed_at` records that the mail server took it: a send that failed (the server refused
-    it, the worker died) leaves it unset, and beat sends again."""
-    if invitation.status != "pending" or invitation.emailed_at is not None:
-        return
+def _email_unsent(now: datetime):
+    """Pending invitations whose email was not sent, with attempts left."""
+    return Invitation.objects.filter(
+        emailed_at=None,
+        accepted_at=None,
+        revoked_at=None,
+        created_at__gt=now - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE),
+        email_attempts__lt=Invitation.EMAIL_ATTEMPTS,
+    )
+
+
+def invitation_email_send(*, invitation_pk: int, now: datetime | None = None) -> bool:
+    """Mail the invitation link; called by a worker after the invitation is committed. Whether
+    this call sent it.
+
+    The attempt is claimed first, in one UPDATE: two workers handed the same invitation (beat
+    sent it again while the first message waited) never both send it, and an attempt under way
+    is not made again before INVITATION_EMAIL_LEASE has passed. A send that failed (the mail
+    server refused it or did not answer) leaves `emailed_at` unset, and beat tries again; a
+    worker that died between the mail server taking it and recording it sends it twice."""
+    now = now or timezone.now()
+    claimed = (
+        _email_unsent(now)
+        .filter(pk=invitation_pk)
+        .filter(Q(email_attempted_at=None) | Q(email_attempted_at__lt=now - INVITATION_EMAIL_LEASE))
+        .update(email_attempted_at=now, email_attempts=F("email_attempts") + 1)
+    )
+    if not claimed:
+        return False
+    invitation = Invitation.objects.select_related("tenant").get(pk=invitation_pk)
     link = settings.OPSDECK_BASE_URL.rstrip("/") + reverse(
         "invitation_accept", kwargs={"token": invitation_token(invitation)}
     )
@@ -263,29 +297,22 @@ def invitation_email_send(*, invitation: Invitation) -> None:
         from_email=settings.DEFAULT_FROM_EMAIL,
         recipient_list=[invitation.email],
     )
-    Invitation.objects.filter(pk=invitation.pk).update(emailed_at=timezone.now())
-
-
-INVITATION_EMAIL_DUE = timedelta(seconds=60)  # unsent this long after it was made: sent again
+    Invitation.objects.filter(pk=invitation_pk).update(emailed_at=timezone.now())
+    return True
 
 
 def invitations_mail_unsent(*, now: datetime | None = None) -> int:
-    """Send again the email of each pending invitation that has none sent a minute after it was
-    made (its message was lost, or the mail server refused it), at most `Invitation.EMAIL_RETRIES`
-    times; how many were sent (run every minute by beat)."""
+    """Send again the email of each pending invitation that has none sent: no attempt began a
+    minute after it was made (its message was lost), or the last one failed
+    (INVITATION_EMAIL_LEASE ago); how many were sent to a worker (run every minute by beat)."""
     now = now or timezone.now()
-    unsent = Invitation.objects.filter(
-        emailed_at=None,
-        accepted_at=None,
-        revoked_at=None,
-        created_at__lt=now - INVITATION_EMAIL_DUE,
-        created_at__gt=now - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE),
-        email_retries__lt=Invitation.EMAIL_RETRIES,
+    due = _email_unsent(now).filter(
+        Q(email_attempted_at=None, created_at__lt=now - INVITATION_EMAIL_DUE)
+        | Q(email_attempted_at__lt=now - INVITATION_EMAIL_LEASE)
     )
-    pks = list(unsent.values_list("pk", flat=True))
+    pks = list(due.values_list("pk", flat=True))
     for pk in pks:
         _send_invitation_email(pk)  # a broker out of reach fails the run: the next one tries
-        Invitation.objects.filter(pk=pk).update(email_retries=F("email_retries") + 1)
     return len(pks)
 
 

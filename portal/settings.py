@@ -294,6 +294,9 @@ STRIPE_METER_EVENT_MAX_ATTEMPTS = env.int("STRIPE_METER_EVENT_MAX_ATTEMPTS", def
 
 # EMAIL_BACKEND, EMAIL_HOST, EMAIL_PORT, credentials and TLS flags, from one URL.
 globals().update(env.email_url_config(env.str("EMAIL_URL", default="consolemail://")))
+# Seconds a mail server may take to answer (Django waits for ever by default): a worker's send to
+# a hung server fails, and the email is tried again (an invitation's by beat).
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=30)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Opsdeck <noreply@localhost>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
