@@ -46,7 +46,7 @@ def dashboard(request):
             # While an operation is queued or running, the page follows it.
             "follows": deployment_selectors.operations_pending_in(tenant),
         }
-    shown = _dashboard_shown(context)
+    shown = _dashboard_shown(context, role=role)
     if answer := unchanged(request, shown):  # the page's poll, and nothing changed to swap
         return answer
     context["shown"] = shown
@@ -56,12 +56,13 @@ def dashboard(request):
     return response
 
 
-def _dashboard_shown(context: dict) -> str:
-    """A digest of what the dashboard shows that operations change (figures, states, the rows
-    of each table), for its poll."""
+def _dashboard_shown(context: dict, *, role: str) -> str:
+    """A digest of what the dashboard shows that operations and team changes change (the
+    member's role, figures, states, the rows of each table), for its poll."""
     tables = [context.get("operations_running"), context.get("operations_failed")]
     return shown_digest(
         [
+            role,
             context.get("follows"),
             context["member_count"],
             context["pending_invitations"],

@@ -220,6 +220,26 @@ def test_the_dashboard_follows_an_operation_still_queued(owner_client, tenant, v
     assert instance.name in section(answer.content.decode(), "running-now")
 
 
+def test_the_dashboard_says_a_role_changed_while_it_follows_an_operation(
+    client, owner, add_member, tenant, version, cell
+):
+    # Member to viewer: the same sections (neither sees the audit log), only the role differs.
+    member = add_member("member@example.com", "member")
+    client.force_login(member)
+    (instance,) = factories.make_instances(tenant, version, cell, 1)
+    factories.make_operation(instance, verb="restart", state="running")
+    poll = _poll(client.get(f"/t/{tenant.slug}/").content.decode())
+
+    membership = tenant.memberships.get(user=member)
+    account_services.membership_change_role(
+        actor=Actor(user=owner), membership=membership, role="viewer"
+    )
+    answer = client.get(poll, headers={"HX-Request": "true"})
+
+    assert answer.status_code == 200
+    assert "Your role: Viewer" in answer.content.decode()
+
+
 def test_the_dashboard_does_not_poll_while_nothing_runs(owner_client, tenant, version, cell):
     (instance,) = factories.make_instances(tenant, version, cell, 1)
     factories.make_operation(instance, verb="backup", state="failed")
