@@ -13,67 +13,67 @@ tenant_urlpatterns = [
         views.instance_estimate,
         name="instance_estimate",
     ),
-    path("deployments/<str:instance_id>/", views.instance_detail, name="instance_detail"),
+    path("deployments/<slug:instance_id>/", views.instance_detail, name="instance_detail"),
     # --- instance page ---
     path(
-        "deployments/<str:instance_id>/operations/<uuid:operation_id>/",
+        "deployments/<slug:instance_id>/operations/<uuid:operation_id>/",
         views.operation_detail,
         name="operation_detail",
     ),
     path(
-        "deployments/<str:instance_id>/actions/<str:verb>/",
+        "deployments/<slug:instance_id>/actions/<str:verb>/",
         views.instance_act,
         name="instance_act",
     ),
-    path("deployments/<str:instance_id>/delete/", views.instance_delete, name="instance_delete"),
+    path("deployments/<slug:instance_id>/delete/", views.instance_delete, name="instance_delete"),
     path(
-        "deployments/<str:instance_id>/backups/<int:snapshot_id>/restore/",
+        "deployments/<slug:instance_id>/backups/<int:snapshot_id>/restore/",
         views.snapshot_restore,
         name="snapshot_restore",
     ),
     path(
-        "deployments/<str:instance_id>/backups/<int:snapshot_id>/delete/",
+        "deployments/<slug:instance_id>/backups/<int:snapshot_id>/delete/",
         views.snapshot_delete,
         name="snapshot_delete",
     ),
     path(
-        "deployments/<str:instance_id>/backups/schedule/",
+        "deployments/<slug:instance_id>/backups/schedule/",
         views.backup_schedule_update,
         name="backup_schedule_update",
     ),
     # modify
-    path("deployments/<str:instance_id>/modify/", views.instance_modify, name="instance_modify"),
+    path("deployments/<slug:instance_id>/modify/", views.instance_modify, name="instance_modify"),
     path(
-        "deployments/<str:instance_id>/modify/estimate/",
+        "deployments/<slug:instance_id>/modify/estimate/",
         views.instance_modify_estimate,
         name="instance_modify_estimate",
     ),
     # cancel an operation
     path(
-        "deployments/<str:instance_id>/operations/<uuid:operation_id>/cancel/",
+        "deployments/<slug:instance_id>/operations/<uuid:operation_id>/cancel/",
         views.operation_cancel,
         name="operation_cancel",
     ),
     # connection
     path(
-        "deployments/<str:instance_id>/connection/reveal/",
+        "deployments/<slug:instance_id>/connection/reveal/",
         views.instance_credentials_reveal,
         name="instance_credentials_reveal",
     ),
     # --- upgrade, roll back, protection ---
-    path("deployments/<str:instance_id>/upgrade/", views.instance_upgrade, name="instance_upgrade"),
+    path("deployments/<slug:instance_id>/upgrade/", views.instance_upgrade, name="instance_upgrade"),
     # A change of plan moves instances: deployments' part of the Billing page.
     path("billing/plans/<slug:plan_key>/change/", views.plan_change, name="billing_plan_change"),
     path(
-        "deployments/<str:instance_id>/rollback/", views.instance_rollback, name="instance_rollback"
+        "deployments/<slug:instance_id>/rollback/", views.instance_rollback, name="instance_rollback"
     ),
     path(
-        "deployments/<str:instance_id>/protection/",
+        "deployments/<slug:instance_id>/protection/",
         views.instance_protect,
         name="instance_protect",
     ),
     path(
-        "deployments/<str:instance_id>/metrics/",
+        "deployments/<slug:instance_id>/metrics/",
         metrics_views.instance_metrics,
         name="instance_metrics",
     ),

@@ -773,6 +773,15 @@ def test_a_member_requesting_another_tenants_real_ids_gets_404_everywhere(
     assert not Instance.objects.filter(name="x").exists()
 
 
+def test_an_address_whose_instance_id_no_instance_could_have_is_a_404(owner_client, instance):
+    mine = f"/t/{instance.tenant.slug}/deployments/"
+
+    for odd in ("%00", "inst%00abc", "..%2F..", "%E2%80%AEinst", "inst-" + "9" * 400):
+        assert owner_client.get(f"{mine}{odd}/").status_code == 404, odd
+        assert owner_client.get(f"{mine}{odd}/?tab=backups").status_code == 404, odd
+        assert owner_client.post(f"{mine}{odd}/actions/restart/").status_code == 404, odd
+
+
 def test_an_operations_address_opens_the_timeline_at_it(owner_client, instance):
     operation = instance.operations.get()
 
