@@ -30,6 +30,8 @@ def test_the_modify_dialog_never_scrolls_sideways(open_page, owner, instance, wi
 
 def test_typing_a_server_count_updates_the_cost_after_the_change(open_page, owner, instance):
     page = _open(open_page, owner, instance)
+    errors = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
     page.get_by_role("button", name="Modify").click()
     now = page.locator("#modify-current-month").inner_text()
     expect(page.locator("#modify-new-month")).to_have_text(now)
@@ -40,6 +42,7 @@ def test_typing_a_server_count_updates_the_cost_after_the_change(open_page, owne
     after = float(page.locator("#modify-new-month").inner_text())
     assert after == pytest.approx(3 * float(now), abs=0.03)
     expect(page.locator("#modify-current-month")).to_have_text(now)
+    assert errors == []  # the estimate's request disables no button of the form's
 
 
 @BOTH_WIDTHS
