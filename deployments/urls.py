@@ -61,11 +61,15 @@ tenant_urlpatterns = [
         name="instance_credentials_reveal",
     ),
     # --- upgrade, roll back, protection ---
-    path("deployments/<slug:instance_id>/upgrade/", views.instance_upgrade, name="instance_upgrade"),
+    path(
+        "deployments/<slug:instance_id>/upgrade/", views.instance_upgrade, name="instance_upgrade"
+    ),
     # A change of plan moves instances: deployments' part of the Billing page.
     path("billing/plans/<slug:plan_key>/change/", views.plan_change, name="billing_plan_change"),
     path(
-        "deployments/<slug:instance_id>/rollback/", views.instance_rollback, name="instance_rollback"
+        "deployments/<slug:instance_id>/rollback/",
+        views.instance_rollback,
+        name="instance_rollback",
     ),
     path(
         "deployments/<slug:instance_id>/protection/",

@@ -103,6 +103,11 @@ class Core:
         self.bookmark_seconds = 5.0
         # Mutating admission (an operator's defaulting webhook), by (group, plural).
         self.defaulters: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {}
+        # Validating admission (an operator's validating webhook), by (group, plural): the
+        # webhook's name, and what it finds wrong with a new object (`old`: None on create).
+        self.validators: dict[
+            tuple[str, str], tuple[str, Callable[[dict[str, Any], dict[str, Any] | None], list]]
+        ] = {}
         self.closing = False
         # Container logs of the simulated pods (the kubelet's part of `pods/{name}/log`).
         self.logs = PodLogs()
@@ -808,6 +813,10 @@ class Core:
             errs = S.validate(obj, rt.schema, old)
             if errs:
                 raise E.invalid_object(rt.kind, rt.group, name, errs)
+            if rt.key in self.validators:
+                webhook, validate = self.validators[rt.key]
+                if errs := validate(obj, old):
+                    raise E.webhook_denied(webhook, E.invalid_object(rt.kind, rt.group, name, errs))
         elif rt.plural == "secrets":
             _prepare_secret(rt, obj)
         elif rt.plural == "configmaps":

@@ -170,6 +170,17 @@ def invalid_object(kind: str, group: str, name: str, errors: list[FieldError]) -
     return ApiError(422, "Invalid", f'{qkind} "{name}" is invalid: {listed}', details)
 
 
+def webhook_denied(webhook: str, refusal: ApiError) -> ApiError:
+    """A validating admission webhook's refusal, as the API server passes it on: the webhook's
+    status, its message prefixed with the webhook's name."""
+    return ApiError(
+        refusal.code,
+        refusal.reason,
+        f'admission webhook "{webhook}" denied the request: {refusal.message}',
+        refusal.details,
+    )
+
+
 def bad_request(message: str) -> ApiError:
     """400 BadRequest."""
     return ApiError(400, "BadRequest", message)

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core import Ctx, now_iso
-from ..errors import ApiError
+from ..errors import ApiError, FieldError, invalid
 from ..store import ObjKey
+from ..workloads import parse_quantity, storage_request
 from .cron import CronError, next_time
 from .kubelet import crash_status, crashed, record_backoff
 from .machinery import ChangeFeed, EventRecorder, Timers
@@ -139,6 +140,7 @@ class CnpgOperator:
         self.events = EventRecorder(self.core, MANAGER)
         self.kubelet_events = EventRecorder(self.core, "kubelet")
         self.core.defaulters[(GROUP, "clusters")] = default_cluster
+        self.core.validators[(GROUP, "clusters")] = ("vcluster.cnpg.io", validate_cluster)
 
     # ---- controller protocol ---------------------------------------------------------------
 
@@ -367,6 +369,7 @@ class CnpgOperator:
         self._archiving(c, status)
         pods = self._pods(ns, name)
         pvcs = self._pvcs(ns, name)
+        self._resize(spec, pvcs)
 
         if annotations.get(HIBERNATION) == "on":
             self._hibernate(c, status, pods, pvcs)
@@ -825,6 +828,24 @@ class CnpgOperator:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in (pod.get("status") or {}).get("conditions") or []
         )
+
+    def _resize(self, spec: dict[str, Any], pvcs: dict[str, Any]) -> None:
+        """Grow the claims to a larger `storage.size` (`resizeInUseVolumes`, true by default):
+        their request is raised, and the volume is expanded as any claim's is (`volumes`)."""
+        if (spec.get("storage") or {}).get("resizeInUseVolumes") is False:
+            return
+        size = (spec.get("storage") or {}).get("size")
+        wanted = parse_quantity(size)
+        for pvc in pvcs.values():
+            has = parse_quantity(storage_request(pvc))
+            if wanted is None or has is None or wanted <= has:
+                continue
+            body = copy.deepcopy(pvc)
+            body["spec"].setdefault("resources", {}).setdefault("requests", {})["storage"] = size
+            meta = pvc["metadata"]
+            self.core.update(self._rt("", "persistentvolumeclaims"), meta["namespace"],
+                             meta["name"], body, self.ctx)  # fmt: skip
+            self.changed = True
 
     def _new_instance(self, c: dict[str, Any], serial: int, image: str, role: str) -> None:
         meta, spec = c["metadata"], c.get("spec") or {}
@@ -1509,6 +1530,27 @@ def _config_hash(c: dict[str, Any]) -> str:
     reloaded = ((c.get("metadata") or {}).get("annotations") or {}).get("cnpg.io/reloadedAt")
     config = json.dumps([(c.get("spec") or {}).get("postgresql") or {}, reloaded], sort_keys=True)
     return hashlib.sha256(config.encode()).hexdigest()[:16]
+
+
+def validate_cluster(new: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
+    """CloudNativePG's validating webhook, the part a change of size meets: a volume never
+    shrinks."""
+    if old is None:
+        return []
+    errs = []
+    for field in ("storage", "walStorage"):
+        before = ((old.get("spec") or {}).get(field) or {}).get("size")
+        after = ((new.get("spec") or {}).get(field) or {}).get("size")
+        new_size, old_size = parse_quantity(after), parse_quantity(before)
+        if new_size is not None and old_size is not None and new_size < old_size:
+            errs.append(
+                invalid(
+                    f"spec.{field}.size",
+                    after,
+                    f"can't shrink existing storage from {before} to {after}",
+                )
+            )
+    return errs
 
 
 def default_cluster(cluster: dict[str, Any]) -> None:

@@ -96,6 +96,28 @@ def test_a_change_the_api_server_refuses_leaves_the_instance_running(
     assert wait_done(restart).state == Operation.State.SUCCEEDED, restart.error
 
 
+def test_storage_grows_every_volume_and_a_shrink_is_refused_with_nothing_changed(
+    worker, cell, plan, tenant, owner, kube
+):
+    instance = _running(owner, tenant, plan, instances="2", storageGi="10")
+
+    grow = _act(owner, instance, "modify", storageGi="15")
+
+    assert wait_done(grow).state == Operation.State.SUCCEEDED, grow.error
+    for server in (f"{instance.pk}-1", f"{instance.pk}-2"):
+        claim = instance_object(kube, instance, "v1", "PersistentVolumeClaim", server)
+        assert claim["spec"]["resources"]["requests"]["storage"] == "15Gi", server
+
+    shrink = _act(owner, instance, "modify", storageGi="5")
+
+    assert wait_done(shrink).state == Operation.State.FAILED
+    assert "can't shrink existing storage from 15Gi to 5Gi" in shrink.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.parameters["storageGi"] == 15
+    assert _cluster(kube, instance)["spec"]["storage"]["size"] == "15Gi"
+
+
 def test_a_failed_create_can_be_retried(request, cell, plan, tenant, owner, sandbox_cluster):
     create = _create(owner, tenant, plan)
     instance = create.instance

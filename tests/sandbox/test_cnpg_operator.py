@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 
 import pytest
 from kubernetes import client, watch
@@ -758,3 +759,43 @@ def test_defaulting_webhook_fills_initdb(custom, namespace):
         cluster("own-db", 1, bootstrap={"initdb": {"database": "shop"}}),
     )
     assert own["spec"]["bootstrap"]["initdb"] == {"database": "shop", "owner": "shop"}
+
+
+def test_a_larger_storage_size_grows_every_claim(custom, core_v1, namespace, sandbox):
+    create(custom, namespace, "clusters", cluster("grow", 2))
+    sandbox.run_until_idle()
+
+    custom.patch_namespaced_custom_object(
+        G, V, namespace, "clusters", "grow", {"spec": {"storage": {"size": "3Gi"}}}
+    )
+    sandbox.run_until_idle()
+
+    claims = core_v1.list_namespaced_persistent_volume_claim(namespace).items
+    assert [(c.metadata.name, c.spec.resources.requests["storage"]) for c in claims] == [
+        ("grow-1", "3Gi"),
+        ("grow-2", "3Gi"),
+    ]
+    assert [c.status.capacity["storage"] for c in claims] == ["3Gi", "3Gi"]  # expanded
+    assert get(custom, namespace, "clusters", "grow")["status"]["phase"] == (
+        "Cluster in healthy state"
+    )
+
+
+def test_the_validating_webhook_refuses_a_smaller_storage_size(custom, core_v1, namespace, sandbox):
+    create(custom, namespace, "clusters", cluster("shrink", 1, storage={"size": "2Gi"}))
+    sandbox.run_until_idle()
+
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            G, V, namespace, "clusters", "shrink", {"spec": {"storage": {"size": "1Gi"}}}
+        )
+
+    assert refused.value.status == 422
+    assert json.loads(refused.value.body)["message"] == (
+        'admission webhook "vcluster.cnpg.io" denied the request: Cluster.postgresql.cnpg.io '
+        '"shrink" is invalid: spec.storage.size: Invalid value: "1Gi": '
+        "can't shrink existing storage from 2Gi to 1Gi"
+    )
+    assert get(custom, namespace, "clusters", "shrink")["spec"]["storage"]["size"] == "2Gi"
+    [claim] = core_v1.list_namespaced_persistent_volume_claim(namespace).items
+    assert claim.spec.resources.requests["storage"] == "2Gi"
