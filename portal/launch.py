@@ -52,6 +52,11 @@ def prepare(environ: MutableMapping[str, str], *, dev: bool) -> list[str]:
         # In development the database goes with the key that encrypts its secrets.
         encrypting_key = environ["OPSDECK_ENCRYPTION_KEYS"].split(",")[0].strip()
         database_name = embedded.development_database_name(encrypting_key)
+        # ... and so do its Celery queue and cache keys: two checkouts on one Redis neither take
+        # each other's tasks (a step for an operation the worker's database does not hold is
+        # dropped) nor share sign-in rate limits.
+        environ.setdefault("CELERY_QUEUE", database_name)
+        environ.setdefault("CACHE_KEY_PREFIX", database_name)
         # Links in emails lead to the address `make run` prints, on the port it serves.
         environ.setdefault("OPSDECK_BASE_URL", f"http://127.0.0.1:{environ.get('PORT', '8000')}")
     return [_postgres(environ, var, database_name), _redis(environ, var)]

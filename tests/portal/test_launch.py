@@ -67,6 +67,8 @@ def test_in_development_the_launcher_keeps_generated_keys_and_runs_the_command_o
     assert seen["OPSDECK_BASE_URL"] == "http://127.0.0.1:8000"
     name = embedded.development_database_name(seen["OPSDECK_ENCRYPTION_KEYS"])
     assert urlsplit(seen["DATABASE_URL"]).path == f"/{name}"
+    # The checkout's tasks and cache keys go with its database: another checkout's are apart.
+    assert seen["CELERY_QUEUE"] == seen["CACHE_KEY_PREFIX"] == name
     with psycopg.connect(seen["DATABASE_URL"]) as conn:  # created, and answers
         assert conn.execute("SELECT current_database()").fetchone() == (name,)
     assert seen["CELERY_BROKER_URL"].startswith(("redis://", "redis+socket://"))
@@ -87,6 +89,8 @@ def test_the_launcher_keeps_every_variable_the_environment_sets(fresh_shell):
         "DATABASE_URL": "postgres://opsdeck:password@db.internal:5433/opsdeck",
         "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
         "CACHE_URL": "redis://redis.internal:6379/1",
+        "CELERY_QUEUE": "opsdeck-eu",
+        "CACHE_KEY_PREFIX": "opsdeck-eu",
     }
 
     result = _launch("--dev", env={**fresh_shell, **given})
