@@ -450,6 +450,13 @@ def operation_detail(request, instance_id: str, operation_id):
 
 def _queued(request, instance: Instance, operation: Operation, what: str, *, tab: str):
     """After an action: say what was queued, linking to the operation, and show the page."""
+    _operation_said(request, operation, what)
+    return _after(request, _instance(request, instance.pk), tab)
+
+
+def _operation_said(request, operation: Operation, what: str) -> None:
+    """Say where the operation an action queued stands, linking to it: queued, or — a form sent
+    again (Back, a double submit) answers with what the first sending made — running or ended."""
     url = reverse(
         "operation_detail",
         kwargs={
@@ -458,8 +465,14 @@ def _queued(request, instance: Instance, operation: Operation, what: str, *, tab
             "operation_id": operation.pk,
         },
     )
-    messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
-    return _after(request, _instance(request, instance.pk), tab)
+    state = Operation.State(operation.state)
+    if state == Operation.State.QUEUED:
+        messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
+    elif state == Operation.State.RUNNING:
+        messages.info(request, format_html('{} is <a href="{}">running</a>.', what, url))
+    else:
+        said = 'This form was sent before: {} <a href="{}">{}</a>.'
+        messages.info(request, format_html(said, what, url, state.label.lower()))
 
 
 def _after(request, instance: Instance, tab: str):
@@ -642,16 +655,8 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             form.errors_from(exc)
             request_id = uuid.uuid4().hex  # nothing was made: the corrected form is a new request
         else:
-            url = reverse(
-                "operation_detail",
-                kwargs={
-                    "tenant_slug": request.tenant.slug,
-                    "instance_id": operation.instance_id,
-                    "operation_id": operation.pk,
-                },
-            )
             what = f"Restore of {snapshot.name} into {operation.instance.name}"
-            messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
+            _operation_said(request, operation, what)
             return _instance_page(request, operation.instance_id)
     context = {
         "form": form,

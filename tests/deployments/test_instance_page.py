@@ -796,6 +796,21 @@ def test_an_operations_address_opens_the_timeline_at_it(owner_client, instance):
     )
 
 
+def test_a_form_sent_again_says_where_its_first_sending_stands(owner_client, instance):
+    first = owner_client.post(_url(instance, "actions/restart/"), {"request_id": "r1"}, follow=True)
+    assert f"Restart of {instance.name} is" in first.content.decode()
+    assert ">queued</a>." in first.content.decode()
+    Operation.objects.filter(verb="restart").update(state=Operation.State.SUCCEEDED)
+
+    # Back to the page as it was, and Restart again: the same form, the same request id.
+    again = owner_client.post(_url(instance, "actions/restart/"), {"request_id": "r1"}, follow=True)
+
+    page = again.content.decode()
+    assert f"This form was sent before: Restart of {instance.name} <a href=" in page
+    assert ">succeeded</a>." in page and "queued</a>" not in page
+    assert Operation.objects.filter(verb="restart").count() == 1
+
+
 def test_a_request_id_reused_for_another_action_is_said_in_a_message(owner_client, instance):
     owner_client.post(_url(instance, "actions/restart/"), {"request_id": "reused"})
 
