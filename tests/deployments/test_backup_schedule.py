@@ -317,6 +317,16 @@ def test_the_backups_tab_shows_the_schedule_and_saves_it(owner_client, instance)
     assert "<code>30 2 * * 1</code>" in page and "the 5 newest scheduled ones" in page
 
 
+def test_a_deleted_instances_backups_tab_promises_no_more_backups(owner_client, instance):
+    instance.state = Instance.State.DELETED
+    instance.save(update_fields=["state"])
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    assert f"Scheduled backups ended when {instance.name} was deleted" in page
+    assert "Backups run every" not in page and "Change the schedule" not in page
+
+
 def test_a_bad_cron_in_the_form_is_shown_beside_the_field(owner_client, instance):
     response = owner_client.post(
         _url(instance, "backups/schedule/"),
