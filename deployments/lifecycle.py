@@ -55,6 +55,9 @@ class Rule:
     applies_parameters: bool = False
     # A failure of it can be rolled back (a failed roll back can be rolled back again).
     rolled_back: bool = False
+    # When it failed the instance (it failed, or was cancelled, after the cluster took some of
+    # it), "Retry" runs it again from `failed` (create and restore start only from there).
+    retried: bool = False
 
 
 _LIVE = frozenset({S.RUNNING})
@@ -62,7 +65,7 @@ RULES: dict[str, Rule] = {
     # Retrying a failed create runs it again.
     "create": Rule(
         frozenset({S.FAILED}), S.CREATING, S.RUNNING, "instance.create",
-        makes_instance=True, applies_parameters=True,
+        makes_instance=True, applies_parameters=True, retried=True,
     ),
     "modify": Rule(
         _LIVE, S.UPDATING, S.RUNNING, "instance.modify",
@@ -78,10 +81,10 @@ RULES: dict[str, Rule] = {
         frozenset({S.FAILED}), S.UPDATING, S.RUNNING, "instance.modify",
         runs="modify", applies_parameters=True, rolled_back=True,
     ),
-    "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate"),
-    "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate"),
-    "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
-    "failover": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate"),
+    "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate", retried=True),
+    "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate", retried=True),
+    "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True),
+    "failover": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True),
     "backup": Rule(_LIVE, None, None, "backup.create"),
     # Forgetting a snapshot leaves the instance as it is.
     "deleteBackup": Rule(
@@ -90,7 +93,7 @@ RULES: dict[str, Rule] = {
     # Restore always makes a new instance, which starts out creating.
     "restore": Rule(
         frozenset({S.FAILED}), S.CREATING, S.RUNNING, "backup.restore",
-        makes_instance=True, applies_parameters=True,
+        makes_instance=True, applies_parameters=True, retried=True,
     ),
     "delete": Rule(
         frozenset({S.CREATING, S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}),
@@ -111,6 +114,8 @@ ENDS_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.ends_instance)
 APPLIES_PARAMETERS = frozenset(verb for verb, r in RULES.items() if r.applies_parameters)
 # The verbs whose failure a roll back undoes.
 ROLLED_BACK = frozenset(verb for verb, r in RULES.items() if r.rolled_back)
+# The verbs run again by "Retry" when they failed the instance.
+RETRIED = frozenset(verb for verb, r in RULES.items() if r.retried)
 # Deletion protection can change until a delete has started.
 PROTECTABLE = RULES["delete"].from_states
 
@@ -126,10 +131,11 @@ def rule(verb: str, *, custom: bool = False) -> Rule:
     return CUSTOM if custom else RULES[verb]
 
 
-def refusal(verb: str, state: str, *, custom: bool = False) -> str | None:
-    """Why `verb` cannot start from `state`, in one sentence; None when it can."""
+def refusal(verb: str, state: str, *, custom: bool = False, retry: bool = False) -> str | None:
+    """Why `verb` cannot start from `state`, in one sentence; None when it can. A `retry` (of
+    the verb that failed the instance) starts from `failed` too."""
     allowed = rule(verb, custom=custom).from_states
-    if state in allowed:
+    if state in allowed or (retry and state == S.FAILED and verb in RETRIED):
         return None
     label = S(state).label.lower()
     needs = " or ".join(sorted(S(s).label.lower() for s in allowed))

@@ -505,17 +505,19 @@ class InstanceAction:
 
 
 def instance_retry_verb(instance: Instance) -> str | None:
-    """The verb to offer as "Retry": create or restore, when the instance failed because that
-    verb failed (None otherwise)."""
+    """The verb to offer as "Retry": the one that failed the instance (`lifecycle.RETRIED`: a
+    create or restore, a stop, start, restart or failover), when the last operation that ran
+    on it failed, or was cancelled, and left it failed (None otherwise)."""
     if instance.state != Instance.State.FAILED:
         return None
     last = (
-        instance.operations.exclude(state=Operation.State.CANCELLED)
+        instance.operations.exclude(started_at=None)
         .order_by("-created_at")
         .only("verb", "state")
         .first()
     )
-    if last and last.verb in lifecycle.MAKES_INSTANCE and last.state == Operation.State.FAILED:
+    ended = {Operation.State.FAILED, Operation.State.CANCELLED}
+    if last and last.verb in lifecycle.RETRIED and last.state in ended:
         return last.verb
     return None
 
@@ -528,10 +530,10 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
     verbs = spec.main.verbs
     actions = []
 
-    def offer(verb: str, label: str, *, custom: bool = False, **extra) -> None:
+    def offer(verb: str, label: str, *, custom: bool = False, retry: bool = False, **extra):
         if lifecycle.rule(verb, custom=custom).action not in allowed:
             return
-        refusal = lifecycle.refusal(verb, instance.state, custom=custom)
+        refusal = lifecycle.refusal(verb, instance.state, custom=custom, retry=retry)
         if verb == "delete" and instance.deletion_protected and not refusal:
             refusal = DELETION_PROTECTED
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
@@ -543,7 +545,7 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
             offer(verb, label)
     retry = instance_retry_verb(instance)
     if retry and retry in verbs:
-        offer(retry, "Retry", description=f"Run the failed {retry} again.")
+        offer(retry, "Retry", retry=True, description=f"Run the failed {retry} again.")
     for verb in verbs.values():
         if verb.custom:
             offer(

@@ -488,7 +488,10 @@ def instance_action(
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        reason = lifecycle.refusal(verb, _projected_state(instance), custom=spec_verb.custom)
+        retry = verb == selectors.instance_retry_verb(instance)
+        reason = lifecycle.refusal(
+            verb, _projected_state(instance), custom=spec_verb.custom, retry=retry
+        )
         if reason or _upgrading(instance):
             raise ActionDenied(reason or UPGRADING)
         requested, requested_secret, arguments, changed = {}, {}, {}, {}

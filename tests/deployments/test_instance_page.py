@@ -426,6 +426,41 @@ def test_retry_is_offered_only_after_a_failed_create_and_queues_it_again(owner_c
     assert instance.operations.filter(verb="create", state="queued").count() == 1
 
 
+def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing_else(
+    owner_client, instance
+):
+    now = timezone.now()
+    Operation.objects.create(
+        instance=instance, verb="restart", request_id="r-0", plan_version=instance.plan_version,
+        state=Operation.State.CANCELLED, started_at=now, finished_at=now,
+    )  # fmt: skip
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert ">Retry</button>" in html  # in the form that posts the restart again
+    form = html[: html.index(">Retry</button>")].rsplit('action="', 1)[1]
+    assert form.split('"', 1)[0].endswith("/actions/restart/")
+    assert "The instance is failed; start needs it to be stopped." in html
+    refused = owner_client.post(_url(instance, "actions/start/"), {"request_id": "s-1"})
+    assert refused.status_code == 302 and not instance.operations.filter(verb="start").exists()
+    owner_client.post(_url(instance, "actions/restart/"), {"request_id": "retry-1"})
+    assert instance.operations.filter(verb="restart", state="queued").count() == 1
+
+
+def test_a_failed_backup_offers_no_retry(owner_client, instance):
+    now = timezone.now()
+    Operation.objects.create(
+        instance=instance, verb="backup", request_id="b-0", plan_version=instance.plan_version,
+        state=Operation.State.FAILED, started_at=now, finished_at=now,
+    )  # fmt: skip
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+
+    assert ">Retry</button>" not in owner_client.get(_url(instance)).content.decode()
+    owner_client.post(_url(instance, "actions/restart/"), {"request_id": "retry-2"})
+    assert not instance.operations.filter(verb="restart").exists()
+
+
 def test_a_viewer_sees_no_action_and_a_forged_post_is_refused_and_audited(
     client, instance, add_member
 ):

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
@@ -116,6 +117,26 @@ def test_storage_grows_every_volume_and_a_shrink_is_refused_with_nothing_changed
     assert instance.state == Instance.State.RUNNING
     assert instance.parameters["storageGi"] == 15
     assert _cluster(kube, instance)["spec"]["storage"]["size"] == "15Gi"
+
+
+def test_a_restart_cancelled_after_the_cluster_took_it_is_retried_back_to_running(
+    worker, cell, plan, tenant, owner
+):
+    instance = _running(owner, tenant, plan)
+    # What a cancel of a restart under way leaves: the run cancelled, the instance failed.
+    Operation.objects.create(
+        instance=instance, verb="restart", request_id="cancelled", state="cancelled",
+        plan_version=instance.plan_version, started_at=timezone.now(), finished_at=timezone.now(),
+    )  # fmt: skip
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+    with pytest.raises(ActionDenied, match="start needs it to be stopped"):
+        _act(owner, instance, "start")  # only the verb that failed it runs from failed
+
+    retry = _act(owner, instance, "restart")
+
+    assert wait_done(retry).state == Operation.State.SUCCEEDED, retry.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
 
 
 def test_a_failed_create_can_be_retried(request, cell, plan, tenant, owner, sandbox_cluster):
