@@ -1,5 +1,7 @@
 from django import forms
+from django.core.exceptions import ValidationError
 
+from billing import invoicing
 from billing.models import Invoice
 
 
@@ -17,8 +19,23 @@ class InvoiceFilterForm(forms.Form):
         widget=forms.TextInput({"placeholder": "2026-11", "inputmode": "numeric"}),
     )
     tenant = forms.CharField(required=False, max_length=200, label="Organization")
-    min_total = forms.DecimalField(required=False, min_value=0, decimal_places=2, label="From")
-    max_total = forms.DecimalField(required=False, min_value=0, decimal_places=2, label="To")
+    # At most what an invoice's total holds (a larger number is no amount, and overflows the
+    # database's comparison).
+    min_total = forms.DecimalField(
+        required=False, min_value=0, max_digits=18, decimal_places=2, label="From"
+    )
+    max_total = forms.DecimalField(
+        required=False, min_value=0, max_digits=18, decimal_places=2, label="To"
+    )
+
+    def clean_period(self):
+        period = self.cleaned_data["period"]
+        if period:
+            try:
+                invoicing.period_clean(period)
+            except ValidationError as exc:
+                raise ValidationError("Write a month as YYYY-MM, from 1970 on.") from exc
+        return period
 
     def clean(self):
         data = super().clean()

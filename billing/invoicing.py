@@ -49,9 +49,16 @@ from billing.pricing import PriceBook, rounded
 _PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 
 
+# The years a billing period may name: none before Unix time, and one whose next month a date
+# can still hold.
+_YEARS = range(1970, 9999)
+
+
 def period_clean(key: str) -> str:
-    """`key` if it names a month as "YYYY-MM"; else a ValidationError saying so."""
-    if not isinstance(key, str) or not _PERIOD.fullmatch(key.strip()):
+    """`key` if it names a month as "YYYY-MM" (of a year in _YEARS); else a ValidationError
+    saying so."""
+    found = _PERIOD.fullmatch(key.strip()) if isinstance(key, str) else None
+    if found is None or int(found.group(1)) not in _YEARS:
         raise ValidationError(f"{key!r} is not a billing period: write the month as YYYY-MM.")
     return key.strip()
 

@@ -187,3 +187,19 @@ def test_the_usage_page_shows_the_current_period_by_default(team_client, tenant)
 
     assert f"Usage billed in {datetime.now(UTC):%Y-%m}" in page
     assert "No usage yet this period." in page
+
+
+def test_numbers_and_months_no_invoice_could_have_are_flagged_not_a_server_error(
+    team_client, invoices, tenant
+):
+    for odd in ({"min_total": "1e200000"}, {"max_total": "9" * 40}, {"period": "9999-12"},
+                {"period": "0000-01"}):  # fmt: skip
+        response = team_client.get("/billing-team/", odd)
+        assert response.status_code == 200, odd
+        assert 'aria-invalid="true"' in response.content.decode() or "errorlist" in (
+            response.content.decode()
+        ), odd
+    for period in ("9999-12", "0000-01", "1969-12"):
+        page = team_client.get(f"/billing-team/usage/{tenant.slug}/", {"period": period})
+        assert page.status_code == 200, period
+        assert "is not a billing period" in page.content.decode(), period
