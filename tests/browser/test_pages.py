@@ -212,3 +212,25 @@ def test_the_dashboard_and_deployments_pages_never_scroll_sideways(
 
     expect(page.locator("h1")).to_have_text("Deployments" if page_name == "deployments" else "Acme")
     assert not scrolls_sideways(page)
+
+
+@BOTH_WIDTHS
+def test_an_organization_named_in_one_long_word_never_scrolls_sideways(
+    open_page, owner, tenant, width
+):
+    from decimal import Decimal
+
+    from billing.models import Invoice, Plan
+
+    tenant.name = "Supercalifragilistic" * 5  # 100 characters, nowhere to break
+    tenant.save(update_fields=["name"])
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    invoice = Invoice.objects.create(
+        tenant=tenant, plan=plan, period="2026-10", currency="usd", total=Decimal("1.00")
+    )
+    Invoice.objects.filter(pk=invoice.pk).update(status="open", number="2026-000001")
+
+    for path in ("", "billing/", f"billing/invoices/{invoice.pk}/", "team/"):
+        page = open_page(owner, f"/t/{tenant.slug}/{path}", width)
+        shot(page, f"long-name-{path.replace('/', '-') or 'dashboard'}{width}")
+        assert not scrolls_sideways(page), path
