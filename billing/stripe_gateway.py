@@ -225,6 +225,15 @@ class StripeGateway:
         )
 
     @_translated
+    def subscription_cancel_now(self, subscription_id: str, *, why: str) -> Any:
+        """End a subscription at once (Stripe makes no final invoice)."""
+        return self.client.v1.subscriptions.cancel(
+            subscription_id,
+            {"cancellation_details": {"comment": why}},
+            {"idempotency_key": f"opsdeck-cancel-now-{subscription_id}"},
+        )
+
+    @_translated
     def invoice(self, invoice_id: str) -> Any:
         """The invoice as Stripe holds it now."""
         return self.client.v1.invoices.retrieve(invoice_id)

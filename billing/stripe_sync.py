@@ -321,11 +321,20 @@ _MOVES = {
 }
 
 
-def subscription_mirror(subscription: Any) -> Subscription | None:
+# Stripe's statuses of a subscription that bills (or will).
+_STRIPE_LIVE = frozenset({"active", "trialing", "past_due", "unpaid", "incomplete"})
+
+
+def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | None:
     """Bring our subscription to what Stripe holds now (`subscription` is freshly fetched,
     never an event's copy): its period, and its status through the same services staff use
     (audited, mailed), as the system. A cancelled one stays cancelled; a Stripe subscription
-    we did not start is logged and left alone."""
+    we did not start is logged and left alone.
+
+    A checkout paid after ours was cancelled (its page was still open) starts a Stripe
+    subscription ours no longer has: it would bill the tenant's usage again, so it is ended in
+    Stripe at once. (A subscription cancelled in Opsdeck while Stripe billed it is told to end
+    with its period instead, and still bills until then.)"""
     from billing import services  # services do not import this module
 
     values = subscription_values(subscription)
@@ -333,6 +342,19 @@ def subscription_mirror(subscription: Any) -> Subscription | None:
     if ours is None:
         log.warning("stripe subscription %s is not one of ours", subscription.id)
         return None
+    if (
+        ours.status == Subscription.Status.CANCELLED
+        and subscription.status in _STRIPE_LIVE
+        and not _field(subscription, "cancel_at_period_end")
+    ):
+        log.warning(
+            "stripe subscription %s began after ours (%s) was cancelled: ending it",
+            subscription.id, ours.pk,
+        )  # fmt: skip
+        gw.subscription_cancel_now(
+            subscription.id, why="Started by a checkout paid after the subscription was cancelled."
+        )
+        return ours
     Subscription.objects.filter(pk=ours.pk).update(
         current_period_start=values["current_period_start"],
         current_period_end=values["current_period_end"],

@@ -36,11 +36,11 @@ def checkout_session_completed(event: StripeEvent, gw: StripeGateway) -> None:
     session = gw.checkout_session(_object_id(event))
     stripe_sync.checkout_completed(session)
     if getattr(session, "subscription", None):
-        stripe_sync.subscription_mirror(gw.subscription(session.subscription))
+        stripe_sync.subscription_mirror(gw.subscription(session.subscription), gw)
 
 
 def subscription_changed(event: StripeEvent, gw: StripeGateway) -> None:
-    stripe_sync.subscription_mirror(gw.subscription(_object_id(event)))
+    stripe_sync.subscription_mirror(gw.subscription(_object_id(event)), gw)
 
 
 def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
@@ -50,7 +50,7 @@ def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
     stripe_sync.invoice_mirror(invoice, gw.invoice_lines(invoice))
     subscription_id = stripe_sync.invoice_values(invoice)["stripe_subscription_id"]
     if subscription_id:
-        stripe_sync.subscription_mirror(gw.subscription(subscription_id))
+        stripe_sync.subscription_mirror(gw.subscription(subscription_id), gw)
 
 
 Handler = Callable[[StripeEvent, StripeGateway], None]

@@ -191,6 +191,29 @@ def test_cancelling_ends_the_stripe_subscription_with_its_period(
     assert subscription.status == "cancelled"
 
 
+def test_a_checkout_paid_after_its_subscription_was_cancelled_bills_nothing(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    """The checkout page was kept open (or its address copied) while the pending subscription
+    was cancelled, then paid: Stripe starts a subscription that would bill the tenant."""
+    response = _subscribe(owner_client, tenant, catalog)
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
+    pending = Subscription.objects.get(tenant=tenant, plan=catalog)
+    _cancel(owner_client, tenant, pending)
+
+    emulator.complete_checkout(session_id)
+    _deliver(client, emulator.events("customer.subscription.created")[-1])
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+
+    pending.refresh_from_db()
+    assert pending.status == "cancelled"
+    in_stripe = gw.subscription(pending.stripe_subscription_id)
+    assert in_stripe.status == "canceled"  # ended at once: nothing to bill on it
+    _deliver(client, emulator.events("customer.subscription.deleted")[-1])
+    pending.refresh_from_db()
+    assert pending.status == "cancelled"
+
+
 def test_when_stripe_cannot_be_told_nothing_is_cancelled(
     client, owner_client, tenant, catalog, emulator, gw
 ):

@@ -66,9 +66,9 @@ def mirrored(monkeypatch):
     seen: list[dict] = []
     real = stripe_sync.subscription_mirror
 
-    def record(subscription):
+    def record(subscription, gw):
         seen.append(stripe_sync.subscription_values(subscription))
-        return real(subscription)
+        return real(subscription, gw)
 
     monkeypatch.setattr(stripe_sync, "subscription_mirror", record)
     return seen
