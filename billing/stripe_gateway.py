@@ -9,6 +9,8 @@ network retries are off: the outbox retries with its own identifiers and back-of
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -262,21 +264,42 @@ class StripeGateway:
         success_url: str,
         cancel_url: str,
     ) -> Any:
-        """A hosted Checkout page subscribing the customer to metered prices (no quantity);
-        one per subscription of ours (the idempotency key is its id)."""
+        """A hosted Checkout page subscribing the customer to metered prices (no quantity) for
+        a subscription of ours. The idempotency key covers what the page asks for, so a request
+        sent twice makes one page, and one asking for other prices or return addresses (the
+        catalog synced again, the portal reached by another address) is not refused for
+        reusing a key."""
+        params = {
+            "mode": "subscription",
+            "customer": customer_id,
+            "client_reference_id": str(tenant_id),
+            "line_items": [{"price": price_id} for price_id in price_ids],
+            "success_url": success_url,
+            "cancel_url": cancel_url,
+            "metadata": {"opsdeck_subscription": str(subscription_id)},
+            # The Stripe subscription names ours too, whichever event arrives first.
+            "subscription_data": {"metadata": {"opsdeck_subscription": str(subscription_id)}},
+        }
+        digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
         return self.client.v1.checkout.sessions.create(
-            {
-                "mode": "subscription",
-                "customer": customer_id,
-                "client_reference_id": str(tenant_id),
-                "line_items": [{"price": price_id} for price_id in price_ids],
-                "success_url": success_url,
-                "cancel_url": cancel_url,
-                "metadata": {"opsdeck_subscription": str(subscription_id)},
-                # The Stripe subscription names ours too, whichever event arrives first.
-                "subscription_data": {"metadata": {"opsdeck_subscription": str(subscription_id)}},
-            },
-            {"idempotency_key": f"opsdeck-checkout-{subscription_id}"},
+            params, {"idempotency_key": f"opsdeck-checkout-{subscription_id}-{digest}"}
+        )
+
+    @_translated
+    def checkout_session_open(self, *, customer_id: str, subscription_id: int) -> Any | None:
+        """The customer's Checkout page for a subscription of ours still open to payment, if
+        Stripe holds one."""
+        sessions = self.client.v1.checkout.sessions.list(
+            {"customer": customer_id, "status": "open", "limit": 100}
+        )
+        return next(
+            (
+                session
+                for session in sessions.auto_paging_iter()
+                if session.metadata
+                and session.metadata.to_dict().get("opsdeck_subscription") == str(subscription_id)
+            ),
+            None,
         )
 
     @_translated

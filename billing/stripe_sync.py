@@ -265,7 +265,8 @@ def checkout_start(
 ) -> str:  # fmt: skip
     """The address of a Stripe Checkout page that subscribes the tenant's customer (made
     once) to the plan's metered prices; the webhook activates our subscription once it is
-    paid for. Asking again for the same subscription gives the same page."""
+    paid for. Asking again for the same subscription gives the same page while it is open:
+    two pages open for one subscription could both be paid."""
     price_ids = list(
         StripePrice.objects.filter(price__plan=subscription.plan)
         .order_by("price__dimension")
@@ -277,6 +278,12 @@ def checkout_start(
             "(manage.py stripe_sync_catalog)."
         )
     customer = customer_ensure(gw, subscription.tenant, email=email)
+    Subscription.objects.filter(pk=subscription.pk).update(stripe_customer_id=customer.customer_id)
+    session = gw.checkout_session_open(
+        customer_id=customer.customer_id, subscription_id=subscription.pk
+    )
+    if session is not None:
+        return session.url
     session = gw.checkout_session_create(
         subscription_id=subscription.pk,
         customer_id=customer.customer_id,
@@ -285,7 +292,6 @@ def checkout_start(
         success_url=success_url,
         cancel_url=cancel_url,
     )
-    Subscription.objects.filter(pk=subscription.pk).update(stripe_customer_id=customer.customer_id)
     return session.url
 
 

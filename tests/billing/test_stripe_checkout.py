@@ -76,6 +76,22 @@ def test_subscribing_goes_to_checkout_and_waits_for_payment(
     assert Subscription.objects.filter(tenant=tenant).count() == 1
 
 
+def test_continuing_to_payment_from_another_address_opens_the_same_page(
+    owner_client, tenant, catalog, settings
+):
+    """The return addresses follow the address the portal was reached by: asking again from
+    another one reused Stripe's idempotency key with other parameters, and Stripe refused it."""
+    settings.ALLOWED_HOSTS = ["testserver", "localhost"]
+    first = _subscribe(owner_client, tenant, catalog)
+
+    again = owner_client.post(
+        f"/t/{tenant.slug}/billing/subscribe/{catalog.key}/", {"request_id": "sub-2"},
+        HTTP_HOST="localhost",
+    )  # fmt: skip
+
+    assert again.status_code == 302 and again["Location"] == first["Location"]
+
+
 def test_a_paid_checkout_activates_the_subscription_through_the_webhook(
     client, owner_client, tenant, catalog, emulator
 ):
