@@ -21,6 +21,7 @@ from deployments.context import endpoint_host
 from deployments.models import (
     BackupSchedule,
     Instance,
+    InstanceStateChange,
     Operation,
     PlanVersion,
     Snapshot,
@@ -355,21 +356,38 @@ def snapshot_of_instance(instance: Instance, snapshot_id: int) -> Snapshot | Non
     return snapshots_of_instance(instance).filter(pk=snapshot_id).first()
 
 
+# The states in which an instance archives no more of its changes.
+ARCHIVES_NOTHING = (Instance.State.STOPPED, Instance.State.DELETING, Instance.State.DELETED)
+
+
 def recovery_window(snapshot: Snapshot, now: datetime) -> tuple[datetime, datetime]:
     """The instants a point-in-time restore from `snapshot` may target: from the snapshot (or
     the oldest recoverable instant the operator reports for its source instance, when later:
     older data has left the object store) to now (or the newest recoverable instant the
     operator reports, when the plan's status maps one). Both come from the source's observed
-    status (`recoverableFrom`, `recoverableUntil`); a source that is gone bounds nothing."""
+    status (`recoverableFrom`, `recoverableUntil`). A source stopped or deleted archives
+    nothing since: the window ends when it stopped, or its delete began."""
     low, high = snapshot.created_at, now
     observed = {}
     if snapshot.instance_id is not None:
-        observed = (
-            Instance.objects.filter(pk=snapshot.instance_id)
-            .values_list("observed", flat=True)
-            .first()
-            or {}
-        )
+        observed, state = Instance.objects.filter(pk=snapshot.instance_id).values_list(
+            "observed", "state"
+        ).first() or ({}, "")
+        if state in ARCHIVES_NOTHING:
+            # When it last went from archiving to not (a stopped instance deleted later
+            # stopped archiving when it stopped).
+            ended = (
+                InstanceStateChange.objects.filter(
+                    instance_id=snapshot.instance_id, to_state__in=ARCHIVES_NOTHING
+                )
+                .exclude(from_state__in=ARCHIVES_NOTHING)
+                .order_by("-at")
+                .values_list("at", flat=True)
+                .first()
+            )
+            if ended is not None and ended < high:
+                high = ended
+        observed = observed or {}
     reported_low = _instant(observed.get("recoverableFrom"))
     reported_high = _instant(observed.get("recoverableUntil"))
     if reported_low is not None and reported_low > low:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import selectors, services
-from deployments.models import Cell, Instance, Operation, Snapshot, TaskRun
+from deployments.models import Cell, Instance, InstanceStateChange, Operation, Snapshot, TaskRun
 from tests.deployments.conftest import SPEC
 
 SECRET = "s3cret-Pa55word-xyz"
@@ -674,6 +674,36 @@ def test_the_point_in_time_is_bounded_by_what_the_operator_can_recover(owner_cli
             f"and {newest.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
         ) in response.content.decode()
     assert Instance.objects.count() == 1
+
+
+def test_the_point_in_time_ends_when_the_source_stopped_archiving(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    taken = (timezone.now() - timedelta(hours=3)).replace(microsecond=0)
+    Snapshot.objects.filter(pk=snapshot.pk).update(created_at=taken)
+    stopped = taken + timedelta(hours=1)
+    # Stopped an hour after the backup (its stop ran from "updating"), deleted later on.
+    for from_state, to_state, at in (
+        ("running", "updating", stopped - timedelta(seconds=20)),
+        ("updating", "stopped", stopped),
+        ("stopped", "deleting", stopped + timedelta(hours=1)),
+        ("deleting", "deleted", stopped + timedelta(hours=1, seconds=30)),
+    ):
+        InstanceStateChange.objects.create(
+            instance=instance, from_state=from_state, to_state=to_state, at=at
+        )
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+
+    after = stopped + timedelta(minutes=10)
+    response = owner_client.post(
+        _restore_url(instance, snapshot),
+        {"name": "copy", "target_time": after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")},
+    )
+
+    assert response.status_code == 400
+    assert f"and {stopped.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" in response.content.decode()
+    assert not Instance.objects.filter(name="copy").exists()
+    html = owner_client.get(_restore_url(instance, snapshot)).content.decode()
+    assert f'max="{stopped.astimezone(UTC):%Y-%m-%dT%H:%M:%S}"' in html
 
 
 def test_a_point_in_time_without_a_zone_is_read_as_utc(owner_client, instance):
