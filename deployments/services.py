@@ -1097,7 +1097,7 @@ def _fixed_by_snapshot(exc: ValidationError, base: dict) -> ValidationError:
     errors = {}
     for key, messages in exc.message_dict.items():
         if IMMUTABLE in messages and key in base:
-            errors[key] = f"Fixed by the snapshot, which holds {base[key]}."
+            errors[key] = f"Fixed by the backup, which holds {base[key]}."
         else:
             errors[key] = messages
     return ValidationError(errors)

@@ -620,7 +620,7 @@ def test_changing_a_value_the_backup_fixes_is_refused_beside_the_field(owner_cli
     html = response.content.decode()
     assert (
         '<small class="field-error" id="id_p-database_error">'
-        "Fixed by the snapshot, which holds app.</small>"
+        "Fixed by the backup, which holds app.</small>"
     ) in html
     assert Instance.objects.count() == 1
 

@@ -198,7 +198,7 @@ def test_a_restore_keeps_the_snapshots_version_after_its_source_is_gone(
             actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r-1",
             parameters={"version": "17"},
         )  # fmt: skip
-    assert refused.value.message_dict["version"] == ["Fixed by the snapshot, which holds 16."]
+    assert refused.value.message_dict["version"] == ["Fixed by the backup, which holds 16."]
 
     restore = services.snapshot_restore(
         actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r-2",
