@@ -426,15 +426,20 @@ def test_retry_is_offered_only_after_a_failed_create_and_queues_it_again(owner_c
     assert instance.operations.filter(verb="create", state="queued").count() == 1
 
 
+def _failed_by(instance, verb: str, state: str) -> None:
+    """The instance failed by an operation of `verb` that ran and ended in `state`."""
+    now = timezone.now()
+    Operation.objects.create(
+        instance=instance, verb=verb, request_id=f"{verb}-ended", state=state,
+        plan_version=instance.plan_version, started_at=now, finished_at=now,
+    )  # fmt: skip
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+
+
 def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing_else(
     owner_client, instance
 ):
-    now = timezone.now()
-    Operation.objects.create(
-        instance=instance, verb="restart", request_id="r-0", plan_version=instance.plan_version,
-        state=Operation.State.CANCELLED, started_at=now, finished_at=now,
-    )  # fmt: skip
-    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+    _failed_by(instance, "restart", Operation.State.CANCELLED)
 
     html = owner_client.get(_url(instance)).content.decode()
 
@@ -449,12 +454,7 @@ def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing
 
 
 def test_a_failed_backup_offers_no_retry(owner_client, instance):
-    now = timezone.now()
-    Operation.objects.create(
-        instance=instance, verb="backup", request_id="b-0", plan_version=instance.plan_version,
-        state=Operation.State.FAILED, started_at=now, finished_at=now,
-    )  # fmt: skip
-    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+    _failed_by(instance, "backup", Operation.State.FAILED)
 
     assert ">Retry</button>" not in owner_client.get(_url(instance)).content.decode()
     owner_client.post(_url(instance, "actions/restart/"), {"request_id": "retry-2"})
