@@ -522,22 +522,34 @@ class InstanceAction:
         return bool(self.parameters) or self.verb in {"modify", "delete"}
 
 
-def instance_retry_verb(instance: Instance) -> str | None:
-    """The verb to offer as "Retry": the one that failed the instance (`lifecycle.RETRIED`: a
-    create or restore, a stop, start, restart or failover), when the last operation that ran
-    on it failed, or was cancelled, and left it failed (None otherwise)."""
+def instance_retry_source(instance: Instance) -> Operation | None:
+    """The operation "Retry" runs again: the one that left the instance failed — it failed, or
+    was cancelled, after the cluster took some of it — when its verb is one Retry runs
+    (`lifecycle.RETRIED`: a create or restore, a stop, start, restart or failover); None
+    otherwise. Found by the change into failed that it made, as a roll back's source is, so
+    that what ran since on a failed instance (a backup forgotten) does not hide it."""
     if instance.state != Instance.State.FAILED:
         return None
-    last = (
-        instance.operations.exclude(started_at=None)
-        .order_by("-created_at")
-        .only("verb", "state")
+    change = (
+        instance.history.filter(to_state=Instance.State.FAILED, operation__isnull=False)
+        .select_related("operation")
+        .order_by("-at", "-id")
         .first()
     )
+    if change is not None:
+        failed = change.operation
+    else:  # no recorded change (made before changes named their operation): the last that ran
+        failed = instance.operations.exclude(started_at=None).order_by("-created_at").first()
     ended = {Operation.State.FAILED, Operation.State.CANCELLED}
-    if last and last.verb in lifecycle.RETRIED and last.state in ended:
-        return last.verb
-    return None
+    if failed is None or failed.verb not in lifecycle.RETRIED or failed.state not in ended:
+        return None
+    return failed
+
+
+def instance_retry_verb(instance: Instance) -> str | None:
+    """The verb to offer as "Retry" (`instance_retry_source`'s), or None."""
+    failed = instance_retry_source(instance)
+    return failed.verb if failed is not None else None
 
 
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:

@@ -445,9 +445,8 @@ def _verb_request(spec, verb: Verb, values: dict) -> tuple[dict, dict]:
 def _retry_arguments(instance: Instance, verb: str) -> dict:
     """A retry of the create or restore that failed the instance: its arguments again (a
     restore's source and target); the namespace is applied anew (server-side apply)."""
-    last = instance.operations.exclude(started_at=None).first()  # the last that ran
-    ended = {Operation.State.FAILED, Operation.State.CANCELLED}
-    if last is None or last.verb != verb or last.state not in ended:
+    failed = selectors.instance_retry_source(instance)
+    if failed is None or failed.verb != verb:
         raise ValidationError(f"Only an instance whose {verb} failed can have it run again.")
     origin = _origin(instance)
     return {"sys": origin.arguments["sys"]} if "sys" in origin.arguments else {}

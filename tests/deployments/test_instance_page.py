@@ -426,14 +426,19 @@ def test_retry_is_offered_only_after_a_failed_create_and_queues_it_again(owner_c
     assert instance.operations.filter(verb="create", state="queued").count() == 1
 
 
-def _failed_by(instance, verb: str, state: str) -> None:
-    """The instance failed by an operation of `verb` that ran and ended in `state`."""
+def _failed_by(instance, verb: str, state: str) -> Operation:
+    """The instance failed by an operation of `verb` that ran and ended in `state`, with the
+    state change the runner records."""
     now = timezone.now()
-    Operation.objects.create(
+    ended = Operation.objects.create(
         instance=instance, verb=verb, request_id=f"{verb}-ended", state=state,
         plan_version=instance.plan_version, started_at=now, finished_at=now,
     )  # fmt: skip
+    InstanceStateChange.objects.create(
+        instance=instance, from_state="updating", to_state="failed", operation=ended
+    )
     Instance.objects.filter(pk=instance.pk).update(state=Instance.State.FAILED)
+    return ended
 
 
 def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing_else(
@@ -451,6 +456,19 @@ def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing
     assert refused.status_code == 302 and not instance.operations.filter(verb="start").exists()
     owner_client.post(_url(instance, "actions/restart/"), {"request_id": "retry-1"})
     assert instance.operations.filter(verb="restart", state="queued").count() == 1
+
+
+def test_a_backup_forgotten_since_does_not_hide_the_retry(owner_client, instance):
+    _failed_by(instance, "stop", Operation.State.FAILED)
+    later = timezone.now() + timedelta(minutes=1)
+    Operation.objects.create(
+        instance=instance, verb="deleteBackup", request_id="forget", state="succeeded",
+        plan_version=instance.plan_version, created_at=later, started_at=later, finished_at=later,
+    )  # fmt: skip
+
+    assert ">Retry</button>" in owner_client.get(_url(instance)).content.decode()
+    owner_client.post(_url(instance, "actions/stop/"), {"request_id": "retry-3"})
+    assert instance.operations.filter(verb="stop", state="queued").count() == 1
 
 
 def test_a_failed_backup_offers_no_retry(owner_client, instance):
