@@ -307,7 +307,9 @@ def _ours(stripe_subscription: Any) -> Subscription | None:
     found = Subscription.objects.filter(
         pk=int(reference), tenant__stripe_customer__customer_id=stripe_subscription.customer
     ).first()
-    if found is not None:
+    # The ids are stored when ours has none yet and still waits for one: a Stripe subscription
+    # started later for it (a second checkout page paid) never replaces the one it holds.
+    if found is not None and not found.stripe_subscription_id and found.status != "cancelled":
         Subscription.objects.filter(pk=found.pk).update(
             stripe_subscription_id=stripe_subscription.id,
             stripe_customer_id=stripe_subscription.customer,
@@ -337,10 +339,10 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
     (audited, mailed), as the system. A cancelled one stays cancelled; a Stripe subscription
     we did not start is logged and left alone.
 
-    A checkout paid after ours was cancelled (its page was still open) starts a Stripe
-    subscription ours no longer has: it would bill the tenant's usage again, so it is ended in
-    Stripe at once. (A subscription cancelled in Opsdeck while Stripe billed it is told to end
-    with its period instead, and still bills until then.)"""
+    A Stripe subscription that is not the one ours holds — a checkout paid after ours was
+    cancelled (its page was still open), or a second page paid — would bill the tenant's usage
+    again: it is ended in Stripe at once, and ours is left as it is. (The one ours holds, when
+    ours is cancelled, was told to end with its period, and bills until then.)"""
     from billing import services  # services do not import this module
 
     values = subscription_values(subscription)
@@ -348,18 +350,15 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
     if ours is None:
         log.warning("stripe subscription %s is not one of ours", subscription.id)
         return None
-    if (
-        ours.status == Subscription.Status.CANCELLED
-        and subscription.status in _STRIPE_LIVE
-        and not _field(subscription, "cancel_at_period_end")
-    ):
-        log.warning(
-            "stripe subscription %s began after ours (%s) was cancelled: ending it",
-            subscription.id, ours.pk,
-        )  # fmt: skip
-        gw.subscription_cancel_now(
-            subscription.id, why="Started by a checkout paid after the subscription was cancelled."
-        )
+    if ours.stripe_subscription_id != subscription.id:
+        if subscription.status in _STRIPE_LIVE:
+            log.warning(
+                "stripe subscription %s is not the one ours (%s) holds: ending it",
+                subscription.id, ours.pk,
+            )  # fmt: skip
+            gw.subscription_cancel_now(
+                subscription.id, why="A second subscription for one Opsdeck subscription."
+            )
         return ours
     Subscription.objects.filter(pk=ours.pk).update(
         current_period_start=values["current_period_start"],

@@ -222,12 +222,34 @@ def test_a_checkout_paid_after_its_subscription_was_cancelled_bills_nothing(
     _deliver(client, emulator.events("checkout.session.completed")[-1])
 
     pending.refresh_from_db()
-    assert pending.status == "cancelled"
-    in_stripe = gw.subscription(pending.stripe_subscription_id)
-    assert in_stripe.status == "canceled"  # ended at once: nothing to bill on it
+    assert (pending.status, pending.stripe_subscription_id) == ("cancelled", "")
+    started = gw.checkout_session(session_id).subscription
+    assert gw.subscription(started).status == "canceled"  # ended at once: nothing to bill on it
     _deliver(client, emulator.events("customer.subscription.deleted")[-1])
     pending.refresh_from_db()
     assert pending.status == "cancelled"
+
+
+def test_a_second_stripe_subscription_for_one_of_ours_is_ended_and_the_first_kept(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    """Two checkout pages of one subscription both paid: the second would bill again."""
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    first = subscription.stripe_subscription_id
+    customer = subscription.stripe_customer_id
+    second = gw.checkout_session_create(
+        subscription_id=subscription.pk, customer_id=customer, tenant_id=tenant.pk,
+        price_ids=[p.id for p in gw.client.v1.prices.list().data],
+        success_url="http://elsewhere.example/done", cancel_url="http://elsewhere.example/no",
+    )  # fmt: skip
+    emulator.complete_checkout(second.id)
+
+    _deliver(client, emulator.events("customer.subscription.created")[-1])
+
+    subscription.refresh_from_db()
+    assert (subscription.status, subscription.stripe_subscription_id) == ("active", first)
+    assert gw.subscription(first).status == "active"
+    assert gw.subscription(gw.checkout_session(second.id).subscription).status == "canceled"
 
 
 def test_when_stripe_cannot_be_told_nothing_is_cancelled(
