@@ -843,8 +843,12 @@ class CnpgOperator:
             body = copy.deepcopy(pvc)
             body["spec"].setdefault("resources", {}).setdefault("requests", {})["storage"] = size
             meta = pvc["metadata"]
-            self.core.update(self._rt("", "persistentvolumeclaims"), meta["namespace"],
-                             meta["name"], body, self.ctx)  # fmt: skip
+            try:
+                self.core.update(self._rt("", "persistentvolumeclaims"), meta["namespace"],
+                                 meta["name"], body, self.ctx)  # fmt: skip
+            except ApiError as exc:  # the claim refuses (not bound): the rest of the round goes on
+                log.info("claim %s/%s not resized: %s", meta["namespace"], meta["name"], exc)
+                continue
             self.changed = True
 
     def _new_instance(self, c: dict[str, Any], serial: int, image: str, role: str) -> None:
