@@ -131,12 +131,19 @@ def rule(verb: str, *, custom: bool = False) -> Rule:
     return CUSTOM if custom else RULES[verb]
 
 
-def refusal(verb: str, state: str, *, custom: bool = False, retry: bool = False) -> str | None:
-    """Why `verb` cannot start from `state`, in one sentence; None when it can. A `retry` (of
-    the verb that failed the instance) starts from `failed` too."""
+def refusal(
+    verb: str, state: str, *, custom: bool = False, retry: bool = False, label: str = ""
+) -> str | None:
+    """Why `verb` cannot start from `state`, in one sentence naming it as the page does
+    (`label`, else the verb); None when it can. A `retry` (of the verb that failed the
+    instance) starts from `failed` too."""
     allowed = rule(verb, custom=custom).from_states
     if state in allowed or (retry and state == S.FAILED and verb in RETRIED):
         return None
-    label = S(state).label.lower()
+    if state == S.DELETED:
+        return "The instance is deleted."
+    named = label or verb
+    if not named[1:2].isupper():  # "Switchover" reads "switchover" mid-sentence; "CPU" stays
+        named = named[:1].lower() + named[1:]
     needs = " or ".join(sorted(S(s).label.lower() for s in allowed))
-    return f"The instance is {label}; {verb} needs it to be {needs}."
+    return f"The instance is {S(state).label.lower()}; {named} needs it to be {needs}."

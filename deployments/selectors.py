@@ -558,12 +558,15 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
     delete last."""
     spec = plan_spec(instance.plan_version)
     verbs = spec.main.verbs
+    named = verb_labels(instance.plan_version)
     actions = []
 
     def offer(verb: str, label: str, *, custom: bool = False, retry: bool = False, **extra):
         if lifecycle.rule(verb, custom=custom).action not in allowed:
             return
-        refusal = lifecycle.refusal(verb, instance.state, custom=custom, retry=retry)
+        refusal = lifecycle.refusal(
+            verb, instance.state, custom=custom, retry=retry, label=named.get(verb, "")
+        )
         if verb == "delete" and instance.deletion_protected and not refusal:
             refusal = DELETION_PROTECTED
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
@@ -823,7 +826,9 @@ class LifecycleOffer:
 def lifecycle_refusal(instance: Instance, verb: str) -> str | None:
     """Why an upgrade or a roll back (`verb`) cannot start now: the instance's state, or
     operations still pending (the version they run on would change under them)."""
-    reason = lifecycle.refusal(verb, instance.state)
+    reason = lifecycle.refusal(
+        verb, instance.state, label=verb_labels(instance.plan_version).get(verb, "")
+    )
     if reason is None and operations_pending(instance).exists():
         reason = f"Operations are queued on this instance; {verb} once they have finished."
     return reason

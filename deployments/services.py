@@ -489,8 +489,9 @@ def instance_action(
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         retry = verb == selectors.instance_retry_verb(instance)
         reason = lifecycle.refusal(
-            verb, _projected_state(instance), custom=spec_verb.custom, retry=retry
-        )
+            verb, _projected_state(instance), custom=spec_verb.custom, retry=retry,
+            label=selectors.verb_labels(instance.plan_version).get(verb, ""),
+        )  # fmt: skip
         if reason or _upgrading(instance):
             raise ActionDenied(reason or UPGRADING)
         requested, requested_secret, arguments, changed = {}, {}, {}, {}

@@ -406,6 +406,24 @@ def test_a_state_forbidden_action_is_disabled_with_its_reason(owner_client, inst
     assert 'aria-describedby="why-stop"' not in html
 
 
+def test_refusals_name_the_actions_as_the_page_does(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert "The instance is stopped; switchover needs it to be running." in html
+    assert "The instance is stopped; rotate owner password needs it to be running." in html
+    assert "failover needs" not in html and "rotateCredentials needs" not in html
+    refused = owner_client.post(
+        _url(instance, "actions/rotateCredentials/"), {"request_id": "rc-1"}, follow=True
+    )
+    assert "rotate owner password needs it to be running" in refused.content.decode()
+
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+    html = owner_client.get(_url(instance)).content.decode()
+    assert "<strong>Delete:</strong> The instance is deleted." in html
+    assert "needs it to be creating or" not in html
+
+
 def test_a_state_forbidden_post_queues_nothing_and_says_why(owner_client, instance):
     response = owner_client.post(
         _url(instance, "actions/start/"), {"request_id": "st-1"}, follow=True
