@@ -303,6 +303,11 @@ class StripeGateway:
         )
 
     @_translated
+    def checkout_session_expire(self, session_id: str) -> Any:
+        """A Checkout page that can no longer be paid."""
+        return self.client.v1.checkout.sessions.expire(session_id)
+
+    @_translated
     def billing_portal_session_create(self, *, customer_id: str, return_url: str) -> Any:
         """Stripe's customer portal (payment methods, invoices) for one visit."""
         return self.client.v1.billing_portal.sessions.create(

@@ -514,14 +514,22 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
 
 def subscription_end(subscription: Subscription) -> None:
     """Tell Stripe to end the tenant's Stripe subscription when its period ends (the usage
-    until then is invoiced then). Runs inside the cancelling transaction: when Stripe cannot
+    until then is invoiced then), or, for one still waiting for payment, to close its Checkout
+    page (it can no longer be paid). Runs inside the cancelling transaction: when Stripe cannot
     be told, a ValidationError says so and nothing is cancelled. Nothing to do without Stripe
     or for a subscription Stripe does not bill."""
     gw = gateway()
-    if gw is None or not subscription.stripe_subscription_id:
+    if gw is None:
         return
     try:
-        gw.subscription_cancel_at_period_end(subscription.stripe_subscription_id)
+        if subscription.stripe_subscription_id:
+            gw.subscription_cancel_at_period_end(subscription.stripe_subscription_id)
+        elif subscription.stripe_customer_id:
+            page = gw.checkout_session_open(
+                customer_id=subscription.stripe_customer_id, subscription_id=subscription.pk
+            )
+            if page is not None:
+                gw.checkout_session_expire(page.id)
     except StripeFailure as exc:
         log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
         raise ValidationError(

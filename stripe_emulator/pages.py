@@ -47,6 +47,11 @@ def checkout_done_page(session: dict[str, Any]) -> str:
     return _page("Payment complete", f"<p>Subscription {escape(session['subscription'])}.</p>")
 
 
+def checkout_expired_page() -> str:
+    """Shown for a session expired before it was paid."""
+    return _page("Checkout expired", "<p>This Checkout Session is no longer active.</p>")
+
+
 def portal_page(session: dict[str, Any], subscriptions: list[dict[str, Any]]) -> str:
     """The customer's subscriptions and a link back to return_url."""
     rows = "".join(

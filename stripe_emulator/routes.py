@@ -70,6 +70,7 @@ API: list[Route] = [
     route("POST", "/v1/checkout/sessions", sessions.checkout_session_create),
     route("GET", "/v1/checkout/sessions", sessions.checkout_session_list),
     route("GET", "/v1/checkout/sessions/{id}", sessions.checkout_session_retrieve),
+    route("POST", "/v1/checkout/sessions/{id}/expire", sessions.checkout_session_expire),
     route("POST", "/v1/billing_portal/sessions", sessions.portal_session_create),
     route("GET", "/v1/subscriptions", subscriptions.subscription_list),
     route("GET", "/v1/subscriptions/{id}", subscriptions.subscription_retrieve),
@@ -102,14 +103,20 @@ def checkout_show(state: State, session_id: str) -> Page:
     session = state.get("checkout.session", session_id, label="checkout.session")
     if session["status"] == "complete":
         return _after_checkout(session)
+    if session["status"] == "expired":
+        return _html(pages.checkout_expired_page())
     return _html(
         pages.checkout_page(session, state.get("checkout.line_items", session_id)["items"])
     )
 
 
 def checkout_pay(state: State, session_id: str) -> Page:
-    """POST /c/pay/{id}: complete the session, then go to its success_url."""
-    return _after_checkout(sessions.checkout_session_complete(state, session_id))
+    """POST /c/pay/{id}: complete the session, then go to its success_url (an expired one
+    can no longer be paid)."""
+    session = sessions.checkout_session_complete(state, session_id)
+    if session["status"] == "expired":
+        return _html(pages.checkout_expired_page())
+    return _after_checkout(session)
 
 
 def _after_checkout(session: dict[str, Any]) -> Page:

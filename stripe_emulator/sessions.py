@@ -129,6 +129,21 @@ def checkout_session_list(state: State, params: Params) -> dict[str, Any]:
     return page(sessions, params, "/v1/checkout/sessions")
 
 
+def checkout_session_expire(state: State, params: Params, session_id: str) -> dict[str, Any]:
+    """POST /v1/checkout/sessions/{id}/expire: an open session can no longer be paid;
+    emits `checkout.session.expired`."""
+    params.only()
+    session = state.get("checkout.session", session_id, label="checkout.session")
+    if session["status"] != "open":
+        raise invalid(
+            f'Only Checkout Sessions with a status in ["open"] can be expired. This Checkout '
+            f'Session has a status of "{session["status"]}".'
+        )
+    session["status"] = "expired"
+    state.emit("checkout.session.expired", session)
+    return session
+
+
 def checkout_session_complete(state: State, session_id: str) -> dict[str, Any]:
     """What paying on the hosted page does: the customer (created from customer_email when
     the session had none) gets an active subscription; `customer.subscription.created` then
