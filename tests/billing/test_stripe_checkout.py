@@ -70,6 +70,8 @@ def test_subscribing_goes_to_checkout_and_waits_for_payment(
     assert session.client_reference_id == str(tenant.pk)
     assert session.customer == customer.customer_id
     assert not mail.outbox  # nothing is said before Stripe confirms
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert "Awaiting payment</span>" in page and "Awaiting approval" not in page
     # Asking again (a double click, or "Continue to payment") gives the same page.
     again = _subscribe(owner_client, tenant, catalog, request_id="sub-2")
     assert again["Location"] == response["Location"]
