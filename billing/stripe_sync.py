@@ -309,7 +309,11 @@ def _ours(stripe_subscription: Any) -> Subscription | None:
     ).first()
     # The ids are stored when ours has none yet and still waits for one: a Stripe subscription
     # started later for it (a second checkout page paid) never replaces the one it holds.
-    if found is not None and not found.stripe_subscription_id and found.status != "cancelled":
+    if (
+        found is not None
+        and not found.stripe_subscription_id
+        and found.status != Subscription.Status.CANCELLED
+    ):
         Subscription.objects.filter(pk=found.pk).update(
             stripe_subscription_id=stripe_subscription.id,
             stripe_customer_id=stripe_subscription.customer,

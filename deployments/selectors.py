@@ -538,7 +538,7 @@ def instance_retry_source(instance: Instance) -> Operation | None:
     )
     if change is not None:
         failed = change.operation
-    else:  # no recorded change (made before changes named their operation): the last that ran
+    else:  # no change into failed names its operation: the last operation that ran
         failed = instance.operations.exclude(started_at=None).order_by("-created_at").first()
     ended = {Operation.State.FAILED, Operation.State.CANCELLED}
     if failed is None or failed.verb not in lifecycle.RETRIED or failed.state not in ended:
@@ -552,21 +552,27 @@ def instance_retry_verb(instance: Instance) -> str | None:
     return failed.verb if failed is not None else None
 
 
+def action_refusal(
+    instance: Instance, verb: str, state: str = "", *, custom: bool = False, retry: bool = False
+) -> str | None:
+    """Why `verb` cannot start on the instance from `state` (default: its state now), naming
+    the verb as its page does (`lifecycle.refusal`); None when it can."""
+    label = verb_labels(instance.plan_version).get(verb, "")
+    return lifecycle.refusal(verb, state or instance.state, custom=custom, retry=retry, label=label)
+
+
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:
     """The actions the instance page offers to a member whose role allows `allowed`: modify,
     the plan's lifecycle verbs, a retry of a failed create or restore, its custom workflows, and
     delete last."""
     spec = plan_spec(instance.plan_version)
     verbs = spec.main.verbs
-    named = verb_labels(instance.plan_version)
     actions = []
 
     def offer(verb: str, label: str, *, custom: bool = False, retry: bool = False, **extra):
         if lifecycle.rule(verb, custom=custom).action not in allowed:
             return
-        refusal = lifecycle.refusal(
-            verb, instance.state, custom=custom, retry=retry, label=named.get(verb, "")
-        )
+        refusal = action_refusal(instance, verb, custom=custom, retry=retry)
         if verb == "delete" and instance.deletion_protected and not refusal:
             refusal = DELETION_PROTECTED
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
@@ -826,9 +832,7 @@ class LifecycleOffer:
 def lifecycle_refusal(instance: Instance, verb: str) -> str | None:
     """Why an upgrade or a roll back (`verb`) cannot start now: the instance's state, or
     operations still pending (the version they run on would change under them)."""
-    reason = lifecycle.refusal(
-        verb, instance.state, label=verb_labels(instance.plan_version).get(verb, "")
-    )
+    reason = action_refusal(instance, verb)
     if reason is None and operations_pending(instance).exists():
         reason = f"Operations are queued on this instance; {verb} once they have finished."
     return reason

@@ -442,10 +442,10 @@ def _verb_request(spec, verb: Verb, values: dict) -> tuple[dict, dict]:
     return {"verb_parameters": json.loads(hidden or "{}")}, arguments
 
 
-def _retry_arguments(instance: Instance, verb: str) -> dict:
-    """A retry of the create or restore that failed the instance: its arguments again (a
-    restore's source and target); the namespace is applied anew (server-side apply)."""
-    failed = selectors.instance_retry_source(instance)
+def _retry_arguments(instance: Instance, verb: str, failed: Operation | None) -> dict:
+    """A retry of the create or restore that failed the instance (`failed`, the instance's
+    `selectors.instance_retry_source`): its arguments again (a restore's source and target);
+    the namespace is applied anew (server-side apply)."""
     if failed is None or failed.verb != verb:
         raise ValidationError(f"Only an instance whose {verb} failed can have it run again.")
     origin = _origin(instance)
@@ -487,10 +487,10 @@ def instance_action(
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        retry = verb == selectors.instance_retry_verb(instance)
-        reason = lifecycle.refusal(
-            verb, _projected_state(instance), custom=spec_verb.custom, retry=retry,
-            label=selectors.verb_labels(instance.plan_version).get(verb, ""),
+        failed = selectors.instance_retry_source(instance)
+        reason = selectors.action_refusal(
+            instance, verb, _projected_state(instance), custom=spec_verb.custom,
+            retry=failed is not None and failed.verb == verb,
         )  # fmt: skip
         if reason or _upgrading(instance):
             raise ActionDenied(reason or UPGRADING)
@@ -503,7 +503,7 @@ def instance_action(
             _entitled(instance, "retry" if verb in lifecycle.MAKES_INSTANCE else verb)
             requested_secret, arguments = _verb_request(spec, spec_verb, values)
         if verb in lifecycle.MAKES_INSTANCE:
-            arguments = _retry_arguments(instance, verb)
+            arguments = _retry_arguments(instance, verb, failed)
         if verb == "backup":
             arguments.update(_snapshot_start(instance))
         operation = _operation_new(
@@ -1335,7 +1335,7 @@ def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         if "backup" not in selectors.plan_spec(instance.plan_version).main.verbs:
             raise ActionDenied("This plan cannot take backups.")
-        reason = lifecycle.refusal("backup", _projected_state(instance))
+        reason = selectors.action_refusal(instance, "backup", _projected_state(instance))
         if reason:
             raise ActionDenied(reason)
         _entitled(instance, "backup")
@@ -1478,7 +1478,7 @@ def _stop_queue_suspended(instance: Instance, request_id: str) -> Operation:
     tenant = instance.tenant
     with audited_action(actor=SYSTEM, action="instance.stop", tenant=tenant, target=instance):
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
-        reason = lifecycle.refusal("stop", _projected_state(instance))
+        reason = selectors.action_refusal(instance, "stop", _projected_state(instance))
         if reason or _upgrading(instance):
             raise ActionDenied(reason or UPGRADING)
         operation = _operation_new(
