@@ -294,7 +294,8 @@ class StripeCustomerAdmin(ServiceOwnedAdmin):
 class StripeMeterAdmin(ServiceOwnedAdmin):
     """Written by `manage.py stripe_sync_catalog`."""
 
-    list_display = ["dimension", "event_name", "meter_id", "created_at"]
+    list_display = ["plan", "dimension", "event_name", "meter_id", "created_at"]
+    list_select_related = ["plan"]
 
 
 @admin.register(StripePrice)

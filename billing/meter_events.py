@@ -34,7 +34,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, QuerySet, Value
+from django.db.models import F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
@@ -73,33 +73,47 @@ def value_for(quantity: Decimal) -> str:
 
 def enqueue() -> int:
     """Add an outbox row for each usage record not yet in it whose tenant has a Stripe customer
-    (from the customer's first hour on) and whose dimension has a meter; how many were added.
-    Nothing while Stripe is not configured. Safe to run concurrently (ON CONFLICT DO NOTHING).
+    (from the customer's first hour on) and whose plan has a meter for its dimension (the
+    record goes to that meter); how many were added. Nothing while Stripe is not configured.
+    Safe to run concurrently (ON CONFLICT DO NOTHING).
     """
     if not settings.STRIPE_API_KEY:
         return 0
-    meters = dict(StripeMeter.objects.values_list("dimension", "event_name"))
+    meters = {
+        (plan_id, dimension): event_name
+        for plan_id, dimension, event_name in StripeMeter.objects.filter(
+            plan__isnull=False
+        ).values_list("plan_id", "dimension", "event_name")
+    }
     if not meters:
         return 0
+    metered = Q()
+    for plan_id, dimension in meters:
+        metered |= Q(plan_id=plan_id, dimension=dimension)
     records = (
         UsageRecord.objects.filter(
+            metered,
             meter_event__isnull=True,
-            dimension__in=meters,
             tenant__stripe_customer__isnull=False,
             hour__gte=TruncHour(F("tenant__stripe_customer__created_at")),
         )
         .order_by("id")
-        .values_list("id", "dimension", "hour", "quantity", "tenant__stripe_customer__customer_id")
-    )
+        .values_list(
+            "id", "plan_id", "dimension", "hour", "quantity",
+            "tenant__stripe_customer__customer_id",
+        )
+    )  # fmt: skip
     now = timezone.now()
     added, batch = 0, []
-    for record_id, dimension, hour, quantity, customer_id in records.iterator(chunk_size=5000):
+    for record_id, plan_id, dimension, hour, quantity, customer_id in records.iterator(
+        chunk_size=5000
+    ):
         batch.append(
             MeterEvent(
                 usage_record_id=record_id,
                 identifier=identifier_for(record_id),
                 customer_id=customer_id,
-                event_name=meters[dimension],
+                event_name=meters[plan_id, dimension],
                 value=value_for(quantity),
                 timestamp=hour,
                 next_attempt_at=now,

@@ -331,18 +331,29 @@ class StripeCustomer(models.Model):
 
 
 class StripeMeter(models.Model):
-    """The Stripe meter summing one usage dimension (`manage.py stripe_sync_catalog`)."""
+    """The Stripe meter summing one plan's usage of one dimension (`manage.py
+    stripe_sync_catalog`). A meter bills every subscription of the customer whose prices are on
+    it, so each plan has its own: a tenant on two plans is billed each plan's usage once.
 
-    dimension = models.CharField(max_length=32, unique=True)
+    Rows without a plan are the meters of earlier versions, one per dimension shared by every
+    plan: kept so that events sent to them can still be looked up, never sent to again."""
+
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.PROTECT, related_name="stripe_meters"
+    )
+    dimension = models.CharField(max_length=32)
     event_name = models.CharField(max_length=100, unique=True)
     meter_id = models.CharField(max_length=255, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        ordering = ["dimension"]
+        ordering = ["plan", "dimension"]
+        constraints = [
+            models.UniqueConstraint(fields=["plan", "dimension"], name="stripemeter_plan_dimension")
+        ]
 
     def __str__(self) -> str:
-        return f"{self.dimension}: {self.meter_id}"
+        return f"{self.event_name}: {self.meter_id}"
 
 
 class StripePrice(models.Model):

@@ -110,7 +110,7 @@ class StripeGateway:
         return list(self.client.v1.billing.meters.list({"limit": 100}).auto_paging_iter())
 
     @_translated
-    def meter_create(self, *, dimension: str, event_name: str, display_name: str) -> Any:
+    def meter_create(self, *, event_name: str, display_name: str) -> Any:
         return self.client.v1.billing.meters.create(
             {
                 "display_name": display_name,
@@ -119,7 +119,7 @@ class StripeGateway:
                 "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
                 "value_settings": {"event_payload_key": "value"},
             },
-            {"idempotency_key": f"opsdeck-meter-{dimension}"},
+            {"idempotency_key": f"opsdeck-meter-{event_name}"},
         )
 
     @_translated
@@ -166,7 +166,7 @@ class StripeGateway:
                 "transfer_lookup_key": True,
                 "nickname": nickname,
             },
-            {"idempotency_key": f"{lookup_key}-{unit_amount_decimal}"},
+            {"idempotency_key": f"{lookup_key}-{unit_amount_decimal}-{meter_id}"},
         )
 
     # --- meter events ----------------------------------------------------------------------
@@ -216,6 +216,24 @@ class StripeGateway:
     def subscription(self, subscription_id: str) -> Any:
         """The subscription as Stripe holds it now."""
         return self.client.v1.subscriptions.retrieve(subscription_id)
+
+    @_translated
+    def subscriptions_with_price(self, price_id: str) -> list[Any]:
+        """Every subscription not ended whose items hold the price."""
+        found = self.client.v1.subscriptions.list({"price": price_id, "limit": 100})
+        return list(found.auto_paging_iter())
+
+    @_translated
+    def subscription_item_price_set(
+        self, subscription_id: str, *, item_id: str, price_id: str
+    ) -> Any:
+        """Move one item of a subscription to another price: a metered item's usage is billed
+        at the price it holds when its period is invoiced, so nothing is prorated."""
+        return self.client.v1.subscriptions.update(
+            subscription_id,
+            {"items": [{"id": item_id, "price": price_id}], "proration_behavior": "none"},
+            {"idempotency_key": f"opsdeck-move-{item_id}-{price_id}"},
+        )
 
     @_translated
     def subscription_cancel_at_period_end(self, subscription_id: str) -> Any:

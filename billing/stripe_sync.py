@@ -3,6 +3,7 @@ customers, and the values of subscriptions and invoices as Stripe holds them now
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,8 +38,19 @@ log = logging.getLogger(__name__)
 # --- catalog -----------------------------------------------------------------------------------
 
 
-def event_name_for(dimension: str) -> str:
-    return f"opsdeck_{dimension}"
+EVENT_NAME_LENGTH = 100  # what Stripe's meters (and `StripeMeter.event_name`) take
+
+
+def event_name_for(plan: Plan, dimension: str) -> str:
+    """The event name of the plan's meter for `dimension`: `opsdeck_<plan key>_<dimension>`
+    (dimensions have no underscore, so no two plans' names meet), or, for a plan key too long
+    for that, its start and a digest of the whole key."""
+    name = f"opsdeck_{plan.key}_{dimension}"
+    if len(name) <= EVENT_NAME_LENGTH:
+        return name
+    digest = hashlib.sha256(plan.key.encode()).hexdigest()[:12]
+    room = EVENT_NAME_LENGTH - len(f"opsdeck__{digest}_{dimension}")
+    return f"opsdeck_{plan.key[:room]}_{digest}_{dimension}"
 
 
 def lookup_key_for(price: Price) -> str:
@@ -65,8 +77,8 @@ def _decimal_text(amount: Decimal) -> str:
 class Synced:
     """One catalog object: created or found, its kind, our key, Stripe's id."""
 
-    action: str  # "created" or "found"
-    kind: str  # "meter", "product", "price"
+    action: str  # "created", "found", or "moved" (a subscription, to a new price)
+    kind: str  # "meter", "product", "price", "subscription"
     key: str
     stripe_id: str
 
@@ -75,10 +87,11 @@ class Synced:
 
 
 def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = None) -> list[Synced]:
-    """Create what Stripe lacks of our catalog and store the ids: a meter per priced dimension,
-    a product per plan, a metered monthly price per plan and dimension. Existing objects are
+    """Create what Stripe lacks of our catalog and store the ids: a product per plan, and per
+    plan and priced dimension a meter and a metered monthly price on it. Existing objects are
     found (meters by event name, products by id, prices by lookup key), so running it again
-    creates nothing; a price whose amount changed is replaced, its lookup key moved over."""
+    creates nothing. A price whose amount or meter changed is replaced, its lookup key moved
+    over, and the subscriptions on the old price are moved to the new one."""
     done: list[Synced] = []
 
     def note(item: Synced) -> None:
@@ -86,36 +99,39 @@ def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = No
         if out:
             out(item)
 
-    meters = _meters_sync(gw, note)
+    existing = {m.event_name: m.id for m in gw.meters() if m.status == "active"}
     for plan in Plan.objects.prefetch_related("prices").order_by("key"):
         prices = list(plan.prices.all())
         if not prices:
             continue
         product_id = _product_sync(gw, plan, note)
         for price in prices:
-            _price_sync(gw, price, product_id, meters[price.dimension], note)
+            meter_id = _meter_sync(gw, plan, price.dimension, existing, note)
+            _price_sync(gw, price, product_id, meter_id, note)
     return done
 
 
-def _meters_sync(gw: StripeGateway, note: Callable[[Synced], None]) -> dict[str, str]:
-    dimensions = sorted(set(Price.objects.values_list("dimension", flat=True)))
-    existing = {m.event_name: m.id for m in gw.meters() if m.status == "active"}
-    meters = {}
-    for dimension in dimensions:
-        event_name = event_name_for(dimension)
-        meter_id = existing.get(event_name)
-        if meter_id:
-            note(Synced("found", "meter", event_name, meter_id))
-        else:
-            meter_id = gw.meter_create(
-                dimension=dimension, event_name=event_name, display_name=f"Opsdeck {dimension}"
-            ).id
-            note(Synced("created", "meter", event_name, meter_id))
-        StripeMeter.objects.update_or_create(
-            dimension=dimension, defaults={"event_name": event_name, "meter_id": meter_id}
-        )
-        meters[dimension] = meter_id
-    return meters
+def _meter_sync(
+    gw: StripeGateway,
+    plan: Plan,
+    dimension: str,
+    existing: dict[str, str],
+    note: Callable[[Synced], None],
+) -> str:
+    """The id of the plan's meter for `dimension`, found by its event name or created."""
+    event_name = event_name_for(plan, dimension)
+    meter_id = existing.get(event_name)
+    if meter_id:
+        note(Synced("found", "meter", event_name, meter_id))
+    else:
+        meter_id = gw.meter_create(
+            event_name=event_name, display_name=f"Opsdeck {plan.name}: {dimension}"
+        ).id
+        note(Synced("created", "meter", event_name, meter_id))
+    StripeMeter.objects.update_or_create(
+        plan=plan, dimension=dimension, defaults={"event_name": event_name, "meter_id": meter_id}
+    )
+    return meter_id
 
 
 def _product_sync(gw: StripeGateway, plan: Plan, note: Callable[[Synced], None]) -> str:
@@ -156,6 +172,11 @@ def _price_sync(
             nickname=f"{price.plan.name}: {price.label}",
         ).id
         note(Synced("created", "price", lookup_key, stripe_price_id))
+    stored = StripePrice.objects.filter(price=price).values_list("stripe_price_id", flat=True)
+    replaced = {*stored, *([found.id] if found is not None else [])} - {stripe_price_id}
+    for old_price_id in sorted(replaced):
+        _subscriptions_move(gw, old_price_id, stripe_price_id, note)
+    # Stored last: a run cut short before this moves the rest of the subscriptions next time.
     StripePrice.objects.update_or_create(
         price=price,
         defaults={
@@ -165,6 +186,21 @@ def _price_sync(
             "unit_amount_decimal": amount,
         },
     )
+
+
+def _subscriptions_move(
+    gw: StripeGateway, old_price_id: str, new_price_id: str, note: Callable[[Synced], None]
+) -> None:
+    """Move every subscription item still on a replaced price to its replacement: a
+    subscription bills the plan's prices as they are now (the Billing page shows no other),
+    and its usage goes to the meter the new price is on."""
+    for subscription in gw.subscriptions_with_price(old_price_id):
+        for item in subscription["items"].data:
+            if item.price.id == old_price_id:
+                gw.subscription_item_price_set(
+                    subscription.id, item_id=item.id, price_id=new_price_id
+                )
+                note(Synced("moved", "subscription", subscription.id, new_price_id))
 
 
 # --- customers ---------------------------------------------------------------------------------

@@ -116,19 +116,26 @@ def _status_matches(actual: str, wanted: str | None) -> bool:
     return actual == wanted
 
 
+PRORATION_BEHAVIORS = ("always_invoice", "create_prorations", "none")
+
+
 def subscription_update(state: State, params: Params, subscription_id: str) -> dict[str, Any]:
-    """POST /v1/subscriptions/{id}: `cancel_at_period_end`, `metadata`, `description`;
-    emits `customer.subscription.updated` with the previous values when something changed."""
-    params.only("cancel_at_period_end", "metadata", "description")
+    """POST /v1/subscriptions/{id}: `cancel_at_period_end`, `metadata`, `description`, and
+    `items` moving existing items to another price (`items[0][id]`, `items[0][price]`; a
+    metered item's usage is billed at the price it holds when the period is invoiced, so
+    `proration_behavior` is checked and changes nothing); emits
+    `customer.subscription.updated` with the previous values when something changed."""
+    params.only("cancel_at_period_end", "metadata", "description", "items", "proration_behavior")
     subscription = state.get("subscription", subscription_id)
-    if subscription["status"] == "canceled" and params.has("cancel_at_period_end"):
-        raise invalid(
-            "A canceled subscription can only update its metadata.", param="cancel_at_period_end"
-        )
+    for key in ("cancel_at_period_end", "items"):
+        if subscription["status"] == "canceled" and params.has(key):
+            raise invalid("A canceled subscription can only update its metadata.", param=key)
     # Read every value before writing any: a refused update changes nothing.
     at_period_end = params.flag("cancel_at_period_end")
     description = params.text("description", max_length=500)
     metadata = params.metadata()
+    params.choice("proration_behavior", PRORATION_BEHAVIORS)
+    prices = _item_prices(state, subscription, params.hashes("items"))
     before = copy.deepcopy(subscription)
     if at_period_end is not None:
         subscription["cancel_at_period_end"] = at_period_end
@@ -136,8 +143,44 @@ def subscription_update(state: State, params: Params, subscription_id: str) -> d
     if params.has("description"):
         subscription["description"] = description or None
     subscription["metadata"] = merge_metadata(subscription["metadata"], metadata)
+    for item in subscription["items"]["data"]:
+        if item["id"] in prices:
+            item["price"] = copy.deepcopy(prices[item["id"]])
     emit_if_changed(state, before, subscription)
     return subscription
+
+
+def _item_prices(
+    state: State, subscription: dict[str, Any], items: list[Params]
+) -> dict[str, dict[str, Any]]:
+    """{item id: its new price} for `items` updates naming an item of the subscription and a
+    recurring price of its currency and usage type (adding or removing items is not served)."""
+    held = {item["id"]: item for item in subscription["items"]["data"]}
+    prices = {}
+    for update in items:
+        update.only("id", "price")
+        item_id = update.text("id", required=True) or ""
+        if item_id not in held:
+            raise invalid(
+                f"No such subscription item: '{item_id}' on this subscription.",
+                param=update.name("id"),
+            )
+        price = state.get(
+            "price", update.text("price", required=True) or "", param=update.name("price")
+        )
+        old = held[item_id]["price"]
+        if (
+            price["recurring"] is None
+            or price["currency"] != old["currency"]
+            or price["recurring"]["usage_type"] != old["recurring"]["usage_type"]
+        ):
+            raise invalid(
+                "An item's new price must be recurring, in the subscription's currency and of "
+                "the same usage type.",
+                param=update.name("price"),
+            )
+        prices[item_id] = price
+    return prices
 
 
 def emit_if_changed(state: State, before: dict[str, Any], subscription: dict[str, Any]) -> None:

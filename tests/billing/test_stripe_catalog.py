@@ -23,7 +23,7 @@ def _posts(emulator) -> list[str]:
 def test_the_catalog_is_created_once_and_found_after(stripe_settings, emulator, priced_plan):
     first = _sync()
 
-    assert "created meter opsdeck_cpu" in first and "created meter opsdeck_storage" in first
+    assert "created meter opsdeck_pg_cpu" in first and "created meter opsdeck_pg_storage" in first
     assert "created product pg: opsdeck-plan-pg" in first
     assert "created price opsdeck-pg-cpu" in first and "5 created, 0 found." in first
     meters = emulator.requests()
@@ -36,7 +36,7 @@ def test_the_catalog_is_created_once_and_found_after(stripe_settings, emulator, 
     assert "0 created, 5 found." in second
     assert _posts(emulator) == [r["path"] for r in meters if r["method"] == "POST"]
     assert dict(StripeMeter.objects.values_list("dimension", "event_name")) == {
-        "cpu": "opsdeck_cpu", "storage": "opsdeck_storage",
+        "cpu": "opsdeck_pg_cpu", "storage": "opsdeck_pg_storage",
     }  # fmt: skip
     assert StripePrice.objects.count() == 2
 

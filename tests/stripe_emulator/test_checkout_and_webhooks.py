@@ -9,7 +9,7 @@ import pytest
 import requests
 import stripe
 
-from .conftest import WEBHOOK_SECRET
+from .conftest import WEBHOOK_SECRET, subscribed
 
 
 @pytest.fixture
@@ -207,3 +207,47 @@ def test_update_and_cancel_send_their_events(client, emulator, receiver, session
     assert client.v1.subscriptions.list({"customer": session.customer}).data == []
     every = client.v1.subscriptions.list({"customer": session.customer, "status": "all"})
     assert [s.id for s in every.data] == [subscription_id]
+
+
+def test_an_item_moved_to_another_price_is_billed_at_it_and_bad_moves_change_nothing(
+    client, emulator, metered
+):
+    subscription = subscribed(client, emulator, metered)
+    (item,) = subscription["items"].data
+    dearer = client.v1.prices.create({
+        "currency": "usd", "unit_amount_decimal": "2", "product_data": {"name": "vCPU hours"},
+        "recurring": {"interval": "month", "usage_type": "metered", "meter": metered["meter"].id},
+    })  # fmt: skip
+    euros = client.v1.prices.create({
+        "currency": "eur", "unit_amount_decimal": "2", "product_data": {"name": "vCPU hours"},
+        "recurring": {"interval": "month", "usage_type": "metered", "meter": metered["meter"].id},
+    })  # fmt: skip
+    for bad, param in [
+        ({"id": "si_unknown", "price": dearer.id}, "items[0][id]"),
+        ({"id": item.id, "price": euros.id}, "items[0][price]"),
+        ({"id": item.id, "price": "price_unknown"}, "items[0][price]"),
+    ]:
+        with pytest.raises(stripe.InvalidRequestError) as refused:
+            client.v1.subscriptions.update(subscription.id, {"items": [bad]})
+        assert refused.value.param == param
+    assert client.v1.subscriptions.retrieve(subscription.id)["items"].data[0].price.id == (
+        metered["price"].id
+    )
+
+    moved = client.v1.subscriptions.update(
+        subscription.id,
+        {"items": [{"id": item.id, "price": dearer.id}], "proration_behavior": "none"},
+    )
+    client.v1.billing.meter_events.create(
+        {"event_name": "vcpu_hours", "payload": {"stripe_customer_id": metered["customer"].id,
+                                                 "value": "10"}}
+    )  # fmt: skip
+    invoice = emulator.close_period(subscription.id)
+
+    assert moved["items"].data[0].price.id == dearer.id
+    assert invoice["total"] == 20  # 10 units at the 2 cents the item holds when invoiced
+    client.v1.subscriptions.cancel(subscription.id)
+    with pytest.raises(stripe.InvalidRequestError, match="canceled subscription"):
+        client.v1.subscriptions.update(
+            subscription.id, {"items": [{"id": item.id, "price": metered["price"].id}]}
+        )

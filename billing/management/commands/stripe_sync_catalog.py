@@ -8,9 +8,10 @@ from billing.stripe_gateway import StripeFailure, gateway
 
 class Command(BaseCommand):
     help = (
-        "Create in Stripe a meter per priced usage dimension, a product per plan and a metered "
-        "monthly price per plan and dimension, and store their ids. Existing ones are found "
-        "(by event name, product id, lookup key): running it again creates nothing."
+        "Create in Stripe a product per plan and, per plan and priced usage dimension, a meter "
+        "and a metered monthly price on it, and store their ids. Existing ones are found (by "
+        "event name, product id, lookup key): running it again creates nothing. A changed "
+        "price is replaced and its subscriptions are moved to the new one."
     )
 
     def handle(self, *args, **options):
@@ -22,4 +23,9 @@ class Command(BaseCommand):
         except StripeFailure as exc:
             raise CommandError(f"Stripe: {exc}") from exc
         created = sum(item.action == "created" for item in done)
-        self.stdout.write(self.style.SUCCESS(f"{created} created, {len(done) - created} found."))
+        found = sum(item.action == "found" for item in done)
+        moved = len(done) - created - found
+        summary = f"{created} created, {found} found."
+        if moved:
+            summary += f" {moved} subscription items moved to new prices."
+        self.stdout.write(self.style.SUCCESS(summary))

@@ -1,0 +1,166 @@
+"""Each plan's usage reaches Stripe on meters of its own, so a tenant subscribed to two plans
+is billed each plan's usage once, on that plan's subscription."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from billing import meter_events, stripe_sync, usage
+from billing.models import Plan, Price, StripeMeter, StripePrice, Subscription
+from billing.usage import UsageRow
+from stripe_emulator import sign
+from tests.billing.conftest import WEBHOOK_SECRET
+
+pytestmark = pytest.mark.unsubscribed
+
+
+@pytest.fixture
+def second_plan(db):
+    """A second plan pricing cpu too, at $0.02 an hour."""
+    plan = Plan.objects.create(key="kv", name="Valkey", service="valkey")
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.02"))
+    return plan
+
+
+def _subscribed(client, owner_client, tenant, emulator, plan) -> Subscription:
+    response = owner_client.post(
+        f"/t/{tenant.slug}/billing/subscribe/{plan.key}/", {"request_id": f"sub-{plan.key}"}
+    )
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
+    emulator.complete_checkout(session_id)
+    body = json.dumps(emulator.events("checkout.session.completed")[-1]).encode()
+    client.post(
+        "/billing/stripe/webhook/", body, content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=sign(body, WEBHOOK_SECRET, int(time.time())),
+    )  # fmt: skip
+    subscribed = Subscription.objects.get(tenant=tenant, plan=plan)
+    assert subscribed.status == "active"
+    return subscribed
+
+
+def _this_hour():
+    return timezone.now().replace(minute=0, second=0, microsecond=0)
+
+
+def _cpu_used(tenant, core_hours: dict[Plan, str]) -> None:
+    """This hour's cpu usage of one instance on each plan."""
+    usage.record(_this_hour(), [
+        UsageRow(tenant_id=tenant.pk, plan_id=plan.pk, instance_id=f"inst-{plan.key}",
+                 instance_name=plan.key, dimension="cpu", unit="core", quantity=Decimal(quantity))
+        for plan, quantity in core_hours.items()
+    ])  # fmt: skip
+
+
+def _cpu_billed(invoice: dict) -> Decimal:
+    """Core-hours an emulator invoice bills on cpu prices."""
+    cpu = set(
+        StripePrice.objects.filter(price__dimension="cpu").values_list("stripe_price_id", flat=True)
+    )
+    return sum(
+        (Decimal(line["quantity_decimal"]) / 1_000_000 for line in invoice["lines"]["data"]
+         if line["pricing"]["price_details"]["price"] in cpu),
+        Decimal(0),
+    )  # fmt: skip
+
+
+def test_a_tenant_on_two_plans_is_billed_each_plans_usage_once(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan, second_plan
+):
+    stripe_sync.catalog_sync(gw)
+    pg = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    kv = _subscribed(client, owner_client, tenant, emulator, second_plan)
+    _cpu_used(tenant, {priced_plan: "2.5", second_plan: "4"})
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 2
+
+    pg_invoice = emulator.close_period(pg.stripe_subscription_id)
+    kv_invoice = emulator.close_period(kv.stripe_subscription_id)
+
+    assert _cpu_billed(pg_invoice) == Decimal("2.5")
+    assert _cpu_billed(kv_invoice) == Decimal("4")
+    # 2.5 core-hours at $0.05 and 4 at $0.02: no plan bills the other's usage.
+    assert (pg_invoice["total"], kv_invoice["total"]) == (13, 8)
+    per_plan = StripeMeter.objects.filter(plan__isnull=False)
+    assert set(per_plan.values_list("event_name", flat=True)) == {
+        "opsdeck_pg_cpu", "opsdeck_pg_storage", "opsdeck_kv_cpu",
+    }  # fmt: skip
+
+
+def test_a_changed_price_moves_its_subscribers_to_the_new_price(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    Price.objects.filter(plan=priced_plan, dimension="cpu").update(unit_price=Decimal("0.08"))
+
+    out = StringIO()
+    call_command("stripe_sync_catalog", stdout=out)
+
+    new_price = StripePrice.objects.get(price__dimension="cpu").stripe_price_id
+    assert (
+        f"moved subscription {subscription.stripe_subscription_id}: {new_price}" in out.getvalue()
+    )
+    assert "1 subscription items moved to new prices." in out.getvalue()
+    held = gw.subscription(subscription.stripe_subscription_id)
+    assert new_price in {item.price.id for item in held["items"].data}
+    _cpu_used(tenant, {priced_plan: "2.5"})
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 1
+    invoice = emulator.close_period(subscription.stripe_subscription_id)
+    # 2.5 core-hours at the new $0.08, as the Billing page now shows: 20 cents.
+    assert _cpu_billed(invoice) == Decimal("2.5") and invoice["total"] == 20
+    # Running it again moves nothing.
+    out = StringIO()
+    call_command("stripe_sync_catalog", stdout=out)
+    assert "moved" not in out.getvalue() and "0 created, 5 found." in out.getvalue()
+
+
+def test_subscriptions_on_the_shared_meters_of_earlier_versions_move_to_their_plans(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan, second_plan
+):
+    # As earlier versions left the catalog: one meter per dimension, every plan's price on it.
+    shared = {}
+    for dimension in ("cpu", "storage"):
+        meter = gw.client.v1.billing.meters.create({
+            "display_name": f"Opsdeck {dimension}", "event_name": f"opsdeck_{dimension}",
+            "default_aggregation": {"formula": "sum"},
+            "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
+            "value_settings": {"event_payload_key": "value"},
+        })  # fmt: skip
+        StripeMeter.objects.create(dimension=dimension, event_name=meter.event_name,
+                                   meter_id=meter.id)  # fmt: skip
+        shared[dimension] = meter.id
+    for plan in (priced_plan, second_plan):
+        gw.product_create(product_id=stripe_sync.product_id_for(plan), name=plan.name,
+                          plan_key=plan.key)  # fmt: skip
+    for price in Price.objects.select_related("plan"):
+        created = gw.metered_price_create(
+            lookup_key=stripe_sync.lookup_key_for(price),
+            product_id=stripe_sync.product_id_for(price.plan),
+            meter_id=shared[price.dimension], currency="usd",
+            unit_amount_decimal=str(stripe_sync.unit_amount_decimal(price)), nickname="",
+        )  # fmt: skip
+        StripePrice.objects.create(
+            price=price, stripe_product_id=created.product, stripe_price_id=created.id,
+            lookup_key=created.lookup_key, unit_amount_decimal=created.unit_amount_decimal,
+        )  # fmt: skip
+    pg = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    kv = _subscribed(client, owner_client, tenant, emulator, second_plan)
+
+    out = StringIO()
+    call_command("stripe_sync_catalog", stdout=out)
+
+    assert out.getvalue().count("moved subscription") == 3  # pg's cpu and storage, kv's cpu
+    _cpu_used(tenant, {priced_plan: "2.5", second_plan: "4"})
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 2
+    assert _cpu_billed(emulator.close_period(pg.stripe_subscription_id)) == Decimal("2.5")
+    assert _cpu_billed(emulator.close_period(kv.stripe_subscription_id)) == Decimal("4")
