@@ -245,6 +245,16 @@ class StripeGateway:
         )
 
     @_translated
+    def subscription_keep(self, subscription_id: str, *, for_: int) -> Any:
+        """Undo `subscription_cancel_at_period_end`: the subscription goes on past its period
+        (for our subscription `for_`, which takes it over)."""
+        return self.client.v1.subscriptions.update(
+            subscription_id,
+            {"cancel_at_period_end": False},
+            {"idempotency_key": f"opsdeck-keep-{subscription_id}-{for_}"},
+        )
+
+    @_translated
     def subscription_cancel_now(self, subscription_id: str, *, why: str) -> Any:
         """End a subscription at once (Stripe makes no final invoice)."""
         return self.client.v1.subscriptions.cancel(

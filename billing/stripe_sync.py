@@ -331,6 +331,52 @@ def checkout_start(
     return session.url
 
 
+# Stripe's statuses of a subscription that can simply go on (nothing is owed on it).
+_STRIPE_IN_GOOD_STANDING = frozenset({"active", "trialing"})
+
+
+def subscription_resume(gw: StripeGateway, subscription: Subscription) -> Subscription | None:
+    """For a subscription waiting for payment, the Stripe subscription of the tenant's last
+    cancelled one to the plan, when Stripe still bills it until its period ends (cancelled,
+    then subscribed again within the period): Stripe is told to keep it going and ours takes it
+    over, active at once (`subscription_mirror`), rather than a second Stripe subscription
+    billing the plan's usage beside it until then. Ours, as it is now, when it no longer waits
+    (another request resumed it meanwhile); None when there is nothing to resume: pay on
+    Checkout."""
+    with transaction.atomic():
+        # Locked: two requests at once resume it once.
+        ours = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        if ours.status != Subscription.Status.PENDING or ours.stripe_subscription_id:
+            return ours
+        earlier = (
+            Subscription.objects.select_for_update()
+            .filter(tenant_id=ours.tenant_id, plan_id=ours.plan_id,
+                    status=Subscription.Status.CANCELLED)
+            .exclude(stripe_subscription_id="")
+            .order_by("-cancelled_at", "-pk")
+            .first()
+        )  # fmt: skip
+        if earlier is None:
+            return None
+        held = gw.subscription(earlier.stripe_subscription_id)
+        if held.status not in _STRIPE_IN_GOOD_STANDING or not held.cancel_at_period_end:
+            return None
+        gw.subscription_keep(held.id, for_=ours.pk)
+        # One of ours per Stripe subscription: its webhooks and invoices go to the new one.
+        Subscription.objects.filter(pk=earlier.pk).update(stripe_subscription_id="")
+        Subscription.objects.filter(pk=ours.pk).update(
+            stripe_subscription_id=held.id, stripe_customer_id=held.customer
+        )
+        audit_record(
+            actor=SYSTEM,
+            action="subscription.stripe_resume",
+            tenant=ours.tenant,
+            target=ours,
+            payload={"stripe_subscription": held.id, "cancelled_subscription": earlier.pk},
+        )
+        return subscription_mirror(gw.subscription(held.id), gw)
+
+
 def _ours(stripe_subscription: Any) -> Subscription | None:
     """Our subscription for a Stripe one: by its id, else by the id our checkout put in its
     metadata (then the ids are stored), provided the customer is the tenant's."""

@@ -57,7 +57,7 @@ def subscribe(request, plan_key: str):
         return _back(request)
     gw = gateway()
     if gw is not None and subscription.status == Subscription.Status.PENDING:
-        return _checkout(request, gw, subscription)
+        return _resume_or_checkout(request, gw, subscription)
     if subscription.status == Subscription.Status.PENDING:
         messages.success(
             request,
@@ -73,6 +73,28 @@ def _overview_url(request) -> str:
     return request.build_absolute_uri(
         reverse("billing_overview", kwargs={"tenant_slug": request.tenant.slug})
     )
+
+
+def _resume_or_checkout(request, gw, subscription: Subscription):
+    """A cancelled subscription still billing in Stripe until its period ends goes on
+    (`stripe_sync.subscription_resume`); else off to Stripe's Checkout page."""
+    try:
+        resumed = stripe_sync.subscription_resume(gw, subscription)
+    except StripeFailure as exc:
+        log.error("resuming for subscription %s: %s", subscription.pk, exc)
+        messages.error(
+            request, "Stripe could not be reached, so you are not subscribed; please try again."
+        )
+        return _back(request)
+    if resumed is None:
+        return _checkout(request, gw, subscription)
+    if resumed.status == Subscription.Status.ACTIVE:
+        messages.success(
+            request,
+            f"You are subscribed to {subscription.plan.name} again: the subscription you "
+            "cancelled goes on, on the payment details Stripe holds.",
+        )
+    return _back(request)
 
 
 def _checkout(request, gw, subscription: Subscription):

@@ -16,6 +16,7 @@ from billing import stripe_sync
 from billing.models import StripeCustomer, Subscription
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
+from tests.concurrency import race
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -306,3 +307,72 @@ def test_staff_cancelling_in_the_admin_ends_it_in_stripe_too(
     subscription.refresh_from_db()
     assert subscription.status == "cancelled"
     assert gw.subscription(subscription.stripe_subscription_id).cancel_at_period_end
+
+
+def test_subscribing_again_within_the_cancelled_period_keeps_the_stripe_subscription_going(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    """Cancelled, then subscribed again before the period ends: a second Stripe subscription
+    would bill the plan's usage beside the first until then; the first goes on instead."""
+    cancelled = _active(client, owner_client, tenant, catalog, emulator)
+    held = cancelled.stripe_subscription_id
+    _cancel(owner_client, tenant, cancelled)
+
+    response = _subscribe(owner_client, tenant, catalog, request_id="again")
+
+    assert response["Location"] == f"/t/{tenant.slug}/billing/"  # no Checkout page
+    page = owner_client.get(response["Location"]).content.decode()
+    assert f"You are subscribed to {catalog.name} again" in page
+    again = Subscription.objects.get(tenant=tenant, plan=catalog, status="active")
+    assert again.stripe_subscription_id == held
+    cancelled.refresh_from_db()
+    assert (cancelled.status, cancelled.stripe_subscription_id) == ("cancelled", "")
+    assert not gw.subscription(held).cancel_at_period_end
+    live = gw.client.v1.subscriptions.list({"customer": again.stripe_customer_id}).data
+    assert [s.id for s in live] == [held]
+    assert AuditEvent.objects.filter(
+        action="subscription.stripe_resume", target_id=str(again.pk)
+    ).exists()
+    # Its webhook, and the period's end, are the new one's.
+    _deliver(client, emulator.events("customer.subscription.updated")[-1])
+    emulator.close_period(held)
+    _deliver(client, emulator.events("customer.subscription.updated")[-1])
+    again.refresh_from_db()
+    assert again.status == "active" and again.current_period_start is not None
+
+
+def test_subscribing_again_after_the_cancelled_period_ended_goes_to_checkout(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    cancelled = _active(client, owner_client, tenant, catalog, emulator)
+    _cancel(owner_client, tenant, cancelled)
+    emulator.close_period(cancelled.stripe_subscription_id)  # Stripe ends it
+
+    response = _subscribe(owner_client, tenant, catalog, request_id="again")
+
+    assert "/c/pay/cs_" in response["Location"]
+    assert Subscription.objects.get(tenant=tenant, plan=catalog, status="pending")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_requests_subscribing_again_at_once_resume_it_once(
+    client, owner_client, owner, tenant, catalog, emulator, gw
+):
+    from django.test import Client
+
+    cancelled = _active(client, owner_client, tenant, catalog, emulator)
+    _cancel(owner_client, tenant, cancelled)
+
+    def submit():
+        browser = Client()
+        browser.force_login(owner)
+        return _subscribe(browser, tenant, catalog, request_id="again")
+
+    results = race(submit)
+
+    assert [r.status_code for r in results] == [302] * 4, results
+    assert all("/c/pay/" not in r["Location"] for r in results)
+    again = Subscription.objects.get(tenant=tenant, plan=catalog, status="active")
+    assert again.stripe_subscription_id == cancelled.stripe_subscription_id
+    assert AuditEvent.objects.filter(action="subscription.stripe_resume").count() == 1
+    assert AuditEvent.objects.filter(action="subscription.approve").count() == 2  # both starts
