@@ -80,7 +80,7 @@ def invoices_export(request):
             invoice.tenant.name,
             invoice.plan.name,
             invoice.period,
-            invoice.status,
+            invoice.get_status_display(),  # as the pages say it: "Finalized", not "open"
             invoice.currency,
             invoice.total,
             invoice.finalized_at.isoformat() if invoice.finalized_at else "",

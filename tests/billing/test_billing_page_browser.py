@@ -86,7 +86,7 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     with team.expect_download() as download:
         team.get_by_role("button", name="Export CSV").click()
     rows = list(csv.reader(io.StringIO(download.value.path().read_text())))
-    assert [number, tenant.name, plan.name, f"{last_month:%Y-%m}", "open"] == rows[1][:5]
+    assert [number, tenant.name, plan.name, f"{last_month:%Y-%m}", "Finalized"] == rows[1][:5]
     shot(team, "billing-team-invoices")
 
     page = open_page(owner, f"/t/{tenant.slug}/billing/")

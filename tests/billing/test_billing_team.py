@@ -118,6 +118,11 @@ def test_the_csv_export_has_the_filtered_invoices_safe_for_spreadsheets(team_cli
     ]  # fmt: skip
     assert sorted(row[0] for row in rows[1:]) == ["2025-000001", "2025-000002"]
     assert {row[1] for row in rows[1:]} == {"'=Globex Corp"}  # not run as a formula
+    # Each status as the pages say it.
+    assert {row[0]: row[4] for row in rows[1:]} == {
+        "2025-000001": "Finalized",
+        "2025-000002": "Void",
+    }
 
 
 def test_the_team_finalizes_a_draft_from_its_page(team_client, invoices):

@@ -117,4 +117,4 @@ def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
     with team.expect_download() as download:
         team.get_by_role("button", name="Export CSV").click()
     rows = list(csv.reader(io.StringIO(download.value.path().read_text())))
-    assert [stored.number, tenant.name, plan.name, stored.period, "open"] == rows[1][:5]
+    assert [stored.number, tenant.name, plan.name, stored.period, "Finalized"] == rows[1][:5]

@@ -98,7 +98,7 @@ def test_a_stripe_invoice_is_mirrored_and_shown_once_stripe_finalizes_it(
     page = owner_client.get(billing_page).content.decode()
     assert number in page and "0.13 USD" in page
     detail = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
-    assert f'href="{stored.hosted_invoice_url}"' in detail
+    assert f'href="{stored.hosted_invoice_url}"' in detail and "Pay or view on Stripe" in detail
     assert "2.5 core-hours" in detail and "<th>Deployment</th>" not in detail  # per price
 
     emulator.pay_invoice(invoice["id"])
@@ -106,6 +106,8 @@ def test_a_stripe_invoice_is_mirrored_and_shown_once_stripe_finalizes_it(
 
     stored.refresh_from_db()
     assert stored.status == "paid" and stored.paid_at is not None
+    paid = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
+    assert ">View on Stripe</a>" in paid and "Pay or view" not in paid  # nothing left to pay
     assert list(
         AuditEvent.objects.filter(target_type="invoice", target_id=str(stored.pk))
         .order_by("pk")
