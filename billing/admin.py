@@ -197,6 +197,7 @@ class PlanOverrideForm(forms.ModelForm):
             )
         try:
             services.plan_override_validate(
+                plan=data.get("plan") or getattr(self.instance, "plan", None),
                 effective_from=data.get("effective_from"),
                 limits=data.get("limits") or {},
                 prices=data.get("prices") or {},

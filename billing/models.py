@@ -309,6 +309,12 @@ class PlanOverride(models.Model):
 
     class Meta:
         ordering = ["tenant", "plan", "-effective_from"]
+        constraints = [
+            # Two from the same moment: which is in effect would be a coin toss.
+            models.UniqueConstraint(
+                fields=["tenant", "plan", "effective_from"], name="planoverride_once_per_moment"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant} — {self.plan} from {self.effective_from:%Y-%m-%d %H:%M}"

@@ -404,10 +404,17 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
 
 
 def plan_override_validate(
-    *, effective_from: datetime, limits: dict, prices: dict, now: datetime | None = None
+    *,
+    plan: Plan | None,
+    effective_from: datetime,
+    limits: dict,
+    prices: dict,
+    now: datetime | None = None,
 ) -> None:
     """ValidationError, field by field, for an override that reaches into a closed billing
-    period or holds limits or prices billing cannot read."""
+    period, holds limits or prices billing cannot read, or prices a dimension the plan does not
+    price. Prices are refused while Stripe bills tenants: Stripe charges the plan's prices in
+    its catalog, so a tenant's own would show on its Billing page and never on an invoice."""
     errors: dict[str, str] = {}
     if effective_from is not None and periods.is_closed(effective_from, now=now):
         errors["effective_from"] = (
@@ -422,9 +429,23 @@ def plan_override_validate(
             errors["limits"] = (
                 f"Unknown limit {', '.join(unknown)}; use {', '.join(entitlements.LIMIT_KEYS)}."
             )
+    priced = set(plan.prices.values_list("dimension", flat=True)) if plan is not None else set()
     if not isinstance(prices, dict):
         errors["prices"] = "Give the prices as a mapping of dimension to unit price."
+    elif prices and gateway() is not None:
+        errors["prices"] = (
+            "Stripe bills this platform's tenants at the prices of its catalog, which hold no "
+            "per-organization prices: this one would show on the tenant's Billing page but "
+            "never on its invoices. Leave prices empty (a discount belongs on the customer in "
+            "Stripe, as a coupon)."
+        )
     else:
+        unpriced = sorted(set(prices) - priced) if plan is not None else []
+        if unpriced:
+            errors["prices"] = (
+                f"The {plan.name} plan does not price {', '.join(map(str, unpriced))}; it prices "
+                f"{', '.join(sorted(priced)) or 'nothing'}."
+            )
         for dimension, value in prices.items():
             try:
                 price = Decimal(str(value))
@@ -449,7 +470,9 @@ def plan_override_create(
     """A per-tenant override of `plan`'s limits and prices from `effective_from` on (staff)."""
     limits, prices = limits or {}, prices or {}
     with audited_action(actor=actor, action="plan_override.create", tenant=tenant):
-        plan_override_validate(effective_from=effective_from, limits=limits, prices=prices)
+        plan_override_validate(
+            plan=plan, effective_from=effective_from, limits=limits, prices=prices
+        )
         override = PlanOverride(
             tenant=tenant,
             plan=plan,
@@ -525,7 +548,9 @@ def plan_override_update(
             raise ActionDenied(
                 "This override took effect in a closed billing period; add a new one instead."
             )
-        plan_override_validate(effective_from=effective_from, limits=limits, prices=prices)
+        plan_override_validate(
+            plan=override.plan, effective_from=effective_from, limits=limits, prices=prices
+        )
         override.effective_from = effective_from
         override.limits = limits
         override.prices = {k: str(v) for k, v in prices.items()}

@@ -1,6 +1,7 @@
 """Staff manage subscriptions and overrides in the admin, through the billing services."""
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.urls import reverse
@@ -8,7 +9,7 @@ from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import periods
-from billing.models import Plan, PlanOverride, Subscription
+from billing.models import Plan, PlanOverride, Price, Subscription
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -21,7 +22,9 @@ def staff_client(client, make_user):
 
 @pytest.fixture
 def plan(db):
-    return Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.05"))
+    return plan
 
 
 def _changelist(model):
@@ -73,7 +76,10 @@ def test_the_subscription_list_filters_by_status_and_plan(staff_client, tenant, 
     assert "Acme" in page.content.decode()
 
 
-def _add_override(staff_client, tenant, plan, effective_from, limits='{"max_instances": 9}'):
+def _add_override(
+    staff_client, tenant, plan, effective_from, limits='{"max_instances": 9}',
+    prices='{"cpu": "0.02"}',
+):  # fmt: skip
     return staff_client.post(
         reverse("admin:billing_planoverride_add"),
         {
@@ -82,7 +88,7 @@ def _add_override(staff_client, tenant, plan, effective_from, limits='{"max_inst
             "effective_from_0": effective_from.strftime("%Y-%m-%d"),
             "effective_from_1": effective_from.strftime("%H:%M:%S"),
             "limits": limits,
-            "prices": '{"cpu": "0.02"}',
+            "prices": prices,
             "note": "pilot",
         },
     )
@@ -109,3 +115,32 @@ def test_an_override_in_a_closed_period_or_with_unknown_limits_is_refused_beside
     assert "closed billing period" in closed.content.decode()
     assert "Unknown limit bogus" in unknown.content.decode()
     assert not PlanOverride.objects.exists()
+
+
+def test_a_second_override_from_the_same_moment_or_pricing_what_the_plan_does_not_is_refused(
+    staff_client, tenant, plan
+):
+    moment = (timezone.now() + timedelta(hours=1)).replace(microsecond=0)
+    _add_override(staff_client, tenant, plan, moment)
+
+    again = _add_override(staff_client, tenant, plan, moment, limits='{"max_instances": 3}')
+    unpriced = _add_override(
+        staff_client, tenant, plan, moment + timedelta(hours=1), prices='{"storage": "0.01"}'
+    )
+
+    assert "already exists" in again.content.decode()
+    assert "The Hobby plan does not price storage; it prices cpu." in unpriced.content.decode()
+    assert PlanOverride.objects.get().limits == {"max_instances": 9}
+
+
+def test_with_stripe_billing_an_override_sets_limits_but_no_prices(staff_client, tenant, plan,
+                                                                   settings):  # fmt: skip
+    settings.STRIPE_API_KEY = "sk_test_opsdeck_admin"
+    later = timezone.now() + timedelta(hours=1)
+
+    priced = _add_override(staff_client, tenant, plan, later)
+    limits_only = _add_override(staff_client, tenant, plan, later, prices="{}")
+
+    assert "never on its invoices" in priced.content.decode()
+    assert limits_only.status_code == 302
+    assert PlanOverride.objects.get().prices == {}

@@ -3,6 +3,7 @@ mailed to the tenant's owners and billing members; overrides never reach a close
 
 import importlib
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.core import mail
@@ -14,7 +15,7 @@ from accounts.audit import SYSTEM, Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
 from billing import periods, services
-from billing.models import Plan, PlanOverride, Subscription
+from billing.models import Plan, PlanOverride, Price, Subscription
 from tests.concurrency import race
 
 pytestmark = pytest.mark.unsubscribed
@@ -27,7 +28,9 @@ def _mail_now(settings):
 
 @pytest.fixture
 def plan(db):
-    return Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.05"))
+    return plan
 
 
 @pytest.fixture
