@@ -298,11 +298,12 @@ class CatalogMissing(Exception):
 def checkout_start(
     gw: StripeGateway, subscription: Subscription, *, success_url: str, cancel_url: str,
     email: str = "",
-) -> str:  # fmt: skip
+) -> str | None:  # fmt: skip
     """The address of a Stripe Checkout page that subscribes the tenant's customer (made
     once) to the plan's metered prices; the webhook activates our subscription once it is
     paid for. Asking again for the same subscription gives the same page while it is open:
-    two pages open for one subscription could both be paid."""
+    two pages open for one subscription could both be paid. None once the subscription no
+    longer waits for payment."""
     price_ids = list(
         StripePrice.objects.filter(price__plan=subscription.plan)
         .order_by("price__dimension")
@@ -314,20 +315,23 @@ def checkout_start(
             "(manage.py stripe_sync_catalog)."
         )
     customer = customer_ensure(gw, subscription.tenant, email=email)
-    Subscription.objects.filter(pk=subscription.pk).update(stripe_customer_id=customer.customer_id)
-    session = gw.checkout_session_open(
-        customer_id=customer.customer_id, subscription_id=subscription.pk
-    )
-    if session is not None:
-        return session.url
-    session = gw.checkout_session_create(
-        subscription_id=subscription.pk,
-        customer_id=customer.customer_id,
-        tenant_id=subscription.tenant_id,
-        price_ids=price_ids,
-        success_url=success_url,
-        cancel_url=cancel_url,
-    )
+    with transaction.atomic():
+        # Locked while Stripe is asked: two requests at once (from two addresses, whose pages
+        # differ) make one page; a cancel or a resume meanwhile makes none.
+        locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        if locked.status != Subscription.Status.PENDING or locked.stripe_subscription_id:
+            return None
+        Subscription.objects.filter(pk=locked.pk).update(stripe_customer_id=customer.customer_id)
+        session = gw.checkout_session_open(
+            customer_id=customer.customer_id, subscription_id=locked.pk
+        ) or gw.checkout_session_create(
+            subscription_id=locked.pk,
+            customer_id=customer.customer_id,
+            tenant_id=locked.tenant_id,
+            price_ids=price_ids,
+            success_url=success_url,
+            cancel_url=cancel_url,
+        )
     return session.url
 
 

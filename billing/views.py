@@ -116,7 +116,7 @@ def _checkout(request, gw, subscription: Subscription):
             "the platform team.",
         )
         return _back(request)
-    return redirect(url)
+    return redirect(url) if url else _back(request)  # no longer waiting: the page says why
 
 
 @tenant_view("billing.manage")

@@ -376,3 +376,35 @@ def test_two_requests_subscribing_again_at_once_resume_it_once(
     assert again.stripe_subscription_id == cancelled.stripe_subscription_id
     assert AuditEvent.objects.filter(action="subscription.stripe_resume").count() == 1
     assert AuditEvent.objects.filter(action="subscription.approve").count() == 2  # both starts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkout_asked_for_from_two_addresses_at_once_makes_one_page(
+    owner_client, tenant, catalog, emulator, gw
+):
+    """The portal reached by two names (their return addresses differ, so Stripe's
+    idempotency alone would make two pages, both payable)."""
+    _subscribe(owner_client, tenant, catalog)  # one page, then forgotten: expire it
+    pending = Subscription.objects.get(tenant=tenant, plan=catalog)
+    for session in gw.client.v1.checkout.sessions.list({"status": "open"}).data:
+        gw.checkout_session_expire(session.id)
+    hosts = iter(range(4))
+
+    def ask():
+        host = f"http://portal-{next(hosts)}.example"
+        return stripe_sync.checkout_start(
+            gw, pending, success_url=f"{host}/done", cancel_url=f"{host}/back"
+        )
+
+    urls = race(ask)
+
+    assert len(set(urls)) == 1 and str(urls[0]).startswith(f"{emulator.url}/c/pay/cs_"), urls
+    assert len(gw.client.v1.checkout.sessions.list({"status": "open"}).data) == 1
+
+
+def test_no_checkout_page_for_a_subscription_no_longer_waiting_for_payment(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    active = _active(client, owner_client, tenant, catalog, emulator)
+
+    assert stripe_sync.checkout_start(gw, active, success_url="http://x/", cancel_url="") is None
