@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -30,6 +31,9 @@ from deployments.models import (
 from deployments.spec.loader import load_spec
 from deployments.spec.model import Parameter, PlanSpec
 from deployments.spec.params import check, coerce, format_value, initial_value, number_text
+from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
+
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=64)
@@ -558,7 +562,26 @@ def action_refusal(
     """Why `verb` cannot start on the instance from `state` (default: its state now), naming
     the verb as its page does (`lifecycle.refusal`); None when it can."""
     label = verb_labels(instance.plan_version).get(verb, "")
-    return lifecycle.refusal(verb, state or instance.state, custom=custom, retry=retry, label=label)
+    refusal = lifecycle.refusal(
+        verb, state or instance.state, custom=custom, retry=retry, label=label
+    )
+    return refusal or _requirement_refusal(instance, verb)
+
+
+def _requirement_refusal(instance: Instance, verb: str) -> str | None:
+    """The spec's sentence when what the verb requires of the instance's parameters
+    (`x-opsdeck.requires`) does not hold on those it has now; an expression that fails to run
+    counts as not holding."""
+    spec_verb = plan_spec(instance.plan_version).main.verbs.get(lifecycle.workflow_verb(verb))
+    requirement = spec_verb.requires if spec_verb is not None else None
+    if requirement is None:
+        return None
+    try:
+        holds = evaluate_cel(requirement.when, "var", instance.parameters).value is True
+    except (ProgramError, ProgramLimitError) as exc:
+        log.warning("instance %s: %s's requirement did not run: %s", instance.pk, verb, exc)
+        holds = False
+    return None if holds else requirement.message
 
 
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:

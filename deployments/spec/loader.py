@@ -44,6 +44,7 @@ from deployments.spec.model import (
     OutputParameter,
     Parameter,
     PlanSpec,
+    Requirement,
     ResourceAction,
     RetryStrategy,
     Service,
@@ -573,6 +574,7 @@ def _system_verbs(
             outputs=_outputs(body.get("outputParameters"), f"{where}.outputParameters", report),
             display_name=name[0].upper() + name[1:],
             path=where,
+            requires=_requires(body.get("x-opsdeck"), where, report),
         )
     return verbs
 
@@ -623,7 +625,27 @@ def _custom_verbs(
         verbs[name].updates = _updates(
             verbs[name], parameters, body.get("x-opsdeck"), where, report
         )
+        verbs[name].requires = _requires(body.get("x-opsdeck"), where, report)
     return verbs
+
+
+def _requires(raw: Any, where: str, report: Report) -> Requirement | None:
+    """A verb's `x-opsdeck.requires`: `when`, a CEL expression over the instance's parameters
+    (`var`) that must hold for it to start (checked in `validation`), and `message`, what the
+    customer reads when it does not."""
+    if not isinstance(raw, dict) or raw.get("requires") is None:
+        return None  # a non-mapping x-opsdeck is reported by `_updates` (custom verbs)
+    path = f"{where}.x-opsdeck.requires"
+    requires = raw["requires"]
+    if not isinstance(requires, dict):
+        report.error(path, "must be a mapping with when and message")
+        return None
+    when = _text(requires, "when", path, report, required=True)
+    message = _text(requires, "message", path, report, required=True)
+    unknown = sorted(set(map(str, requires)) - {"when", "message"})
+    if unknown:
+        report.error(path, f"unknown key {', '.join(unknown)}; expected when and message")
+    return Requirement(when, message) if when and message else None
 
 
 def _updates(

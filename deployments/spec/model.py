@@ -149,6 +149,16 @@ class Workflow:
     on_exit: str | None = None
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """What a verb needs of the instance (`x-opsdeck.requires`): a CEL expression over its
+    parameters (`var`) that must hold for the verb to start, and the sentence the page and the
+    refusal give when it does not."""
+
+    when: str
+    message: str
+
+
 @dataclass
 class Verb:
     """A system or custom workflow of a service."""
@@ -166,6 +176,7 @@ class Verb:
     # Instance parameters a successful run sets from this verb's own parameters:
     # {instance parameter key: verb parameter key} (a custom verb's x-opsdeck.updates).
     updates: dict[str, str] = field(default_factory=dict)
+    requires: Requirement | None = None
 
 
 @dataclass

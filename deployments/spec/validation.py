@@ -140,6 +140,7 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     _check_network(spec, report)
     _check_endpoints(spec, report)
     _check_usage(spec, report)
+    _check_requirements(spec, report)
     _check_groups(spec, report)
     _check_connection(spec, report)
     _check_status(spec, report)
@@ -401,6 +402,23 @@ def _cel_variables(tree: lark.Tree, root: str) -> set[str]:
     return names
 
 
+def _parameters_used(
+    environment: celpy.Environment, expression: str, keys: set[str], path: str, report: Report
+) -> set[str] | None:
+    """The parameters a CEL expression over `var` reads (each undefined one reported); None
+    when it does not parse."""
+    try:
+        tree = environment.compile(expression)
+    except celpy.CELParseError as exc:
+        where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
+        report.error(path, f'cannot parse CEL expression "{expression}"{where}')
+        return None
+    names = _cel_variables(tree, "var")
+    for name in sorted(names - keys):
+        report.error(path, f'undefined parameter reference var.{name}; no apiParameter "{name}"')
+    return names
+
+
 def _check_usage(spec: PlanSpec, report: Report) -> None:
     keys = {p.key for p in spec.main.parameters}
     defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
@@ -412,21 +430,34 @@ def _check_usage(spec: PlanSpec, report: Report) -> None:
                 path,
                 f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
             )
-        try:
-            tree = environment.compile(expression)
-        except celpy.CELParseError as exc:
-            where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
-            report.error(path, f'cannot parse CEL expression "{expression}"{where}')
-            continue
-        names = _cel_variables(tree, "var")
-        for name in sorted(names - keys):
-            report.error(
-                path, f'undefined parameter reference var.{name}; no apiParameter "{name}"'
-            )
-        if names <= set(defaults):
+        names = _parameters_used(environment, expression, keys, path, report)
+        if names is not None and names <= set(defaults):
             problem = _usage_problem(expression, defaults)
             if problem:
                 report.error(path, problem)
+
+
+def _check_requirements(spec: PlanSpec, report: Report) -> None:
+    """Each verb's `x-opsdeck.requires.when` parses, names only the service's parameters, and
+    gives true or false with the default parameters."""
+    keys = {p.key for p in spec.main.parameters}
+    defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
+    environment = celpy.Environment()
+    for verb in spec.main.verbs.values():
+        if verb.requires is None:
+            continue
+        path, expression = f"{verb.path}.x-opsdeck.requires.when", verb.requires.when
+        names = _parameters_used(environment, expression, keys, path, report)
+        if names is None or not names <= set(defaults):
+            continue
+        try:
+            result = evaluate_cel(expression, "var", defaults)
+        except (ProgramError, ProgramLimitError) as exc:
+            report.error(path, f"fails with the default parameters ({exc})")
+            continue
+        if not isinstance(result.value, bool):
+            report.error(path, f"gives {result.shown} with the default parameters; it must give "
+                               "true or false")  # fmt: skip
 
 
 def _usage_problem(expression: str, values: dict, what: str = "a usage rule") -> str | None:

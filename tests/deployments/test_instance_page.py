@@ -977,3 +977,29 @@ def test_parameters_the_spec_does_not_export_stay_off_the_page(owner, tenant, lo
 
     assert "internal_ledger" not in html
     assert "Owner password" in html and "Servers" in html
+
+
+def test_switchover_on_one_server_is_disabled_with_the_specs_reason_and_refused(
+    owner_client, owner, tenant, plan, local_cell
+):
+    """The spec's `x-opsdeck.requires` for failover: a one-server instance has no replica to
+    promote, so the button says why, and a forged request queues nothing."""
+    single = _create(owner, tenant, plan, name="single", instances="1").instance
+    Instance.objects.filter(pk=single.pk).update(state=Instance.State.RUNNING)
+    reason = "Switchover promotes a replica, and this instance runs one server"
+
+    html = owner_client.get(_url(single)).content.decode()
+    refused = owner_client.post(
+        _url(single, "actions/failover/"), {"request_id": "sw-1"}, follow=True
+    )
+
+    assert 'disabled aria-describedby="why-failover">Switchover</button>' in html
+    assert reason in html
+    assert reason in refused.content.decode()
+    assert not single.operations.filter(verb="failover").exists()
+
+
+def test_switchover_on_two_servers_is_offered(owner_client, instance):
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert 'aria-describedby="why-failover"' not in html and ">Switchover</button>" in html

@@ -1002,3 +1002,36 @@ def test_the_shipped_plans_health_and_servers_are_accepted():
         }  # fmt: skip
 
     assert errors(change) == []
+
+
+def _requires(**requires) -> Callable[[dict], None]:
+    def change(document: dict) -> None:
+        verb = service(document)["systemWorkflows"]["modify"]
+        verb["x-opsdeck"] = {"requires": requires}
+
+    return change
+
+
+def test_a_verbs_requirement_is_a_true_or_false_over_the_parameters_with_a_message():
+    message = "Modify needs two servers."
+    valid = check(_requires(when="double(var.instances) >= 2.0", message=message))
+
+    assert valid.errors == []
+    requirement = valid.spec.main.verbs["modify"].requires
+    assert (requirement.when, requirement.message) == ("double(var.instances) >= 2.0", message)
+    where = "services[0].systemWorkflows.modify.x-opsdeck.requires"
+    assert errors(_requires(when="var.servers >= 2", message=message)) == [
+        f'{where}.when: undefined parameter reference var.servers; no apiParameter "servers"'
+    ]
+    assert errors(_requires(when="double(var.instances) * 2.0", message=message)) == [
+        f"{where}.when: gives 2.0 with the default parameters; it must give true or false"
+    ]
+    assert errors(_requires(when="var.instances >=", message=message))[0].startswith(
+        f'{where}.when: cannot parse CEL expression "var.instances >="'
+    )
+    assert errors(_requires(when="double(var.instances) >= 2.0")) == [
+        f"{where}.message: is required"
+    ]
+    assert errors(_requires(when="true", message=message, unless="x")) == [
+        f"{where}: unknown key unless; expected when and message"
+    ]
