@@ -80,11 +80,13 @@ def test_an_instance_is_created_scaled_stopped_started_backed_up_and_deleted(
     assert wait_done(stop).state == Operation.State.SUCCEEDED, stop.error
     instance.refresh_from_db()
     assert instance.state == Instance.State.STOPPED
+    assert instance.outputs["readyInstances"] == "0"  # its outputs say no server runs
 
     start = _act(owner, instance, "start")
     assert wait_done(start).state == Operation.State.SUCCEEDED, start.error
     instance.refresh_from_db()
     assert instance.state == Instance.State.RUNNING
+    assert instance.outputs["readyInstances"] == "3"
 
     backup = _act(owner, instance, "backup")
     assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
