@@ -284,10 +284,19 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
 
 def _parameter_extension(parameter: Parameter, raw: Any, path: str, report: Report) -> None:
     """A parameter's `x-opsdeck`: `step` (Float64 values are whole multiples of it; 1 makes
-    the parameter a whole number)."""
+    the parameter a whole number) and `growOnly` (a modify may raise a Float64, never lower
+    it: a volume's size)."""
     if not isinstance(raw, dict):
         report.error(path, "must be a mapping")
         return
+    grow_only = raw.get("growOnly")
+    if grow_only is not None:
+        if not isinstance(grow_only, bool):
+            report.error(f"{path}.growOnly", "must be true or false")
+        elif grow_only and parameter.type != "Float64":
+            report.error(f"{path}.growOnly", "only a Float64 parameter can grow")
+        else:
+            parameter.grow_only = grow_only
     if raw.get("step") is None:
         return
     try:

@@ -60,6 +60,8 @@ class Parameter:
     limits: dict | None = None
     regex: str | None = None
     step: int | float | None = None  # Float64: values are multiples of it (x-opsdeck.step)
+    # Float64: a modify may raise it, never lower it (x-opsdeck.growOnly; e.g. a volume).
+    grow_only: bool = False
     raw: dict = field(default_factory=dict)
 
 

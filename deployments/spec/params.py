@@ -219,8 +219,9 @@ def validate_parameters(
 
     Without `current` this is a create: a missing required parameter is an error, a missing
     optional one takes its default, a missing Password is generated. With `current` (the
-    instance's typed values) this is a modify: a missing key keeps its current value and a
-    non-modifiable parameter whose value changes is an error. Keys that are not parameters
+    instance's typed values) this is a modify: a missing key keeps its current value, and a
+    non-modifiable parameter whose value changes, or a grow-only one whose value falls, is an
+    error. Keys that are not parameters
     are errors in both cases. Raises ParameterErrors mapping each bad key to a sentence.
     """
     known = {p.key: p for p in parameters}
@@ -252,6 +253,9 @@ def validate_parameters(
             and value != current[key]
         ):
             errors[key] = IMMUTABLE
+            continue
+        if current is not None and parameter.grow_only and key in current and value < current[key]:
+            errors[key] = f"Can grow, not shrink: it is {number_text(current[key])} now."
             continue
         result[key] = value
     if errors:

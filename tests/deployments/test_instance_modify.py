@@ -53,6 +53,18 @@ def test_an_invalid_value_is_shown_beside_its_field_and_nothing_is_queued(owner_
     assert not Operation.objects.filter(verb="modify").exists()
 
 
+def test_a_smaller_volume_is_refused_beside_its_field(owner_client, instance):
+    stored = instance.parameters["storageGi"]
+
+    response = _modify(owner_client, instance, storageGi=str(stored - 1))
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'class="field-error" id="id_p-storageGi_error"' in html
+    assert f"Can grow, not shrink: it is {stored} now." in html
+    assert not Operation.objects.filter(verb="modify").exists()
+
+
 def test_nothing_to_change_is_said_in_the_dialog(owner_client, instance):
     response = _modify(owner_client, instance, instances="2")
 

@@ -269,3 +269,15 @@ def test_parameter_errors_message_names_each_key():
         validate_parameters(PLAN, {"database": "x"}, current=CURRENT)
 
     assert str(caught.value) == "database: Cannot be changed after creation."
+
+
+def test_a_grow_only_parameter_may_rise_or_stay_but_not_fall_in_a_modify():
+    plan = [param("storageGi", "Float64", modifiable=True, default=10.0, grow_only=True)]
+    now = {"storageGi": 10}
+
+    assert validate_parameters(plan, {"storageGi": "12"}, current=now) == {"storageGi": 12}
+    assert validate_parameters(plan, {"storageGi": "10"}, current=now) == {"storageGi": 10}
+    assert errors_for(plan, {"storageGi": "8"}, current=now) == {
+        "storageGi": "Can grow, not shrink: it is 10 now."
+    }
+    assert validate_parameters(plan, {"storageGi": "1"})["storageGi"] == 1  # a create: any size

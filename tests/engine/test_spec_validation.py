@@ -1035,3 +1035,16 @@ def test_a_verbs_requirement_is_a_true_or_false_over_the_parameters_with_a_messa
     assert errors(_requires(when="true", message=message, unless="x")) == [
         f"{where}: unknown key unless; expected when and message"
     ]
+
+
+def test_only_a_float64_parameter_can_be_grow_only():
+    def grow_only(key: str, value) -> Callable[[dict], None]:
+        return lambda document: parameter(document, key).update({"x-opsdeck": {"growOnly": value}})
+
+    assert check(grow_only("storageGi", True)).spec.parameter("storageGi").grow_only
+    assert errors(grow_only("database", True)) == [
+        f"{PARAMS}[3].x-opsdeck.growOnly: only a Float64 parameter can grow"
+    ]
+    assert errors(grow_only("storageGi", "yes")) == [
+        f"{PARAMS}[2].x-opsdeck.growOnly: must be true or false"
+    ]
