@@ -236,12 +236,14 @@ class StripeGateway:
         )
 
     @_translated
-    def subscription_cancel_at_period_end(self, subscription_id: str) -> Any:
-        """End a subscription when its period ends: the usage so far is invoiced then."""
+    def subscription_cancel_at_period_end(self, subscription_id: str, *, for_: int) -> Any:
+        """End a subscription when its period ends: the usage so far is invoiced then. The
+        key names our subscription `for_` too: a Stripe subscription resumed by a later one of
+        ours is cancelled again by a request of its own, not a replay of the first."""
         return self.client.v1.subscriptions.update(
             subscription_id,
             {"cancel_at_period_end": True},
-            {"idempotency_key": f"opsdeck-cancel-{subscription_id}"},
+            {"idempotency_key": f"opsdeck-cancel-{subscription_id}-{for_}"},
         )
 
     @_translated

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
 
-from accounts.audit import SYSTEM, audit_record
+from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.models import Tenant
 from billing.meter_events import MICRO
 from billing.models import (
@@ -335,18 +335,24 @@ def checkout_start(
     return session.url
 
 
-# Stripe's statuses of a subscription that can simply go on (nothing is owed on it).
+# Stripe's statuses of a subscription that can simply go on (nothing is owed on it), and of
+# one that still bills but owes an invoice.
 _STRIPE_IN_GOOD_STANDING = frozenset({"active", "trialing"})
+_STRIPE_OWING = frozenset({"past_due", "unpaid"})
 
 
-def subscription_resume(gw: StripeGateway, subscription: Subscription) -> Subscription | None:
+def subscription_resume(
+    gw: StripeGateway, subscription: Subscription, *, actor: Actor
+) -> Subscription | None:
     """For a subscription waiting for payment, the Stripe subscription of the tenant's last
-    cancelled one to the plan, when Stripe still bills it until its period ends (cancelled,
-    then subscribed again within the period): Stripe is told to keep it going and ours takes it
-    over, active at once (`subscription_mirror`), rather than a second Stripe subscription
-    billing the plan's usage beside it until then. Ours, as it is now, when it no longer waits
-    (another request resumed it meanwhile); None when there is nothing to resume: pay on
-    Checkout."""
+    cancelled one to the plan, when Stripe still bills it (cancelled, then subscribed again
+    within the period): it goes on (Stripe is told to keep it) and ours takes it over, active
+    at once (`subscription_mirror`), rather than a second Stripe subscription billing the
+    plan's usage beside it. One Stripe already keeps going (an earlier attempt kept it and
+    failed before the hand-over) is taken over the same way. Ours, as it is now, when it no
+    longer waits (another request resumed it meanwhile); None when there is nothing to resume:
+    pay on Checkout. A ValidationError, nothing changed, while that subscription owes an
+    invoice: paid first, it can go on."""
     with transaction.atomic():
         # Locked: two requests at once resume it once.
         ours = Subscription.objects.select_for_update().get(pk=subscription.pk)
@@ -363,16 +369,22 @@ def subscription_resume(gw: StripeGateway, subscription: Subscription) -> Subscr
         if earlier is None:
             return None
         held = gw.subscription(earlier.stripe_subscription_id)
-        if held.status not in _STRIPE_IN_GOOD_STANDING or not held.cancel_at_period_end:
-            return None
-        gw.subscription_keep(held.id, for_=ours.pk)
+        if held.status in _STRIPE_OWING:
+            raise ValidationError(
+                f"Your cancelled {ours.plan.name} subscription still has an unpaid invoice on "
+                "Stripe: pay it (Manage payment method), then subscribe again."
+            )
+        if held.status not in _STRIPE_IN_GOOD_STANDING:
+            return None  # ended in Stripe: a new one starts on Checkout
+        if held.cancel_at_period_end:
+            gw.subscription_keep(held.id, for_=ours.pk)
         # One of ours per Stripe subscription: its webhooks and invoices go to the new one.
         Subscription.objects.filter(pk=earlier.pk).update(stripe_subscription_id="")
         Subscription.objects.filter(pk=ours.pk).update(
             stripe_subscription_id=held.id, stripe_customer_id=held.customer
         )
         audit_record(
-            actor=SYSTEM,
+            actor=actor,
             action="subscription.stripe_resume",
             tenant=ours.tenant,
             target=ours,
@@ -613,7 +625,9 @@ def subscription_end(subscription: Subscription) -> None:
         return
     try:
         if subscription.stripe_subscription_id:
-            gw.subscription_cancel_at_period_end(subscription.stripe_subscription_id)
+            gw.subscription_cancel_at_period_end(
+                subscription.stripe_subscription_id, for_=subscription.pk
+            )
         elif subscription.stripe_customer_id:
             page = gw.checkout_session_open(
                 customer_id=subscription.stripe_customer_id, subscription_id=subscription.pk

@@ -79,12 +79,15 @@ def _resume_or_checkout(request, gw, subscription: Subscription):
     """A cancelled subscription still billing in Stripe until its period ends goes on
     (`stripe_sync.subscription_resume`); else off to Stripe's Checkout page."""
     try:
-        resumed = stripe_sync.subscription_resume(gw, subscription)
+        resumed = stripe_sync.subscription_resume(
+            gw, subscription, actor=Actor.from_request(request)
+        )
     except StripeFailure as exc:
         log.error("resuming for subscription %s: %s", subscription.pk, exc)
-        messages.error(
-            request, "Stripe could not be reached, so you are not subscribed; please try again."
-        )
+        messages.error(request, "Stripe could not be reached; please try again.")
+        return _back(request)
+    except ValidationError as exc:
+        messages.error(request, _refusal(exc))
         return _back(request)
     if resumed is None:
         return _checkout(request, gw, subscription)

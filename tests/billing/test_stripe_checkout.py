@@ -408,3 +408,58 @@ def test_no_checkout_page_for_a_subscription_no_longer_waiting_for_payment(
     active = _active(client, owner_client, tenant, catalog, emulator)
 
     assert stripe_sync.checkout_start(gw, active, success_url="http://x/", cancel_url="") is None
+
+
+def test_a_resumed_subscription_cancelled_again_ends_with_its_period_in_stripe(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    first = _active(client, owner_client, tenant, catalog, emulator)
+    held = first.stripe_subscription_id
+    _cancel(owner_client, tenant, first)
+    _subscribe(owner_client, tenant, catalog, request_id="again")
+    again = Subscription.objects.get(tenant=tenant, plan=catalog, status="active")
+
+    page = _cancel(owner_client, tenant, again).content.decode()
+
+    assert f"Your subscription to {catalog.name} is cancelled." in page
+    # Cancelled in Stripe too: not the first cancel's answer replayed for its idempotency key.
+    assert gw.subscription(held).cancel_at_period_end
+
+
+def test_a_stripe_subscription_kept_going_but_not_handed_over_is_taken_over_on_the_next_try(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    """Stripe was told to keep it, then the resume failed before ours took it over: it bills
+    on, for a cancelled subscription of ours. The next try takes it over, rather than send the
+    tenant to Checkout for a second one."""
+    first = _active(client, owner_client, tenant, catalog, emulator)
+    _cancel(owner_client, tenant, first)
+    gw.subscription_keep(first.stripe_subscription_id, for_=0)  # the half-done attempt
+
+    response = _subscribe(owner_client, tenant, catalog, request_id="again")
+
+    assert "/c/pay/" not in response["Location"]
+    again = Subscription.objects.get(tenant=tenant, plan=catalog, status="active")
+    assert again.stripe_subscription_id == first.stripe_subscription_id
+    live = gw.client.v1.subscriptions.list({"customer": again.stripe_customer_id}).data
+    assert len(live) == 1
+
+
+def test_subscribing_again_while_the_cancelled_one_owes_an_invoice_says_to_pay_it_first(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    first = _active(client, owner_client, tenant, catalog, emulator)
+    invoice = emulator.close_period(first.stripe_subscription_id)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.fail_invoice(invoice["id"])
+    _deliver(client, emulator.events("customer.subscription.updated")[-1])
+    _cancel(owner_client, tenant, first)
+    first.refresh_from_db()
+    assert first.status == "cancelled"
+
+    response = _subscribe(owner_client, tenant, catalog, request_id="again")
+
+    page = owner_client.get(response["Location"]).content.decode()
+    assert "still has an unpaid invoice on Stripe: pay it" in page
+    assert "/c/pay/" not in response["Location"]
+    assert len(gw.client.v1.subscriptions.list({"customer": first.stripe_customer_id}).data) == 1
