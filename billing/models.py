@@ -373,6 +373,9 @@ class StripePrice(models.Model):
     lookup_key = models.CharField(max_length=200, unique=True)
     # What the Stripe price charges per meter unit (a millionth of a unit-hour), in cents.
     unit_amount_decimal = models.DecimalField(max_digits=30, decimal_places=12)
+    # The Stripe prices this one replaced (an amount or meter changed): a subscription item
+    # still on one is moved here, and an invoice line of one is read as this price's.
+    replaced_price_ids = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

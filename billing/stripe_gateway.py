@@ -218,21 +218,17 @@ class StripeGateway:
         return self.client.v1.subscriptions.retrieve(subscription_id)
 
     @_translated
-    def subscriptions_with_price(self, price_id: str) -> list[Any]:
-        """Every subscription not ended whose items hold the price."""
-        found = self.client.v1.subscriptions.list({"price": price_id, "limit": 100})
-        return list(found.auto_paging_iter())
-
-    @_translated
     def subscription_item_price_set(
-        self, subscription_id: str, *, item_id: str, price_id: str
+        self, subscription_id: str, *, item_id: str | None, price_id: str
     ) -> Any:
-        """Move one item of a subscription to another price: a metered item's usage is billed
-        at the price it holds when its period is invoiced, so nothing is prorated."""
+        """Move one item of a subscription to another price, or (no `item_id`) add an item on
+        the price: a metered item's usage is billed at the price it holds when its period is
+        invoiced, so nothing is prorated."""
+        item = {"id": item_id, "price": price_id} if item_id else {"price": price_id}
         return self.client.v1.subscriptions.update(
             subscription_id,
-            {"items": [{"id": item_id, "price": price_id}], "proration_behavior": "none"},
-            {"idempotency_key": f"opsdeck-move-{item_id}-{price_id}"},
+            {"items": [item], "proration_behavior": "none"},
+            {"idempotency_key": f"opsdeck-item-{item_id or subscription_id}-{price_id}"},
         )
 
     @_translated
@@ -306,7 +302,11 @@ class StripeGateway:
             "line_items": [{"price": price_id} for price_id in price_ids],
             "success_url": success_url,
             "cancel_url": cancel_url,
-            "metadata": {"opsdeck_subscription": str(subscription_id)},
+            # The prices it asks for: a page made before they changed is not offered again.
+            "metadata": {
+                "opsdeck_subscription": str(subscription_id),
+                "opsdeck_prices": " ".join(price_ids),
+            },
             # The Stripe subscription names ours too, whichever event arrives first.
             "subscription_data": {"metadata": {"opsdeck_subscription": str(subscription_id)}},
         }

@@ -21,6 +21,7 @@ from billing.meter_events import MICRO
 from billing.models import (
     Invoice,
     InvoiceLine,
+    MeterEvent,
     Plan,
     Price,
     StripeCustomer,
@@ -29,7 +30,7 @@ from billing.models import (
     Subscription,
 )
 from billing.pricing import minor_unit, unit_price_per_hour
-from billing.stripe_gateway import StripeFailure, StripeGateway, gateway
+from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
 
 STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
 log = logging.getLogger(__name__)
@@ -77,8 +78,8 @@ def _decimal_text(amount: Decimal) -> str:
 class Synced:
     """One catalog object: created or found, its kind, our key, Stripe's id."""
 
-    action: str  # "created", "found", or "moved" (a subscription, to a new price)
-    kind: str  # "meter", "product", "price", "subscription"
+    action: str  # "created", "found"; "moved" or "added" (a subscription item, to a price)
+    kind: str  # "meter", "product", "price", "subscription item"
     key: str
     stripe_id: str
 
@@ -91,7 +92,7 @@ def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = No
     plan and priced dimension a meter and a metered monthly price on it. Existing objects are
     found (meters by event name, products by id, prices by lookup key), so running it again
     creates nothing. A price whose amount or meter changed is replaced, its lookup key moved
-    over, and the subscriptions on the old price are moved to the new one."""
+    over; then every subscription to the plan is put on its prices as they are now."""
     done: list[Synced] = []
 
     def note(item: Synced) -> None:
@@ -108,7 +109,26 @@ def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = No
         for price in prices:
             meter_id = _meter_sync(gw, plan, price.dimension, existing, note)
             _price_sync(gw, price, product_id, meter_id, note)
+        subscriptions_align(gw, plan, note)
+    _outbox_repoint()
     return done
+
+
+def _outbox_repoint() -> int:
+    """Point the meter events still waiting to be sent to a shared meter of an earlier version
+    (no subscription bills those any more) at their plan's own; how many were."""
+    shared = StripeMeter.objects.filter(plan__isnull=True).values_list("event_name", flat=True)
+    repointed = 0
+    for meter in StripeMeter.objects.filter(plan__isnull=False):
+        repointed += MeterEvent.objects.filter(
+            status=MeterEvent.Status.PENDING,
+            event_name__in=list(shared),
+            usage_record__plan_id=meter.plan_id,
+            usage_record__dimension=meter.dimension,
+        ).update(event_name=meter.event_name)
+    if repointed:
+        log.info("%s meter events waiting for a shared meter now go to their plan's", repointed)
+    return repointed
 
 
 def _meter_sync(
@@ -172,11 +192,10 @@ def _price_sync(
             nickname=f"{price.plan.name}: {price.label}",
         ).id
         note(Synced("created", "price", lookup_key, stripe_price_id))
-    stored = StripePrice.objects.filter(price=price).values_list("stripe_price_id", flat=True)
-    replaced = {*stored, *([found.id] if found is not None else [])} - {stripe_price_id}
-    for old_price_id in sorted(replaced):
-        _subscriptions_move(gw, old_price_id, stripe_price_id, note)
-    # Stored last: a run cut short before this moves the rest of the subscriptions next time.
+    stored = StripePrice.objects.filter(price=price).first()
+    earlier = [*stored.replaced_price_ids, stored.stripe_price_id] if stored else []
+    replaced = [i for i in dict.fromkeys([*earlier, *([found.id] if found else [])])
+                if i != stripe_price_id]  # fmt: skip
     StripePrice.objects.update_or_create(
         price=price,
         defaults={
@@ -184,23 +203,58 @@ def _price_sync(
             "stripe_price_id": stripe_price_id,
             "lookup_key": lookup_key,
             "unit_amount_decimal": amount,
+            "replaced_price_ids": replaced,
         },
     )
 
 
-def _subscriptions_move(
-    gw: StripeGateway, old_price_id: str, new_price_id: str, note: Callable[[Synced], None]
+def subscriptions_align(gw: StripeGateway, plan: Plan, note: Callable[[Synced], None]) -> None:
+    """Bring every Stripe subscription of ours to the plan (still billing: cancelled ones bill
+    until their period ends) onto the plan's prices as they are now (`subscription_align`)."""
+    held = (
+        Subscription.objects.filter(plan=plan)
+        .exclude(stripe_subscription_id="")
+        .values_list("stripe_subscription_id", flat=True)
+    )
+    for stripe_id in held:
+        subscription = gw.subscription(stripe_id)
+        if subscription.status in _STRIPE_LIVE:
+            subscription_align(gw, subscription, plan, note)
+
+
+def subscription_align(
+    gw: StripeGateway,
+    subscription: Any,
+    plan: Plan,
+    note: Callable[[Synced], None] | None = None,
 ) -> None:
-    """Move every subscription item still on a replaced price to its replacement: a
-    subscription bills the plan's prices as they are now (the Billing page shows no other),
-    and its usage goes to the meter the new price is on."""
-    for subscription in gw.subscriptions_with_price(old_price_id):
-        for item in subscription["items"].data:
-            if item.price.id == old_price_id:
-                gw.subscription_item_price_set(
-                    subscription.id, item_id=item.id, price_id=new_price_id
-                )
-                note(Synced("moved", "subscription", subscription.id, new_price_id))
+    """Put a Stripe subscription to `plan` on the plan's prices as they are now: an item on a
+    price since replaced (its amount or meter changed) moves to the new one, and a price the
+    plan added gets an item. A subscription bills the prices the Billing page shows, and its
+    usage goes to the meters the plan's prices are on. A move Stripe refuses is logged and
+    the rest goes on."""
+    prices = list(StripePrice.objects.filter(price__plan=plan))
+    successor = {old: p.stripe_price_id for p in prices for old in p.replaced_price_ids}
+    held = {item.price.id for item in subscription["items"].data}
+    changes: list[tuple[str | None, str]] = [
+        (item.id, successor[item.price.id])
+        for item in subscription["items"].data
+        if item.price.id in successor and successor[item.price.id] not in held
+    ]
+    changes += [
+        (None, p.stripe_price_id)
+        for p in prices
+        if p.stripe_price_id not in held and p.stripe_price_id not in {c[1] for c in changes}
+    ]
+    for item_id, price_id in changes:
+        action = "moved" if item_id else "added"
+        try:
+            gw.subscription_item_price_set(subscription.id, item_id=item_id, price_id=price_id)
+        except StripeRefused as exc:
+            log.error("subscription %s: %s %s refused: %s", subscription.id, action, price_id, exc)
+            continue
+        if note is not None:
+            note(Synced(action, "subscription item", subscription.id, price_id))
 
 
 # --- customers ---------------------------------------------------------------------------------
@@ -324,7 +378,12 @@ def checkout_start(
         Subscription.objects.filter(pk=locked.pk).update(stripe_customer_id=customer.customer_id)
         session = gw.checkout_session_open(
             customer_id=customer.customer_id, subscription_id=locked.pk
-        ) or gw.checkout_session_create(
+        )
+        asked = session.metadata.to_dict().get("opsdeck_prices") if session is not None else None
+        if session is not None and asked != " ".join(price_ids):
+            gw.checkout_session_expire(session.id)  # made before the prices changed
+            session = None
+        session = session or gw.checkout_session_create(
             subscription_id=locked.pk,
             customer_id=customer.customer_id,
             tenant_id=locked.tenant_id,
@@ -466,6 +525,9 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         current_period_start=values["current_period_start"],
         current_period_end=values["current_period_end"],
     )
+    if subscription.status in _STRIPE_LIVE:
+        # Started from a page made before a price changed, or on a plan that added a price.
+        subscription_align(gw, subscription, ours.plan)
     wanted = subscription_status_next(ours.status, subscription.status)
     if wanted == ours.status:
         return ours
@@ -589,7 +651,11 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
             "voided_at": _moment(_field(transitions, "voided_at")),
         }
         if stored.status == Invoice.Status.DRAFT:
-            prices = {p.stripe_price_id: p for p in StripePrice.objects.select_related("price")}
+            prices = {
+                price_id: p
+                for p in StripePrice.objects.select_related("price")
+                for price_id in [p.stripe_price_id, *p.replaced_price_ids]
+            }
             Invoice.objects.filter(pk=stored.pk).update(
                 number=values["number"] or None,
                 currency=currency,

@@ -31,23 +31,10 @@ def subscription_start(
     now = state.now()
     period_start, period_end = month_bounds(now)
     subscription_id = new_id("sub_")
-    subscription_items = []
-    for item in items:
-        subscription_item = {
-            "id": new_id("si_", 14),
-            "object": "subscription_item",
-            "created": now,
-            "current_period_end": period_end,
-            "current_period_start": period_start,
-            "discounts": [],
-            "metadata": {},
-            "price": copy.deepcopy(item["price"]),
-            "subscription": subscription_id,
-            "tax_rates": [],
-        }
-        if item["quantity"] is not None:  # Stripe leaves quantity out for metered prices
-            subscription_item["quantity"] = item["quantity"]
-        subscription_items.append(subscription_item)
+    subscription_items = [
+        _item(subscription_id, item["price"], item["quantity"], now, (period_start, period_end))
+        for item in items
+    ]
     subscription = {
         "id": subscription_id,
         "object": "subscription",
@@ -79,6 +66,28 @@ def subscription_start(
     state.add("subscription", subscription)
     state.emit("customer.subscription.created", subscription)
     return subscription
+
+
+def _item(
+    subscription_id: str, price: dict[str, Any], quantity: int | None, now: int,
+    period: tuple[int, int],
+) -> dict[str, Any]:  # fmt: skip
+    """A subscription item on `price` over `period` (every item shares the period here)."""
+    item = {
+        "id": new_id("si_", 14),
+        "object": "subscription_item",
+        "created": now,
+        "current_period_end": period[1],
+        "current_period_start": period[0],
+        "discounts": [],
+        "metadata": {},
+        "price": copy.deepcopy(price),
+        "subscription": subscription_id,
+        "tax_rates": [],
+    }
+    if quantity is not None:  # Stripe leaves quantity out for metered prices
+        item["quantity"] = quantity
+    return item
 
 
 def subscription_retrieve(state: State, params: Params, subscription_id: str) -> dict[str, Any]:
@@ -121,9 +130,10 @@ PRORATION_BEHAVIORS = ("always_invoice", "create_prorations", "none")
 
 def subscription_update(state: State, params: Params, subscription_id: str) -> dict[str, Any]:
     """POST /v1/subscriptions/{id}: `cancel_at_period_end`, `metadata`, `description`, and
-    `items` moving existing items to another price (`items[0][id]`, `items[0][price]`; a
+    `items`: moving an existing item to another price (`items[0][id]`, `items[0][price]`; a
     metered item's usage is billed at the price it holds when the period is invoiced, so
-    `proration_behavior` is checked and changes nothing); emits
+    `proration_behavior` is checked and changes nothing), or adding a metered item
+    (`items[0][price]` alone); emits
     `customer.subscription.updated` with the previous values when something changed."""
     params.only("cancel_at_period_end", "metadata", "description", "items", "proration_behavior")
     subscription = state.get("subscription", subscription_id)
@@ -135,7 +145,9 @@ def subscription_update(state: State, params: Params, subscription_id: str) -> d
     description = params.text("description", max_length=500)
     metadata = params.metadata()
     params.choice("proration_behavior", PRORATION_BEHAVIORS)
-    prices = _item_prices(state, subscription, params.hashes("items"))
+    updates = params.hashes("items")
+    prices = _item_prices(state, subscription, [u for u in updates if u.has("id")])
+    added = _added_prices(state, subscription, [u for u in updates if not u.has("id")])
     before = copy.deepcopy(subscription)
     if at_period_end is not None:
         subscription["cancel_at_period_end"] = at_period_end
@@ -146,15 +158,50 @@ def subscription_update(state: State, params: Params, subscription_id: str) -> d
     for item in subscription["items"]["data"]:
         if item["id"] in prices:
             item["price"] = copy.deepcopy(prices[item["id"]])
+    for price in added:
+        subscription["items"]["data"].append(
+            _item(subscription["id"], price, None, state.now(), current_period(subscription))
+        )
     emit_if_changed(state, before, subscription)
     return subscription
+
+
+def _added_prices(
+    state: State, subscription: dict[str, Any], items: list[Params]
+) -> list[dict[str, Any]]:
+    """The prices of `items` updates without an id: new metered items, in the subscription's
+    currency, on prices it has no item on yet."""
+    held = {item["price"]["id"] for item in subscription["items"]["data"]}
+    prices = []
+    for update in items:
+        update.only("price")
+        price = state.get(
+            "price", update.text("price", required=True) or "", param=update.name("price")
+        )
+        recurring = price["recurring"] or {}
+        if (
+            recurring.get("usage_type") != "metered"
+            or price["currency"] != subscription["currency"]
+        ):
+            raise invalid(
+                "A new item's price must be metered and in the subscription's currency.",
+                param=update.name("price"),
+            )
+        if price["id"] in held:
+            raise invalid(
+                f"The subscription already has an item on {price['id']}.",
+                param=update.name("price"),
+            )
+        held.add(price["id"])
+        prices.append(price)
+    return prices
 
 
 def _item_prices(
     state: State, subscription: dict[str, Any], items: list[Params]
 ) -> dict[str, dict[str, Any]]:
     """{item id: its new price} for `items` updates naming an item of the subscription and a
-    recurring price of its currency and usage type (adding or removing items is not served)."""
+    recurring price of its currency and usage type (removing items is not served)."""
     held = {item["id"]: item for item in subscription["items"]["data"]}
     prices = {}
     for update in items:

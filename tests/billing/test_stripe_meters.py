@@ -14,7 +14,16 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing import meter_events, stripe_sync, usage
-from billing.models import Plan, Price, StripeMeter, StripePrice, Subscription
+from billing.models import (
+    Invoice,
+    MeterEvent,
+    Plan,
+    Price,
+    StripeMeter,
+    StripePrice,
+    Subscription,
+    UsageRecord,
+)
 from billing.usage import UsageRow
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
@@ -30,17 +39,31 @@ def second_plan(db):
     return plan
 
 
-def _subscribed(client, owner_client, tenant, emulator, plan) -> Subscription:
+def _page(owner_client, tenant, plan, request_id: str = "") -> str:
+    """The Checkout page the Billing page sends the tenant to for `plan`."""
     response = owner_client.post(
-        f"/t/{tenant.slug}/billing/subscribe/{plan.key}/", {"request_id": f"sub-{plan.key}"}
+        f"/t/{tenant.slug}/billing/subscribe/{plan.key}/",
+        {"request_id": request_id or f"sub-{plan.key}"},
     )
     (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
-    emulator.complete_checkout(session_id)
-    body = json.dumps(emulator.events("checkout.session.completed")[-1]).encode()
+    return session_id
+
+
+def _deliver(client, event: dict) -> None:
+    body = json.dumps(event).encode()
     client.post(
         "/billing/stripe/webhook/", body, content_type="application/json",
         HTTP_STRIPE_SIGNATURE=sign(body, WEBHOOK_SECRET, int(time.time())),
     )  # fmt: skip
+
+
+def _paid(client, emulator, session_id: str) -> None:
+    emulator.complete_checkout(session_id)
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+
+
+def _subscribed(client, owner_client, tenant, emulator, plan) -> Subscription:
+    _paid(client, emulator, _page(owner_client, tenant, plan))
     subscribed = Subscription.objects.get(tenant=tenant, plan=plan)
     assert subscribed.status == "active"
     return subscribed
@@ -105,10 +128,9 @@ def test_a_changed_price_moves_its_subscribers_to_the_new_price(
     call_command("stripe_sync_catalog", stdout=out)
 
     new_price = StripePrice.objects.get(price__dimension="cpu").stripe_price_id
-    assert (
-        f"moved subscription {subscription.stripe_subscription_id}: {new_price}" in out.getvalue()
-    )
-    assert "1 subscription items moved to new prices." in out.getvalue()
+    moved = f"moved subscription item {subscription.stripe_subscription_id}: {new_price}"
+    assert moved in out.getvalue()
+    assert "1 subscription items put on the plans' prices as they are now." in out.getvalue()
     held = gw.subscription(subscription.stripe_subscription_id)
     assert new_price in {item.price.id for item in held["items"].data}
     _cpu_used(tenant, {priced_plan: "2.5"})
@@ -154,13 +176,100 @@ def test_subscriptions_on_the_shared_meters_of_earlier_versions_move_to_their_pl
         )  # fmt: skip
     pg = _subscribed(client, owner_client, tenant, emulator, priced_plan)
     kv = _subscribed(client, owner_client, tenant, emulator, second_plan)
+    # An hour metered before the upgrade, still waiting in the outbox for the shared meter.
+    usage.record(_this_hour(), [
+        UsageRow(tenant_id=tenant.pk, plan_id=second_plan.pk, instance_id="inst-old",
+                 instance_name="old", dimension="cpu", unit="core", quantity=Decimal("1"))
+    ])  # fmt: skip
+    MeterEvent.objects.create(
+        usage_record=UsageRecord.objects.get(), identifier="opsdeck-usage-waiting",
+        customer_id=customer.customer_id, event_name="opsdeck_cpu", value="1000000",
+        timestamp=_this_hour(), next_attempt_at=timezone.now(),
+    )  # fmt: skip
 
     out = StringIO()
     call_command("stripe_sync_catalog", stdout=out)
 
-    assert out.getvalue().count("moved subscription") == 3  # pg's cpu and storage, kv's cpu
+    assert out.getvalue().count("moved subscription item") == 3  # pg's cpu and storage, kv's cpu
     _cpu_used(tenant, {priced_plan: "2.5", second_plan: "4"})
     meter_events.enqueue()
-    assert meter_events.flush().sent == 2
+    assert meter_events.flush().sent == 3
     assert _cpu_billed(emulator.close_period(pg.stripe_subscription_id)) == Decimal("2.5")
-    assert _cpu_billed(emulator.close_period(kv.stripe_subscription_id)) == Decimal("4")
+    assert _cpu_billed(emulator.close_period(kv.stripe_subscription_id)) == Decimal("5")
+
+
+def test_a_checkout_page_made_before_a_price_changed_is_not_offered_again(
+    owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    stale = _page(owner_client, tenant, priced_plan)
+    Price.objects.filter(plan=priced_plan, dimension="cpu").update(unit_price=Decimal("0.08"))
+    stripe_sync.catalog_sync(gw)
+
+    fresh = _page(owner_client, tenant, priced_plan, request_id="continue")  # Continue to payment
+
+    assert fresh != stale and gw.checkout_session(stale).status == "expired"
+    asked = gw.checkout_session(fresh).metadata.to_dict()["opsdeck_prices"].split()
+    assert StripePrice.objects.get(price__dimension="cpu").stripe_price_id in asked
+
+
+def test_a_checkout_page_made_before_a_price_changed_and_paid_bills_the_new_price(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    """Kept open in a tab through the change, then paid: the subscription it starts is put on
+    the plan's prices as they are now when its webhook arrives."""
+    stripe_sync.catalog_sync(gw)
+    stale = _page(owner_client, tenant, priced_plan)
+    Price.objects.filter(plan=priced_plan, dimension="cpu").update(unit_price=Decimal("0.08"))
+    stripe_sync.catalog_sync(gw)
+
+    _paid(client, emulator, stale)
+
+    subscription = Subscription.objects.get(tenant=tenant, plan=priced_plan)
+    assert subscription.status == "active"
+    _cpu_used(tenant, {priced_plan: "2.5"})
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 1
+    invoice = emulator.close_period(subscription.stripe_subscription_id)
+    assert invoice["total"] == 20  # 2.5 core-hours at the new $0.08
+    # Its lines are read as the plan's prices, also those on the replaced price.
+    assert _cpu_billed(invoice) == Decimal("2.5")
+
+
+def test_a_price_a_plan_adds_is_added_to_its_subscriptions(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    Price.objects.create(
+        plan=priced_plan, dimension="memory", unit="GiB", unit_price=Decimal("0.01")
+    )
+
+    out = StringIO()
+    call_command("stripe_sync_catalog", stdout=out)
+
+    memory = StripePrice.objects.get(price__dimension="memory").stripe_price_id
+    assert f"added subscription item {subscription.stripe_subscription_id}: {memory}" in (
+        out.getvalue()
+    )
+    held = gw.subscription(subscription.stripe_subscription_id)
+    assert memory in {item.price.id for item in held["items"].data}
+
+
+def test_an_invoice_line_on_a_replaced_price_is_read_as_that_prices_dimension(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    _cpu_used(tenant, {priced_plan: "2.5"})
+    meter_events.enqueue()
+    meter_events.flush()
+    emulator.close_period(subscription.stripe_subscription_id)  # a draft, on the old price
+    Price.objects.filter(plan=priced_plan, dimension="cpu").update(unit_price=Decimal("0.08"))
+    stripe_sync.catalog_sync(gw)
+
+    _deliver(client, emulator.events("invoice.created")[-1])
+
+    lines = {line.dimension: line for line in Invoice.objects.get().lines.all()}
+    assert lines.keys() == {"cpu", "storage"}  # no "other"
+    assert lines["cpu"].quantity == Decimal("2.5") and lines["cpu"].unit_price == Decimal("0.05")

@@ -251,3 +251,37 @@ def test_an_item_moved_to_another_price_is_billed_at_it_and_bad_moves_change_not
         client.v1.subscriptions.update(
             subscription.id, {"items": [{"id": item.id, "price": metered["price"].id}]}
         )
+
+
+def test_a_metered_item_added_to_a_subscription_is_billed_and_bad_additions_change_nothing(
+    client, emulator, metered
+):
+    subscription = subscribed(client, emulator, metered)
+    memory = client.v1.billing.meters.create({
+        "display_name": "GiB hours", "event_name": "gib_hours",
+        "default_aggregation": {"formula": "sum"},
+        "customer_mapping": {"type": "by_id", "event_payload_key": "stripe_customer_id"},
+        "value_settings": {"event_payload_key": "value"},
+    })  # fmt: skip
+    added = client.v1.prices.create({
+        "currency": "usd", "unit_amount_decimal": "3", "product_data": {"name": "GiB hours"},
+        "recurring": {"interval": "month", "usage_type": "metered", "meter": memory.id},
+    })  # fmt: skip
+    licensed = client.v1.prices.create({
+        "currency": "usd", "unit_amount": 500, "product_data": {"name": "Support"},
+        "recurring": {"interval": "month"},
+    })  # fmt: skip
+    for bad in (metered["price"].id, licensed.id):
+        with pytest.raises(stripe.InvalidRequestError) as refused:
+            client.v1.subscriptions.update(subscription.id, {"items": [{"price": bad}]})
+        assert refused.value.param == "items[0][price]"
+    assert len(client.v1.subscriptions.retrieve(subscription.id)["items"].data) == 1
+
+    grown = client.v1.subscriptions.update(subscription.id, {"items": [{"price": added.id}]})
+    client.v1.billing.meter_events.create(
+        {"event_name": "gib_hours", "payload": {"stripe_customer_id": metered["customer"].id,
+                                                "value": "4"}}
+    )  # fmt: skip
+
+    assert [item.price.id for item in grown["items"].data] == [metered["price"].id, added.id]
+    assert emulator.close_period(subscription.id)["total"] == 12  # 4 units at 3 cents

@@ -11,7 +11,7 @@ class Command(BaseCommand):
         "Create in Stripe a product per plan and, per plan and priced usage dimension, a meter "
         "and a metered monthly price on it, and store their ids. Existing ones are found (by "
         "event name, product id, lookup key): running it again creates nothing. A changed "
-        "price is replaced and its subscriptions are moved to the new one."
+        "price is replaced, and every subscription is put on its plan's prices as they are now."
     )
 
     def handle(self, *args, **options):
@@ -24,8 +24,8 @@ class Command(BaseCommand):
             raise CommandError(f"Stripe: {exc}") from exc
         created = sum(item.action == "created" for item in done)
         found = sum(item.action == "found" for item in done)
-        moved = len(done) - created - found
+        items = len(done) - created - found
         summary = f"{created} created, {found} found."
-        if moved:
-            summary += f" {moved} subscription items moved to new prices."
+        if items:
+            summary += f" {items} subscription items put on the plans' prices as they are now."
         self.stdout.write(self.style.SUCCESS(summary))
