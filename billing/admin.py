@@ -195,6 +195,16 @@ class PlanOverrideForm(forms.ModelForm):
             raise ValidationError(
                 "This override took effect in a closed billing period; add a new one instead."
             )
+        # Editing, the organization and plan are read-only, so the form's own check of the
+        # constraint leaves them out: checked here, beside the field.
+        if self.instance.pk and data.get("effective_from"):
+            clash = PlanOverride.objects.filter(
+                tenant_id=self.instance.tenant_id, plan_id=self.instance.plan_id,
+                effective_from=data["effective_from"],
+            ).exclude(pk=self.instance.pk)  # fmt: skip
+            if clash.exists():
+                message = PlanOverride._meta.constraints[0].violation_error_message
+                self.add_error("effective_from", message)
         try:
             services.plan_override_validate(
                 plan=data.get("plan") or getattr(self.instance, "plan", None),

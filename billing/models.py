@@ -312,7 +312,12 @@ class PlanOverride(models.Model):
         constraints = [
             # Two from the same moment: which is in effect would be a coin toss.
             models.UniqueConstraint(
-                fields=["tenant", "plan", "effective_from"], name="planoverride_once_per_moment"
+                fields=["tenant", "plan", "effective_from"],
+                name="planoverride_once_per_moment",
+                violation_error_message=(
+                    "Another override of this organization's plan starts at this moment; "
+                    "choose another."
+                ),
             )
         ]
 

@@ -7,7 +7,7 @@ from decimal import Decimal, InvalidOperation
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -452,9 +452,22 @@ def plan_override_validate(
                 if not price.is_finite() or price < 0:
                     raise InvalidOperation
             except InvalidOperation:
-                errors["prices"] = f'"{value}" for {dimension} is not a price.'
+                errors.setdefault("prices", f'"{value}" for {dimension} is not a price.')
     if errors:
         raise ValidationError(errors)
+
+
+def _override_save(override: PlanOverride) -> None:
+    """Check and save an override; a ValidationError beside its start when another of the
+    organization's plan starts at the same moment (found by the check, or by the database's
+    constraint when two saves meet)."""
+    override.full_clean()
+    try:
+        with transaction.atomic():
+            override.save()
+    except IntegrityError as exc:
+        message = PlanOverride._meta.constraints[0].violation_error_message
+        raise ValidationError({"effective_from": message}) from exc
 
 
 def plan_override_create(
@@ -482,8 +495,7 @@ def plan_override_create(
             note=note,
             created_by=actor.user,
         )
-        override.full_clean()
-        override.save()
+        _override_save(override)
         audit_record(
             actor=actor,
             action="plan_override.create",
@@ -555,8 +567,7 @@ def plan_override_update(
         override.limits = limits
         override.prices = {k: str(v) for k, v in prices.items()}
         override.note = note
-        override.full_clean()
-        override.save()
+        _override_save(override)
         audit_record(
             actor=actor,
             action="plan_override.update",

@@ -128,7 +128,9 @@ def test_a_second_override_from_the_same_moment_or_pricing_what_the_plan_does_no
         staff_client, tenant, plan, moment + timedelta(hours=1), prices='{"storage": "0.01"}'
     )
 
-    assert "already exists" in again.content.decode()
+    assert "Another override of this organization&#x27;s plan starts at this moment" in (
+        again.content.decode()
+    )
     assert "The Hobby plan does not price storage; it prices cpu." in unpriced.content.decode()
     assert PlanOverride.objects.get().limits == {"max_instances": 9}
 
@@ -144,3 +146,27 @@ def test_with_stripe_billing_an_override_sets_limits_but_no_prices(staff_client,
     assert "never on its invoices" in priced.content.decode()
     assert limits_only.status_code == 302
     assert PlanOverride.objects.get().prices == {}
+
+
+def test_an_override_moved_onto_anothers_moment_is_refused_beside_the_field(
+    staff_client, tenant, plan
+):
+    first = (timezone.now() + timedelta(hours=1)).replace(microsecond=0)
+    _add_override(staff_client, tenant, plan, first)
+    _add_override(staff_client, tenant, plan, first + timedelta(hours=1), prices="{}")
+    later = PlanOverride.objects.get(effective_from=first + timedelta(hours=1))
+
+    response = staff_client.post(
+        reverse("admin:billing_planoverride_change", args=[later.pk]),
+        {
+            "effective_from_0": first.strftime("%Y-%m-%d"),
+            "effective_from_1": first.strftime("%H:%M:%S"),
+            "limits": "{}", "prices": "{}", "note": "moved",
+        },
+    )  # fmt: skip
+
+    html = response.content.decode()
+    assert response.status_code == 200 and "was changed successfully" not in html
+    assert "Another override of this organization&#x27;s plan starts at this moment" in html
+    later.refresh_from_db()
+    assert later.effective_from == first + timedelta(hours=1) and later.note == "pilot"

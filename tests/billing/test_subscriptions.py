@@ -326,3 +326,22 @@ def test_seed_demo_subscribes_the_demo_tenant_to_the_loaded_plans(plan, gated):
         ("hobby", "active"),
     ]
     assert Membership.objects.filter(tenant=demo).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_overrides_from_one_moment_saved_at_once_keep_one_and_say_why_to_the_other(
+    tenant, plan, staff
+):
+    moment = timezone.now() + timedelta(hours=1)
+
+    def add():
+        return services.plan_override_create(
+            actor=staff, tenant=tenant, plan=plan, effective_from=moment,
+            limits={"max_instances": 9},
+        )  # fmt: skip
+
+    results = race(add)
+
+    refused = [r for r in results if isinstance(r, ValidationError)]
+    assert len(refused) == 3 and PlanOverride.objects.count() == 1, results
+    assert all("starts at this moment" in str(r) for r in refused)
