@@ -30,7 +30,14 @@ from deployments.models import (
 )
 from deployments.spec.loader import load_spec
 from deployments.spec.model import Parameter, PlanSpec
-from deployments.spec.params import check, coerce, format_value, initial_value, number_text
+from deployments.spec.params import (
+    cel_values,
+    check,
+    coerce,
+    format_value,
+    initial_value,
+    number_text,
+)
 from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
 
 log = logging.getLogger(__name__)
@@ -572,12 +579,14 @@ def _requirement_refusal(instance: Instance, verb: str) -> str | None:
     """The spec's sentence when what the verb requires of the instance's parameters
     (`x-opsdeck.requires`) does not hold on those it has now; an expression that fails to run
     counts as not holding."""
-    spec_verb = plan_spec(instance.plan_version).main.verbs.get(lifecycle.workflow_verb(verb))
+    service = plan_spec(instance.plan_version).main
+    spec_verb = service.verbs.get(verb)  # its own: not a roll back's or an upgrade's modify
     requirement = spec_verb.requires if spec_verb is not None else None
     if requirement is None:
         return None
+    values = cel_values(service.parameters, instance.parameters)
     try:
-        holds = evaluate_cel(requirement.when, "var", instance.parameters).value is True
+        holds = evaluate_cel(requirement.when, "var", values).value is True
     except (ProgramError, ProgramLimitError) as exc:
         log.warning("instance %s: %s's requirement did not run: %s", instance.pk, verb, exc)
         holds = False

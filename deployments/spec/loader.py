@@ -583,7 +583,7 @@ def _system_verbs(
             outputs=_outputs(body.get("outputParameters"), f"{where}.outputParameters", report),
             display_name=name[0].upper() + name[1:],
             path=where,
-            requires=_requires(body.get("x-opsdeck"), where, report),
+            requires=_requires(body.get("x-opsdeck"), name, where, report, keys=("requires",)),
         )
     return verbs
 
@@ -634,17 +634,39 @@ def _custom_verbs(
         verbs[name].updates = _updates(
             verbs[name], parameters, body.get("x-opsdeck"), where, report
         )
-        verbs[name].requires = _requires(body.get("x-opsdeck"), where, report)
+        verbs[name].requires = _requires(
+            body.get("x-opsdeck"), name, where, report, keys=("updates", "requires")
+        )
     return verbs
 
 
-def _requires(raw: Any, where: str, report: Report) -> Requirement | None:
-    """A verb's `x-opsdeck.requires`: `when`, a CEL expression over the instance's parameters
-    (`var`) that must hold for it to start (checked in `validation`), and `message`, what the
-    customer reads when it does not."""
-    if not isinstance(raw, dict) or raw.get("requires") is None:
-        return None  # a non-mapping x-opsdeck is reported by `_updates` (custom verbs)
+# Verbs an instance must always be able to run (to exist, change, stop, go): no requirement.
+UNCONDITIONAL_VERBS = ("create", "restore", "modify", "stop", "start", "delete", "deleteBackup")
+
+
+def _requires(
+    raw: Any, verb: str, where: str, report: Report, *, keys: tuple[str, ...]
+) -> Requirement | None:
+    """A verb's `x-opsdeck` (which may hold `keys`) and its `requires`: `when`, a CEL
+    expression over the instance's parameters (`var`) that must hold for the verb to start
+    (checked in `validation`), and `message`, what the customer reads when it does not."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        if "updates" not in keys:  # a custom verb's is reported by `_updates`
+            report.error(f"{where}.x-opsdeck", "must be a mapping")
+        return None
+    unknown = sorted(set(map(str, raw)) - set(keys))
+    if unknown:
+        report.error(
+            f"{where}.x-opsdeck", f"unknown key {', '.join(unknown)}; expected {' or '.join(keys)}"
+        )
+    if raw.get("requires") is None:
+        return None
     path = f"{where}.x-opsdeck.requires"
+    if verb in UNCONDITIONAL_VERBS:
+        report.error(path, f"an instance must always be able to {verb}: it takes no requirement")
+        return None
     requires = raw["requires"]
     if not isinstance(requires, dict):
         report.error(path, "must be a mapping with when and message")

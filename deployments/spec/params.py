@@ -261,3 +261,16 @@ def validate_parameters(
     if errors:
         raise ParameterErrors(errors)
     return result
+
+
+def cel_values(parameters: list[Parameter], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` as a CEL expression over `var` reads them: a Float64 is a double even when it
+    holds a whole number (`coerce` keeps 2 as an int, and CEL compares no int with a double:
+    `var.cpu >= 0.5` would fail on a cpu of 1)."""
+    doubles = {p.key for p in parameters if p.type == "Float64"}
+    return {
+        key: float(value)
+        if key in doubles and isinstance(value, int) and not isinstance(value, bool)
+        else value
+        for key, value in values.items()
+    }

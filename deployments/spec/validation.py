@@ -30,6 +30,7 @@ from deployments.spec.model import (
     Verb,
     Workflow,
 )
+from deployments.spec.params import cel_values
 from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, parse_condition
 from deployments.workflow.engine import PATCH_TARGET_MISSING, patch_target
@@ -451,7 +452,7 @@ def _check_requirements(spec: PlanSpec, report: Report) -> None:
         if names is None or not names <= set(defaults):
             continue
         try:
-            result = evaluate_cel(expression, "var", defaults)
+            result = evaluate_cel(expression, "var", cel_values(spec.main.parameters, defaults))
         except (ProgramError, ProgramLimitError) as exc:
             report.error(path, f"fails with the default parameters ({exc})")
             continue

@@ -1006,20 +1006,20 @@ def test_the_shipped_plans_health_and_servers_are_accepted():
 
 def _requires(**requires) -> Callable[[dict], None]:
     def change(document: dict) -> None:
-        verb = service(document)["systemWorkflows"]["modify"]
+        verb = service(document)["systemWorkflows"]["backup"]
         verb["x-opsdeck"] = {"requires": requires}
 
     return change
 
 
 def test_a_verbs_requirement_is_a_true_or_false_over_the_parameters_with_a_message():
-    message = "Modify needs two servers."
+    message = "Backup needs two servers."
     valid = check(_requires(when="double(var.instances) >= 2.0", message=message))
 
     assert valid.errors == []
-    requirement = valid.spec.main.verbs["modify"].requires
+    requirement = valid.spec.main.verbs["backup"].requires
     assert (requirement.when, requirement.message) == ("double(var.instances) >= 2.0", message)
-    where = "services[0].systemWorkflows.modify.x-opsdeck.requires"
+    where = "services[0].systemWorkflows.backup.x-opsdeck.requires"
     assert errors(_requires(when="var.servers >= 2", message=message)) == [
         f'{where}.when: undefined parameter reference var.servers; no apiParameter "servers"'
     ]
@@ -1047,4 +1047,39 @@ def test_only_a_float64_parameter_can_be_grow_only():
     ]
     assert errors(grow_only("storageGi", "yes")) == [
         f"{PARAMS}[2].x-opsdeck.growOnly: must be true or false"
+    ]
+
+
+def test_a_float64_parameter_is_a_double_in_a_requirement():
+    # A whole default (1) compared with a double, and a double with a whole number.
+    assert check(_requires(when="var.instances >= 0.5", message="m")).errors == []
+    assert check(_requires(when="var.instances >= 1", message="m")).errors == []
+
+
+def test_no_requirement_on_a_verb_an_instance_must_always_be_able_to_run():
+    def on(verb: str) -> Callable[[dict], None]:
+        def change(document: dict) -> None:
+            service(document)["systemWorkflows"][verb]["x-opsdeck"] = {
+                "requires": {"when": "true", "message": "m"}
+            }
+
+        return change
+
+    for verb in ("create", "modify", "delete", "restore", "deleteBackup"):
+        assert errors(on(verb)) == [
+            f"services[0].systemWorkflows.{verb}.x-opsdeck.requires: an instance must always be "
+            f"able to {verb}: it takes no requirement"
+        ]
+
+
+def test_a_verbs_x_opsdeck_is_a_mapping_of_known_keys():
+    def x_opsdeck(value) -> Callable[[dict], None]:
+        return lambda document: service(document)["systemWorkflows"]["backup"].update(
+            {"x-opsdeck": value}
+        )
+
+    where = "services[0].systemWorkflows.backup.x-opsdeck"
+    assert errors(x_opsdeck("requires")) == [f"{where}: must be a mapping"]
+    assert errors(x_opsdeck({"require": {"when": "true", "message": "m"}})) == [
+        f"{where}: unknown key require; expected requires"
     ]
