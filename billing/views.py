@@ -55,6 +55,13 @@ def subscribe(request, plan_key: str):
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _refusal(exc))
         return _back(request)
+    if subscription.status == Subscription.Status.CANCELLED:  # this form, sent before
+        messages.warning(
+            request,
+            f"This form was sent before, for a subscription to {plan.name} cancelled since; "
+            "subscribe again from this page.",
+        )
+        return _back(request)
     gw = gateway()
     if gw is not None and subscription.status == Subscription.Status.PENDING:
         return _resume_or_checkout(request, gw, subscription)
@@ -162,7 +169,13 @@ def subscription_cancel(request, subscription_id: int):
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _refusal(exc))
     else:
-        messages.success(request, f"Your subscription to {subscription.plan.name} is cancelled.")
+        said = f"Your subscription to {subscription.plan.name} is cancelled."
+        if subscription.stripe_subscription_id and subscription.current_period_end:
+            said += (
+                " Stripe bills the usage until now when its period ends, on "
+                f"{subscription.current_period_end:%-d %b %Y}."
+            )
+        messages.success(request, said)
     return _back(request)
 
 

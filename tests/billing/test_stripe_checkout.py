@@ -463,3 +463,18 @@ def test_subscribing_again_while_the_cancelled_one_owes_an_invoice_says_to_pay_i
     assert "still has an unpaid invoice on Stripe: pay it" in page
     assert "/c/pay/" not in response["Location"]
     assert len(gw.client.v1.subscriptions.list({"customer": first.stripe_customer_id}).data) == 1
+
+
+def test_a_subscribe_form_sent_again_after_its_subscription_was_cancelled_says_so(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    first = _active(client, owner_client, tenant, catalog, emulator)  # request id "sub-1"
+    cancelled = _cancel(owner_client, tenant, first).content.decode()
+
+    again = _subscribe(owner_client, tenant, catalog, request_id="sub-1")  # Back, then Subscribe
+
+    assert "Stripe bills the usage until now when its period ends, on " in cancelled
+    page = owner_client.get(again["Location"]).content.decode()
+    assert "This form was sent before, for a subscription to PostgreSQL cancelled since" in page
+    assert "You are subscribed" not in page
+    assert not Subscription.objects.filter(tenant=tenant).exclude(status="cancelled").exists()
