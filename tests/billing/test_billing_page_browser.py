@@ -106,3 +106,10 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
 
     phone = open_page(owner, f"/t/{tenant.slug}/billing/invoices/{draft.pk}/", "narrow")
     assert not scrolls_sideways(phone)
+    # On a phone the invoice list is one block per invoice: its total is in view, not
+    # beyond the edge of a box that scrolls.
+    phone = open_page(owner, f"/t/{tenant.slug}/billing/", "narrow")
+    total = phone.locator("#invoice-list td.num").first
+    expect(total).to_contain_text(f"Total {draft.total} USD")
+    box = total.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= phone.viewport_size["width"]
