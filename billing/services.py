@@ -73,10 +73,15 @@ def plan_prices_replace(*, plan: Plan, currency: str, prices: list[dict]) -> boo
     current = {price.dimension: price for price in plan.prices.select_for_update()}
     if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
         return False
-    plan.prices.all().delete()
+    # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe
+    # subscriptions and invoices may still name): changed in place, added, or removed.
+    for dimension, price in wanted.items():
+        if dimension in current:
+            price.pk = current[dimension].pk
+        price.full_clean(validate_unique=False, validate_constraints=False)
+    Price.objects.filter(plan=plan).exclude(dimension__in=list(wanted)).delete()
     for price in wanted.values():
-        price.full_clean()
-    Price.objects.bulk_create(wanted.values())
+        price.save()
     return True
 
 

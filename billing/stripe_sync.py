@@ -7,13 +7,14 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
+from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.models import Tenant
@@ -30,7 +31,7 @@ from billing.models import (
     Subscription,
 )
 from billing.pricing import minor_unit, unit_price_per_hour
-from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
+from billing.stripe_gateway import StripeFailure, StripeGateway, gateway
 
 STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def _outbox_repoint() -> int:
     repointed = 0
     for meter in StripeMeter.objects.filter(plan__isnull=False):
         repointed += MeterEvent.objects.filter(
-            status=MeterEvent.Status.PENDING,
+            status__in=[MeterEvent.Status.PENDING, MeterEvent.Status.DEAD],  # dead: retried later
             event_name__in=list(shared),
             usage_record__plan_id=meter.plan_id,
             usage_record__dimension=meter.dimension,
@@ -209,15 +210,22 @@ def _price_sync(
 
 
 def subscriptions_align(gw: StripeGateway, plan: Plan, note: Callable[[Synced], None]) -> None:
-    """Bring every Stripe subscription of ours to the plan (still billing: cancelled ones bill
-    until their period ends) onto the plan's prices as they are now (`subscription_align`)."""
+    """Bring every Stripe subscription of ours to the plan that still bills (a cancelled one
+    bills until its period ends) onto the plan's prices as they are now (`subscription_align`).
+    One Stripe cannot give is logged and the rest goes on."""
+    recent = timezone.now() - timedelta(days=32)  # longer ago, its period has ended
     held = (
         Subscription.objects.filter(plan=plan)
         .exclude(stripe_subscription_id="")
+        .exclude(status=Subscription.Status.CANCELLED, cancelled_at__lt=recent)
         .values_list("stripe_subscription_id", flat=True)
     )
     for stripe_id in held:
-        subscription = gw.subscription(stripe_id)
+        try:
+            subscription = gw.subscription(stripe_id)
+        except StripeFailure as exc:
+            log.error("subscription %s not aligned: %s", stripe_id, exc)
+            continue
         if subscription.status in _STRIPE_LIVE:
             subscription_align(gw, subscription, plan, note)
 
@@ -229,29 +237,33 @@ def subscription_align(
     note: Callable[[Synced], None] | None = None,
 ) -> None:
     """Put a Stripe subscription to `plan` on the plan's prices as they are now: an item on a
-    price since replaced (its amount or meter changed) moves to the new one, and a price the
-    plan added gets an item. A subscription bills the prices the Billing page shows, and its
-    usage goes to the meters the plan's prices are on. A move Stripe refuses is logged and
-    the rest goes on."""
-    prices = list(StripePrice.objects.filter(price__plan=plan))
-    successor = {old: p.stripe_price_id for p in prices for old in p.replaced_price_ids}
-    held = {item.price.id for item in subscription["items"].data}
-    changes: list[tuple[str | None, str]] = [
-        (item.id, successor[item.price.id])
-        for item in subscription["items"].data
-        if item.price.id in successor and successor[item.price.id] not in held
-    ]
-    changes += [
-        (None, p.stripe_price_id)
-        for p in prices
-        if p.stripe_price_id not in held and p.stripe_price_id not in {c[1] for c in changes}
-    ]
+    dimension's earlier price (its amount or meter changed; the item's meter says which
+    dimension it bills) moves to the current one, and a dimension no item bills gets an item.
+    A subscription bills the prices the Billing page shows, each dimension once, and its usage
+    goes to the meters the plan's prices are on. A change Stripe does not take is logged and
+    the rest goes on (the next sync or webhook tries it again)."""
+    current = {
+        p.price.dimension: p.stripe_price_id
+        for p in StripePrice.objects.filter(price__plan=plan).select_related("price")
+    }
+    # Every meter of ours: the plan's own, and the shared ones of earlier versions.
+    dimension_of = dict(StripeMeter.objects.values_list("meter_id", "dimension"))
+    billed, changes = set(), []
+    for item in subscription["items"].data:
+        recurring = _field(item.price, "recurring")
+        dimension = dimension_of.get(_field(recurring, "meter") or "")
+        if dimension is None:
+            continue  # not a price of ours
+        billed.add(dimension)
+        if dimension in current and item.price.id != current[dimension]:
+            changes.append((item.id, current[dimension]))
+    changes += [(None, price_id) for dim, price_id in current.items() if dim not in billed]
     for item_id, price_id in changes:
         action = "moved" if item_id else "added"
         try:
             gw.subscription_item_price_set(subscription.id, item_id=item_id, price_id=price_id)
-        except StripeRefused as exc:
-            log.error("subscription %s: %s %s refused: %s", subscription.id, action, price_id, exc)
+        except StripeFailure as exc:
+            log.error("subscription %s: %s %s failed: %s", subscription.id, action, price_id, exc)
             continue
         if note is not None:
             note(Synced(action, "subscription item", subscription.id, price_id))

@@ -172,7 +172,7 @@ def subscription_cancel(request, subscription_id: int):
         said = f"Your subscription to {subscription.plan.name} is cancelled."
         if subscription.stripe_subscription_id and subscription.current_period_end:
             said += (
-                " Stripe bills the usage until now when its period ends, on "
+                " Stripe bills this period's usage when the period ends, on "
                 f"{subscription.current_period_end:%-d %b %Y}."
             )
         messages.success(request, said)

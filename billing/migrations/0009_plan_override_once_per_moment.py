@@ -8,17 +8,24 @@ from django.db import migrations, models
 
 def overrides_apart(apps, schema_editor):
     """Overrides of one organization's plan from the same moment (which was in effect was a coin
-    toss) start a microsecond apart, in the order they were made: the latest made is the one
-    in effect, as staff would expect of the one they added last."""
+    toss) start a microsecond apart, in the order they were made, each at the first moment no
+    other override of that plan takes: the latest made is the one in effect, as staff would
+    expect of the one they added last."""
     PlanOverride = apps.get_model("billing", "PlanOverride")
-    seen: dict[tuple, int] = {}
-    for override in PlanOverride.objects.order_by("tenant_id", "plan_id", "effective_from", "pk"):
+    rows = list(PlanOverride.objects.order_by("tenant_id", "plan_id", "effective_from", "pk"))
+    taken = {(o.tenant_id, o.plan_id, o.effective_from) for o in rows}
+    seen = set()
+    for override in rows:
         key = (override.tenant_id, override.plan_id, override.effective_from)
-        later = seen.get(key, 0)
-        seen[key] = later + 1
-        if later:
-            override.effective_from += timedelta(microseconds=later)
-            override.save(update_fields=["effective_from"])
+        if key not in seen:
+            seen.add(key)
+            continue
+        moment = override.effective_from
+        while (override.tenant_id, override.plan_id, moment) in taken:
+            moment += timedelta(microseconds=1)
+        taken.add((override.tenant_id, override.plan_id, moment))
+        override.effective_from = moment
+        override.save(update_fields=["effective_from"])
 
 
 class Migration(migrations.Migration):

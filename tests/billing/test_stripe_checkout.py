@@ -473,7 +473,7 @@ def test_a_subscribe_form_sent_again_after_its_subscription_was_cancelled_says_s
 
     again = _subscribe(owner_client, tenant, catalog, request_id="sub-1")  # Back, then Subscribe
 
-    assert "Stripe bills the usage until now when its period ends, on " in cancelled
+    assert "Stripe bills this period&#x27;s usage when the period ends, on " in cancelled
     page = owner_client.get(again["Location"]).content.decode()
     assert "This form was sent before, for a subscription to PostgreSQL cancelled since" in page
     assert "You are subscribed" not in page

@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing import meter_events, stripe_sync, usage
+from billing import services as billing_services
 from billing.models import (
     Invoice,
     MeterEvent,
@@ -273,3 +274,50 @@ def test_an_invoice_line_on_a_replaced_price_is_read_as_that_prices_dimension(
     lines = {line.dimension: line for line in Invoice.objects.get().lines.all()}
     assert lines.keys() == {"cpu", "storage"}  # no "other"
     assert lines["cpu"].quantity == Decimal("2.5") and lines["cpu"].unit_price == Decimal("0.05")
+
+
+def test_prices_changed_twice_by_the_plan_leave_each_dimension_billed_once_at_its_price(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    """A page made before two price changes (each a new spec loaded), paid: its cpu item moves
+    to the current price, and no second cpu item is added beside it."""
+    stripe_sync.catalog_sync(gw)
+    stale = _page(owner_client, tenant, priced_plan)
+    for cents in ("0.08", "0.09"):
+        billing_services.plan_prices_replace(plan=priced_plan, currency="USD", prices=[
+            {"dimension": "cpu", "unit": "core", "unit_price": cents},
+            {"dimension": "storage", "unit": "GiB", "time_unit": "month", "unit_price": "0.10"},
+        ])  # fmt: skip
+        stripe_sync.catalog_sync(gw)
+
+    _paid(client, emulator, stale)
+
+    subscription = Subscription.objects.get(tenant=tenant, plan=priced_plan)
+    held = gw.subscription(subscription.stripe_subscription_id)
+    cpu = StripePrice.objects.get(price__dimension="cpu")
+    assert len(held["items"].data) == 2 and cpu.stripe_price_id in {
+        item.price.id for item in held["items"].data
+    }
+    assert len(cpu.replaced_price_ids) == 2  # both earlier prices, kept with the price
+    _cpu_used(tenant, {priced_plan: "1"})
+    meter_events.enqueue()
+    meter_events.flush()
+    assert emulator.close_period(subscription.stripe_subscription_id)["total"] == 9
+
+
+def test_a_subscription_stripe_no_longer_has_does_not_stop_the_sync(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan, second_plan
+):
+    stripe_sync.catalog_sync(gw)
+    Subscription.objects.create(
+        tenant=tenant, plan=priced_plan, status="active", stripe_subscription_id="sub_gone"
+    )
+    kv = _subscribed(client, owner_client, tenant, emulator, second_plan)
+    Price.objects.create(plan=second_plan, dimension="memory", unit="GiB", unit_price="0.01")
+
+    out = StringIO()
+    call_command("stripe_sync_catalog", stdout=out)
+
+    memory = StripePrice.objects.get(price__plan=second_plan, price__dimension="memory")
+    held = gw.subscription(kv.stripe_subscription_id)
+    assert memory.stripe_price_id in {item.price.id for item in held["items"].data}
