@@ -1,5 +1,6 @@
 import logging
 import uuid
+from datetime import timedelta
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -21,16 +22,39 @@ log = logging.getLogger(__name__)
 
 @tenant_view("billing.view")
 def overview(request):
+    rows = selectors.plan_rows(request.tenant)
     context = {
-        "rows": selectors.plan_rows(request.tenant),
+        "rows": rows,
         "request_id": uuid.uuid4().hex,  # one per rendering: a double submit sends it twice
         "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
         "invoices": list(selectors.invoices_of(request.tenant)[:24]),
         "stripe_checkout": gateway() is not None,
-        "checkout": request.GET.get("checkout", ""),
+        "checkout": _checkout_said(request.GET.get("checkout", ""), rows),
         "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists(),
     }
     return render(request, "billing/overview.html", context)
+
+
+CHECKOUT_RECENT = timedelta(hours=1)
+
+
+def _checkout_said(returned: str, rows) -> str:
+    """What Stripe's Checkout came back saying (`?checkout=`), when it is so: "done" only
+    while a subscription paid through it waits for Stripe or started within the hour, not for
+    anyone who adds it to the address."""
+    if returned != "done":
+        return "cancelled" if returned == "cancelled" else ""
+    since = timezone.now() - CHECKOUT_RECENT
+    paid = any(
+        row.subscription is not None
+        and row.subscription.stripe_customer_id
+        and (
+            row.subscription.status == Subscription.Status.PENDING
+            or row.subscription.updated_at >= since
+        )
+        for row in rows
+    )
+    return "done" if paid else ""
 
 
 def _back(request):

@@ -478,3 +478,15 @@ def test_a_subscribe_form_sent_again_after_its_subscription_was_cancelled_says_s
     assert "This form was sent before, for a subscription to PostgreSQL cancelled since" in page
     assert "You are subscribed" not in page
     assert not Subscription.objects.filter(tenant=tenant).exclude(status="cancelled").exists()
+
+
+def test_the_thank_you_after_checkout_shows_only_for_a_subscription_paid_through_it(
+    owner_client, tenant, catalog, emulator, gw
+):
+    thanks = "Stripe has your payment details"
+    billing_page = f"/t/{tenant.slug}/billing/"
+
+    assert thanks not in owner_client.get(billing_page, {"checkout": "done"}).content.decode()
+    _subscribe(owner_client, tenant, catalog)  # off to Checkout, back with ?checkout=done
+
+    assert thanks in owner_client.get(billing_page, {"checkout": "done"}).content.decode()
