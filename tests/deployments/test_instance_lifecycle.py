@@ -172,6 +172,17 @@ def test_restart_failover_and_custom_verbs_run_through_the_worker(
     assert wait_done(failover).state == Operation.State.SUCCEEDED, failover.error
     assert failover.outputs["primary"] == f"{instance.pk}-2"
     assert _cluster(kube, instance)["status"]["currentPrimary"] == f"{instance.pk}-2"
+    # Scaled down and up again, the servers are -2 and -3: the switchover promotes the replica
+    # there is, not a server by a fixed name (it waited 30 minutes on a -1 that was gone).
+    for servers in ("1", "2"):
+        modify = _act(owner, instance, "modify", instances=servers)
+        assert wait_done(modify).state == Operation.State.SUCCEEDED, modify.error
+    assert sorted(_cluster(kube, instance)["status"]["instanceNames"]) == [
+        f"{instance.pk}-2", f"{instance.pk}-3",
+    ]  # fmt: skip
+    again = _act(owner, instance, "failover")
+    assert wait_done(again, timeout=60).state == Operation.State.SUCCEEDED, again.error
+    assert again.outputs["primary"] == f"{instance.pk}-3"
 
     rotate = _act(owner, instance, "rotateCredentials", newPassword="a-new-password-123")
     assert wait_done(rotate).state == Operation.State.SUCCEEDED, rotate.error
