@@ -1,8 +1,10 @@
 """Writes for billing. Callers pass plain values; billing never imports deployments."""
 
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -408,6 +410,63 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
 # --- overrides ---------------------------------------------------------------------------------
 
 
+def _count(value: Any) -> bool:
+    """A whole number of at least 0 (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value: Any) -> bool:
+    """A finite number of at least 0 (not a boolean)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _limits_problem(plan: Plan | None, limits: dict) -> str | None:
+    """What is wrong with an override's limits (each may be null, which removes it), in one
+    sentence; None when nothing is. Counts are whole numbers, amounts finite and not negative,
+    dimensions those the plan prices or limits, cells names, and no verb an instance cannot do
+    without is denied."""
+    for key in ("max_instances", "max_backup_retention_days"):
+        if limits.get(key) is not None and not _count(limits[key]):
+            return f"{key} must be a whole number of at least 0, or null."
+    known = set()
+    if plan is not None:
+        known = set(plan.prices.values_list("dimension", flat=True))
+        for key in entitlements.DIMENSION_KEYS:
+            known |= set(plan.limits.get(key) or {})
+    for key in entitlements.DIMENSION_KEYS:
+        value = limits.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            return f'{key} must map dimensions to amounts, e.g. {{"storage": 2000}}.'
+        for dimension, amount in value.items():
+            if plan is not None and dimension not in known:
+                return (
+                    f"{key}: the {plan.name} plan has no dimension {dimension}; it has "
+                    f"{', '.join(sorted(known)) or 'none'}."
+                )
+            if amount is not None and not _amount(amount):
+                return f"{key}.{dimension} must be a number of at least 0, or null."
+    cells = limits.get("cells")
+    if cells is not None and not (
+        isinstance(cells, list) and all(isinstance(c, str) and c for c in cells)
+    ):
+        return "cells must be a list of cell names, or null."
+    denied = limits.get("denied_verbs")
+    if denied is not None:
+        if not (isinstance(denied, list) and all(isinstance(v, str) and v for v in denied)):
+            return "denied_verbs must be a list of verbs, or null."
+        undeniable = sorted(set(denied) & {"create", "delete"})
+        if undeniable:
+            return f"{', '.join(undeniable)} cannot be denied: an instance must always be able to."
+    return None
+
+
 def plan_override_validate(
     *,
     plan: Plan | None,
@@ -434,6 +493,10 @@ def plan_override_validate(
             errors["limits"] = (
                 f"Unknown limit {', '.join(unknown)}; use {', '.join(entitlements.LIMIT_KEYS)}."
             )
+        else:
+            problem = _limits_problem(plan, limits)
+            if problem:
+                errors["limits"] = problem
     priced = set(plan.prices.values_list("dimension", flat=True)) if plan is not None else set()
     if not isinstance(prices, dict):
         errors["prices"] = "Give the prices as a mapping of dimension to unit price."

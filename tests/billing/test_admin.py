@@ -170,3 +170,29 @@ def test_an_override_moved_onto_anothers_moment_is_refused_beside_the_field(
     assert "Another override of this organization&#x27;s plan starts at this moment" in html
     later.refresh_from_db()
     assert later.effective_from == first + timedelta(hours=1) and later.note == "pilot"
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ('{"max_instances": -5}', "max_instances must be a whole number of at least 0"),
+        ('{"max_instances": 1.5}', "max_instances must be a whole number of at least 0"),
+        ('{"max_instances": true}', "max_instances must be a whole number of at least 0"),
+        ('{"max_instances": NaN}', "max_instances must be a whole number of at least 0"),
+        ('{"max_total": {"storage": 1e400}}', "the Hobby plan has no dimension storage"),
+        ('{"max_total": {"cpu": 1e400}}', "max_total.cpu must be a number of at least 0"),
+        ('{"max_per_instance": {"cpu": -1}}', "max_per_instance.cpu must be a number of at least"),
+        ('{"max_backup_retention_days": -3}', "max_backup_retention_days must be a whole number"),
+        ('{"denied_verbs": ["delete"]}', "delete cannot be denied"),
+        ('{"cells": "eu"}', "cells must be a list of cell names"),
+    ],
+)
+def test_an_override_with_limits_billing_cannot_hold_is_refused_beside_the_field(
+    staff_client, tenant, plan, limits, said
+):
+    response = _add_override(
+        staff_client, tenant, plan, timezone.now() + timedelta(hours=1), limits=limits
+    )
+
+    assert response.status_code == 200 and said in response.content.decode()
+    assert not PlanOverride.objects.exists()
