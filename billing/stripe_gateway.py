@@ -243,6 +243,15 @@ class StripeGateway:
         )
 
     @_translated
+    def subscription_item_remove(self, subscription_id: str, *, item_id: str) -> Any:
+        """Take an item off a subscription (its price is no longer the plan's)."""
+        return self.client.v1.subscriptions.update(
+            subscription_id,
+            {"items": [{"id": item_id, "deleted": True}], "proration_behavior": "none"},
+            {"idempotency_key": f"opsdeck-item-{item_id}-removed"},
+        )
+
+    @_translated
     def subscription_keep(self, subscription_id: str, *, for_: int) -> Any:
         """Undo `subscription_cancel_at_period_end`: the subscription goes on past its period
         (for our subscription `for_`, which takes it over)."""

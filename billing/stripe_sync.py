@@ -79,7 +79,7 @@ def _decimal_text(amount: Decimal) -> str:
 class Synced:
     """One catalog object: created or found, its kind, our key, Stripe's id."""
 
-    action: str  # "created", "found"; "moved" or "added" (a subscription item, to a price)
+    action: str  # "created", "found"; "moved", "added", "removed" (a subscription item)
     kind: str  # "meter", "product", "price", "subscription item"
     key: str
     stripe_id: str
@@ -238,7 +238,8 @@ def subscription_align(
 ) -> None:
     """Put a Stripe subscription to `plan` on the plan's prices as they are now: an item on a
     dimension's earlier price (its amount or meter changed; the item's meter says which
-    dimension it bills) moves to the current one, and a dimension no item bills gets an item.
+    dimension it bills) moves to the current one, a dimension no item bills gets an item, and
+    an item on a dimension the plan no longer prices is removed.
     A subscription bills the prices the Billing page shows, each dimension once, and its usage
     goes to the meters the plan's prices are on. A change Stripe does not take is logged and
     the rest goes on (the next sync or webhook tries it again)."""
@@ -255,13 +256,17 @@ def subscription_align(
         if dimension is None:
             continue  # not a price of ours
         billed.add(dimension)
-        if dimension in current and item.price.id != current[dimension]:
-            changes.append((item.id, current[dimension]))
-    changes += [(None, price_id) for dim, price_id in current.items() if dim not in billed]
-    for item_id, price_id in changes:
-        action = "moved" if item_id else "added"
+        if dimension not in current:
+            changes.append(("removed", item.id, item.price.id))  # the plan no longer prices it
+        elif item.price.id != current[dimension]:
+            changes.append(("moved", item.id, current[dimension]))
+    changes += [("added", None, id_) for dim, id_ in current.items() if dim not in billed]
+    for action, item_id, price_id in changes:
         try:
-            gw.subscription_item_price_set(subscription.id, item_id=item_id, price_id=price_id)
+            if action == "removed":
+                gw.subscription_item_remove(subscription.id, item_id=item_id)
+            else:
+                gw.subscription_item_price_set(subscription.id, item_id=item_id, price_id=price_id)
         except StripeFailure as exc:
             log.error("subscription %s: %s %s failed: %s", subscription.id, action, price_id, exc)
             continue

@@ -475,6 +475,8 @@ def instance_action(
         raise ValidationError("Name the action to run.")
     if verb == "delete":
         raise ValidationError("Deleting an instance is an action of its own.")
+    if verb == "deleteBackup":  # it names a backup: the Backups tab's Delete does
+        raise ValidationError("Deleting a backup is done from the Backups tab.")
     spec_verb = spec.main.verbs.get(verb)
     if spec_verb is None:
         raise ValidationError(f"This plan has no {verb} action.")

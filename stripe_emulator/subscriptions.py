@@ -132,8 +132,9 @@ def subscription_update(state: State, params: Params, subscription_id: str) -> d
     """POST /v1/subscriptions/{id}: `cancel_at_period_end`, `metadata`, `description`, and
     `items`: moving an existing item to another price (`items[0][id]`, `items[0][price]`; a
     metered item's usage is billed at the price it holds when the period is invoiced, so
-    `proration_behavior` is checked and changes nothing), or adding a metered item
-    (`items[0][price]` alone); emits
+    `proration_behavior` is checked and changes nothing), adding a metered item
+    (`items[0][price]` alone), or removing one (`items[0][id]`, `items[0][deleted]=true`);
+    emits
     `customer.subscription.updated` with the previous values when something changed."""
     params.only("cancel_at_period_end", "metadata", "description", "items", "proration_behavior")
     subscription = state.get("subscription", subscription_id)
@@ -156,8 +157,13 @@ def subscription_update(state: State, params: Params, subscription_id: str) -> d
         subscription["description"] = description or None
     subscription["metadata"] = merge_metadata(subscription["metadata"], metadata)
     for item in subscription["items"]["data"]:
-        if item["id"] in prices:
+        if prices.get(item["id"]) is not None:
             item["price"] = copy.deepcopy(prices[item["id"]])
+    subscription["items"]["data"] = [
+        item
+        for item in subscription["items"]["data"]
+        if item["id"] not in prices or prices[item["id"]] is not None
+    ]
     for price in added:
         subscription["items"]["data"].append(
             _item(subscription["id"], price, None, state.now(), current_period(subscription))
@@ -200,18 +206,27 @@ def _added_prices(
 def _item_prices(
     state: State, subscription: dict[str, Any], items: list[Params]
 ) -> dict[str, dict[str, Any]]:
-    """{item id: its new price} for `items` updates naming an item of the subscription and a
-    recurring price of its currency and usage type (removing items is not served)."""
+    """{item id: its new price, or None to remove it} for `items` updates naming an item of
+    the subscription and a recurring price of its currency and usage type, or `deleted`
+    (a subscription keeps at least one item)."""
     held = {item["id"]: item for item in subscription["items"]["data"]}
-    prices = {}
+    prices: dict[str, dict[str, Any] | None] = {}
     for update in items:
-        update.only("id", "price")
+        update.only("id", "price", "deleted")
         item_id = update.text("id", required=True) or ""
         if item_id not in held:
             raise invalid(
                 f"No such subscription item: '{item_id}' on this subscription.",
                 param=update.name("id"),
             )
+        if update.flag("deleted"):
+            prices[item_id] = None
+            if all(prices.get(i, held[i]) is None for i in held):
+                raise invalid(
+                    "A subscription must keep at least one item; cancel it instead.",
+                    param=update.name("deleted"),
+                )
+            continue
         price = state.get(
             "price", update.text("price", required=True) or "", param=update.name("price")
         )

@@ -321,3 +321,24 @@ def test_a_subscription_stripe_no_longer_has_does_not_stop_the_sync(
     memory = StripePrice.objects.get(price__plan=second_plan, price__dimension="memory")
     held = gw.subscription(kv.stripe_subscription_id)
     assert memory.stripe_price_id in {item.price.id for item in held["items"].data}
+
+
+def test_a_price_the_plan_no_longer_has_is_taken_off_its_subscriptions(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    storage = StripePrice.objects.get(price__dimension="storage").stripe_price_id
+    billing_services.plan_prices_replace(plan=priced_plan, currency="USD", prices=[
+        {"dimension": "cpu", "unit": "core", "unit_price": "0.05"},
+    ])  # fmt: skip
+
+    out = StringIO()
+    call_command("stripe_sync_catalog", stdout=out)
+
+    assert f"removed subscription item {subscription.stripe_subscription_id}: {storage}" in (
+        out.getvalue()
+    )
+    held = gw.subscription(subscription.stripe_subscription_id)
+    assert storage not in {item.price.id for item in held["items"].data}
+    assert len(held["items"].data) == 1  # cpu's

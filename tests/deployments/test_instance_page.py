@@ -1003,3 +1003,12 @@ def test_switchover_on_two_servers_is_offered(owner_client, instance):
     html = owner_client.get(_url(instance)).content.decode()
 
     assert 'aria-describedby="why-failover"' not in html and ">Switchover</button>" in html
+
+
+def test_a_forged_delete_backup_naming_no_backup_queues_nothing(owner_client, instance):
+    refused = owner_client.post(
+        _url(instance, "actions/deleteBackup/"), {"request_id": "db-1"}, follow=True
+    )
+
+    assert "Deleting a backup is done from the Backups tab." in refused.content.decode()
+    assert not instance.operations.filter(verb="deleteBackup").exists()

@@ -285,3 +285,18 @@ def test_a_metered_item_added_to_a_subscription_is_billed_and_bad_additions_chan
 
     assert [item.price.id for item in grown["items"].data] == [metered["price"].id, added.id]
     assert emulator.close_period(subscription.id)["total"] == 12  # 4 units at 3 cents
+
+
+def test_an_item_removed_from_a_subscription_bills_no_more_and_its_last_item_stays(
+    client, emulator, metered
+):
+    subscription = subscribed(client, emulator, metered)
+    (item,) = subscription["items"].data
+
+    with pytest.raises(stripe.InvalidRequestError, match="at least one item") as refused:
+        client.v1.subscriptions.update(
+            subscription.id, {"items": [{"id": item.id, "deleted": True}]}
+        )
+
+    assert refused.value.param == "items[0][deleted]"
+    assert len(client.v1.subscriptions.retrieve(subscription.id)["items"].data) == 1
