@@ -564,7 +564,13 @@ def instance_retry_verb(instance: Instance) -> str | None:
 
 
 def action_refusal(
-    instance: Instance, verb: str, state: str = "", *, custom: bool = False, retry: bool = False
+    instance: Instance,
+    verb: str,
+    state: str = "",
+    *,
+    custom: bool = False,
+    retry: bool = False,
+    parameters: dict | None = None,
 ) -> str | None:
     """Why `verb` cannot start on the instance from `state` (default: its state now), naming
     the verb as its page does (`lifecycle.refusal`); None when it can."""
@@ -572,19 +578,22 @@ def action_refusal(
     refusal = lifecycle.refusal(
         verb, state or instance.state, custom=custom, retry=retry, label=label
     )
-    return refusal or _requirement_refusal(instance, verb)
+    return refusal or _requirement_refusal(instance, verb, parameters)
 
 
-def _requirement_refusal(instance: Instance, verb: str) -> str | None:
+def _requirement_refusal(instance: Instance, verb: str, parameters: dict | None) -> str | None:
     """The spec's sentence when what the verb requires of the instance's parameters
-    (`x-opsdeck.requires`) does not hold on those it has now; an expression that fails to run
-    counts as not holding."""
+    (`x-opsdeck.requires`) does not hold on `parameters` (default: those it has now; a
+    request passes those it will have once the operations queued before it have run); an
+    expression that fails to run counts as not holding."""
     service = plan_spec(instance.plan_version).main
     spec_verb = service.verbs.get(verb)  # its own: not a roll back's or an upgrade's modify
     requirement = spec_verb.requires if spec_verb is not None else None
     if requirement is None:
         return None
-    values = cel_values(service.parameters, instance.parameters)
+    given = instance.parameters if parameters is None else parameters
+    secret = {p.key for p in service.parameters if p.type == "Password"}  # never sent to CEL
+    values = cel_values(service.parameters, {k: v for k, v in given.items() if k not in secret})
     try:
         holds = evaluate_cel(requirement.when, "var", values).value is True
     except (ProgramError, ProgramLimitError) as exc:

@@ -493,6 +493,7 @@ def instance_action(
         reason = selectors.action_refusal(
             instance, verb, _projected_state(instance), custom=spec_verb.custom,
             retry=failed is not None and failed.verb == verb,
+            parameters=_projected_values(instance),
         )  # fmt: skip
         if reason or _upgrading(instance):
             raise ActionDenied(reason or UPGRADING)

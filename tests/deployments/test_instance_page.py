@@ -1012,3 +1012,17 @@ def test_a_forged_delete_backup_naming_no_backup_queues_nothing(owner_client, in
 
     assert "Deleting a backup is done from the Backups tab." in refused.content.decode()
     assert not instance.operations.filter(verb="deleteBackup").exists()
+
+
+def test_switchover_is_judged_on_the_servers_the_instance_will_have_when_it_runs(
+    owner_client, instance
+):
+    """Two servers now, a modify to one queued before it: the switchover would run on one."""
+    owner_client.post(_url(instance, "modify/"), {"request_id": "to-one", "p-instances": "1"})
+    assert instance.operations.filter(verb="modify").exists()
+
+    refused = owner_client.post(_url(instance, "actions/failover/"), {"request_id": "sw-q"},
+                                follow=True)  # fmt: skip
+
+    assert "Switchover promotes a replica" in refused.content.decode()
+    assert not instance.operations.filter(verb="failover").exists()
