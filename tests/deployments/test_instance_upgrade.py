@@ -342,6 +342,20 @@ def test_a_roll_back_re_applies_the_stored_version_and_repeats_return_it(running
     assert AuditEvent.objects.filter(action="instance.rollback", result="ok").count() == 1
 
 
+def test_a_roll_back_keeps_the_volume_size_a_failed_change_grew_and_shrinks_nothing(running, owner):
+    """Volumes cannot shrink: a roll back to the stored size was refused by the operator and
+    left the instance failed for good. It keeps the grown size (and stores it once it ran)."""
+    failed = _fail(running)
+    stored = running.parameters["storageGi"]
+    Operation.objects.filter(pk=failed.pk).update(
+        parameters={**running.parameters, "storageGi": stored + 10, "instances": 4}
+    )
+
+    rollback = _rollback(owner, running)
+
+    assert rollback.requested == {"storageGi": stored + 10}  # the servers go back to 2
+
+
 def test_a_protected_instance_cannot_be_deleted_until_protection_is_off(running, owner):
     services.instance_protect(actor=Actor(user=owner), instance=running, on=True)
 
