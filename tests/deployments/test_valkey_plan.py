@@ -199,10 +199,12 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert instance.state == Instance.State.STOPPED
     assert _pods(kube, instance) == []
     assert set(_claims(kube, instance)) == {f"data-{instance.pk}-{i}" for i in range(3)}
+    assert instance.outputs["readyReplicas"] == "0"  # not the 3 that ran before the stop
 
     _run(owner, instance, "start")
     assert instance.state == Instance.State.RUNNING
     assert _statefulset(kube, instance)["status"]["readyReplicas"] == 3
+    assert instance.outputs["readyReplicas"] == "3"
 
     before = _statefulset(kube, instance)["status"]["currentRevision"]
     restart = _run(owner, instance, "restart")
