@@ -314,7 +314,8 @@ def subscription_cancel(
         if running_instances:
             plural = "s" if running_instances != 1 else ""
             raise ActionDenied(
-                f"{running_instances} instance{plural} still run on the "
+                f"{running_instances} instance{plural} still "
+                f"{'run' if running_instances != 1 else 'runs'} on the "
                 f"{subscription.plan.name} plan; delete them before cancelling."
             )
         if then is not None:

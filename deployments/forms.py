@@ -62,6 +62,11 @@ class ParameterForm(forms.Form):
                 self.add_error(field_name(key) if field_name(key) in self.fields else None, message)
         return data
 
+    @property
+    def asks_passwords(self) -> bool:
+        """Whether it shows a password field (which, left empty, keeps the password)."""
+        return any(p.type == "Password" for p in self.shown)
+
     def field_groups(self) -> list[FieldGroup]:
         """The parameter fields under the spec's headings (`x-opsdeck.display.groups`), then the
         ones no group lists under "Other settings"."""

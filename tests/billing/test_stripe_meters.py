@@ -131,7 +131,7 @@ def test_a_changed_price_moves_its_subscribers_to_the_new_price(
     new_price = StripePrice.objects.get(price__dimension="cpu").stripe_price_id
     moved = f"moved subscription item {subscription.stripe_subscription_id}: {new_price}"
     assert moved in out.getvalue()
-    assert "1 subscription items put on the plans' prices as they are now." in out.getvalue()
+    assert "1 subscription item put on the plans' current prices." in out.getvalue()
     held = gw.subscription(subscription.stripe_subscription_id)
     assert new_price in {item.price.id for item in held["items"].data}
     _cpu_used(tenant, {priced_plan: "2.5"})

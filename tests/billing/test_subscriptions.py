@@ -194,6 +194,10 @@ def test_cancelling_is_refused_while_instances_run(tenant, owner, plan):
     assert refused.value.reason == (
         "2 instances still run on the Hobby plan; delete them before cancelling."
     )
+    with pytest.raises(ActionDenied, match=r"^1 instance still runs on the Hobby plan"):
+        services.subscription_cancel(
+            actor=Actor(user=owner), subscription=subscription, running_instances=1
+        )
     assert Subscription.objects.get().status == "active"
 
 

@@ -27,5 +27,6 @@ class Command(BaseCommand):
         items = len(done) - created - found
         summary = f"{created} created, {found} found."
         if items:
-            summary += f" {items} subscription items put on the plans' prices as they are now."
+            plural = "s" if items != 1 else ""
+            summary += f" {items} subscription item{plural} put on the plans' current prices."
         self.stdout.write(self.style.SUCCESS(summary))
