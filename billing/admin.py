@@ -6,6 +6,7 @@ from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor
 from accounts.errors import ActionDenied
 from billing import entitlements, invoicing, meter_events, periods, services, stripe_sync
 from billing.models import (
+    OVERRIDE_SAME_MOMENT,
     BillingPeriod,
     Invoice,
     InvoiceLine,
@@ -203,8 +204,7 @@ class PlanOverrideForm(forms.ModelForm):
                 effective_from=data["effective_from"],
             ).exclude(pk=self.instance.pk)  # fmt: skip
             if clash.exists():
-                message = PlanOverride._meta.constraints[0].violation_error_message
-                self.add_error("effective_from", message)
+                self.add_error("effective_from", OVERRIDE_SAME_MOMENT)
         try:
             services.plan_override_validate(
                 plan=data.get("plan") or getattr(self.instance, "plan", None),

@@ -289,6 +289,12 @@ class Subscription(models.Model):
         return f"{self.tenant} — {self.plan} ({self.get_status_display()})"
 
 
+# What refuses a second override of an organization's plan from the same moment.
+OVERRIDE_SAME_MOMENT = (
+    "Another override of this organization's plan starts at this moment; choose another."
+)
+
+
 class PlanOverride(models.Model):
     """Staff's per-tenant change to a plan's limits and prices from `effective_from` on: the
     override in effect at a time is the latest that started by then; it never reaches back
@@ -314,10 +320,7 @@ class PlanOverride(models.Model):
             models.UniqueConstraint(
                 fields=["tenant", "plan", "effective_from"],
                 name="planoverride_once_per_moment",
-                violation_error_message=(
-                    "Another override of this organization's plan starts at this moment; "
-                    "choose another."
-                ),
+                violation_error_message=OVERRIDE_SAME_MOMENT,
             )
         ]
 

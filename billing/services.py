@@ -21,7 +21,7 @@ from accounts.models import AuditEvent, Membership, Tenant
 from accounts.roles import Role
 from accounts.services import permission_require
 from billing import entitlements, periods
-from billing.models import Plan, PlanOverride, Price, Subscription
+from billing.models import OVERRIDE_SAME_MOMENT, Plan, PlanOverride, Price, Subscription
 from billing.stripe_gateway import gateway
 
 
@@ -312,11 +312,10 @@ def subscription_cancel(
 
     def no_instances(subscription: Subscription) -> None:
         if running_instances:
-            plural = "s" if running_instances != 1 else ""
+            still = "instance still runs" if running_instances == 1 else "instances still run"
             raise ActionDenied(
-                f"{running_instances} instance{plural} still "
-                f"{'run' if running_instances != 1 else 'runs'} on the "
-                f"{subscription.plan.name} plan; delete them before cancelling."
+                f"{running_instances} {still} on the {subscription.plan.name} plan; delete them "
+                "before cancelling."
             )
         if then is not None:
             then(subscription)
@@ -426,17 +425,16 @@ def _amount(value: Any) -> bool:
     )
 
 
-def _limits_problem(plan: Plan | None, limits: dict) -> str | None:
+def _limits_problem(plan: Plan | None, priced: set[str], limits: dict) -> str | None:
     """What is wrong with an override's limits (each may be null, which removes it), in one
     sentence; None when nothing is. Counts are whole numbers, amounts finite and not negative,
-    dimensions those the plan prices or limits, cells names, and no verb an instance cannot do
-    without is denied."""
+    dimensions those the plan prices (`priced`) or limits, cells names, and no verb an instance
+    cannot do without is denied."""
     for key in ("max_instances", "max_backup_retention_days"):
         if limits.get(key) is not None and not _count(limits[key]):
             return f"{key} must be a whole number of at least 0, or null."
-    known = set()
+    known = set(priced)
     if plan is not None:
-        known = set(plan.prices.values_list("dimension", flat=True))
         for key in entitlements.DIMENSION_KEYS:
             known |= set(plan.limits.get(key) or {})
     for key in entitlements.DIMENSION_KEYS:
@@ -481,6 +479,7 @@ def plan_override_validate(
     price. Prices are refused while Stripe bills tenants: Stripe charges the plan's prices in
     its catalog, so a tenant's own would show on its Billing page and never on an invoice."""
     errors: dict[str, str] = {}
+    priced = set(plan.prices.values_list("dimension", flat=True)) if plan is not None else set()
     if effective_from is not None and periods.is_closed(effective_from, now=now):
         errors["effective_from"] = (
             "This date is in a closed billing period; an override takes effect from "
@@ -495,10 +494,9 @@ def plan_override_validate(
                 f"Unknown limit {', '.join(unknown)}; use {', '.join(entitlements.LIMIT_KEYS)}."
             )
         else:
-            problem = _limits_problem(plan, limits)
+            problem = _limits_problem(plan, priced, limits)
             if problem:
                 errors["limits"] = problem
-    priced = set(plan.prices.values_list("dimension", flat=True)) if plan is not None else set()
     if not isinstance(prices, dict):
         errors["prices"] = "Give the prices as a mapping of dimension to unit price."
     elif prices and gateway() is not None:
@@ -535,8 +533,7 @@ def _override_save(override: PlanOverride) -> None:
         with transaction.atomic():
             override.save()
     except IntegrityError as exc:
-        message = PlanOverride._meta.constraints[0].violation_error_message
-        raise ValidationError({"effective_from": message}) from exc
+        raise ValidationError({"effective_from": OVERRIDE_SAME_MOMENT}) from exc
 
 
 def plan_override_create(

@@ -396,9 +396,10 @@ def checkout_start(
         session = gw.checkout_session_open(
             customer_id=customer.customer_id, subscription_id=locked.pk
         )
+        # A page made before the prices changed is not offered again.
         asked = session.metadata.to_dict().get("opsdeck_prices") if session is not None else None
         if session is not None and asked != " ".join(price_ids):
-            gw.checkout_session_expire(session.id)  # made before the prices changed
+            gw.checkout_session_expire(session.id)
             session = None
         session = session or gw.checkout_session_create(
             subscription_id=locked.pk,
@@ -409,12 +410,6 @@ def checkout_start(
             cancel_url=cancel_url,
         )
     return session.url
-
-
-# Stripe's statuses of a subscription that can simply go on (nothing is owed on it), and of
-# one that still bills but owes an invoice.
-_STRIPE_IN_GOOD_STANDING = frozenset({"active", "trialing"})
-_STRIPE_OWING = frozenset({"past_due", "unpaid"})
 
 
 def subscription_resume(
@@ -445,12 +440,13 @@ def subscription_resume(
         if earlier is None:
             return None
         held = gw.subscription(earlier.stripe_subscription_id)
-        if held.status in _STRIPE_OWING:
+        standing = SUBSCRIPTION_STATUSES.get(held.status)
+        if standing == Subscription.Status.PAST_DUE:  # it owes an invoice
             raise ValidationError(
                 f"Your cancelled {ours.plan.name} subscription still has an unpaid invoice on "
                 "Stripe: pay it (Manage payment method), then subscribe again."
             )
-        if held.status not in _STRIPE_IN_GOOD_STANDING:
+        if standing != Subscription.Status.ACTIVE:
             return None  # ended in Stripe: a new one starts on Checkout
         if held.cancel_at_period_end:
             gw.subscription_keep(held.id, for_=ours.pk)

@@ -592,8 +592,7 @@ def _requirement_refusal(instance: Instance, verb: str, parameters: dict | None)
     if requirement is None:
         return None
     given = instance.parameters if parameters is None else parameters
-    secret = {p.key for p in service.parameters if p.type == "Password"}  # never sent to CEL
-    values = cel_values(service.parameters, {k: v for k, v in given.items() if k not in secret})
+    values = cel_values(service.parameters, given)
     try:
         holds = evaluate_cel(requirement.when, "var", values).value is True
     except (ProgramError, ProgramLimitError) as exc:

@@ -221,8 +221,8 @@ def validate_parameters(
     optional one takes its default, a missing Password is generated. With `current` (the
     instance's typed values) this is a modify: a missing key keeps its current value, and a
     non-modifiable parameter whose value changes, or a grow-only one whose value falls, is an
-    error. Keys that are not parameters
-    are errors in both cases. Raises ParameterErrors mapping each bad key to a sentence.
+    error. Keys that are not parameters are errors in both cases. Raises ParameterErrors
+    mapping each bad key to a sentence.
     """
     known = {p.key: p for p in parameters}
     errors: dict[str, str] = {key: UNKNOWN for key in values if key not in known}
@@ -264,13 +264,15 @@ def validate_parameters(
 
 
 def cel_values(parameters: list[Parameter], values: dict[str, Any]) -> dict[str, Any]:
-    """`values` as a CEL expression over `var` reads them: a Float64 is a double even when it
-    holds a whole number (`coerce` keeps 2 as an int, and CEL compares no int with a double:
-    `var.cpu >= 0.5` would fail on a cpu of 1)."""
+    """`values` as a CEL expression over `var` reads them: never a Password's, and a Float64
+    as a double even when it holds a whole number (`coerce` keeps 2 as an int, and CEL compares
+    no int with a double: `var.cpu >= 0.5` would fail on a cpu of 1)."""
     doubles = {p.key for p in parameters if p.type == "Float64"}
+    secret = {p.key for p in parameters if p.type == "Password"}
     return {
         key: float(value)
         if key in doubles and isinstance(value, int) and not isinstance(value, bool)
         else value
         for key, value in values.items()
+        if key not in secret
     }
