@@ -99,7 +99,6 @@ class PlanVersion(models.Model):
         ordering = ["plan", "-number"]
         constraints = [
             models.UniqueConstraint(fields=["plan", "number"], name="planversion_number"),
-            models.UniqueConstraint(fields=["plan", "digest"], name="planversion_digest"),
         ]
 
     def __str__(self) -> str:

@@ -73,6 +73,8 @@ class PlanLoad:
     plan_changed: bool
     version_created: bool
     warnings: list[str] = field(default_factory=list)
+    # With a version created: the earlier version of the same text, when the spec went back to it.
+    same_as: PlanVersion | None = None
 
 
 @transaction.atomic
@@ -107,18 +109,21 @@ def plan_load(*, text: str) -> PlanLoad:
     )
     plan_changed = plan_changed or prices_changed
     digest = hashlib.sha256(text.encode()).hexdigest()
-    version = plan.versions.filter(digest=digest).first()
-    created = version is None
-    if created:
-        latest = selectors.plan_version_latest(plan)
-        version = PlanVersion.objects.create(
-            plan=plan,
-            number=(latest.number + 1) if latest else 1,
-            spec_text=text,
-            parsed=spec.raw,  # the document the bounded loader read
-            digest=digest,
-        )
-    return PlanLoad(plan, version, plan_changed, created, spec.warnings)
+    # Serialized by the plan's row lock (`plan_upsert`). A text the latest version has changes
+    # nothing; any other text — an earlier version's too, when a change is taken back — is the
+    # next version: new instances get it, as they get the latest.
+    latest = selectors.plan_version_latest(plan)
+    if latest is not None and latest.digest == digest:
+        return PlanLoad(plan, latest, plan_changed, False, spec.warnings)
+    version = PlanVersion.objects.create(
+        plan=plan,
+        number=(latest.number + 1) if latest else 1,
+        spec_text=text,
+        parsed=spec.raw,  # the document the bounded loader read
+        digest=digest,
+    )
+    same_as = plan.versions.filter(digest=digest).exclude(pk=version.pk).order_by("-number").first()
+    return PlanLoad(plan, version, plan_changed, True, spec.warnings, same_as=same_as)
 
 
 # --- cells --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from billing.models import Plan
-from deployments import services
+from deployments import selectors, services
 from deployments.models import Cell, PlanVersion
 from tests.deployments.conftest import SPEC
 
@@ -30,6 +30,31 @@ def test_load_specs_creates_then_keeps_then_versions_a_plan(transactional_db, tm
     ]
     assert Plan.objects.get(key="postgres-cnpg").name == "PostgreSQL 2"
     assert list(PlanVersion.objects.values_list("number", flat=True).order_by("number")) == [1, 2]
+
+
+def test_load_specs_going_back_to_an_earlier_text_releases_it_again(
+    transactional_db, tmp_path, capsys
+):
+    spec = tmp_path / "pg.yaml"
+    first = SPEC.read_text()
+    spec.write_text(first)
+    call_command("load_specs", str(spec))
+    spec.write_text(first.replace("name: PostgreSQL\n", "name: PostgreSQL 2\n", 1))
+    call_command("load_specs", str(spec))
+
+    spec.write_text(first)  # the change is taken back
+    call_command("load_specs", str(spec))
+    call_command("load_specs", str(spec))
+
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == [
+        f"{spec}: plan postgres-cnpg updated to version 3 (the text of version 1)",
+        f"{spec}: plan postgres-cnpg unchanged (version 3)",
+    ]
+    plan = Plan.objects.get(key="postgres-cnpg")
+    assert plan.name == "PostgreSQL"
+    latest = selectors.plan_version_latest(plan)
+    assert (latest.number, latest.spec_text) == (3, first)  # what new instances get
 
 
 def test_load_specs_reports_every_error_and_loads_nothing(transactional_db, tmp_path, capsys):

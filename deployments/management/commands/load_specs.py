@@ -41,6 +41,8 @@ class Command(BaseCommand):
             plan, version = result.plan, result.version
             if result.version_created:
                 what = "created" if version.number == 1 else f"updated to version {version.number}"
+                if result.same_as is not None:
+                    what += f" (the text of version {result.same_as.number})"
             elif result.plan_changed:
                 what = f"details updated (version {version.number} unchanged)"
             else:
