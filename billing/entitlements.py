@@ -47,7 +47,7 @@ DIMENSION_UNITS = {
     "memory": "GiB of memory",
     "storage": "GiB of storage",
     "backupStorage": "GiB of backup storage",
-    "replica": "replicas",
+    "replica": "servers",
     "deploymentCell": "deployment cells",
     "base": "base units",
 }
@@ -111,7 +111,7 @@ class Limits:
 
 
 def quantity_text(dimension: str, quantity: Decimal | int) -> str:
-    """`500 GiB of storage`, `3 replicas`: a quantity as people read it."""
+    """`500 GiB of storage`, `3 servers`: a quantity as people read it."""
     number = Decimal(quantity)
     shown = number.quantize(1) if number == number.to_integral_value() else number.normalize()
     return f"{shown} {DIMENSION_UNITS.get(dimension, dimension)}"

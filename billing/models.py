@@ -52,7 +52,7 @@ DIMENSION_LABELS = {
     "cpu": "CPU",
     "memory": "Memory",
     "storage": "Storage",
-    "replica": "Replicas",
+    "replica": "Servers",  # Omnistrate's replicas of the instance: every server it runs
     "deploymentCell": "Deployment cell",
     "backupStorage": "Backup storage",
     "base": "Base fee",

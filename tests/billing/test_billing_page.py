@@ -55,7 +55,7 @@ def test_owners_admins_and_billing_members_see_usage_against_each_limit(
     assert page.status_code == 200
     assert "3 of 10 instances" in text
     assert "360 of 10000 GiB of storage" in text
-    assert "At most 5 replicas per instance" in text
+    assert "At most 5 servers per instance" in text
     assert "Backups kept at most 365 days" in text
     assert '<span class="badge badge-ok">Active</span>' in text
 

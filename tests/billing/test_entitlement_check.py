@@ -119,7 +119,7 @@ def test_max_per_instance(tenant, plan, active):
     decision = _check(tenant, plan, "modify", quantities={"replica": Decimal(3)})
 
     assert decision.reason == (
-        "The Hobby plan allows at most 2 replicas per instance and this asks for 3 replicas; "
+        "The Hobby plan allows at most 2 servers per instance and this asks for 3 servers; "
         "change plan on the Billing page for more."
     )
 

@@ -175,7 +175,7 @@ def test_a_modify_past_the_per_instance_limit_is_refused_and_audited(
         _act(owner, instance, "modify", instances=3)
 
     assert refused.value.reason == (
-        "The Hobby plan allows at most 2 replicas per instance and this asks for 3 replicas; "
+        "The Hobby plan allows at most 2 servers per instance and this asks for 3 servers; "
         "change plan on the Billing page for more."
     )
     assert _denied(tenant, "instance.modify").exists()

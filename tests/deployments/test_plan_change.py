@@ -131,7 +131,7 @@ def test_sizes_are_measured_by_the_other_plans_rules(plans, tenant, owner):
     large, small = plans  # small: at most 2 servers (replicas) per instance
     _create(owner, tenant, large, "orders", instances="3")
 
-    with pytest.raises(ActionDenied, match="at most 2 replicas per instance and this asks for 3"):
+    with pytest.raises(ActionDenied, match="at most 2 servers per instance and this asks for 3"):
         _change(owner, tenant, large, small)
 
 
@@ -171,16 +171,16 @@ def test_only_plans_of_one_service_and_members_who_manage_billing(plans, tenant,
 
 
 def test_an_upgrade_is_measured_by_the_rules_of_the_version_it_moves_to(plans, tenant, owner):
-    large, _ = plans  # at most 5 replicas per instance
+    large, _ = plans  # at most 5 servers per instance
     instance = _create(owner, tenant, large, "orders", instances="2")
-    # Version 2 counts three replicas per server: 2 servers are 6 replicas there.
+    # Version 2 counts each server three times: 2 servers are 6 there.
     services.plan_load(
         text=SPEC.read_text().replace(
             'replica: "double(var.instances)"', 'replica: "double(var.instances) * 3.0"'
         )
     )
 
-    with pytest.raises(ActionDenied, match="at most 5 replicas per instance and this asks for 6"):
+    with pytest.raises(ActionDenied, match="at most 5 servers per instance and this asks for 6"):
         services.instance_upgrade(actor=Actor(user=owner), instance=instance, request_id="up-1")
 
 
