@@ -178,14 +178,18 @@ _OPERATION_ROW = [
     "started_at",
     "finished_at",
     "error",
+    "plan_version_id",
     "instance__id",
     "instance__name",
 ]
 
 
 def _operation_digest(operations: QuerySet[Operation], limit: int) -> OperationDigest:
-    rows = operations.select_related("instance").only(*_OPERATION_ROW)
-    return OperationDigest(operations=list(rows[:limit]), total=operations.count())
+    rows = list(operations.select_related("instance").only(*_OPERATION_ROW)[:limit])
+    for op in rows:  # named as the instance page names it (each spec read once per process)
+        labels = _verb_labels(plan_version_loaded(op.plan_version_id).spec)
+        op.verb_label = labels.get(op.verb, op.verb)
+    return OperationDigest(operations=rows, total=operations.count())
 
 
 def operations_running(tenant: Tenant, *, limit: int = 10) -> OperationDigest:
@@ -653,7 +657,11 @@ VERB_LABELS = {
 def verb_labels(version: PlanVersion) -> dict[str, str]:
     """Each verb of the plan version as the operations timeline names it (with Opsdeck's own
     upgrade and roll back)."""
-    verbs = plan_spec(version).main.verbs.values()
+    return _verb_labels(plan_spec(version))
+
+
+def _verb_labels(spec: PlanSpec) -> dict[str, str]:
+    verbs = spec.main.verbs.values()
     labels = {v.name: VERB_LABELS.get(v.name) or v.display_name or v.name for v in verbs}
     return {**labels, "upgrade": "Upgrade", "rollback": "Roll back"}
 

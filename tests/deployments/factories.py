@@ -1,5 +1,6 @@
 """Rows for page tests, made straight in the database (no cluster, no worker)."""
 
+import hashlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from billing.models import Plan
 from deployments.models import Cell, Instance, InstanceStateChange, Operation, PlanVersion
 
 SPEC = Path(__file__).resolve().parents[2] / "specs" / "postgres-cnpg.yaml"
+VALKEY = SPEC.with_name("valkey.yaml")
 
 
 def postgres_version() -> PlanVersion:
@@ -18,12 +20,16 @@ def postgres_version() -> PlanVersion:
 
 
 def other_service_version(service: str = "redis") -> PlanVersion:
+    """Version 3 of a plan of another service, whose spec (Valkey's) is long: a list that
+    read every row's spec text would be slow."""
     plan = Plan.objects.create(
         key=f"{service}-dev", name=f"{service.title()} — Dev", service=service
     )
+    text = VALKEY.read_text() + "# a long spec\n" * 1000
     return PlanVersion.objects.create(
-        plan=plan, number=3, spec_text="name: big spec\n" * 1000, parsed={"x": 1}, digest="d"
-    )
+        plan=plan, number=3, spec_text=text, parsed={"x": 1},
+        digest=hashlib.sha256(text.encode()).hexdigest(),
+    )  # fmt: skip
 
 
 def cell(name: str = "eu-1", region: str = "eu-west") -> Cell:

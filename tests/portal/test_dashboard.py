@@ -71,7 +71,7 @@ def test_operations_running_now_link_to_their_deployment(
 
     assert "(1)" in running
     operation_url = f"/t/{tenant.slug}/deployments/{orders.pk}/operations/{backup.pk}/"
-    assert f'<a href="{operation_url}"><code>backup</code></a>' in running
+    assert f'<a href="{operation_url}">Backup</a>' in running  # as the instance page names it
     assert '<span class="badge badge-op-running">Running</span>' in running
     link = f'<a href="/t/{tenant.slug}/deployments/{orders.pk}/?tab=operations">orders-0</a>'
     assert link in running
@@ -99,12 +99,24 @@ def test_operations_failed_in_the_last_7_days_link_to_their_deployment(
     link = f'<a href="/t/{tenant.slug}/deployments/{orders.pk}/?tab=operations">orders-0</a>'
     assert link in failed
     operation_url = f"/t/{tenant.slug}/deployments/{orders.pk}/operations/{modify.pk}/"
-    assert f'<a href="{operation_url}"><code>modify</code></a>' in failed
+    assert f'<a href="{operation_url}">Modify</a>' in failed
     assert '<span class="badge badge-op-failed">Failed</span>' in failed
     assert "The disk is full." in failed
     assert "2\xa0days ago</time>" in failed
     assert "old-0" not in failed
     assert "theirs" not in failed
+
+
+def test_operations_are_named_as_their_plan_names_its_verbs(owner_client, tenant, version, cell):
+    (orders,) = factories.make_instances(tenant, version, cell, 1, name="orders")
+    factories.make_operation(orders, verb="rotateCredentials", state="failed")
+    factories.make_operation(orders, verb="failover", state="running")
+
+    page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+    assert ">Rotate owner password</a>" in section(page, "failed-recently")  # its displayName
+    assert ">Switchover</a>" in section(page, "running-now")
+    assert "rotateCredentials" not in page and ">failover<" not in page
 
 
 def test_nothing_running_or_failed_says_so(owner_client, tenant):
