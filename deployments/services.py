@@ -285,7 +285,9 @@ def _instance_new(
     name = _instance_name(name)
     spec = selectors.plan_spec(version)
     try:
-        typed = validate_parameters(spec.main.parameters, values, current=base)
+        typed = validate_parameters(
+            spec.main.parameters, values, current=base, current_is="the backup holds {}"
+        )
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc
     # Lock the tenant so two concurrent creates cannot both pass the limits.

@@ -214,6 +214,7 @@ def validate_parameters(
     values: dict[str, Any],
     *,
     current: dict[str, Any] | None = None,
+    current_is: str = "it is {} now",
 ) -> dict[str, Any]:
     """Validate customer input and return every parameter's typed value.
 
@@ -221,8 +222,9 @@ def validate_parameters(
     optional one takes its default, a missing Password is generated. With `current` (the
     instance's typed values) this is a modify: a missing key keeps its current value, and a
     non-modifiable parameter whose value changes, or a grow-only one whose value falls, is an
-    error. Keys that are not parameters are errors in both cases. Raises ParameterErrors
-    mapping each bad key to a sentence.
+    error (`current_is` says where a grow-only value stands: "it is 10 now"). Keys that are
+    not parameters are errors in both cases. Raises ParameterErrors mapping each bad key to a
+    sentence.
     """
     known = {p.key: p for p in parameters}
     errors: dict[str, str] = {key: UNKNOWN for key in values if key not in known}
@@ -255,7 +257,7 @@ def validate_parameters(
             errors[key] = IMMUTABLE
             continue
         if current is not None and parameter.grow_only and key in current and value < current[key]:
-            errors[key] = f"Can grow, not shrink: it is {number_text(current[key])} now."
+            errors[key] = f"Can grow, not shrink: {current_is.format(number_text(current[key]))}."
             continue
         result[key] = value
     if errors:

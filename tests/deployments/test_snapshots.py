@@ -71,6 +71,24 @@ def test_only_completed_snapshots_restore(worker, cell, plan, tenant, owner):
     assert Instance.objects.filter(tenant=tenant).count() == 1
 
 
+def test_a_restore_cannot_shrink_what_the_backup_holds(cell, plan, tenant, owner):
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, source_instance_id="gone", plan_version=plan.versions.get(),
+        name="x", status=Snapshot.Status.COMPLETED, parameters={"storageGi": 20},
+    )  # fmt: skip
+
+    with pytest.raises(ValidationError) as refused:
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r3",
+            parameters={"storageGi": "5"},
+        )  # fmt: skip
+
+    assert refused.value.message_dict["storageGi"] == [
+        "Can grow, not shrink: the backup holds 20."  # not "it is 20 now": nothing runs it
+    ]
+    assert not Instance.objects.filter(tenant=tenant).exists()
+
+
 def test_deleting_a_snapshot_runs_delete_backup_and_marks_it_deleted(
     worker, cell, plan, tenant, owner
 ):
