@@ -154,7 +154,12 @@ class StripeGateway:
         currency: str,
         unit_amount_decimal: str,
         nickname: str,
+        replacing: str | None = None,
     ) -> Any:
+        """A metered price that takes `lookup_key` over. The key names the price it replaces
+        (`replacing`, which holds the lookup key now): a retry makes it once, and a price that
+        goes back to an earlier amount within a day is a new price, not Stripe's replay of the
+        first (whose answer leaves the lookup key where it is)."""
         return self.client.v1.prices.create(
             {
                 "currency": currency,
@@ -166,7 +171,10 @@ class StripeGateway:
                 "transfer_lookup_key": True,
                 "nickname": nickname,
             },
-            {"idempotency_key": f"{lookup_key}-{unit_amount_decimal}-{meter_id}"},
+            {
+                "idempotency_key": f"{lookup_key}-{unit_amount_decimal}-{meter_id}"
+                f"-{replacing or 'first'}"
+            },
         )
 
     # --- meter events ----------------------------------------------------------------------
@@ -219,16 +227,25 @@ class StripeGateway:
 
     @_translated
     def subscription_item_price_set(
-        self, subscription_id: str, *, item_id: str | None, price_id: str
+        self, subscription_id: str, *, item_id: str, price_id: str
     ) -> Any:
-        """Move one item of a subscription to another price, or (no `item_id`) add an item on
-        the price: a metered item's usage is billed at the price it holds when its period is
-        invoiced, so nothing is prorated."""
-        item = {"id": item_id, "price": price_id} if item_id else {"price": price_id}
+        """Move one item of a subscription to another price: a metered item's usage is billed
+        at the price it holds when its period is invoiced, so nothing is prorated. (A price
+        is never moved to twice: each change of a plan's price is a new Stripe price.)"""
         return self.client.v1.subscriptions.update(
             subscription_id,
-            {"items": [item], "proration_behavior": "none"},
-            {"idempotency_key": f"opsdeck-item-{item_id or subscription_id}-{price_id}"},
+            {"items": [{"id": item_id, "price": price_id}], "proration_behavior": "none"},
+            {"idempotency_key": f"opsdeck-item-{item_id}-{price_id}"},
+        )
+
+    @_translated
+    def subscription_item_add(self, subscription_id: str, *, price_id: str, for_: int) -> Any:
+        """Add an item on the price for our price row `for_`: two additions at once add it once,
+        and a dimension a plan priced again after dropping it (a new row) is added again."""
+        return self.client.v1.subscriptions.update(
+            subscription_id,
+            {"items": [{"price": price_id}], "proration_behavior": "none"},
+            {"idempotency_key": f"opsdeck-item-{subscription_id}-{price_id}-{for_}"},
         )
 
     @_translated

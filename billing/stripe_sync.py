@@ -191,6 +191,7 @@ def _price_sync(
             currency=price.currency.lower(),
             unit_amount_decimal=_decimal_text(amount),
             nickname=f"{price.plan.name}: {price.label}",
+            replacing=found.id if found is not None else None,
         ).id
         note(Synced("created", "price", lookup_key, stripe_price_id))
     stored = StripePrice.objects.filter(price=price).first()
@@ -243,10 +244,9 @@ def subscription_align(
     A subscription bills the prices the Billing page shows, each dimension once, and its usage
     goes to the meters the plan's prices are on. A change Stripe does not take is logged and
     the rest goes on (the next sync or webhook tries it again)."""
-    current = {
-        p.price.dimension: p.stripe_price_id
-        for p in StripePrice.objects.filter(price__plan=plan).select_related("price")
-    }
+    stored = StripePrice.objects.filter(price__plan=plan).select_related("price")
+    current = {p.price.dimension: p.stripe_price_id for p in stored}
+    row_of = {p.stripe_price_id: p.price_id for p in stored}
     # Every meter of ours: the plan's own, and the shared ones of earlier versions.
     dimension_of = dict(StripeMeter.objects.values_list("meter_id", "dimension"))
     billed, changes = set(), []
@@ -265,8 +265,10 @@ def subscription_align(
         try:
             if action == "removed":
                 gw.subscription_item_remove(subscription.id, item_id=item_id)
-            else:
+            elif action == "moved":
                 gw.subscription_item_price_set(subscription.id, item_id=item_id, price_id=price_id)
+            else:
+                gw.subscription_item_add(subscription.id, price_id=price_id, for_=row_of[price_id])
         except StripeFailure as exc:
             log.error("subscription %s: %s %s failed: %s", subscription.id, action, price_id, exc)
             continue

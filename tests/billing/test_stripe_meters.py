@@ -237,6 +237,43 @@ def test_a_checkout_page_made_before_a_price_changed_and_paid_bills_the_new_pric
     assert _cpu_billed(invoice) == Decimal("2.5")
 
 
+def test_a_price_changed_back_and_forth_within_a_day_moves_its_subscribers_each_time(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+
+    for cents in ("0.08", "0.05", "0.08"):  # Stripe keeps an idempotency key for 24 hours
+        Price.objects.filter(plan=priced_plan, dimension="cpu").update(unit_price=Decimal(cents))
+        stripe_sync.catalog_sync(gw)
+
+        current = StripePrice.objects.get(price__dimension="cpu").stripe_price_id
+        held = gw.subscription(subscription.stripe_subscription_id)
+        assert current in {item.price.id for item in held["items"].data}, cents
+        assert len(held["items"].data) == 2
+    _cpu_used(tenant, {priced_plan: "2.5"})
+    meter_events.enqueue()
+    meter_events.flush()
+    invoice = emulator.close_period(subscription.stripe_subscription_id)
+    assert invoice["total"] == 20  # 2.5 core-hours at $0.08
+
+
+def test_a_dimension_dropped_and_priced_again_is_billed_again(
+    client, owner_client, tenant, gw, emulator, customer, priced_plan
+):
+    stripe_sync.catalog_sync(gw)
+    subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
+    cpu = {"dimension": "cpu", "unit": "core", "unit_price": "0.05"}
+    storage = {"dimension": "storage", "unit": "GiB", "time_unit": "month", "unit_price": "0.10"}
+
+    for prices in ([storage], [cpu, storage], [storage], [cpu, storage]):
+        billing_services.plan_prices_replace(plan=priced_plan, currency="USD", prices=prices)
+        stripe_sync.catalog_sync(gw)
+
+        held = gw.subscription(subscription.stripe_subscription_id)
+        assert len(held["items"].data) == len(prices), prices
+
+
 def test_a_price_a_plan_adds_is_added_to_its_subscriptions(
     client, owner_client, tenant, gw, emulator, customer, priced_plan
 ):
