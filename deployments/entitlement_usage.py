@@ -16,26 +16,62 @@ from accounts.errors import ActionDenied
 from accounts.models import Tenant
 from billing import entitlements
 from billing.models import Plan
-from deployments import metering
-from deployments.models import Instance, PlanVersion
+from deployments import lifecycle, metering, selectors
+from deployments.models import Instance, Operation, PlanVersion
+from deployments.parameters import values_after
+from deployments.spec.model import Verb
 
 
-def usage_on_plan(tenant: Tenant, plan: Plan, *, dimensions: bool) -> entitlements.Usage:
+def usage_on_plan(
+    tenant: Tenant, plan: Plan, *, dimensions: bool, pending: bool = False
+) -> entitlements.Usage:
     """The tenant's instances on `plan` that are not deleted, and with `dimensions`, their
-    summed quantities per usage dimension (one query)."""
+    summed quantities per usage dimension (one query). With `pending` (what a check counts),
+    each instance counts at the most it holds now or will hold while the operations queued on
+    it run (one query more): a change queued but not yet run is not room for another."""
     instances = Instance.objects.for_tenant(tenant).active().filter(plan_version__plan=plan)
     if not dimensions:
         return entitlements.Usage(instances=instances.count())
-    rows = list(instances.values_list("plan_version_id", "parameters"))
+    rows = list(instances.values_list("pk", "plan_version_id", "parameters"))
+    queued = _pending_operations(instances, plan) if pending else {}
     totals: dict[str, Decimal] = {}
-    for version_id, parameters in rows:
-        try:
-            measured = metering.stored_quantities(version_id, parameters)
-        except metering.UsageError:
-            continue  # its values cannot be measured: it cannot hold the tenant back either
-        for dimension, quantity in measured.items():
+    for pk, version_id, values in rows:
+        most = _measured(version_id, values)
+        for op, verb in queued.get(pk, []):
+            values = values_after(op, verb, values, passwords=False) or values
+            for dimension, quantity in _measured(op.plan_version_id, values).items():
+                most[dimension] = max(most.get(dimension, quantity), quantity)
+        for dimension, quantity in most.items():
             totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
     return entitlements.Usage(instances=len(rows), totals=totals)
+
+
+def _measured(version_id: int, values: dict) -> dict[str, Decimal]:
+    try:
+        return metering.stored_quantities(version_id, values)
+    except metering.UsageError:
+        return {}  # values that cannot be measured cannot hold the tenant back either
+
+
+def _pending_operations(instances, plan: Plan) -> dict[str, list[tuple[Operation, Verb]]]:
+    """Per instance, its queued and running operations on `plan` with their verbs, oldest
+    first (none of what they hold encrypted is read: nothing measures a password)."""
+    queued: dict[str, list[tuple[Operation, Verb]]] = {}
+    pending = (
+        Operation.objects.filter(
+            instance__in=instances,
+            state__in=[Operation.State.QUEUED, Operation.State.RUNNING],
+            plan_version__plan=plan,
+        )
+        .only("instance_id", "plan_version_id", "verb", "requested", "arguments")
+        .order_by("created_at")
+    )
+    for op in pending:
+        verbs = selectors.plan_version_loaded(op.plan_version_id).spec.main.verbs
+        verb = verbs.get(lifecycle.workflow_verb(op.verb))
+        if verb is not None:
+            queued.setdefault(op.instance_id, []).append((op, verb))
+    return queued
 
 
 def _quantities(version: PlanVersion, values: dict[str, Any]) -> dict[str, Decimal]:
@@ -64,7 +100,7 @@ def entitlement_require(
     when given: an upgrade measures the values before it by the rules of the version left)."""
     limits = entitlements.limits_for(tenant, plan)
     sized = bool(limits.max_total or limits.max_per_instance) and after is not None
-    usage = usage_on_plan(tenant, plan, dimensions=sized and bool(limits.max_total))
+    usage = usage_on_plan(tenant, plan, dimensions=sized and bool(limits.max_total), pending=True)
     quantities = delta = None
     if sized:
         quantities = _quantities(version, after)
@@ -97,7 +133,7 @@ def moves_require(
     first instance that does not fit, with billing's reason."""
     limits = entitlements.limits_for(tenant, plan)
     sized = bool(limits.max_total or limits.max_per_instance)
-    usage = usage_on_plan(tenant, plan, dimensions=bool(limits.max_total))
+    usage = usage_on_plan(tenant, plan, dimensions=bool(limits.max_total), pending=True)
     count, totals = usage.instances, dict(usage.totals)
     for name, values, cell in moves:
         quantities = _quantities(version, values) if sized else None

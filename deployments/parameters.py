@@ -67,13 +67,16 @@ def run_values(op: Operation) -> dict:
     return {**op.parameters, **hidden}
 
 
-def values_after(op: Operation, verb: Verb, before: dict[str, Any]) -> dict | None:
+def values_after(
+    op: Operation, verb: Verb, before: dict[str, Any], *, passwords: bool = True
+) -> dict | None:
     """The instance's values once `op` has succeeded, starting from `before` (what it applied,
-    or what the instance is projected to hold); None when the verb changes no parameter."""
+    or what the instance is projected to hold); None when the verb changes no parameter.
+    Without `passwords`, the Password values it sets are left out (nothing is decrypted)."""
     if op.verb in APPLIES_PARAMETERS:
-        return {**before, **requested_changes(op)}
+        return {**before, **(requested_changes(op) if passwords else op.requested)}
     if verb.updates:
-        given = verb_values(op)
+        given = verb_values(op) if passwords else op.arguments.get("verb_parameters", {})
         updates = {
             target: given[source] for target, source in verb.updates.items() if source in given
         }

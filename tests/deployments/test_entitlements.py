@@ -2,6 +2,7 @@
 subscription, or past its plan's limits, is refused with a reason — audited, and said next to
 the form."""
 
+import threading
 import uuid
 from datetime import timedelta
 
@@ -191,6 +192,22 @@ def test_a_modify_growing_the_total_past_the_limit_is_refused(
     with pytest.raises(ActionDenied, match="at most 50 GiB of storage across"):
         _act(owner, instance, "modify", instances=2, storageGi=26)  # 52 GiB
     _act(owner, instance, "modify", storageGi=25)  # shrinking below is never the limit's business
+
+
+def test_a_change_queued_but_not_run_yet_counts_against_the_total(
+    local, hobby, subscribed, tenant, owner
+):
+    PlanOverride.objects.create(tenant=tenant, plan=hobby, limits={"max_instances": 3})
+    a = _running(owner, tenant, hobby, name="a", storageGi=20)
+    b = _running(owner, tenant, hobby, name="b", storageGi=10)
+    _act(owner, a, "modify", storageGi=25)  # queued: a holds 20 GiB until it has run
+
+    with pytest.raises(ActionDenied, match="this would make 51 GiB of storage"):
+        _act(owner, b, "modify", storageGi=26)
+    with pytest.raises(ActionDenied, match="this would make 51 GiB of storage"):
+        _create(owner, tenant, hobby, name="c", storageGi=16)
+    assert not b.operations.filter(verb="modify").exists()
+    _act(owner, b, "modify", storageGi=25)  # exactly 50 once a's change has run
 
 
 def test_a_cell_outside_the_plan_is_refused(hobby, subscribed, tenant, owner):
@@ -394,6 +411,27 @@ def test_two_concurrent_creates_at_the_limit_make_one_instance(tenant, owner):
     assert sum(isinstance(r, Operation) for r in results) == 1, results
     assert all(isinstance(r, Operation | ActionDenied) for r in results), results
     assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_instances_grown_at_once_cannot_both_take_the_room_left(tenant, owner):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=_hobby_text()).plan
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    instances = iter([
+        _running(owner, tenant, plan, name=name, storageGi=10) for name in ("a", "b")
+    ])  # fmt: skip
+    taken = threading.Lock()
+
+    def grow():
+        with taken:
+            instance = next(instances)
+        return _act(owner, instance, "modify", storageGi=30)  # 40 GiB alone, 60 together
+
+    results = race(grow, times=2)
+
+    assert sorted(type(r).__name__ for r in results) == ["ActionDenied", "Operation"], results
+    assert Operation.objects.filter(verb="modify").count() == 1
 
 
 def test_an_unmeasurable_request_is_a_validation_error_not_a_crash(
