@@ -567,16 +567,19 @@ def _snapshot_start(instance: Instance, *, scheduled: bool = False) -> dict:
     """A pending snapshot for a backup, and the $sys.snapshot values its workflow sees. It
     expires when the object store's retention policy prunes its data."""
     now = timezone.now()
-    name = f"{instance.pk}-{now:%Y%m%d%H%M%S}"
     snapshot = Snapshot.objects.create(
         tenant=instance.tenant,
         instance=instance,
         source_instance_id=instance.pk,
         plan_version=instance.plan_version,
-        name=name,
         scheduled=scheduled,
         expires_at=now + timedelta(days=selectors.backup_retention_days(instance)),
     )
+    # The name of the object its backup makes in the cluster: when it was taken, as people read
+    # it, and the snapshot's own id, so that two backups in one second are two objects (the
+    # second failed on the first's, and deleting that failed one deleted the first's object).
+    name = f"{instance.pk}-{now:%Y%m%d%H%M%S}-{snapshot.pk}"
+    Snapshot.objects.filter(pk=snapshot.pk).update(name=name)
     return {"snapshot": snapshot.pk, "sys": {"snapshot": {"id": name, "time": now.isoformat()}}}
 
 

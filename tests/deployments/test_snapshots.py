@@ -1,5 +1,6 @@
 """Backups become snapshots that outlive their instance and restore into new instances."""
 
+import itertools
 import uuid
 from datetime import timedelta
 
@@ -10,7 +11,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from deployments import services
 from deployments.models import Instance, Operation, PlatformSecret, Snapshot
-from tests.deployments.conftest import SPEC, wait_done
+from tests.deployments.conftest import SPEC, instance_object, wait_done
 
 
 def _act(owner, instance, verb):
@@ -102,6 +103,33 @@ def test_deleting_a_snapshot_runs_delete_backup_and_marks_it_deleted(
     assert wait_done(forget).state == Operation.State.SUCCEEDED, forget.error
     snapshot.refresh_from_db()
     assert snapshot.status == Snapshot.Status.DELETED
+
+
+def test_two_backups_in_one_second_are_two_and_deleting_one_keeps_the_other(
+    worker, cell, plan, tenant, owner, kube, monkeypatch
+):
+    create = _create(owner, tenant, plan)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    instance = create.instance
+    second = timezone.now().replace(microsecond=0)
+    ticks = itertools.count()
+    # Both requested within one second (two tabs, or a schedule beside a click).
+    monkeypatch.setattr(timezone, "now", lambda: second + timedelta(microseconds=next(ticks)))
+    backups = [_act(owner, instance, "backup"), _act(owner, instance, "backup")]
+    monkeypatch.undo()
+
+    for backup in backups:
+        assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    kept, forgotten = Snapshot.objects.filter(instance=instance).order_by("-pk")
+    assert kept.name != forgotten.name
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=forgotten, request_id="f")
+    assert wait_done(forget).state == Operation.State.SUCCEEDED, forget.error
+
+    def backup_object(snapshot):
+        return instance_object(kube, instance, "postgresql.cnpg.io/v1", "Backup", snapshot.name)
+
+    assert backup_object(forgotten) is None
+    assert backup_object(kept)["status"]["phase"] == "completed"
 
 
 def test_snapshot_before_deletion_takes_a_last_backup_first(worker, cell, tenant, owner):
