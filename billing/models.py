@@ -268,6 +268,9 @@ class Subscription(models.Model):
     current_period_end = models.DateTimeField(null=True, blank=True)
     past_due_since = models.DateTimeField(null=True, blank=True)
     suspended_at = models.DateTimeField(null=True, blank=True)
+    # Suspended by the platform team: it stays suspended until they reactivate it, whatever
+    # Stripe reports (a suspension for an unpaid invoice ends when Stripe reports it paid).
+    suspended_by_staff = models.BooleanField(default=False)
     cancelled_at = models.DateTimeField(null=True, blank=True)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

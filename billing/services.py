@@ -249,13 +249,23 @@ def _transition(
 
 
 def subscription_approve(*, actor: Actor, subscription: Subscription) -> Subscription:
-    """Staff approve a pending subscription: it is active from now."""
+    """Staff approve a pending subscription: it is active from now. While Stripe bills
+    tenants, only Stripe's webhook starts one (no Stripe subscription would bill its usage)."""
+
+    def billed(subscription: Subscription) -> None:
+        if gateway() is not None and not subscription.stripe_subscription_id:
+            raise ActionDenied(
+                "It waits for payment on Stripe's checkout page and starts when Stripe reports "
+                "it paid: approved without it, no Stripe subscription would bill its usage."
+            )
+
     return _transition(
         actor=actor,
         subscription=subscription,
         transition="approve",
         to=Status.ACTIVE,
         stamp={"current_period_start": periods.current_start()},
+        check=billed,
     )
 
 
@@ -282,7 +292,7 @@ def subscription_suspend(
         subscription=subscription,
         transition="suspend",
         to=Status.SUSPENDED,
-        stamp={"suspended_at": at or timezone.now()},
+        stamp={"suspended_at": at or timezone.now(), "suspended_by_staff": actor.staff},
         reason=reason,
     )
 
@@ -294,7 +304,7 @@ def subscription_reactivate(*, actor: Actor, subscription: Subscription) -> Subs
         subscription=subscription,
         transition="reactivate",
         to=Status.ACTIVE,
-        stamp={"suspended_at": None, "past_due_since": None},
+        stamp={"suspended_at": None, "past_due_since": None, "suspended_by_staff": False},
     )
 
 

@@ -550,6 +550,9 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         # Stripe ended it: ours ends too (instances keep running; new ones are refused).
         return services.subscription_cancel(actor=SYSTEM, subscription=ours)
     move = _MOVES.get((ours.status, wanted))
+    if move == "reactivate" and ours.suspended_by_staff:  # until staff reactivate it
+        log.info("subscription %s: suspended by staff, kept so", ours.pk)
+        return ours
     if move is None:
         log.warning("stripe subscription %s: no move from %s to %s", subscription.id,
                     ours.status, wanted)  # fmt: skip

@@ -309,6 +309,45 @@ def test_staff_cancelling_in_the_admin_ends_it_in_stripe_too(
     assert gw.subscription(subscription.stripe_subscription_id).cancel_at_period_end
 
 
+def test_a_staff_suspension_holds_when_stripe_next_reports_the_subscription_active(
+    client, owner_client, tenant, catalog, emulator, gw, make_user
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    staff = make_user("staff@example.com", is_staff=True, is_superuser=True)
+    owner_client.force_login(staff)
+    changelist = "/admin/billing/subscription/"
+    owner_client.post(changelist, {"action": "suspend", "_selected_action": [subscription.pk]})
+    # Anything Stripe then says about it: a change of its metadata, a period invoiced.
+    gw.client.v1.subscriptions.update(subscription.stripe_subscription_id, {"metadata": {"x": "1"}})
+    _deliver(client, emulator.events("customer.subscription.updated")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "suspended"
+    assert not AuditEvent.objects.filter(action="subscription.reactivate").exists()
+
+    owner_client.post(changelist, {"action": "reactivate", "_selected_action": [subscription.pk]})
+    subscription.refresh_from_db()
+    assert subscription.status == "active" and not subscription.suspended_by_staff
+
+
+def test_staff_cannot_approve_a_subscription_waiting_for_payment_on_stripe(
+    owner_client, tenant, catalog, emulator, gw, make_user
+):
+    _subscribe(owner_client, tenant, catalog)  # its checkout page is left unpaid
+    subscription = Subscription.objects.get(tenant=tenant, plan=catalog)
+    owner_client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+
+    page = owner_client.post(
+        "/admin/billing/subscription/",
+        {"action": "approve", "_selected_action": [subscription.pk]},
+        follow=True,
+    ).content.decode()
+
+    assert "no Stripe subscription would bill its usage" in page
+    subscription.refresh_from_db()
+    assert subscription.status == "pending"
+
+
 def test_subscribing_again_within_the_cancelled_period_keeps_the_stripe_subscription_going(
     client, owner_client, tenant, catalog, emulator, gw
 ):
