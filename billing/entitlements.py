@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from accounts.models import Tenant
 from billing.models import Plan, PlanOverride, Subscription
+from billing.stripe_gateway import stripe_bills
 
 # The keys of `Plan.limits` (and of `PlanOverride.limits`) that are limits.
 LIMIT_KEYS = (
@@ -195,6 +196,11 @@ def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
     what = "create instances on it" if action in NEW_INSTANCE else "run this action"
     if subscription is None:
         return f"Subscribe to the {plan.name} plan on the Billing page to {what}."
+    if subscription.status == Subscription.Status.PENDING and stripe_bills():
+        return (
+            f"Your subscription to the {plan.name} plan is awaiting payment: finish it on the "
+            f"Billing page (Continue to payment); you can {what} once Stripe confirms it."
+        )
     if subscription.status == Subscription.Status.PENDING:
         return (
             f"Your subscription to the {plan.name} plan is awaiting approval by the platform "

@@ -108,10 +108,18 @@ _DOING = {
 }
 
 
-def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "") -> Subscription:
+def subscribe(
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    plan: Plan,
+    request_id: str = "",
+    check: Callable[[], None] | None = None,
+) -> Subscription:
     """Subscribe `tenant` to `plan`: active at once when the plan auto-approves, else pending
     until staff approve it in the admin. One subscription per request id, and at most one
-    open subscription per tenant and plan (subscribing again returns it).
+    open subscription per tenant and plan (subscribing again returns it). `check` runs before
+    a new one is made: what it raises refuses it, nothing made.
 
     When Stripe is configured, the subscription starts pending whatever the plan: the view
     sends the tenant to Stripe Checkout (`stripe_sync.checkout_start`), and the webhook
@@ -138,6 +146,8 @@ def subscribe(*, actor: Actor, tenant: Tenant, plan: Plan, request_id: str = "")
         if subscription is not None:
             claim.bind(subscription)
             return subscription
+        if check is not None:
+            check()
         now = timezone.now()
         # With Stripe, a subscription starts when its Checkout is paid (the webhook).
         at_once = plan.auto_approve and gateway() is None

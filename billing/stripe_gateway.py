@@ -381,6 +381,11 @@ class StripeGateway:
             raise BadWebhook(str(exc)) from exc
 
 
+def stripe_bills() -> bool:
+    """Whether Stripe bills tenants (`STRIPE_API_KEY` is set): subscriptions start when paid."""
+    return bool(settings.STRIPE_API_KEY)
+
+
 def gateway() -> StripeGateway | None:
     """The gateway as configured, or None when billing stays local (no `STRIPE_API_KEY`)."""
     if not settings.STRIPE_API_KEY:

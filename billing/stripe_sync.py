@@ -431,24 +431,12 @@ def subscription_resume(
         ours = Subscription.objects.select_for_update().get(pk=subscription.pk)
         if ours.status != Subscription.Status.PENDING or ours.stripe_subscription_id:
             return ours
-        earlier = (
-            Subscription.objects.select_for_update()
-            .filter(tenant_id=ours.tenant_id, plan_id=ours.plan_id,
-                    status=Subscription.Status.CANCELLED)
-            .exclude(stripe_subscription_id="")
-            .order_by("-cancelled_at", "-pk")
-            .first()
-        )  # fmt: skip
+        earlier = _cancelled_last(ours.tenant_id, ours.plan_id, lock=True)
         if earlier is None:
             return None
         held = gw.subscription(earlier.stripe_subscription_id)
-        standing = SUBSCRIPTION_STATUSES.get(held.status)
-        if standing == Subscription.Status.PAST_DUE:  # it owes an invoice
-            raise ValidationError(
-                f"Your cancelled {ours.plan.name} subscription still has an unpaid invoice on "
-                "Stripe: pay it (Manage payment method), then subscribe again."
-            )
-        if standing != Subscription.Status.ACTIVE:
+        _owing_refuse(held, ours.plan)
+        if SUBSCRIPTION_STATUSES.get(held.status) != Subscription.Status.ACTIVE:
             return None  # ended in Stripe: a new one starts on Checkout
         if held.cancel_at_period_end:
             gw.subscription_keep(held.id, for_=ours.pk)
@@ -465,6 +453,34 @@ def subscription_resume(
             payload={"stripe_subscription": held.id, "cancelled_subscription": earlier.pk},
         )
         return subscription_mirror(gw.subscription(held.id), gw)
+
+
+def _cancelled_last(tenant_id: int, plan_id: int, *, lock: bool = False) -> Subscription | None:
+    """The tenant's subscription to the plan cancelled last that Stripe billed."""
+    rows = Subscription.objects.select_for_update() if lock else Subscription.objects
+    return (
+        rows.filter(tenant_id=tenant_id, plan_id=plan_id, status=Subscription.Status.CANCELLED)
+        .exclude(stripe_subscription_id="")
+        .order_by("-cancelled_at", "-pk")
+        .first()
+    )
+
+
+def _owing_refuse(held: Any, plan: Plan) -> None:
+    """A ValidationError when the Stripe subscription `held` owes an invoice."""
+    if SUBSCRIPTION_STATUSES.get(held.status) == Subscription.Status.PAST_DUE:
+        raise ValidationError(
+            f"Your cancelled {plan.name} subscription still has an unpaid invoice on "
+            "Stripe: pay it (Manage payment method), then subscribe again."
+        )
+
+
+def subscribe_check(gw: StripeGateway, tenant: Tenant, plan: Plan) -> None:
+    """Before a new subscription to `plan` is made: a ValidationError while the tenant's
+    cancelled one still owes Stripe an invoice (paid, that one goes on instead)."""
+    earlier = _cancelled_last(tenant.pk, plan.pk)
+    if earlier is not None:
+        _owing_refuse(gw.subscription(earlier.stripe_subscription_id), plan)
 
 
 def _ours(stripe_subscription: Any) -> Subscription | None:

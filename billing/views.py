@@ -69,15 +69,21 @@ def _refusal(exc: ActionDenied | ValidationError) -> str:
 @require_POST
 def subscribe(request, plan_key: str):
     plan = get_object_or_404(Plan, key=plan_key)
+    gw = gateway()
     try:
         subscription = services.subscribe(
             actor=Actor.from_request(request),
             tenant=request.tenant,
             plan=plan,
             request_id=request.POST.get("request_id", ""),
+            check=(lambda: stripe_sync.subscribe_check(gw, request.tenant, plan)) if gw else None,
         )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _refusal(exc))
+        return _back(request)
+    except StripeFailure as exc:
+        log.error("subscribing %s to %s: %s", request.tenant.pk, plan.key, exc)
+        messages.error(request, "Stripe could not be reached; please try again.")
         return _back(request)
     if subscription.status == Subscription.Status.CANCELLED:  # this form, sent before
         messages.warning(
@@ -86,7 +92,6 @@ def subscribe(request, plan_key: str):
             "subscribe again from this page.",
         )
         return _back(request)
-    gw = gateway()
     if gw is not None and subscription.status == Subscription.Status.PENDING:
         return _resume_or_checkout(request, gw, subscription)
     if subscription.status == Subscription.Status.PENDING:

@@ -12,7 +12,7 @@ import pytest
 from django.core import mail
 
 from accounts.models import AuditEvent
-from billing import stripe_sync
+from billing import entitlements, stripe_sync
 from billing.models import StripeCustomer, Subscription
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
@@ -348,6 +348,19 @@ def test_staff_cannot_approve_a_subscription_waiting_for_payment_on_stripe(
     assert subscription.status == "pending"
 
 
+def test_waiting_for_payment_creating_an_instance_is_refused_with_how_to_pay(
+    owner_client, tenant, catalog, emulator, gw
+):
+    _subscribe(owner_client, tenant, catalog)  # its checkout page is left unpaid
+
+    decision = entitlements.check(tenant=tenant, plan=catalog, action="create")
+
+    assert decision.reason == (
+        "Your subscription to the PostgreSQL plan is awaiting payment: finish it on the Billing "
+        "page (Continue to payment); you can create instances on it once Stripe confirms it."
+    )
+
+
 def test_subscribing_again_within_the_cancelled_period_keeps_the_stripe_subscription_going(
     client, owner_client, tenant, catalog, emulator, gw
 ):
@@ -502,6 +515,11 @@ def test_subscribing_again_while_the_cancelled_one_owes_an_invoice_says_to_pay_i
     assert "still has an unpaid invoice on Stripe: pay it" in page
     assert "/c/pay/" not in response["Location"]
     assert len(gw.client.v1.subscriptions.list({"customer": first.stripe_customer_id}).data) == 1
+    # Nothing was made: no subscription awaiting a payment its Continue button would refuse.
+    assert list(Subscription.objects.filter(tenant=tenant).values_list("status", flat=True)) == [
+        "cancelled"
+    ]
+    assert "Awaiting payment" not in page and "Not subscribed" in page
 
 
 def test_a_subscribe_form_sent_again_after_its_subscription_was_cancelled_says_so(
