@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from celery.schedules import crontab
+from celery.schedules import crontab, crontab_parser
 
 DEFAULT_PERIOD_HOURS = 24  # a plan whose spec says nothing about backups
 DEFAULT_RETENTION_DAYS = 30
@@ -24,11 +24,41 @@ def plan_retention_days(backup_configuration: dict | None) -> int:
     return (backup_configuration or {}).get("backupRetentionInDays") or DEFAULT_RETENTION_DAYS
 
 
+# Each field of a cron expression: its name, and the values it takes (crontab_parser's bounds).
+_CRON_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 6),
+)
+
+
+def cron_check(expression: str) -> None:
+    """ValueError, with a reason a person can act on, unless the expression is one a
+    schedule may be given: valid, and falling due at most once an hour (a backup a minute was
+    accepted, each billed as backup storage)."""
+    if len(cron_parse(expression).minute) > 1:
+        raise ValueError(
+            "At most one backup an hour: give the minute as one number (0 3 * * * is 03:00 "
+            "every day)."
+        )
+
+
 def cron_parse(expression: str) -> crontab:
-    """The schedule of a five-field cron expression (UTC); ValueError with a readable reason."""
+    """The schedule of a five-field cron expression (UTC); ValueError with a reason a person
+    can act on."""
     fields = expression.split()
     if len(fields) != 5:
         raise ValueError(f"Give five fields, not {len(fields)}. {CRON_HELP}")
+    for (name, low, high), field in zip(_CRON_FIELDS, fields, strict=True):
+        try:
+            crontab_parser(high + 1, low).parse(field)
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise ValueError(
+                f'The {name} field "{field}" is not valid: use numbers from {low} to {high}, '
+                f"*, a range (1-5), a list (1,15) or a step (*/2). {CRON_HELP}"
+            ) from None
     minute, hour, day_of_month, month, day_of_week = fields
     try:
         return crontab(
@@ -38,8 +68,10 @@ def cron_parse(expression: str) -> crontab:
             month_of_year=month,
             day_of_week=day_of_week,
         )
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise ValueError(f"Not a valid cron expression ({exc}). {CRON_HELP}") from exc
+    except (ValueError, TypeError, KeyError, IndexError):
+        raise ValueError(
+            "This expression never falls due: no month has the day it names."
+        ) from None
 
 
 def slot_after(*, after: datetime, interval_hours: int | None, cron: str) -> datetime:

@@ -1219,7 +1219,7 @@ def _schedule_errors(
             errors["cron"] = "Give the cron expression as text."
         else:
             try:
-                schedules.cron_parse(cron)
+                schedules.cron_check(cron)
             except ValueError as exc:
                 errors["cron"] = str(exc)
         if interval_hours is not None:
@@ -1254,6 +1254,8 @@ def backup_schedule_update(
     cron = cron.strip() if isinstance(cron, str) else cron
     with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="backup.create")
+        if instance.state in (Instance.State.DELETING, Instance.State.DELETED):
+            raise ActionDenied("The instance is deleted: it takes no more backups.")
         errors = _schedule_errors(
             spec=selectors.plan_spec(instance.plan_version),
             interval_hours=interval_hours,

@@ -24,7 +24,7 @@ from accounts.htmx import current_address, partial_template, shown_digest, uncha
 from accounts.tenancy import action_require, tenant_view
 from billing.models import Plan
 from billing.pricing import Cost
-from deployments import forms, lifecycle, metering, selectors, servers, services
+from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
@@ -735,12 +735,16 @@ def backup_schedule_update(request, instance_id: str):
     except ActionDenied as exc:
         return _refused(request, instance, exc, "backup.create", tab="backups")
     except ValidationError as exc:
+        errors = _errors(exc)
+        if by_cron and not submitted["cron"].strip():  # not a number of hours it lacks
+            errors.pop("interval_hours", None)
+            errors["cron"] = [f"Give a cron expression. {schedules.CRON_HELP}"]
         return _page(
             request,
             instance,
             tab="backups",
             status=200 if request.htmx else 400,
-            schedule_errors=_errors(exc),
+            schedule_errors=errors,
             schedule_submitted=submitted,
         )
     messages.success(request, f"The backup schedule of {instance.name} is saved.")

@@ -335,9 +335,45 @@ def test_a_bad_cron_in_the_form_is_shown_beside_the_field(owner_client, instance
 
     assert response.status_code == 400
     html = response.content.decode()
-    assert 'id="schedule-cron-error"' in html and "Not a valid cron expression" in html
+    assert 'id="schedule-cron-error"' in html
+    assert "The minute field &quot;61&quot; is not valid: use numbers from 0 to 59" in html
     assert 'value="61 * * * *"' in html  # what was typed is kept
     assert BackupSchedule.objects.get(instance=instance).cron == ""
+
+
+@pytest.mark.parametrize(
+    ("cron", "said"),
+    [
+        ("* * * * *", "At most one backup an hour"),
+        ("0,30 3 * * *", "At most one backup an hour"),
+        ("0 3 30 2 *", "This expression never falls due"),
+        ("", "Give a cron expression."),  # not "Give a whole number of hours"
+    ],
+)
+def test_a_cron_schedule_runs_at_most_hourly_and_says_what_is_wrong_beside_it(
+    owner_client, instance, cron, said
+):
+    response = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": "cron", "cron": cron, "retention_days": "7", "enabled": "on"},
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    error = html[html.index('id="schedule-cron-error"') :][:400]
+    assert said in error
+    assert 'id="schedule-interval_hours-error"' not in html
+    assert BackupSchedule.objects.get(instance=instance).cron == ""
+
+
+def test_a_deleted_instances_schedule_cannot_be_changed(owner, instance):
+    instance.state = Instance.State.DELETED
+    instance.save(update_fields=["state"])
+
+    with pytest.raises(ActionDenied, match="The instance is deleted: it takes no more backups"):
+        _update(Actor(user=owner), instance, interval_hours=1)
+
+    assert BackupSchedule.objects.get(instance=instance).interval_hours == 24
 
 
 def test_a_viewer_cannot_change_the_schedule_and_the_refusal_is_audited(
