@@ -460,10 +460,11 @@ class ObservedStatus:
 def observed_status(instance: Instance) -> ObservedStatus | None:
     """The instance's observed status, None until the status sync has seen it
     (`deployments.status`: `{"phase", "ready", "total", "primary", "conditions": [{"type",
-    "status", "message"}]}`, read at `observed_at`); a key the plan maps but the object left
-    out shows as unknown."""
+    "status", "message"}]}`, read at `observed_at`), and None once the instance is deleted
+    (what was last seen of it is not its status). A key the plan maps but the object left out
+    shows as unknown, but for the ready count: Kubernetes leaves a count of zero out."""
     observed = instance.observed or {}
-    if not observed:
+    if not observed or instance.state == Instance.State.DELETED:
         return None
     conditions = [
         Condition(str(c.get("type", "")), str(c.get("status", "")), str(c.get("message", "")))
@@ -471,9 +472,10 @@ def observed_status(instance: Instance) -> ObservedStatus | None:
         if isinstance(c, dict)
     ]
     at = instance.observed_at
+    ready = observed.get("ready", 0)
     return ObservedStatus(
         phase=str(observed.get("phase") or ""),
-        ready=observed.get("ready") if isinstance(observed.get("ready"), int) else None,
+        ready=ready if isinstance(ready, int) else None,
         total=observed.get("total") if isinstance(observed.get("total"), int) else None,
         primary=str(observed.get("primary") or ""),
         conditions=conditions,

@@ -119,6 +119,31 @@ def test_the_overview_shows_the_operators_observed_status(owner_client, instance
     assert 'datetime="2026-11-30T07:00:00+00:00"' in html
 
 
+def test_a_count_of_zero_ready_servers_kubernetes_left_out_reads_zero(owner_client, instance):
+    # A stopped instance: its status object says 0 servers and no ready count (omitted empty).
+    Instance.objects.filter(pk=instance.pk).update(
+        observed={"phase": "Cluster in healthy state", "total": 0}, observed_at=timezone.now()
+    )
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert "<dd>0 of 0</dd>" in html and "? of" not in html
+
+
+def test_a_deleted_instance_shows_no_status_from_before_it_was_deleted(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(
+        state=Instance.State.DELETED,
+        observed={"phase": "Cluster in healthy state", "ready": 5, "total": 5,
+                  "conditions": [{"type": "Ready", "status": "True", "message": "Ready"}]},
+        observed_at=timezone.now(),
+    )  # fmt: skip
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert "None: its objects are deleted." in html
+    assert "Cluster in healthy state" not in html and "5 of 5" not in html
+
+
 def test_the_overview_shows_only_what_the_plans_status_object_reports(
     owner, owner_client, tenant, local_cell
 ):
