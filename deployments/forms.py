@@ -21,6 +21,7 @@ from deployments.spec.params import ParameterErrors, format_value, number_text, 
 FIELD_PREFIX = "p-"
 OTHER_GROUP = "Other settings"
 GENERATED_HELP = "Leave empty to have one generated."
+CHANGED_HELP = "Leave empty to keep the password it has."
 
 
 def field_name(key: str) -> str:
@@ -163,7 +164,11 @@ def parameter_form_class(
         initial = parameter.default if current is None else current.get(parameter.key)
         if parameter.type == "Password":
             initial = None
-        fields[field_name(parameter.key)] = parameter_field(parameter, initial=initial)
+        field = parameter_field(parameter, initial=initial)
+        if parameter.type == "Password" and current is not None:  # a modify keeps it
+            described = parameter.description.replace(GENERATED_HELP, "").strip()
+            field.help_text = f"{described} {CHANGED_HELP}".strip()
+        fields[field_name(parameter.key)] = field
     attributes = {
         **fields,
         "parameters": list(parameters),

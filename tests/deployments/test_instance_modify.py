@@ -31,6 +31,11 @@ def test_the_dialog_lists_only_modifiable_parameters_with_current_values_and_no_
     assert 'name="p-password"' in html  # may be changed, never shown
     assert 'name="p-version"' not in html and 'name="p-owner"' not in html
     assert SECRET not in html
+    # Left empty, it is kept: not the create form's "generated" (which the dialog contradicted).
+    dialog = html[html.index('id="dialog-modify"') :]
+    dialog = dialog[: dialog.index("</dialog>")]
+    assert "Leave empty to keep the password it has." in dialog
+    assert "Leave empty to have one generated." not in dialog
 
 
 def test_a_valid_modify_queues_only_the_changed_values(owner_client, instance):
