@@ -134,6 +134,19 @@ def test_cancelling_is_refused_while_instances_run_and_says_why(
     assert Subscription.objects.get(pk=subscribed.pk).status == "active"
 
 
+@pytest.mark.parametrize(
+    ("count", "said"), [(1, "1 instance still runs"), (2, "2 instances still run")]
+)
+def test_the_cancel_section_says_how_many_instances_still_run(
+    owner_client, tenant, version, subscribed, count, said
+):
+    factories.make_instances(tenant, version, factories.cell(), count)
+
+    page = owner_client.get(_url(tenant, "")).content.decode()
+
+    assert f"{said} on this plan" in page
+
+
 def test_cancelling_without_instances_cancels(owner_client, tenant, subscribed):
     done = owner_client.post(_url(tenant, f"subscriptions/{subscribed.pk}/cancel/"), follow=True)
 
