@@ -106,6 +106,14 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
 
     phone = open_page(owner, f"/t/{tenant.slug}/billing/invoices/{draft.pk}/", "narrow")
     assert not scrolls_sideways(phone)
+    # Each line's amount and the total are in view, not beyond the edge of a box that scrolls.
+    for cell in (
+        phone.locator(".invoice-lines td.num").last,
+        phone.locator(".invoice-lines tfoot td"),
+    ):
+        box = cell.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= phone.viewport_size["width"]
+    expect(phone.locator(".invoice-lines tbody td.num").last).to_contain_text("Amount ")
     # On a phone the invoice list is one block per invoice: its total is in view, not
     # beyond the edge of a box that scrolls.
     phone = open_page(owner, f"/t/{tenant.slug}/billing/", "narrow")
