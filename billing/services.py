@@ -476,13 +476,18 @@ def _limits_problem(plan: Plan | None, priced: set[str], limits: dict) -> str | 
         isinstance(cells, list) and all(isinstance(c, str) and c for c in cells)
     ):
         return "cells must be a list of cell names, or null."
+    if cells == []:
+        return "cells must name at least one cell (no instance could be made), or be null."
     denied = limits.get("denied_verbs")
     if denied is not None:
         if not (isinstance(denied, list) and all(isinstance(v, str) and v for v in denied)):
             return "denied_verbs must be a list of verbs, or null."
-        undeniable = sorted(set(denied) & {"create", "delete"})
+        undeniable = sorted(set(denied) & {"create", *entitlements.ALWAYS_ALLOWED})
         if undeniable:
-            return f"{', '.join(undeniable)} cannot be denied: an instance must always be able to."
+            return (
+                f"{', '.join(undeniable)} cannot be denied: an organization can always make an "
+                "instance, and stop or delete what it has, suspended or not."
+            )
     return None
 
 

@@ -846,7 +846,8 @@ ENTITLEMENT_KEYS = (
 # A pseudo-verb: denying it refuses restores to a point in time, not plain restores.
 POINT_IN_TIME = "restore.pointInTime"
 # Verbs a plan cannot deny: an instance must always be creatable and deletable.
-UNDENIABLE_VERBS = ("create", "delete")
+# What an organization can always do, suspended or not (billing's ALWAYS_ALLOWED, and create).
+UNDENIABLE_VERBS = ("create", "delete", "deleteBackup", "stop")
 SUBSCRIPTION_DEFAULTS = {"autoApprove": True, "graceDays": 7, "stopAfterDays": 7}
 
 

@@ -184,7 +184,9 @@ def test_an_override_moved_onto_anothers_moment_is_refused_beside_the_field(
         ('{"max_per_instance": {"cpu": -1}}', "max_per_instance.cpu must be a number of at least"),
         ('{"max_backup_retention_days": -3}', "max_backup_retention_days must be a whole number"),
         ('{"denied_verbs": ["delete"]}', "delete cannot be denied"),
+        ('{"denied_verbs": ["modify", "stop", "deleteBackup"]}', "deleteBackup, stop cannot be"),
         ('{"cells": "eu"}', "cells must be a list of cell names"),
+        ('{"cells": []}', "cells must name at least one cell"),
     ],
 )
 def test_an_override_with_limits_billing_cannot_hold_is_refused_beside_the_field(
