@@ -42,6 +42,22 @@ def test_a_queued_operation_is_cancelled_from_the_operations_tab(owner_client, o
     assert f"operations/{restart.pk}/cancel/" not in html
 
 
+def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
+    owner_client, owner, instance
+):
+    queued = _queue(owner, instance)
+    running = _queue(owner, instance, verb="backup")
+    Operation.objects.filter(pk=running.pk).update(state=Operation.State.RUNNING)
+
+    tab = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+
+    backup = tab[tab.index(f'id="operation-{running.pk}"') :]
+    assert 'hx-confirm="Cancel this backup? It stops at its next step;' in backup[:3000]
+    assert "the instance may be left Failed until you retry it." in backup[:3000]
+    restart = tab[tab.index(f'id="operation-{queued.pk}"') :]
+    assert "hx-confirm" not in restart[: restart.index("</form>")]  # nothing ran yet
+
+
 def test_a_repeated_cancel_request_returns_the_same_and_audits_once(owner_client, owner, instance):
     restart = _queue(owner, instance)
 
