@@ -667,12 +667,13 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
             .select_for_update(of=("self",))
             .get(pk=instance.pk)
         )
-        preview = selectors.upgrade_preview(instance, instance_parameters(instance))
-        if preview is None:
-            raise ActionDenied("The instance runs its plan's newest version already.")
+        # Its state first: a deleted instance is not "on the newest version already".
         reason = selectors.lifecycle_refusal(instance, "upgrade")
         if reason:
             raise ActionDenied(reason)
+        preview = selectors.upgrade_preview(instance, instance_parameters(instance))
+        if preview is None:
+            raise ActionDenied("The instance runs its plan's newest version already.")
         _entitled_to_upgrade(instance, preview.target)
         if preview.problems:
             raise ValidationError(list(preview.problems.values()))
@@ -889,6 +890,8 @@ def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:
         deleting = instance.operations.filter(
             verb="delete", state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
         ).exists()
+        if instance.state == Instance.State.DELETED:
+            raise ActionDenied("The instance is deleted.")
         if deleting or instance.state not in lifecycle.PROTECTABLE:
             raise ActionDenied("The instance is being deleted: protecting it is too late.")
         if instance.deletion_protected != on:

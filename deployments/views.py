@@ -470,8 +470,11 @@ def _operation_said(request, operation: Operation, what: str) -> None:
         messages.success(request, format_html('{} is <a href="{}">queued</a>.', what, url))
     elif state == Operation.State.RUNNING:
         messages.info(request, format_html('{} is <a href="{}">running</a>.', what, url))
-    else:
+    elif operation.request_id == request.POST.get("request_id"):
         said = 'This form was sent before: {} <a href="{}">{}</a>.'
+        messages.info(request, format_html(said, what, url, state.label.lower()))
+    else:  # another request's (a delete asked for again once done)
+        said = '{} <a href="{}">{}</a> already.'
         messages.info(request, format_html(said, what, url, state.label.lower()))
 
 

@@ -565,6 +565,23 @@ def test_delete_with_the_name_queues_the_deletion(owner_client, instance):
     assert Operation.objects.get(verb="delete").instance == instance
 
 
+def test_deleting_again_from_a_new_form_says_it_is_deleted_already(owner_client, instance):
+    owner_client.post(
+        _url(instance, "delete/"), {"request_id": "del-1", "confirm_name": "orders"}, follow=True
+    )
+    Operation.objects.filter(verb="delete").update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+
+    again = owner_client.post(
+        _url(instance, "delete/"), {"request_id": "del-2", "confirm_name": "orders"}, follow=True
+    )  # another tab's form
+
+    page = again.content.decode()
+    assert "Deletion of orders <a href=" in page and ">succeeded</a> already." in page
+    assert "This form was sent before" not in page
+    assert Operation.objects.filter(verb="delete").count() == 1
+
+
 def test_restore_makes_a_new_instance_from_the_backup(owner_client, instance):
     snapshot = instance.snapshots.get()
 

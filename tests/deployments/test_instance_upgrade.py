@@ -217,6 +217,18 @@ def test_an_upgrade_is_refused_while_the_state_forbids_it(running, owner):
         _upgrade(owner, running)
 
 
+def test_a_deleted_instance_is_refused_an_upgrade_and_protection_for_being_deleted(running, owner):
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.DELETED)
+
+    with pytest.raises(ActionDenied) as upgrade:
+        _upgrade(owner, running)  # no newer version either: its state is the reason
+    with pytest.raises(ActionDenied) as protect:
+        services.instance_protect(actor=Actor(user=owner), instance=running, on=True)
+
+    assert "deleted" in upgrade.value.reason and "newest version" not in upgrade.value.reason
+    assert protect.value.reason == "The instance is deleted."
+
+
 def test_an_upgrade_is_refused_when_the_new_version_refuses_the_instances_values(running, owner):
     text = SPEC.read_text().replace('options: ["16", "17", "18"]', 'options: ["18"]')
     text = text.replace('defaultValue: "17"', 'defaultValue: "18"')
