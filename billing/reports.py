@@ -122,20 +122,26 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
 def daily_chart(days: list[date], spent: dict[str, dict[date, Decimal]], currency: str) -> dict:
     """A stacked bar chart of cost per day and dimension, as `includes/chart.html` draws it:
     JSON-ready (amounts as numbers rounded to the minor unit)."""
-    series = [
-        {
-            "label": DIMENSION_LABELS.get(dimension, dimension),
-            "values": [float(rounded(by_day.get(day, Decimal(0)), currency)) for day in days],
-        }
+    amounts = {
+        dimension: [rounded(by_day.get(day, Decimal(0)), currency) for day in days]
         for dimension, by_day in sorted(spent.items())
-    ]
+    }
     labels = [day.strftime("%d %b") for day in days]
     return {
         "kind": "bar",
         "stacked": True,
         "labels": labels,
-        "series": series,
+        "series": [
+            {
+                "label": DIMENSION_LABELS.get(dimension, dimension),
+                "values": [float(a) for a in each],
+            }
+            for dimension, each in amounts.items()
+        ],
         "unit": currency.upper(),
-        # The same figures as table rows, for reading without JavaScript.
-        "rows": [[label, [s["values"][n] for s in series]] for n, label in enumerate(labels)],
+        # The same figures as table rows, for reading without JavaScript: as amounts are written
+        # (0.00, not the chart's 0.0).
+        "rows": [
+            [label, [str(each[n]) for each in amounts.values()]] for n, label in enumerate(labels)
+        ],
     }
