@@ -30,7 +30,12 @@ def overview(request):
         "invoices": list(selectors.invoices_of(request.tenant)[:24]),
         "stripe_checkout": gateway() is not None,
         "checkout": _checkout_said(request.GET.get("checkout", ""), rows),
-        "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists(),
+        # Stripe keeps payment details once a subscription was paid for (a checkout page left
+        # unpaid leaves a customer with nothing to manage).
+        "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists()
+        and Subscription.objects.filter(tenant=request.tenant)
+        .exclude(stripe_subscription_id="")
+        .exists(),
     }
     return render(request, "billing/overview.html", context)
 

@@ -161,7 +161,10 @@ def test_without_the_plan_in_stripes_catalog_the_page_says_paying_is_unavailable
 def test_manage_payment_method_opens_stripes_portal(
     client, owner_client, tenant, catalog, emulator
 ):
-    _checkout_paid(owner_client, tenant, catalog, emulator)
+    _subscribe(owner_client, tenant, catalog)  # a checkout page opened, not paid yet
+    unpaid = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert "Manage payment method" not in unpaid  # Stripe holds nothing to manage
+    _active(client, owner_client, tenant, catalog, emulator)
 
     page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
     response = owner_client.post(f"/t/{tenant.slug}/billing/payment/")
