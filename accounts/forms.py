@@ -10,8 +10,8 @@ class SignupForm(forms.Form):
         label="Organization name",
         max_length=100,
         required=False,
-        help_text="Your first organization; you can create more later. Joining one you were "
-        "invited to? Leave this blank.",
+        help_text="Your first organization; you can create more later. Signing up from an "
+        "invitation's link? Leave this blank: you join that organization.",
     )
 
     def signup(self, request, user) -> None:
