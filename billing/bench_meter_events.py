@@ -112,7 +112,7 @@ def _opsdeck(count: int) -> tuple[float, float, list[dict]]:
 
     from accounts.models import Tenant
     from billing import meter_events, stripe_sync, usage
-    from billing.models import MeterEvent, Plan, Price
+    from billing.models import MeterEvent, Plan, Price, Subscription
     from billing.stripe_gateway import gateway
 
     gw = gateway()
@@ -124,6 +124,11 @@ def _opsdeck(count: int) -> tuple[float, float, list[dict]]:
     customer = stripe_sync.customer_ensure(gw, tenant)
     customer.created_at = timezone.now() - timedelta(days=30)
     customer.save(update_fields=["created_at"])
+    # As the checkout webhook leaves it: usage goes to Stripe only where a subscription bills it.
+    Subscription.objects.create(
+        tenant=tenant, plan=plan, status=Subscription.Status.ACTIVE,
+        stripe_customer_id=customer.customer_id, stripe_subscription_id="sub_bench",
+    )  # fmt: skip
     last = usage.hour_start(timezone.now()) - timedelta(hours=1)
     for back in range(count // INSTANCES):
         usage.record(

@@ -34,12 +34,12 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q, QuerySet, Value
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
 from accounts.audit import Actor, audit_record
-from billing.models import MeterEvent, StripeMeter, UsageRecord
+from billing.models import MeterEvent, StripeMeter, Subscription, UsageRecord
 from billing.stripe_gateway import StripeGateway, StripeRefused, StripeRetryable, gateway
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,16 @@ def value_for(quantity: Decimal) -> str:
 
 def enqueue() -> int:
     """Add an outbox row for each usage record not yet in it whose tenant has a Stripe customer
-    (from the customer's first hour on) and whose plan has a meter for its dimension (the
-    record goes to that meter); how many were added. Nothing while Stripe is not configured.
-    Safe to run concurrently (ON CONFLICT DO NOTHING).
+    (from the customer's first hour on) and a Stripe subscription to its plan that bills its
+    hour, and whose plan has a meter for its dimension (the record goes to that meter); how
+    many were added. Nothing while Stripe is not configured. Safe to run concurrently (ON
+    CONFLICT DO NOTHING).
+
+    A record no Stripe subscription bills stays local, on the period's Opsdeck invoice: sent to
+    the meter, no invoice would hold it (an instance still running after Stripe ended its
+    subscription, say). A subscription bills the hours before it was cancelled while it is
+    open, and none after (one cancelled at the period's end bills until then, but instances
+    are gone before a cancel is accepted).
     """
     if not settings.STRIPE_API_KEY:
         return 0
@@ -90,9 +97,15 @@ def enqueue() -> int:
     metered = Q()
     for plan_id, dimension in meters:
         metered |= Q(plan_id=plan_id, dimension=dimension)
+    billed = (
+        Subscription.objects.filter(tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"))
+        .exclude(stripe_subscription_id="")
+        .filter(~Q(status=Subscription.Status.CANCELLED) | Q(cancelled_at__gt=OuterRef("hour")))
+    )
     records = (
         UsageRecord.objects.filter(
             metered,
+            Exists(billed),
             meter_event__isnull=True,
             tenant__stripe_customer__isnull=False,
             hour__gte=TruncHour(F("tenant__stripe_customer__created_at")),

@@ -13,7 +13,7 @@ from django.utils import timezone
 from accounts.models import AuditEvent
 from billing import meter_events, stripe_sync
 from billing.meter_events import flush
-from billing.models import MeterEvent, UsageRecord
+from billing.models import MeterEvent, Subscription, UsageRecord
 from billing.stripe_gateway import StripeGateway
 from tests.billing.conftest import API_KEY
 from tests.concurrency import race
@@ -31,8 +31,14 @@ def catalog(gw, priced_plan):
 
 
 @pytest.fixture
-def stripe_ready(catalog, customer):
-    """The catalog synced and the tenant a Stripe customer."""
+def stripe_ready(catalog, customer, tenant, priced_plan):
+    """The catalog synced, the tenant a Stripe customer subscribed to the plan through Stripe
+    (its subscription as the webhook leaves ours: Stripe's own is not needed here)."""
+    Subscription.objects.update_or_create(
+        tenant=tenant, plan=priced_plan,
+        defaults={"status": Subscription.Status.ACTIVE, "stripe_subscription_id": "sub_outbox",
+                  "stripe_customer_id": customer.customer_id},
+    )  # fmt: skip
     return customer
 
 
@@ -110,6 +116,27 @@ def test_usage_of_tenants_without_a_customer_or_of_unmetered_dimensions_stays_lo
     # Only the hours from the customer's on, and only dimensions with a meter.
     assert meter_events.enqueue() == 0
     assert MeterEvent.objects.count() == 0
+
+
+def test_usage_no_stripe_subscription_bills_stays_local(
+    stripe_ready, emulator, record_usage, tenant, priced_plan
+):
+    """Stripe ended the subscription three hours ago (an unpaid invoice, a deletion in its
+    dashboard): an instance still running since is billed on Opsdeck's invoice, not sent to a
+    meter no subscription of the customer reads."""
+    Subscription.objects.filter(tenant=tenant).update(
+        status=Subscription.Status.CANCELLED, cancelled_at=_hours_ago(3)
+    )
+    record_usage(_hours_ago(5), ("inst-before", "cpu", "1"))
+    record_usage(_hours_ago(2), ("inst-after", "cpu", "1"))
+    record_usage(_hours_ago(1), ("inst-after", "cpu", "1"))
+
+    assert meter_events.enqueue() == 1
+    assert list(_rows()) == ["inst-before"]
+    flush()
+    assert [identifier for identifier, _ in _stripe_events(emulator)] == [
+        meter_events.identifier_for(UsageRecord.objects.get(instance_id="inst-before").pk)
+    ]
 
 
 def test_stripe_errors_are_retried_later_with_the_same_identifier(
