@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from celery.schedules import crontab, crontab_parser
+from celery.schedules import ParseException, crontab, crontab_parser
 
 DEFAULT_PERIOD_HOURS = 24  # a plan whose spec says nothing about backups
 DEFAULT_RETENTION_DAYS = 30
@@ -53,8 +53,8 @@ def cron_parse(expression: str) -> crontab:
         raise ValueError(f"Give five fields, not {len(fields)}. {CRON_HELP}")
     for (name, low, high), field in zip(_CRON_FIELDS, fields, strict=True):
         try:
-            crontab_parser(high + 1, low).parse(field)
-        except (ValueError, TypeError, KeyError, IndexError):
+            crontab_parser(high - low + 1, low).parse(field)  # as crontab reads the field
+        except (ParseException, ValueError, TypeError, KeyError, IndexError):
             raise ValueError(
                 f'The {name} field "{field}" is not valid: use numbers from {low} to {high}, '
                 f"*, a range (1-5), a list (1,15) or a step (*/2). {CRON_HELP}"
@@ -68,7 +68,7 @@ def cron_parse(expression: str) -> crontab:
             month_of_year=month,
             day_of_week=day_of_week,
         )
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ParseException, ValueError, TypeError, KeyError, IndexError):
         raise ValueError(
             "This expression never falls due: no month has the day it names."
         ) from None
@@ -86,11 +86,13 @@ def slot_after(*, after: datetime, interval_hours: int | None, cron: str) -> dat
 def slot_next(*, slot: datetime, now: datetime, interval_hours: int | None, cron: str) -> datetime:
     """The slot after `slot` that is still to come at `now`: slots missed while nothing ran
     (beat down, the schedule claimed late) are not made up."""
-    following = slot_after(after=slot, interval_hours=interval_hours, cron=cron)
+    # At most one slot an hour, whatever a cron stored before that was refused says.
+    since = slot + timedelta(hours=1) - timedelta(seconds=1) if cron else slot
+    following = slot_after(after=since, interval_hours=interval_hours, cron=cron)
     if following > now:
         return following
     if cron:
-        return slot_after(after=now, interval_hours=None, cron=cron)
+        return slot_after(after=max(now, since), interval_hours=None, cron=cron)
     step = timedelta(hours=interval_hours or DEFAULT_PERIOD_HOURS)
     missed = (now - following) // step + 1
     return following + missed * step

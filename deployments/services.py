@@ -1257,6 +1257,8 @@ def backup_schedule_update(
     cron = cron.strip() if isinstance(cron, str) else cron
     with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="backup.create")
+        # Locked, as a delete locks it: one committing meanwhile is seen.
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
         if instance.state in (Instance.State.DELETING, Instance.State.DELETED):
             raise ActionDenied("The instance is deleted: it takes no more backups.")
         errors = _schedule_errors(

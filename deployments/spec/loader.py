@@ -846,8 +846,11 @@ ENTITLEMENT_KEYS = (
 # A pseudo-verb: denying it refuses restores to a point in time, not plain restores.
 POINT_IN_TIME = "restore.pointInTime"
 # Verbs a plan cannot deny: an instance must always be creatable and deletable.
-# What an organization can always do, suspended or not (billing's ALWAYS_ALLOWED, and create).
-UNDENIABLE_VERBS = ("create", "delete", "deleteBackup", "stop")
+UNDENIABLE_VERBS = ("create", "delete")
+# What an organization can always do, suspended or not (billing's ALWAYS_ALLOWED): denying one
+# does nothing. A warning, left out of the plan's limits, not an error: versions stored before
+# say so and must still load.
+ALWAYS_ALLOWED_VERBS = ("deleteBackup", "stop")
 SUBSCRIPTION_DEFAULTS = {"autoApprove": True, "graceDays": 7, "stopAfterDays": 7}
 
 
@@ -914,6 +917,10 @@ def _entitlements(
         where = f"{path}.deniedVerbs[{i}]"
         if verb in UNDENIABLE_VERBS:
             report.error(where, f'"{verb}" cannot be denied')
+        elif verb in ALWAYS_ALLOWED_VERBS:
+            report.warn(
+                where, f'"{verb}" is always allowed (a suspended organization too); left out'
+            )
         elif verb == POINT_IN_TIME:
             if "restore" not in main.verbs:
                 report.error(where, f'"{verb}" needs the restore verb, which the plan lacks')
@@ -922,6 +929,7 @@ def _entitlements(
                 where,
                 f'unknown verb "{verb}"; expected one of the plan\'s verbs or {POINT_IN_TIME}',
             )
+    denied = [verb for verb in denied if verb not in ALWAYS_ALLOWED_VERBS]
     if denied:
         result["denied_verbs"] = [str(verb) for verb in denied]
     most = _int(raw, "maxBackupRetentionDays", path, report)

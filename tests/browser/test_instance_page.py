@@ -200,7 +200,7 @@ def test_the_backup_schedule_is_changed_from_the_backups_tab(open_page, owner, i
     page.get_by_label("Cron expression (UTC)").fill("0 25 * * *")
     page.get_by_role("button", name="Save schedule").click()
 
-    expect(page.locator("#schedule-cron-error")).to_contain_text("Not a valid cron expression")
+    expect(page.locator("#schedule-cron-error")).to_contain_text('The hour field "25" is not valid')
     shot(page, "backup-schedule-error")
     page.get_by_label("Cron expression (UTC)").fill("0 3 * * *")
     page.get_by_role("button", name="Save schedule").click()

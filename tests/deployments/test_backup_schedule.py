@@ -84,6 +84,26 @@ def test_a_cron_schedule_falls_due_at_its_next_time():
     )
 
 
+def test_a_cron_stored_before_it_was_refused_still_falls_due_at_most_hourly():
+    slot = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
+
+    following = schedules.slot_next(slot=slot, now=slot, interval_hours=None, cron="* * * * *")
+
+    assert following == datetime(2026, 12, 1, 4, 0, tzinfo=UTC)  # not 03:01
+    daily = schedules.slot_next(slot=slot, now=slot, interval_hours=None, cron="0 3 * * *")
+    assert daily == datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("cron", "field"),
+    [("-1 3 * * *", "minute"), ("0 3 , * *", "day-of-month"), ("0 0 1 13 *", "month"),
+     ("0 0 32 * *", "day-of-month")],
+)  # fmt: skip
+def test_a_cron_field_out_of_its_range_is_named(cron, field):
+    with pytest.raises(ValueError, match=f'The {field} field "'):
+        schedules.cron_check(cron)
+
+
 def test_a_new_instance_gets_the_plans_default_schedule(instance):
     schedule = instance.backup_schedule
 

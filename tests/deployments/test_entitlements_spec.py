@@ -59,15 +59,22 @@ def test_dimensions_must_be_usage_dimensions_and_numbers_at_least_0():
     ]
 
 
-def test_denied_verbs_must_be_verbs_of_the_plan_and_never_one_always_allowed():
-    errors = _errors("  entitlements: {deniedVerbs: [failover, delete, teleport, stop]}")
+def test_denied_verbs_must_be_verbs_of_the_plan_and_never_create_or_delete():
+    errors = _errors("  entitlements: {deniedVerbs: [failover, delete, teleport]}")
 
     assert errors == [
         'x-opsdeck.entitlements.deniedVerbs[1]: "delete" cannot be denied',
         'x-opsdeck.entitlements.deniedVerbs[2]: unknown verb "teleport"; expected one of the '
         "plan's verbs or restore.pointInTime",
-        'x-opsdeck.entitlements.deniedVerbs[3]: "stop" cannot be denied',
     ]
+
+
+def test_a_verb_always_allowed_denied_is_left_out_with_a_warning_and_the_spec_still_loads():
+    # Versions stored before this was refused are read again on every use: they must load.
+    spec = load_spec(_with("  entitlements: {deniedVerbs: [failover, stop, deleteBackup]}"))
+
+    assert spec.entitlements == {"denied_verbs": ["failover"]}
+    assert 'x-opsdeck.entitlements.deniedVerbs[1]: "stop" is always allowed' in spec.warnings[-2]
     spec = load_spec(_with("  entitlements: {deniedVerbs: [restore.pointInTime]}"))
     assert spec.entitlements == {"denied_verbs": ["restore.pointInTime"]}
 
