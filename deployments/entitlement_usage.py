@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db.models import Exists, OuterRef, Q
 
 from accounts.errors import ActionDenied
 from accounts.models import Tenant
@@ -18,32 +19,60 @@ from billing import entitlements
 from billing.models import Plan
 from deployments import lifecycle, metering, selectors
 from deployments.models import Instance, Operation, PlanVersion
-from deployments.parameters import values_after
-from deployments.spec.model import Verb
+from deployments.parameters import values_after, values_for_version
+from deployments.spec.model import PlanSpec, Verb
+
+_LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
 
 
 def usage_on_plan(
     tenant: Tenant, plan: Plan, *, dimensions: bool, pending: bool = False
 ) -> entitlements.Usage:
     """The tenant's instances on `plan` that are not deleted, and with `dimensions`, their
-    summed quantities per usage dimension (one query). With `pending` (what a check counts),
-    each instance counts at the most it holds now or will hold while the operations queued on
-    it run (one query more): a change queued but not yet run is not room for another."""
-    instances = Instance.objects.for_tenant(tenant).active().filter(plan_version__plan=plan)
+    summed quantities per usage dimension. With `pending` (what a check counts), the
+    operations queued on them count too (`_usage`)."""
+    return _usage(tenant, plan, dimensions=dimensions, pending=pending)[0]
+
+
+def _usage(
+    tenant: Tenant, plan: Plan, *, dimensions: bool, pending: bool
+) -> tuple[entitlements.Usage, dict[str, dict[str, Decimal]]]:
+    """`usage_on_plan`, and what each instance counts for in its totals.
+
+    With `pending`, a change queued but not yet run is not room for another: each instance
+    counts at the most it holds now or will hold while its queued and running operations run,
+    and an instance moving onto the plan (an upgrade to one of its versions, queued) counts on
+    it already. The operations are read before the instances: one finishing between the two
+    reads is then counted at its values twice (the most of the two is the same), never missed.
+    """
+    on_plan = Q(plan_version__plan=plan)
+    if pending:
+        moving = Operation.objects.filter(
+            instance=OuterRef("pk"), state__in=_LIVE, plan_version__plan=plan
+        )
+        on_plan |= Q(Exists(moving))
+    instances = Instance.objects.for_tenant(tenant).active().filter(on_plan)
     if not dimensions:
-        return entitlements.Usage(instances=instances.count())
-    rows = list(instances.values_list("pk", "plan_version_id", "parameters"))
+        return entitlements.Usage(instances=instances.count()), {}
     queued = _pending_operations(instances, plan) if pending else {}
+    rows = list(
+        instances.values_list("pk", "plan_version_id", "plan_version__plan_id", "parameters")
+    )
+    counted: dict[str, dict[str, Decimal]] = {}
     totals: dict[str, Decimal] = {}
-    for pk, version_id, values in rows:
-        most = _measured(version_id, values)
-        for op, verb in queued.get(pk, []):
+    for pk, version_id, plan_id, values in rows:
+        # An instance still on another plan counts here from its move on.
+        most = _measured(version_id, values) if plan_id == plan.pk else {}
+        for op, verb, spec in queued.get(pk, []):
             values = values_after(op, verb, values, passwords=False) or values
+            if op.verb == "upgrade":  # the version it applies takes the values so
+                values = values_for_version(spec.main.parameters, values)
             for dimension, quantity in _measured(op.plan_version_id, values).items():
                 most[dimension] = max(most.get(dimension, quantity), quantity)
+        counted[pk] = most
         for dimension, quantity in most.items():
             totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
-    return entitlements.Usage(instances=len(rows), totals=totals)
+    return entitlements.Usage(instances=len(rows), totals=totals), counted
 
 
 def _measured(version_id: int, values: dict) -> dict[str, Decimal]:
@@ -53,24 +82,20 @@ def _measured(version_id: int, values: dict) -> dict[str, Decimal]:
         return {}  # values that cannot be measured cannot hold the tenant back either
 
 
-def _pending_operations(instances, plan: Plan) -> dict[str, list[tuple[Operation, Verb]]]:
-    """Per instance, its queued and running operations on `plan` with their verbs, oldest
-    first (none of what they hold encrypted is read: nothing measures a password)."""
-    queued: dict[str, list[tuple[Operation, Verb]]] = {}
+def _pending_operations(instances, plan: Plan) -> dict[str, list[tuple[Operation, Verb, PlanSpec]]]:
+    """Per instance, its queued and running operations on `plan` with their verbs and specs,
+    oldest first (none of what they hold encrypted is read: nothing measures a password)."""
+    queued: dict[str, list[tuple[Operation, Verb, PlanSpec]]] = {}
     pending = (
-        Operation.objects.filter(
-            instance__in=instances,
-            state__in=[Operation.State.QUEUED, Operation.State.RUNNING],
-            plan_version__plan=plan,
-        )
+        Operation.objects.filter(instance__in=instances, state__in=_LIVE, plan_version__plan=plan)
         .only("instance_id", "plan_version_id", "verb", "requested", "arguments")
         .order_by("created_at")
     )
     for op in pending:
-        verbs = selectors.plan_version_loaded(op.plan_version_id).spec.main.verbs
-        verb = verbs.get(lifecycle.workflow_verb(op.verb))
+        spec = selectors.plan_version_loaded(op.plan_version_id).spec
+        verb = spec.main.verbs.get(lifecycle.workflow_verb(op.verb))
         if verb is not None:
-            queued.setdefault(op.instance_id, []).append((op, verb))
+            queued.setdefault(op.instance_id, []).append((op, verb, spec))
     return queued
 
 
@@ -90,6 +115,7 @@ def entitlement_require(
     after: dict[str, Any] | None = None,
     before: dict[str, Any] | None = None,
     before_version: PlanVersion | None = None,
+    instance_id: str | None = None,
     cell: str | None = None,
     retention_days: int | None = None,
     point_in_time: bool = False,
@@ -97,15 +123,24 @@ def entitlement_require(
     """Ask billing whether `tenant` may do `action` on `plan`; ActionDenied with its reason
     when not. `after` and `before`: the instance's parameter values after and before the
     change (`before` None for a new instance), read on `version` (`before` on `before_version`
-    when given: an upgrade measures the values before it by the rules of the version left)."""
+    when given: an upgrade measures the values before it by the rules of the version left).
+    With `instance_id` (a change of an instance on the plan), what the change adds to the
+    totals is how far it goes beyond the most the instance counts for already (its queued
+    changes included): a change back down from a queued peak adds nothing."""
     limits = entitlements.limits_for(tenant, plan)
     sized = bool(limits.max_total or limits.max_per_instance) and after is not None
-    usage = usage_on_plan(tenant, plan, dimensions=sized and bool(limits.max_total), pending=True)
+    usage, counted = _usage(tenant, plan, dimensions=sized and bool(limits.max_total), pending=True)
     quantities = delta = None
     if sized:
         quantities = _quantities(version, after)
-        was = _quantities(before_version or version, before) if before is not None else {}
-        delta = {dim: q - was.get(dim, Decimal(0)) for dim, q in quantities.items()}
+        if instance_id is not None and instance_id in counted:
+            most = counted[instance_id]
+            delta = {
+                dim: max(q - most.get(dim, Decimal(0)), Decimal(0)) for dim, q in quantities.items()
+            }
+        else:
+            was = _quantities(before_version or version, before) if before is not None else {}
+            delta = {dim: q - was.get(dim, Decimal(0)) for dim, q in quantities.items()}
     decision = entitlements.check(
         tenant=tenant,
         plan=plan,

@@ -560,6 +560,7 @@ def _entitled_to_modify(instance: Instance, requested: dict) -> None:
         version=instance.plan_version,
         before=projected,
         after={**projected, **requested},
+        instance_id=instance.pk,
     )
 
 

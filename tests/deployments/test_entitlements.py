@@ -210,6 +210,40 @@ def test_a_change_queued_but_not_run_yet_counts_against_the_total(
     _act(owner, b, "modify", storageGi=25)  # exactly 50 once a's change has run
 
 
+def test_a_change_below_a_queued_peak_adds_nothing_to_the_total(
+    local, hobby, subscribed, tenant, owner
+):
+    a = _running(owner, tenant, hobby, name="a", storageGi=20)  # 20 GiB x 1 server
+    _running(owner, tenant, hobby, name="b", storageGi=10)
+    _act(owner, a, "modify", instances=2)  # queued: 40 GiB while it runs, 50 in all
+    _act(owner, a, "modify", instances=1)  # queued after it: back to 20
+
+    # 25 GiB on one server, once both have run: a never holds more than the 40 counted.
+    assert _act(owner, a, "modify", storageGi=25)
+    with pytest.raises(ActionDenied, match="this would make 62 GiB of storage"):
+        _act(owner, a, "modify", instances=2, storageGi=26)  # 52: 12 beyond the 40 counted
+
+
+def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
+    local, hobby, subscribed, tenant, owner
+):
+    other = services.plan_load(
+        text=_hobby_text()
+        .replace("plan: pg-hobby", "plan: pg-other")
+        .replace("name: Hobby\n", "name: Other\n", 1)
+    ).plan
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=other)
+    moving = _running(owner, tenant, other, name="moving", storageGi=30)
+    Operation.objects.create(
+        instance=moving, verb="upgrade", state=Operation.State.QUEUED, request_id="move",
+        plan_version=hobby.versions.get(),
+    )  # fmt: skip
+
+    with pytest.raises(ActionDenied, match="this would make 51 GiB of storage"):
+        _create(owner, tenant, hobby, name="c", storageGi=21)
+    _create(owner, tenant, hobby, name="c", storageGi=20)  # 50 with the one moving
+
+
 def test_a_cell_outside_the_plan_is_refused(hobby, subscribed, tenant, owner):
     Cell.objects.create(name="local", region="eu-local", is_default=True)
     elsewhere = Cell.objects.create(name="us-1", region="us-east")
