@@ -308,13 +308,21 @@ def subscription_suspend(
 
 
 def subscription_reactivate(*, actor: Actor, subscription: Subscription) -> Subscription:
-    """Back to active: nothing restarts by itself, but starting instances is allowed again."""
+    """Back to active: nothing restarts by itself, but starting instances is allowed again.
+    A suspension by staff is theirs to lift: the system (Stripe reporting the subscription
+    paid) is refused, judged under the row's lock."""
+
+    def not_held(subscription: Subscription) -> None:
+        if subscription.suspended_by_staff and not actor.staff:
+            raise ActionDenied("The platform team suspended it; only they can reactivate it.")
+
     return _transition(
         actor=actor,
         subscription=subscription,
         transition="reactivate",
         to=Status.ACTIVE,
         stamp={"suspended_at": None, "past_due_since": None, "suspended_by_staff": False},
+        check=not_held,
     )
 
 

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor, audit_record
+from accounts.errors import ActionDenied
 from accounts.models import Tenant
 from billing.meter_events import MICRO
 from billing.models import (
@@ -31,7 +32,7 @@ from billing.models import (
     Subscription,
 )
 from billing.pricing import minor_unit, unit_price_per_hour
-from billing.stripe_gateway import StripeFailure, StripeGateway, gateway
+from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
 
 STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
 log = logging.getLogger(__name__)
@@ -432,9 +433,9 @@ def subscription_resume(
         if ours.status != Subscription.Status.PENDING or ours.stripe_subscription_id:
             return ours
         earlier = _cancelled_last(ours.tenant_id, ours.plan_id, lock=True)
-        if earlier is None:
+        held = _stripe_held(gw, earlier) if earlier is not None else None
+        if held is None:
             return None
-        held = gw.subscription(earlier.stripe_subscription_id)
         _owing_refuse(held, ours.plan)
         if SUBSCRIPTION_STATUSES.get(held.status) != Subscription.Status.ACTIVE:
             return None  # ended in Stripe: a new one starts on Checkout
@@ -479,8 +480,20 @@ def subscribe_check(gw: StripeGateway, tenant: Tenant, plan: Plan) -> None:
     """Before a new subscription to `plan` is made: a ValidationError while the tenant's
     cancelled one still owes Stripe an invoice (paid, that one goes on instead)."""
     earlier = _cancelled_last(tenant.pk, plan.pk)
-    if earlier is not None:
-        _owing_refuse(gw.subscription(earlier.stripe_subscription_id), plan)
+    held = _stripe_held(gw, earlier) if earlier is not None else None
+    if held is not None:
+        _owing_refuse(held, plan)
+
+
+def _stripe_held(gw: StripeGateway, subscription: Subscription) -> Any | None:
+    """The Stripe subscription ours holds, None when Stripe no longer has it (it owes nothing
+    and bills nothing: another Stripe account's, or one deleted with its customer)."""
+    try:
+        return gw.subscription(subscription.stripe_subscription_id)
+    except StripeRefused as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def _ours(stripe_subscription: Any) -> Subscription | None:
@@ -566,9 +579,6 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         # Stripe ended it: ours ends too (instances keep running; new ones are refused).
         return services.subscription_cancel(actor=SYSTEM, subscription=ours)
     move = _MOVES.get((ours.status, wanted))
-    if move == "reactivate" and ours.suspended_by_staff:  # until staff reactivate it
-        log.info("subscription %s: suspended by staff, kept so", ours.pk)
-        return ours
     if move is None:
         log.warning("stripe subscription %s: no move from %s to %s", subscription.id,
                     ours.status, wanted)  # fmt: skip
@@ -577,7 +587,15 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         return services.subscription_suspend(
             actor=SYSTEM, subscription=ours, reason="paused in Stripe"
         )
-    return getattr(services, f"subscription_{move}")(actor=SYSTEM, subscription=ours)
+    try:
+        return getattr(services, f"subscription_{move}")(actor=SYSTEM, subscription=ours)
+    except ActionDenied as exc:
+        if move != "reactivate":
+            raise
+        log.info(
+            "subscription %s: kept suspended: %s", ours.pk, exc
+        )  # by staff, until they lift it
+        return ours
 
 
 # Stripe's invoice statuses in ours; an uncollectible invoice stays finalized and unpaid.

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import entitlements, stripe_sync
@@ -326,7 +327,7 @@ def test_a_staff_suspension_holds_when_stripe_next_reports_the_subscription_acti
 
     subscription.refresh_from_db()
     assert subscription.status == "suspended"
-    assert not AuditEvent.objects.filter(action="subscription.reactivate").exists()
+    assert not AuditEvent.objects.filter(action="subscription.reactivate", result="ok").exists()
 
     owner_client.post(changelist, {"action": "reactivate", "_selected_action": [subscription.pk]})
     subscription.refresh_from_db()
@@ -523,6 +524,19 @@ def test_subscribing_again_while_the_cancelled_one_owes_an_invoice_says_to_pay_i
         "cancelled"
     ]
     assert "Awaiting payment" not in page and "Not subscribed" in page
+
+
+def test_a_cancelled_subscription_stripe_no_longer_has_does_not_block_subscribing(
+    owner_client, tenant, catalog, emulator, gw, customer
+):
+    Subscription.objects.create(
+        tenant=tenant, plan=catalog, status="cancelled", cancelled_at=timezone.now(),
+        stripe_subscription_id="sub_from_another_account",
+    )  # fmt: skip
+
+    response = _subscribe(owner_client, tenant, catalog, request_id="again")
+
+    assert "/c/pay/" in response["Location"]  # off to Checkout, not "Stripe could not be reached"
 
 
 def test_a_subscribe_form_sent_again_after_its_subscription_was_cancelled_says_so(

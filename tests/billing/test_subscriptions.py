@@ -201,6 +201,46 @@ def test_cancelling_is_refused_while_instances_run(tenant, owner, plan):
     assert Subscription.objects.get().status == "active"
 
 
+def test_only_staff_lift_a_suspension_staff_made(tenant, owner, gated, make_user):
+    subscription = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=gated)
+    staff = Actor(user=make_user("staff@example.com", is_staff=True), staff=True)
+    services.subscription_approve(actor=staff, subscription=subscription)
+    services.subscription_suspend(actor=staff, subscription=subscription, reason="abuse")
+
+    with pytest.raises(ActionDenied, match="only they can reactivate it"):
+        services.subscription_reactivate(actor=SYSTEM, subscription=subscription)  # Stripe: paid
+
+    subscription.refresh_from_db()
+    assert subscription.status == "suspended"
+    services.subscription_reactivate(actor=staff, subscription=subscription)
+    subscription.refresh_from_db()
+    assert subscription.status == "active" and not subscription.suspended_by_staff
+
+
+def test_suspensions_staff_made_before_the_flag_existed_are_held_as_theirs(
+    tenant, owner, gated, make_user
+):
+    from django.apps import apps
+
+    migration = importlib.import_module(
+        "billing.migrations.0012_subscription_suspended_by_staff_fill"
+    )
+    staff = Actor(user=make_user("staff@example.com", is_staff=True), staff=True)
+    held = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=gated)
+    services.subscription_approve(actor=staff, subscription=held)
+    services.subscription_suspend(actor=staff, subscription=held)
+    overdue = Subscription.objects.create(
+        tenant=tenant, plan=Plan.objects.create(key="o", name="O", service="pg"), status="active"
+    )
+    services.subscription_suspend(actor=SYSTEM, subscription=overdue, reason="past due")
+    Subscription.objects.update(suspended_by_staff=False)  # as they were before the flag
+
+    migration.fill(apps, None)
+
+    assert Subscription.objects.get(pk=held.pk).suspended_by_staff
+    assert not Subscription.objects.get(pk=overdue.pk).suspended_by_staff
+
+
 def test_the_sweep_suspends_past_due_subscriptions_beyond_their_grace(
     tenant, owner, plan, django_capture_on_commit_callbacks
 ):
