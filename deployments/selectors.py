@@ -804,7 +804,11 @@ def upgrade_preview(
     leaves them out: it never reads a password)."""
     current = instance.plan_version
     target = target or plan_version_latest(current.plan)
-    if target is None or (target.plan_id == current.plan_id and target.number <= current.number):
+    if target is None or (
+        target.plan_id == current.plan_id
+        # Not newer, or the same text released again (a change taken back): nothing to do.
+        and (target.number <= current.number or target.digest == current.digest)
+    ):
         return None
     before = {p.key: p for p in plan_spec(current).main.parameters}
     after = {p.key: p for p in plan_spec(target).main.parameters}

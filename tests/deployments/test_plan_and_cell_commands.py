@@ -7,9 +7,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from accounts.models import Tenant
 from billing.models import Plan
 from deployments import selectors, services
-from deployments.models import Cell, PlanVersion
+from deployments.models import Cell, Instance, PlanVersion
 from tests.deployments.conftest import SPEC
 
 
@@ -55,6 +56,13 @@ def test_load_specs_going_back_to_an_earlier_text_releases_it_again(
     assert plan.name == "PostgreSQL"
     latest = selectors.plan_version_latest(plan)
     assert (latest.number, latest.spec_text) == (3, first)  # what new instances get
+    # An instance on version 1 runs that text already: no upgrade is offered to it.
+    tenant = Tenant.objects.create(name="Acme", slug="acme")
+    cell = Cell.objects.create(name="eu-1", kubeconfig="apiVersion: v1\nkind: Config")
+    on_first = Instance.objects.create(
+        tenant=tenant, name="a", plan_version=plan.versions.get(number=1), cell=cell
+    )
+    assert selectors.upgrade_preview(on_first) is None
 
 
 def test_load_specs_reports_every_error_and_loads_nothing(transactional_db, tmp_path, capsys):
