@@ -497,6 +497,10 @@ def instance_action(
         )
         if claim.earlier is not None:
             return _repeat(claim.earlier)
+        if verb == "modify":
+            # The tenant before the instance, as a change of plan locks them: the other order
+            # deadlocks with one (`_entitled_to_modify` checks the totals under this lock).
+            Tenant.objects.select_for_update().get(pk=tenant.pk)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         failed = selectors.instance_retry_source(instance)
         reason = selectors.action_refusal(
@@ -550,9 +554,8 @@ def _entitled(instance: Instance, action: str, **request: Any) -> None:
 
 def _entitled_to_modify(instance: Instance, requested: dict) -> None:
     """A modify's sizes against the plan's limits: the values once the operations queued
-    before it have run, and with its changes. The tenant is locked, as for a create, so two
-    concurrent changes cannot both pass a total."""
-    Tenant.objects.select_for_update().get(pk=instance.tenant_id)
+    before it have run, and with its changes. The caller holds the tenant's lock, as a create
+    does, so two concurrent changes cannot both pass a total."""
     projected = _projected_values(instance)
     _entitled(
         instance,
@@ -663,6 +666,9 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
         claim = _claim(tenant, request_id, "instance.upgrade", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
+        # The tenant before the instance, as a change of plan locks them (the other order
+        # deadlocks with one); `_entitled_to_upgrade` checks the totals under this lock.
+        Tenant.objects.select_for_update().get(pk=tenant.pk)
         instance = (
             Instance.objects.select_related("plan_version__plan")
             .select_for_update(of=("self",))
@@ -705,9 +711,8 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
 def _entitled_to_upgrade(instance: Instance, target: PlanVersion) -> None:
     """An upgrade's sizes against the plan's limits: the newer version may measure the same
     values differently (its usage rules), so the values it will run with are measured by its
-    rules and those before by the rules of the version left. The tenant is locked, as for a
-    modify."""
-    Tenant.objects.select_for_update().get(pk=instance.tenant_id)
+    rules and those before by the rules of the version left. The caller holds the tenant's
+    lock, as for a modify."""
     projected = _projected_values(instance)
     _entitled(
         instance,
