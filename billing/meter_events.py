@@ -57,6 +57,7 @@ OUTAGE_AFTER = 3
 # Beyond this many other uncertain rows in one customer-hour, the exact match is not searched.
 MATCH_LIMIT = 16
 MICRO = Decimal(1_000_000)
+HOUR = timedelta(hours=1)
 
 
 def identifier_for(usage_record_id: int) -> str:
@@ -81,8 +82,9 @@ def enqueue() -> int:
     A record no Stripe subscription bills stays local, on the period's Opsdeck invoice: sent to
     the meter, no invoice would hold it (an instance still running after Stripe ended its
     subscription, say). A subscription bills the hours before it was cancelled while it is
-    open, and none after (one cancelled at the period's end bills until then, but instances
-    are gone before a cancel is accepted).
+    open, and the whole hours before it was cancelled; the hour it was cancelled in and those
+    after stay local (one cancelled at the period's end bills until then, but instances are gone
+    before a cancel is accepted; one Stripe ended at once bills nothing more).
     """
     if not settings.STRIPE_API_KEY:
         return 0
@@ -100,7 +102,11 @@ def enqueue() -> int:
     billed = (
         Subscription.objects.filter(tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"))
         .exclude(stripe_subscription_id="")
-        .filter(~Q(status=Subscription.Status.CANCELLED) | Q(cancelled_at__gt=OuterRef("hour")))
+        .filter(
+            ~Q(status=Subscription.Status.CANCELLED)
+            # The whole hour before it was cancelled: the hour it ended in is metered after.
+            | Q(cancelled_at__gte=OuterRef("hour") + HOUR)
+        )
     )
     records = (
         UsageRecord.objects.filter(

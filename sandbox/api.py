@@ -183,7 +183,10 @@ class Sandbox:
                 self._tmpdir = tempfile.TemporaryDirectory(prefix="sandbox-")
             path = Path(self._tmpdir.name) / "kubeconfig"
         target = Path(path)
-        target.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+        # Whole or not at all: a reader waiting for the file never reads it half written.
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+        partial.replace(target)
         self._kubeconfig = target
         return target
 

@@ -125,10 +125,10 @@ def test_usage_no_stripe_subscription_bills_stays_local(
     dashboard): an instance still running since is billed on Opsdeck's invoice, not sent to a
     meter no subscription of the customer reads."""
     Subscription.objects.filter(tenant=tenant).update(
-        status=Subscription.Status.CANCELLED, cancelled_at=_hours_ago(3)
+        status=Subscription.Status.CANCELLED, cancelled_at=_hours_ago(3) + timedelta(minutes=40)
     )
-    record_usage(_hours_ago(5), ("inst-before", "cpu", "1"))
-    record_usage(_hours_ago(2), ("inst-after", "cpu", "1"))
+    record_usage(_hours_ago(4), ("inst-before", "cpu", "1"))
+    record_usage(_hours_ago(3), ("inst-after", "cpu", "1"))  # the hour it ended in
     record_usage(_hours_ago(1), ("inst-after", "cpu", "1"))
 
     assert meter_events.enqueue() == 1
