@@ -839,22 +839,30 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
         claim = _claim(tenant, request_id, "instance.rollback", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
+        Tenant.objects.select_for_update().get(pk=tenant.pk)  # as a modify: the totals
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         reason = selectors.lifecycle_refusal(instance, "rollback")
         if reason:
             raise ActionDenied(reason)
-        _entitled(instance, "rollback")
         failed = selectors.instance_rollback_source(instance)
         if failed is None:
+            _entitled(instance, "rollback")  # a suspended subscription says so first
             raise ActionDenied(
                 "Only an instance that a failed modify or upgrade left failed can be rolled back."
             )
+        grown = _grown(instance, failed)
+        # What it keeps of the failed change counts against the plan's totals like a modify.
+        stored = instance_parameters(instance)
+        _entitled(
+            instance, "rollback", version=instance.plan_version, before=stored,
+            after={**stored, **grown}, instance_id=instance.pk,
+        )  # fmt: skip
         operation = _operation_new(
             actor=actor,
             instance=instance,
             verb="rollback",
             request_id=request_id,
-            requested=_grown(instance, failed),
+            requested=grown,
             arguments={"rollback_of": str(failed.pk)},
         )
         claim.bind(operation)

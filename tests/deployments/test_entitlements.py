@@ -15,7 +15,7 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from billing import services as billing_services
 from billing.models import PlanOverride, Subscription
-from deployments import services
+from deployments import services, transitions
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC
@@ -242,6 +242,23 @@ def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
     with pytest.raises(ActionDenied, match="this would make 51 GiB of storage"):
         _create(owner, tenant, hobby, name="c", storageGi=21)
     _create(owner, tenant, hobby, name="c", storageGi=20)  # 50 with the one moving
+
+
+def test_a_roll_back_keeping_a_grown_volume_counts_against_the_total(
+    local, hobby, subscribed, tenant, owner
+):
+    a = _running(owner, tenant, hobby, name="a", storageGi=20)
+    failed = Operation.objects.create(
+        instance=a, verb="modify", request_id="grew", plan_version=a.plan_version,
+        state=Operation.State.FAILED, parameters={**a.parameters, "storageGi": 30},
+    )  # fmt: skip
+    transitions.instance_state_set(a, Instance.State.FAILED, operation=failed, reason="cancelled")
+    _create(owner, tenant, hobby, name="b", storageGi=30)  # a counts at its stored 20: 50 in all
+
+    # Rolling back keeps the 30 GiB volume the failed change grew (it cannot shrink): 60.
+    with pytest.raises(ActionDenied, match="this would make 60 GiB of storage"):
+        services.instance_rollback(actor=Actor(user=owner), instance=a, request_id="rb")
+    assert not a.operations.filter(verb="rollback").exists()
 
 
 def test_a_cell_outside_the_plan_is_refused(hobby, subscribed, tenant, owner):
