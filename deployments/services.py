@@ -1174,11 +1174,24 @@ def _snapshot_forget(
 ) -> Operation | None:
     """Queue the plan's deleteBackup for a snapshot whose instance still exists, else mark it
     deleted; the caller has checked who may (`reason`: why, for the audit log). None when no
-    operation was queued."""
+    operation was queued; the one queued already when a deletion of it is pending.
+
+    The instance is locked before the snapshot, as the runner finishing an operation locks
+    them (the other order deadlocked with a deleteBackup finishing)."""
+    if snapshot.instance_id is not None:
+        Instance.objects.select_for_update().filter(pk=snapshot.instance_id).first()
     snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
     if snapshot.status == Snapshot.Status.DELETED:
         return None
     instance = snapshot.instance
+    if instance is not None:
+        pending = instance.operations.filter(
+            verb="deleteBackup",
+            state__in=[Operation.State.QUEUED, Operation.State.RUNNING],
+            arguments__forget_snapshot=snapshot.pk,
+        ).first()
+        if pending is not None:
+            return pending
     spec = selectors.plan_spec(snapshot.plan_version)
     runs = (
         instance is not None

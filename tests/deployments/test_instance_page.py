@@ -852,6 +852,13 @@ def test_delete_backup_runs_the_plans_delete_backup(owner_client, instance):
     forget = Operation.objects.get(verb="deleteBackup")
     assert forget.arguments["forget_snapshot"] == snapshot.pk
 
+    # Asked for again from another tab while it is pending: that one, not a second.
+    again = owner_client.post(
+        _url(instance, f"backups/{snapshot.pk}/delete/"), {"request_id": "db-2"}, follow=True
+    )
+    assert Operation.objects.filter(verb="deleteBackup").count() == 1
+    assert ">queued</a>." in again.content.decode()
+
 
 def test_the_activity_tab_shows_the_instances_events_only(owner_client, instance, plan):
     other = _create(instance.created_by, instance.tenant, plan, name="elsewhere")
