@@ -43,6 +43,14 @@ def cron_check(expression: str) -> None:
             "At most one backup an hour: give the minute as one number (0 3 * * * is 03:00 "
             "every day)."
         )
+    day_of_month, day_of_week = expression.split()[2], expression.split()[4]
+    if day_of_month != "*" and day_of_week != "*":
+        # Cron takes either day, the schedule would take only days that are both: refused
+        # rather than read two ways.
+        raise ValueError(
+            "Give a day of the month or a day of the week, not both (0 3 1 * * is the 1st of "
+            "every month, 0 3 * * 1 every Monday)."
+        )
 
 
 def cron_parse(expression: str) -> crontab:

@@ -367,6 +367,7 @@ def test_a_bad_cron_in_the_form_is_shown_beside_the_field(owner_client, instance
         ("* * * * *", "At most one backup an hour"),
         ("0,30 3 * * *", "At most one backup an hour"),
         ("0 3 30 2 *", "This expression never falls due"),
+        ("0 0 1 1 0", "Give a day of the month or a day of the week, not both"),
         ("", "Give a cron expression."),  # not "Give a whole number of hours"
     ],
 )
