@@ -327,6 +327,32 @@ def usage_of(tenant: Tenant, plan: Plan) -> Usage | None:
     return _usage_source(tenant, plan) if _usage_source is not None else None
 
 
+@dataclass(frozen=True)
+class PlanFacts:
+    """What a plan's limits may name: its verbs (and pseudo-verbs such as
+    restore.pointInTime) and the cells instances can run on."""
+
+    verbs: frozenset[str]
+    cells: frozenset[str]
+
+
+# Where billing reads what a plan's limits may name, to check an override's: deployments
+# registers it, as the usage source. None until it has.
+_facts_source: Callable[[Plan], PlanFacts | None] | None = None
+
+
+def plan_facts_register(source: Callable[[Plan], PlanFacts | None]) -> None:
+    """Name the function that tells billing a plan's verbs and the cells there are."""
+    global _facts_source
+    _facts_source = source
+
+
+def plan_facts(plan: Plan) -> PlanFacts | None:
+    """What `plan`'s limits may name, None when no source is registered or the plan has no
+    version yet."""
+    return _facts_source(plan) if _facts_source is not None else None
+
+
 def require(**kwargs) -> None:
     """`check`, raising EntitlementDenied with the reason on a refusal."""
     check(**kwargs).require()

@@ -486,6 +486,14 @@ def _limits_problem(plan: Plan | None, priced: set[str], limits: dict) -> str | 
         return "cells must be a list of cell names, or null."
     if cells == []:
         return "cells must name at least one cell (no instance could be made), or be null."
+    facts = entitlements.plan_facts(plan) if plan is not None else None
+    if cells and facts is not None:
+        unknown = sorted(set(cells) - facts.cells)
+        if unknown:
+            return (
+                f"cells: there is no cell {', '.join(unknown)}; there are "
+                f"{', '.join(sorted(facts.cells)) or 'none'}."
+            )
     denied = limits.get("denied_verbs")
     if denied is not None:
         if not (isinstance(denied, list) and all(isinstance(v, str) and v for v in denied)):
@@ -495,6 +503,12 @@ def _limits_problem(plan: Plan | None, priced: set[str], limits: dict) -> str | 
             return (
                 f"{', '.join(undeniable)} cannot be denied: an organization can always make an "
                 "instance, and stop or delete what it has, suspended or not."
+            )
+        unknown = sorted(set(denied) - facts.verbs) if facts is not None else []
+        if unknown:
+            return (
+                f"denied_verbs: the {plan.name} plan has no verb {', '.join(unknown)}; it has "
+                f"{', '.join(sorted(facts.verbs - {'create', 'delete'}))}."
             )
     return None
 

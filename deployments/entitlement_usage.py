@@ -18,8 +18,9 @@ from accounts.models import Tenant
 from billing import entitlements
 from billing.models import Plan
 from deployments import lifecycle, metering, selectors
-from deployments.models import Instance, Operation, PlanVersion
+from deployments.models import Cell, Instance, Operation, PlanVersion
 from deployments.parameters import values_after, values_for_version
+from deployments.spec.loader import POINT_IN_TIME
 from deployments.spec.model import PlanSpec, Verb
 
 _LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
@@ -191,4 +192,17 @@ def _tenant_usage(tenant: Tenant, plan: Plan) -> entitlements.Usage:
     return usage_on_plan(tenant, plan, dimensions=True)
 
 
+def _plan_facts(plan: Plan) -> entitlements.PlanFacts | None:
+    latest = PlanVersion.objects.filter(plan=plan).order_by("-number").first()
+    if latest is None:
+        return None
+    verbs = set(selectors.plan_spec(latest).main.verbs)
+    if "restore" in verbs:
+        verbs.add(POINT_IN_TIME)
+    return entitlements.PlanFacts(
+        verbs=frozenset(verbs), cells=frozenset(Cell.objects.values_list("name", flat=True))
+    )
+
+
 entitlements.usage_source_register(_tenant_usage)
+entitlements.plan_facts_register(_plan_facts)

@@ -198,3 +198,33 @@ def test_an_override_with_limits_billing_cannot_hold_is_refused_beside_the_field
 
     assert response.status_code == 200 and said in response.content.decode()
     assert not PlanOverride.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ('{"denied_verbs": ["frobnicate"]}', "the PostgreSQL plan has no verb frobnicate; it has"),
+        ('{"denied_verbs": ["Stop"]}', "the PostgreSQL plan has no verb Stop"),
+        ('{"cells": ["nowhere"]}', "cells: there is no cell nowhere; there are eu-1."),
+    ],
+)
+def test_an_override_naming_verbs_or_cells_the_plan_lacks_is_refused(
+    staff_client, tenant, limits, said
+):
+    from tests.deployments import factories
+
+    plan = factories.postgres_version().plan
+    factories.cell("eu-1")
+
+    response = _add_override(
+        staff_client, tenant, plan, timezone.now() + timedelta(hours=1), limits=limits, prices="{}"
+    )
+
+    assert response.status_code == 200 and said in response.content.decode()
+    assert not PlanOverride.objects.exists()
+    accepted = _add_override(
+        staff_client, tenant, plan, timezone.now() + timedelta(hours=2),
+        limits='{"denied_verbs": ["failover", "restore.pointInTime"], "cells": ["eu-1"]}',
+        prices="{}",
+    )  # fmt: skip
+    assert accepted.status_code == 302, accepted.content.decode()[-2000:]
