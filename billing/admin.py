@@ -129,10 +129,14 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
     """Subscriptions change only through the actions below (each calls a billing service,
     which audits it and emails the tenant)."""
 
-    list_display = ["tenant", "plan", "status", "created_at", "past_due_since", "suspended_at"]
+    list_display = ["tenant", "plan", "standing", "created_at", "past_due_since", "suspended_at"]
     list_filter = ["status", "plan"]
     search_fields = ["tenant__name", "tenant__slug", "plan__key"]
     actions = ["approve", "suspend", "reactivate", "cancel"]
+
+    @admin.display(description="Status", ordering="status")
+    def standing(self, subscription: Subscription) -> str:
+        return subscription.status_text()
 
     @admin.action(description="Approve the selected subscriptions")
     def approve(self, request, queryset):

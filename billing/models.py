@@ -289,7 +289,18 @@ class Subscription(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant} — {self.plan} ({self.get_status_display()})"
+        return f"{self.tenant} — {self.plan} ({self.status_text()})"
+
+    def status_text(self) -> str:
+        """Its status as people read it: while Stripe bills tenants, a pending subscription
+        waits for payment on Stripe's checkout page, not for the platform team's approval."""
+        from billing.stripe_gateway import stripe_bills
+
+        if self.status == self.Status.PENDING and stripe_bills():
+            return "Awaiting payment"
+        if self.status == self.Status.SUSPENDED and self.suspended_by_staff:
+            return "Suspended by staff"
+        return self.get_status_display()
 
 
 # What refuses a second override of an organization's plan from the same moment.

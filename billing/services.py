@@ -230,7 +230,7 @@ def _transition(
         subscription = Subscription.objects.select_for_update().get(pk=subscription.pk)
         if subscription.status not in _FROM[transition]:
             raise ActionDenied(
-                f"A subscription that is {subscription.get_status_display().lower()} cannot be "
+                f"A subscription that is {subscription.status_text().lower()} cannot be "
                 f"{_DOING[transition]}."
             )
         if check is not None:

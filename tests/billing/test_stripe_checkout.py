@@ -348,6 +348,7 @@ def test_staff_cannot_approve_a_subscription_waiting_for_payment_on_stripe(
     ).content.decode()
 
     assert "no Stripe subscription would bill its usage" in page
+    assert 'class="field-standing">Awaiting payment<' in page  # not "Awaiting approval"
     subscription.refresh_from_db()
     assert subscription.status == "pending"
 
