@@ -23,6 +23,7 @@ from deployments.spec.model import Parameter
 
 PASSWORD_LENGTH = 24
 _PASSWORD_ALPHABET = string.ascii_letters + string.digits
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 _TRUE = frozenset({"true", "on", "1", "yes", "y", "t"})
 _FALSE = frozenset({"false", "off", "0", "no", "n", "f"})
 
@@ -88,10 +89,10 @@ def coerce(parameter: Parameter, value: Any) -> Any:
         if isinstance(value, bool):
             raise ValueError("Must be a number.")
         if isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise ValueError("Must be a number.") from None
+            # Written as people write numbers: not Python's float syntax too (1_0, ٢٠).
+            if not _NUMBER.fullmatch(value.strip()):
+                raise ValueError("Must be a number.")
+            value = float(value.strip())
         try:
             number = float(value)
         except (TypeError, OverflowError):  # an int too large for a float, e.g. 10**400

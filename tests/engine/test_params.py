@@ -83,7 +83,9 @@ def test_float_keeps_a_fraction():
     assert validate_parameters([param("n", "Float64")], {"n": "2.5"}) == {"n": 2.5}
 
 
-@pytest.mark.parametrize("value", ["three", "nan", "inf", True, [1]])
+@pytest.mark.parametrize(
+    "value", ["three", "nan", "inf", True, [1], "1_0", "\u0662\u0660", "0x10", "1e400"]
+)  # 1_0 and Arabic-Indic digits are Python's float syntax, not how people write numbers
 def test_float_rejects_what_is_not_a_finite_number(value):
     assert errors_for([param("n", "Float64")], {"n": value}) == {"n": "Must be a number."}
 
