@@ -134,7 +134,7 @@ def _guard_owner_change(
 def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
     """Lock the tenant, then re-read the membership: every membership change of one tenant
     takes its locks in this order, so two owners demoting each other cannot deadlock."""
-    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     current = Membership.objects.filter(pk=membership.pk, tenant=tenant).first()
     if current is None:
         raise ValidationError(f"{membership.user.email} is no longer a member.")

@@ -137,7 +137,7 @@ def subscribe(
         if claim.earlier is not None:
             return Subscription.objects.get(pk=claim.earlier.target_id)
         # The tenant row lock orders concurrent subscribes with different request ids.
-        Tenant.objects.select_for_update().get(pk=tenant.pk)
+        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         subscription = (
             Subscription.objects.filter(tenant=tenant, plan=plan)
             .exclude(status=Status.CANCELLED)
@@ -178,7 +178,7 @@ def subscription_create_active(*, actor: Actor, tenant: Tenant, plan: Plan) -> S
     and the demo's): no role is checked, so only the platform calls this, never a view.
     Returns the open subscription when there is one."""
     with transaction.atomic():
-        Tenant.objects.select_for_update().get(pk=tenant.pk)
+        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         subscription = (
             Subscription.objects.filter(tenant=tenant, plan=plan)
             .exclude(status=Status.CANCELLED)

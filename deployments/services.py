@@ -290,8 +290,10 @@ def _instance_new(
         )
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc
-    # Lock the tenant so two concurrent creates cannot both pass the limits.
-    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    # Lock the tenant so two concurrent creates cannot both pass the limits. Every such lock is
+    # FOR NO KEY UPDATE: it orders these checks, yet lets a request holding an instance write a
+    # row naming the tenant (an audit event), which FOR UPDATE blocked: a deadlock.
+    Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     entitlement_require(
         tenant=tenant,
         plan=version.plan,
@@ -500,7 +502,7 @@ def instance_action(
         if verb == "modify":
             # The tenant before the instance, as a change of plan locks them: the other order
             # deadlocks with one (`_entitled_to_modify` checks the totals under this lock).
-            Tenant.objects.select_for_update().get(pk=tenant.pk)
+            Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         failed = selectors.instance_retry_source(instance)
         reason = selectors.action_refusal(
@@ -668,7 +670,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
             return _repeat(claim.earlier)
         # The tenant before the instance, as a change of plan locks them (the other order
         # deadlocks with one); `_entitled_to_upgrade` checks the totals under this lock.
-        Tenant.objects.select_for_update().get(pk=tenant.pk)
+        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         instance = (
             Instance.objects.select_related("plan_version__plan")
             .select_for_update(of=("self",))
@@ -759,7 +761,8 @@ def plan_change(
         version = selectors.plan_version_latest(target)
         if version is None:
             raise ValidationError(f"The {target.name} plan has no version to run yet.")
-        Tenant.objects.select_for_update().get(pk=tenant.pk)  # one change of limits at a time
+        # One change of limits at a time.
+        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         instances = list(
             Instance.objects.for_tenant(tenant)
             .active()
@@ -839,7 +842,8 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
         claim = _claim(tenant, request_id, "instance.rollback", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
-        Tenant.objects.select_for_update().get(pk=tenant.pk)  # as a modify: the totals
+        # As a modify: the totals.
+        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         reason = selectors.lifecycle_refusal(instance, "rollback")
         if reason:

@@ -3,14 +3,16 @@ subscription, or past its plan's limits, is refused with a reason — audited, a
 the form."""
 
 import threading
+import time
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from accounts.audit import SYSTEM, Actor
+from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from billing import services as billing_services
@@ -483,6 +485,61 @@ def test_two_instances_grown_at_once_cannot_both_take_the_room_left(tenant, owne
 
     assert sorted(type(r).__name__ for r in results) == ["ActionDenied", "Operation"], results
     assert Operation.objects.filter(verb="modify").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_modify_waiting_for_an_instance_another_request_holds_does_not_deadlock_it(tenant, owner):
+    """A request holding the instance's lock (a backup being queued) writes rows naming the
+    tenant (its audit event); a modify of the instance locks the tenant first, then waits for the
+    instance. Locking the tenant FOR UPDATE blocked that write: a deadlock, one failed."""
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=_hobby_text()).plan
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    instance = _running(owner, tenant, plan, name="a", storageGi=10)
+    holding, results = threading.Event(), {}
+
+    def hold():
+        try:
+            with transaction.atomic():
+                Instance.objects.select_for_update().get(pk=instance.pk)
+                holding.set()
+                deadline = time.monotonic() + 10
+                while not _someone_waits_for_a_lock() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                audit_record(actor=Actor(user=owner), action="instance.backup", tenant=tenant,
+                             target=instance)  # fmt: skip
+            results["held"] = "committed"
+        except Exception as exc:  # the assertion says which
+            results["held"] = exc
+        finally:
+            connection.close()
+
+    def modify():
+        holding.wait(10)
+        try:
+            results["modify"] = _act(owner, instance, "modify", storageGi=12)
+        except Exception as exc:  # the assertion says which
+            results["modify"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=modify)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert results["held"] == "committed", results
+    assert isinstance(results["modify"], Operation), results
+
+
+def _someone_waits_for_a_lock() -> bool:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return cursor.fetchone()[0] > 0
 
 
 def test_an_unmeasurable_request_is_a_validation_error_not_a_crash(
