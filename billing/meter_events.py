@@ -81,10 +81,12 @@ def enqueue() -> int:
 
     A record no Stripe subscription bills stays local, on the period's Opsdeck invoice: sent to
     the meter, no invoice would hold it (an instance still running after Stripe ended its
-    subscription, say). A subscription bills the hours before it was cancelled while it is
-    open, and the whole hours before it was cancelled; the hour it was cancelled in and those
-    after stay local (one cancelled at the period's end bills until then, but instances are gone
-    before a cancel is accepted; one Stripe ended at once bills nothing more).
+    subscription, say). So a record goes to Stripe only while the tenant's subscription to its
+    plan is open, and only for hours since it was made (not the hours before a subscription
+    started again, billed locally already). Every hour is metered after it ends: a record of an
+    hour before a cancel, enqueued after it, stays local too (one cancelled by the tenant still
+    bills until its period ends, but instances are gone before a cancel is accepted; one Stripe
+    ended at once bills nothing more).
     """
     if not settings.STRIPE_API_KEY:
         return 0
@@ -102,11 +104,8 @@ def enqueue() -> int:
     billed = (
         Subscription.objects.filter(tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"))
         .exclude(stripe_subscription_id="")
-        .filter(
-            ~Q(status=Subscription.Status.CANCELLED)
-            # The whole hour before it was cancelled: the hour it ended in is metered after.
-            | Q(cancelled_at__gte=OuterRef("hour") + HOUR)
-        )
+        .exclude(status=Subscription.Status.CANCELLED)
+        .filter(created_at__lt=OuterRef("hour") + HOUR)  # it was there in that hour
     )
     records = (
         UsageRecord.objects.filter(

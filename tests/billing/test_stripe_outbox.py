@@ -37,7 +37,7 @@ def stripe_ready(catalog, customer, tenant, priced_plan):
     Subscription.objects.update_or_create(
         tenant=tenant, plan=priced_plan,
         defaults={"status": Subscription.Status.ACTIVE, "stripe_subscription_id": "sub_outbox",
-                  "stripe_customer_id": customer.customer_id},
+                  "stripe_customer_id": customer.customer_id, "created_at": customer.created_at},
     )  # fmt: skip
     return customer
 
@@ -121,22 +121,35 @@ def test_usage_of_tenants_without_a_customer_or_of_unmetered_dimensions_stays_lo
 def test_usage_no_stripe_subscription_bills_stays_local(
     stripe_ready, emulator, record_usage, tenant, priced_plan
 ):
-    """Stripe ended the subscription three hours ago (an unpaid invoice, a deletion in its
-    dashboard): an instance still running since is billed on Opsdeck's invoice, not sent to a
-    meter no subscription of the customer reads."""
+    """Stripe ended the subscription (an unpaid invoice, a deletion in its dashboard): an
+    instance still running since is billed on Opsdeck's invoice, not sent to a meter no
+    subscription of the customer reads — nor an hour before the end, metered after it."""
+    record_usage(_hours_ago(4), ("inst-sent", "cpu", "1"))
+    assert meter_events.enqueue() == 1  # while the subscription was open
     Subscription.objects.filter(tenant=tenant).update(
         status=Subscription.Status.CANCELLED, cancelled_at=_hours_ago(3) + timedelta(minutes=40)
     )
-    record_usage(_hours_ago(4), ("inst-before", "cpu", "1"))
-    record_usage(_hours_ago(3), ("inst-after", "cpu", "1"))  # the hour it ended in
-    record_usage(_hours_ago(1), ("inst-after", "cpu", "1"))
+    record_usage(_hours_ago(3), ("inst-local", "cpu", "1"))  # the hour it ended in
+    record_usage(_hours_ago(1), ("inst-local", "cpu", "1"))
 
-    assert meter_events.enqueue() == 1
-    assert list(_rows()) == ["inst-before"]
+    assert meter_events.enqueue() == 0
     flush()
     assert [identifier for identifier, _ in _stripe_events(emulator)] == [
-        meter_events.identifier_for(UsageRecord.objects.get(instance_id="inst-before").pk)
+        meter_events.identifier_for(UsageRecord.objects.get(instance_id="inst-sent").pk)
     ]
+
+
+def test_usage_from_before_a_subscription_started_again_is_not_sent_to_it(
+    stripe_ready, emulator, record_usage, tenant, priced_plan
+):
+    """Hours run while the organization had no Stripe subscription (billed on Opsdeck's
+    invoice) are not sent to the one it takes later."""
+    Subscription.objects.filter(tenant=tenant).update(created_at=_hours_ago(2))
+    record_usage(_hours_ago(5), ("inst-local", "cpu", "1"))
+    record_usage(_hours_ago(2), ("inst-sent", "cpu", "1"))
+
+    assert meter_events.enqueue() == 1
+    assert list(_rows()) == ["inst-sent"]
 
 
 def test_stripe_errors_are_retried_later_with_the_same_identifier(
