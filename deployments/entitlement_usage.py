@@ -57,13 +57,19 @@ def _usage(
         return entitlements.Usage(instances=instances.count()), {}
     queued = _pending_operations(instances, plan) if pending else {}
     rows = list(
-        instances.values_list("pk", "plan_version_id", "plan_version__plan_id", "parameters")
+        instances.values_list(
+            "pk", "plan_version_id", "plan_version__plan_id", "parameters", "state"
+        )
     )
+    failed = _failed_changes([pk for pk, *_, state in rows if state == Instance.State.FAILED])
     counted: dict[str, dict[str, Decimal]] = {}
     totals: dict[str, Decimal] = {}
-    for pk, version_id, plan_id, values in rows:
+    for pk, version_id, plan_id, values, _state in rows:
         # An instance still on another plan counts here from its move on.
         most = _measured(version_id, values) if plan_id == plan.pk else {}
+        if pk in failed:  # the cluster may hold the change that failed it
+            for dimension, quantity in _measured(*failed[pk]).items():
+                most[dimension] = max(most.get(dimension, quantity), quantity)
         for op, verb, spec in queued.get(pk, []):
             values = values_after(op, verb, values, passwords=False) or values
             if op.verb == "upgrade":  # the version it applies takes the values so
@@ -74,6 +80,24 @@ def _usage(
         for dimension, quantity in most.items():
             totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
     return entitlements.Usage(instances=len(rows), totals=totals), counted
+
+
+def _failed_changes(instance_ids: list[str]) -> dict[str, tuple[int, dict]]:
+    """Per failed instance, the plan version and values of the last modify, upgrade or roll back
+    that failed (what it ran with): the cluster may hold some of it, a grown volume for good."""
+    if not instance_ids:
+        return {}
+    runs = (
+        Operation.objects.filter(
+            instance_id__in=instance_ids,
+            state=Operation.State.FAILED,
+            verb__in=lifecycle.ROLLED_BACK,
+        )
+        .order_by("instance_id", "-created_at")
+        .distinct("instance_id")
+        .values_list("instance_id", "plan_version_id", "parameters")
+    )
+    return {pk: (version_id, values) for pk, version_id, values in runs if values}
 
 
 def _measured(version_id: int, values: dict) -> dict[str, Decimal]:

@@ -848,25 +848,21 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
         reason = selectors.lifecycle_refusal(instance, "rollback")
         if reason:
             raise ActionDenied(reason)
+        # Sizes are not checked: the plan's totals count a failed instance at what its failed
+        # change may have left in the cluster already (`entitlement_usage`), and a roll back
+        # takes back what it can (a per-instance limit lowered meanwhile must not strand it).
+        _entitled(instance, "rollback")
         failed = selectors.instance_rollback_source(instance)
         if failed is None:
-            _entitled(instance, "rollback")  # a suspended subscription says so first
             raise ActionDenied(
                 "Only an instance that a failed modify or upgrade left failed can be rolled back."
             )
-        grown = _grown(instance, failed)
-        # What it keeps of the failed change counts against the plan's totals like a modify.
-        stored = instance_parameters(instance)
-        _entitled(
-            instance, "rollback", version=instance.plan_version, before=stored,
-            after={**stored, **grown}, instance_id=instance.pk,
-        )  # fmt: skip
         operation = _operation_new(
             actor=actor,
             instance=instance,
             verb="rollback",
             request_id=request_id,
-            requested=grown,
+            requested=_grown(instance, failed),
             arguments={"rollback_of": str(failed.pk)},
         )
         claim.bind(operation)
