@@ -508,7 +508,7 @@ def _limits_problem(plan: Plan | None, priced: set[str], limits: dict) -> str | 
         if unknown:
             return (
                 f"denied_verbs: the {plan.name} plan has no verb {', '.join(unknown)}; it has "
-                f"{', '.join(sorted(facts.verbs - {'create', 'delete'}))}."
+                f"{', '.join(sorted(facts.verbs - {'create'} - entitlements.ALWAYS_ALLOWED))}."
             )
     return None
 

@@ -217,10 +217,14 @@ def _tenant_usage(tenant: Tenant, plan: Plan) -> entitlements.Usage:
 
 
 def _plan_facts(plan: Plan) -> entitlements.PlanFacts | None:
-    latest = PlanVersion.objects.filter(plan=plan).order_by("-number").first()
-    if latest is None:
+    """The verbs of every version of the plan (instances on older ones run theirs) and the
+    cells registered now; None before its first version."""
+    versions = PlanVersion.objects.filter(plan=plan).only("digest", "spec_text")
+    verbs: set[str] = set()
+    for version in versions:
+        verbs |= set(selectors.plan_spec(version).main.verbs)
+    if not verbs:
         return None
-    verbs = set(selectors.plan_spec(latest).main.verbs)
     if "restore" in verbs:
         verbs.add(POINT_IN_TIME)
     return entitlements.PlanFacts(
