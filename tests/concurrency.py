@@ -27,3 +27,13 @@ def race(call: Callable[[], Any], times: int = 4) -> list[Any]:
     for thread in threads:
         thread.join(60)
     return results
+
+
+def someone_waits_for_a_lock() -> bool:
+    """Whether a connection to this test database waits for a row lock now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return cursor.fetchone()[0] > 0

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor, audit_record
@@ -19,7 +19,7 @@ from billing import services as billing_services
 from billing.models import PlanOverride, Subscription
 from deployments import services, transitions
 from deployments.models import Cell, Instance, Operation, Snapshot
-from tests.concurrency import race
+from tests.concurrency import race, someone_waits_for_a_lock
 from tests.deployments.conftest import SPEC
 
 pytestmark = pytest.mark.unsubscribed
@@ -506,7 +506,7 @@ def test_a_modify_waiting_for_an_instance_another_request_holds_does_not_deadloc
                 Instance.objects.select_for_update().get(pk=instance.pk)
                 holding.set()
                 deadline = time.monotonic() + 10
-                while not _someone_waits_for_a_lock() and time.monotonic() < deadline:
+                while not someone_waits_for_a_lock() and time.monotonic() < deadline:
                     time.sleep(0.05)
                 audit_record(actor=Actor(user=owner), action="instance.backup", tenant=tenant,
                              target=instance)  # fmt: skip
@@ -533,15 +533,6 @@ def test_a_modify_waiting_for_an_instance_another_request_holds_does_not_deadloc
 
     assert results["held"] == "committed", results
     assert isinstance(results["modify"], Operation), results
-
-
-def _someone_waits_for_a_lock() -> bool:
-    with connections["default"].cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        return cursor.fetchone()[0] > 0
 
 
 def test_an_unmeasurable_request_is_a_validation_error_not_a_crash(

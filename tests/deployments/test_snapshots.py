@@ -1,16 +1,20 @@
 """Backups become snapshots that outlive their instance and restore into new instances."""
 
 import itertools
+import threading
+import time
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import services
 from deployments.models import Instance, Operation, PlatformSecret, Snapshot
+from tests.concurrency import someone_waits_for_a_lock
 from tests.deployments.conftest import SPEC, instance_object, wait_done
 
 
@@ -187,3 +191,55 @@ def test_a_snapshot_restores_to_a_point_in_time_after_it(worker, cell, plan, ten
             actor=Actor(user=owner), snapshot=snapshot, name="later", request_id="pitr-2",
             target_time=when + timedelta(days=1),
         )  # fmt: skip
+
+
+def test_deleting_a_backup_while_an_operation_on_its_instance_finishes_does_not_deadlock(
+    cell, plan, tenant, owner
+):
+    """A worker finishing an operation locks the instance, then writes its snapshot; deleting
+    the backup locked the snapshot, then queued an operation naming the instance: a deadlock.
+    It now locks the instance first, as the worker does."""
+    instance = Instance.objects.create(
+        tenant=tenant, name="a", plan_version=plan.versions.get(), cell=cell,
+        state=Instance.State.RUNNING,
+    )  # fmt: skip
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name="a-1", status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    holding, results = threading.Event(), {}
+
+    def finish():  # as the runner's `_finish` of another operation
+        try:
+            with transaction.atomic():
+                Instance.objects.select_for_update().get(pk=instance.pk)
+                holding.set()
+                deadline = time.monotonic() + 10
+                while not someone_waits_for_a_lock() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                Snapshot.objects.filter(pk=snapshot.pk).update(metadata={"backupId": "b"})
+            results["finish"] = "committed"
+        except Exception as exc:  # the assertion says which
+            results["finish"] = exc
+        finally:
+            connection.close()
+
+    def delete():
+        holding.wait(10)
+        try:
+            results["delete"] = services.snapshot_delete(
+                actor=Actor(user=owner), snapshot=snapshot, request_id="forget"
+            )
+        except Exception as exc:  # the assertion says which
+            results["delete"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=finish), threading.Thread(target=delete)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert results["finish"] == "committed", results
+    assert isinstance(results["delete"], Operation), results
