@@ -1,10 +1,11 @@
 """Run one call from several threads at once, each on its own database connection."""
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 
 def race(call: Callable[[], Any], times: int = 4) -> list[Any]:
@@ -27,6 +28,46 @@ def race(call: Callable[[], Any], times: int = 4) -> list[Any]:
     for thread in threads:
         thread.join(60)
     return results
+
+
+def beside_a_lock(lock: Callable[[], Any], write: Callable[[], Any], act: Callable[[], Any]):
+    """Two threads, each on its own connection: one opens a transaction, `lock`s rows, waits
+    until the other — running `act` once the rows are locked — waits for a lock, then `write`s
+    and commits. Their outcomes as (what the first got: "committed" or its exception, what
+    `act` returned or raised): a deadlock between the two shows as an exception."""
+    locked, results = threading.Event(), {}
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                lock()
+                locked.set()
+                deadline = time.monotonic() + 10
+                while not someone_waits_for_a_lock() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                write()
+            results["held"] = "committed"
+        except Exception as exc:  # the caller asserts on what each got
+            results["held"] = exc
+        finally:
+            locked.set()
+            connection.close()
+
+    def run() -> None:
+        locked.wait(10)
+        try:
+            results["act"] = act()
+        except Exception as exc:  # the caller asserts on what each got
+            results["act"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=run)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results.get("held"), results.get("act")
 
 
 def someone_waits_for_a_lock() -> bool:

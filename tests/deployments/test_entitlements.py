@@ -3,13 +3,11 @@ subscription, or past its plan's limits, is refused with a reason — audited, a
 the form."""
 
 import threading
-import time
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor, audit_record
@@ -19,7 +17,7 @@ from billing import services as billing_services
 from billing.models import PlanOverride, Subscription
 from deployments import services, transitions
 from deployments.models import Cell, Instance, Operation, Snapshot
-from tests.concurrency import race, someone_waits_for_a_lock
+from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
 
 pytestmark = pytest.mark.unsubscribed
@@ -498,41 +496,17 @@ def test_a_modify_waiting_for_an_instance_another_request_holds_does_not_deadloc
     plan = services.plan_load(text=_hobby_text()).plan
     billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
     instance = _running(owner, tenant, plan, name="a", storageGi=10)
-    holding, results = threading.Event(), {}
 
-    def hold():
-        try:
-            with transaction.atomic():
-                Instance.objects.select_for_update().get(pk=instance.pk)
-                holding.set()
-                deadline = time.monotonic() + 10
-                while not someone_waits_for_a_lock() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                audit_record(actor=Actor(user=owner), action="instance.backup", tenant=tenant,
-                             target=instance)  # fmt: skip
-            results["held"] = "committed"
-        except Exception as exc:  # the assertion says which
-            results["held"] = exc
-        finally:
-            connection.close()
+    held, modify = beside_a_lock(
+        lambda: Instance.objects.select_for_update().get(pk=instance.pk),
+        lambda: audit_record(
+            actor=Actor(user=owner), action="instance.backup", tenant=tenant, target=instance
+        ),
+        lambda: _act(owner, instance, "modify", storageGi=12),
+    )
 
-    def modify():
-        holding.wait(10)
-        try:
-            results["modify"] = _act(owner, instance, "modify", storageGi=12)
-        except Exception as exc:  # the assertion says which
-            results["modify"] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=hold), threading.Thread(target=modify)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-
-    assert results["held"] == "committed", results
-    assert isinstance(results["modify"], Operation), results
+    assert held == "committed", held
+    assert isinstance(modify, Operation), modify
 
 
 def test_an_unmeasurable_request_is_a_validation_error_not_a_crash(

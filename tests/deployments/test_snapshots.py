@@ -1,20 +1,17 @@
 """Backups become snapshots that outlive their instance and restore into new instances."""
 
 import itertools
-import threading
-import time
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import services
 from deployments.models import Instance, Operation, PlatformSecret, Snapshot
-from tests.concurrency import someone_waits_for_a_lock
+from tests.concurrency import beside_a_lock
 from tests.deployments.conftest import SPEC, instance_object, wait_done
 
 
@@ -207,39 +204,14 @@ def test_deleting_a_backup_while_an_operation_on_its_instance_finishes_does_not_
         tenant=tenant, instance=instance, source_instance_id=instance.pk,
         plan_version=instance.plan_version, name="a-1", status=Snapshot.Status.COMPLETED,
     )  # fmt: skip
-    holding, results = threading.Event(), {}
 
-    def finish():  # as the runner's `_finish` of another operation
-        try:
-            with transaction.atomic():
-                Instance.objects.select_for_update().get(pk=instance.pk)
-                holding.set()
-                deadline = time.monotonic() + 10
-                while not someone_waits_for_a_lock() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                Snapshot.objects.filter(pk=snapshot.pk).update(metadata={"backupId": "b"})
-            results["finish"] = "committed"
-        except Exception as exc:  # the assertion says which
-            results["finish"] = exc
-        finally:
-            connection.close()
+    finished, deleted = beside_a_lock(
+        lambda: Instance.objects.select_for_update().get(pk=instance.pk),  # as `_finish`
+        lambda: Snapshot.objects.filter(pk=snapshot.pk).update(metadata={"backupId": "b"}),
+        lambda: services.snapshot_delete(
+            actor=Actor(user=owner), snapshot=snapshot, request_id="forget"
+        ),
+    )
 
-    def delete():
-        holding.wait(10)
-        try:
-            results["delete"] = services.snapshot_delete(
-                actor=Actor(user=owner), snapshot=snapshot, request_id="forget"
-            )
-        except Exception as exc:  # the assertion says which
-            results["delete"] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=finish), threading.Thread(target=delete)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-
-    assert results["finish"] == "committed", results
-    assert isinstance(results["delete"], Operation), results
+    assert finished == "committed", finished
+    assert isinstance(deleted, Operation), deleted
