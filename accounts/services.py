@@ -51,6 +51,16 @@ def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> Membersh
     return membership
 
 
+def tenant_lock(tenant_id: int) -> None:
+    """Lock the tenant's row for the rest of the transaction: what checks or changes the
+    tenant's limits, members or subscriptions runs one at a time, and takes this lock before
+    any of the tenant's other rows (an instance), as every such service does, so none waits
+    for another in the opposite order. FOR NO KEY UPDATE: rows that only name the tenant (an
+    audit event, an operation) are written beside it, which FOR UPDATE blocked (a deadlock
+    with a request holding an instance)."""
+    Tenant.objects.select_for_update(no_key=True).get(pk=tenant_id)
+
+
 def _unique_slug(name: str) -> str:
     """A slug from the name (transliterated to ASCII) plus a random suffix, so a slug never
     tells whether another organization already has the name; a collision takes another."""
@@ -134,7 +144,7 @@ def _guard_owner_change(
 def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
     """Lock the tenant, then re-read the membership: every membership change of one tenant
     takes its locks in this order, so two owners demoting each other cannot deadlock."""
-    Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    tenant_lock(tenant.pk)
     current = Membership.objects.filter(pk=membership.pk, tenant=tenant).first()
     if current is None:
         raise ValidationError(f"{membership.user.email} is no longer a member.")

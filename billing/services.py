@@ -19,10 +19,10 @@ from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
 from accounts.roles import Role
-from accounts.services import permission_require
+from accounts.services import permission_require, tenant_lock
 from billing import entitlements, periods
 from billing.models import OVERRIDE_SAME_MOMENT, Plan, PlanOverride, Price, Subscription
-from billing.stripe_gateway import gateway
+from billing.stripe_gateway import gateway, stripe_bills
 
 
 @transaction.atomic
@@ -137,7 +137,7 @@ def subscribe(
         if claim.earlier is not None:
             return Subscription.objects.get(pk=claim.earlier.target_id)
         # The tenant row lock orders concurrent subscribes with different request ids.
-        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+        tenant_lock(tenant.pk)
         subscription = (
             Subscription.objects.filter(tenant=tenant, plan=plan)
             .exclude(status=Status.CANCELLED)
@@ -178,7 +178,7 @@ def subscription_create_active(*, actor: Actor, tenant: Tenant, plan: Plan) -> S
     and the demo's): no role is checked, so only the platform calls this, never a view.
     Returns the open subscription when there is one."""
     with transaction.atomic():
-        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+        tenant_lock(tenant.pk)
         subscription = (
             Subscription.objects.filter(tenant=tenant, plan=plan)
             .exclude(status=Status.CANCELLED)
@@ -263,7 +263,7 @@ def subscription_approve(*, actor: Actor, subscription: Subscription) -> Subscri
     tenants, only Stripe's webhook starts one (no Stripe subscription would bill its usage)."""
 
     def billed(subscription: Subscription) -> None:
-        if gateway() is not None and not subscription.stripe_subscription_id:
+        if stripe_bills() and not subscription.stripe_subscription_id:
             raise ActionDenied(
                 "It waits for payment on Stripe's checkout page and starts when Stripe reports "
                 "it paid: approved without it, no Stripe subscription would bill its usage."

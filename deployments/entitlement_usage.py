@@ -68,14 +68,12 @@ def _usage(
         # An instance still on another plan counts here from its move on.
         most = _measured(version_id, values) if plan_id == plan.pk else {}
         if pk in failed:  # the cluster may hold the change that failed it
-            for dimension, quantity in _measured(*failed[pk]).items():
-                most[dimension] = max(most.get(dimension, quantity), quantity)
+            _raise_to(most, _measured(*failed[pk]))
         for op, verb, spec in queued.get(pk, []):
             values = values_after(op, verb, values, passwords=False) or values
             if op.verb == "upgrade":  # the version it applies takes the values so
                 values = values_for_version(spec.main.parameters, values)
-            for dimension, quantity in _measured(op.plan_version_id, values).items():
-                most[dimension] = max(most.get(dimension, quantity), quantity)
+            _raise_to(most, _measured(op.plan_version_id, values))
         counted[pk] = most
         for dimension, quantity in most.items():
             totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
@@ -98,6 +96,12 @@ def _failed_changes(instance_ids: list[str]) -> dict[str, tuple[int, dict]]:
         .values_list("instance_id", "plan_version_id", "parameters")
     )
     return {pk: (version_id, values) for pk, version_id, values in runs if values}
+
+
+def _raise_to(most: dict[str, Decimal], measured: dict[str, Decimal]) -> None:
+    """Keep in `most` the larger quantity of each dimension."""
+    for dimension, quantity in measured.items():
+        most[dimension] = max(most.get(dimension, quantity), quantity)
 
 
 def _measured(version_id: int, values: dict) -> dict[str, Decimal]:

@@ -43,7 +43,7 @@ def cron_check(expression: str) -> None:
             "At most one backup an hour: give the minute as one number (0 3 * * * is 03:00 "
             "every day)."
         )
-    day_of_month, day_of_week = expression.split()[2], expression.split()[4]
+    _, _, day_of_month, _, day_of_week = expression.split()
     if day_of_month != "*" and day_of_week != "*":
         # Cron takes either day, the schedule would take only days that are both: refused
         # rather than read two ways.

@@ -28,7 +28,7 @@ from accounts import idempotency
 from accounts.audit import REDACTED, SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, RequestKey, Tenant
-from accounts.services import permission_require
+from accounts.services import permission_require, tenant_lock
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import lifecycle, schedules, selectors
@@ -290,10 +290,7 @@ def _instance_new(
         )
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc
-    # Lock the tenant so two concurrent creates cannot both pass the limits. Every such lock is
-    # FOR NO KEY UPDATE: it orders these checks, yet lets a request holding an instance write a
-    # row naming the tenant (an audit event), which FOR UPDATE blocked: a deadlock.
-    Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    tenant_lock(tenant.pk)  # two concurrent creates cannot both pass the limits
     entitlement_require(
         tenant=tenant,
         plan=version.plan,
@@ -500,9 +497,7 @@ def instance_action(
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         if verb == "modify":
-            # The tenant before the instance, as a change of plan locks them: the other order
-            # deadlocks with one (`_entitled_to_modify` checks the totals under this lock).
-            Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+            tenant_lock(tenant.pk)  # `_entitled_to_modify` checks the totals under it
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         failed = selectors.instance_retry_source(instance)
         reason = selectors.action_refusal(
@@ -668,9 +663,7 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
         claim = _claim(tenant, request_id, "instance.upgrade", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
-        # The tenant before the instance, as a change of plan locks them (the other order
-        # deadlocks with one); `_entitled_to_upgrade` checks the totals under this lock.
-        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+        tenant_lock(tenant.pk)  # `_entitled_to_upgrade` checks the totals under it
         instance = (
             Instance.objects.select_related("plan_version__plan")
             .select_for_update(of=("self",))
@@ -761,8 +754,7 @@ def plan_change(
         version = selectors.plan_version_latest(target)
         if version is None:
             raise ValidationError(f"The {target.name} plan has no version to run yet.")
-        # One change of limits at a time.
-        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+        tenant_lock(tenant.pk)  # one change of limits at a time
         instances = list(
             Instance.objects.for_tenant(tenant)
             .active()
@@ -842,8 +834,6 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
         claim = _claim(tenant, request_id, "instance.rollback", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
-        # As a modify: the totals.
-        Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         reason = selectors.lifecycle_refusal(instance, "rollback")
         if reason:
