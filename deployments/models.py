@@ -5,6 +5,7 @@ import uuid
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from accounts.crypto import EncryptedTextField
@@ -155,6 +156,16 @@ class Instance(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["tenant", "state"], name="instance_tenant_state")]
+        constraints = [
+            # The name a customer knows an instance by: one per organization, whatever its
+            # case, until the instance is deleted (`services._instance_new` says so).
+            models.UniqueConstraint(
+                "tenant",
+                Lower("name"),
+                condition=~models.Q(state=InstanceState.DELETED),
+                name="instance_name_once",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"

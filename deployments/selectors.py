@@ -321,6 +321,21 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
 # --- instance page ---------------------------------------------------------------------------
 
 
+def instance_name_free(tenant: Tenant, wanted: str) -> str:
+    """`wanted`, or when another live instance of the tenant is called so (names are one per
+    organization, whatever their case), the first of `wanted-2`, `wanted-3`, … none is."""
+    taken = {
+        name.lower()
+        for name in Instance.objects.filter(tenant=tenant, name__istartswith=wanted)
+        .exclude(state=Instance.State.DELETED)
+        .values_list("name", flat=True)
+    }
+    name, number = wanted, 2
+    while name.lower() in taken:
+        name, number = f"{wanted}-{number}", number + 1
+    return name
+
+
 def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:
     """One of the tenant's instances (deleted ones too: their snapshots and history remain)."""
     return (

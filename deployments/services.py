@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -248,6 +248,15 @@ def _given_mapping(values: Any) -> dict:
     return values
 
 
+NAME_ONCE = "instance_name_once"  # Instance's constraint: one live instance per name
+NAME_TAKEN = "Another instance of your organization is called “{}”: choose another name."
+
+
+def _constraint(exc: IntegrityError) -> str | None:
+    """The name of the constraint a write broke (psycopg's diagnostics)."""
+    return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+
+
 def _instance_name(name: Any) -> str:
     name = name.strip() if isinstance(name, str) else ""
     if not name:
@@ -301,7 +310,7 @@ def _instance_new(
         point_in_time=point_in_time,
     )
     plain, hidden = split_values(spec.main.parameters, typed)
-    instance = Instance.objects.create(
+    instance = Instance(
         tenant=tenant,
         name=name,
         plan_version=version,
@@ -310,6 +319,13 @@ def _instance_new(
         secret_parameters=hidden,
         created_by=actor.user,
     )
+    try:
+        with transaction.atomic():  # the database's constraint settles two requests at once
+            instance.save(force_insert=True)
+    except IntegrityError as exc:
+        if _constraint(exc) != NAME_ONCE:
+            raise
+        raise ValidationError({"name": NAME_TAKEN.format(name)}) from exc
     InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
     selectors.backup_schedule_default(instance).save(force_insert=True)  # a new instance has none
     return instance

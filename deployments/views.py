@@ -617,7 +617,8 @@ def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm
         snapshot_values=dict(snapshot.parameters or {}),
         point_in_time=bounds,
     )
-    return form_class(data, initial={"name": f"{name}-restored"})
+    wanted = selectors.instance_name_free(snapshot.tenant, f"{name}-restored")
+    return form_class(data, initial={"name": wanted})
 
 
 @tenant_view("instance.view")

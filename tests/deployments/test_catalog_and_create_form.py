@@ -293,6 +293,23 @@ def test_a_repeated_post_with_the_same_request_id_creates_one_instance(
     assert Operation.objects.count() == 1
 
 
+def test_a_name_another_instance_has_is_refused_beside_the_name_field(
+    owner_client, tenant, plan, cell
+):
+    owner_client.post(form_url(tenant, "a" * 32), {**VALID, "request_id": "a" * 32})
+
+    response = owner_client.post(
+        form_url(tenant, "b" * 32), {**VALID, "name": "ORDERS ", "request_id": "b" * 32}
+    )
+
+    assert response.status_code == 200
+    assert (
+        'id="id_name_error">Another instance of your organization is called “ORDERS”: '
+        "choose another name." in text(response)
+    )
+    assert Instance.objects.count() == 1 and Operation.objects.count() == 1
+
+
 def test_a_service_refusal_is_shown_and_creates_nothing(owner_client, tenant, plan, cell):
     plan.limits = {"max_instances": 0}
     plan.save()

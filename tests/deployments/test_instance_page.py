@@ -703,6 +703,26 @@ def test_changing_a_value_the_backup_fixes_is_refused_beside_the_field(owner_cli
     assert Instance.objects.count() == 1
 
 
+def test_a_restore_proposes_a_name_no_instance_has_and_refuses_a_taken_one(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    for name in ["orders-restored", "Orders-Restored-2"]:
+        Instance.objects.create(
+            tenant=instance.tenant, name=name, plan_version=instance.plan_version,
+            cell=instance.cell,
+        )  # fmt: skip
+
+    form = owner_client.get(_restore_url(instance, snapshot)).content.decode()
+    response = owner_client.post(_restore_url(instance, snapshot), {"name": "orders-restored"})
+
+    assert 'name="name" value="orders-restored-3"' in form
+    assert response.status_code == 400
+    assert (
+        '<small class="field-error" id="id_name_error">Another instance of your organization is '
+        "called “orders-restored”: choose another name.</small>"
+    ) in response.content.decode()
+    assert Instance.objects.count() == 3
+
+
 def test_a_point_in_time_before_the_backup_is_refused_beside_the_field(owner_client, instance):
     snapshot = instance.snapshots.get()
     before = (snapshot.created_at - timedelta(hours=1)).astimezone(UTC)

@@ -182,7 +182,7 @@ def test_a_cell_that_cannot_be_read_is_skipped_and_the_others_sampled(
     tenant, version, local_cell, monkeypatch, caplog
 ):
     other = factories.cell("us-1", "us-east")
-    down, up = _running(tenant, version, local_cell), _running(tenant, version, other)
+    down, up = _running(tenant, version, local_cell), _running(tenant, version, other, "up")
     drivers = {
         local_cell.pk: FakeMetricsDriver([], error=TransientError("The cluster did not answer")),
         other.pk: FakeMetricsDriver([pod_metrics(up.namespace, f"{up.pk}-1")]),
@@ -236,9 +236,9 @@ def plan(transactional_db):
     return services.plan_load(text=spec_with_servers()).plan
 
 
-def _create(owner, tenant, plan, **parameters):
+def _create(owner, tenant, plan, name="orders", **parameters):
     return services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
         parameters=parameters, request_id=uuid.uuid4().hex,
     )  # fmt: skip
 
@@ -247,7 +247,7 @@ def test_a_running_instances_servers_are_sampled_from_the_clusters_metrics_api(
     worker, cell, plan, tenant, owner, monkeypatch
 ):
     ops = [_create(owner, tenant, plan, instances="2", cpu="1", memoryGi="1"),
-           _create(owner, tenant, plan)]  # fmt: skip
+           _create(owner, tenant, plan, "billing")]  # fmt: skip
     for op in ops:
         assert wait_done(op).state == Operation.State.SUCCEEDED, op.error
     # Marked stopped while its pods still run (as while a stop winds down): not sampled.

@@ -14,9 +14,9 @@ from deployments.models import Instance, Operation, Snapshot
 from tests.deployments.conftest import wait_done, wait_for
 
 
-def _create(owner, tenant, plan, **parameters):
+def _create(owner, tenant, plan, name="orders", **parameters):
     return services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
         parameters=parameters, request_id=uuid.uuid4().hex,
     )  # fmt: skip
 
@@ -91,7 +91,7 @@ def test_the_requester_hears_when_an_instance_is_ready_and_when_an_operation_fai
     request, cell, plan, tenant, owner, sandbox_cluster
 ):
     ready = _create(owner, tenant, plan)
-    broken = _create(owner, tenant, plan)
+    broken = _create(owner, tenant, plan, "billing")
     instance = broken.instance
     sandbox_cluster.set_faults(fail_bootstrap=[f"{instance.namespace}/{instance.pk}"])
     try:
@@ -103,7 +103,7 @@ def test_the_requester_hears_when_an_instance_is_ready_and_when_an_operation_fai
 
     wait_for(lambda: len(mail.outbox) >= 2, what="two emails")
     subjects = sorted(m.subject for m in mail.outbox)
-    assert subjects == ["[Opsdeck] orders is ready", "[Opsdeck] orders: create failed"]
+    assert subjects == ["[Opsdeck] billing: create failed", "[Opsdeck] orders is ready"]
     failed = next(m for m in mail.outbox if m.subject.endswith("failed"))
     assert failed.to == ["owner@example.com"]
     assert "Unable to create required cluster objects" in failed.body

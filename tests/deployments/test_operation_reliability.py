@@ -18,12 +18,12 @@ def _plan_with_create_deadline(seconds: int):
     return services.plan_load(text=text).plan
 
 
-def _create(owner, tenant, plan, **parameters):
+def _create(owner, tenant, plan, name="db", **parameters):
     return services.instance_create(
         actor=Actor(user=owner),
         tenant=tenant,
         plan=plan,
-        name="db",
+        name=name,
         parameters=parameters,
         request_id=uuid.uuid4().hex,
     )
@@ -34,7 +34,7 @@ def test_operations_succeed_while_the_api_answers_5xx_and_conflicts(
 ):
     faults(error_500=0.05, error_503=0.05, conflict=0.1)
 
-    creates = [_create(owner, tenant, plan, instances="2") for _ in range(3)]
+    creates = [_create(owner, tenant, plan, f"db-{n}", instances="2") for n in range(3)]
     for create in creates:
         assert wait_done(create, timeout=120).state == Operation.State.SUCCEEDED, create.error
     modify = services.instance_action(

@@ -1,6 +1,7 @@
 """Requests against instances as hostile, concurrent and careless users send them: one object
 per request id, the role checked first, clear field errors for bad input, nothing changed."""
 
+import importlib
 import json
 import re
 import uuid
@@ -10,11 +11,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from accounts import services as account_services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from deployments import services
-from deployments.models import Instance, Operation, Snapshot
+from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC
 
@@ -56,6 +58,59 @@ def test_concurrent_creates_with_one_request_id_make_one_instance(cell, plan, te
     assert len({r.pk for r in results}) == 1
     assert Instance.objects.filter(tenant=tenant).count() == 1
     assert AuditEvent.objects.filter(tenant=tenant, action="instance.create").count() == 1
+
+
+def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
+    cell, plan, tenant, owner, make_user
+):
+    first = _create(owner, tenant, plan, name="orders")
+
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, name="Orders")
+
+    assert refused.value.message_dict == {
+        "name": ["Another instance of your organization is called “Orders”: choose another name."]
+    }
+    assert list(Instance.objects.filter(tenant=tenant)) == [first.instance]
+    assert Operation.objects.filter(instance__tenant=tenant).count() == 1
+    # Another organization's instance may have it; a deleted one leaves it free.
+    other = account_services.tenant_create(actor=Actor(user=make_user("o@example.com")), name="O")
+    services.instance_create(
+        actor=Actor(user=other.memberships.get().user), tenant=other, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Instance.objects.filter(pk=first.instance_id).update(state=Instance.State.DELETED)
+    assert _create(owner, tenant, plan, name="ORDERS").instance.name == "ORDERS"
+
+
+def test_concurrent_creates_of_one_name_make_one_instance(cell, plan, tenant, owner):
+    results = race(lambda: _create(owner, tenant, plan, name="orders"))
+
+    made = [r for r in results if isinstance(r, Operation)]
+    refused = [r for r in results if isinstance(r, ValidationError)]
+    assert len(made) == 1 and len(refused) == 3, results
+    assert all(list(r.message_dict) == ["name"] for r in refused)
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
+def test_instances_that_shared_a_name_are_told_apart_before_the_constraint(db, tenant, owner):
+    from django.apps import apps
+    from django.db import connection
+
+    migration = importlib.import_module("deployments.migrations.0019_instance_names_apart")
+    with connection.cursor() as cursor:  # as before the constraint (the test's rollback undoes it)
+        cursor.execute("DROP INDEX instance_name_once")
+    Cell.objects.create(name="eu-1", region="eu", is_default=True)
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    made = [_create(owner, tenant, plan, name=f"n{i}").instance for i in range(4)]
+    for instance, name in zip(made, ["orders", "Orders", "orders (2)", "orders"], strict=True):
+        Instance.objects.filter(pk=instance.pk).update(name=name)
+    Instance.objects.filter(pk=made[3].pk).update(state=Instance.State.DELETED)
+
+    migration.names_apart(apps, None)
+
+    names = dict(Instance.objects.values_list("pk", "name"))
+    assert [names[i.pk] for i in made] == ["orders", "Orders (3)", "orders (2)", "orders"]
 
 
 def test_a_create_request_id_reused_with_other_parameters_is_refused(cell, plan, tenant, owner):

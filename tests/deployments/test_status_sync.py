@@ -12,9 +12,9 @@ from deployments.models import Instance, Operation
 from tests.deployments.conftest import wait_done
 
 
-def _create(owner, tenant, plan, **parameters):
+def _create(owner, tenant, plan, name="orders", **parameters):
     return services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
         parameters=parameters, request_id=uuid.uuid4().hex,
     )  # fmt: skip
 
@@ -22,10 +22,10 @@ def _create(owner, tenant, plan, **parameters):
 def test_every_instance_gets_what_its_spec_points_at_in_the_operators_object(
     worker, cell, plan, tenant, owner, sandbox_cluster
 ):
-    ops = [_create(owner, tenant, plan, instances="2"), _create(owner, tenant, plan)]
+    ops = [_create(owner, tenant, plan, instances="2"), _create(owner, tenant, plan, "billing")]
     for op in ops:
         assert wait_done(op).state == Operation.State.SUCCEEDED, op.error
-    gone = _create(owner, tenant, plan)  # deleted: its status is no longer read
+    gone = _create(owner, tenant, plan, "gone")  # deleted: its status is no longer read
     assert wait_done(gone).state == Operation.State.SUCCEEDED, gone.error
     delete = services.instance_delete(
         actor=Actor(user=owner), instance=gone.instance, request_id="d"

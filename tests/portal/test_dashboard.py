@@ -139,14 +139,16 @@ def test_the_dashboard_makes_as_many_queries_for_many_deployments_as_for_few(
 ):
     url = f"/t/{tenant.slug}/"
 
-    def add(count: int) -> None:
-        for n, instance in enumerate(factories.make_instances(tenant, version, cell, count)):
+    def add(count: int, name: str) -> None:
+        for n, instance in enumerate(
+            factories.make_instances(tenant, version, cell, count, name=name)
+        ):
             factories.make_operation(instance, verb="create", state="running")
             factories.make_operation(instance, verb="backup", state="failed", ago=timedelta(n))
 
-    add(2)
+    add(2, "few")
     few = _dashboard_queries(owner_client, url)
-    add(30)
+    add(30, "many")
 
     def refuse(token):
         raise AssertionError("the dashboard decrypted a stored secret")
