@@ -132,7 +132,7 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
     list_display = ["tenant", "plan", "standing", "created_at", "past_due_since", "suspended_at"]
     list_filter = ["status", "plan"]
     search_fields = ["tenant__name", "tenant__slug", "plan__key"]
-    actions = ["approve", "suspend", "reactivate", "cancel"]
+    actions = ["approve", "suspend", "reactivate", "cancel", "hold_lift"]
 
     @admin.display(description="Status", ordering="status")
     def standing(self, subscription: Subscription) -> str:
@@ -182,6 +182,16 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
             )
 
         run_action(self, request, queryset, call, "Cancelled")
+
+    @admin.action(description="Let the organizations subscribe again (cancelled while suspended)")
+    def hold_lift(self, request, queryset):
+        run_action(
+            self,
+            request,
+            queryset,
+            lambda s: services.subscription_hold_lift(actor=staff_actor(request), subscription=s),
+            "Lifted",
+        )
 
 
 class PlanOverrideForm(forms.ModelForm):

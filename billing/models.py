@@ -300,6 +300,8 @@ class Subscription(models.Model):
             return "Awaiting payment"
         if self.status == self.Status.SUSPENDED and self.suspended_by_staff:
             return "Suspended by staff"
+        if self.status == self.Status.CANCELLED and self.suspended_by_staff:
+            return "Cancelled while suspended by staff"  # until staff lift it (`hold_lift`)
         return self.get_status_display()
 
 

@@ -146,6 +146,11 @@ def subscribe(
         if subscription is not None:
             claim.bind(subscription)
             return subscription
+        if _held_by_staff(tenant, plan):
+            raise ActionDenied(
+                f"The platform team suspended your {plan.name} subscription: contact them to "
+                "subscribe again."
+            )
         if check is not None:
             check()
         now = timezone.now()
@@ -170,6 +175,45 @@ def subscribe(
         )
         if gateway() is None:  # with Stripe, the mail follows the paid Checkout
             _notify(subscription, "created" if at_once else "requested")
+    return subscription
+
+
+def _held_by_staff(tenant: Tenant, plan: Plan) -> bool:
+    """Whether the tenant's subscription to `plan` cancelled last was suspended by staff then:
+    cancelling does not lift a suspension, so subscribing again waits until staff lift it
+    (`subscription_hold_lift`)."""
+    last = (
+        Subscription.objects.filter(tenant=tenant, plan=plan, status=Status.CANCELLED)
+        .order_by("-cancelled_at", "-pk")
+        .values_list("suspended_by_staff", flat=True)
+        .first()
+    )
+    return bool(last)
+
+
+def subscription_hold_lift(*, actor: Actor, subscription: Subscription) -> Subscription:
+    """Staff let a tenant subscribe to a plan again after cancelling a subscription to it that
+    they had suspended (`_held_by_staff`)."""
+    tenant = subscription.tenant
+    action = "subscription.hold_lift"
+    with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):
+        if not (actor.staff and actor.user is not None and actor.user.is_staff):
+            raise ActionDenied("Only the platform team can lift a suspension.")
+        subscription = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        if subscription.status != Status.CANCELLED or not subscription.suspended_by_staff:
+            raise ActionDenied(
+                "Only a cancelled subscription that the platform team had suspended keeps its "
+                "organization from subscribing again."
+            )
+        subscription.suspended_by_staff = False
+        subscription.save(update_fields=["suspended_by_staff"])
+        audit_record(
+            actor=actor,
+            action=action,
+            tenant=tenant,
+            target=subscription,
+            payload={"plan": subscription.plan.key},
+        )
     return subscription
 
 

@@ -548,8 +548,6 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
     cancelled (its page was still open), or a second page paid — would bill the tenant's usage
     again: it is ended in Stripe at once, and ours is left as it is. (The one ours holds, when
     ours is cancelled, was told to end with its period, and bills until then.)"""
-    from billing import services  # services do not import this module
-
     values = subscription_values(subscription)
     ours = _ours(subscription)
     if ours is None:
@@ -572,7 +570,18 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
     if subscription.status in _STRIPE_LIVE:
         # Started from a page made before a price changed, or on a plan that added a price.
         subscription_align(gw, subscription, ours.plan)
-    wanted = subscription_status_next(ours.status, subscription.status)
+    with transaction.atomic():
+        # Judged on ours as it is under its lock: a cancel committing meanwhile is not undone
+        # (nor refused in the audit log as a reactivation nobody asked for).
+        ours = Subscription.objects.select_for_update().get(pk=ours.pk)
+        return _status_mirror(ours, subscription.id, subscription.status)
+
+
+def _status_mirror(ours: Subscription, stripe_id: str, stripe_status: str) -> Subscription:
+    """Move ours (locked) to the status Stripe's `stripe_status` means for it."""
+    from billing import services  # services do not import this module
+
+    wanted = subscription_status_next(ours.status, stripe_status)
     if wanted == ours.status:
         return ours
     if wanted == "cancelled":
@@ -580,7 +589,7 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         return services.subscription_cancel(actor=SYSTEM, subscription=ours)
     move = _MOVES.get((ours.status, wanted))
     if move is None:
-        log.warning("stripe subscription %s: no move from %s to %s", subscription.id,
+        log.warning("stripe subscription %s: no move from %s to %s", stripe_id,
                     ours.status, wanted)  # fmt: skip
         return ours
     if move == "suspend":

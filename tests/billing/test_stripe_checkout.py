@@ -12,12 +12,13 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
+from accounts.audit import SYSTEM, Actor
 from accounts.models import AuditEvent
-from billing import entitlements, stripe_sync
+from billing import entitlements, services, stripe_sync
 from billing.models import StripeCustomer, Subscription
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
-from tests.concurrency import race
+from tests.concurrency import beside_a_lock, race
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -332,6 +333,25 @@ def test_a_staff_suspension_holds_when_stripe_next_reports_the_subscription_acti
     owner_client.post(changelist, {"action": "reactivate", "_selected_action": [subscription.pk]})
     subscription.refresh_from_db()
     assert subscription.status == "active" and not subscription.suspended_by_staff
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stripe_reporting_a_subscription_active_while_it_is_cancelled_changes_nothing(
+    client, owner_client, owner, tenant, catalog, emulator, gw
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    services.subscription_mark_past_due(actor=SYSTEM, subscription=subscription)
+    services.subscription_suspend(actor=SYSTEM, subscription=subscription, reason="unpaid")
+    held = gw.subscription(subscription.stripe_subscription_id)  # still active in Stripe
+
+    cancelled, mirrored = beside_a_lock(
+        lambda: Subscription.objects.select_for_update().get(pk=subscription.pk),
+        lambda: services.subscription_cancel(actor=Actor(user=owner), subscription=subscription),
+        lambda: stripe_sync.subscription_mirror(held, gw),  # its webhook, read before the cancel
+    )
+
+    assert cancelled == "committed" and mirrored.status == "cancelled", mirrored
+    assert not AuditEvent.objects.filter(action="subscription.reactivate").exists()
 
 
 def test_staff_cannot_approve_a_subscription_waiting_for_payment_on_stripe(

@@ -217,6 +217,27 @@ def test_only_staff_lift_a_suspension_staff_made(tenant, owner, gated, make_user
     assert subscription.status == "active" and not subscription.suspended_by_staff
 
 
+def test_cancelling_a_suspension_staff_made_does_not_lift_it(tenant, owner, plan, staff):
+    held = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    services.subscription_suspend(actor=staff, subscription=held, reason="abuse")
+    services.subscription_cancel(actor=Actor(user=owner), subscription=held)
+
+    with pytest.raises(ActionDenied, match="The platform team suspended your Hobby subscription"):
+        services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+
+    assert list(Subscription.objects.values_list("status", flat=True)) == ["cancelled"]
+    assert _events(tenant, "subscription.create").filter(result="denied").exists()
+    assert Subscription.objects.get().status_text() == "Cancelled while suspended by staff"
+    with pytest.raises(ActionDenied, match="Only the platform team"):
+        services.subscription_hold_lift(actor=Actor(user=owner), subscription=held)
+    services.subscription_hold_lift(actor=staff, subscription=held)
+    again = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    assert again.status == "active"
+    assert (
+        _events(tenant, "subscription.hold_lift").exclude(result="denied").get().actor == staff.user
+    )
+
+
 def test_suspensions_staff_made_before_the_flag_existed_are_held_as_theirs(
     tenant, owner, gated, make_user
 ):
