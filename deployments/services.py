@@ -624,7 +624,9 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
             claim.bind(pending)
             return pending
         now = timezone.now()
-        instance.operations.filter(state=Operation.State.QUEUED).update(
+        queued = instance.operations.filter(state=Operation.State.QUEUED)
+        _snapshots_unqueued(queued)
+        queued.update(
             state=Operation.State.CANCELLED,
             finished_at=now,
             error="Cancelled: the instance is being deleted.",
@@ -654,6 +656,17 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         claim.bind(operation)
         audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
     return operation
+
+
+def _snapshots_unqueued(queued) -> None:
+    """What cancelling the `queued` operations of an instance being deleted leaves of the
+    snapshots they name: a backup's is failed (it never ran), a deletion's is deleted, as
+    deleting a backup of a deleted instance does (`_snapshot_forget`)."""
+    arguments = list(queued.values_list("arguments", flat=True))
+    taking = [a["snapshot"] for a in arguments if a.get("snapshot")]
+    forgetting = [a["forget_snapshot"] for a in arguments if a.get("forget_snapshot")]
+    Snapshot.objects.filter(pk__in=taking).update(status=Snapshot.Status.FAILED)
+    Snapshot.objects.filter(pk__in=forgetting).update(status=Snapshot.Status.DELETED)
 
 
 # --- upgrade, roll back, protection ---
@@ -1203,6 +1216,8 @@ def _snapshot_forget(
         instance is not None
         and instance.state not in {Instance.State.DELETING, Instance.State.DELETED}
         and "deleteBackup" in spec.main.verbs
+        # A delete queued runs first: a deletion behind it would find the instance gone.
+        and not selectors.operations_pending(instance).filter(verb="delete").exists()
     )
     if runs and _upgrading(instance):
         raise ActionDenied(UPGRADING)

@@ -215,3 +215,53 @@ def test_deleting_a_backup_while_an_operation_on_its_instance_finishes_does_not_
 
     assert finished == "committed", finished
     assert isinstance(deleted, Operation), deleted
+
+
+def _stored(tenant, cell, plan, *, state=Instance.State.RUNNING):
+    instance = Instance.objects.create(
+        tenant=tenant, name="a", plan_version=plan.versions.get(), cell=cell, state=state,
+    )  # fmt: skip
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name="a-1", status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    return instance, snapshot
+
+
+def test_deleting_an_instance_fails_its_queued_backup_and_forgets_a_backup_queued_for_deletion(
+    db, tenant, owner
+):
+    from deployments.models import Cell
+
+    cell = Cell.objects.create(name="eu-1", region="eu", is_default=True)
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    instance, kept = _stored(tenant, cell, plan)
+    restart = _act(owner, instance, "restart")
+    Operation.objects.filter(pk=restart.pk).update(state=Operation.State.RUNNING)  # under way
+    backup = _act(owner, instance, "backup")  # queued behind it
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=kept, request_id="f")
+
+    services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="d")
+
+    taken = Snapshot.objects.get(pk=backup.arguments["snapshot"])
+    assert taken.status == Snapshot.Status.FAILED  # not pending for ever
+    kept.refresh_from_db()
+    assert kept.status == Snapshot.Status.DELETED
+    assert {Operation.objects.get(pk=o.pk).state for o in [backup, forget]} == {"cancelled"}
+
+
+def test_a_backup_deleted_while_its_instance_waits_to_be_deleted_is_forgotten_at_once(
+    db, tenant, owner
+):
+    from deployments.models import Cell
+
+    cell = Cell.objects.create(name="eu-1", region="eu", is_default=True)
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    instance, snapshot = _stored(tenant, cell, plan)
+    services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="d")
+
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f")
+
+    snapshot.refresh_from_db()
+    assert forget is None and snapshot.status == Snapshot.Status.DELETED
+    assert not instance.operations.filter(verb="deleteBackup").exists()
