@@ -223,8 +223,9 @@ def _projected_state(instance: Instance) -> str:
     return state
 
 
-def _projected_values(instance: Instance) -> dict:
-    """The instance's parameter values once its queued operations have run."""
+def instance_parameters_projected(instance: Instance) -> dict:
+    """The instance's parameter values once its queued operations have run: what a modify
+    changes from (and what its form shows)."""
     values = instance_parameters(instance)
     for op in selectors.operations_pending(instance):
         verb = _verb_of(op)
@@ -434,7 +435,7 @@ def _origin(instance: Instance) -> Operation | None:
 def _modify_request(spec, instance: Instance, values: dict) -> tuple[dict, dict]:
     """The changes a modify asks for: the values that differ from what the instance will hold
     once the operations queued before it have run (plain ones, and the Password ones apart)."""
-    projected = _projected_values(instance)
+    projected = instance_parameters_projected(instance)
     try:
         typed = validate_parameters(spec.main.parameters, values, current=projected)
     except ParameterErrors as exc:
@@ -519,7 +520,7 @@ def instance_action(
         reason = selectors.action_refusal(
             instance, verb, _projected_state(instance), custom=spec_verb.custom,
             retry=failed is not None and failed.verb == verb,
-            parameters=_projected_values(instance),
+            parameters=instance_parameters_projected(instance),
         )  # fmt: skip
         if reason or _upgrading(instance):
             raise ActionDenied(reason or UPGRADING)
@@ -569,7 +570,7 @@ def _entitled_to_modify(instance: Instance, requested: dict) -> None:
     """A modify's sizes against the plan's limits: the values once the operations queued
     before it have run, and with its changes. The caller holds the tenant's lock, as a create
     does, so two concurrent changes cannot both pass a total."""
-    projected = _projected_values(instance)
+    projected = instance_parameters_projected(instance)
     _entitled(
         instance,
         "modify",
@@ -737,7 +738,7 @@ def _entitled_to_upgrade(instance: Instance, target: PlanVersion) -> None:
     values differently (its usage rules), so the values it will run with are measured by its
     rules and those before by the rules of the version left. The caller holds the tenant's
     lock, as for a modify."""
-    projected = _projected_values(instance)
+    projected = instance_parameters_projected(instance)
     _entitled(
         instance,
         "upgrade",
@@ -1063,6 +1064,9 @@ def _utc_text(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+RESTORE_COMPLETED = "Only a completed backup can be restored."
+
+
 def snapshot_restore(
     *,
     actor: Actor,
@@ -1099,7 +1103,7 @@ def snapshot_restore(
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         if snapshot.status != Snapshot.Status.COMPLETED:
-            raise ValidationError("Only a completed snapshot can be restored.")
+            raise ValidationError(RESTORE_COMPLETED)
         if target_time is not None:
             _point_in_time_check(snapshot, target_time)
         version = snapshot.plan_version

@@ -629,6 +629,9 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     snapshot = _snapshot(instance, snapshot_id)
     if request.method == "GET":
         action_require(request, "backup.restore")
+        if snapshot.status != Snapshot.Status.COMPLETED:
+            messages.error(request, services.RESTORE_COMPLETED)
+            return redirect(_page_url(instance, "backups"))
         if not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
             return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = _restore_form(snapshot, instance.name, request.POST or None)
@@ -759,12 +762,13 @@ def backup_schedule_update(request, instance_id: str):
 
 
 def _modify_form(instance: Instance, data=None) -> forms.ParameterForm:
-    """The modify form: the modifiable parameters, prefilled with the instance's values."""
+    """The modify form: the modifiable parameters, prefilled with the values the instance
+    will hold once the operations queued on it have run, which a modify changes from."""
     spec = selectors.plan_spec(instance.plan_version)
     form_class = forms.parameter_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,
-        current=services.instance_parameters(instance),
+        current=services.instance_parameters_projected(instance),
     )
     return form_class(data)
 

@@ -2,6 +2,8 @@
 """The instance page's Modify dialog: the modifiable parameters prefilled, the cost of the
 change, and a modify queued with only what changed."""
 
+import re
+
 import pytest
 
 from accounts.models import AuditEvent
@@ -76,6 +78,21 @@ def test_nothing_to_change_is_said_in_the_dialog(owner_client, instance):
     assert response.status_code == 400
     assert "Nothing to change" in response.content.decode()
     assert not Operation.objects.filter(verb="modify").exists()
+
+
+def test_a_modify_changes_from_what_the_queued_ones_leave_and_may_undo_them(owner_client, instance):
+    _modify(owner_client, instance, instances="3")  # queued: no worker runs it here
+
+    html = owner_client.get(_url(instance)).content.decode()
+    dialog = html[html.index('id="dialog-modify"') :]
+    response = owner_client.post(
+        _url(instance, "modify/"), {"request_id": "mod-2", "p-instances": "2"}
+    )
+
+    assert re.search(r'name="p-instances" value="3"', dialog)  # as the queued one leaves it
+    assert response.status_code == 302  # back to the 2 it has: not "nothing to change"
+    undo = Operation.objects.filter(verb="modify").order_by("created_at").last()
+    assert undo.requested == {"instances": 2}
 
 
 def test_the_estimate_shows_the_cost_now_and_after_the_change(owner_client, instance):

@@ -1002,8 +1002,19 @@ def test_restoring_a_backup_that_is_not_complete_says_why(owner_client, instance
         follow=True,
     )
 
-    assert "Only a completed snapshot can be restored." in response.content.decode()
+    assert "Only a completed backup can be restored." in response.content.decode()
     assert Instance.objects.count() == 1
+
+
+def test_the_restore_form_of_a_failed_backup_is_not_offered(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.FAILED)
+
+    response = owner_client.get(_restore_url(instance, snapshot), follow=True)
+
+    assert response.redirect_chain[-1][0] == _url(instance, "?tab=backups")
+    assert "Only a completed backup can be restored." in response.content.decode()
+    assert 'name="name"' not in response.content.decode()  # the restore form's
 
 
 @pytest.mark.parametrize("role", ["viewer", "billing"])

@@ -69,7 +69,7 @@ def test_only_completed_snapshots_restore(worker, cell, plan, tenant, owner):
             actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r2"
         )
 
-    assert refused.value.messages == ["Only a completed snapshot can be restored."]
+    assert refused.value.messages == ["Only a completed backup can be restored."]
     assert Instance.objects.filter(tenant=tenant).count() == 1
 
 
