@@ -1,9 +1,11 @@
 """What a tenant's usage costs in a billing period, for the Billing page and the billing team's
 usage explorer: cost per dimension and per instance, and a chart of daily cost by dimension.
 
-Amounts are worked out as the invoice will be (`billing.invoicing`): a unit-hour's price times
-the unit-hours used, rounded per instance and dimension to the currency's minor unit, so the
-period's cost so far is what its invoice will say if nothing else runs. Usage is read in a
+Amounts are worked out as the invoice that bills them will be: a unit-hour's price times the
+unit-hours used, rounded to the currency's minor unit per instance and dimension on Opsdeck's
+invoice (`billing.invoicing`), and once per plan, dimension and price over every instance on
+Stripe's, for the usage sent to its meters (Stripe rounds a metered line's total) — so the
+period's cost so far is what its invoices will say if nothing else runs. Usage is read in a
 constant number of aggregate queries whatever the number of instances or hours.
 """
 
@@ -14,12 +16,12 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal
 
-from django.db.models import Max, Sum
+from django.db.models import Exists, Max, OuterRef, Sum
 from django.db.models.functions import TruncDate
 
 from accounts.models import Tenant
 from billing import usage
-from billing.models import DIMENSION_LABELS, Plan, UsageRecord
+from billing.models import DIMENSION_LABELS, MeterEvent, Plan, UsageRecord
 from billing.pricing import PriceBook, rounded
 
 
@@ -65,9 +67,14 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
         set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
     book = PriceBook(plans, start, end, tenant_ids={tenant.pk})
+    # Sent to Stripe's meters, on Stripe's invoice (what its meters refused comes back here).
+    on_stripe = MeterEvent.objects.filter(usage_record=OuterRef("pk")).exclude(
+        status=MeterEvent.Status.ADJUSTED
+    )
     spanned = records.annotate(span=book.span())
     per_instance = (
-        spanned.values("plan_id", "instance_id", "dimension", "span")
+        spanned.annotate(on_stripe=Exists(on_stripe))
+        .values("plan_id", "instance_id", "dimension", "span", "on_stripe")
         .annotate(quantity=Sum("quantity"), name=Max("instance_name"))
         .order_by()
     )
@@ -77,24 +84,34 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
         .annotate(quantity=Sum("quantity"))
         .order_by()
     )
-    # Quantities per instance, dimension and unit price, rounded once each: the invoice's lines.
-    lines: dict[tuple[str, str, str, Decimal], Decimal] = defaultdict(Decimal)
+    # The invoices' lines, each rounded once: Opsdeck's per instance, dimension and unit price;
+    # Stripe's per plan, dimension and unit price, over every instance ("" in the key).
+    lines: dict[tuple[str, int, str, str, Decimal], Decimal] = defaultdict(Decimal)
     names: dict[str, tuple[str, str]] = {}
+    # What each instance costs: its lines on Opsdeck's invoice, and its share of Stripe's.
+    instances: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    shares: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
     for row in per_instance:
         priced = book.per_hour(tenant.pk, row["plan_id"], row["span"], row["dimension"])
         if priced is None:
             continue  # a dimension the plan does not price is free
         unit_price, currency = priced
-        lines[(currency, row["instance_id"], row["dimension"], unit_price)] += row["quantity"]
-        names[row["instance_id"]] = (row["name"], plans[row["plan_id"]].name)
+        instance_id = row["instance_id"]
+        line = "" if row["on_stripe"] else instance_id
+        lines[(currency, row["plan_id"], line, row["dimension"], unit_price)] += row["quantity"]
+        names[instance_id] = (row["name"], plans[row["plan_id"]].name)
+        if row["on_stripe"]:
+            shares[(currency, instance_id)] += row["quantity"] * unit_price
     costs: dict[str, CurrencyCost] = {}
-    instances: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    for (currency, instance_id, dimension, unit_price), quantity in lines.items():
+    for (currency, _, line, dimension, unit_price), quantity in lines.items():
         amount = rounded(quantity * unit_price, currency)
         cost = costs.setdefault(currency, CurrencyCost(currency))
         cost.total += amount
         cost.by_dimension[dimension] = cost.by_dimension.get(dimension, 0) + amount
-        instances[(currency, instance_id)] += amount
+        if line:
+            instances[(currency, line)] += amount
+    for key, share in shares.items():
+        instances[key] += rounded(share, key[0])
     for (currency, instance_id), amount in instances.items():
         name, plan = names[instance_id]
         costs[currency].by_instance.append(InstanceCost(instance_id, name, plan, amount))

@@ -126,6 +126,28 @@ def test_the_billing_page_makes_as_many_queries_for_many_instances_as_for_few(
     assert len(many.captured_queries) == len(few.captured_queries)
 
 
+def test_usage_sent_to_stripe_costs_what_stripes_invoice_says(tenant, plan):
+    from billing.models import MeterEvent, UsageRecord
+
+    for n in range(5):  # 5 core-hours each: 0.175, rounded 0.18 on a line of its own
+        hour = NOVEMBER + timedelta(hours=n)
+        _use(tenant, plan, hour, "inst-orders00", "orders", cpu="1")
+        _use(tenant, plan, hour, "inst-cache000", "cache", cpu="1")
+    local = reports.period_cost(tenant, "2026-11").currencies[0]
+    for record in UsageRecord.objects.all():  # both sent to Stripe's cpu meter
+        MeterEvent.objects.create(
+            usage_record=record, identifier=f"u{record.pk}", customer_id="cus_1",
+            event_name="cpu", value=str(record.quantity), timestamp=record.hour, status="sent",
+        )  # fmt: skip
+
+    (money,) = reports.period_cost(tenant, "2026-11").currencies
+
+    assert local.total == Decimal("0.36")  # Opsdeck's invoice: a line per instance
+    # Stripe's invoice: one line for the plan's cpu price, 10 core-hours = 0.35
+    assert money.total == money.by_dimension["cpu"] == Decimal("0.35")
+    assert [i.amount for i in money.by_instance] == [Decimal("0.18"), Decimal("0.18")]
+
+
 def test_the_cost_so_far_follows_the_tenants_price_override(tenant, plan):
     from billing.models import PlanOverride
 
