@@ -58,8 +58,12 @@ def period_clean(key: str) -> str:
     """`key` if it names a month as "YYYY-MM" (of a year in _YEARS); else a ValidationError
     saying so."""
     found = _PERIOD.fullmatch(key.strip()) if isinstance(key, str) else None
-    if found is None or int(found.group(1)) not in _YEARS:
+    if found is None:
         raise ValidationError(f"{key!r} is not a billing period: write the month as YYYY-MM.")
+    if int(found.group(1)) not in _YEARS:
+        raise ValidationError(
+            f"{key!r} is not a billing period: the year is between {_YEARS[0]} and {_YEARS[-1]}."
+        )
     return key.strip()
 
 

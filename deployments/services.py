@@ -776,7 +776,9 @@ def plan_change(
         prefix = idempotency.derived_request_id(request_id, "plan-change")[:48]
         if claim.earlier is not None:
             return PlanChange(source, target, _plan_change_operations(tenant, prefix))
-        if target.pk == source.pk or target.service != source.service:
+        if target.pk == source.pk:
+            raise ValidationError(f"Your instances are on the {target.name} plan already.")
+        if target.service != source.service:
             raise ValidationError(
                 f"{target.name} is not another plan of {source.name}'s service: instances move "
                 "only between plans of one service."
