@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from accounts.roles import Role
@@ -121,6 +122,16 @@ class Invitation(models.Model):
                 fields=["created_at"],
                 name="invitation_unsent",
                 condition=models.Q(emailed_at=None, accepted_at=None, revoked_at=None),
+            )
+        ]
+        # One open invitation per address in an organization: a newer one replaces it
+        # (`services.invitation_create`). An expired one counts until the next replaces it.
+        constraints = [
+            models.UniqueConstraint(
+                models.F("tenant"),
+                Lower("email"),
+                condition=models.Q(accepted_at=None, revoked_at=None),
+                name="invitation_open_once",
             )
         ]
 

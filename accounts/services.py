@@ -203,6 +203,8 @@ def invitation_create(
     """Invite someone by email; a newer invitation to the same address replaces older ones.
 
     A repeated request id returns the invitation that request made (and sends nothing again).
+    Invitations of one organization are made one at a time, under its lock: of several sent to
+    one address at once, the last stays open (the database holds one open per address).
     """
     request_id = idempotency.request_id_clean(request_id)
     submitted = {"email": email, "role": role}
@@ -221,11 +223,12 @@ def invitation_create(
         )
         if claim.earlier is not None:
             return Invitation.objects.get(pk=claim.earlier.target_id)
+        tenant_lock(tenant.pk)
         if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
             raise ValidationError({"email": f"{email} is already a member."})
         now = timezone.now()
         Invitation.objects.filter(
-            tenant=tenant, email=email, accepted_at=None, revoked_at=None
+            tenant=tenant, email__iexact=email, accepted_at=None, revoked_at=None
         ).update(revoked_at=now)
         invitation = Invitation(
             tenant=tenant,
@@ -342,11 +345,27 @@ def invitation_from_token(token: str) -> Invitation:
     status = invitation.status
     if status == "accepted":
         raise InvitationInvalid("This invitation has already been used.")
+    if status == "revoked" and _invitation_replaced(invitation):
+        raise InvitationInvalid(
+            "This invitation was replaced by a newer one: use the link in the latest "
+            "invitation email."
+        )
     if status == "revoked":
         raise InvitationInvalid("This invitation was withdrawn.")
     if status == "expired":
         raise InvitationInvalid("This invitation has expired. Ask for a new one.")
     return invitation
+
+
+def _invitation_replaced(invitation: Invitation) -> bool:
+    """Whether a newer invitation to the same address withdrew this one (`invitation_create`
+    withdraws the older ones at the time it makes the new one), rather than someone."""
+    return Invitation.objects.filter(
+        tenant_id=invitation.tenant_id,
+        email__iexact=invitation.email,
+        created_at__gt=invitation.created_at,
+        created_at__lte=invitation.revoked_at,
+    ).exists()
 
 
 def invitation_accept(*, actor: Actor, token: str) -> Membership:

@@ -1,11 +1,17 @@
+import importlib
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError
+from django.test import Client
 from django.utils import timezone
 
 from accounts import services
 from accounts.audit import Actor
 from accounts.models import AuditEvent, Invitation, Membership
+from tests.concurrency import race
 
 
 @pytest.fixture
@@ -177,3 +183,110 @@ def test_an_unverified_address_cannot_accept_until_it_is_confirmed(
     assert response.status_code == 400
     assert b"Confirm new@example.com first" in response.content
     assert not Membership.objects.filter(tenant=tenant, user__email="new@example.com").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_invitations_sent_to_one_address_at_once_leave_only_the_last_one_open(
+    tenant, owner, make_user, monkeypatch
+):
+    full_clean = Invitation.full_clean
+
+    def slow_full_clean(self, *args, **kwargs):
+        time.sleep(0.2)  # a slow request: the others reach their own invitation meanwhile
+        return full_clean(self, *args, **kwargs)
+
+    monkeypatch.setattr(Invitation, "full_clean", slow_full_clean)
+    # Each thread takes a signed-in browser and a form: roles alternate, request ids differ.
+    browsers = []
+    for role, request_id in [
+        ("admin", "r-1"),
+        ("viewer", "r-2"),
+        ("admin", "r-3"),
+        ("viewer", "r-4"),
+    ]:
+        browser = Client()
+        browser.force_login(owner)
+        browsers.append((browser, role, request_id))
+    taking = threading.Lock()
+
+    def submit():
+        with taking:
+            browser, role, request_id = browsers.pop()
+        return browser.post(
+            f"/t/{tenant.slug}/team/invite/",
+            {"email": "carol@x.example", "role": role, "request_id": request_id},
+        )
+
+    results = race(submit)
+
+    assert [getattr(r, "status_code", r) for r in results] == [302] * 4, results
+    sent = list(Invitation.objects.filter(tenant=tenant).order_by("created_at", "pk"))
+    assert len(sent) == 4
+    assert [i.status for i in sent] == ["revoked"] * 3 + ["pending"]
+    browser = Client()
+    browser.force_login(owner)
+    team = browser.get(f"/t/{tenant.slug}/team/").content.decode()
+    assert team.count("<td>carol@x.example</td>") == 1
+    assert AuditEvent.objects.filter(tenant=tenant, action="member.invite").count() == 4
+    browser.force_login(make_user("carol@x.example"))
+    replaced = browser.post(f"/invitations/{services.invitation_token(sent[0])}/")
+    assert replaced.status_code == 400
+    assert b"replaced by a newer one" in replaced.content
+    joined = browser.post(f"/invitations/{services.invitation_token(sent[-1])}/")
+    assert joined.status_code == 302
+    assert Membership.objects.get(tenant=tenant, user__email="carol@x.example").role == (
+        sent[-1].role
+    )
+
+
+@pytest.mark.django_db
+def test_a_replaced_invitation_says_so_and_the_newer_one_joins_with_its_role(
+    client, invite, make_user, tenant
+):
+    _, first = invite(email="carol@x.example", role="viewer")
+    _, second = invite(email="Carol@X.example", role="admin")
+    client.force_login(make_user("carol@x.example"))
+
+    response = client.post(first, follow=True)
+
+    assert response.status_code == 400
+    assert b"replaced by a newer one" in response.content
+    assert b"Welcome" not in response.content
+    assert not Membership.objects.filter(tenant=tenant, user__email="carol@x.example").exists()
+    client.post(second)
+    assert Membership.objects.get(tenant=tenant, user__email="carol@x.example").role == "admin"
+
+
+@pytest.mark.django_db
+def test_the_database_holds_one_open_invitation_per_address_whatever_its_case(tenant):
+    Invitation.objects.create(tenant=tenant, email="carol@x.example", role="viewer")
+
+    with pytest.raises(IntegrityError):
+        Invitation.objects.create(tenant=tenant, email="Carol@x.example", role="admin")
+
+
+@pytest.mark.django_db
+def test_the_migration_withdraws_all_but_the_newest_open_invitation_to_an_address(tenant):
+    from django.apps import apps
+    from django.db import connection
+
+    migration = importlib.import_module("accounts.migrations.0007_invitations_open_apart")
+    with connection.cursor() as cursor:  # as before the constraint (the test's rollback undoes it)
+        cursor.execute("DROP INDEX invitation_open_once")
+    now = timezone.now()
+    made = [
+        Invitation.objects.create(
+            tenant=tenant, email=email, role="member", created_at=now - timedelta(minutes=age)
+        )
+        for email, age in [("carol@x.example", 3), ("Carol@x.example", 2), ("bob@x.example", 1)]
+    ]
+    made.append(
+        Invitation.objects.create(
+            tenant=tenant, email="carol@x.example", role="member", accepted_at=now
+        )
+    )
+
+    migration.older_open_invitations_revoke(apps, None)
+
+    statuses = [Invitation.objects.get(pk=i.pk).status for i in made]
+    assert statuses == ["revoked", "pending", "pending", "accepted"]
