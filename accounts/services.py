@@ -417,18 +417,31 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
     raise InvitationInvalid(reason)
 
 
+# Why an invitation cannot be withdrawn, by its status.
+_NOT_WITHDRAWN = {
+    "accepted": "The invitation to {email} was already accepted.",
+    "revoked": "The invitation to {email} was already withdrawn.",
+    "expired": "The invitation to {email} has already expired.",
+}
+
+
 def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
+    """Withdraw a pending invitation; one already accepted, withdrawn or expired is left as it
+    is, with a ValidationError saying so."""
     tenant = invitation.tenant
     with audited_action(actor=actor, action="invitation.revoke", tenant=tenant, target=invitation):
         permission_require(actor=actor, tenant=tenant, action="member.invite")
-        updated = Invitation.objects.filter(
-            pk=invitation.pk, accepted_at=None, revoked_at=None
-        ).update(revoked_at=timezone.now())
-        if updated:
-            audit_record(
-                actor=actor,
-                action="invitation.revoke",
-                tenant=tenant,
-                target=invitation,
-                payload={"email": invitation.email},
-            )
+        # Locked: an acceptance or another withdrawal at the same moment waits for this one.
+        invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+        status = invitation.status
+        if status != "pending":
+            raise ValidationError(_NOT_WITHDRAWN[status].format(email=invitation.email))
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            action="invitation.revoke",
+            tenant=tenant,
+            target=invitation,
+            payload={"email": invitation.email},
+        )

@@ -176,8 +176,8 @@ def invitation_revoke(request, invitation_id: int):
     invitation = get_object_or_404(request.tenant.invitations, pk=invitation_id)
     try:
         services.invitation_revoke(actor=Actor.from_request(request), invitation=invitation)
-    except ActionDenied as exc:
-        messages.error(request, exc.reason)
+    except (ActionDenied, ValidationError) as exc:
+        messages.error(request, _reason(exc))
     else:
         messages.success(request, f"Invitation to {invitation.email} withdrawn.")
     return _team_response(request)

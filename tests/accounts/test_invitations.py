@@ -290,3 +290,43 @@ def test_the_migration_withdraws_all_but_the_newest_open_invitation_to_an_addres
 
     statuses = [Invitation.objects.get(pk=i.pk).status for i in made]
     assert statuses == ["revoked", "pending", "pending", "accepted"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("before", "said"),
+    [
+        ({"accepted_at": timezone.now()}, "was already accepted."),
+        ({"revoked_at": timezone.now()}, "was already withdrawn."),
+        ({"created_at": timezone.now() - timedelta(days=400)}, "has already expired."),
+    ],
+)
+def test_withdrawing_an_invitation_no_longer_pending_says_why_and_changes_nothing(
+    owner_client, invite, tenant, before, said
+):
+    invitation, _ = invite(email="bob@x.example")
+    Invitation.objects.filter(pk=invitation.pk).update(**before)
+    unchanged = Invitation.objects.get(pk=invitation.pk)
+
+    response = owner_client.post(
+        f"/t/{tenant.slug}/team/invitations/{invitation.pk}/revoke/", follow=True
+    )
+
+    page = response.content.decode()
+    assert f"The invitation to bob@x.example {said}" in page
+    assert "Invitation to bob@x.example withdrawn." not in page
+    assert Invitation.objects.get(pk=invitation.pk).revoked_at == unchanged.revoked_at
+    assert not AuditEvent.objects.filter(tenant=tenant, action="invitation.revoke").exists()
+
+
+@pytest.mark.django_db
+def test_withdrawing_a_pending_invitation_says_so_and_records_it(owner_client, invite, tenant):
+    invitation, _ = invite(email="bob@x.example")
+
+    response = owner_client.post(
+        f"/t/{tenant.slug}/team/invitations/{invitation.pk}/revoke/", follow=True
+    )
+
+    assert "Invitation to bob@x.example withdrawn." in response.content.decode()
+    assert Invitation.objects.get(pk=invitation.pk).status == "revoked"
+    assert AuditEvent.objects.filter(tenant=tenant, action="invitation.revoke").count() == 1
