@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.contrib import admin
 from django.urls import reverse
@@ -136,3 +138,33 @@ def test_the_admin_is_for_staff_only(client, owner):
 
     assert response.status_code == 302
     assert response.url.startswith("/admin/login/")
+
+
+@pytest.mark.django_db
+def test_the_organization_list_makes_as_many_queries_for_many_organizations_as_for_few(
+    staff_client, owner, make_user
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from accounts.models import Tenant
+
+    def organizations(count):
+        for i in range(Tenant.objects.count(), count):
+            tenant = services.tenant_create(actor=Actor(user=owner), name=f"Org {i:02}")
+            for j in range(i % 3):
+                member = make_user(f"m{i}-{j}@x.example")
+                Membership.objects.create(tenant=tenant, user=member, role="member")
+
+    by_members = {"o": "-2"}  # the Members column, most first
+    organizations(3)
+    staff_client.get(_url(Tenant, "changelist"), by_members)
+    with CaptureQueriesContext(connection) as few:
+        staff_client.get(_url(Tenant, "changelist"), by_members)
+    organizations(15)
+    with CaptureQueriesContext(connection) as many:
+        page = staff_client.get(_url(Tenant, "changelist"), by_members)
+
+    assert len(many.captured_queries) == len(few.captured_queries)
+    counts = re.findall(r'<td class="field-member_count">(\d+)</td>', page.content.decode())
+    assert counts == ["3"] * 5 + ["2"] * 5 + ["1"] * 5
