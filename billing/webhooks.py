@@ -64,6 +64,8 @@ HANDLERS: dict[str, Handler] = {
     "invoice.finalized": invoice_changed,
     "invoice.paid": invoice_changed,
     "invoice.payment_failed": invoice_changed,
+    # The customer's bank asks them to confirm the payment: the invoice shows where to.
+    "invoice.payment_action_required": invoice_changed,
 }
 
 

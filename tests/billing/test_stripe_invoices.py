@@ -196,6 +196,22 @@ def test_a_failed_payment_alone_makes_the_subscription_past_due(
     assert Invoice.objects.get().status == "open"
 
 
+def test_a_payment_waiting_for_the_customers_confirmation_shows_the_invoice_to_pay(
+    client, owner_client, tenant, subscription, emulator, record_usage
+):
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    emulator.finalize_invoice(invoice["id"])
+    # Stripe's event when the card's bank asks the customer to confirm (3-D Secure): alone,
+    # the others late. The emulator never needs it; it is sent as Stripe sends it.
+    finalized = emulator.events("invoice.finalized")[-1]
+    _deliver(client, {**finalized, "id": "evt_action", "type": "invoice.payment_action_required"})
+
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert stored.status == "open"
+    detail = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
+    assert "Pay or view on Stripe" in detail
+
+
 def test_an_invoice_with_more_lines_than_stripe_embeds_is_read_in_full(gw, emulator, monkeypatch):
     """Stripe embeds an invoice's first lines only (`has_more`): the rest are listed."""
     customer = gw.client.v1.customers.create({"name": "Many lines"})
