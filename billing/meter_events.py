@@ -405,6 +405,21 @@ def meter_event_retry(*, actor: Actor, meter_event: MeterEvent) -> MeterEvent:
     return row
 
 
+def unsent_to_local(*, tenant_id: int, plan_id: int) -> int:
+    """When Stripe ended the tenant's subscription to the plan: its rows still waiting to be
+    sent go on Opsdeck's invoice, as adjustments (sent now, no Stripe invoice would bill them);
+    how many."""
+    return MeterEvent.objects.filter(
+        status=MeterEvent.Status.PENDING,
+        usage_record__tenant_id=tenant_id,
+        usage_record__plan_id=plan_id,
+    ).update(
+        status=MeterEvent.Status.ADJUSTED,
+        last_error="Stripe ended its subscription before it was sent: a local adjustment.",
+        check_first=False,
+    )
+
+
 def adjustments(period: str | None = None) -> QuerySet[MeterEvent]:
     """Rows too old for Stripe, to bill as local adjustment lines (optionally those of the usage
     records billed in `period`, "YYYY-MM")."""

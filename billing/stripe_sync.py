@@ -19,6 +19,7 @@ from django.utils import timezone
 from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import Tenant
+from billing import meter_events
 from billing.meter_events import MICRO
 from billing.models import (
     Invoice,
@@ -585,8 +586,11 @@ def _status_mirror(ours: Subscription, stripe_id: str, stripe_status: str) -> Su
     if wanted == ours.status:
         return ours
     if wanted == "cancelled":
-        # Stripe ended it: ours ends too (instances keep running; new ones are refused).
-        return services.subscription_cancel(actor=SYSTEM, subscription=ours)
+        # Stripe ended it: ours ends too (instances keep running; new ones are refused), and
+        # the usage it had not been sent yet is billed on Opsdeck's invoice instead.
+        cancelled = services.subscription_cancel(actor=SYSTEM, subscription=ours)
+        meter_events.unsent_to_local(tenant_id=ours.tenant_id, plan_id=ours.plan_id)
+        return cancelled
     move = _MOVES.get((ours.status, wanted))
     if move is None:
         log.warning("stripe subscription %s: no move from %s to %s", stripe_id,

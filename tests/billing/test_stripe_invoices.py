@@ -212,6 +212,22 @@ def test_a_payment_waiting_for_the_customers_confirmation_shows_the_invoice_to_p
     assert "Pay or view on Stripe" in detail
 
 
+def test_usage_not_yet_sent_when_stripe_ends_the_subscription_is_billed_locally(
+    client, subscription, emulator, gw, record_usage
+):
+    record_usage(_this_hour(), ("inst-a", "cpu", "2.5"))
+    assert meter_events.enqueue() == 1  # waiting to be sent
+
+    gw.client.v1.subscriptions.cancel(subscription.stripe_subscription_id)  # e.g. unpaid
+    _deliver(client, emulator.events("customer.subscription.deleted")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+    assert meter_events.flush().sent == 0  # no Stripe invoice would bill it
+    (row,) = meter_events.adjustments()
+    assert row.usage_record.quantity == Decimal("2.5")  # on Opsdeck's invoice instead
+
+
 def test_an_invoice_with_more_lines_than_stripe_embeds_is_read_in_full(gw, emulator, monkeypatch):
     """Stripe embeds an invoice's first lines only (`has_more`): the rest are listed."""
     customer = gw.client.v1.customers.create({"name": "Many lines"})
