@@ -377,7 +377,7 @@ class Core:
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if "managedFields" not in meta and old_meta.get("managedFields"):
             meta["managedFields"] = copy.deepcopy(old_meta["managedFields"])
-        self._prepare(rt, obj, old, ctx)
+        self._prepare(rt, obj, old, ctx, admitted=not subresource)
         if rt.has_generation:
             # Compared after defaulting, so omitting a defaulted field is not a spec change.
             meta["generation"] = old_meta.get("generation", 1)
@@ -792,9 +792,17 @@ class Core:
             raise E.forbidden(rt.plural, rt.group, name, TERMINATING.format(ns=ns))
 
     def _prepare(
-        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None, ctx: Ctx
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        ctx: Ctx,
+        *,
+        admitted: bool = True,
     ) -> None:
-        """Kind-specific defaulting and validation before storing."""
+        """Kind-specific defaulting and validation before storing; `admitted`: an operator's
+        webhooks see the write (they are registered for the resource, so a write to its status
+        or scale subresource never reaches them)."""
         name = obj["metadata"].get("name", "")
         problems = [f'duplicate field "{d}"' for d in ctx.duplicates]
         if rt.crd:
@@ -808,12 +816,12 @@ class Core:
             ctx.warnings.extend(problems)
         if rt.crd:
             S.apply_defaults(obj, rt.schema)
-            if rt.key in self.defaulters:
+            if admitted and rt.key in self.defaulters:
                 self.defaulters[rt.key](obj)
             errs = S.validate(obj, rt.schema, old)
             if errs:
                 raise E.invalid_object(rt.kind, rt.group, name, errs)
-            if rt.key in self.validators:
+            if admitted and rt.key in self.validators:
                 webhook, validate = self.validators[rt.key]
                 if errs := validate(obj, old):
                     raise E.webhook_denied(webhook, E.invalid_object(rt.kind, rt.group, name, errs))

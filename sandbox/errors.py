@@ -51,6 +51,11 @@ def required(path: str, detail: str = "") -> FieldError:
     return FieldError("FieldValueRequired", path, detail)
 
 
+def forbidden_field(path: str, detail: str) -> FieldError:
+    """A `Forbidden` field error."""
+    return FieldError("FieldValueForbidden", path, detail)
+
+
 class RawValue(str):
     """A value printed verbatim in a field error (e.g. Go's `0x0`)."""
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core import Ctx, now_iso
-from ..errors import ApiError, FieldError, invalid
+from ..errors import ApiError, FieldError, forbidden_field, invalid
 from ..store import ObjKey
 from ..workloads import parse_quantity, storage_request
 from .cron import CronError, next_time
@@ -1536,12 +1536,29 @@ def _config_hash(c: dict[str, Any]) -> str:
     return hashlib.sha256(config.encode()).hexdigest()[:16]
 
 
-def validate_cluster(new: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
-    """CloudNativePG's validating webhook, the part a change of size meets: a volume never
-    shrinks."""
-    if old is None:
+BOOTSTRAP_METHODS = ("initdb", "recovery", "pg_basebackup")
+
+
+def bootstrap_methods(cluster: dict[str, Any]) -> list[str]:
+    """The bootstrap methods a Cluster's spec sets; one set to null is not set (a nil pointer)."""
+    bootstrap = (cluster.get("spec") or {}).get("bootstrap")
+    if not isinstance(bootstrap, dict):
         return []
+    return [method for method in BOOTSTRAP_METHODS if bootstrap.get(method) is not None]
+
+
+def validate_cluster(new: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
+    """CloudNativePG's validating webhook, the parts Opsdeck's plans meet: one bootstrap method
+    at a time (on create and on every update), and a volume never shrinks."""
     errs = []
+    if len(bootstrap_methods(new)) > 1:
+        errs.append(
+            forbidden_field(
+                "spec.bootstrap", "Only one bootstrap method can be specified at a time"
+            )
+        )
+    if old is None:
+        return errs
     for field in ("storage", "walStorage"):
         before = ((old.get("spec") or {}).get(field) or {}).get("size")
         after = ((new.get("spec") or {}).get(field) or {}).get("size")
@@ -1558,16 +1575,14 @@ def validate_cluster(new: dict[str, Any], old: dict[str, Any] | None) -> list[Fi
 
 
 def default_cluster(cluster: dict[str, Any]) -> None:
-    """CloudNativePG's defaulting webhook: initdb with database and owner "app" by default."""
+    """CloudNativePG's defaulting webhook: initdb with database and owner "app" when no
+    bootstrap method is set."""
     spec = cluster.setdefault("spec", {})
     if not isinstance(spec, dict):
         return
-    bootstrap = spec.get("bootstrap")
-    if not isinstance(bootstrap, dict) or not any(
-        bootstrap.get(m) for m in ("initdb", "recovery", "pg_basebackup")
-    ):
-        bootstrap = spec["bootstrap"] = {"initdb": {}}
-    initdb = bootstrap.get("initdb")
+    if not bootstrap_methods(cluster):
+        spec["bootstrap"] = {"initdb": {}}
+    initdb = spec["bootstrap"].get("initdb")
     if isinstance(initdb, dict):
         initdb.setdefault("database", "app")
         initdb.setdefault("owner", initdb["database"])
