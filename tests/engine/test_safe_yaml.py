@@ -125,11 +125,11 @@ def test_the_real_specs_still_load(path):
 def test_the_cnpg_spec_reuses_its_manifests_through_anchors_and_aliases():
     spec = load_spec(CNPG.read_text())
 
-    create = spec.main.verbs["create"].workflow.templates
-    modify = spec.main.verbs["modify"].workflow.templates
-    assert modify["cluster"].resource.manifest == create["cluster"].resource.manifest
-    assert modify["credentials"].resource.manifest == create["credentials"].resource.manifest
-    assert "kind: Cluster" in modify["cluster"].resource.manifest
+    verbs = spec.main.verbs
+    credentials = verbs["create"].workflow.templates["credentials"].resource.manifest
+    for verb in ("modify", "restore"):
+        assert verbs[verb].workflow.templates["credentials"].resource.manifest == credentials
+    assert "kind: Secret" in credentials
 
 
 def test_an_alias_used_many_times_within_the_bounds_is_fine():
