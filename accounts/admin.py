@@ -88,8 +88,9 @@ class TenantAdmin(ServiceOwnedAdmin):
     inlines = [MembershipInline]
 
     def get_queryset(self, request):
-        # Counted in the list's one query, not one query per row.
-        return super().get_queryset(request).annotate(members=Count("memberships"))
+        # Counted in the list's one query, not one query per row; distinct, as a search by a
+        # member's address joins the memberships a second time.
+        return super().get_queryset(request).annotate(members=Count("memberships", distinct=True))
 
     @admin.display(description="Members", ordering="members")
     def member_count(self, obj):

@@ -595,7 +595,10 @@ def _finish(
             status=Snapshot.Status.DELETED
         )
     if op.arguments.get("snapshot"):
-        Snapshot.objects.filter(pk=op.arguments["snapshot"]).update(
+        # One deleted while its backup ran stays deleted (its data goes with the retention).
+        Snapshot.objects.filter(pk=op.arguments["snapshot"]).exclude(
+            status=Snapshot.Status.DELETED
+        ).update(
             status=Snapshot.Status.COMPLETED if succeeded else Snapshot.Status.FAILED,
             metadata=op.outputs,
             parameters=op.parameters,  # what a restore of it keeps, also once the instance is gone

@@ -216,7 +216,7 @@ def _verb_of(op: Operation):
 def _projected_state(instance: Instance) -> str:
     """The state the instance will be in once its queued operations have run."""
     state = instance.state
-    for op in selectors.operations_pending(instance):
+    for op in selectors.operations_pending(instance).select_related("plan_version"):
         verb = _verb_of(op)
         after = lifecycle.rule(op.verb, custom=bool(verb and verb.custom)).after
         state = after or state
@@ -227,7 +227,7 @@ def instance_parameters_projected(instance: Instance) -> dict:
     """The instance's parameter values once its queued operations have run: what a modify
     changes from (and what its form shows)."""
     values = instance_parameters(instance)
-    for op in selectors.operations_pending(instance):
+    for op in selectors.operations_pending(instance).select_related("plan_version"):
         verb = _verb_of(op)
         if verb is not None:
             values = values_after(op, verb, values) or values
@@ -666,7 +666,9 @@ def _snapshots_unqueued(queued) -> None:
     arguments = list(queued.values_list("arguments", flat=True))
     taking = [a["snapshot"] for a in arguments if a.get("snapshot")]
     forgetting = [a["forget_snapshot"] for a in arguments if a.get("forget_snapshot")]
-    Snapshot.objects.filter(pk__in=taking).update(status=Snapshot.Status.FAILED)
+    Snapshot.objects.filter(pk__in=taking).exclude(status=Snapshot.Status.DELETED).update(
+        status=Snapshot.Status.FAILED
+    )
     Snapshot.objects.filter(pk__in=forgetting).update(status=Snapshot.Status.DELETED)
 
 
@@ -971,9 +973,9 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
             operation.error = reason
             operation.save(update_fields=["state", "finished_at", "error"])
             if operation.arguments.get("snapshot"):
-                Snapshot.objects.filter(pk=operation.arguments["snapshot"]).update(
-                    status=Snapshot.Status.FAILED
-                )
+                Snapshot.objects.filter(pk=operation.arguments["snapshot"]).exclude(
+                    status=Snapshot.Status.DELETED
+                ).update(status=Snapshot.Status.FAILED)
         else:
             operation.cancel_reason = reason
             operation.save(update_fields=["cancel_reason"])

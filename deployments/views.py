@@ -784,7 +784,9 @@ def _modify_context(instance: Instance, form: forms.ParameterForm | None = None)
         values = form.current
     return {
         "modify_form": form,
-        "current_cost": _estimate(instance.plan_version, form.current),
+        # What it runs now (priced by its plain values); the form starts from what it will
+        # hold after its queued changes.
+        "current_cost": _estimate(instance.plan_version, instance.parameters),
         "new_cost": _estimate(instance.plan_version, values),
     }
 

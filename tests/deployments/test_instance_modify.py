@@ -5,6 +5,8 @@ change, and a modify queued with only what changed."""
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import AuditEvent
 from deployments.models import Instance, Operation
@@ -93,6 +95,29 @@ def test_a_modify_changes_from_what_the_queued_ones_leave_and_may_undo_them(owne
     assert response.status_code == 302  # back to the 2 it has: not "nothing to change"
     undo = Operation.objects.filter(verb="modify").order_by("created_at").last()
     assert undo.requested == {"instances": 2}
+
+
+def test_the_dialogs_cost_now_is_what_runs_now_and_its_queries_do_not_grow_with_the_queue(
+    owner_client, instance
+):
+    def estimate():
+        page = owner_client.post(_url(instance, "modify/estimate/"), {"p-instances": "2"})
+        return _cell(page.content.decode(), "modify-current-month")
+
+    def page_queries() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            owner_client.get(_url(instance))
+        return len(queries.captured_queries)
+
+    now = estimate()
+    owner_client.get(_url(instance))
+    few = page_queries()
+    for n in range(4):  # queued, never run here
+        data = {"request_id": f"q-{n}", "p-instances": n % 2 + 3}
+        owner_client.post(_url(instance, "modify/"), data)
+
+    assert estimate() == now  # the instance still runs its 2 servers
+    assert page_queries() == few
 
 
 def test_the_estimate_shows_the_cost_now_and_after_the_change(owner_client, instance):

@@ -1,6 +1,7 @@
 """Backups become snapshots that outlive their instance and restore into new instances."""
 
 import itertools
+import time
 import uuid
 from datetime import timedelta
 
@@ -9,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from accounts.audit import Actor
-from deployments import services
+from deployments import runner, services
 from deployments.models import Instance, Operation, PlatformSecret, Snapshot
 from tests.concurrency import beside_a_lock
 from tests.deployments.conftest import SPEC, instance_object, wait_done
@@ -265,3 +266,35 @@ def test_a_backup_deleted_while_its_instance_waits_to_be_deleted_is_forgotten_at
     snapshot.refresh_from_db()
     assert forget is None and snapshot.status == Snapshot.Status.DELETED
     assert not instance.operations.filter(verb="deleteBackup").exists()
+
+
+def _run(op, timeout=90):
+    """Run the operation's steps here, as a worker would, until it ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner.operation_step(str(op.pk))
+        op.refresh_from_db()
+        if op.state in {"succeeded", "failed", "cancelled"}:
+            return op
+        time.sleep(0.1)
+    raise AssertionError(f"{op.verb} still {op.state}")
+
+
+def test_a_backup_deleted_while_it_is_being_taken_stays_deleted(cell, tenant, owner):
+    text = SPEC.read_text()
+    text = text.replace("plan: postgres-cnpg", "plan: postgres-keep-last", 1)
+    text = text.replace("snapshotBeforeDeletion: false", "snapshotBeforeDeletion: true", 1)
+    create = _create(owner, tenant, services.plan_load(text=text).plan)
+    assert _run(create).state == Operation.State.SUCCEEDED, create.error
+    delete = services.instance_delete(
+        actor=Actor(user=owner), instance=create.instance, request_id="bye"
+    )
+    last = Operation.objects.get(instance=create.instance, verb="backup")  # taken before it
+    snapshot = Snapshot.objects.get(pk=last.arguments["snapshot"])
+
+    services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="forget")
+    assert _run(last).state == Operation.State.SUCCEEDED, last.error
+    assert _run(delete).state == Operation.State.SUCCEEDED, delete.error
+
+    snapshot.refresh_from_db()
+    assert snapshot.status == Snapshot.Status.DELETED  # not back as completed once taken
