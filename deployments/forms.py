@@ -8,6 +8,7 @@ itself (the instance's name, its cell, the request id).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ class FieldGroup:
     fields: list[forms.BoundField]
 
 
+SHOWN = "shown"  # the hidden field holding the values a modify form was drawn with
+
+
 class ParameterForm(forms.Form):
     """A form over some parameters; set up by `parameter_form_class`.
 
@@ -62,6 +66,29 @@ class ParameterForm(forms.Form):
             for key, message in exc.errors.items():
                 self.add_error(field_name(key) if field_name(key) in self.fields else None, message)
         return data
+
+    @property
+    def shown_json(self) -> str:
+        """The values the form showed when it was first drawn, sent back with it (`shown`):
+        what a submission's changes are measured from (`shown_values`). Never a password."""
+        if self.is_bound and isinstance(self.data.get(SHOWN), str):
+            return self.data[SHOWN]
+        current = self.current or {}
+        return json.dumps({
+            p.key: current[p.key] for p in self.shown if p.type != "Password" and p.key in current
+        })  # fmt: skip
+
+    def shown_values(self) -> dict:
+        """The instance's values as the form showed them: `current`, with those the form was
+        drawn with when it sent them (another request may have queued changes since)."""
+        current = dict(self.current or {})
+        try:
+            drawn = json.loads(self.data.get(SHOWN) or "{}")
+        except (TypeError, ValueError):
+            drawn = {}
+        if isinstance(drawn, dict):
+            current |= {key: value for key, value in drawn.items() if key in current}
+        return current
 
     @property
     def asks_passwords(self) -> bool:

@@ -792,12 +792,14 @@ def _modify_context(instance: Instance, form: forms.ParameterForm | None = None)
 
 
 def _changed(form: forms.ParameterForm) -> dict:
-    """What the user changed or filled in: the entries whose typed value differs from the
-    instance's (a password only when one was typed)."""
+    """What the user changed or filled in: the entries whose typed value differs from the one
+    the dialog showed (a password only when one was typed). A value left as shown is not sent,
+    so a dialog drawn before another modify was queued does not undo that one."""
+    shown = form.shown_values()
     return {
         key: value
         for key, value in form.given.items()
-        if key not in form.current or form.values[key] != form.current[key]
+        if key not in shown or form.values[key] != shown[key]
     }
 
 

@@ -97,6 +97,23 @@ def test_a_modify_changes_from_what_the_queued_ones_leave_and_may_undo_them(owne
     assert undo.requested == {"instances": 2}
 
 
+def test_a_dialog_drawn_before_another_modify_was_queued_does_not_undo_it(owner_client, instance):
+    from html import unescape
+
+    html = owner_client.get(_url(instance)).content.decode()  # tab A: 2 servers, 1 core
+    shown = unescape(re.search(r'name="shown" value="([^"]*)"', html).group(1))
+    other = owner_client.post(_url(instance, "modify/"), {"request_id": "b", "p-instances": "3"})
+    assert other.status_code == 302  # tab B queued 3 servers meanwhile
+
+    # Tab A changes the cores only; the servers field still holds the 2 it showed.
+    data = {"request_id": "a", "shown": shown, "p-instances": "2", "p-cpu": "2"}
+    response = owner_client.post(_url(instance, "modify/"), data)
+
+    assert response.status_code == 302
+    modify = Operation.objects.filter(verb="modify").order_by("created_at").last()
+    assert modify.requested == {"cpu": 2}  # the 3 servers queued by tab B stand
+
+
 def test_the_dialogs_cost_now_is_what_runs_now_and_its_queries_do_not_grow_with_the_queue(
     owner_client, instance
 ):
