@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 from django.db.models import Case, Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Lower
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -321,19 +321,33 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
 # --- instance page ---------------------------------------------------------------------------
 
 
-def instance_name_free(tenant: Tenant, wanted: str) -> str:
-    """`wanted`, or when another live instance of the tenant is called so (names are one per
-    organization, whatever their case), the first of `wanted-2`, `wanted-3`, … none is."""
-    taken = {
-        name.lower()
-        for name in Instance.objects.filter(tenant=tenant, name__istartswith=wanted)
+def _live_named(tenant: Tenant, name: str) -> QuerySet[Instance]:
+    """The tenant's live instances called `name`, as the database's constraint compares names
+    (PostgreSQL's lower case)."""
+    return (
+        Instance.objects.filter(tenant=tenant)
         .exclude(state=Instance.State.DELETED)
-        .values_list("name", flat=True)
-    }
-    name, number = wanted, 2
-    while name.lower() in taken:
-        name, number = f"{wanted}-{number}", number + 1
-    return name
+        .annotate(lowered=Lower("name"))
+        .filter(lowered=Lower(Value(name)))
+    )
+
+
+def instance_named(tenant: Tenant, name: str) -> Instance | None:
+    """The tenant's live instance called `name`, whatever its case."""
+    return _live_named(tenant, name).first()
+
+
+def instance_name_free(tenant: Tenant, wanted: str, most: int) -> str:
+    """`wanted`, or when another live instance of the tenant is called so (names are one per
+    organization, whatever their case), the first of `wanted-2`, `wanted-3`, … none is; cut
+    to fit in `most` characters."""
+    number = 1
+    while True:
+        suffix = f"-{number}" if number > 1 else ""
+        name = wanted[: most - len(suffix)] + suffix
+        if not _live_named(tenant, name).exists():
+            return name
+        number += 1
 
 
 def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -259,7 +260,8 @@ def _constraint(exc: IntegrityError) -> str | None:
 
 
 def _instance_name(name: Any) -> str:
-    name = name.strip() if isinstance(name, str) else ""
+    # Compatibility forms as their plain letters: fullwidth "orders" is "orders" (taken with it).
+    name = unicodedata.normalize("NFKC", name).strip() if isinstance(name, str) else ""
     if not name:
         raise ValidationError({"name": "Give the instance a name."})
     if len(name) > NAME_MAX:
@@ -326,7 +328,8 @@ def _instance_new(
     except IntegrityError as exc:
         if _constraint(exc) != NAME_ONCE:
             raise
-        raise ValidationError({"name": NAME_TAKEN.format(name)}) from exc
+        taken = selectors.instance_named(tenant, name)
+        raise ValidationError({"name": NAME_TAKEN.format(taken.name if taken else name)}) from exc
     InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
     selectors.backup_schedule_default(instance).save(force_insert=True)  # a new instance has none
     return instance

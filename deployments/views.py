@@ -617,7 +617,7 @@ def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm
         snapshot_values=dict(snapshot.parameters or {}),
         point_in_time=bounds,
     )
-    wanted = selectors.instance_name_free(snapshot.tenant, f"{name}-restored")
+    wanted = selectors.instance_name_free(snapshot.tenant, f"{name}-restored", services.NAME_MAX)
     return form_class(data, initial={"name": wanted})
 
 
@@ -673,12 +673,8 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
         "action": f"{request.path}?request={request_id}",
         "version": snapshot.plan_version,
     }
-    return render(
-        request,
-        "deployments/instance_restore.html",
-        context,
-        status=400 if request.method == "POST" else 200,
-    )
+    # A form to correct answers 200, as the create form does (a 400 page is a console error).
+    return render(request, "deployments/instance_restore.html", context)
 
 
 @tenant_view("instance.view")

@@ -304,7 +304,7 @@ def test_a_name_another_instance_has_is_refused_beside_the_name_field(
 
     assert response.status_code == 200
     assert (
-        'id="id_name_error">Another instance of your organization is called “ORDERS”: '
+        'id="id_name_error">Another instance of your organization is called “orders”: '
         "choose another name." in text(response)
     )
     assert Instance.objects.count() == 1 and Operation.objects.count() == 1

@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 from datetime import datetime
+from types import SimpleNamespace
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -65,12 +66,15 @@ def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
 ):
     first = _create(owner, tenant, plan, name="orders")
 
-    with pytest.raises(ValidationError) as refused:
-        _create(owner, tenant, plan, name="Orders")
+    for same in ["Orders", "\uff4f\uff52\uff44\uff45\uff52\uff53"]:  # fullwidth letters too
+        with pytest.raises(ValidationError) as refused:
+            _create(owner, tenant, plan, name=same)
 
-    assert refused.value.message_dict == {
-        "name": ["Another instance of your organization is called “Orders”: choose another name."]
-    }
+        assert refused.value.message_dict == {
+            "name": [
+                "Another instance of your organization is called “orders”: choose another name."
+            ]
+        }
     assert list(Instance.objects.filter(tenant=tenant)) == [first.instance]
     assert Operation.objects.filter(instance__tenant=tenant).count() == 1
     # Another organization's instance may have it; a deleted one leaves it free.
@@ -81,6 +85,18 @@ def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
     )  # fmt: skip
     Instance.objects.filter(pk=first.instance_id).update(state=Instance.State.DELETED)
     assert _create(owner, tenant, plan, name="ORDERS").instance.name == "ORDERS"
+
+
+def test_a_proposed_name_is_one_no_live_instance_has_and_fits(cell, plan, tenant, owner):
+    from deployments import selectors
+
+    wanted = "x" * 98 + "-restored"
+    first = selectors.instance_name_free(tenant, wanted, services.NAME_MAX)
+    _create(owner, tenant, plan, name=first)
+
+    second = selectors.instance_name_free(tenant, wanted, services.NAME_MAX)
+
+    assert first == wanted[:100] and second == wanted[:98] + "-2"
 
 
 def test_concurrent_creates_of_one_name_make_one_instance(cell, plan, tenant, owner):
@@ -107,7 +123,7 @@ def test_instances_that_shared_a_name_are_told_apart_before_the_constraint(db, t
         Instance.objects.filter(pk=instance.pk).update(name=name)
     Instance.objects.filter(pk=made[3].pk).update(state=Instance.State.DELETED)
 
-    migration.names_apart(apps, None)
+    migration.names_apart(apps, SimpleNamespace(connection=connection))
 
     names = dict(Instance.objects.values_list("pk", "name"))
     assert [names[i.pk] for i in made] == ["orders", "Orders (3)", "orders (2)", "orders"]
