@@ -20,7 +20,7 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
 from accounts.roles import Role
 from accounts.services import permission_require, tenant_lock
-from billing import entitlements, periods
+from billing import entitlements, periods, selectors
 from billing.models import OVERRIDE_SAME_MOMENT, Plan, PlanOverride, Price, Subscription
 from billing.stripe_gateway import gateway, stripe_bills
 
@@ -146,7 +146,7 @@ def subscribe(
         if subscription is not None:
             claim.bind(subscription)
             return subscription
-        if _held_by_staff(tenant, plan):
+        if selectors.held_by_staff(tenant, plan):
             raise ActionDenied(
                 f"The platform team suspended your {plan.name} subscription: contact them to "
                 "subscribe again."
@@ -178,22 +178,9 @@ def subscribe(
     return subscription
 
 
-def _held_by_staff(tenant: Tenant, plan: Plan) -> bool:
-    """Whether the tenant's subscription to `plan` cancelled last was suspended by staff then:
-    cancelling does not lift a suspension, so subscribing again waits until staff lift it
-    (`subscription_hold_lift`)."""
-    last = (
-        Subscription.objects.filter(tenant=tenant, plan=plan, status=Status.CANCELLED)
-        .order_by("-cancelled_at", "-pk")
-        .values_list("suspended_by_staff", flat=True)
-        .first()
-    )
-    return bool(last)
-
-
 def subscription_hold_lift(*, actor: Actor, subscription: Subscription) -> Subscription:
     """Staff let a tenant subscribe to a plan again after cancelling a subscription to it that
-    they had suspended (`_held_by_staff`)."""
+    they had suspended (`selectors.held_by_staff`)."""
     tenant = subscription.tenant
     action = "subscription.hold_lift"
     with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):

@@ -86,6 +86,22 @@ def test_a_plan_not_subscribed_offers_subscribe_and_it_subscribes(owner_client, 
     assert "Cancel my PostgreSQL subscription" in done.content.decode()
 
 
+def test_a_plan_whose_subscription_was_cancelled_under_a_staff_suspension_offers_no_subscribe(
+    owner_client, tenant, plan, subscribed, make_user
+):
+    from accounts.audit import Actor
+
+    staff = Actor(user=make_user("staff@example.com", is_staff=True), staff=True)
+    services.subscription_suspend(actor=staff, subscription=subscribed, reason="abuse")
+    services.subscription_cancel(actor=staff, subscription=subscribed)
+
+    text = owner_client.get(_url(tenant)).content.decode()
+
+    assert '<span class="badge badge-error">Suspended by staff</span>' in text
+    assert "Contact them to subscribe again." in text
+    assert f"Subscribe to {plan.name}" not in text
+
+
 def test_a_pending_subscription_says_it_awaits_approval(owner_client, tenant, plan):
     Plan.objects.filter(pk=plan.pk).update(limits={**plan.limits, "auto_approve": False})
     page = owner_client.get(_url(tenant))
