@@ -28,6 +28,7 @@ from deployments import forms, lifecycle, metering, schedules, selectors, server
 from deployments.cells import driver_for
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
+from deployments.spec.params import format_value
 from deployments.workflow.driver import DriverError
 
 
@@ -375,10 +376,11 @@ def _page(
         context.update(_modify_context(instance))
     if dialogs:
         bound = context.get("verb_forms") or {}
+        with_form = [a for a in actions if a.parameters and a.verb != "modify" and not a.refusal]
+        holds = _verb_holds(instance, with_form)
         context["verb_forms"] = {
-            a.verb: bound.get(a.verb) or _verb_form(a.verb, a.parameters)
-            for a in actions
-            if a.parameters and a.verb != "modify" and not a.refusal
+            a.verb: bound.get(a.verb) or _verb_form(a.verb, a.parameters, holds=holds.get(a.verb))
+            for a in with_form
         }
     response = render(request, template, context, status=status)
     patch_vary_headers(response, ["HX-Request", "HX-Target", "HX-Current-URL"])
@@ -520,10 +522,37 @@ def _refused(request, instance: Instance, exc: ActionDenied, action: str, *, tab
     return _after(request, instance, tab)
 
 
-def _verb_form(verb: str, parameters: list, data=None) -> forms.ParameterForm:
+def _verb_form(
+    verb: str, parameters: list, data=None, *, holds: dict | None = None
+) -> forms.ParameterForm:
     """A custom workflow's form, from its own `apiParameters`; its ids are its dialog's, so
-    they never clash with another dialog's on the page."""
-    return forms.parameter_form_class(parameters)(data, auto_id=f"dialog-{verb}-%s")
+    they never clash with another dialog's on the page. `holds`: values its parameters start
+    from instead of their defaults (what the instance holds of those the verb sets)."""
+    holds = holds or {}
+    initial = {
+        forms.field_name(p.key): bool(holds[p.key])
+        if p.type == "Boolean"
+        else format_value(p, holds[p.key])
+        for p in parameters
+        if p.key in holds
+    }
+    form_class = forms.parameter_form_class(parameters)
+    return form_class(data, initial=initial, auto_id=f"dialog-{verb}-%s")
+
+
+def _verb_holds(instance: Instance, actions: list) -> dict[str, dict]:
+    """Per custom verb with a dialog, the values its parameters start from: those the verb
+    sets on the instance (`x-opsdeck.updates`), as the instance will hold them once its queued
+    operations have run (a verb that sets the eviction policy starts from the policy)."""
+    verbs = selectors.plan_spec(instance.plan_version).main.verbs
+    setting = {a.verb: verbs[a.verb].updates for a in actions if a.verb in verbs}
+    if not any(setting.values()):
+        return {}
+    projected = services.instance_parameters_projected(instance)
+    return {
+        verb: {param: projected[key] for key, param in updates.items() if key in projected}
+        for verb, updates in setting.items()
+    }
 
 
 @tenant_view("instance.view")

@@ -224,3 +224,33 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert instance.state == Instance.State.DELETED
     assert _statefulset(kube, instance) is None
     assert instance_object(kube, instance, "v1", "Namespace", instance.namespace) is None
+
+
+def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hold(
+    db, owner_client, owner, tenant
+):
+    from tests.deployments import factories
+
+    cell = factories.cell()
+    plan = services.plan_load(text=VALKEY.read_text()).plan
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="cache", cell=cell,
+        parameters={"evictionPolicy": "allkeys-lru"}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    page = f"/t/{tenant.slug}/deployments/{create.instance_id}/"
+
+    def selected() -> list[str]:
+        html = owner_client.get(page).content.decode()
+        dialog = html[html.index('id="dialog-setEvictionPolicy"') :]
+        select = dialog[: dialog.index("</select>")]
+        return re.findall(r'<option value="([^"]+)" selected', select)
+
+    assert selected() == ["allkeys-lru"]  # not the verb's default, allkeys-lfu
+    instance = Instance.objects.get(pk=create.instance_id)
+    services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
+        parameters={"policy": "volatile-ttl"}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert selected() == ["volatile-ttl"]  # as the queued change leaves it
