@@ -1006,6 +1006,20 @@ def test_restoring_a_backup_that_is_not_complete_says_why(owner_client, instance
     assert Instance.objects.count() == 1
 
 
+def test_a_failed_backup_shows_no_expiry(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(
+        status=Snapshot.Status.FAILED, expires_at=timezone.now() + timedelta(days=28)
+    )
+
+    html = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    row = html[html.index(f'id="backup-{snapshot.pk}"') :]
+    row = row[: row.index("</tr>")]
+    assert '<span class="stack-label">Expires </span><span class="muted"' in row
+    assert "in 4 weeks" not in row
+
+
 def test_the_restore_form_of_a_failed_backup_is_not_offered(owner_client, instance):
     snapshot = instance.snapshots.get()
     Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.FAILED)
