@@ -11,6 +11,7 @@ wrong), each with one readable line such as
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import urllib3
 import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
+from kubernetes.dynamic.discovery import CacheEncoder, LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 from kubernetes.dynamic.resource import ResourceList
 
@@ -135,6 +137,22 @@ class WatchExpired(Exception):
     """410 Gone: the version a watch resumes from is too old; list again."""
 
 
+class _WholeCacheDiscoverer(LazyDiscoverer):
+    """The client's discovery, its cache file written whole: the library truncates the file
+    and writes it in place, so another process reading it meanwhile (the worker beside the
+    cell watcher) found it empty and logged "load cache error" before discovering again."""
+
+    def _write_cache(self) -> None:
+        path = self._Discoverer__cache_file  # the library's own (name-mangled) attribute
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(temporary, "w") as handle:
+                json.dump(self._cache, handle, cls=CacheEncoder)
+            os.replace(temporary, path)
+        except OSError:
+            pass  # as the library: a cache that cannot be written is rebuilt next time
+
+
 class KubeDriver:
     """The engine's driver over one cluster, with a discovery cache of its own."""
 
@@ -147,7 +165,9 @@ class KubeDriver:
     def dynamic(self) -> dynamic.DynamicClient:
         if self._dynamic is None:
             try:
-                self._dynamic = dynamic.DynamicClient(self.api_client, cache_file=self._cache_file)
+                self._dynamic = dynamic.DynamicClient(
+                    self.api_client, cache_file=self._cache_file, discoverer=_WholeCacheDiscoverer
+                )
             except Exception as exc:  # discovery may fail in any way the API can
                 raise classify(exc) from exc
         return self._dynamic

@@ -317,3 +317,35 @@ def test_pod_metrics_of_every_namespace_come_in_one_labelled_list(driver, health
 
     assert sorted(m["metadata"]["name"] for m in mine) == ["db-1", "db-2"]
     assert all(m["containers"][0]["usage"]["cpu"] for m in mine)
+
+
+def test_the_discovery_cache_is_never_read_half_written(sandbox_kubeconfig, tmp_path):
+    """Every process keeps the cell's discovery cache in one file: a reader (another process
+    starting) never finds it half written while a driver discovers again."""
+    import json
+    import threading
+
+    path = tmp_path / "cell.json"
+    writer = KubeDriver(api_client_from_kubeconfig(sandbox_kubeconfig), cache_file=str(path))
+    discovery = writer.dynamic.resources  # discovered, and the cache written
+    stop, broken = threading.Event(), []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                json.loads(path.read_text())
+            except ValueError as exc:
+                broken.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(20):
+            discovery.invalidate_cache()  # discovers again and writes the cache
+    finally:
+        stop.set()
+        reader.join(10)
+        writer.close()
+
+    assert broken == []
+    assert [p.name for p in tmp_path.iterdir()] == ["cell.json"]
