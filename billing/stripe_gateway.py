@@ -333,8 +333,19 @@ class StripeGateway:
                 "opsdeck_subscription": str(subscription_id),
                 "opsdeck_prices": " ".join(price_ids),
             },
-            # The Stripe subscription names ours too, whichever event arrives first.
-            "subscription_data": {"metadata": {"opsdeck_subscription": str(subscription_id)}},
+            "subscription_data": {
+                # The Stripe subscription names ours too, whichever event arrives first.
+                "metadata": {"opsdeck_subscription": str(subscription_id)},
+                # Its periods are Opsdeck's: calendar months in UTC (Stripe's run a month from
+                # the day it starts), so an invoice of Stripe's bills the month the Billing
+                # page shows.
+                "billing_cycle_anchor_config": {
+                    "day_of_month": 1,
+                    "hour": 0,
+                    "minute": 0,
+                    "second": 0,
+                },
+            },
         }
         digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
         return self.client.v1.checkout.sessions.create(

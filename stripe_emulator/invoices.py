@@ -18,7 +18,7 @@ from .errors import StripeError, invalid
 from .forms import Params
 from .metering import aggregate, meter_usage_events
 from .state import State, list_object, new_id, page
-from .subscriptions import current_period, emit_if_changed, end, month_bounds
+from .subscriptions import current_period, emit_if_changed, end, next_period
 
 log = logging.getLogger("stripe_emulator.invoices")
 
@@ -72,10 +72,9 @@ def period_close(state: State, subscription_id: str) -> dict[str, Any]:
     if subscription["cancel_at_period_end"]:
         end(state, subscription, "cancellation_requested", None)
         return invoice
-    next_start, next_end = month_bounds(stop)
+    next_start, next_end = next_period(subscription, stop)
     for item in subscription["items"]["data"]:
         item.update(current_period_start=next_start, current_period_end=next_end)
-    subscription["billing_cycle_anchor"] = next_end
     emit_if_changed(state, before, subscription)
     return invoice
 

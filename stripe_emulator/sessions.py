@@ -39,8 +39,9 @@ def checkout_session_create(state: State, params: Params) -> dict[str, Any]:
             )
     items = _line_items(state, params.hashes("line_items"))
     subscription_data = params.hash("subscription_data") or Params({}, "subscription_data")
-    subscription_data.only("metadata")
+    subscription_data.only("metadata", "billing_cycle_anchor_config")
     subscription_metadata = merge_metadata({}, subscription_data.metadata())
+    calendar_months = _calendar_anchor(subscription_data.hash("billing_cycle_anchor_config"))
     now = state.now()
     session_id = new_id("cs_test_", 58)
     session = {
@@ -74,9 +75,27 @@ def checkout_session_create(state: State, params: Params) -> dict[str, Any]:
             "id": session_id,
             "items": items,
             "subscription_metadata": subscription_metadata,
+            "calendar_months": calendar_months,
         },
     )
     return session
+
+
+def _calendar_anchor(config: Params | None) -> bool:
+    """Whether `subscription_data.billing_cycle_anchor_config` anchors the billing cycle to
+    the 1st of the month at midnight UTC (calendar months); False when it is not given (a
+    month from the start). The emulator serves no other anchor."""
+    if config is None:
+        return False
+    config.only("day_of_month", "hour", "minute", "second", "month")
+    day = config.integer("day_of_month", required=True, minimum=1)
+    at = [config.integer(key, minimum=0) or 0 for key in ("hour", "minute", "second")]
+    if day != 1 or any(at) or config.has("month"):
+        raise invalid(
+            "The emulator anchors a billing cycle to the 1st of the month at 00:00:00 only.",
+            param=config.name("day_of_month"),
+        )
+    return True
 
 
 def _line_items(state: State, line_items: list[Params]) -> list[dict[str, Any]]:
@@ -159,8 +178,10 @@ def checkout_session_complete(state: State, session_id: str) -> dict[str, Any]:
         state.emit("customer.created", customer)
         customer_id = customer["id"]
     subscription = subscription_start(
-        state, customer_id, extra["items"], extra["subscription_metadata"]
-    )
+        state, customer_id, extra["items"], extra["subscription_metadata"],
+        # A session stored before the emulator knew anchors: the calendar months it had then.
+        calendar_months=extra.get("calendar_months", True),
+    )  # fmt: skip
     session.update(
         customer=customer_id,
         payment_status="paid",

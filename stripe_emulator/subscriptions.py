@@ -1,7 +1,10 @@
-"""Subscriptions: started by checkout, read, updated, cancelled; periods are calendar months."""
+"""Subscriptions: started by checkout, read, updated, cancelled. A period lasts a month from the
+subscription's start, as Stripe's do by default, or is a calendar month (UTC) when the checkout
+anchored its billing cycle to the 1st at midnight (`billing_cycle_anchor_config`)."""
 
 from __future__ import annotations
 
+import calendar
 import copy
 from datetime import UTC, datetime
 from typing import Any
@@ -23,13 +26,44 @@ def month_bounds(timestamp: int) -> tuple[int, int]:
     return int(start.timestamp()), int(end.timestamp())
 
 
+def month_later(timestamp: int, anchor: int) -> int:
+    """A month after `timestamp`, on the anchor's day of the month (the month's last day when
+    it is shorter) and time of day, as Stripe moves a billing period on."""
+    moment = datetime.fromtimestamp(timestamp, UTC)
+    day_and_time = datetime.fromtimestamp(anchor, UTC)
+    year, month = (moment.year + 1, 1) if moment.month == 12 else (moment.year, moment.month + 1)
+    day = min(day_and_time.day, calendar.monthrange(year, month)[1])
+    later = day_and_time.replace(year=year, month=month, day=day)
+    return int(later.timestamp())
+
+
+def next_period(subscription: dict[str, Any], stop: int) -> tuple[int, int]:
+    """The period after the one ending at `stop`: a calendar month for a subscription
+    anchored to the 1st at midnight, else a month on from its start's day and time."""
+    anchor = subscription["billing_cycle_anchor"]
+    if month_bounds(anchor)[0] == anchor:  # the 1st, 00:00:00 UTC
+        return month_bounds(stop)
+    return stop, month_later(stop, anchor)
+
+
 def subscription_start(
-    state: State, customer: str, items: list[dict[str, Any]], metadata: dict[str, str]
+    state: State,
+    customer: str,
+    items: list[dict[str, Any]],
+    metadata: dict[str, str],
+    *,
+    calendar_months: bool = False,
 ) -> dict[str, Any]:
-    """An active subscription for the line items, in the current month; emits
+    """An active subscription for the line items, from now until a month later, or in the
+    current calendar month when `calendar_months` (its checkout anchored it to the 1st); emits
     `customer.subscription.created`. Since 2025-03-31.basil the period lives on each item."""
     now = state.now()
-    period_start, period_end = month_bounds(now)
+    if calendar_months:
+        period_start, period_end = month_bounds(now)
+        anchor = period_end
+    else:
+        period_start, period_end = now, month_later(now, now)
+        anchor = now
     subscription_id = new_id("sub_")
     subscription_items = [
         _item(subscription_id, item["price"], item["quantity"], now, (period_start, period_end))
@@ -38,7 +72,7 @@ def subscription_start(
     subscription = {
         "id": subscription_id,
         "object": "subscription",
-        "billing_cycle_anchor": period_end,
+        "billing_cycle_anchor": anchor,
         "cancel_at": None,
         "cancel_at_period_end": False,
         "canceled_at": None,

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor
 from accounts.models import AuditEvent
-from billing import entitlements, services, stripe_sync
+from billing import entitlements, periods, services, stripe_sync
 from billing.models import StripeCustomer, Subscription
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
@@ -108,6 +108,11 @@ def test_a_paid_checkout_activates_the_subscription_through_the_webhook(
     assert subscription.status == "active"
     assert subscription.stripe_subscription_id.startswith("sub_")
     assert subscription.current_period_start is not None
+    # Stripe bills Opsdeck's periods, calendar months in UTC (not a month from today).
+    start = periods.current_start()
+    assert subscription.current_period_end == start.replace(
+        year=start.year + start.month // 12, month=start.month % 12 + 1
+    )
     event = AuditEvent.objects.get(action="subscription.approve", tenant=tenant)
     assert event.actor_kind == "system"
 

@@ -41,6 +41,35 @@ def _month_bounds(timestamp):
     return int(start.timestamp()), int(start.timestamp()) + days * 86400
 
 
+def test_a_checkout_anchored_to_the_first_of_the_month_bills_calendar_months(client, metered):
+    anchored = client.v1.checkout.sessions.create({
+        "mode": "subscription", "customer": metered["customer"].id,
+        "line_items": [{"price": metered["price"].id}],
+        "success_url": "https://opsdeck.test/done", "cancel_url": "https://opsdeck.test/",
+        "subscription_data": {
+            "billing_cycle_anchor_config": {"day_of_month": 1, "hour": 0, "minute": 0},
+        },
+    })  # fmt: skip
+
+    _pay(anchored)
+
+    subscription = client.v1.subscriptions.retrieve(
+        client.v1.checkout.sessions.retrieve(anchored.id).subscription
+    )
+    item = subscription["items"].data[0]
+    assert (item.current_period_start, item.current_period_end) == _month_bounds(
+        subscription.created
+    )
+    assert subscription.billing_cycle_anchor == item.current_period_end  # the next 1st
+    with pytest.raises(stripe.InvalidRequestError, match="1st of the month"):
+        client.v1.checkout.sessions.create({
+            "mode": "subscription", "customer": metered["customer"].id,
+            "line_items": [{"price": metered["price"].id}],
+            "success_url": "https://opsdeck.test/done", "cancel_url": "https://opsdeck.test/",
+            "subscription_data": {"billing_cycle_anchor_config": {"day_of_month": 15}},
+        })  # fmt: skip
+
+
 def test_paying_on_the_checkout_page_starts_the_subscription(client, emulator, session):
     assert session.id.startswith("cs_") and session.url.startswith(emulator.url)
     assert session.status == "open" and session.subscription is None
@@ -55,9 +84,13 @@ def test_paying_on_the_checkout_page_starts_the_subscription(client, emulator, s
     assert subscription.status == "active" and subscription.customer == session.customer
     item = subscription["items"].data[0]
     assert item.id.startswith("si_") and item.price.id == session_price(client, session)
-    assert (item.current_period_start, item.current_period_end) == _month_bounds(
-        subscription.created
-    )
+    # Stripe's default billing cycle: a month from the start, on its day and time.
+    start = datetime.fromtimestamp(subscription.created, UTC)
+    year, month = start.year + start.month // 12, start.month % 12 + 1
+    day = min(start.day, calendar.monthrange(year, month)[1])  # the 31st: the month's last
+    a_month_on = start.replace(year=year, month=month, day=day)
+    assert item.current_period_start == subscription.created
+    assert item.current_period_end == int(a_month_on.timestamp())
     listed = client.v1.subscriptions.list({"customer": session.customer})
     assert [s.id for s in listed.data] == [subscription.id]
 
