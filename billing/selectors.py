@@ -25,6 +25,7 @@ STATUS_BADGES = {
 class Alternative:
     plan: Plan
     subscribed: bool  # an active subscription: instances can move there now
+    held: bool = False  # held by a staff suspension (`held_by_staff`): not to subscribe to
 
 
 @dataclass
@@ -221,7 +222,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     for row in rows:
         row.alternatives = [
             Alternative(other.plan, other.subscription is not None and other.subscription.status
-                        == Subscription.Status.ACTIVE)
+                        == Subscription.Status.ACTIVE, other.held)
             for other in rows
             if other.plan.service == row.plan.service and other.plan.pk != row.plan.pk
         ]  # fmt: skip

@@ -17,7 +17,13 @@ from django.core.exceptions import ValidationError
 
 from deployments.models import Cell
 from deployments.spec.model import Parameter
-from deployments.spec.params import ParameterErrors, format_value, number_text, validate_parameters
+from deployments.spec.params import (
+    ParameterErrors,
+    coerce,
+    format_value,
+    number_text,
+    validate_parameters,
+)
 
 FIELD_PREFIX = "p-"
 OTHER_GROUP = "Other settings"
@@ -38,6 +44,15 @@ class FieldGroup:
 
 
 SHOWN = "shown"  # the hidden field holding the values a modify form was drawn with
+SHOWN_MAX = 100_000  # characters of it read; a longer one is ignored
+
+
+def _same(parameter: Parameter, text: Any, shown: Any) -> bool:
+    """Whether a submitted field's text is the value the form showed."""
+    try:
+        return coerce(parameter, text) == shown
+    except ValueError:
+        return False  # not of its type: checked, and refused, as any other
 
 
 class ParameterForm(forms.Form):
@@ -56,9 +71,12 @@ class ParameterForm(forms.Form):
     def clean(self) -> dict:
         data = super().clean()
         self.given, self.values = {}, None
+        drawn = self.shown_values() if SHOWN in self.data else {}
         for parameter in self.shown:
             value = data.get(field_name(parameter.key))
             if parameter.type == "Boolean" or (isinstance(value, str) and value.strip()):
+                if parameter.key in drawn and _same(parameter, value, drawn[parameter.key]):
+                    continue  # left as the form showed it: not asked for, nor checked again
                 self.given[parameter.key] = value
         try:
             self.values = validate_parameters(self.parameters, self.given, current=self.current)
@@ -82,9 +100,10 @@ class ParameterForm(forms.Form):
         """The instance's values as the form showed them: `current`, with those the form was
         drawn with when it sent them (another request may have queued changes since)."""
         current = dict(self.current or {})
+        text = self.data.get(SHOWN) or "{}"
         try:
-            drawn = json.loads(self.data.get(SHOWN) or "{}")
-        except (TypeError, ValueError):
+            drawn = json.loads(text) if len(text) <= SHOWN_MAX else {}
+        except (TypeError, ValueError, RecursionError):
             drawn = {}
         if isinstance(drawn, dict):
             current |= {key: value for key, value in drawn.items() if key in current}

@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
+from django.db import connection
 from django.db.models import Case, Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Lower
 from django.utils import timezone
@@ -340,13 +341,24 @@ def instance_named(tenant: Tenant, name: str) -> Instance | None:
 def instance_name_free(tenant: Tenant, wanted: str, most: int) -> str:
     """`wanted`, or when another live instance of the tenant is called so (names are one per
     organization, whatever their case), the first of `wanted-2`, `wanted-3`, … none is; cut
-    to fit in `most` characters."""
+    to fit in `most` characters. Two queries, however many are taken: the names compared in
+    PostgreSQL's lower case, as the constraint compares them (letter by letter, so a name cut
+    short is lowered as its lowered form cut short)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lower(%s)", [wanted])
+        (lowered,) = cursor.fetchone()
+    taken = set(
+        Instance.objects.filter(tenant=tenant)
+        .exclude(state=Instance.State.DELETED)
+        .annotate(lowered=Lower("name"))
+        .filter(lowered__startswith=lowered[: most - 12])
+        .values_list("lowered", flat=True)
+    )
     number = 1
     while True:
         suffix = f"-{number}" if number > 1 else ""
-        name = wanted[: most - len(suffix)] + suffix
-        if not _live_named(tenant, name).exists():
-            return name
+        if lowered[: most - len(suffix)] + suffix not in taken:
+            return wanted[: most - len(suffix)] + suffix
         number += 1
 
 

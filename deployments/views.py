@@ -543,11 +543,18 @@ def _verb_form(
 def _verb_holds(instance: Instance, actions: list) -> dict[str, dict]:
     """Per custom verb with a dialog, the values its parameters start from: those the verb
     sets on the instance (`x-opsdeck.updates`), as the instance will hold them once its queued
-    operations have run (a verb that sets the eviction policy starts from the policy)."""
+    operations have run (a verb that sets the eviction policy starts from the policy). Never
+    a password: one is not read back into a form, not even one that does not show it."""
     verbs = selectors.plan_spec(instance.plan_version).main.verbs
-    setting = {a.verb: verbs[a.verb].updates for a in actions if a.verb in verbs}
-    if not any(setting.values()):
-        return {}
+    setting = {}
+    for action in actions:
+        secret = {p.key for p in action.parameters if p.type == "Password"}
+        updates = verbs[action.verb].updates if action.verb in verbs else {}
+        kept = {key: param for key, param in updates.items() if param not in secret}
+        if kept:
+            setting[action.verb] = kept
+    if not setting:
+        return {}  # nothing to read: the instance's secrets stay encrypted
     projected = services.instance_parameters_projected(instance)
     return {
         verb: {param: projected[key] for key, param in updates.items() if key in projected}

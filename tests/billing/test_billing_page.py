@@ -102,6 +102,24 @@ def test_a_plan_whose_subscription_was_cancelled_under_a_staff_suspension_offers
     assert f"Subscribe to {plan.name}" not in text
 
 
+def test_a_plan_to_move_to_that_staff_hold_says_so_rather_than_to_subscribe_below(
+    owner_client, tenant, plan, version, subscribed, make_user
+):
+    from accounts.audit import Actor
+
+    factories.make_instances(tenant, version, factories.cell(), 1, name="orders")
+    large = Plan.objects.create(key="pg-large", name="PostgreSQL Large", service=plan.service)
+    held = services.subscription_create_active(actor=SYSTEM, tenant=tenant, plan=large)
+    staff = Actor(user=make_user("staff@example.com", is_staff=True), staff=True)
+    services.subscription_suspend(actor=staff, subscription=held, reason="abuse")
+    services.subscription_cancel(actor=staff, subscription=held)
+
+    text = owner_client.get(_url(tenant)).content.decode()
+
+    assert "PostgreSQL Large: suspended by the platform team" in text
+    assert "PostgreSQL Large: subscribe to it first" not in text
+
+
 def test_a_pending_subscription_says_it_awaits_approval(owner_client, tenant, plan):
     Plan.objects.filter(pk=plan.pk).update(limits={**plan.limits, "auto_approve": False})
     page = owner_client.get(_url(tenant))

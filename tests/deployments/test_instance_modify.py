@@ -114,6 +114,37 @@ def test_a_dialog_drawn_before_another_modify_was_queued_does_not_undo_it(owner_
     assert modify.requested == {"cpu": 2}  # the 3 servers queued by tab B stand
 
 
+def test_a_stale_dialog_is_not_refused_for_a_value_it_left_as_shown(owner_client, instance):
+    from html import unescape
+
+    html = owner_client.get(_url(instance)).content.decode()  # tab A: 10 GiB
+    shown = unescape(re.search(r'name="shown" value="([^"]*)"', html).group(1))
+    grown = instance.parameters["storageGi"] + 10
+    owner_client.post(_url(instance, "modify/"), {"request_id": "b", "p-storageGi": grown})
+
+    # Tab A changes the cores; its storage field still says what it showed, less than queued.
+    data = {"request_id": "a", "shown": shown, "p-cpu": "2",
+            "p-storageGi": str(instance.parameters["storageGi"])}  # fmt: skip
+    response = owner_client.post(_url(instance, "modify/"), data)
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Operation.objects.filter(verb="modify").order_by("created_at").last().requested == {
+        "cpu": 2
+    }
+
+
+@pytest.mark.parametrize("shown", ["[" * 100_000, '{"instances": [[[]]]}', "x" * 200_000, "7"])
+def test_a_forged_shown_field_changes_nothing_it_should_not_and_is_no_error(
+    owner_client, instance, shown
+):
+    data = {"request_id": "f", "shown": shown, "p-instances": "3"}
+
+    response = owner_client.post(_url(instance, "modify/"), data)
+
+    assert response.status_code == 302
+    assert Operation.objects.get(verb="modify").requested == {"instances": 3}
+
+
 def test_the_dialogs_cost_now_is_what_runs_now_and_its_queries_do_not_grow_with_the_queue(
     owner_client, instance
 ):

@@ -723,6 +723,38 @@ def test_a_restore_proposes_a_name_no_instance_has_and_refuses_a_taken_one(owner
     assert Instance.objects.count() == 3
 
 
+def test_the_restore_forms_queries_do_not_grow_with_the_names_taken(owner_client, instance):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    snapshot = instance.snapshots.get()
+
+    def taken(names):
+        for name in names:
+            Instance.objects.create(
+                tenant=instance.tenant, name=name, plan_version=instance.plan_version,
+                cell=instance.cell,
+            )  # fmt: skip
+        with CaptureQueriesContext(connection) as queries:
+            form = owner_client.get(_restore_url(instance, snapshot)).content.decode()
+        return len(queries.captured_queries), form
+
+    owner_client.get(_restore_url(instance, snapshot))  # what a first request reads once
+    few, _ = taken(["orders-restored"])
+    many, form = taken([f"orders-restored-{n}" for n in range(2, 12)])
+
+    assert many == few
+    assert 'name="name" value="orders-restored-12"' in form
+
+
+def test_a_custom_actions_dialog_never_starts_from_a_password(owner_client, instance):
+    response = owner_client.get(_url(instance))
+
+    rotate = response.context["verb_forms"]["rotateCredentials"]
+    assert rotate.initial == {}  # the owner's password is what the verb sets: never read back
+    assert SECRET not in response.content.decode()
+
+
 def test_a_point_in_time_before_the_backup_is_refused_beside_the_field(owner_client, instance):
     snapshot = instance.snapshots.get()
     before = (snapshot.created_at - timedelta(hours=1)).astimezone(UTC)
