@@ -246,14 +246,14 @@ class KubeDriver:
             return existing  # created by this operation before a restart
         raise PermanentError(f'{obj["kind"]} "{name}" already exists and was made by someone else.')
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], *, field_manager: str | None = None) -> dict[str, Any]:
         name, namespace = self._where(obj)
         return self._call(
             self._resource(obj).server_side_apply,
             body=obj,
             name=name,
             namespace=namespace,
-            field_manager=FIELD_MANAGER,
+            field_manager=field_manager or FIELD_MANAGER,
             force_conflicts=True,
             query_params=list(_STRICT),
         )

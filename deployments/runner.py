@@ -193,9 +193,9 @@ class ClaimedDriver:
         self._keep()
         return self._driver.create(obj, owner_label=owner_label)
 
-    def apply(self, obj: dict) -> dict:
+    def apply(self, obj: dict, *, field_manager: str | None = None) -> dict:
         self._keep()
-        return self._driver.apply(obj)
+        return self._driver.apply(obj, field_manager=field_manager)
 
     def patch(self, obj: dict, *, strategy: str, subresource: str | None) -> dict:
         self._keep()

@@ -38,6 +38,7 @@ import yaml
 
 from deployments.spec import legacy, params
 from deployments.spec.model import (
+    FIELD_MANAGER_FLAG,
     PARAMETER_TYPES,
     REQUIRED_VERBS,
     SYSTEM_VERBS,
@@ -69,6 +70,7 @@ PRICE_TIME_UNITS = ("hour", "month")
 DEFAULT_CURRENCY = "usd"
 _PRICE_PLACES = Decimal("0.00000001")  # what billing stores
 RESOURCE_ACTIONS = ("get", "create", "apply", "delete", "replace", "patch")
+FIELD_MANAGER_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 MERGE_STRATEGIES = ("strategic", "merge", "json")
 RETRY_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
 CUSTOM_SCOPES = ("fleet", "END_CUSTOMER")
@@ -411,6 +413,15 @@ def _resource(raw: Any, path: str, report: Report) -> ResourceAction:
     if not isinstance(flags, list):
         report.error(f"{path}.flags", "must be a list")
         flags = []
+    for flag in flags:
+        if str(flag).startswith(FIELD_MANAGER_FLAG):
+            name = str(flag).removeprefix(FIELD_MANAGER_FLAG)
+            if action != "apply" or not FIELD_MANAGER_NAME.fullmatch(name):
+                report.error(
+                    f"{path}.flags",
+                    f"{FIELD_MANAGER_FLAG}NAME goes with action apply, NAME being lowercase "
+                    "letters, digits and dashes (at most 63)",
+                )
     return ResourceAction(
         action=action,
         manifest=manifest,

@@ -44,6 +44,12 @@ def default_deadline(verb: str, overrides: dict[str, int] | None = None) -> int:
     return int(overrides.get("*", FALLBACK_DEADLINE))
 
 
+# A resource apply's own field manager (kubectl's flag, `flags: ["--field-manager=NAME"]`):
+# what that manager applied before and leaves out now is removed, whatever other managers (the
+# create's apply, an operator) own beside it.
+FIELD_MANAGER_FLAG = "--field-manager="
+
+
 @dataclass
 class Parameter:
     """One `apiParameters` entry; `default` is already typed (None when there is none)."""

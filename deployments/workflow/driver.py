@@ -42,8 +42,9 @@ class Driver(Protocol):
         resumed step); an existing object without it is a PermanentError."""
         ...
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply `obj` (idempotent)."""
+    def apply(self, obj: dict[str, Any], *, field_manager: str | None = None) -> dict[str, Any]:
+        """Server-side apply `obj` (idempotent), as `field_manager` (Opsdeck's own by default):
+        of the fields that manager applied before, those `obj` leaves out are removed."""
         ...
 
     def patch(

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from deployments.spec.model import Template, Workflow
+from deployments.spec.model import FIELD_MANAGER_FLAG, Template, Workflow
 from deployments.workflow import conditions, dag, evaluator, expressions, outputs
 from deployments.workflow.driver import Driver, PermanentError
 from deployments.workflow.render import (
@@ -691,15 +691,19 @@ class _Run:
         }
 
     def _act(self, action, obj: dict) -> dict | None:
-        subresource = None
+        subresource = manager = None
         for flag in action.flags:
             if flag.startswith("--subresource="):
                 subresource = flag.split("=", 1)[1]
+            elif flag.startswith(FIELD_MANAGER_FLAG):
+                manager = flag.removeprefix(FIELD_MANAGER_FLAG)
         match action.action:
             case "create":
                 return self.driver.create(
                     obj, owner_label=(OPERATION_LABEL, self.state.operation_id)
                 )
+            case "apply" if manager:
+                return self.driver.apply(obj, field_manager=manager)
             case "apply":
                 return self.driver.apply(obj)
             case "patch":

@@ -99,6 +99,31 @@ def test_an_upgrade_moves_the_instance_to_the_new_version_with_the_new_defaults(
         _upgrade(owner, instance)
 
 
+def test_a_roll_back_removes_from_the_cluster_what_the_failed_upgrade_added(
+    worker, cell, plan, tenant, owner, kube
+):
+    instance = _running(owner, tenant, plan, instances="1")
+    # Version 2's modify sets max_connections, then fails (its cluster task's failureCondition
+    # holds at once): the Cluster holds what it applied.
+    head, modify = _v2_text(SPEC.read_text()).split("      modify:\n", 1)
+    body, rest = modify.split("      stop:\n", 1)
+    failing = body.split("failureCondition: >-\n", 1)
+    body = failing[0] + "failureCondition: 'cel: true'\n" + failing[1].split("\n", 2)[2]
+    services.plan_load(text=head + "      modify:\n" + body + "      stop:\n" + rest)
+    upgrade = _upgrade(owner, instance)
+    assert wait_done(upgrade).state == Operation.State.FAILED
+    assert _cluster(kube, instance)["spec"]["postgresql"]["parameters"]["max_connections"]
+
+    rollback = _rollback(owner, instance)
+
+    assert wait_done(rollback).state == Operation.State.SUCCEEDED, rollback.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING and instance.plan_version.number == 1
+    spec = _cluster(kube, instance)["spec"]
+    assert "max_connections" not in (spec.get("postgresql") or {}).get("parameters", {})
+    assert spec["bootstrap"]["initdb"]["database"] == "app"  # the create's, kept
+
+
 def test_an_upgrade_the_api_server_refuses_leaves_the_instance_on_its_version(
     worker, cell, plan, tenant, owner, kube
 ):

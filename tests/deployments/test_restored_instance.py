@@ -174,6 +174,6 @@ def test_the_restore_and_the_modify_set_every_field_the_create_sets_from_the_par
         },
     }
     assert restored["metadata"] == created["metadata"]
-    # The modify patches those fields, never the bootstrap.
+    # The modify applies those fields, never the bootstrap.
     assert modified["spec"] == settings
     assert modified["metadata"] == {"name": "inst-abcd1234"}

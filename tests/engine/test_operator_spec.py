@@ -115,3 +115,23 @@ def test_an_unknown_operator_key_is_a_warning():
     assert "x-opsdeck.operator.helm: unknown key; expected one of namespace, ports, install" in (
         result.warnings
     )
+
+
+@pytest.mark.parametrize("name", ["Bad_Name", "", "a" * 64])
+def test_an_applys_field_manager_is_a_valid_name(name):
+    text = SHIPPED.replace('"--field-manager=opsdeck-modify"', f'"--field-manager={name}"')
+    assert text != SHIPPED
+
+    with pytest.raises(SpecError) as refused:
+        load_spec(text)
+    assert len(refused.value.errors) == 1
+    assert "--field-manager=NAME goes with action apply" in refused.value.errors[0]
+
+
+def test_a_field_manager_goes_with_an_apply_only():
+    # The stop's hibernation is a merge patch: a field manager there is a mistake.
+    flagged = 'mergeStrategy: merge\n                flags: ["--field-manager=x"]\n'
+    text = SHIPPED.replace("mergeStrategy: merge\n", flagged, 1)
+
+    with pytest.raises(SpecError, match="goes with action apply"):
+        load_spec(text)
