@@ -189,11 +189,28 @@ def _whole(value) -> int | None:
     return int(value) if value is not None else None
 
 
+def held_by_staff(tenant: Tenant, plan: Plan | None = None) -> set[int]:
+    """The plans (of `plan` alone, when given) the tenant may not subscribe to again until
+    staff lift the suspension: its subscription cancelled last was suspended by staff then
+    (cancelling does not lift a suspension)."""
+    cancelled = Subscription.objects.filter(tenant=tenant, status=Subscription.Status.CANCELLED)
+    if plan is not None:
+        cancelled = cancelled.filter(plan=plan)
+    last: dict[int, bool] = {}
+    for plan_id, held in cancelled.order_by("plan_id", "-cancelled_at", "-pk").values_list(
+        "plan_id", "suspended_by_staff"
+    ):
+        last.setdefault(plan_id, held)
+    return {plan_id for plan_id, held in last.items() if held}
+
+
 def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
     if action in ALWAYS_ALLOWED or action in SETTINGS:
         return None
     subscription = subscription_of(tenant, plan)
     what = "create instances on it" if action in NEW_INSTANCE else "run this action"
+    if subscription is None and held_by_staff(tenant, plan):
+        return f"The platform team suspended your {plan.name} subscription: contact them to {what}."
     if subscription is None:
         return f"Subscribe to the {plan.name} plan on the Billing page to {what}."
     if subscription.status == Subscription.Status.PENDING and stripe_bills():

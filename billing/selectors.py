@@ -180,21 +180,6 @@ def _limit_lines(limits: entitlements.Limits) -> list[str]:
     return lines
 
 
-def held_by_staff(tenant: Tenant, plan: Plan | None = None) -> set[int]:
-    """The plans (of `plan` alone, when given) the tenant may not subscribe to again until
-    staff lift the suspension: its subscription cancelled last was suspended by staff then
-    (cancelling does not lift a suspension)."""
-    cancelled = Subscription.objects.filter(tenant=tenant, status=Subscription.Status.CANCELLED)
-    if plan is not None:
-        cancelled = cancelled.filter(plan=plan)
-    last: dict[int, bool] = {}
-    for plan_id, held in cancelled.order_by("plan_id", "-cancelled_at", "-pk").values_list(
-        "plan_id", "suspended_by_staff"
-    ):
-        last.setdefault(plan_id, held)
-    return {plan_id for plan_id, held in last.items() if held}
-
-
 def plan_rows(tenant: Tenant) -> list[PlanRow]:
     """Every plan, the tenant's subscribed ones first, with its limits and the tenant's usage."""
     open_ = {
@@ -203,7 +188,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
             status=Subscription.Status.CANCELLED
         )
     }
-    held = held_by_staff(tenant)
+    held = entitlements.held_by_staff(tenant)
     rows = []
     for plan in Plan.objects.all():
         subscription = open_.get(plan.pk)

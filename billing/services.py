@@ -20,7 +20,7 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
 from accounts.roles import Role
 from accounts.services import permission_require, tenant_lock
-from billing import entitlements, periods, selectors
+from billing import entitlements, periods
 from billing.models import OVERRIDE_SAME_MOMENT, Plan, PlanOverride, Price, Subscription
 from billing.stripe_gateway import gateway, stripe_bills
 
@@ -146,7 +146,7 @@ def subscribe(
         if subscription is not None:
             claim.bind(subscription)
             return subscription
-        if selectors.held_by_staff(tenant, plan):
+        if entitlements.held_by_staff(tenant, plan):
             raise ActionDenied(
                 f"The platform team suspended your {plan.name} subscription: contact them to "
                 "subscribe again."
@@ -180,7 +180,7 @@ def subscribe(
 
 def subscription_hold_lift(*, actor: Actor, subscription: Subscription) -> Subscription:
     """Staff let a tenant subscribe to a plan again after cancelling a subscription to it that
-    they had suspended (`selectors.held_by_staff`)."""
+    they had suspended (`entitlements.held_by_staff`)."""
     tenant = subscription.tenant
     action = "subscription.hold_lift"
     with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):

@@ -67,6 +67,7 @@ class ParameterForm(forms.Form):
     shown: list[Parameter] = []
     groups_spec: list[dict] = []
     current: dict | None = None
+    current_is: str = "it is {} now"  # how a refusal names a current value
 
     def clean(self) -> dict:
         data = super().clean()
@@ -79,7 +80,9 @@ class ParameterForm(forms.Form):
                     continue  # left as the form showed it: not asked for, nor checked again
                 self.given[parameter.key] = value
         try:
-            self.values = validate_parameters(self.parameters, self.given, current=self.current)
+            self.values = validate_parameters(
+                self.parameters, self.given, current=self.current, current_is=self.current_is
+            )
         except ParameterErrors as exc:
             for key, message in exc.errors.items():
                 self.add_error(field_name(key) if field_name(key) in self.fields else None, message)
@@ -196,6 +199,7 @@ def parameter_form_class(
     current: dict | None = None,
     base: type[ParameterForm] = ParameterForm,
     extra_fields: dict[str, forms.Field] | None = None,
+    current_is: str = "it is {} now",
 ) -> type[ParameterForm]:
     """A form class for `parameters` (a plan's or a custom verb's).
 
@@ -221,6 +225,7 @@ def parameter_form_class(
         "shown": shown,
         "groups_spec": [g for g in (groups or []) if isinstance(g, dict)],
         "current": current,
+        "current_is": current_is,
     }
     return type("GeneratedParameterForm", (base,), attributes)
 

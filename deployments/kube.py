@@ -235,8 +235,9 @@ class KubeDriver:
         resource = self._resource(obj)
         try:
             return self._call(
-                resource.create, body=obj, namespace=namespace, query_params=list(_STRICT)
-            )
+                resource.create, body=obj, namespace=namespace, field_manager=FIELD_MANAGER,
+                query_params=list(_STRICT),
+            )  # fmt: skip
         except PermanentError as exc:
             if exc.reason != "AlreadyExists":
                 raise

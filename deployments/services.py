@@ -435,12 +435,20 @@ def _origin(instance: Instance) -> Operation | None:
     )
 
 
+# How a refusal names a value the changes queued on an instance will set.
+QUEUED_IS = "it will be {} once the changes queued on it have run"
+
+
 def _modify_request(spec, instance: Instance, values: dict) -> tuple[dict, dict]:
     """The changes a modify asks for: the values that differ from what the instance will hold
     once the operations queued before it have run (plain ones, and the Password ones apart)."""
     projected = instance_parameters_projected(instance)
+    queued = any(projected.get(key) != value for key, value in instance.parameters.items())
     try:
-        typed = validate_parameters(spec.main.parameters, values, current=projected)
+        typed = validate_parameters(
+            spec.main.parameters, values, current=projected,
+            current_is=QUEUED_IS if queued else "it is {} now",
+        )  # fmt: skip
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc
     changes = {k: v for k, v in typed.items() if k not in projected or projected[k] != v}
@@ -782,7 +790,7 @@ def plan_change(
         if claim.earlier is not None:
             return PlanChange(source, target, _plan_change_operations(tenant, prefix))
         if target.pk == source.pk:
-            raise ValidationError(f"Your instances are on the {target.name} plan already.")
+            raise ValidationError(f"Choose a plan to move to other than {target.name}.")
         if target.service != source.service:
             raise ValidationError(
                 f"{target.name} is not another plan of {source.name}'s service: instances move "

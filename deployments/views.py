@@ -1,5 +1,6 @@
 import re
 import time
+import unicodedata
 import uuid
 from datetime import UTC
 
@@ -607,7 +608,7 @@ def instance_act(request, instance_id: str, verb: str):
 def instance_delete(request, instance_id: str):
     instance = _instance(request, instance_id)
     typed = request.POST.get("confirm_name", "")
-    if typed.strip() != instance.name:
+    if unicodedata.normalize("NFKC", typed).strip() != instance.name:  # as names are stored
         errors = {"confirm_name": [f"Type the instance's name, {instance.name}, to delete it."]}
         return _dialog_again(request, instance, "dialog-delete", errors, tab="overview")
     try:
@@ -797,10 +798,13 @@ def _modify_form(instance: Instance, data=None) -> forms.ParameterForm:
     """The modify form: the modifiable parameters, prefilled with the values the instance
     will hold once the operations queued on it have run, which a modify changes from."""
     spec = selectors.plan_spec(instance.plan_version)
+    projected = services.instance_parameters_projected(instance)
+    queued = any(projected.get(key) != value for key, value in instance.parameters.items())
     form_class = forms.parameter_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,
-        current=services.instance_parameters_projected(instance),
+        current=projected,
+        current_is=services.QUEUED_IS if queued else "it is {} now",
     )
     return form_class(data)
 

@@ -40,6 +40,20 @@ def _check(tenant, plan, action="create", usage=None, **request):
     return check(tenant=tenant, plan=plan, action=action, usage=usage, request=Request(**request))
 
 
+def test_a_plan_staff_hold_says_to_contact_them_not_to_subscribe(tenant, plan):
+    Subscription.objects.create(
+        tenant=tenant, plan=plan, status="cancelled", suspended_by_staff=True
+    )
+
+    decision = _check(tenant, plan)
+
+    assert not decision.allowed
+    assert decision.reason == (
+        f"The platform team suspended your {plan.name} subscription: contact them to create "
+        "instances on it."
+    )
+
+
 def test_no_subscription_says_where_to_subscribe(tenant, plan):
     decision = _check(tenant, plan)
 

@@ -133,6 +133,21 @@ def test_a_stale_dialog_is_not_refused_for_a_value_it_left_as_shown(owner_client
     }
 
 
+def test_a_grow_only_value_a_queued_change_raises_is_named_as_what_it_will_be(
+    owner_client, instance
+):
+    stored = instance.parameters["storageGi"]
+    owner_client.post(_url(instance, "modify/"), {"request_id": "up", "p-storageGi": stored + 10})
+
+    response = _modify(owner_client, instance, storageGi=str(stored + 5))
+
+    assert response.status_code == 400
+    assert (
+        f"Can grow, not shrink: it will be {stored + 10} once the changes queued on it have run."
+        in response.content.decode()
+    )
+
+
 @pytest.mark.parametrize("shown", ["[" * 100_000, '{"instances": [[[]]]}', "x" * 200_000, "7"])
 def test_a_forged_shown_field_changes_nothing_it_should_not_and_is_no_error(
     owner_client, instance, shown

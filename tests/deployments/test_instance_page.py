@@ -542,6 +542,17 @@ def test_a_viewer_sees_no_action_and_a_forged_post_is_refused_and_audited(
     assert denied.actor == viewer and denied.target_id == instance.pk
 
 
+def test_the_delete_confirmation_reads_the_name_as_names_are_stored(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(name="D\u017ex")  # typed as the one letter
+
+    response = owner_client.post(
+        _url(instance, "delete/"), {"request_id": "del-n", "confirm_name": "\u01c5x"}
+    )
+
+    assert response.status_code == 302
+    assert Operation.objects.filter(verb="delete").exists()
+
+
 def test_delete_with_a_wrong_name_deletes_nothing(owner_client, instance):
     response = owner_client.post(
         _url(instance, "delete/"), {"request_id": "del-1", "confirm_name": "order"}

@@ -37,6 +37,10 @@ def test_create_is_idempotent_for_its_own_operation_only(driver, namespace):
     again = driver.create(cluster(namespace), owner_label=(LABEL, "op-1"))
 
     assert again["metadata"]["uid"] == created["metadata"]["uid"]
+    clusters = driver.dynamic.resources.get(api_version="postgresql.cnpg.io/v1", kind="Cluster")
+    stored = clusters.get(name="db", namespace=namespace).to_dict()  # managedFields and all
+    managers = {e["manager"] for e in stored["metadata"]["managedFields"]}
+    assert "opsdeck" in managers and "OpenAPI-Generator" not in managers  # not the library's
     with pytest.raises(PermanentError, match=r'Cluster "db" already exists and was made by'):
         driver.create(cluster(namespace), owner_label=(LABEL, "op-2"))
 
