@@ -34,7 +34,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet, Value
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
@@ -70,6 +70,15 @@ def value_for(quantity: Decimal) -> str:
 
 
 # --- filling the outbox ------------------------------------------------------------------------
+
+
+def _timed(hour: datetime, started: datetime | None) -> datetime:
+    """When a record's meter event happened for Stripe: its hour, or for the hour its Stripe
+    subscription began, that moment (an event before the subscription's start is in none of
+    its periods, and Stripe bills it on no invoice)."""
+    if started is not None and hour < started < hour + HOUR:
+        return started
+    return hour
 
 
 def enqueue() -> int:
@@ -115,15 +124,16 @@ def enqueue() -> int:
             tenant__stripe_customer__isnull=False,
             hour__gte=TruncHour(F("tenant__stripe_customer__created_at")),
         )
+        .annotate(started=Subquery(billed.values("stripe_started_at")[:1]))
         .order_by("id")
         .values_list(
             "id", "plan_id", "dimension", "hour", "quantity",
-            "tenant__stripe_customer__customer_id",
+            "tenant__stripe_customer__customer_id", "started",
         )
     )  # fmt: skip
     now = timezone.now()
     added, batch = 0, []
-    for record_id, plan_id, dimension, hour, quantity, customer_id in records.iterator(
+    for record_id, plan_id, dimension, hour, quantity, customer_id, started in records.iterator(
         chunk_size=5000
     ):
         batch.append(
@@ -133,7 +143,7 @@ def enqueue() -> int:
                 customer_id=customer_id,
                 event_name=meters[plan_id, dimension],
                 value=value_for(quantity),
-                timestamp=hour,
+                timestamp=_timed(hour, started),
                 next_attempt_at=now,
                 created_at=now,
             )

@@ -266,6 +266,9 @@ class Subscription(models.Model):
     stripe_subscription_id = models.CharField(max_length=255, blank=True)
     current_period_start = models.DateTimeField(null=True, blank=True)
     current_period_end = models.DateTimeField(null=True, blank=True)
+    # When the Stripe subscription it holds began (Stripe's start_date): usage metered before
+    # is in none of its periods, so a meter event of the hour it began is timed from then.
+    stripe_started_at = models.DateTimeField(null=True, blank=True)
     past_due_since = models.DateTimeField(null=True, blank=True)
     suspended_at = models.DateTimeField(null=True, blank=True)
     # Suspended by the platform team: it stays suspended until they reactivate it, whatever

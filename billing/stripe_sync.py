@@ -343,6 +343,7 @@ def subscription_values(subscription: Any) -> dict[str, Any]:
         "status": SUBSCRIPTION_STATUSES.get(subscription.status, "pending"),
         "current_period_start": _moment(items[0].current_period_start if items else None),
         "current_period_end": _moment(items[0].current_period_end if items else None),
+        "started_at": _moment(_field(subscription, "start_date")),
         "cancel_at_period_end": bool(_field(subscription, "cancel_at_period_end")),
         "price_ids": [item.price.id for item in items],
     }
@@ -567,6 +568,7 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
     Subscription.objects.filter(pk=ours.pk).update(
         current_period_start=values["current_period_start"],
         current_period_end=values["current_period_end"],
+        stripe_started_at=values["started_at"],
     )
     if subscription.status in _STRIPE_LIVE:
         # Started from a page made before a price changed, or on a plan that added a price.

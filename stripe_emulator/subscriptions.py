@@ -54,12 +54,12 @@ def subscription_start(
     *,
     calendar_months: bool = False,
 ) -> dict[str, Any]:
-    """An active subscription for the line items, from now until a month later, or in the
-    current calendar month when `calendar_months` (its checkout anchored it to the 1st); emits
+    """An active subscription for the line items, from now until a month later, or until the
+    next 1st when `calendar_months` (its checkout anchored it there: calendar months after); emits
     `customer.subscription.created`. Since 2025-03-31.basil the period lives on each item."""
     now = state.now()
-    if calendar_months:
-        period_start, period_end = month_bounds(now)
+    if calendar_months:  # a first, shorter period until the 1st; whole months from then
+        period_start, period_end = now, month_bounds(now)[1]
         anchor = period_end
     else:
         period_start, period_end = now, month_later(now, now)

@@ -185,7 +185,7 @@ def test_subscriptions_on_the_shared_meters_of_earlier_versions_move_to_their_pl
     MeterEvent.objects.create(
         usage_record=UsageRecord.objects.get(), identifier="opsdeck-usage-waiting",
         customer_id=customer.customer_id, event_name="opsdeck_cpu", value="1000000",
-        timestamp=_this_hour(), next_attempt_at=timezone.now(),
+        timestamp=timezone.now(), next_attempt_at=timezone.now(),  # in the Stripe period
     )  # fmt: skip
 
     out = StringIO()

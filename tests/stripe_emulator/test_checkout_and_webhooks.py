@@ -57,10 +57,10 @@ def test_a_checkout_anchored_to_the_first_of_the_month_bills_calendar_months(cli
         client.v1.checkout.sessions.retrieve(anchored.id).subscription
     )
     item = subscription["items"].data[0]
-    assert (item.current_period_start, item.current_period_end) == _month_bounds(
-        subscription.created
-    )
-    assert subscription.billing_cycle_anchor == item.current_period_end  # the next 1st
+    # A first, shorter period from the start to the next 1st, whole calendar months after.
+    assert item.current_period_start == subscription.created == subscription.start_date
+    assert item.current_period_end == _month_bounds(subscription.created)[1]
+    assert subscription.billing_cycle_anchor == item.current_period_end
     with pytest.raises(stripe.InvalidRequestError, match="1st of the month"):
         client.v1.checkout.sessions.create({
             "mode": "subscription", "customer": metered["customer"].id,
