@@ -200,18 +200,23 @@ def parameter_form_class(
     base: type[ParameterForm] = ParameterForm,
     extra_fields: dict[str, forms.Field] | None = None,
     current_is: str = "it is {} now",
+    starts: dict | None = None,
 ) -> type[ParameterForm]:
     """A form class for `parameters` (a plan's or a custom verb's).
 
     Without `current` it is a create form: every parameter, initial values from the defaults.
     With `current` (the instance's typed values) it is a modify form: only the modifiable
     parameters, initial values from `current` (never a password); validated as a modify.
-    `extra_fields` are added as they are (e.g. a create form's choice of cell).
+    `extra_fields` are added as they are (e.g. a create form's choice of cell). `starts`: values
+    a create form's parameters start from instead of their defaults.
     """
     shown = [p for p in parameters if current is None or p.modifiable]
     fields = dict(extra_fields or {})
     for parameter in shown:
-        initial = parameter.default if current is None else current.get(parameter.key)
+        if current is None:
+            initial = (starts or {}).get(parameter.key, parameter.default)
+        else:
+            initial = current.get(parameter.key)
         if parameter.type == "Password":
             initial = None
         field = parameter_field(parameter, initial=initial)

@@ -435,19 +435,21 @@ def _origin(instance: Instance) -> Operation | None:
     )
 
 
-# How a refusal names a value the changes queued on an instance will set.
-QUEUED_IS = "it will be {} once the changes queued on it have run"
+def current_is(instance: Instance, projected: dict) -> str:
+    """How a refusal names the value a modify changes from (`validate_parameters`): what the
+    instance has now, or, once queued changes move its values (`projected`), what it will be."""
+    queued = any(projected.get(key) != value for key, value in instance.parameters.items())
+    return "it will be {} once the changes queued on it have run" if queued else "it is {} now"
 
 
 def _modify_request(spec, instance: Instance, values: dict) -> tuple[dict, dict]:
     """The changes a modify asks for: the values that differ from what the instance will hold
     once the operations queued before it have run (plain ones, and the Password ones apart)."""
     projected = instance_parameters_projected(instance)
-    queued = any(projected.get(key) != value for key, value in instance.parameters.items())
     try:
         typed = validate_parameters(
             spec.main.parameters, values, current=projected,
-            current_is=QUEUED_IS if queued else "it is {} now",
+            current_is=current_is(instance, projected),
         )  # fmt: skip
     except ParameterErrors as exc:
         raise _parameter_errors(exc) from exc

@@ -29,7 +29,6 @@ from deployments import forms, lifecycle, metering, schedules, selectors, server
 from deployments.cells import driver_for
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
-from deployments.spec.params import format_value
 from deployments.workflow.driver import DriverError
 
 
@@ -529,16 +528,8 @@ def _verb_form(
     """A custom workflow's form, from its own `apiParameters`; its ids are its dialog's, so
     they never clash with another dialog's on the page. `holds`: values its parameters start
     from instead of their defaults (what the instance holds of those the verb sets)."""
-    holds = holds or {}
-    initial = {
-        forms.field_name(p.key): bool(holds[p.key])
-        if p.type == "Boolean"
-        else format_value(p, holds[p.key])
-        for p in parameters
-        if p.key in holds
-    }
-    form_class = forms.parameter_form_class(parameters)
-    return form_class(data, initial=initial, auto_id=f"dialog-{verb}-%s")
+    form_class = forms.parameter_form_class(parameters, starts=holds)
+    return form_class(data, auto_id=f"dialog-{verb}-%s")
 
 
 def _verb_holds(instance: Instance, actions: list) -> dict[str, dict]:
@@ -799,12 +790,11 @@ def _modify_form(instance: Instance, data=None) -> forms.ParameterForm:
     will hold once the operations queued on it have run, which a modify changes from."""
     spec = selectors.plan_spec(instance.plan_version)
     projected = services.instance_parameters_projected(instance)
-    queued = any(projected.get(key) != value for key, value in instance.parameters.items())
     form_class = forms.parameter_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,
         current=projected,
-        current_is=services.QUEUED_IS if queued else "it is {} now",
+        current_is=services.current_is(instance, projected),
     )
     return form_class(data)
 
