@@ -322,15 +322,19 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
 # --- instance page ---------------------------------------------------------------------------
 
 
-def _live_named(tenant: Tenant, name: str) -> QuerySet[Instance]:
-    """The tenant's live instances called `name`, as the database's constraint compares names
-    (PostgreSQL's lower case)."""
+def _live_lowered(tenant: Tenant) -> QuerySet[Instance]:
+    """The tenant's live instances with their names as the database's constraint compares
+    them (`lowered`: PostgreSQL's lower case)."""
     return (
         Instance.objects.filter(tenant=tenant)
         .exclude(state=Instance.State.DELETED)
         .annotate(lowered=Lower("name"))
-        .filter(lowered=Lower(Value(name)))
     )
+
+
+def _live_named(tenant: Tenant, name: str) -> QuerySet[Instance]:
+    """The tenant's live instances called `name`, whatever its case."""
+    return _live_lowered(tenant).filter(lowered=Lower(Value(name)))
 
 
 def instance_named(tenant: Tenant, name: str) -> Instance | None:
@@ -348,9 +352,7 @@ def instance_name_free(tenant: Tenant, wanted: str, most: int) -> str:
         cursor.execute("SELECT lower(%s)", [wanted])
         (lowered,) = cursor.fetchone()
     taken = set(
-        Instance.objects.filter(tenant=tenant)
-        .exclude(state=Instance.State.DELETED)
-        .annotate(lowered=Lower("name"))
+        _live_lowered(tenant)
         .filter(lowered__startswith=lowered[: most - 12])
         .values_list("lowered", flat=True)
     )
