@@ -462,7 +462,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         with transaction.atomic() if runs else nullcontext():
             delay = _wait(
                 op, state, step, now, token,
-                due=due, watched_kinds=spec.required_kinds, keep=in_time,
+                due=due, watched_kinds=spec.waited_kinds, keep=in_time,
             )  # fmt: skip
             _task_runs_write(op, runs, before=before)
         held.kept = in_time and delay == 0

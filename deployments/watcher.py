@@ -1,7 +1,8 @@
 """Operations woken by watches: `python manage.py watch_cells`.
 
 Kubernetes controllers watch rather than poll. Per cell, and per kind the loaded plans' resource
-templates make, the watcher lists (for a resourceVersion) and then watches from there, resuming
+templates wait on (a success or failure condition; `kinds_of`) or read the status from, the
+watcher lists (for a resourceVersion) and then watches from there, resuming
 after each server-side timeout from the last version seen (bookmarks keep it fresh) and listing
 again on 410 Gone. It keeps no objects, only each watch's resourceVersion, so its memory does not
 grow with the cell.
@@ -30,7 +31,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -199,17 +200,20 @@ def _woken_by(waits: list[dict], key: str | None, obj: dict | None) -> bool:
     return any(entry["object"] == key and engine.wakes(entry, obj) for entry in waits)
 
 
-def observed_write(lease: Lease, instance_id: str, observed: dict) -> bool:
-    """Store the instance's observed status (fenced by the lease); whether it was written."""
+def observed_write(
+    lease: Lease, instance_id: str, observed: dict, *, versions: Collection[int]
+) -> bool:
+    """Store the instance's observed status (fenced by the lease) if it is on one of
+    `versions` (those whose status rule read it); whether it was written."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {Instance._meta.db_table}
                SET observed = %s::jsonb, observed_at = clock_timestamp()
-             WHERE id = %s AND cell_id = %s AND {_FENCE}
+             WHERE id = %s AND cell_id = %s AND plan_version_id = ANY(%s) AND {_FENCE}
             """,  # noqa: S608 - our table name
-            [json.dumps(observed), instance_id, lease.cell_id, lease.cell_id, lease.holder,
-             lease.epoch],
+            [json.dumps(observed), instance_id, lease.cell_id, list(versions), lease.cell_id,
+             lease.holder, lease.epoch],
         )  # fmt: skip
         return cursor.rowcount == 1
 
@@ -223,13 +227,22 @@ class Kind:
     kind: str
     status_rules: dict[int, status.StatusRule] = field(default_factory=dict)  # by version id
 
+    def shared_rule(self) -> status.StatusRule | None:
+        """The status rule every plan version of this kind has (the usual case: one plan,
+        or versions that read the status alike); None when they differ."""
+        rules = iter(self.status_rules.values())
+        first = next(rules, None)
+        return first if all(rule == first for rule in rules) else None
+
 
 def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
-    """Every kind the plan versions' resource templates make, and which are status objects."""
+    """Every kind the plan versions' resource templates wait on, and the status objects'.
+    A kind no template waits on is not watched: a change of it could wake only a run waiting
+    on no object, which is in a retry's backoff (its own timer) or moving on anyway."""
     kinds: dict[tuple[str, str], Kind] = {}
     for version in versions:
         spec = selectors.plan_version_loaded(version.pk).spec
-        for api_version, kind in spec.required_kinds:
+        for api_version, kind in spec.waited_kinds:
             kinds.setdefault((api_version, kind), Kind(api_version, kind))
         rule = status.status_rule(spec.extensions)
         if rule is not None:
@@ -248,17 +261,19 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
     if not INSTANCE_NAMESPACE.fullmatch(namespace):
         return  # not an instance's namespace (the cluster's own, or another tenant of it)
     if kind.status_rules and meta.get("name") == namespace:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT plan_version_id FROM {Instance._meta.db_table} "  # noqa: S608
-                "WHERE id = %s AND cell_id = %s",
-                [namespace, lease.cell_id],
-            )
-            row = cursor.fetchone()
-        version_id = row[0] if row else None
-        rule = kind.status_rules.get(version_id) if version_id else None
+        rule, versions = kind.shared_rule(), list(kind.status_rules)
+        if rule is None:  # the instance's version says which rule reads it
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT plan_version_id FROM {Instance._meta.db_table} "  # noqa: S608
+                    "WHERE id = %s AND cell_id = %s",
+                    [namespace, lease.cell_id],
+                )
+                row = cursor.fetchone()
+            version_id = row[0] if row else None
+            rule, versions = kind.status_rules.get(version_id), [version_id]
         if rule is not None:
-            observed_write(lease, namespace, status.observed_of(obj, rule))
+            observed_write(lease, namespace, status.observed_of(obj, rule), versions=versions)
     operations_wake(lease, namespace, obj, deleted=deleted)
 
 

@@ -227,8 +227,11 @@ class PlanSpec:
     extensions: dict = field(default_factory=dict)
     allowed_kinds: list[str] = field(default_factory=list)
     # (apiVersion, kind) of every object the workflows' manifests name, in order of first
-    # appearance: what a cell must serve to run the plan, and what its watcher watches.
+    # appearance: what a cell must serve to run the plan.
     required_kinds: list[tuple[str, str]] = field(default_factory=list)
+    # Those a template waits on (a success or failure condition): what the cell's watcher
+    # watches, since only a change of one of them can move a waiting run on.
+    waited_kinds: list[tuple[str, str]] = field(default_factory=list)
     usage_rules: dict[str, str] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -119,6 +119,7 @@ def _untokenize(text: str, found: list[str]) -> str:
 
 def _check_plan(spec: PlanSpec, report: Report) -> None:
     kinds: list[tuple[str, str, str]] = []  # (path, apiVersion, kind)
+    waited: set[tuple[str, str]] = set()  # (apiVersion, kind) of objects a move waits on
     for i, service in enumerate(spec.services):
         path = f"services[{i}]"
         if service is spec.main or any(not v.custom for v in service.verbs.values()):
@@ -128,7 +129,7 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
                 service, path, BACKUP_VERBS, " (capabilities.backupConfiguration is set)", report
             )
         for verb in service.verbs.values():
-            _VerbChecker(service, verb, report, kinds).run()
+            _VerbChecker(service, verb, report, kinds, waited).run()
     _check_kinds(spec, kinds, report)
     spec.required_kinds = list(
         dict.fromkeys(
@@ -137,6 +138,7 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
             if api_version and not _TOKEN_RE.search(api_version)
         )
     )
+    spec.waited_kinds = [key for key in spec.required_kinds if key in waited]
     _check_operator(spec, report)
     _check_network(spec, report)
     _check_endpoints(spec, report)
@@ -529,11 +531,13 @@ class _VerbChecker:
         verb: Verb,
         report: Report,
         kinds: list[tuple[str, str, str]],
+        waited: set[tuple[str, str]],
     ):
         self.verb = verb
         self.workflow: Workflow = verb.workflow
         self.report = report
         self.kinds = kinds
+        self.waited = waited
         self.parameters: dict[str, Parameter] = {
             p.key: p for p in [*service.parameters, *verb.parameters]
         }
@@ -775,6 +779,10 @@ class _VerbChecker:
                 self.report.error(manifest_path, f"the object has no {key}")
         if kind and not _TOKEN_RE.search(kind):
             self.kinds.append((manifest_path, api_version, kind))
+            if resource.action != "delete" and (
+                resource.success_condition or resource.failure_condition
+            ):
+                self.waited.add((api_version, kind))  # a move reads it back until they decide
         metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         if metadata.get("namespace") is not None:
             self.report.warn(

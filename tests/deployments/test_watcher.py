@@ -16,9 +16,12 @@ from django.utils import timezone
 from accounts.audit import Actor
 from deployments import runner, services
 from deployments.models import Cell, CellWatchLease, Instance, Operation
+from deployments.status import StatusRule
 from deployments.watcher import (
     CellWatcher,
+    Kind,
     Lease,
+    event_handle,
     lease_renew,
     lease_take,
     observed_write,
@@ -68,6 +71,15 @@ def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
 
     wait_for(lambda: observed().get("ready") == 2, timeout=10, what="the watched status")
     assert observed().get("total") == 2
+
+
+def test_the_watcher_streams_the_kinds_templates_wait_on_not_those_they_only_write(plan):
+    # The plan writes Secrets but never waits on one: their events could move no run on.
+    kinds = CellWatcher(holder="kinds").kinds()
+
+    assert ("postgresql.cnpg.io/v1", "Cluster") in kinds
+    assert ("v1", "Pod") in kinds
+    assert ("v1", "Secret") not in kinds
 
 
 def running_operation(cell, tenant, owner) -> Operation:
@@ -201,13 +213,14 @@ def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_
     assert not lease_renew(cell_id, "a", first)
 
     old, new = Lease(cell_id, "a", first), Lease(cell_id, "b", second)
+    version = waiting.instance.plan_version_id
     assert operations_wake(old, waiting.instance_id) == []  # a's writes are refused
-    assert not observed_write(old, waiting.instance_id, {"phase": "stale"})
+    assert not observed_write(old, waiting.instance_id, {"phase": "stale"}, versions=[version])
     waiting.refresh_from_db()
     assert waiting.next_step_at > timezone.now() + timedelta(seconds=SLOW_POLL / 2)
 
     assert operations_wake(new, waiting.instance_id) == [str(waiting.pk)]
-    assert observed_write(new, waiting.instance_id, {"phase": "Healthy"})
+    assert observed_write(new, waiting.instance_id, {"phase": "Healthy"}, versions=[version])
     waiting.refresh_from_db()
     assert waiting.next_step_at <= timezone.now()  # due: the step sent finds it so
     assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": "Healthy"}
@@ -267,6 +280,29 @@ def test_a_move_nobody_woke_waits_its_poll_delay(waiting):
         )  # fmt: skip
     waiting.refresh_from_db()
     assert delay == runner.poll_delay(1) and waiting.next_step_at > now
+
+
+def test_the_watched_status_is_read_by_the_rule_of_the_instances_own_plan_version(waiting):
+    cell_id, name = waiting.instance.cell_id, waiting.instance.namespace
+    lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
+    version = waiting.instance.plan_version_id
+    by_phase = StatusRule(CLUSTER_KIND[0], "Cluster", {"phase": "status.phase"})
+    by_primary = StatusRule(CLUSTER_KIND[0], "Cluster", {"primary": "status.currentPrimary"})
+    cluster = _cluster(name, HEALTHY) | {"status": {"phase": HEALTHY, "currentPrimary": "p-1"}}
+
+    def observed():
+        return Instance.objects.get(pk=waiting.instance_id).observed
+
+    # No version of its plan reads its status from this kind: nothing is written.
+    event_handle(lease, Kind(*CLUSTER_KIND, {version + 1: by_phase}), cluster)
+    assert observed() == {}
+
+    event_handle(lease, Kind(*CLUSTER_KIND, {version: by_phase}), cluster)
+    assert observed() == {"phase": HEALTHY}
+
+    # Versions that read it differently: the instance's own version's rule.
+    event_handle(lease, Kind(*CLUSTER_KIND, {version: by_primary, version + 1: by_phase}), cluster)
+    assert observed() == {"primary": "p-1"}
 
 
 def _state(operation: Operation) -> engine.RunState:

@@ -33,6 +33,18 @@ def test_the_shipped_plan_names_its_operator_and_the_kinds_a_cell_must_serve():
     assert spec.main.primary_endpoint()["host"] == "{{ $sys.id }}-rw"
 
 
+def test_the_watcher_watches_only_the_kinds_a_template_waits_on():
+    # Secrets are written and deleted, never read back until a condition holds: no change of
+    # one can move a waiting run on, so the watcher streams none of them.
+    spec = load_spec(SHIPPED)
+
+    assert spec.waited_kinds == [
+        ("postgresql.cnpg.io/v1", "Cluster"),
+        ("v1", "Pod"),
+        ("postgresql.cnpg.io/v1", "Backup"),
+    ]
+
+
 def test_the_kinds_a_cell_must_serve_are_those_the_manifests_write():
     def widgets(document):
         text = yaml.safe_dump(document).replace("postgresql.cnpg.io/v1", "widgets.example.io/v2")
