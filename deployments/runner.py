@@ -612,7 +612,7 @@ def _finish(
     )
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
     if rule.makes_instance if succeeded else not delete_waiting:
-        operation_notify(op.pk)
+        operation_notify(op)
     if following:
         operation_dispatch(following[0][0])
 

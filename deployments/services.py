@@ -16,13 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.template.loader import render_to_string
-from django.urls import reverse
 from django.utils import timezone
 
 from accounts import idempotency
@@ -1019,33 +1015,6 @@ def instance_credentials_reveal(*, actor: Actor, instance: Instance) -> str:
             actor=actor, action=action, tenant=tenant, target=instance, payload={"parameter": key}
         )
     return str(password)
-
-
-def operation_email_send(*, operation: Operation) -> None:
-    """Tell whoever started an operation that it failed (or was cancelled), or that the
-    instance its create or restore made is ready; sent by a worker after the end committed."""
-    user = operation.requested_by
-    if user is None or not user.email:
-        return
-    instance = operation.instance
-    if operation.state == Operation.State.SUCCEEDED:
-        if operation.verb not in lifecycle.MAKES_INSTANCE:
-            return
-        subject = f"[Opsdeck] {instance.name} is ready"
-    else:
-        subject = f"[Opsdeck] {instance.name}: {operation.verb} {operation.state}"
-    path = reverse("instance_list", kwargs={"tenant_slug": instance.tenant.slug})
-    context = {
-        "operation": operation,
-        "instance": instance,
-        "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}{instance.pk}/",
-    }
-    send_mail(
-        subject=subject,
-        message=render_to_string("deployments/email/operation_ended.txt", context),
-        from_email=settings.DEFAULT_FROM_EMAIL,
-        recipient_list=[user.email],
-    )
 
 
 def _restore_base(snapshot: Snapshot) -> dict:

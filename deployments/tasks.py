@@ -40,24 +40,6 @@ def snapshots_prune() -> int:
 
 
 @shared_task
-def operation_notify(operation_id: str) -> None:
-    """Email whoever started an operation how it ended, when that is worth an email."""
-    from deployments.models import Operation
-
-    # What the email shows: not the run's state, parameters and outputs (large, encrypted).
-    shown = ["state", "verb", "finished_at", "error", "requested_by__email", "instance__name",
-             "instance__state", "instance__tenant__slug"]  # fmt: skip
-    operation = (
-        Operation.objects.select_related("instance__tenant", "requested_by")
-        .only(*shown)
-        .filter(pk=operation_id)
-        .first()
-    )
-    if operation is not None:
-        services.operation_email_send(operation=operation)
-
-
-@shared_task
 def usage_meter() -> int:
     """Meter every full hour not metered yet (run every 5 minutes by beat, so an hour is
     metered within minutes of its end; metering it again changes nothing)."""

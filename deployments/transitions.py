@@ -13,10 +13,10 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
+from deployments import emails
 from deployments.models import Instance, InstanceStateChange, Operation
 
 STEP_TASK = "deployments.tasks.operation_step"
-NOTIFY_TASK = "deployments.tasks.operation_notify"
 
 
 def instance_state_set(
@@ -81,9 +81,9 @@ def operation_dispatch(operation_id, delay: float = 0.0, *, urgent: bool = False
     )
 
 
-def operation_notify(operation_id) -> None:
-    """Tell whoever started the operation how it ended (an email, from a worker) once the
-    current transaction commits; a broker that cannot be reached does not undo the commit."""
-    transaction.on_commit(
-        lambda: current_app.send_task(NOTIFY_TASK, args=[str(operation_id)]), robust=True
-    )
+def operation_notify(operation: Operation) -> None:
+    """Tell whoever started the operation how it ended (`emails.operation_ended`), from this
+    process once the current transaction commits, as the instance's health emails are sent: a
+    task of its own would cost a worker as much as the run's last move. A mail server that
+    cannot be reached does not undo the commit; the email is lost, as one whose task was lost."""
+    transaction.on_commit(lambda: emails.operation_ended(operation), robust=True)

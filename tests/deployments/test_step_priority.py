@@ -11,7 +11,7 @@ import pytest
 from kombu import Connection, Exchange, Queue
 
 from bench.operations import queue_delete, task_queue
-from deployments.transitions import operation_dispatch, operation_notify
+from deployments.transitions import operation_dispatch
 from portal.celery import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +44,14 @@ def _taken_in_order(conn: Connection, queue: Queue) -> list[str]:
         message.ack()
 
 
-# The order a worker takes what `_send_steps` sends: the woken operation's step first, and the
-# email, a task sent without a priority, with the urgent steps (where Redis puts it).
-TAKEN = ["woken", "ended", "new-0", "new-1", "new-2", "new-3"]
+# The order a worker takes what `_send_steps` sends: the woken operation's step first.
+TAKEN = ["woken", "new-0", "new-1", "new-2", "new-3"]
 
 
 def _send_steps() -> None:
     for n in range(3):
         operation_dispatch(f"new-{n}")  # creates submitted in a burst
     operation_dispatch("woken", urgent=True)  # the change one under way waited for came
-    operation_notify("ended")  # its requester's email
     operation_dispatch("new-3")
 
 
