@@ -4,7 +4,8 @@ A Celery task calls `operation_step(id)`. It claims the operation (a token
 valid for `OPSDECK_OPERATION_LEASE` seconds: a second worker holding the same
 message finds it claimed and skips it), lets the engine advance from the saved
 state — calling the cluster outside any transaction — and commits the new state
-and the task runs in a short transaction fenced by the claim. After progress it
+and the task runs in one statement fenced by the claim (the run's end, which writes the
+instance too, in a short transaction). After progress it
 goes on with the next move in the same task (while two seconds have not passed
 when a move is stored), keeping its claim and the operation it read; when the
 run has to wait it releases the claim and sends itself again after a poll that
@@ -20,7 +21,6 @@ import logging
 import time
 import uuid
 from collections.abc import Collection
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -218,6 +218,15 @@ class ClaimedDriver:
         return self._driver.resolve(resource)
 
 
+@dataclass
+class Runs:
+    """The TaskRun rows a move changed (`_task_runs_changed`), with the saved state's nodes
+    (`before`) that say which rows earlier moves wrote."""
+
+    nodes: list
+    before: dict
+
+
 def _store(
     op: Operation,
     token: uuid.UUID,
@@ -225,12 +234,15 @@ def _store(
     *,
     release: bool = True,
     due: object = _ANY,
+    runs: Runs | None = None,
 ) -> bool:
     """Write the move's `fields` of the operation in one UPDATE fenced by the claim, releasing
-    it (unless `release` is False: the same worker goes on with the next move). Raises
-    ClaimLost, and the transaction it is in rolls back, when the claim is not ours any more or
-    the operation ended meanwhile (a delete cancelled it). With `due` (the `next_step_at` the
-    move read), False and nothing written when a wake-up changed it meanwhile."""
+    it (unless `release` is False: the same worker goes on with the next move), and in the same
+    statement the task `runs` it changed (`_task_runs_sql`): a move is one statement, and no
+    transaction, unless it finishes the run. Raises ClaimLost, and the transaction it is in
+    rolls back, when the claim is not ours any more or the operation ended meanwhile (a delete
+    cancelled it). With `due` (the `next_step_at` the move read), False and nothing written
+    when a wake-up changed it meanwhile."""
     values = {name: getattr(op, name) for name in fields}
     if release:
         values |= {"claim_token": None, "claimed_until": None}
@@ -238,13 +250,19 @@ def _store(
         raise ValueError("a store writes at least one field or releases the claim")
     names = list(values)
     woken = "" if due is _ANY else "AND next_step_at IS NOT DISTINCT FROM %s"
+    statement = f"UPDATE {_TABLE} SET {rows.sets(Operation, names)} WHERE {_MINE} {woken}"  # noqa: S608 - our names
+    params = [*rows.prepared(Operation, names, values), op.pk, token, _LIVE,
+              *([] if due is _ANY else [due])]  # fmt: skip
+    if runs is not None and runs.nodes:
+        # The rows are written only if the operation is: both stand or neither.
+        written, more = _task_runs_sql(runs)
+        statement = f"WITH moved AS ({statement} RETURNING id){written} SELECT id FROM moved"  # noqa: S608
+        params += more
+    else:
+        statement += " RETURNING id"
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {_TABLE} SET {rows.sets(Operation, names)} WHERE {_MINE} {woken}",  # noqa: S608 - our names
-            [*rows.prepared(Operation, names, values), op.pk, token, _LIVE,
-             *([] if due is _ANY else [due])],
-        )  # fmt: skip
-        if cursor.rowcount:
+        cursor.execute(statement, params)
+        if cursor.fetchone() is not None:
             return True
     if due is not _ANY and _reread(op.pk, token) is not None:
         return False
@@ -454,17 +472,14 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
 
     op.engine_state = json.dumps(state.to_json())
     before = saved.get("nodes", {})
-    runs = _task_runs_changed(op, state, before=before)
+    runs = Runs(_task_runs_changed(op, state, before=before), before)
     if not state.done:  # a move that only waits writes no instance, and locks none
         # In time for another move in this task: the claim is kept if that one follows at once.
         in_time = time.monotonic() < keep_until
-        # A move that changed no task run writes the operation alone: no transaction for it.
-        with transaction.atomic() if runs else nullcontext():
-            delay = _wait(
-                op, state, step, now, token,
-                due=due, watched_kinds=spec.waited_kinds, keep=in_time,
-            )  # fmt: skip
-            _task_runs_write(op, runs, before=before)
+        delay = _wait(
+            op, state, step, now, token,
+            due=due, watched_kinds=spec.waited_kinds, keep=in_time, runs=runs,
+        )  # fmt: skip
         held.kept = in_time and delay == 0
         return delay
     with transaction.atomic():
@@ -473,8 +488,8 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # such a service.
         # Read again with the lock: a task's later moves go on from the row its first read.
         pending = _instance_locked(instance)
-        _finish(op, state, verb, now, token, following=[p for p in pending if p[0] != str(op.pk)])
-        _task_runs_write(op, runs, before=before)
+        following = [p for p in pending if p[0] != str(op.pk)]
+        _finish(op, state, verb, now, token, following=following, runs=runs)
     return None
 
 
@@ -488,9 +503,11 @@ def _wait(
     due,
     watched_kinds: Collection[tuple[str, str]] = (),
     keep: bool = False,
+    runs: Runs | None = None,
 ) -> float:
-    """Store a move that left the run waiting; the delay before the next one. The claim is
-    released, unless `keep` and the next move follows at once: the same worker makes it.
+    """Store a move that left the run waiting, with the task `runs` it changed; the delay
+    before the next one. The claim is released, unless `keep` and the next move follows at
+    once: the same worker makes it.
 
     The cell watcher wakes a waiting operation by making it due (`next_step_at`) when an
     object it waits on changes in a way that decides its condition (`engine.wakes`). While it
@@ -517,10 +534,10 @@ def _wait(
     op.next_step_at = now + timedelta(seconds=delay)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
               "moves", "error", "waiting_on"]  # fmt: skip
-    if _store(op, token, fields, release=not (keep and delay == 0), due=due):
+    if _store(op, token, fields, release=not (keep and delay == 0), due=due, runs=runs):
         return delay
-    op.next_step_at, op.idle_steps = now, 0  # woken meanwhile
-    _store(op, token, fields, release=not keep)
+    op.next_step_at, op.idle_steps = now, 0  # woken meanwhile: nothing was written
+    _store(op, token, fields, release=not keep, runs=runs)
     return 0.0
 
 
@@ -538,11 +555,18 @@ def _watched(op: Operation, kinds: Collection[tuple[str, str]]) -> bool:
 
 
 def _finish(
-    op: Operation, state: engine.RunState, verb, now, token: uuid.UUID, *, following: list
+    op: Operation,
+    state: engine.RunState,
+    verb,
+    now,
+    token: uuid.UUID,
+    *,
+    following: list,
+    runs: Runs | None = None,
 ) -> None:
-    """Store the run's end and what it does to the instance (locked by the caller; `following`:
-    the instance's other pending operations, oldest first, as (id, verb, state)): the next
-    of them may start now."""
+    """Store the run's end, with the task `runs` its last move changed, and what it does to
+    the instance (locked by the caller; `following`: the instance's other pending operations,
+    oldest first, as (id, verb, state)): the next of them may start now."""
     succeeded = state.phase == engine.SUCCEEDED
     cancelled = not succeeded and bool(op.cancel_reason)  # by a user, or by a delete
     if succeeded:
@@ -561,6 +585,7 @@ def _finish(
         op, token,
         ["state", "finished_at", "error", "outputs", "next_step_at", "engine_state", "moves",
          "arguments", "transient_streak"],
+        runs=runs,
     )  # fmt: skip
     instance = op.instance
     rule = lifecycle.rule(op.verb, custom=verb.custom)
@@ -650,16 +675,20 @@ def _synced(prev: dict | None, node) -> bool:
 
 
 _RUNS = TaskRun._meta.db_table
-_RUN_KEY = "operation_id = %s AND node = %s AND attempt = %s"
+_RUN_FIELDS = ["state", "message", "object", "started_at", "finished_at"]
+_RUN_VALUES = "(%s, %s::int, %s, %s, %s, %s::timestamptz, %s::timestamptz)"  # node, attempt, …
 
 
-def _task_runs_write(op: Operation, nodes: list, *, before: dict) -> None:
-    """Write the TaskRun rows of `nodes` (`_task_runs_changed`), in SQL as the move's write of
-    the operation is: a row an earlier move wrote gets one UPDATE; a row new in this move (the
-    state naming it commits with it) one INSERT, which would update a row that exists after
-    all rather than fail on it."""
-    for node in nodes:
-        prev = before.get(node.id)
+def _task_runs_sql(runs: Runs) -> tuple[str, list]:
+    """The TaskRun rows of `runs.nodes` (`_task_runs_changed`) as statements that follow the
+    store's UPDATE of the operation (`moved`, one row or none) in its WITH: a row an earlier
+    move wrote is updated, its object written again only when it changed (else not encrypted
+    and sent again); a row new in this move (the state naming it commits with it) is inserted,
+    or would update a row that exists after all rather than fail on it. The statements' text
+    and their parameters."""
+    kept, added = [], []
+    for node in runs.nodes:
+        prev = runs.before.get(node.id)
         values = {
             "state": node.phase,
             "message": node.message,
@@ -667,28 +696,39 @@ def _task_runs_write(op: Operation, nodes: list, *, before: dict) -> None:
             "started_at": _dt(node.started_at),
             "finished_at": _dt(node.finished_at),
         }
-        key = [op.pk, node.id, node.attempt]
-        with connection.cursor() as cursor:
-            if _synced(prev, node):
-                # The object unchanged is not encrypted and written again.
-                names = [n for n in values if n != "object" or prev.get("object") != node.object]
-                cursor.execute(
-                    f"UPDATE {_RUNS} SET {rows.sets(TaskRun, names)} WHERE {_RUN_KEY}",  # noqa: S608
-                    [*rows.prepared(TaskRun, names, values), *key],
-                )
-                if cursor.rowcount:
-                    continue
-            names = list(values)
-            columns = [rows.column(TaskRun, name) for name in names]
-            cursor.execute(
-                f"""
+        row = [node.id, node.attempt, *rows.prepared(TaskRun, _RUN_FIELDS, values)]
+        if not _synced(prev, node):
+            added.append(row)
+            continue
+        if prev.get("object") == node.object:
+            row[2 + _RUN_FIELDS.index("object")] = None  # unchanged: kept as it is stored
+        kept.append(row)
+    columns = [rows.column(TaskRun, name) for name in _RUN_FIELDS]
+    named = f"v (node, attempt, {', '.join(columns)})"
+    sql, params = "", []
+    if kept:
+        sets = ", ".join(
+            f"{c} = COALESCE(v.{c}, t.{c})" if name == "object" else f"{c} = v.{c}"
+            for name, c in zip(_RUN_FIELDS, columns, strict=True)
+        )
+        sql += f"""
+            , kept AS (
+                UPDATE {_RUNS} t SET {sets}
+                  FROM moved, (VALUES {", ".join([_RUN_VALUES] * len(kept))}) AS {named}
+                 WHERE t.operation_id = moved.id AND t.node = v.node AND t.attempt = v.attempt
+            )"""  # noqa: S608 - our table and column names
+        params += [value for row in kept for value in row]
+    if added:
+        sql += f"""
+            , added AS (
                 INSERT INTO {_RUNS} (operation_id, node, attempt, {", ".join(columns)})
-                VALUES (%s, %s, %s, {", ".join(["%s"] * len(names))})
+                SELECT moved.id, v.node, v.attempt, {", ".join(f"v.{c}" for c in columns)}
+                  FROM moved, (VALUES {", ".join([_RUN_VALUES] * len(added))}) AS {named}
                 ON CONFLICT (operation_id, node, attempt)
                 DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in columns)}
-                """,  # noqa: S608 - our table and column names
-                [*key, *rows.prepared(TaskRun, names, values)],
-            )
+            )"""  # noqa: S608 - our table and column names
+        params += [value for row in added for value in row]
+    return sql, params
 
 
 def op_template(op: Operation, name: str):

@@ -193,11 +193,30 @@ def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(create
     new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
     Operation.objects.filter(pk=created.pk).update(claim_token=new_owner)
     moves = Operation.objects.get(pk=created.pk).moves
+    runs = list(TaskRun.objects.filter(operation=created).values_list("node", "state", "object"))
 
     assert runner._step(str(created.pk), held, keep_until=math.inf) == (None, None)
 
     created.refresh_from_db()
     assert created.moves == moves and created.claim_token == new_owner
+    # Nor the task runs its move changed: they are written with the operation or not at all.
+    after = list(TaskRun.objects.filter(operation=created).values_list("node", "state", "object"))
+    assert after == runs
+
+
+def test_a_move_stores_the_task_runs_it_changed_with_the_operation_in_one_statement(created):
+    for _ in range(10):  # up to the move that applies the cluster
+        with CaptureQueriesContext(connection) as statements:
+            runner._step(str(created.pk), keep_until=0)
+        Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+        if TaskRun.objects.filter(operation=created, node__endswith="cluster").exists():
+            break
+    written = [s["sql"] for s in statements if "deployments_taskrun" in s["sql"]]
+
+    assert len(written) == 1 and "UPDATE deployments_operation" in written[0]
+    assert [s["sql"] for s in statements if s["sql"] in {"BEGIN", "COMMIT"}] == []
+    cluster = TaskRun.objects.get(operation=created, node__endswith="cluster")
+    assert cluster.state == "Running" and '"kind": "Cluster"' in cluster.object
 
 
 def test_a_move_that_only_reads_the_object_back_writes_the_operation_alone(created, faults):
