@@ -8,12 +8,15 @@ equals one the ORM reads.
 
 from __future__ import annotations
 
+from functools import cache
+
 from django.db import connection
 from django.db.models import Model
 
 _CONVERTERS: dict[tuple[type[Model], str], list] = {}
 
 
+@cache  # a model's columns never change: worked out once, not on every move
 def columns(model: type[Model], alias: str) -> str:
     """The model's concrete columns, in order, as `alias.column, …`."""
     return ", ".join(
@@ -39,6 +42,7 @@ def built(model: type[Model], alias: str, values) -> Model:
     return model.from_db(connection.alias, names, values)
 
 
+@cache
 def column(model: type[Model], name: str) -> str:
     """The column of the model's field `name`, quoted."""
     return connection.ops.quote_name(model._meta.get_field(name).column)

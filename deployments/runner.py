@@ -35,6 +35,7 @@ from deployments import executor, lifecycle, rows, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
+    BackupSchedule,
     Cell,
     CellWatchLease,
     Instance,
@@ -334,28 +335,40 @@ def _step(
     return delay, (held if held.kept else None)
 
 
+_SCHEDULES = BackupSchedule._meta.db_table
 # The instance's fields a run reads or writes (its tenant and cell never change).
 _INSTANCE_FIELDS = [
     f.attname for f in Instance._meta.concrete_fields if f.attname not in {"tenant_id", "cell_id"}
 ]
 
 
-def _instance_locked(instance: Instance) -> list[tuple[str, str, str]]:
+@dataclass
+class Locked:
+    """What `_instance_locked` reads beside the instance it locks."""
+
+    pending: list[tuple[str, str, str]]  # its queued and running operations: (id, verb, state)
+    retention_days: int | None  # its backup schedule's; None without one
+
+
+def _instance_locked(instance: Instance) -> Locked:
     """Lock the instance, as every service that queues or cancels its operations locks it, and
     read it again (the row read when the task began may predate the commit of an operation
-    before this one, and with it its values); then its queued and running operations as
-    (id, verb, state), oldest first, which none can change while the lock is held.
+    before this one, and with it its values), with its schedule's backup retention; then its
+    queued and running operations as (id, verb, state), oldest first, which none can change
+    while the lock is held.
 
     Two statements: a statement that waits for the lock reads the locked row as committed
     meanwhile but the rest as it was when it began, so a list read beside the lock could
     miss an operation queued, or still hold one finished, while it waited."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {rows.columns(Instance, 'i')} FROM {Instance._meta.db_table} i"  # noqa: S608
-            " WHERE i.id = %s FOR UPDATE",
+            f"SELECT {rows.columns(Instance, 'i')}, (SELECT s.retention_days FROM {_SCHEDULES} s"  # noqa: S608
+            f" WHERE s.instance_id = i.id) FROM {Instance._meta.db_table} i"
+            " WHERE i.id = %s FOR UPDATE OF i",
             [instance.pk],
         )
-        fresh = rows.built(Instance, "i", cursor.fetchone())
+        *row, retention_days = cursor.fetchone()
+        fresh = rows.built(Instance, "i", row)
         cursor.execute(
             f"SELECT id::text, verb, state FROM {_TABLE}"  # noqa: S608 - our table
             " WHERE instance_id = %s AND state = ANY(%s) ORDER BY created_at",
@@ -364,7 +377,7 @@ def _instance_locked(instance: Instance) -> list[tuple[str, str, str]]:
         pending = cursor.fetchall()
     for name in _INSTANCE_FIELDS:
         setattr(instance, name, getattr(fresh, name))
-    return pending
+    return Locked(pending, retention_days)
 
 
 def _begin(op: Operation, now, token: uuid.UUID) -> bool:
@@ -372,8 +385,8 @@ def _begin(op: Operation, now, token: uuid.UUID) -> bool:
     for its first move; else release the claim and leave it queued."""
     with transaction.atomic():
         # The instance first, locked and read again, with the operations pending on it.
-        pending = _instance_locked(op.instance)
-        if pending and pending[0][0] != str(op.pk):
+        locked = _instance_locked(op.instance)
+        if locked.pending and locked.pending[0][0] != str(op.pk):
             _store(op, token, [])  # it starts when the one before it finishes
             return False
         spec = selectors.plan_version_loaded(op.plan_version_id).spec
@@ -397,7 +410,8 @@ def _begin(op: Operation, now, token: uuid.UUID) -> bool:
         op.arguments = {
             **op.arguments,
             "state_before": op.instance.state,
-            "retention_days": selectors.backup_retention_days(op.instance),
+            "retention_days": locked.retention_days
+            or selectors.backup_schedule_default(op.instance).retention_days,
         }
         _store(
             op, token,
@@ -487,7 +501,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # (a delete): finishing writes the instance too, and the other order deadlocks with
         # such a service.
         # Read again with the lock: a task's later moves go on from the row its first read.
-        pending = _instance_locked(instance)
+        pending = _instance_locked(instance).pending
         following = [p for p in pending if p[0] != str(op.pk)]
         _finish(op, state, verb, now, token, following=following, runs=runs)
     return None

@@ -311,7 +311,7 @@ def test_the_operations_read_under_the_instances_lock_include_one_queued_while_i
     other.start()
     assert locked.wait(5)
     with transaction.atomic():
-        pending = runner._instance_locked(Instance.objects.get(pk=instance.pk))
+        pending = runner._instance_locked(Instance.objects.get(pk=instance.pk)).pending
     other.join(10)
 
     assert [entry[0] for entry in pending] == [str(created.pk), *queued] and len(queued) == 1
