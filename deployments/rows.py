@@ -58,3 +58,36 @@ def prepared(model: type[Model], names: list[str], values: dict) -> list:
     return [
         model._meta.get_field(name).get_db_prep_save(values[name], connection) for name in names
     ]
+
+
+def insert(obj: Model) -> None:
+    """Insert `obj` as `obj.save(force_insert=True)` would (its defaults applied by its
+    constructor; no signals: none of ours listen), its generated key set from the row."""
+    model = type(obj)
+    pk = model._meta.pk
+    fields = [f for f in model._meta.concrete_fields if not (f is pk and pk.db_returning)]
+    names = [f.attname for f in fields]
+    values = {f.attname: f.pre_save(obj, add=True) for f in fields}
+    returning = f" RETURNING {column(model, pk.attname)}" if pk.db_returning else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {model._meta.db_table} ({', '.join(column(model, n) for n in names)})"  # noqa: S608 - our names
+            f" VALUES ({', '.join(['%s'] * len(names))}){returning}",
+            prepared(model, names, values),
+        )
+        if returning:
+            obj.pk = cursor.fetchone()[0]
+    obj._state.adding, obj._state.db = False, connection.alias
+
+
+def update(obj: Model, names: list[str]) -> None:
+    """Write the fields `names` of `obj`, as `obj.save(update_fields=names)` would."""
+    model = type(obj)
+    attnames = [model._meta.get_field(name).attname for name in names]
+    values = {name: getattr(obj, name) for name in attnames}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {model._meta.db_table} SET {sets(model, attnames)}"  # noqa: S608 - our names
+            f" WHERE {column(model, model._meta.pk.attname)} = %s",
+            [*prepared(model, attnames, values), obj.pk],
+        )

@@ -13,7 +13,7 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
-from deployments import emails
+from deployments import emails, rows
 from deployments.models import Instance, InstanceStateChange, Operation
 
 STEP_TASK = "deployments.tasks.operation_step"
@@ -32,18 +32,21 @@ def instance_state_set(
     stays as it is)."""
     fields = set(also)
     if instance.state != state:
-        InstanceStateChange.objects.create(
-            instance=instance,
-            from_state=instance.state,
-            to_state=state,
-            operation=operation,
-            reason=reason[:500],
+        # In SQL as the ORM writes them (`rows`): a run's end makes both, on every instance.
+        rows.insert(
+            InstanceStateChange(
+                instance=instance,
+                from_state=instance.state,
+                to_state=state,
+                operation=operation,
+                reason=reason[:500],
+            )
         )
         instance.state = state
         instance.updated_at = timezone.now()
         fields |= {"state", "updated_at"}
     if fields:
-        instance.save(update_fields=sorted(fields))
+        rows.update(instance, sorted(fields))
 
 
 # Which waiting step a worker takes first, in Redis's terms: each priority is a list of its own
