@@ -7,11 +7,13 @@ tenant's limits name a dimension: most checks need the instance count alone.
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, OuterRef, Q
+from django.db import connection
+from django.db.models import JSONField
 
 from accounts.errors import ActionDenied
 from accounts.models import Tenant
@@ -43,32 +45,48 @@ def _usage(
     With `pending`, a change queued but not yet run is not room for another: each instance
     counts at the most it holds now or will hold while its queued and running operations run,
     and an instance moving onto the plan (an upgrade to one of its versions, queued) counts on
-    it already. The operations are read before the instances: one finishing between the two
-    reads is then counted at its values twice (the most of the two is the same), never missed.
+    it already. A failed instance counts at least the values of its last modify, upgrade or
+    roll back that failed (what it ran with): the cluster may hold some of it, a grown volume
+    for good. The operations are read with the instances, in one statement, so as of one
+    moment: one finishing meanwhile is counted either as queued or by the values it left on
+    its instance (the runner stores both at once), never missed.
     """
-    on_plan = Q(plan_version__plan=plan)
-    if pending:
-        moving = Operation.objects.filter(
-            instance=OuterRef("pk"), state__in=_LIVE, plan_version__plan=plan
+    live = _LIVE if pending else []  # without `pending`, no operation joins an instance
+    with connection.cursor() as cursor:
+        if not dimensions:
+            cursor.execute(_COUNT, [live, plan.pk, tenant.pk, Instance.State.DELETED, plan.pk])
+            return entitlements.Usage(instances=cursor.fetchone()[0]), {}
+        cursor.execute(
+            _ROWS,
+            [live, plan.pk, Instance.State.FAILED, Operation.State.FAILED,
+             list(lifecycle.ROLLED_BACK), tenant.pk, Instance.State.DELETED, plan.pk],
+        )  # fmt: skip
+        rows = cursor.fetchall()
+    instances: dict[str, tuple] = {}
+    queued: dict[str, list[tuple[Operation, Verb, PlanSpec]]] = {}
+    for pk, version_id, plan_id, values, failed_version, failed_values, *op_values in rows:
+        if pk not in instances:
+            failed_values = _json(failed_values)
+            failed = (failed_version, failed_values) if failed_values else None
+            instances[pk] = (version_id, plan_id, _json(values), failed)
+        if op_values[0] is None:
+            continue  # no live operation on the plan
+        op = Operation.from_db(
+            connection.alias,
+            _OP_NAMES,
+            [_json(v) if f in _OP_JSON else v for f, v in zip(_OP_FIELDS, op_values, strict=True)],
         )
-        on_plan |= Q(Exists(moving))
-    instances = Instance.objects.for_tenant(tenant).active().filter(on_plan)
-    if not dimensions:
-        return entitlements.Usage(instances=instances.count()), {}
-    queued = _pending_operations(instances, plan) if pending else {}
-    rows = list(
-        instances.values_list(
-            "pk", "plan_version_id", "plan_version__plan_id", "parameters", "state"
-        )
-    )
-    failed = _failed_changes([pk for pk, *_, state in rows if state == Instance.State.FAILED])
+        spec = selectors.plan_version_loaded(op.plan_version_id).spec
+        verb = spec.main.verbs.get(lifecycle.workflow_verb(op.verb))
+        if verb is not None:
+            queued.setdefault(pk, []).append((op, verb, spec))
     counted: dict[str, dict[str, Decimal]] = {}
     totals: dict[str, Decimal] = {}
-    for pk, version_id, plan_id, values, _state in rows:
+    for pk, (version_id, plan_id, values, failed) in instances.items():
         # An instance still on another plan counts here from its move on.
         most = _measured(version_id, values) if plan_id == plan.pk else {}
-        if pk in failed:  # the cluster may hold the change that failed it
-            _raise_to(most, _measured(*failed[pk]))
+        if failed is not None:  # the cluster may hold the change that failed it
+            _raise_to(most, _measured(*failed))
         for op, verb, spec in queued.get(pk, []):
             values = values_after(op, verb, values, passwords=False) or values
             if op.verb == "upgrade":  # the version it applies takes the values so
@@ -77,25 +95,51 @@ def _usage(
         counted[pk] = most
         for dimension, quantity in most.items():
             totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
-    return entitlements.Usage(instances=len(rows), totals=totals), counted
+    return entitlements.Usage(instances=len(instances), totals=totals), counted
 
 
-def _failed_changes(instance_ids: list[str]) -> dict[str, tuple[int, dict]]:
-    """Per failed instance, the plan version and values of the last modify, upgrade or roll back
-    that failed (what it ran with): the cluster may hold some of it, a grown volume for good."""
-    if not instance_ids:
-        return {}
-    runs = (
-        Operation.objects.filter(
-            instance_id__in=instance_ids,
-            state=Operation.State.FAILED,
-            verb__in=lifecycle.ROLLED_BACK,
-        )
-        .order_by("instance_id", "-created_at")
-        .distinct("instance_id")
-        .values_list("instance_id", "plan_version_id", "parameters")
-    )
-    return {pk: (version_id, values) for pk, version_id, values in runs if values}
+# `_usage` reads in SQL: built with the ORM, its statements took most of a create's time.
+_INSTANCE, _VERSION, _OPERATION = (
+    m._meta.db_table for m in (Instance, PlanVersion, Operation)
+)  # fmt: skip
+# What a live operation counts by (nothing encrypted: nothing measures a password), in the
+# order of its model's fields, as `Model.from_db` takes them.
+_OP_FIELDS = [
+    f for f in Operation._meta.concrete_fields
+    if f.name in {"verb", "plan_version", "requested", "arguments"}
+]  # fmt: skip
+_OP_NAMES = [f.attname for f in _OP_FIELDS]
+_OP_JSON = {f for f in _OP_FIELDS if isinstance(f, JSONField)}
+# The tenant's instances that are not deleted and are on the plan or have a live operation on
+# it, each beside every such operation (none: NULLs). Parameters: the live states and the plan,
+# then (`_WHERE`) the tenant, the deleted state and the plan.
+_JOINED = f"""
+      FROM {_INSTANCE} i
+      JOIN {_VERSION} v ON v.id = i.plan_version_id
+      LEFT JOIN {_OPERATION} o
+        ON o.instance_id = i.id AND o.state = ANY(%s)
+           AND o.plan_version_id IN (SELECT id FROM {_VERSION} WHERE plan_id = %s)"""  # noqa: S608 - our names
+_WHERE = "WHERE i.tenant_id = %s AND i.state <> %s AND (v.plan_id = %s OR o.id IS NOT NULL)"
+_COUNT = f"SELECT count(DISTINCT i.id) {_JOINED} {_WHERE}"
+# Per instance: id, version, plan, parameters, and, failed, the version and parameters of its
+# last failed modify, upgrade or roll back (parameters: the failed instance and operation
+# states, the verbs); then an operation's `_OP_FIELDS`, oldest first.
+_ROWS = f"""
+    SELECT i.id, i.plan_version_id, v.plan_id, i.parameters, f.plan_version_id, f.parameters,
+           {", ".join(f"o.{connection.ops.quote_name(f.column)}" for f in _OP_FIELDS)}
+      {_JOINED}
+      LEFT JOIN LATERAL (
+        SELECT plan_version_id, parameters FROM {_OPERATION}
+         WHERE instance_id = i.id AND i.state = %s AND state = %s AND verb = ANY(%s)
+         ORDER BY created_at DESC LIMIT 1
+      ) f ON true
+    {_WHERE}
+     ORDER BY o.created_at"""  # noqa: S608 - our table and column names
+
+
+def _json(value: str | None) -> Any:
+    """A JSON column's value as the ORM reads it (Django reads jsonb as text)."""
+    return None if value is None else json.loads(value)
 
 
 def _raise_to(most: dict[str, Decimal], measured: dict[str, Decimal]) -> None:
@@ -109,23 +153,6 @@ def _measured(version_id: int, values: dict) -> dict[str, Decimal]:
         return metering.stored_quantities(version_id, values)
     except metering.UsageError:
         return {}  # values that cannot be measured cannot hold the tenant back either
-
-
-def _pending_operations(instances, plan: Plan) -> dict[str, list[tuple[Operation, Verb, PlanSpec]]]:
-    """Per instance, its queued and running operations on `plan` with their verbs and specs,
-    oldest first (none of what they hold encrypted is read: nothing measures a password)."""
-    queued: dict[str, list[tuple[Operation, Verb, PlanSpec]]] = {}
-    pending = (
-        Operation.objects.filter(instance__in=instances, state__in=_LIVE, plan_version__plan=plan)
-        .only("instance_id", "plan_version_id", "verb", "requested", "arguments")
-        .order_by("created_at")
-    )
-    for op in pending:
-        spec = selectors.plan_version_loaded(op.plan_version_id).spec
-        verb = spec.main.verbs.get(lifecycle.workflow_verb(op.verb))
-        if verb is not None:
-            queued.setdefault(op.instance_id, []).append((op, verb, spec))
-    return queued
 
 
 def _quantities(version: PlanVersion, values: dict[str, Any]) -> dict[str, Decimal]:

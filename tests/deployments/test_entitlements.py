@@ -16,6 +16,7 @@ from accounts.models import AuditEvent
 from billing import services as billing_services
 from billing.models import PlanOverride, Subscription
 from deployments import services, transitions
+from deployments.entitlement_usage import entitlement_require
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
@@ -261,6 +262,34 @@ def test_a_failed_change_counts_against_the_total_until_it_is_rolled_back(
     # The roll back keeps the 30 GiB and is never refused for a size it cannot take back.
     rollback = services.instance_rollback(actor=Actor(user=owner), instance=a, request_id="rb")
     assert rollback.requested == {"storageGi": 30}
+
+
+def test_a_check_reads_the_tenants_usage_in_one_statement_however_much_it_holds(
+    local, hobby, subscribed, tenant, owner, django_assert_num_queries
+):
+    """Its limits, its usage of the plan (instances, the changes queued on them, a failed one's
+    last change) and its subscription: three statements, for a few instances as for many."""
+    PlanOverride.objects.create(tenant=tenant, plan=hobby, limits={"max_instances": 20})
+    version = hobby.versions.get()
+    failed = _running(owner, tenant, hobby, name="failed", storageGi=1)
+    transitions.instance_state_set(failed, Instance.State.FAILED, reason="cancelled")
+    Operation.objects.create(
+        instance=failed, verb="modify", request_id="grew", plan_version=version,
+        state=Operation.State.FAILED, parameters={**failed.parameters, "storageGi": 2},
+    )  # fmt: skip
+
+    def check():
+        entitlement_require(
+            tenant=tenant, plan=hobby, action="create", version=version,
+            after=failed.parameters, cell="local",
+        )  # fmt: skip
+
+    for n in range(5):
+        _act(
+            owner, _running(owner, tenant, hobby, name=f"a{n}", storageGi=1), "modify", storageGi=2
+        )
+        with django_assert_num_queries(3):
+            check()
 
 
 def test_a_cell_outside_the_plan_is_refused(hobby, subscribed, tenant, owner):
