@@ -15,8 +15,8 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from billing import services as billing_services
 from billing.models import PlanOverride, Subscription
-from deployments import services, transitions
-from deployments.entitlement_usage import entitlement_require
+from deployments import metering, services, transitions
+from deployments.entitlement_usage import entitlement_require, usage_on_plan
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
@@ -243,6 +243,30 @@ def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
     with pytest.raises(ActionDenied, match="this would make 51 GiB of storage"):
         _create(owner, tenant, hobby, name="c", storageGi=21)
     _create(owner, tenant, hobby, name="c", storageGi=20)  # 50 with the one moving
+
+
+def test_an_instance_moving_onto_a_plan_is_measured_once_not_on_every_check(
+    local, hobby, subscribed, tenant, owner
+):
+    """Its values on the version it moves to take no new password (nothing measures one): a
+    password generated on every check made them values never measured before, every time."""
+    other = services.plan_load(
+        text=_hobby_text()
+        .replace("plan: pg-hobby", "plan: pg-other")
+        .replace("name: Hobby\n", "name: Other\n", 1)
+    ).plan
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=other)
+    moving = _running(owner, tenant, other, name="moving", storageGi=30)
+    Operation.objects.create(
+        instance=moving, verb="upgrade", state=Operation.State.QUEUED, request_id="move",
+        plan_version=hobby.versions.get(),
+    )  # fmt: skip
+    assert usage_on_plan(tenant, hobby, dimensions=True, pending=True).totals["storage"] == 30
+    measured = metering._stored_quantities.cache_info().misses
+
+    usage_on_plan(tenant, hobby, dimensions=True, pending=True)
+
+    assert metering._stored_quantities.cache_info().misses == measured
 
 
 def test_a_failed_change_counts_against_the_total_until_it_is_rolled_back(
