@@ -121,13 +121,14 @@ def quantity_text(dimension: str, quantity: Decimal | int) -> str:
 def override_in_effect(tenant: Tenant, plan: Plan, at: datetime | None = None):
     """The tenant's override of `plan` in effect at `at` (now): the latest that started by
     then, or None."""
-    return (
-        PlanOverride.objects.filter(
-            tenant=tenant, plan=plan, effective_from__lte=at or timezone.now()
-        )
-        .order_by("-effective_from", "-pk")
-        .first()
-    )
+    return _overrides_started(tenant, plan, at).first()
+
+
+def _overrides_started(tenant: Tenant, plan: Plan, at: datetime | None):
+    """The tenant's overrides of `plan` that started by `at` (now), the latest first."""
+    return PlanOverride.objects.filter(
+        tenant=tenant, plan=plan, effective_from__lte=at or timezone.now()
+    ).order_by("-effective_from", "-pk")
 
 
 def limits_merge(base: Mapping, override: Mapping) -> dict:
@@ -147,9 +148,10 @@ def limits_merge(base: Mapping, override: Mapping) -> dict:
 
 
 def limits_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> Limits:
-    """The plan's limits for `tenant` at `at` (now), its override applied."""
-    override = override_in_effect(tenant, plan, at)
-    raw = limits_merge(plan.limits, override.limits if override else {})
+    """The plan's limits for `tenant` at `at` (now), its override applied (its limits read
+    alone: every entitlement check reads them)."""
+    override = _overrides_started(tenant, plan, at).values_list("limits", flat=True).first()
+    raw = limits_merge(plan.limits, override or {})
     cells = raw.get("cells")
     return Limits(
         max_instances=_whole(raw.get("max_instances")),
