@@ -1,8 +1,9 @@
 """What deployments tells billing's entitlement check: a tenant's usage of a plan and the
 quantities a change asks for, as plain values (billing never reads instances).
 
-Quantities come from the plan's usage rules (`metering.quantities`), computed only when the
-tenant's limits name a dimension: most checks need the instance count alone.
+Quantities come from the plan's usage rules (`metering.stored_quantities`, which remembers
+them per process), computed only when the tenant's limits name a dimension: most checks need
+the instance count alone.
 """
 
 from __future__ import annotations
@@ -144,8 +145,7 @@ def _json(value: str | None) -> Any:
 
 def _measurable(spec: PlanSpec) -> list[Parameter]:
     """The plan's parameters but the Password ones: nothing measures a password, and one an
-    upgrade adds would be generated anew on every check, making values never measured before
-    (`metering.stored_quantities` remembers those it has measured, per process)."""
+    upgrade adds would be generated anew on every check, for nothing."""
     return [p for p in spec.main.parameters if p.type != "Password"]
 
 
@@ -164,7 +164,7 @@ def _measured(version_id: int, values: dict) -> dict[str, Decimal]:
 
 def _quantities(version: PlanVersion, values: dict[str, Any]) -> dict[str, Decimal]:
     try:
-        return metering.quantities(version, values)
+        return metering.stored_quantities(version.pk, values)
     except metering.UsageError as exc:
         raise ValidationError(str(exc)) from exc
 

@@ -79,11 +79,20 @@ def _quantity(dimension: str, expression: str, values: dict[str, Any]) -> Decima
 
 
 def stored_quantities(version_id: int, parameters: dict[str, Any]) -> dict[str, Decimal]:
-    """`quantities` of an instance's stored parameter values on a plan version, remembered
-    per process: a version's usage rules never change, and the same values always measure the
-    same (a tenant's usage is summed on every create, over every instance it holds). Raises
-    UsageError as `quantities` does (not remembered)."""
-    return dict(_stored_quantities(version_id, json.dumps(parameters, sort_keys=True)))
+    """`quantities` of parameter values on a plan version, remembered per process: a version's
+    usage rules never change, and the same values always measure the same (a tenant's usage is
+    summed on every create, over every instance it holds, and each check measures the change
+    asked for). Password values are left out first, as `quantities` leaves them out: none is
+    kept in memory, and a new one makes no new values. Raises UsageError as `quantities` does
+    (not remembered)."""
+    spec = selectors.plan_version_loaded(version_id).spec
+    secret = {p.key for p in spec.main.parameters if p.type == "Password"}
+    values = {key: value for key, value in parameters.items() if key not in secret}
+    try:
+        key = json.dumps(values, sort_keys=True)
+    except (TypeError, ValueError):  # a value JSON cannot hold: measured, not remembered
+        return quantities(spec, values)
+    return dict(_stored_quantities(version_id, key))
 
 
 @lru_cache(maxsize=4096)

@@ -88,3 +88,17 @@ def test_quantities_of_a_stored_plan_version(db):
     assert (
         quantities(version, {"instances": 2, "cpu": 4, "memoryGi": 8, "storageGi": 5})["cpu"] == 8
     )
+
+
+def test_remembered_quantities_leave_the_password_out(db):
+    from deployments import metering, services
+
+    version = services.plan_load(text=SPEC.read_text()).version
+    values = {"instances": 2, "cpu": 4, "memoryGi": 8, "storageGi": 5}
+    first = metering.stored_quantities(version.pk, {**values, "password": "first"})
+    measured = metering._stored_quantities.cache_info().misses
+
+    # Another password is the same values: remembered, not measured again (nor kept).
+    assert metering.stored_quantities(version.pk, {**values, "password": "second"}) == first
+    assert metering._stored_quantities.cache_info().misses == measured
+    assert first["cpu"] == 8
