@@ -107,7 +107,9 @@ class ClaimLost(Exception):
 # took longer than the worker's whole share of running it.
 _TABLE = Operation._meta.db_table
 _LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
-_MINE = "id = %s AND claim_token = %s AND state = ANY(%s)"  # the claim's fence
+# Written out, not a parameter: a list parameter is converted again on every statement.
+_IS_LIVE = f"state IN ({', '.join(repr(str(state)) for state in _LIVE)})"
+_MINE = f"id = %s AND claim_token = %s AND {_IS_LIVE}"  # the claim's fence
 _ANY = object()  # `_store`'s `due` when a wake-up meanwhile changes nothing
 
 
@@ -147,14 +149,14 @@ def _claim(operation_id: str, now, *, early: bool = False) -> Operation | None:
             f"""
             WITH claimed AS (
                 UPDATE {_TABLE} SET claim_token = %s, claimed_until = %s
-                 WHERE id = %s AND state = ANY(%s) AND (claimed_until IS NULL OR claimed_until < %s)
+                 WHERE id = %s AND {_IS_LIVE} AND (claimed_until IS NULL OR claimed_until < %s)
                        {due}
                 RETURNING *
             )
             SELECT {_Joined.COLUMNS} FROM {_Joined.FROM}
             """,  # noqa: S608 - our table and column names
             [uuid.uuid4(), now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
-             operation_id, _LIVE, now, *([] if early else [now + timedelta(milliseconds=50)])],
+             operation_id, now, *([] if early else [now + timedelta(milliseconds=50)])],
         )  # fmt: skip
         row = cursor.fetchone()
     return None if row is None else _Joined.built(row)
@@ -252,7 +254,7 @@ def _store(
     names = list(values)
     woken = "" if due is _ANY else "AND next_step_at IS NOT DISTINCT FROM %s"
     statement = f"UPDATE {_TABLE} SET {rows.sets(Operation, names)} WHERE {_MINE} {woken}"  # noqa: S608 - our names
-    params = [*rows.prepared(Operation, names, values), op.pk, token, _LIVE,
+    params = [*rows.prepared(Operation, names, values), op.pk, token,
               *([] if due is _ANY else [due])]  # fmt: skip
     if runs is not None and runs.nodes:
         # The rows are written only if the operation is: both stand or neither.
@@ -277,7 +279,7 @@ def _reread(operation_id, token: uuid.UUID) -> tuple[str, datetime | None] | Non
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT cancel_reason, next_step_at FROM {_TABLE} WHERE {_MINE}",  # noqa: S608
-            [operation_id, token, _LIVE],
+            [operation_id, token],
         )
         return cursor.fetchone()
 
@@ -371,8 +373,8 @@ def _instance_locked(instance: Instance) -> Locked:
         fresh = rows.built(Instance, "i", row)
         cursor.execute(
             f"SELECT id::text, verb, state FROM {_TABLE}"  # noqa: S608 - our table
-            " WHERE instance_id = %s AND state = ANY(%s) ORDER BY created_at",
-            [instance.pk, _LIVE],
+            f" WHERE instance_id = %s AND {_IS_LIVE} ORDER BY created_at",
+            [instance.pk],
         )
         pending = cursor.fetchall()
     for name in _INSTANCE_FIELDS:
