@@ -225,9 +225,9 @@ def test_a_change_below_a_queued_peak_adds_nothing_to_the_total(
         _act(owner, a, "modify", instances=2, storageGi=26)  # 52: 12 beyond the 40 counted
 
 
-def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
-    local, hobby, subscribed, tenant, owner
-):
+@pytest.fixture
+def moving_onto_hobby(local, hobby, subscribed, tenant, owner) -> Instance:
+    """An instance of 30 GiB on another plan, its upgrade onto `hobby` queued."""
     other = services.plan_load(
         text=_hobby_text()
         .replace("plan: pg-hobby", "plan: pg-other")
@@ -239,6 +239,12 @@ def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
         instance=moving, verb="upgrade", state=Operation.State.QUEUED, request_id="move",
         plan_version=hobby.versions.get(),
     )  # fmt: skip
+    return moving
+
+
+def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
+    moving_onto_hobby, hobby, tenant, owner
+):
 
     with pytest.raises(ActionDenied, match="this would make 51 GiB of storage"):
         _create(owner, tenant, hobby, name="c", storageGi=21)
@@ -246,21 +252,10 @@ def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
 
 
 def test_an_instance_moving_onto_a_plan_is_measured_once_not_on_every_check(
-    local, hobby, subscribed, tenant, owner
+    moving_onto_hobby, hobby, tenant
 ):
     """Its values on the version it moves to take no new password (nothing measures one): a
     password generated on every check made them values never measured before, every time."""
-    other = services.plan_load(
-        text=_hobby_text()
-        .replace("plan: pg-hobby", "plan: pg-other")
-        .replace("name: Hobby\n", "name: Other\n", 1)
-    ).plan
-    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=other)
-    moving = _running(owner, tenant, other, name="moving", storageGi=30)
-    Operation.objects.create(
-        instance=moving, verb="upgrade", state=Operation.State.QUEUED, request_id="move",
-        plan_version=hobby.versions.get(),
-    )  # fmt: skip
     assert usage_on_plan(tenant, hobby, dimensions=True, pending=True).totals["storage"] == 30
     measured = metering._stored_quantities.cache_info().misses
 
