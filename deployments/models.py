@@ -234,7 +234,7 @@ class Operation(models.Model):
     claimed_until = models.DateTimeField(null=True, blank=True)
     # While it waits: the objects in its instance's namespace whose change may move it on, with
     # their conditions as rendered (`engine.waiting_on`); the cell watcher wakes it when a change
-    # decides one (on any change while empty).
+    # decides one (while empty, on any change of a kind it watches).
     waiting_on = models.JSONField(default=list, blank=True)
     # Engine moves made (each a committed transaction), for the record and the benchmark.
     moves = models.PositiveIntegerField(default=0)

@@ -306,9 +306,10 @@ def _step(
     before `keep_until` (`time.monotonic()`): kept for it.
 
     No transaction or row lock stays open while the cluster is called: the operation is
-    claimed first (`_claim`), the move is computed, and it is committed in a short transaction
-    whose write of the operation is fenced by the claim (`_store`) — so a worker that lost its
-    claim while stuck in a call discards its move instead of overwriting the new owner's.
+    claimed first (`_claim`), the move is computed, and it is committed in one statement (a
+    short transaction when it ends the run) whose write of the operation is fenced by the
+    claim (`_store`) — so a worker that lost its claim while stuck in a call discards its move
+    instead of overwriting the new owner's.
 
     A move that goes on from a kept claim reads again only what others write to a claimed
     operation (a cancel, a wake-up); its store's fence finds the rest (an end, a lost claim)."""
@@ -355,31 +356,38 @@ class Locked:
 def _instance_locked(instance: Instance) -> Locked:
     """Lock the instance, as every service that queues or cancels its operations locks it, and
     read it again (the row read when the task began may predate the commit of an operation
-    before this one, and with it its values), with its schedule's backup retention; then its
-    queued and running operations as (id, verb, state), oldest first, which none can change
-    while the lock is held.
+    before this one, and with it its values); then its queued and running operations as
+    (id, verb, state), oldest first, which none can change while the lock is held, with its
+    schedule's backup retention (which a schedule change writes under the same lock).
 
     Two statements: a statement that waits for the lock reads the locked row as committed
     meanwhile but the rest as it was when it began, so a list read beside the lock could
-    miss an operation queued, or still hold one finished, while it waited."""
+    miss an operation queued, or still hold one finished, while it waited (and the retention
+    be the one a schedule change replaced). The second statement, which starts with the lock
+    held, reads both: from one row (`one`) that always stands, so the retention comes back
+    when no operation is pending too."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {rows.columns(Instance, 'i')}, (SELECT s.retention_days FROM {_SCHEDULES} s"  # noqa: S608
-            f" WHERE s.instance_id = i.id) FROM {Instance._meta.db_table} i"
-            " WHERE i.id = %s FOR UPDATE OF i",
+            f"SELECT {rows.columns(Instance, 'i')} FROM {Instance._meta.db_table} i"  # noqa: S608
+            " WHERE i.id = %s FOR UPDATE",
             [instance.pk],
         )
-        *row, retention_days = cursor.fetchone()
-        fresh = rows.built(Instance, "i", row)
+        fresh = rows.built(Instance, "i", cursor.fetchone())
         cursor.execute(
-            f"SELECT id::text, verb, state FROM {_TABLE}"  # noqa: S608 - our table
-            f" WHERE instance_id = %s AND {_IS_LIVE} ORDER BY created_at",
-            [instance.pk],
+            f"""
+            SELECT o.id::text, o.verb, o.state, s.retention_days
+              FROM (SELECT 1) one
+              LEFT JOIN {_SCHEDULES} s ON s.instance_id = %s
+              LEFT JOIN {_TABLE} o ON o.instance_id = %s AND o.{_IS_LIVE}
+             ORDER BY o.created_at
+            """,  # noqa: S608 - our table names
+            [instance.pk, instance.pk],
         )
-        pending = cursor.fetchall()
+        found = cursor.fetchall()
     for name in _INSTANCE_FIELDS:
         setattr(instance, name, getattr(fresh, name))
-    return Locked(pending, retention_days)
+    pending = [(pk, verb, state) for pk, verb, state, _ in found if pk is not None]
+    return Locked(pending, found[0][3])
 
 
 def _begin(op: Operation, now, token: uuid.UUID) -> bool:
@@ -651,11 +659,13 @@ def _finish(
         target=op,
         payload={"verb": op.verb, "instance": instance.pk, "error": op.error},
     )
+    # The next operation is sent before the email is (both once this commits): a slow mail
+    # server does not hold it back.
+    if following:
+        operation_dispatch(following[0][0])
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
     if rule.makes_instance if succeeded else not delete_waiting:
         operation_notify(op)
-    if following:
-        operation_dispatch(following[0][0])
 
 
 # What a TaskRun row shows of its node (besides the attempt that names it).
@@ -712,13 +722,11 @@ def _task_runs_sql(runs: Runs) -> tuple[str, list]:
             "started_at": _dt(node.started_at),
             "finished_at": _dt(node.finished_at),
         }
+        synced = _synced(prev, node)
+        if synced and prev.get("object") == node.object:
+            values["object"] = None  # unchanged: kept as it is stored (COALESCE), not encrypted
         row = [node.id, node.attempt, *rows.prepared(TaskRun, _RUN_FIELDS, values)]
-        if not _synced(prev, node):
-            added.append(row)
-            continue
-        if prev.get("object") == node.object:
-            row[2 + _RUN_FIELDS.index("object")] = None  # unchanged: kept as it is stored
-        kept.append(row)
+        (kept if synced else added).append(row)
     columns = [rows.column(TaskRun, name) for name in _RUN_FIELDS]
     named = f"v (node, attempt, {', '.join(columns)})"
     sql, params = "", []

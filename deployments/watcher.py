@@ -227,13 +227,6 @@ class Kind:
     kind: str
     status_rules: dict[int, status.StatusRule] = field(default_factory=dict)  # by version id
 
-    def shared_rule(self) -> status.StatusRule | None:
-        """The status rule every plan version of this kind has (the usual case: one plan,
-        or versions that read the status alike); None when they differ."""
-        rules = iter(self.status_rules.values())
-        first = next(rules, None)
-        return first if all(rule == first for rule in rules) else None
-
 
 def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
     """Every kind the plan versions' resource templates wait on, and the status objects'.
@@ -253,6 +246,14 @@ def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
     return kinds
 
 
+def _shared_rule(rules: dict[int, status.StatusRule]) -> status.StatusRule | None:
+    """The status rule every plan version in `rules` has (the usual case: one plan, or versions
+    that read the status alike); None when they differ."""
+    values = iter(rules.values())
+    first = next(values, None)
+    return first if all(rule == first for rule in values) else None
+
+
 def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) -> None:
     """An object changed (or was `deleted`): wake its instance's operations it may move on; if
     it is the instance's status object, store what the portal shows of it."""
@@ -260,8 +261,9 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
     namespace = meta.get("namespace") or ""
     if not INSTANCE_NAMESPACE.fullmatch(namespace):
         return  # not an instance's namespace (the cluster's own, or another tenant of it)
-    if kind.status_rules and meta.get("name") == namespace:
-        rule, versions = kind.shared_rule(), list(kind.status_rules)
+    rules = kind.status_rules  # read once: the watcher's round may replace it meanwhile
+    if rules and meta.get("name") == namespace:
+        rule, versions = _shared_rule(rules), list(rules)
         if rule is None:  # the instance's version says which rule reads it
             with connection.cursor() as cursor:
                 cursor.execute(
@@ -271,7 +273,7 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
                 )
                 row = cursor.fetchone()
             version_id = row[0] if row else None
-            rule, versions = kind.status_rules.get(version_id), [version_id]
+            rule, versions = rules.get(version_id), [version_id]
         if rule is not None:
             observed_write(lease, namespace, status.observed_of(obj, rule), versions=versions)
     operations_wake(lease, namespace, obj, deleted=deleted)

@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import runner, services
-from deployments.models import Cell, Instance, Operation, TaskRun
+from deployments.models import BackupSchedule, Cell, Instance, Operation, TaskRun
+from tests.concurrency import beside_a_lock
 from tests.deployments.conftest import SPEC
 
 
@@ -315,6 +316,25 @@ def test_the_operations_read_under_the_instances_lock_include_one_queued_while_i
     other.join(10)
 
     assert [entry[0] for entry in pending] == [str(created.pk), *queued] and len(queued) == 1
+
+
+def test_a_run_starts_with_the_backup_retention_committed_while_it_waited_for_the_lock(created):
+    # A schedule change writes under the instance's lock: the run that waited for that lock
+    # renders (and stores) the retention it set, not the one it replaced.
+    instance = created.instance
+    BackupSchedule.objects.filter(instance=instance).update(retention_days=7)
+
+    def start():
+        with transaction.atomic():
+            return runner._instance_locked(Instance.objects.get(pk=instance.pk)).retention_days
+
+    held, read = beside_a_lock(
+        lambda: Instance.objects.select_for_update().get(pk=instance.pk),
+        lambda: BackupSchedule.objects.filter(instance=instance).update(retention_days=30),
+        start,
+    )
+
+    assert held == "committed" and read == 30
 
 
 def test_the_sweeper_resends_a_run_whose_worker_died_in_its_first_move(
