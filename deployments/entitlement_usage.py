@@ -24,7 +24,7 @@ from deployments import lifecycle, metering, selectors
 from deployments.models import Cell, Instance, Operation, PlanVersion
 from deployments.parameters import values_after, values_for_version
 from deployments.spec.loader import POINT_IN_TIME
-from deployments.spec.model import Parameter, PlanSpec, Verb
+from deployments.spec.model import PlanSpec, Verb
 
 _LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
 
@@ -91,7 +91,7 @@ def _usage(
         for op, verb, spec in queued.get(pk, []):
             values = values_after(op, verb, values, passwords=False) or values
             if op.verb == "upgrade":  # the version it applies takes the values so
-                values = values_for_version(_measurable(spec), values)
+                values = values_for_version(spec.main.parameters, values)
             _raise_to(most, _measured(op.plan_version_id, values))
         counted[pk] = most
         for dimension, quantity in most.items():
@@ -141,12 +141,6 @@ _ROWS = f"""
 def _json(value: str | None) -> Any:
     """A JSON column's value as the ORM reads it (Django reads jsonb as text)."""
     return None if value is None else json.loads(value)
-
-
-def _measurable(spec: PlanSpec) -> list[Parameter]:
-    """The plan's parameters but the Password ones: nothing measures a password, and one an
-    upgrade adds would be generated anew on every check, for nothing."""
-    return [p for p in spec.main.parameters if p.type != "Password"]
 
 
 def _raise_to(most: dict[str, Decimal], measured: dict[str, Decimal]) -> None:

@@ -49,14 +49,19 @@ def quantities(plan: PlanVersion | PlanSpec, parameters: dict[str, Any]) -> dict
     one per instance. Raises UsageError when a rule fails, exceeds a bound of the evaluator or
     gives something other than a number of at least 0."""
     spec = _spec(plan)
-    secret = {p.key for p in spec.main.parameters if p.type == "Password"}
-    values = {key: value for key, value in parameters.items() if key not in secret}
+    values = _measured_values(spec, parameters)
     result: dict[str, Decimal] = {}
     for dimension, expression in spec.usage_rules.items():
         result[dimension] = _quantity(dimension, expression, values)
     if "base" not in result:
         result["base"] = Decimal(1)
     return result
+
+
+def _measured_values(spec: PlanSpec, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The values a usage rule sees: all but the Password ones."""
+    secret = {p.key for p in spec.main.parameters if p.type == "Password"}
+    return {key: value for key, value in parameters.items() if key not in secret}
 
 
 def _quantity(dimension: str, expression: str, values: dict[str, Any]) -> Decimal:
@@ -86,8 +91,7 @@ def stored_quantities(version_id: int, parameters: dict[str, Any]) -> dict[str, 
     kept in memory, and a new one makes no new values. Raises UsageError as `quantities` does
     (not remembered)."""
     spec = selectors.plan_version_loaded(version_id).spec
-    secret = {p.key for p in spec.main.parameters if p.type == "Password"}
-    values = {key: value for key, value in parameters.items() if key not in secret}
+    values = _measured_values(spec, parameters)
     try:
         key = json.dumps(values, sort_keys=True)
     except (TypeError, ValueError):  # a value JSON cannot hold: measured, not remembered

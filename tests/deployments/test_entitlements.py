@@ -254,8 +254,8 @@ def test_an_instance_moving_onto_a_plan_counts_there_before_it_has_moved(
 def test_an_instance_moving_onto_a_plan_is_measured_once_not_on_every_check(
     moving_onto_hobby, hobby, tenant
 ):
-    """Its values on the version it moves to take no new password (nothing measures one): a
-    password generated on every check made them values never measured before, every time."""
+    """The version it moves to generates a password anew on every check: left out of what is
+    measured and remembered (nothing measures a password), it makes no values new."""
     assert usage_on_plan(tenant, hobby, dimensions=True, pending=True).totals["storage"] == 30
     measured = metering._stored_quantities.cache_info().misses
 
