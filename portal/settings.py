@@ -129,6 +129,13 @@ TEMPLATES = [
 DATABASES = {"default": env.db_url_config(env.str("DATABASE_URL"))}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Parameters bound by the server, so that a statement a connection runs again and again (an
+# operation's claim and move, a page's queries) is parsed and planned once: psycopg prepares it
+# after 5 runs. Off for a pooler in transaction mode that cannot keep prepared statements.
+if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=5
+    )
 # The database a test run creates (and drops); distinct names let runs share a server.
 if env.str("DATABASE_TEST_NAME", default=""):
     DATABASES["default"]["TEST"] = {"NAME": env.str("DATABASE_TEST_NAME")}

@@ -146,3 +146,34 @@ def test_development_also_requires_email_verification_so_sign_up_reveals_no_addr
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "mandatory"
+
+
+_PREPARED = (
+    "from django.db import connection\n"
+    "from accounts.models import Tenant\n"
+    "for _ in range(8): list(Tenant.objects.filter(slug='none'))\n"
+    "with connection.cursor() as cursor:\n"
+    "    cursor.execute('SELECT statement FROM pg_prepared_statements')\n"
+    "    print(sum('accounts_tenant' in row[0] for row in cursor.fetchall()))\n"
+)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("setting", "prepared"), [({}, 1), ({"DATABASE_PREPARED_STATEMENTS": "0"}, 0)]
+)
+def test_a_statement_a_connection_runs_again_and_again_is_planned_once_unless_turned_off(
+    setting, prepared
+):
+    # Off for a pooler in transaction mode that cannot keep prepared statements (PgBouncer
+    # before 1.21, or without max_prepared_statements).
+    services = _services()
+    test_database = connection.settings_dict["NAME"]
+    services["DATABASE_URL"] = (
+        urlsplit(services["DATABASE_URL"])._replace(path=test_database).geturl()
+    )
+
+    result = _manage("shell", "-c", _PREPARED, **_keys(), **services, DEBUG="1", **setting)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(prepared)
