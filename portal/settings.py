@@ -7,6 +7,7 @@ the PostgreSQL and Redis it found or started). The README's "Configuration" tabl
 lists every variable.
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -31,7 +32,7 @@ _REQUIRED = [
     "CELERY_BROKER_URL",
     "CACHE_URL",
 ]
-_missing = ", ".join(name for name in _REQUIRED if not env.str(name, default=""))
+_missing = ", ".join(name for name in _REQUIRED if not os.environ.get(name))
 if _missing:
     raise ImproperlyConfigured(
         f"{_missing} must be set{'' if DEBUG else ' when DEBUG is off'} (the README's "
@@ -39,7 +40,9 @@ if _missing:
         "manage.py commands as `scripts/manage COMMAND`: they set them."
     )
 
-SECRET_KEY = env.str("SECRET_KEY")
+# As written: django-environ reads a value that begins with `$` as the name of another variable,
+# and a generated key (`make run`'s among them) may begin with one.
+SECRET_KEY = os.environ["SECRET_KEY"]
 # Comma-separated Fernet keys; the first encrypts, all decrypt (MultiFernet).
 OPSDECK_ENCRYPTION_KEYS = env.list("OPSDECK_ENCRYPTION_KEYS")
 

@@ -177,3 +177,18 @@ def test_a_statement_a_connection_runs_again_and_again_is_planned_once_unless_tu
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(prepared)
+
+
+def test_a_secret_key_that_begins_with_a_dollar_sign_is_taken_as_written(tmp_path):
+    # Django's generated keys draw from 50 characters, `$` among them: one `make run` in 50
+    # made a key that began with it.
+    key = "$" + "k" * 60
+    printed = "from django.conf import settings; print(settings.SECRET_KEY)"
+
+    result = _manage(
+        "shell", "-c", printed, **{**_keys(), "SECRET_KEY": key}, **_services(), DEBUG="1",
+        OPSDECK_VAR_DIR=str(tmp_path),
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == key
