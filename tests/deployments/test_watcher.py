@@ -145,8 +145,8 @@ def test_a_watch_whose_version_was_compacted_lists_again_and_still_wakes_the_ope
         "phase": "Cluster in healthy state", "ready": 2, "total": 2,
         "healthy": True, "healthReason": "",
     }  # fmt: skip
-    waiting.refresh_from_db()
-    assert waiting.next_step_at <= timezone.now()  # woken, a minute before its poll
+    # Woken, a minute before its poll (the wake-up is the statement after the status's).
+    wait_for(lambda: _due(waiting), timeout=15, what="the wake-up")
 
 
 def database_restarted() -> None:
@@ -182,8 +182,8 @@ def test_a_watch_whose_database_connection_was_cut_reconnects_and_still_wakes_th
         return Instance.objects.get(pk=waiting.instance_id).observed
 
     wait_for(lambda: observed().get("ready") == 1, timeout=15, what="the observed status")
-    waiting.refresh_from_db()
-    assert waiting.next_step_at <= timezone.now()  # woken, a minute before its poll
+    # Woken, a minute before its poll (the wake-up is the statement after the status's).
+    wait_for(lambda: _due(waiting), timeout=15, what="the wake-up")
 
 
 def test_a_watcher_stopping_right_after_a_database_restart_still_releases_its_cell(
