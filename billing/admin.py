@@ -4,7 +4,7 @@ from django.core.exceptions import ValidationError
 
 from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor
 from accounts.errors import ActionDenied
-from billing import entitlements, invoicing, meter_events, periods, services, stripe_sync
+from billing import invoicing, meter_events, periods, services, stripe_sync
 from billing.models import (
     OVERRIDE_SAME_MOMENT,
     BillingPeriod,
@@ -173,11 +173,9 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
     @admin.action(description="Cancel the selected subscriptions")
     def cancel(self, request, queryset):
         def call(subscription):
-            usage = entitlements.usage_of(subscription.tenant, subscription.plan)
             services.subscription_cancel(
                 actor=staff_actor(request),
                 subscription=subscription,
-                running_instances=usage.instances if usage else 0,
                 then=stripe_sync.subscription_end,
             )
 

@@ -243,10 +243,13 @@ def _transition(
     reason: str = "",
     check=None,
     tenant_may: bool = False,
+    tenant_locked: bool = False,
 ) -> Subscription:
     """Move a subscription to `to` when its status allows `transition` (else ActionDenied),
     audit it and mail the tenant's owners and billing members after commit. Only staff and
-    the system may, unless `tenant_may` lets the tenant's billing managers too."""
+    the system may, unless `tenant_may` lets the tenant's billing managers too. With
+    `tenant_locked`, the tenant's row is locked before the subscription's (`check` then sees
+    what the tenant's creates committed, and none commits beside it)."""
     tenant = subscription.tenant
     action = f"subscription.{transition}"
     with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):
@@ -258,6 +261,8 @@ def _transition(
             raise ActionDenied(
                 f"Only the platform team can have a subscription {_DOING[transition]}."
             )
+        if tenant_locked:
+            tenant_lock(tenant.pk)
         subscription = Subscription.objects.select_for_update().get(pk=subscription.pk)
         if subscription.status not in _FROM[transition]:
             raise ActionDenied(
@@ -361,20 +366,28 @@ def subscription_cancel(
     *,
     actor: Actor,
     subscription: Subscription,
-    running_instances: int = 0,
+    instances_may_run: bool = False,
     then: Callable[[Subscription], None] | None = None,
 ) -> Subscription:
-    """Cancel a subscription; refused while the tenant has instances on the plan
-    (`running_instances`, counted by the caller: billing knows nothing of instances). `then`
-    runs inside the cancelling transaction once it is allowed (telling Stripe): if it raises,
-    nothing is cancelled."""
+    """Cancel a subscription; refused while the tenant has instances on the plan, unless
+    `instances_may_run` (Stripe ended it: they keep running, new ones are refused). They are
+    counted under the tenant's lock, which every new instance's check of the subscription
+    takes too: a create and a cancel at once cannot both succeed. `then` runs inside the
+    cancelling transaction once it is allowed (telling Stripe): if it raises, nothing is
+    cancelled."""
 
     def no_instances(subscription: Subscription) -> None:
-        if running_instances:
-            still = "instance still runs" if running_instances == 1 else "instances still run"
+        usage = (
+            None
+            if instances_may_run
+            else entitlements.usage_of(subscription.tenant, subscription.plan)
+        )
+        running = usage.instances if usage else 0
+        if running:
+            still = "instance still runs" if running == 1 else "instances still run"
             raise ActionDenied(
-                f"{running_instances} {still} on the {subscription.plan.name} plan; delete them "
-                "before cancelling."
+                f"{running} {still} on the {subscription.plan.name} plan; delete them before "
+                "cancelling."
             )
         if then is not None:
             then(subscription)
@@ -387,6 +400,7 @@ def subscription_cancel(
         stamp={"cancelled_at": timezone.now()},
         check=no_instances,
         tenant_may=True,
+        tenant_locked=not instances_may_run,
     )
 
 

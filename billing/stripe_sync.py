@@ -590,7 +590,9 @@ def _status_mirror(ours: Subscription, stripe_id: str, stripe_status: str) -> Su
     if wanted == "cancelled":
         # Stripe ended it: ours ends too (instances keep running; new ones are refused), and
         # the usage it had not been sent yet is billed on Opsdeck's invoice instead.
-        cancelled = services.subscription_cancel(actor=SYSTEM, subscription=ours)
+        cancelled = services.subscription_cancel(
+            actor=SYSTEM, subscription=ours, instances_may_run=True
+        )
         meter_events.unsent_to_local(tenant_id=ours.tenant_id, plan_id=ours.plan_id)
         return cancelled
     move = _MOVES.get((ours.status, wanted))

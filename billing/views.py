@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.tenancy import tenant_view
-from billing import entitlements, reports, selectors, services, stripe_sync, usage
+from billing import reports, selectors, services, stripe_sync, usage
 from billing.models import Plan, StripeCustomer, Subscription
 from billing.stripe_gateway import StripeFailure, gateway
 
@@ -192,12 +192,10 @@ def subscription_cancel(request, subscription_id: int):
     )
     if subscription is None:
         raise Http404("No such subscription.")
-    current = entitlements.usage_of(request.tenant, subscription.plan)
     try:
         services.subscription_cancel(
             actor=Actor.from_request(request),
             subscription=subscription,
-            running_instances=current.instances if current else 0,
             then=stripe_sync.subscription_end,
         )
     except (ActionDenied, ValidationError) as exc:

@@ -17,6 +17,7 @@ from accounts.models import AuditEvent, Membership, Tenant
 from billing import periods, services
 from billing.models import Plan, PlanOverride, Price, Subscription
 from tests.concurrency import race
+from tests.deployments import factories
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -183,21 +184,20 @@ def test_a_transition_its_status_does_not_allow_is_refused_and_audited(tenant, o
     assert _events(tenant, "subscription.reactivate").get().result == "denied"
 
 
-def test_cancelling_is_refused_while_instances_run(tenant, owner, plan):
-    subscription = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+def test_cancelling_is_refused_while_instances_run(tenant, owner):
+    version = factories.postgres_version()
+    subscription = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=version.plan)
+    made = factories.make_instances(tenant, version, factories.cell(), 2)
 
     with pytest.raises(ActionDenied) as refused:
-        services.subscription_cancel(
-            actor=Actor(user=owner), subscription=subscription, running_instances=2
-        )
+        services.subscription_cancel(actor=Actor(user=owner), subscription=subscription)
 
     assert refused.value.reason == (
-        "2 instances still run on the Hobby plan; delete them before cancelling."
+        "2 instances still run on the PostgreSQL plan; delete them before cancelling."
     )
-    with pytest.raises(ActionDenied, match=r"^1 instance still runs on the Hobby plan"):
-        services.subscription_cancel(
-            actor=Actor(user=owner), subscription=subscription, running_instances=1
-        )
+    made[0].delete()
+    with pytest.raises(ActionDenied, match=r"^1 instance still runs on the PostgreSQL plan"):
+        services.subscription_cancel(actor=Actor(user=owner), subscription=subscription)
     assert Subscription.objects.get().status == "active"
 
 

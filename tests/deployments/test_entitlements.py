@@ -536,6 +536,32 @@ def test_two_instances_grown_at_once_cannot_both_take_the_room_left(tenant, owne
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("first", ["create", "cancel"])
+def test_a_create_and_a_cancel_at_once_leave_no_instance_on_a_cancelled_subscription(
+    tenant, owner, first
+):
+    """One request has made its change and not committed yet when the other comes: the cancel
+    counted the tenant's instances, and the create checked the subscription, without waiting
+    for each other, so both succeeded (an instance running on a cancelled subscription)."""
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=_hobby_text()).plan
+    subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    create = lambda: _create(owner, tenant, plan, name="orders")  # noqa: E731
+    cancel = lambda: billing_services.subscription_cancel(  # noqa: E731
+        actor=Actor(user=owner), subscription=subscription
+    )
+    held, act = (create, cancel) if first == "create" else (cancel, create)
+
+    committed, second = beside_a_lock(held, lambda: None, act)
+
+    assert committed == "committed", committed
+    assert isinstance(second, ActionDenied), second  # the second is refused, once it can tell
+    cancelled = Subscription.objects.get(pk=subscription.pk).status == "cancelled"
+    assert cancelled == (first == "cancel")
+    assert Instance.objects.filter(tenant=tenant).count() == (0 if cancelled else 1)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_modify_waiting_for_an_instance_another_request_holds_does_not_deadlock_it(tenant, owner):
     """A request holding the instance's lock (a backup being queued) writes rows naming the
     tenant (its audit event); a modify of the instance locks the tenant first, then waits for the
