@@ -1,6 +1,8 @@
 from django import forms
+from django.core.exceptions import ValidationError
 
 from accounts.roles import Role
+from accounts.services import organization_name_clean
 
 
 class SignupForm(forms.Form):
@@ -13,6 +15,17 @@ class SignupForm(forms.Form):
         help_text="Your first organization; you can create more later. Signing up from an "
         "invitation's link? Leave this blank: you join that organization.",
     )
+
+    def clean_organization(self) -> str:
+        """Checked as the organization is when created, so that a name it would refuse (a
+        zero-width space pasted with it) is said next to the field, before any user exists."""
+        name = self.cleaned_data["organization"]
+        if not name:
+            return name
+        try:
+            return organization_name_clean(name)
+        except ValidationError as exc:
+            raise ValidationError(exc.message_dict["name"]) from None
 
     def signup(self, request, user) -> None:
         """The organization is created by the account adapter, with the user, atomically."""

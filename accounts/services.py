@@ -71,7 +71,9 @@ def _unique_slug(name: str) -> str:
             return slug
 
 
-def _organization_name(name: object) -> str:
+def organization_name_clean(name: object) -> str:
+    """The organization name to store (whitespace runs as one space); ValidationError on
+    `name` when it is blank or holds characters no one can see or type."""
     if not isinstance(name, str):
         raise ValidationError({"name": "Give the organization a name."})
     name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
@@ -89,7 +91,7 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
         raise ValueError("an organization needs a user to own it")
     request_id = idempotency.request_id_clean(request_id)
     submitted = name
-    name = _organization_name(name)
+    name = organization_name_clean(name)
     scope = idempotency.user_scope(actor.user)
     for _ in range(3):  # two sign-ups racing for one slug: take the next one
         try:

@@ -46,6 +46,19 @@ def test_signup_without_an_organization_name_names_one_after_the_user(client):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("organization", ["Zero\u200bWidth", "Bell\x07Corp"])
+def test_an_organization_name_with_an_invisible_character_is_said_next_to_the_field(
+    client, organization
+):
+    response = _signup(client, organization=organization)
+
+    assert response.status_code == 200
+    assert "Use letters, digits, spaces and punctuation only." in response.content.decode()
+    assert not User.objects.filter(email="new@example.com").exists()
+    assert not Tenant.objects.exists()
+
+
+@pytest.mark.django_db
 def test_signup_requires_email_verification_then_signs_in(client):
     response = _signup(client)
 
