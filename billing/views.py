@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -19,6 +20,8 @@ from billing.stripe_gateway import StripeFailure, gateway
 
 log = logging.getLogger(__name__)
 
+INVOICES_PER_PAGE = 24
+
 
 @tenant_view("billing.view")
 def overview(request):
@@ -27,7 +30,10 @@ def overview(request):
         "rows": rows,
         "request_id": uuid.uuid4().hex,  # one per rendering: a double submit sends it twice
         "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
-        "invoices": list(selectors.invoices_of(request.tenant)[:24]),
+        # Newest first, a page at a time (two plans make 24 invoices a year).
+        "invoices": Paginator(selectors.invoices_of(request.tenant), INVOICES_PER_PAGE).get_page(
+            request.GET.get("page")
+        ),
         "stripe_checkout": gateway() is not None,
         "checkout": _checkout_said(request.GET.get("checkout", ""), rows),
         # Stripe keeps payment details once a subscription was paid for (a checkout page left

@@ -1,5 +1,6 @@
 """The tenant's invoices on the Billing page and the printable invoice."""
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -88,6 +89,21 @@ def _queries(client, url) -> int:
     with CaptureQueriesContext(connection) as queries:
         assert client.get(url).status_code == 200
     return len(queries.captured_queries)
+
+
+def test_every_invoice_can_be_reached_from_the_billing_page_a_page_at_a_time(
+    owner_client, tenant, plan
+):
+    for n in range(30):  # 2 plans' invoices for 15 months
+        _invoice(tenant, plan, period=f"20{24 + n // 12}-{n % 12 + 1:02d}", number=f"n-{n:03d}")
+
+    first = owner_client.get(_billing(tenant)).content.decode()
+    older = owner_client.get(_billing(tenant) + "?page=2").content.decode()
+
+    listed = re.findall(r">(n-\d{3})</a>", first) + re.findall(r">(n-\d{3})</a>", older)
+    assert listed == [f"n-{n:03d}" for n in reversed(range(30))]  # newest first, each once
+    assert 'href="?page=2#invoices" rel="next">Older' in first
+    assert 'href="?page=1#invoices" rel="prev">' in older
 
 
 def test_the_billing_page_makes_as_many_queries_for_many_invoices_as_for_few(
