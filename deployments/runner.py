@@ -327,10 +327,13 @@ def _step(
     op = held.op
     held.kept = False
     try:
-        if op.state == Operation.State.QUEUED and not _begin(op, now, held.token):
+        begun = _begin(op, now, held.token) if op.state == Operation.State.QUEUED else STARTED
+        if begun == WAITS:
             # Its predecessor schedules it when it finishes; looking again now and then
             # covers a predecessor that finished while this one was being queued.
             return QUEUED_RECHECK, None
+        if begun == REFUSED:
+            return None, None
         delay = _advance(op, now, held, keep_until=keep_until)
     except ClaimLost:
         log.warning("operation %s: its claim was lost; the move is discarded", op.pk)
@@ -390,18 +393,34 @@ def _instance_locked(instance: Instance) -> Locked:
     return Locked(pending, found[0][3])
 
 
-def _begin(op: Operation, now, token: uuid.UUID) -> bool:
+# What `_begin` did with a queued operation.
+STARTED = "started"  # its run started: its first move follows, under the claim kept
+WAITS = "waits"  # an operation before it is pending: it stays queued
+REFUSED = "refused"  # its verb cannot start on the instance as it is now: it ended failed
+
+
+def _begin(op: Operation, now, token: uuid.UUID) -> str:
     """Start a queued operation if it is the instance's oldest pending one, keeping the claim
-    for its first move; else release the claim and leave it queued."""
+    for its first move; else release the claim and leave it queued. One whose verb cannot
+    start on the instance as the operations before it left it (`_start_refusal`) ends failed
+    at once, saying why, with nothing sent to the cluster."""
     with transaction.atomic():
         # The instance first, locked and read again, with the operations pending on it.
         locked = _instance_locked(op.instance)
         if locked.pending and locked.pending[0][0] != str(op.pk):
             _store(op, token, [])  # it starts when the one before it finishes
-            return False
+            return WAITS
         spec = selectors.plan_version_loaded(op.plan_version_id).spec
         verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
         state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
+        following = locked.pending[1:]
+        refusal = _start_refusal(op, verb, following)
+        if refusal:
+            engine.fail(state, now=now.timestamp(), reason=f"Did not start. {refusal}")
+            op.engine_state = json.dumps(state.to_json())
+            op.arguments = {**op.arguments, "state_before": op.instance.state}
+            _finish(op, state, verb, now, token, following=following)
+            return REFUSED
         # The run applies the instance's values as the operations before it left them, with
         # the changes this one asked for.
         known = {p.key for p in spec.main.parameters}
@@ -431,7 +450,28 @@ def _begin(op: Operation, now, token: uuid.UUID) -> bool:
         during = lifecycle.rule(op.verb, custom=verb.custom).during
         if during:
             instance_state_set(op.instance, during, operation=op)
-    return True
+    return STARTED
+
+
+def _start_refusal(op: Operation, verb, following: list) -> str | None:
+    """Why the operation's verb cannot start on its instance (locked, read again) as it is
+    now; None when it can. It was accepted on the state the operations queued before it would
+    leave, which one of them that failed or was cancelled did not: a modify queued behind a
+    start, once the start was cancelled, would change a stopped instance and wait for it to be
+    healthy until its deadline. A verb that makes or ends the instance is not checked, nor an
+    operation a delete waits behind (the last backup a delete takes first is taken whatever
+    state the instance is in)."""
+    rule = lifecycle.rule(op.verb, custom=verb.custom)
+    if rule.makes_instance or rule.ends_instance:
+        return None
+    if any(queued_verb == "delete" for _, queued_verb, _ in following):
+        return None
+    instance = op.instance
+    retry = False
+    if instance.state == Instance.State.FAILED and op.verb in lifecycle.RETRIED:
+        failed = selectors.instance_retry_source(instance)  # "Retry" of what failed it
+        retry = failed is not None and failed.verb == op.verb
+    return selectors.action_refusal(instance, op.verb, custom=verb.custom, retry=retry)
 
 
 def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | None:

@@ -11,7 +11,7 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from deployments import services
 from deployments.models import Instance, Operation, Snapshot
-from tests.deployments.conftest import wait_done, wait_for
+from tests.deployments.conftest import instance_object, wait_done, wait_for
 
 
 def _create(owner, tenant, plan, name="orders", **parameters):
@@ -72,6 +72,33 @@ def test_a_cancelled_queued_backup_fails_its_snapshot(running, owner, faults):
     _cancel(owner, restart)
     faults(frozen=[])
     wait_done(restart)
+
+
+def test_an_operation_queued_behind_a_cancelled_one_that_cannot_start_ends_failed_untouched(
+    running, owner, faults, kube
+):
+    """A modify was accepted on the running instance a queued start would leave; the start
+    was cancelled, so the modify found the instance stopped. It ran anyway: it scaled the
+    stopped cluster and waited for it to be healthy until its deadline."""
+    faults(frozen=["clusters"])  # the restart waits, so the rest stay queued behind it
+    restart = _act(owner, running, "restart")
+    stop, start = _act(owner, running, "stop"), _act(owner, running, "start")
+    modify = _act(owner, running, "modify", instances=3)
+    _cancel(owner, start)
+    faults(frozen=[])
+
+    assert wait_done(restart).state == wait_done(stop).state == Operation.State.SUCCEEDED
+    modify = wait_done(modify)
+    assert modify.state == Operation.State.FAILED
+    assert modify.error == (
+        "Did not start. The instance is stopped; modify needs it to be running."
+    )
+    running.refresh_from_db()
+    assert running.state == Instance.State.STOPPED
+    assert running.parameters["instances"] == 1  # stored = deployed
+    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+    assert cluster["spec"]["instances"] == 1
+    assert any("modify" in m.subject and "failed" in m.subject.lower() for m in mail.outbox)
 
 
 def test_a_viewer_cannot_cancel_and_a_delete_cannot_be_cancelled(running, owner, add_member):
