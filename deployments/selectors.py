@@ -410,6 +410,12 @@ def snapshots_of_instance(instance: Instance) -> QuerySet[Snapshot]:
     )
 
 
+def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:
+    """The instance's snapshots a restore can start from: the completed ones (a failed one,
+    or one still being taken, holds nothing to restore)."""
+    return snapshots_of_instance(instance).filter(status=Snapshot.Status.COMPLETED)
+
+
 def snapshot_of_instance(instance: Instance, snapshot_id: int) -> Snapshot | None:
     return snapshots_of_instance(instance).filter(pk=snapshot_id).first()
 

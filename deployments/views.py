@@ -364,7 +364,8 @@ def _page(
     if context.get("head_follows"):
         context["head_shown"] = _head_shown(instance, actions)
     if part != "instance-head":
-        context["snapshot_count"] = selectors.snapshots_of_instance(instance).count()
+        # What the delete dialog promises can be restored.
+        context["snapshot_count"] = selectors.snapshots_restorable(instance).count()
         shown = _tab_context(
             instance, tab, actions, allowed, request.GET if params is None else params
         )

@@ -553,6 +553,21 @@ def test_the_delete_confirmation_reads_the_name_as_names_are_stored(owner_client
     assert Operation.objects.filter(verb="delete").exists()
 
 
+def test_the_delete_dialog_counts_only_the_backups_a_restore_can_start_from(owner_client, instance):
+    Snapshot.objects.create(
+        tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-failed",
+        status=Snapshot.Status.FAILED, parameters=instance.parameters,
+    )  # fmt: skip
+
+    page = owner_client.get(_url(instance)).content.decode()
+    assert "Its 1 backup stays until deleted or expired" in page  # the completed one alone
+
+    Snapshot.objects.filter(status=Snapshot.Status.COMPLETED).update(status=Snapshot.Status.FAILED)
+    page = owner_client.get(_url(instance)).content.decode()
+    assert "It has no backup: its data cannot be recovered." in page
+
+
 def test_delete_with_a_wrong_name_deletes_nothing(owner_client, instance):
     response = owner_client.post(
         _url(instance, "delete/"), {"request_id": "del-1", "confirm_name": "order"}
