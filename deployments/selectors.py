@@ -416,8 +416,15 @@ def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:
     return snapshots_of_instance(instance).filter(status=Snapshot.Status.COMPLETED)
 
 
-def snapshot_of_instance(instance: Instance, snapshot_id: int) -> Snapshot | None:
-    return snapshots_of_instance(instance).filter(pk=snapshot_id).first()
+def snapshot_of_instance(
+    instance: Instance, snapshot_id: int, *, deleted: bool = False
+) -> Snapshot | None:
+    """One of the instance's snapshots; a deleted one only when `deleted`."""
+    if deleted:
+        found = Snapshot.objects.filter(tenant=instance.tenant, instance=instance)
+    else:
+        found = snapshots_of_instance(instance)
+    return found.filter(pk=snapshot_id).first()
 
 
 # The states in which an instance archives no more of its changes.

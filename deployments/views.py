@@ -616,8 +616,8 @@ def instance_delete(request, instance_id: str):
     return _queued(request, instance, operation, f"Deletion of {instance.name}", tab="operations")
 
 
-def _snapshot(instance: Instance, snapshot_id: int) -> Snapshot:
-    snapshot = selectors.snapshot_of_instance(instance, snapshot_id)
+def _snapshot(instance: Instance, snapshot_id: int, *, deleted: bool = False) -> Snapshot:
+    snapshot = selectors.snapshot_of_instance(instance, snapshot_id, deleted=deleted)
     if snapshot is None:
         raise Http404("No such backup.")
     return snapshot
@@ -710,7 +710,10 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
 @require_POST
 def snapshot_delete(request, instance_id: str, snapshot_id: int):
     instance = _instance(request, instance_id)
-    snapshot = _snapshot(instance, snapshot_id)
+    # A deleted one too: the form sent again once the deletion finished (a second tab, a
+    # reload) hears that it is done, not that the backup does not exist.
+    snapshot = _snapshot(instance, snapshot_id, deleted=True)
+    gone = snapshot.status == Snapshot.Status.DELETED
     try:
         operation = services.snapshot_delete(
             actor=Actor.from_request(request),
@@ -723,7 +726,8 @@ def snapshot_delete(request, instance_id: str, snapshot_id: int):
         dialog = f"dialog-delete-backup-{snapshot.pk}"
         return _dialog_again(request, instance, dialog, _errors(exc), tab="backups")
     if operation is None:
-        messages.success(request, f"Backup {snapshot.name} deleted.")
+        done = "was deleted already" if gone else "deleted"
+        messages.success(request, f"Backup {snapshot.name} {done}.")
         return _after(request, instance, "backups")
     return _queued(
         request, instance, operation, f"Deletion of backup {snapshot.name}", tab="backups"

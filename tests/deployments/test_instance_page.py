@@ -938,6 +938,25 @@ def test_delete_backup_runs_the_plans_delete_backup(owner_client, instance):
     assert ">queued</a>." in again.content.decode()
 
 
+def test_a_delete_backup_form_sent_again_once_the_deletion_finished_says_it_is_done(
+    owner_client, instance
+):
+    snapshot = instance.snapshots.get()
+    url = _url(instance, f"backups/{snapshot.pk}/delete/")
+    owner_client.post(url, {"request_id": "db-1"})
+    # The deletion ran: its operation succeeded and the backup is gone.
+    Operation.objects.filter(verb="deleteBackup").update(state=Operation.State.SUCCEEDED)
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.DELETED)
+
+    resent = owner_client.post(url, {"request_id": "db-1"}, follow=True)  # a reload
+    other_tab = owner_client.post(url, {"request_id": "db-2"}, follow=True)
+
+    assert resent.status_code == other_tab.status_code == 200
+    assert "This form was sent before" in resent.content.decode()
+    assert f"Backup {snapshot.name} was deleted already." in other_tab.content.decode()
+    assert Operation.objects.filter(verb="deleteBackup").count() == 1
+
+
 def test_the_activity_tab_shows_the_instances_events_only(owner_client, instance, plan):
     other = _create(instance.created_by, instance.tenant, plan, name="elsewhere")
     owner_client.post(_url(instance, "actions/stop/"), {"request_id": "act-1"})
