@@ -331,19 +331,24 @@ def check(
 
 
 # Where the billing page reads a tenant's usage of a plan: deployments registers its counter
-# (billing never imports deployments). None until it has.
-_usage_source: Callable[[Tenant, Plan], Usage] | None = None
+# (billing never imports deployments), called as `source(tenant, plan, pending=…)`. None until
+# it has.
+_usage_source: Callable[..., Usage] | None = None
 
 
-def usage_source_register(source: Callable[[Tenant, Plan], Usage]) -> None:
+def usage_source_register(source: Callable[..., Usage]) -> None:
     """Name the function that tells billing a tenant's current usage of a plan."""
     global _usage_source
     _usage_source = source
 
 
-def usage_of(tenant: Tenant, plan: Plan) -> Usage | None:
-    """The tenant's current usage of `plan`, None when no source is registered."""
-    return _usage_source(tenant, plan) if _usage_source is not None else None
+def usage_of(tenant: Tenant, plan: Plan, *, pending: bool = False) -> Usage | None:
+    """The tenant's current usage of `plan`; with `pending`, the operations queued count too,
+    as the checks count them (an instance whose move onto the plan is queued is on it already).
+    None when no source is registered."""
+    if _usage_source is None:
+        return None
+    return _usage_source(tenant, plan, pending=pending)
 
 
 @dataclass(frozen=True)

@@ -372,7 +372,8 @@ def subscription_cancel(
     """Cancel a subscription; refused while the tenant has instances on the plan, unless
     `instances_may_run` (Stripe ended it: they keep running, new ones are refused). They are
     counted under the tenant's lock, which every new instance's check of the subscription
-    takes too: a create and a cancel at once cannot both succeed. `then` runs inside the
+    takes too (a create and a cancel at once cannot both succeed), with those whose move onto
+    the plan is queued (their upgrade would run on a cancelled subscription). `then` runs inside the
     cancelling transaction once it is allowed (telling Stripe): if it raises, nothing is
     cancelled."""
 
@@ -380,7 +381,7 @@ def subscription_cancel(
         usage = (
             None
             if instances_may_run
-            else entitlements.usage_of(subscription.tenant, subscription.plan)
+            else entitlements.usage_of(subscription.tenant, subscription.plan, pending=True)
         )
         running = usage.instances if usage else 0
         if running:

@@ -123,8 +123,9 @@ _JOINED = f"""
 _WHERE = "WHERE i.tenant_id = %s AND i.state <> %s AND (v.plan_id = %s OR o.id IS NOT NULL)"
 _COUNT = f"SELECT count(DISTINCT i.id) {_JOINED} {_WHERE}"
 # Per instance: id, version, plan, parameters, and, failed, the version and parameters of its
-# last failed modify, upgrade or roll back (parameters: the failed instance and operation
-# states, the verbs); then an operation's `_OP_FIELDS`, oldest first.
+# last failed modify, upgrade or roll back that ran (one refused at its start ran nothing;
+# parameters: the failed instance and operation states, the verbs); then an operation's
+# `_OP_FIELDS`, oldest first.
 _ROWS = f"""
     SELECT i.id, i.plan_version_id, v.plan_id, i.parameters, f.plan_version_id, f.parameters,
            {", ".join(f"o.{connection.ops.quote_name(f.column)}" for f in _OP_FIELDS)}
@@ -132,6 +133,7 @@ _ROWS = f"""
       LEFT JOIN LATERAL (
         SELECT plan_version_id, parameters FROM {_OPERATION}
          WHERE instance_id = i.id AND i.state = %s AND state = %s AND verb = ANY(%s)
+               AND started_at IS NOT NULL
          ORDER BY created_at DESC LIMIT 1
       ) f ON true
     {_WHERE}
@@ -244,8 +246,8 @@ def moves_require(
             totals[dimension] = totals.get(dimension, Decimal(0)) + quantity
 
 
-def _tenant_usage(tenant: Tenant, plan: Plan) -> entitlements.Usage:
-    return usage_on_plan(tenant, plan, dimensions=True)
+def _tenant_usage(tenant: Tenant, plan: Plan, *, pending: bool = False) -> entitlements.Usage:
+    return usage_on_plan(tenant, plan, dimensions=True, pending=pending)
 
 
 def _plan_facts(plan: Plan) -> entitlements.PlanFacts | None:

@@ -271,6 +271,7 @@ def test_a_failed_change_counts_against_the_total_until_it_is_rolled_back(
     failed = Operation.objects.create(
         instance=a, verb="modify", request_id="grew", plan_version=a.plan_version,
         state=Operation.State.FAILED, parameters={**a.parameters, "storageGi": 30},
+        started_at=timezone.now(),
     )  # fmt: skip
     transitions.instance_state_set(a, Instance.State.FAILED, operation=failed, reason="cancelled")
 
@@ -295,6 +296,7 @@ def test_a_check_reads_the_tenants_usage_in_one_statement_however_much_it_holds(
     Operation.objects.create(
         instance=failed, verb="modify", request_id="grew", plan_version=version,
         state=Operation.State.FAILED, parameters={**failed.parameters, "storageGi": 2},
+        started_at=timezone.now(),
     )  # fmt: skip
 
     def check():
@@ -588,3 +590,31 @@ def test_an_unmeasurable_request_is_a_validation_error_not_a_crash(
 ):
     with pytest.raises(ValidationError):
         _create(owner, tenant, hobby, instances="x")
+
+
+def test_a_change_refused_at_its_start_does_not_hide_the_failed_change_before_it(
+    local, hobby, subscribed, tenant, owner
+):
+    """A modify queued behind one that then failed the instance is refused when it would start
+    (`runner._start_refusal`): it ends failed, with no parameters, as the newest failed modify.
+    The failed change before it may have grown the volume all the same, and still counts."""
+    from deployments import runner
+
+    a = _running(owner, tenant, hobby, name="a", storageGi=20)
+    grow = _act(owner, a, "modify", storageGi=30)
+    behind = _act(owner, a, "modify", cpu=2)
+    # The grow ran and failed after the cluster took some of it.
+    Operation.objects.filter(pk=grow.pk).update(
+        state=Operation.State.FAILED, started_at=timezone.now(), finished_at=timezone.now(),
+        parameters={**a.parameters, "storageGi": 30},
+    )  # fmt: skip
+    grow.refresh_from_db()
+    transitions.instance_state_set(a, Instance.State.FAILED, operation=grow, reason="failed")
+
+    runner._step(str(behind.pk))  # refused: the instance is failed
+
+    behind.refresh_from_db()
+    assert behind.state == Operation.State.FAILED and behind.error.startswith("Did not start.")
+    # Stored 20 GiB, but the failed grow may have made it 30: 30 more is 60, past the 50.
+    with pytest.raises(ActionDenied, match="this would make 60 GiB of storage"):
+        _create(owner, tenant, hobby, name="b", storageGi=30)

@@ -221,3 +221,23 @@ def test_another_tenants_page_is_not_found(plans, tenant, owner, make_user, clie
 
     assert response.status_code == 404
     assert not Operation.objects.filter(verb="upgrade").exists()
+
+
+def test_a_subscription_cannot_be_cancelled_while_instances_are_queued_to_move_onto_its_plan(
+    plans, tenant, owner
+):
+    """The cancel counts the plan's instances under the tenant's lock; an instance whose move
+    onto the plan is queued (the change of plan was accepted on the active subscription) is not
+    on it yet, but will be once its upgrade runs: a cancel now leaves it running on a cancelled
+    subscription."""
+    from billing import services as billing_services
+
+    large, small = plans
+    _create(owner, tenant, large, "orders")
+    (move,) = _change(owner, tenant, large, small).operations
+    assert move.state == Operation.State.QUEUED
+    subscription = Subscription.objects.get(tenant=tenant, plan=small)
+
+    with pytest.raises(ActionDenied, match="1 instance still runs on the PostgreSQL Small plan"):
+        billing_services.subscription_cancel(actor=Actor(user=owner), subscription=subscription)
+    assert Subscription.objects.get(pk=subscription.pk).status == "active"
