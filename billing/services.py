@@ -371,25 +371,22 @@ def subscription_cancel(
 ) -> Subscription:
     """Cancel a subscription; refused while the tenant has instances on the plan, unless
     `instances_may_run` (Stripe ended it: they keep running, new ones are refused). They are
-    counted under the tenant's lock, which every new instance's check of the subscription
-    takes too (a create and a cancel at once cannot both succeed), with those whose move onto
-    the plan is queued (their upgrade would run on a cancelled subscription). `then` runs inside the
-    cancelling transaction once it is allowed (telling Stripe): if it raises, nothing is
-    cancelled."""
+    counted as the checks count them, an instance whose move onto the plan is queued included
+    (its upgrade would run on a cancelled subscription), under the tenant's lock, which every
+    new instance's check of the subscription takes too: a create and a cancel at once cannot
+    both succeed. `then` runs inside the cancelling transaction once it is allowed (telling
+    Stripe): if it raises, nothing is cancelled."""
 
     def no_instances(subscription: Subscription) -> None:
-        usage = (
-            None
-            if instances_may_run
-            else entitlements.usage_of(subscription.tenant, subscription.plan, pending=True)
-        )
-        running = usage.instances if usage else 0
-        if running:
-            still = "instance still runs" if running == 1 else "instances still run"
-            raise ActionDenied(
-                f"{running} {still} on the {subscription.plan.name} plan; delete them before "
-                "cancelling."
-            )
+        if not instances_may_run:
+            usage = entitlements.usage_of(subscription.tenant, subscription.plan, pending=True)
+            running = usage.instances if usage else 0
+            if running:
+                still = "instance still runs" if running == 1 else "instances still run"
+                raise ActionDenied(
+                    f"{running} {still} on the {subscription.plan.name} plan; delete them "
+                    "before cancelling."
+                )
         if then is not None:
             then(subscription)
 

@@ -401,13 +401,12 @@ def operations_with_runs(instance: Instance) -> QuerySet[Operation]:
     )
 
 
-def snapshots_of_instance(instance: Instance) -> QuerySet[Snapshot]:
-    """The instance's snapshots, newest first, deleted ones left out."""
-    return (
-        Snapshot.objects.filter(tenant=instance.tenant, instance=instance)
-        .exclude(status=Snapshot.Status.DELETED)
-        .order_by("-created_at")
-    )
+def snapshots_of_instance(instance: Instance, *, deleted: bool = False) -> QuerySet[Snapshot]:
+    """The instance's snapshots, newest first, deleted ones left out unless `deleted`."""
+    found = Snapshot.objects.filter(tenant=instance.tenant, instance=instance)
+    if not deleted:
+        found = found.exclude(status=Snapshot.Status.DELETED)
+    return found.order_by("-created_at")
 
 
 def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:
@@ -420,11 +419,7 @@ def snapshot_of_instance(
     instance: Instance, snapshot_id: int, *, deleted: bool = False
 ) -> Snapshot | None:
     """One of the instance's snapshots; a deleted one only when `deleted`."""
-    if deleted:
-        found = Snapshot.objects.filter(tenant=instance.tenant, instance=instance)
-    else:
-        found = snapshots_of_instance(instance)
-    return found.filter(pk=snapshot_id).first()
+    return snapshots_of_instance(instance, deleted=deleted).filter(pk=snapshot_id).first()
 
 
 # The states in which an instance archives no more of its changes.
