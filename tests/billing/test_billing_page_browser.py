@@ -121,3 +121,32 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     expect(total).to_contain_text(f"Total {draft.total} USD")
     box = total.bounding_box()
     assert box is not None and box["x"] + box["width"] <= phone.viewport_size["width"]
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_older_invoices_are_a_click_away_and_the_pages_never_scroll_sideways(
+    open_page,  # noqa: F811 - the fixture imported above
+    owner,
+    tenant,
+    width,
+):
+    from decimal import Decimal
+
+    plan = factories.postgres_version().plan
+    for n in range(30):  # 2 plans' invoices for 15 months
+        invoice = Invoice.objects.create(
+            tenant=tenant, plan=plan, period=f"20{24 + n // 12}-{n % 12 + 1:02d}",
+            currency="usd", total=Decimal("12.34"), number=f"n-{n:03d}",
+        )  # fmt: skip
+        Invoice.objects.filter(pk=invoice.pk).update(status="open")
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/", width)
+    expect(page.locator("#invoice-list")).to_contain_text("n-029")
+    assert not scrolls_sideways(page)
+    page.get_by_role("link", name="Older →").click()
+
+    expect(page).to_have_url(re.compile(r"\?page=2#invoices$"))
+    expect(page.locator("#invoice-list")).to_contain_text("n-000")
+    expect(page.locator("#invoice-list")).not_to_contain_text("n-029")
+    shot(page, f"billing-invoices-older-{width}")
+    assert not scrolls_sideways(page)
