@@ -82,7 +82,25 @@ def audit_record(
     payload: dict | None = None,
 ) -> AuditEvent:
     """Append one event to the audit log."""
-    return AuditEvent.objects.create(
+    event = audit_event(
+        actor=actor, action=action, tenant=tenant, target=target, result=result, payload=payload
+    )
+    event.save(force_insert=True)
+    return event
+
+
+def audit_event(
+    *,
+    actor: Actor,
+    action: str,
+    tenant: Tenant | None = None,
+    target: models.Model | None = None,
+    result: str = AuditEvent.Result.OK,
+    payload: dict | None = None,
+) -> AuditEvent:
+    """The event `audit_record` appends, not saved yet: for a service that saves it in one
+    statement with the rows it records."""
+    return AuditEvent(
         tenant=tenant,
         actor=actor.user,
         actor_email=getattr(actor.user, "email", ""),

@@ -60,24 +60,39 @@ def prepared(model: type[Model], names: list[str], values: dict) -> list:
     ]
 
 
-def insert(obj: Model) -> None:
-    """Insert `obj` as `obj.save(force_insert=True)` would (its defaults applied by its
-    constructor; no signals: none of ours listen), its generated key set from the row."""
-    model = type(obj)
-    pk = model._meta.pk
-    fields = [f for f in model._meta.concrete_fields if not (f is pk and pk.db_returning)]
-    names = [f.attname for f in fields]
-    values = {f.attname: f.pre_save(obj, add=True) for f in fields}
-    returning = f" RETURNING {column(model, pk.attname)}" if pk.db_returning else ""
-    with connection.cursor() as cursor:
-        cursor.execute(
+def insert(*objs: Model) -> None:
+    """Insert `objs` as `obj.save(force_insert=True)` would each (their defaults applied by
+    their constructors; no signals: none of ours listen), in one statement, their generated
+    keys set from the rows. A row may name one inserted beside it: foreign keys are checked
+    at commit."""
+    parts, params, returned = [], [], []
+    for n, obj in enumerate(objs):
+        model = type(obj)
+        pk = model._meta.pk
+        fields = [f for f in model._meta.concrete_fields if not (f is pk and pk.db_returning)]
+        names = [f.attname for f in fields]
+        values = {f.attname: f.pre_save(obj, add=True) for f in fields}
+        parts.append(
             f"INSERT INTO {model._meta.db_table} ({', '.join(column(model, n) for n in names)})"  # noqa: S608 - our names
-            f" VALUES ({', '.join(['%s'] * len(names))}){returning}",
-            prepared(model, names, values),
+            f" VALUES ({', '.join(['%s'] * len(names))})"
+            f" RETURNING {column(model, pk.attname)}"
         )
-        if returning:
-            obj.pk = cursor.fetchone()[0]
-    obj._state.adding, obj._state.db = False, connection.alias
+        params += prepared(model, names, values)
+        if pk.db_returning:
+            returned.append(n)
+    if len(parts) == 1:
+        statement = parts[0]
+    else:  # each insert a step of one statement; what they return read side by side
+        steps = ", ".join(f"r{n} AS ({part})" for n, part in enumerate(parts))
+        read = ", ".join(f"(SELECT * FROM r{n})" for n in range(len(parts)))  # noqa: S608
+        statement = f"WITH {steps} SELECT {read}"
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        keys = cursor.fetchone()
+    for n, obj in enumerate(objs):
+        if n in returned:
+            obj.pk = keys[n]
+        obj._state.adding, obj._state.db = False, connection.alias
 
 
 def update(obj: Model, names: list[str]) -> None:

@@ -22,13 +22,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from accounts import idempotency
-from accounts.audit import REDACTED, SYSTEM, Actor, audit_record, audited_action
+from accounts.audit import REDACTED, SYSTEM, Actor, audit_event, audit_record, audited_action
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, RequestKey, Tenant
 from accounts.services import permission_require, tenant_lock
 from billing import services as billing_services
 from billing.models import Plan, Subscription
-from deployments import lifecycle, schedules, selectors
+from deployments import lifecycle, rows, schedules, selectors
 from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import (
@@ -267,7 +267,7 @@ def _instance_name(name: Any) -> str:
     return name
 
 
-def _instance_new(
+def _instance_checked(
     *,
     actor: Actor,
     tenant: Tenant,
@@ -279,10 +279,11 @@ def _instance_new(
     action: str = "create",
     point_in_time: bool = False,
 ) -> Instance:
-    """A new instance row (state creating) after the checks every new instance passes:
-    a cell offered to the tenant (its default one when none is given), a name, valid
-    parameters (with `base`, the values a restore starts from, whose fixed ones cannot
-    change), and the tenant's entitlements on the plan for `action` (create or restore)."""
+    """A new instance (state creating, not saved yet: `_instance_insert`) after the checks
+    every new instance passes: a cell offered to the tenant (its default one when none is
+    given), a name, valid parameters (with `base`, the values a restore starts from, whose
+    fixed ones cannot change), and the tenant's entitlements on the plan for `action` (create
+    or restore)."""
     offered = Cell.objects.offered_to(tenant)
     if cell is None:
         cell = offered.order_by("-is_default", "name").first()
@@ -309,7 +310,7 @@ def _instance_new(
         point_in_time=point_in_time,
     )
     plain, hidden = split_values(spec.main.parameters, typed)
-    instance = Instance(
+    return Instance(
         tenant=tenant,
         name=name,
         plan_version=version,
@@ -318,20 +319,32 @@ def _instance_new(
         secret_parameters=hidden,
         created_by=actor.user,
     )
+
+
+def _instance_insert(instance: Instance, operation: Operation, event: AuditEvent) -> None:
+    """Save a checked new instance (`_instance_checked`) with its first state change, its
+    backup schedule (a new instance has none), the `operation` that makes it and the audit
+    `event` that records it, in one statement; the operation is sent to a worker once the
+    transaction commits."""
     try:
         with transaction.atomic():  # the database's constraint settles two requests at once
-            instance.save(force_insert=True)
+            rows.insert(
+                instance,
+                InstanceStateChange(instance=instance, to_state=instance.state),
+                selectors.backup_schedule_default(instance),
+                operation,
+                event,
+            )
     except IntegrityError as exc:
         if _constraint(exc) != NAME_ONCE:
             raise
-        taken = selectors.instance_named(tenant, name)
-        raise ValidationError({"name": NAME_TAKEN.format(taken.name if taken else name)}) from exc
-    InstanceStateChange.objects.create(instance=instance, to_state=instance.state)
-    selectors.backup_schedule_default(instance).save(force_insert=True)  # a new instance has none
-    return instance
+        taken = selectors.instance_named(instance.tenant, instance.name)
+        name = taken.name if taken else instance.name
+        raise ValidationError({"name": NAME_TAKEN.format(name)}) from exc
+    operation_dispatch(operation.pk)
 
 
-def _operation_new(
+def _operation_row(
     *,
     actor: Actor,
     instance: Instance,
@@ -343,9 +356,9 @@ def _operation_new(
     plan_version: PlanVersion | None = None,
 ) -> Operation:
     """A queued operation on `instance` (on its plan version unless an upgrade names the
-    newer one), sent to a worker once the transaction commits."""
+    newer one), not saved yet."""
     secret = {key: value for key, value in (requested_secret or {}).items() if value}
-    operation = Operation.objects.create(
+    return Operation(
         instance=instance,
         verb=verb,
         requested_by=actor.user,
@@ -355,6 +368,13 @@ def _operation_new(
         requested_secret=json.dumps(secret) if secret else "",
         arguments=arguments or {},
     )
+
+
+def _operation_new(**row: Any) -> Operation:
+    """A queued operation (`_operation_row`), saved and sent to a worker once the transaction
+    commits."""
+    operation = _operation_row(**row)
+    rows.insert(operation)
     operation_dispatch(operation.pk)
     return operation
 
@@ -403,24 +423,25 @@ def instance_create(
         version = selectors.plan_version_latest(plan)
         if version is None:
             raise ValidationError("This plan has no released version yet.")
-        instance = _instance_new(
+        instance = _instance_checked(
             actor=actor, tenant=tenant, version=version, cell=cell, name=name, values=values
         )
-        operation = _operation_new(
+        operation = _operation_row(
             actor=actor,
             instance=instance,
             verb="create",
             request_id=request_id,
             requested=instance.parameters,
         )
-        claim.bind(operation)
-        audit_record(
+        event = audit_event(
             actor=actor,
             action="instance.create",
             tenant=tenant,
             target=instance,
             payload={"name": instance.name, "plan": plan.key, "parameters": instance.parameters},
         )
+        _instance_insert(instance, operation, event)
+        claim.bind(operation)
     return operation
 
 
@@ -1098,7 +1119,7 @@ def snapshot_restore(
             raise ValidationError("This plan cannot restore snapshots.")
         base = _restore_base(snapshot)
         try:
-            instance = _instance_new(
+            instance = _instance_checked(
                 actor=actor,
                 tenant=tenant,
                 version=version,
@@ -1120,7 +1141,7 @@ def snapshot_restore(
             else "",
             "metadata": snapshot.metadata,
         }
-        operation = _operation_new(
+        operation = _operation_row(
             actor=actor,
             instance=instance,
             verb="restore",
@@ -1134,8 +1155,7 @@ def snapshot_restore(
                 }
             },
         )
-        claim.bind(operation)
-        audit_record(
+        event = audit_event(
             actor=actor,
             action="instance.restore",
             tenant=tenant,
@@ -1146,6 +1166,11 @@ def snapshot_restore(
                 "source": snapshot.source_instance_id,
             },
         )
+        try:
+            _instance_insert(instance, operation, event)
+        except ValidationError as exc:
+            raise _fixed_by_snapshot(exc, base) from exc
+        claim.bind(operation)
     return operation
 
 

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts import services as account_services
@@ -107,6 +109,43 @@ def test_concurrent_creates_of_one_name_make_one_instance(cell, plan, tenant, ow
     assert len(made) == 1 and len(refused) == 3, results
     assert all(list(r.message_dict) == ["name"] for r in refused)
     assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
+def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_holds(
+    cell, plan, tenant, owner
+):
+    def create(name):
+        with CaptureQueriesContext(connection) as statements:
+            operation = _create(owner, tenant, plan, name=name)
+        return operation, [q["sql"] for q in statements.captured_queries]
+
+    create("first")  # what a process reads once (the plan's spec) is read by its first create
+    _, statements = create("orders")
+    for n in range(3):
+        _create(owner, tenant, plan, name=f"more-{n}")
+    later, statements_later = create("billing")
+
+    # The instance, its first state change, its backup schedule, its operation and the audit
+    # event, all in one INSERT beside the request id's.
+    writes = [sql for sql in statements if sql.lstrip().startswith(("INSERT", "WITH"))]
+    assert len(writes) == 2, writes
+    made = writes[1]
+    for table in [
+        "deployments_instance",
+        "deployments_instancestatechange",
+        "deployments_backupschedule",
+        "deployments_operation",
+        "accounts_auditevent",
+    ]:
+        assert f"INSERT INTO {table} " in made, table
+    assert len(statements) == len(statements_later) == 14, statements
+    instance = later.instance
+    assert instance.history.get().to_state == Instance.State.CREATING
+    assert instance.backup_schedule.next_run_at is not None
+    assert (
+        AuditEvent.objects.get(action="instance.create", target_id=instance.pk).payload["name"]
+        == "billing"
+    )
 
 
 def test_instances_that_shared_a_name_are_told_apart_before_the_constraint(db, tenant, owner):

@@ -5,11 +5,13 @@ import json
 import uuid
 
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.audit import Actor
+from accounts.models import AuditEvent
 from deployments import rows, services
-from deployments.models import Cell, Instance, InstanceStateChange
+from deployments.models import Cell, Instance, InstanceStateChange, Operation
 from tests.deployments.conftest import SPEC
 
 
@@ -53,3 +55,25 @@ def test_an_insert_in_sql_applies_the_defaults_and_takes_the_generated_key(db, t
         instance.pk, "creating", "running", "",
     )  # fmt: skip
     assert before <= stored.at <= timezone.now() and stored.operation_id is None
+
+
+def test_rows_inserted_together_are_one_statement_and_may_name_each_other(db, tenant, owner):
+    instance = _instance(tenant, owner)
+    operation = Operation(
+        instance=instance, verb="backup", request_id="r-1", plan_version=instance.plan_version,
+        requested_secret=json.dumps({"password": "s3cret"}),
+    )  # fmt: skip
+    change = InstanceStateChange(instance=instance, to_state="running", operation=operation)
+    event = AuditEvent(tenant=tenant, actor=owner, action="operation.queued", payload={"n": 1})
+
+    with CaptureQueriesContext(connection) as statements:
+        rows.insert(operation, change, event)
+
+    assert len(statements.captured_queries) == 1
+    # The generated keys of each (the operation's was made before), read as the ORM reads them.
+    assert change.pk is not None and event.pk is not None
+    assert InstanceStateChange.objects.get(pk=change.pk).operation_id == operation.pk
+    assert AuditEvent.objects.get(pk=event.pk).payload == {"n": 1}
+    assert json.loads(Operation.objects.get(pk=operation.pk).requested_secret) == {
+        "password": "s3cret"
+    }
