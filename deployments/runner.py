@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.audit import SYSTEM, audit_record
+from accounts.audit import SYSTEM, audit_event
 from accounts.models import Tenant, User
 from deployments import executor, lifecycle, rows, selectors
 from deployments.cells import driver_for
@@ -656,6 +656,14 @@ def _finish(
     delete_waiting = any(
         verb == "delete" and state == Operation.State.QUEUED for _, verb, state in following
     )
+    # Saved in the statement that records the instance's change, when there is one.
+    event = audit_event(
+        actor=SYSTEM,
+        action=f"operation.{op.state}",
+        tenant=instance.tenant,
+        target=op,
+        payload={"verb": op.verb, "instance": instance.pk, "error": op.error},
+    )
     if succeeded:
         # Stored = deployed: the values the run applied (and those the verb declares it sets).
         after = values_after(op, verb, run_values(op))
@@ -671,14 +679,16 @@ def _finish(
         instance_state_set(
             instance, rule.after or instance.state, operation=op,
             also=["parameters", "secret_parameters", "plan_version", "outputs", "updated_at"],
+            alongside=[event],
         )  # fmt: skip
     elif rule.during and not delete_waiting:  # else the delete takes it from here
         before = op.arguments.get("state_before")
         changed = state.changed or op.arguments.get("cluster_touched", False)
-        if changed or rule.makes_instance or not before:
-            instance_state_set(instance, Instance.State.FAILED, operation=op, reason=op.error)
-        else:  # stopped before the cluster took any of it: the instance runs as it did
-            instance_state_set(instance, before, operation=op, reason=op.error)
+        # Stopped before the cluster took any of it: the instance runs as it did.
+        after = Instance.State.FAILED if changed or rule.makes_instance or not before else before
+        instance_state_set(instance, after, operation=op, reason=op.error, alongside=[event])
+    else:
+        rows.insert(event)
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
             status=Snapshot.Status.DELETED
@@ -692,13 +702,6 @@ def _finish(
             metadata=op.outputs,
             parameters=op.parameters,  # what a restore of it keeps, also once the instance is gone
         )
-    audit_record(
-        actor=SYSTEM,
-        action=f"operation.{op.state}",
-        tenant=instance.tenant,
-        target=op,
-        payload={"verb": op.verb, "instance": instance.pk, "error": op.error},
-    )
     # The next operation is sent before the email is (both once this commits): a slow mail
     # server does not hold it back.
     if following:

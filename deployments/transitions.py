@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from deployments import emails, rows
@@ -26,25 +27,28 @@ def instance_state_set(
     operation: Operation | None = None,
     reason: str = "",
     also: Iterable[str] = (),
+    alongside: Iterable[Model] = (),
 ) -> None:
     """Move an instance to `state`, recording the change with its time; `also` names other
     fields the caller changed on `instance`, saved in the same UPDATE (also when the state
-    stays as it is)."""
-    fields = set(also)
+    stays as it is); `alongside`, new rows the caller records with it (an audit event), saved
+    in the same statement as the change."""
+    fields, new = set(also), list(alongside)
     if instance.state != state:
-        # In SQL as the ORM writes them (`rows`): a run's end makes both, on every instance.
-        rows.insert(
-            InstanceStateChange(
-                instance=instance,
-                from_state=instance.state,
-                to_state=state,
-                operation=operation,
-                reason=reason[:500],
-            )
+        change = InstanceStateChange(
+            instance=instance,
+            from_state=instance.state,
+            to_state=state,
+            operation=operation,
+            reason=reason[:500],
         )
+        new.insert(0, change)
         instance.state = state
         instance.updated_at = timezone.now()
         fields |= {"state", "updated_at"}
+    if new:
+        # In SQL as the ORM writes them (`rows`): a run's end makes them, on every instance.
+        rows.insert(*new)
     if fields:
         rows.update(instance, sorted(fields))
 

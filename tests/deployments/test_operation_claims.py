@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.audit import Actor
+from accounts.models import AuditEvent
 from deployments import runner, services
 from deployments.models import BackupSchedule, Cell, Instance, Operation, TaskRun
 from tests.concurrency import beside_a_lock
@@ -250,6 +251,29 @@ def test_a_move_that_only_reads_the_object_back_writes_the_operation_alone(creat
         time.sleep(0.05)
     cluster.refresh_from_db()
     assert cluster.state == "Succeeded" and cluster.finished_at is not None
+
+
+def test_the_move_that_ends_a_run_records_the_state_change_and_audit_event_in_one_insert(
+    created,
+):
+    for _ in range(100):  # up to the move that ends the run
+        Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+        with CaptureQueriesContext(connection) as statements:
+            delay, _ = runner._step(str(created.pk))
+        if delay is None:
+            break
+        time.sleep(0.05)
+    inserts = [s["sql"] for s in statements if s["sql"].lstrip().startswith(("INSERT", "WITH r"))]
+
+    created.refresh_from_db()
+    assert created.state == Operation.State.SUCCEEDED
+    assert len(inserts) == 1, inserts
+    assert "INSERT INTO deployments_instancestatechange " in inserts[0]
+    assert "INSERT INTO accounts_auditevent " in inserts[0]
+    change = created.instance.history.get(operation=created)
+    assert (change.from_state, change.to_state) == ("creating", "running")
+    event = AuditEvent.objects.get(action="operation.succeeded", target_id=str(created.pk))
+    assert event.actor_kind == "system" and event.payload["instance"] == created.instance_id
 
 
 def _values(obj) -> dict:
