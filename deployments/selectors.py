@@ -69,7 +69,9 @@ def plan_version_loaded(version_id: int) -> LoadedVersion:
 
 
 def plan_version_latest(plan: Plan) -> PlanVersion | None:
-    return plan.versions.order_by("-number").first()
+    # Not its parsed JSON (for queries and the admin): decoding it on every create cost more
+    # than the rest of the read.
+    return plan.versions.defer("parsed").order_by("-number").first()
 
 
 # An operation is pending while it is queued or running: the pages that show it follow it.
