@@ -57,3 +57,55 @@ def test_a_statefulset_is_rolled_out_at_once(make_sandbox):
 def test_a_forgotten_version_has_no_stored_time(make_sandbox):
     sandbox = make_sandbox(operators=False)
     assert sandbox.stored_at(10**9) is None
+
+
+def _cluster(name: str, instances: int = 1) -> dict:
+    return {"apiVersion": f"{G}/{V}", "kind": "Cluster", "metadata": {"name": name},
+            "spec": {"instances": instances, "storage": {"size": "1Gi"}}}  # fmt: skip
+
+
+def test_a_round_reads_only_the_clusters_written_since_the_one_before(make_sandbox):
+    sandbox = make_sandbox()
+    sandbox.use_instant_operators()
+    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    custom = client.CustomObjectsApi(api)
+    for n in range(20):
+        custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster(f"pg{n}"))
+    sandbox.run_until_idle()
+    operator = sandbox.controllers[0]
+    clusters = sandbox.core.resolve(G, V, "clusters")
+
+    sandbox.set_faults(frozen=["instant"])  # its rounds are this test's from here
+    with sandbox.core.lock:  # settled: a round now reads none of the twenty
+        assert operator._written(clusters) == []
+    custom.patch_namespaced_custom_object(
+        G, V, "default", "clusters", "pg7", {"spec": {"instances": 3}}
+    )
+    with sandbox.core.lock:  # one written: a round reads that one
+        assert [c["metadata"]["name"] for c in operator._written(clusters)] == ["pg7"]
+    api.close()
+
+
+def test_a_cluster_written_again_gets_the_status_of_its_new_spec(make_sandbox):
+    sandbox = make_sandbox()
+    sandbox.use_instant_operators()
+    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    custom = client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster("pg", 1))
+    custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster("other", 1))
+    sandbox.run_until_idle()
+
+    custom.patch_namespaced_custom_object(
+        G, V, "default", "clusters", "pg", {"spec": {"instances": 3}}
+    )
+    # A client overwriting the status is set right in the next round too.
+    custom.patch_namespaced_custom_object_status(
+        G, V, "default", "clusters", "other", {"status": {"phase": "Setting up primary"}}
+    )
+    sandbox.run_until_idle()
+
+    scaled = custom.get_namespaced_custom_object(G, V, "default", "clusters", "pg")["status"]
+    assert (scaled["instances"], scaled["readyInstances"]) == (3, 3)
+    other = custom.get_namespaced_custom_object(G, V, "default", "clusters", "other")["status"]
+    assert other["phase"] == "Cluster in healthy state"
+    api.close()
