@@ -84,6 +84,9 @@ class InstantOperator:
         self.core = sandbox.core
         self.ctx = Ctx(field_manager="instant-operator", field_validation="Ignore")
         self.feeds: dict[Any, ChangeFeed] = {}  # by resource, once it is served
+        # By resource, the objects whose status write was refused (a schema that did not allow
+        # it): tried again every round, as nothing else may write them.
+        self.refused: dict[Any, set[tuple[str, str]]] = {}
 
     def next_due(self) -> float | None:
         return None
@@ -101,20 +104,23 @@ class InstantOperator:
 
     def _written(self, rt: Any) -> list[Obj]:
         """The kind's stored objects written since the last round (all, in the first one or
-        when events were lost: the feed says so)."""
+        when events were lost: the feed says so), and those whose status was refused."""
         feed = self.feeds.setdefault(rt.key, ChangeFeed(self.core.store, [rt.key]))
         bucket = self.core.store.objects.get(rt.key, {})
         events = feed.poll()
         if events is None:
             return list(bucket.values())
         keys = {(e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) for e in events}
+        keys |= self.refused.get(rt.key, set())
         return [bucket[key] for key in keys if key in bucket]
 
     def _ready(self, rt: Any, kind: Kind) -> bool:
         changed = False
         with self.core.lock:
-            waiting = []
-            for obj in self._written(rt):
+            waiting, refused = [], self.refused.setdefault(rt.key, set())
+            written = self._written(rt)
+            refused.clear()
+            for obj in written:
                 status, current = kind.status(obj), obj.get("status") or {}
                 if obj["metadata"].get("deletionTimestamp"):
                     continue
@@ -127,7 +133,8 @@ class InstantOperator:
                 try:
                     self.core.update(rt, meta.get("namespace", ""), meta["name"], body, self.ctx,
                                      "status")  # fmt: skip
-                except ApiError:
-                    continue  # a client wrote it meanwhile: the next round sees the new one
+                except ApiError:  # refused (its schema): the next round tries again
+                    refused.add((meta.get("namespace", ""), meta["name"]))
+                    continue
                 changed = True
         return changed

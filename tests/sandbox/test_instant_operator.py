@@ -109,3 +109,38 @@ def test_a_cluster_written_again_gets_the_status_of_its_new_spec(make_sandbox):
     other = custom.get_namespaced_custom_object(G, V, "default", "clusters", "other")["status"]
     assert other["phase"] == "Cluster in healthy state"
     api.close()
+
+
+def test_a_cluster_whose_status_was_refused_gets_it_once_the_crd_allows_it(make_sandbox):
+    # Nothing writes the cluster again after its status was refused: the operator tries again
+    # of itself, in the rounds that follow.
+    sandbox = make_sandbox()
+    sandbox.use_instant_operators()
+    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    custom, ext = client.CustomObjectsApi(api), client.ApiextensionsV1Api(api)
+    crd_name = f"clusters.{G}"
+    path = ["spec", "versions", 0, "schema", "openAPIV3Schema", "properties", "status",
+            "properties", "readyInstances"]  # fmt: skip
+
+    def set_maximum(maximum):
+        crd = api.sanitize_for_serialization(ext.read_custom_resource_definition(crd_name))
+        node = crd
+        for step in path:
+            node = node[step]
+        if maximum is None:
+            node.pop("maximum", None)
+        else:
+            node["maximum"] = maximum
+        ext.replace_custom_resource_definition(crd_name, crd)
+
+    set_maximum(1)  # the operator's status (readyInstances 3) is refused
+    custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster("pg", 3))
+    sandbox.run_until_idle()
+    status = custom.get_namespaced_custom_object(G, V, "default", "clusters", "pg").get("status")
+    assert not status or status.get("readyInstances") != 3
+
+    set_maximum(None)  # allowed again: the next round gives the cluster its status
+    sandbox.run_until_idle()
+    status = custom.get_namespaced_custom_object(G, V, "default", "clusters", "pg").get("status")
+    assert status and status.get("readyInstances") == 3, status
+    api.close()
