@@ -542,6 +542,25 @@ def test_a_viewer_sees_no_action_and_a_forged_post_is_refused_and_audited(
     assert denied.actor == viewer and denied.target_id == instance.pk
 
 
+def test_a_viewers_forged_delete_is_refused_for_the_role_whatever_name_it_typed(
+    client, instance, add_member
+):
+    viewer = add_member("viewer@example.com", "viewer")
+    client.force_login(viewer)
+
+    for n, typed in enumerate(["wrong", "orders"]):
+        forged = client.post(
+            _url(instance, "delete/"), {"request_id": f"forged-{n}", "confirm_name": typed}
+        )
+
+        assert forged.status_code == 403
+        assert "Your role (Viewer) does not allow" in forged.content.decode()
+    assert not Operation.objects.filter(verb="delete").exists()
+    assert AuditEvent.objects.filter(action="instance.delete", result="denied").count() == 2
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+
+
 def test_the_delete_confirmation_reads_the_name_as_names_are_stored(owner_client, instance):
     Instance.objects.filter(pk=instance.pk).update(name="D\u017ex")  # typed as the one letter
 
