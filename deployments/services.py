@@ -995,6 +995,8 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
         operation = Operation.objects.select_for_update().get(pk=operation.pk)
         if operation.state not in {Operation.State.QUEUED, Operation.State.RUNNING}:
             raise ValidationError(f"The operation has ended ({operation.get_state_display()}).")
+        if operation.cancel_reason:  # another tab's cancel, or a delete, came first
+            raise ValidationError(f"The operation is stopping already: {operation.cancel_reason}")
         who = actor.user.email if actor.user is not None else "the platform"
         reason = f"Cancelled by {who}."
         if operation.state == Operation.State.QUEUED:

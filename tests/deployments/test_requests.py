@@ -443,3 +443,22 @@ def test_only_an_instance_whose_create_failed_can_run_it_again(running, owner):
         _act(owner, running, "create")
 
     assert "whose create failed" in str(refused.value)
+
+
+def test_a_second_cancel_of_a_stopping_operation_says_so_and_changes_nothing(running, owner):
+    stop = _act(owner, running, "stop")
+    Operation.objects.filter(pk=stop.pk).update(state=Operation.State.RUNNING)
+    services.operation_cancel(actor=Actor(user=owner), operation=stop, request_id="tab-1")
+
+    with pytest.raises(ValidationError) as again:  # another tab's form, another request id
+        services.operation_cancel(actor=Actor(user=owner), operation=stop, request_id="tab-2")
+
+    assert again.value.messages == [
+        "The operation is stopping already: Cancelled by owner@example.com."
+    ]
+    assert AuditEvent.objects.filter(action="operation.cancel").count() == 1
+    # The first form sent again is the same request: its answer, not an error.
+    assert (
+        services.operation_cancel(actor=Actor(user=owner), operation=stop, request_id="tab-1")
+        == stop
+    )
