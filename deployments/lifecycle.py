@@ -132,18 +132,30 @@ def rule(verb: str, *, custom: bool = False) -> Rule:
 
 
 def refusal(
-    verb: str, state: str, *, custom: bool = False, retry: bool = False, label: str = ""
+    verb: str,
+    state: str,
+    *,
+    custom: bool = False,
+    retry: bool = False,
+    label: str = "",
+    queued: bool = False,
 ) -> str | None:
     """Why `verb` cannot start from `state`, in one sentence naming it as the page does
     (`label`, else the verb); None when it can. A `retry` (of the verb that failed the
-    instance) starts from `failed` too."""
+    instance) starts from `failed` too. `queued`: `state` is the one the operations queued
+    before it will leave, not the instance's now, and the sentence says so."""
     allowed = rule(verb, custom=custom).from_states
     if state in allowed or (retry and state == S.FAILED and verb in RETRIED):
         return None
     if state == S.DELETED:
-        return "The instance is deleted."
+        return "The instance is being deleted." if queued else "The instance is deleted."
     named = label or verb
     if not named[1:2].isupper():  # "Switchover" reads "switchover" mid-sentence; "CPU" stays
         named = named[:1].lower() + named[1:]
     needs = " or ".join(sorted(S(s).label.lower() for s in allowed))
-    return f"The instance is {S(state).label.lower()}; {named} needs it to be {needs}."
+    lead = (
+        "Once the operations queued before it have run, the instance will be"
+        if queued
+        else "The instance is"
+    )
+    return f"{lead} {S(state).label.lower()}; {named} needs it to be {needs}."

@@ -631,12 +631,14 @@ def action_refusal(
     retry: bool = False,
     parameters: dict | None = None,
 ) -> str | None:
-    """Why `verb` cannot start on the instance from `state` (default: its state now), naming
-    the verb as its page does (`lifecycle.refusal`); None when it can."""
+    """Why `verb` cannot start on the instance from `state` (default: its state now; another
+    one is what its queued operations will leave, and the reason says so), naming the verb as
+    its page does (`lifecycle.refusal`); None when it can."""
     label = verb_labels(instance.plan_version).get(verb, "")
     refusal = lifecycle.refusal(
-        verb, state or instance.state, custom=custom, retry=retry, label=label
-    )
+        verb, state or instance.state, custom=custom, retry=retry, label=label,
+        queued=bool(state) and state != instance.state,
+    )  # fmt: skip
     return refusal or _requirement_refusal(instance, verb, parameters)
 
 

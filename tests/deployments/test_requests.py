@@ -462,3 +462,19 @@ def test_a_second_cancel_of_a_stopping_operation_says_so_and_changes_nothing(run
         services.operation_cancel(actor=Actor(user=owner), operation=stop, request_id="tab-1")
         == stop
     )
+
+
+def test_a_refusal_tells_the_state_now_from_the_one_queued_operations_will_leave(running, owner):
+    with pytest.raises(ActionDenied) as now:
+        _act(owner, running, "start")
+    assert now.value.reason == "The instance is running; start needs it to be stopped."
+
+    _act(owner, running, "stop")  # queued: the instance still runs
+    with pytest.raises(ActionDenied) as later:
+        _act(owner, running, "restart")
+
+    assert later.value.reason.startswith(
+        "Once the operations queued before it have run, the instance will be stopped; restart"
+        " needs it to be "
+    )
+    assert Operation.objects.filter(instance=running, verb="restart").count() == 0
