@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 
 from django.db.models import Exists, Max, OuterRef, Sum
 from django.db.models.functions import TruncDate
@@ -22,7 +22,7 @@ from django.db.models.functions import TruncDate
 from accounts.models import Tenant
 from billing import usage
 from billing.models import DIMENSION_LABELS, MeterEvent, Plan, UsageRecord
-from billing.pricing import PriceBook, rounded
+from billing.pricing import PriceBook, minor_unit, rounded
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
     for currency, cost in costs.items():
         cost.by_instance.sort(key=lambda item: (-item.amount, item.name))
         cost.by_dimension = dict(sorted(cost.by_dimension.items(), key=lambda kv: -kv[1]))
-        cost.chart = daily_chart(days, daily[currency], currency)
+        cost.chart = daily_chart(days, daily[currency], currency, cost.by_dimension)
     return PeriodCost(
         period=period,
         first_day=days[0],
@@ -136,13 +136,26 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
     )
 
 
-def daily_chart(days: list[date], spent: dict[str, dict[date, Decimal]], currency: str) -> dict:
+def daily_chart(
+    days: list[date],
+    spent: dict[str, dict[date, Decimal]],
+    currency: str,
+    totals: dict[str, Decimal] | None = None,
+) -> dict:
     """A stacked bar chart of cost per day and dimension, as `includes/chart.html` draws it:
-    JSON-ready (amounts as numbers rounded to the minor unit)."""
-    amounts = {
-        dimension: [rounded(by_day.get(day, Decimal(0)), currency) for day in days]
-        for dimension, by_day in sorted(spent.items())
-    }
+    JSON-ready (amounts as numbers in the minor unit). A dimension's days add up to its total
+    in `totals` (the invoice's, rounded per line: `_apportioned`); without one, each day is
+    rounded by itself."""
+    unit = minor_unit(currency)
+    amounts = {}
+    for dimension, by_day in sorted(spent.items()):
+        each = [by_day.get(day, Decimal(0)) for day in days]
+        total = (totals or {}).get(dimension)
+        amounts[dimension] = (
+            [rounded(amount, currency) for amount in each]
+            if total is None
+            else _apportioned(each, total, unit)
+        )
     labels = [day.strftime("%d %b") for day in days]
     return {
         "kind": "bar",
@@ -162,3 +175,21 @@ def daily_chart(days: list[date], spent: dict[str, dict[date, Decimal]], currenc
             [label, [str(each[n]) for each in amounts.values()]] for n, label in enumerate(labels)
         ],
     }
+
+
+def _apportioned(amounts: list[Decimal], total: Decimal, unit: Decimal) -> list[Decimal]:
+    """`amounts` (a dimension's cost per day, unrounded) shown in `unit`s so that they add up
+    to `total`: each day's share of it, rounded down, then the units left over given to the
+    days that rounding cut most (largest remainder). The invoice rounds per instance and
+    dimension over the period, so rounding each day by itself could miss its total by a few
+    units; a day without usage shows none."""
+    spent = sum(amounts, Decimal(0))
+    if not spent:
+        return [Decimal(0).quantize(unit) for _ in amounts]
+    shares = [amount * total / spent for amount in amounts]
+    shown = [share.quantize(unit, rounding=ROUND_FLOOR) for share in shares]
+    left = int((total - sum(shown, Decimal(0))) / unit)
+    cut = sorted(range(len(shares)), key=lambda n: shares[n] - shown[n], reverse=True)
+    for n in cut[:left]:
+        shown[n] += unit
+    return shown

@@ -79,6 +79,22 @@ def test_the_chart_has_a_bar_per_day_stacked_by_dimension(tenant, plan):
     assert chart["rows"][:2] == [["01 Nov", ["0.00", "0.00"]], ["02 Nov", ["1.68", "0.34"]]]
 
 
+def test_the_chart_figures_of_a_dimension_add_up_to_its_total(tenant, plan):
+    # Twelve instances, a core-hour each: 0.035 → 0.04 on each instance's line, 0.48 in all;
+    # the days by themselves would say 0.25 + 0.18 (7 and 5 core-hours).
+    for n in range(12):
+        day = NOVEMBER + timedelta(days=1 if n < 7 else 2)
+        _use(tenant, plan, day, f"inst-many{n:04d}", f"db-{n}", cpu="1")
+
+    money = reports.period_cost(tenant, "2026-11").currencies[0]
+
+    assert money.by_dimension == {"cpu": Decimal("0.48")}
+    cpu = next(s for s in money.chart["series"] if s["label"] == "CPU")["values"]
+    assert cpu[1:3] == [0.28, 0.2] and sum(Decimal(str(v)) for v in cpu) == Decimal("0.48")
+    assert money.chart["rows"][1:3] == [["02 Nov", ["0.28"]], ["03 Nov", ["0.20"]]]
+    assert money.chart["rows"][0] == ["01 Nov", ["0.00"]]  # a day without usage shows none
+
+
 def test_another_tenants_usage_is_not_counted(tenant, plan, make_user):
     from accounts.models import Tenant
 
