@@ -72,21 +72,11 @@ def scrub(payload: Any) -> Any:
     return payload
 
 
-def audit_record(
-    *,
-    actor: Actor,
-    action: str,
-    tenant: Tenant | None = None,
-    target: models.Model | None = None,
-    result: str = AuditEvent.Result.OK,
-    payload: dict | None = None,
-) -> AuditEvent:
-    """Append one event to the audit log."""
-    event = audit_event(
-        actor=actor, action=action, tenant=tenant, target=target, result=result, payload=payload
-    )
-    event.save(force_insert=True)
-    return event
+def audit_record(**event: Any) -> AuditEvent:
+    """Append one event to the audit log; `event`: `audit_event`'s arguments."""
+    made = audit_event(**event)
+    made.save(force_insert=True)
+    return made
 
 
 def audit_event(
