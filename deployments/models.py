@@ -290,6 +290,7 @@ class Snapshot(models.Model):
         PENDING = "pending", "Pending"
         COMPLETED = "completed", "Completed"
         FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"  # its backup was cancelled (or a delete came first)
         DELETED = "deleted", "Deleted"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="snapshots")

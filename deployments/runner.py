@@ -698,7 +698,7 @@ def _finish(
         Snapshot.objects.filter(pk=op.arguments["snapshot"]).exclude(
             status=Snapshot.Status.DELETED
         ).update(
-            status=Snapshot.Status.COMPLETED if succeeded else Snapshot.Status.FAILED,
+            status=Snapshot.Status.COMPLETED if succeeded else _SNAPSHOT_ENDED[op.state],
             metadata=op.outputs,
             parameters=op.parameters,  # what a restore of it keeps, also once the instance is gone
         )
@@ -710,6 +710,12 @@ def _finish(
     if rule.makes_instance if succeeded else not delete_waiting:
         operation_notify(op)
 
+
+# What a backup that did not succeed leaves of its snapshot, by how its operation ended.
+_SNAPSHOT_ENDED = {
+    Operation.State.FAILED: Snapshot.Status.FAILED,
+    Operation.State.CANCELLED: Snapshot.Status.CANCELLED,
+}
 
 # What a TaskRun row shows of its node (besides the attempt that names it).
 _SHOWN = ("phase", "message", "object", "started_at", "finished_at")

@@ -691,13 +691,13 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
 
 def _snapshots_unqueued(queued) -> None:
     """What cancelling the `queued` operations of an instance being deleted leaves of the
-    snapshots they name: a backup's is failed (it never ran), a deletion's is deleted, as
+    snapshots they name: a backup's is cancelled (it never ran), a deletion's is deleted, as
     deleting a backup of a deleted instance does (`_snapshot_forget`)."""
     arguments = list(queued.values_list("arguments", flat=True))
     taking = [a["snapshot"] for a in arguments if a.get("snapshot")]
     forgetting = [a["forget_snapshot"] for a in arguments if a.get("forget_snapshot")]
     Snapshot.objects.filter(pk__in=taking).exclude(status=Snapshot.Status.DELETED).update(
-        status=Snapshot.Status.FAILED
+        status=Snapshot.Status.CANCELLED
     )
     Snapshot.objects.filter(pk__in=forgetting).update(status=Snapshot.Status.DELETED)
 
@@ -1007,7 +1007,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
             if operation.arguments.get("snapshot"):
                 Snapshot.objects.filter(pk=operation.arguments["snapshot"]).exclude(
                     status=Snapshot.Status.DELETED
-                ).update(status=Snapshot.Status.FAILED)
+                ).update(status=Snapshot.Status.CANCELLED)
         else:
             operation.cancel_reason = reason
             operation.save(update_fields=["cancel_reason"])

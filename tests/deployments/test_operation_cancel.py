@@ -59,7 +59,7 @@ def test_a_cancelled_running_operation_ends_cancelled_and_the_instance_is_not_st
     assert AuditEvent.objects.filter(action="operation.cancel", target_id=str(stop.pk)).exists()
 
 
-def test_a_cancelled_queued_backup_fails_its_snapshot(running, owner, faults):
+def test_a_cancelled_queued_backup_shows_its_snapshot_cancelled(running, owner, faults):
     faults(frozen=["clusters"])
     restart = _act(owner, running, "restart")
     backup = _act(owner, running, "backup")  # queued behind the restart
@@ -68,10 +68,22 @@ def test_a_cancelled_queued_backup_fails_its_snapshot(running, owner, faults):
 
     backup.refresh_from_db()
     assert backup.state == Operation.State.CANCELLED
-    assert Snapshot.objects.get(operation=backup).status == Snapshot.Status.FAILED
+    assert Snapshot.objects.get(operation=backup).status == Snapshot.Status.CANCELLED
     _cancel(owner, restart)
     faults(frozen=[])
     wait_done(restart)
+
+
+def test_a_backup_cancelled_while_it_runs_shows_its_snapshot_cancelled(running, owner, faults):
+    faults(frozen=["backups"])  # the operator never finishes the backup
+    backup = _act(owner, running, "backup")
+    wait_for(lambda: backup.task_runs.filter(state="Running").exists(), what="the backup to wait")
+
+    _cancel(owner, backup)
+    faults(frozen=[])
+
+    assert wait_done(backup).state == Operation.State.CANCELLED
+    assert Snapshot.objects.get(operation=backup).status == Snapshot.Status.CANCELLED
 
 
 def test_an_operation_queued_behind_a_cancelled_one_that_cannot_start_ends_failed_untouched(

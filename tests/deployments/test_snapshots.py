@@ -245,7 +245,7 @@ def test_deleting_an_instance_fails_its_queued_backup_and_forgets_a_backup_queue
     services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="d")
 
     taken = Snapshot.objects.get(pk=backup.arguments["snapshot"])
-    assert taken.status == Snapshot.Status.FAILED  # not pending for ever
+    assert taken.status == Snapshot.Status.CANCELLED  # not pending for ever
     kept.refresh_from_db()
     assert kept.status == Snapshot.Status.DELETED
     assert {Operation.objects.get(pk=o.pk).state for o in [backup, forget]} == {"cancelled"}
