@@ -48,6 +48,13 @@ def test_team_and_audit_pages_never_scroll_sideways(
 
     expect(page.locator("h1")).to_have_text("Team" if page_name == "team" else "Audit log")
     assert not scrolls_sideways(page)
+    if page_name == "audit":  # every column of a row in view, its own scroll box included
+        action = page.locator("#audit-table code").first
+        expect(action).to_be_visible()
+        box, view = action.bounding_box(), page.viewport_size
+        assert box["x"] >= 0 and box["x"] + box["width"] <= view["width"]
+        scroll = page.locator("#audit-table .table-scroll")
+        assert scroll.evaluate("el => el.scrollWidth <= el.clientWidth")
 
 
 @BOTH_WIDTHS
