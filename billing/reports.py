@@ -192,4 +192,8 @@ def _apportioned(amounts: list[Decimal], total: Decimal, unit: Decimal) -> list[
     cut = sorted(range(len(shares)), key=lambda n: shares[n] - shown[n], reverse=True)
     for n in cut[:left]:
         shown[n] += unit
+    # A share the division rounded up onto a unit's edge: that unit comes off the day that
+    # rounding cut least.
+    for n in [n for n in reversed(cut) if shown[n]][: max(0, -left)]:
+        shown[n] -= unit
     return shown
