@@ -1168,10 +1168,7 @@ def snapshot_restore(
                 "source": snapshot.source_instance_id,
             },
         )
-        try:
-            _instance_insert(instance, operation, event)
-        except ValidationError as exc:
-            raise _fixed_by_snapshot(exc, base) from exc
+        _instance_insert(instance, operation, event)
         claim.bind(operation)
     return operation
 

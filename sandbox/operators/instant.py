@@ -105,22 +105,21 @@ class InstantOperator:
     def _written(self, rt: Any) -> list[Obj]:
         """The kind's stored objects written since the last round (all, in the first one or
         when events were lost: the feed says so), and those whose status was refused."""
-        feed = self.feeds.setdefault(rt.key, ChangeFeed(self.core.store, [rt.key]))
+        if rt.key not in self.feeds:
+            self.feeds[rt.key] = ChangeFeed(self.core.store, [rt.key])
         bucket = self.core.store.objects.get(rt.key, {})
-        events = feed.poll()
+        events = self.feeds[rt.key].poll()
+        refused = self.refused.pop(rt.key, set())
         if events is None:
             return list(bucket.values())
         keys = {(e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) for e in events}
-        keys |= self.refused.get(rt.key, set())
-        return [bucket[key] for key in keys if key in bucket]
+        return [bucket[key] for key in keys | refused if key in bucket]
 
     def _ready(self, rt: Any, kind: Kind) -> bool:
         changed = False
         with self.core.lock:
-            waiting, refused = [], self.refused.setdefault(rt.key, set())
-            written = self._written(rt)
-            refused.clear()
-            for obj in written:
+            waiting = []
+            for obj in self._written(rt):
                 status, current = kind.status(obj), obj.get("status") or {}
                 if obj["metadata"].get("deletionTimestamp"):
                     continue
@@ -134,7 +133,9 @@ class InstantOperator:
                     self.core.update(rt, meta.get("namespace", ""), meta["name"], body, self.ctx,
                                      "status")  # fmt: skip
                 except ApiError:  # refused (its schema): the next round tries again
-                    refused.add((meta.get("namespace", ""), meta["name"]))
+                    self.refused.setdefault(rt.key, set()).add(
+                        (meta.get("namespace", ""), meta["name"])
+                    )
                     continue
                 changed = True
         return changed
