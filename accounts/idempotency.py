@@ -84,10 +84,14 @@ class Claim:
     earlier: RequestKey | None
 
     def bind(self, target: models.Model) -> None:
-        """Record what this request made, for its repeats to return."""
-        RequestKey.objects.filter(scope=self.scope, request_id=self.request_id).update(
-            target_type=target._meta.label_lower, target_id=str(target.pk)
-        )
+        """Record what this request made, for its repeats to return (in SQL, as the claim
+        is: every create and action binds one)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {RequestKey._meta.db_table} SET target_type = %s, target_id = %s"  # noqa: S608 - our table name
+                " WHERE scope = %s AND request_id = %s",
+                [target._meta.label_lower, str(target.pk), self.scope, self.request_id],
+            )
 
 
 def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Claim:

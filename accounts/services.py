@@ -32,24 +32,31 @@ _INVITATION_SALT = "accounts.invitation"
 _SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read aloud safely
 
 
-def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> Membership | None:
-    """The actor's membership if it may perform `action` in `tenant`; else ActionDenied.
+def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> str | None:
+    """The actor's role in `tenant` if it may perform `action` there; else ActionDenied.
 
     Platform staff acting through the admin pass without a membership (None).
     """
     if actor.staff and actor.user is not None and actor.user.is_staff:
         return None
-    membership = (
-        # At most one (a constraint): without the model's ordering, which joins two tables.
-        Membership.objects.filter(tenant=tenant, user=actor.user).order_by().first()
-        if actor.user is not None
-        else None
-    )
-    if membership is None:
+    role = _role_of(tenant.pk, actor.user.pk) if actor.user is not None else None
+    if role is None:
         raise ActionDenied("You are not a member of this organization.")
-    if not roles.can(membership.role, action):
-        raise ActionDenied(roles.denial_message(membership.role, action))
-    return membership
+    if not roles.can(role, action):
+        raise ActionDenied(roles.denial_message(role, action))
+    return role
+
+
+def _role_of(tenant_id: int, user_id: int) -> str | None:
+    """The user's role in the tenant; None for a non-member. In SQL: every request that
+    changes anything reads it first, and building the query cost five times running it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT role FROM {Membership._meta.db_table} WHERE tenant_id = %s AND user_id = %s",  # noqa: S608 - our table
+            [tenant_id, user_id],
+        )
+        row = cursor.fetchone()
+    return row[0] if row is not None else None
 
 
 def tenant_lock(tenant_id: int) -> None:

@@ -22,6 +22,7 @@ from deployments import lifecycle, schedules
 from deployments.context import endpoint_host
 from deployments.models import (
     BackupSchedule,
+    Cell,
     Instance,
     InstanceStateChange,
     Operation,
@@ -50,7 +51,10 @@ def _spec(digest: str, text: str) -> PlanSpec:
 
 
 def plan_spec(version: PlanVersion) -> PlanSpec:
-    """The loaded spec of a plan version (parsed once per process; versions never change)."""
+    """The loaded spec of a plan version (parsed once per process; versions never change). A
+    saved version read without its text (`plan_version_latest`) is loaded by its id."""
+    if "spec_text" in version.get_deferred_fields():
+        return plan_version_loaded(version.pk).spec
     return _spec(version.digest, version.spec_text)
 
 
@@ -65,13 +69,41 @@ def plan_version_loaded(version_id: int) -> LoadedVersion:
     """A plan version's spec by id, read and parsed once per process (versions never change):
     the runner needs it on every move without reading the spec text each time."""
     version = PlanVersion.objects.only("digest", "spec_text").get(pk=version_id)
-    return LoadedVersion(plan_spec(version), "$secret." in version.spec_text)
+    return LoadedVersion(_spec(version.digest, version.spec_text), "$secret." in version.spec_text)
+
+
+def cell_offered(cell_id: int, tenant_id: int) -> bool:
+    """Whether the tenant may run instances on the cell (`Cell.objects.offered_to`): a public
+    cell, or one of its private ones. In SQL: every create asks."""
+    cells, private = Cell._meta.db_table, Cell.tenants.through._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {cells} c WHERE c.id = %s AND (c.public OR EXISTS ("  # noqa: S608 - our names
+            f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s))",
+            [cell_id, tenant_id],
+        )
+        return cursor.fetchone() is not None
+
+
+_LATEST = ["id", "number", "digest", "released_at"]  # in the model's order, as `from_db` reads them
 
 
 def plan_version_latest(plan: Plan) -> PlanVersion | None:
-    # Not its parsed JSON (for queries and the admin): decoding it on every create cost more
-    # than the rest of the read.
-    return plan.versions.defer("parsed").order_by("-number").first()
+    """The plan's latest version, without its spec text or parsed JSON (`plan_spec` loads its
+    spec by id, once per process). In SQL: every create reads it, and building the query cost
+    more than running it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(_LATEST)} FROM {PlanVersion._meta.db_table}"  # noqa: S608 - our names
+            " WHERE plan_id = %s ORDER BY number DESC LIMIT 1",
+            [plan.pk],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    version = PlanVersion.from_db(connection.alias, _LATEST, row)
+    version.plan = plan
+    return version
 
 
 # An operation is pending while it is queued or running: the pages that show it follow it.

@@ -284,12 +284,11 @@ def _instance_checked(
     given), a name, valid parameters (with `base`, the values a restore starts from, whose
     fixed ones cannot change), and the tenant's entitlements on the plan for `action` (create
     or restore)."""
-    offered = Cell.objects.offered_to(tenant)
     if cell is None:
-        cell = offered.order_by("-is_default", "name").first()
+        cell = Cell.objects.offered_to(tenant).order_by("-is_default", "name").first()
         if cell is None:
             raise ValidationError("No cell is registered to run instances on.")
-    elif not offered.filter(pk=cell.pk).exists():
+    elif not selectors.cell_offered(cell.pk, tenant.pk):
         raise ValidationError({"cell": "This region is not offered to your organization."})
     name = _instance_name(name)
     spec = selectors.plan_spec(version)

@@ -139,6 +139,8 @@ def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_
     ]:
         assert f"INSERT INTO {table} " in made, table
     assert len(statements) == len(statements_later) == 14, statements
+    # The plan's spec is parsed once per process: no create reads its text again.
+    assert not [sql for sql in statements_later if "spec_text" in sql]
     instance = later.instance
     assert instance.history.get().to_state == Instance.State.CREATING
     assert instance.backup_schedule.next_run_at is not None
