@@ -3,8 +3,9 @@
 Both sides of a comparison share two cores with the services they use, so a rate alone does not
 say what to make cheaper. `CpuMeter` reads the CPU time of named groups of processes (workers,
 the watcher, submitters, a sandbox, PostgreSQL's backends for a database, Redis) at the start
-and end of each span it is given; a process that started during a span counts from zero, one
-that ended is lost (every process measured here lives through the benchmark).
+and end of each span it is given, each with its children (the process each worker, watcher and
+client starts to evaluate CEL and jq); a process that started during a span counts from zero,
+one that ended is lost (every process measured here lives through the benchmark).
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ def named(name: str) -> Pids:
     return pids
 
 
+def _with_children(pids: Iterable[int]) -> list[int]:
+    """`pids` and every process they started (and those started, down the tree)."""
+    found = []
+    for pid in pids:
+        found.append(pid)
+        try:
+            found += [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def _cpu(pid: int) -> float:
     try:
         times = psutil.Process(pid).cpu_times()
@@ -58,13 +71,14 @@ class CpuMeter:
 
     def begin(self) -> None:
         self._start = {
-            name: {pid: _cpu(pid) for pid in pids()} for name, pids in self.groups.items()
+            name: {pid: _cpu(pid) for pid in _with_children(pids())}
+            for name, pids in self.groups.items()
         }
 
     def end(self) -> None:
         for name, pids in self.groups.items():
             before = self._start.get(name, {})
-            for pid in pids():
+            for pid in _with_children(pids()):
                 self.seconds[name] += max(0.0, _cpu(pid) - before.get(pid, 0.0))
         self._start = {}
 

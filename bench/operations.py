@@ -663,7 +663,10 @@ def measure(
         f"{moves / max(len(measured), 1):.1f} per create, {tasks} Celery tasks)"
     )
     opsdeck_cpu, baseline_cpu = ours.per(windows * count), theirs.per(windows * count)
-    print("CPU per create with instant operators, in ms (user + system, every process):")
+    print(
+        "CPU per create with instant operators, in ms (user + system; each process with the "
+        "CEL and jq evaluator it starts):"
+    )
     for side, found in (("Opsdeck", opsdeck_cpu), ("baseline", baseline_cpu)):
         parts = ", ".join(f"{name} {ms:.1f}" for name, ms in found.items())
         print(f"  {side:9} {sum(found.values()):6.1f}  ({parts})")
