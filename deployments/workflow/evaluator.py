@@ -14,10 +14,18 @@ A request is a JSON header (`{"op": "cel", "program": …, "name": …}` or `{"o
 newline and the input as JSON text, sent once and used as it is: jq parses it itself, and the
 child keeps the last CEL input converted, since a waiting task polls the same object again.
 A reply is JSON: `{"value": …, "shown": …}`, `{"error": …}` or `{"limit": "memory"|"depth"}`.
+
+What a CEL expression is sent is only what it reads of its variable (`_reads`): a condition over
+`self.status.phase` gets `{"status": {"phase": …}}`, not the whole object. Conditions over the
+objects of many instances then send the same few bytes, and the answer to a request already
+answered is kept (`_Answers`): CEL has no clock or randomness, so the same program over the same
+input gives the same answer, and the cell watcher, which tests a status rule on every status
+change of every instance, seldom needs the child at all.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -27,6 +35,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +90,9 @@ def evaluate_cel(expression: str, name: str, value: Any) -> CelValue:
 
     Raises ProgramError when CEL reports an error, ProgramLimitError when a bound is exceeded.
     """
+    reads = _reads(expression, name)
+    if reads is not None:
+        value = _pruned(value, reads)
     reply = _shared.call({"op": "cel", "program": expression, "name": name}, value)
     return CelValue(reply["value"], reply["shown"])
 
@@ -91,6 +104,100 @@ def evaluate_jq(program: str, value: Any) -> list[Any]:
     ProgramLimitError when a bound is exceeded.
     """
     return _shared.call({"op": "jq", "program": program}, value)["value"]
+
+
+# --- what a CEL expression reads -------------------------------------------------------------
+
+_READS_LONGEST = 10_000  # characters: a longer expression is sent its variable whole
+
+
+@functools.lru_cache(maxsize=512)
+def _reads(expression: str, name: str) -> frozenset[tuple[str, ...]] | None:
+    """The paths of fields of the variable `name` the expression reads, each the longest chain
+    of field selections that starts at the variable (`self.status.conditions.exists(…)` reads
+    `("status", "conditions")`, whole), none when it does not use the variable; None when it
+    may read the whole value: the variable used bare, the name found anywhere else (a macro's
+    own variable, a field so named), or an expression that does not parse (the child says
+    why)."""
+    import celpy
+    import lark
+
+    if len(expression) > _READS_LONGEST:
+        return None
+    try:
+        tree = celpy.Environment().compile(expression)
+    except (celpy.CELParseError, lark.exceptions.LarkError, RecursionError):
+        return None
+    parent: dict[int, lark.Tree] = {}
+    names = 0  # every token that is the name, an identifier's or not
+    for node in tree.iter_subtrees():  # iterative: a deeply nested expression is no risk
+        for child in node.children:
+            if isinstance(child, lark.Tree):
+                parent[id(child)] = node
+            elif child == name:
+                names += 1
+    paths, uses = set(), 0
+    for node in tree.iter_subtrees():
+        if node.data != "ident" or node.children != [name]:
+            continue
+        uses += 1
+        primary = parent.get(id(node))
+        member = parent.get(id(primary)) if primary is not None else None
+        if primary is None or primary.data != "primary" or member is None:
+            return None
+        path: list[str] = []
+        while True:
+            up = parent.get(id(member))
+            if up is None or up.data != "member_dot" or up.children[0] is not member:
+                break
+            path.append(str(up.children[1]))
+            member = parent.get(id(up))
+            if member is None:
+                break
+        if not path:
+            return None
+        paths.add(tuple(path))
+    return frozenset(paths) if names == uses else None  # none: it reads nothing of it
+
+
+def _pruned(value: Any, paths: Collection[tuple[str, ...]]) -> Any:
+    """`value` with only the fields on `paths` (`_reads`), in their order: what is not a JSON
+    object where a path goes on is kept whole, and a field it lacks stays missing, so every
+    selection, `has()` and comparison along the paths reads what it read in `value`."""
+    if () in paths or not isinstance(value, dict):
+        return value
+    wanted: dict[str, set[tuple[str, ...]]] = {}
+    for path in paths:
+        wanted.setdefault(path[0], set()).add(path[1:])
+    return {key: _pruned(value[key], wanted[key]) for key in value if key in wanted}
+
+
+class _Answers:
+    """The child's answers to the CEL requests it was sent last, by request: the same program
+    over the same input answers the same. Only short requests are kept (a pruned condition's),
+    and not an answer that says a bound was reached."""
+
+    SIZE = 512
+    LONGEST = 4096  # bytes of request
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def get(self, request: bytes) -> bytes | None:
+        with self._lock:
+            frame = self._kept.get(request)
+            if frame is not None:
+                self._kept.move_to_end(request)
+            return frame
+
+    def keep(self, request: bytes, frame: bytes) -> None:
+        if len(request) > self.LONGEST:
+            return
+        with self._lock:
+            self._kept[request] = frame
+            if len(self._kept) > self.SIZE:
+                self._kept.popitem(last=False)
 
 
 # --- the parent side ---------------------------------------------------------------------------
@@ -114,6 +221,7 @@ class _Evaluator:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.process: subprocess.Popen[bytes] | None = None
+        self.answers = _Answers()
 
     def call(self, header: dict[str, Any], value: Any) -> dict[str, Any]:
         language, what = _LANGUAGE[header["op"]]
@@ -123,6 +231,21 @@ class _Evaluator:
         except RecursionError:
             raise ProgramLimitError(f"{language}: the input is nested too deeply") from None
         request = json.dumps(header).encode() + b"\n" + payload.encode()
+        kept = header["op"] == "cel"  # jq has functions that read the clock and the environment
+        frame = self.answers.get(request) if kept else None
+        if frame is None:
+            frame = self._answer(request, language, what)
+        reply = json.loads(frame)
+        if kept and "limit" not in reply:
+            self.answers.keep(request, frame)
+        if "error" in reply:
+            raise ProgramError(reply["error"])
+        if reply.get("limit") == "depth":
+            raise ProgramLimitError(f"{language}: the {what} or its input is nested too deeply")
+        return reply
+
+    def _answer(self, request: bytes, language: str, what: str) -> bytes:
+        """The child's answer to `request`, tried once more in a new child if it was killed."""
         with self.lock:
             try:
                 frame = self._exchange(request, language, what)
@@ -136,12 +259,7 @@ class _Evaluator:
                         f"{language}: the evaluator process stopped (status {gone.status}) "
                         f"while running the {what}"
                     ) from None
-        reply = json.loads(frame)
-        if "error" in reply:
-            raise ProgramError(reply["error"])
-        if reply.get("limit") == "depth":
-            raise ProgramLimitError(f"{language}: the {what} or its input is nested too deeply")
-        return reply
+        return frame
 
     def _exchange(self, request: bytes, language: str, what: str) -> bytes:
         """Send one request to the child and read its answer, within the time limit."""

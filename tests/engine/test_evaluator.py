@@ -188,7 +188,7 @@ def test_a_child_killed_from_outside_mid_evaluation_gets_a_second_try():
     # enough that the second try stays far inside the 2 s bound on a loaded one.
     seven = "[" + ",".join(str(i) for i in range(7)) + "]"
     slow = f"{seven}.map(a, {seven}.map(b, {seven}.map(c, a + b + c))).size() == 7"
-    assert evaluate_cel("1 == 1", "self", {}).value is True  # a warm child to kill
+    assert evaluate_jq(". == {}", {}) == [True]  # a warm child to kill (no jq answer is kept)
     victim = evaluator._shared.process.pid
     answers: list = []
     worker = threading.Thread(target=lambda: answers.append(evaluate_cel(slow, "self", {})))
@@ -199,3 +199,76 @@ def test_a_child_killed_from_outside_mid_evaluation_gets_a_second_try():
 
     assert [a.value for a in answers] == [True]
     assert evaluator._shared.process.pid != victim
+
+
+# Expressions that read some fields of their variable, or the whole of it, over inputs that have
+# those fields, lack them, or hold something else where a path goes on.
+READING = [
+    'self.status.phase == "Cluster in healthy state" && self.status.readyInstances == 3',
+    'self.status.conditions.exists(c, c.type == "Ready" && c.status == "True")',
+    "has(self.status.phase) && !has(self.spec.instances)",
+    'self.metadata.annotations["restartedAt"] == "now"',
+    '"phase" in self.status',
+    "size(self.status) > 2",
+    "size(self) == 3",
+    'self.status.phase.startsWith("Cluster")',
+    "self.items.exists(self, self > 1)",  # a macro's own variable of the same name
+    "self.spec.self == 1",
+    "self.status.readyInstances + self.metadata.generation",
+    "1 == 1",
+]
+INPUTS = [
+    CLUSTER,
+    {
+        **CLUSTER,
+        "spec": {"instances": 3},
+        "metadata": {"name": "pg", "annotations": {"restartedAt": "now"}, "generation": 2},
+    },
+    {"status": "not a map", "metadata": []},
+    {"spec": {"self": 1}, "items": [1, 2]},
+    {},
+    {"status": {"phase": None, "conditions": "none"}},
+]
+
+
+def _answer(expression: str, value: dict, *, whole: bool) -> tuple:
+    """The answer as the expression's whole input gives it (sent to the child as it is), or
+    as `evaluate_cel` gives it."""
+    from deployments.workflow import evaluator
+
+    try:
+        if whole:
+            header = {"op": "cel", "program": expression, "name": "self"}
+            reply = evaluator._shared.call(header, value)
+            return ("value", reply["value"], reply["shown"])
+        result = evaluate_cel(expression, "self", value)
+    except ProgramError as exc:
+        return ("error", str(exc))
+    return ("value", result.value, result.shown)
+
+
+def test_an_expression_is_sent_only_what_it_reads_and_answers_as_over_the_whole_input():
+    for expression in READING:
+        for value in INPUTS:
+            assert _answer(expression, value, whole=False) == _answer(
+                expression, value, whole=True
+            ), (expression, value)
+
+
+def test_a_condition_over_fields_already_seen_is_answered_without_the_evaluator_process():
+    from deployments.workflow import evaluator
+
+    condition = 'self.status.phase == "Cluster in healthy state" && self.status.readyInstances == 3'
+    first = {**CLUSTER, "metadata": {"name": "pg-1", "resourceVersion": "17"}}
+    assert evaluate_cel(condition, "self", first).value is True
+    evaluator._shared.stop()
+
+    # Another instance's object, the same in what the condition reads.
+    other = {**CLUSTER, "metadata": {"name": "pg-2", "resourceVersion": "18"}, "spec": {}}
+    assert evaluate_cel(condition, "self", other).value is True
+    assert evaluator._shared.process is None  # answered without starting one
+
+    # What it reads changed: the evaluator is asked.
+    fewer = {**other, "status": {**CLUSTER["status"], "readyInstances": 2}}
+    assert evaluate_cel(condition, "self", fewer).value is False
+    assert evaluator._shared.process is not None
