@@ -18,9 +18,10 @@ A reply is JSON: `{"value": …, "shown": …}`, `{"error": …}` or `{"limit": 
 What a CEL expression is sent is only what it reads of its variable (`_reads`): a condition over
 `self.status.phase` gets `{"status": {"phase": …}}`, not the whole object. Conditions over the
 objects of many instances then send the same few bytes, and the answer to a request already
-answered is kept (`_Answers`): CEL has no clock or randomness, so the same program over the same
-input gives the same answer, and the cell watcher, which tests a status rule on every status
-change of every instance, seldom needs the child at all.
+answered is kept (`_Answers`): the same program over the same input gives the same answer, so
+the cell watcher, which tests a status rule on every status change of every instance, seldom
+needs the child at all. Not for a program that calls `timestamp()`, which reads the clock for
+"now" (celpy parses its text with pendulum), nor for jq, which has `now` and `env`.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def evaluate_cel(expression: str, name: str, value: Any) -> CelValue:
     reads = _reads(expression, name)
     if reads is not None:
         value = _pruned(value, reads)
-    reply = _shared.call({"op": "cel", "program": expression, "name": name}, value)
+    header = {"op": "cel", "program": expression, "name": name}
+    reply = _shared.call(header, value, keep="timestamp" not in expression)
     return CelValue(reply["value"], reply["shown"])
 
 
@@ -109,6 +111,7 @@ def evaluate_jq(program: str, value: Any) -> list[Any]:
 # --- what a CEL expression reads -------------------------------------------------------------
 
 _READS_LONGEST = 10_000  # characters: a longer expression is sent its variable whole
+_READS_DEEPEST = 64  # fields in one chain: a longer one is sent its variable whole
 
 
 @functools.lru_cache(maxsize=512)
@@ -154,7 +157,7 @@ def _reads(expression: str, name: str) -> frozenset[tuple[str, ...]] | None:
             member = parent.get(id(up))
             if member is None:
                 break
-        if not path:
+        if not path or len(path) > _READS_DEEPEST:
             return None
         paths.add(tuple(path))
     return frozenset(paths) if names == uses else None  # none: it reads nothing of it
@@ -174,11 +177,12 @@ def _pruned(value: Any, paths: Collection[tuple[str, ...]]) -> Any:
 
 class _Answers:
     """The child's answers to the CEL requests it was sent last, by request: the same program
-    over the same input answers the same. Only short requests are kept (a pruned condition's),
-    and not an answer that says a bound was reached."""
+    over the same input answers the same. Only short requests and answers are kept (a pruned
+    condition's: at most 2 * SIZE * LONGEST bytes in all), and not an answer that says a bound
+    was reached."""
 
     SIZE = 512
-    LONGEST = 4096  # bytes of request
+    LONGEST = 4096  # bytes of a request, and of its answer
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -192,7 +196,7 @@ class _Answers:
             return frame
 
     def keep(self, request: bytes, frame: bytes) -> None:
-        if len(request) > self.LONGEST:
+        if len(request) > self.LONGEST or len(frame) > self.LONGEST:
             return
         with self._lock:
             self._kept[request] = frame
@@ -223,7 +227,10 @@ class _Evaluator:
         self.process: subprocess.Popen[bytes] | None = None
         self.answers = _Answers()
 
-    def call(self, header: dict[str, Any], value: Any) -> dict[str, Any]:
+    def call(self, header: dict[str, Any], value: Any, *, keep: bool = False) -> dict[str, Any]:
+        """The child's reply to the program in `header` over `value`; with `keep`, the answer is
+        kept for the same request again (`_Answers`): only for a program that reads nothing but
+        its input."""
         language, what = _LANGUAGE[header["op"]]
         try:
             # A YAML parameter default may be a date: CEL sees it as text, as JSON carries it.
@@ -231,12 +238,11 @@ class _Evaluator:
         except RecursionError:
             raise ProgramLimitError(f"{language}: the input is nested too deeply") from None
         request = json.dumps(header).encode() + b"\n" + payload.encode()
-        kept = header["op"] == "cel"  # jq has functions that read the clock and the environment
-        frame = self.answers.get(request) if kept else None
+        frame = self.answers.get(request) if keep else None
         if frame is None:
             frame = self._answer(request, language, what)
         reply = json.loads(frame)
-        if kept and "limit" not in reply:
+        if keep and "limit" not in reply:
             self.answers.keep(request, frame)
         if "error" in reply:
             raise ProgramError(reply["error"])
@@ -337,6 +343,7 @@ class _Evaluator:
             self.process.returncode = 0
         self.process = None
         self.lock = threading.Lock()
+        self.answers = _Answers()  # its lock may have been held by another thread
 
 
 def _write_frame(fd: int, data: bytes) -> None:

@@ -11,6 +11,7 @@ import re
 import signal
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -272,3 +273,36 @@ def test_a_condition_over_fields_already_seen_is_answered_without_the_evaluator_
     fewer = {**other, "status": {**CLUSTER["status"], "readyInstances": 2}}
     assert evaluate_cel(condition, "self", fewer).value is False
     assert evaluator._shared.process is not None
+
+
+def test_a_condition_that_reads_the_clock_is_evaluated_again_each_time():
+    since = datetime.now(UTC).isoformat()
+    condition = 'timestamp("now") - timestamp(self.status.since) > duration("1s")'
+    value = {"status": {"since": since}}
+    assert evaluate_cel(condition, "self", value).value is False
+
+    time.sleep(1.5)
+
+    assert evaluate_cel(condition, "self", value).value is True
+
+
+def test_a_long_answer_is_not_kept():
+    from deployments.workflow import evaluator
+
+    long = '[0, 1, 2, 3, 4, 5, 6, 7].map(n, "' + "x" * 1000 + '")'
+    assert len(evaluate_cel(long, "self", {}).value) == 8
+    evaluator._shared.stop()
+
+    assert len(evaluate_cel(long, "self", {}).value) == 8
+    assert evaluator._shared.process is not None  # asked again: 8 kB were not kept
+
+
+def test_a_chain_of_fields_deeper_than_any_input_may_be_is_refused_as_too_deep():
+    deep: dict = {}
+    inner = deep
+    for _ in range(3000):
+        inner["a"] = {}
+        inner = inner["a"]
+
+    with pytest.raises(ProgramLimitError, match=r"^CEL: the input is nested too deeply$"):
+        evaluate_cel("self" + ".a" * 3000 + " == {}", "self", deep)
