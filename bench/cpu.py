@@ -42,7 +42,7 @@ def named(name: str) -> Pids:
 
 
 def _with_children(pids: Iterable[int]) -> list[int]:
-    """`pids` and every process they started (and those started, down the tree)."""
+    """`pids` and every process they started (and those started, down the tree), each once."""
     found = []
     for pid in pids:
         found.append(pid)
@@ -50,7 +50,7 @@ def _with_children(pids: Iterable[int]) -> list[int]:
             found += [child.pid for child in psutil.Process(pid).children(recursive=True)]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return found
+    return list(dict.fromkeys(found))
 
 
 def _cpu(pid: int) -> float:
