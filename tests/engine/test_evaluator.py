@@ -90,12 +90,18 @@ def test_a_result_too_large_to_keep_is_refused():
         evaluate_jq('"x" * 2000000', {})
 
 
-def test_input_nested_too_deeply_is_a_one_line_error():
+def _nested(depth: int) -> dict:
+    """`{"a": {"a": … {}}}`, `depth` maps deep."""
     deep: dict = {}
     inner = deep
-    for _ in range(5000):
+    for _ in range(depth):
         inner["a"] = {}
         inner = inner["a"]
+    return deep
+
+
+def test_input_nested_too_deeply_is_a_one_line_error():
+    deep = _nested(5000)
 
     with pytest.raises(ProgramLimitError, match=r"^CEL: the input is nested too deeply$"):
         evaluate_cel("has(self.a)", "self", deep)
@@ -298,11 +304,7 @@ def test_a_long_answer_is_not_kept():
 
 
 def test_a_chain_of_fields_deeper_than_any_input_may_be_is_refused_as_too_deep():
-    deep: dict = {}
-    inner = deep
-    for _ in range(3000):
-        inner["a"] = {}
-        inner = inner["a"]
+    deep = _nested(3000)
 
     with pytest.raises(ProgramLimitError, match=r"^CEL: the input is nested too deeply$"):
         evaluate_cel("self" + ".a" * 3000 + " == {}", "self", deep)
