@@ -572,6 +572,28 @@ def test_the_delete_confirmation_reads_the_name_as_names_are_stored(owner_client
     assert Operation.objects.filter(verb="delete").exists()
 
 
+def test_a_backup_that_did_not_complete_shows_when_it_was_asked_for_not_taken(
+    owner_client, instance
+):
+    failed = Snapshot.objects.create(
+        tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-failed",
+        status=Snapshot.Status.FAILED, parameters=instance.parameters,
+    )  # fmt: skip
+    completed = instance.snapshots.get(status=Snapshot.Status.COMPLETED)
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    def row(snapshot):
+        start = page.index(f'<tr id="backup-{snapshot.pk}">')
+        return page[start : page.index("</tr>", start)]
+
+    assert "— asked <time" in row(failed)
+    assert "asked" not in row(completed)
+    assert "was never completed: it holds nothing to restore." in page  # its delete dialog
+    assert f"The backup taken {completed.created_at:%-d %b %Y %H:%M} UTC can no longer" in page
+
+
 def test_the_delete_dialog_counts_only_the_backups_a_restore_can_start_from(owner_client, instance):
     Snapshot.objects.create(
         tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
