@@ -18,7 +18,8 @@ BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
 
 @pytest.fixture
 def instance(tenant, owner):
-    """A running instance with a long name, a finished create with task runs, and a backup."""
+    """A running instance with a long name, a finished create with task runs, a backup and a
+    backup that failed."""
     from deployments import services
     from deployments.models import Cell, Instance, Operation, Snapshot, TaskRun
 
@@ -45,6 +46,11 @@ def instance(tenant, owner):
         tenant=tenant, instance=instance, source_instance_id=instance.pk,
         plan_version=instance.plan_version, name=f"{instance.pk}-20261130080000",
         status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-20261130090000",
+        status=Snapshot.Status.FAILED,
     )  # fmt: skip
     instance.refresh_from_db()
     return instance
