@@ -435,7 +435,10 @@ def _serve() -> None:
         except celpy.CELParseError as exc:
             return {"error": str(exc)}
         if payload != last[0]:
-            last = (payload, celpy.json_to_cel(json.loads(payload)))
+            try:
+                last = (payload, celpy.json_to_cel(json.loads(payload)))
+            except ValueError as exc:  # an integer beyond CEL's 64 bits
+                return {"error": f"the input holds a value CEL cannot take ({exc})"}
         try:
             result = program.evaluate({header["name"]: last[1]})
         except celpy.CELEvalError as exc:

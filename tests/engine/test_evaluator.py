@@ -308,3 +308,16 @@ def test_a_chain_of_fields_deeper_than_any_input_may_be_is_refused_as_too_deep()
 
     with pytest.raises(ProgramLimitError, match=r"^CEL: the input is nested too deeply$"):
         evaluate_cel("self" + ".a" * 3000 + " == {}", "self", deep)
+
+
+def test_an_input_number_beyond_cels_64_bits_is_an_error_of_the_program_not_a_crash():
+    from deployments.workflow import evaluator
+
+    assert evaluate_jq(". == {}", {}) == [True]  # a running child
+    child = evaluator._shared.process.pid
+
+    with pytest.raises(ProgramError, match=r"^the input holds a value CEL cannot take"):
+        evaluate_cel("self.replicas > 0", "self", {"replicas": 2**70})
+
+    assert evaluator._shared.process.pid == child  # it answered, and still runs
+    assert evaluate_cel("self.replicas > 0", "self", {"replicas": 3}).value is True
