@@ -9,17 +9,25 @@ from kubernetes import client, config
 G, V = "postgresql.cnpg.io", "v1"
 
 
+def _instant(make_sandbox):
+    """A sandbox with instant operators, and an API client of it."""
+    sandbox = make_sandbox()
+    sandbox.use_instant_operators()
+    return sandbox, config.new_client_from_config_dict(sandbox.kubeconfig())
+
+
+def _cluster(name: str, instances: int = 1) -> dict:
+    return {"apiVersion": f"{G}/{V}", "kind": "Cluster", "metadata": {"name": name},
+            "spec": {"instances": instances, "storage": {"size": "1Gi"}}}  # fmt: skip
+
+
 def test_a_cluster_is_healthy_in_the_round_after_it_is_written_and_nothing_else_is_made(
     make_sandbox,
 ):
-    sandbox = make_sandbox()
-    sandbox.use_instant_operators()
-    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    sandbox, api = _instant(make_sandbox)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     before = time.time()
-    body = {"apiVersion": f"{G}/{V}", "kind": "Cluster", "metadata": {"name": "pg"},
-            "spec": {"instances": 2, "storage": {"size": "1Gi"}}}  # fmt: skip
-    custom.create_namespaced_custom_object(G, V, "default", "clusters", body)
+    custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster("pg", 2))
     sandbox.run_until_idle()
 
     cluster = custom.get_namespaced_custom_object(G, V, "default", "clusters", "pg")
@@ -33,9 +41,7 @@ def test_a_cluster_is_healthy_in_the_round_after_it_is_written_and_nothing_else_
 
 
 def test_a_statefulset_is_rolled_out_at_once(make_sandbox):
-    sandbox = make_sandbox()
-    sandbox.use_instant_operators()
-    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    sandbox, api = _instant(make_sandbox)
     apps = client.AppsV1Api(api)
     labels = {"app": "cache"}
     pod = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "v"}]}}
@@ -59,15 +65,8 @@ def test_a_forgotten_version_has_no_stored_time(make_sandbox):
     assert sandbox.stored_at(10**9) is None
 
 
-def _cluster(name: str, instances: int = 1) -> dict:
-    return {"apiVersion": f"{G}/{V}", "kind": "Cluster", "metadata": {"name": name},
-            "spec": {"instances": instances, "storage": {"size": "1Gi"}}}  # fmt: skip
-
-
 def test_a_round_reads_only_the_clusters_written_since_the_one_before(make_sandbox):
-    sandbox = make_sandbox()
-    sandbox.use_instant_operators()
-    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    sandbox, api = _instant(make_sandbox)
     custom = client.CustomObjectsApi(api)
     for n in range(20):
         custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster(f"pg{n}"))
@@ -87,9 +86,7 @@ def test_a_round_reads_only_the_clusters_written_since_the_one_before(make_sandb
 
 
 def test_a_cluster_written_again_gets_the_status_of_its_new_spec(make_sandbox):
-    sandbox = make_sandbox()
-    sandbox.use_instant_operators()
-    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    sandbox, api = _instant(make_sandbox)
     custom = client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster("pg", 1))
     custom.create_namespaced_custom_object(G, V, "default", "clusters", _cluster("other", 1))
@@ -114,9 +111,7 @@ def test_a_cluster_written_again_gets_the_status_of_its_new_spec(make_sandbox):
 def test_a_cluster_whose_status_was_refused_gets_it_once_the_crd_allows_it(make_sandbox):
     # Nothing writes the cluster again after its status was refused: the operator tries again
     # of itself, in the rounds that follow.
-    sandbox = make_sandbox()
-    sandbox.use_instant_operators()
-    api = config.new_client_from_config_dict(sandbox.kubeconfig())
+    sandbox, api = _instant(make_sandbox)
     custom, ext = client.CustomObjectsApi(api), client.ApiextensionsV1Api(api)
     crd_name = f"clusters.{G}"
     path = ["spec", "versions", 0, "schema", "openAPIV3Schema", "properties", "status",
