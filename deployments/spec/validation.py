@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import celpy
-import lark
 import yaml
 
 from deployments.spec.loader import PRICING_DIMENSIONS, Report, build
@@ -34,7 +32,12 @@ from deployments.spec.params import cel_values
 from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, parse_condition
 from deployments.workflow.engine import PATCH_TARGET_MISSING, patch_target
-from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
+from deployments.workflow.evaluator import (
+    ProgramError,
+    ProgramLimitError,
+    cel_parse,
+    evaluate_cel,
+)
 from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
 from deployments.workflow.outputs import OutputError, check_jq_filter, check_json_path
 from deployments.workflow.render import RenderError, is_patch_list, patch_problems, references
@@ -271,16 +274,25 @@ def _check_servers(spec: PlanSpec, report: Report) -> None:
 
 def _parameter_expression_problem(expression: str, keys: set[str], defaults: dict) -> str | None:
     """Why a CEL expression over the parameters (`var`) cannot give a number."""
-    try:
-        tree = celpy.Environment().compile(expression)
-    except celpy.CELParseError as exc:
-        where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
-        return f'cannot parse CEL expression "{expression}"{where}'
-    names = _cel_variables(tree, "var")
+    names = _parameters_read(expression)
+    if isinstance(names, str):
+        return names
     unknown = sorted(names - keys)
     if unknown:
         return f'undefined parameter reference var.{unknown[0]}; no apiParameter "{unknown[0]}"'
     return _usage_problem(expression, defaults, "a limit") if names <= set(defaults) else None
+
+
+def _parameters_read(expression: str) -> set[str] | str:
+    """The parameters a CEL expression over `var` names, or why it does not parse (parsed by
+    the bounded evaluator: CEL's lexer can backtrack for ages on some expressions)."""
+    try:
+        parsed = cel_parse(expression, "var")
+    except ProgramLimitError as exc:
+        return f'cannot parse CEL expression "{expression}": {exc}'
+    if parsed.problem is not None:
+        return f'cannot parse CEL expression "{expression}"{parsed.where}'
+    return set(parsed.fields)
 
 
 def _require_verbs(
@@ -392,31 +404,13 @@ def _check_endpoints(spec: PlanSpec, report: Report) -> None:
                 report.error(f"{where}.ports[{i}]", problem)
 
 
-def _cel_variables(tree: lark.Tree, root: str) -> set[str]:
-    """Names `n` used as `<root>.n` in a compiled CEL expression."""
-    names = set()
-    for node in tree.iter_subtrees():
-        if node.data != "member_dot" or len(node.children) != 2:
-            continue
-        inner, name = node.children
-        idents = [t for t in inner.scan_values(lambda v: isinstance(v, lark.Token))]
-        if len(idents) == 1 and str(idents[0]) == root:
-            names.add(str(name))
-    return names
-
-
-def _parameters_used(
-    environment: celpy.Environment, expression: str, keys: set[str], path: str, report: Report
-) -> set[str] | None:
+def _parameters_used(expression: str, keys: set[str], path: str, report: Report) -> set[str] | None:
     """The parameters a CEL expression over `var` reads (each undefined one reported); None
     when it does not parse."""
-    try:
-        tree = environment.compile(expression)
-    except celpy.CELParseError as exc:
-        where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
-        report.error(path, f'cannot parse CEL expression "{expression}"{where}')
+    names = _parameters_read(expression)
+    if isinstance(names, str):
+        report.error(path, names)
         return None
-    names = _cel_variables(tree, "var")
     for name in sorted(names - keys):
         report.error(path, f'undefined parameter reference var.{name}; no apiParameter "{name}"')
     return names
@@ -425,7 +419,6 @@ def _parameters_used(
 def _check_usage(spec: PlanSpec, report: Report) -> None:
     keys = {p.key for p in spec.main.parameters}
     defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
-    environment = celpy.Environment()
     for dimension, expression in spec.usage_rules.items():
         path = f"x-opsdeck.usage.{dimension}"
         if dimension not in PRICING_DIMENSIONS:
@@ -433,7 +426,7 @@ def _check_usage(spec: PlanSpec, report: Report) -> None:
                 path,
                 f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
             )
-        names = _parameters_used(environment, expression, keys, path, report)
+        names = _parameters_used(expression, keys, path, report)
         if names is not None and names <= set(defaults):
             problem = _usage_problem(expression, defaults)
             if problem:
@@ -445,12 +438,11 @@ def _check_requirements(spec: PlanSpec, report: Report) -> None:
     gives true or false with the default parameters."""
     keys = {p.key for p in spec.main.parameters}
     defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
-    environment = celpy.Environment()
     for verb in spec.main.verbs.values():
         if verb.requires is None:
             continue
         path, expression = f"{verb.path}.x-opsdeck.requires.when", verb.requires.when
-        names = _parameters_used(environment, expression, keys, path, report)
+        names = _parameters_used(expression, keys, path, report)
         if names is None or not names <= set(defaults):
             continue
         try:

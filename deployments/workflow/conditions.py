@@ -19,8 +19,6 @@ import functools
 import re
 from dataclasses import dataclass
 
-import celpy
-
 from deployments.workflow import evaluator
 from deployments.workflow.outputs import MISSING, dotted_get, go_float, go_json
 
@@ -395,35 +393,15 @@ class _SelectorParser:
 # --- CEL ---------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _cel_environment() -> celpy.Environment:
-    return celpy.Environment()
-
-
-def _cel_message(exc: celpy.CELParseError) -> str:
-    cause = exc.__context__
-    token = getattr(cause, "token", None)
-    char = getattr(cause, "char", None)
-    if token is not None:
-        what = (
-            "unexpected end of expression"
-            if token.type == "$END"
-            else f'unexpected "{token.value}"'
-        )
-    elif char is not None:
-        what = f"unexpected character {char!r}"
-    else:
-        what = "syntax error"
-    where = f" at line {exc.line}, column {exc.column}" if exc.line else ""
-    context = str(exc.args[0]).rstrip() if exc.args else ""
-    return f"invalid CEL expression{where}: {what}\n{context}".rstrip()
-
-
 def _parse_cel(text: str, body: str) -> CelCondition:
-    try:
-        _cel_environment().compile(body)  # for its syntax errors; the evaluator compiles its own
-    except celpy.CELParseError as exc:
-        raise ConditionError(_cel_message(exc)) from exc
+    try:  # in the bounded evaluator, for its syntax errors: CEL's lexer can backtrack for ages
+        parsed = evaluator.cel_parse(body, "self")
+    except evaluator.ProgramLimitError as exc:
+        raise ConditionError(f"invalid CEL expression: {exc}") from None
+    if parsed.problem is not None:
+        raise ConditionError(
+            f"invalid CEL expression{parsed.where}: {parsed.problem}\n{parsed.context}".rstrip()
+        )
     return CelCondition(text, body)
 
 

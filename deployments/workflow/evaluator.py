@@ -22,6 +22,11 @@ answered is kept (`_Answers`): the same program over the same input gives the sa
 the cell watcher, which tests a status rule on every status change of every instance, seldom
 needs the child at all. Not for a program that calls `timestamp()`, which reads the clock for
 "now" (celpy parses its text with pendulum), nor for jq, which has `now` and `env`.
+
+Parsing is bounded the same way: CEL's lexer backtracks exponentially on some unterminated
+strings, and jq folds constants when it compiles (`"x" * 1e9` allocates a gigabyte). So a spec's
+programs are parsed by the child too, when the spec is checked (`cel_parse`, `jq_problem`), and
+nothing an author wrote is parsed, compiled or run in the worker or web process itself.
 """
 
 from __future__ import annotations
@@ -46,11 +51,14 @@ __all__ = [
     "MAX_RESULT_BYTES",
     "MEMORY_LIMIT_MIB",
     "TIME_LIMIT_SECONDS",
+    "CelParsed",
     "CelValue",
     "ProgramError",
     "ProgramLimitError",
+    "cel_parse",
     "evaluate_cel",
     "evaluate_jq",
+    "jq_problem",
 ]
 
 TIME_LIMIT_SECONDS = 2.0
@@ -66,7 +74,12 @@ _MEMORY_EXIT = 3  # the child's exit status after a MemoryError in Python
 _HEADER = struct.Struct(">I")
 _ROOT = Path(__file__).resolve().parents[2]  # where `-m deployments.workflow.evaluator` resolves
 _CHILD_ENVIRONMENT = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL"})
-_LANGUAGE = {"cel": ("CEL", "expression"), "jq": ("jq", "filter")}
+_LANGUAGE = {
+    "cel": ("CEL", "expression"),
+    "cel_parse": ("CEL", "expression"),
+    "jq": ("jq", "filter"),
+    "jq_parse": ("jq", "filter"),
+}
 
 
 class ProgramError(ValueError):
@@ -91,7 +104,7 @@ def evaluate_cel(expression: str, name: str, value: Any) -> CelValue:
 
     Raises ProgramError when CEL reports an error, ProgramLimitError when a bound is exceeded.
     """
-    reads = _reads(expression, name)
+    reads = cel_parse(expression, name).reads
     if reads is not None:
         value = _pruned(value, reads)
     header = {"op": "cel", "program": expression, "name": name}
@@ -108,59 +121,67 @@ def evaluate_jq(program: str, value: Any) -> list[Any]:
     return _shared.call({"op": "jq", "program": program}, value)["value"]
 
 
-# --- what a CEL expression reads -------------------------------------------------------------
+@dataclass(frozen=True)
+class CelParsed:
+    """What the child found when it parsed a CEL expression with one variable, `name`.
 
-_READS_LONGEST = 10_000  # characters: a longer expression is sent its variable whole
-_READS_DEEPEST = 64  # fields in one chain: a longer one is sent its variable whole
+    When it does not parse: `problem` (what is wrong: `unexpected "}"`), `context` (the
+    expression's line with a caret under the place, when known), `line` and `column`. Else
+    `reads`, the paths of fields of the variable it reads, each the longest chain of field
+    selections that starts at the variable (`self.status.conditions.exists(…)` reads
+    `("status", "conditions")`, whole), none when it does not use the variable, None when it
+    may read the whole value (the variable used bare, the name found anywhere else: a macro's
+    own variable, a field so named); and `fields`, every name selected right on the variable
+    (`var.size` and `has(var.tier)` select `size` and `tier`)."""
+
+    problem: str | None = None
+    context: str = ""
+    line: int | None = None
+    column: int | None = None
+    reads: frozenset[tuple[str, ...]] | None = None
+    fields: frozenset[str] = frozenset()
+
+    @property
+    def where(self) -> str:
+        """` at line L, column C`, or nothing when the place is not known."""
+        return f" at line {self.line}, column {self.column}" if self.line else ""
+
+
+def cel_parse(expression: str, name: str) -> CelParsed:
+    """Parse a CEL expression in the child (see CelParsed); raises ProgramLimitError when the
+    parse exceeds a bound, again for the same expression without trying it again."""
+    return _parsed_once("cel_parse", expression, name)
+
+
+def jq_problem(program: str) -> str | None:
+    """Why jq cannot compile `program` (jq's own message), None when it compiles; compiled in
+    the child. Raises ProgramLimitError when compiling exceeds a bound (as `cel_parse`)."""
+    return _parsed_once("jq_parse", program, "")
 
 
 @functools.lru_cache(maxsize=512)
-def _reads(expression: str, name: str) -> frozenset[tuple[str, ...]] | None:
-    """The paths of fields of the variable `name` the expression reads, each the longest chain
-    of field selections that starts at the variable (`self.status.conditions.exists(…)` reads
-    `("status", "conditions")`, whole), none when it does not use the variable; None when it
-    may read the whole value: the variable used bare, the name found anywhere else (a macro's
-    own variable, a field so named), or an expression that does not parse (the child says
-    why)."""
-    import celpy
-    import lark
-
-    if len(expression) > _READS_LONGEST:
-        return None
+def _parsed(op: str, program: str, name: str) -> CelParsed | str | ProgramLimitError | None:
+    # A bound exceeded is kept too: the same program would take the same time again.
     try:
-        tree = celpy.Environment().compile(expression)
-    except (celpy.CELParseError, lark.exceptions.LarkError, RecursionError):
-        return None
-    parent: dict[int, lark.Tree] = {}
-    names = 0  # every token that is the name, an identifier's or not
-    for node in tree.iter_subtrees():  # iterative: a deeply nested expression is no risk
-        for child in node.children:
-            if isinstance(child, lark.Tree):
-                parent[id(child)] = node
-            elif child == name:
-                names += 1
-    paths, uses = set(), 0
-    for node in tree.iter_subtrees():
-        if node.data != "ident" or node.children != [name]:
-            continue
-        uses += 1
-        primary = parent.get(id(node))
-        member = parent.get(id(primary)) if primary is not None else None
-        if primary is None or primary.data != "primary" or member is None:
-            return None
-        path: list[str] = []
-        while True:
-            up = parent.get(id(member))
-            if up is None or up.data != "member_dot" or up.children[0] is not member:
-                break
-            path.append(str(up.children[1]))
-            member = parent.get(id(up))
-            if member is None:
-                break
-        if not path or len(path) > _READS_DEEPEST:
-            return None
-        paths.add(tuple(path))
-    return frozenset(paths) if names == uses else None  # none: it reads nothing of it
+        reply = _shared.call({"op": op, "program": program, "name": name}, None)
+    except ProgramLimitError as exc:
+        return exc
+    if op == "jq_parse":
+        return reply.get("problem")
+    if "problem" in reply:
+        return CelParsed(reply["problem"], reply["context"], reply["line"], reply["column"])
+    reads = reply["reads"]
+    return CelParsed(
+        reads=None if reads is None else frozenset(tuple(path) for path in reads),
+        fields=frozenset(reply["fields"]),
+    )
+
+
+def _parsed_once(op: str, program: str, name: str) -> Any:
+    outcome = _parsed(op, program, name)
+    if isinstance(outcome, ProgramLimitError):
+        raise ProgramLimitError(*outcome.args)
+    return outcome
 
 
 def _pruned(value: Any, paths: Collection[tuple[str, ...]]) -> Any:
@@ -381,6 +402,76 @@ os.register_at_fork(after_in_child=_shared.forget)
 # --- the child side ----------------------------------------------------------------------------
 
 
+_READS_DEEPEST = 64  # fields in one chain: a longer one reads the variable whole
+
+
+def _cel_facts(tree: Any, name: str) -> dict[str, Any]:
+    """`reads` and `fields` of CelParsed, from the parsed expression (a lark tree)."""
+    import lark
+
+    parent: dict[int, lark.Tree] = {}
+    names = 0  # every token that is the name, an identifier's or not
+    for node in tree.iter_subtrees():  # iterative: a deeply nested expression is no risk
+        for child in node.children:
+            if isinstance(child, lark.Tree):
+                parent[id(child)] = node
+            elif child == name:
+                names += 1
+    paths: set[tuple[str, ...]] = set()
+    fields: set[str] = set()
+    uses, whole = 0, False
+    for node in tree.iter_subtrees():
+        if node.data != "ident" or node.children != [name]:
+            continue
+        uses += 1
+        path = _chain(node, parent)
+        if path:
+            fields.add(path[0])
+        whole = whole or not path or len(path) > _READS_DEEPEST
+        paths.add(path)
+    reads = None if whole or names != uses else sorted(paths)
+    return {"reads": reads, "fields": sorted(fields)}
+
+
+def _chain(ident: Any, parent: dict[int, Any]) -> tuple[str, ...]:
+    """The names of the field selections that follow the variable's identifier, in order;
+    none when it is used bare."""
+    primary = parent.get(id(ident))
+    member = parent.get(id(primary)) if primary is not None else None
+    if primary is None or primary.data != "primary" or member is None:
+        return ()
+    path: list[str] = []
+    while True:
+        up = parent.get(id(member))
+        if up is None or up.data != "member_dot" or up.children[0] is not member:
+            break
+        path.append(str(up.children[1]))
+        member = parent.get(id(up))
+        if member is None:
+            break
+    return tuple(path)
+
+
+def _cel_problem(exc: Exception) -> dict[str, Any]:
+    """What a CEL parse error says, as CelParsed has it."""
+    cause = exc.__context__
+    token = getattr(cause, "token", None)
+    char = getattr(cause, "char", None)
+    if token is not None:
+        what = (
+            "unexpected end of expression"
+            if token.type == "$END"
+            else f'unexpected "{token.value}"'
+        )
+    elif char is not None:
+        what = f"unexpected character {char!r}"
+    else:
+        what = "syntax error"
+    context = str(exc.args[0]).rstrip() if exc.args else ""
+    line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+    return {"problem": what, "context": context, "line": line, "column": column}
+
+
 def _serve() -> None:
     """The child's loop: answer requests on stdin until it closes."""
     import functools
@@ -388,6 +479,7 @@ def _serve() -> None:
 
     import celpy
     import jq
+    import lark
     from celpy import celtypes
 
     # Ctrl-C in a worker's terminal reaches its whole process group; the worker decides.
@@ -399,8 +491,12 @@ def _serve() -> None:
     last: tuple[bytes, Any] = (b"", None)
 
     @functools.lru_cache(maxsize=512)
+    def cel_tree(text: str) -> Any:
+        return environment.compile(text)
+
+    @functools.lru_cache(maxsize=512)
     def cel_program(text: str) -> celpy.Runner:
-        return environment.program(environment.compile(text))
+        return environment.program(cel_tree(text))
 
     @functools.lru_cache(maxsize=256)
     def jq_program(text: str) -> Any:
@@ -425,6 +521,19 @@ def _serve() -> None:
 
     def answer(header: dict[str, Any], payload: bytes) -> dict[str, Any]:
         nonlocal last
+        if header["op"] == "cel_parse":
+            try:
+                return _cel_facts(cel_tree(header["program"]), header["name"])
+            except celpy.CELParseError as exc:
+                return _cel_problem(exc)
+            except lark.exceptions.LarkError:
+                return _cel_problem(ValueError())
+        if header["op"] == "jq_parse":
+            try:
+                jq_program(header["program"])
+            except ValueError as exc:
+                return {"problem": str(exc)}
+            return {}
         if header["op"] == "jq":
             try:
                 return {"value": jq_program(header["program"]).input_text(payload.decode()).all()}

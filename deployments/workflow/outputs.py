@@ -20,7 +20,6 @@ import re
 from decimal import Decimal
 from typing import Any
 
-import jq
 from jsonpath_ng.ext import parse as _jsonpath_parse
 
 from deployments.workflow import evaluator
@@ -386,8 +385,12 @@ _JQ_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 
 def check_jq_filter(program: str) -> None:
     """Raise OutputError when `program` is not a valid jq program, or reads anything but the
-    object (`env`, `$ENV`, `input`, `inputs`): outputs may reach tenants."""
-    _check_jq(program)
+    object (`env`, `$ENV`, `input`, `inputs`): outputs may reach tenants; or when compiling it
+    exceeds a bound."""
+    try:
+        _check_jq(program)
+    except evaluator.ProgramLimitError as exc:
+        raise OutputError(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=256)
@@ -395,10 +398,10 @@ def _check_jq(program: str) -> None:
     outside = _JQ_OUTSIDE.search(_JQ_STRING.sub('""', program))
     if outside:
         raise OutputError(f"jq: {outside.group(0)} is not allowed; a filter reads the object only")
-    try:
-        jq.compile(program)  # for its syntax errors; the evaluator compiles its own
-    except ValueError as exc:
-        raise OutputError(_jq_message(exc)) from None
+    # Compiled by the bounded evaluator, for its syntax errors: jq folds constants as it compiles.
+    problem = evaluator.jq_problem(program)
+    if problem is not None:
+        raise OutputError(_jq_message(problem))
 
 
 def jq_filter(obj: dict, program: str) -> str:
@@ -419,6 +422,6 @@ def jq_filter(obj: dict, program: str) -> str:
     )
 
 
-def _jq_message(exc: ValueError) -> str:
+def _jq_message(exc: ValueError | str) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"jq: {lines[0].removeprefix('jq: error: ')}" if lines else "jq: invalid program"

@@ -791,6 +791,41 @@ def test_usage_rule_that_runs_away_is_an_error_within_seconds_not_minutes():
     ]
 
 
+# An unterminated string of escaped backslashes: CEL's lexer backtracks over it for hours.
+BACKTRACKING = '"' + "\\\\" * 40
+
+
+def test_a_cel_expression_whose_parse_runs_away_is_an_error_within_seconds_not_hours():
+    started = time.monotonic()
+
+    found = errors(lambda d: d["x-opsdeck"]["usage"].update(cpu=BACKTRACKING))
+    condition = errors(
+        lambda d: templates(d)[2]["resource"].update(successCondition=f"cel: {BACKTRACKING}")
+    )
+
+    assert time.monotonic() - started < 30
+    assert found == [
+        f'x-opsdeck.usage.cpu: cannot parse CEL expression "{BACKTRACKING}": CEL: the '
+        "expression exceeded its time limit of 2 s"
+    ]
+    assert condition == [
+        f"{CREATE}.templates[2].resource.successCondition: invalid CEL expression: CEL: the "
+        "expression exceeded its time limit of 2 s"
+    ]
+
+
+def test_a_jq_filter_whose_compiling_takes_all_memory_is_refused_at_load():
+    # jq folds constants as it compiles: this one is a string of a gigabyte.
+    def output(document):
+        valued = templates(document)[2]["outputs"]["parameters"][0]
+        valued["valueFrom"] = {"jqFilter": '"x" * 1000000000'}
+
+    assert errors(output) == [
+        f"{CREATE}.templates[2].outputs.parameters[0].valueFrom.jqFilter: jq: the filter "
+        "exceeded its memory limit of 256 MiB"
+    ]
+
+
 def test_usage_rule_reading_an_unknown_parameter():
     assert errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="double(var.cores) * 2.0")) == [
         'x-opsdeck.usage.cpu: undefined parameter reference var.cores; no apiParameter "cores"'
