@@ -262,9 +262,9 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
     regex = raw.get("regex")
     if regex is not None:
         try:
-            re.compile(str(regex))
+            params.pattern_compiled(str(regex))
             parameter.regex = str(regex)
-        except re.error as exc:
+        except ValueError as exc:
             report.error(f"{path}.regex", f"is not a valid regular expression ({exc})")
     extension = raw.get("x-opsdeck")
     if extension is not None:

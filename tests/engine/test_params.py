@@ -1,5 +1,7 @@
 """Typed validation of customer input against apiParameters (create and modify)."""
 
+import time
+
 import pytest
 
 from deployments.spec.model import Parameter
@@ -48,6 +50,18 @@ def test_string_regex_must_match_the_whole_value():
 
     assert errors_for([db], {"db": "orders1"}) == {"db": "Must match the pattern [a-z]+."}
     assert validate_parameters([db], {"db": "orders"}) == {"db": "orders"}
+
+
+def test_a_pattern_that_would_backtrack_answers_a_hostile_value_at_once():
+    # Python's `re` backtracks through every way to split the letters: about a minute here.
+    code = param("code", regex="(a+)+$")
+    started = time.monotonic()
+
+    found = errors_for([code], {"code": "a" * 30 + "!"})
+
+    assert time.monotonic() - started < 10
+    assert found == {"code": "Must match the pattern (a+)+$."}
+    assert validate_parameters([code], {"code": "a" * 30}) == {"code": "a" * 30}
 
 
 def test_string_options():

@@ -634,6 +634,16 @@ def test_invalid_regex():
     assert found[0].startswith(f"{PARAMS}[3].regex: is not a valid regular expression")
 
 
+def test_a_regex_go_cannot_compile_is_refused_with_its_reason():
+    # Omnistrate reads patterns as Go does (RE2): no backreferences, no lookarounds.
+    assert errors(lambda d: parameter(d, "database").update(regex=r"^(a)\1$")) == [
+        f"{PARAMS}[3].regex: is not a valid regular expression (invalid escape sequence: \\1)"
+    ]
+    assert errors(lambda d: parameter(d, "database").update(regex="^(?!admin)[a-z]+$")) == [
+        f"{PARAMS}[3].regex: is not a valid regular expression (invalid perl operator: (?!)"
+    ]
+
+
 def test_optional_parameter_without_default():
     assert errors(lambda d: parameter(d, "storageGi").pop("defaultValue")) == [
         f'{PARAMS}[2]: optional parameter "storageGi" needs a defaultValue'
