@@ -148,24 +148,22 @@ class CelParsed:
 
 
 def cel_parse(expression: str, name: str) -> CelParsed:
-    """Parse a CEL expression in the child (see CelParsed); raises ProgramLimitError when the
-    parse exceeds a bound, again for the same expression without trying it again."""
-    return _parsed_once("cel_parse", expression, name)
+    """Parse a CEL expression in the child (see CelParsed), once per process; raises
+    ProgramLimitError when the parse exceeds a bound."""
+    return _parsed("cel_parse", expression, name)
 
 
 def jq_problem(program: str) -> str | None:
     """Why jq cannot compile `program` (jq's own message), None when it compiles; compiled in
     the child. Raises ProgramLimitError when compiling exceeds a bound (as `cel_parse`)."""
-    return _parsed_once("jq_parse", program, "")
+    return _parsed("jq_parse", program, "")
 
 
 @functools.lru_cache(maxsize=512)
-def _parsed(op: str, program: str, name: str) -> CelParsed | str | ProgramLimitError | None:
-    # A bound exceeded is kept too: the same program would take the same time again.
-    try:
-        reply = _shared.call({"op": op, "program": program, "name": name}, None)
-    except ProgramLimitError as exc:
-        return exc
+def _parsed(op: str, program: str, name: str) -> CelParsed | str | None:
+    # A bound exceeded is not kept: a parse timed out on a busy machine, or a child killed
+    # from outside, must not fail the program for the rest of the process's life.
+    reply = _shared.call({"op": op, "program": program, "name": name}, None)
     if op == "jq_parse":
         return reply.get("problem")
     if "problem" in reply:
@@ -177,17 +175,10 @@ def _parsed(op: str, program: str, name: str) -> CelParsed | str | ProgramLimitE
     )
 
 
-def _parsed_once(op: str, program: str, name: str) -> Any:
-    outcome = _parsed(op, program, name)
-    if isinstance(outcome, ProgramLimitError):
-        raise ProgramLimitError(*outcome.args)
-    return outcome
-
-
 def _pruned(value: Any, paths: Collection[tuple[str, ...]]) -> Any:
-    """`value` with only the fields on `paths` (`_reads`), in their order: what is not a JSON
-    object where a path goes on is kept whole, and a field it lacks stays missing, so every
-    selection, `has()` and comparison along the paths reads what it read in `value`."""
+    """`value` with only the fields on `paths` (`CelParsed.reads`), in their order: what is
+    not a JSON object where a path goes on is kept whole, and a field it lacks stays missing, so
+    every selection, `has()` and comparison along the paths reads what it read in `value`."""
     if () in paths or not isinstance(value, dict):
         return value
     wanted: dict[str, set[tuple[str, ...]]] = {}

@@ -321,3 +321,16 @@ def test_an_input_number_beyond_cels_64_bits_is_an_error_of_the_program_not_a_cr
 
     assert evaluator._shared.process.pid == child  # it answered, and still runs
     assert evaluate_cel("self.replicas > 0", "self", {"replicas": 3}).value is True
+
+
+def test_a_parse_cut_short_by_a_busy_moment_is_tried_again_not_failed_for_good(monkeypatch):
+    from deployments.workflow import evaluator
+
+    condition = "self.status.readyInstances == 7"
+    monkeypatch.setattr(evaluator, "TIME_LIMIT_SECONDS", 0.0)  # no answer arrives in time
+    with pytest.raises(ProgramLimitError, match="time limit"):
+        evaluator.cel_parse(condition, "self")
+    monkeypatch.undo()
+
+    assert evaluator.cel_parse(condition, "self").reads == {("status", "readyInstances")}
+    assert evaluate_cel(condition, "self", {"status": {"readyInstances": 7}}).value is True
