@@ -38,7 +38,12 @@ from deployments.workflow.evaluator import (
     cel_parse,
     evaluate_cel,
 )
-from deployments.workflow.expressions import ExpressionError, check_when_syntax, parse_depends
+from deployments.workflow.expressions import (
+    ExpressionError,
+    check_when_syntax,
+    parse_depends,
+    placeholders_replaced,
+)
 from deployments.workflow.outputs import OutputError, check_jq_filter, check_json_path
 from deployments.workflow.render import RenderError, is_patch_list, patch_problems, references
 
@@ -61,7 +66,6 @@ SYS_ROOTS = frozenset(
         "operation",  # Opsdeck: {id, startedAt} of the running operation
     }
 )
-_PLACEHOLDER = re.compile(r"\{\{.*?\}\}", re.DOTALL)
 _TOKEN = "opsdeckph{}x"  # noqa: S105 (a placeholder marker, not a secret)
 _TOKEN_RE = re.compile(r"opsdeckph(\d+)x")
 _TASK_OUTPUT = re.compile(r"^\$tasks\.([^.]+)\.resource\.(.+)$")
@@ -106,11 +110,11 @@ def _tokenize(text: str) -> tuple[str, list[str]]:
     """Replace each `{{ ... }}` with a plain token, so the text parses as YAML or a condition."""
     found: list[str] = []
 
-    def swap(match: re.Match) -> str:
-        found.append(match.group(0))
+    def swap(placeholder: str) -> str:
+        found.append(placeholder)
         return _TOKEN.format(len(found) - 1)
 
-    return _PLACEHOLDER.sub(swap, text), found
+    return placeholders_replaced(text, swap)[0], found
 
 
 def _untokenize(text: str, found: list[str]) -> str:

@@ -14,7 +14,7 @@ booleans; the result must be a boolean. Precedence: `!` over comparisons over `&
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +52,52 @@ _WHEN_OPERATORS = ("==", "!=", "<=", ">=", "&&", "||", "<", ">", "!")
 _COMPARISONS = ("==", "!=", "<=", ">=", "<", ">")
 _WORD_END = frozenset(" \t\r\n()=!<>&|'\"")
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-_PLACEHOLDER = re.compile(r"\{\{.*?\}\}", re.DOTALL)
 _PLACEHOLDER_STANDIN = "{{…}}"
+
+
+DEEPEST = 200  # levels of a `when` or `depends` tree: each is a frame of Python's stack
+
+
+def _shallow(root: Any) -> Any:
+    """`root`, a parsed `when` or `depends`, once checked to nest at most DEEPEST levels (a
+    chain of `&&` nests one level per operator): evaluating a deeper one would exhaust the
+    interpreter's stack. Walked without recursion."""
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > DEEPEST:
+            raise ExpressionError(f"nested more than {DEEPEST} levels deep")
+        for name in ("operand", "left", "right"):
+            child = getattr(node, name, None)
+            if child is not None:
+                stack.append((child, depth + 1))
+    return root
+
+
+def _parsed(parser: Any) -> Any:
+    """What `parser` parses, no deeper than DEEPEST (`_shallow`)."""
+    try:
+        return _shallow(parser.parse())
+    except RecursionError:  # parentheses nested beyond the parser's stack
+        raise ExpressionError(f"nested more than {DEEPEST} levels deep") from None
+
+
+def placeholders_replaced(text: str, replace: Callable[[str], str]) -> tuple[str, bool]:
+    """`text` with each `{{ … }}` placeholder (from a `{{` to the first `}}` after it) replaced
+    by `replace(placeholder)`, and whether a `{{` is left without its `}}`. One pass over the
+    text: a regular expression would scan to the end again from each unclosed `{{`, minutes
+    over a spec of many."""
+    parts: list[str] = []
+    done = 0
+    while (start := text.find("{{", done)) != -1:
+        end = text.find("}}", start + 2)
+        if end == -1:
+            parts.append(text[done:])
+            return "".join(parts), True
+        parts += [text[done:start], replace(text[start : end + 2])]
+        done = end + 2
+    parts.append(text[done:])
+    return "".join(parts), False
 
 
 @dataclass(frozen=True)
@@ -279,7 +323,7 @@ def parse_when(text: str) -> WhenExpression:
     An empty expression is true, as in Argo.
     """
     try:
-        return WhenExpression(text, _WhenParser(text).parse())
+        return WhenExpression(text, _parsed(_WhenParser(text)))
     except ExpressionError as exc:
         raise ExpressionError(f'invalid when "{text}": {exc}') from None
 
@@ -291,10 +335,11 @@ def when_is_true(text: str) -> bool:
 
 def check_when_syntax(text: str) -> None:
     """Check a `when` expression before substitution: each `{{…}}` stands for one word."""
-    if "{{" in _PLACEHOLDER.sub("", text):
+    standing, unclosed = placeholders_replaced(text, lambda _: _PLACEHOLDER_STANDIN)
+    if unclosed:
         raise ExpressionError(f'invalid when "{text}": a "{{{{" placeholder is not closed')
     try:
-        _WhenParser(_PLACEHOLDER.sub(_PLACEHOLDER_STANDIN, text)).parse()
+        _parsed(_WhenParser(standing))
     except ExpressionError as exc:
         raise ExpressionError(f'invalid when "{text}": {exc}') from None
 
@@ -527,7 +572,7 @@ def parse_depends(
     if not text.strip():
         return DependsExpression(text, None)
     try:
-        return DependsExpression(text, _DependsParser(text, continue_on or {}).parse())
+        return DependsExpression(text, _parsed(_DependsParser(text, continue_on or {})))
     except ExpressionError as exc:
         raise ExpressionError(f'invalid depends "{text}": {exc}') from None
 

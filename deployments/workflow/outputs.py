@@ -380,7 +380,42 @@ def crd_path(obj: dict, expr: str) -> str:
 
 # jq builtins that read outside the object: the worker's environment, further inputs.
 _JQ_OUTSIDE = re.compile(r"\$ENV\b|(?<![.\w$])(?:env|input|inputs|input_filename)\b")
-_JQ_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+
+
+def _strings_blanked(program: str) -> str:
+    """`program` with the text of each string literal left out (`"env"` becomes `""`), so a
+    word inside one is not taken for a builtin, but with the code of its interpolations kept
+    (`"\\(env.HOME)"` becomes `"(env.HOME)"`): that runs. One pass, character by character: a
+    regular expression scanned to the end again from every quote of an unterminated string,
+    minutes over a long filter."""
+    kept: list[str] = []
+    depths: list[int] = []  # per interpolation open around this point: its parentheses open
+    in_string, i, size = False, 0, len(program)
+    while i < size:
+        ch = program[i]
+        if in_string:
+            if ch == "\\" and program.startswith("(", i + 1):
+                depths.append(0)
+                in_string = False
+                kept.append("(")
+            elif ch == '"':
+                in_string = False
+                kept.append(ch)
+            i += 2 if ch == "\\" else 1
+            continue
+        if ch == '"':
+            in_string = True
+        elif depths and ch == "(":
+            depths[-1] += 1
+        elif depths and ch == ")":
+            if depths[-1] == 0:  # the interpolation ends: back in its string
+                depths.pop()
+                in_string = True
+            else:
+                depths[-1] -= 1
+        kept.append(ch)
+        i += 1
+    return "".join(kept)
 
 
 def check_jq_filter(program: str) -> None:
@@ -395,7 +430,7 @@ def check_jq_filter(program: str) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _check_jq(program: str) -> None:
-    outside = _JQ_OUTSIDE.search(_JQ_STRING.sub('""', program))
+    outside = _JQ_OUTSIDE.search(_strings_blanked(program))
     if outside:
         raise OutputError(f"jq: {outside.group(0)} is not allowed; a filter reads the object only")
     # Compiled by the bounded evaluator, for its syntax errors: jq folds constants as it compiles.

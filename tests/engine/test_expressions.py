@@ -1,5 +1,7 @@
 """Argo's `when` (after substitution) and enhanced `depends` expressions."""
 
+import time
+
 import pytest
 
 from deployments.workflow.expressions import (
@@ -471,3 +473,37 @@ def test_a_bare_name_in_depends_honours_the_tasks_continue_on():
     assert parse_depends("a && b", continue_on).evaluate({"a": "Failed", "b": "Succeeded"})
     assert not parse_depends("a.Succeeded", continue_on).evaluate({"a": "Failed"})
     assert not parse_depends("a && b").evaluate({"a": "Failed", "b": "Succeeded"})
+
+
+# --- bounds ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("check", "text"),
+    [
+        (check_when_syntax, "(" * 3000 + "true" + ")" * 3000),
+        (parse_when, " && ".join(["true"] * 5000)),
+        (parse_depends, " && ".join(["a"] * 5000)),
+    ],
+)
+def test_an_expression_nested_beyond_the_stack_is_refused_with_a_reason(check, text):
+    # Evaluated, each would have run out of Python's stack: a RecursionError, a 500 at load.
+    with pytest.raises(ExpressionError, match=r"nested more than 200 levels deep$"):
+        check(text)
+
+
+def test_a_long_chain_within_the_bound_still_works():
+    assert when_is_true(" && ".join(["true"] * 150))
+    assert parse_depends(" && ".join(f"t{i}" for i in range(150))).task_names() == {
+        f"t{i}" for i in range(150)
+    }
+
+
+def test_many_unclosed_placeholders_are_refused_at_once():
+    # Scanned again from each "{{" to the end, 40,000 of them took most of a minute.
+    started = time.monotonic()
+
+    with pytest.raises(ExpressionError, match=r'a "\{\{" placeholder is not closed$'):
+        check_when_syntax("{{" * 40000)
+
+    assert time.monotonic() - started < 5

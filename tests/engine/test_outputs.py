@@ -1,10 +1,13 @@
 """Output extraction: kubectl-style JSONPath, Omnistrate resource paths and Go-style value text."""
 
+import time
+
 import pytest
 
 from deployments.workflow.outputs import (
     MISSING,
     OutputError,
+    check_jq_filter,
     check_json_path,
     crd_path,
     dotted_get,
@@ -380,3 +383,26 @@ def test_json_path_raises_for_an_invalid_path():
 
 def test_output_error_is_a_value_error():
     assert issubclass(OutputError, ValueError)
+
+
+def test_a_jq_filter_with_an_unterminated_string_of_escaped_quotes_is_refused_at_once():
+    # Its strings were found by a regular expression that scanned to the end again from every
+    # quote: half a minute for these 60 kB.
+    started = time.monotonic()
+
+    with pytest.raises(OutputError, match=r"^jq: syntax error"):
+        check_jq_filter('.a | "' + '\\"' * 30000)
+
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    "program", ['"home: \\(env.HOME)"', '.a | "\\("nested \\($ENV.PATH)")"', '"\\(input)"']
+)
+def test_a_builtin_reading_outside_the_object_is_refused_inside_an_interpolation(program):
+    with pytest.raises(OutputError, match=r"is not allowed; a filter reads the object only$"):
+        check_jq_filter(program)
+
+
+def test_a_builtins_name_in_a_strings_text_is_only_text():
+    check_jq_filter('.a + " env input \\" $ENV " + "\\(.b)"')
