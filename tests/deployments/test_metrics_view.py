@@ -34,10 +34,10 @@ def _minute(ago: timedelta):
     return (timezone.now() - ago).replace(second=0, microsecond=0)
 
 
-def _sample(instance, server, ago, *, cpu, memory, role="primary"):
+def _sample(instance, server, ago, *, cpu, memory, role="primary", minute=None):
     ServerSample.objects.create(
-        instance=instance, server=f"{instance.pk}-{server}", role=role, minute=_minute(ago),
-        cpu=cpu, memory=memory,
+        instance=instance, server=f"{instance.pk}-{server}", role=role,
+        minute=minute or _minute(ago), cpu=cpu, memory=memory,
     )  # fmt: skip
 
 
@@ -53,9 +53,11 @@ def _lines(chart: dict) -> dict[str, list]:
 
 
 def test_the_owner_sees_each_servers_cpu_and_memory_with_the_plans_limits(owner_client, instance):
-    _sample(instance, 1, timedelta(minutes=5), cpu=1500, memory=1024 * MIB)
-    _sample(instance, 2, timedelta(minutes=5), cpu=250, memory=512 * MIB, role="replica")
-    _sample(instance, 2, timedelta(minutes=4), cpu=300, memory=600 * MIB, role="replica")
+    five = _minute(timedelta(minutes=5))  # once: a minute may turn while the test runs
+    _sample(instance, 1, None, cpu=1500, memory=1024 * MIB, minute=five)
+    _sample(instance, 2, None, cpu=250, memory=512 * MIB, role="replica", minute=five)
+    four = five + timedelta(minutes=1)
+    _sample(instance, 2, None, cpu=300, memory=600 * MIB, role="replica", minute=four)
 
     page = owner_client.get(_url(instance))
 
@@ -66,7 +68,7 @@ def test_the_owner_sees_each_servers_cpu_and_memory_with_the_plans_limits(owner_
     assert len(cpu["labels"]) == 60  # the last hour, a point a minute
     primary, replica = f"{instance.pk}-1 (primary)", f"{instance.pk}-2 (replica)"
     assert set(_lines(cpu)) == {primary, replica, "Limit per server"}
-    five_ago = cpu["labels"].index(_minute(timedelta(minutes=5)).strftime("%H:%M"))
+    five_ago = cpu["labels"].index(five.strftime("%H:%M"))
     assert _lines(cpu)[primary][five_ago] == 1.5
     assert _lines(cpu)[replica][five_ago : five_ago + 2] == [0.25, 0.3]
     assert _lines(cpu)[primary][five_ago + 1] is None  # no sample: a gap, not a zero
