@@ -2,6 +2,9 @@
 
 A user who is not a member gets a 404, never a 403 that would confirm the
 organization exists. A member whose role lacks the page's action gets a 403.
+
+No tenant page is kept by the browser (`Cache-Control: no-store`): they show live state, and
+Back after deleting an instance must not show it running with every button live.
 """
 
 from functools import wraps
@@ -9,6 +12,7 @@ from functools import wraps
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
+from django.utils.cache import add_never_cache_headers
 
 from accounts import roles, selectors
 from accounts.audit import Actor, audit_record
@@ -48,7 +52,9 @@ def tenant_view(action: str = "tenant.view"):
             if request.session.get(SESSION_KEY) != tenant_slug:
                 request.session[SESSION_KEY] = tenant_slug
             action_require(request, action)
-            return view(request, *args, **kwargs)
+            response = view(request, *args, **kwargs)
+            add_never_cache_headers(response)
+            return response
 
         return wrapper
 

@@ -70,6 +70,27 @@ def test_the_instance_page_never_scrolls_sideways(open_page, owner, instance, wi
     assert not scrolls_sideways(page)
 
 
+@pytest.mark.parametrize("away", ["tab", "page"])
+def test_back_to_an_instance_that_changed_meanwhile_shows_it_as_it_is_now(
+    open_page, owner, instance, away
+):
+    from deployments.models import Instance
+
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+    expect(page.locator("#instance-state")).to_have_text("Running")
+    if away == "tab":  # htmx swaps the tab in and pushes its address
+        page.get_by_role("link", name="Backups").click()
+        expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    else:
+        page.goto(page.url.split("/t/")[0] + f"/t/{instance.tenant.slug}/deployments/")
+    # A delete queued from another tab (or this one) meanwhile: Back must not show it running.
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETING)
+
+    page.go_back()
+
+    expect(page.locator("#instance-state")).to_have_text("Deleting")
+
+
 def test_tabs_switch_and_the_address_follows(open_page, owner, instance):
     page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
 

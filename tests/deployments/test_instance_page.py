@@ -160,6 +160,37 @@ def test_the_overview_shows_only_what_the_plans_status_object_reports(
     assert "Operator phase" not in html and "Primary" not in html
 
 
+def test_the_backups_tab_of_a_plan_without_backups_says_so_and_offers_no_schedule(
+    owner, owner_client, tenant, local_cell
+):
+    """Valkey's plan has no backup verb: a schedule saved there was always refused."""
+    valkey = services.plan_load(text=(SPEC.parent / "valkey.yaml").read_text()).plan
+    instance = Instance.objects.get(pk=_create(owner, tenant, valkey, name="cache").instance_id)
+
+    html = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    assert f"The {valkey.name} plan takes no backups of its instances." in html
+    assert 'id="backup-schedule"' not in html and "Back up now" not in html
+    assert "Each one can be restored" not in html
+
+
+def test_the_instance_page_is_not_kept_by_the_browsers_back_forward_cache(owner_client, instance):
+    # A page restored from that cache after a delete would show the instance running.
+    page = owner_client.get(_url(instance))
+
+    assert "no-store" in page["Cache-Control"]
+
+
+def test_a_queued_operation_says_it_starts_in_a_moment(owner, owner_client, instance):
+    services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="restart", request_id="r-1"
+    )
+
+    html = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+
+    assert "Queued: it starts in a moment, once any operation queued before it has run." in html
+
+
 def test_the_operations_tab_lists_task_runs_with_their_messages_and_attempts(
     owner_client, instance
 ):
