@@ -218,6 +218,17 @@ def entitlement_require(
         raise ActionDenied(decision.reason)
 
 
+def create_refusal(tenant: Tenant, plan: Plan) -> str | None:
+    """Why the tenant cannot create an instance of `plan` now, whatever values it asks for (no
+    subscription, one awaiting approval or payment or suspended, the plan's instance limit
+    reached), None when it may try: what the create form says before it is filled in."""
+    try:
+        entitlement_require(tenant=tenant, plan=plan, action="create")
+    except ActionDenied as exc:
+        return exc.reason
+    return None
+
+
 def moves_require(
     *, tenant: Tenant, plan: Plan, version: PlanVersion, moves: list[tuple[str, dict, str]]
 ) -> None:

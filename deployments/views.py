@@ -27,6 +27,7 @@ from billing.models import Plan
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
+from deployments.entitlement_usage import create_refusal
 from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
 from deployments.workflow.driver import DriverError
@@ -152,6 +153,7 @@ def instance_create(request, plan_key: str):
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = _create_form_class(request, spec)(request.POST or None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    sent_with = request_id  # what the form went out with; a refused one goes out with a new one
     if request.method == "POST" and form.is_valid():
         try:
             operation = services.instance_create(
@@ -180,6 +182,10 @@ def instance_create(request, plan_key: str):
         "spec": spec,
         "request_id": request_id,
         "action": f"{request.path}?request={request_id}",
+        # The form again after Back: what it made, and a way to make another.
+        "made": selectors.instance_made_by_request(request.tenant, sent_with, "instance.create"),
+        # Said before the form is filled in (a refused submit says it as a message).
+        "refusal": None if form.is_bound else create_refusal(request.tenant, version.plan),
         **_estimate_context(version, spec, form),
     }
     return render(request, "deployments/instance_create.html", context)
@@ -669,6 +675,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = _restore_form(snapshot, instance.name, request.POST or None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    sent_with = request_id  # what the form went out with; a refused one goes out with a new one
     # The service refuses (403, audited) a role without restore, whatever the form holds.
     valid = request.method == "POST" and form.is_valid()
     if valid or (
@@ -705,6 +712,8 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
         "request_id": request_id,
         "action": f"{request.path}?request={request_id}",
         "version": snapshot.plan_version,
+        # The form again after Back: what it made, and a way to make another.
+        "made": selectors.instance_made_by_request(request.tenant, sent_with, "instance.restore"),
     }
     # A form to correct answers 200, as the create form does (a 400 page is a console error).
     return render(request, "deployments/instance_restore.html", context)

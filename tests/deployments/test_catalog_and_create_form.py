@@ -293,6 +293,24 @@ def test_a_repeated_post_with_the_same_request_id_creates_one_instance(
     assert Operation.objects.count() == 1
 
 
+def test_the_form_again_after_back_links_what_it_made_and_offers_a_new_form(
+    owner_client, tenant, plan, cell
+):
+    url = form_url(tenant, "a" * 32)
+    owner_client.post(url, {**VALID, "request_id": "a" * 32})
+    made = Instance.objects.get()
+
+    back = text(owner_client.get(url))  # Back fetches the form again, with the same id
+    changed = text(owner_client.post(url, {**VALID, "name": "other", "request_id": "a" * 32}))
+
+    new_form = f'<a href="/t/{tenant.slug}/deployments/new/postgres-cnpg/">Start a new form</a>'
+    for page in (back, changed):
+        assert f'made <a href="/t/{tenant.slug}/deployments/{made.pk}/">{made.name}</a>' in page
+        assert new_form in page
+    assert "This form was already sent with different values." in changed
+    assert 'id="form-made"' not in text(owner_client.get(form_url(tenant, "b" * 32)))
+
+
 def test_a_name_another_instance_has_is_refused_beside_the_name_field(
     owner_client, tenant, plan, cell
 ):

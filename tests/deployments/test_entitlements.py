@@ -140,6 +140,21 @@ def test_the_refusal_is_shown_next_to_the_create_form(local, hobby, tenant, owne
     assert not Instance.objects.exists()
 
 
+def test_the_create_form_says_why_before_it_is_filled_in(local, hobby, tenant, owner, owner_client):
+    url = f"/t/{tenant.slug}/deployments/new/{hobby.key}/?request={uuid.uuid4().hex}"
+
+    unsubscribed = owner_client.get(url).content.decode()
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=hobby)
+    subscribed = owner_client.get(url).content.decode()
+
+    assert (
+        'id="create-refused" role="status">Subscribe to the Hobby plan on the Billing page to '
+        f'create instances on it. <a href="/t/{tenant.slug}/billing/">Open Billing</a>'
+    ) in unsubscribed
+    assert 'id="create-refused"' not in subscribed and 'name="name"' in subscribed
+    assert not _denied(tenant, "instance.create").exists()  # a look is not a refused request
+
+
 def test_the_instance_limit_counts_instances_not_deleted(local, hobby, subscribed, tenant, owner):
     first = _running(owner, tenant, hobby, name="a", storageGi=5)
     _running(owner, tenant, hobby, name="b", storageGi=5)

@@ -785,6 +785,20 @@ def test_a_valid_restore_keeps_the_backups_fixed_values(owner_client, instance):
     assert f"Restore of {snapshot.name} into ledger-copy is" in page
 
 
+def test_the_restore_form_again_after_back_links_the_instance_it_made(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    url = _restore_url(instance, snapshot)
+    owner_client.post(url, {"name": "ledger-copy", "p-instances": "3", "p-password": ""})
+    copy = Instance.objects.get(name="ledger-copy")
+
+    html = owner_client.get(url).content.decode()  # Back fetches the form again, same id
+
+    assert f'made <a href="{_url(copy)}">ledger-copy</a>' in html
+    assert "Start a new form</a>" in html
+    other = owner_client.get(_restore_url(instance, snapshot, "b" * 32)).content.decode()
+    assert 'id="form-made"' not in other and 'id="restore-form"' in other
+
+
 def test_changing_a_value_the_backup_fixes_is_refused_beside_the_field(owner_client, instance):
     snapshot = instance.snapshots.get()
 
