@@ -1056,9 +1056,7 @@ def _point_in_time_check(snapshot: Snapshot, target_time: datetime) -> None:
         raise ValidationError({"target_time": "The point in time is in the future."})
     low, high = selectors.recovery_window(snapshot, now)
     if target_time < snapshot.created_at:
-        raise ValidationError(
-            {"target_time": "The point in time is before the snapshot was taken."}
-        )
+        raise ValidationError({"target_time": "The point in time is before the backup was taken."})
     if not low <= target_time <= high:
         raise ValidationError(
             {
@@ -1117,7 +1115,7 @@ def snapshot_restore(
         version = snapshot.plan_version
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
-            raise ValidationError("This plan cannot restore snapshots.")
+            raise ValidationError("This plan cannot restore backups.")
         base = _restore_base(snapshot)
         try:
             instance = _instance_checked(

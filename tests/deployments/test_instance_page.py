@@ -879,7 +879,7 @@ def test_a_point_in_time_before_the_backup_is_refused_beside_the_field(owner_cli
     assert response.status_code == 200
     assert (
         '<small class="field-error" id="id_target_time_error">'
-        "The point in time is before the snapshot was taken.</small>"
+        "The point in time is before the backup was taken.</small>"
     ) in response.content.decode()
     assert Instance.objects.count() == 1
 

@@ -279,3 +279,13 @@ def test_the_dashboards_poll_costs_as_many_queries_for_many_operations_as_for_fe
         factories.make_operation(instance, verb="restart", state="running")
 
     assert poll_queries() == few
+
+
+def test_the_team_link_says_manage_only_to_a_role_that_can(client, owner, add_member, tenant):
+    client.force_login(add_member("member@example.com", "member"))
+    theirs = client.get(f"/t/{tenant.slug}/").content.decode()
+    client.force_login(owner)
+    ours = client.get(f"/t/{tenant.slug}/").content.decode()
+
+    assert f'href="/t/{tenant.slug}/team/">View team</a>' in theirs and "Manage team" not in theirs
+    assert f'href="/t/{tenant.slug}/team/">Manage team</a>' in ours
