@@ -137,3 +137,21 @@ def test_generate_fills_the_password_field_and_the_instance_uses_it(open_page, o
     assert generated not in page.content()
     instance = Instance.objects.get(name="orders")
     assert services.instance_parameters(instance)["password"] == generated
+
+
+@BOTH_WIDTHS
+def test_back_after_creating_says_beside_the_button_what_the_form_made(
+    open_page, owner, tenant, plan, width
+):
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/", width)
+    page.get_by_label("Instance name").fill("orders")
+    page.get_by_role("button", name="Create instance").click()
+    expect(page.locator("h1")).to_have_text("orders")
+
+    page.go_back()
+
+    made = page.locator("#form-made")
+    expect(made).to_contain_text("This form already made orders")
+    expect(made).to_be_in_viewport()  # Back returns to where the button was clicked
+    shot(page, f"create-form-after-back-{width}")
+    assert not scrolls_sideways(page)
