@@ -5,9 +5,10 @@ where jq aborts the whole process when malloc fails). So they never run in a wor
 worker process keeps one long-lived child (`python -m deployments.workflow.evaluator`, started
 on first use with a fresh interpreter, never a fork of the worker) that compiles and caches the
 programs by their text and evaluates them. The child caps its own address space at
-MEMORY_LIMIT_MIB; the parent waits at most TIME_LIMIT_SECONDS for each answer. A program that
-exceeds either bound gets its child killed and reaped (the next call starts a new one) and
-raises `ProgramLimitError` with one line that says which bound it exceeded.
+MEMORY_LIMIT_MIB; the parent waits at most TIME_LIMIT_SECONDS for each answer (a parse:
+PARSE_TIME_LIMIT_SECONDS). A program that exceeds either bound gets its child killed and reaped
+(the next call starts a new one) and raises `ProgramLimitError` with one line that says which
+bound it exceeded.
 
 The two processes talk over pipes: a frame is a 4-byte big-endian length and that many bytes.
 A request is a JSON header (`{"op": "cel", "program": …, "name": …}` or `{"op": "jq", …}`), a
@@ -50,6 +51,7 @@ from typing import Any
 __all__ = [
     "MAX_RESULT_BYTES",
     "MEMORY_LIMIT_MIB",
+    "PARSE_TIME_LIMIT_SECONDS",
     "TIME_LIMIT_SECONDS",
     "CelParsed",
     "CelValue",
@@ -64,6 +66,11 @@ __all__ = [
 TIME_LIMIT_SECONDS = 2.0
 """Longest one evaluation may take: far above what a condition over a Kubernetes object needs
 (well under a millisecond), short enough that a runaway program delays its worker only briefly."""
+PARSE_TIME_LIMIT_SECONDS = 5.0
+"""Longest one parse may take. A condition parses in well under a millisecond and a parse is
+made once per process, so this bound is only for a runaway parser (CEL's lexer backtracks for
+hours over some unterminated strings); it is wider than an evaluation's so that a long
+expression on a busy machine is not refused for the machine's load."""
 MEMORY_LIMIT_MIB = 256
 """Address space of the evaluator child: its interpreter with celpy and jq takes about 40 MiB,
 evaluating over the largest object Kubernetes stores (~1.5 MB) a few tens more."""
@@ -244,6 +251,8 @@ class _Evaluator:
         kept for the same request again (`_Answers`): only for a program that reads nothing but
         its input."""
         language, what = _LANGUAGE[header["op"]]
+        parse = header["op"].endswith("_parse")
+        limit = PARSE_TIME_LIMIT_SECONDS if parse else TIME_LIMIT_SECONDS
         try:
             # A YAML parameter default may be a date: CEL sees it as text, as JSON carries it.
             payload = json.dumps(value, separators=(",", ":"), default=str)
@@ -252,7 +261,7 @@ class _Evaluator:
         request = json.dumps(header).encode() + b"\n" + payload.encode()
         frame = self.answers.get(request) if keep else None
         if frame is None:
-            frame = self._answer(request, language, what)
+            frame = self._answer(request, language, what, limit)
         reply = json.loads(frame)
         if keep and "limit" not in reply:
             self.answers.keep(request, frame)
@@ -262,16 +271,17 @@ class _Evaluator:
             raise ProgramLimitError(f"{language}: the {what} or its input is nested too deeply")
         return reply
 
-    def _answer(self, request: bytes, language: str, what: str) -> bytes:
-        """The child's answer to `request`, tried once more in a new child if it was killed."""
+    def _answer(self, request: bytes, language: str, what: str, limit: float) -> bytes:
+        """The child's answer to `request` within `limit` seconds, tried once more in a new
+        child if it was killed."""
         with self.lock:
             try:
-                frame = self._exchange(request, language, what)
+                frame = self._exchange(request, language, what, limit)
             except _ChildGone:
                 # Killed from outside (the kernel's OOM killer, an operator): not the program's
                 # doing, so it gets one more try in a new child.
                 try:
-                    frame = self._exchange(request, language, what)
+                    frame = self._exchange(request, language, what, limit)
                 except _ChildGone as gone:
                     raise ProgramLimitError(
                         f"{language}: the evaluator process stopped (status {gone.status}) "
@@ -279,10 +289,10 @@ class _Evaluator:
                     ) from None
         return frame
 
-    def _exchange(self, request: bytes, language: str, what: str) -> bytes:
-        """Send one request to the child and read its answer, within the time limit."""
+    def _exchange(self, request: bytes, language: str, what: str, limit: float) -> bytes:
+        """Send one request to the child and read its answer, within `limit` seconds."""
         process = self.running()
-        deadline = time.monotonic() + TIME_LIMIT_SECONDS
+        deadline = time.monotonic() + limit
         answers = process.stdout.fileno()
         try:
             _write_frame(process.stdin.fileno(), request)
@@ -297,7 +307,7 @@ class _Evaluator:
         except TimeoutError:
             self.stop()
             raise ProgramLimitError(
-                f"{language}: the {what} exceeded its time limit of {TIME_LIMIT_SECONDS:g} s"
+                f"{language}: the {what} exceeded its time limit of {limit:g} s"
             ) from None
         except (EOFError, BrokenPipeError):
             status = self.stop()

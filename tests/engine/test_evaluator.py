@@ -327,7 +327,7 @@ def test_a_parse_cut_short_by_a_busy_moment_is_tried_again_not_failed_for_good(m
     from deployments.workflow import evaluator
 
     condition = "self.status.readyInstances == 7"
-    monkeypatch.setattr(evaluator, "TIME_LIMIT_SECONDS", 0.0)  # no answer arrives in time
+    monkeypatch.setattr(evaluator, "PARSE_TIME_LIMIT_SECONDS", 0.0)  # no answer in time
     with pytest.raises(ProgramLimitError, match="time limit"):
         evaluator.cel_parse(condition, "self")
     monkeypatch.undo()

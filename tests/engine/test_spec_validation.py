@@ -816,11 +816,11 @@ def test_a_cel_expression_whose_parse_runs_away_is_an_error_within_seconds_not_h
     assert time.monotonic() - started < 30
     assert found == [
         f'x-opsdeck.usage.cpu: cannot parse CEL expression "{BACKTRACKING}": CEL: the '
-        "expression exceeded its time limit of 2 s"
+        "expression exceeded its time limit of 5 s"
     ]
     assert condition == [
         f"{CREATE}.templates[2].resource.successCondition: invalid CEL expression: CEL: the "
-        "expression exceeded its time limit of 2 s"
+        "expression exceeded its time limit of 5 s"
     ]
 
 
