@@ -121,6 +121,18 @@ def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Clai
     return Claim(scope, request_id, earlier)
 
 
+def request_target(*, scope: str, request_id: str, action: str) -> tuple[str, str] | None:
+    """What a request that used `request_id` in `scope` for `action` made, as (model label,
+    primary key) as `Claim.bind` recorded it; None when no such request made anything."""
+    made = (
+        RequestKey.objects.filter(scope=scope, request_id=request_id, action=action)
+        .exclude(target_type="")
+        .values_list("target_type", "target_id")
+        .first()
+    )
+    return None if made is None else (made[0], made[1])
+
+
 def request_ids_prune(*, now: datetime | None = None, batch: int = 10_000) -> int:
     """Forget the request ids used more than `OPSDECK_REQUEST_IDS_KEPT_DAYS` ago (run daily by
     beat), a batch at a time so that no statement holds the table long; how many were forgotten.

@@ -15,8 +15,8 @@ from django.db.models.functions import Coalesce, Lower
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from accounts.idempotency import tenant_scope
-from accounts.models import AuditEvent, RequestKey, Tenant
+from accounts.idempotency import request_target, tenant_scope
+from accounts.models import AuditEvent, Tenant
 from billing.models import Plan
 from billing.pricing import Cost
 from deployments import lifecycle, schedules
@@ -413,21 +413,12 @@ def instance_made_by_request(tenant: Tenant, request_id: str, action: str) -> In
     """The instance a create or restore form (`action`: "instance.create", "instance.restore")
     sent with `request_id` already made in the tenant, if any (the form again after Back carries
     the same id: sent again, it returns that instance)."""
-    operation_id = (
-        RequestKey.objects.filter(
-            scope=tenant_scope(tenant),
-            request_id=request_id,
-            action=action,
-            target_type=Operation._meta.label_lower,
-        )
-        .values_list("target_id", flat=True)
-        .first()
-    )
-    if not operation_id:
+    made = request_target(scope=tenant_scope(tenant), request_id=request_id, action=action)
+    if made is None or made[0] != Operation._meta.label_lower:
         return None
     return (
         Instance.objects.for_tenant(tenant)
-        .filter(operations__pk=operation_id)
+        .filter(operations__pk=made[1])
         .only("pk", "name", "tenant_id")
         .first()
     )

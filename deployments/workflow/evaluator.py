@@ -16,13 +16,14 @@ newline and the input as JSON text, sent once and used as it is: jq parses it it
 child keeps the last CEL input converted, since a waiting task polls the same object again.
 A reply is JSON: `{"value": …, "shown": …}`, `{"error": …}` or `{"limit": "memory"|"depth"}`.
 
-What a CEL expression is sent is only what it reads of its variable (`_reads`): a condition over
-`self.status.phase` gets `{"status": {"phase": …}}`, not the whole object. Conditions over the
-objects of many instances then send the same few bytes, and the answer to a request already
-answered is kept (`_Answers`): the same program over the same input gives the same answer, so
-the cell watcher, which tests a status rule on every status change of every instance, seldom
-needs the child at all. Not for a program that calls `timestamp()`, which reads the clock for
-"now" (celpy parses its text with pendulum), nor for jq, which has `now` and `env`.
+What a CEL expression is sent is only what it reads of its variable (`CelParsed.reads`): a
+condition over `self.status.phase` gets `{"status": {"phase": …}}`, not the whole object.
+Conditions over the objects of many instances then send the same few bytes, and the answer to a
+request already answered is kept (`_Answers`): the same program over the same input gives the
+same answer, so the cell watcher, which tests a status rule on every status change of every
+instance, seldom needs the child at all. Not for a program that calls `timestamp()`, which
+reads the clock for "now" (celpy parses its text with pendulum), nor for jq, which has `now` and
+`env`.
 
 Parsing is bounded the same way: CEL's lexer backtracks exponentially on some unterminated
 strings, and jq folds constants when it compiles (`"x" * 1e9` allocates a gigabyte). So a spec's
@@ -81,12 +82,7 @@ _MEMORY_EXIT = 3  # the child's exit status after a MemoryError in Python
 _HEADER = struct.Struct(">I")
 _ROOT = Path(__file__).resolve().parents[2]  # where `-m deployments.workflow.evaluator` resolves
 _CHILD_ENVIRONMENT = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL"})
-_LANGUAGE = {
-    "cel": ("CEL", "expression"),
-    "cel_parse": ("CEL", "expression"),
-    "jq": ("jq", "filter"),
-    "jq_parse": ("jq", "filter"),
-}
+_LANGUAGE = {"cel": ("CEL", "expression"), "jq": ("jq", "filter")}
 
 
 class ProgramError(ValueError):
@@ -250,9 +246,9 @@ class _Evaluator:
         """The child's reply to the program in `header` over `value`; with `keep`, the answer is
         kept for the same request again (`_Answers`): only for a program that reads nothing but
         its input."""
-        language, what = _LANGUAGE[header["op"]]
-        parse = header["op"].endswith("_parse")
-        limit = PARSE_TIME_LIMIT_SECONDS if parse else TIME_LIMIT_SECONDS
+        program = header["op"].removesuffix("_parse")  # a parse speaks of what it parses
+        language, what = _LANGUAGE[program]
+        limit = TIME_LIMIT_SECONDS if program == header["op"] else PARSE_TIME_LIMIT_SECONDS
         try:
             # A YAML parameter default may be a date: CEL sees it as text, as JSON carries it.
             payload = json.dumps(value, separators=(",", ":"), default=str)
