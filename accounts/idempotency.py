@@ -123,7 +123,13 @@ def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Clai
 
 def request_target(*, scope: str, request_id: str, action: str) -> tuple[str, str] | None:
     """What a request that used `request_id` in `scope` for `action` made, as (model label,
-    primary key) as `Claim.bind` recorded it; None when no such request made anything."""
+    primary key) as `Claim.bind` recorded it; None when no such request made anything (nor
+    could have: an id `request_id_clean` refuses is never looked up)."""
+    try:
+        if not request_id or request_id_clean(request_id) != request_id:
+            return None
+    except ValidationError:
+        return None
     made = (
         RequestKey.objects.filter(scope=scope, request_id=request_id, action=action)
         .exclude(target_type="")

@@ -311,6 +311,17 @@ def test_the_form_again_after_back_links_what_it_made_and_offers_a_new_form(
     assert 'id="form-made"' not in text(owner_client.get(form_url(tenant, "b" * 32)))
 
 
+@pytest.mark.parametrize("request_id", ["\x00nul", "z" * 300])
+def test_a_forged_request_id_is_a_message_on_the_form_not_a_server_error(
+    owner_client, tenant, plan, cell, request_id
+):
+    response = owner_client.post(form_url(tenant), {**VALID, "request_id": request_id})
+
+    assert response.status_code == 200
+    assert "Request id: " in text(response)  # beside the form, as any field's error
+    assert not Instance.objects.exists()
+
+
 def test_a_name_another_instance_has_is_refused_beside_the_name_field(
     owner_client, tenant, plan, cell
 ):
