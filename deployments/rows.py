@@ -15,6 +15,14 @@ from django.db.models import Model
 
 _CONVERTERS: dict[tuple[type[Model], str], list] = {}
 
+# Put in a statement's RETURNING (or anywhere it is evaluated once something was written), this
+# lets the transaction it is part of commit without waiting for the disk (PostgreSQL's
+# `synchronous_commit`, for that transaction alone): for a write that a crash of PostgreSQL may
+# lose, together with the other commits of its last moments, because what follows it can be
+# done again from the state before it. A later commit that waits for the disk takes every
+# earlier one there with it.
+UNFLUSHED = "set_config('synchronous_commit', 'off', true)"
+
 
 @cache  # a model's columns never change: worked out once, not on every move
 def columns(model: type[Model], alias: str) -> str:

@@ -12,6 +12,13 @@ run has to wait it releases the claim and sends itself again after a poll that
 starts fast and slows to 5 s. Nothing sleeps. A worker killed anywhere loses at
 most the move in flight, which the next delivery redoes from the last saved
 state.
+
+A commit waits for the disk only where something outside the database relies on it: a move
+that stores an object for the next move to send (`engine.holds_unsent`) or the run's first
+change the cluster took, and a run's end (the instance, the audit log, the email and the bill
+follow it). A claim, a run's start, a later move that sent or read back an object, a retry's
+backoff: a crash of PostgreSQL that loses one of these (`rows.UNFLUSHED`) leaves the operation
+as a killed worker does, redone from the state before.
 """
 
 from __future__ import annotations
@@ -151,7 +158,7 @@ def _claim(operation_id: str, now, *, early: bool = False) -> Operation | None:
                 UPDATE {_TABLE} SET claim_token = %s, claimed_until = %s
                  WHERE id = %s AND {_IS_LIVE} AND (claimed_until IS NULL OR claimed_until < %s)
                        {due}
-                RETURNING *
+                RETURNING *, {rows.UNFLUSHED}
             )
             SELECT {_Joined.COLUMNS} FROM {_Joined.FROM}
             """,  # noqa: S608 - our table and column names
@@ -238,6 +245,7 @@ def _store(
     release: bool = True,
     due: object = _ANY,
     runs: Runs | None = None,
+    flushed: bool = True,
 ) -> bool:
     """Write the move's `fields` of the operation in one UPDATE fenced by the claim, releasing
     it (unless `release` is False: the same worker goes on with the next move), and in the same
@@ -245,7 +253,8 @@ def _store(
     transaction, unless it finishes the run. Raises ClaimLost, and the transaction it is in
     rolls back, when the claim is not ours any more or the operation ended meanwhile (a delete
     cancelled it). With `due` (the `next_step_at` the move read), False and nothing written
-    when a wake-up changed it meanwhile."""
+    when a wake-up changed it meanwhile. Unless `flushed`, the transaction it is in commits
+    without waiting for the disk (`rows.UNFLUSHED`)."""
     values = {name: getattr(op, name) for name in fields}
     if release:
         values |= {"claim_token": None, "claimed_until": None}
@@ -256,13 +265,14 @@ def _store(
     statement = f"UPDATE {_TABLE} SET {rows.sets(Operation, names)} WHERE {_MINE} {woken}"  # noqa: S608 - our names
     params = [*rows.prepared(Operation, names, values), op.pk, token,
               *([] if due is _ANY else [due])]  # fmt: skip
+    returning = " RETURNING id" if flushed else f" RETURNING id, {rows.UNFLUSHED}"
     if runs is not None and runs.nodes:
         # The rows are written only if the operation is: both stand or neither.
         written, more = _task_runs_sql(runs)
-        statement = f"WITH moved AS ({statement} RETURNING id){written} SELECT id FROM moved"  # noqa: S608
+        statement = f"WITH moved AS ({statement}{returning}){written} SELECT id FROM moved"  # noqa: S608
         params += more
     else:
-        statement += " RETURNING id"
+        statement += returning
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         if cursor.fetchone() is not None:
@@ -408,7 +418,7 @@ def _begin(op: Operation, now, token: uuid.UUID) -> str:
         # The instance first, locked and read again, with the operations pending on it.
         locked = _instance_locked(op.instance)
         if locked.pending and locked.pending[0][0] != str(op.pk):
-            _store(op, token, [])  # it starts when the one before it finishes
+            _store(op, token, [], flushed=False)  # it starts when the one before it finishes
             return WAITS
         spec = selectors.plan_version_loaded(op.plan_version_id).spec
         verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
@@ -442,10 +452,11 @@ def _begin(op: Operation, now, token: uuid.UUID) -> str:
             "retention_days": locked.retention_days
             or selectors.backup_schedule_default(op.instance).retention_days,
         }
+        # Nothing is sent yet: a start lost with PostgreSQL's last moments is made again.
         _store(
             op, token,
             ["state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"],
-            release=False,
+            release=False, flushed=False,
         )  # fmt: skip
         during = lifecycle.rule(op.verb, custom=verb.custom).during
         if during:
@@ -519,12 +530,18 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
         op.next_step_at = now + timedelta(seconds=delay)
         op.error = f"{RETRYING}{exc.message}"[:2000]
-        if state.changed:  # a write was sent and its answer lost: the cluster may hold it
+        # A write was sent and its answer lost: the cluster may hold it. The first such is
+        # stored where a crash cannot lose it, as the first change it took would be.
+        touched = state.changed and not (
+            saved.get("changed") or op.arguments.get("cluster_touched")
+        )
+        if state.changed:
             op.arguments = {**op.arguments, "cluster_touched": True}
         _store(
             op, token,
             ["transient_failures", "transient_streak", "next_step_at", "moves", "arguments",
              "error"],
+            flushed=touched,
         )  # fmt: skip
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
         return delay
@@ -540,9 +557,13 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
     if not state.done:  # a move that only waits writes no instance, and locks none
         # In time for another move in this task: the claim is kept if that one follows at once.
         in_time = time.monotonic() < keep_until
+        # What the cluster now relies on is stored where a crash cannot lose it: an object
+        # rendered for the next move to send, or the run's first change the cluster took (a
+        # cancel after it leaves the instance failed, not as it was).
+        flushed = engine.holds_unsent(state) or (state.changed and not saved.get("changed"))
         delay = _wait(
-            op, state, step, now, token,
-            due=due, watched_kinds=spec.waited_kinds, keep=in_time, runs=runs,
+            op, state, step, now, token, due=due, watched_kinds=spec.waited_kinds,
+            keep=in_time, runs=runs, flushed=flushed,
         )  # fmt: skip
         held.kept = in_time and delay == 0
         return delay
@@ -568,10 +589,11 @@ def _wait(
     watched_kinds: Collection[tuple[str, str]] = (),
     keep: bool = False,
     runs: Runs | None = None,
+    flushed: bool = True,
 ) -> float:
-    """Store a move that left the run waiting, with the task `runs` it changed; the delay
-    before the next one. The claim is released, unless `keep` and the next move follows at
-    once: the same worker makes it.
+    """Store a move that left the run waiting, with the task `runs` it changed (waiting for
+    the disk if `flushed`); the delay before the next one. The claim is released, unless
+    `keep` and the next move follows at once: the same worker makes it.
 
     The cell watcher wakes a waiting operation by making it due (`next_step_at`) when an
     object it waits on changes in a way that decides its condition (`engine.wakes`). While it
@@ -598,10 +620,12 @@ def _wait(
     op.next_step_at = now + timedelta(seconds=delay)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
               "moves", "error", "waiting_on"]  # fmt: skip
-    if _store(op, token, fields, release=not (keep and delay == 0), due=due, runs=runs):
+    if _store(
+        op, token, fields, release=not (keep and delay == 0), due=due, runs=runs, flushed=flushed
+    ):
         return delay
     op.next_step_at, op.idle_steps = now, 0  # woken meanwhile: nothing was written
-    _store(op, token, fields, release=not keep, runs=runs)
+    _store(op, token, fields, release=not keep, runs=runs, flushed=flushed)
     return 0.0
 
 

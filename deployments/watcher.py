@@ -38,7 +38,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from deployments import selectors, status
+from deployments import rows, selectors, status
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver, WatchExpired
 from deployments.models import Cell, Instance, Operation, PlanVersion
@@ -176,15 +176,15 @@ def operations_wake(
             f"""
             UPDATE {table} o SET next_step_at = clock_timestamp()
              WHERE o.id = ANY(%s) AND o.state = %s AND {_FENCE}
-            RETURNING o.id, o.claimed_until > clock_timestamp()
+            RETURNING o.id, o.claimed_until > clock_timestamp(), {rows.UNFLUSHED}
             """,  # noqa: S608 - our table name
             [due, Operation.State.RUNNING, lease.cell_id, lease.holder, lease.epoch],
         )
         woken = cursor.fetchall()
-    for operation_id, moving in woken:
+    for operation_id, moving, _ in woken:
         if not moving:  # one a worker is moving finds itself woken when it stores its move
             operation_dispatch(operation_id, urgent=True)
-    return [str(operation_id) for operation_id, _ in woken]
+    return [str(operation_id) for operation_id, _, _ in woken]
 
 
 def _json(value):

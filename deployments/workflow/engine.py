@@ -195,6 +195,14 @@ def waiting_on(state: RunState) -> list[dict]:
     return [found[key] for key in sorted(found)]
 
 
+def holds_unsent(state: RunState) -> bool:
+    """Whether a running task holds an object it rendered and has not sent yet: the next move
+    sends it. The state that holds it must be stored where a crash cannot lose it before that
+    move starts, or a run resumed after one would render the object again, and the cluster
+    could be sent a different one."""
+    return any(node.phase == RUNNING and node.step == "rendered" for node in state.nodes.values())
+
+
 def wakes(entry: dict, obj: dict | None) -> bool:
     """Whether the object a `waiting_on` entry names, now `obj` (None: deleted), may move the
     run on: when its conditions decide (succeeded or failed), or cannot be evaluated, or were

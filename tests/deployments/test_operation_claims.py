@@ -3,10 +3,12 @@ open through a call to the cluster, a second worker leaves a claimed operation a
 worker whose claim ran out (stuck in a call) discards its move instead of committing it over
 the new owner's."""
 
+import json
 import math
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -251,6 +253,95 @@ def test_a_move_that_only_reads_the_object_back_writes_the_operation_alone(creat
         time.sleep(0.05)
     cluster.refresh_from_db()
     assert cluster.state == "Succeeded" and cluster.finished_at is not None
+
+
+UNFLUSHED = "set_config('synchronous_commit', 'off', true)"
+
+
+@dataclass
+class Move:
+    unflushed: bool  # its store let its commit skip the wait for the disk
+    unsent: bool  # the state it stored holds an object rendered for the next move to send
+    first_change: bool  # it stored the run's first change the cluster took
+    end: bool  # it ended the run
+
+
+def _moves(operation: Operation) -> list[Move]:
+    """Each move of the operation's run, one per step, to its end."""
+    moves, changed = [], False
+    for _ in range(100):
+        Operation.objects.filter(pk=operation.pk).update(next_step_at=None)
+        with CaptureQueriesContext(connection) as statements:
+            delay, _ = runner._step(str(operation.pk))
+        claim, *rest = [s["sql"] for s in statements]
+        assert "WITH claimed AS" in claim and UNFLUSHED in claim  # a claim is never worth a wait
+        store = [sql for sql in rest if "UPDATE deployments_operation SET" in sql][-1]
+        operation.refresh_from_db()
+        state = json.loads(operation.engine_state)
+        unsent = any(
+            node["phase"] == "Running" and node["step"] == "rendered"
+            for node in state["nodes"].values()
+        )
+        first_change, changed = state["changed"] and not changed, state["changed"]
+        # The end waits, with all it writes: the instance, the audit log and the email follow.
+        end = delay is None
+        moves.append(Move(any(UNFLUSHED in sql for sql in rest if end) or UNFLUSHED in store,
+                          unsent, first_change, end))  # fmt: skip
+        if end:
+            assert operation.state == Operation.State.SUCCEEDED
+            return moves
+        time.sleep(0.05)
+    raise AssertionError("the run did not end")
+
+
+def test_only_the_moves_the_cluster_relies_on_and_a_runs_end_wait_for_the_disk(created, owner):
+    create = _moves(created)
+    modify = _moves(
+        services.instance_action(
+            actor=Actor(user=owner), instance=created.instance, verb="modify",
+            request_id=uuid.uuid4().hex, parameters={"instances": 2},
+        )
+    )  # fmt: skip
+
+    for moves in (create, modify):
+        # A move whose state holds a rendered object (the next move sends it), or the run's
+        # first change the cluster took, waits; a later one that sent or read an object does not.
+        assert [m.unflushed for m in moves] == [
+            not (m.unsent or m.first_change or m.end) for m in moves
+        ]
+    # Each kind was met: the create's Cluster was sent by a move that did not wait, and the
+    # modify's first change was stored by one that did, with nothing left to send.
+    assert any(m.unflushed for m in create)
+    assert any(m.first_change and not m.unsent and not m.unflushed for m in modify)
+
+
+def test_the_first_write_whose_answer_was_lost_is_stored_waiting_for_the_disk(
+    created, owner, faults
+):
+    _moves(created)
+    modify = services.instance_action(
+        actor=Actor(user=owner), instance=created.instance, verb="modify",
+        request_id=uuid.uuid4().hex, parameters={"instances": 2},
+    )  # fmt: skip
+    runner._step(str(modify.pk))  # started, its patch rendered: the next move sends it
+    faults(error_500=1.0)  # every answer is lost from now on
+
+    stores = []
+    for _ in range(2):
+        Operation.objects.filter(pk=modify.pk).update(next_step_at=None)
+        with CaptureQueriesContext(connection) as statements:
+            runner._step(str(modify.pk))
+        stores += [
+            s["sql"]
+            for s in statements
+            if "UPDATE deployments_operation SET" in s["sql"] and "WITH claimed" not in s["sql"]
+        ]
+
+    modify.refresh_from_db()
+    assert modify.arguments["cluster_touched"] and modify.error.startswith(runner.RETRYING)
+    # The cluster may hold the first write: a crash must not lose that it was sent (a cancel
+    # would leave the instance as it was). The retry after it adds nothing to wait for.
+    assert [UNFLUSHED in sql for sql in stores] == [False, True]
 
 
 def test_the_move_that_ends_a_run_records_the_state_change_and_audit_event_in_one_insert(

@@ -227,6 +227,37 @@ def test_a_resumed_step_applies_the_object_it_rendered_not_a_new_one():
     assert run.cluster.objects[("Cluster", NS, NS)]["spec"] == {"instances": 3}
 
 
+def test_a_run_holds_an_unsent_object_from_its_render_until_the_move_that_sends_it():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")),
+        resource("cluster", cluster_manifest(), success="status.phase == healthy"),
+    )
+    run = Runner(wf)
+    assert not engine.holds_unsent(run.state)  # nothing rendered yet
+
+    run.step()  # rendered: the next move sends it, so this state must not be lost
+    assert engine.holds_unsent(run.state) and run.cluster.objects == {}
+
+    run.step()  # sent, now waiting on its condition: a lost state only sends it again
+    assert run.cluster.objects and not engine.holds_unsent(run.state)
+
+    run.step()
+    assert not engine.holds_unsent(run.state)
+
+
+def test_a_cancelled_run_holds_no_unsent_object():
+    wf = workflow(
+        dag(Task(name="cluster", template="cluster")), resource("cluster", cluster_manifest())
+    )
+    run = Runner(wf)
+    run.step()
+    state = run.state
+
+    engine.cancel(state, now=run.now, reason="Cancelled.")
+
+    assert not engine.holds_unsent(state)  # its task failed: the object is never sent
+
+
 def test_create_treats_its_own_existing_object_as_done_and_refuses_a_strangers():
     wf = workflow(
         dag(Task(name="cm", template="cm")), resource("cm", configmap("c", "x"), action="create")
