@@ -58,6 +58,10 @@ class Rule:
     # When it failed the instance (it failed, or was cancelled, after the cluster took some of
     # it), "Retry" runs it again from `failed` (create and restore start only from there).
     retried: bool = False
+    # Once the cluster took it, the operator carries it through on its own, and it leaves the
+    # instance in the state it found it (a rolling restart, a switchover): a cancel after that
+    # leaves the instance as it was, not failed. A failure still fails it.
+    settles_alone: bool = False
 
 
 _LIVE = frozenset({S.RUNNING})
@@ -83,8 +87,12 @@ RULES: dict[str, Rule] = {
     ),
     "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate", retried=True),
     "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate", retried=True),
-    "restart": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True),
-    "failover": Rule(_LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True),
+    "restart": Rule(
+        _LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True, settles_alone=True
+    ),
+    "failover": Rule(
+        _LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True, settles_alone=True
+    ),
     "backup": Rule(_LIVE, None, None, "backup.create"),
     # Forgetting a snapshot leaves the instance as it is.
     "deleteBackup": Rule(
@@ -116,6 +124,11 @@ APPLIES_PARAMETERS = frozenset(verb for verb, r in RULES.items() if r.applies_pa
 ROLLED_BACK = frozenset(verb for verb, r in RULES.items() if r.rolled_back)
 # The verbs run again by "Retry" when they failed the instance.
 RETRIED = frozenset(verb for verb, r in RULES.items() if r.retried)
+# The verbs the operator carries through once the cluster took them: cancelled, they leave the
+# instance as it was.
+SETTLES_ALONE = frozenset(verb for verb, r in RULES.items() if r.settles_alone)
+# The verbs that, cancelled after the cluster took some of them, leave the instance failed.
+CANCEL_FAILS = frozenset(verb for verb, r in RULES.items() if r.during and not r.settles_alone)
 # Deletion protection can change until a delete has started.
 PROTECTABLE = RULES["delete"].from_states
 

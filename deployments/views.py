@@ -255,6 +255,8 @@ def _tab_context(
             "pending": any(op.state in PENDING for op in operations),
             "verb_labels": selectors.verb_labels(instance.plan_version),
             "cancellable": _cancellable(instance, operations, allowed),
+            "settles_alone": lifecycle.SETTLES_ALONE,
+            "cancel_fails": lifecycle.CANCEL_FAILS,
         }
     if tab == "backups":
         return {

@@ -59,6 +59,29 @@ def test_a_cancelled_running_operation_ends_cancelled_and_the_instance_is_not_st
     assert AuditEvent.objects.filter(action="operation.cancel", target_id=str(stop.pk)).exists()
 
 
+def test_a_restart_cancelled_after_the_cluster_took_it_leaves_the_instance_running(
+    running, owner, faults, kube
+):
+    faults(frozen=["clusters"])  # the operator does not get round to it while the test looks
+    restart = _act(owner, running, "restart")
+    wait_for(
+        lambda: restart.task_runs.filter(node__endswith=".primary", state="Running").exists(),
+        what="the restart to wait on the primary",
+    )
+    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+    assert "kubectl.kubernetes.io/restartedAt" in cluster["metadata"]["annotations"]
+
+    _cancel(owner, restart)
+    faults(frozen=[])
+
+    assert wait_done(restart).state == Operation.State.CANCELLED
+    running.refresh_from_db()
+    # The operator rolls the servers through the restart it took: the instance is not failed.
+    assert running.state == Instance.State.RUNNING
+    change = running.history.get(operation=restart, to_state=Instance.State.RUNNING)
+    assert change.from_state == Instance.State.UPDATING
+
+
 def test_a_cancelled_queued_backup_shows_its_snapshot_cancelled(running, owner, faults):
     faults(frozen=["clusters"])
     restart = _act(owner, running, "restart")

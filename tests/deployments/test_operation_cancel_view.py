@@ -46,16 +46,27 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
     owner_client, owner, instance
 ):
     queued = _queue(owner, instance)
-    running = _queue(owner, instance, verb="backup")
-    Operation.objects.filter(pk=running.pk).update(state=Operation.State.RUNNING)
+    running = [_queue(owner, instance, verb=verb) for verb in ("backup", "failover", "stop")]
+    Operation.objects.filter(pk__in=[op.pk for op in running]).update(state=Operation.State.RUNNING)
 
     tab = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
 
-    backup = tab[tab.index(f'id="operation-{running.pk}"') :]
-    assert 'hx-confirm="Cancel this backup? It stops at its next step;' in backup[:3000]
-    assert "the instance may be left Failed until you retry it." in backup[:3000]
-    restart = tab[tab.index(f'id="operation-{queued.pk}"') :]
-    assert "hx-confirm" not in restart[: restart.index("</form>")]  # nothing ran yet
+    def confirm(operation) -> str:
+        html = tab[tab.index(f'id="operation-{operation.pk}"') :]
+        form = html[: html.index("</form>")]
+        return form[form.index('hx-confirm="') :].split('"')[1] if "hx-confirm" in form else ""
+
+    backup, failover, stop = (confirm(op) for op in running)
+    # A backup leaves the instance as it is, whatever the cluster did of it.
+    assert backup.startswith("Cancel this backup? It stops at its next step;")
+    assert backup.endswith("; what it has changed in the cluster stays.")
+    assert stop.endswith("the instance may be left Failed until you retry it.")
+    # The operator finishes a switchover it took: the instance stays as it is.
+    assert failover.endswith(
+        "If the cluster has already begun it, the operator still finishes it, and the instance "
+        "stays as it is."
+    )
+    assert confirm(queued) == ""  # nothing ran yet
 
 
 def test_a_repeated_cancel_request_returns_the_same_and_audits_once(owner_client, owner, instance):
