@@ -724,6 +724,8 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
         refusal = action_refusal(instance, verb, custom=custom, retry=retry)
         if verb == "delete" and instance.deletion_protected and not refusal:
             refusal = DELETION_PROTECTED
+        if verb == "backup" and not refusal and backup_queued(instance):
+            refusal = BACKUP_QUEUED
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
 
     if "modify" in verbs:
@@ -864,6 +866,15 @@ def instance_connection(instance: Instance) -> Connection:
 # --- upgrade, roll back, protection ----------------------------------------------------------
 
 DELETION_PROTECTED = "Deletion protection is on; an owner or an admin can turn it off."
+BACKUP_QUEUED = (
+    "A backup of this instance is already queued; it takes the data as it is when it starts."
+)
+
+
+def backup_queued(instance: Instance) -> bool:
+    """Whether a backup of the instance waits to start: another one queued now would take
+    the same data (a second click, a second tab)."""
+    return instance.operations.filter(verb="backup", state=Operation.State.QUEUED).exists()
 
 
 @dataclass(frozen=True)

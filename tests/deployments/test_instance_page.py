@@ -1283,3 +1283,21 @@ def test_switchover_is_judged_on_the_servers_the_instance_will_have_when_it_runs
 
     assert "Switchover promotes a replica" in refused.content.decode()
     assert not instance.operations.filter(verb="failover").exists()
+
+
+def test_back_up_now_says_a_backup_is_already_queued_and_a_second_click_queues_none(
+    owner_client, instance
+):
+    owner_client.post(_url(instance, "actions/backup/"), {"request_id": "tab-1"})
+    queued = instance.operations.get(verb="backup", state=Operation.State.QUEUED)
+
+    html = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    why = "A backup of this instance is already queued; it takes the data as it is when it starts."
+    assert re.search(r'<button type="submit" disabled aria-describedby="why-backup-tab">', html)
+    assert why in html
+    # The other tab still shows the button live: its click is refused with the same words.
+    response = owner_client.post(
+        _url(instance, "actions/backup/"), {"request_id": "tab-2"}, follow=True
+    )
+    assert why in response.content.decode()
+    assert list(instance.operations.filter(verb="backup")) == [queued]

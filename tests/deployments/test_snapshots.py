@@ -10,9 +10,10 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from accounts.audit import Actor
+from accounts.errors import ActionDenied
 from deployments import runner, services
 from deployments.models import Instance, Operation, PlatformSecret, Snapshot
-from tests.concurrency import beside_a_lock
+from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC, instance_object, wait_done
 
 
@@ -115,9 +116,12 @@ def test_two_backups_in_one_second_are_two_and_deleting_one_keeps_the_other(
     instance = create.instance
     second = timezone.now().replace(microsecond=0)
     ticks = itertools.count()
-    # Both requested within one second (two tabs, or a schedule beside a click).
+    # Both requested within one second: a schedule's slot beside a click.
     monkeypatch.setattr(timezone, "now", lambda: second + timedelta(microseconds=next(ticks)))
-    backups = [_act(owner, instance, "backup"), _act(owner, instance, "backup")]
+    backups = [
+        _act(owner, instance, "backup"),
+        services._backup_queue_scheduled(Instance.objects.get(pk=instance.pk), second),
+    ]
     monkeypatch.undo()
 
     for backup in backups:
@@ -132,6 +136,31 @@ def test_two_backups_in_one_second_are_two_and_deleting_one_keeps_the_other(
 
     assert backup_object(forgotten) is None
     assert backup_object(kept)["status"]["phase"] == "completed"
+
+
+def test_back_up_now_while_a_backup_is_queued_is_refused_and_queues_nothing(
+    cell, plan, tenant, owner
+):
+    create = _create(owner, tenant, plan)  # no worker: what it queues stays queued
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    instance = Instance.objects.get(pk=create.instance_id)
+
+    # Two tabs, each with its own form: the clicks race for the instance.
+    results = race(lambda: _act(owner, instance, "backup"))
+
+    queued = [r for r in results if isinstance(r, Operation)]
+    refused = [r for r in results if isinstance(r, ActionDenied)]
+    assert len(queued) == 1 and len(refused) == len(results) - 1, results
+    assert refused[0].reason == (
+        "A backup of this instance is already queued; it takes the data as it is when it starts."
+    )
+    assert Snapshot.objects.filter(instance=instance).count() == 1  # the refused left none
+    assert instance.operations.filter(verb="backup").count() == 1
+
+    # Once it has started, another backup takes the data as it is later: it is accepted.
+    Operation.objects.filter(pk=queued[0].pk).update(state=Operation.State.RUNNING)
+    assert _act(owner, instance, "backup").state == Operation.State.QUEUED
 
 
 def test_snapshot_before_deletion_takes_a_last_backup_first(worker, cell, tenant, owner):
