@@ -165,10 +165,15 @@ def refusal(
     named = label or verb
     if not named[1:2].isupper():  # "Switchover" reads "switchover" mid-sentence; "CPU" stays
         named = named[:1].lower() + named[1:]
-    needs = " or ".join(sorted(S(s).label.lower() for s in allowed))
+    # "has failed", not "is failed": the other states read as they are named.
+    if state == S.FAILED:
+        now = "will have failed" if queued else "has failed"
+    else:
+        now = f"{'will be' if queued else 'is'} {S(state).label.lower()}"
     lead = (
-        "Once the operations queued before it have run, the instance will be"
-        if queued
-        else "The instance is"
+        "Once the operations queued before it have run, the instance" if queued else "The instance"
     )
-    return f"{lead} {S(state).label.lower()}; {named} needs it to be {needs}."
+    if allowed == {S.FAILED}:  # a roll back
+        return f"{lead} {now}; {named} is for an instance that has failed."
+    needs = " or ".join(sorted(S(s).label.lower() for s in allowed))
+    return f"{lead} {now}; {named} needs it to be {needs}."

@@ -525,7 +525,7 @@ def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing
     assert ">Retry</button>" in html  # in the form that posts the restart again
     form = html[: html.index(">Retry</button>")].rsplit('action="', 1)[1]
     assert form.split('"', 1)[0].endswith("/actions/restart/")
-    assert "The instance is failed; start needs it to be stopped." in html
+    assert "The instance has failed; start needs it to be stopped." in html
     refused = owner_client.post(_url(instance, "actions/start/"), {"request_id": "s-1"})
     assert refused.status_code == 302 and not instance.operations.filter(verb="start").exists()
     owner_client.post(_url(instance, "actions/restart/"), {"request_id": "retry-1"})

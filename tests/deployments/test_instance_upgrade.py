@@ -192,7 +192,7 @@ def test_a_roll_back_after_a_failed_modify_returns_the_instance_to_its_old_value
     assert services.instance_parameters(instance)["password"] == "the-first-password"
     assert _password_in_cluster(kube, instance) == "the-first-password"
     assert _cluster(kube, instance)["spec"]["instances"] == 2
-    with pytest.raises(ActionDenied, match="needs it to be failed"):
+    with pytest.raises(ActionDenied, match="is for an instance that has failed"):
         _rollback(owner, instance)
 
 
@@ -361,7 +361,7 @@ def test_an_upgrade_keeps_the_values_the_new_version_has_and_defaults_the_new_on
 
 
 def test_a_roll_back_needs_a_failed_modify_or_upgrade(running, owner):
-    with pytest.raises(ActionDenied, match="needs it to be failed"):
+    with pytest.raises(ActionDenied, match="is for an instance that has failed"):
         _rollback(owner, running)
     _fail(running, verb="restart")
     with pytest.raises(ActionDenied, match="failed modify or upgrade"):

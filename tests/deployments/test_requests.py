@@ -18,7 +18,7 @@ from accounts import services as account_services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
-from deployments import services
+from deployments import lifecycle, services
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC
@@ -480,3 +480,23 @@ def test_a_refusal_tells_the_state_now_from_the_one_queued_operations_will_leave
         " needs it to be "
     )
     assert Operation.objects.filter(instance=running, verb="restart").count() == 0
+
+
+@pytest.mark.parametrize(
+    ("verb", "state", "queued", "reason"),
+    [
+        ("start", "failed", False, "The instance has failed; start needs it to be stopped."),
+        (
+            "stop", "failed", True,
+            "Once the operations queued before it have run, the instance will have failed; stop"
+            " needs it to be running.",
+        ),
+        (
+            "rollback", "running", False,
+            "The instance is running; roll back is for an instance that has failed.",
+        ),
+    ],
+)  # fmt: skip
+def test_a_refusal_says_an_instance_has_failed_rather_than_is_failed(verb, state, queued, reason):
+    label = "Roll back" if verb == "rollback" else ""
+    assert lifecycle.refusal(verb, state, queued=queued, label=label) == reason

@@ -159,7 +159,7 @@ def test_a_failed_create_can_be_retried(request, cell, plan, tenant, owner, sand
     assert wait_done(retry).state == Operation.State.SUCCEEDED, retry.error
     instance.refresh_from_db()
     assert instance.state == Instance.State.RUNNING
-    with pytest.raises(ActionDenied, match="needs it to be failed"):
+    with pytest.raises(ActionDenied, match="is for an instance that has failed"):
         _act(owner, instance, "create")  # a running instance has nothing to retry
 
 
