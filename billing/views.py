@@ -1,6 +1,7 @@
 import logging
 import uuid
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -36,6 +37,8 @@ def overview(request):
         ),
         "stripe_checkout": gateway() is not None,
         "checkout": _checkout_said(request.GET.get("checkout", ""), rows),
+        # The plan just paid for while Stripe has not confirmed it yet: the page follows it.
+        "confirming": _confirming(request.GET, rows),
         # Stripe keeps payment details once a subscription was paid for (a checkout page left
         # unpaid leaves a customer with nothing to manage).
         "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists()
@@ -66,6 +69,22 @@ def _checkout_said(returned: str, rows) -> str:
         for row in rows
     )
     return "done" if paid else ""
+
+
+def _confirming(query, rows) -> str:
+    """The key of the plan whose Checkout came back paid (`?checkout=done&plan=`) while its
+    subscription still waits for Stripe's confirmation; "" when none does."""
+    if query.get("checkout") != "done":
+        return ""
+    key = query.get("plan", "")
+    waiting = any(
+        row.plan.key == key
+        and row.subscription is not None
+        and row.subscription.stripe_customer_id
+        and row.subscription.status == Subscription.Status.PENDING
+        for row in rows
+    )
+    return key if waiting else ""
 
 
 def _back(request):
@@ -154,7 +173,7 @@ def _checkout(request, gw, subscription: Subscription):
         url = stripe_sync.checkout_start(
             gw,
             subscription,
-            success_url=f"{back}?checkout=done",
+            success_url=f"{back}?{urlencode({'checkout': 'done', 'plan': subscription.plan.key})}",
             cancel_url=f"{back}?checkout=cancelled",
             email=request.user.email,
         )

@@ -179,6 +179,18 @@ def test_the_cancel_section_says_how_many_instances_still_run(
     page = owner_client.get(_url(tenant, "")).content.decode()
 
     assert f"{said} on this plan" in page
+    # The button is there, for the plan's page reads the same, but it does nothing until then.
+    key = subscribed.plan.key
+    assert (
+        f'<button type="submit" class="secondary" disabled aria-describedby="why-cancel-{key}">'
+        f"Cancel my PostgreSQL subscription</button>"
+    ) in page
+
+
+def test_without_instances_the_cancel_button_is_live(owner_client, tenant, subscribed):
+    page = owner_client.get(_url(tenant, "")).content.decode()
+
+    assert '<button type="submit" class="secondary">Cancel my PostgreSQL subscription' in page
 
 
 def test_cancelling_without_instances_cancels(owner_client, tenant, subscribed):

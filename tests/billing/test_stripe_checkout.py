@@ -590,3 +590,33 @@ def test_the_thank_you_after_checkout_shows_only_for_a_subscription_paid_through
     _subscribe(owner_client, tenant, catalog)  # off to Checkout, back with ?checkout=done
 
     assert thanks in owner_client.get(billing_page, {"checkout": "done"}).content.decode()
+
+
+def test_back_from_checkout_the_page_follows_the_subscription_until_stripe_confirms_it(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    response = _subscribe(owner_client, tenant, catalog)
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
+    session = gw.client.v1.checkout.sessions.retrieve(session_id)
+    # Stripe sends the payer back to the Billing page naming the plan paid for.
+    assert session.success_url.endswith(
+        f"/t/{tenant.slug}/billing/?checkout=done&plan={catalog.key}"
+    )
+    emulator.complete_checkout(session_id)
+    back = session.success_url.split("testserver", 1)[1]
+
+    page = owner_client.get(back).content.decode()
+
+    plan = page[page.index(f'id="plan-{catalog.key}"') :]
+    assert "Confirming payment</span>" in plan and "Awaiting payment" not in page
+    assert "Continue to payment" not in page  # it is paid for: no second page to pay on
+    assert "this page shows it when it does" in page
+    assert 'id="billing-live" hx-get="' in page and 'hx-trigger="every 2s' in page
+
+    _deliver(client, emulator.events("checkout.session.completed")[-1])  # Stripe confirms it
+    page = owner_client.get(back).content.decode()
+
+    assert "Active</span>" in page[page.index(f'id="plan-{catalog.key}"') :]
+    assert "Thank you: Stripe confirmed your payment." in page
+    assert "Stripe has your payment details" not in page
+    assert 'id="billing-live">' in page  # no longer followed
