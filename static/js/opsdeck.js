@@ -100,6 +100,17 @@ function keepFolding() {
 }
 
 document.addEventListener("DOMContentLoaded", openMarkedDialogs);
+
+// A page sent as the answer to a form ([data-address]: the password shown once, which the
+// password check replays the form for) takes its own address: the address bar no longer shows
+// the check's, and reloading asks for the page rather than sending the form again.
+function showOwnAddress() {
+  const marked = document.querySelector("[data-address]");
+  if (marked && location.pathname + location.search !== marked.dataset.address) {
+    history.replaceState(history.state, "", marked.dataset.address);
+  }
+}
+document.addEventListener("DOMContentLoaded", showOwnAddress);
 document.addEventListener("htmx:afterSettle", () => {
   openMarkedDialogs();
   keepFolding();

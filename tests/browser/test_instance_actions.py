@@ -1,6 +1,8 @@
 # ruff: noqa: F811 (the instance fixture of the instance page tests is a parameter here)
 """Modify and Connection on the instance page in a real browser, at 1280 px and 390 px."""
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -68,6 +70,9 @@ def test_reveal_asks_for_the_password_then_shows_it_once(open_page, owner, insta
     page.get_by_label("Password").press("Enter")
 
     expect(page.locator("#connection-password")).to_have_text(secret)
+    # The address is the tab's, not the password check's the answer came from.
+    address = f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=connection"
+    expect(page).to_have_url(re.compile(re.escape(address) + "$"))
     shot(page, f"instance-connection-revealed-{width}")
     assert not scrolls_sideways(page)
     page.reload()  # a GET of the same address: the revealed answer is not cached
