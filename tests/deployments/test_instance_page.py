@@ -130,6 +130,21 @@ def test_a_count_of_zero_ready_servers_kubernetes_left_out_reads_zero(owner_clie
     assert "<dd>0 of 0</dd>" in html and "? of" not in html
 
 
+def test_a_stopped_instance_says_what_the_operators_healthy_status_means(owner_client, instance):
+    # As CloudNativePG reports a hibernated cluster: its healthy phase, Ready, no server.
+    ready = {"type": "Ready", "status": "True", "message": "Cluster is Ready"}
+    observed = {"phase": "Cluster in healthy state", "total": 0, "conditions": [ready]}
+    Instance.objects.filter(pk=instance.pk).update(observed=observed, observed_at=timezone.now())
+    running = owner_client.get(_url(instance)).content.decode()
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED)
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    note = "None of its servers runs while the instance is stopped."
+    assert note in html and note not in running
+    assert "Cluster in healthy state" in html  # what the operator says, explained, not hidden
+
+
 def test_a_deleted_instance_shows_no_status_from_before_it_was_deleted(owner_client, instance):
     Instance.objects.filter(pk=instance.pk).update(
         state=Instance.State.DELETED,
