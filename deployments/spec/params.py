@@ -167,6 +167,10 @@ def _range_message(low: Any, high: Any, unit: str = "") -> str:
     return f"Must be at most {number_text(high)}{unit}."
 
 
+# What a String or Password value may not hold besides (`_CONTROL`): it is one line.
+_TAB_OR_BREAK = re.compile(r"[\t\n\r]")
+
+
 def check(parameter: Parameter, value: Any) -> None:
     """Check a typed value against the parameter's options, limits and regex.
 
@@ -183,6 +187,10 @@ def check(parameter: Parameter, value: Any) -> None:
     if parameter.type == "Float64" and parameter.step is not None:
         _check_step(parameter.step, low, value)
     if parameter.type in ("String", "Password"):
+        # One line, as the form's field gives it: a line break or a tab pasted into a password
+        # or a name breaks the connection strings and files it ends up in.
+        if _TAB_OR_BREAK.search(value):
+            raise ValueError("Must be on one line, without tabs.")
         if (low is not None and len(value) < low) or (high is not None and len(value) > high):
             raise ValueError(_range_message(low, high, " characters long"))
         if parameter.regex and pattern_compiled(parameter.regex).fullmatch(value) is None:

@@ -194,6 +194,18 @@ def test_given_password_is_checked_like_a_string():
     assert validate_parameters([pw], {"pw": "long-enough-pass"}) == {"pw": "long-enough-pass"}
 
 
+@pytest.mark.parametrize(
+    "value", ["first-line\nsecond-line", "windows\r\nline", "tab\there-and-there"]
+)
+@pytest.mark.parametrize("type_", ["String", "Password"])
+def test_a_text_value_is_one_line_without_tabs(type_, value):
+    field = param("pw", type_)
+
+    assert errors_for([field], {"pw": value}) == {"pw": "Must be on one line, without tabs."}
+    spaced = "words with spaces, and symbols: é ü €"
+    assert validate_parameters([field], {"pw": spaced}) == {"pw": spaced}
+
+
 def test_generate_password_uses_letters_and_digits():
     assert generate_password(40).isalnum()
     assert len(generate_password(40)) == 40
