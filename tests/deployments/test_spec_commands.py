@@ -488,3 +488,30 @@ def test_a_condition_that_exceeds_its_time_limit_exits_1_with_one_line(tmp_path)
     assert result.stderr.splitlines() == [
         "CommandError: successCondition: CEL: the expression exceeded its time limit of 2 s"
     ]
+
+
+def test_check_names_a_stored_plan_version_this_opsdeck_no_longer_loads(db):
+    from django.core.checks import Tags, run_checks
+
+    from deployments import services
+    from deployments.models import PlanVersion
+
+    text = (ROOT / "specs" / "postgres-cnpg.yaml").read_text()
+    version = services.plan_load(text=text).version
+    assert run_checks(databases=["default"], tags=[Tags.database]) == []
+    # Stored by an Opsdeck that matched `regex` with Python's `re`: RE2 has no lookahead.
+    old = text.replace('regex: "^[a-z][a-z0-9_]*$"', 'regex: "^(?!postgres$)[a-z][a-z0-9_]*$"', 1)
+    PlanVersion.objects.create(plan=version.plan, number=version.number + 1, spec_text=old)
+
+    found = run_checks(databases=["default"], tags=[Tags.database])
+
+    assert [warning.id for warning in found] == ["deployments.W001"]
+    assert found[0].msg.startswith(
+        f"Plan {version.plan.key} version {version.number + 1} no longer loads:"
+    )
+    assert "regex" in found[0].msg
+    out = StringIO()
+    call_command(
+        "check", "--database", "default", stderr=out, stdout=out
+    )  # a warning, not a failure
+    assert "deployments.W001" in out.getvalue()
