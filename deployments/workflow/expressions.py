@@ -309,12 +309,22 @@ class WhenExpression:
         try:
             value = self.root.eval()
         except ExpressionError as exc:
-            raise ExpressionError(f'cannot evaluate when "{self.text}": {exc}') from None
+            raise ExpressionError(f"cannot evaluate when {_cited(self.text)}: {exc}") from None
         if not isinstance(value, bool):
             raise ExpressionError(
-                f'when "{self.text}" must be true or false, but it is {_show(value)}'
+                f"when {_cited(self.text)} must be true or false, but it is {_show(value)}"
             )
         return value
+
+
+QUOTED = 200  # characters of an expression an error quotes
+
+
+def _cited(text: str) -> str:
+    """The expression in quotes for an error, its first QUOTED characters when it is longer."""
+    if len(text) <= QUOTED:
+        return f'"{text}"'
+    return f'"{text[:QUOTED]}…" ({len(text):,} characters)'
 
 
 def parse_when(text: str) -> WhenExpression:
@@ -325,7 +335,7 @@ def parse_when(text: str) -> WhenExpression:
     try:
         return WhenExpression(text, _parsed(_WhenParser(text)))
     except ExpressionError as exc:
-        raise ExpressionError(f'invalid when "{text}": {exc}') from None
+        raise ExpressionError(f"invalid when {_cited(text)}: {exc}") from None
 
 
 def when_is_true(text: str) -> bool:
@@ -337,11 +347,11 @@ def check_when_syntax(text: str) -> None:
     """Check a `when` expression before substitution: each `{{…}}` stands for one word."""
     standing, unclosed = placeholders_replaced(text, lambda _: _PLACEHOLDER_STANDIN)
     if unclosed:
-        raise ExpressionError(f'invalid when "{text}": a "{{{{" placeholder is not closed')
+        raise ExpressionError(f'invalid when {_cited(text)}: a "{{{{" placeholder is not closed')
     try:
         _parsed(_WhenParser(standing))
     except ExpressionError as exc:
-        raise ExpressionError(f'invalid when "{text}": {exc}') from None
+        raise ExpressionError(f"invalid when {_cited(text)}: {exc}") from None
 
 
 # --- depends -----------------------------------------------------------------------------------

@@ -507,3 +507,14 @@ def test_many_unclosed_placeholders_are_refused_at_once():
         check_when_syntax("{{" * 40000)
 
     assert time.monotonic() - started < 5
+
+
+def test_an_error_about_a_long_when_quotes_its_beginning_and_says_how_long_it_is():
+    text = "1 == 1 && " * 10 + "garbage $$$" + " x" * 20_000
+
+    with pytest.raises(ExpressionError) as caught:
+        check_when_syntax(text)
+
+    message = str(caught.value)
+    assert message.startswith(f'invalid when "{text[:200]}…" ({len(text):,} characters): ')
+    assert len(message) < 400
