@@ -167,8 +167,16 @@ def _range_message(low: Any, high: Any, unit: str = "") -> str:
     return f"Must be at most {number_text(high)}{unit}."
 
 
-# What a String or Password value may not hold besides (`_CONTROL`): it is one line.
+# What a String or Password value a customer gives may not hold besides (`_CONTROL`): it is one
+# line, as the form's field gives it. A line break or a tab pasted into a password or a name
+# breaks the connection strings and files it ends up in. Only what is given is held to it: a
+# spec's default, and a value an instance already holds, stay as they were accepted.
 _TAB_OR_BREAK = re.compile(r"[\t\n\r]")
+
+
+def _one_line(parameter: Parameter, value: Any) -> None:
+    if parameter.type in ("String", "Password") and _TAB_OR_BREAK.search(value):
+        raise ValueError("Must be on one line, without tabs.")
 
 
 def check(parameter: Parameter, value: Any) -> None:
@@ -187,10 +195,6 @@ def check(parameter: Parameter, value: Any) -> None:
     if parameter.type == "Float64" and parameter.step is not None:
         _check_step(parameter.step, low, value)
     if parameter.type in ("String", "Password"):
-        # One line, as the form's field gives it: a line break or a tab pasted into a password
-        # or a name breaks the connection strings and files it ends up in.
-        if _TAB_OR_BREAK.search(value):
-            raise ValueError("Must be on one line, without tabs.")
         if (low is not None and len(value) < low) or (high is not None and len(value) > high):
             raise ValueError(_range_message(low, high, " characters long"))
         if parameter.regex and pattern_compiled(parameter.regex).fullmatch(value) is None:
@@ -274,6 +278,8 @@ def validate_parameters(
         try:
             value = coerce(parameter, raw)
             check(parameter, value)
+            if current is None or current.get(key) != value:
+                _one_line(parameter, value)
         except ValueError as exc:
             errors[key] = str(exc)
             continue

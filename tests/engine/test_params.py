@@ -206,6 +206,17 @@ def test_a_text_value_is_one_line_without_tabs(type_, value):
     assert validate_parameters([field], {"pw": spaced}) == {"pw": spaced}
 
 
+def test_a_default_and_a_value_held_already_stay_as_they_were_accepted():
+    banner = param("banner", default="line one\nline two", modifiable=True)
+
+    assert validate_parameters([banner], {}) == {"banner": "line one\nline two"}
+    held = {"banner": "a\tb"}  # accepted before values had to be one line
+    assert validate_parameters([banner], {"banner": "a\tb"}, current=held) == held
+    assert errors_for([banner], {"banner": "c\td"}, current=held) == {
+        "banner": "Must be on one line, without tabs."
+    }
+
+
 def test_generate_password_uses_letters_and_digits():
     assert generate_password(40).isalnum()
     assert len(generate_password(40)) == 40
