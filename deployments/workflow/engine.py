@@ -195,6 +195,19 @@ def waiting_on(state: RunState) -> list[dict]:
     return [found[key] for key in sorted(found)]
 
 
+def stopped_by_cancel(state: RunState, reason: str) -> bool:
+    """Whether the cancel given `reason` is what ended the run's main stage: it came while the
+    stage was under way, and none of its tasks had failed on its own (a failure the main stage
+    met first, or a deadline, is not the cancel's doing)."""
+    failed = (node for node in state.nodes.values() if node.phase in {FAILED, ERRORED})
+    return (
+        bool(reason)
+        and state.main_phase == FAILED
+        and state.message == reason
+        and all(node.message == reason for node in failed)
+    )
+
+
 def holds_unsent(state: RunState) -> bool:
     """Whether a running task holds an object it rendered and has not sent yet: the next move
     sends it. The state that holds it must be stored where a crash cannot lose it before that

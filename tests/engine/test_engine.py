@@ -258,6 +258,48 @@ def test_a_cancelled_run_holds_no_unsent_object():
     assert not engine.holds_unsent(state)  # its task failed: the object is never sent
 
 
+def test_a_cancel_stopped_the_run_only_when_it_ended_a_main_stage_going_as_it_should():
+    def waiting_run():
+        wf = workflow(
+            dag(Task(name="cluster", template="cluster"), Task(name="other", template="other")),
+            resource("cluster", cluster_manifest(), success="status.phase == healthy"),
+            resource("other", configmap("o", "x"), failure="data.value == x", success="false"),
+            on_exit="cleanup",
+        )
+        wf.templates["cleanup"] = resource("cleanup", configmap("c", "y"))
+        return Runner(wf)
+
+    going = waiting_run()
+    going.cluster.objects[("ConfigMap", NS, "o")] = {"data": {"value": "not yet"}}
+    going.step()  # both rendered, nothing failed yet
+    state = going.state
+    engine.cancel(state, now=going.now, reason="Cancelled by a@example.com.")
+    assert engine.stopped_by_cancel(state, "Cancelled by a@example.com.")
+
+    failing = waiting_run()
+    failing.until_quiet()  # "other" meets its failureCondition while "cluster" still waits
+    state = failing.state
+    assert failing.node(".other").phase == engine.FAILED
+    engine.cancel(state, now=failing.now, reason="Cancelled by a@example.com.")
+    assert not engine.stopped_by_cancel(state, "Cancelled by a@example.com.")
+
+    ended = waiting_run()
+    ended.until_quiet()
+    ended.cluster.set_status("Cluster", NS, phase="healthy")
+    ended.until_quiet()  # the main stage failed by itself; the cancel meets its onExit
+    state = ended.state
+    assert state.stage != "main" and state.main_phase == engine.FAILED
+    engine.cancel(state, now=ended.now, reason="Cancelled by a@example.com.")
+    assert not engine.stopped_by_cancel(state, "Cancelled by a@example.com.")
+
+    deadline = waiting_run()
+    deadline.step()
+    state = deadline.state
+    engine.cancel(state, now=deadline.now, reason="The workflow exceeded its deadline of 600 s.")
+    assert not engine.stopped_by_cancel(state, "Cancelled by a@example.com.")
+    assert not engine.stopped_by_cancel(state, "")
+
+
 def test_create_treats_its_own_existing_object_as_done_and_refuses_a_strangers():
     wf = workflow(
         dag(Task(name="cm", template="cm")), resource("cm", configmap("c", "x"), action="create")
