@@ -27,18 +27,25 @@ INVOICES_PER_PAGE = 24
 @tenant_view("billing.view")
 def overview(request):
     rows = selectors.plan_rows(request.tenant)
-    context = {
+    plans = {
         "rows": rows,
         "request_id": uuid.uuid4().hex,  # one per rendering: a double submit sends it twice
+        "stripe_checkout": gateway() is not None,
+        # A return that names its plan is `_payment_return`'s to tell (older pages named none).
+        "checkout": _checkout_said(request.GET.get("checkout", ""), rows)
+        if "plan" not in request.GET
+        else "",
+        **_payment_return(request, rows),
+    }
+    if request.htmx and request.htmx.target == "billing-live":  # the plans follow a payment
+        return render(request, "billing/_plans.html", plans)
+    context = {
+        **plans,
         "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
         # Newest first, a page at a time (two plans make 24 invoices a year).
         "invoices": Paginator(selectors.invoices_of(request.tenant), INVOICES_PER_PAGE).get_page(
             request.GET.get("page")
         ),
-        "stripe_checkout": gateway() is not None,
-        "checkout": _checkout_said(request.GET.get("checkout", ""), rows),
-        # The plan just paid for while Stripe has not confirmed it yet: the page follows it.
-        "confirming": _confirming(request.GET, rows),
         # Stripe keeps payment details once a subscription was paid for (a checkout page left
         # unpaid leaves a customer with nothing to manage).
         "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists()
@@ -71,20 +78,42 @@ def _checkout_said(returned: str, rows) -> str:
     return "done" if paid else ""
 
 
-def _confirming(query, rows) -> str:
-    """The key of the plan whose Checkout came back paid (`?checkout=done&plan=`) while its
-    subscription still waits for Stripe's confirmation; "" when none does."""
-    if query.get("checkout") != "done":
-        return ""
-    key = query.get("plan", "")
-    waiting = any(
-        row.plan.key == key
-        and row.subscription is not None
-        and row.subscription.stripe_customer_id
-        and row.subscription.status == Subscription.Status.PENDING
-        for row in rows
-    )
-    return key if waiting else ""
+CONFIRMING_FOR = timedelta(minutes=2)  # how long the page follows a payment Stripe confirms
+
+
+def _payment_return(request, rows) -> dict:
+    """What the page says of the plan paid for on Stripe's Checkout page it came back from
+    (`?checkout=done&plan=KEY`), its subscription paid through Checkout:
+    - `confirming` (the plan's key): it waits for Stripe's confirmation, and the plans follow
+      it (`follow_url`) for CONFIRMING_FOR from the return (`since`, which the address keeps);
+    - `confirmed` (the plan's name): it started within the hour;
+    - `unconfirmed` (the plan's name): it still waits after that (a payment not finished, or an
+      answer from Stripe still to come)."""
+    said = {"confirming": "", "confirmed": "", "unconfirmed": "", "follow_url": ""}
+    query = request.GET
+    if query.get("checkout") != "done" or "plan" not in query:
+        return said
+    row = next((r for r in rows if r.plan.key == query["plan"]), None)
+    subscription = row.subscription if row is not None else None
+    if subscription is None or not subscription.stripe_customer_id:
+        return said
+    now = timezone.now()
+    if subscription.status == Subscription.Status.ACTIVE:
+        if subscription.updated_at >= now - CHECKOUT_RECENT:
+            said["confirmed"] = row.plan.name
+    elif subscription.status == Subscription.Status.PENDING:
+        try:
+            since = min(float(query.get("since", "")), now.timestamp())
+        except ValueError:
+            since = now.timestamp()  # the return itself: the following starts now
+        if now.timestamp() - since < CONFIRMING_FOR.total_seconds():
+            said["confirming"] = row.plan.key
+            said["follow_url"] = f"{request.path}?" + urlencode(
+                {"checkout": "done", "plan": row.plan.key, "since": int(since)}
+            )
+        else:
+            said["unconfirmed"] = row.plan.name
+    return said
 
 
 def _back(request):

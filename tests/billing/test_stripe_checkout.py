@@ -611,12 +611,36 @@ def test_back_from_checkout_the_page_follows_the_subscription_until_stripe_confi
     assert "Confirming payment</span>" in plan and "Awaiting payment" not in page
     assert "Continue to payment" not in page  # it is paid for: no second page to pay on
     assert "this page shows it when it does" in page
-    assert 'id="billing-live" hx-get="' in page and 'hx-trigger="every 2s' in page
+    (follow,) = re.findall(r'id="billing-live" hx-get="([^"]+)" hx-trigger="every 2s', page)
+    follow = follow.replace("&amp;", "&")
+    assert re.fullmatch(rf"/t/{tenant.slug}/billing/\?checkout=done&plan=pg&since=\d+", follow)
+    # Its polls get the plans alone: no page around them, no flash message taken from another tab.
+    poll = owner_client.get(follow, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="billing-live")
+    assert "<html" not in poll.content.decode() and 'id="billing-live"' in poll.content.decode()
 
     _deliver(client, emulator.events("checkout.session.completed")[-1])  # Stripe confirms it
-    page = owner_client.get(back).content.decode()
+    page = owner_client.get(follow, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="billing-live")
+    page = page.content.decode()
 
     assert "Active</span>" in page[page.index(f'id="plan-{catalog.key}"') :]
-    assert "Thank you: Stripe confirmed your payment." in page
+    assert "Thank you: Stripe confirmed your payment, and your PostgreSQL subscription has" in page
     assert "Stripe has your payment details" not in page
     assert 'id="billing-live">' in page  # no longer followed
+
+
+def test_a_payment_stripe_does_not_confirm_is_followed_for_two_minutes_then_left_to_pay(
+    owner_client, tenant, catalog
+):
+    _subscribe(owner_client, tenant, catalog)  # off to Checkout, and back without paying
+    billing = f"/t/{tenant.slug}/billing/"
+    stale = int(time.time()) - 121
+
+    page = owner_client.get(billing, {"checkout": "done", "plan": "pg", "since": stale})
+
+    html = page.content.decode()
+    assert "Stripe has not confirmed a payment for PostgreSQL yet." in html
+    assert "Continue to payment" in html and "Awaiting payment</span>" in html
+    assert 'id="billing-live">' in html  # no longer followed
+    # A plan the tenant has no such subscription to gets no word about a payment.
+    other = owner_client.get(billing, {"checkout": "done", "plan": "nonsense"}).content.decode()
+    assert "Thank you" not in other and "Stripe has not confirmed" not in other
