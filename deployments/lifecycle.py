@@ -173,7 +173,7 @@ def refusal(
     lead = (
         "Once the operations queued before it have run, the instance" if queued else "The instance"
     )
-    if allowed == {S.FAILED}:  # a roll back
+    if allowed == {S.FAILED}:  # a roll back, or a retry of a create or a restore
         return f"{lead} {now}; {named} is for an instance that has failed."
     needs = " or ".join(sorted(S(s).label.lower() for s in allowed))
     return f"{lead} {now}; {named} needs it to be {needs}."
