@@ -724,8 +724,8 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
         refusal = action_refusal(instance, verb, custom=custom, retry=retry)
         if verb == "delete" and instance.deletion_protected and not refusal:
             refusal = DELETION_PROTECTED
-        if verb == "backup" and not refusal and backup_queued(instance):
-            refusal = BACKUP_QUEUED
+        if verb == "backup" and not refusal and backup_pending(instance):
+            refusal = BACKUP_PENDING
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
 
     if "modify" in verbs:
@@ -866,15 +866,17 @@ def instance_connection(instance: Instance) -> Connection:
 # --- upgrade, roll back, protection ----------------------------------------------------------
 
 DELETION_PROTECTED = "Deletion protection is on; an owner or an admin can turn it off."
-BACKUP_QUEUED = (
-    "A backup of this instance is already queued; it takes the data as it is when it starts."
+BACKUP_PENDING = (
+    "A backup of this instance is already queued or running; back up again once it has finished."
 )
 
 
-def backup_queued(instance: Instance) -> bool:
-    """Whether a backup of the instance waits to start: another one queued now would take
-    the same data (a second click, a second tab)."""
-    return instance.operations.filter(verb="backup", state=Operation.State.QUEUED).exists()
+def backup_pending(instance: Instance) -> bool:
+    """Whether a backup of the instance is queued or running: another one asked for now (a
+    second click, a second tab) would take much the same data, one after the other."""
+    return instance.operations.filter(
+        verb="backup", state__in=[Operation.State.QUEUED, Operation.State.RUNNING]
+    ).exists()
 
 
 @dataclass(frozen=True)

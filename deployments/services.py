@@ -561,8 +561,8 @@ def instance_action(
         else:
             _entitled(instance, "retry" if verb in lifecycle.MAKES_INSTANCE else verb)
             requested_secret, arguments = _verb_request(spec, spec_verb, values)
-        if verb == "backup" and selectors.backup_queued(instance):  # read under the lock
-            raise ActionDenied(selectors.BACKUP_QUEUED)
+        if verb == "backup" and selectors.backup_pending(instance):  # read under the lock
+            raise ActionDenied(selectors.BACKUP_PENDING)
         if verb in lifecycle.MAKES_INSTANCE:
             arguments = _retry_arguments(instance, verb, failed)
         if verb == "backup":

@@ -1300,14 +1300,15 @@ def test_switchover_is_judged_on_the_servers_the_instance_will_have_when_it_runs
     assert not instance.operations.filter(verb="failover").exists()
 
 
-def test_back_up_now_says_a_backup_is_already_queued_and_a_second_click_queues_none(
+def test_back_up_now_says_a_backup_is_already_under_way_and_a_second_click_queues_none(
     owner_client, instance
 ):
     owner_client.post(_url(instance, "actions/backup/"), {"request_id": "tab-1"})
     queued = instance.operations.get(verb="backup", state=Operation.State.QUEUED)
 
     html = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
-    why = "A backup of this instance is already queued; it takes the data as it is when it starts."
+    why = selectors.BACKUP_PENDING
+    assert why.startswith("A backup of this instance is already queued or running;")
     assert re.search(r'<button type="submit" disabled aria-describedby="why-backup-tab">', html)
     assert why in html
     # The other tab still shows the button live: its click is refused with the same words.

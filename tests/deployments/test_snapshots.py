@@ -138,7 +138,7 @@ def test_two_backups_in_one_second_are_two_and_deleting_one_keeps_the_other(
     assert backup_object(kept)["status"]["phase"] == "completed"
 
 
-def test_back_up_now_while_a_backup_is_queued_is_refused_and_queues_nothing(
+def test_back_up_now_while_a_backup_is_queued_or_running_is_refused_and_queues_nothing(
     cell, plan, tenant, owner
 ):
     create = _create(owner, tenant, plan)  # no worker: what it queues stays queued
@@ -152,14 +152,15 @@ def test_back_up_now_while_a_backup_is_queued_is_refused_and_queues_nothing(
     queued = [r for r in results if isinstance(r, Operation)]
     refused = [r for r in results if isinstance(r, ActionDenied)]
     assert len(queued) == 1 and len(refused) == len(results) - 1, results
-    assert refused[0].reason == (
-        "A backup of this instance is already queued; it takes the data as it is when it starts."
-    )
+    assert refused[0].reason.startswith("A backup of this instance is already queued or running")
     assert Snapshot.objects.filter(instance=instance).count() == 1  # the refused left none
     assert instance.operations.filter(verb="backup").count() == 1
 
-    # Once it has started, another backup takes the data as it is later: it is accepted.
+    # Started, it still refuses another; once it has finished, the next one is accepted.
     Operation.objects.filter(pk=queued[0].pk).update(state=Operation.State.RUNNING)
+    with pytest.raises(ActionDenied):
+        _act(owner, instance, "backup")
+    Operation.objects.filter(pk=queued[0].pk).update(state=Operation.State.SUCCEEDED)
     assert _act(owner, instance, "backup").state == Operation.State.QUEUED
 
 
