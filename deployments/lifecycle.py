@@ -58,9 +58,10 @@ class Rule:
     # When it failed the instance (it failed, or was cancelled, after the cluster took some of
     # it), "Retry" runs it again from `failed` (create and restore start only from there).
     retried: bool = False
-    # Once the cluster took it, the operator carries it through on its own, and it leaves the
-    # instance in the state it found it (a rolling restart, a switchover): a cancel after that
-    # leaves the instance as it was, not failed. A failure still fails it.
+    # Once the cluster took it, the operator carries it through on its own, and it changes no
+    # parameter (a hibernation, a rolling restart, a switchover): a cancel that stopped it while
+    # it went as it should leaves the instance where the verb leads (`after`), not failed.
+    # A failure still fails it.
     settles_alone: bool = False
 
 
@@ -85,8 +86,13 @@ RULES: dict[str, Rule] = {
         frozenset({S.FAILED}), S.UPDATING, S.RUNNING, "instance.modify",
         runs="modify", applies_parameters=True, rolled_back=True,
     ),
-    "stop": Rule(_LIVE, S.UPDATING, S.STOPPED, "instance.operate", retried=True),
-    "start": Rule(frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate", retried=True),
+    "stop": Rule(
+        _LIVE, S.UPDATING, S.STOPPED, "instance.operate", retried=True, settles_alone=True
+    ),
+    "start": Rule(
+        frozenset({S.STOPPED}), S.UPDATING, S.RUNNING, "instance.operate",
+        retried=True, settles_alone=True,
+    ),
     "restart": Rule(
         _LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True, settles_alone=True
     ),
@@ -125,7 +131,7 @@ ROLLED_BACK = frozenset(verb for verb, r in RULES.items() if r.rolled_back)
 # The verbs run again by "Retry" when they failed the instance.
 RETRIED = frozenset(verb for verb, r in RULES.items() if r.retried)
 # The verbs the operator carries through once the cluster took them: cancelled, they leave the
-# instance as it was.
+# instance where they lead.
 SETTLES_ALONE = frozenset(verb for verb, r in RULES.items() if r.settles_alone)
 # The verbs that, cancelled after the cluster took some of them, leave the instance failed.
 CANCEL_FAILS = frozenset(verb for verb, r in RULES.items() if r.during and not r.settles_alone)

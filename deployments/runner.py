@@ -711,12 +711,15 @@ def _finish(
     elif rule.during and not delete_waiting:  # else the delete takes it from here
         before = op.arguments.get("state_before")
         changed = state.changed or op.arguments.get("cluster_touched", False)
-        # The operator finishes what it took of a restart or a switchover: one the cancel
-        # stopped while it went as it should leaves the instance as it was.
-        settles = rule.settles_alone and engine.stopped_by_cancel(state, op.cancel_reason)
-        changed = changed and not settles
-        # Failed, unless it stopped before the cluster took any of it: then it runs as it did.
-        after = Instance.State.FAILED if changed or rule.makes_instance or not before else before
+        if changed and rule.settles_alone and engine.stopped_by_cancel(state, op.cancel_reason):
+            # The operator finishes what it took of a stop, a start, a restart or a switchover:
+            # the instance is where the verb leads.
+            after = rule.after
+        else:
+            # Failed, unless it stopped before the cluster took any of it: then it is as it was.
+            after = (
+                Instance.State.FAILED if changed or rule.makes_instance or not before else before
+            )
         instance_state_set(instance, after, operation=op, reason=op.error, alongside=[event])
     else:
         rows.insert(event)

@@ -938,7 +938,7 @@ def operation_cancel(request, instance_id: str, operation_id):
     else:
         messages.success(
             request,
-            f"{label} of {instance.name} stops at its next step; its clean-up still runs.",
+            f"{label} of {instance.name} stops at its next step.",
         )
     return _after(request, _instance(request, instance.pk), "operations")
 

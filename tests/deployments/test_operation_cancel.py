@@ -44,42 +44,56 @@ def running(worker, cell, plan, tenant, owner):
 def test_a_cancelled_running_operation_ends_cancelled_and_the_instance_is_not_stuck(
     running, owner, faults
 ):
-    faults(frozen=["clusters"])  # the stop waits on the operator for ever
-    stop = _act(owner, running, "stop")
-    wait_for(lambda: stop.task_runs.filter(state="Running").exists(), what="the stop to wait")
+    faults(frozen=["clusters"])  # the modify waits on the operator for ever
+    modify = _act(owner, running, "modify", instances=2)
+    wait_for(lambda: modify.task_runs.filter(state="Running").exists(), what="the modify to wait")
 
-    _cancel(owner, stop)
+    _cancel(owner, modify)
     faults(frozen=[])
 
-    assert wait_done(stop).state == Operation.State.CANCELLED
-    assert stop.error.startswith("Cancelled by owner@example.com.")
+    assert wait_done(modify).state == Operation.State.CANCELLED
+    assert modify.error.startswith("Cancelled by owner@example.com.")
     running.refresh_from_db()
-    # Its patch reached the cluster: the instance cannot be said to run as before.
+    # Its change reached the cluster: the instance cannot be said to run as before (and what
+    # Opsdeck stores is not what is deployed: Roll back re-applies it).
     assert running.state == Instance.State.FAILED
-    assert AuditEvent.objects.filter(action="operation.cancel", target_id=str(stop.pk)).exists()
+    assert AuditEvent.objects.filter(action="operation.cancel", target_id=str(modify.pk)).exists()
 
 
-def test_a_restart_cancelled_after_the_cluster_took_it_leaves_the_instance_running(
-    running, owner, faults, kube
+@pytest.mark.parametrize(
+    ("verb", "annotation", "leads_to"),
+    [
+        ("restart", "kubectl.kubernetes.io/restartedAt", Instance.State.RUNNING),
+        ("stop", "cnpg.io/hibernation", Instance.State.STOPPED),
+    ],
+)
+def test_a_stop_or_restart_cancelled_after_the_cluster_took_it_leaves_the_instance_where_it_leads(
+    running, owner, faults, kube, verb, annotation, leads_to
 ):
     faults(frozen=["clusters"])  # the operator does not get round to it while the test looks
-    restart = _act(owner, running, "restart")
+    operation = _act(owner, running, verb)
     wait_for(
-        lambda: restart.task_runs.filter(node__endswith=".primary", state="Running").exists(),
-        what="the restart to wait on the primary",
+        lambda: (
+            operation.task_runs.filter(state="Running").exclude(object="").exists()
+            and annotation in _annotations(kube, running)
+        ),
+        what=f"the {verb} to reach the cluster",
     )
-    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
-    assert "kubectl.kubernetes.io/restartedAt" in cluster["metadata"]["annotations"]
 
-    _cancel(owner, restart)
+    _cancel(owner, operation)
     faults(frozen=[])
 
-    assert wait_done(restart).state == Operation.State.CANCELLED
+    assert wait_done(operation).state == Operation.State.CANCELLED
     running.refresh_from_db()
-    # The operator rolls the servers through the restart it took: the instance is not failed.
-    assert running.state == Instance.State.RUNNING
-    change = running.history.get(operation=restart, to_state=Instance.State.RUNNING)
+    # The operator carries through what it took: the instance is not failed.
+    assert running.state == leads_to
+    change = running.history.get(operation=operation, to_state=leads_to)
     assert change.from_state == Instance.State.UPDATING
+
+
+def _annotations(kube, instance) -> dict:
+    cluster = instance_object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
+    return cluster["metadata"].get("annotations") or {}
 
 
 def test_a_cancelled_queued_backup_shows_its_snapshot_cancelled(running, owner, faults):

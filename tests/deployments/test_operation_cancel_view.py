@@ -46,7 +46,13 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
     owner_client, owner, instance
 ):
     queued = _queue(owner, instance)
-    running = [_queue(owner, instance, verb=verb) for verb in ("backup", "failover", "stop")]
+    running = [_queue(owner, instance, verb=verb) for verb in ("backup", "failover")]
+    running.append(
+        services.instance_action(
+            actor=Actor(user=owner), instance=instance, verb="modify",
+            request_id=uuid.uuid4().hex, parameters={"instances": 3},
+        )
+    )  # fmt: skip
     Operation.objects.filter(pk__in=[op.pk for op in running]).update(state=Operation.State.RUNNING)
 
     tab = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
@@ -56,17 +62,18 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
         form = html[: html.index("</form>")]
         return form[form.index('hx-confirm="') :].split('"')[1] if "hx-confirm" in form else ""
 
-    backup, failover, stop = (confirm(op) for op in running)
+    backup, failover, modify = (confirm(op) for op in running)
     # A backup leaves the instance as it is, whatever the cluster did of it.
     assert backup.startswith("Cancel this backup? It stops at its next step;")
     assert backup.endswith("; what it has changed in the cluster stays.")
-    assert stop.endswith("the instance may be left Failed until you retry it.")
-    # The operator finishes a switchover it took: the instance stays as it is.
-    assert failover.endswith(
-        "If the cluster has already begun it, the operator still finishes it, and the instance "
-        "stays as it is."
+    assert modify.endswith("the instance may be left Failed until you retry it.")
+    # The operator finishes a switchover it took.
+    assert failover.endswith("If the cluster has already begun it, the operator still finishes it.")
+    # Queued when the page was drawn, it may have started by the time of the click.
+    assert confirm(queued) == (
+        "Cancel this restart? If it has started by now, it stops at its next step. If the cluster"
+        " has already begun it, the operator still finishes it."
     )
-    assert confirm(queued) == ""  # nothing ran yet
 
 
 def test_a_repeated_cancel_request_returns_the_same_and_audits_once(owner_client, owner, instance):
@@ -88,7 +95,8 @@ def test_a_running_operation_is_told_to_stop_at_its_next_step(owner_client, owne
     restart.refresh_from_db()
     assert restart.state == Operation.State.RUNNING
     assert restart.cancel_reason == "Cancelled by owner@example.com."
-    assert "stops at its next step; its clean-up still runs." in html
+    assert f"Restart of {instance.name} stops at its next step." in html
+    assert "clean-up" not in html  # words of the workflow, not of the customer
     assert "Stopping at its next step: Cancelled by owner@example.com." in html
 
 
