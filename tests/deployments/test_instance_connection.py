@@ -53,6 +53,7 @@ def test_after_reauthenticating_the_password_is_shown_once_and_audited(owner_cli
     assert shown.status_code == 200
     assert f'id="connection-password">{SECRET}</code>' in html
     assert f"postgresql://app:{SECRET}@{instance.pk}-rw:5432/app" in html
+    assert "postgresql://app:••••••@" not in html  # one URI: the one to copy
     assert "no-store" in shown["Cache-Control"].split(", ")
     assert 'hx-history="false"' in html
     event = AuditEvent.objects.get(action="instance.reveal_credentials", result="ok")
