@@ -264,3 +264,23 @@ def test_generate_fills_a_custom_actions_password(open_page, owner, instance):
 
     expect(dialog.get_by_label("New password")).to_have_value(re.compile(r"^[A-Za-z2-9]{24}$"))
     assert not scrolls_sideways(page)
+
+
+def test_a_name_of_one_long_word_wraps_inside_the_delete_button(open_page, owner, instance):
+    from deployments.models import Instance
+
+    Instance.objects.filter(pk=instance.pk).update(name="n" * 100)
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", "narrow")
+
+    page.get_by_role("button", name="Delete", exact=True).click()
+    button = page.get_by_role("dialog").get_by_role("button", name=f"Delete {'n' * 100}")
+
+    expect(button).to_be_visible()
+    shot(page, "instance-delete-long-name-narrow")
+    # Its whole text shows: the button stays within its dialog, which cuts off what overflows.
+    inside = """b => {
+        const r = b.getBoundingClientRect(), d = b.closest("article").getBoundingClientRect();
+        return r.left >= d.left && r.right <= d.right && b.scrollWidth <= b.clientWidth;
+    }"""
+    assert button.evaluate(inside)
+    assert not scrolls_sideways(page)
