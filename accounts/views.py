@@ -129,6 +129,8 @@ def member_role(request, membership_id: int):
         membership.user_id == request.user.pk
         and membership.role == Role.OWNER
         and role != Role.OWNER
+        # The only owner is refused at once (below), not asked first.
+        and request.tenant.memberships.filter(role=Role.OWNER).exclude(pk=membership.pk).exists()
     )
     if gives_up_owner and not form.cleaned_data["confirm"]:
         # Stepping down cannot be undone alone: ask first, change nothing yet.

@@ -56,6 +56,20 @@ def test_the_last_owner_cannot_be_demoted(owner, tenant):
 
 
 @pytest.mark.django_db
+def test_the_only_owner_stepping_down_is_refused_at_once_not_asked_first(client, owner, tenant):
+    client.force_login(owner)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/", {"role": "viewer"},
+        follow=True,
+    )  # fmt: skip
+
+    assert b"needs at least one owner" in response.content
+    assert b"Give up the Owner role?" not in response.content
+    assert _membership(tenant, owner).role == "owner"
+
+
+@pytest.mark.django_db
 def test_the_last_owner_cannot_leave_or_be_removed(client, owner, tenant):
     client.force_login(owner)
 
