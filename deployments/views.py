@@ -93,9 +93,20 @@ def instance_list(request):
 def instance_catalog(request):
     # Everyone who sees the deployments may compare plans and prices (billing members too);
     # only those who may create get the "Create instance" links.
+    services = selectors.catalog(request.tenant)
+    can_create = roles.can(request.membership.role, "instance.create")
     context = {
-        "services": selectors.catalog(request.tenant),
-        "can_create": roles.can(request.membership.role, "instance.create"),
+        "services": services,
+        "can_create": can_create,
+        # What keeps the tenant from creating on a plan (no subscription, a limit reached): said
+        # on its card, before anyone fills in its form.
+        "refusals": {
+            entry.plan.key: create_refusal(request.tenant, entry.plan)
+            for service in services
+            for entry in service.plans
+        }
+        if can_create
+        else {},
     }
     return render(request, "deployments/catalog.html", context)
 

@@ -152,6 +152,24 @@ def test_the_create_form_says_why_before_it_is_filled_in(local, hobby, tenant, o
         f'create instances on it. <a href="/t/{tenant.slug}/billing/">Open Billing</a>'
     ) in unsubscribed
     assert 'id="create-refused"' not in subscribed and 'name="name"' in subscribed
+
+
+def test_the_catalog_says_on_its_card_what_keeps_a_plan_from_taking_instances(
+    local, hobby, tenant, owner, owner_client
+):
+    url = f"/t/{tenant.slug}/deployments/new/"
+
+    unsubscribed = owner_client.get(url).content.decode()
+    billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=hobby)
+    subscribed = owner_client.get(url).content.decode()
+
+    card = unsubscribed[unsubscribed.index(f'id="plan-{hobby.key}"') :]
+    assert (
+        f'<p class="muted" id="refusal-{hobby.key}">Subscribe to the Hobby plan on the Billing '
+        f'page to create instances on it. <a href="/t/{tenant.slug}/billing/">Open Billing</a>'
+    ) in card
+    assert f'aria-describedby="refusal-{hobby.key}"' in card  # its Create link says why
+    assert f'id="refusal-{hobby.key}"' not in subscribed
     assert not _denied(tenant, "instance.create").exists()  # a look is not a refused request
 
 
