@@ -284,3 +284,33 @@ def test_a_name_of_one_long_word_wraps_inside_the_delete_button(open_page, owner
     }"""
     assert button.evaluate(inside)
     assert not scrolls_sideways(page)
+
+
+@BOTH_WIDTHS
+def test_the_backups_tab_shows_a_backup_complete_without_a_reload(
+    open_page, owner, instance, width
+):
+    from deployments.models import Operation, Snapshot
+
+    page = open_page(
+        owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups", width
+    )
+    back_up = page.get_by_role("region", name="Backups").get_by_role("button", name="Back up now")
+    back_up.click()
+    row = page.locator("#instance-backups tbody tr").first
+    expect(row.locator(".badge")).to_have_text("Pending")
+    expect(back_up).to_be_disabled()
+    loaded = page.evaluate("performance.timeOrigin")
+
+    # The worker took it, and the operator finished it.
+    Operation.objects.filter(instance=instance, verb="backup").update(
+        state=Operation.State.SUCCEEDED, finished_at=timezone.now()
+    )
+    Snapshot.objects.filter(instance=instance, status=Snapshot.Status.PENDING).update(
+        status=Snapshot.Status.COMPLETED
+    )
+
+    expect(row.locator(".badge")).to_have_text("Completed", timeout=10_000)
+    expect(back_up).to_be_enabled()
+    assert page.evaluate("performance.timeOrigin") == loaded  # the same page, not a reload
+    assert not scrolls_sideways(page)
