@@ -183,5 +183,6 @@ def test_the_requester_hears_when_an_instance_is_ready_and_when_an_operation_fai
     failed = next(m for m in mail.outbox if m.subject.endswith("failed"))
     assert failed.to == ["owner@example.com"]
     assert "Unable to create required cluster objects" in failed.body
-    assert "The instance is now failed." in failed.body
+    assert f"The create of billing ({instance.pk}) you asked for failed on " in failed.body
+    assert "The instance has failed." in failed.body
     assert f"/deployments/{instance.pk}/" in failed.body
