@@ -13,6 +13,9 @@ class Plan(models.Model):
     key = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200)
     service = models.SlugField(max_length=100)
+    # How people read the service (`x-opsdeck.serviceName`: "PostgreSQL"); "" when the spec
+    # names none, and the key is shown.
+    service_name = models.CharField(max_length=200, blank=True)
     description = models.TextField(blank=True)
     # Plain entitlements and subscription terms from the spec (`x-opsdeck.entitlements` and
     # `x-opsdeck.subscription`); the keys are `billing.entitlements.LIMIT_KEYS` and `TERM_KEYS`.

@@ -27,12 +27,19 @@ from billing.stripe_gateway import gateway, stripe_bills
 
 @transaction.atomic
 def plan_upsert(
-    *, key: str, name: str, service: str, description: str = "", limits: dict | None = None
+    *,
+    key: str,
+    name: str,
+    service: str,
+    service_name: str = "",
+    description: str = "",
+    limits: dict | None = None,
 ) -> tuple[Plan, bool]:
     """Create the plan `key`, or update it; returns (plan, whether anything changed)."""
     values = {
         "name": name,
         "service": service,
+        "service_name": service_name,
         "description": description,
         "limits": limits or {},
     }

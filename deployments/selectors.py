@@ -123,6 +123,7 @@ _INSTANCE_ROW = [
     "plan_version__number",
     "plan_version__plan__name",
     "plan_version__plan__service",
+    "plan_version__plan__service_name",
     "cell__name",
     "cell__region",
 ]
@@ -160,14 +161,18 @@ def instances_for_tenant(
     )
 
 
-def instance_services(tenant: Tenant) -> list[str]:
-    """The services of the plans the tenant's instances (deleted ones too) run on."""
-    return list(
+def instance_services(tenant: Tenant) -> dict[str, str]:
+    """The services of the plans the tenant's instances (deleted ones too) run on, each with
+    its name as people read it (the key when its plans name none), in the order of the names."""
+    names: dict[str, str] = {}
+    for service, name in (
         Instance.objects.for_tenant(tenant)
-        .order_by("plan_version__plan__service")
-        .values_list("plan_version__plan__service", flat=True)
+        .values_list("plan_version__plan__service", "plan_version__plan__service_name")
         .distinct()
-    )
+    ):
+        if name or service not in names:
+            names[service] = name or service
+    return dict(sorted(names.items(), key=lambda item: item[1].casefold()))
 
 
 def instance_counts_by_state(tenant: Tenant) -> list[tuple[str, str, int]]:

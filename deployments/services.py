@@ -75,6 +75,12 @@ class PlanLoad:
 
 
 @transaction.atomic
+def _service_name(spec) -> str:
+    """The spec's `x-opsdeck.serviceName`, as the catalog reads it ("" without one)."""
+    name = spec.extensions.get("serviceName")
+    return name.strip()[:200] if isinstance(name, str) else ""
+
+
 def plan_load(*, text: str) -> PlanLoad:
     """Create or update the plan a spec describes; a changed spec adds a plan version.
 
@@ -88,6 +94,7 @@ def plan_load(*, text: str) -> PlanLoad:
         key=spec.key,
         name=spec.name,
         service=spec.service,
+        service_name=_service_name(spec),
         description=spec.description,
         limits=limits,
     )

@@ -33,7 +33,7 @@ from deployments.spec.model import PlanSpec
 from deployments.workflow.driver import DriverError
 
 
-def _list_filters(request, service_names: list[str]) -> dict[str, str]:
+def _list_filters(request, service_names: dict[str, str]) -> dict[str, str]:
     """The list's filters from the query string; a value no select offers is ignored."""
     state = request.GET.get("state", "")
     service = request.GET.get("service", "")

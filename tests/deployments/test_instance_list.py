@@ -82,7 +82,7 @@ def test_each_row_shows_name_service_plan_state_region_and_created(
 
     assert f'<a href="/t/{tenant.slug}/deployments/{instance.pk}/">orders-0</a>' in page
     assert f'<code class="instance-id">{instance.pk}</code>' in page
-    assert "<td>postgresql</td>" in page
+    assert "<td>PostgreSQL</td>" in page  # as its spec names the service
     assert f'{version.plan.name} <small class="muted">v{version.number}</small>' in page
     assert '<span class="badge badge-state-running">Running</span>' in page
     assert "<td>eu-west</td>" in page
@@ -123,8 +123,8 @@ def test_filters_by_state_and_by_service(owner_client, tenant, version, cell, ur
         "up-0",
     ]
     page = owner_client.get(url).content.decode()
-    assert '<option value="redis">redis</option>' in page
-    assert '<option value="postgresql">postgresql</option>' in page
+    assert '<option value="redis">redis</option>' in page  # its plan names no service: its key
+    assert '<option value="postgresql">PostgreSQL</option>' in page
 
 
 def test_an_unknown_filter_value_is_ignored(owner_client, tenant, version, cell, url):

@@ -515,3 +515,22 @@ def test_check_names_a_stored_plan_version_this_opsdeck_no_longer_loads(db):
         "check", "--database", "default", stderr=out, stdout=out
     )  # a warning, not a failure
     assert "deployments.W001" in out.getvalue()
+
+
+def test_loading_a_plan_stores_its_service_name_and_the_migration_fills_it_for_older_plans(db):
+    import importlib
+
+    from django.apps import apps
+
+    from billing.models import Plan
+    from deployments import services
+
+    plan = services.plan_load(text=(ROOT / "specs" / "valkey.yaml").read_text()).plan
+    assert (plan.service, plan.service_name) == ("valkey", "Valkey")
+
+    Plan.objects.filter(pk=plan.pk).update(service_name="")  # loaded before the field was
+    fill = importlib.import_module("deployments.migrations.0022_plan_service_name_fill").fill
+    fill(apps, None)
+
+    plan.refresh_from_db()
+    assert plan.service_name == "Valkey"
