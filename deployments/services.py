@@ -74,13 +74,13 @@ class PlanLoad:
     same_as: PlanVersion | None = None
 
 
-@transaction.atomic
 def _service_name(spec) -> str:
     """The spec's `x-opsdeck.serviceName`, as the catalog reads it ("" without one)."""
     name = spec.extensions.get("serviceName")
     return name.strip()[:200] if isinstance(name, str) else ""
 
 
+@transaction.atomic
 def plan_load(*, text: str) -> PlanLoad:
     """Create or update the plan a spec describes; a changed spec adds a plan version.
 
