@@ -530,18 +530,15 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
         op.next_step_at = now + timedelta(seconds=delay)
         op.error = f"{RETRYING}{exc.message}"[:2000]
-        # A write was sent and its answer lost: the cluster may hold it. The first such is
-        # stored where a crash cannot lose it, as the first change it took would be.
-        touched = state.changed and not (
-            saved.get("changed") or op.arguments.get("cluster_touched")
-        )
+        # A write was sent and its answer lost: the cluster may hold it.
+        flushed = _first_change(op, state, saved)
         if state.changed:
             op.arguments = {**op.arguments, "cluster_touched": True}
         _store(
             op, token,
             ["transient_failures", "transient_streak", "next_step_at", "moves", "arguments",
              "error"],
-            flushed=touched,
+            flushed=flushed,
         )  # fmt: skip
         log.info("operation %s: transient error, retrying in %.1fs: %s", op.pk, delay, exc)
         return delay
@@ -558,9 +555,8 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # In time for another move in this task: the claim is kept if that one follows at once.
         in_time = time.monotonic() < keep_until
         # What the cluster now relies on is stored where a crash cannot lose it: an object
-        # rendered for the next move to send, or the run's first change the cluster took (a
-        # cancel after it leaves the instance failed, not as it was).
-        flushed = engine.holds_unsent(state) or (state.changed and not saved.get("changed"))
+        # rendered for the next move to send, or the run's first change the cluster took.
+        flushed = engine.holds_unsent(state) or _first_change(op, state, saved)
         delay = _wait(
             op, state, step, now, token, due=due, watched_kinds=spec.waited_kinds,
             keep=in_time, runs=runs, flushed=flushed,
@@ -576,6 +572,13 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         following = [p for p in pending if p[0] != str(op.pk)]
         _finish(op, state, verb, now, token, following=following, runs=runs)
     return None
+
+
+def _first_change(op: Operation, state: engine.RunState, saved: dict) -> bool:
+    """Whether this move sent the run's first write the cluster may hold (its answer came, or
+    was lost): stored where a crash cannot lose it, since a cancel after it leaves the instance
+    failed, not as it was."""
+    return state.changed and not (saved.get("changed") or op.arguments.get("cluster_touched"))
 
 
 def _wait(
