@@ -335,7 +335,7 @@ def _main_limits(spec: PlanSpec) -> list[tuple[str, str]]:
 @dataclass(frozen=True)
 class CatalogService:
     key: str  # `x-opsdeck.service`
-    name: str  # `x-opsdeck.serviceName` of its plans, else the key
+    name: str  # its plans' `service_name` (their specs' `x-opsdeck.serviceName`), else the key
     plans: list[CatalogPlan]
 
 
@@ -353,8 +353,7 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
         services.setdefault(version.plan.service, []).append(entry)
     grouped = []
     for key, plans in services.items():
-        names = [p.spec.extensions.get("serviceName") for p in plans]
-        name = next((str(n) for n in names if isinstance(n, str) and n.strip()), key)
+        name = next((p.plan.service_name for p in plans if p.plan.service_name), key)
         grouped.append(CatalogService(key, name, sorted(plans, key=lambda p: p.plan.name)))
     return sorted(grouped, key=lambda service: service.name.casefold())
 
