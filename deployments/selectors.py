@@ -10,8 +10,20 @@ from typing import Any
 from urllib.parse import quote
 
 from django.db import connection
-from django.db.models import Case, Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Value, When
-from django.db.models.functions import Coalesce, Lower
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    Exists,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce, Lower
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -529,13 +541,20 @@ def _instant(value: Any) -> datetime | None:
 
 
 def instance_audit_events(instance: Instance) -> QuerySet[AuditEvent]:
-    """The audit events about an instance: those aimed at it, at its snapshots, and those whose
-    payload names it (a restore from one of its snapshots)."""
+    """The audit events about an instance: those aimed at it, at its snapshots, those whose
+    payload names it (a restore from one of its snapshots), and the cancels of its operations
+    (an operation's end is on the Operations tab)."""
     snapshot_ids = Snapshot.objects.filter(instance=instance).values_list("pk", flat=True)
+    operation_ids = (
+        Operation.objects.filter(instance=instance)
+        .annotate(key=Cast("id", output_field=CharField()))
+        .values("key")
+    )
     about = (
         Q(target_type="instance", target_id=instance.pk)
         | Q(target_type="snapshot", target_id__in=[str(pk) for pk in snapshot_ids])
         | Q(payload__source=instance.pk)
+        | Q(target_type="operation", action="operation.cancel", target_id__in=operation_ids)
     )
     return AuditEvent.objects.for_tenant(instance.tenant).filter(about).select_related("actor")
 

@@ -1069,6 +1069,27 @@ def test_the_activity_tab_shows_the_instances_events_only(owner_client, instance
     assert other.instance.name not in html
 
 
+def test_the_activity_tab_shows_who_cancelled_the_instances_operations(
+    owner_client, instance, plan
+):
+    other = _create(instance.created_by, instance.tenant, plan, name="elsewhere")
+    mine = _stop(owner_client, instance, "act-2")
+    theirs = _stop(owner_client, other.instance, "act-3")
+    for op in (mine, theirs):
+        cancel = _url(op.instance, f"operations/{op.pk}/cancel/")
+        assert owner_client.post(cancel, {"request_id": f"c-{op.pk}"}).status_code in {200, 302}
+
+    html = owner_client.get(_url(instance), {"tab": "activity"}).content.decode()
+
+    assert html.count("operation.cancel") == 1  # not elsewhere's
+    assert "stop" in html.split("operation.cancel", 1)[1].split("</tr>", 1)[0]
+
+
+def _stop(client, instance, request_id) -> Operation:
+    client.post(_url(instance, "actions/stop/"), {"request_id": request_id})
+    return Operation.objects.filter(instance=instance, verb="stop").get()
+
+
 @pytest.fixture
 def theirs(make_user, plan, local_cell):
     """Another tenant's instance with an operation and a completed snapshot."""
