@@ -155,6 +155,18 @@ def _instance_page(request, instance_id: str):
         return redirect("instance_list", tenant_slug=request.tenant.slug)
 
 
+def _form_made(request, sent_with: str, request_id: str, action: str):
+    """The instance a form that makes one already made with the request id it went out with
+    (`sent_with`), shown beside its button, and the request id it goes out with next. The form
+    again after Back comes without the values it was sent with: filled in anew, it makes
+    another instance, so it gets a new id (sent again with the same one, it would be refused
+    as the first request with other values)."""
+    made = selectors.instance_made_by_request(request.tenant, sent_with, action)
+    if made is not None and request.method == "GET":
+        request_id = uuid.uuid4().hex
+    return made, request_id
+
+
 @tenant_view("instance.create")
 def instance_create(request, plan_key: str):
     version, spec = _plan_or_404(request, plan_key)
@@ -186,6 +198,7 @@ def instance_create(request, plan_key: str):
         else:
             messages.success(request, f"Creating {operation.instance.name}.")
             return _instance_page(request, operation.instance_id)
+    made, request_id = _form_made(request, sent_with, request_id, "instance.create")
     context = {
         "form": form,
         "plan": version.plan,
@@ -193,8 +206,7 @@ def instance_create(request, plan_key: str):
         "spec": spec,
         "request_id": request_id,
         "action": f"{request.path}?request={request_id}",
-        # The form again after Back: what it made, and a way to make another.
-        "made": selectors.instance_made_by_request(request.tenant, sent_with, "instance.create"),
+        "made": made,
         # Said before the form is filled in (a refused submit says it as a message).
         "refusal": None if form.is_bound else create_refusal(request.tenant, version.plan),
         **_estimate_context(version, spec, form),
@@ -718,6 +730,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             what = f"Restore of {snapshot.name} into {operation.instance.name}"
             _operation_said(request, operation, what)
             return _instance_page(request, operation.instance_id)
+    made, request_id = _form_made(request, sent_with, request_id, "instance.restore")
     context = {
         "form": form,
         "instance": instance,
@@ -725,8 +738,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
         "request_id": request_id,
         "action": f"{request.path}?request={request_id}",
         "version": snapshot.plan_version,
-        # The form again after Back: what it made, and a way to make another.
-        "made": selectors.instance_made_by_request(request.tenant, sent_with, "instance.restore"),
+        "made": made,
     }
     # A form to correct answers 200, as the create form does (a 400 page is a console error).
     return render(request, "deployments/instance_restore.html", context)

@@ -155,3 +155,8 @@ def test_back_after_creating_says_beside_the_button_what_the_form_made(
     expect(made).to_be_in_viewport()  # Back returns to where the button was clicked
     shot(page, f"create-form-after-back-{width}")
     assert not scrolls_sideways(page)
+    # The form comes empty: filled in again, it makes another instance.
+    expect(page.get_by_label("Instance name")).to_have_value("")
+    page.get_by_label("Instance name").fill("orders-2")
+    page.get_by_role("button", name="Create instance").click()
+    expect(page.locator("h1")).to_have_text("orders-2")

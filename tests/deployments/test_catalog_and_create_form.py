@@ -293,7 +293,7 @@ def test_a_repeated_post_with_the_same_request_id_creates_one_instance(
     assert Operation.objects.count() == 1
 
 
-def test_the_form_again_after_back_links_what_it_made_and_offers_a_new_form(
+def test_the_form_again_after_back_links_what_it_made_and_sent_anew_makes_another(
     owner_client, tenant, plan, cell
 ):
     url = form_url(tenant, "a" * 32)
@@ -303,12 +303,16 @@ def test_the_form_again_after_back_links_what_it_made_and_offers_a_new_form(
     back = text(owner_client.get(url))  # Back fetches the form again, with the same id
     changed = text(owner_client.post(url, {**VALID, "name": "other", "request_id": "a" * 32}))
 
-    new_form = f'<a href="/t/{tenant.slug}/deployments/new/postgres-cnpg/">Start a new form</a>'
     for page in (back, changed):
         assert f'made <a href="/t/{tenant.slug}/deployments/{made.pk}/">{made.name}</a>' in page
-        assert new_form in page
+        assert "Sent now, it makes another instance." in page
     assert "This form was already sent with different values." in changed
     assert 'id="form-made"' not in text(owner_client.get(form_url(tenant, "b" * 32)))
+    # The form after Back comes empty: filled in again, it goes out as a new request.
+    fresh = re.search(r'name="request_id" value="([0-9a-f]{32})"', back)[1]
+    assert fresh != "a" * 32 and f"?request={fresh}" in back
+    owner_client.post(form_url(tenant, fresh), {**VALID, "name": "other", "request_id": fresh})
+    assert sorted(Instance.objects.values_list("name", flat=True)) == [made.name, "other"]
 
 
 @pytest.mark.parametrize("request_id", ["\x00nul", "z" * 300])
