@@ -65,7 +65,7 @@ def test_the_catalog_lists_each_plan_under_its_service_with_prices_for_its_defau
     assert response.status_code == 200
     assert "<h1>New deployment</h1>" in page
     assert '<h2 id="service-postgresql">PostgreSQL</h2>' in page  # x-opsdeck.serviceName
-    assert "<h3>PostgreSQL</h3>" in page
+    assert "<h3>PostgreSQL</h3>" not in page  # its only plan, named as the service
     # 1 core x 0.035 + 2 GiB x 0.005 + 10 GiB x 0.00014 = 0.0464 an hour, 33.87 a month
     assert "<strong>0.0464 USD</strong> per hour" in page
     assert "<strong>33.87 USD</strong> per month" in page
@@ -437,3 +437,17 @@ def test_plans_are_grouped_by_service_and_each_shows_its_latest_version(owner_cl
     )
     postgres = page[page.index('id="plan-postgres-cnpg"') :]
     assert "Version 2" in postgres
+    assert "<h3>MySQL-ish</h3>" in page  # a plan named otherwise than its service
+
+
+def test_a_service_with_two_plans_names_each_plan(owner_client, tenant, plan):
+    services.plan_load(
+        text=SPEC.read_text()
+        .replace("name: PostgreSQL\n", "name: PostgreSQL HA\n", 1)
+        .replace("plan: postgres-cnpg", "plan: postgres-ha")
+    )
+
+    page = text(owner_client.get(catalog_url(tenant)))
+
+    assert page.count('<h2 id="service-postgresql">PostgreSQL</h2>') == 1
+    assert "<h3>PostgreSQL</h3>" in page and "<h3>PostgreSQL HA</h3>" in page
