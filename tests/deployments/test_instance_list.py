@@ -82,10 +82,10 @@ def test_each_row_shows_name_service_plan_state_region_and_created(
 
     assert f'<a href="/t/{tenant.slug}/deployments/{instance.pk}/">orders-0</a>' in page
     assert f'<code class="instance-id">{instance.pk}</code>' in page
-    assert "<td>PostgreSQL</td>" in page  # as its spec names the service
+    assert "Service </span>PostgreSQL</td>" in page  # as its spec names the service
     assert f'{version.plan.name} <small class="muted">v{version.number}</small>' in page
     assert '<span class="badge badge-state-running">Running</span>' in page
-    assert "<td>eu-west</td>" in page
+    assert "Region </span>eu-west</td>" in page
     created = re.escape(instance.created_at.isoformat())
     assert re.search(rf'<time datetime="{created}" title="[^"]+ UTC">an hour ago</time>', page)
 
