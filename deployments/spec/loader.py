@@ -284,13 +284,28 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
     return parameter
 
 
+REGEX_MESSAGE_MAX = 200  # characters: a sentence beside a form field
+
+
 def _parameter_extension(parameter: Parameter, raw: Any, path: str, report: Report) -> None:
     """A parameter's `x-opsdeck`: `step` (Float64 values are whole multiples of it; 1 makes
-    the parameter a whole number) and `growOnly` (a modify may raise a Float64, never lower
-    it: a volume's size)."""
+    the parameter a whole number), `growOnly` (a modify may raise a Float64, never lower it: a
+    volume's size) and `regexMessage` (what a value its `regex` refuses is told, in words)."""
     if not isinstance(raw, dict):
         report.error(path, "must be a mapping")
         return
+    message = raw.get("regexMessage")
+    if message is not None:
+        if not isinstance(message, str) or not message.strip() or "\n" in message.strip():
+            report.error(f"{path}.regexMessage", "must be one line of text")
+        elif len(message) > REGEX_MESSAGE_MAX:
+            report.error(
+                f"{path}.regexMessage", f"must be at most {REGEX_MESSAGE_MAX} characters long"
+            )
+        elif parameter.raw.get("regex") is None:
+            report.error(f"{path}.regexMessage", "is for a parameter with a regex")
+        else:
+            parameter.regex_message = message.strip()
     grow_only = raw.get("growOnly")
     if grow_only is not None:
         if not isinstance(grow_only, bool):

@@ -65,6 +65,9 @@ class Parameter:
     options: list[str] | None = None
     limits: dict | None = None
     regex: str | None = None
+    # What a value the regex refuses is told, in words (x-opsdeck.regexMessage); else the
+    # pattern itself.
+    regex_message: str | None = None
     step: int | float | None = None  # Float64: values are multiples of it (x-opsdeck.step)
     # Float64: a modify may raise it, never lower it (x-opsdeck.growOnly; e.g. a volume).
     grow_only: bool = False

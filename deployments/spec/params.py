@@ -198,7 +198,9 @@ def check(parameter: Parameter, value: Any) -> None:
         if (low is not None and len(value) < low) or (high is not None and len(value) > high):
             raise ValueError(_range_message(low, high, " characters long"))
         if parameter.regex and pattern_compiled(parameter.regex).fullmatch(value) is None:
-            raise ValueError(f"Must match the pattern {parameter.regex}.")
+            raise ValueError(
+                parameter.regex_message or f"Must match the pattern {parameter.regex}."
+            )
 
 
 @functools.lru_cache(maxsize=256)

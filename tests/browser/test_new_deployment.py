@@ -67,7 +67,7 @@ def test_an_invalid_value_is_shown_beside_its_field_and_nothing_is_created(
         page.get_by_role("button", name="Create instance").click()
 
     expect(page.locator("#id_p-database_error")).to_have_text(
-        "Must match the pattern ^[a-z][a-z0-9_]*$."
+        "Use lowercase letters, digits and underscores, starting with a letter."
     )
     expect(page.locator("#id_p-database")).to_have_attribute("aria-invalid", "true")
     expect(page.locator(".error-summary a")).to_have_attribute("href", "#id_p-database")

@@ -256,9 +256,8 @@ def test_a_post_with_errors_creates_nothing_and_shows_them_beside_the_fields_and
     page = text(response)
     assert response.status_code == 200
     assert not Instance.objects.exists()
-    assert (
-        '<a href="#id_p-database">Database: Must match the pattern ^[a-z][a-z0-9_]*$.</a>' in page
-    )
+    letters = "Use lowercase letters, digits and underscores, starting with a letter."
+    assert f'<a href="#id_p-database">Database: {letters}</a>' in page
     assert (
         '<small class="field-error" id="id_p-instances_error">Must be between 1 and 5.</small>'
         in page

@@ -52,6 +52,12 @@ def test_string_regex_must_match_the_whole_value():
     assert validate_parameters([db], {"db": "orders"}) == {"db": "orders"}
 
 
+def test_a_regex_refusal_says_the_specs_words_for_the_pattern_when_it_has_them():
+    db = param("db", regex="[a-z]+", regex_message="Use lowercase letters.")
+
+    assert errors_for([db], {"db": "orders1"}) == {"db": "Use lowercase letters."}
+
+
 def test_a_pattern_that_would_backtrack_answers_a_hostile_value_at_once():
     # Python's `re` backtracks through every way to split the letters: about a minute here.
     code = param("code", regex="(a+)+$")

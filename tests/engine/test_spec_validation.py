@@ -1095,6 +1095,27 @@ def test_only_a_float64_parameter_can_be_grow_only():
     ]
 
 
+def test_a_regex_message_is_one_line_for_a_parameter_with_a_regex():
+    def regex_message(key: str, value) -> Callable[[dict], None]:
+        return lambda document: parameter(document, key).update(
+            {"x-opsdeck": {"regexMessage": value}}
+        )
+
+    loaded = check(regex_message("database", "Lowercase letters only."))
+    assert loaded.errors == []
+    assert loaded.spec.parameter("database").regex_message == "Lowercase letters only."
+    for bad in ("two\nlines", "", 42):
+        assert errors(regex_message("database", bad)) == [
+            f"{PARAMS}[3].x-opsdeck.regexMessage: must be one line of text"
+        ]
+    assert errors(regex_message("database", "x" * 201)) == [
+        f"{PARAMS}[3].x-opsdeck.regexMessage: must be at most 200 characters long"
+    ]
+    assert errors(regex_message("storageGi", "Digits.")) == [
+        f"{PARAMS}[2].x-opsdeck.regexMessage: is for a parameter with a regex"
+    ]
+
+
 def test_a_float64_parameter_is_a_double_in_a_requirement():
     # A whole default (1) compared with a double, and a double with a whole number.
     assert check(_requires(when="var.instances >= 0.5", message="m")).errors == []
