@@ -78,6 +78,33 @@ document.addEventListener("click", (event) => {
   if (closer) closer.closest("dialog")?.close();
 });
 
+// An hx-confirm asks in the page's own dialog (#confirm-dialog), not in the browser's OK/Cancel
+// box, where "Cancel" would read as cancelling the operation it asks about: its buttons say
+// what each does (the asking element's data-confirm-yes and data-confirm-no). The request goes
+// only on yes; Go back, or Escape, sends nothing.
+let confirming = null;
+document.addEventListener("htmx:confirm", (event) => {
+  const dialog = document.getElementById("confirm-dialog");
+  if (!event.detail.question || !dialog) return;
+  event.preventDefault();
+  const asking = event.detail.elt;
+  dialog.querySelector("#confirm-dialog-text").textContent = event.detail.question;
+  dialog.querySelector('[data-confirm-answer="yes"]').textContent =
+    asking.dataset.confirmYes || "Confirm";
+  dialog.querySelector('[data-confirm-answer="no"]').textContent =
+    asking.dataset.confirmNo || "Go back";
+  confirming = event.detail;
+  dialog.showModal();
+});
+document.addEventListener("click", (event) => {
+  const answer = event.target.closest("[data-confirm-answer]");
+  if (!answer) return;
+  const asked = confirming;
+  confirming = null;
+  answer.closest("dialog").close();
+  if (asked && answer.dataset.confirmAnswer === "yes") asked.issueRequest(true);
+});
+
 // Polling replaces the operations timeline every few seconds: what the reader unfolded or
 // folded stays so. Only the timeline's own swaps record it: the header polls beside it, and
 // its swaps (or its empty answers) must not wipe what the timeline's next settle restores.

@@ -314,3 +314,42 @@ def test_the_backups_tab_shows_a_backup_complete_without_a_reload(
     expect(back_up).to_be_enabled()
     assert page.evaluate("performance.timeOrigin") == loaded  # the same page, not a reload
     assert not scrolls_sideways(page)
+
+
+@BOTH_WIDTHS
+def test_cancelling_an_operation_asks_in_a_dialog_whose_buttons_say_what_each_does(
+    open_page, owner, instance, width
+):
+    from tests.deployments import factories
+
+    restart = factories.make_operation(instance, verb="restart", state="running")
+    page = open_page(
+        owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=operations", width
+    )
+    dialog = page.locator("#confirm-dialog")
+
+    page.get_by_role("button", name="Cancel this restart").click()
+
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(
+        "Cancel this restart? It stops at its next step. If the cluster has already begun it, "
+        "the operator still finishes it."
+    )
+    expect(dialog.get_by_role("button", name="Keep it")).to_be_focused()  # the safe answer
+    shot(page, f"instance-cancel-confirm-{width}")
+    assert not scrolls_sideways(page)
+    dialog.get_by_role("button", name="Keep it").click()
+    expect(dialog).to_be_hidden()
+    page.get_by_role("button", name="Cancel this restart").click()
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    restart.refresh_from_db()
+    assert restart.cancel_reason == ""  # neither answer sent anything
+
+    page.get_by_role("button", name="Cancel this restart").click()
+    page.wait_for_timeout(2500)  # the timeline's poll leaves the form asked about in place
+    dialog.get_by_role("button", name="Cancel the restart").click()
+
+    expect(page.locator(".operation-stopping")).to_contain_text("Stopping at its next step")
+    restart.refresh_from_db()
+    assert restart.cancel_reason == f"Cancelled by {owner.email}."

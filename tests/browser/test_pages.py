@@ -91,6 +91,28 @@ def test_an_admin_is_offered_no_owner_role_and_no_controls_on_owners(
         assert "Admin" in labels
 
 
+def test_removing_a_member_asks_first_with_buttons_that_say_what_they_do(
+    open_page, owner, tenant, add_member
+):
+    add_member("bob@example.com", "member")
+    page = open_page(owner, f"/t/{tenant.slug}/team/")
+    bob_row = page.locator("tr", has_text="bob@example.com")
+    dialog = page.locator("#confirm-dialog")
+
+    bob_row.get_by_role("button", name="Remove").click()
+    expect(dialog).to_contain_text("Remove bob@example.com from Acme?")
+    dialog.get_by_role("button", name="Keep").click()
+    expect(dialog).to_be_hidden()
+    expect(bob_row).to_be_visible()
+    assert Membership.objects.filter(user__email="bob@example.com").exists()
+
+    bob_row.get_by_role("button", name="Remove").click()
+    dialog.get_by_role("button", name="Remove").click()
+
+    expect(page.locator("tr", has_text="bob@example.com")).to_have_count(0)
+    assert not Membership.objects.filter(user__email="bob@example.com").exists()
+
+
 @BOTH_WIDTHS
 def test_an_owner_stepping_down_confirms_first(open_page, owner, tenant, add_member, width):
     add_member("second@example.com", "owner")
