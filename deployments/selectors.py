@@ -428,7 +428,7 @@ def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:
 def instance_made_by_request(tenant: Tenant, request_id: str, action: str) -> Instance | None:
     """The instance a create or restore form (`action`: "instance.create", "instance.restore")
     sent with `request_id` already made in the tenant, if any (the form again after Back carries
-    the same id: sent again, it returns that instance)."""
+    the same id: the page says what it made)."""
     made = request_target(scope=tenant_scope(tenant), request_id=request_id, action=action)
     if made is None or made[0] != Operation._meta.label_lower:
         return None

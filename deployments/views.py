@@ -157,12 +157,15 @@ def _instance_page(request, instance_id: str):
 
 def _form_made(request, sent_with: str, request_id: str, action: str):
     """The instance a form that makes one already made with the request id it went out with
-    (`sent_with`), shown beside its button, and the request id it goes out with next. The form
-    again after Back comes without the values it was sent with: filled in anew, it makes
-    another instance, so it gets a new id (sent again with the same one, it would be refused
-    as the first request with other values)."""
+    (`sent_with`), and the request id the form goes out with next.
+
+    Brought back by Back (a GET), the form is not offered again: the page says what it made
+    and links a new form (`form_done`), so that no click sends a second instance the person
+    did not fill in (a restore form comes back filled in). Sent again with that id and other
+    values (a stale tab), it is refused; it goes out next with a new id, so that corrected,
+    it makes another instance, as the notice beside it says."""
     made = selectors.instance_made_by_request(request.tenant, sent_with, action)
-    if made is not None and request.method == "GET":
+    if made is not None:
         request_id = uuid.uuid4().hex
     return made, request_id
 
@@ -172,7 +175,7 @@ def instance_create(request, plan_key: str):
     version, spec = _plan_or_404(request, plan_key)
     if request.method == "GET" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
-        # so submitting it again returns the instance the first submit made.
+        # and the page says what the form made instead of offering it again (`_form_made`).
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = _create_form_class(request, spec)(request.POST or None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
@@ -200,6 +203,7 @@ def instance_create(request, plan_key: str):
             return _instance_page(request, operation.instance_id)
     made, request_id = _form_made(request, sent_with, request_id, "instance.create")
     context = {
+        "form_done": made is not None and request.method == "GET",
         "form": form,
         "plan": version.plan,
         "version": version,
@@ -732,6 +736,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             return _instance_page(request, operation.instance_id)
     made, request_id = _form_made(request, sent_with, request_id, "instance.restore")
     context = {
+        "form_done": made is not None and request.method == "GET",
         "form": form,
         "instance": instance,
         "snapshot": snapshot,

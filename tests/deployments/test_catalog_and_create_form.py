@@ -292,7 +292,7 @@ def test_a_repeated_post_with_the_same_request_id_creates_one_instance(
     assert Operation.objects.count() == 1
 
 
-def test_the_form_again_after_back_links_what_it_made_and_sent_anew_makes_another(
+def test_the_form_again_after_back_says_what_it_made_and_links_a_new_form(
     owner_client, tenant, plan, cell
 ):
     url = form_url(tenant, "a" * 32)
@@ -300,16 +300,31 @@ def test_the_form_again_after_back_links_what_it_made_and_sent_anew_makes_anothe
     made = Instance.objects.get()
 
     back = text(owner_client.get(url))  # Back fetches the form again, with the same id
-    changed = text(owner_client.post(url, {**VALID, "name": "other", "request_id": "a" * 32}))
 
-    for page in (back, changed):
+    assert f'made <a href="/t/{tenant.slug}/deployments/{made.pk}/">{made.name}</a>' in back
+    new_form = f'<a href="/t/{tenant.slug}/deployments/new/postgres-cnpg/">Start a new form</a>'
+    assert new_form in back
+    assert 'name="request_id"' not in back  # no form to send a second instance with
+    assert 'id="form-made"' not in text(owner_client.get(form_url(tenant, "b" * 32)))
+
+
+def test_a_form_sent_again_from_a_stale_tab_is_refused_and_corrected_makes_another(
+    owner_client, tenant, plan, cell
+):
+    url = form_url(tenant, "a" * 32)
+    owner_client.post(url, {**VALID, "request_id": "a" * 32})
+    made = Instance.objects.get()
+
+    changed = text(owner_client.post(url, {**VALID, "name": "other", "request_id": "a" * 32}))
+    invalid = text(owner_client.post(url, {**VALID, "p-database": "1x", "request_id": "a" * 32}))
+
+    assert "This form was already sent with different values." in changed
+    for page in (changed, invalid):
         assert f'made <a href="/t/{tenant.slug}/deployments/{made.pk}/">{made.name}</a>' in page
         assert "Sent now, it makes another instance." in page
-    assert "This form was already sent with different values." in changed
-    assert 'id="form-made"' not in text(owner_client.get(form_url(tenant, "b" * 32)))
-    # The form after Back comes empty: filled in again, it goes out as a new request.
-    fresh = re.search(r'name="request_id" value="([0-9a-f]{32})"', back)[1]
-    assert fresh != "a" * 32 and f"?request={fresh}" in back
+        # ... as it does: it goes out next as a new request.
+        fresh = re.search(r'name="request_id" value="([0-9a-f]{32})"', page)[1]
+        assert fresh != "a" * 32
     owner_client.post(form_url(tenant, fresh), {**VALID, "name": "other", "request_id": fresh})
     assert sorted(Instance.objects.values_list("name", flat=True)) == [made.name, "other"]
 
