@@ -294,7 +294,10 @@ def _tab_context(
             "takes_backups": "backup" in selectors.plan_spec(instance.plan_version).main.verbs,
         }
     if tab == "activity":
-        return {"events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN]}
+        return {
+            "events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN],
+            "verb_labels": selectors.verb_labels(instance.plan_version),  # what a cancel stopped
+        }
     if tab == "metrics":  # the charts load apart, for the chosen window
         return {"metrics_window": params.get("window", "")}
     if tab == "connection":

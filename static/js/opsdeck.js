@@ -96,6 +96,14 @@ document.addEventListener("htmx:confirm", (event) => {
   confirming = event.detail;
   dialog.showModal();
 });
+// Polls do not start while a dialog is open, but one already on its way may answer meanwhile:
+// it does not replace the element asked about, whose request the yes would find gone.
+document.addEventListener("htmx:beforeSwap", (event) => {
+  if (confirming && event.detail.target.contains(confirming.elt)) event.detail.shouldSwap = false;
+});
+document.addEventListener("close", (event) => { // Escape, or an answer: nothing is asked
+  if (event.target.id === "confirm-dialog") confirming = null;
+}, true);
 document.addEventListener("click", (event) => {
   const answer = event.target.closest("[data-confirm-answer]");
   if (!answer) return;

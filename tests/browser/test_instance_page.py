@@ -353,3 +353,27 @@ def test_cancelling_an_operation_asks_in_a_dialog_whose_buttons_say_what_each_do
     expect(page.locator(".operation-stopping")).to_contain_text("Stopping at its next step")
     restart.refresh_from_db()
     assert restart.cancel_reason == f"Cancelled by {owner.email}."
+
+
+def test_a_poll_answered_while_the_cancel_dialog_asks_leaves_its_form_to_the_answer(
+    open_page, owner, instance
+):
+    from tests.deployments import factories
+
+    restart = factories.make_operation(instance, verb="restart", state="running")
+    path = f"/t/{instance.tenant.slug}/deployments/{instance.pk}/"
+    page = open_page(owner, f"{path}?tab=operations")
+    held = []
+    # The timeline's next poll is held on its way, to answer while the dialog asks.
+    page.route(re.compile(re.escape(path) + r"\?tab=operations$"), lambda route: held.append(route))
+    while not held:
+        page.wait_for_timeout(100)
+
+    page.get_by_role("button", name="Cancel this restart").click()
+    held[0].continue_()
+    page.wait_for_timeout(1000)
+    page.locator("#confirm-dialog").get_by_role("button", name="Cancel the restart").click()
+
+    expect(page.locator(".operation-stopping")).to_contain_text("Stopping at its next step")
+    restart.refresh_from_db()
+    assert restart.cancel_reason == f"Cancelled by {owner.email}."

@@ -1084,7 +1084,8 @@ def test_the_activity_tab_shows_who_cancelled_the_instances_operations(
     html = owner_client.get(_url(instance), {"tab": "activity"}).content.decode()
 
     assert html.count("operation.cancel") == 1  # not elsewhere's
-    assert "stop" in html.split("operation.cancel", 1)[1].split("</tr>", 1)[0]
+    row = html.split("operation.cancel", 1)[1].split("</tr>", 1)[0]
+    assert "the stop" in row and '<span class="badge badge-ok">' in row  # what it stopped
 
 
 def _stop(client, instance, request_id) -> Operation:
