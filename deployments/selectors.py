@@ -850,14 +850,18 @@ class Connection:
     scheme: str
     has_password: bool
 
-    def uri(self, password: str = MASKED) -> str:
-        """The URI to connect with (the password masked unless given); "" without a scheme."""
+    def uri(self, password: str | None = MASKED) -> str:
+        """The URI to connect with: the password masked unless given, or left out (None: the
+        client asks for it); "" without a scheme."""
         if not self.scheme or not self.host:
             return ""
-        secret = password if password == MASKED else quote(password, safe="")
-        # A password without a user (Redis and the like) is written `scheme://:password@host`.
         user = quote(self.user, safe="")
-        credentials = f"{user}:{secret}@" if self.user or self.has_password else ""
+        if password is None:
+            credentials = f"{user}@" if self.user else ""
+        else:
+            secret = password if password == MASKED else quote(password, safe="")
+            # A password without a user (Redis and the like) is written `scheme://:password@host`.
+            credentials = f"{user}:{secret}@" if self.user or self.has_password else ""
         port = f":{self.port}" if self.port else ""
         database = f"/{quote(self.database, safe='')}" if self.database else ""
         return f"{self.scheme}://{credentials}{self.host}{port}{database}"

@@ -1031,6 +1031,9 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
     return operation
 
 
+NOTHING_TO_CONNECT = "The instance is deleted: nothing runs to connect to."
+
+
 def instance_credentials_reveal(*, actor: Actor, instance: Instance) -> str:
     """The password of the instance's connection user (`x-opsdeck.connection.password`),
     for one showing; the reveal is audited, never with the password."""
@@ -1038,6 +1041,8 @@ def instance_credentials_reveal(*, actor: Actor, instance: Instance) -> str:
     action = "instance.reveal_credentials"
     with audited_action(actor=actor, action=action, tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=action)
+        if instance.state == Instance.State.DELETED:
+            raise ValidationError(NOTHING_TO_CONNECT)
         key = selectors.plan_spec(instance.plan_version).connection.get("password")
         password = instance_parameters(instance).get(key) if key else None
         if not password:

@@ -308,6 +308,10 @@ def _tab_context(
             "connection": connection,
             "connection_rows": [row for row in rows if row[1]],
             "masked_uri": connection.uri(),
+            "copied_uri": connection.uri(password=None),  # a masked password is no use pasted
+            "nothing_to_connect": (
+                services.NOTHING_TO_CONNECT if instance.state == Instance.State.DELETED else ""
+            ),
             "can_reveal": "instance.reveal_credentials" in allowed,
         }
     return {

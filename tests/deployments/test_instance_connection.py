@@ -29,6 +29,26 @@ def test_the_tab_shows_how_to_connect_with_the_password_masked(owner_client, ins
     assert f"postgresql://app:••••••@{instance.pk}-rw:5432/app" in html
     assert ">Reveal password</button>" in html
     assert SECRET not in html
+    # Its Copy gives the URI without a password, for the client to ask: a mask is no use pasted.
+    assert f'data-copy="postgresql://app@{instance.pk}-rw:5432/app"' in html
+
+
+def test_a_deleted_instance_has_nothing_to_connect_to_nor_a_password_to_reveal(
+    owner_client, instance
+):
+    from deployments.models import Instance
+
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+
+    html = owner_client.get(_url(instance), {"tab": "connection"}).content.decode()
+    asked = _reveal(owner_client, instance)  # sent anyway, from a page open before the delete
+    shown = owner_client.post(asked["Location"], {"password": PASSWORD}, follow=True)
+
+    assert "The instance is deleted: nothing runs to connect to." in html
+    assert "Reveal password" not in html and f"{instance.pk}-rw" not in html
+    assert SECRET not in shown.content.decode()
+    assert "The instance is deleted: nothing runs to connect to." in shown.content.decode()
+    assert not AuditEvent.objects.filter(action="instance.reveal_credentials", result="ok")
 
 
 def _reveal(client, instance):
