@@ -284,6 +284,7 @@ def _tab_context(
             "cancellable": _cancellable(instance, operations, allowed),
             "settles_alone": lifecycle.SETTLES_ALONE,
             "cancel_fails": lifecycle.CANCEL_FAILS,
+            "rolled_back": lifecycle.ROLLED_BACK,  # what undoes such a cancel: a roll back
         }
     if tab == "backups":
         return {

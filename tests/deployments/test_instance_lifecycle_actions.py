@@ -106,6 +106,19 @@ def test_roll_back_appears_only_after_a_failed_modify_or_upgrade(owner_client, i
     assert ROLLBACK in _page(owner_client, instance)
 
 
+def test_the_roll_back_dialog_says_whether_the_change_failed_or_was_cancelled(
+    owner_client, instance
+):
+    _fail(instance, "modify")
+    assert "failed. Rolling back applies again" in _page(owner_client, instance)
+
+    Operation.objects.filter(verb="modify").update(state=Operation.State.CANCELLED)
+
+    page = _page(owner_client, instance)
+    assert ROLLBACK in page
+    assert "was cancelled after it had changed the cluster. Rolling back applies again" in page
+
+
 def test_an_upgrade_posted_from_the_page_is_queued_on_the_new_version(owner_client, instance, v2):
     response = owner_client.post(_url(instance, "upgrade/"), {"request_id": "up-1"})
 

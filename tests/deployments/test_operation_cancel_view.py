@@ -66,7 +66,8 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
     # A backup leaves the instance as it is, whatever the cluster did of it.
     assert backup.startswith("Cancel this backup? It stops at its next step;")
     assert backup.endswith("; what it has changed in the cluster stays.")
-    assert modify.endswith("the instance may be left Failed until you retry it.")
+    # ... and a modify Roll back undoes, as the Failed instance offers.
+    assert modify.endswith("the instance may be left Failed until you roll it back.")
     # The operator finishes a switchover it took.
     assert failover.endswith("If the cluster has already begun it, the operator still finishes it.")
     # Queued when the page was drawn, it may have started by the time of the click.
