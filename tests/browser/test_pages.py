@@ -72,6 +72,26 @@ def test_account_pages_show_the_sidebar_and_the_organization_switcher(
     assert not scrolls_sideways(page)
 
 
+@BOTH_WIDTHS
+def test_the_organizations_links_never_overlap(open_page, owner, tenant, width):
+    page = open_page(owner, f"/t/{tenant.slug}/billing/", width)
+    shot(page, f"sidebar-{width}")
+
+    links = page.locator("aside.sidebar nav a")
+    boxes = [links.nth(n).bounding_box() for n in range(links.count())]
+    assert len(boxes) >= 4
+    for n, box in enumerate(boxes):
+        for other in boxes[n + 1 :]:
+            apart = (
+                box["y"] + box["height"] <= other["y"] + 0.5
+                or other["y"] + other["height"] <= box["y"] + 0.5
+                or box["x"] + box["width"] <= other["x"] + 0.5
+                or other["x"] + other["width"] <= box["x"] + 0.5
+            )
+            assert apart, (box, other)
+    assert not scrolls_sideways(page)
+
+
 def test_an_admin_is_offered_no_owner_role_and_no_controls_on_owners(
     open_page, owner, tenant, add_member
 ):
