@@ -662,6 +662,22 @@ class InstanceAction:
         """Whether it asks for input or confirmation first."""
         return bool(self.parameters) or self.verb in {"modify", "delete"}
 
+    @property
+    def asks(self) -> str:
+        """What a button that interrupts the service asks before it is sent ("" when it is
+        sent at once): a stray click must not stop a production database."""
+        return INTERRUPTS.get(self.verb, "") if not self.in_dialog else ""
+
+
+# The actions that interrupt the service, and what the page asks before sending one.
+INTERRUPTS = {
+    "stop": "Stop this instance? Its servers shut down and refuse connections until you start it "
+    "again; its data stays.",
+    "restart": "Restart this instance? Its servers restart, and the connections open to them drop.",
+    "failover": "Switch this instance's primary to a replica? The connections open to the "
+    "primary drop.",
+}
+
 
 def instance_retry_source(instance: Instance) -> Operation | None:
     """The operation "Retry" runs again: the one that left the instance failed — it failed, or

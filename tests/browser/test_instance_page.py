@@ -212,6 +212,7 @@ def test_stop_queues_from_the_header_and_the_message_links_to_the_operation(
     page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
 
     page.get_by_role("button", name="Stop", exact=True).click()
+    page.locator("#confirm-dialog").get_by_role("button", name="Stop", exact=True).click()
 
     expect(page.locator("#messages")).to_contain_text(f"Stop of {instance.name} is queued.")
     stop = Operation.objects.get(verb="stop")
@@ -377,3 +378,24 @@ def test_a_poll_answered_while_the_cancel_dialog_asks_leaves_its_form_to_the_ans
     expect(page.locator(".operation-stopping")).to_contain_text("Stopping at its next step")
     restart.refresh_from_db()
     assert restart.cancel_reason == f"Cancelled by {owner.email}."
+
+
+@BOTH_WIDTHS
+def test_stop_asks_first_and_a_stray_click_stops_nothing(open_page, owner, instance, width):
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/", width)
+    dialog = page.locator("#confirm-dialog")
+
+    page.locator("#instance-actions").get_by_role("button", name="Stop", exact=True).click()
+
+    expect(dialog).to_contain_text("Stop this instance? Its servers shut down")
+    shot(page, f"instance-stop-confirm-{width}")
+    assert not scrolls_sideways(page)
+    dialog.get_by_role("button", name="Keep it running").click()
+    expect(dialog).to_be_hidden()
+    assert not instance.operations.filter(verb="stop").exists()
+
+    page.locator("#instance-actions").get_by_role("button", name="Stop", exact=True).click()
+    dialog.get_by_role("button", name="Stop", exact=True).click()
+
+    expect(page.locator("#messages")).to_contain_text("queued")
+    assert instance.operations.filter(verb="stop").count() == 1

@@ -99,6 +99,7 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     _press(page, "Reload configuration")
     expect(page.locator("#messages")).to_contain_text("Reload configuration")
     _press(page, "Stop")
+    page.locator("#confirm-dialog").get_by_role("button", name="Stop", exact=True).click()
     _wait_state(page, "Stopped")
     _press(page, "Start")
     _wait_state(page, "Running")
