@@ -345,6 +345,11 @@ def test_a_deleted_instances_backups_tab_promises_no_more_backups(owner_client, 
 
     assert f"Scheduled backups ended when {instance.name} was deleted" in page
     assert "Backups run every" not in page and "Change the schedule" not in page
+    # With none left, it speaks of none: no backups "above", nor "yet".
+    instance.snapshots.update(status="deleted")
+    none_left = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    assert f"{instance.name} has no backups left." in none_left
+    assert "the backups above" not in none_left and "yet" not in none_left
 
 
 def test_a_bad_cron_in_the_form_is_shown_beside_the_field(owner_client, instance):
