@@ -331,7 +331,12 @@ def _live_context(instance: Instance, tab: str, params) -> dict:
             return {"events": servers.events_read(driver, namespace)}
         found = servers.servers_read(driver, namespace, rule) if rule else []
         if tab == "servers":
-            return {"servers": found, "claims": servers.claims_read(driver, namespace)}
+            return {
+                "servers": found,
+                # A plan whose servers have no roles (none labels them) shows no Role column.
+                "roles_shown": any(server.role for server in found),
+                "claims": servers.claims_read(driver, namespace),
+            }
         return _logs_context(driver, namespace, rule, found, params)
     except DriverError as exc:
         return {"live_error": f"The cluster could not be read: {exc.message}"}

@@ -139,7 +139,7 @@ def _run(owner, instance, verb, **parameters) -> Operation:
 
 
 def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
-    worker, cell, valkey_plan, tenant, owner, kube
+    worker, cell, valkey_plan, tenant, owner, kube, owner_client
 ):
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=valkey_plan, name="sessions",
@@ -166,6 +166,11 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert connection.has_password
     assert connection.uri() == f"redis://:{selectors.MASKED}@{instance.pk}:6379"
     assert connection.uri("p@ss") == f"redis://:p%40ss@{instance.pk}:6379"
+    # Its servers carry no role label: the Servers tab lists them without a Role column.
+    servers = owner_client.get(
+        f"/t/{tenant.slug}/deployments/{instance.pk}/", {"tab": "servers"}
+    ).content.decode()
+    assert f"<code>{instance.pk}-1</code>" in servers and "<th>Role</th>" not in servers
 
     # Scale out, and grow every claim (the claim template itself cannot change).
     _run(owner, instance, "modify", servers="3", storageGi="5")
