@@ -6,6 +6,7 @@ from datetime import UTC, date, datetime, time
 
 from django.db.models import QuerySet
 
+from accounts.idempotency import request_target, user_scope
 from accounts.models import AuditEvent, Invitation, Membership, Tenant
 
 
@@ -17,6 +18,15 @@ def membership_get(*, user, tenant_slug: str) -> Membership | None:
         .filter(user=user, tenant__slug=tenant_slug)
         .first()
     )
+
+
+def organization_made_by_request(user, request_id: str) -> Tenant | None:
+    """The organization the user's new-organization form, sent with `request_id`, already
+    made, if the user still belongs to it."""
+    made = request_target(scope=user_scope(user), request_id=request_id, action="tenant.create")
+    if made is None:
+        return None
+    return Tenant.objects.filter(pk=made[1], memberships__user=user).first()
 
 
 def memberships_for_user(user) -> QuerySet[Membership]:

@@ -27,10 +27,13 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 def organization_create(request):
     if request.method == "GET" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
-        # so submitting it again returns the organization the first submit made.
+        # and the page says what the form made instead of offering it again.
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = OrganizationForm(request.POST or None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    made = selectors.organization_made_by_request(request.user, request_id)
+    if made is not None and request.method == "GET":  # the form again after Back
+        return render(request, "accounts/organization_create.html", {"made": made})
     if request.method == "POST" and form.is_valid():
         try:
             tenant = services.tenant_create(
@@ -50,6 +53,7 @@ def organization_create(request):
         "form": form,
         "request_id": request_id,
         "action": f"{request.path}?request={request_id}",
+        "made_before": made,  # sent again from a stale page: what its first sending made
     }
     return render(request, "accounts/organization_create.html", context)
 

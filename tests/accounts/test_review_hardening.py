@@ -192,6 +192,21 @@ def test_a_double_submitted_new_organization_form_creates_one(owner_client, owne
 
 
 @pytest.mark.django_db
+def test_the_new_organization_form_again_after_back_says_what_it_made(owner_client, tenant):
+    url = "/organizations/new/?request=" + "c" * 32
+    owner_client.post(url, {"name": "Globex", "request_id": "c" * 32})
+    globex = Tenant.objects.get(name="Globex")
+
+    back = owner_client.get(url).content.decode()  # Back fetches the form again, same id
+
+    assert f'already made <a href="/t/{globex.slug}/">Globex</a>' in back
+    assert '<a href="/organizations/new/">Start a new form</a>' in back
+    assert 'name="request_id"' not in back  # nothing to send a second time
+    fresh = owner_client.get("/organizations/new/?request=" + "d" * 32).content.decode()
+    assert 'id="form-made"' not in fresh and 'name="request_id"' in fresh
+
+
+@pytest.mark.django_db
 def test_a_double_submitted_invitation_is_sent_once(
     owner_client, tenant, django_capture_on_commit_callbacks
 ):

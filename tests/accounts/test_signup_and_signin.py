@@ -255,13 +255,15 @@ def test_the_new_organization_form_keeps_its_request_id_in_the_address(owner_cli
     url = opened["Location"]
     request_id = re.fullmatch(r"/organizations/new/\?request=([0-9a-f]{32})", url).group(1)
 
-    # What a browser's Back re-fetches is the same address, so the same id.
+    # What a browser's Back re-fetches is the same address, so the same id: sent again (a
+    # page kept from before, a double click), it makes nothing more.
+    form = owner_client.get(url)
+    assert f'name="request_id" value="{request_id}"'.encode() in form.content
     for _ in range(2):
-        form = owner_client.get(url)
-        assert f'name="request_id" value="{request_id}"'.encode() in form.content
         owner_client.post(url, {"name": "Globex", "request_id": request_id})
 
     assert Tenant.objects.filter(name="Globex").count() == 1
+    assert b"This form already made" in owner_client.get(url).content  # Back, once it made one
 
 
 @pytest.mark.django_db
@@ -276,6 +278,8 @@ def test_a_resent_organization_form_with_other_values_says_so_and_can_be_sent_an
     refused = owner_client.post(url, {"name": "Second", "request_id": request_id})
     assert refused.status_code == 200
     assert b"already sent with different values" in refused.content
+    first = Tenant.objects.get(name="First")
+    assert f'already made <a href="/t/{first.slug}/">First</a>'.encode() in refused.content
     assert not Tenant.objects.filter(name="Second").exists()
 
     fresh = re.search(rb'name="request_id" value="([0-9a-f]{32})"', refused.content).group(1)
