@@ -1,4 +1,5 @@
 import importlib
+import re
 import threading
 import time
 from datetime import timedelta
@@ -138,6 +139,10 @@ def test_signed_out_visitor_is_offered_sign_in_and_sign_up(client, invite):
     assert page.status_code == 200
     assert b"/accounts/login/?next=" in page.content
     assert b"/accounts/signup/?next=" in page.content
+    # The account it offers to create is for the invited address, filled in.
+    signup = re.search(r'href="(/accounts/signup/[^"]+)"', page.content.decode())[1]
+    form = client.get(signup.replace("&amp;", "&")).content.decode()
+    assert re.search(r'<input[^>]+name="email"[^>]+value="new@example.com"', form)
 
 
 @pytest.mark.django_db
