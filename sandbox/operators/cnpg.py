@@ -612,7 +612,7 @@ class CnpgOperator:
             return
         meta = pod["metadata"]
         ns, inst = meta["namespace"], meta["name"]
-        log = InstanceLog(inst)
+        log = InstanceLog(inst, image=pod["spec"]["containers"][0]["image"])
         replica = (meta.get("labels") or {}).get("cnpg.io/instanceRole") != "primary"
         if replica:
             primary = status.get("currentPrimary") or ""

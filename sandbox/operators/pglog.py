@@ -16,14 +16,32 @@ from typing import Any
 from ..logs import rfc3339_nano
 
 OPERATOR_VERSION = "1.28.0"
-PG_VERSION = "18.1 (Debian 18.1-1.pgdg13+1)"
+# The release each major version's image runs (its tag, `postgresql:17`, names only the major).
+PG_RELEASES = {
+    "13": "13.22",
+    "14": "14.19",
+    "15": "15.14",
+    "16": "16.10",
+    "17": "17.6",
+    "18": "18.1",
+}
+
+
+def pg_version(image: str) -> str:
+    """The PostgreSQL version the image runs, as its start line prints it."""
+    name = image.rsplit("/", 1)[-1]
+    tag = name.split(":", 1)[1] if ":" in name else ""
+    major = tag.split(".", 1)[0].split("-", 1)[0]
+    release = PG_RELEASES.get(major) or tag or PG_RELEASES["18"]
+    return f"{release} (Debian {release}-1.pgdg13+1)"
 
 
 class InstanceLog:
     """Builds the log lines of one instance (pod) of a Cluster."""
 
-    def __init__(self, pod: str) -> None:
+    def __init__(self, pod: str, image: str = "") -> None:
         self.pod = pod
+        self.version = pg_version(image)  # what the pod's image runs
         # Stable, plausible process ids per pod: postmaster, checkpointer, startup, walreceiver.
         base = 20 + zlib.crc32(pod.encode()) % 40
         self.pids = {
@@ -95,7 +113,7 @@ class InstanceLog:
     def _postgres_start(self) -> list[str]:
         return [
             self.record(
-                f"starting PostgreSQL {PG_VERSION} on x86_64-pc-linux-gnu, compiled by gcc "
+                f"starting PostgreSQL {self.version} on x86_64-pc-linux-gnu, compiled by gcc "
                 "(Debian 14.2.0-19) 14.2.0, 64-bit"
             ),
             self.record('listening on IPv4 address "0.0.0.0", port 5432'),

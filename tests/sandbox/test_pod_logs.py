@@ -51,6 +51,13 @@ def test_primary_and_replica_logs_tell_their_start(core_v1, namespace, pg_cluste
     assert "replication connected" in replica
 
 
+def test_a_servers_start_line_names_the_version_its_image_runs(core_v1, namespace, pg_cluster):
+    pg_cluster(instances=1, imageName="ghcr.io/cloudnative-pg/postgresql:16")
+    log = messages(read_log(core_v1, namespace, "pg-1"))
+
+    assert any(m.startswith("starting PostgreSQL 16.") for m in log), log
+
+
 def test_lines_are_cnpg_json_records(core_v1, namespace, pg_cluster):
     pg_cluster(instances=1)
     text = read_log(core_v1, namespace, "pg-1")
