@@ -425,6 +425,43 @@ def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:
     )
 
 
+@dataclass(frozen=True)
+class RestoredFrom:
+    """Where a restored instance came from, as its restore was asked."""
+
+    backup: str  # the backup's name
+    source_id: str  # the instance the backup was taken of
+    source: Instance | None  # that instance, while the tenant still sees it
+    target_time: datetime | None  # the point in time it recovered to; None: the backup's end
+
+
+def instance_restored_from(instance: Instance) -> RestoredFrom | None:
+    """The backup (and instance, and point in time) the instance was restored from; None for
+    one that was created."""
+    restore = (
+        Operation.objects.filter(instance=instance, verb="restore")
+        .order_by("created_at")
+        .values_list("arguments", flat=True)
+        .first()
+    )
+    sys = (restore or {}).get("sys") or {}
+    asked = sys.get("restore") or {}
+    if not asked.get("snapshotId"):
+        return None
+    source_id = str(sys.get("sourceInstanceId") or "")
+    source = None
+    if source_id:
+        tenants = Instance.objects.for_tenant(instance.tenant)
+        source = tenants.filter(pk=source_id).only("pk", "name", "tenant_id").first()
+    target = asked.get("targetTime")
+    return RestoredFrom(
+        backup=str(asked["snapshotId"]),
+        source_id=source_id,
+        source=source,
+        target_time=parse_datetime(target) if target else None,
+    )
+
+
 def instance_made_by_request(tenant: Tenant, request_id: str, action: str) -> Instance | None:
     """The instance a create or restore form (`action`: "instance.create", "instance.restore")
     sent with `request_id` already made in the tenant, if any (the form again after Back carries

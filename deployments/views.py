@@ -317,6 +317,7 @@ def _tab_context(
         }
     return {
         "status": selectors.observed_status(instance),
+        "restored_from": selectors.instance_restored_from(instance),
         "parameters": selectors.instance_parameters_shown(instance),
     }
 

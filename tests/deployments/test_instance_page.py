@@ -708,6 +708,12 @@ def test_restore_makes_a_new_instance_from_the_backup(owner_client, instance):
     assert response["Location"] == _url(copy)
     assert copy.operations.get().verb == "restore"
     assert copy.parameters["instances"] == 2
+    # Its overview says where it came from, linking the instance the backup was taken of.
+    overview = owner_client.get(_url(copy)).content.decode()
+    assert (
+        f'the backup <code>{snapshot.name}</code> of <a href="{_url(instance)}">{instance.name}</a>'
+    ) in overview
+    assert "Restored from" not in owner_client.get(_url(instance)).content.decode()
 
 
 def test_restore_without_a_name_shows_the_form_again(owner_client, instance):
