@@ -49,6 +49,8 @@ def organization_create(request):
         else:
             messages.success(request, f"Organization “{tenant.name}” created.")
             return redirect("dashboard", tenant_slug=tenant.slug)
+    if made is not None:  # its id made one: corrected, the form makes another, as it says
+        request_id = uuid.uuid4().hex
     context = {
         "form": form,
         "request_id": request_id,

@@ -284,5 +284,9 @@ def test_a_resent_organization_form_with_other_values_says_so_and_can_be_sent_an
 
     fresh = re.search(rb'name="request_id" value="([0-9a-f]{32})"', refused.content).group(1)
     assert fresh.decode() != request_id
+    # Sent with its name left out, from the same stale page: corrected, it makes another too.
+    empty = owner_client.post(url, {"name": "", "request_id": request_id})
+    assert b"Sent now, it makes another organization." in empty.content
+    assert f'value="{request_id}"'.encode() not in empty.content
     owner_client.post(url, {"name": "Second", "request_id": fresh.decode()})
     assert Tenant.objects.filter(name="Second").count() == 1
