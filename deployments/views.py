@@ -155,9 +155,10 @@ def _instance_page(request, instance_id: str):
         return redirect("instance_list", tenant_slug=request.tenant.slug)
 
 
-def _form_made(request, sent_with: str, request_id: str, action: str):
-    """The instance a form that makes one already made with the request id it went out with
-    (`sent_with`), and the request id the form goes out with next.
+def _form_made(request, sent_with: str, request_id: str, action: str) -> dict:
+    """What a form that makes an instance says of the one it already made with the request id
+    it went out with (`sent_with`), and the request id it goes out with next: the context's
+    `made`, `form_done`, `request_id` and `action`.
 
     Brought back by Back (a GET), the form is not offered again: the page says what it made
     and links a new form (`form_done`), so that no click sends a second instance the person
@@ -167,7 +168,12 @@ def _form_made(request, sent_with: str, request_id: str, action: str):
     made = selectors.instance_made_by_request(request.tenant, sent_with, action)
     if made is not None:
         request_id = uuid.uuid4().hex
-    return made, request_id
+    return {
+        "made": made,
+        "form_done": made is not None and request.method == "GET",
+        "request_id": request_id,
+        "action": f"{request.path}?request={request_id}",
+    }
 
 
 @tenant_view("instance.create")
@@ -201,16 +207,12 @@ def instance_create(request, plan_key: str):
         else:
             messages.success(request, f"Creating {operation.instance.name}.")
             return _instance_page(request, operation.instance_id)
-    made, request_id = _form_made(request, sent_with, request_id, "instance.create")
     context = {
-        "form_done": made is not None and request.method == "GET",
         "form": form,
         "plan": version.plan,
         "version": version,
         "spec": spec,
-        "request_id": request_id,
-        "action": f"{request.path}?request={request_id}",
-        "made": made,
+        **_form_made(request, sent_with, request_id, "instance.create"),
         # Said before the form is filled in (a refused submit says it as a message).
         "refusal": None if form.is_bound else create_refusal(request.tenant, version.plan),
         **_estimate_context(version, spec, form),
@@ -748,16 +750,12 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             what = f"Restore of {snapshot.name} into {operation.instance.name}"
             _operation_said(request, operation, what)
             return _instance_page(request, operation.instance_id)
-    made, request_id = _form_made(request, sent_with, request_id, "instance.restore")
     context = {
-        "form_done": made is not None and request.method == "GET",
         "form": form,
         "instance": instance,
         "snapshot": snapshot,
-        "request_id": request_id,
-        "action": f"{request.path}?request={request_id}",
         "version": snapshot.plan_version,
-        "made": made,
+        **_form_made(request, sent_with, request_id, "instance.restore"),
     }
     # A form to correct answers 200, as the create form does (a 400 page is a console error).
     return render(request, "deployments/instance_restore.html", context)
