@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 
+from allauth.account.models import EmailAddress
+from django.conf import settings
 from django.db.models import QuerySet
+from django.db.models.functions import Lower
+from django.utils import timezone
 
 from accounts.idempotency import request_target, user_scope
 from accounts.models import AuditEvent, Invitation, Membership, Tenant
@@ -49,6 +53,27 @@ def invitations_pending(tenant: Tenant) -> list[Invitation]:
         "email_attempts",
     )
     return [i for i in invitations.order_by("email") if i.status == "pending"]
+
+
+def invitations_for_user(user) -> QuerySet[Invitation]:
+    """Open invitations to an address the user has confirmed, from organizations they are not
+    in: where an invitee who confirmed the address in another browser, or lost the email,
+    finds them. An address not confirmed sees none (anyone may sign up with any address)."""
+    confirmed = EmailAddress.objects.filter(user=user, verified=True).values(address=Lower("email"))
+    age = timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
+    return (
+        Invitation.objects.alias(address=Lower("email"))
+        .filter(
+            address__in=confirmed,
+            accepted_at=None,
+            revoked_at=None,
+            created_at__gt=timezone.now() - age,
+        )
+        .exclude(tenant__memberships__user=user)
+        .select_related("tenant")
+        .only("email", "role", "created_at", "tenant__name")
+        .order_by("-created_at")
+    )
 
 
 def audit_events_for_tenant(

@@ -64,6 +64,55 @@ def test_accepting_a_valid_invitation_joins_with_the_invited_role(
     assert AuditEvent.objects.filter(tenant=tenant, action="member.join").exists()
 
 
+def _invitations_on_landing(client) -> list[str]:
+    """The invitation links on the page a signed-in user lands on."""
+    page = client.get("/", follow=True)
+    assert page.status_code == 200
+    return re.findall(r'<a href="(/invitations/[^"]+/)">Join ', page.content.decode())
+
+
+@pytest.mark.django_db
+def test_an_invitee_who_belongs_nowhere_finds_the_invitation_where_they_land(
+    client, invite, make_user, tenant
+):
+    # Confirmed in another browser: the link's page never opened in this session.
+    invite(role="admin")
+    client.force_login(make_user("New@Example.com"))
+
+    page = client.get("/", follow=True)
+    (link,) = _invitations_on_landing(client)
+    response = client.post(link)
+
+    assert b"Invitations for you" in page.content
+    assert b"Join Acme</a> as Admin" in page.content
+    assert response.url == f"/t/{tenant.slug}/"
+    joined = Membership.objects.get(tenant=tenant, user__email__iexact="new@example.com")
+    assert joined.role == "admin"
+    assert _invitations_on_landing(client) == []  # the new-organization form lists it no more
+
+
+@pytest.mark.django_db
+def test_the_landing_lists_no_invitation_to_an_unconfirmed_or_other_address_nor_a_closed_one(
+    client, invite, make_user, tenant, owner_client, settings
+):
+    invite("unconfirmed@example.com")
+    withdrawn, _ = invite("withdrawn@example.com")
+    owner_client.post(f"/t/{tenant.slug}/team/invitations/{withdrawn.pk}/revoke/")
+    expired, _ = invite("expired@example.com")
+    Invitation.objects.filter(pk=expired.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE + 1)
+    )
+
+    for email, verified in [
+        ("unconfirmed@example.com", False),
+        ("withdrawn@example.com", True),
+        ("expired@example.com", True),
+        ("someone@example.com", True),
+    ]:
+        client.force_login(make_user(email, verified=verified))
+        assert _invitations_on_landing(client) == [], email
+
+
 @pytest.mark.django_db
 def test_an_invitation_link_works_only_once(client, invite, make_user):
     _, link = invite()
