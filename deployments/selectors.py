@@ -46,12 +46,14 @@ from deployments.models import (
 from deployments.spec.loader import load_spec
 from deployments.spec.model import Parameter, PlanSpec
 from deployments.spec.params import (
+    ParameterErrors,
     cel_values,
     check,
     coerce,
     format_value,
     initial_value,
     number_text,
+    validate_parameters,
 )
 from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
 
@@ -523,6 +525,26 @@ def snapshot_of_instance(
 ) -> Snapshot | None:
     """One of the instance's snapshots; a deleted one only when `deleted`."""
     return snapshots_of_instance(instance, deleted=deleted).filter(pk=snapshot_id).first()
+
+
+def snapshot_values(snapshot: Snapshot) -> dict:
+    """The parameter values a restore of `snapshot` starts from, passwords aside: the
+    snapshot's own (older snapshots without them take their source instance's)."""
+    if snapshot.parameters:
+        return dict(snapshot.parameters)
+    source = snapshot.instance
+    return dict(source.parameters) if source is not None else {}
+
+
+def restore_values(snapshot: Snapshot, given: dict) -> dict | None:
+    """Every parameter's value in the instance a restore of `snapshot` with the changes `given`
+    would make (a password the backup keeps is generated here: no price reads one); None when
+    the changes are not valid. The service's own check (`services.snapshot_restore`) says why."""
+    spec = plan_spec(snapshot.plan_version)
+    try:
+        return validate_parameters(spec.main.parameters, given, current=snapshot_values(snapshot))
+    except ParameterErrors:
+        return None
 
 
 # The states in which an instance archives no more of its changes.

@@ -1057,7 +1057,7 @@ def _restore_base(snapshot: Snapshot) -> dict:
     """The values a restore starts from: the snapshot's own (older snapshots without them take
     the source instance's), and the source's passwords while it exists."""
     source = snapshot.instance
-    base = dict(snapshot.parameters or (source.parameters if source is not None else {}))
+    base = selectors.snapshot_values(snapshot)
     if source is not None and source.secret_parameters:
         base.update(json.loads(source.secret_parameters))
     return base

@@ -32,6 +32,11 @@ tenant_urlpatterns = [
         name="snapshot_restore",
     ),
     path(
+        "deployments/<slug:instance_id>/backups/<int:snapshot_id>/restore/estimate/",
+        views.snapshot_restore_estimate,
+        name="snapshot_restore_estimate",
+    ),
+    path(
         "deployments/<slug:instance_id>/backups/<int:snapshot_id>/delete/",
         views.snapshot_delete,
         name="snapshot_delete",

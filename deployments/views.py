@@ -698,11 +698,13 @@ def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm
     form_class = forms.restore_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,
-        snapshot_values=dict(snapshot.parameters or {}),
+        snapshot_values=selectors.snapshot_values(snapshot),
         point_in_time=bounds,
     )
+    if data is not None:
+        return form_class(data)
     wanted = selectors.instance_name_free(snapshot.tenant, f"{name}-restored", services.NAME_MAX)
-    return form_class(data, initial={"name": wanted})
+    return form_class(initial={"name": wanted})
 
 
 @tenant_view("instance.view")
@@ -756,9 +758,32 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
         "snapshot": snapshot,
         "version": snapshot.plan_version,
         **_form_made(request, sent_with, request_id, "instance.restore"),
+        "cost": _restore_cost(snapshot, form),
     }
     # A form to correct answers 200, as the create form does (a 400 page is a console error).
     return render(request, "deployments/instance_restore.html", context)
+
+
+def _restore_cost(snapshot: Snapshot, form: forms.RestoreForm) -> Cost | None:
+    """What the instance the restore form would make costs: the backup's values with the
+    form's changes, priced by the backup's plan version (the one it restores on); None while a
+    parameter field holds a value that is not valid."""
+    given = {}
+    if form.is_bound:
+        form.is_valid()
+        if any(forms.field_name(p.key) in form.errors for p in form.shown):
+            return None
+        given = form.given
+    return _estimate(snapshot.plan_version, selectors.restore_values(snapshot, given))
+
+
+@tenant_view("backup.restore")
+@require_POST
+def snapshot_restore_estimate(request, instance_id: str, snapshot_id: int):
+    """The restore form's cost estimate, as the user types (see `instance_estimate`)."""
+    snapshot = _snapshot(_instance(request, instance_id), snapshot_id)
+    form = _restore_form(snapshot, "", request.POST)  # bound: no name proposed
+    return render(request, "deployments/_estimate.html", {"cost": _restore_cost(snapshot, form)})
 
 
 @tenant_view("instance.view")

@@ -252,8 +252,12 @@ def test_the_restore_form_opens_from_the_backups_tab_and_never_scrolls_sideways(
     expect(page.get_by_label("Database", exact=True)).to_have_attribute("readonly", "")
     expect(page.get_by_label("Point in time (UTC)")).to_have_attribute("type", "datetime-local")
     assert re.search(r"\?request=[0-9a-f]{32}$", page.url)
+    # Priced as the backup was taken (one server), then as typed.
+    expect(page.locator("#estimate-hour")).to_have_text("0.0464")
     shot(page, f"restore-form-{width}")
     assert not scrolls_sideways(page)
+    page.get_by_label("Servers").fill("3")
+    expect(page.locator("#estimate-hour")).to_have_text("0.1392")
 
 
 def test_generate_fills_a_custom_actions_password(open_page, owner, instance):

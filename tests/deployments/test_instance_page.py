@@ -783,6 +783,45 @@ def test_the_restore_form_is_prefilled_from_the_backup_never_with_a_password(
     assert "Point in time (UTC)" in html
 
 
+def test_the_restore_form_prices_the_backups_values_and_then_the_changes_typed(
+    owner_client, instance
+):
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(
+        parameters={
+            **snapshot.parameters,
+            "instances": 3,
+            "cpu": 2,
+            "memoryGi": 4,
+            "storageGi": 100,
+        }
+    )
+    estimate = _url(instance, f"backups/{snapshot.pk}/restore/estimate/")
+
+    page = owner_client.get(_restore_url(instance, snapshot)).content.decode()
+    fewer = owner_client.post(estimate, {"name": "copy", "p-instances": "1"}).content.decode()
+    wrong = owner_client.post(estimate, {"name": "copy", "p-instances": "many"}).content.decode()
+    # Fixed by the backup: a restore cannot change it, so there is nothing to price.
+    fixed = owner_client.post(estimate, {"name": "", "p-database": "other"}).content.decode()
+
+    # As the create form prices the same values: 3 x (2 x 0.035 + 4 x 0.005 + 100 x 0.00014).
+    assert 'id="estimate-hour">0.3120<' in page and 'id="estimate-month">227.76<' in page
+    assert 'hx-post="' + estimate + '"' in page
+    assert "<html" not in fewer
+    assert 'id="estimate-hour">0.1040<' in fewer and 'id="estimate-month">75.92<' in fewer
+    assert "Enter valid values to see the price." in wrong
+    assert "Enter valid values to see the price." in fixed
+
+
+def test_another_tenants_backup_has_no_restore_estimate(client, instance, add_member, theirs):
+    client.force_login(add_member("member@example.com", "member"))
+    their_instance, _, their_snapshot = theirs
+
+    for owner_id in (their_instance.pk, instance.pk):
+        url = f"/t/{instance.tenant.slug}/deployments/{owner_id}/backups/{their_snapshot.pk}/"
+        assert client.post(f"{url}restore/estimate/", {"p-instances": "1"}).status_code == 404
+
+
 def test_a_valid_restore_keeps_the_backups_fixed_values(owner_client, instance):
     snapshot = instance.snapshots.get()
     Snapshot.objects.filter(pk=snapshot.pk).update(
