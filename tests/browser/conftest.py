@@ -83,6 +83,28 @@ def scrolls_sideways(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth > window.innerWidth")
 
 
+def select_cuts_its_text(page, selector: str) -> bool:
+    """Whether the select shows its chosen option's text cut short: the text, in the select's
+    own font, is wider than the box leaves it beside the arrow."""
+    return page.evaluate(
+        """(selector) => {
+            const select = document.querySelector(selector);
+            const style = getComputedStyle(select);
+            const span = document.createElement("span");
+            span.style.font = style.font;
+            span.style.whiteSpace = "pre";
+            span.textContent = select.options[select.selectedIndex].text;
+            document.body.appendChild(span);
+            const text = span.getBoundingClientRect().width;
+            span.remove();
+            const room = select.clientWidth - parseFloat(style.paddingLeft)
+                - parseFloat(style.paddingRight);
+            return text > room;
+        }""",
+        selector,
+    )
+
+
 def htmx_settled(page) -> None:
     """Until htmx has no request in flight and has settled what it swapped in. htmx 2 binds
     the triggers of new content when it settles (20 ms after the swap): a change made before

@@ -3,6 +3,7 @@ worker: create PostgreSQL through the form, then operate, back up, restore and d
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -11,6 +12,8 @@ from tests.browser.conftest import (  # noqa: F401 - fixtures, found by name
     _served_like_a_browser_expects,
     browser,
     open_page,
+    scrolls_sideways,
+    select_cuts_its_text,
 )
 from tests.conftest import PASSWORD
 
@@ -76,6 +79,15 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     _wait_state(page, "Running")
     expect(page.locator("tr", has_text="Servers")).to_contain_text("3")
     _step(page, "02-scaled")
+
+    page.goto(instance_url + "?tab=logs")
+    expect(page.locator("#log-server")).to_contain_text("(primary)")
+    _step(page, "02-logs")
+    assert not select_cuts_its_text(page, "#log-server")  # "inst-…-1 (primary)" whole
+    phone = open_page(owner, urlsplit(instance_url).path + "?tab=logs", "narrow")
+    expect(phone.locator("#log-server")).to_contain_text("(primary)")
+    _step(phone, "02-logs-narrow")
+    assert not select_cuts_its_text(phone, "#log-server") and not scrolls_sideways(phone)
 
     page.get_by_role("link", name="Backups").click()
     # The tab's own button (the header has one too, once the tab has loaded beside it).
