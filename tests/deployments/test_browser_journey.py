@@ -11,6 +11,7 @@ from playwright.sync_api import Page, expect
 from tests.browser.conftest import (  # noqa: F401 - fixtures, found by name
     _served_like_a_browser_expects,
     browser,
+    htmx_settled,
     open_page,
     scrolls_sideways,
     select_cuts_its_text,
@@ -83,6 +84,16 @@ def test_a_new_user_creates_operates_restores_and_deletes_postgresql(
     page.goto(instance_url + "?tab=logs")
     expect(page.locator("#log-server")).to_contain_text("(primary)")
     _step(page, "02-logs")
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if "tab=logs" in r.url else None)
+    page.get_by_label("Containing").fill("listening")
+    page.get_by_label("Containing").press("Enter")
+    expect(page.locator(".log-lines")).to_contain_text("listening")
+    htmx_settled(page)
+    assert len(sent) == 1, sent  # Enter sends the filter once (not a change, then a submit)
+    page.locator("#log-tail").select_option(index=1)
+    expect(page).to_have_url(re.compile(r"tail=(?!100\b)\d+"))  # a select shows at once
+    assert len(sent) == 2, sent
     assert not select_cuts_its_text(page, "#log-server")  # "inst-…-1 (primary)" whole
     phone = open_page(owner, urlsplit(instance_url).path + "?tab=logs", "narrow")
     expect(phone.locator("#log-server")).to_contain_text("(primary)")
