@@ -21,9 +21,10 @@ from accounts.models import AuditEvent
 SESSION_KEY = "tenant_slug"
 
 
-def action_require(request, action: str) -> None:
-    """Refuse (403 with the reason, audited) a member whose role does not allow `action`;
-    for a view that needs more than its `tenant_view` action only for some requests."""
+def action_require(request, action: str, *, target=None) -> None:
+    """Refuse (403 with the reason, audited, naming `target` when given) a member whose role
+    does not allow `action`; for a view that needs more than its `tenant_view` action only for
+    some requests, or on an object it reads first."""
     membership = request.membership
     if not roles.can(membership.role, action):
         reason = roles.denial_message(membership.role, action)
@@ -31,6 +32,7 @@ def action_require(request, action: str) -> None:
             actor=Actor.from_request(request),
             action=action,
             tenant=membership.tenant,
+            target=target,
             result=AuditEvent.Result.DENIED,
             payload={"reason": reason, "path": request.path},
         )

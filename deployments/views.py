@@ -1011,11 +1011,14 @@ def operation_cancel(request, instance_id: str, operation_id):
 # --- connection ---
 
 
-@tenant_view("instance.reveal_credentials")  # a role without it: 403, audited
+@tenant_view("instance.view")
 def instance_credentials_reveal(request, instance_id: str):
     """The Connection tab with the password shown once: never cached, never in an address.
     A GET (a reload of the answer) is the tab again, the password masked."""
     instance = _instance(request, instance_id)  # another tenant's id: a 404 before anything
+    # A role without it: 403, audited as a refusal to reveal this instance's password, before
+    # the recent sign-in is asked for.
+    action_require(request, "instance.reveal_credentials", target=instance)
     if request.method != "POST":
         return redirect(_page_url(instance, "connection"))
     return _credentials_reveal(request, instance)

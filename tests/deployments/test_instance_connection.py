@@ -106,9 +106,9 @@ def test_a_role_without_reveal_cannot_and_is_audited(client, instance, add_membe
     assert "Reveal password" not in tab and "connection-host" in tab
     assert response.status_code == 403
     assert SECRET not in response.content.decode()
-    assert AuditEvent.objects.filter(
-        action="instance.reveal_credentials", result="denied", actor=user
-    ).exists()
+    denied = AuditEvent.objects.get(action="instance.reveal_credentials", actor=user)
+    assert denied.result == "denied"
+    assert (denied.target_type, denied.target_id) == ("instance", instance.pk)
 
 
 @pytest.mark.parametrize(
