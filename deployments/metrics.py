@@ -12,6 +12,7 @@ Samples are kept 7 days.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -19,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from django.db.models import Avg, DateTimeField, DurationField, Func, Max, Value
+from django.db.models import Avg, DateTimeField, DurationField, Func, Max, Q, Subquery, Value
 from django.utils import timezone
 from kubernetes.utils.quantity import parse_quantity
 
 from deployments import selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
-from deployments.models import Cell, Instance, ServerSample
+from deployments.models import Cell, Instance, Operation, ServerSample
 from deployments.servers import ServersRule, servers_rule
 from deployments.workflow.driver import DriverError
 from deployments.workflow.evaluator import ProgramError, ProgramLimitError, evaluate_cel
@@ -172,29 +173,67 @@ class MetricsCharts:
         return not self.servers
 
 
-def server_limits(instance: Instance, servers: ServersRule | None) -> dict[str, float]:
-    """Each server's limits the plan declares, for the instance's parameters: {"cpu": cores,
+def server_limits(parameters: dict, servers: ServersRule | None) -> dict[str, float]:
+    """Each server's limits the plan declares, for these parameter values: {"cpu": cores,
     "memory": bytes}; a limit that cannot be worked out is left out."""
     limits: dict[str, float] = {}
     if servers is None:
         return limits
     for name, expression in servers.limits.items():
         try:
-            value = evaluate_cel(expression, "var", instance.parameters).value
+            value = evaluate_cel(expression, "var", parameters).value
         except (ProgramError, ProgramLimitError) as exc:
-            log.warning("instance %s: the %s limit failed: %s", instance.pk, name, exc)
+            log.warning("the %s limit failed: %s", name, exc)
             continue
         if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
             limits[name] = float(value)
     return limits
 
 
-def _chart(labels: list[str], lines: dict[str, list], unit: str, limit: float | None) -> dict:
-    """A line chart as `includes/chart.html` draws it: a line per server, the limit as one
-    more (flat) line, and the same figures as table rows (empty where a server had no sample)."""
+def limits_in_effect(instance: Instance, ends: list[datetime]) -> list[dict[str, float]]:
+    """Each server's limits in effect at each instant of `ends` (in order): those of the
+    parameters the last operation to succeed before it ran with, by its plan version's rule (a
+    modify or an upgrade changes them when it succeeds); none before the first one. An instance
+    without a succeeded operation up to the last instant has its stored parameters' throughout.
+    One query, whatever the window."""
+    succeeded = instance.operations.filter(
+        state=Operation.State.SUCCEEDED, finished_at__lt=ends[-1]
+    ).exclude(parameters={})
+    earlier = succeeded.filter(finished_at__lt=ends[0]).order_by("-finished_at").values("pk")[:1]
+    changes = list(
+        succeeded.filter(Q(finished_at__gte=ends[0]) | Q(pk=Subquery(earlier)))
+        .order_by("finished_at")
+        .values("finished_at", "plan_version_id", "parameters")
+    )
+    if not changes:
+        changes = [{"finished_at": None, "plan_version_id": instance.plan_version_id,
+                    "parameters": instance.parameters}]  # fmt: skip
+    worked_out: dict[str, dict[str, float]] = {}
+
+    def limits(change: dict) -> dict[str, float]:
+        key = json.dumps([change["plan_version_id"], change["parameters"]], sort_keys=True)
+        if key not in worked_out:
+            spec = selectors.plan_version_loaded(change["plan_version_id"]).spec
+            worked_out[key] = server_limits(change["parameters"], servers_rule(spec.extensions))
+        return worked_out[key]
+
+    found, current, following = [], {}, iter(changes)
+    change = next(following, None)
+    for end in ends:
+        while change is not None and (change["finished_at"] is None or change["finished_at"] < end):
+            current = limits(change)
+            change = next(following, None)
+        found.append(current)
+    return found
+
+
+def _chart(labels: list[str], lines: dict[str, list], unit: str, limit: list) -> dict:
+    """A line chart as `includes/chart.html` draws it: a line per server, the limit in effect
+    at each point as one more line (none where there was none), and the same figures as table
+    rows (empty where a server had no sample)."""
     series = [{"label": label, "values": values} for label, values in lines.items()]
-    if limit is not None:
-        series.append({"label": "Limit per server", "values": [limit] * len(labels), "limit": True})
+    if any(value is not None for value in limit):
+        series.append({"label": "Limit per server", "values": limit, "limit": True})
     rows = [
         [label, ["" if s["values"][i] is None else s["values"][i] for s in series]]
         for i, label in enumerate(labels)
@@ -248,18 +287,18 @@ def instance_charts(
     def named(lines: dict[str, list]) -> dict[str, list]:
         return {(f"{s} ({roles[s]})" if roles[s] else s): v for s, v in lines.items()}
 
-    spec = selectors.plan_spec(instance.plan_version)  # parsed once per process
-    limits = server_limits(instance, servers_rule(spec.extensions))
-    memory_limit = limits.get("memory")
+    # A bucket's limit is the one in effect at its end (the newest it saw).
+    limits = limits_in_effect(instance, [t + window.bucket for t in times])
+    memory_limits = [limit.get("memory") for limit in limits]
     labels = [t.strftime(window.time_format) for t in times]
     return MetricsCharts(
         window=window,
-        cpu=_chart(labels, named(cpu), "cores", limits.get("cpu")),
+        cpu=_chart(labels, named(cpu), "cores", [limit.get("cpu") for limit in limits]),
         memory=_chart(
             labels,
             named(memory),
             "MiB",
-            round(memory_limit / MIB, 1) if memory_limit is not None else None,
+            [None if m is None else round(m / MIB, 1) for m in memory_limits],
         ),
         servers=sorted(cpu),
     )

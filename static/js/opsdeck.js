@@ -178,6 +178,8 @@ function drawCharts(root) {
           borderColor: series.limit ? "#c62828" : CHART_COLOURS[i % CHART_COLOURS.length],
           borderDash: series.limit ? [6, 4] : [],
           pointRadius: series.limit ? 0 : 2,
+          // A limit changes at once (a modify): a step, not a slope between two points.
+          stepped: series.limit ? "before" : false,
         })),
       },
       options: {

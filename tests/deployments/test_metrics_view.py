@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from deployments.models import Instance, ServerSample
+from deployments.models import Instance, Operation, ServerSample
 from tests.deployments import factories
 from tests.deployments.test_metrics_sampling import postgres_with_servers
 
@@ -79,6 +79,49 @@ def test_the_owner_sees_each_servers_cpu_and_memory_with_the_plans_limits(owner_
     # The same figures as a table, for screen readers and without JavaScript.
     assert "Figures (cores)" in html and "Figures (MiB)" in html
     assert "No samples yet" not in html
+
+
+def test_the_limit_drawn_at_each_minute_is_the_one_in_effect_then(owner_client, instance):
+    def ran(verb, ago, state=Operation.State.SUCCEEDED, **changed):
+        Operation.objects.create(
+            instance=instance, verb=verb, request_id=verb + str(ago), state=state,
+            plan_version=instance.plan_version, parameters={**factories.PARAMETERS, **changed},
+            finished_at=timezone.now() - timedelta(minutes=ago),
+        )  # fmt: skip
+
+    ran("create", 90, memoryGi=1, cpu=1)  # before the hour: its limits hold from its start
+    ran("modify", 40, memoryGi=2, cpu=1)
+    ran("modify", 30, state=Operation.State.FAILED, memoryGi=8, cpu=4)  # never ran at that size
+    ran("modify", 20, memoryGi=4, cpu=2)
+    _sample(instance, 1, timedelta(minutes=5), cpu=100, memory=MIB)
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    memory = _lines(_chart(html, "memory"))["Limit per server"]
+    cpu = _lines(_chart(html, "cpu"))["Limit per server"]
+    labels = _chart(html, "memory")["labels"]
+    at = {
+        ago: labels.index(_minute(timedelta(minutes=ago)).strftime("%H:%M"))
+        for ago in (45, 35, 25, 10)
+    }
+    assert [memory[at[ago]] for ago in (45, 35, 25, 10)] == [1024.0, 2048.0, 2048.0, 4096.0]
+    assert [cpu[at[ago]] for ago in (45, 35, 25, 10)] == [1.0, 1.0, 1.0, 2.0]
+    assert memory[-1] == 4096.0
+
+
+def test_no_limit_is_drawn_before_the_instance_first_ran(owner_client, instance):
+    Operation.objects.create(
+        instance=instance, verb="create", request_id="c", state=Operation.State.SUCCEEDED,
+        plan_version=instance.plan_version, parameters=factories.PARAMETERS,
+        finished_at=timezone.now() - timedelta(minutes=30),
+    )  # fmt: skip
+    _sample(instance, 1, timedelta(minutes=5), cpu=100, memory=MIB)
+
+    memory = _chart(owner_client.get(_url(instance)).content.decode(), "memory")
+
+    limit = _lines(memory)["Limit per server"]
+    started = memory["labels"].index(_minute(timedelta(minutes=30)).strftime("%H:%M"))
+    assert set(limit[: started - 1]) == {None} and set(limit[started + 1 :]) == {4096.0}
 
 
 def test_the_seven_day_window_averages_each_hour(owner_client, instance):
@@ -177,8 +220,9 @@ def test_the_page_reads_the_same_few_queries_for_any_number_of_samples(
 ):
     _sample(instance, 1, timedelta(minutes=1), cpu=100, memory=MIB)
     owner_client.get(_url(instance))  # the first request of a session also writes the session
-    # The session, the user, the membership, the instance (with its plan and cell), the samples.
-    with django_assert_num_queries(5), CaptureQueriesContext(connection) as few:
+    # The session, the user, the membership, the instance (with its plan and cell), the samples,
+    # the operations that set the limits.
+    with django_assert_num_queries(6), CaptureQueriesContext(connection) as few:
         owner_client.get(_url(instance, "7d"))
     ServerSample.objects.bulk_create(
         ServerSample(
