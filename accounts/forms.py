@@ -31,14 +31,33 @@ class SignupForm(forms.Form):
         """The organization is created by the account adapter, with the user, atomically."""
 
 
+# Each says what to do, in the words the services use, not Django's "This field is required."
+NAME_TOO_LONG = "Use at most %(limit_value)d characters (this has %(show_value)d)."
+
+
 class OrganizationForm(forms.Form):
-    name = forms.CharField(label="Organization name", max_length=100)
+    name = forms.CharField(
+        label="Organization name",
+        max_length=100,
+        error_messages={"required": "Give the organization a name.", "max_length": NAME_TOO_LONG},
+    )
     request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 
 
 class InviteForm(forms.Form):
-    email = forms.EmailField(label="Email address")
-    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+    email = forms.EmailField(
+        label="Email address",
+        error_messages={
+            "required": "Enter the email address of the person to invite.",
+            "invalid": "Enter an email address, like name@example.com.",
+            "max_length": NAME_TOO_LONG,
+        },
+    )
+    role = forms.ChoiceField(
+        choices=Role.choices,
+        initial=Role.MEMBER,
+        error_messages={"invalid_choice": "Choose one of the roles listed."},
+    )
     request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 
 

@@ -46,6 +46,24 @@ def test_invite_form_creates_an_invitation_and_records_it(owner_client, tenant):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "sent, message",
+    [
+        ({"email": "", "role": "member"}, "Enter the email address of the person to invite."),
+        ({"email": "someone@", "role": "member"}, "Enter an email address, like name@example.com."),
+        ({"email": "new@example.com", "role": "god"}, "Choose one of the roles listed."),
+    ],
+)
+def test_the_invite_form_says_what_to_correct_and_invites_no_one(
+    owner_client, tenant, sent, message
+):
+    response = owner_client.post(f"/t/{tenant.slug}/team/invite/", sent)
+
+    assert message in response.content.decode()
+    assert not Invitation.objects.exists()
+
+
+@pytest.mark.django_db
 def test_accepting_a_valid_invitation_joins_with_the_invited_role(
     client, invite, make_user, tenant
 ):

@@ -158,9 +158,11 @@ def test_new_organization_with_a_blank_name_shows_an_error_and_creates_nothing(o
     before = Tenant.objects.count()
 
     response = owner_client.post("/organizations/new/", {"name": "   "})
+    long = owner_client.post("/organizations/new/", {"name": "x" * 101})
 
-    assert response.status_code == 200
-    assert b"This field is required" in response.content
+    assert response.status_code == long.status_code == 200
+    assert b"Give the organization a name." in response.content
+    assert b"Use at most 100 characters (this has 101)." in long.content
     assert Tenant.objects.count() == before
 
 
