@@ -321,6 +321,8 @@ def _tab_context(
         "status": selectors.observed_status(instance),
         "restored_from": selectors.instance_restored_from(instance),
         "parameters": selectors.instance_parameters_shown(instance),
+        # A change that failed part-way: the servers may run some of it, not the values listed.
+        "left_by": selectors.instance_rollback_source(instance),
     }
 
 

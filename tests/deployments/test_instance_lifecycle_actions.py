@@ -119,6 +119,20 @@ def test_the_roll_back_dialog_says_whether_the_change_failed_or_was_cancelled(
     assert "was cancelled after it had changed the cluster. Rolling back applies again" in page
 
 
+def test_the_parameters_of_an_instance_a_change_left_failed_say_they_ran_before_it(
+    owner_client, instance
+):
+    assert 'id="parameters-left"' not in _page(owner_client, instance)
+    _fail(instance, "modify")
+    failed = _page(owner_client, instance)
+    Operation.objects.filter(verb="modify").update(state=Operation.State.CANCELLED)
+    cancelled = _page(owner_client, instance)
+
+    assert "These are the values orders ran before the modify of" in failed
+    assert "which failed. Its servers may run some of that change" in failed
+    assert "which was cancelled after it had changed the cluster." in cancelled
+
+
 def test_an_upgrade_posted_from_the_page_is_queued_on_the_new_version(owner_client, instance, v2):
     response = owner_client.post(_url(instance, "upgrade/"), {"request_id": "up-1"})
 
