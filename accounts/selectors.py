@@ -6,12 +6,12 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
 from accounts.idempotency import request_target, user_scope
-from accounts.models import AuditEvent, Invitation, Membership, Tenant
+from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 
 
 def membership_get(*, user, tenant_slug: str) -> Membership | None:
@@ -53,6 +53,15 @@ def invitations_pending(tenant: Tenant) -> list[Invitation]:
         "email_attempts",
     )
     return [i for i in invitations.order_by("email") if i.status == "pending"]
+
+
+def email_address_unclaimed(email: str) -> bool:
+    """Whether no account has `email` as its own: none signs in with it, and none has
+    confirmed it (other users may have added it on their Email page without confirming it)."""
+    confirmed = EmailAddress.objects.filter(email__iexact=email).filter(
+        Q(verified=True) | Q(primary=True)
+    )
+    return not confirmed.exists() and not User.objects.filter(email__iexact=email).exists()
 
 
 def invitations_for_user(user) -> QuerySet[Invitation]:

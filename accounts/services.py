@@ -210,6 +210,15 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         membership.delete()
 
 
+def email_address_claim(email: str) -> int:
+    """Drop the copies of `email` that other users added on their Email page and never
+    confirmed, for an account that signs up with it: an address belongs to whoever confirms
+    it, not to whoever typed it first. How many were dropped."""
+    unconfirmed = EmailAddress.objects.filter(email__iexact=email, verified=False, primary=False)
+    dropped, _ = unconfirmed.delete()
+    return dropped
+
+
 def invitation_token(invitation: Invitation) -> str:
     return signing.dumps(invitation.pk, salt=_INVITATION_SALT)
 

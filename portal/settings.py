@@ -268,6 +268,11 @@ LOGIN_REDIRECT_URL = "home"
 
 ACCOUNT_ADAPTER = "accounts.adapters.AccountAdapter"
 ACCOUNT_SIGNUP_FORM_CLASS = "accounts.forms.SignupForm"
+# An address no one has confirmed belongs to no one yet (see accounts/account_forms.py).
+ACCOUNT_FORMS = {
+    "signup": "accounts.account_forms.AccountSignupForm",
+    "reset_password": "accounts.account_forms.AccountResetPasswordForm",
+}
 ACCOUNT_USER_MODEL_USERNAME_FIELD = None
 ACCOUNT_LOGIN_METHODS = {"email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]

@@ -1,10 +1,12 @@
 import re
 
 import pytest
+from allauth.account.models import EmailAddress
 from django.core import mail
 from django.test import Client
 
 from accounts.models import AuditEvent, Membership, Tenant, User
+from tests.concurrency import race
 from tests.conftest import PASSWORD
 
 
@@ -87,6 +89,73 @@ def test_signup_with_a_taken_email_changes_nothing_and_warns_the_owner(client, o
     assert (User.objects.count(), Tenant.objects.count()) == before
     assert mail.outbox[-1].to == ["owner@example.com"]
     assert "already" in mail.outbox[-1].body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sign_ups_racing_for_one_address_make_one_account_and_no_error(settings):
+    settings.ACCOUNT_RATE_LIMITS = False  # four sign-ups at once from one address
+
+    def sign_up():
+        return _signup(Client(raise_request_exception=False), email="twice@example.com")
+
+    answers = race(sign_up)
+
+    assert [a.status_code for a in answers] == [302] * 4
+    assert {a["Location"] for a in answers} == {"/accounts/confirm-email/"}
+    assert User.objects.filter(email="twice@example.com").count() == 1
+    assert Tenant.objects.count() == 1
+
+
+def _added_unconfirmed(user, email):
+    """What a user's Email page does when they add an address: stored, not confirmed yet."""
+    page = Client()
+    page.force_login(user)
+    page.post("/accounts/email/", {"email": email, "action_add": ""})
+    assert EmailAddress.objects.get(user=user, email=email).verified is False
+
+
+@pytest.mark.django_db
+def test_an_address_another_user_added_without_confirming_it_does_not_stop_its_owner(
+    client, make_user, settings
+):
+    squatter = make_user("viewer@example.com")
+    _added_unconfirmed(squatter, "racer@example.com")
+    mail.outbox.clear()
+    # Adding it mailed a confirmation to the address a moment ago, and allauth sends one per
+    # address every 3 minutes: the sign-up's would wait for the next one.
+    settings.ACCOUNT_RATE_LIMITS = False
+
+    response = _signup(client, email="racer@example.com")
+
+    racer = User.objects.get(email="racer@example.com")
+    assert response["Location"] == "/accounts/confirm-email/"
+    assert mail.outbox[-1].to == ["racer@example.com"]
+    link = re.search(r"https?://\S+/accounts/confirm-email/\S+/", mail.outbox[-1].body).group(0)
+    assert client.post(link.split("testserver", 1)[1]).status_code == 302
+    # The address is the new account's, confirmed; the one who typed it first holds it no more.
+    assert EmailAddress.objects.get(email__iexact="racer@example.com").user == racer
+    assert EmailAddress.objects.get(email__iexact="racer@example.com").verified
+    assert not squatter.emailaddress_set.filter(email__iexact="racer@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_a_password_reset_goes_only_to_an_address_the_account_signs_in_with_or_confirmed(
+    client, make_user
+):
+    squatter = make_user("viewer@example.com")
+    _added_unconfirmed(squatter, "racer@example.com")
+    _added_unconfirmed(squatter, "second@example.com")
+    EmailAddress.objects.filter(email="second@example.com").update(verified=True)
+    mail.outbox.clear()
+
+    def reset_links_to(email):
+        client.post("/accounts/password/reset/", {"email": email})
+        sent = [m for m in mail.outbox if m.to == [email]]
+        return [m for m in sent if "/accounts/password/reset/key/" in m.body]
+
+    assert reset_links_to("racer@example.com") == []  # never confirmed: not the account's
+    assert len(reset_links_to("second@example.com")) == 1
+    assert len(reset_links_to("viewer@example.com")) == 1
 
 
 @pytest.mark.django_db
