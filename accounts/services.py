@@ -394,6 +394,33 @@ def _invitation_replaced(invitation: Invitation) -> bool:
     ).exists()
 
 
+def invitation_refusal(user, invitation: Invitation) -> str:
+    """Why `user` cannot accept the (pending) invitation ("" when they can): it was sent to
+    another address than the one they sign in with, or they have not confirmed that address
+    (accepting proves control of it). Said on the invitation's page before its button."""
+    return _wrong_address(user, invitation) or _unconfirmed(user, invitation)
+
+
+def _wrong_address(user, invitation: Invitation) -> str:
+    if user.email.lower() == invitation.email.lower():
+        return ""
+    return (
+        f"This invitation was sent to {invitation.email}, but you are signed in "
+        f"as {user.email}. Sign in with the invited address to accept it."
+    )
+
+
+def _unconfirmed(user, invitation: Invitation) -> str:
+    if EmailAddress.objects.filter(
+        user=user, email__iexact=invitation.email, verified=True
+    ).exists():
+        return ""
+    return (
+        f"Confirm {invitation.email} first (follow the link we emailed you when you "
+        "signed up, or send a new one from Email addresses), then open this link again."
+    )
+
+
 def invitation_accept(*, actor: Actor, token: str) -> Membership:
     """Join the invitation's organization; the link works once, for its own address."""
     with transaction.atomic():
@@ -401,18 +428,9 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
         if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
             raise InvitationInvalid("This invitation can no longer be used.")
-        wrong_address = actor.user.email.lower() != invitation.email.lower()
-        # Accepting proves control of the invited address: it must be verified.
-        if (
-            not wrong_address
-            and not EmailAddress.objects.filter(
-                user=actor.user, email__iexact=invitation.email, verified=True
-            ).exists()
-        ):
-            raise InvitationInvalid(
-                f"Confirm {invitation.email} first (follow the link we emailed you when you "
-                "signed up, or send a new one from Email addresses), then open this link again."
-            )
+        wrong_address = _wrong_address(actor.user, invitation)
+        if not wrong_address and (unconfirmed := _unconfirmed(actor.user, invitation)):
+            raise InvitationInvalid(unconfirmed)
         if not wrong_address:
             membership, _ = Membership.objects.get_or_create(
                 tenant=invitation.tenant, user=actor.user, defaults={"role": invitation.role}
@@ -428,10 +446,7 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
                 payload={"email": actor.user.email, "role": membership.role},
             )
             return membership
-    reason = (
-        f"This invitation was sent to {invitation.email}, but you are signed in "
-        f"as {actor.user.email}. Sign in with the invited address to accept it."
-    )
+    reason = wrong_address
     audit_record(
         actor=actor,
         action="member.join",

@@ -221,7 +221,10 @@ def invitation_accept(request, token: str):
             )
         messages.success(request, f"Welcome to {membership.tenant.name}.")
         return redirect("dashboard", tenant_slug=membership.tenant.slug)
-    return render(request, "accounts/invitation.html", {"invitation": invitation})
+    context = {"invitation": invitation}
+    if request.user.is_authenticated:  # said before the button, not after a click
+        context["error"] = services.invitation_refusal(request.user, invitation)
+    return render(request, "accounts/invitation.html", context)
 
 
 def _audit_events(request):

@@ -175,6 +175,30 @@ def test_an_invitation_is_refused_to_someone_signed_in_with_another_address(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "email, verified, said",
+    [
+        ("other@example.com", True, "This invitation was sent to new@example.com, but you are "
+         "signed in as other@example.com."),
+        ("new@example.com", False, "Confirm new@example.com first"),
+    ],
+)  # fmt: skip
+def test_the_invitation_page_says_why_the_signed_in_user_cannot_accept_before_any_click(
+    client, invite, make_user, email, verified, said
+):
+    _, link = invite()
+    client.force_login(make_user(email, verified=verified))
+
+    page = client.get(link).content.decode()
+
+    assert said in page
+    assert "Accept and join" not in page
+    assert ("Sign out, then sign in as new@example.com" in page) is (email != "new@example.com")
+    if email != "new@example.com":  # signed out, the page offers to sign in or up
+        assert client.post("/accounts/logout/", {"next": link})["Location"] == link
+
+
+@pytest.mark.django_db
 def test_a_tampered_link_is_refused(client, invite, make_user):
     _, link = invite()
     client.force_login(make_user("new@example.com"))
