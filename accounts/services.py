@@ -116,6 +116,7 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
                 )
                 if claim.earlier is not None:
                     return Tenant.objects.get(pk=claim.earlier.target_id)
+                _name_free_for(actor.user, name)
                 tenant = Tenant(name=name, slug=_unique_slug(name), request_id=request_id)
                 # The unique constraint, not a read before the write, settles a slug race.
                 tenant.full_clean(validate_unique=False)
@@ -133,6 +134,17 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
         except IntegrityError:
             continue
     raise ValidationError({"name": "That name is taken; try another."})
+
+
+def _name_free_for(user: User, name: str) -> None:
+    """Refuse a second organization of the same name (whatever its case) to one user: their
+    switcher would list two alike. Under the user's row lock, so that two tabs sending the
+    form at once make one."""
+    User.objects.select_for_update().filter(pk=user.pk).exists()
+    if Tenant.objects.filter(memberships__user=user, name__iexact=name).exists():
+        raise ValidationError(
+            {"name": f"You already belong to an organization called “{name}”: choose another name."}
+        )
 
 
 def _guard_owner_change(

@@ -24,6 +24,32 @@ def test_concurrent_new_organization_submits_make_one_organization(owner):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_two_tabs_sending_one_name_with_their_own_ids_make_one_organization(owner, make_user):
+    ids = iter(["tab-1", "tab-2", "tab-3", "tab-4"])
+
+    results = race(
+        lambda: services.tenant_create(
+            actor=Actor(user=owner), name="Twin Org", request_id=next(ids)
+        )
+    )
+
+    made = [r for r in results if isinstance(r, Tenant)]
+    refused = [r for r in results if isinstance(r, ValidationError)]
+    assert len(made) == 1 and len(refused) == 3, results
+    assert refused[0].message_dict["name"] == [
+        "You already belong to an organization called “Twin Org”: choose another name."
+    ]
+    assert Tenant.objects.filter(name="Twin Org").count() == 1
+    with pytest.raises(ValidationError):  # whatever its case
+        services.tenant_create(actor=Actor(user=owner), name="twin ORG", request_id="tab-5")
+    # Names are not unique across users: another one may have a Twin Org of their own.
+    other = services.tenant_create(
+        actor=Actor(user=make_user("other@example.com")), name="Twin Org", request_id="x"
+    )
+    assert other.name == "Twin Org"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_invitation_submits_make_one_invitation_and_one_email(tenant, owner, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

@@ -191,7 +191,7 @@ def test_a_user_without_an_organization_is_sent_to_create_one(client, make_user)
 def test_new_organization_page_creates_an_organization_owned_by_the_user(
     owner_client, owner, tenant
 ):
-    response = owner_client.post("/organizations/new/", {"name": "Acme"}, follow=True)
+    response = owner_client.post("/organizations/new/", {"name": "Acme Labs"}, follow=True)
 
     second = Tenant.objects.for_user(owner).exclude(pk=tenant.pk).get()
     assert response.request["PATH_INFO"] == f"/t/{second.slug}/"
