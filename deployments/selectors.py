@@ -1089,6 +1089,23 @@ def instance_rollback_source(instance: Instance) -> Operation | None:
     return operation
 
 
+def rollback_grown(instance: Instance, failed: Operation) -> dict:
+    """The grow-only parameters (`x-opsdeck.growOnly`, a volume's size) the failed change
+    raised: a roll back keeps them at the failed change's value, since what the cluster took
+    of it cannot shrink back (a roll back to the smaller size was refused, and left the
+    instance failed for good). No Password is grow-only: nothing is decrypted."""
+    spec = plan_spec(instance.plan_version)
+    ran = failed.parameters or failed.requested
+    return {
+        p.key: ran[p.key]
+        for p in spec.main.parameters
+        if p.grow_only
+        and isinstance(ran.get(p.key), int | float)
+        and isinstance(instance.parameters.get(p.key), int | float)
+        and ran[p.key] > instance.parameters[p.key]
+    }
+
+
 @dataclass(frozen=True)
 class LifecycleOffer:
     """The upgrade, roll back and deletion protection controls the instance page offers to a
@@ -1098,6 +1115,8 @@ class LifecycleOffer:
     upgrade_refusal: str | None
     rollback_of: Operation | None
     rollback_refusal: str | None
+    # What a roll back keeps of the change it undoes: the grow-only values it raised, shown.
+    rollback_keeps: list[ParameterShown]
     can_protect: bool
 
 
@@ -1117,9 +1136,18 @@ def instance_lifecycle_offer(instance: Instance, allowed: frozenset[str]) -> Lif
         upgrade = upgrade_preview(instance)
         if upgrade is not None:
             upgrade_refusal = lifecycle_refusal(instance, "upgrade")
+    keeps = []
     if lifecycle.rule("rollback").action in allowed:
         rollback_of = instance_rollback_source(instance)
         if rollback_of is not None:
             rollback_refusal = lifecycle_refusal(instance, "rollback")
+            grown = rollback_grown(instance, rollback_of)
+            keeps = [
+                ParameterShown(p.key, p.name or p.key, format_value(p, grown[p.key]))
+                for p in plan_spec(instance.plan_version).main.parameters
+                if p.key in grown
+            ]
     can_protect = "instance.protect" in allowed and instance.state in lifecycle.PROTECTABLE
-    return LifecycleOffer(upgrade, upgrade_refusal, rollback_of, rollback_refusal, can_protect)
+    return LifecycleOffer(
+        upgrade, upgrade_refusal, rollback_of, rollback_refusal, keeps, can_protect
+    )

@@ -42,8 +42,6 @@ from deployments.models import (
 )
 from deployments.parameters import (
     instance_values,
-    requested_changes,
-    run_values,
     split_values,
     values_after,
     values_for_version,
@@ -924,7 +922,7 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
             instance=instance,
             verb="rollback",
             request_id=request_id,
-            requested=_grown(instance, failed),
+            requested=selectors.rollback_grown(instance, failed),
             arguments={"rollback_of": str(failed.pk)},
         )
         claim.bind(operation)
@@ -936,23 +934,6 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
             payload={"operation": str(failed.pk), "verb": failed.verb},
         )
     return operation
-
-
-def _grown(instance: Instance, failed: Operation) -> dict:
-    """The grow-only parameters (`x-opsdeck.growOnly`, a volume's size) the failed change
-    raised: a roll back keeps them at the failed change's value, since what the cluster took
-    of it cannot shrink back (a roll back to the smaller size was refused, and left the
-    instance failed for good)."""
-    spec = selectors.plan_spec(instance.plan_version)
-    ran = run_values(failed) or requested_changes(failed)
-    return {
-        p.key: ran[p.key]
-        for p in spec.main.parameters
-        if p.grow_only
-        and isinstance(ran.get(p.key), int | float)
-        and isinstance(instance.parameters.get(p.key), int | float)
-        and ran[p.key] > instance.parameters[p.key]
-    }
 
 
 def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:

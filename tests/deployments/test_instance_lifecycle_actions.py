@@ -1,6 +1,7 @@
 """The instance page's Upgrade, Roll back and Deletion protection controls: who sees them,
 when, and what a forged request gets."""
 
+import re
 import uuid
 
 import pytest
@@ -117,6 +118,22 @@ def test_the_roll_back_dialog_says_whether_the_change_failed_or_was_cancelled(
     page = _page(owner_client, instance)
     assert ROLLBACK in page
     assert "was cancelled after it had changed the cluster. Rolling back applies again" in page
+
+
+def test_the_roll_back_dialog_names_what_a_failed_change_grew_and_keeps(owner_client, instance):
+    _fail(instance, "modify")
+    plain = _page(owner_client, instance)
+    stored = instance.parameters["storageGi"]
+    Operation.objects.filter(verb="modify").update(
+        parameters={**instance.parameters, "storageGi": stored + 40, "instances": 4}
+    )
+
+    grown = _page(owner_client, instance)
+
+    assert "as the Overview lists them." in plain and 'id="rollback-keeps"' not in plain
+    assert "except what can grow but not shrink, which stays as the change grew it:" in grown
+    keeps = re.search(r'<ul id="rollback-keeps">(.*?)</ul>', grown).group(1)
+    assert keeps == f"<li>Storage per server (GiB): {stored + 40}</li>"  # not the servers
 
 
 def test_the_parameters_of_an_instance_a_change_left_failed_say_they_ran_before_it(
