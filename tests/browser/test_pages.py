@@ -92,6 +92,29 @@ def test_the_organizations_links_never_overlap(open_page, owner, tenant, width):
     assert not scrolls_sideways(page)
 
 
+@BOTH_WIDTHS
+def test_the_top_bars_menus_show_every_entry_whole_on_the_screen(open_page, make_user, width):
+    from accounts import services
+    from accounts.audit import Actor
+
+    user = make_user("a.very.long.address.for.the.menus@example.com")
+    for name in ("Member <b>Org</b> & Co with a long name", "Globex"):
+        tenant = services.tenant_create(actor=Actor(user=user), name=name)
+    page = open_page(user, f"/t/{tenant.slug}/", width)
+    view = page.viewport_size
+
+    for menu in (".tenant-switcher", ".account-menu"):
+        page.locator(f"{menu} summary").click()
+        entries = page.locator(f"{menu} ul li")
+        expect(entries.first).to_be_visible()
+        shot(page, f"menu{menu.replace('.', '-')}-{width}")
+        for n in range(entries.count()):
+            box = entries.nth(n).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= view["width"], (menu, n, box)
+        page.locator(f"{menu} summary").click()  # closed again
+    assert not scrolls_sideways(page)
+
+
 def test_an_admin_is_offered_no_owner_role_and_no_controls_on_owners(
     open_page, owner, tenant, add_member
 ):
