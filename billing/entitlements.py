@@ -255,16 +255,25 @@ def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
     return None
 
 
+def _beyond(plan: Plan, change: str, ask: str) -> str:
+    """How a refusal ends: where the customer gets more than `plan` allows. Another plan of the
+    same service is a move away (the Billing page's Change plan: `change`); without one, only
+    the platform team can help ("ask the platform team " and `ask`)."""
+    if Plan.objects.filter(service=plan.service).exclude(pk=plan.pk).exists():
+        return change
+    return f"ask the platform team {ask}"
+
+
 def _verb_refusal(plan: Plan, action: str, limits: Limits, request: Request) -> str | None:
     if action in limits.denied_verbs:
-        return (
-            f"The {plan.name} plan does not include the {action} action; "
-            "change plan on the Billing page to use it."
+        return f"The {plan.name} plan does not include the {action} action; " + _beyond(
+            plan, "change plan on the Billing page to use it.", "if you need it."
         )
     if action == "restore" and request.point_in_time and POINT_IN_TIME in limits.denied_verbs:
         return (
             f"The {plan.name} plan does not include point-in-time restore; restore the snapshot "
-            "as it was taken, or change plan on the Billing page."
+            "as it was taken, or "
+            + _beyond(plan, "change plan on the Billing page.", "if you need it.")
         )
     return None
 
@@ -276,7 +285,7 @@ def _size_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) ->
             return (
                 f"The {plan.name} plan allows at most {quantity_text(dimension, limit)} per "
                 f"instance and this asks for {quantity_text(dimension, asked)}; "
-                "change plan on the Billing page for more."
+                + _beyond(plan, "change plan on the Billing page for more.", "if you need more.")
             )
     for dimension, limit in limits.max_total.items():
         grows = Decimal((request.delta or {}).get(dimension, 0))
@@ -285,7 +294,8 @@ def _size_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) ->
             return (
                 f"The {plan.name} plan allows at most {quantity_text(dimension, limit)} across "
                 f"your organization's instances and this would make "
-                f"{quantity_text(dimension, total)}; free some or change plan on the Billing page."
+                f"{quantity_text(dimension, total)}; free some or "
+                + _beyond(plan, "change plan on the Billing page.", "for more.")
             )
     return None
 
@@ -301,8 +311,8 @@ def _new_instance_refusal(plan: Plan, limits: Limits, usage: Usage, request: Req
     if most is not None and usage.instances >= most:
         return (
             f"The {plan.name} plan allows at most {most} instance{'s' if most != 1 else ''} per "
-            f"organization and you have {usage.instances}; delete one or change plan on the "
-            "Billing page."
+            f"organization and you have {usage.instances}; delete one or "
+            + _beyond(plan, "change plan on the Billing page.", "for more.")
         )
     return None
 
@@ -347,7 +357,7 @@ def check(
         return Decision(
             False,
             f"The {plan.name} plan keeps backups for at most {most} days; choose {most} or "
-            "fewer, or change plan on the Billing page.",
+            "fewer, or " + _beyond(plan, "change plan on the Billing page.", "for longer."),
         )
     return ALLOW
 

@@ -112,9 +112,22 @@ def test_max_instances(tenant, plan, active):
 
     assert decision.reason == (
         "The Hobby plan allows at most 3 instances per organization and you have 3; "
-        "delete one or change plan on the Billing page."
+        "delete one or ask the platform team for more."
     )
     assert _check(tenant, plan, "modify", usage=Usage(instances=3)).allowed  # not a new one
+
+
+def test_a_limit_points_to_another_plan_of_the_service_when_there_is_one(tenant, plan, active):
+    Plan.objects.create(key="pro", name="Pro", service="postgresql")
+    Plan.objects.create(key="cache", name="Cache", service="valkey")  # another service's
+
+    instances = _check(tenant, plan, usage=Usage(instances=3))
+    size = _check(tenant, plan, "modify", quantities={"replica": Decimal(3)})
+    verb = _check(tenant, plan, "failover")
+
+    assert instances.reason.endswith("; delete one or change plan on the Billing page.")
+    assert size.reason.endswith("; change plan on the Billing page for more.")
+    assert verb.reason.endswith("; change plan on the Billing page to use it.")
 
 
 def test_max_total_across_the_tenant(tenant, plan, active):
@@ -134,7 +147,7 @@ def test_max_per_instance(tenant, plan, active):
 
     assert decision.reason == (
         "The Hobby plan allows at most 2 servers per instance and this asks for 3 servers; "
-        "change plan on the Billing page for more."
+        "ask the platform team if you need more."
     )
 
 
@@ -159,7 +172,7 @@ def test_backup_retention(tenant, plan, active):
     assert _check(tenant, plan, "backup.schedule", retention_days=14).allowed
     assert _check(tenant, plan, "backup.schedule", retention_days=15).reason == (
         "The Hobby plan keeps backups for at most 14 days; choose 14 or fewer, "
-        "or change plan on the Billing page."
+        "or ask the platform team for longer."
     )
 
 

@@ -184,7 +184,7 @@ def test_the_instance_limit_counts_instances_not_deleted(local, hobby, subscribe
 
     assert refused.value.reason == (
         "The Hobby plan allows at most 2 instances per organization and you have 2; "
-        "delete one or change plan on the Billing page."
+        "delete one or ask the platform team for more."
     )
 
 
@@ -196,7 +196,7 @@ def test_a_total_across_the_tenant_is_a_limit(local, hobby, subscribed, tenant, 
 
     assert refused.value.reason == (
         "The Hobby plan allows at most 50 GiB of storage across your organization's instances "
-        "and this would make 51 GiB of storage; free some or change plan on the Billing page."
+        "and this would make 51 GiB of storage; free some or ask the platform team for more."
     )
     _create(owner, tenant, hobby, name="c", storageGi=10)  # exactly 50
 
@@ -211,7 +211,7 @@ def test_a_modify_past_the_per_instance_limit_is_refused_and_audited(
 
     assert refused.value.reason == (
         "The Hobby plan allows at most 2 servers per instance and this asks for 3 servers; "
-        "change plan on the Billing page for more."
+        "ask the platform team if you need more."
     )
     assert _denied(tenant, "instance.modify").exists()
     assert not instance.operations.filter(verb="modify").exists()
@@ -365,8 +365,7 @@ def test_a_verb_the_plan_denies_is_refused(local, hobby, subscribed, tenant, own
         _act(owner, instance, "restart")
 
     assert refused.value.reason == (
-        "The Hobby plan does not include the restart action; "
-        "change plan on the Billing page to use it."
+        "The Hobby plan does not include the restart action; ask the platform team if you need it."
     )
     assert _denied(tenant, "instance.restart").exists()
 
@@ -414,7 +413,7 @@ def test_a_backup_retention_beyond_the_plan_is_refused(local, hobby, subscribed,
 
     assert refused.value.reason == (
         "The Hobby plan keeps backups for at most 30 days; choose 30 or fewer, "
-        "or change plan on the Billing page."
+        "or ask the platform team for longer."
     )
     assert _denied(tenant, "backup.schedule").exists()
 
