@@ -33,7 +33,7 @@ ACTIONS: dict[str, str] = {
     "instance.delete": "deleting deployments",
     "instance.reveal_credentials": "revealing deployment passwords",
     "instance.protect": "turning deletion protection on or off",
-    "backup.create": "taking backups",
+    "backup.create": "taking backups or changing their schedule",
     "backup.restore": "restoring backups",
     "backup.delete": "deleting backups",
 }

@@ -819,6 +819,7 @@ def snapshot_delete(request, instance_id: str, snapshot_id: int):
 # --- backup schedule ---
 
 SCHEDULE_FIELDS = ("timing", "interval_hours", "cron", "retention_days", "retention_count")
+TIMING_NEEDED = "Choose when backups run: every few hours, or at the times of a cron expression."
 
 
 def _whole(text: str) -> int | str | None:
@@ -841,6 +842,8 @@ def backup_schedule_update(request, instance_id: str):
     submitted["enabled"] = request.POST.get("enabled") == "on"
     by_cron = submitted["timing"] == "cron"
     try:
+        if submitted["timing"] not in ("interval", "cron"):  # the form sends one of the two
+            raise ValidationError({"timing": TIMING_NEEDED})
         services.backup_schedule_update(
             actor=Actor.from_request(request),
             instance=instance,

@@ -392,6 +392,25 @@ def test_a_cron_schedule_runs_at_most_hourly_and_says_what_is_wrong_beside_it(
     assert BackupSchedule.objects.get(instance=instance).cron == ""
 
 
+@pytest.mark.parametrize("timing", ["bogus", ""])
+def test_a_schedule_sent_without_a_timing_the_form_offers_is_refused(
+    owner_client, instance, timing
+):
+    response = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": timing, "interval_hours": "2", "retention_days": "7", "enabled": "on"},
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert (
+        '<a href="#schedule-timing">Choose when backups run: every few hours, or at the times of '
+        "a cron expression.</a>"
+    ) in html
+    assert 'id="schedule-timing"' in html
+    assert BackupSchedule.objects.get(instance=instance).interval_hours == 24
+
+
 def test_a_deleted_instances_schedule_cannot_be_changed(owner, instance):
     instance.state = Instance.State.DELETED
     instance.save(update_fields=["state"])
@@ -419,3 +438,6 @@ def test_a_viewer_cannot_change_the_schedule_and_the_refusal_is_audited(
     assert BackupSchedule.objects.get(instance=instance).interval_hours == 24
     denied = AuditEvent.objects.get(action="backup.schedule", result="denied")
     assert denied.actor == viewer and denied.target_id == instance.pk
+    assert denied.payload["reason"] == (
+        "Your role (Viewer) does not allow taking backups or changing their schedule."
+    )
