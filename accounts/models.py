@@ -162,6 +162,11 @@ class AppendOnlyError(Exception):
     """Audit events are never changed or deleted."""
 
 
+# What names an audit event's target, in the payloads events carry: a member's or invitee's
+# address, an organization's or instance's name, a subscription's plan, a backup.
+TARGET_NAMES = ("email", "name", "plan", "snapshot")
+
+
 class AuditEventQuerySet(models.QuerySet):
     def update(self, **kwargs):
         raise AppendOnlyError("Audit events cannot be updated.")
@@ -220,6 +225,17 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("Audit events cannot be deleted.")
+
+    @property
+    def target_shown(self) -> str:
+        """The target as the log shows it: its kind and id, and who or what it is when the
+        event says ("membership 6 (bob@example.com)"); "" without a target."""
+        if not self.target_type:
+            return ""
+        shown = f"{self.target_type} {self.target_id}"
+        payload = self.payload if isinstance(self.payload, dict) else {}
+        named = next((payload[key] for key in TARGET_NAMES if payload.get(key)), None)
+        return f"{shown} ({named})" if isinstance(named, str | int) else shown
 
 
 class RequestKey(models.Model):

@@ -9,7 +9,7 @@ from django.utils import timezone
 from accounts import services
 from accounts.audit import Actor, audit_record
 from accounts.errors import ActionDenied
-from accounts.models import AppendOnlyError, AuditEvent, Membership
+from accounts.models import AppendOnlyError, AuditEvent, Invitation, Membership
 
 
 @pytest.mark.django_db
@@ -100,6 +100,9 @@ def test_owners_see_the_log_and_can_filter_it(owner_client, tenant, owner, add_m
 
     filtered = owner_client.get(f"/t/{tenant.slug}/audit/", {"action": "member.invite"})
     assert b"<code>member.invite</code>" in filtered.content
+    # Who the invitation is for, not only its number.
+    invitation = Invitation.objects.get(email="new@example.com")
+    assert f"invitation {invitation.pk} (new@example.com)".encode() in filtered.content
     assert b"<code>tenant.create</code>" not in filtered.content
 
     nobody = owner_client.get(f"/t/{tenant.slug}/audit/", {"actor": "nobody@"})
