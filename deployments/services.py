@@ -476,7 +476,7 @@ def _modify_request(spec, instance: Instance, values: dict) -> tuple[dict, dict]
         raise _parameter_errors(exc) from exc
     changes = {k: v for k, v in typed.items() if k not in projected or projected[k] != v}
     if not changes:
-        raise ValidationError("Nothing to change: the instance already has these values.")
+        raise ValidationError("The instance already has these values: change one to modify it.")
     plain, hidden = split_values(spec.main.parameters, changes)
     return plain, {"parameters": json.loads(hidden or "{}")}
 

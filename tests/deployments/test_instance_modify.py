@@ -78,7 +78,9 @@ def test_nothing_to_change_is_said_in_the_dialog(owner_client, instance):
     response = _modify(owner_client, instance, instances="2")
 
     assert response.status_code == 400
-    assert "Nothing to change" in response.content.decode()
+    html = response.content.decode()
+    assert "The instance already has these values: change one to modify it." in html
+    assert "Nothing to change" not in html  # the summary says "Nothing was changed." once
     assert not Operation.objects.filter(verb="modify").exists()
 
 

@@ -411,7 +411,7 @@ def test_a_modify_that_changes_nothing_is_refused(running, owner):
     with pytest.raises(ValidationError) as refused:
         _act(owner, running, "modify", instances=running.parameters["instances"])
 
-    assert "Nothing to change" in str(refused.value)
+    assert "already has these values: change one to modify it" in str(refused.value)
     assert not running.operations.filter(verb="modify").exists()
 
 
