@@ -138,7 +138,8 @@ document.addEventListener("DOMContentLoaded", openMarkedDialogs);
 
 // A page sent as the answer to a form ([data-address]: the password shown once, which the
 // password check replays the form for) takes its own address: the address bar no longer shows
-// the check's, and reloading asks for the page rather than sending the form again.
+// the check's, and reloading asks for the page rather than sending the form again. So does a
+// page that says something once (the thanks for a payment), so that a reload does not say it.
 function showOwnAddress() {
   const marked = document.querySelector("[data-address]");
   if (marked && location.pathname + location.search !== marked.dataset.address) {
@@ -149,6 +150,7 @@ document.addEventListener("DOMContentLoaded", showOwnAddress);
 document.addEventListener("htmx:afterSettle", () => {
   openMarkedDialogs();
   keepFolding();
+  showOwnAddress(); // a part swapped in may carry one (the Billing page's thanks)
 });
 
 // "Print or save as PDF" on an invoice.
