@@ -58,6 +58,35 @@ def test_a_snapshot_restores_into_a_new_instance_after_its_source_is_deleted(
     assert snapshot.metadata["backupId"] in bootstrap.object
 
 
+def test_a_restore_whose_bootstrap_failed_fails_and_its_retry_restores(
+    worker, cell, plan, tenant, owner, sandbox_cluster
+):
+    create = _create(owner, tenant, plan)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    backup = _act(owner, create.instance, "backup")
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    snapshot = Snapshot.objects.get(instance=create.instance)
+    sandbox_cluster.set_faults(frozen=["clusters"])  # the new Cluster waits, untouched
+    try:
+        restore = services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="orders-copy", request_id="r"
+        )
+        copy = restore.instance
+        sandbox_cluster.set_faults(fail_bootstrap=[f"{copy.namespace}/{copy.pk}"], frozen=[])
+        # The operator says it cannot make the cluster: failed at once, not at the deadline.
+        assert wait_done(restore, timeout=30).state == Operation.State.FAILED
+    finally:
+        sandbox_cluster.set_faults(fail_bootstrap=[], frozen=[])
+    copy.refresh_from_db()
+    assert copy.state == Instance.State.FAILED
+
+    retry = _act(owner, copy, "restore")  # the page's Retry
+
+    assert wait_done(retry).state == Operation.State.SUCCEEDED, retry.error
+    copy.refresh_from_db()
+    assert copy.state == Instance.State.RUNNING
+
+
 def test_only_completed_snapshots_restore(worker, cell, plan, tenant, owner):
     create = _create(owner, tenant, plan)
     wait_done(create)
