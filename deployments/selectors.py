@@ -715,6 +715,7 @@ class InstanceAction:
     description: str = ""
     refusal: str | None = None
     parameters: list[Parameter] = field(default_factory=list)
+    confirm: str | None = None  # the spec's question (`x-opsdeck.confirm`); None: Opsdeck's
 
     @property
     def in_dialog(self) -> bool:
@@ -722,10 +723,21 @@ class InstanceAction:
         return bool(self.parameters) or self.verb in {"modify", "delete"}
 
     @property
+    def warns(self) -> str:
+        """What the button asks before it is sent, or its dialog says beside its fields: the
+        spec's words, else Opsdeck's for what interrupts the service (a stray click must not
+        stop a production database); "" when it asks nothing."""
+        return self.confirm if self.confirm is not None else INTERRUPTS.get(self.verb, "")
+
+    @property
     def asks(self) -> str:
-        """What a button that interrupts the service asks before it is sent ("" when it is
-        sent at once): a stray click must not stop a production database."""
-        return INTERRUPTS.get(self.verb, "") if not self.in_dialog else ""
+        """What a button sent at once asks first ("" when nothing)."""
+        return self.warns if not self.in_dialog else ""
+
+    @property
+    def keeps(self) -> str:
+        """The answer that sends nothing."""
+        return "Keep it running" if self.verb in INTERRUPTS else "Not now"
 
 
 # The actions that interrupt the service, and what the page asks before sending one.
@@ -830,7 +842,7 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
         offer("modify", "Modify")
     for verb, label in BUTTONS.items():
         if verb in verbs:
-            offer(verb, label)
+            offer(verb, label, confirm=verbs[verb].confirm)
     retry = instance_retry_verb(instance)
     if retry and retry in verbs:
         offer(retry, "Retry", retry=True, description=f"Run the failed {retry} again.")
@@ -842,6 +854,7 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
                 custom=True,
                 description=verb.description,
                 parameters=verb.parameters,
+                confirm=verb.confirm,
             )
     offer("delete", "Delete")
     return actions

@@ -609,7 +609,10 @@ def _system_verbs(
             outputs=_outputs(body.get("outputParameters"), f"{where}.outputParameters", report),
             display_name=name[0].upper() + name[1:],
             path=where,
-            requires=_requires(body.get("x-opsdeck"), name, where, report, keys=("requires",)),
+            requires=_requires(
+                body.get("x-opsdeck"), name, where, report, keys=("requires", "confirm")
+            ),
+            confirm=_confirm(body.get("x-opsdeck"), name, where, report),
         )
     return verbs
 
@@ -661,8 +664,9 @@ def _custom_verbs(
             verbs[name], parameters, body.get("x-opsdeck"), where, report
         )
         verbs[name].requires = _requires(
-            body.get("x-opsdeck"), name, where, report, keys=("updates", "requires")
+            body.get("x-opsdeck"), name, where, report, keys=("updates", "requires", "confirm")
         )
+        verbs[name].confirm = _confirm(body.get("x-opsdeck"), name, where, report, custom=True)
     return verbs
 
 
@@ -703,6 +707,34 @@ def _requires(
     if unknown:
         report.error(path, f"unknown key {', '.join(unknown)}; expected when and message")
     return Requirement(when, message) if when and message else None
+
+
+CONFIRM_MAX = 300  # characters: a question in a dialog
+# The system verbs the page sends from a button of their own; the others are sent from a form
+# of their own (create, restore, modify, delete) or not from the page.
+CONFIRMABLE_VERBS = ("start", "stop", "restart", "failover", "backup")
+
+
+def _confirm(
+    raw: Any, verb: str, where: str, report: Report, *, custom: bool = False
+) -> str | None:
+    """A verb's `x-opsdeck.confirm`: what the page asks before it sends the verb, one line (a
+    verb with parameters shows it in its dialog); "" asks nothing where Opsdeck asks its own
+    question (stop, restart, failover). None when the spec says nothing."""
+    if not isinstance(raw, dict) or "confirm" not in raw:
+        return None
+    path = f"{where}.x-opsdeck.confirm"
+    text = raw["confirm"]
+    if not custom and verb not in CONFIRMABLE_VERBS:
+        report.error(path, f"{verb} is not sent from a button of its own: nothing to ask")
+        return None
+    if not isinstance(text, str) or "\n" in text.strip():
+        report.error(path, "must be one line of text (empty: ask nothing)")
+        return None
+    if len(text.strip()) > CONFIRM_MAX:
+        report.error(path, f"must be at most {CONFIRM_MAX} characters long")
+        return None
+    return text.strip()
 
 
 def _updates(

@@ -188,6 +188,9 @@ class Verb:
     # {instance parameter key: verb parameter key} (a custom verb's x-opsdeck.updates).
     updates: dict[str, str] = field(default_factory=dict)
     requires: Requirement | None = None
+    # What the page asks before sending it (`x-opsdeck.confirm`): None asks Opsdeck's own
+    # question for the verb, if any; "" asks nothing.
+    confirm: str | None = None
 
 
 @dataclass

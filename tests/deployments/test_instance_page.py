@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 from django.utils import timezone
 
 from accounts.audit import Actor
@@ -1338,6 +1339,37 @@ def test_switchover_on_one_server_is_disabled_with_the_specs_reason_and_refused(
     assert reason in html
     assert reason in refused.content.decode()
     assert not single.operations.filter(verb="failover").exists()
+
+
+def test_a_plan_words_what_its_buttons_ask_or_asks_nothing(owner_client, owner, tenant, local_cell):
+    document = yaml.safe_load(SPEC.read_text())
+    document["plan"] = "worded"
+    service = document["services"][0]
+    service["systemWorkflows"]["restart"]["x-opsdeck"] = {"confirm": "Restart every server?"}
+    service["systemWorkflows"]["stop"]["x-opsdeck"] = {"confirm": ""}
+    service["systemWorkflows"]["backup"]["x-opsdeck"] = {"confirm": "Back up now?"}
+    custom = next(v for v in service["customWorkflows"] if v.get("apiParameters"))
+    custom.setdefault("x-opsdeck", {})["confirm"] = "Its servers restart."
+    plan = services.plan_load(text=yaml.safe_dump(document)).plan
+    worded = _create(owner, tenant, plan, name="worded", instances="2").instance
+    Instance.objects.filter(pk=worded.pk).update(state=Instance.State.RUNNING)
+
+    html = owner_client.get(_url(worded)).content.decode()
+
+    def asked(verb):
+        form = html[html.index(f'action="{_url(worded, f"actions/{verb}/")}"') :]
+        form = form[: form.index(">")]
+        found = re.search(
+            r'hx-confirm="([^"]*)" data-confirm-yes="[^"]*" data-confirm-no="([^"]*)"', form
+        )
+        return found.groups() if found else None
+
+    assert asked("restart") == ("Restart every server?", "Keep it running")
+    assert asked("stop") is None  # the plan asks nothing
+    assert asked("failover")[0].startswith("Switch this instance&#x27;s primary")  # Opsdeck's own
+    assert asked("backup") == ("Back up now?", "Not now")
+    dialog = f'id="dialog-{custom["verb"]}-warns">Its servers restart.</p>'
+    assert dialog in html
 
 
 def test_switchover_on_two_servers_is_offered(owner_client, instance):

@@ -1138,6 +1138,31 @@ def test_no_requirement_on_a_verb_an_instance_must_always_be_able_to_run():
         ]
 
 
+def test_a_verbs_confirm_is_one_line_on_a_verb_sent_from_a_button():
+    def confirm(verb: str, text) -> Callable[[dict], None]:
+        return lambda document: service(document)["systemWorkflows"][verb].update(
+            {"x-opsdeck": {"confirm": text}}
+        )
+
+    asked = check(confirm("backup", "Back up now? Writes slow down while it runs. "))
+    assert asked.errors == []
+    assert asked.spec.main.verbs["backup"].confirm == "Back up now? Writes slow down while it runs."
+    assert check(confirm("backup", "")).spec.main.verbs["backup"].confirm == ""  # asks nothing
+    assert check(lambda document: None).spec.main.verbs["backup"].confirm is None  # Opsdeck's
+    where = "services[0].systemWorkflows"
+    for bad in ("two\nlines", 42, None):
+        assert errors(confirm("backup", bad)) == [
+            f"{where}.backup.x-opsdeck.confirm: must be one line of text (empty: ask nothing)"
+        ]
+    assert errors(confirm("backup", "x" * 301)) == [
+        f"{where}.backup.x-opsdeck.confirm: must be at most 300 characters long"
+    ]
+    assert errors(confirm("modify", "Sure?")) == [
+        f"{where}.modify.x-opsdeck.confirm: modify is not sent from a button of its own: "
+        "nothing to ask"
+    ]
+
+
 def test_a_verbs_x_opsdeck_is_a_mapping_of_known_keys():
     def x_opsdeck(value) -> Callable[[dict], None]:
         return lambda document: service(document)["systemWorkflows"]["backup"].update(
@@ -1147,5 +1172,5 @@ def test_a_verbs_x_opsdeck_is_a_mapping_of_known_keys():
     where = "services[0].systemWorkflows.backup.x-opsdeck"
     assert errors(x_opsdeck("requires")) == [f"{where}: must be a mapping"]
     assert errors(x_opsdeck({"require": {"when": "true", "message": "m"}})) == [
-        f"{where}: unknown key require; expected requires"
+        f"{where}: unknown key require; expected requires or confirm"
     ]
