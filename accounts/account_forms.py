@@ -1,21 +1,21 @@
-"""allauth's sign-up and password-reset forms, with one rule of Opsdeck's: an email address no
-one has confirmed belongs to no one yet.
+"""allauth's sign-up, add-email and password-reset forms, with one rule of Opsdeck's: an email
+address no one has confirmed belongs to no one yet.
 
 allauth counts every address a user has added on their Email page, confirmed or not, as theirs.
 Adding someone else's address (a typo, or on purpose) would then stop its owner from ever signing
 up (the sign-up page says an email was sent, and nothing is made), and would send that owner
-password-reset links for the account that added it. Here such an address does neither: whoever
-signs up with it and confirms it gets it (`services.email_address_claim` drops the unconfirmed
-copies when the account is saved), and a reset goes only to an address its account signs in with
-or has confirmed.
+password-reset links for the account that added it. Here such an address does neither: anyone
+may sign up with it, whoever confirms it first owns it (`services.email_address_claim` then
+drops the other accounts' unconfirmed copies), a reset goes only to an address its account signs
+in with or has confirmed, and no one can add an address another account owns.
 
 (A module of its own: allauth's forms module imports `ACCOUNT_SIGNUP_FORM_CLASS` from
 `accounts.forms` while it loads.)
 """
 
 from allauth.account.adapter import get_adapter
-from allauth.account.forms import ResetPasswordForm, SignupForm
-from allauth.account.models import EmailAddress
+from allauth.account.forms import AddEmailForm, ResetPasswordForm, SignupForm
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 
@@ -32,7 +32,8 @@ class AccountSignupForm(SignupForm):
     def try_save(self, request: HttpRequest):
         """As allauth's; a sign-up that lost a race for its address to another one at the same
         moment (a double click) is answered as a sign-up with a taken address is, not with a
-        500: the address is one account's (`User.email` is unique)."""
+        500: the address is one account's (`User.email` is unique). Any other constraint a
+        sign-up breaks is a bug, and still raised."""
         try:
             with transaction.atomic():
                 return super().try_save(request)
@@ -43,13 +44,24 @@ class AccountSignupForm(SignupForm):
             return super().try_save(request)
 
 
+class AccountAddEmailForm(AddEmailForm):
+    def clean_email(self) -> str:
+        """As allauth's; an address another account signs in with or has confirmed is refused:
+        its confirmation email would reach that account's owner, who might follow it, and
+        then could no longer confirm their own. (This tells a signed-in user that the address
+        has an account, which sign-up and password reset never say.)"""
+        email = super().clean_email()
+        if not selectors.email_address_unclaimed(email, besides=self.user):
+            raise ValidationError("This address belongs to another account: add one only you use.")
+        return email
+
+
 class AccountResetPasswordForm(ResetPasswordForm):
     def clean_email(self) -> str:
         email = super().clean_email()
         self.users = [
             user
             for user in self.users
-            if user.email.lower() == email.lower()
-            or EmailAddress.objects.filter(user=user, email__iexact=email, verified=True).exists()
+            if user.email.lower() == email.lower() or selectors.email_address_confirmed(user, email)
         ]
         return email

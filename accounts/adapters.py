@@ -43,8 +43,6 @@ class AccountAdapter(DefaultAccountAdapter):
         if not commit:
             return super().save_user(request, user, form, commit=False)
         with transaction.atomic():
-            # Checked unclaimed by the form (`account_forms`): the new account takes it.
-            services.email_address_claim(form.cleaned_data["email"])
             user = super().save_user(request, user, form, commit=True)
             name = (form.cleaned_data.get("organization") or "").strip()
             if not name and _signs_up_from_invitation(request):

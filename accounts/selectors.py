@@ -7,7 +7,6 @@ from datetime import UTC, date, datetime, time, timedelta
 from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.db.models import Q, QuerySet
-from django.db.models.functions import Lower
 from django.utils import timezone
 
 from accounts.idempotency import request_target, user_scope
@@ -55,25 +54,64 @@ def invitations_pending(tenant: Tenant) -> list[Invitation]:
     return [i for i in invitations.order_by("email") if i.status == "pending"]
 
 
-def email_address_unclaimed(email: str) -> bool:
-    """Whether no account has `email` as its own: none signs in with it, and none has
-    confirmed it (other users may have added it on their Email page without confirming it)."""
-    confirmed = EmailAddress.objects.filter(email__iexact=email).filter(
+def email_address_unclaimed(email: str, *, besides: User | None = None) -> bool:
+    """Whether no account (but `besides`) has `email` as its own: none signs in with it, and
+    none has confirmed it (others may have added it on their Email page without confirming
+    it: that claims nothing)."""
+    owned = EmailAddress.objects.filter(email__iexact=email).filter(
         Q(verified=True) | Q(primary=True)
     )
-    return not confirmed.exists() and not User.objects.filter(email__iexact=email).exists()
+    users = User.objects.filter(email__iexact=email)
+    if besides is not None:
+        owned, users = owned.exclude(user=besides), users.exclude(pk=besides.pk)
+    return not owned.exists() and not users.exists()
+
+
+def email_address_confirmed(user, email: str) -> bool:
+    """Whether `user` has confirmed `email` (whatever its case) as one of their addresses."""
+    return EmailAddress.objects.filter(user=user, email__iexact=email, verified=True).exists()
+
+
+def invitation_elsewhere(user, invitation: Invitation) -> str:
+    """Why `user` cannot accept the invitation because it was sent to another address than the
+    one they sign in with ("" when it was not): an invitation is accepted by the account that
+    signs in with its address."""
+    if user.email.lower() == invitation.email.lower():
+        return ""
+    return (
+        f"This invitation was sent to {invitation.email}, but you are signed in "
+        f"as {user.email}. Sign in with the invited address to accept it."
+    )
+
+
+def invitation_unconfirmed(user, invitation: Invitation) -> str:
+    """Why `user` cannot accept it yet: they have not confirmed its address (accepting proves
+    control of it); "" when they have."""
+    if email_address_confirmed(user, invitation.email):
+        return ""
+    return (
+        f"Confirm {invitation.email} first (follow the link we emailed you when you "
+        "signed up, or send a new one from Email addresses), then open this link again."
+    )
+
+
+def invitation_refusal(user, invitation: Invitation) -> str:
+    """Why `user` cannot accept the (pending) invitation ("" when they can); said on the
+    invitation's page before its button."""
+    return invitation_elsewhere(user, invitation) or invitation_unconfirmed(user, invitation)
 
 
 def invitations_for_user(user) -> QuerySet[Invitation]:
-    """Open invitations to an address the user has confirmed, from organizations they are not
-    in: where an invitee who confirmed the address in another browser, or lost the email,
-    finds them. An address not confirmed sees none (anyone may sign up with any address)."""
-    confirmed = EmailAddress.objects.filter(user=user, verified=True).values(address=Lower("email"))
+    """Open invitations to the address the user signs in with, once they have confirmed it,
+    from organizations they are not in: where an invitee who confirmed the address in another
+    browser, or lost the email, finds them (`invitation_refusal` holds for each). An address
+    not confirmed sees none (anyone may sign up with any address)."""
+    if not email_address_confirmed(user, user.email):
+        return Invitation.objects.none()
     age = timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
     return (
-        Invitation.objects.alias(address=Lower("email"))
-        .filter(
-            address__in=confirmed,
+        Invitation.objects.filter(
+            email__iexact=user.email,
             accepted_at=None,
             revoked_at=None,
             created_at__gt=timezone.now() - age,

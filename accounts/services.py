@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 from django.utils.text import slugify
 
-from accounts import idempotency, roles
+from accounts import idempotency, roles, selectors
 from accounts.audit import Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
@@ -222,11 +222,13 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         membership.delete()
 
 
-def email_address_claim(email: str) -> int:
-    """Drop the copies of `email` that other users added on their Email page and never
-    confirmed, for an account that signs up with it: an address belongs to whoever confirms
-    it, not to whoever typed it first. How many were dropped."""
-    unconfirmed = EmailAddress.objects.filter(email__iexact=email, verified=False, primary=False)
+def email_address_claim(address: EmailAddress) -> int:
+    """Once an account has confirmed `address`, drop the copies other accounts added on their
+    Email page and never confirmed: an address belongs to whoever proves they read its mail,
+    not to whoever typed it first (nor to whoever signs up with it). How many were dropped."""
+    unconfirmed = EmailAddress.objects.filter(
+        email__iexact=address.email, verified=False, primary=False
+    ).exclude(user_id=address.user_id)
     dropped, _ = unconfirmed.delete()
     return dropped
 
@@ -406,33 +408,6 @@ def _invitation_replaced(invitation: Invitation) -> bool:
     ).exists()
 
 
-def invitation_refusal(user, invitation: Invitation) -> str:
-    """Why `user` cannot accept the (pending) invitation ("" when they can): it was sent to
-    another address than the one they sign in with, or they have not confirmed that address
-    (accepting proves control of it). Said on the invitation's page before its button."""
-    return _wrong_address(user, invitation) or _unconfirmed(user, invitation)
-
-
-def _wrong_address(user, invitation: Invitation) -> str:
-    if user.email.lower() == invitation.email.lower():
-        return ""
-    return (
-        f"This invitation was sent to {invitation.email}, but you are signed in "
-        f"as {user.email}. Sign in with the invited address to accept it."
-    )
-
-
-def _unconfirmed(user, invitation: Invitation) -> str:
-    if EmailAddress.objects.filter(
-        user=user, email__iexact=invitation.email, verified=True
-    ).exists():
-        return ""
-    return (
-        f"Confirm {invitation.email} first (follow the link we emailed you when you "
-        "signed up, or send a new one from Email addresses), then open this link again."
-    )
-
-
 def invitation_accept(*, actor: Actor, token: str) -> Membership:
     """Join the invitation's organization; the link works once, for its own address."""
     with transaction.atomic():
@@ -440,8 +415,10 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
         if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
             raise InvitationInvalid("This invitation can no longer be used.")
-        wrong_address = _wrong_address(actor.user, invitation)
-        if not wrong_address and (unconfirmed := _unconfirmed(actor.user, invitation)):
+        wrong_address = selectors.invitation_elsewhere(actor.user, invitation)
+        if not wrong_address and (
+            unconfirmed := selectors.invitation_unconfirmed(actor.user, invitation)
+        ):
             raise InvitationInvalid(unconfirmed)
         if not wrong_address:
             membership, _ = Membership.objects.get_or_create(

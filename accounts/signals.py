@@ -3,6 +3,7 @@
 from allauth.account.signals import (
     email_added,
     email_changed,
+    email_confirmed,
     email_removed,
     password_changed,
     password_reset,
@@ -12,6 +13,7 @@ from allauth.mfa.signals import authenticator_added, authenticator_removed, auth
 from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.dispatch import receiver
 
+from accounts import services
 from accounts.audit import Actor, audit_record
 
 
@@ -85,3 +87,9 @@ def _mfa_reset(sender, request, user, authenticator, **kwargs):
         target=user,
         payload={"type": authenticator.type},
     )
+
+
+@receiver(email_confirmed)
+def _email_confirmed(sender, request, email_address, **kwargs):
+    """The account that confirmed an address owns it: other accounts' unconfirmed copies go."""
+    services.email_address_claim(email_address)

@@ -223,7 +223,8 @@ def invitation_accept(request, token: str):
         return redirect("dashboard", tenant_slug=membership.tenant.slug)
     context = {"invitation": invitation}
     if request.user.is_authenticated:  # said before the button, not after a click
-        context["error"] = services.invitation_refusal(request.user, invitation)
+        context["error"] = selectors.invitation_refusal(request.user, invitation)
+        context["elsewhere"] = bool(selectors.invitation_elsewhere(request.user, invitation))
     return render(request, "accounts/invitation.html", context)
 
 

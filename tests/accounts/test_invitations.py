@@ -132,6 +132,22 @@ def test_the_landing_lists_no_invitation_to_an_unconfirmed_or_other_address_nor_
 
 
 @pytest.mark.django_db
+def test_the_landing_lists_no_invitation_to_a_second_address_it_could_not_accept(
+    client, invite, make_user
+):
+    from allauth.account.models import EmailAddress
+
+    user = make_user("first@example.com")
+    EmailAddress.objects.create(user=user, email="second@example.com", verified=True)
+    invite("second@example.com")
+    client.force_login(user)
+
+    # An invitation is accepted by the account that signs in with its address: listing it
+    # here would lead to a page that refuses it.
+    assert _invitations_on_landing(client) == []
+
+
+@pytest.mark.django_db
 def test_an_invitation_link_works_only_once(client, invite, make_user):
     _, link = invite()
     client.force_login(make_user("new@example.com"))

@@ -130,12 +130,35 @@ def test_an_address_another_user_added_without_confirming_it_does_not_stop_its_o
     racer = User.objects.get(email="racer@example.com")
     assert response["Location"] == "/accounts/confirm-email/"
     assert mail.outbox[-1].to == ["racer@example.com"]
+    # Signing up proves nothing: the pending copy stays until someone confirms the address.
+    assert squatter.emailaddress_set.filter(email="racer@example.com").exists()
     link = re.search(r"https?://\S+/accounts/confirm-email/\S+/", mail.outbox[-1].body).group(0)
     assert client.post(link.split("testserver", 1)[1]).status_code == 302
     # The address is the new account's, confirmed; the one who typed it first holds it no more.
     assert EmailAddress.objects.get(email__iexact="racer@example.com").user == racer
     assert EmailAddress.objects.get(email__iexact="racer@example.com").verified
     assert not squatter.emailaddress_set.filter(email__iexact="racer@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_no_one_can_add_an_address_another_account_signs_in_with_or_confirmed(client, make_user):
+    make_user("vee@example.com", verified=False)  # signed up, not confirmed yet
+    other = make_user("other@example.com")
+    _added_unconfirmed(other, "shared@example.com")
+    EmailAddress.objects.filter(email="shared@example.com").update(verified=True)
+    squatter = make_user("squatter@example.com")
+    page = Client()
+    page.force_login(squatter)
+    mail.outbox.clear()
+
+    for email in ("vee@example.com", "SHARED@example.com"):
+        refused = page.post("/accounts/email/", {"email": email, "action_add": ""})
+        assert "This address belongs to another account: add one only you use." in (
+            refused.content.decode()
+        ), email
+    assert not squatter.emailaddress_set.exclude(email="squatter@example.com").exists()
+    assert mail.outbox == []
+    _added_unconfirmed(squatter, "free@example.com")  # an address no one owns: added
 
 
 @pytest.mark.django_db
