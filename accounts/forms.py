@@ -32,14 +32,14 @@ class SignupForm(forms.Form):
 
 
 # Each says what to do, in the words the services use, not Django's "This field is required."
-NAME_TOO_LONG = "Use at most %(limit_value)d characters (this has %(show_value)d)."
+TOO_LONG = "Use at most %(limit_value)d characters (this has %(show_value)d)."
 
 
 class OrganizationForm(forms.Form):
     name = forms.CharField(
         label="Organization name",
         max_length=100,
-        error_messages={"required": "Give the organization a name.", "max_length": NAME_TOO_LONG},
+        error_messages={"required": "Give the organization a name.", "max_length": TOO_LONG},
     )
     request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 
@@ -50,7 +50,7 @@ class InviteForm(forms.Form):
         error_messages={
             "required": "Enter the email address of the person to invite.",
             "invalid": "Enter an email address, like name@example.com.",
-            "max_length": NAME_TOO_LONG,
+            "max_length": TOO_LONG,
         },
     )
     role = forms.ChoiceField(

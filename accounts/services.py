@@ -140,7 +140,7 @@ def _name_free_for(user: User, name: str) -> None:
     """Refuse a second organization of the same name (whatever its case) to one user: their
     switcher would list two alike. Under the user's row lock, so that two tabs sending the
     form at once make one."""
-    User.objects.select_for_update().filter(pk=user.pk).exists()
+    User.objects.select_for_update().only("pk").get(pk=user.pk)
     if Tenant.objects.filter(memberships__user=user, name__iexact=name).exists():
         raise ValidationError(
             {"name": f"You already belong to an organization called “{name}”: choose another name."}

@@ -842,7 +842,11 @@ def backup_schedule_update(request, instance_id: str):
     submitted["enabled"] = request.POST.get("enabled") == "on"
     by_cron = submitted["timing"] == "cron"
     try:
-        if submitted["timing"] not in ("interval", "cron"):  # the form sends one of the two
+        # The form sends one of the two; a role without backups is refused by the service
+        # first (403, audited), whatever the form holds.
+        if submitted["timing"] not in ("interval", "cron") and roles.can(
+            request.membership.role, "backup.create"
+        ):
             raise ValidationError({"timing": TIMING_NEEDED})
         services.backup_schedule_update(
             actor=Actor.from_request(request),

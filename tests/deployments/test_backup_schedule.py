@@ -431,8 +431,8 @@ def test_a_viewer_cannot_change_the_schedule_and_the_refusal_is_audited(
 
     forged = client.post(
         _url(instance, "backups/schedule/"),
-        {"timing": "interval", "interval_hours": "1", "retention_days": "1", "enabled": "on"},
-    )
+        {"timing": "bogus", "interval_hours": "1", "retention_days": "1", "enabled": "on"},
+    )  # refused for the role, before anything the form holds
 
     assert forged.status_code == 403
     assert BackupSchedule.objects.get(instance=instance).interval_hours == 24
