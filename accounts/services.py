@@ -23,7 +23,7 @@ from django.utils.crypto import get_random_string
 from django.utils.text import slugify
 
 from accounts import idempotency, roles, selectors
-from accounts.audit import Actor, audit_record, audited_action
+from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
@@ -229,7 +229,16 @@ def email_address_claim(address: EmailAddress) -> int:
     unconfirmed = EmailAddress.objects.filter(
         email__iexact=address.email, verified=False, primary=False
     ).exclude(user_id=address.user_id)
-    dropped, _ = unconfirmed.delete()
+    dropped = 0
+    for copy in unconfirmed.select_related("user"):
+        copy.delete()
+        dropped += 1
+        audit_record(  # in the account's own record, as a removal it made would be
+            actor=SYSTEM,
+            action="user.email_remove",
+            target=copy.user,
+            payload={"email": copy.email, "reason": "another account confirmed it"},
+        )
     return dropped
 
 

@@ -138,6 +138,11 @@ def test_an_address_another_user_added_without_confirming_it_does_not_stop_its_o
     assert EmailAddress.objects.get(email__iexact="racer@example.com").user == racer
     assert EmailAddress.objects.get(email__iexact="racer@example.com").verified
     assert not squatter.emailaddress_set.filter(email__iexact="racer@example.com").exists()
+    dropped = AuditEvent.objects.get(action="user.email_remove", target_id=str(squatter.pk))
+    assert dropped.payload == {
+        "email": "racer@example.com",
+        "reason": "another account confirmed it",
+    }
 
 
 @pytest.mark.django_db
