@@ -406,6 +406,21 @@ def invitation_from_token(token: str) -> Invitation:
     return invitation
 
 
+def invitation_joined(token: str, user) -> Tenant | None:
+    """The organization `user` joined by accepting the invitation this link names, while they
+    still belong to it: the link followed again after accepting, or the page of a second tab,
+    leads there rather than to "already used". None for anyone else."""
+    if not user.is_authenticated:
+        return None
+    try:
+        pk = signing.loads(token, salt=_INVITATION_SALT)
+    except signing.BadSignature:
+        return None
+    return Tenant.objects.filter(
+        invitations__pk=pk, invitations__accepted_by=user, memberships__user=user
+    ).first()
+
+
 def _invitation_replaced(invitation: Invitation) -> bool:
     """Whether a newer invitation to the same address withdrew this one (`invitation_create`
     withdraws the older ones at the time it makes the new one), rather than someone."""

@@ -203,16 +203,29 @@ def invitation_revoke(request, invitation_id: int):
     return _team_response(request)
 
 
+def _joined(request, token: str):
+    """Where the link leads someone who already accepted it: the organization they joined."""
+    joined = services.invitation_joined(token, request.user)
+    if joined is None:
+        return None
+    messages.info(request, f"You have joined {joined.name}.")
+    return redirect("dashboard", tenant_slug=joined.slug)
+
+
 def invitation_accept(request, token: str):
     """The page an invitation link opens: sign in (or up) as the invited address, then join."""
     try:
         invitation = services.invitation_from_token(token)
     except InvitationInvalid as exc:
+        if joined := _joined(request, token):
+            return joined
         return render(request, "accounts/invitation.html", {"error": str(exc)}, status=400)
     if request.method == "POST" and request.user.is_authenticated:
         try:
             membership = services.invitation_accept(actor=Actor.from_request(request), token=token)
         except InvitationInvalid as exc:
+            if joined := _joined(request, token):  # a second tab, or a second click
+                return joined
             return render(
                 request,
                 "accounts/invitation.html",

@@ -148,15 +148,22 @@ def test_the_landing_lists_no_invitation_to_a_second_address_it_could_not_accept
 
 
 @pytest.mark.django_db
-def test_an_invitation_link_works_only_once(client, invite, make_user):
+def test_an_invitation_link_works_only_once(client, invite, make_user, tenant):
     _, link = invite()
     client.force_login(make_user("new@example.com"))
     client.post(link)
 
-    again = client.post(link)
+    again = client.post(link)  # a second tab, or the link followed again
+    opened = client.get(link, follow=True)
+    signed_out = Client().get(link)
 
-    assert again.status_code == 400
-    assert b"already been used" in again.content
+    # The one who accepted it is led to what they joined; anyone else is told it was used.
+    assert again.status_code == 302 and again.url == f"/t/{tenant.slug}/"
+    assert "You have joined Acme." in opened.content.decode()
+    assert "already been used" not in opened.content.decode()
+    assert signed_out.status_code == 400
+    assert b"already been used" in signed_out.content
+    assert Membership.objects.filter(tenant=tenant, user__email="new@example.com").count() == 1
 
 
 @pytest.mark.django_db
