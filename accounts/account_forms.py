@@ -5,9 +5,10 @@ allauth counts every address a user has added on their Email page, confirmed or 
 Adding someone else's address (a typo, or on purpose) would then stop its owner from ever signing
 up (the sign-up page says an email was sent, and nothing is made), and would send that owner
 password-reset links for the account that added it. Here such an address does neither: anyone
-may sign up with it, whoever confirms it first owns it (`services.email_address_claim` then
-drops the other accounts' unconfirmed copies), a reset goes only to an address its account signs
-in with or has confirmed, and no one can add an address another account owns.
+may sign up with it, and signing up or confirming it drops the other accounts' unconfirmed copies
+(`services.email_address_claim`, called by the adapter and on `email_confirmed`); a reset goes
+only to an address its account signs in with or has confirmed; no one can add, or confirm, an
+address another account signs in with or owns.
 
 (A module of its own: allauth's forms module imports `ACCOUNT_SIGNUP_FORM_CLASS` from
 `accounts.forms` while it loads.)

@@ -3,13 +3,15 @@ from urllib.parse import urlsplit
 from allauth.account.adapter import DefaultAccountAdapter
 from allauth.account.utils import get_next_redirect_url
 from allauth.core import context as allauth_context
+from allauth.core import ratelimit
 from allauth.mfa.adapter import DefaultMFAAdapter
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.sites.requests import RequestSite
 from django.db import transaction
 from django.urls import Resolver404, resolve
 
-from accounts import crypto, services
+from accounts import crypto, selectors, services
 from accounts.audit import Actor
 from accounts.models import Tenant
 
@@ -44,6 +46,7 @@ class AccountAdapter(DefaultAccountAdapter):
             return super().save_user(request, user, form, commit=False)
         with transaction.atomic():
             user = super().save_user(request, user, form, commit=True)
+            self._claim_sign_in_address(request, user)
             name = (form.cleaned_data.get("organization") or "").strip()
             if not name and _signs_up_from_invitation(request):
                 return user
@@ -53,6 +56,32 @@ class AccountAdapter(DefaultAccountAdapter):
                 name = user.email.split("@")[0][:limit] + suffix
             services.tenant_create(actor=Actor.from_request(request, user=user), name=name)
         return user
+
+    def _claim_sign_in_address(self, request, user) -> None:
+        """The address a new account signs in with is its own to confirm: the copies other
+        accounts added and never confirmed go, with the confirmation links they mailed to it.
+        Adding one mailed the address moments ago perhaps, which began allauth's cooldown for
+        it (one email per address every few minutes): the sign-up's own confirmation must not
+        wait for it, or the only link its owner holds would be the other account's."""
+        dropped = services.email_address_claim(
+            user.email, owner=user, reason="another account signed up with it"
+        )
+        if dropped:
+            ratelimit.clear(request, action="confirm_email", key=user.email.lower())
+
+    def confirm_email(self, request, email_address) -> bool:
+        """As allauth's; refused for an address another account signs in with (or owns): only
+        that account may confirm it. (Its sign-up dropped other accounts' copies; one added at
+        the same moment would otherwise be confirmable by its link.)"""
+        if not selectors.email_address_unclaimed(email_address.email, besides=email_address.user):
+            self.add_message(
+                request,
+                messages.ERROR,
+                "account/messages/email_confirmation_taken.txt",
+                {"email": email_address.email},
+            )
+            return False
+        return super().confirm_email(request, email_address)
 
 
 class MFAAdapter(DefaultMFAAdapter):

@@ -222,22 +222,25 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         membership.delete()
 
 
-def email_address_claim(address: EmailAddress) -> int:
-    """Once an account has confirmed `address`, drop the copies other accounts added on their
-    Email page and never confirmed: an address belongs to whoever proves they read its mail,
-    not to whoever typed it first (nor to whoever signs up with it). How many were dropped."""
+def email_address_claim(email: str, *, owner: User, reason: str) -> int:
+    """Drop the copies of `email` that accounts other than `owner` added on their Email page and
+    never confirmed, once `owner` holds it more strongly: it confirmed the address (an address
+    belongs to whoever proves they read its mail, not to whoever typed it first), or signed up
+    with it (a sign-in address is its own account's to confirm: a copy's confirmation link,
+    mailed to the address before its owner signed up, would otherwise confirm it for the wrong
+    account). Each drop is recorded in its account's audit trail, with `reason`. How many."""
     unconfirmed = EmailAddress.objects.filter(
-        email__iexact=address.email, verified=False, primary=False
-    ).exclude(user_id=address.user_id)
+        email__iexact=email, verified=False, primary=False
+    ).exclude(user_id=owner.pk)
     dropped = 0
     for copy in unconfirmed.select_related("user"):
-        copy.delete()
+        copy.delete()  # and with it, the copy's confirmation link
         dropped += 1
         audit_record(  # in the account's own record, as a removal it made would be
             actor=SYSTEM,
             action="user.email_remove",
             target=copy.user,
-            payload={"email": copy.email, "reason": "another account confirmed it"},
+            payload={"email": copy.email, "reason": reason},
         )
     return dropped
 

@@ -92,4 +92,6 @@ def _mfa_reset(sender, request, user, authenticator, **kwargs):
 @receiver(email_confirmed)
 def _email_confirmed(sender, request, email_address, **kwargs):
     """The account that confirmed an address owns it: other accounts' unconfirmed copies go."""
-    services.email_address_claim(email_address)
+    services.email_address_claim(
+        email_address.email, owner=email_address.user, reason="another account confirmed it"
+    )
