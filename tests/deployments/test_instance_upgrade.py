@@ -153,17 +153,21 @@ def _loose_plan_writing_the_secret_first():
     """A plan that lets 2.5 servers through to the API server (which refuses it), whose modify
     writes the password Secret before the Cluster: the refusal comes after a write."""
     text = SPEC.read_text().replace("        x-opsdeck: {step: 1}  # whole servers\n", "")
-    cluster_first = (
-        "                  - {name: cluster, template: cluster}\n"
-        "                  - {name: credentials, template: credentials, dependencies: [cluster]}\n"
-    )
-    secret_first = (
-        "                  - {name: credentials, template: credentials}\n"
-        "                  - {name: cluster, template: cluster, dependencies: [credentials]}\n"
-    )
-    head, modify = text.split("      modify:\n", 1)
-    assert cluster_first in modify
-    text = head + "      modify:\n" + modify.replace(cluster_first, secret_first, 1)
+    head, rest = text.split("      modify:\n", 1)
+    modify, tail = rest.split("      stop:\n", 1)
+    for cluster_first, secret_first in (
+        (
+            "- {name: cluster, template: cluster}\n",
+            "- {name: cluster, template: cluster, dependencies: [credentials]}\n",
+        ),
+        (
+            "- {name: credentials, template: credentials, dependencies: [cluster]}\n",
+            "- {name: credentials, template: credentials}\n",
+        ),
+    ):
+        assert modify.count(cluster_first) == 1
+        modify = modify.replace(cluster_first, secret_first)
+    text = head + "      modify:\n" + modify + "      stop:\n" + tail
     return services.plan_load(text=text.replace("plan: postgres-cnpg", "plan: pg-loose")).plan
 
 

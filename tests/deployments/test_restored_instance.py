@@ -10,7 +10,7 @@ from deployments import services
 from deployments.models import Instance, Operation, Snapshot
 from deployments.spec import load_spec
 from deployments.workflow.render import Context, render_manifest
-from tests.deployments.conftest import SPEC, instance_object, wait_done
+from tests.deployments.conftest import SPEC, instance_object, wait_done, wait_for
 from tests.deployments.test_instance_upgrade import _v2_text
 
 
@@ -124,6 +124,40 @@ def test_a_modify_of_a_created_instance_changes_its_size_and_keeps_its_initdb(
             "owner": "shopper",
             "secret": {"name": f"{create.instance_id}-owner"},
         }
+    }
+
+
+def test_a_modify_that_grows_the_storage_succeeds_once_every_servers_volume_has_grown(
+    worker, cell, plan, tenant, owner, kube, faults
+):
+    create = _create(owner, tenant, plan, storageGi="10", instances="2")
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    faults(frozen=["volumes"])  # the storage takes its time to expand
+
+    modify = services.instance_action(
+        actor=Actor(user=owner), instance=create.instance, verb="modify",
+        request_id=uuid.uuid4().hex, parameters={"storageGi": "15"},
+    )  # fmt: skip
+
+    def healthy_or_done():
+        modify.refresh_from_db()
+        cluster = _cluster(kube, create.instance)
+        return modify.state in (Operation.State.SUCCEEDED, Operation.State.FAILED) or (
+            cluster["status"]["phase"] == "Cluster in healthy state"
+            and modify.task_runs.filter(node__startswith="main.volumes", state="Running").count()
+            == 2
+        )
+
+    wait_for(healthy_or_done, what="the modify to wait for the volumes")
+    # The Cluster is healthy and has asked for the larger volumes: the change is not done.
+    assert modify.state == Operation.State.RUNNING
+    faults(frozen=[])
+    assert wait_done(modify).state == Operation.State.SUCCEEDED, modify.error
+    claims = kube.list_objects(
+        "v1", "PersistentVolumeClaim", label_selector=f"cnpg.io/cluster={create.instance_id}"
+    )
+    assert {c["metadata"]["name"]: c["status"]["capacity"]["storage"] for c in claims} == {
+        f"{create.instance_id}-{n}": "15Gi" for n in (1, 2)
     }
 
 

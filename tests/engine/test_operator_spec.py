@@ -27,6 +27,7 @@ def test_the_shipped_plan_names_its_operator_and_the_kinds_a_cell_must_serve():
     assert spec.required_kinds == [
         ("v1", "Secret"),
         ("postgresql.cnpg.io/v1", "Cluster"),
+        ("v1", "PersistentVolumeClaim"),
         ("v1", "Pod"),
         ("postgresql.cnpg.io/v1", "Backup"),
     ]
@@ -35,11 +36,13 @@ def test_the_shipped_plan_names_its_operator_and_the_kinds_a_cell_must_serve():
 
 def test_the_watcher_watches_only_the_kinds_a_template_waits_on():
     # Secrets are written and deleted, never read back until a condition holds: no change of
-    # one can move a waiting run on, so the watcher streams none of them.
+    # one can move a waiting run on, so the watcher streams none of them. A volume's claim is
+    # waited on by a modify, until it has grown.
     spec = load_spec(SHIPPED)
 
     assert spec.waited_kinds == [
         ("postgresql.cnpg.io/v1", "Cluster"),
+        ("v1", "PersistentVolumeClaim"),
         ("v1", "Pod"),
         ("postgresql.cnpg.io/v1", "Backup"),
     ]
