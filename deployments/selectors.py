@@ -1137,8 +1137,12 @@ def lifecycle_refusal(instance: Instance, verb: str) -> str | None:
     """Why an upgrade or a roll back (`verb`) cannot start now: the instance's state, or
     operations still pending (the version they run on would change under them)."""
     reason = action_refusal(instance, verb)
-    if reason is None and operations_pending(instance).exists():
-        reason = f"Operations are queued on this instance; {verb} once they have finished."
+    if reason is None:
+        pending = set(operations_pending(instance).values_list("verb", flat=True))
+        if "delete" in pending:
+            reason = f"{instance.name} is queued for deletion."
+        elif pending:
+            reason = f"Operations are queued on this instance; {verb} once they have finished."
     return reason
 
 

@@ -317,12 +317,16 @@ def _tab_context(
             ),
             "can_reveal": "instance.reveal_credentials" in allowed,
         }
+    # A change that failed part-way: the servers may run some of it, not the values listed.
+    left_by = selectors.instance_rollback_source(instance)
     return {
         "status": selectors.observed_status(instance),
         "restored_from": selectors.instance_restored_from(instance),
         "parameters": selectors.instance_parameters_shown(instance),
-        # A change that failed part-way: the servers may run some of it, not the values listed.
-        "left_by": selectors.instance_rollback_source(instance),
+        "left_by": left_by,
+        # (then no roll back will apply the values again)
+        "deletion_queued": left_by is not None
+        and selectors.operations_pending(instance).filter(verb="delete").exists(),
     }
 
 

@@ -150,6 +150,20 @@ def test_the_parameters_of_an_instance_a_change_left_failed_say_they_ran_before_
     assert "which was cancelled after it had changed the cluster." in cancelled
 
 
+def test_the_parameters_of_a_failed_instance_being_deleted_promise_no_roll_back(
+    owner_client, instance
+):
+    _fail(instance, "modify")
+    services.instance_delete(actor=Actor(user=instance.created_by), instance=instance,
+                             request_id=uuid.uuid4().hex)  # fmt: skip
+
+    page = _page(owner_client, instance)
+
+    assert "which failed. Its deletion is queued: its servers are deleted as they are." in page
+    assert "until a roll back applies these values again" not in page
+    assert "Roll back: orders is queued for deletion." in page
+
+
 def test_an_upgrade_posted_from_the_page_is_queued_on_the_new_version(owner_client, instance, v2):
     response = owner_client.post(_url(instance, "upgrade/"), {"request_id": "up-1"})
 
