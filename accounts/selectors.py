@@ -72,6 +72,24 @@ def email_address_confirmed(user, email: str) -> bool:
     return EmailAddress.objects.filter(user=user, email__iexact=email, verified=True).exists()
 
 
+def invitation_replaced(invitation: Invitation) -> Invitation | None:
+    """The invitation to the same address that `invitation` replaced while its link still
+    worked (`services.invitation_create` revokes it at the moment it makes the new one); None
+    when there was none, or it had expired."""
+    replaced = (
+        Invitation.objects.filter(
+            tenant_id=invitation.tenant_id,
+            email__iexact=invitation.email,
+            revoked_at=invitation.created_at,
+        )
+        .exclude(pk=invitation.pk)
+        .first()
+    )
+    if replaced is None or replaced.expires_at <= replaced.revoked_at:
+        return None
+    return replaced
+
+
 def invitation_elsewhere(user, invitation: Invitation) -> str:
     """Why `user` cannot accept the invitation because it was sent to another address than the
     one they sign in with ("" when it was not): an invitation is accepted by the account that

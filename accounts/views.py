@@ -107,6 +107,21 @@ def _team_response(request, **extra):
     return redirect("team", tenant_slug=request.tenant.slug)
 
 
+def _invitation_sent(invitation) -> str:
+    """What the team page says once an invitation is sent; sending one to an address already
+    invited says that the earlier link stops working, and the role it changed."""
+    replaced = selectors.invitation_replaced(invitation)
+    if replaced is None:
+        return f"Invitation sent to {invitation.email}."
+    said = f"Invitation sent again to {invitation.email}: the earlier link no longer works."
+    if replaced.role != invitation.role:
+        said += (
+            f" It invites them as {invitation.get_role_display()} now,"
+            f" not as {replaced.get_role_display()}."
+        )
+    return said
+
+
 @tenant_view("member.view")
 @require_POST
 def team_invite(request):
@@ -126,7 +141,7 @@ def team_invite(request):
             messages.error(request, exc.reason)
             return _team_response(request)
         else:
-            messages.success(request, f"Invitation sent to {invitation.email}.")
+            messages.success(request, _invitation_sent(invitation))
             return _team_response(request)
     # htmx swaps only 2xx answers: the fragment with its errors comes back as 200.
     template = partial_template(request, "accounts/team.html", "team-panel")

@@ -46,6 +46,37 @@ def test_invite_form_creates_an_invitation_and_records_it(owner_client, tenant):
 
 
 @pytest.mark.django_db
+def test_inviting_an_address_again_says_the_earlier_link_stops_working_and_the_role_changed(
+    owner_client, tenant, invite
+):
+    earlier, _ = invite("new@example.com", role="viewer")
+
+    def send(role):
+        response = owner_client.post(
+            f"/t/{tenant.slug}/team/invite/",
+            {"email": "new@example.com", "role": role},
+            follow=True,
+        )
+        return response.content.decode()
+
+    changed, same = send("admin"), send("admin")
+
+    assert (
+        "Invitation sent again to new@example.com: the earlier link no longer works. "
+        "It invites them as Admin now, not as Viewer."
+    ) in changed
+    assert "Invitation sent again to new@example.com: the earlier link no longer works." in same
+    assert "not as" not in same
+    earlier.refresh_from_db()
+    assert earlier.status == "revoked"
+    # An expired invitation's link worked no more: sending a new one is a first send.
+    Invitation.objects.filter(revoked_at=None).update(
+        created_at=timezone.now() - timedelta(days=60)
+    )
+    assert "Invitation sent to new@example.com." in send("member")
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     "sent, message",
     [
