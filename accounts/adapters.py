@@ -40,7 +40,8 @@ class AccountAdapter(DefaultAccountAdapter):
     def save_user(self, request, user, form, commit=True):
         """Sign-up: the new user owns a first organization from the start (both or neither).
 
-        An invitee joins the inviting organization instead: with a blank name they get none.
+        An invitee joins the inviting organization instead: with a blank name they get none,
+        whether they came from the invitation's link or signed up with the invited address.
         """
         if not commit:
             return super().save_user(request, user, form, commit=False)
@@ -48,8 +49,11 @@ class AccountAdapter(DefaultAccountAdapter):
             user = super().save_user(request, user, form, commit=True)
             self._claim_sign_in_address(request, user)
             name = (form.cleaned_data.get("organization") or "").strip()
-            if not name and _signs_up_from_invitation(request):
-                return user
+            if not name and (
+                _signs_up_from_invitation(request)
+                or selectors.invitations_open_to(user.email).exists()
+            ):
+                return user  # they find their invitations once they confirm the address
             if not name:
                 suffix = "'s organization"
                 limit = Tenant._meta.get_field("name").max_length - len(suffix)

@@ -12,8 +12,8 @@ class SignupForm(forms.Form):
         label="Organization name",
         max_length=100,
         required=False,
-        help_text="Your first organization; you can create more later. Signing up from an "
-        "invitation's link? Leave this blank: you join that organization.",
+        help_text="Your first organization; you can create more later. Invited to one? "
+        "Leave this blank: you join it once you have confirmed your address.",
     )
 
     def clean_organization(self) -> str:

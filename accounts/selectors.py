@@ -119,6 +119,17 @@ def invitation_refusal(user, invitation: Invitation) -> str:
     return invitation_elsewhere(user, invitation) or invitation_unconfirmed(user, invitation)
 
 
+def invitations_open_to(email: str) -> QuerySet[Invitation]:
+    """Open invitations to `email` (whatever its case), from any organization."""
+    age = timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
+    return Invitation.objects.filter(
+        email__iexact=email,
+        accepted_at=None,
+        revoked_at=None,
+        created_at__gt=timezone.now() - age,
+    )
+
+
 def invitations_for_user(user) -> QuerySet[Invitation]:
     """Open invitations to the address the user signs in with, once they have confirmed it,
     from organizations they are not in: where an invitee who confirmed the address in another
@@ -126,14 +137,8 @@ def invitations_for_user(user) -> QuerySet[Invitation]:
     not confirmed sees none (anyone may sign up with any address)."""
     if not email_address_confirmed(user, user.email):
         return Invitation.objects.none()
-    age = timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
     return (
-        Invitation.objects.filter(
-            email__iexact=user.email,
-            accepted_at=None,
-            revoked_at=None,
-            created_at__gt=timezone.now() - age,
-        )
+        invitations_open_to(user.email)
         .exclude(tenant__memberships__user=user)
         .select_related("tenant")
         .only("email", "role", "created_at", "tenant__name")

@@ -249,6 +249,14 @@ def invitation_token(invitation: Invitation) -> str:
     return signing.dumps(invitation.pk, salt=_INVITATION_SALT)
 
 
+def invitation_links(user) -> list[tuple[Invitation, str]]:
+    """The user's open invitations (`selectors.invitations_for_user`), each with its link."""
+    return [
+        (invitation, reverse("invitation_accept", args=[invitation_token(invitation)]))
+        for invitation in selectors.invitations_for_user(user)
+    ]
+
+
 def invitation_create(
     *, actor: Actor, tenant: Tenant, email: str, role: str, request_id: str = ""
 ) -> Invitation:

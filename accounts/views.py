@@ -33,7 +33,7 @@ def organization_create(request):
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
     made = selectors.organization_made_by_request(request.user, request_id)
     if made is not None and request.method == "GET":  # the form again after Back
-        context = {"made": made, "invited": _invited(request.user)}
+        context = {"made": made, "invited": services.invitation_links(request.user)}
         return render(request, "accounts/organization_create.html", context)
     if request.method == "POST" and form.is_valid():
         try:
@@ -57,19 +57,9 @@ def organization_create(request):
         "request_id": request_id,
         "action": f"{request.path}?request={request_id}",
         "made_before": made,  # sent again from a stale page: what its first sending made
-        "invited": _invited(request.user),
+        "invited": services.invitation_links(request.user),
     }
     return render(request, "accounts/organization_create.html", context)
-
-
-def _invited(user) -> list[tuple]:
-    """The user's open invitations with their links. The new-organization page is where a
-    signed-in user who belongs nowhere lands, so an invitee whose link opened in another
-    browser finds the invitation there, before the form."""
-    return [
-        (invitation, reverse("invitation_accept", args=[services.invitation_token(invitation)]))
-        for invitation in selectors.invitations_for_user(user)
-    ]
 
 
 def _team_context(request, **extra) -> dict:

@@ -7,6 +7,7 @@ from django.utils.cache import patch_cache_control, patch_vary_headers
 from kombu import Connection
 
 from accounts import roles, selectors
+from accounts import services as account_services
 from accounts.htmx import partial_template, shown_digest, unchanged
 from accounts.tenancy import SESSION_KEY, tenant_view
 from deployments import selectors as deployment_selectors
@@ -32,6 +33,7 @@ def dashboard(request):
         "member_count": tenant.memberships.count(),
         "pending_invitations": len(selectors.invitations_pending(tenant)),
         "recent_events": [],
+        "invited": account_services.invitation_links(request.user),  # from other organizations
     }
     if roles.can(role, "audit.view"):
         context["recent_events"] = selectors.audit_events_for_tenant(tenant)[:8]
@@ -66,6 +68,7 @@ def _dashboard_shown(context: dict, *, role: str) -> str:
             context.get("follows"),
             context["member_count"],
             context["pending_invitations"],
+            [invitation.pk for invitation, _ in context["invited"]],
             [event.pk for event in context["recent_events"]],
             context.get("instance_states"),
             [(i.pk, i.health_reason) for i in context.get("instances_degraded", [])],

@@ -423,6 +423,45 @@ def test_an_invitee_who_names_an_organization_gets_it(client, owner, tenant):
 
 
 @pytest.mark.django_db
+def test_an_invitee_who_signs_up_without_the_link_finds_the_invitation_not_an_own_organization(
+    client, owner, tenant
+):
+    invitation = _invitation_path(tenant, owner)
+
+    _signup(client, email="Ivy@Example.com", organization="")
+
+    ivy = User.objects.get(email__iexact="ivy@example.com")
+    assert not Tenant.objects.for_user(ivy).exists()
+    [link] = _confirmation_links(ivy.email)
+    landed = client.post(link, follow=True).content.decode()
+    assert "<h1>New organization</h1>" in landed
+    assert f'<a href="{invitation}">Join Acme</a> as Member' in landed
+    assert b"Welcome to Acme." in client.post(invitation, follow=True).content
+    assert list(Tenant.objects.for_user(ivy)) == [tenant]
+
+
+@pytest.mark.django_db
+def test_a_member_invited_to_another_organization_finds_the_invitation_on_the_dashboard(
+    client, owner, tenant, make_user
+):
+    from accounts import services
+    from accounts.audit import Actor
+
+    ivy = make_user("ivy@example.com")
+    own = services.tenant_create(actor=Actor(user=ivy), name="Ivy Labs")
+    invitation = _invitation_path(tenant, owner)
+    client.force_login(ivy)
+
+    dashboard = client.get(f"/t/{own.slug}/").content.decode()
+
+    assert "Invitations for you" in dashboard
+    assert f'<a href="{invitation}">Join Acme</a> as Member' in dashboard
+    assert "Or make an organization of your own." not in dashboard
+    client.post(invitation)
+    assert "Invitations for you" not in client.get(f"/t/{own.slug}/").content.decode()
+
+
+@pytest.mark.django_db
 def test_signup_emails_name_opsdeck_not_the_host(client, settings):
     settings.ALLOWED_HOSTS = ["127.0.0.1", "testserver"]
     _signup(client, HTTP_HOST="127.0.0.1")
