@@ -98,6 +98,7 @@ def audit_event(
         action=action,
         target_type=target._meta.model_name if target is not None else "",
         target_id=str(target.pk) if target is not None and target.pk is not None else "",
+        target_name=str(getattr(target, "audit_name", ""))[:200],
         ip=actor.ip,
         user_agent=actor.user_agent,
         result=result,

@@ -204,6 +204,9 @@ class AuditEvent(models.Model):
     action = models.CharField(max_length=64, db_index=True)
     target_type = models.CharField(max_length=64, blank=True)
     target_id = models.CharField(max_length=64, blank=True)
+    # What the target was called when the event happened (its `audit_name`: an instance's
+    # name), kept as text: the log still names it once it is renamed or gone.
+    target_name = models.CharField(max_length=200, blank=True)
     ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=300, blank=True)
     result = models.CharField(max_length=8, choices=Result.choices, default=Result.OK)
@@ -227,15 +230,23 @@ class AuditEvent(models.Model):
         raise AppendOnlyError("Audit events cannot be deleted.")
 
     @property
+    def target_named(self) -> str:
+        """Who or what the target is: its name when the event was recorded, else the one its
+        payload says (events recorded before names were kept); "" when neither does."""
+        if self.target_name:
+            return self.target_name
+        payload = self.payload if isinstance(self.payload, dict) else {}
+        named = next((payload[key] for key in TARGET_NAMES if payload.get(key)), None)
+        return str(named) if isinstance(named, str | int) else ""
+
+    @property
     def target_shown(self) -> str:
         """The target as the log shows it: its kind and id, and who or what it is when the
         event says ("membership 6 (bob@example.com)"); "" without a target."""
         if not self.target_type:
             return ""
         shown = f"{self.target_type} {self.target_id}"
-        payload = self.payload if isinstance(self.payload, dict) else {}
-        named = next((payload[key] for key in TARGET_NAMES if payload.get(key)), None)
-        return f"{shown} ({named})" if isinstance(named, str | int) else shown
+        return f"{shown} ({self.target_named})" if self.target_named else shown
 
 
 class RequestKey(models.Model):

@@ -283,7 +283,10 @@ def audit_log(request):
 @tenant_view("audit.view")
 def audit_export(request):
     _, events = _audit_events(request)
-    header = ["time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip"]
+    header = [
+        "time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip",
+        "target_name",
+    ]  # fmt: skip
     rows = (
         [
             e.created_at.isoformat(),
@@ -294,6 +297,7 @@ def audit_export(request):
             e.target_id,
             e.result,
             e.ip or "",
+            e.target_named,
         ]
         for e in events.iterator(chunk_size=500)
     )

@@ -171,6 +171,11 @@ class Instance(models.Model):
         return f"{self.name} ({self.id})"
 
     @property
+    def audit_name(self) -> str:
+        """What the audit log calls it, beside its id."""
+        return self.name
+
+    @property
     def namespace(self) -> str:
         return self.id
 
@@ -259,6 +264,11 @@ class Operation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.verb} on {self.instance_id} ({self.state})"
+
+    @property
+    def audit_name(self) -> str:
+        """What the audit log calls it, beside its id: "restart of orders"."""
+        return f"{self.verb} of {self.instance.name}"
 
 
 class TaskRun(models.Model):

@@ -126,9 +126,11 @@ def test_the_log_exports_as_csv(owner_client, tenant):
     assert response["Content-Type"] == "text/csv"
     rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert rows[0] == [
-        "time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip"
+        "time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip",
+        "target_name",
     ]  # fmt: skip
     assert rows[1][1:4] == ["owner@example.com", "user", "tenant.create"]
+    assert rows[1][8] == "Acme"  # the organization it made
 
 
 @pytest.mark.django_db

@@ -1,6 +1,8 @@
 """The instance page's Upgrade, Roll back and Deletion protection controls: who sees them,
 when, and what a forged request gets."""
 
+import csv
+import io
 import re
 import uuid
 
@@ -248,3 +250,22 @@ def test_an_upgrade_the_new_version_cannot_take_reopens_its_dialog_with_the_reas
     assert 'id="dialog-upgrade" aria-labelledby="dialog-upgrade-title" open data-open' in html
     assert "PostgreSQL version: version 2 refuses 17." in html
     assert not instance.operations.filter(verb="upgrade").exists()
+
+
+def test_the_audit_log_names_the_instance_and_the_operation_an_event_is_about(
+    owner_client, instance, owner
+):
+    restart = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="restart", request_id=uuid.uuid4().hex
+    )
+    services.operation_cancel(actor=Actor(user=owner), operation=restart, request_id="cancel-1")
+
+    log = owner_client.get(f"/t/{instance.tenant.slug}/audit/").content.decode()
+    export = owner_client.get(f"/t/{instance.tenant.slug}/audit/export.csv")
+    rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
+
+    assert f"instance {instance.pk} (orders)" in log
+    assert f"operation {restart.pk} (restart of orders)" in log
+    named = {(r["action"], r["target_id"]): r["target_name"] for r in rows}
+    assert named[("instance.restart", instance.pk)] == "orders"
+    assert named[("operation.cancel", str(restart.pk))] == "restart of orders"
