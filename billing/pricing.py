@@ -71,6 +71,15 @@ class CostLine:
     def label(self) -> str:
         return DIMENSION_LABELS.get(self.dimension, self.dimension)
 
+    @property
+    def quantity_shown(self) -> str:
+        """The quantity with its unit: "2 cores", "0.5 core", "8 GiB" (a unit written as a
+        lowercase word takes an s for more than one; a symbol never does)."""
+        unit = self.unit
+        if unit.isalpha() and unit.islower() and self.quantity > 1:
+            unit += "s"
+        return f"{self.quantity.normalize():f} {unit}".strip()
+
 
 @dataclass(frozen=True)
 class Cost:

@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 
 from billing.models import Plan, Price
-from billing.pricing import HOURS_PER_MONTH, cost
+from billing.pricing import HOURS_PER_MONTH, CostLine, cost
 from tests.deployments.conftest import SPEC
 
 
@@ -101,3 +101,23 @@ def test_load_specs_writes_the_specs_prices_and_replaces_them_when_they_change(
         "storage": (Decimal("0.00014"), "eur"),
         "backupStorage": (Decimal("0.02"), "eur"),
     }
+
+
+@pytest.mark.parametrize(
+    ("unit", "quantity", "shown"),
+    [
+        ("core", "2", "2 cores"),
+        ("core", "1", "1 core"),
+        ("core", "0.5", "0.5 core"),
+        ("core", "1.50", "1.5 cores"),
+        ("GiB", "12", "12 GiB"),
+        ("", "3", "3"),
+    ],
+)
+def test_a_cost_line_shows_its_quantity_with_its_unit_in_the_right_number(unit, quantity, shown):
+    line = CostLine(
+        dimension="cpu", unit=unit, quantity=Decimal(quantity), unit_price=Decimal(1),
+        time_unit="hour", per_hour=Decimal(1), per_month=Decimal(1), amount=Decimal(1),
+    )  # fmt: skip
+
+    assert line.quantity_shown == shown

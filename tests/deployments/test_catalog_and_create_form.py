@@ -415,9 +415,10 @@ def test_the_estimate_prices_the_values_entered_per_dimension_and_in_total(
     assert "<html" not in page  # only the partial
     # cpu 6 x 0.035 = 0.21; memory 12 x 0.005 = 0.06; storage 300 x 0.00014 = 0.042
     assert (
-        '<td>CPU <small class="muted">6 core</small></td>'
+        '<td>CPU <small class="muted">6 cores</small></td>'
         '<td class="num">0.2100</td><td class="num">153.30</td>' in page
     )
+    assert '<td>Memory <small class="muted">12 GiB</small></td>' in page
     assert 'id="estimate-hour">0.3120<' in page
     assert 'id="estimate-month">227.76<' in page
 
