@@ -128,7 +128,18 @@ def test_a_count_of_zero_ready_servers_kubernetes_left_out_reads_zero(owner_clie
 
     html = owner_client.get(_url(instance)).content.decode()
 
-    assert "<dd>0 of 0</dd>" in html and "? of" not in html
+    assert '<dd id="ready-servers">0 of 0</dd>' in html
+
+
+def test_ready_servers_without_a_total_say_no_question_mark(owner_client, instance):
+    # A create that failed before the operator counted its servers.
+    Instance.objects.filter(pk=instance.pk).update(
+        observed={"phase": "Setting up primary"}, observed_at=timezone.now()
+    )
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert '<dd id="ready-servers">0</dd>' in html and "of ?" not in html
 
 
 def test_a_stopped_instance_says_what_the_operators_healthy_status_means(owner_client, instance):
