@@ -823,7 +823,9 @@ def _requirement_refusal(instance: Instance, verb: str, parameters: dict | None)
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:
     """The actions the instance page offers to a member whose role allows `allowed`: modify,
     the plan's lifecycle verbs, a retry of a failed create or restore, its custom workflows, and
-    delete last."""
+    delete last. A deleted instance offers none (its page says why once, not for each)."""
+    if instance.state == Instance.State.DELETED:
+        return []
     spec = plan_spec(instance.plan_version)
     verbs = spec.main.verbs
     actions = []

@@ -171,6 +171,22 @@ def test_a_deleted_instance_shows_no_status_from_before_it_was_deleted(owner_cli
     assert "Cluster in healthy state" not in html and "5 of 5" not in html
 
 
+def test_a_deleted_instance_offers_no_action_and_shows_no_outputs_from_before(
+    owner_client, instance
+):
+    Instance.objects.filter(pk=instance.pk).update(
+        state=Instance.State.DELETED, outputs={"host": f"{instance.pk}-rw"}
+    )
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert 'id="instance-deleted">Deleted: none of its servers runs' in html
+    assert 'id="instance-actions"' not in html and "Why some actions are unavailable" not in html
+    assert f"{instance.pk}-rw" not in html
+    assert "None: what it reported went with its objects." in html
+    assert "The values it ran with before it was deleted." in html
+
+
 def test_the_overview_shows_only_what_the_plans_status_object_reports(
     owner, owner_client, tenant, local_cell
 ):
@@ -502,9 +518,10 @@ def test_refusals_name_the_actions_as_the_page_does(owner_client, instance):
     assert "rotate owner password needs it to be running" in refused.content.decode()
 
     Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
-    html = owner_client.get(_url(instance)).content.decode()
-    assert "<strong>Delete:</strong> The instance is deleted." in html
-    assert "needs it to be creating or" not in html
+    refused = owner_client.post(
+        _url(instance, "actions/restart/"), {"request_id": "r-1"}, follow=True
+    )
+    assert "The instance is deleted." in refused.content.decode()
 
 
 def test_a_state_forbidden_post_queues_nothing_and_says_why(owner_client, instance):
