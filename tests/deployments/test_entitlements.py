@@ -188,6 +188,21 @@ def test_the_instance_limit_counts_instances_not_deleted(local, hobby, subscribe
     )
 
 
+def test_a_refusal_only_the_platform_team_can_lift_offers_no_billing_link(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    _running(owner, tenant, hobby, name="a", storageGi=5)
+    _running(owner, tenant, hobby, name="b", storageGi=5)
+
+    for page in (
+        f"/t/{tenant.slug}/deployments/new/",
+        f"/t/{tenant.slug}/deployments/new/{hobby.key}/?request={uuid.uuid4().hex}",
+    ):
+        html = owner_client.get(page).content.decode()
+        assert "delete one or ask the platform team for more." in html, page
+        assert "Open Billing" not in html, page
+
+
 def test_a_total_across_the_tenant_is_a_limit(local, hobby, subscribed, tenant, owner):
     _running(owner, tenant, hobby, name="a", storageGi=20, instances=2)  # 40 GiB
 
