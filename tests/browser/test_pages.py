@@ -111,6 +111,10 @@ def test_the_top_bars_menus_show_every_entry_whole_on_the_screen(open_page, make
         for n in range(entries.count()):
             box = entries.nth(n).bounding_box()
             assert box["x"] >= 0 and box["x"] + box["width"] <= view["width"], (menu, n, box)
+        if menu == ".account-menu":  # the summary may cut the address: the open menu has it whole
+            said = page.locator("#signed-in-as")
+            expect(said).to_have_text(user.email)
+            assert said.evaluate("e => e.scrollWidth <= e.clientWidth"), "the address is cut"
         page.locator(f"{menu} summary").click()  # closed again
     assert not scrolls_sideways(page)
 
