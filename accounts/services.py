@@ -6,6 +6,7 @@ and records the outcome in the audit log (refusals included).
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime, timedelta
 
 from allauth.account.models import EmailAddress
@@ -87,10 +88,13 @@ def _unique_slug(name: str) -> str:
 
 
 def organization_name_clean(name: object) -> str:
-    """The organization name to store (whitespace runs as one space); ValidationError on
-    `name` when it is blank or holds characters no one can see or type."""
+    """The organization name to store (whitespace runs as one space, compatibility forms as
+    their plain letters: a full-width "A" is "A", so that two names no one tells apart
+    are one); ValidationError on `name` when it is blank or holds characters no one can see or
+    type."""
     if not isinstance(name, str):
         raise ValidationError({"name": "Give the organization a name."})
+    name = unicodedata.normalize("NFKC", name)
     name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
     if not name:
         raise ValidationError({"name": "Give the organization a name."})

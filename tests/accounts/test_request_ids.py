@@ -40,8 +40,10 @@ def test_two_tabs_sending_one_name_with_their_own_ids_make_one_organization(owne
         "You already belong to an organization called “Twin Org”: choose another name."
     ]
     assert Tenant.objects.filter(name="Twin Org").count() == 1
-    with pytest.raises(ValidationError):  # whatever its case
-        services.tenant_create(actor=Actor(user=owner), name="twin ORG", request_id="tab-5")
+    full_width = "".join(chr(ord(c) + 0xFEE0) if c != " " else c for c in "Twin Org")
+    for n, alike in enumerate(["twin ORG", full_width, "Twin\u00a0Org"]):
+        with pytest.raises(ValidationError):  # whatever its case or its letters' width
+            services.tenant_create(actor=Actor(user=owner), name=alike, request_id=f"alike-{n}")
     # Names are not unique across users: another one may have a Twin Org of their own.
     other = services.tenant_create(
         actor=Actor(user=make_user("other@example.com")), name="Twin Org", request_id="x"
