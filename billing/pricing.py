@@ -10,11 +10,16 @@ A `month` price is for 730 hours (`HOURS_PER_MONTH`), everywhere.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.db.models import Case, IntegerField, Value, When
+from django.utils import timezone
 
+from accounts.models import Tenant
 from billing.models import DIMENSION_LABELS, Plan, PlanOverride, Price
 
 HOURS_PER_MONTH = Decimal(730)
@@ -22,7 +27,8 @@ HOURLY_PLACES = Decimal("0.0001")
 CENTS = Decimal("0.01")
 
 
-def _hourly(amount: Decimal) -> Decimal:
+def hourly(amount: Decimal) -> Decimal:
+    """An amount per hour, rounded half up to 4 decimal places."""
     return amount.quantize(HOURLY_PLACES, rounding=ROUND_HALF_UP)
 
 
@@ -93,8 +99,44 @@ class Cost:
     amount: Decimal  # for `hours`
 
 
-def cost(plan: Plan, quantities: dict[str, Decimal], hours: Decimal | int = 1) -> Cost:
-    """Price `quantities` (per dimension, e.g. {"cpu": Decimal(2)}) on `plan` for `hours`.
+def prices_for(
+    tenant: Tenant, plans: Iterable[Plan], at: datetime | None = None
+) -> dict[int, list[Price]]:
+    """Each plan's prices as `tenant` pays them at `at` (now), by plan id: the plan's own, with
+    the unit prices of the tenant's `PlanOverride` in effect then (the latest started by then,
+    as invoices price usage, `PriceBook`) put in their place. The prices with an overridden
+    unit price are copies, never saved. One query for the overrides of all the plans."""
+    plans = list(plans)
+    overridden = dict(
+        PlanOverride.objects.filter(
+            tenant=tenant, plan__in=plans, effective_from__lte=at or timezone.now()
+        )
+        .order_by("plan_id", "-effective_from", "-pk")
+        .distinct("plan_id")
+        .values_list("plan_id", "prices")
+    )
+    found = {}
+    for plan in plans:
+        changed = overridden.get(plan.pk) or {}
+        prices = []
+        for price in plan.prices.all():
+            if changed.get(price.dimension) is not None:
+                price = copy.copy(price)
+                price.unit_price = Decimal(str(changed[price.dimension]))
+            prices.append(price)
+        found[plan.pk] = prices
+    return found
+
+
+def cost(
+    plan: Plan,
+    quantities: dict[str, Decimal],
+    hours: Decimal | int = 1,
+    *,
+    prices: list[Price] | None = None,
+) -> Cost:
+    """Price `quantities` (per dimension, e.g. {"cpu": Decimal(2)}) on `plan` for `hours`, at
+    `prices` (a tenant's, `prices_for`; the plan's list prices when not given).
 
     Only dimensions the plan prices count; a quantity the plan does not price is free, and a
     price whose dimension has no quantity costs nothing. Lines come in the plan's price order.
@@ -103,13 +145,13 @@ def cost(plan: Plan, quantities: dict[str, Decimal], hours: Decimal | int = 1) -
     lines = []
     exact_hourly = Decimal(0)
     currency = "usd"
-    for price in plan.prices.all():
+    for price in plan.prices.all() if prices is None else prices:
         currency = price.currency
         if price.dimension not in quantities:
             continue
         quantity = Decimal(quantities[price.dimension])
-        hourly = quantity * unit_price_per_hour(price)
-        exact_hourly += hourly
+        line_hourly = quantity * unit_price_per_hour(price)
+        exact_hourly += line_hourly
         lines.append(
             CostLine(
                 dimension=price.dimension,
@@ -117,16 +159,16 @@ def cost(plan: Plan, quantities: dict[str, Decimal], hours: Decimal | int = 1) -
                 quantity=quantity,
                 unit_price=price.unit_price,
                 time_unit=price.time_unit,
-                per_hour=_hourly(hourly),
-                per_month=_cents(hourly * HOURS_PER_MONTH),
-                amount=_cents(hourly * hours),
+                per_hour=hourly(line_hourly),
+                per_month=_cents(line_hourly * HOURS_PER_MONTH),
+                amount=_cents(line_hourly * hours),
             )
         )
     return Cost(
         currency=currency,
         hours=hours,
         lines=lines,
-        per_hour=_hourly(exact_hourly),
+        per_hour=hourly(exact_hourly),
         per_month=_cents(exact_hourly * HOURS_PER_MONTH),
         amount=_cents(exact_hourly * hours),
     )

@@ -8,8 +8,8 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 
 from accounts.models import Tenant
-from billing import entitlements
-from billing.models import Invoice, Plan, Subscription
+from billing import entitlements, pricing
+from billing.models import Invoice, Plan, Price, Subscription
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -43,6 +43,8 @@ class PlanRow:
     alternatives: list[Alternative] = field(default_factory=list)
     # Not subscribed because staff suspended the subscription the tenant then cancelled.
     held: bool = False
+    # Its unit prices as the tenant pays them (`pricing.prices_for`).
+    prices: list[Price] = field(default_factory=list)
 
     @property
     def badge(self) -> str:
@@ -181,7 +183,8 @@ def _limit_lines(limits: entitlements.Limits) -> list[str]:
 
 
 def plan_rows(tenant: Tenant) -> list[PlanRow]:
-    """Every plan, the tenant's subscribed ones first, with its limits and the tenant's usage."""
+    """Every plan, the tenant's subscribed ones first, with its limits, the tenant's usage and
+    the unit prices the tenant pays."""
     open_ = {
         s.plan_id: s
         for s in Subscription.objects.filter(tenant=tenant).exclude(
@@ -189,8 +192,10 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
         )
     }
     held = entitlements.held_by_staff(tenant)
+    plans = list(Plan.objects.prefetch_related("prices"))
+    prices = pricing.prices_for(tenant, plans)
     rows = []
-    for plan in Plan.objects.all():
+    for plan in plans:
         subscription = open_.get(plan.pk)
         limits = entitlements.limits_for(tenant, plan)
         usage = entitlements.usage_of(tenant, plan) if subscription else None
@@ -202,6 +207,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
                 limits=_limit_lines(limits),
                 instances=usage.instances if usage else 0,
                 held=subscription is None and plan.pk in held,
+                prices=prices[plan.pk],
             )
         )
     for row in rows:

@@ -155,22 +155,27 @@ def unmetered_hours(start: datetime, end: datetime) -> list[datetime]:
 
 
 def hour_cost(hour: datetime) -> dict[str, Decimal]:
-    """What the usage recorded for `hour` costs on its plans' prices, per currency, to 4
-    decimal places (`pricing.cost`: a dimension a plan does not price is free)."""
-    used: dict[int, dict[str, Decimal]] = defaultdict(dict)
-    for plan_id, dimension, total in (
-        UsageRecord.objects.filter(hour=hour)
-        .values("plan_id", "dimension")
+    """What the usage recorded for `hour` costs, per currency, to 4 decimal places: each
+    tenant's at the prices it pays then (`pricing.PriceBook`: its plan's, or its override's), as
+    its invoice will (a dimension a plan does not price is free)."""
+    records = UsageRecord.objects.filter(hour=hour)
+    plans = {
+        plan.pk: plan
+        for plan in Plan.objects.filter(pk__in=records.values("plan_id")).prefetch_related("prices")
+    }
+    book = pricing.PriceBook(plans, hour, hour + HOUR)
+    exact: dict[str, Decimal] = defaultdict(Decimal)
+    for row in (
+        records.annotate(span=book.span())
+        .values("tenant_id", "plan_id", "dimension", "span")
         .annotate(total=Sum("quantity"))
-        .values_list("plan_id", "dimension", "total")
         .order_by()
     ):
-        used[plan_id][dimension] = total
-    amounts: dict[str, Decimal] = defaultdict(Decimal)
-    for plan in Plan.objects.filter(pk__in=used).prefetch_related("prices"):
-        priced = pricing.cost(plan, used[plan.pk])
-        amounts[priced.currency] += priced.per_hour
-    return dict(amounts)
+        priced = book.per_hour(row["tenant_id"], row["plan_id"], row["span"], row["dimension"])
+        if priced is not None:
+            unit_price, currency = priced
+            exact[currency] += row["total"] * unit_price
+    return {currency: pricing.hourly(amount) for currency, amount in exact.items()}
 
 
 def period_close_check(key: str) -> list[datetime]:

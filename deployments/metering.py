@@ -24,8 +24,9 @@ from django.db.models import BigIntegerField, Exists, Min, OuterRef, Q, TextFiel
 from django.db.models.functions import Cast, Extract, Floor
 from django.utils import timezone
 
+from accounts.models import Tenant
 from billing import pricing, usage
-from billing.models import Plan
+from billing.models import Plan, Price
 from billing.pricing import Cost
 from billing.usage import HOUR, UsageRow, hour_start
 from deployments import selectors
@@ -109,10 +110,21 @@ def _spec(plan: PlanVersion | PlanSpec) -> PlanSpec:
     return plan if isinstance(plan, PlanSpec) else selectors.plan_spec(plan)
 
 
-def estimate(plan: Plan, version: PlanVersion | PlanSpec, parameters: dict[str, Any]) -> Cost:
-    """What an instance of `plan` with these typed parameter values costs per hour and per
-    month, per dimension and in total. Raises UsageError as `quantities` does."""
-    return pricing.cost(plan, quantities(version, parameters))
+def estimate(
+    plan: Plan,
+    version: PlanVersion | PlanSpec,
+    parameters: dict[str, Any],
+    *,
+    tenant: Tenant,
+    prices: list[Price] | None = None,
+) -> Cost:
+    """What an instance of `plan` with these typed parameter values costs `tenant` per hour
+    and per month, per dimension and in total: at the prices it pays (`pricing.prices_for`, or
+    `prices` when the caller read them for several plans at once), as its invoices will.
+    Raises UsageError as `quantities` does."""
+    if prices is None:
+        prices = pricing.prices_for(tenant, [plan])[plan.pk]
+    return pricing.cost(plan, quantities(version, parameters), prices=prices)
 
 
 # --- hourly metering -------------------------------------------------------------------------

@@ -29,7 +29,8 @@ from django.utils.dateparse import parse_datetime
 
 from accounts.idempotency import request_target, tenant_scope
 from accounts.models import AuditEvent, Tenant
-from billing.models import Plan
+from billing import pricing
+from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import lifecycle, schedules
 from deployments.context import endpoint_host
@@ -284,14 +285,16 @@ def operations_pending_in(tenant: Tenant) -> bool:
 
 @dataclass(frozen=True)
 class CatalogPlan:
-    """A plan as the catalog shows it: its latest version's spec, main limits and the cost of
-    an instance with the default parameters (None when the defaults cannot be priced)."""
+    """A plan as the catalog shows it: its latest version's spec, main limits, the cost of an
+    instance with the default parameters (None when the defaults cannot be priced) and the
+    unit prices, all at the prices the tenant pays."""
 
     plan: Plan
     version: PlanVersion
     spec: PlanSpec
     limits: list[tuple[str, str]]
     cost: Cost | None
+    prices: list[Price]  # as the tenant pays them (`pricing.prices_for`)
 
 
 def plans_available(tenant: Tenant) -> list[tuple[PlanVersion, PlanSpec]]:
@@ -358,12 +361,19 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
     from deployments import metering  # metering reads plan specs through this module
 
     services: dict[str, list[CatalogPlan]] = {}
-    for version, spec in plans_available(tenant):
+    available = plans_available(tenant)
+    prices = pricing.prices_for(tenant, [version.plan for version, _ in available])
+    for version, spec in available:
         try:
-            cost = metering.estimate(version.plan, spec, default_values(spec))
+            cost = metering.estimate(
+                version.plan, spec, default_values(spec), tenant=tenant,
+                prices=prices[version.plan_id],
+            )  # fmt: skip
         except metering.UsageError:
             cost = None
-        entry = CatalogPlan(version.plan, version, spec, _main_limits(spec), cost)
+        entry = CatalogPlan(
+            version.plan, version, spec, _main_limits(spec), cost, prices[version.plan_id]
+        )
         services.setdefault(version.plan.service, []).append(entry)
     grouped = []
     for key, plans in services.items():

@@ -22,8 +22,10 @@ from accounts import roles
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import current_address, partial_template, shown_digest, unchanged
+from accounts.models import Tenant
 from accounts.tenancy import action_require, tenant_view
-from billing.models import Plan
+from billing import pricing
+from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
@@ -126,25 +128,29 @@ def _create_form_class(request, spec: PlanSpec):
     )
 
 
-def _estimate(version: PlanVersion, values: dict | None) -> Cost | None:
-    """What typed parameter values cost; None when there are none (the form's are not valid)
-    or a usage rule cannot price them."""
+def _estimate(
+    version: PlanVersion, values: dict | None, tenant: Tenant, prices: list[Price] | None = None
+) -> Cost | None:
+    """What typed parameter values cost `tenant` (at `prices` when they were read already);
+    None when there are none (the form's are not valid) or a usage rule cannot price them."""
     if values is None:
         return None
     try:
-        return metering.estimate(version.plan, selectors.plan_spec(version), values)
+        return metering.estimate(
+            version.plan, selectors.plan_spec(version), values, tenant=tenant, prices=prices
+        )
     except metering.UsageError:
         return None
 
 
-def _estimate_context(version: PlanVersion, spec: PlanSpec, form) -> dict:
+def _estimate_context(version: PlanVersion, spec: PlanSpec, form, tenant: Tenant) -> dict:
     """The cost of the values a (bound or unbound) form holds; None when they are not valid."""
     if form.is_bound:
         form.is_valid()  # the parameters may be valid when another field is not
         values = form.values
     else:
         values = selectors.default_values(spec)
-    return {"cost": _estimate(version, values), "plan": version.plan}
+    return {"cost": _estimate(version, values, tenant), "plan": version.plan}
 
 
 def _instance_page(request, instance_id: str):
@@ -215,7 +221,7 @@ def instance_create(request, plan_key: str):
         **_form_made(request, sent_with, request_id, "instance.create"),
         # Said before the form is filled in (a refused submit says it as a message).
         "refusal": None if form.is_bound else create_refusal(request.tenant, version.plan),
-        **_estimate_context(version, spec, form),
+        **_estimate_context(version, spec, form, request.tenant),
     }
     return render(request, "deployments/instance_create.html", context)
 
@@ -227,7 +233,7 @@ def instance_estimate(request, plan_key: str):
     POST so a password typed in the form never lands in an address or a log)."""
     version, spec = _plan_or_404(request, plan_key)
     form_class = forms.parameter_form_class(spec.main.parameters, groups=spec.parameter_groups)
-    context = _estimate_context(version, spec, form_class(request.POST))
+    context = _estimate_context(version, spec, form_class(request.POST), request.tenant)
     return render(request, "deployments/_estimate.html", context)
 
 
@@ -764,13 +770,13 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
         "snapshot": snapshot,
         "version": snapshot.plan_version,
         **_form_made(request, sent_with, request_id, "instance.restore"),
-        "cost": _restore_cost(snapshot, form),
+        "cost": _restore_cost(snapshot, form, request.tenant),
     }
     # A form to correct answers 200, as the create form does (a 400 page is a console error).
     return render(request, "deployments/instance_restore.html", context)
 
 
-def _restore_cost(snapshot: Snapshot, form: forms.RestoreForm) -> Cost | None:
+def _restore_cost(snapshot: Snapshot, form: forms.RestoreForm, tenant: Tenant) -> Cost | None:
     """What the instance the restore form would make costs: the backup's values with the
     form's changes, priced by the backup's plan version (the one it restores on); None while a
     parameter field holds a value that is not valid."""
@@ -780,7 +786,7 @@ def _restore_cost(snapshot: Snapshot, form: forms.RestoreForm) -> Cost | None:
         if any(forms.field_name(p.key) in form.errors for p in form.shown):
             return None
         given = form.given
-    return _estimate(snapshot.plan_version, selectors.restore_values(snapshot, given))
+    return _estimate(snapshot.plan_version, selectors.restore_values(snapshot, given), tenant)
 
 
 @tenant_view("backup.restore")
@@ -789,7 +795,11 @@ def snapshot_restore_estimate(request, instance_id: str, snapshot_id: int):
     """The restore form's cost estimate, as the user types (see `instance_estimate`)."""
     snapshot = _snapshot(_instance(request, instance_id), snapshot_id)
     form = _restore_form(snapshot, "", request.POST)  # bound: no name proposed
-    return render(request, "deployments/_estimate.html", {"cost": _restore_cost(snapshot, form)})
+    return render(
+        request,
+        "deployments/_estimate.html",
+        {"cost": _restore_cost(snapshot, form, request.tenant)},
+    )
 
 
 @tenant_view("instance.view")
@@ -906,12 +916,14 @@ def _modify_context(instance: Instance, form: forms.ParameterForm | None = None)
         values = form.values
     else:
         values = form.current
+    version = instance.plan_version
+    prices = pricing.prices_for(instance.tenant, [version.plan])[version.plan_id]
     return {
         "modify_form": form,
         # What it runs now (priced by its plain values); the form starts from what it will
         # hold after its queued changes.
-        "current_cost": _estimate(instance.plan_version, instance.parameters),
-        "new_cost": _estimate(instance.plan_version, values),
+        "current_cost": _estimate(version, instance.parameters, instance.tenant, prices),
+        "new_cost": _estimate(version, values, instance.tenant, prices),
     }
 
 

@@ -65,6 +65,31 @@ def test_the_invoice_page_shows_its_lines_and_total_ready_to_print(owner_client,
     assert "data-print" in page
 
 
+def test_the_billing_page_shows_each_plans_unit_prices_as_the_tenant_pays_them(
+    owner_client, tenant, plan
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.models import PlanOverride, Price
+
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.035"))
+    Price.objects.create(
+        plan=plan, dimension="storage", unit="GiB", time_unit="month", unit_price=Decimal("0.10")
+    )
+    PlanOverride.objects.create(
+        tenant=tenant, plan=plan, prices={"cpu": "0.02"},
+        effective_from=timezone.now() - timedelta(hours=1),
+    )  # fmt: skip
+
+    page = re.sub(r"\s+", " ", owner_client.get(_billing(tenant)).content.decode())
+
+    prices = page.split('id="prices-pg"', 1)[1].split("</ul>", 1)[0]
+    assert "CPU: 0.02 USD per core per hour" in prices
+    assert "Storage: 0.1 USD per GiB per month" in prices
+
+
 def test_a_draft_is_not_shown_to_the_tenant(owner_client, tenant, plan):
     draft = _invoice(tenant, plan, status="draft")
 

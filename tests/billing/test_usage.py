@@ -166,3 +166,18 @@ def test_an_hours_cost_prices_what_was_recorded_and_leaves_unpriced_dimensions_f
     # 3.333333 cores at 0.035 and 10 GiB at 7.3 / 730 = 0.01 an hour.
     assert usage.hour_cost(HOUR) == {"usd": Decimal("0.2167")}
     assert usage.hour_cost(HOUR + timedelta(hours=1)) == {}
+
+
+def test_an_hours_cost_prices_a_tenant_at_the_override_in_effect_in_that_hour(rows, tenant, plan):
+    from billing.models import PlanOverride
+
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.035"))
+    PlanOverride.objects.create(
+        tenant=tenant, plan=plan, prices={"cpu": "0.01"}, effective_from=HOUR - timedelta(days=1)
+    )
+    PlanOverride.objects.create(  # from the next hour on
+        tenant=tenant, plan=plan, prices={"cpu": "1"}, effective_from=HOUR + timedelta(hours=1)
+    )
+    usage.record(HOUR, rows(("inst-a", "cpu", "2"), ("inst-b", "cpu", "1")))
+
+    assert usage.hour_cost(HOUR) == {"usd": Decimal("0.0300")}  # 3 cores at 0.01

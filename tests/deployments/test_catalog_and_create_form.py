@@ -466,3 +466,40 @@ def test_a_service_with_two_plans_names_each_plan(owner_client, tenant, plan):
 
     assert page.count('<h2 id="service-postgresql">PostgreSQL</h2>') == 1
     assert "<h3>PostgreSQL</h3>" in page and "<h3>PostgreSQL HA</h3>" in page
+
+
+# --- the tenant's own prices ----------------------------------------------------------------
+
+
+def _override(tenant, plan, prices, *, starts):
+    from billing.models import PlanOverride
+
+    return PlanOverride.objects.create(
+        tenant=tenant, plan=plan, prices=prices, effective_from=starts
+    )
+
+
+def test_the_catalog_and_the_estimate_price_at_the_tenants_override_not_the_list_price(
+    owner_client, tenant, plan, make_user
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    _override(tenant, plan, {"cpu": "0.05"}, starts=now - timedelta(days=1))
+    _override(tenant, plan, {"cpu": "0.5"}, starts=now + timedelta(days=1))  # not yet
+    other = account_services.tenant_create(actor=Actor(user=make_user("o@example.com")), name="O")
+    _override(other, plan, {"cpu": "0.001"}, starts=now - timedelta(days=1))  # not theirs
+
+    catalog = text(owner_client.get(catalog_url(tenant)))
+    estimate = text(owner_client.post(estimate_url(tenant), {"p-instances": "3", "p-cpu": "2"}))
+
+    # 1 core x 0.05 + 2 GiB x 0.005 + 10 GiB x 0.00014 = 0.0614 an hour (0.0464 at list prices)
+    assert "<strong>0.0614 USD</strong> per hour" in catalog
+    assert "CPU: 0.05 USD per core per hour" in catalog
+    assert "Storage: 0.00014 USD per GiB per hour" in catalog  # not overridden
+    # 6 cores x 0.05 = 0.30
+    assert '<td>CPU <small class="muted">6 cores</small></td><td class="num">0.3000</td>' in (
+        estimate
+    )

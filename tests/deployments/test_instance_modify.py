@@ -196,6 +196,27 @@ def test_the_estimate_shows_the_cost_now_and_after_the_change(owner_client, inst
     assert float(after) == pytest.approx(2 * float(now), abs=0.02)
 
 
+def test_the_modify_estimate_prices_at_the_tenants_override(owner_client, instance):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.models import PlanOverride
+
+    before = owner_client.post(_url(instance, "modify/estimate/"), {"p-instances": "4"})
+    PlanOverride.objects.create(
+        tenant=instance.tenant, plan=instance.plan_version.plan,
+        prices={"cpu": "0", "memory": "0", "storage": "0"},
+        effective_from=timezone.now() - timedelta(minutes=1),
+    )  # fmt: skip
+
+    after = owner_client.post(_url(instance, "modify/estimate/"), {"p-instances": "4"})
+
+    assert float(_cell(before.content.decode(), "modify-new-month")) > 0
+    for cell in ("modify-current-month", "modify-new-month"):
+        assert _cell(after.content.decode(), cell) == "0.00"
+
+
 def _cell(html: str, cell_id: str) -> str:
     return html.split(f'id="{cell_id}">', 1)[1].split("<", 1)[0]
 
