@@ -8,6 +8,7 @@ from allauth.mfa.adapter import DefaultMFAAdapter
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.sites.requests import RequestSite
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.urls import Resolver404, resolve
 
@@ -29,6 +30,18 @@ def _signs_up_from_invitation(request) -> bool:
         return False
 
 
+def _organization_named_after(email: str) -> str:
+    """The first organization of a user who named none: "kim's organization", from the
+    address's local part, or "My organization" when that would not make a name
+    (`services.organization_name_clean`)."""
+    suffix = "'s organization"
+    limit = Tenant._meta.get_field("name").max_length - len(suffix)
+    try:
+        return services.organization_name_clean(email.rsplit("@", 1)[0][:limit] + suffix)
+    except ValidationError:
+        return "My organization"
+
+
 class AccountAdapter(DefaultAccountAdapter):
     def send_mail(self, template_prefix: str, email: str, context: dict) -> None:
         """Emails name the product, not the host the request came to (there is no Sites app)."""
@@ -47,31 +60,39 @@ class AccountAdapter(DefaultAccountAdapter):
             return super().save_user(request, user, form, commit=False)
         with transaction.atomic():
             user = super().save_user(request, user, form, commit=True)
-            self._claim_sign_in_address(request, user)
+            dropped = self._claim_sign_in_address(user)
             name = (form.cleaned_data.get("organization") or "").strip()
-            if not name and (
+            if name or not (
                 _signs_up_from_invitation(request)
                 or selectors.invitations_open_to(user.email).exists()
-            ):
-                return user  # they find their invitations once they confirm the address
-            if not name:
-                suffix = "'s organization"
-                limit = Tenant._meta.get_field("name").max_length - len(suffix)
-                name = user.email.split("@")[0][:limit] + suffix
-            services.tenant_create(actor=Actor.from_request(request, user=user), name=name)
+            ):  # else they find their invitations once they confirm the address
+                services.tenant_create(
+                    actor=Actor.from_request(request, user=user),
+                    name=name or _organization_named_after(user.email),
+                )
+            if dropped:
+                # Adding a copy mailed the address moments ago perhaps, which began allauth's
+                # cooldown for it (one email per address every few minutes): the sign-up's own
+                # confirmation must not wait for it, or the only link its owner holds would be
+                # the other account's. Cleared last, once nothing can refuse the sign-up: one
+                # refused (rolled back, dropping nothing) must not leave the address open to
+                # any number of emails.
+                ratelimit.clear(request, action="confirm_email", key=user.email.lower())
         return user
 
-    def _claim_sign_in_address(self, request, user) -> None:
+    def clean_email(self, email: str) -> str:
+        """Every address a form takes (sign-up, Email page, password reset) as the mail server
+        reads it (`services.email_address_clean`): a look-alike of an address (a full-width
+        letter) is that address, and the rules about who owns it hold for it."""
+        return services.email_address_clean(super().clean_email(email))
+
+    def _claim_sign_in_address(self, user) -> int:
         """The address a new account signs in with is its own to confirm: the copies other
         accounts added and never confirmed go, with the confirmation links they mailed to it.
-        Adding one mailed the address moments ago perhaps, which began allauth's cooldown for
-        it (one email per address every few minutes): the sign-up's own confirmation must not
-        wait for it, or the only link its owner holds would be the other account's."""
-        dropped = services.email_address_claim(
+        How many went."""
+        return services.email_address_claim(
             user.email, owner=user, reason="another account signed up with it"
         )
-        if dropped:
-            ratelimit.clear(request, action="confirm_email", key=user.email.lower())
 
     def confirm_email(self, request, email_address) -> bool:
         """As allauth's; refused for an address another account signs in with (or owns): only

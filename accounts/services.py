@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
+from django.core.validators import validate_email
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.template.loader import render_to_string
@@ -90,8 +91,9 @@ def _unique_slug(name: str) -> str:
 def organization_name_clean(name: object) -> str:
     """The organization name to store (whitespace runs as one space, compatibility forms as
     their plain letters: a full-width "A" is "A", so that two names no one tells apart
-    are one); ValidationError on `name` when it is blank or holds characters no one can see or
-    type."""
+    are one); ValidationError on `name` when it is blank, holds characters no one can see or
+    type, or is longer than a name may be once its letters are plain (one character, like
+    "\ufdfa", may stand for many)."""
     if not isinstance(name, str):
         raise ValidationError({"name": "Give the organization a name."})
     name = unicodedata.normalize("NFKC", name)
@@ -100,7 +102,30 @@ def organization_name_clean(name: object) -> str:
         raise ValidationError({"name": "Give the organization a name."})
     if not name.isprintable():
         raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
+    limit = Tenant._meta.get_field("name").max_length
+    if len(name) > limit:
+        raise ValidationError(
+            {"name": f"Use at most {limit} characters (this has {len(name)} once written out)."}
+        )
     return name
+
+
+def email_address_clean(email: str) -> str:
+    """The email address to store and compare: as the mail server it reaches reads it. Its
+    domain as IDNA writes it (compatibility forms as their plain letters, invisible characters
+    dropped: "victim@\uff45xample.com" reaches example.com, so it is "victim@example.com"),
+    its local part in NFKC, both lowercase; ValidationError when what is left is not an
+    address, or holds characters no one can see or type."""
+    local, _, domain = unicodedata.normalize("NFKC", email).rpartition("@")
+    try:
+        domain = domain.encode("idna").decode("idna")
+    except UnicodeError:
+        raise ValidationError("Enter a valid email address.") from None
+    address = f"{local}@{domain}".lower()
+    if not address.isprintable():
+        raise ValidationError("Use letters, digits and punctuation only.")
+    validate_email(address)
+    return address
 
 
 def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
@@ -272,7 +297,10 @@ def invitation_create(
     """
     request_id = idempotency.request_id_clean(request_id)
     submitted = {"email": email, "role": role}
-    email = User.objects.normalize_email(email).strip().lower()
+    try:
+        email = email_address_clean(email.strip())
+    except ValidationError as exc:
+        raise ValidationError({"email": exc.messages}) from None
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
     with audited_action(actor=actor, action="member.invite", tenant=tenant):

@@ -8,7 +8,9 @@ from django.core import mail
 from django.test import Client
 from django.urls import reverse
 
+from accounts.audit import Actor
 from accounts.models import AuditEvent, Membership, Tenant, User
+from accounts.services import invitation_create
 from tests.concurrency import race
 from tests.conftest import PASSWORD
 
@@ -61,6 +63,77 @@ def test_an_organization_name_with_an_invisible_character_is_said_next_to_the_fi
     assert "Use letters, digits, spaces and punctuation only." in response.content.decode()
     assert not User.objects.filter(email="new@example.com").exists()
     assert not Tenant.objects.exists()
+
+
+# One character NFKC writes as 18: six of them pass a 100-character field and make a name of 108.
+LONG_ONCE_WRITTEN_OUT = "\ufdfa" * 6
+
+
+@pytest.mark.django_db
+def test_an_organization_name_too_long_once_written_out_is_said_next_to_the_field(owner_client):
+    response = _signup(Client(), organization=LONG_ONCE_WRITTEN_OUT)
+    page = owner_client.post("/organizations/new/", {"name": LONG_ONCE_WRITTEN_OUT})
+
+    said = "Use at most 100 characters (this has 108 once written out)."
+    assert response.status_code == page.status_code == 200
+    assert said in response.content.decode() and said in page.content.decode()
+    assert not User.objects.filter(email="new@example.com").exists()
+    assert not Tenant.objects.filter(name__startswith="\u0635").exists()
+
+
+@pytest.mark.django_db
+def test_an_address_with_a_character_no_one_can_see_is_refused_at_sign_up(client):
+    response = _signup(client, email='"bell\x07"@example.com', organization="")
+
+    assert response.status_code == 200
+    assert "Use letters, digits and punctuation only." in response.content.decode()
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_refused_sign_up_leaves_the_address_in_its_email_cooldown(make_user):
+    """A sign-up refused after the address's checks (its organization name) changes nothing:
+    the other account's copy stays, and allauth still mails the address once per cooldown, so
+    that signing up again and again cannot flood it."""
+    adder = make_user("adder@example.com")
+    page = Client()
+    page.force_login(adder)
+    page.post("/accounts/email/", {"email": "racer@example.com", "action_add": ""})
+
+    for _ in range(3):
+        refused = _signup(Client(), email="racer@example.com", organization=LONG_ONCE_WRITTEN_OUT)
+        assert refused.status_code == 200
+        page.post("/accounts/email/", {"email": "racer@example.com", "action_send": ""})
+
+    assert not User.objects.filter(email="racer@example.com").exists()
+    assert adder.emailaddress_set.filter(email="racer@example.com").exists()
+    assert len(_confirmation_links("racer@example.com")) == 1  # the add's, and no more
+
+
+@pytest.mark.django_db
+def test_a_look_alike_of_an_address_is_that_address(client, owner, tenant, make_user):
+    """A full-width letter, or an invisible one, in an address reaches the same mailbox as the
+    plain address (the mail server reads its domain as IDNA writes it): it is the same address,
+    and the rules about who owns one hold for the other."""
+    make_user("vee@example.com")
+    squatter = make_user("squatter@example.com")
+    page = Client()
+    page.force_login(squatter)
+
+    refused = page.post("/accounts/email/", {"email": "vee@\uff45xample.com", "action_add": ""})
+    also = page.post("/accounts/email/", {"email": "vee@exa\u00admple.com", "action_add": ""})
+    _signup(client, email="\uff56ee@example.com")  # a full-width "v"
+    invitation = invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="Kim@\uff45xample.com", role="member"
+    )
+
+    for response in (refused, also):
+        assert "This address belongs to another account: add one only you use." in (
+            response.content.decode()
+        )
+    assert not squatter.emailaddress_set.exclude(email="squatter@example.com").exists()
+    assert User.objects.filter(email__icontains="ee@").count() == 1  # no second vee
+    assert invitation.email == "kim@example.com"
 
 
 @pytest.mark.django_db
