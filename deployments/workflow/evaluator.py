@@ -25,6 +25,9 @@ instance, seldom needs the child at all. Not for a program that calls `timestamp
 reads the clock for "now" (celpy parses its text with pendulum), nor for jq, which has `now` and
 `env`.
 
+CEL programs may call Kubernetes' quantity library (`quantity("15Gi")`, `compareTo` and the
+rest: `quantity.py`), so that a condition compares sizes as sizes.
+
 Parsing is bounded the same way: CEL's lexer backtracks exponentially on some unterminated
 strings, and jq folds constants when it compiles (`"x" * 1e9` allocates a gigabyte). So a spec's
 programs are parsed by the child too, when the spec is checked (`cel_parse`, `jq_problem`), and
@@ -479,11 +482,14 @@ def _serve() -> None:
     import lark
     from celpy import celtypes
 
+    from deployments.workflow import quantity
+
     # Ctrl-C in a worker's terminal reaches its whole process group; the worker decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     limit = MEMORY_LIMIT_MIB << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     environment = celpy.Environment()
+    functions = quantity.functions()  # Kubernetes' CEL quantity library
     source, destination = sys.stdin.fileno(), sys.stdout.fileno()
     last: tuple[bytes, Any] = (b"", None)
 
@@ -493,7 +499,7 @@ def _serve() -> None:
 
     @functools.lru_cache(maxsize=512)
     def cel_program(text: str) -> celpy.Runner:
-        return environment.program(cel_tree(text))
+        return environment.program(cel_tree(text), functions=functions)
 
     @functools.lru_cache(maxsize=256)
     def jq_program(text: str) -> Any:

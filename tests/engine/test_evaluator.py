@@ -334,3 +334,50 @@ def test_a_parse_cut_short_by_a_busy_moment_is_tried_again_not_failed_for_good(m
 
     assert evaluator.cel_parse(condition, "self").reads == {("status", "readyInstances")}
     assert evaluate_cel(condition, "self", {"status": {"readyInstances": 7}}).value is True
+
+
+# --- Kubernetes' quantity library -------------------------------------------------------------
+
+CLAIM = {"kind": "PersistentVolumeClaim", "status": {"capacity": {"storage": "16106127360"}}}
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ('quantity("15Gi") == quantity("16106127360")', True),
+        ('quantity("1.5Gi") == quantity("1536Mi")', True),
+        ('quantity("500m").isLessThan(quantity("1"))', True),
+        ('quantity("1e3").compareTo(quantity("1k"))', 0),
+        ('quantity("2E").isGreaterThan(quantity("1Ei"))', True),  # E is 10^18, Ei 2^60
+        ('quantity("16Gi").compareTo(quantity("15Gi"))', 1),
+        ('quantity("1Ki").asInteger()', 1024),
+        ('quantity("-3").sign()', -1),
+        ('quantity("1.5").isInteger()', False),
+        ('quantity("1Gi").add(quantity("512Mi")) == quantity("1.5Gi")', True),
+        ('quantity("1").sub(2).sign()', -1),
+        ('isQuantity("15Gi") && !isQuantity("15 GiB") && !isQuantity("1e999")', True),
+    ],
+)
+def test_cel_compares_kubernetes_quantities_as_sizes_not_text(expression, expected):
+    assert evaluate_cel(expression, "self", CLAIM).value == expected
+
+
+def test_a_condition_on_a_volumes_size_holds_however_the_size_is_written():
+    condition = conditions.parse_condition(
+        'cel: quantity(self.status.capacity.storage).compareTo(quantity("15Gi")) >= 0'
+    )
+
+    for reported, holds in [("15Gi", True), ("16106127360", True), ("16Gi", True),
+                            ("15360Mi", True), ("10Gi", False), ("not a size", False)]:  # fmt: skip
+        claim = {"status": {"capacity": {"storage": reported}}}
+        assert condition.is_true(claim) is holds, reported
+    assert condition.is_true({"status": {}}) is False  # not reported yet
+
+
+def test_what_is_not_a_quantity_is_an_error_that_says_so():
+    with pytest.raises(ProgramError, match="is not a quantity"):
+        evaluate_cel('quantity("15 GiB")', "self", CLAIM)
+    with pytest.raises(ProgramError, match="exponent beyond"):
+        evaluate_cel('quantity("1e999999999")', "self", CLAIM)
+    with pytest.raises(ProgramError, match="does not fit in a 64-bit integer"):
+        evaluate_cel('quantity("100E").asInteger()', "self", CLAIM)
