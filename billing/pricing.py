@@ -79,10 +79,12 @@ class CostLine:
 
     @property
     def quantity_shown(self) -> str:
-        """The quantity with its unit: "2 cores", "0.5 core", "8 GiB" (a unit written as a
-        lowercase word takes an s for more than one; a symbol never does)."""
+        """The quantity with its unit: "2 cores", "0 cores", "0.5 core", "8 GiB" (a unit
+        written as a lowercase word takes an s for none or more than one, unless it ends in
+        one already; a symbol never does)."""
         unit = self.unit
-        if unit.isalpha() and unit.islower() and self.quantity > 1:
+        plural = self.quantity > 1 or self.quantity == 0
+        if unit.isalpha() and unit.islower() and plural and not unit.endswith("s"):
             unit += "s"
         return f"{self.quantity.normalize():f} {unit}".strip()
 

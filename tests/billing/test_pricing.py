@@ -109,6 +109,8 @@ def test_load_specs_writes_the_specs_prices_and_replaces_them_when_they_change(
         ("core", "2", "2 cores"),
         ("core", "1", "1 core"),
         ("core", "0.5", "0.5 core"),
+        ("core", "0", "0 cores"),
+        ("bytes", "3", "3 bytes"),
         ("core", "1.50", "1.5 cores"),
         ("GiB", "12", "12 GiB"),
         ("", "3", "3"),
