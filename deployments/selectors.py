@@ -1097,9 +1097,9 @@ def upgrade_preview(
     return UpgradePreview(current, target, added, removed, defaults, problems)
 
 
-def instance_rollback_source(instance: Instance) -> Operation | None:
-    """The failed modify, upgrade or roll back that left the instance failed (a roll back
-    re-applies what the instance held before it); None when something else failed it."""
+def instance_failed_by(instance: Instance) -> Operation | None:
+    """The operation whose end left the instance failed: it failed, or was cancelled after the
+    cluster took some of it; None when the instance is not failed, or no operation failed it."""
     if instance.state != Instance.State.FAILED:
         return None
     change = (
@@ -1108,7 +1108,13 @@ def instance_rollback_source(instance: Instance) -> Operation | None:
         .order_by("-at", "-id")
         .first()
     )
-    operation = change.operation if change is not None else None
+    return change.operation if change is not None else None
+
+
+def instance_rollback_source(instance: Instance) -> Operation | None:
+    """The failed modify, upgrade or roll back that left the instance failed (a roll back
+    re-applies what the instance held before it); None when something else failed it."""
+    operation = instance_failed_by(instance)
     if operation is None or operation.verb not in lifecycle.ROLLED_BACK:
         return None
     return operation

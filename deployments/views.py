@@ -424,6 +424,7 @@ def _page(
         "tabs": TABS,
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
+        "failed_by": _failed_by(instance),
         **extra,
     }
     if context.get("head_follows"):
@@ -451,6 +452,15 @@ def _page(
     response = render(request, template, context, status=status)
     patch_vary_headers(response, ["HX-Request", "HX-Target", "HX-Current-URL"])
     return response
+
+
+def _failed_by(instance: Instance) -> Operation | None:
+    """The operation that left the instance failed, named as the timeline names its verb."""
+    failed_by = selectors.instance_failed_by(instance)
+    if failed_by is not None:
+        labels = selectors.verb_labels(instance.plan_version)
+        failed_by.verb_label = labels.get(failed_by.verb, failed_by.verb)
+    return failed_by
 
 
 def _head_shown(instance: Instance, actions: list) -> str:

@@ -576,6 +576,34 @@ def test_a_cancelled_restart_that_failed_the_instance_can_be_retried_and_nothing
     assert instance.operations.filter(verb="restart", state="queued").count() == 1
 
 
+def test_a_failed_instance_says_which_operation_failed_it_and_how(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(outputs={})
+    cancelled = _failed_by(instance, "create", Operation.State.CANCELLED)
+
+    html = re.sub(r"\s+", " ", owner_client.get(_url(instance)).content.decode())
+
+    said = html.split('id="instance-failed">', 1)[1].split("</p>", 1)[0]
+    assert said.startswith("Failed: the create of ")
+    assert "was cancelled after it had changed the cluster, so its servers may run" in said
+    assert f"/operations/{cancelled.pk}/" in said
+    assert "None: the create was cancelled before it read them." in html
+
+
+def test_a_failed_change_marks_the_outputs_it_may_have_changed(owner_client, instance):
+    Instance.objects.filter(pk=instance.pk).update(outputs={"readyInstances": 1})
+    failed = _failed_by(instance, "modify", Operation.State.FAILED)
+    Operation.objects.filter(pk=failed.pk).update(error="The Cluster never became healthy.")
+
+    html = re.sub(r"\s+", " ", owner_client.get(_url(instance)).content.decode())
+
+    assert "failed: The Cluster never became healthy." in html.split('id="instance-failed">')[1]
+    assert (
+        "As the last change that finished left them: the modify that failed may have changed "
+        "what they say." in html
+    )
+    assert "readyInstances" in html
+
+
 def test_a_backup_forgotten_since_does_not_hide_the_retry(owner_client, instance):
     _failed_by(instance, "stop", Operation.State.FAILED)
     later = timezone.now() + timedelta(minutes=1)
