@@ -29,7 +29,7 @@ from django.utils.dateparse import parse_datetime
 
 from accounts.idempotency import request_target, tenant_scope
 from accounts.models import AuditEvent, Tenant
-from billing import pricing
+from billing import entitlements, pricing
 from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import lifecycle, schedules
@@ -897,6 +897,18 @@ def _verb_labels(spec: PlanSpec) -> dict[str, str]:
 
 
 # --- backup schedules ---
+
+RETENTION_MAX_DAYS = 3650  # what any schedule may keep backups for, whatever the plan
+
+
+def backup_retention_most(instance: Instance) -> int:
+    """The most days the instance's backups may be kept, as its schedule's form says: the
+    tenant's plan's `max_backup_retention_days` (with its override), else RETENTION_MAX_DAYS.
+    (The schedule's service refuses more with the plan's own words.)"""
+    limit = entitlements.limits_for(
+        instance.tenant, instance.plan_version.plan
+    ).max_backup_retention_days
+    return RETENTION_MAX_DAYS if limit is None else min(limit, RETENTION_MAX_DAYS)
 
 
 def backup_schedule_default(instance: Instance, *, now: datetime | None = None) -> BackupSchedule:

@@ -1253,7 +1253,7 @@ def _snapshot_forget(
 # --- backup schedules ---------------------------------------------------------------------
 
 INTERVAL_MAX_HOURS = 24 * 366
-RETENTION_MAX_DAYS = 3650
+RETENTION_MAX_DAYS = selectors.RETENTION_MAX_DAYS
 
 
 def _schedule_errors(

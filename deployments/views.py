@@ -299,6 +299,7 @@ def _tab_context(
             "snapshots": selectors.snapshots_of_instance(instance),
             "backup": next((a for a in actions if a.verb == "backup"), None),
             "schedule": selectors.backup_schedule_of(instance),
+            "retention_most": selectors.backup_retention_most(instance),
             # A plan without a backup verb has nothing to back up or to schedule.
             "takes_backups": "backup" in selectors.plan_spec(instance.plan_version).main.verbs,
         }

@@ -433,6 +433,25 @@ def test_a_backup_retention_beyond_the_plan_is_refused(local, hobby, subscribed,
     assert _denied(tenant, "backup.schedule").exists()
 
 
+def test_the_backups_tab_offers_retention_up_to_the_plans_limit(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    from billing.models import PlanOverride
+
+    instance = _running(owner, tenant, hobby)
+    url = f"/t/{tenant.slug}/deployments/{instance.pk}/?tab=backups"
+
+    html = owner_client.get(url).content.decode()
+    PlanOverride.objects.create(
+        tenant=tenant, plan=hobby, limits={"max_backup_retention_days": 90},
+        effective_from=timezone.now() - timedelta(minutes=1),
+    )  # fmt: skip
+    overridden = owner_client.get(url).content.decode()
+
+    assert "Keep backups for (days, at most 30)" in html and 'max="30"' in html
+    assert "Keep backups for (days, at most 90)" in overridden and 'max="90"' in overridden
+
+
 @pytest.mark.parametrize("verb", ["start", "backup", "modify", "reloadConfiguration"])
 def test_a_suspended_subscription_refuses_every_verb_but_stop_and_delete(
     local, hobby, subscribed, tenant, owner, verb
