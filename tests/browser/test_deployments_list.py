@@ -44,6 +44,19 @@ def test_thirty_deployments_never_scroll_the_page_sideways(open_page, owner, ten
     if width == "narrow":  # with no header row in sight, each value says what it is
         for label in ("Service", "Plan", "Region", "Created"):
             expect(last.locator(".stack-label", has_text=label)).to_be_visible()
+    # Each filter's choice is read whole ("Any but deleted", not "Any but delete").
+    for select in ("#f-state", "#f-service"):
+        assert page.locator(select).evaluate(TEXT_FITS), select
+
+
+# Whether a select's chosen option fits inside it, beside its arrow (its padding).
+TEXT_FITS = """el => {
+    const style = getComputedStyle(el);
+    const context = document.createElement("canvas").getContext("2d");
+    context.font = style.font;
+    const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    return context.measureText(el.options[el.selectedIndex].text).width <= room;
+}"""
 
 
 def test_typing_in_the_search_narrows_the_list_without_reloading(open_page, owner, tenant, thirty):
