@@ -123,6 +123,10 @@ def test_the_billing_page_shows_the_months_cost_with_its_chart_and_figures(
     assert "/static/vendor/chartjs/chart.umd.min." in page
     assert '<details class="chart-table" open>' in page  # readable without JavaScript
     assert "orders" in page
+    # A line that rounds to 0.00 early in the month is not read as free.
+    assert "rounded as an invoice line is, so early in the month a small one may read 0.00" in (
+        page
+    )
 
 
 def test_the_billing_page_makes_as_many_queries_for_many_instances_as_for_few(
