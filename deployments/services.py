@@ -501,6 +501,22 @@ def _verb_request(spec, verb: Verb, values: dict) -> tuple[dict, dict]:
     return {"verb_parameters": json.loads(hidden or "{}")}, arguments
 
 
+def _sets_something(instance: Instance, verb: Verb, arguments: dict) -> None:
+    """ValidationError when a custom verb that only sets instance parameters (each of its
+    parameters is one its success sets, `x-opsdeck.updates`, none a Password) would set each
+    to the value the instance will hold anyway, as a modify that changes nothing is refused."""
+    given = arguments.get("verb_parameters") or {}
+    sources = set(verb.updates.values())
+    if not verb.updates or {p.key for p in verb.parameters} != sources or set(given) != sources:
+        return  # it does more than set values, or sets a secret (never compared)
+    projected = instance_parameters_projected(instance)
+    if all(projected.get(target) == given[source] for target, source in verb.updates.items()):
+        name = verb.display_name or verb.name
+        raise ValidationError(
+            f"The instance already has these values: change one to {name[:1].lower()}{name[1:]}."
+        )
+
+
 def _retry_arguments(instance: Instance, verb: str, failed: Operation | None) -> dict:
     """A retry of the create or restore that failed the instance (`failed`, the instance's
     `selectors.instance_retry_source`): its arguments again (a restore's source and target);
@@ -566,6 +582,7 @@ def instance_action(
         else:
             _entitled(instance, "retry" if verb in lifecycle.MAKES_INSTANCE else verb)
             requested_secret, arguments = _verb_request(spec, spec_verb, values)
+            _sets_something(instance, spec_verb, arguments)
         if verb == "backup" and selectors.backup_pending(instance):  # read under the lock
             raise ActionDenied(selectors.BACKUP_PENDING)
         if verb in lifecycle.MAKES_INSTANCE:

@@ -259,3 +259,28 @@ def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hol
         parameters={"policy": "volatile-ttl"}, request_id=uuid.uuid4().hex,
     )  # fmt: skip
     assert selected() == ["volatile-ttl"]  # as the queued change leaves it
+
+
+def test_setting_the_eviction_policy_the_instance_holds_is_refused_as_a_modify_is(
+    db, owner_client, owner, tenant
+):
+    from tests.deployments import factories
+
+    cell = factories.cell()
+    plan = services.plan_load(text=VALKEY.read_text()).plan
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="cache", cell=cell,
+        parameters={"evictionPolicy": "allkeys-lru"}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    url = f"/t/{tenant.slug}/deployments/{create.instance_id}/actions/setEvictionPolicy/"
+
+    same = owner_client.post(url, {"request_id": "same", "p-policy": "allkeys-lru"})
+    other = owner_client.post(url, {"request_id": "other", "p-policy": "volatile-ttl"})
+
+    assert "The instance already has these values: change one to set eviction policy." in (
+        same.content.decode()
+    )
+    verbs = Operation.objects.filter(instance_id=create.instance_id, verb="setEvictionPolicy")
+    assert other.status_code == 302 and verbs.count() == 1
