@@ -652,8 +652,16 @@ class _Run:
         if verdict == "succeeded":
             return self._succeed(node, template)
         if verdict == "failed":
-            phase = (current.get("status") or {}).get("phase")
+            status = current.get("status") or {}
+            phase = status.get("phase")
             said = f' Its phase is "{phase}".' if phase else ""
+            # The object's own words, where the API's conventions put them.
+            words = next(
+                (w for w in (status.get(k) for k in ("message", "error", "reason"))
+                 if isinstance(w, str) and w.strip()),
+                "",
+            )  # fmt: skip
+            said += f' It says "{words.strip()[:500]}".' if words else ""
             return self._attempt_failed(
                 node,
                 template,

@@ -346,6 +346,23 @@ def test_dependencies_order_tasks_and_a_failure_omits_what_depends_on_it():
     assert ("ConfigMap", NS, "c") not in run.cluster.objects
 
 
+def test_a_met_failure_condition_says_the_objects_own_words():
+    wf = workflow(
+        dag(Task(name="b", template="b")),
+        resource("b", configmap("b", "x"), success="status.ok", failure="status.phase == failed"),
+    )
+    run = Runner(wf)
+    run.until_quiet()
+
+    run.cluster.set_status("ConfigMap", "b", phase="failed", error="the bucket refused the write")
+    run.until_quiet()
+
+    assert run.node(".b").message.endswith(
+        'met its failureCondition (status.phase == failed). Its phase is "failed". '
+        'It says "the bucket refused the write".'
+    )
+
+
 def test_continue_on_failed_lets_the_next_task_run():
     wf = workflow(
         dag(
