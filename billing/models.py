@@ -60,6 +60,9 @@ DIMENSION_LABELS = {
     "backupStorage": "Backup storage",
     "base": "Base fee",
 }
+# Priced by a plan but not metered (so never charged) until a spec can say where a snapshot's
+# size comes from: a price of one is shown as not charged yet.
+UNMETERED_DIMENSIONS = frozenset({"backupStorage"})
 
 
 class Price(models.Model):
@@ -88,6 +91,11 @@ class Price(models.Model):
     @property
     def label(self) -> str:
         return DIMENSION_LABELS.get(self.dimension, self.dimension)
+
+    @property
+    def charged(self) -> bool:
+        """Whether usage of its dimension is metered, so charged (`UNMETERED_DIMENSIONS`)."""
+        return self.dimension not in UNMETERED_DIMENSIONS
 
 
 class UsageRecord(models.Model):

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from accounts.models import Tenant
 from billing import pricing, usage
-from billing.models import Plan, Price
+from billing.models import UNMETERED_DIMENSIONS, Plan, Price
 from billing.pricing import Cost
 from billing.usage import HOUR, UsageRow, hour_start
 from deployments import selectors
@@ -138,8 +138,6 @@ PERSISTENT_STATES = frozenset({_State.STOPPED, _State.FAILED})
 # The pricing dimensions (the product's vocabulary, `spec.loader.PRICING_DIMENSIONS`) that
 # measure what outlives the servers.
 PERSISTENT_DIMENSIONS = frozenset({"storage"})
-# Not metered until a spec can say where a snapshot's size comes from.
-UNMETERED_DIMENSIONS = frozenset({"backupStorage"})
 # How far back `meter_due` looks for hours never metered; older ones need
 # `manage.py meter_usage --backfill-from`.
 BACKFILL_LIMIT = timedelta(days=31)

@@ -78,6 +78,10 @@ def test_the_billing_page_shows_each_plans_unit_prices_as_the_tenant_pays_them(
     Price.objects.create(
         plan=plan, dimension="storage", unit="GiB", time_unit="month", unit_price=Decimal("0.10")
     )
+    Price.objects.create(
+        plan=plan, dimension="backupStorage", unit="GiB", time_unit="month",
+        unit_price=Decimal("0.02"),
+    )  # fmt: skip
     PlanOverride.objects.create(
         tenant=tenant, plan=plan, prices={"cpu": "0.02"},
         effective_from=timezone.now() - timedelta(hours=1),
@@ -87,7 +91,12 @@ def test_the_billing_page_shows_each_plans_unit_prices_as_the_tenant_pays_them(
 
     prices = page.split('id="prices-pg"', 1)[1].split("</ul>", 1)[0]
     assert "CPU: 0.02 USD per core per hour" in prices
-    assert "Storage: 0.1 USD per GiB per month" in prices
+    assert "Storage: 0.1 USD per GiB per month</li>" in prices
+    # Backups are not metered yet: their price is shown as not charged.
+    assert (
+        'Backup storage: 0.02 USD per GiB per month <span class="muted">(not charged yet)</span>'
+        in prices
+    )
 
 
 def test_a_draft_is_not_shown_to_the_tenant(owner_client, tenant, plan):
