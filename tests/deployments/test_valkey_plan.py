@@ -231,9 +231,8 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert instance_object(kube, instance, "v1", "Namespace", instance.namespace) is None
 
 
-def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hold(
-    db, owner_client, owner, tenant
-):
+def _cache_running(owner, tenant) -> Instance:
+    """A Valkey instance "cache" on the allkeys-lru policy, its create done (no worker)."""
     from tests.deployments import factories
 
     cell = factories.cell()
@@ -244,7 +243,14 @@ def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hol
     )  # fmt: skip
     Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
     Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
-    page = f"/t/{tenant.slug}/deployments/{create.instance_id}/"
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hold(
+    db, owner_client, owner, tenant
+):
+    instance = _cache_running(owner, tenant)
+    page = f"/t/{tenant.slug}/deployments/{instance.pk}/"
 
     def selected() -> list[str]:
         html = owner_client.get(page).content.decode()
@@ -253,7 +259,6 @@ def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hol
         return re.findall(r'<option value="([^"]+)" selected', select)
 
     assert selected() == ["allkeys-lru"]  # not the verb's default, allkeys-lfu
-    instance = Instance.objects.get(pk=create.instance_id)
     services.instance_action(
         actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
         parameters={"policy": "volatile-ttl"}, request_id=uuid.uuid4().hex,
@@ -264,17 +269,8 @@ def test_the_eviction_policy_dialog_starts_from_the_policy_the_instance_will_hol
 def test_setting_the_eviction_policy_the_instance_holds_is_refused_as_a_modify_is(
     db, owner_client, owner, tenant
 ):
-    from tests.deployments import factories
-
-    cell = factories.cell()
-    plan = services.plan_load(text=VALKEY.read_text()).plan
-    create = services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="cache", cell=cell,
-        parameters={"evictionPolicy": "allkeys-lru"}, request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
-    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
-    url = f"/t/{tenant.slug}/deployments/{create.instance_id}/actions/setEvictionPolicy/"
+    instance = _cache_running(owner, tenant)
+    url = f"/t/{tenant.slug}/deployments/{instance.pk}/actions/setEvictionPolicy/"
 
     same = owner_client.post(url, {"request_id": "same", "p-policy": "allkeys-lru"})
     other = owner_client.post(url, {"request_id": "other", "p-policy": "volatile-ttl"})
@@ -282,5 +278,5 @@ def test_setting_the_eviction_policy_the_instance_holds_is_refused_as_a_modify_i
     assert "The instance already has these values: change one to set eviction policy." in (
         same.content.decode()
     )
-    verbs = Operation.objects.filter(instance_id=create.instance_id, verb="setEvictionPolicy")
+    verbs = Operation.objects.filter(instance=instance, verb="setEvictionPolicy")
     assert other.status_code == 302 and verbs.count() == 1
