@@ -16,6 +16,12 @@ def invitations_mail_unsent() -> int:
 
 
 @shared_task
+def unconfirmed_sign_ups_close() -> int:
+    """Release the addresses of sign-ups never confirmed (run daily by beat)."""
+    return services.unconfirmed_sign_ups_close()
+
+
+@shared_task
 def request_ids_prune() -> int:
     """Forget request ids used long ago (run daily by beat)."""
     return idempotency.request_ids_prune()

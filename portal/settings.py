@@ -246,7 +246,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Request ids older than OPSDECK_REQUEST_IDS_KEPT_DAYS.
     "request-ids-prune": {"task": "accounts.tasks.request_ids_prune", "schedule": 86400.0},
+    # Sign-ups unconfirmed for OPSDECK_UNCONFIRMED_SIGN_UP_DAYS give their address back.
+    "unconfirmed-sign-ups-close": {
+        "task": "accounts.tasks.unconfirmed_sign_ups_close",
+        "schedule": 86400.0,
+    },
 }
+# Days a sign-up may stay unconfirmed before its account is closed and its address released.
+OPSDECK_UNCONFIRMED_SIGN_UP_DAYS = env.int("OPSDECK_UNCONFIRMED_SIGN_UP_DAYS", default=7)
 # Days a request id is remembered: a repeat within them returns what the first request made.
 OPSDECK_REQUEST_IDS_KEPT_DAYS = env.int("OPSDECK_REQUEST_IDS_KEPT_DAYS", default=30)
 

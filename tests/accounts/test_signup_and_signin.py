@@ -137,6 +137,58 @@ def test_a_look_alike_of_an_address_is_that_address(client, owner, tenant, make_
 
 
 @pytest.mark.django_db
+def test_a_sign_up_never_confirmed_gives_its_address_back_after_a_week(make_user, settings):
+    """Someone signs up with an address another account had added and not confirmed yet: the
+    sign-up takes it (the sign-in address is its own to confirm). If no one ever confirms the
+    sign-up, the account is closed after OPSDECK_UNCONFIRMED_SIGN_UP_DAYS and the address is
+    free again: the other account adds it and confirms it."""
+    from datetime import timedelta
+
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from accounts.services import unconfirmed_sign_ups_close
+    from accounts.tasks import unconfirmed_sign_ups_close as unconfirmed_sign_ups_close_task
+
+    owner = make_user("owner@example.com")
+    _added_unconfirmed(owner, "second@example.com")
+    _signup(Client(), email="second@example.com")
+    squatter = User.objects.get(email="second@example.com")
+    page = Client()
+    page.force_login(owner)
+    refused = page.post("/accounts/email/", {"email": "second@example.com", "action_add": ""})
+    kept = [  # a week old but confirmed, signed in, or only a day old: kept
+        make_user("confirmed@example.com"),
+        make_user("signed-in@example.com", verified=False, last_login=timezone.now()),
+        make_user("new@example.com", verified=False),
+    ]
+    week_ago = timezone.now() - timedelta(days=settings.OPSDECK_UNCONFIRMED_SIGN_UP_DAYS, hours=1)
+    User.objects.exclude(email="new@example.com").update(date_joined=week_ago)
+    mail.outbox.clear()
+    cache.clear()  # a week later: allauth's email cooldowns are long over
+
+    assert settings.CELERY_BEAT_SCHEDULE["unconfirmed-sign-ups-close"]["task"] == (
+        unconfirmed_sign_ups_close_task.name
+    )
+    assert unconfirmed_sign_ups_close_task.apply().get() == 1  # as beat runs it, daily
+    assert unconfirmed_sign_ups_close() == 0  # once
+
+    assert "This address belongs to another account" in refused.content.decode()
+    squatter.refresh_from_db()
+    assert not squatter.is_active and squatter.email != "second@example.com"
+    assert not Client().login(email="second@example.com", password=PASSWORD)
+    closed = AuditEvent.objects.get(action="user.close")
+    assert closed.target_id == str(squatter.pk) and closed.payload["email"] == "second@example.com"
+    for user in kept:
+        user.refresh_from_db()
+        assert user.is_active and "@example.com" in user.email
+    _added_unconfirmed(owner, "second@example.com")
+    [link] = _confirmation_links("second@example.com")
+    page.post(link)
+    assert owner.emailaddress_set.get(email="second@example.com").verified
+
+
+@pytest.mark.django_db
 def test_signup_requires_email_verification_then_signs_in(client):
     response = _signup(client)
 
