@@ -283,15 +283,24 @@ def unconfirmed_sign_ups_close(*, now: datetime | None = None) -> int:
     recorded in its audit trail. How many (run daily by beat)."""
     now = now or timezone.now()
     since = now - timedelta(days=settings.OPSDECK_UNCONFIRMED_SIGN_UP_DAYS)
-    stale = User.objects.filter(is_active=True, last_login=None, date_joined__lt=since).exclude(
-        emailaddress__verified=True
-    )
+    # Sign-ups only: an account made by staff (`createsuperuser`, the admin) has no address
+    # waiting for its confirmation, and confirms it at its first sign-in, however late.
+    stale = (
+        User.objects.filter(
+            is_active=True, is_staff=False, last_login=None, date_joined__lt=since,
+            emailaddress__primary=True, emailaddress__verified=False,
+        )
+        .exclude(emailaddress__verified=True)
+        .distinct()
+    )  # fmt: skip
     closed = 0
     for pk in stale.values_list("pk", flat=True):
         with transaction.atomic():
-            # Locked and read again: a confirmation or a first sign-in meanwhile keeps it.
-            user = stale.select_for_update().filter(pk=pk).first()
-            if user is None:
+            # Locked, with its addresses (a confirmation writes one), and read again: a
+            # confirmation or a first sign-in meanwhile keeps it.
+            user = User.objects.select_for_update().get(pk=pk)
+            list(EmailAddress.objects.select_for_update().filter(user=user).values_list("pk"))
+            if not stale.filter(pk=pk).exists():
                 continue
             address = user.email
             EmailAddress.objects.filter(user=user).delete()  # with their confirmation links

@@ -161,6 +161,7 @@ def test_a_sign_up_never_confirmed_gives_its_address_back_after_a_week(make_user
         make_user("confirmed@example.com"),
         make_user("signed-in@example.com", verified=False, last_login=timezone.now()),
         make_user("new@example.com", verified=False),
+        User.objects.create_superuser(email="admin@example.com", password=PASSWORD),
     ]
     week_ago = timezone.now() - timedelta(days=settings.OPSDECK_UNCONFIRMED_SIGN_UP_DAYS, hours=1)
     User.objects.exclude(email="new@example.com").update(date_joined=week_ago)
