@@ -111,7 +111,12 @@ def test_the_dashboard_with_running_and_failed_operations_never_scrolls_sideways
 
     expect(page.locator("#operations-running")).to_contain_text(first.name)
     expect(page.locator("#operations-failed")).to_contain_text(second.name)
+    expect(page.locator("#recent-activity")).to_contain_text(owner.email)
     assert not scrolls_sideways(page)
+    # Nor does a table inside its box: a phone reads every column of every row.
+    for table in ("#operations-running", "#operations-failed", "#recent-activity"):
+        box = page.locator(f".table-scroll:has({table})")
+        assert box.evaluate("el => el.scrollWidth <= el.clientWidth"), table
     page.locator("#operations-failed").get_by_role("link", name=second.name).click()
     expect(page.locator("h1")).to_have_text(second.name)
 
