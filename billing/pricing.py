@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.db.models import Case, IntegerField, Value, When
@@ -105,28 +105,23 @@ def prices_for(
     tenant: Tenant, plans: Iterable[Plan], at: datetime | None = None
 ) -> dict[int, list[Price]]:
     """Each plan's prices as `tenant` pays them at `at` (now), by plan id: the plan's own, with
-    the unit prices of the tenant's `PlanOverride` in effect then (the latest started by then,
-    as invoices price usage, `PriceBook`) put in their place. The prices with an overridden
-    unit price are copies, never saved. One query for the overrides of all the plans."""
-    plans = list(plans)
-    overridden = dict(
-        PlanOverride.objects.filter(
-            tenant=tenant, plan__in=plans, effective_from__lte=at or timezone.now()
-        )
-        .order_by("plan_id", "-effective_from", "-pk")
-        .distinct("plan_id")
-        .values_list("plan_id", "prices")
-    )
+    the unit prices of the tenant's `PlanOverride` in effect then put in their place, read by
+    the `PriceBook` invoices are priced with. The prices with an overridden unit price are
+    copies, never saved. One query for the overrides of all the plans."""
+    by_pk = {plan.pk: plan for plan in plans}
+    at = at or timezone.now()
+    # The span that starts at `at`: the overrides started by then (`PriceBook`'s span 0).
+    book = PriceBook(by_pk, at, at + timedelta(microseconds=1), tenant_ids=[tenant.pk])
     found = {}
-    for plan in plans:
-        changed = overridden.get(plan.pk) or {}
+    for pk, plan in by_pk.items():
         prices = []
         for price in plan.prices.all():
-            if changed.get(price.dimension) is not None:
+            unit_price = book.unit_price(tenant.pk, pk, 0, price.dimension)
+            if unit_price != price.unit_price:
                 price = copy.copy(price)
-                price.unit_price = Decimal(str(changed[price.dimension]))
+                price.unit_price = unit_price
             prices.append(price)
-        found[plan.pk] = prices
+        found[pk] = prices
     return found
 
 
@@ -215,17 +210,25 @@ class PriceBook:
         ]
         return Case(*whens, default=Value(0), output_field=IntegerField())
 
-    def per_hour(
-        self, tenant_id: int, plan_id: int, span: int, dimension: str
-    ) -> tuple[Decimal, str] | None:
-        """The exact price of one unit-hour of `dimension`, and its currency; None when the
-        plan does not price it (free)."""
+    def unit_price(self, tenant_id: int, plan_id: int, span: int, dimension: str) -> Decimal | None:
+        """The unit price of `dimension` in the span, in its price's time unit: the override's
+        where one sets it, else the plan's; None when the plan does not price it (free)."""
         price = self._prices.get((plan_id, dimension))
         if price is None:
             return None
         spans = self._spans.get((tenant_id, plan_id))
         overridden = spans[span][1].get(dimension) if spans else None
-        unit_price = Decimal(str(overridden)) if overridden is not None else price.unit_price
+        return Decimal(str(overridden)) if overridden is not None else price.unit_price
+
+    def per_hour(
+        self, tenant_id: int, plan_id: int, span: int, dimension: str
+    ) -> tuple[Decimal, str] | None:
+        """The exact price of one unit-hour of `dimension`, and its currency; None when the
+        plan does not price it (free)."""
+        unit_price = self.unit_price(tenant_id, plan_id, span, dimension)
+        if unit_price is None:
+            return None
+        price = self._prices[(plan_id, dimension)]
         if price.time_unit == Price.TimeUnit.MONTH:
             unit_price = unit_price / HOURS_PER_MONTH
         return unit_price, price.currency

@@ -1270,7 +1270,6 @@ def _snapshot_forget(
 # --- backup schedules ---------------------------------------------------------------------
 
 INTERVAL_MAX_HOURS = 24 * 366
-RETENTION_MAX_DAYS = selectors.RETENTION_MAX_DAYS
 
 
 def _schedule_errors(
@@ -1300,8 +1299,9 @@ def _schedule_errors(
             errors["interval_hours"] = "Give either a number of hours or a cron expression."
     elif not whole(interval_hours, 1, INTERVAL_MAX_HOURS):
         errors["interval_hours"] = f"Give a whole number of hours from 1 to {INTERVAL_MAX_HOURS}."
-    if not whole(retention_days, 1, RETENTION_MAX_DAYS):
-        errors["retention_days"] = f"Give a whole number of days from 1 to {RETENTION_MAX_DAYS}."
+    most_days = selectors.RETENTION_MAX_DAYS
+    if not whole(retention_days, 1, most_days):
+        errors["retention_days"] = f"Give a whole number of days from 1 to {most_days}."
     if retention_count is not None and not whole(retention_count, 1, 10_000):
         errors["retention_count"] = "Give a whole number of backups from 1, or leave it empty."
     if enabled and "backup" not in spec.main.verbs:
