@@ -97,16 +97,20 @@ class AccountAdapter(DefaultAccountAdapter):
     def confirm_email(self, request, email_address) -> bool:
         """As allauth's; refused for an address another account signs in with (or owns): only
         that account may confirm it. (Its sign-up dropped other accounts' copies; one added at
-        the same moment would otherwise be confirmable by its link.)"""
-        if not selectors.email_address_unclaimed(email_address.email, besides=email_address.user):
-            self.add_message(
-                request,
-                messages.ERROR,
-                "account/messages/email_confirmation_taken.txt",
-                {"email": email_address.email},
-            )
-            return False
-        return super().confirm_email(request, email_address)
+        the same moment would otherwise be confirmable by its link.) Every account's copy of
+        the address is locked first, in one order, so that two accounts confirming it at the
+        same moment go one after the other: the second finds the first owns it."""
+        with transaction.atomic():
+            services.email_address_lock(email_address.email)
+            if selectors.email_address_unclaimed(email_address.email, besides=email_address.user):
+                return super().confirm_email(request, email_address)
+        self.add_message(
+            request,
+            messages.ERROR,
+            "account/messages/email_confirmation_taken.txt",
+            {"email": email_address.email},
+        )
+        return False
 
 
 class MFAAdapter(DefaultMFAAdapter):

@@ -251,6 +251,12 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         membership.delete()
 
 
+def email_address_lock(email: str) -> None:
+    """Lock every account's copy of `email`, in one order, until the transaction ends."""
+    locked = EmailAddress.objects.select_for_update().filter(email__iexact=email).order_by("pk")
+    list(locked.values_list("pk", flat=True))
+
+
 def email_address_claim(email: str, *, owner: User, reason: str) -> int:
     """Drop the copies of `email` that accounts other than `owner` added on their Email page and
     never confirmed, once `owner` holds it more strongly: it confirmed the address (an address

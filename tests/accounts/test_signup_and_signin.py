@@ -642,3 +642,36 @@ def test_a_resent_organization_form_with_other_values_says_so_and_can_be_sent_an
     assert f'value="{request_id}"'.encode() not in empty.content
     owner_client.post(url, {"name": "Second", "request_id": fresh.decode()})
     assert Tenant.objects.filter(name="Second").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_accounts_confirming_one_address_at_once_leave_one_owner_and_a_clear_refusal(
+    make_user,
+):
+    for user in (make_user("first@example.com"), make_user("second@example.com")):
+        _added_unconfirmed(user, "shared@example.com")
+    links = [
+        reverse("account_confirm_email", args=[EmailConfirmationHMAC(copy).key])
+        for copy in EmailAddress.objects.filter(email="shared@example.com")
+    ]
+    turn = threading.Lock()
+
+    def follow():
+        with turn:
+            link = links.pop()
+        response = Client().post(link, follow=True)
+        return response.status_code, response.content.decode()
+
+    results = race(follow, times=2)
+
+    assert not [r for r in results if isinstance(r, Exception)], results  # no error page
+    assert EmailAddress.objects.filter(email="shared@example.com", verified=True).count() == 1
+    said = sorted(
+        "confirmed" if "You have confirmed shared@example.com" in page
+        else "refused" if "Unable to confirm shared@example.com: it belongs to another" in page
+        # (the later one's copy went with the earlier's confirmation: its link confirms nothing)
+        else "refused" if status == 404
+        else page
+        for status, page in results
+    )  # fmt: skip
+    assert said == ["confirmed", "refused"]
