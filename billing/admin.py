@@ -90,7 +90,14 @@ class InvoiceAdmin(ServiceOwnedAdmin):
     actions = ["finalize", "void", "mark_paid"]
     readonly_fields = [field.name for field in Invoice._meta.fields]
 
-    @admin.action(description="Finalize the selected drafts (numbers them; final)")
+    def has_manage_permission(self, request):
+        # The model permission, not the admin's change permission (read-only here): staff who
+        # may only view invoices are offered no action.
+        return request.user.has_perm("billing.change_invoice")
+
+    @admin.action(
+        description="Finalize the selected drafts (numbers them; final)", permissions=["manage"]
+    )
     def finalize(self, request, queryset):
         actor = staff_actor(request)
         run_action(
@@ -101,7 +108,7 @@ class InvoiceAdmin(ServiceOwnedAdmin):
             "Finalized",
         )
 
-    @admin.action(description="Void the selected invoices")
+    @admin.action(description="Void the selected invoices", permissions=["manage"])
     def void(self, request, queryset):
         actor = staff_actor(request)
         run_action(
@@ -112,7 +119,7 @@ class InvoiceAdmin(ServiceOwnedAdmin):
             "Voided",
         )
 
-    @admin.action(description="Mark the selected invoices paid")
+    @admin.action(description="Mark the selected invoices paid", permissions=["manage"])
     def mark_paid(self, request, queryset):
         actor = staff_actor(request)
         run_action(
@@ -138,7 +145,10 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
     def standing(self, subscription: Subscription) -> str:
         return subscription.status_text()
 
-    @admin.action(description="Approve the selected subscriptions")
+    def has_manage_permission(self, request):
+        return request.user.has_perm("billing.change_subscription")
+
+    @admin.action(description="Approve the selected subscriptions", permissions=["manage"])
     def approve(self, request, queryset):
         run_action(
             self,
@@ -148,7 +158,7 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
             "Approved",
         )
 
-    @admin.action(description="Suspend the selected subscriptions")
+    @admin.action(description="Suspend the selected subscriptions", permissions=["manage"])
     def suspend(self, request, queryset):
         run_action(
             self,
@@ -160,7 +170,7 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
             "Suspended",
         )
 
-    @admin.action(description="Reactivate the selected subscriptions")
+    @admin.action(description="Reactivate the selected subscriptions", permissions=["manage"])
     def reactivate(self, request, queryset):
         run_action(
             self,
@@ -170,7 +180,7 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
             "Reactivated",
         )
 
-    @admin.action(description="Cancel the selected subscriptions")
+    @admin.action(description="Cancel the selected subscriptions", permissions=["manage"])
     def cancel(self, request, queryset):
         def call(subscription):
             services.subscription_cancel(
@@ -181,7 +191,10 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
 
         run_action(self, request, queryset, call, "Cancelled")
 
-    @admin.action(description="Let the organizations subscribe again (cancelled while suspended)")
+    @admin.action(
+        description="Let the organizations subscribe again (cancelled while suspended)",
+        permissions=["manage"],
+    )
     def hold_lift(self, request, queryset):
         run_action(
             self,

@@ -4,12 +4,13 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import periods
-from billing.models import Plan, PlanOverride, Price, Subscription
+from billing.models import Invoice, Plan, PlanOverride, Price, Subscription
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -56,6 +57,32 @@ def test_staff_approve_suspend_reactivate_and_cancel_through_the_services(
         ("subscription.reactivate", "staff", "ok"),
         ("subscription.cancel", "staff", "ok"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("model", "action", "status"),
+    [(Subscription, "suspend", "active"), (Subscription, "cancel", "active"),
+     (Invoice, "finalize", "draft"), (Invoice, "void", "draft")],
+)  # fmt: skip
+def test_staff_who_may_only_view_billing_rows_are_offered_no_action_and_a_forged_one_does_nothing(
+    client, make_user, tenant, plan, model, action, status
+):
+    viewer = make_user("viewer@opsdeck.example", is_staff=True)
+    for name in ["view_subscription", "view_invoice"]:
+        viewer.user_permissions.add(Permission.objects.get(codename=name))
+    client.force_login(viewer)
+    if model is Subscription:
+        row = Subscription.objects.create(tenant=tenant, plan=plan, status=status)
+    else:
+        row = Invoice.objects.create(tenant=tenant, plan=plan, period="2026-10", currency="usd")
+
+    listed = client.get(_changelist(model)).content.decode()
+    client.post(_changelist(model), {"action": action, "_selected_action": [row.pk]})
+
+    assert client.get(_changelist(model)).status_code == 200  # they do see the rows
+    assert f'value="{action}"' not in listed and 'name="action"' not in listed
+    assert model.objects.get().status == status
+    assert not AuditEvent.objects.filter(action__endswith=f".{action}").exists()
 
 
 def test_an_action_the_status_does_not_allow_is_reported_not_applied(staff_client, tenant, plan):
