@@ -113,10 +113,12 @@ class Limits:
     max_backup_retention_days: int | None = None
 
 
-def quantity_text(dimension: str, quantity: Decimal | int) -> str:
-    """`500 GiB of storage`, `3 servers`: a quantity as people read it."""
-    number = Decimal(quantity)
-    shown = number.quantize(1) if number == number.to_integral_value() else number.normalize()
+def quantity_text(dimension: str, quantity: Decimal | int | float) -> str:
+    """`500 GiB of storage`, `3 servers`: a quantity as people read it, in plain digits however
+    large or small (a float as it was written: 1.5e29, not its binary expansion)."""
+    number = Decimal(str(quantity) if isinstance(quantity, float) else quantity)
+    whole = number == number.to_integral_value()
+    shown = str(int(number)) if whole else f"{number.normalize():f}"
     return f"{shown} {DIMENSION_UNITS.get(dimension, dimension)}"
 
 

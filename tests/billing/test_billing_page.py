@@ -7,7 +7,7 @@ import pytest
 
 from accounts.audit import SYSTEM
 from billing import services
-from billing.models import Plan, Subscription
+from billing.models import Plan, PlanOverride, Subscription
 from deployments.models import Cell, Instance
 from tests.concurrency import race
 from tests.deployments import factories
@@ -58,6 +58,23 @@ def test_owners_admins_and_billing_members_see_usage_against_each_limit(
     assert "At most 5 servers per instance" in text
     assert "Backups kept at most 365 days" in text
     assert '<span class="badge badge-ok">Active</span>' in text
+
+
+@pytest.mark.parametrize(
+    ("storage", "shown"),
+    [(10**28, "0 of 10000000000000000000000000000 GiB"), (2.5e-7, "0 of 0.00000025 GiB"),
+     (1.5e29, "0 of 150000000000000000000000000000 GiB")],
+)  # fmt: skip
+def test_a_limit_staff_set_very_large_or_very_small_is_shown_as_written(
+    owner_client, tenant, plan, subscribed, storage, shown
+):
+    limits = {"max_total": {"storage": storage}}
+    PlanOverride.objects.create(tenant=tenant, plan=plan, limits=limits)
+
+    page = owner_client.get(_url(tenant))
+
+    assert page.status_code == 200
+    assert f"{shown} of storage" in page.content.decode()
 
 
 @pytest.mark.parametrize("role", ["member", "viewer"])
