@@ -1,6 +1,8 @@
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 
 from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor
 from accounts.errors import ActionDenied
@@ -251,6 +253,8 @@ class PlanOverrideAdmin(admin.ModelAdmin):
 
     form = PlanOverrideForm
     list_display = ["tenant", "plan", "effective_from", "note", "created_by"]
+    # created_by may be empty, so the admin would not follow it by itself: one query per row.
+    list_select_related = ["tenant", "plan", "created_by"]
     list_filter = ["plan"]
     search_fields = ["tenant__name", "tenant__slug", "plan__key", "note"]
 
@@ -278,10 +282,31 @@ class PlanOverrideAdmin(admin.ModelAdmin):
                     actor=staff_actor(request), tenant=data["tenant"], plan=data["plan"], **values
                 )
         except (ActionDenied, ValidationError) as exc:
+            # Refused after the form's checks passed: another save of the same moment won a
+            # race (a double-clicked Save). Said, and neither reported nor logged as saved.
             reason = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
             self.message_user(request, reason, messages.ERROR)
+            obj._refused = True
             return
         obj.pk = saved.pk
+
+    def log_addition(self, request, obj, message):
+        if not getattr(obj, "_refused", False):
+            super().log_addition(request, obj, message)
+
+    def log_change(self, request, obj, message):
+        if not getattr(obj, "_refused", False):
+            super().log_change(request, obj, message)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        if getattr(obj, "_refused", False):
+            return HttpResponseRedirect(reverse("admin:billing_planoverride_changelist"))
+        return super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request, obj):
+        if getattr(obj, "_refused", False):
+            return HttpResponseRedirect(request.path)
+        return super().response_change(request, obj)
 
 
 @admin.register(MeterEvent)

@@ -4,13 +4,18 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import periods
 from billing.models import Invoice, Plan, PlanOverride, Price, Subscription
+from tests.concurrency import race
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -160,6 +165,58 @@ def test_a_second_override_from_the_same_moment_or_pricing_what_the_plan_does_no
     )
     assert "The Hobby plan does not price storage; it prices cpu." in unpriced.content.decode()
     assert PlanOverride.objects.get().limits == {"max_instances": 9}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_double_submitted_override_adds_one_and_the_other_says_only_why_it_was_not(
+    make_user, tenant, plan
+):
+    staff = make_user("staff@example.com", is_staff=True, is_superuser=True)
+    moment = (timezone.now() + timedelta(hours=1)).replace(microsecond=0)
+
+    def submit():
+        page = Client()
+        page.force_login(staff)
+        response = _add_override(page, tenant, plan, moment)
+        return (
+            page.get(response["Location"]).content.decode()
+            if response.status_code == 302
+            else (response.content.decode())
+        )
+
+    pages = race(submit, times=2)
+
+    assert PlanOverride.objects.count() == 1
+    added = [p for p in pages if "was added successfully" in p]
+    refused = [p for p in pages if "starts at this moment" in p]
+    assert len(added) + len(refused) == 2, pages
+    assert not [p for p in refused if "was added successfully" in p]
+    # Nothing is logged as added but the one override.
+    assert list(LogEntry.objects.values_list("object_id", flat=True)) == [
+        str(PlanOverride.objects.get().pk)
+    ]
+
+
+def test_the_override_list_makes_as_many_queries_for_many_overrides_as_for_few(
+    staff_client, make_user, tenant, plan
+):
+    def overrides(count):
+        for n in range(PlanOverride.objects.count(), count):
+            PlanOverride.objects.create(
+                tenant=tenant, plan=plan, effective_from=timezone.now() + timedelta(days=n + 1),
+                created_by=make_user(f"staff{n}@example.com", is_staff=True), note=f"n{n}",
+            )  # fmt: skip
+
+    overrides(2)
+    staff_client.get(_changelist(PlanOverride))
+    with CaptureQueriesContext(connection) as few:
+        staff_client.get(_changelist(PlanOverride))
+    overrides(8)
+    with CaptureQueriesContext(connection) as many:
+        page = staff_client.get(_changelist(PlanOverride)).content.decode()
+
+    assert len(many.captured_queries) == len(few.captured_queries)
+    assert all(f"staff{n}@example.com" in page for n in range(8))
 
 
 def test_with_stripe_billing_an_override_sets_limits_but_no_prices(staff_client, tenant, plan,
