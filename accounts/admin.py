@@ -1,5 +1,8 @@
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db.models import Count
 
@@ -41,8 +44,41 @@ def run_action(modeladmin, request, queryset, call, done: str) -> None:
         modeladmin.message_user(request, f"{done}: {changed}.", messages.SUCCESS)
 
 
+class StaffAudited:
+    """For the rows staff edit in the admin directly, which no service owns (users, groups,
+    who a cell is offered to, beat's tasks): each add, change and delete is recorded in the
+    audit log as `<model>.create`, `.update` or `.delete`, naming the fields it changed and
+    what `audit_payload` adds. Recorded once the form's related rows are saved too, so a
+    change of groups, permissions or tenants is in it."""
+
+    def audit_payload(self, obj) -> dict:
+        return {}
+
+    def _audit(self, request, obj, verb: str, **payload) -> None:
+        audit_record(
+            actor=staff_actor(request),
+            action=f"{obj._meta.model_name}.{verb}",
+            target=obj,
+            payload={**self.audit_payload(obj), **payload},
+        )
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        changed = [name for name in form.changed_data if "password" not in name]
+        self._audit(request, form.instance, "update" if change else "create", changed=changed)
+
+    def delete_model(self, request, obj):
+        self._audit(request, obj, "delete")
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self._audit(request, obj, "delete")
+        super().delete_queryset(request, queryset)
+
+
 @admin.register(User)
-class UserAdmin(BaseUserAdmin):
+class UserAdmin(StaffAudited, BaseUserAdmin):
     ordering = ["email"]
     list_display = ["email", "is_active", "is_staff", "date_joined", "last_login"]
     list_filter = ["is_active", "is_staff", "is_superuser"]
@@ -50,7 +86,10 @@ class UserAdmin(BaseUserAdmin):
     fieldsets = [
         (None, {"fields": ["email", "password"]}),
         ("Personal info", {"fields": ["first_name", "last_name"]}),
-        ("Permissions", {"fields": ["is_active", "is_staff", "is_superuser"]}),
+        (
+            "Permissions",
+            {"fields": ["is_active", "is_staff", "is_superuser", "groups", "user_permissions"]},
+        ),
         ("Important dates", {"fields": ["last_login", "date_joined"]}),
     ]
     add_fieldsets = [
@@ -58,15 +97,22 @@ class UserAdmin(BaseUserAdmin):
     ]
     readonly_fields = ["last_login", "date_joined"]
 
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        changed = [name for name in form.changed_data if "password" not in name]
-        audit_record(
-            actor=staff_actor(request),
-            action="user.update" if change else "user.create",
-            target=obj,
-            payload={"email": obj.email, "changed": changed},
-        )
+    filter_horizontal = ["groups", "user_permissions"]
+
+    def audit_payload(self, obj) -> dict:
+        return {"email": obj.email, "groups": sorted(g.name for g in obj.groups.all())}
+
+    def user_change_password(self, request, id, form_url=""):
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and response.status_code == 302:  # changed, not refused
+            user = self.get_object(request, unquote(id))
+            audit_record(
+                actor=staff_actor(request),
+                action="user.password",
+                target=user,
+                payload={"email": user.email},
+            )
+        return response
 
 
 class MembershipInline(admin.TabularInline):
@@ -167,3 +213,15 @@ class AuditEventAdmin(ServiceOwnedAdmin):
     search_fields = ["actor_email", "action", "target_id", "tenant__slug", "tenant__name"]
     list_select_related = ["tenant"]
     date_hierarchy = "created_at"
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class GroupAdmin(StaffAudited, BaseGroupAdmin):
+    """Django's, audited: a group's permissions are what its members may do here (the
+    billing team is one)."""
+
+    def audit_payload(self, obj) -> dict:
+        return {"name": obj.name, "permissions": sorted(p.codename for p in obj.permissions.all())}

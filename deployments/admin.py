@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.utils import timezone
 
-from accounts.admin import ServiceOwnedAdmin
+from accounts.admin import ServiceOwnedAdmin, StaffAudited
 from accounts.audit import Actor, audit_record
 from deployments.models import (
     BackupSchedule,
@@ -18,7 +18,7 @@ from deployments.models import (
 
 
 @admin.register(Cell)
-class CellAdmin(ServiceOwnedAdmin):
+class CellAdmin(StaffAudited, ServiceOwnedAdmin):
     """Cells are registered with `manage.py add_cell`, which checks the cluster first."""
 
     list_display = [
@@ -39,6 +39,9 @@ class CellAdmin(ServiceOwnedAdmin):
 
     def has_change_permission(self, request, obj=None):
         return request.user.has_perm("deployments.change_cell")
+
+    def audit_payload(self, obj) -> dict:
+        return {"public": obj.public, "tenants": sorted(t.slug for t in obj.tenants.all())}
 
     def get_readonly_fields(self, request, obj=None):
         return [

@@ -292,7 +292,9 @@ def _instance_checked(
     if cell is None:
         cell = Cell.objects.offered_to(tenant).order_by("-is_default", "name").first()
         if cell is None:
-            raise ValidationError("No cell is registered to run instances on.")
+            raise ValidationError(
+                "No region is offered to your organization yet: ask the platform team."
+            )
     elif not selectors.cell_offered(cell.pk, tenant.pk):
         raise ValidationError({"cell": "This region is not offered to your organization."})
     name = _instance_name(name)

@@ -67,3 +67,15 @@ def test_without_a_cell_the_tenant_gets_an_offered_one_never_a_private_default(
     operation = create(owner, tenant, plan, None)
 
     assert operation.instance.cell == public
+
+
+def test_with_only_cells_not_offered_to_it_the_tenant_is_told_to_ask_the_platform_team(
+    owner, tenant, plan, private_cell
+):
+    with pytest.raises(ValidationError) as caught:
+        create(owner, tenant, plan, None)
+
+    assert caught.value.messages == [
+        "No region is offered to your organization yet: ask the platform team."
+    ]
+    assert not Instance.objects.exists()

@@ -172,3 +172,96 @@ def test_the_organization_list_makes_as_many_queries_for_many_organizations_as_f
     found = staff_client.get(_url(Tenant, "changelist"), {**by_members, "q": "x.example"})
     counts = re.findall(r'<td class="field-member_count">(\d+)</td>', found.content.decode())
     assert counts == ["3"] * 5 + ["2"] * 5
+
+
+def _audited(action):
+    return list(
+        AuditEvent.objects.filter(action=action).values_list("actor_kind", "target_id", "payload")
+    )
+
+
+@pytest.mark.django_db
+def test_staff_put_a_user_in_the_billing_team_from_the_admin_and_it_is_audited(
+    staff_client, make_user
+):
+    from django.contrib.auth.models import Group
+
+    team, _ = Group.objects.get_or_create(name="Billing team")
+    finance = make_user("finance@example.com")
+
+    response = staff_client.post(
+        _url(type(finance), "change", finance.pk),
+        {"email": finance.email, "is_active": "on", "is_staff": "on", "groups": [team.pk]},
+    )
+
+    assert response.status_code == 302
+    assert list(finance.groups.all()) == [team]
+    [(kind, target, payload)] = _audited("user.update")
+    assert (kind, target) == ("staff", str(finance.pk))
+    assert payload["groups"] == ["Billing team"] and "groups" in payload["changed"]
+
+
+@pytest.mark.django_db
+def test_a_password_staff_set_in_the_admin_is_audited_and_a_refused_one_is_not(
+    staff_client, make_user
+):
+    user = make_user("kim@example.com")
+    url = reverse("admin:auth_user_password_change", args=[user.pk])
+    usable = {"usable_password": "true"}
+
+    refused = staff_client.post(
+        url, {"password1": "a-New-pass-123", "password2": "other", **usable}
+    )
+    changed = staff_client.post(
+        url,
+        {
+            "password1": "a-New-pass-123",
+            "password2": "a-New-pass-123",
+            "set_usable_password": "true",
+        },
+    )
+
+    assert (refused.status_code, changed.status_code) == (200, 302)
+    user.refresh_from_db()
+    assert user.check_password("a-New-pass-123")
+    assert _audited("user.password") == [("staff", str(user.pk), {"email": "kim@example.com"})]
+
+
+@pytest.mark.django_db
+def test_a_group_permission_change_and_who_a_cell_is_offered_to_are_audited(staff_client, tenant):
+    from django.contrib.auth.models import Group, Permission
+
+    from tests.deployments import factories
+
+    team, _ = Group.objects.get_or_create(name="Billing team")
+    view = Permission.objects.get(codename="view_invoice")
+    cell = factories.cell()
+
+    staff_client.post(_url(Group, "change", team.pk), {"name": team.name, "permissions": [view.pk]})
+    staff_client.post(_url(type(cell), "change", cell.pk), {"tenants": [tenant.pk]})
+
+    [(_, _, group)] = _audited("group.update")
+    assert group == {
+        "name": "Billing team",
+        "permissions": ["view_invoice"],
+        "changed": ["permissions"],
+    }
+    [(_, _, offered)] = _audited("cell.update")
+    assert offered == {"public": False, "tenants": [tenant.slug], "changed": ["public", "tenants"]}
+
+
+@pytest.mark.django_db
+def test_disabling_or_editing_a_beat_task_in_the_admin_is_audited(staff_client):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every = IntervalSchedule.objects.create(every=1, period="hours")
+    task = PeriodicTask.objects.create(name="usage-meter", task="x.y", interval=every)
+
+    staff_client.post(
+        _url(PeriodicTask, "changelist"), {"action": "disable_tasks", "_selected_action": [task.pk]}
+    )
+    staff_client.post(_url(PeriodicTask, "delete", task.pk), {"post": "yes"})
+
+    assert not PeriodicTask.objects.exists()
+    assert _audited("periodictask.disable") == [("staff", str(task.pk), {"name": "usage-meter"})]
+    assert [p["name"] for _, _, p in _audited("periodictask.delete")] == ["usage-meter"]
