@@ -2,11 +2,12 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.forms import AdminUserCreationForm
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db.models import Count
 
-from accounts import services
+from accounts import selectors, services
 from accounts.audit import Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
@@ -77,6 +78,17 @@ class StaffAudited:
         super().delete_queryset(request, queryset)
 
 
+class UserAddForm(AdminUserCreationForm):
+    """Django's, with the address as the sign-up stores it (`services.email_address_clean`)
+    and refused when an account signs in with it or confirmed it, whatever its case."""
+
+    def clean_email(self):
+        email = services.email_address_clean(self.cleaned_data["email"])
+        if not selectors.email_address_unclaimed(email):
+            raise ValidationError("Another account signs in with this address or confirmed it.")
+        return email
+
+
 @admin.register(User)
 class UserAdmin(StaffAudited, BaseUserAdmin):
     ordering = ["email"]
@@ -96,6 +108,11 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
         (None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]}),
     ]
     readonly_fields = ["last_login", "date_joined"]
+    add_form = UserAddForm
+
+    def get_readonly_fields(self, request, obj=None):
+        # A person changes their own address on their Email page, confirming it there.
+        return [*self.readonly_fields, *(["email"] if obj is not None else [])]
 
     filter_horizontal = ["groups", "user_permissions"]
 

@@ -41,6 +41,13 @@ class User(AbstractUser):
 
     objects = UserManager()
 
+    class Meta(AbstractUser.Meta):
+        constraints = [
+            # One account per address, whatever its case: the sign-up and the Email page store
+            # addresses lowercase, and this holds for every other way in (the admin, a shell).
+            models.UniqueConstraint(Lower("email"), name="user_email_once_in_any_case"),
+        ]
+
     def __str__(self) -> str:
         return self.email
 

@@ -265,3 +265,58 @@ def test_disabling_or_editing_a_beat_task_in_the_admin_is_audited(staff_client):
     assert not PeriodicTask.objects.exists()
     assert _audited("periodictask.disable") == [("staff", str(task.pk), {"name": "usage-meter"})]
     assert [p["name"] for _, _, p in _audited("periodictask.delete")] == ["usage-meter"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("typed", ["DEMO@Example.com", "demo@\uff45xample.com"])
+def test_staff_cannot_add_a_second_account_for_an_address_in_another_case_or_form(
+    staff_client, make_user, typed
+):
+    from accounts.models import User
+
+    make_user("demo@example.com")
+
+    page = staff_client.post(
+        reverse("admin:accounts_user_add"),
+        {"email": typed, "password1": "a-New-pass-123", "password2": "a-New-pass-123",
+         "usable_password": "true"},
+    )  # fmt: skip
+
+    assert page.status_code == 200
+    assert "Another account signs in with this address or confirmed it." in page.content.decode()
+    assert sorted(User.objects.values_list("email", flat=True)) == [
+        "demo@example.com",
+        "staff@example.com",
+    ]
+
+
+@pytest.mark.django_db
+def test_a_new_account_staff_add_is_stored_as_the_sign_up_stores_it(staff_client):
+    from accounts.models import User
+
+    staff_client.post(
+        reverse("admin:accounts_user_add"),
+        {"email": "Kim@Example.COM", "password1": "a-New-pass-123",
+         "password2": "a-New-pass-123", "usable_password": "true"},
+    )  # fmt: skip
+
+    assert User.objects.filter(email="kim@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_an_accounts_address_is_not_changed_in_the_admin_nor_stored_twice_in_any_case(
+    staff_client, make_user
+):
+    from django.db import IntegrityError, transaction
+
+    from accounts.models import User
+
+    kim = make_user("kim@example.com")
+    make_user("lee@example.com")
+
+    staff_client.post(_url(User, "change", kim.pk), {"email": "LEE@example.com", "is_active": "on"})
+    with pytest.raises(IntegrityError), transaction.atomic():
+        User.objects.filter(pk=kim.pk).update(email="LEE@example.com")
+
+    kim.refresh_from_db()
+    assert kim.email == "kim@example.com"
