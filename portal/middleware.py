@@ -1,16 +1,34 @@
-"""What an htmx request gets when the page it came from no longer holds."""
+"""The portal's own middleware: addresses no page is found by, and what an htmx request gets
+when the page it came from no longer holds."""
 
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import resolve_url
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts.htmx import current_address
+
+
+class NullCharacterMiddleware:
+    """A request whose path or query holds a null character is answered 400: PostgreSQL
+    cannot compare text with one, so a lookup by it (an admin page by id, a list filter)
+    would fail with a database error and a 500 instead of finding nothing."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "\x00" in request.path or any(
+            "\x00" in key or any("\x00" in value for value in values)
+            for key, values in request.GET.lists()
+        ):
+            raise BadRequest("null character in the address")
+        return self.get_response(request)
 
 
 class HtmxPageGoneMiddleware:
