@@ -22,10 +22,10 @@ class InvoiceFilterForm(forms.Form):
     # At most what an invoice's total holds (a larger number is no amount, and overflows the
     # database's comparison).
     min_total = forms.DecimalField(
-        required=False, min_value=0, max_digits=18, decimal_places=2, label="From"
+        required=False, min_value=0, max_digits=18, decimal_places=2, label="Total at least"
     )
     max_total = forms.DecimalField(
-        required=False, min_value=0, max_digits=18, decimal_places=2, label="To"
+        required=False, min_value=0, max_digits=18, decimal_places=2, label="Total at most"
     )
 
     def clean_period(self):

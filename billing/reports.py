@@ -18,6 +18,7 @@ from decimal import ROUND_FLOOR, Decimal
 
 from django.db.models import Exists, Max, OuterRef, Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from accounts.models import Tenant
 from billing import usage
@@ -54,6 +55,11 @@ class PeriodCost:
     first_day: date
     last_day: date  # the period's last day (it may not have ended yet)
     currencies: list[CurrencyCost]
+
+    @property
+    def ended(self) -> bool:
+        """Whether the period is over (UTC): its figures are final, not "so far"."""
+        return timezone.now().date() > self.last_day
 
 
 def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> PeriodCost:

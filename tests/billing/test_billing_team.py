@@ -160,6 +160,9 @@ def test_the_usage_explorer_shows_a_tenants_period_with_its_chart(team_client, t
     page = page.content.decode()
     assert "Usage billed in 2026-10" in page
     assert '<span class="figure">0.70 USD</span>' in page
+    # A period over is metered in full: no "so far", no "will".
+    assert "metered in the period." in page and "As the invoice counts it" in page
+    assert "so far" not in page and "will count" not in page
     assert 'data-chart="daily-cost-usd-data"' in page
     assert "is not a billing period" in bad.content.decode()
 
@@ -192,6 +195,8 @@ def test_the_usage_page_shows_the_current_period_by_default(team_client, tenant)
 
     assert f"Usage billed in {datetime.now(UTC):%Y-%m}" in page
     assert "No usage yet this period." in page
+    ended = team_client.get(f"/billing-team/usage/{tenant.slug}/", {"period": "2026-01"})
+    assert "No usage in this period." in ended.content.decode()
 
 
 def test_numbers_and_months_no_invoice_could_have_are_flagged_not_a_server_error(

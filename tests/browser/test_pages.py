@@ -310,3 +310,35 @@ def test_an_organization_named_in_one_long_word_never_scrolls_sideways(
         page = open_page(owner, f"/t/{tenant.slug}/{path}", width)
         shot(page, f"long-name-{path.replace('/', '-') or 'dashboard'}{width}")
         assert not scrolls_sideways(page), path
+
+
+@BOTH_WIDTHS
+def test_the_billing_teams_invoice_pages_show_every_column_on_a_phone(
+    open_page, make_user, tenant, width
+):
+    from decimal import Decimal
+
+    from django.contrib.auth.models import Group
+
+    from billing.models import Invoice, InvoiceLine, Plan
+
+    finance = make_user("finance@opsdeck.example", is_staff=True)
+    finance.groups.add(Group.objects.get_or_create(name="Billing team")[0])
+    plan = Plan.objects.create(key="hobby", name="Hobby PostgreSQL", service="postgresql")
+    invoice = Invoice.objects.create(
+        tenant=tenant, plan=plan, period="2026-10", currency="usd", total=Decimal("1234.56")
+    )
+    InvoiceLine.objects.create(
+        invoice=invoice, instance_id="inst-abcdefgh", instance_name="orders-production-primary",
+        dimension="storage", quantity=Decimal("74400"), unit_price=Decimal("0.000137"),
+        amount=Decimal("1234.56"),
+    )  # fmt: skip
+
+    for path, table in [("/billing-team/", "#team-invoices"),
+                        (f"/billing-team/invoices/{invoice.pk}/", ".invoice-lines")]:  # fmt: skip
+        page = open_page(finance, path, width)
+        shot(page, f"billing-team-{table.strip('#.')}-{width}")
+        expect(page.locator(table)).to_contain_text("1234.56")
+        assert not scrolls_sideways(page)
+        box = page.locator(f".table-scroll:has({table})")
+        assert box.evaluate("el => el.scrollWidth <= el.clientWidth"), path
