@@ -40,7 +40,9 @@ def run_action(modeladmin, request, queryset, call, done: str) -> None:
             changed += 1
         except (ActionDenied, ValidationError) as exc:
             reason = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
-            modeladmin.message_user(request, f"{obj}: {reason}", messages.ERROR)
+            # Led by a word: the admin capitalises a message's first letter, which would
+            # misspell an address ("Kim@example.com …").
+            modeladmin.message_user(request, f"Not done for {obj}: {reason}", messages.ERROR)
     if changed:
         modeladmin.message_user(request, f"{done}: {changed}.", messages.SUCCESS)
 

@@ -126,6 +126,7 @@ def test_the_admin_keeps_the_last_owner_rule(staff_client, tenant, owner):
     )
 
     assert b"needs at least one owner" in response.content
+    assert f"Not done for {membership}: ".encode() in response.content  # its address as written
     membership.refresh_from_db()
     assert membership.role == "owner"
 
