@@ -110,13 +110,12 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
         (None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]}),
     ]
     readonly_fields = ["last_login", "date_joined"]
+    filter_horizontal = ["groups", "user_permissions"]
     add_form = UserAddForm
 
     def get_readonly_fields(self, request, obj=None):
         # A person changes their own address on their Email page, confirming it there.
         return [*self.readonly_fields, *(["email"] if obj is not None else [])]
-
-    filter_horizontal = ["groups", "user_permissions"]
 
     def audit_payload(self, obj) -> dict:
         return {"email": obj.email, "groups": sorted(g.name for g in obj.groups.all())}
