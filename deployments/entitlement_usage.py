@@ -27,6 +27,9 @@ from deployments.spec.loader import POINT_IN_TIME
 from deployments.spec.model import PlanSpec, Verb
 
 _LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
+# How a change that ran can end without its values being stored: failed, or cancelled after the
+# cluster took some of it (which leaves the instance failed, as a failure does).
+_ENDED_UNDONE = [Operation.State.FAILED, Operation.State.CANCELLED]
 
 
 def usage_on_plan(
@@ -47,10 +50,10 @@ def _usage(
     counts at the most it holds now or will hold while its queued and running operations run,
     and an instance moving onto the plan (an upgrade to one of its versions, queued) counts on
     it already. A failed instance counts at least the values of its last modify, upgrade or
-    roll back that failed (what it ran with): the cluster may hold some of it, a grown volume
-    for good. The operations are read with the instances, in one statement, so as of one
-    moment: one finishing meanwhile is counted either as queued or by the values it left on
-    its instance (the runner stores both at once), never missed.
+    roll back that failed or was cancelled once running (what it ran with): the cluster may
+    hold some of it, a grown volume for good. The operations are read with the instances, in
+    one statement, so as of one moment: one finishing meanwhile is counted either as queued or
+    by the values it left on its instance (the runner stores both at once), never missed.
     """
     live = _LIVE if pending else []  # without `pending`, no operation joins an instance
     with connection.cursor() as cursor:
@@ -59,8 +62,8 @@ def _usage(
             return entitlements.Usage(instances=cursor.fetchone()[0]), {}
         cursor.execute(
             _ROWS,
-            [live, plan.pk, Instance.State.FAILED, Operation.State.FAILED,
-             list(lifecycle.ROLLED_BACK), tenant.pk, Instance.State.DELETED, plan.pk],
+            [live, plan.pk, Instance.State.FAILED, _ENDED_UNDONE, list(lifecycle.ROLLED_BACK),
+             tenant.pk, Instance.State.DELETED, plan.pk],
         )  # fmt: skip
         rows = cursor.fetchall()
     instances: dict[str, tuple] = {}
@@ -123,16 +126,16 @@ _JOINED = f"""
 _WHERE = "WHERE i.tenant_id = %s AND i.state <> %s AND (v.plan_id = %s OR o.id IS NOT NULL)"
 _COUNT = f"SELECT count(DISTINCT i.id) {_JOINED} {_WHERE}"
 # Per instance: id, version, plan, parameters, and, failed, the version and parameters of its
-# last failed modify, upgrade or roll back that ran (one refused at its start ran nothing;
-# parameters: the failed instance and operation states, the verbs); then an operation's
-# `_OP_FIELDS`, oldest first.
+# last modify, upgrade or roll back that ran and failed or was cancelled (one refused at its
+# start ran nothing; parameters: the failed instance state, `_ENDED_UNDONE`, the verbs); then
+# an operation's `_OP_FIELDS`, oldest first.
 _ROWS = f"""
     SELECT i.id, i.plan_version_id, v.plan_id, i.parameters, f.plan_version_id, f.parameters,
            {", ".join(f"o.{connection.ops.quote_name(f.column)}" for f in _OP_FIELDS)}
       {_JOINED}
       LEFT JOIN LATERAL (
         SELECT plan_version_id, parameters FROM {_OPERATION}
-         WHERE instance_id = i.id AND i.state = %s AND state = %s AND verb = ANY(%s)
+         WHERE instance_id = i.id AND i.state = %s AND state = ANY(%s) AND verb = ANY(%s)
                AND started_at IS NOT NULL
          ORDER BY created_at DESC LIMIT 1
       ) f ON true

@@ -312,16 +312,18 @@ def test_an_instance_moving_onto_a_plan_is_measured_once_not_on_every_check(
     assert metering._stored_quantities.cache_info().misses == measured
 
 
+@pytest.mark.parametrize("ended", [Operation.State.FAILED, Operation.State.CANCELLED])
 def test_a_failed_change_counts_against_the_total_until_it_is_rolled_back(
-    local, hobby, subscribed, tenant, owner
+    local, hobby, subscribed, tenant, owner, ended
 ):
+    """Failed, or cancelled once the cluster had taken some of it: either leaves the instance
+    failed, its cluster possibly holding the change."""
     a = _running(owner, tenant, hobby, name="a", storageGi=20)
     failed = Operation.objects.create(
         instance=a, verb="modify", request_id="grew", plan_version=a.plan_version,
-        state=Operation.State.FAILED, parameters={**a.parameters, "storageGi": 30},
-        started_at=timezone.now(),
+        state=ended, parameters={**a.parameters, "storageGi": 30}, started_at=timezone.now(),
     )  # fmt: skip
-    transitions.instance_state_set(a, Instance.State.FAILED, operation=failed, reason="cancelled")
+    transitions.instance_state_set(a, Instance.State.FAILED, operation=failed, reason=ended)
 
     # Stored 20 GiB, but the cancelled change may have grown the volume to 30 (it cannot shrink).
     with pytest.raises(ActionDenied, match="this would make 60 GiB of storage"):
