@@ -511,13 +511,13 @@ def _ours(stripe_subscription: Any) -> Subscription | None:
         pk=int(reference), tenant__stripe_customer__customer_id=stripe_subscription.customer
     ).first()
     # The ids are stored when ours has none yet and still waits for one: a Stripe subscription
-    # started later for it (a second checkout page paid) never replaces the one it holds.
-    if (
-        found is not None
-        and not found.stripe_subscription_id
-        and found.status != Subscription.Status.CANCELLED
-    ):
-        Subscription.objects.filter(pk=found.pk).update(
+    # started later for it (a second checkout page paid) never replaces the one it holds. Judged
+    # by the UPDATE itself, on the row as it is once a cancel holding it has committed: a cancel
+    # that found no Stripe subscription to end leaves this one unheld, so it is ended.
+    if found is not None and not found.stripe_subscription_id:
+        Subscription.objects.filter(pk=found.pk, stripe_subscription_id="").exclude(
+            status=Subscription.Status.CANCELLED
+        ).update(
             stripe_subscription_id=stripe_subscription.id,
             stripe_customer_id=stripe_subscription.customer,
         )

@@ -359,6 +359,32 @@ def test_stripe_reporting_a_subscription_active_while_it_is_cancelled_changes_no
     assert not AuditEvent.objects.filter(action="subscription.reactivate").exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_checkout_paid_while_its_subscription_is_being_cancelled_is_ended_in_stripe(
+    owner_client, owner, tenant, catalog, emulator, gw
+):
+    """The cancel found no Stripe subscription to end (the page was paid a moment before, and
+    Stripe had not told us yet): the one Stripe then reports is not left billing."""
+    response = _subscribe(owner_client, tenant, catalog)
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", response["Location"])
+    pending = Subscription.objects.get(tenant=tenant, plan=catalog)
+    emulator.complete_checkout(session_id)
+    started = gw.checkout_session(session_id).subscription
+
+    cancelled, mirrored = beside_a_lock(
+        lambda: Subscription.objects.select_for_update().get(pk=pending.pk),
+        lambda: services.subscription_cancel(
+            actor=Actor(user=owner), subscription=pending, then=stripe_sync.subscription_end
+        ),
+        lambda: stripe_sync.subscription_mirror(gw.subscription(started), gw),  # its webhook
+    )
+
+    assert cancelled == "committed", cancelled
+    pending.refresh_from_db()
+    assert (pending.status, pending.stripe_subscription_id) == ("cancelled", "")
+    assert gw.subscription(started).status == "canceled", mirrored  # nothing left billing
+
+
 def test_staff_cannot_approve_a_subscription_waiting_for_payment_on_stripe(
     owner_client, tenant, catalog, emulator, gw, make_user
 ):
