@@ -526,9 +526,14 @@ def _invitation_replaced(invitation: Invitation) -> bool:
 
 
 def invitation_accept(*, actor: Actor, token: str) -> Membership:
-    """Join the invitation's organization; the link works once, for its own address."""
+    """Join the invitation's organization; the link works once, for its own address.
+
+    Under the organization's lock, as inviting is: an invitation sent to the address while it
+    is accepted either replaces it first (this link then no longer works) or finds its
+    recipient a member already, never leaves a member with an invitation open."""
     with transaction.atomic():
         invitation = invitation_from_token(token)
+        tenant_lock(invitation.tenant_id)
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
         if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
             raise InvitationInvalid("This invitation can no longer be used.")

@@ -5,13 +5,15 @@ import time
 from datetime import timedelta
 
 import pytest
+from allauth.account.models import EmailAddress
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError
 from django.test import Client
 from django.utils import timezone
 
 from accounts import services
 from accounts.audit import Actor
-from accounts.models import AuditEvent, Invitation, Membership
+from accounts.models import AuditEvent, Invitation, Membership, User
 from tests.concurrency import race
 
 
@@ -480,3 +482,45 @@ def test_withdrawing_a_pending_invitation_says_so_and_records_it(owner_client, i
     assert "Invitation to bob@x.example withdrawn." in response.content.decode()
     assert Invitation.objects.get(pk=invitation.pk).status == "revoked"
     assert AuditEvent.objects.filter(tenant=tenant, action="invitation.revoke").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inviting_someone_again_while_they_accept_leaves_a_member_or_an_open_invitation_not_both(
+    tenant, owner
+):
+    """Swept over the moments the second invitation may come while the first is accepted."""
+    for n, delay in enumerate(x / 1000 for x in range(0, 40, 3)):
+        email = f"carol{n}@x.example"
+        first = services.invitation_create(
+            actor=Actor(user=owner), tenant=tenant, email=email, role="member"
+        )
+        invitee = User.objects.create_user(email=email, password=None)
+        EmailAddress.objects.create(user=invitee, email=email, verified=True, primary=True)
+        page = Client()
+        page.force_login(invitee)
+        turns, turn = iter(["accept", "invite"]), threading.Lock()
+
+        def accept_or_invite(first=first, page=page, email=email, turns=turns, turn=turn,
+                             delay=delay):  # fmt: skip
+            with turn:
+                action = next(turns)
+            if action == "accept":
+                return page.post(f"/invitations/{services.invitation_token(first)}/").status_code
+            time.sleep(delay)
+            try:
+                return services.invitation_create(
+                    actor=Actor(user=owner), tenant=tenant, email=email, role="admin"
+                ).status
+            except ValidationError as exc:  # the refusal, when they joined first
+                return exc.messages
+
+        results = race(accept_or_invite, times=2)
+
+        joined = Membership.objects.filter(tenant=tenant, user=invitee).first()
+        still_open = Invitation.objects.filter(tenant=tenant, email=email, accepted_at=None,
+                                               revoked_at=None)  # fmt: skip
+        if joined is not None:  # they joined first: the second invitation was refused
+            assert joined.role == "member" and not still_open.exists(), (delay, results)
+            assert f"{email} is already a member." in str(results)
+        else:  # the invitation was sent first: the older link no longer works, the new one does
+            assert [i.role for i in still_open] == ["admin"], (delay, results)
