@@ -6,8 +6,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import BadRequest, PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import resolve_url
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -15,9 +15,9 @@ from accounts.htmx import current_address
 
 
 class NullCharacterMiddleware:
-    """A request whose path or query holds a null character is answered 400: PostgreSQL
-    cannot compare text with one, so a lookup by it (an admin page by id, a list filter)
-    would fail with a database error and a 500 instead of finding nothing."""
+    """A request whose path or query holds a null character finds nothing (404), as any
+    address no page has: PostgreSQL cannot compare text holding one, so a lookup by it (an
+    admin page by id, a list filter, a search) would fail with a database error, a 500."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
@@ -27,7 +27,7 @@ class NullCharacterMiddleware:
             "\x00" in key or any("\x00" in value for value in values)
             for key, values in request.GET.lists()
         ):
-            raise BadRequest("null character in the address")
+            raise Http404("null character in the address")
         return self.get_response(request)
 
 
