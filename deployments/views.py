@@ -735,7 +735,13 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     """The restore form of a completed backup (GET) and the restore itself (POST): a new
     instance from the backup's parameters, the fixed ones as the backup holds them."""
     instance = _instance(request, instance_id)
-    snapshot = _snapshot(instance, snapshot_id)
+    # A deleted one too, to say so: a teammate may delete it while the form is open.
+    snapshot = _snapshot(instance, snapshot_id, deleted=True)
+    if snapshot.status == Snapshot.Status.DELETED:
+        messages.error(
+            request, f"The backup {snapshot.name} was deleted: it can no longer be restored."
+        )
+        return redirect(_page_url(instance, "backups"))
     if request.method == "GET":
         action_require(request, "backup.restore")
         if snapshot.status != Snapshot.Status.COMPLETED:

@@ -787,6 +787,26 @@ def test_restore_without_a_name_shows_the_form_again(owner_client, instance):
     assert Instance.objects.count() == 1
 
 
+def test_restoring_a_backup_a_teammate_deleted_meanwhile_says_so_and_makes_nothing(
+    owner_client, instance
+):
+    snapshot = instance.snapshots.get()
+    form = owner_client.get(_restore_url(instance, snapshot))
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.DELETED)  # another tab
+
+    sent = owner_client.post(
+        _url(instance, f"backups/{snapshot.pk}/restore/"),
+        {"request_id": "rs-3", "name": "orders-copy"}, follow=True,
+    )  # fmt: skip
+
+    assert form.status_code == 200
+    assert sent.redirect_chain[-1][0] == _url(instance) + "?tab=backups"
+    assert f"The backup {snapshot.name} was deleted: it can no longer be restored." in (
+        sent.content.decode()
+    )
+    assert Instance.objects.count() == 1
+
+
 def _restore_url(instance, snapshot, request_id="a" * 32):
     return _url(instance, f"backups/{snapshot.pk}/restore/?request={request_id}")
 
