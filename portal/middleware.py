@@ -7,7 +7,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import resolve_url
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -15,19 +15,23 @@ from accounts.htmx import current_address
 
 
 class NullCharacterMiddleware:
-    """A request whose path or query holds a null character finds nothing (404), as any
-    address no page has: PostgreSQL cannot compare text holding one, so a lookup by it (an
-    admin page by id, a list filter, a search) would fail with a database error, a 500."""
+    """PostgreSQL cannot compare text holding a null character: a lookup by one (an admin page
+    by id, a list filter, a search) would fail with a database error, a 500. An address whose
+    path holds one finds nothing (404), as any address no page has; a query's null characters
+    are dropped, so a search finds what the rest of it names."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if "\x00" in request.path or any(
+        if "\x00" in request.path:
+            raise Http404("null character in the address")
+        if any(
             "\x00" in key or any("\x00" in value for value in values)
             for key, values in request.GET.lists()
         ):
-            raise Http404("null character in the address")
+            # Written out again, each null character is "%00" (a "%" typed is "%25").
+            request.GET = QueryDict(request.GET.urlencode().replace("%00", ""))
         return self.get_response(request)
 
 
