@@ -63,9 +63,12 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
         return form[form.index('hx-confirm="') :].split('"')[1] if "hx-confirm" in form else ""
 
     backup, failover, modify = (confirm(op) for op in running)
-    # A backup leaves the instance as it is, whatever the cluster did of it.
-    assert backup.startswith("Cancel this backup? It stops at its next step;")
-    assert backup.endswith("; what it has changed in the cluster stays.")
+    # A backup leaves the instance as it is, whatever the cluster did of it; one the cluster
+    # began may still be taken there, and is not listed.
+    assert backup == (
+        "Cancel this backup? It stops at its next step. If the cluster has already begun it, the"
+        " cluster may still finish it, but it will not be listed, nor restorable from here."
+    )
     # ... and a modify Roll back undoes, as the Failed instance offers.
     assert modify.endswith("the instance may be left Failed until you roll it back.")
     # The operator finishes a switchover it took.
