@@ -220,6 +220,19 @@ def test_cancelling_ends_the_stripe_subscription_with_its_period(
     assert subscription.status == "cancelled"
 
 
+def test_coming_back_from_a_cancelled_checkout_says_the_subscription_waits_and_how_to_end_it(
+    owner_client, tenant, catalog, emulator, gw
+):
+    _subscribe(owner_client, tenant, catalog)
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/", {"checkout": "cancelled"})
+
+    html = page.content.decode()
+    assert "Checkout was cancelled: nothing was charged. A subscription you started stays" in html
+    assert "Awaiting payment</span>" in html and "Continue to payment" in html
+    assert Subscription.objects.get(tenant=tenant).status == "pending"
+
+
 def test_cancelling_a_subscription_waiting_for_payment_closes_its_checkout_page(
     client, owner_client, tenant, catalog, emulator, gw
 ):
