@@ -24,13 +24,14 @@ def plan_retention_days(backup_configuration: dict | None) -> int:
     return (backup_configuration or {}).get("backupRetentionInDays") or DEFAULT_RETENTION_DAYS
 
 
-# Each field of a cron expression: its name, and the values it takes (crontab_parser's bounds).
+# Each field of a cron expression: its name, and the values it takes. A day of the week is 0 to
+# 7, Sunday both 0 and 7, as cron reads it (crontab takes 0 to 6: 7 is given to it as 0).
 _CRON_FIELDS = (
     ("minute", 0, 59),
     ("hour", 0, 23),
     ("day-of-month", 1, 31),
     ("month", 1, 12),
-    ("day-of-week", 0, 6),
+    ("day-of-week", 0, 7),
 )
 
 
@@ -59,15 +60,21 @@ def cron_parse(expression: str) -> crontab:
     fields = expression.split()
     if len(fields) != 5:
         raise ValueError(f"Give five fields, not {len(fields)}. {CRON_HELP}")
+    values = []
     for (name, low, high), field in zip(_CRON_FIELDS, fields, strict=True):
         try:
-            crontab_parser(high - low + 1, low).parse(field)  # as crontab reads the field
+            # Digits other than 0-9 (int() reads Arabic-Indic or full-width ones) are refused.
+            if not field.isascii():
+                raise ValueError(field)
+            values.append(crontab_parser(high - low + 1, low).parse(field))  # as crontab reads it
         except (ParseException, ValueError, TypeError, KeyError, IndexError):
             raise ValueError(
                 f'The {name} field "{field}" is not valid: use numbers from {low} to {high}, '
                 f"*, a range (1-5), a list (1,15) or a step (*/2). {CRON_HELP}"
             ) from None
     minute, hour, day_of_month, month, day_of_week = fields
+    if day_of_week != "*":
+        day_of_week = ",".join(str(day) for day in sorted({day % 7 for day in values[-1]}))
     try:
         return crontab(
             minute=minute,

@@ -84,6 +84,22 @@ def test_a_cron_schedule_falls_due_at_its_next_time():
     )
 
 
+def test_sunday_is_day_7_as_well_as_day_0():
+    now = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)  # a Tuesday
+    sunday = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
+
+    schedules.cron_check("0 3 * * 7")
+    assert schedules.slot_after(after=now, interval_hours=None, cron="0 3 * * 7") == sunday
+    # A range that ends on 7 runs Friday, Saturday and Sunday.
+    friday = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
+    assert schedules.slot_after(after=now, interval_hours=None, cron="0 3 * * 5-7") == friday
+    saturday = datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
+    following = schedules.slot_next(
+        slot=saturday, now=saturday, interval_hours=None, cron="0 3 * * 5-7"
+    )
+    assert following == sunday
+
+
 def test_a_cron_stored_before_it_was_refused_still_falls_due_at_most_hourly():
     slot = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
 
@@ -97,7 +113,9 @@ def test_a_cron_stored_before_it_was_refused_still_falls_due_at_most_hourly():
 @pytest.mark.parametrize(
     ("cron", "field"),
     [("-1 3 * * *", "minute"), ("0 3 , * *", "day-of-month"), ("0 0 1 13 *", "month"),
-     ("0 0 32 * *", "day-of-month")],
+     ("0 0 32 * *", "day-of-month"), ("0 0 * * 8", "day-of-week"),
+     # Digits that int() would read as 0-9 are not cron's digits.
+     ("\u0660 3 * * *", "minute"), ("0 \uff13 * * *", "hour")],
 )  # fmt: skip
 def test_a_cron_field_out_of_its_range_is_named(cron, field):
     with pytest.raises(ValueError, match=f'The {field} field "'):
