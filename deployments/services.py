@@ -1277,13 +1277,15 @@ INTERVAL_MAX_HOURS = 24 * 366
 def _schedule_errors(
     *,
     spec,
+    retention_most: int,
     interval_hours: Any,
     cron: Any,
     retention_days: Any,
     retention_count: Any,
     enabled: bool,
 ) -> dict[str, str]:
-    """What is wrong with a schedule as given, field by field."""
+    """What is wrong with a schedule as given, field by field; `retention_most` is the most
+    days the instance's plan keeps backups for."""
     errors = {}
 
     def whole(value: Any, least: int, most: int) -> bool:
@@ -1301,9 +1303,9 @@ def _schedule_errors(
             errors["interval_hours"] = "Give either a number of hours or a cron expression."
     elif not whole(interval_hours, 1, INTERVAL_MAX_HOURS):
         errors["interval_hours"] = f"Give a whole number of hours from 1 to {INTERVAL_MAX_HOURS}."
-    most_days = selectors.RETENTION_MAX_DAYS
-    if not whole(retention_days, 1, most_days):
-        errors["retention_days"] = f"Give a whole number of days from 1 to {most_days}."
+    if not whole(retention_days, 1, selectors.RETENTION_MAX_DAYS):
+        # The range the form offers: the plan's limit refuses more, in its own words, after.
+        errors["retention_days"] = f"Give a whole number of days from 1 to {retention_most}."
     if retention_count is not None and not whole(retention_count, 1, 10_000):
         errors["retention_count"] = "Give a whole number of backups from 1, or leave it empty."
     if enabled and "backup" not in spec.main.verbs:
@@ -1336,6 +1338,7 @@ def backup_schedule_update(
             raise ActionDenied("The instance is deleted: it takes no more backups.")
         errors = _schedule_errors(
             spec=selectors.plan_spec(instance.plan_version),
+            retention_most=selectors.backup_retention_most(instance),
             interval_hours=interval_hours,
             cron=cron,
             retention_days=retention_days,

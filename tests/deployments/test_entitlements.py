@@ -435,6 +435,25 @@ def test_a_backup_retention_beyond_the_plan_is_refused(local, hobby, subscribed,
     assert _denied(tenant, "backup.schedule").exists()
 
 
+def test_a_retention_beyond_any_plan_is_told_the_range_the_plan_allows(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    instance = _running(owner, tenant, hobby)
+
+    response = owner_client.post(
+        f"/t/{tenant.slug}/deployments/{instance.pk}/backups/schedule/",
+        {"timing": "interval", "interval_hours": "24", "retention_days": "3651", "enabled": "on"},
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    # The field says what the form offers (at most 30 on Hobby), not any schedule's ceiling.
+    error = html[html.index('id="schedule-retention_days-error"') :][:300]
+    assert "Give a whole number of days from 1 to 30." in error
+    instance.backup_schedule.refresh_from_db()
+    assert instance.backup_schedule.retention_days != 3651
+
+
 def test_the_backups_tab_offers_retention_up_to_the_plans_limit(
     local, hobby, subscribed, tenant, owner, owner_client
 ):
