@@ -260,9 +260,15 @@ def _constraint(exc: IntegrityError) -> str | None:
     return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
 
 
+# Hyphens, the minus sign and the en dash, which read as "-" in a name: a U+2010 hyphen in
+# "orders-db" makes it "orders-db", taken with it. NFKC leaves them be (it makes U+2011 a U+2010).
+_HYPHENS = str.maketrans(dict.fromkeys("\u2010\u2011\u2012\u2013\u2043\u2212", "-"))
+
+
 def _instance_name(name: Any) -> str:
     # Compatibility forms as their plain letters: fullwidth "orders" is "orders" (taken with it).
-    name = unicodedata.normalize("NFKC", name).strip() if isinstance(name, str) else ""
+    name = unicodedata.normalize("NFKC", name) if isinstance(name, str) else ""
+    name = name.translate(_HYPHENS).strip()
     if not name:
         raise ValidationError({"name": "Give the instance a name."})
     if len(name) > NAME_MAX:

@@ -89,6 +89,24 @@ def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
     assert _create(owner, tenant, plan, name="ORDERS").instance.name == "ORDERS"
 
 
+def test_a_name_with_a_hyphen_that_looks_like_another_is_that_name(cell, plan, tenant, owner):
+    first = _create(owner, tenant, plan, name="orders-db")
+
+    # A non-breaking hyphen, a minus sign, an en dash: each reads as "orders-db".
+    for same in ["orders\u2011db", "orders\u2212db", "Orders\u2013DB"]:
+        with pytest.raises(ValidationError) as refused:
+            _create(owner, tenant, plan, name=same)
+
+        assert refused.value.message_dict == {
+            "name": [
+                "Another instance of your organization is called “orders-db”: choose another name."
+            ]
+        }
+    assert list(Instance.objects.filter(tenant=tenant)) == [first.instance]
+    # Alone, such a name is kept with the hyphen it reads as.
+    assert _create(owner, tenant, plan, name="cache\u2010eu").instance.name == "cache-eu"
+
+
 def test_a_proposed_name_is_one_no_live_instance_has_and_fits(cell, plan, tenant, owner):
     from deployments import selectors
 
