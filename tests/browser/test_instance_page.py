@@ -338,7 +338,7 @@ def test_cancelling_an_operation_asks_in_a_dialog_whose_buttons_say_what_each_do
     expect(dialog).to_be_visible()
     expect(dialog).to_contain_text(
         "Cancel this restart? It stops at its next step. If the cluster has already begun it, "
-        "the operator still finishes it."
+        "the cluster still finishes it."
     )
     expect(dialog.get_by_role("button", name="Keep it")).to_be_focused()  # the safe answer
     shot(page, f"instance-cancel-confirm-{width}")

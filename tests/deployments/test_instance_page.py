@@ -120,7 +120,7 @@ def test_the_overview_shows_the_operators_observed_status(owner_client, instance
     assert 'datetime="2026-11-30T07:00:00+00:00"' in html
 
 
-def test_a_count_of_zero_ready_servers_kubernetes_left_out_reads_zero(owner_client, instance):
+def test_a_status_asking_for_no_server_says_so(owner_client, instance):
     # A stopped instance: its status object says 0 servers and no ready count (omitted empty).
     Instance.objects.filter(pk=instance.pk).update(
         observed={"phase": "Cluster in healthy state", "total": 0}, observed_at=timezone.now()
@@ -128,7 +128,7 @@ def test_a_count_of_zero_ready_servers_kubernetes_left_out_reads_zero(owner_clie
 
     html = owner_client.get(_url(instance)).content.decode()
 
-    assert '<dd id="ready-servers">0 of 0</dd>' in html
+    assert '<dd id="ready-servers">None: it asks for no server</dd>' in html
 
 
 def test_ready_servers_without_a_total_say_no_question_mark(owner_client, instance):
@@ -200,7 +200,14 @@ def test_the_overview_shows_only_what_the_plans_status_object_reports(
     html = owner_client.get(_url(instance)).content.decode()
 
     assert "2 of 2" in html
-    assert "Operator phase" not in html and "Primary" not in html
+    assert "<dt>Phase</dt>" not in html and "<dt>Primary</dt>" not in html
+    # Stopped, its StatefulSet asks for no server.
+    Instance.objects.filter(pk=instance.pk).update(
+        state=Instance.State.STOPPED, observed={"ready": 0, "total": 0}
+    )
+    stopped = owner_client.get(_url(instance)).content.decode()
+    assert '<dd id="ready-servers">None: it asks for no server</dd>' in stopped
+    assert "The cluster may still report the phase and conditions they had before." in stopped
 
 
 def test_the_backups_tab_of_a_plan_without_backups_says_so_and_offers_no_schedule(

@@ -72,11 +72,11 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
     # ... and a modify Roll back undoes, as the Failed instance offers.
     assert modify.endswith("the instance may be left Failed until you roll it back.")
     # The operator finishes a switchover it took.
-    assert failover.endswith("If the cluster has already begun it, the operator still finishes it.")
+    assert failover.endswith("If the cluster has already begun it, the cluster still finishes it.")
     # Queued when the page was drawn, it may have started by the time of the click.
     assert confirm(queued) == (
         "Cancel this restart? If it has started by now, it stops at its next step. If the cluster"
-        " has already begun it, the operator still finishes it."
+        " has already begun it, the cluster still finishes it."
     )
 
 
