@@ -652,23 +652,20 @@ class _Run:
         if verdict == "succeeded":
             return self._succeed(node, template)
         if verdict == "failed":
+            # What the object says first, in its own words where the API's conventions put
+            # them; the spec's condition last, for whoever reads further.
             status = current.get("status") or {}
             phase = status.get("phase")
-            said = f' Its phase is "{phase}".' if phase else ""
-            # The object's own words, where the API's conventions put them.
+            said = f"{_describe(node.object)} failed"
+            said += f': its phase is "{phase}".' if phase else "."
             words = next(
                 (w for w in (status.get(k) for k in ("message", "error", "reason"))
                  if isinstance(w, str) and w.strip()),
                 "",
             )  # fmt: skip
             said += f' It says "{words.strip()[:500]}".' if words else ""
-            return self._attempt_failed(
-                node,
-                template,
-                FAILED,
-                f"{_describe(node.object)} met its failureCondition "
-                f"({action.failure_condition}).{said}",
-            )
+            said += f" (It met its failureCondition, {action.failure_condition}.)"
+            return self._attempt_failed(node, template, FAILED, said)
         return Step()
 
     def _render(self, template: Template, ctx: Context) -> dict:

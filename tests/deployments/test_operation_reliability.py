@@ -79,8 +79,8 @@ def test_a_failed_bootstrap_fails_the_create_with_the_operators_phase(
 
     assert wait_done(create, timeout=60).state == Operation.State.FAILED
     assert create.error.startswith("cluster: Cluster")
-    assert "met its failureCondition" in create.error
-    assert create.error.endswith('Its phase is "Unable to create required cluster objects".')
+    assert 'failed: its phase is "Unable to create required cluster objects".' in create.error
+    assert "(It met its failureCondition, " in create.error and create.error.endswith(".)")
 
 
 def test_delete_during_a_running_create_stops_it_and_removes_everything(

@@ -106,7 +106,7 @@ def test_an_operator_failure_is_reported_with_the_task_and_its_condition(monkeyp
 
     create = results[0]
     assert (create.verb, create.result) == ("create", "failed")
-    assert create.error.startswith('cluster: Cluster "inst-broken01" met its failureCondition')
+    assert create.error.startswith('cluster: Cluster "inst-broken01" failed')
     assert {r.result for r in results[1:]} == {"not run", "skipped"}
 
 

@@ -357,9 +357,10 @@ def test_a_met_failure_condition_says_the_objects_own_words():
     run.cluster.set_status("ConfigMap", "b", phase="failed", error="the bucket refused the write")
     run.until_quiet()
 
-    assert run.node(".b").message.endswith(
-        'met its failureCondition (status.phase == failed). Its phase is "failed". '
-        'It says "the bucket refused the write".'
+    # What the object says comes first, the spec's condition last.
+    assert run.node(".b").message == (
+        'ConfigMap "b" failed: its phase is "failed". It says "the bucket refused the write". '
+        "(It met its failureCondition, status.phase == failed.)"
     )
 
 
