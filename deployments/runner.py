@@ -674,6 +674,8 @@ def _finish(
     op.error = "" if succeeded else error
     op.outputs = engine.verb_outputs(state, verb.outputs) if succeeded else {}
     op.next_step_at = None
+    if not succeeded and state.changed:  # the page says what it may have left in the cluster
+        op.arguments = {**op.arguments, "cluster_touched": True}
     # Only what finishing changes: a delete may have set cancel_reason meanwhile.
     _store(
         op, token,

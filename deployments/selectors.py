@@ -1123,6 +1123,46 @@ def instance_failed_by(instance: Instance) -> Operation | None:
     return change.operation if change is not None else None
 
 
+@dataclass(frozen=True)
+class SettingLeft:
+    """A custom verb's run that stopped part-way through setting `values` (those shown)."""
+
+    operation: Operation
+    label: str
+    values: list[ParameterShown]
+
+
+def instance_setting_left(instance: Instance) -> SettingLeft | None:
+    """The custom verb that sets instance values (`x-opsdeck.updates`) whose run failed, or was
+    cancelled, after the cluster took some of it, when no later run applied values (that verb
+    again, a modify, an upgrade, a roll back): the servers may run what it was setting, not
+    what the instance holds. None otherwise. While it stands its verb's values are not
+    compared (`services._sets_something`): either value may be the one to set."""
+    spec = plan_spec(instance.plan_version)
+    verbs = spec.main.verbs
+    setting = {name for name, verb in verbs.items() if verb.custom and verb.updates}
+    if not setting or instance.state in (Instance.State.DELETING, Instance.State.DELETED):
+        return None
+    # The last run that applied values, or that may have: one refused at its start did not.
+    last = (
+        instance.operations.filter(verb__in=setting | lifecycle.APPLIES_PARAMETERS)
+        .filter(Q(state=Operation.State.SUCCEEDED) | Q(arguments__cluster_touched=True))
+        .exclude(finished_at=None)
+        .order_by("-finished_at", "-created_at")
+        .first()
+    )
+    if last is None or last.verb not in setting or last.state == Operation.State.SUCCEEDED:
+        return None
+    given = last.arguments.get("verb_parameters") or {}  # the plain ones: no Password
+    values = [
+        ParameterShown(p.key, p.name or p.key, format_value(p, given[source]))
+        for target, source in verbs[last.verb].updates.items()
+        if (p := spec.parameter(target)) is not None and p.export and source in given
+    ]
+    label = verb_labels(instance.plan_version).get(last.verb, last.verb)
+    return SettingLeft(last, label, values)
+
+
 def instance_rollback_source(instance: Instance) -> Operation | None:
     """The failed modify, upgrade or roll back that left the instance failed (a roll back
     re-applies what the instance held before it); None when something else failed it."""

@@ -517,6 +517,8 @@ def _sets_something(instance: Instance, verb: Verb, arguments: dict) -> None:
     sources = set(verb.updates.values())
     if not verb.updates or {p.key for p in verb.parameters} != sources or set(given) != sources:
         return  # it does more than set values, or sets a secret (never compared)
+    if selectors.instance_setting_left(instance) is not None:
+        return  # its servers may run another value than the instance holds: either may be set
     projected = instance_parameters_projected(instance)
     if all(projected.get(target) == given[source] for target, source in verb.updates.items()):
         name = verb.display_name or verb.name

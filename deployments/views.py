@@ -331,6 +331,7 @@ def _tab_context(
         "restored_from": selectors.instance_restored_from(instance),
         "parameters": selectors.instance_parameters_shown(instance),
         "left_by": left_by,
+        "setting_left": selectors.instance_setting_left(instance),
         # (then no roll back will apply the values again)
         "deletion_queued": left_by is not None
         and selectors.operations_pending(instance).filter(verb="delete").exists(),

@@ -17,7 +17,7 @@ from deployments import context, selectors, services
 from deployments.models import Instance, Operation
 from deployments.spec import load_spec
 from deployments.status import cell_observe
-from tests.deployments.conftest import instance_object, wait_done
+from tests.deployments.conftest import instance_object, wait_done, wait_for
 from tests.deployments.test_spec_test import rows
 
 VALKEY = Path(__file__).resolve().parents[2] / "specs" / "valkey.yaml"
@@ -280,3 +280,50 @@ def test_setting_the_eviction_policy_the_instance_holds_is_refused_as_a_modify_i
     )
     verbs = Operation.objects.filter(instance=instance, verb="setEvictionPolicy")
     assert other.status_code == 302 and verbs.count() == 1
+
+
+def test_a_cancelled_eviction_policy_change_says_what_the_servers_may_run_and_can_be_undone(
+    worker, cell, valkey_plan, tenant, owner, kube, owner_client, faults
+):
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=valkey_plan, name="cache",
+        parameters={"servers": "1", "evictionPolicy": "allkeys-lru"}, request_id="cache",
+    )  # fmt: skip
+    assert wait_done(create, timeout=90).state == Operation.State.SUCCEEDED, create.error
+    instance = Instance.objects.get(pk=create.instance_id)
+    page = f"/t/{tenant.slug}/deployments/{instance.pk}/"
+    faults(frozen=["statefulsets"])  # the rollout never ends: the change waits on it
+    change = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
+        parameters={"policy": "volatile-ttl"}, request_id="change",
+    )  # fmt: skip
+    wait_for(
+        lambda: change.task_runs.filter(node__endswith="statefulset", state="Running").exists(),
+        what="the change to wait on its rollout",
+    )
+    services.operation_cancel(actor=Actor(user=owner), operation=change, request_id="stop-it")
+    assert wait_done(change, timeout=30).state == Operation.State.CANCELLED
+    faults(frozen=[])
+
+    # The cluster took the new policy; the instance holds the old one, and the page says so.
+    conf = instance_object(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
+    assert "maxmemory-policy volatile-ttl\n" in conf
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance.parameters["evictionPolicy"] == "allkeys-lru"
+    html = unescape(owner_client.get(page).content.decode())
+    said = html[html.index('id="parameters-setting-left"') :][:700]
+    assert "was cancelled after it had changed the cluster: its servers may run" in said
+    assert "Eviction policy <code>volatile-ttl</code> rather than the value listed." in said
+
+    # Either value may be set again: the one the instance holds is not refused as unchanged.
+    _run(owner, instance, "setEvictionPolicy", policy="allkeys-lru")
+    conf = instance_object(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
+    assert "maxmemory-policy allkeys-lru\n" in conf
+    after = owner_client.get(page).content.decode()
+    assert 'id="parameters-setting-left"' not in after
+    with pytest.raises(ValidationError, match="The instance already has these values"):
+        services.instance_action(
+            actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
+            parameters={"policy": "allkeys-lru"}, request_id="again",
+        )  # fmt: skip
