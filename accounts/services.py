@@ -37,11 +37,18 @@ _SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read alo
 def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> str | None:
     """The actor's role in `tenant` if it may perform `action` there; else ActionDenied.
 
-    Platform staff acting through the admin pass without a membership (None).
+    Platform staff acting through the admin pass without a membership (None). A member's
+    role is read under the tenant's lock, taken here first as every change of the tenant
+    takes it: of two admins removing or demoting each other at once, the second is refused
+    once the first commits, rather than acting with the role it lost meanwhile. Call it
+    inside the action's transaction, before locking any other of the tenant's rows.
     """
     if actor.staff and actor.user is not None and actor.user.is_staff:
         return None
-    role = _role_of(tenant.pk, actor.user.pk) if actor.user is not None else None
+    if actor.user is None:
+        raise ActionDenied("You are not a member of this organization.")
+    tenant_lock(tenant.pk)
+    role = _role_of(tenant.pk, actor.user.pk)
     if role is None:
         raise ActionDenied("You are not a member of this organization.")
     if not roles.can(role, action):

@@ -17,6 +17,7 @@ from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.exports import csv_download
 from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
 from accounts.htmx import partial_template
+from accounts.models import Membership
 from accounts.roles import Role
 from accounts.tenancy import tenant_view
 
@@ -88,13 +89,25 @@ def _reason(exc: Exception) -> str:
 
 
 def _team_response(request, **extra):
-    """After a team change: the team panel for htmx, else a redirect to the page."""
-    if request.htmx:
+    """After a team change: the team panel for htmx, else a redirect to the page; home for
+    one removed by someone else meanwhile (the refusal says so), as the page is no longer
+    theirs to see."""
+    try:
         # The change may have been to the user's own role: render what they may do now.
         request.membership.refresh_from_db()
+    except Membership.DoesNotExist:
+        return _sent_home(request)
+    if request.htmx:
         template = partial_template(request, "accounts/team.html", "team-panel")
         return render(request, template, _team_context(request, **extra))
     return redirect("team", tenant_slug=request.tenant.slug)
+
+
+def _sent_home(request):
+    """To the home page, which htmx follows as a whole page rather than a swapped panel."""
+    if request.htmx:
+        return HttpResponse(status=204, headers={"HX-Redirect": reverse("home")})
+    return redirect("home")
 
 
 def _invitation_sent(invitation) -> str:
@@ -187,10 +200,7 @@ def member_remove(request, membership_id: int):
         return _team_response(request)
     if leaving:
         messages.success(request, f"You left {request.tenant.name}.")
-        response = redirect("home")
-        if request.htmx:
-            response = HttpResponse(status=204, headers={"HX-Redirect": reverse("home")})
-        return response
+        return _sent_home(request)
     messages.success(request, f"{membership.user.email} was removed.")
     return _team_response(request)
 

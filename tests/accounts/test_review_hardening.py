@@ -219,3 +219,67 @@ def test_a_double_submitted_invitation_is_sent_once(
     assert tenant.invitations.count() == 1
     assert tenant.invitations.get().status == "pending"
     assert len(sent) == 1  # one email dispatched
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("htmx", [True, False])
+def test_an_admin_removed_while_removing_another_is_refused_and_sent_home(tenant, add_member, htmx):
+    """Ada removes Bob while Bob's removal of Ada waits for the organization's lock: Bob
+    read his role before Ada's change committed, yet is refused once it has."""
+    from django.test import Client
+
+    from accounts.services import tenant_lock
+    from tests.concurrency import beside_a_lock
+
+    ada, bob = add_member("ada@example.com", "admin"), add_member("bob@example.com", "admin")
+    ada_m, bob_m = (Membership.objects.get(user=user) for user in (ada, bob))
+    bobs_browser = Client()
+    bobs_browser.force_login(bob)
+
+    removed_bob, answer = beside_a_lock(
+        lock=lambda: tenant_lock(tenant.pk),
+        write=lambda: services.membership_remove(actor=Actor(user=ada), membership=bob_m),
+        act=lambda: bobs_browser.post(
+            f"/t/{tenant.slug}/team/{ada_m.pk}/remove/",
+            headers={"HX-Request": "true"} if htmx else {},
+        ),
+    )
+
+    assert removed_bob == "committed"
+    # Not a 500, nor a 404 for the team page: Bob's page is gone, he is sent home.
+    if htmx:
+        assert (answer.status_code, answer.headers["HX-Redirect"]) == (204, "/")
+    else:
+        assert (answer.status_code, answer.url) == (302, "/")
+    home = bobs_browser.get("/", follow=True).content.decode()
+    assert "You are not a member of this organization." in home
+    assert list(tenant.memberships.filter(user__in=[ada, bob]).values_list("user", flat=True)) == [
+        ada.pk
+    ]
+    refused = AuditEvent.objects.get(action="member.remove", result="denied")
+    assert refused.actor_id == bob.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admin_demoted_while_changing_a_role_is_refused_under_the_lock(tenant, add_member):
+    from accounts.services import tenant_lock
+    from tests.concurrency import beside_a_lock
+
+    ada, bob = add_member("ada@example.com", "admin"), add_member("bob@example.com", "admin")
+    carol = add_member("carol@example.com", "viewer")
+    bob_m, carol_m = (Membership.objects.get(user=user) for user in (bob, carol))
+
+    demoted_bob, outcome = beside_a_lock(
+        lock=lambda: tenant_lock(tenant.pk),
+        write=lambda: services.membership_change_role(
+            actor=Actor(user=ada), membership=bob_m, role="viewer"
+        ),
+        act=lambda: services.membership_change_role(
+            actor=Actor(user=bob), membership=carol_m, role="admin"
+        ),
+    )
+
+    assert demoted_bob == "committed"
+    assert isinstance(outcome, ActionDenied)
+    carol_m.refresh_from_db()
+    assert carol_m.role == "viewer"
