@@ -364,6 +364,14 @@ class BackupSchedule(models.Model):
     def __str__(self) -> str:
         return f"backups of {self.instance_id}"
 
+    @property
+    def settings_token(self) -> str:
+        """What its owners set, as one string: the schedule form sends the one it showed, so
+        a save from a page opened before someone else's change is told rather than undoing
+        it (a backup run moving `next_run_at` is no change)."""
+        values = (self.interval_hours, self.cron, self.retention_days, self.retention_count)
+        return "|".join("" if v is None else str(v) for v in values) + f"|{int(self.enabled)}"
+
 
 class PlatformSecret(models.Model):
     """A secret the platform team sets for specs to use as `$secret.<NAME>` (stored encrypted)."""

@@ -1280,6 +1280,10 @@ def _snapshot_forget(
 # --- backup schedules ---------------------------------------------------------------------
 
 INTERVAL_MAX_HOURS = 24 * 366
+SCHEDULE_CHANGED = (
+    "Someone changed this schedule after you opened the page; it now reads as above."
+    " Yours was not saved: save again to replace theirs with it."
+)
 
 
 def _schedule_errors(
@@ -1330,12 +1334,15 @@ def backup_schedule_update(
     retention_days: int,
     retention_count: int | None,
     enabled: bool,
+    seen: str | None = None,
 ) -> BackupSchedule:
     """Set when an instance is backed up (every `interval_hours`, or at the times of a
     five-field UTC `cron`) and how long its snapshots are kept: `retention_days` for every
     snapshot (the object store's retention policy, `$sys.backup.retentionDays`, which the
     cluster takes at its next operation), and with `retention_count`, only that many
-    scheduled snapshots. A changed timing starts counting from now."""
+    scheduled snapshots. A changed timing starts counting from now. `seen`, the schedule's
+    `settings_token` as the caller showed it: when someone changed it since, nothing is
+    saved and a ValidationError says so."""
     tenant = instance.tenant
     cron = cron.strip() if isinstance(cron, str) else cron
     with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
@@ -1360,6 +1367,8 @@ def backup_schedule_update(
         schedule = BackupSchedule.objects.select_for_update().filter(
             instance=instance
         ).first() or selectors.backup_schedule_default(instance, now=now)
+        if seen is not None and seen != schedule.settings_token:
+            raise ValidationError(SCHEDULE_CHANGED)
         interval_hours = None if cron else interval_hours
         retimed = (schedule.interval_hours, schedule.cron) != (interval_hours, cron)
         if retimed or (enabled and not schedule.enabled) or schedule.next_run_at is None:

@@ -888,6 +888,7 @@ def backup_schedule_update(request, instance_id: str):
             retention_days=_whole(submitted["retention_days"]),
             retention_count=_whole(submitted["retention_count"]),
             enabled=submitted["enabled"],
+            seen=request.POST.get("seen"),
         )
     except ActionDenied as exc:
         return _refused(request, instance, exc, "backup.create", tab="backups")

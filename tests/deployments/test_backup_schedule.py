@@ -1,6 +1,7 @@
 """Backup schedules: when backups fall due, who runs them, and how long snapshots are kept."""
 
 import inspect
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -353,6 +354,78 @@ def test_the_backups_tab_shows_the_schedule_and_saves_it(owner_client, instance)
     assert (schedule.retention_days, schedule.retention_count) == (14, 5)
     page = owner_client.get(saved.url).content.decode()
     assert "<code>30 2 * * 1</code>" in page and "the 5 newest scheduled ones" in page
+
+
+def _seen(page: str) -> str:
+    """The schedule as the page's form showed it (its hidden `seen` field)."""
+    return re.search(r'name="seen" value="([^"]*)"', page).group(1)
+
+
+def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_theirs(
+    owner_client, instance
+):
+    form = {"timing": "interval", "interval_hours": "24", "retention_days": "30", "enabled": "on"}
+    bobs_tab = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    alices = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {**form, "retention_days": "7", "seen": _seen(bobs_tab)},
+    )
+    assert alices.status_code == 302
+
+    # Bob changes only the hours, from his tab that still shows 30 days.
+    refused = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {**form, "interval_hours": "12", "seen": _seen(bobs_tab)},
+    )
+
+    assert refused.status_code == 400
+    page = refused.content.decode()
+    assert "Someone changed this schedule after you opened the page" in page
+    assert "Backups are kept 7 days" in page  # theirs, as it stands
+    assert 'value="12"' in page  # his, kept in the form to save again
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.interval_hours, schedule.retention_days) == (24, 7)
+    again = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {**form, "interval_hours": "12", "retention_days": "7", "seen": _seen(page)},
+    )
+    assert again.status_code == 302
+    schedule.refresh_from_db()
+    assert (schedule.interval_hours, schedule.retention_days) == (12, 7)
+
+
+def test_a_backup_run_moving_the_next_slot_is_no_change_to_the_schedule(owner_client, instance):
+    tab = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    _due(instance)
+    services.backups_run_due()
+
+    saved = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": "interval", "interval_hours": "6", "retention_days": "30", "enabled": "on",
+         "seen": _seen(tab)},
+    )  # fmt: skip
+
+    assert saved.status_code == 302
+    assert BackupSchedule.objects.get(instance=instance).interval_hours == 6
+
+
+def test_two_schedule_saves_from_one_page_at_once_keep_one_and_tell_the_other(
+    owner, raced_instance
+):
+    seen = BackupSchedule.objects.get(instance=raced_instance).settings_token
+    days = iter([5, 9])
+
+    def save():
+        return _update(Actor(user=owner), raced_instance, retention_days=next(days), seen=seen)
+
+    results = race(save, times=2)
+
+    saved = [r for r in results if isinstance(r, BackupSchedule)]
+    told = [r for r in results if isinstance(r, ValidationError)]
+    assert len(saved) == len(told) == 1, results
+    assert told[0].messages == [services.SCHEDULE_CHANGED]
+    stored = BackupSchedule.objects.get(instance=raced_instance)
+    assert stored.retention_days == saved[0].retention_days
 
 
 def test_a_deleted_instances_backups_tab_promises_no_more_backups(owner_client, instance):
