@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from django.db import connection
 from django.db.models import (
+    BigIntegerField,
     Case,
     CharField,
     Count,
@@ -23,6 +24,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Lower
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -275,6 +277,34 @@ def operations_pending(instance: Instance) -> QuerySet[Operation]:
     return instance.operations.filter(state__in=_PENDING).order_by("created_at")
 
 
+def snapshot_restorable(snapshot: Snapshot) -> tuple[str, bool]:
+    """The snapshot's status as stored now, and whether a deleteBackup of it is queued or
+    running; one statement."""
+    forgetting = Operation.objects.filter(
+        instance_id=snapshot.instance_id,
+        verb="deleteBackup",
+        state__in=_PENDING,
+        arguments__forget_snapshot=snapshot.pk,
+    )
+    return (
+        Snapshot.objects.filter(pk=snapshot.pk)
+        .annotate(forgetting=Exists(forgetting))
+        .values_list("status", "forgetting")
+        .get()
+    )
+
+
+def snapshot_restoring(snapshot: Snapshot) -> bool:
+    """Whether a restore from the snapshot is queued or running (into a new instance)."""
+    return Operation.objects.filter(
+        instance__tenant_id=snapshot.tenant_id,
+        verb="restore",
+        state__in=_PENDING,
+        arguments__sys__sourceInstanceId=snapshot.source_instance_id,
+        arguments__sys__restore__snapshotId=snapshot.name,
+    ).exists()
+
+
 def operations_pending_in(tenant: Tenant) -> bool:
     """Whether an operation is queued or running on any of the tenant's instances."""
     return Operation.objects.filter(instance__tenant=tenant, state__in=_PENDING).exists()
@@ -522,6 +552,17 @@ def snapshots_of_instance(instance: Instance, *, deleted: bool = False) -> Query
     if not deleted:
         found = found.exclude(status=Snapshot.Status.DELETED)
     return found.order_by("-created_at")
+
+
+def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
+    """The instance's snapshots as its Backups tab lists them, each with `forgetting`:
+    whether a deleteBackup of it is queued or running (it is no longer restorable)."""
+    forgetting = (
+        Operation.objects.filter(instance_id=instance.pk, verb="deleteBackup", state__in=_PENDING)
+        .annotate(target=Cast(KT("arguments__forget_snapshot"), BigIntegerField()))
+        .filter(target=OuterRef("pk"))
+    )
+    return snapshots_of_instance(instance).annotate(forgetting=Exists(forgetting))
 
 
 def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:

@@ -1093,6 +1093,11 @@ def _utc_text(moment: datetime) -> str:
 
 
 RESTORE_COMPLETED = "Only a completed backup can be restored."
+RESTORE_FORGETTING = "This backup is being deleted: it can no longer be restored."
+FORGET_RESTORING = (
+    "A new instance is being restored from this backup: delete the backup once the restore"
+    " has finished."
+)
 
 
 def snapshot_restore(
@@ -1130,8 +1135,12 @@ def snapshot_restore(
         claim = _claim(tenant, request_id, "instance.restore", submitted)
         if claim.earlier is not None:
             return _repeat(claim.earlier)
-        if snapshot.status != Snapshot.Status.COMPLETED:
+        # As stored now: a deletion of it takes the tenant's lock too, so none slips between.
+        status, forgetting = selectors.snapshot_restorable(snapshot)
+        if status != Snapshot.Status.COMPLETED:
             raise ValidationError(RESTORE_COMPLETED)
+        if forgetting:
+            raise ValidationError(RESTORE_FORGETTING)
         if target_time is not None:
             _point_in_time_check(snapshot, target_time)
         version = snapshot.plan_version
@@ -1228,8 +1237,11 @@ def _snapshot_forget(
     deleted; the caller has checked who may (`reason`: why, for the audit log). None when no
     operation was queued; the one queued already when a deletion of it is pending.
 
-    The instance is locked before the snapshot, as the runner finishing an operation locks
-    them (the other order deadlocked with a deleteBackup finishing)."""
+    The tenant is locked first, as a restore locks it (for the system, which checks no
+    role), then the instance before the snapshot, as the runner finishing an operation locks
+    them (the other order deadlocked with a deleteBackup finishing). Refused (ActionDenied)
+    while a restore from the snapshot is under way."""
+    tenant_lock(snapshot.tenant_id)
     if snapshot.instance_id is not None:
         Instance.objects.select_for_update().filter(pk=snapshot.instance_id).first()
     snapshot = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
@@ -1244,6 +1256,8 @@ def _snapshot_forget(
         ).first()
         if pending is not None:
             return pending
+    if selectors.snapshot_restoring(snapshot):
+        raise ActionDenied(FORGET_RESTORING)
     spec = selectors.plan_spec(snapshot.plan_version)
     runs = (
         instance is not None

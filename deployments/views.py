@@ -296,7 +296,7 @@ def _tab_context(
         }
     if tab == "backups":
         return {
-            "snapshots": selectors.snapshots_of_instance(instance),
+            "snapshots": selectors.snapshots_listed(instance),
             "backup": next((a for a in actions if a.verb == "backup"), None),
             "schedule": selectors.backup_schedule_of(instance),
             "retention_most": selectors.backup_retention_most(instance),

@@ -193,6 +193,90 @@ def test_back_up_now_while_a_backup_is_queued_or_running_is_refused_and_queues_n
     assert _act(owner, instance, "backup").state == Operation.State.QUEUED
 
 
+def _running_with_a_backup(owner, tenant, plan):
+    """A running instance (no worker: what is queued stays queued) and a completed backup."""
+    create = _create(owner, tenant, plan)
+    Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=create.instance_id).update(state=Instance.State.RUNNING)
+    instance = Instance.objects.get(pk=create.instance_id)
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-20261201030000",
+        status=Snapshot.Status.COMPLETED, parameters=instance.parameters,
+    )  # fmt: skip
+    return instance, snapshot
+
+
+def test_a_backup_restored_and_deleted_at_once_does_one_and_refuses_the_other(
+    cell, plan, tenant, owner
+):
+    _, snapshot = _running_with_a_backup(owner, tenant, plan)
+    calls = itertools.cycle([
+        lambda: services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id=uuid.uuid4().hex
+        ),
+        lambda: services.snapshot_delete(
+            actor=Actor(user=owner), snapshot=snapshot, request_id=uuid.uuid4().hex
+        ),
+    ])  # fmt: skip
+
+    results = race(lambda: next(calls)(), times=2)
+
+    accepted = [r for r in results if isinstance(r, Operation)]
+    refused = [r for r in results if isinstance(r, ValidationError | ActionDenied)]
+    assert len(accepted) == len(refused) == 1, results
+    if accepted[0].verb == "restore":  # the deletion came second: it waits for the restore
+        assert refused[0].reason == services.FORGET_RESTORING
+        assert not Operation.objects.filter(verb="deleteBackup").exists()
+    else:  # the restore came second: the backup is going
+        assert refused[0].messages == [services.RESTORE_FORGETTING]
+        assert not Instance.objects.filter(name="copy").exists()
+
+
+def test_a_backup_being_restored_is_deleted_once_the_restore_has_finished(
+    cell, plan, tenant, owner
+):
+    _, snapshot = _running_with_a_backup(owner, tenant, plan)
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r"
+    )
+
+    with pytest.raises(ActionDenied) as refused:
+        services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f1")
+    Operation.objects.filter(pk=restore.pk).update(state=Operation.State.SUCCEEDED)
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f2")
+
+    assert refused.value.reason == services.FORGET_RESTORING
+    assert forget.verb == "deleteBackup"
+    with pytest.raises(ValidationError) as too_late:
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="again", request_id="r2"
+        )
+    assert too_late.value.messages == [services.RESTORE_FORGETTING]
+
+
+def test_a_backup_queued_for_deletion_shows_as_being_deleted_with_no_restore(
+    cell, plan, tenant, owner, owner_client
+):
+    instance, going = _running_with_a_backup(owner, tenant, plan)
+    kept = Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-20261202030000",
+        status=Snapshot.Status.COMPLETED, parameters=instance.parameters,
+    )  # fmt: skip
+    services.snapshot_delete(actor=Actor(user=owner), snapshot=going, request_id="f")
+
+    page = owner_client.get(
+        f"/t/{tenant.slug}/deployments/{instance.pk}/", {"tab": "backups"}
+    ).content.decode()
+
+    going_row = page.split(f'id="backup-{going.pk}"')[1].split("</tr>")[0]
+    kept_row = page.split(f'id="backup-{kept.pk}"')[1].split("</tr>")[0]
+    assert "Being deleted" in going_row and "No longer restorable" in going_row
+    assert "Restore" not in going_row and "Delete backup" not in going_row
+    assert "Completed" in kept_row and "Restore" in kept_row and "Delete backup" in kept_row
+
+
 def test_snapshot_before_deletion_takes_a_last_backup_first(worker, cell, tenant, owner):
     text = SPEC.read_text()
     text = text.replace("plan: postgres-cnpg", "plan: postgres-keep-last", 1)
