@@ -239,6 +239,34 @@ def test_the_backup_schedule_is_changed_from_the_backups_tab(open_page, owner, i
 
 
 @BOTH_WIDTHS
+def test_a_schedule_saved_in_a_tab_opened_before_a_teammates_save_says_so_and_keeps_theirs(
+    open_page, owner, instance, width
+):
+    path = f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups"
+    theirs, mine = open_page(owner, path, width), open_page(owner, path, width)
+    theirs.get_by_text("Change the schedule").click()
+    theirs.get_by_label("Keep backups for").fill("7")
+    theirs.get_by_role("button", name="Save schedule").click()
+    expect(theirs.locator("#backup-schedule-status")).to_contain_text("Backups are kept 7 days")
+
+    mine.get_by_text("Change the schedule").click()
+    mine.get_by_label("Hours between backups").fill("12")
+    mine.get_by_role("button", name="Save schedule").click()
+
+    expect(mine.locator("#backup-schedule-form")).to_contain_text(
+        "Someone changed this schedule after you opened the page"
+    )
+    expect(mine.locator("#backup-schedule-status")).to_contain_text("Backups are kept 7 days")
+    expect(mine.get_by_label("Hours between backups")).to_have_value("12")
+    assert not scrolls_sideways(mine)
+    shot(mine, f"backup-schedule-changed-meanwhile-{width}")
+    mine.get_by_label("Keep backups for").fill("7")
+    mine.get_by_role("button", name="Save schedule").click()
+    expect(mine.locator("#backup-schedule-status")).to_contain_text("every 12 hours")
+    expect(mine.locator("#backup-schedule-status")).to_contain_text("Backups are kept 7 days")
+
+
+@BOTH_WIDTHS
 def test_the_restore_form_opens_from_the_backups_tab_and_never_scrolls_sideways(
     open_page, owner, instance, width
 ):
