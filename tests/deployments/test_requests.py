@@ -63,20 +63,28 @@ def test_concurrent_creates_with_one_request_id_make_one_instance(cell, plan, te
     assert AuditEvent.objects.filter(tenant=tenant, action="instance.create").count() == 1
 
 
-def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
-    cell, plan, tenant, owner, make_user
-):
-    first = _create(owner, tenant, plan, name="orders")
-
-    for same in ["Orders", "\uff4f\uff52\uff44\uff45\uff52\uff53"]:  # fullwidth letters too
+def _each_refused_as_taken(owner, tenant, plan, names, taken):
+    """Each of `names` is refused as the name `taken` another instance has."""
+    for same in names:
         with pytest.raises(ValidationError) as refused:
             _create(owner, tenant, plan, name=same)
 
         assert refused.value.message_dict == {
             "name": [
-                "Another instance of your organization is called “orders”: choose another name."
+                f"Another instance of your organization is called “{taken}”: choose another name."
             ]
         }
+
+
+def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
+    cell, plan, tenant, owner, make_user
+):
+    first = _create(owner, tenant, plan, name="orders")
+
+    # Fullwidth letters too.
+    _each_refused_as_taken(
+        owner, tenant, plan, ["Orders", "\uff4f\uff52\uff44\uff45\uff52\uff53"], "orders"
+    )
     assert list(Instance.objects.filter(tenant=tenant)) == [first.instance]
     assert Operation.objects.filter(instance__tenant=tenant).count() == 1
     # Another organization's instance may have it; a deleted one leaves it free.
@@ -93,15 +101,9 @@ def test_a_name_with_a_hyphen_that_looks_like_another_is_that_name(cell, plan, t
     first = _create(owner, tenant, plan, name="orders-db")
 
     # A non-breaking hyphen, a minus sign, an en dash: each reads as "orders-db".
-    for same in ["orders\u2011db", "orders\u2212db", "Orders\u2013DB"]:
-        with pytest.raises(ValidationError) as refused:
-            _create(owner, tenant, plan, name=same)
-
-        assert refused.value.message_dict == {
-            "name": [
-                "Another instance of your organization is called “orders-db”: choose another name."
-            ]
-        }
+    _each_refused_as_taken(
+        owner, tenant, plan, ["orders\u2011db", "orders\u2212db", "Orders\u2013DB"], "orders-db"
+    )
     assert list(Instance.objects.filter(tenant=tenant)) == [first.instance]
     # Alone, such a name is kept with the hyphen it reads as.
     assert _create(owner, tenant, plan, name="cache\u2010eu").instance.name == "cache-eu"
