@@ -273,6 +273,13 @@ def test_the_restore_form_opens_from_the_backups_tab_and_never_scrolls_sideways(
     page = open_page(
         owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups", width
     )
+    completed = page.locator("#instance-backups tbody tr", has_text="Completed")
+    restore, delete = (
+        completed.get_by_role("button", name=name).bounding_box()
+        for name in ("Restore", "Delete backup")
+    )
+    assert abs(restore["height"] - delete["height"]) < 1  # a row's buttons stand alike
+    assert abs(restore["y"] - delete["y"]) < 1
     page.locator("#instance-backups").get_by_role("button", name="Restore").click()
 
     expect(page.get_by_role("heading", name="Restore a backup")).to_be_visible()
