@@ -372,6 +372,23 @@ class BackupSchedule(models.Model):
         values = (self.interval_hours, self.cron, self.retention_days, self.retention_count)
         return "|".join("" if v is None else str(v) for v in values) + f"|{int(self.enabled)}"
 
+    @staticmethod
+    def settings_of_token(token: object) -> dict | None:
+        """A `settings_token` read back, each value as the schedule form's field holds it
+        (text, and `enabled` a bool); None for anything no schedule gave."""
+        parts = token.split("|") if isinstance(token, str) else []
+        if len(parts) != 5 or parts[4] not in ("0", "1"):
+            return None
+        interval_hours, cron, retention_days, retention_count, enabled = parts
+        return {
+            "timing": "cron" if cron else "interval",
+            "interval_hours": interval_hours,
+            "cron": cron,
+            "retention_days": retention_days,
+            "retention_count": retention_count,
+            "enabled": enabled == "1",
+        }
+
 
 class PlatformSecret(models.Model):
     """A secret the platform team sets for specs to use as `$secret.<NAME>` (stored encrypted)."""

@@ -1296,7 +1296,7 @@ def _snapshot_forget(
 INTERVAL_MAX_HOURS = 24 * 366
 SCHEDULE_CHANGED = (
     "Someone changed this schedule after you opened the page; it now reads as above."
-    " Yours was not saved: save again to replace theirs with it."
+    " Yours was not saved: the form holds their schedule with your changes, to save again."
 )
 
 

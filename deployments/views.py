@@ -30,7 +30,7 @@ from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
 from deployments.entitlement_usage import create_refusal
-from deployments.models import Cell, Instance, Operation, PlanVersion, Snapshot
+from deployments.models import BackupSchedule, Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
 from deployments.workflow.driver import DriverError
 
@@ -866,6 +866,17 @@ def _whole(text: str) -> int | str | None:
         return text
 
 
+def _changes_over_theirs(instance: Instance, submitted: dict, seen: str | None) -> dict:
+    """What the schedule form holds after a teammate changed the schedule since the page was
+    opened: each field this person changed as they typed it, the others as the schedule
+    stands now."""
+    before = BackupSchedule.settings_of_token(seen)
+    now = BackupSchedule.settings_of_token(selectors.backup_schedule_of(instance).settings_token)
+    if before is None or now is None:
+        return submitted
+    return {name: now[name] if v == before[name] else v for name, v in submitted.items()}
+
+
 @tenant_view("instance.view")
 @require_POST
 def backup_schedule_update(request, instance_id: str):
@@ -897,6 +908,8 @@ def backup_schedule_update(request, instance_id: str):
         if by_cron and not submitted["cron"].strip():  # not a number of hours it lacks
             errors.pop("interval_hours", None)
             errors["cron"] = [f"Give a cron expression. {schedules.CRON_HELP}"]
+        if services.SCHEDULE_CHANGED in errors.get("__all__", []):
+            submitted = _changes_over_theirs(instance, submitted, request.POST.get("seen"))
         return _page(
             request,
             instance,

@@ -382,7 +382,9 @@ def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_the
     page = refused.content.decode()
     assert "Someone changed this schedule after you opened the page" in page
     assert "Backups are kept 7 days" in page  # theirs, as it stands
-    assert 'value="12"' in page  # his, kept in the form to save again
+    # The form holds his change over theirs, to save again.
+    assert re.search(r'name="interval_hours"[^>]*\s+value="12"', page)
+    assert re.search(r'name="retention_days"[^>]*\s+value="7"', page)
     schedule = BackupSchedule.objects.get(instance=instance)
     assert (schedule.interval_hours, schedule.retention_days) == (24, 7)
     again = owner_client.post(
@@ -392,6 +394,19 @@ def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_the
     assert again.status_code == 302
     schedule.refresh_from_db()
     assert (schedule.interval_hours, schedule.retention_days) == (12, 7)
+
+
+@pytest.mark.parametrize("seen", ["", "x", "1|2|3", "24||30||2", "24|0 3|||||1"])
+def test_a_forged_seen_schedule_is_told_as_changed_and_saves_nothing(owner_client, instance, seen):
+    refused = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {"timing": "interval", "interval_hours": "6", "retention_days": "30", "enabled": "on",
+         "seen": seen},
+    )  # fmt: skip
+
+    assert refused.status_code == 400
+    assert "Someone changed this schedule after you opened the page" in refused.content.decode()
+    assert BackupSchedule.objects.get(instance=instance).interval_hours == 24
 
 
 def test_a_backup_run_moving_the_next_slot_is_no_change_to_the_schedule(owner_client, instance):
