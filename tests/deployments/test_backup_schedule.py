@@ -381,6 +381,7 @@ def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_the
     assert refused.status_code == 400
     page = refused.content.decode()
     assert "Someone changed this schedule after you opened the page" in page
+    assert "Nothing was done:" in page and "Please correct" not in page  # nothing to correct
     assert "Backups are kept 7 days" in page  # theirs, as it stands
     # The form holds his change over theirs, to save again.
     assert re.search(r'name="interval_hours"[^>]*\s+value="12"', page)
