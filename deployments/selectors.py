@@ -277,18 +277,24 @@ def operations_pending(instance: Instance) -> QuerySet[Operation]:
     return instance.operations.filter(state__in=_PENDING).order_by("created_at")
 
 
+def _forgetting() -> Exists:
+    """Whether a deleteBackup of the outer query's snapshot is queued or running: it is no
+    longer restorable."""
+    return Exists(
+        Operation.objects.filter(
+            instance_id=OuterRef("instance_id"), verb="deleteBackup", state__in=_PENDING
+        )
+        .annotate(target=Cast(KT("arguments__forget_snapshot"), BigIntegerField()))
+        .filter(target=OuterRef("pk"))
+    )
+
+
 def snapshot_restorable(snapshot: Snapshot) -> tuple[str, bool]:
     """The snapshot's status as stored now, and whether a deleteBackup of it is queued or
     running; one statement."""
-    forgetting = Operation.objects.filter(
-        instance_id=snapshot.instance_id,
-        verb="deleteBackup",
-        state__in=_PENDING,
-        arguments__forget_snapshot=snapshot.pk,
-    )
     return (
         Snapshot.objects.filter(pk=snapshot.pk)
-        .annotate(forgetting=Exists(forgetting))
+        .annotate(forgetting=_forgetting())
         .values_list("status", "forgetting")
         .get()
     )
@@ -557,12 +563,7 @@ def snapshots_of_instance(instance: Instance, *, deleted: bool = False) -> Query
 def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
     """The instance's snapshots as its Backups tab lists them, each with `forgetting`:
     whether a deleteBackup of it is queued or running (it is no longer restorable)."""
-    forgetting = (
-        Operation.objects.filter(instance_id=instance.pk, verb="deleteBackup", state__in=_PENDING)
-        .annotate(target=Cast(KT("arguments__forget_snapshot"), BigIntegerField()))
-        .filter(target=OuterRef("pk"))
-    )
-    return snapshots_of_instance(instance).annotate(forgetting=Exists(forgetting))
+    return snapshots_of_instance(instance).annotate(forgetting=_forgetting())
 
 
 def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:
