@@ -1365,6 +1365,14 @@ def backup_schedule_update(
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         if instance.state in (Instance.State.DELETING, Instance.State.DELETED):
             raise ActionDenied("The instance is deleted: it takes no more backups.")
+        now = timezone.now()
+        schedule = BackupSchedule.objects.select_for_update().filter(
+            instance=instance
+        ).first() or selectors.backup_schedule_default(instance, now=now)
+        # Before the fields: a form from before a teammate's change is told so first, and
+        # the form it is given back is based on their schedule rather than on the old one.
+        if seen is not None and seen != schedule.settings_token:
+            raise ValidationError(SCHEDULE_CHANGED)
         errors = _schedule_errors(
             spec=selectors.plan_spec(instance.plan_version),
             retention_most=selectors.backup_retention_most(instance),
@@ -1377,12 +1385,6 @@ def backup_schedule_update(
         if errors:
             raise ValidationError(errors)
         _entitled(instance, "backup.schedule", retention_days=retention_days)
-        now = timezone.now()
-        schedule = BackupSchedule.objects.select_for_update().filter(
-            instance=instance
-        ).first() or selectors.backup_schedule_default(instance, now=now)
-        if seen is not None and seen != schedule.settings_token:
-            raise ValidationError(SCHEDULE_CHANGED)
         interval_hours = None if cron else interval_hours
         retimed = (schedule.interval_hours, schedule.cron) != (interval_hours, cron)
         if retimed or (enabled and not schedule.enabled) or schedule.next_run_at is None:

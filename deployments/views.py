@@ -910,6 +910,10 @@ def backup_schedule_update(request, instance_id: str):
             errors["cron"] = [f"Give a cron expression. {schedules.CRON_HELP}"]
         if services.SCHEDULE_CHANGED in errors.get("__all__", []):
             submitted = _changes_over_theirs(instance, submitted, request.POST.get("seen"))
+        else:
+            # Fields to correct stay based on the schedule this person saw, even when a
+            # teammate changed it since this save was refused.
+            submitted["seen"] = request.POST.get("seen")
         return _page(
             request,
             instance,

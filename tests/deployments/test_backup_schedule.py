@@ -397,6 +397,38 @@ def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_the
     assert (schedule.interval_hours, schedule.retention_days) == (12, 7)
 
 
+def test_a_stale_schedule_with_a_mistake_is_told_of_the_teammates_change_before_the_mistake(
+    owner_client, instance
+):
+    form = {"timing": "interval", "interval_hours": "24", "retention_days": "30", "enabled": "on"}
+    bobs_tab = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    alices = owner_client.post(
+        _url(instance, "backups/schedule/"),
+        {**form, "retention_days": "7", "seen": _seen(bobs_tab)},
+    )
+    assert alices.status_code == 302
+
+    # Bob, from his tab that still shows 30 days, types a cron with a mistake.
+    mistaken = {**form, "timing": "cron", "cron": "0 25 * * *", "seen": _seen(bobs_tab)}
+    refused = owner_client.post(_url(instance, "backups/schedule/"), mistaken)
+
+    page = refused.content.decode()
+    assert "Someone changed this schedule after you opened the page" in page
+    assert re.search(r'name="retention_days"[^>]*\s+value="7"', page)  # theirs, in his form
+    # Sent again from that form, his cron is refused for its hour alone ...
+    corrected = {**mistaken, "retention_days": "7", "seen": _seen(page)}
+    field_error = owner_client.post(_url(instance, "backups/schedule/"), corrected)
+    page = field_error.content.decode()
+    assert "Someone changed" not in page and "schedule-cron-error" in page
+    # ... and once he corrects it, saving keeps Alice's change beside his.
+    saved = owner_client.post(
+        _url(instance, "backups/schedule/"), {**corrected, "cron": "0 3 * * *", "seen": _seen(page)}
+    )
+    assert saved.status_code == 302
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.cron, schedule.retention_days) == ("0 3 * * *", 7)
+
+
 @pytest.mark.parametrize("seen", ["", "x", "1|2|3", "24||30||2", "24|0 3|||||1"])
 def test_a_forged_seen_schedule_is_told_as_changed_and_saves_nothing(owner_client, instance, seen):
     refused = owner_client.post(
