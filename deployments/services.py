@@ -1458,6 +1458,10 @@ def _backup_slot_run(instance_id: str, slot: datetime, following: datetime) -> s
     process claimed it first (or the schedule changed meanwhile)."""
     Outcome = BackupSchedule.Outcome
     with transaction.atomic():
+        # The organization and the instance before the schedule, as a save of the schedule
+        # and a backup someone asks for take them: neither waits for the other the other way.
+        tenant_lock(Instance.objects.values_list("tenant_id", flat=True).get(pk=instance_id))
+        Instance.objects.select_for_update().values_list("pk").get(pk=instance_id)
         claimed = BackupSchedule.objects.filter(
             instance_id=instance_id, enabled=True, next_run_at=slot
         ).update(next_run_at=following, last_slot_at=slot)

@@ -12,9 +12,10 @@ from django.utils import timezone
 from accounts.audit import SYSTEM, Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
+from accounts.services import tenant_lock
 from deployments import schedules, services, views
 from deployments.models import BackupSchedule, Cell, Instance, Operation, Snapshot
-from tests.concurrency import race
+from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
 
 
@@ -229,6 +230,27 @@ def test_a_slot_runs_once_when_beat_runs_twice_at_the_same_time(raced_instance):
     assert sum(r["ran"] for r in results) == 1
     assert Operation.objects.filter(instance=raced_instance, verb="backup").count() == 1
     assert Snapshot.objects.filter(instance=raced_instance).count() == 1
+
+
+def test_a_slot_coming_while_someone_saves_the_schedule_waits_and_both_are_done(
+    owner, raced_instance
+):
+    _due(raced_instance)
+    now = timezone.now()
+
+    def lock():  # as a save does: the organization, then the instance
+        tenant_lock(raced_instance.tenant_id)
+        Instance.objects.select_for_update().get(pk=raced_instance.pk)
+
+    def save():  # a change of retention only, which keeps the slot
+        _update(Actor(user=owner), raced_instance, interval_hours=24, retention_days=9)
+
+    saved, due = beside_a_lock(lock, save, lambda: services.backups_run_due(now=now))
+
+    assert saved == "committed", saved
+    assert isinstance(due, dict) and due["ran"] == 1, due
+    assert BackupSchedule.objects.get(instance=raced_instance).retention_days == 9
+    assert Operation.objects.filter(instance=raced_instance, verb="backup").count() == 1
 
 
 # --- pruning ---
