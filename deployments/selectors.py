@@ -289,15 +289,27 @@ def _forgetting() -> Exists:
     )
 
 
+def _restorable(snapshots: QuerySet) -> QuerySet:
+    return snapshots.annotate(forgetting=_forgetting()).values_list("status", "forgetting")
+
+
 def snapshot_restorable(snapshot: Snapshot) -> tuple[str, bool]:
     """The snapshot's status as stored now, and whether a deleteBackup of it is queued or
     running; one statement."""
-    return (
-        Snapshot.objects.filter(pk=snapshot.pk)
-        .annotate(forgetting=_forgetting())
-        .values_list("status", "forgetting")
-        .get()
-    )
+    return _restorable(Snapshot.objects.filter(pk=snapshot.pk)).get()
+
+
+def restore_source_restorable(tenant_id: int, sys: dict) -> tuple[str, bool] | None:
+    """`snapshot_restorable` of the snapshot a restore's `$sys` names (its source instance and
+    snapshot id); None when the tenant has no such snapshot."""
+    restore = sys.get("restore") or {}
+    return _restorable(
+        Snapshot.objects.filter(
+            tenant_id=tenant_id,
+            source_instance_id=str(sys.get("sourceInstanceId", "")),
+            name=str(restore.get("snapshotId", "")),
+        )
+    ).first()
 
 
 def snapshot_restoring(snapshot: Snapshot) -> bool:

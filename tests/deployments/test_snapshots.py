@@ -255,6 +255,32 @@ def test_a_backup_being_restored_is_deleted_once_the_restore_has_finished(
     assert too_late.value.messages == [services.RESTORE_FORGETTING]
 
 
+def test_a_failed_restore_is_not_run_again_from_a_backup_being_deleted_or_deleted(
+    cell, plan, tenant, owner
+):
+    _, snapshot = _running_with_a_backup(owner, tenant, plan)
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r"
+    )
+    Operation.objects.filter(pk=restore.pk).update(
+        state=Operation.State.FAILED, started_at=timezone.now()
+    )
+    Instance.objects.filter(pk=restore.instance_id).update(state=Instance.State.FAILED)
+    copy = Instance.objects.get(pk=restore.instance_id)
+    forget = services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f")
+
+    with pytest.raises(ActionDenied) as while_deleting:
+        _act(owner, copy, "restore")  # the page's Retry
+    Operation.objects.filter(pk=forget.pk).update(state=Operation.State.SUCCEEDED)
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.DELETED)
+    with pytest.raises(ActionDenied) as once_deleted:
+        _act(owner, copy, "restore")
+
+    assert while_deleting.value.reason == services.RESTORE_FORGETTING
+    assert once_deleted.value.reason == services.RESTORE_AGAIN_DELETED
+    assert list(copy.operations.values_list("verb", flat=True)) == ["restore"]  # none queued
+
+
 def test_a_backup_queued_for_deletion_shows_as_being_deleted_with_no_restore(
     cell, plan, tenant, owner, owner_client
 ):
