@@ -580,8 +580,8 @@ def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
 
 def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:
     """The instance's snapshots a restore can start from: the completed ones (a failed one,
-    or one still being taken, holds nothing to restore)."""
-    return snapshots_of_instance(instance).filter(status=Snapshot.Status.COMPLETED)
+    or one still being taken, holds nothing to restore) but those being deleted."""
+    return snapshots_of_instance(instance).filter(~_forgetting(), status=Snapshot.Status.COMPLETED)
 
 
 def snapshot_of_instance(

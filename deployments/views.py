@@ -745,8 +745,10 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
         return redirect(_page_url(instance, "backups"))
     if request.method == "GET":
         action_require(request, "backup.restore")
-        if snapshot.status != Snapshot.Status.COMPLETED:
-            messages.error(request, services.RESTORE_COMPLETED)
+        status, forgetting = selectors.snapshot_restorable(snapshot)
+        if status != Snapshot.Status.COMPLETED or forgetting:
+            refusal = services.RESTORE_FORGETTING if forgetting else services.RESTORE_COMPLETED
+            messages.error(request, refusal)
             return redirect(_page_url(instance, "backups"))
         if not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
             return redirect(f"{request.path}?request={uuid.uuid4().hex}")

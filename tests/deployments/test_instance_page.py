@@ -1362,6 +1362,21 @@ def test_the_restore_form_of_a_failed_backup_is_not_offered(owner_client, instan
     assert 'name="name"' not in response.content.decode()  # the restore form's
 
 
+def test_a_backup_being_deleted_is_neither_counted_nor_offered_for_restore(
+    owner_client, owner, instance
+):
+    snapshot = instance.snapshots.get()
+    services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="forget")
+
+    page = owner_client.get(_url(instance)).content.decode()
+    response = owner_client.get(_restore_url(instance, snapshot), follow=True)
+
+    assert "It has no backup: its data cannot be recovered." in page  # the delete dialog
+    assert response.redirect_chain[-1][0] == _url(instance, "?tab=backups")
+    assert services.RESTORE_FORGETTING in response.content.decode()
+    assert 'name="name"' not in response.content.decode()  # the restore form's
+
+
 @pytest.mark.parametrize("role", ["viewer", "billing"])
 def test_roles_without_deployment_rights_are_refused_every_action(
     client, instance, add_member, role
