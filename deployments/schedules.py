@@ -5,6 +5,7 @@ Plain values in, plain values out: the services claim the slots, this module onl
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 
 from celery.schedules import ParseException, crontab, crontab_parser
@@ -33,6 +34,22 @@ _CRON_FIELDS = (
     ("month", 1, 12),
     ("day-of-week", 0, 7),
 )
+
+_CRON_TEXT = re.compile(r"[0-9A-Za-z*,/-]+")
+# The names cron takes, in its two fields that take them: jan-mar, mon-fri.
+_CRON_NAMES = {
+    "month": frozenset(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+    ),
+    "day-of-week": frozenset(["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
+}
+
+
+def _cron_text(name: str, field: str) -> bool:
+    """Whether a field is written in cron's characters, its words names of that field."""
+    words = re.findall(r"[A-Za-z]+", field)
+    names = _CRON_NAMES.get(name, frozenset())
+    return bool(_CRON_TEXT.fullmatch(field)) and all(w.lower() in names for w in words)
 
 
 def cron_check(expression: str) -> None:
@@ -63,8 +80,9 @@ def cron_parse(expression: str) -> crontab:
     values = []
     for (name, low, high), field in zip(_CRON_FIELDS, fields, strict=True):
         try:
-            # Digits other than 0-9 (int() reads Arabic-Indic or full-width ones) are refused.
-            if not field.isascii():
+            # Cron's own characters alone: int() also reads "+5", "1_5" and digits other
+            # than 0-9 (Arabic-Indic, full-width), and crontab any name in any field.
+            if not _cron_text(name, field):
                 raise ValueError(field)
             values.append(crontab_parser(high - low + 1, low).parse(field))  # as crontab reads it
         except (ParseException, ValueError, TypeError, KeyError, IndexError):

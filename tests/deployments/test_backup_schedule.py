@@ -117,11 +117,25 @@ def test_a_cron_stored_before_it_was_refused_still_falls_due_at_most_hourly():
     [("-1 3 * * *", "minute"), ("0 3 , * *", "day-of-month"), ("0 0 1 13 *", "month"),
      ("0 0 32 * *", "day-of-month"), ("0 0 * * 8", "day-of-week"),
      # Digits that int() would read as 0-9 are not cron's digits.
-     ("\u0660 3 * * *", "minute"), ("0 \uff13 * * *", "hour")],
+     ("\u0660 3 * * *", "minute"), ("0 \uff13 * * *", "hour"),
+     # Nor what int() takes beside them, nor a name in a field that takes none, or another's.
+     ("+5 3 * * *", "minute"), ("0 1_5 * * *", "hour"), ("0 3 * * +1", "day-of-week"),
+     ("0 3 mon * *", "day-of-month"), ("sun 3 * * *", "minute"), ("0 3 * mon *", "month"),
+     ("0 3 * * jan", "day-of-week"), ("0 3 * * monday", "day-of-week")],
 )  # fmt: skip
 def test_a_cron_field_out_of_its_range_is_named(cron, field):
     with pytest.raises(ValueError, match=f'The {field} field "'):
         schedules.cron_check(cron)
+
+
+def test_a_cron_month_and_day_of_the_week_may_be_named():
+    after = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)  # a Friday
+
+    weekly = schedules.slot_after(after=after, interval_hours=None, cron="0 3 * * Mon-Wed")
+    yearly = schedules.slot_after(after=after, interval_hours=None, cron="0 3 1 JAN *")
+
+    assert weekly == datetime(2026, 12, 7, 3, 0, tzinfo=UTC)  # the Monday after
+    assert yearly == datetime(2027, 1, 1, 3, 0, tzinfo=UTC)
 
 
 def test_a_new_instance_gets_the_plans_default_schedule(instance):
