@@ -260,15 +260,27 @@ def _constraint(exc: IntegrityError) -> str | None:
     return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
 
 
-# Hyphens, the minus sign and the en dash, which read as "-" in a name: a U+2010 hyphen in
-# "orders-db" makes it "orders-db", taken with it. NFKC leaves them be (it makes U+2011 a U+2010).
-_HYPHENS = str.maketrans(dict.fromkeys("\u2010\u2011\u2012\u2013\u2043\u2212", "-"))
+# Minus signs and a hyphen bullet, which read as "-" in a name as dashes do.
+_MINUSES = frozenset("\u02d7\u2043\u2212\u2796")
+
+
+def _hyphens_plain(name: str) -> str:
+    """Each dash (Unicode's Pd: hyphens, en and em dashes) and minus sign as "-", as it reads:
+    a U+2010 hyphen in "orders-db" makes it "orders-db", taken with it. NFKC leaves them be.
+    The wide dashes of East Asian text (the wave dash) do not read as "-" and stay."""
+    return "".join(
+        "-"
+        if ch in _MINUSES
+        or (unicodedata.category(ch) == "Pd" and unicodedata.east_asian_width(ch) not in "WF")
+        else ch
+        for ch in name
+    )
 
 
 def _instance_name(name: Any) -> str:
     # Compatibility forms as their plain letters: fullwidth "orders" is "orders" (taken with it).
     name = unicodedata.normalize("NFKC", name) if isinstance(name, str) else ""
-    name = name.translate(_HYPHENS).strip()
+    name = _hyphens_plain(name).strip()
     if not name:
         raise ValidationError({"name": "Give the instance a name."})
     if len(name) > NAME_MAX:

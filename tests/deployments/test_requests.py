@@ -100,13 +100,18 @@ def test_an_organization_names_one_live_instance_by_a_name_whatever_its_case(
 def test_a_name_with_a_hyphen_that_looks_like_another_is_that_name(cell, plan, tenant, owner):
     first = _create(owner, tenant, plan, name="orders-db")
 
-    # A non-breaking hyphen, a minus sign, an en dash: each reads as "orders-db".
+    # A non-breaking hyphen, minus signs, en and em dashes, a horizontal bar, the Armenian
+    # hyphen: each reads as "orders-db".
+    look_alikes = ["\u2011", "\u2212", "\u2013", "\u2014", "\u2015", "\u02d7", "\u2796", "\u058a"]
     _each_refused_as_taken(
-        owner, tenant, plan, ["orders\u2011db", "orders\u2212db", "Orders\u2013DB"], "orders-db"
+        owner, tenant, plan, [f"orders{dash}db" for dash in look_alikes], "orders-db"
     )
     assert list(Instance.objects.filter(tenant=tenant)) == [first.instance]
     # Alone, such a name is kept with the hyphen it reads as.
     assert _create(owner, tenant, plan, name="cache\u2010eu").instance.name == "cache-eu"
+    # The marks of East Asian text that are no hyphen stay as typed.
+    for name in ("\u30c7\u30fc\u30bf", "\u6771\u4eac\u301c\u5927\u962a"):
+        assert _create(owner, tenant, plan, name=name).instance.name == name
 
 
 def test_a_proposed_name_is_one_no_live_instance_has_and_fits(cell, plan, tenant, owner):
