@@ -663,8 +663,11 @@ class _Run:
                  if isinstance(w, str) and w.strip()),
                 "",
             )  # fmt: skip
-            said += f' It says "{words.strip()[:500]}".' if words else ""
-            said += f" (It met its failureCondition, {action.failure_condition}.)"
+            words = words.strip()[:500]
+            if words:  # one full stop: theirs when their words end with one
+                said += f' It says "{words}"' + ("" if words.endswith((".", "!", "?")) else ".")
+            # As it was evaluated: its placeholders filled in.
+            said += f" (It met its failureCondition, {failure.strip().rstrip('.')[:500]}.)"
             return self._attempt_failed(node, template, FAILED, said)
         return Step()
 

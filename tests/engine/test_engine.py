@@ -364,6 +364,27 @@ def test_a_met_failure_condition_says_the_objects_own_words():
     )
 
 
+def test_a_met_failure_condition_is_quoted_as_it_was_evaluated():
+    wf = workflow(
+        dag(Task(name="b", template="b")),
+        resource(
+            "b", configmap("b", "x"), success="status.ok",
+            failure="status.readyInstances < {{ $var.instances }}",
+        ),
+    )  # fmt: skip
+    run = Runner(wf)
+    run.until_quiet()
+
+    run.cluster.set_status("ConfigMap", "b", readyInstances=1, message="Only one of three is up.")
+    run.until_quiet()
+
+    # The condition with its placeholder filled in, as it was met, and one full stop.
+    assert run.node(".b").message == (
+        'ConfigMap "b" failed. It says "Only one of three is up." '
+        "(It met its failureCondition, status.readyInstances < 3.)"
+    )
+
+
 def test_continue_on_failed_lets_the_next_task_run():
     wf = workflow(
         dag(
