@@ -299,17 +299,28 @@ def snapshot_restorable(snapshot: Snapshot) -> tuple[str, bool]:
     return _restorable(Snapshot.objects.filter(pk=snapshot.pk)).get()
 
 
-def restore_source_restorable(tenant_id: int, sys: dict) -> tuple[str, bool] | None:
-    """`snapshot_restorable` of the snapshot a restore's `$sys` names (its source instance and
-    snapshot id); None when the tenant has no such snapshot."""
-    restore = sys.get("restore") or {}
-    return _restorable(
+RESTORE_FORGETTING = "This backup is being deleted: it can no longer be restored."
+RESTORE_AGAIN_DELETED = (
+    "The backup this instance was restored from was deleted: the restore cannot run again."
+    " Delete this instance, or restore another backup into a new one."
+)
+
+
+def restore_again_refusal(instance: Instance, restore: Operation) -> str | None:
+    """Why the restore that made the instance cannot run again (a Retry): the backup it read
+    (named by its `$sys`) is being deleted, or was; None when it can."""
+    sys = restore.arguments.get("sys") or {}
+    found = _restorable(
         Snapshot.objects.filter(
-            tenant_id=tenant_id,
+            tenant_id=instance.tenant_id,
             source_instance_id=str(sys.get("sourceInstanceId", "")),
-            name=str(restore.get("snapshotId", "")),
+            name=str((sys.get("restore") or {}).get("snapshotId", "")),
         )
     ).first()
+    status, forgetting = found or (Snapshot.Status.DELETED, False)
+    if status == Snapshot.Status.DELETED:
+        return RESTORE_AGAIN_DELETED
+    return RESTORE_FORGETTING if forgetting else None
 
 
 def snapshot_restoring(snapshot: Snapshot) -> bool:
@@ -838,12 +849,6 @@ def instance_retry_source(instance: Instance) -> Operation | None:
     return failed
 
 
-def instance_retry_verb(instance: Instance) -> str | None:
-    """The verb to offer as "Retry" (`instance_retry_source`'s), or None."""
-    failed = instance_retry_source(instance)
-    return failed.verb if failed is not None else None
-
-
 def action_refusal(
     instance: Instance,
     verb: str,
@@ -893,6 +898,7 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
     spec = plan_spec(instance.plan_version)
     verbs = spec.main.verbs
     actions = []
+    retry_source = instance_retry_source(instance)  # the failed create or restore, to retry
 
     def offer(verb: str, label: str, *, custom: bool = False, retry: bool = False, **extra):
         if lifecycle.rule(verb, custom=custom).action not in allowed:
@@ -902,6 +908,8 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
             refusal = DELETION_PROTECTED
         if verb == "backup" and not refusal and backup_pending(instance):
             refusal = BACKUP_PENDING
+        if verb == "restore" and retry and not refusal:
+            refusal = restore_again_refusal(instance, retry_source)
         actions.append(InstanceAction(verb, label, refusal=refusal, **extra))
 
     if "modify" in verbs:
@@ -909,7 +917,7 @@ def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[Instan
     for verb, label in BUTTONS.items():
         if verb in verbs:
             offer(verb, label, confirm=verbs[verb].confirm)
-    retry = instance_retry_verb(instance)
+    retry = retry_source.verb if retry_source is not None else None
     if retry and retry in verbs:
         offer(retry, "Retry", retry=True, description=f"Run the failed {retry} again.")
     for verb in verbs.values():

@@ -546,14 +546,10 @@ def _retry_arguments(instance: Instance, verb: str, failed: Operation | None) ->
     if failed is None or failed.verb != verb:
         raise ValidationError(f"Only an instance whose {verb} failed can have it run again.")
     origin = _origin(instance)
-    if verb == "restore":  # read under the tenant's lock, which a deletion of the backup takes
-        status, forgetting = selectors.restore_source_restorable(
-            instance.tenant_id, origin.arguments.get("sys", {})
-        ) or (Snapshot.Status.DELETED, False)
-        if status == Snapshot.Status.DELETED:
-            raise ActionDenied(RESTORE_AGAIN_DELETED)
-        if forgetting:
-            raise ActionDenied(RESTORE_FORGETTING)
+    # Read under the tenant's lock, which a deletion of the backup takes.
+    refusal = selectors.restore_again_refusal(instance, origin) if verb == "restore" else None
+    if refusal:
+        raise ActionDenied(refusal)
     return {"sys": origin.arguments["sys"]} if "sys" in origin.arguments else {}
 
 
@@ -1113,11 +1109,7 @@ def _utc_text(moment: datetime) -> str:
 
 
 RESTORE_COMPLETED = "Only a completed backup can be restored."
-RESTORE_FORGETTING = "This backup is being deleted: it can no longer be restored."
-RESTORE_AGAIN_DELETED = (
-    "The backup this instance was restored from was deleted: the restore cannot run again."
-    " Delete this instance, or restore another backup into a new one."
-)
+RESTORE_FORGETTING = selectors.RESTORE_FORGETTING
 FORGET_RESTORING = (
     "A new instance is being restored from this backup: delete the backup once the restore"
     " has finished."

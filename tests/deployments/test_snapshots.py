@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
-from deployments import runner, services
+from deployments import runner, selectors, services
 from deployments.models import Instance, Operation, PlatformSecret, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC, instance_object, wait_done
@@ -256,7 +256,7 @@ def test_a_backup_being_restored_is_deleted_once_the_restore_has_finished(
 
 
 def test_a_failed_restore_is_not_run_again_from_a_backup_being_deleted_or_deleted(
-    cell, plan, tenant, owner
+    cell, plan, tenant, owner, owner_client
 ):
     _, snapshot = _running_with_a_backup(owner, tenant, plan)
     restore = services.snapshot_restore(
@@ -277,8 +277,12 @@ def test_a_failed_restore_is_not_run_again_from_a_backup_being_deleted_or_delete
         _act(owner, copy, "restore")
 
     assert while_deleting.value.reason == services.RESTORE_FORGETTING
-    assert once_deleted.value.reason == services.RESTORE_AGAIN_DELETED
+    assert once_deleted.value.reason == selectors.RESTORE_AGAIN_DELETED
     assert list(copy.operations.values_list("verb", flat=True)) == ["restore"]  # none queued
+    # Its page offers the Retry disabled, and says why beside it.
+    page = owner_client.get(f"/t/{tenant.slug}/deployments/{copy.pk}/").content.decode()
+    assert 'disabled aria-describedby="why-restore">Retry</button>' in page
+    assert f'<li id="why-restore"><strong>Retry:</strong> {selectors.RESTORE_AGAIN_DELETED}' in page
 
 
 def test_a_backup_queued_for_deletion_shows_as_being_deleted_with_no_restore(
