@@ -44,6 +44,8 @@ _CRON_NAMES = {
     "day-of-week": frozenset(["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
 }
 
+_CRON_NAMES_SAID = {"month": " or jan to dec", "day-of-week": " or sun to sat"}
+
 
 def _cron_text(name: str, field: str) -> bool:
     """Whether a field is written in cron's characters, its words names of that field."""
@@ -86,9 +88,10 @@ def cron_parse(expression: str) -> crontab:
                 raise ValueError(field)
             values.append(crontab_parser(high - low + 1, low).parse(field))  # as crontab reads it
         except (ParseException, ValueError, TypeError, KeyError, IndexError):
+            names = _CRON_NAMES_SAID.get(name, "")
             raise ValueError(
-                f'The {name} field "{field}" is not valid: use numbers from {low} to {high}, '
-                f"*, a range (1-5), a list (1,15) or a step (*/2). {CRON_HELP}"
+                f'The {name} field "{field}" is not valid: use numbers from {low} to {high}'
+                f"{names}, *, a range (1-5), a list (1,15) or a step (*/2). {CRON_HELP}"
             ) from None
     minute, hour, day_of_month, month, day_of_week = fields
     if day_of_week != "*":

@@ -128,6 +128,15 @@ def test_a_cron_field_out_of_its_range_is_named(cron, field):
         schedules.cron_check(cron)
 
 
+def test_a_cron_field_that_takes_names_says_which():
+    with pytest.raises(ValueError) as refused:
+        schedules.cron_check("0 3 * * monday")
+
+    assert 'The day-of-week field "monday" is not valid: use numbers from 0 to 7 or sun to' in (
+        str(refused.value)
+    )
+
+
 def test_a_cron_month_and_day_of_the_week_may_be_named():
     after = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)  # a Friday
 
