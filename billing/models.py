@@ -1,3 +1,4 @@
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -304,6 +305,23 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} — {self.plan} ({self.status_text()})"
+
+    def stop_counted_from(self) -> datetime | None:
+        """Since when the running instances on its plan are counted toward being stopped (the
+        plan's `stop_after_days` later): its suspension; once ended, its end, or the
+        suspension it ended in. Stripe ends a subscription, its instances still running, when
+        its payment fails for good: ending does not let them run on unpaid. None while they
+        may run."""
+        if self.status == self.Status.SUSPENDED:
+            return self.suspended_at
+        if self.status == self.Status.CANCELLED:
+            return min((t for t in (self.suspended_at, self.cancelled_at) if t), default=None)
+        return None
+
+    def stop_due_at(self) -> datetime | None:
+        """When the running instances on its plan are stopped (`stop_counted_from`)."""
+        since = self.stop_counted_from()
+        return since + timedelta(days=self.plan.stop_after_days) if since else None
 
     def status_text(self) -> str:
         """Its status as people read it: while Stripe bills tenants, a pending subscription

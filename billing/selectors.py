@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 
 from django.db.models import Count, Q, QuerySet, Sum
@@ -45,6 +46,9 @@ class PlanRow:
     held: bool = False
     # Its unit prices as the tenant pays them (`pricing.prices_for`).
     prices: list[Price] = field(default_factory=list)
+    # Not subscribed since a subscription ended with instances on the plan: when the running
+    # ones are stopped (`Subscription.stop_due_at`).
+    stop_due: datetime | None = None
 
     @property
     def badge(self) -> str:
@@ -191,6 +195,15 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
             status=Subscription.Status.CANCELLED
         )
     }
+    # The newest ended subscription of each plan with no open one: its instances may still run.
+    ended = {
+        s.plan_id: s
+        for s in Subscription.objects.filter(tenant=tenant, status=Subscription.Status.CANCELLED)
+        .exclude(plan_id__in=open_)
+        .order_by("plan_id", "-created_at")
+        .distinct("plan_id")
+        .select_related("plan")
+    }
     held = entitlements.held_by_staff(tenant)
     plans = list(Plan.objects.prefetch_related("prices"))
     prices = pricing.prices_for(tenant, plans)
@@ -198,16 +211,18 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     for plan in plans:
         subscription = open_.get(plan.pk)
         limits = entitlements.limits_for(tenant, plan)
-        usage = entitlements.usage_of(tenant, plan) if subscription else None
+        usage = entitlements.usage_of(tenant, plan) if subscription or plan.pk in ended else None
+        instances = usage.instances if usage else 0
         rows.append(
             PlanRow(
                 plan=plan,
                 subscription=subscription,
-                usage=_usage_lines(limits, usage),
+                usage=_usage_lines(limits, usage) if subscription or instances else [],
                 limits=_limit_lines(limits),
-                instances=usage.instances if usage else 0,
+                instances=instances,
                 held=subscription is None and plan.pk in held,
                 prices=prices[plan.pk],
+                stop_due=ended[plan.pk].stop_due_at() if instances and plan.pk in ended else None,
             )
         )
     for row in rows:

@@ -31,6 +31,7 @@ def overview(request):
         "rows": rows,
         "request_id": uuid.uuid4().hex,  # one per rendering: a double submit sends it twice
         "stripe_checkout": gateway() is not None,
+        "now": timezone.now(),  # whether the stop of an ended subscription's instances is past
         # A return that names its plan is `_payment_return`'s to tell (older pages named none).
         "checkout": _checkout_said(request.GET.get("checkout", ""), rows)
         if "plan" not in request.GET

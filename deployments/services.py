@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from accounts import idempotency
@@ -1576,18 +1576,37 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
 
 
 def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
-    """Stop the running instances of subscriptions suspended for longer than their plan's
+    """Stop the running instances of subscriptions suspended, or ended with instances still
+    running (Stripe ends one whose payment failed for good), for longer than their plan's
     `stop_after_days` (run by beat): each through its plan's `stop` verb, queued by the
     system, never deleted. An instance whose plan has no stop verb is flagged to staff (an
     audit event and a log line) instead. Idempotent: each stop's request id derives from the
     suspension, so a second sweep queues nothing new."""
     now = now or timezone.now()
     counts = {"stopped": 0, "unstoppable": 0}
-    suspended = Subscription.objects.filter(
-        status=Subscription.Status.SUSPENDED, suspended_at__isnull=False
-    ).select_related("tenant", "plan")
-    for subscription in suspended:
-        if subscription.suspended_at + timedelta(days=subscription.plan.stop_after_days) > now:
+    Status = Subscription.Status
+    running = Instance.objects.filter(
+        tenant_id=OuterRef("tenant_id"),
+        plan_version__plan_id=OuterRef("plan_id"),
+        state=Instance.State.RUNNING,
+    )
+    reopened = Subscription.objects.filter(
+        tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id")
+    ).exclude(status=Status.CANCELLED)
+    # Suspended ones, and ended ones whose instances still run without another subscription
+    # (Stripe ended it): the newest of each tenant and plan.
+    stopping = (
+        Subscription.objects.filter(
+            Q(status=Status.SUSPENDED, suspended_at__isnull=False)
+            | Q(Exists(running), ~Exists(reopened), status=Status.CANCELLED)
+        )
+        .order_by("tenant_id", "plan_id", "-created_at")
+        .distinct("tenant_id", "plan_id")
+        .select_related("tenant", "plan")
+    )
+    for subscription in stopping:
+        due = subscription.stop_due_at()
+        if due is None or due > now:
             continue
         stopped, unstoppable = _suspended_stop(subscription)
         counts["stopped"] += len(stopped)
@@ -1596,10 +1615,12 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
 
 
 def _suspended_stop(subscription: Subscription) -> tuple[list[str], list[str]]:
-    """Queue `stop` for one suspended subscription's running instances; the ids stopped now
-    and those that cannot be (flagged once per suspension)."""
+    """Queue `stop` for the running instances of one subscription suspended or ended; the ids
+    stopped now and those that cannot be (flagged once per suspension or end)."""
+    since = subscription.stop_counted_from()
+    ended = subscription.status == Subscription.Status.CANCELLED
     request_id = idempotency.derived_request_id(
-        f"{subscription.pk}:{subscription.suspended_at.isoformat()}", "suspended-stop"
+        f"{subscription.pk}:{since.isoformat()}", "suspended-stop"
     )
     running = (
         Instance.objects.for_tenant(subscription.tenant)
@@ -1614,7 +1635,7 @@ def _suspended_stop(subscription: Subscription) -> tuple[list[str], list[str]]:
         if instance.operations.filter(request_id=request_id).exists():
             continue
         try:
-            _stop_queue_suspended(instance, request_id)
+            _stop_queue_suspended(instance, request_id, ended=ended)
         except ActionDenied:
             continue  # busy or changed meanwhile: the next sweep tries again
         stopped.append(instance.pk)
@@ -1622,7 +1643,7 @@ def _suspended_stop(subscription: Subscription) -> tuple[list[str], list[str]]:
         action="subscription.instances_unstoppable",
         target_type=subscription._meta.model_name,
         target_id=str(subscription.pk),
-        created_at__gte=subscription.suspended_at,
+        created_at__gte=since,
     ).exists()
     if unstoppable and not flagged:
         logger.warning(
@@ -1640,10 +1661,10 @@ def _suspended_stop(subscription: Subscription) -> tuple[list[str], list[str]]:
     return stopped, unstoppable
 
 
-def _stop_queue_suspended(instance: Instance, request_id: str) -> Operation:
-    """A suspended subscription's stop, queued as the system: no role is checked, so only beat
-    (`suspended_instances_stop`) calls this, never a view. ActionDenied when the instance's
-    state forbids a stop now (audited as refused)."""
+def _stop_queue_suspended(instance: Instance, request_id: str, *, ended: bool) -> Operation:
+    """A suspended (or, `ended`, cancelled) subscription's stop, queued as the system: no role
+    is checked, so only beat (`suspended_instances_stop`) calls this, never a view.
+    ActionDenied when the instance's state forbids a stop now (audited as refused)."""
     tenant = instance.tenant
     with audited_action(actor=SYSTEM, action="instance.stop", tenant=tenant, target=instance):
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
@@ -1658,6 +1679,8 @@ def _stop_queue_suspended(instance: Instance, request_id: str) -> Operation:
             action="instance.stop",
             tenant=tenant,
             target=instance,
-            payload={"reason": "the subscription is suspended"},
+            payload={
+                "reason": "the subscription ended" if ended else "the subscription is suspended"
+            },
         )
     return operation

@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core import mail
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
@@ -564,6 +565,83 @@ def test_the_sweep_stops_running_instances_after_the_second_grace_once(
     ).exists()
     assert AuditEvent.objects.filter(action="subscription.instances_stop").count() == 1
     assert not Operation.objects.filter(verb="delete").exists()
+
+
+def _ended_days_ago(subscription, days):
+    """Ended as Stripe ends one (its instances may run), `days` ago."""
+    billing_services.subscription_cancel(
+        actor=SYSTEM, subscription=subscription, instances_may_run=True
+    )
+    Subscription.objects.filter(pk=subscription.pk).update(
+        cancelled_at=timezone.now() - timedelta(days=days)
+    )
+
+
+def test_instances_still_running_when_stripe_ends_a_suspended_subscription_are_stopped(
+    local, hobby, subscribed, tenant, owner
+):
+    running = _running(owner, tenant, hobby, name="a")
+    _suspended_days_ago(subscribed, 6)
+    _ended_days_ago(subscribed, 0)  # Stripe gave up on the payment before the stop came
+
+    assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
+    Subscription.objects.filter(pk=subscribed.pk).update(
+        suspended_at=timezone.now() - timedelta(days=8)
+    )
+    first = services.suspended_instances_stop()
+    second = services.suspended_instances_stop()
+
+    assert first == {"stopped": 1, "unstoppable": 0}
+    assert second == {"stopped": 0, "unstoppable": 0}
+    (stop,) = Operation.objects.filter(verb="stop")
+    assert stop.instance_id == running.pk
+    event = AuditEvent.objects.get(action="instance.stop", actor_kind="system", result="ok")
+    assert event.payload == {"reason": "the subscription ended"}
+    # The email a worker sends of it (after the sweep commits) tells why.
+    subscribed.refresh_from_db()
+    billing_services.subscription_email_send(subscription=subscribed, event="stopped")
+    told = mail.outbox[-1].body
+    assert f"plan ended {hobby.stop_after_days} days ago, and instances still ran on it" in told
+
+
+def test_instances_of_a_subscription_stripe_ended_stop_after_the_grace_unless_resubscribed(
+    local, hobby, subscribed, tenant, owner
+):
+    running = _running(owner, tenant, hobby, name="a")
+    _ended_days_ago(subscribed, 6)
+    assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
+
+    # Subscribed again: its instances run on the new subscription.
+    again = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=hobby)
+    Subscription.objects.filter(pk=subscribed.pk).update(
+        cancelled_at=timezone.now() - timedelta(days=30)
+    )
+    assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
+    # That one ended too, a week ago and a day: now they are stopped.
+    _ended_days_ago(again, 8)
+
+    assert services.suspended_instances_stop() == {"stopped": 1, "unstoppable": 0}
+    assert Operation.objects.get(verb="stop").instance_id == running.pk
+
+
+def test_the_billing_page_says_when_an_ended_subscriptions_instances_stop(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    _running(owner, tenant, hobby, name="a")
+    _ended_days_ago(subscribed, 2)
+    due = Subscription.objects.get(pk=subscribed.pk).stop_due_at()
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+
+    assert "Your subscription to this plan has ended, and 1 instance is still on it." in page
+    assert f'Running ones are stopped on <time datetime="{due:%Y-%m-%dT%H:%M:%S}' in page
+    assert f"{due:%-d %b %Y %H:%M} UTC</time> unless you subscribe again" in page
+
+    Subscription.objects.filter(pk=subscribed.pk).update(
+        cancelled_at=timezone.now() - timedelta(days=8)
+    )
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert "Running ones are being stopped; subscribe again to start them." in page
 
 
 def test_a_plan_without_stop_is_flagged_to_staff_instead(tenant, owner, caplog):
