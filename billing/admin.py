@@ -143,6 +143,10 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
     search_fields = ["tenant__name", "tenant__slug", "plan__key"]
     actions = ["approve", "suspend", "reactivate", "cancel", "hold_lift"]
 
+    def get_queryset(self, request):
+        # Its status reads whether the plan has a price ("Awaiting payment").
+        return super().get_queryset(request).prefetch_related("plan__prices")
+
     @admin.display(description="Status", ordering="status")
     def standing(self, subscription: Subscription) -> str:
         return subscription.status_text()

@@ -41,6 +41,12 @@ class Plan(models.Model):
         return bool(self.limits.get("auto_approve", True))
 
     @property
+    def priced(self) -> bool:
+        """Whether it has a price: a plan without one (a free tier) has nothing to pay, so
+        subscribing to it never waits for Stripe's checkout."""
+        return bool(self.prices.all())  # the prefetched prices, when they are
+
+    @property
     def grace_days(self) -> int:
         """Days a past-due subscription keeps running before it is suspended."""
         return int(self.limits.get("grace_days", 7))
@@ -328,7 +334,7 @@ class Subscription(models.Model):
         waits for payment on Stripe's checkout page, not for the platform team's approval."""
         from billing.stripe_gateway import stripe_bills
 
-        if self.status == self.Status.PENDING and stripe_bills():
+        if self.status == self.Status.PENDING and stripe_bills() and self.plan.priced:
             return "Awaiting payment"
         if self.status == self.Status.SUSPENDED and self.suspended_by_staff:
             return "Suspended by staff"

@@ -210,6 +210,8 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     rows = []
     for plan in plans:
         subscription = open_.get(plan.pk)
+        if subscription is not None:
+            subscription.plan = plan  # with its prices, which its status reads
         limits = entitlements.limits_for(tenant, plan)
         usage = entitlements.usage_of(tenant, plan) if subscription or plan.pk in ended else None
         instances = usage.instances if usage else 0

@@ -161,8 +161,10 @@ def subscribe(
         if check is not None:
             check()
         now = timezone.now()
-        # With Stripe, a subscription starts when its Checkout is paid (the webhook).
-        at_once = plan.auto_approve and gateway() is None
+        # With Stripe, a subscription starts when its Checkout is paid (the webhook); one to a
+        # plan without a price has nothing to pay, and starts as it would without Stripe.
+        through_checkout = stripe_bills() and plan.priced
+        at_once = plan.auto_approve and not through_checkout
         subscription = Subscription(
             tenant=tenant,
             plan=plan,
@@ -180,7 +182,7 @@ def subscribe(
             target=subscription,
             payload={"plan": plan.key, "status": subscription.status},
         )
-        if gateway() is None:  # with Stripe, the mail follows the paid Checkout
+        if not through_checkout:  # with Stripe, the mail follows the paid Checkout
             _notify(subscription, "created" if at_once else "requested")
     return subscription
 
@@ -306,7 +308,7 @@ def subscription_approve(*, actor: Actor, subscription: Subscription) -> Subscri
     tenants, only Stripe's webhook starts one (no Stripe subscription would bill its usage)."""
 
     def billed(subscription: Subscription) -> None:
-        if stripe_bills() and not subscription.stripe_subscription_id:
+        if stripe_bills() and subscription.plan.priced and not subscription.stripe_subscription_id:
             raise ActionDenied(
                 "It waits for payment on Stripe's checkout page and starts when Stripe reports "
                 "it paid: approved without it, no Stripe subscription would bill its usage."

@@ -15,7 +15,7 @@ from django.utils import timezone
 from accounts.audit import SYSTEM, Actor
 from accounts.models import AuditEvent
 from billing import entitlements, periods, services, stripe_sync
-from billing.models import StripeCustomer, Subscription
+from billing.models import Plan, StripeCustomer, Subscription
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
 from tests.concurrency import beside_a_lock, race
@@ -151,6 +151,39 @@ def test_a_failed_payment_makes_it_past_due_and_stripe_ending_it_cancels_it_for_
 
     subscription.refresh_from_db()
     assert subscription.status == "cancelled"
+
+
+def test_a_plan_without_a_price_starts_at_once_with_nothing_to_pay(
+    owner_client, tenant, catalog, emulator, gw
+):
+    free = Plan.objects.create(key="free", name="Free tier", service="postgresql")
+    stripe_sync.catalog_sync(gw)  # which has nothing of it for Stripe to sell
+
+    response = _subscribe(owner_client, tenant, free)
+
+    assert response.status_code == 302 and response["Location"] == f"/t/{tenant.slug}/billing/"
+    subscription = Subscription.objects.get(tenant=tenant, plan=free)
+    assert subscription.status == "active" and not subscription.stripe_subscription_id
+    page = owner_client.get(response["Location"]).content.decode()
+    assert "You are subscribed to Free tier." in page
+    assert "Payment by card is not available" not in page
+
+
+def test_a_plan_without_a_price_that_staff_approve_waits_for_them_not_for_payment(
+    owner_client, tenant, catalog, emulator, gw
+):
+    free = Plan.objects.create(
+        key="free", name="Free tier", service="postgresql", limits={"auto_approve": False}
+    )
+
+    response = _subscribe(owner_client, tenant, free)
+    page = owner_client.get(response["Location"]).content.decode()
+    subscription = Subscription.objects.get(tenant=tenant, plan=free)
+    approved = services.subscription_approve(actor=SYSTEM, subscription=subscription)
+
+    assert "awaits approval by the platform team" in page
+    assert "Continue to payment" not in page and "Awaiting payment" not in page
+    assert approved.status == "active"
 
 
 def test_without_the_plan_in_stripes_catalog_the_page_says_paying_is_unavailable(
