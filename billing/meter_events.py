@@ -114,7 +114,12 @@ def enqueue() -> int:
         Subscription.objects.filter(tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"))
         .exclude(stripe_subscription_id="")
         .exclude(status=Subscription.Status.CANCELLED)
-        .filter(created_at__lt=OuterRef("hour") + HOUR)  # it was there in that hour
+        # It billed in that hour: from the start Stripe reports (a subscription made at the
+        # checkout's start begins once paid), else from when it was made.
+        .filter(
+            Q(stripe_started_at__lt=OuterRef("hour") + HOUR)
+            | Q(stripe_started_at__isnull=True, created_at__lt=OuterRef("hour") + HOUR)
+        )
     )
     records = (
         UsageRecord.objects.filter(

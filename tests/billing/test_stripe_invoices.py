@@ -297,7 +297,9 @@ def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
     start, end = usage.period_bounds(key)  # last month
     customer.created_at = start - timedelta(days=1)
     customer.save(update_fields=["created_at"])
-    Subscription.objects.filter(pk=subscription.pk).update(created_at=customer.created_at)
+    Subscription.objects.filter(pk=subscription.pk).update(
+        created_at=customer.created_at, stripe_started_at=customer.created_at
+    )
     record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))
     record_usage(start, ("inst-a", "cpu", "4"))
     MeteredHour.objects.bulk_create(

@@ -152,6 +152,24 @@ def test_usage_from_before_a_subscription_started_again_is_not_sent_to_it(
     assert list(_rows()) == ["inst-sent"]
 
 
+def test_usage_between_subscribing_again_and_paying_is_not_sent_to_it(
+    stripe_ready, emulator, record_usage, tenant, priced_plan
+):
+    """Subscribed again two days before paying on Stripe's checkout: the hours between run
+    without a Stripe subscription (billed on Opsdeck's invoice); Stripe bills from the start
+    it reports, and the hour it began in from that moment."""
+    started = _hours_ago(2) + timedelta(minutes=20)
+    Subscription.objects.filter(tenant=tenant).update(
+        created_at=_hours_ago(48), stripe_started_at=started
+    )
+    record_usage(_hours_ago(5), ("inst-local", "cpu", "1"))
+    record_usage(_hours_ago(2), ("inst-sent", "cpu", "1"))
+
+    assert meter_events.enqueue() == 1
+    assert list(_rows()) == ["inst-sent"]
+    assert _rows()["inst-sent"].timestamp == started
+
+
 def test_stripe_errors_are_retried_later_with_the_same_identifier(
     stripe_ready, emulator, record_usage
 ):
