@@ -265,12 +265,16 @@ _OUTCOME = ["status", "next_attempt_at", "check_first", "last_error", "sent_at"]
 
 
 def _store(rows: list[MeterEvent]) -> None:
-    """Write the outcomes: one UPDATE per distinct outcome (most of a batch shares one)."""
+    """Write the outcomes: one UPDATE per distinct outcome (most of a batch shares one), of the
+    rows still pending: one moved to Opsdeck's invoice while it was being sent
+    (`unsent_to_local`) stays there, whatever Stripe answered."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for row in rows:
         groups[tuple(getattr(row, name) for name in _OUTCOME)].append(row.pk)
     for values, pks in groups.items():
-        MeterEvent.objects.filter(pk__in=pks).update(**dict(zip(_OUTCOME, values, strict=True)))
+        MeterEvent.objects.filter(pk__in=pks, status=MeterEvent.Status.PENDING).update(
+            **dict(zip(_OUTCOME, values, strict=True))
+        )
 
 
 def _send_one(

@@ -13,7 +13,7 @@ from django.utils import timezone
 from accounts.models import AuditEvent
 from billing import meter_events, stripe_sync
 from billing.meter_events import flush
-from billing.models import MeterEvent, Subscription, UsageRecord
+from billing.models import MeterEvent, StripeMeter, Subscription, UsageRecord
 from billing.stripe_gateway import StripeGateway
 from tests.billing.conftest import API_KEY
 from tests.concurrency import race
@@ -168,6 +168,27 @@ def test_usage_between_subscribing_again_and_paying_is_not_sent_to_it(
     assert meter_events.enqueue() == 1
     assert list(_rows()) == ["inst-sent"]
     assert _rows()["inst-sent"].timestamp == started
+
+
+@pytest.mark.parametrize("stripe_answers", ["an error to retry", "accepted"])
+def test_usage_moved_to_the_local_invoice_while_being_sent_stays_there(
+    stripe_ready, emulator, record_usage, tenant, priced_plan, gw, stripe_answers
+):
+    """Stripe ends the subscription while a worker is sending its last usage: whatever Stripe
+    answers that send, the usage stays on Opsdeck's invoice, rather than going back in the
+    queue for a subscription no longer billing it."""
+    record_usage(_hours_ago(3), ("inst-a", "cpu", "1"))
+    meter_events.enqueue()
+    if stripe_answers == "an error to retry":
+        emulator.add_fault(METER_EVENTS, status=500, count=1)
+    now = timezone.now()
+    meters = dict(StripeMeter.objects.values_list("event_name", "meter_id"))
+    claimed = meter_events._claim(now)  # a flush, under way
+
+    meter_events.unsent_to_local(tenant_id=tenant.pk, plan_id=priced_plan.pk)
+    meter_events._send_batch(gw, claimed, now, meters, meter_events.Flushed())
+
+    assert MeterEvent.objects.get().status == MeterEvent.Status.ADJUSTED
 
 
 def test_stripe_errors_are_retried_later_with_the_same_identifier(
