@@ -39,7 +39,8 @@ from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
 from accounts.audit import Actor, audit_record
-from billing.models import MeterEvent, StripeMeter, Subscription, UsageRecord
+from billing import usage
+from billing.models import BillingPeriod, MeterEvent, StripeMeter, Subscription, UsageRecord
 from billing.stripe_gateway import StripeGateway, StripeRefused, StripeRetryable, gateway
 
 log = logging.getLogger(__name__)
@@ -248,7 +249,9 @@ def _send_batch(
         done.append(row)
         if failures_in_a_row >= OUTAGE_AFTER:
             break
-    _store(done)
+    with transaction.atomic():
+        _store(done)
+        _billed_late([r.usage_record_id for r in done if r.status == MeterEvent.Status.ADJUSTED])
     untouched = claimed[len(done) :]
     if untouched:
         # As they were: due, and never tried when they had not been.
@@ -428,15 +431,41 @@ def unsent_to_local(*, tenant_id: int, plan_id: int) -> int:
     """When Stripe ended the tenant's subscription to the plan: its rows still waiting to be
     sent go on Opsdeck's invoice, as adjustments (sent now, no Stripe invoice would bill them);
     how many."""
-    return MeterEvent.objects.filter(
-        status=MeterEvent.Status.PENDING,
-        usage_record__tenant_id=tenant_id,
-        usage_record__plan_id=plan_id,
-    ).update(
-        status=MeterEvent.Status.ADJUSTED,
-        last_error="Stripe ended its subscription before it was sent: a local adjustment.",
-        check_first=False,
+    with transaction.atomic():
+        rows = MeterEvent.objects.select_for_update().filter(
+            status=MeterEvent.Status.PENDING,
+            usage_record__tenant_id=tenant_id,
+            usage_record__plan_id=plan_id,
+        )
+        locked = dict(rows.values_list("pk", "usage_record_id"))
+        records = list(locked.values())
+        MeterEvent.objects.filter(pk__in=locked).update(
+            status=MeterEvent.Status.ADJUSTED,
+            last_error="Stripe ended its subscription before it was sent: a local adjustment.",
+            check_first=False,
+        )
+        _billed_late(records)
+    return len(records)
+
+
+def _billed_late(record_ids: list[int]) -> None:
+    """Usage records whose rows became local adjustments: one whose billing period closed while
+    its row waited (its invoice was drafted without it) goes to the first open period, as an
+    adjustment, as usage metered after its period closed does (`usage.billing_period_for`).
+
+    Call it in the transaction that made them adjustments: it locks their periods as usage
+    recording does, so a close of one comes either after (its invoice bills them, they stay)
+    or before (they move), never between."""
+    if not record_ids:
+        return
+    records = UsageRecord.objects.filter(pk__in=record_ids)
+    periods = BillingPeriod.objects.select_for_update(no_key=True).filter(
+        key__in=records.values("period")
     )
+    closed = [key for key, at in periods.order_by("key").values_list("key", "closed_at") if at]
+    for pk, hour in records.filter(period__in=closed).values_list("pk", "hour"):
+        period, _ = usage.billing_period_for(hour)  # the first open one, locked too
+        UsageRecord.objects.filter(pk=pk).update(period=period, adjustment=True)
 
 
 def adjustments(period: str | None = None) -> QuerySet[MeterEvent]:

@@ -318,3 +318,46 @@ def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
     (line,) = draft.lines.all()
     assert (line.quantity, line.adjustment_of) == (Decimal("4"), key)
     assert MeterEvent.objects.get(usage_record__hour=start).status == "adjusted"
+
+
+def _metered(start, end):
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=start + usage.HOUR * i) for i in range((end - start) // usage.HOUR)],
+        ignore_conflicts=True,
+    )
+
+
+def test_usage_stripe_could_not_take_until_after_its_month_closed_is_billed_the_next_month(
+    tenant, subscription, customer, emulator, record_usage
+):
+    """Sent to Stripe's meters in vain until its month was closed (an outage, then a retry by
+    staff too late for Stripe): it goes on the next month's invoice, as an adjustment of its
+    own month, rather than on none."""
+    now = timezone.now()
+    this_month = usage.period_key(now)
+    start, end = usage.period_bounds(
+        usage.period_key(usage.period_bounds(this_month)[0] - usage.HOUR)
+    )
+    last_month = usage.period_key(start)
+    customer.created_at = start - timedelta(days=1)
+    customer.save(update_fields=["created_at"])
+    Subscription.objects.filter(pk=subscription.pk).update(
+        created_at=customer.created_at, stripe_started_at=customer.created_at
+    )
+    record_usage(start, ("inst-a", "cpu", "4"))
+    _metered(start, end)
+    meter_events.enqueue()
+    MeterEvent.objects.update(status=MeterEvent.Status.DEAD)  # every try failed
+    closed = invoicing.period_close(last_month, now=now)
+    assert closed.invoices == []  # it waited for Stripe
+
+    MeterEvent.objects.update(status=MeterEvent.Status.PENDING, check_first=True)  # retried
+    flushed = meter_events.flush(now=max(now, start + timedelta(days=36)))
+    assert flushed.adjusted == 1
+    this_start, this_end = usage.period_bounds(this_month)
+    _metered(this_start, this_end)
+    (draft,) = invoicing.period_close(this_month, now=this_end).invoices
+
+    assert draft.source == "local" and draft.total == Decimal("0.20")  # 4 core-hours at 0.05
+    (line,) = draft.lines.all()
+    assert (line.quantity, line.adjustment_of) == (Decimal("4"), last_month)
