@@ -406,9 +406,9 @@ def _seen(page: str) -> str:
     return re.search(r'name="seen" value="([^"]*)"', page).group(1)
 
 
-def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_theirs(
-    owner_client, instance
-):
+def _kept_7_days_behind_bobs_tab(owner_client, instance) -> tuple[dict, str]:
+    """Bob opens the Backups tab; Alice then keeps backups 7 days rather than 30. The form as
+    it was, and Bob's tab."""
     form = {"timing": "interval", "interval_hours": "24", "retention_days": "30", "enabled": "on"}
     bobs_tab = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
     alices = owner_client.post(
@@ -416,6 +416,13 @@ def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_the
         {**form, "retention_days": "7", "seen": _seen(bobs_tab)},
     )
     assert alices.status_code == 302
+    return form, bobs_tab
+
+
+def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_theirs(
+    owner_client, instance
+):
+    form, bobs_tab = _kept_7_days_behind_bobs_tab(owner_client, instance)
 
     # Bob changes only the hours, from his tab that still shows 30 days.
     refused = owner_client.post(
@@ -445,13 +452,7 @@ def test_a_schedule_saved_from_a_page_opened_before_a_teammates_change_keeps_the
 def test_a_stale_schedule_with_a_mistake_is_told_of_the_teammates_change_before_the_mistake(
     owner_client, instance
 ):
-    form = {"timing": "interval", "interval_hours": "24", "retention_days": "30", "enabled": "on"}
-    bobs_tab = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
-    alices = owner_client.post(
-        _url(instance, "backups/schedule/"),
-        {**form, "retention_days": "7", "seen": _seen(bobs_tab)},
-    )
-    assert alices.status_code == 302
+    form, bobs_tab = _kept_7_days_behind_bobs_tab(owner_client, instance)
 
     # Bob, from his tab that still shows 30 days, types a cron with a mistake.
     mistaken = {**form, "timing": "cron", "cron": "0 25 * * *", "seen": _seen(bobs_tab)}

@@ -540,16 +540,11 @@ def _suspended_days_ago(subscription, days):
     )
 
 
-def test_the_sweep_stops_running_instances_after_the_second_grace_once(
-    local, hobby, subscribed, tenant, owner
-):
-    running = _running(owner, tenant, hobby, name="a")
-    stopped = _running(owner, tenant, hobby, name="b")
-    Instance.objects.filter(pk=stopped.pk).update(state=Instance.State.STOPPED)
-    _suspended_days_ago(subscribed, 6)
-
+def _stopped_once_a_week_and_a_day_after_suspension(subscription) -> Operation:
+    """Nothing stopped while the suspension is younger than the plan's 7 days; 8 days on, the
+    sweep stops the running instance, once however often it runs. Its stop."""
     assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
-    Subscription.objects.filter(pk=subscribed.pk).update(
+    Subscription.objects.filter(pk=subscription.pk).update(
         suspended_at=timezone.now() - timedelta(days=8)
     )
     first = services.suspended_instances_stop()
@@ -558,6 +553,19 @@ def test_the_sweep_stops_running_instances_after_the_second_grace_once(
     assert first == {"stopped": 1, "unstoppable": 0}
     assert second == {"stopped": 0, "unstoppable": 0}
     (stop,) = Operation.objects.filter(verb="stop")
+    return stop
+
+
+def test_the_sweep_stops_running_instances_after_the_second_grace_once(
+    local, hobby, subscribed, tenant, owner
+):
+    running = _running(owner, tenant, hobby, name="a")
+    stopped = _running(owner, tenant, hobby, name="b")
+    Instance.objects.filter(pk=stopped.pk).update(state=Instance.State.STOPPED)
+    _suspended_days_ago(subscribed, 6)
+
+    stop = _stopped_once_a_week_and_a_day_after_suspension(subscribed)
+
     assert stop.instance_id == running.pk
     assert stop.requested_by is None  # the system
     assert AuditEvent.objects.filter(
@@ -584,16 +592,8 @@ def test_instances_still_running_when_stripe_ends_a_suspended_subscription_are_s
     _suspended_days_ago(subscribed, 6)
     _ended_days_ago(subscribed, 0)  # Stripe gave up on the payment before the stop came
 
-    assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
-    Subscription.objects.filter(pk=subscribed.pk).update(
-        suspended_at=timezone.now() - timedelta(days=8)
-    )
-    first = services.suspended_instances_stop()
-    second = services.suspended_instances_stop()
+    stop = _stopped_once_a_week_and_a_day_after_suspension(subscribed)
 
-    assert first == {"stopped": 1, "unstoppable": 0}
-    assert second == {"stopped": 0, "unstoppable": 0}
-    (stop,) = Operation.objects.filter(verb="stop")
     assert stop.instance_id == running.pk
     event = AuditEvent.objects.get(action="instance.stop", actor_kind="system", result="ok")
     assert event.payload == {"reason": "the subscription ended"}
