@@ -43,6 +43,30 @@ def test_the_billing_page_never_scrolls_sideways(open_page, owner, tenant, width
     assert not scrolls_sideways(page)
 
 
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_an_ended_subscription_with_instances_on_it_says_when_they_stop(
+    open_page,  # noqa: F811 - the fixture imported above
+    owner,
+    tenant,
+    width,
+):
+    version = factories.postgres_version()
+    subscription = services.subscription_create_active(
+        actor=SYSTEM, tenant=tenant, plan=version.plan
+    )
+    factories.make_instances(tenant, version, factories.cell(), 2)
+    services.subscription_cancel(actor=SYSTEM, subscription=subscription, instances_may_run=True)
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/", width)
+    shot(page, f"billing-ended-{width}")
+
+    said = page.locator(f"#stop-due-{version.plan.key}")
+    expect(said).to_contain_text("Your subscription to this plan has ended, and 2 instances")
+    expect(said).to_contain_text("unless you subscribe again. Their data is kept.")
+    expect(page.get_by_role("button", name=f"Subscribe to {version.plan.name}")).to_be_visible()
+    assert not scrolls_sideways(page)
+
+
 def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     open_page,  # noqa: F811 - the fixture imported above
     owner,
