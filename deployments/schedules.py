@@ -58,7 +58,7 @@ def cron_check(expression: str) -> None:
     """ValueError, with a reason a person can act on, unless the expression is one a
     schedule may be given: valid, and falling due at most once an hour (a backup a minute was
     accepted, each billed as backup storage)."""
-    if len(cron_parse(expression).minute) > 1:
+    if len(cron_parse(expression, strict=True).minute) > 1:
         raise ValueError(
             "At most one backup an hour: give the minute as one number (0 3 * * * is 03:00 "
             "every day)."
@@ -73,9 +73,10 @@ def cron_check(expression: str) -> None:
         )
 
 
-def cron_parse(expression: str) -> crontab:
+def cron_parse(expression: str, *, strict: bool = False) -> crontab:
     """The schedule of a five-field cron expression (UTC); ValueError with a reason a person
-    can act on."""
+    can act on. `strict` (an expression given now, `cron_check`): in cron's own characters
+    only; one stored before that was refused is still read as it was then."""
     fields = expression.split()
     if len(fields) != 5:
         raise ValueError(f"Give five fields, not {len(fields)}. {CRON_HELP}")
@@ -84,7 +85,7 @@ def cron_parse(expression: str) -> crontab:
         try:
             # Cron's own characters alone: int() also reads "+5", "1_5" and digits other
             # than 0-9 (Arabic-Indic, full-width), and crontab any name in any field.
-            if not _cron_text(name, field):
+            if strict and not _cron_text(name, field):
                 raise ValueError(field)
             values.append(crontab_parser(high - low + 1, low).parse(field))  # as crontab reads it
         except (ParseException, ValueError, TypeError, KeyError, IndexError):

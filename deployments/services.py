@@ -1451,9 +1451,13 @@ def backups_run_due(*, now: datetime | None = None) -> dict[str, int]:
     )
     counts = {"ran": 0, "skipped": 0}
     for instance_id, slot, interval_hours, cron in list(due):
-        following = schedules.slot_next(
-            slot=slot, now=now, interval_hours=interval_hours, cron=cron
-        )
+        try:
+            following = schedules.slot_next(
+                slot=slot, now=now, interval_hours=interval_hours, cron=cron
+            )
+        except ValueError as exc:  # a cron no rule reads any more: the others still run
+            logger.warning("Backup schedule of %s: %s", instance_id, exc)
+            continue
         outcome = _backup_slot_run(instance_id, slot, following)
         if outcome is not None:
             counts[outcome] += 1

@@ -147,6 +147,20 @@ def test_a_cron_month_and_day_of_the_week_may_be_named():
     assert yearly == datetime(2027, 1, 1, 3, 0, tzinfo=UTC)
 
 
+def test_a_cron_stored_before_a_rule_refused_it_still_runs_as_it_was_read(instance):
+    # "mon" as a month was read as January, and "+3" as 3, when they were saved.
+    BackupSchedule.objects.filter(instance=instance).update(
+        interval_hours=None, cron="0 +3 1 mon *"
+    )
+    slot = _due(instance)
+
+    counts = services.backups_run_due()
+
+    assert counts == {"ran": 1, "skipped": 0}
+    following = BackupSchedule.objects.get(instance=instance).next_run_at
+    assert (following.month, following.day, following.hour) == (1, 1, 3) and following > slot
+
+
 def test_a_new_instance_gets_the_plans_default_schedule(instance):
     schedule = instance.backup_schedule
 
