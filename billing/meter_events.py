@@ -35,7 +35,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce, TruncHour
+from django.db.models.functions import Coalesce, Greatest, TruncHour
 from django.utils import timezone
 
 from accounts.audit import Actor, audit_record
@@ -115,12 +115,11 @@ def enqueue() -> int:
         Subscription.objects.filter(tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"))
         .exclude(stripe_subscription_id="")
         .exclude(status=Subscription.Status.CANCELLED)
-        # It billed in that hour: from the start Stripe reports (a subscription made at the
-        # checkout's start begins once paid), else from when it was made.
-        .filter(
-            Q(stripe_started_at__lt=OuterRef("hour") + HOUR)
-            | Q(stripe_started_at__isnull=True, created_at__lt=OuterRef("hour") + HOUR)
-        )
+        # It billed in that hour: from when it was made, and from the start Stripe reports if
+        # later (one made at the checkout's start begins once paid; one resumed holds the
+        # start of the Stripe subscription it took over, older than itself).
+        .alias(billing_from=Greatest("created_at", "stripe_started_at"))  # NULL is ignored
+        .filter(billing_from__lt=OuterRef("hour") + HOUR)
     )
     records = (
         UsageRecord.objects.filter(

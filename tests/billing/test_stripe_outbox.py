@@ -191,6 +191,22 @@ def test_usage_moved_to_the_local_invoice_while_being_sent_stays_there(
     assert MeterEvent.objects.get().status == MeterEvent.Status.ADJUSTED
 
 
+def test_usage_from_before_a_resumed_subscription_is_not_sent_to_it(
+    stripe_ready, emulator, record_usage, tenant, priced_plan
+):
+    """Subscribed again by taking over the Stripe subscription a cancel left running to its
+    period's end: ours is new, Stripe's start is a month old. The hours between the cancel and
+    the new subscription were billed on Opsdeck's invoice, and are not sent."""
+    Subscription.objects.filter(tenant=tenant).update(
+        created_at=_hours_ago(2), stripe_started_at=_hours_ago(30 * 24)
+    )
+    record_usage(_hours_ago(5), ("inst-local", "cpu", "1"))
+    record_usage(_hours_ago(2), ("inst-sent", "cpu", "1"))
+
+    assert meter_events.enqueue() == 1
+    assert list(_rows()) == ["inst-sent"]
+
+
 def test_stripe_errors_are_retried_later_with_the_same_identifier(
     stripe_ready, emulator, record_usage
 ):
