@@ -195,11 +195,13 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
             status=Subscription.Status.CANCELLED
         )
     }
-    # The newest ended subscription of each plan with no open one: its instances may still run.
+    # The newest ended subscription of each plan with no open one but one awaiting payment:
+    # its instances may still run, until they are stopped.
+    running = [p for p, s in open_.items() if s.status != Subscription.Status.PENDING]
     ended = {
         s.plan_id: s
         for s in Subscription.objects.filter(tenant=tenant, status=Subscription.Status.CANCELLED)
-        .exclude(plan_id__in=open_)
+        .exclude(plan_id__in=running)
         .order_by("plan_id", "-created_at")
         .distinct("plan_id")
         .select_related("plan")

@@ -1595,10 +1595,11 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
         state=Instance.State.RUNNING,
     )
     reopened = Subscription.objects.filter(
-        tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id")
-    ).exclude(status=Status.CANCELLED)
+        tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"), status__in=_LETS_RUN
+    )
     # Suspended ones, and ended ones whose instances still run without another subscription
-    # (Stripe ended it): the newest of each tenant and plan.
+    # (Stripe ended it; one awaiting payment lets nothing run): the newest of each tenant and
+    # plan. Each is read again under its tenant's lock before anything is stopped.
     stopping = (
         Subscription.objects.filter(
             Q(status=Status.SUSPENDED, suspended_at__isnull=False)
@@ -1618,9 +1619,39 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
     return counts
 
 
+# The subscriptions on which a plan's instances may run (a suspended one until its stop).
+_LETS_RUN = [
+    Subscription.Status.ACTIVE,
+    Subscription.Status.PAST_DUE,
+    Subscription.Status.SUSPENDED,
+]
+
+
+def _stop_still_due(subscription: Subscription) -> bool:
+    """Whether the subscription, read again under its tenant's lock (which a subscribe, a
+    resume or a reactivation takes), still stops its plan's instances: unchanged, and when
+    ended, with no subscription since on which they may run."""
+    now = Subscription.objects.filter(pk=subscription.pk).values_list("status", "suspended_at")
+    if now.first() != (subscription.status, subscription.suspended_at):
+        return False
+    if subscription.status != Subscription.Status.CANCELLED:
+        return True
+    return not Subscription.objects.filter(
+        tenant_id=subscription.tenant_id, plan_id=subscription.plan_id, status__in=_LETS_RUN
+    ).exists()
+
+
 def _suspended_stop(subscription: Subscription) -> tuple[list[str], list[str]]:
     """Queue `stop` for the running instances of one subscription suspended or ended; the ids
     stopped now and those that cannot be (flagged once per suspension or end)."""
+    with transaction.atomic():
+        tenant_lock(subscription.tenant_id)
+        if not _stop_still_due(subscription):
+            return [], []
+        return _stops_queue(subscription)
+
+
+def _stops_queue(subscription: Subscription) -> tuple[list[str], list[str]]:
     since = subscription.stop_counted_from()
     ended = subscription.status == Subscription.Status.CANCELLED
     request_id = idempotency.derived_request_id(

@@ -62,7 +62,7 @@ def test_an_ended_subscription_with_instances_on_it_says_when_they_stop(
 
     said = page.locator(f"#stop-due-{version.plan.key}")
     expect(said).to_contain_text("Your subscription to this plan has ended, and 2 instances")
-    expect(said).to_contain_text("unless you subscribe again. Their data is kept.")
+    expect(said).to_contain_text("unless you are subscribed again by then. Their data is kept.")
     expect(page.get_by_role("button", name=f"Subscribe to {version.plan.name}")).to_be_visible()
     assert not scrolls_sideways(page)
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
+from accounts.services import tenant_lock
 from billing import services as billing_services
 from billing.models import PlanOverride, Subscription
 from deployments import metering, services, transitions
@@ -601,7 +602,7 @@ def test_instances_still_running_when_stripe_ends_a_suspended_subscription_are_s
     subscribed.refresh_from_db()
     billing_services.subscription_email_send(subscription=subscribed, event="stopped")
     told = mail.outbox[-1].body
-    assert f"plan ended {hobby.stop_after_days} days ago, and instances still ran on it" in told
+    assert f"has ended, and instances still ran on it {hobby.stop_after_days} days later" in told
 
 
 def test_instances_of_a_subscription_stripe_ended_stop_after_the_grace_unless_resubscribed(
@@ -624,6 +625,22 @@ def test_instances_of_a_subscription_stripe_ended_stop_after_the_grace_unless_re
     assert Operation.objects.get(verb="stop").instance_id == running.pk
 
 
+def test_subscribing_again_without_paying_leaves_an_ended_subscriptions_instances_to_stop(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    running = _running(owner, tenant, hobby, name="a")
+    _ended_days_ago(subscribed, 8)
+    # Subscribed again, and the checkout left unpaid: it lets nothing run.
+    Subscription.objects.create(tenant=tenant, plan=hobby, status=Subscription.Status.PENDING)
+
+    swept = services.suspended_instances_stop()
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+
+    assert swept == {"stopped": 1, "unstoppable": 0}
+    assert Operation.objects.get(verb="stop").instance_id == running.pk
+    assert "Your subscription to this plan has ended, and 1 instance is still on it." in page
+
+
 def test_the_billing_page_says_when_an_ended_subscriptions_instances_stop(
     local, hobby, subscribed, tenant, owner, owner_client
 ):
@@ -635,13 +652,13 @@ def test_the_billing_page_says_when_an_ended_subscriptions_instances_stop(
 
     assert "Your subscription to this plan has ended, and 1 instance is still on it." in page
     assert f'Running ones are stopped on <time datetime="{due:%Y-%m-%dT%H:%M:%S}' in page
-    assert f"{due:%-d %b %Y %H:%M} UTC</time> unless you subscribe again" in page
+    assert f"{due:%-d %b %Y %H:%M} UTC</time> unless you are subscribed again by then" in page
 
     Subscription.objects.filter(pk=subscribed.pk).update(
         cancelled_at=timezone.now() - timedelta(days=8)
     )
     page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
-    assert "Running ones are being stopped; subscribe again to start them." in page
+    assert "Running ones are being stopped; start them again once you are subscribed" in page
 
 
 def test_a_plan_without_stop_is_flagged_to_staff_instead(tenant, owner, caplog):
@@ -665,6 +682,28 @@ def test_a_plan_without_stop_is_flagged_to_staff_instead(tenant, owner, caplog):
 
 
 # --- races ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_subscription_reactivated_while_the_stop_sweep_runs_has_nothing_stopped(tenant, owner):
+    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    plan = services.plan_load(text=_hobby_text()).plan
+    subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    _running(owner, tenant, plan)
+    _suspended_days_ago(subscription, 8)  # its instances are due to stop
+
+    def reactivate():
+        billing_services.subscription_reactivate(
+            actor=SYSTEM, subscription=Subscription.objects.get(pk=subscription.pk)
+        )
+
+    reactivated, swept = beside_a_lock(
+        lambda: tenant_lock(tenant.pk), reactivate, services.suspended_instances_stop
+    )
+
+    assert reactivated == "committed", reactivated
+    assert swept == {"stopped": 0, "unstoppable": 0}, swept
+    assert not Operation.objects.filter(verb="stop").exists()
 
 
 @pytest.mark.django_db(transaction=True)
