@@ -178,11 +178,16 @@ def test_a_plan_without_a_price_that_staff_approve_waits_for_them_not_for_paymen
 
     response = _subscribe(owner_client, tenant, free)
     page = owner_client.get(response["Location"]).content.decode()
+    refused = entitlements.check(tenant=tenant, plan=free, action="create")
     subscription = Subscription.objects.get(tenant=tenant, plan=free)
     approved = services.subscription_approve(actor=SYSTEM, subscription=subscription)
 
     assert "awaits approval by the platform team" in page
     assert "Continue to payment" not in page and "Awaiting payment" not in page
+    assert refused.reason == (  # what a create on it is told meanwhile
+        "Your subscription to the Free tier plan is awaiting approval by the platform team; "
+        "you can create instances on it once it is approved."
+    )
     assert approved.status == "active"
 
 
