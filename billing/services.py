@@ -478,6 +478,10 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
         "event": event,
         "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
     }
+    if event == "cancel":  # ended with instances on it (Stripe ended it): when they stop
+        usage = entitlements.usage_of(subscription.tenant, subscription.plan)
+        if usage is not None and usage.instances:
+            context.update(instances=usage.instances, stop_due=subscription.stop_due_at())
     subject = _SUBJECTS[event].format(plan=subscription.plan.name)
     send_mail(
         subject=f"[Opsdeck] {subject}",

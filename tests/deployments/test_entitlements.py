@@ -605,6 +605,22 @@ def test_instances_still_running_when_stripe_ends_a_suspended_subscription_are_s
     assert f"has ended, and instances still ran on it {hobby.stop_after_days} days later" in told
 
 
+def test_the_email_of_a_subscription_ended_with_instances_on_it_says_when_they_stop(
+    local, hobby, subscribed, tenant, owner
+):
+    _running(owner, tenant, hobby, name="a")
+    _ended_days_ago(subscribed, 0)
+    subscribed.refresh_from_db()
+
+    billing_services.subscription_email_send(subscription=subscribed, event="cancel")
+
+    due = subscribed.stop_due_at()
+    assert (
+        "plan is cancelled. 1 instance is still on it: running ones are stopped on "
+        f"{due:%-d %b %Y %H:%M} UTC unless you are subscribed to the plan again by then."
+    ) in mail.outbox[-1].body
+
+
 def test_instances_of_a_subscription_stripe_ended_stop_after_the_grace_unless_resubscribed(
     local, hobby, subscribed, tenant, owner
 ):
