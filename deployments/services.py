@@ -1274,11 +1274,12 @@ def _snapshot_forget(
             return pending
     if selectors.snapshot_restoring(snapshot):
         raise ActionDenied(FORGET_RESTORING)
-    spec = selectors.plan_spec(snapshot.plan_version)
     runs = (
         instance is not None
         and instance.state not in {Instance.State.DELETING, Instance.State.DELETED}
-        and "deleteBackup" in spec.main.verbs
+        # The version the deletion runs on is the instance's, which an upgrade may have moved
+        # to one without deleteBackup: then it is only forgotten, as on a plan without it.
+        and "deleteBackup" in selectors.plan_spec(instance.plan_version).main.verbs
         # A delete queued runs first: a deletion behind it would find the instance gone.
         and not selectors.operations_pending(instance).filter(verb="delete").exists()
     )

@@ -285,6 +285,35 @@ def test_a_failed_restore_is_not_run_again_from_a_backup_being_deleted_or_delete
     assert f'<li id="why-restore"><strong>Retry:</strong> {selectors.RESTORE_AGAIN_DELETED}' in page
 
 
+def _without_delete_backup(text: str) -> str:
+    """The spec without its deleteBackup verb nor its backup configuration."""
+    head, rest = text.split("      deleteBackup:\n", 1)
+    text = head + "      delete:\n" + rest.split("      delete:\n", 1)[1]
+    block = (
+        "    capabilities:\n      backupConfiguration:\n        backupRetentionInDays: 30\n"
+        "        backupPeriodInHours: 24\n        snapshotBeforeDeletion: false\n"
+    )
+    assert block in text
+    return text.replace(block, "")
+
+
+def test_a_backup_deleted_after_an_upgrade_to_a_version_without_its_deletion_is_forgotten(
+    cell, plan, tenant, owner
+):
+    instance, snapshot = _running_with_a_backup(owner, tenant, plan)
+    upgraded = services.plan_load(text=_without_delete_backup(SPEC.read_text())).version
+    Instance.objects.filter(pk=instance.pk).update(plan_version=upgraded)  # as an upgrade ends
+
+    forgotten = services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="f")
+
+    # Nothing queued that the instance's version could not run, to block what follows it.
+    assert forgotten is None
+    assert not Operation.objects.filter(verb="deleteBackup").exists()
+    snapshot.refresh_from_db()
+    assert snapshot.status == Snapshot.Status.DELETED
+    assert _act(owner, Instance.objects.get(pk=instance.pk), "restart").state == "queued"
+
+
 def test_a_backup_queued_for_deletion_shows_as_being_deleted_with_no_restore(
     cell, plan, tenant, owner, owner_client
 ):
