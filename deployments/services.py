@@ -1510,8 +1510,8 @@ def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
         if "backup" not in selectors.plan_spec(instance.plan_version).main.verbs:
             raise ActionDenied("This plan cannot take backups.")
         reason = selectors.action_refusal(instance, "backup", _projected_state(instance))
-        if reason:
-            raise ActionDenied(reason)
+        if reason or _upgrading(instance):  # behind an upgrade it would run the old version
+            raise ActionDenied(reason or UPGRADING)
         _entitled(instance, "backup")
         arguments = _snapshot_start(instance, scheduled=True)
         # One operation per slot, also enforced by the (instance, request id) constraint.

@@ -269,6 +269,21 @@ def test_a_slot_runs_once_when_beat_runs_twice_at_the_same_time(raced_instance):
     assert Snapshot.objects.filter(instance=raced_instance).count() == 1
 
 
+def test_a_slot_coming_while_an_upgrade_is_queued_is_skipped_and_says_why(owner, instance):
+    newer = SPEC.read_text().replace("description: Major version.", "description: Major.", 1)
+    services.plan_load(text=newer)
+    services.instance_upgrade(actor=Actor(user=owner), instance=instance, request_id="u-1")
+    _due(instance)
+
+    counts = services.backups_run_due()
+
+    # Queued behind the upgrade, it would back up with the version the instance is leaving.
+    assert counts == {"ran": 0, "skipped": 1}
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.last_outcome, schedule.last_reason) == ("skipped", services.UPGRADING)
+    assert not Operation.objects.filter(instance=instance, verb="backup").exists()
+
+
 def test_a_slot_coming_while_someone_saves_the_schedule_waits_and_both_are_done(
     owner, raced_instance
 ):
