@@ -591,7 +591,16 @@ def instance_action(
             return _repeat(claim.earlier)
         if verb == "modify":
             tenant_lock(tenant.pk)  # `_entitled_to_modify` checks the totals under it
+        read = instance.plan_version_id
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
+        if instance.plan_version_id != read:  # an upgrade ended meanwhile: its rules hold
+            spec = selectors.plan_spec(instance.plan_version)
+            spec_verb = spec.main.verbs.get(verb)
+            if (
+                spec_verb is None
+                or lifecycle.rule(verb, custom=spec_verb.custom).action != rule.action
+            ):
+                raise ValidationError(f"This plan version has no {verb} action.")
         failed = selectors.instance_retry_source(instance)
         reason = selectors.action_refusal(
             instance, verb, _projected_state(instance), custom=spec_verb.custom,

@@ -291,6 +291,23 @@ def test_a_repeated_upgrade_request_returns_the_same_operation(running, owner):
     assert running.operations.filter(verb="upgrade").count() == 1
 
 
+def test_a_modify_read_before_an_upgrade_ended_is_checked_by_the_new_versions_rules(running, owner):
+    page_read = Instance.objects.get(pk=running.pk)  # the request's read, before the lock
+    newer = services.plan_load(
+        text=SPEC.read_text().replace("limits: {min: 1, max: 5}", "limits: {min: 1, max: 3}")
+    ).version
+    Instance.objects.filter(pk=running.pk).update(plan_version=newer)  # the upgrade ended
+
+    with pytest.raises(ValidationError) as refused:
+        services.instance_action(
+            actor=Actor(user=owner), instance=page_read, verb="modify", request_id="m-1",
+            parameters={"instances": "5"},
+        )  # fmt: skip
+
+    assert "instances" in refused.value.message_dict
+    assert not running.operations.filter(verb="modify").exists()
+
+
 def test_other_actions_wait_until_a_queued_upgrade_has_run(running, owner):
     services.plan_load(text=_v2_text(SPEC.read_text()))
     _upgrade(owner, running)
