@@ -770,12 +770,16 @@ def _upgrading(instance: Instance) -> bool:
     return selectors.operations_pending(instance).filter(verb="upgrade").exists()
 
 
-def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Operation:
+def instance_upgrade(
+    *, actor: Actor, instance: Instance, request_id: str, seen: int | None = None
+) -> Operation:
     """Upgrade an instance to its plan's newest version: the operation runs that version's
     modify with the instance's values (those the version drops left out, those it adds at
     their defaults); on success the instance is on the new version. Refused when there is no
     newer version, the state forbids it, operations are pending, or the newer version cannot
-    take the instance's values. A repeated request id returns the operation it queued."""
+    take the instance's values; with `seen`, the version number the person was shown, also
+    when a newer one was published since (what it changes was not shown). A repeated request
+    id returns the operation it queued."""
     request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.upgrade", tenant=tenant, target=instance):
@@ -796,6 +800,11 @@ def instance_upgrade(*, actor: Actor, instance: Instance, request_id: str) -> Op
         preview = selectors.upgrade_preview(instance, instance_parameters(instance))
         if preview is None:
             raise ActionDenied("The instance runs its plan's newest version already.")
+        if seen is not None and seen != preview.target.number:
+            raise ValidationError(
+                f"Version {preview.target.number} was published after this was opened: read "
+                "what it changes above, then upgrade again."
+            )
         _entitled_to_upgrade(instance, preview.target)
         if preview.problems:
             raise ValidationError(list(preview.problems.values()))

@@ -1109,11 +1109,14 @@ def _credentials_reveal(request, instance: Instance):
 @require_POST
 def instance_upgrade(request, instance_id: str):
     instance = _instance(request, instance_id)
+    seen = request.POST.get("version", "")
     try:
         operation = services.instance_upgrade(
             actor=Actor.from_request(request),
             instance=instance,
             request_id=request.POST.get("request_id", ""),
+            # The version the dialog showed; one no dialog could show is a changed one.
+            seen=(int(seen) if seen.isascii() and seen.isdigit() else -1) if seen else None,
         )
     except ActionDenied as exc:
         return _refused(request, instance, exc, "instance.modify", tab="operations")

@@ -176,6 +176,31 @@ def test_an_upgrade_posted_from_the_page_is_queued_on_the_new_version(owner_clie
     assert "Upgrade of orders to v2" in page
 
 
+def test_an_upgrade_confirmed_before_a_newer_version_was_published_is_shown_that_version(
+    owner_client, instance, v2
+):
+    dialog = _page(owner_client, instance)
+    seen = re.search(r'name="version" value="(\d+)"', dialog).group(1)
+    text = _v2_text(SPEC.read_text()).replace("description: Major version.", "description: v3.")
+    services.plan_load(text=text)  # version 3, published while the dialog was open
+
+    response = owner_client.post(
+        _url(instance, "upgrade/"), {"request_id": "up-1", "version": seen}
+    )
+
+    assert seen == "2" and response.status_code == 400
+    html = response.content.decode()
+    assert "Version 3 was published after this was opened" in html
+    assert "Upgrade orders to version 3?" in html  # the dialog again, with what 3 changes
+    assert not instance.operations.filter(verb="upgrade").exists()
+    again = re.search(r'name="version" value="(\d+)"', html).group(1)
+    confirmed = owner_client.post(
+        _url(instance, "upgrade/"), {"request_id": "up-2", "version": again}
+    )
+    assert confirmed.status_code == 302
+    assert instance.operations.get(verb="upgrade").plan_version.number == 3
+
+
 def test_roll_back_posted_from_the_page_is_queued(owner_client, instance):
     _fail(instance, "upgrade")
 
