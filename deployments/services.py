@@ -1187,7 +1187,10 @@ def snapshot_restore(
                 actor=actor,
                 tenant=tenant,
                 version=version,
-                cell=None,
+                # Where its backup is, the source's cell, while it is offered; else the default.
+                cell=Cell.objects.offered_to(tenant)
+                .filter(instances__pk=snapshot.source_instance_id)
+                .first(),
                 name=name,
                 values=values,
                 base=base,

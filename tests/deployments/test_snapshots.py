@@ -12,7 +12,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from deployments import runner, selectors, services
-from deployments.models import Instance, Operation, PlatformSecret, Snapshot
+from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC, instance_object, wait_done
 
@@ -283,6 +283,24 @@ def test_a_failed_restore_is_not_run_again_from_a_backup_being_deleted_or_delete
     page = owner_client.get(f"/t/{tenant.slug}/deployments/{copy.pk}/").content.decode()
     assert 'disabled aria-describedby="why-restore">Retry</button>' in page
     assert f'<li id="why-restore"><strong>Retry:</strong> {selectors.RESTORE_AGAIN_DELETED}' in page
+
+
+def test_a_backup_restores_into_its_instances_cell_while_it_is_offered(cell, plan, tenant, owner):
+    own = Cell.objects.create(name="byoc-eu", region="eu", public=False)
+    own.tenants.add(tenant)
+    instance, snapshot = _running_with_a_backup(owner, tenant, plan)
+    Instance.objects.filter(pk=instance.pk).update(cell=own)
+
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="copy", request_id="r1"
+    )
+    own.tenants.remove(tenant)  # withdrawn: the next restore goes to the default cell
+    again = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="copy-2", request_id="r2"
+    )
+
+    assert restore.instance.cell == own  # where its backup is
+    assert again.instance.cell == cell
 
 
 def _without_delete_backup(text: str) -> str:
