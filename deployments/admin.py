@@ -66,6 +66,9 @@ class StateChangeInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("operation")  # one read, any rows
+
     def has_add_permission(self, request, obj=None):
         return False
 

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.audit import Actor
@@ -1516,3 +1518,28 @@ def test_back_up_now_says_a_backup_is_already_under_way_and_a_second_click_queue
     )
     assert why in response.content.decode()
     assert list(instance.operations.filter(verb="backup")) == [queued]
+
+
+def test_the_admin_instance_page_reads_its_state_changes_in_a_constant_number_of_queries(
+    client, make_user, instance
+):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    url = f"/admin/deployments/instance/{instance.pk}/change/"
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as read:
+            assert client.get(url).status_code == 200
+        return len(read.captured_queries)
+
+    queries()  # what the first read caches (content types, the session)
+    few = queries()
+    for i in range(10):
+        restart = Operation.objects.create(
+            instance=instance, verb="restart", request_id=f"r-{i}",
+            plan_version=instance.plan_version, state=Operation.State.SUCCEEDED,
+        )  # fmt: skip
+        InstanceStateChange.objects.create(
+            instance=instance, from_state="running", to_state="updating", operation=restart
+        )
+
+    assert queries() == few
