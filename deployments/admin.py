@@ -4,6 +4,7 @@ from django.utils import timezone
 
 from accounts.admin import ServiceOwnedAdmin, StaffAudited
 from accounts.audit import Actor, audit_record
+from deployments import selectors
 from deployments.models import (
     BackupSchedule,
     Cell,
@@ -156,6 +157,17 @@ class PlatformSecretAdmin(admin.ModelAdmin):
             target=obj,
             payload={"name": obj.name},
         )
+
+    def get_deleted_objects(self, objs, request):
+        # A secret a plan version that may still run reads is protected: its next run would
+        # fail when it renders. The confirmation page names them and deletes nothing.
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        for secret in objs:
+            protected += [
+                f"{version.plan.name} version {version.number}, which reads $secret.{secret.name}"
+                for version in selectors.secret_readers(secret.name)
+            ]
+        return deleted, counts, perms_needed, protected
 
     def delete_model(self, request, obj):
         self.delete_queryset(request, PlatformSecret.objects.filter(pk=obj.pk))

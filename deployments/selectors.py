@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -17,6 +18,7 @@ from django.db.models import (
     Count,
     Exists,
     F,
+    Max,
     OuterRef,
     Prefetch,
     Q,
@@ -887,6 +889,33 @@ def _requirement_refusal(instance: Instance, verb: str, parameters: dict | None)
         log.warning("instance %s: %s's requirement did not run: %s", instance.pk, verb, exc)
         holds = False
     return None if holds else requirement.message
+
+
+def secret_readers(name: str) -> list[PlanVersion]:
+    """The plan versions that read the platform secret `name` (`$secret.<name>`) and may still
+    run: the newest of its plan (what a create runs), or one a live instance is on."""
+    reads = re.compile(rf"\$secret\.{re.escape(name)}\b")
+    versions = [
+        v
+        for v in PlanVersion.objects.filter(spec_text__contains=f"$secret.{name}")
+        .select_related("plan")
+        .order_by("plan__key", "number")
+        if reads.search(v.spec_text)
+    ]
+    if not versions:
+        return []
+    newest = dict(
+        PlanVersion.objects.filter(plan_id__in={v.plan_id for v in versions})
+        .values("plan_id")
+        .annotate(number=Max("number"))
+        .values_list("plan_id", "number")
+    )
+    on = set(
+        Instance.objects.active()
+        .filter(plan_version__in=versions)
+        .values_list("plan_version_id", flat=True)
+    )
+    return [v for v in versions if v.pk in on or v.number == newest[v.plan_id]]
 
 
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:

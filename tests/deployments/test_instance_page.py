@@ -14,7 +14,15 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import selectors, services
-from deployments.models import Cell, Instance, InstanceStateChange, Operation, Snapshot, TaskRun
+from deployments.models import (
+    Cell,
+    Instance,
+    InstanceStateChange,
+    Operation,
+    PlatformSecret,
+    Snapshot,
+    TaskRun,
+)
 from tests.deployments.conftest import SPEC
 
 SECRET = "s3cret-Pa55word-xyz"
@@ -1543,3 +1551,31 @@ def test_the_admin_instance_page_reads_its_state_changes_in_a_constant_number_of
         )
 
     assert queries() == few
+
+
+def test_a_platform_secret_a_running_plan_version_reads_cannot_be_deleted_in_the_admin(
+    client, make_user, instance
+):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    read = PlatformSecret.objects.create(name="MONITORING_TOKEN", value="t")
+    unread = PlatformSecret.objects.create(name="MONITORING", value="t")  # a prefix of it
+    line = "                    password: {{ $var.password }}\n"
+    text = SPEC.read_text().replace(
+        line,
+        line
+        + line.replace(
+            "password: {{ $var.password }}", "monitoring: {{ $secret.MONITORING_TOKEN }}"
+        ),
+        1,
+    )
+    services.plan_load(text=text)  # the plan's newest version, which creates run
+
+    def delete(secret):
+        url = f"/admin/deployments/platformsecret/{secret.pk}/delete/"
+        return client.post(url, {"post": "yes"}).content.decode()
+
+    refused = delete(read)
+    delete(unread)
+
+    assert "which reads $secret.MONITORING_TOKEN" in refused and "PostgreSQL version 2" in refused
+    assert list(PlatformSecret.objects.values_list("name", flat=True)) == ["MONITORING_TOKEN"]
