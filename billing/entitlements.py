@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from accounts.models import Tenant
 from billing.models import Plan, PlanOverride, Subscription
-from billing.stripe_gateway import stripe_bills
 
 # The keys of `Plan.limits` (and of `PlanOverride.limits`) that are limits.
 LIMIT_KEYS = (
@@ -239,7 +238,7 @@ def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
         return f"The platform team suspended your {plan.name} subscription: contact them to {what}."
     if subscription is None:
         return f"Subscribe to the {plan.name} plan on the Billing page to {what}."
-    if subscription.status == Subscription.Status.PENDING and stripe_bills() and plan.priced:
+    if subscription.status == Subscription.Status.PENDING and plan.paid_at_checkout:
         return (
             f"Your subscription to the {plan.name} plan is awaiting payment: finish it on the "
             f"Billing page (Continue to payment); you can {what} once Stripe confirms it."

@@ -41,10 +41,13 @@ class Plan(models.Model):
         return bool(self.limits.get("auto_approve", True))
 
     @property
-    def priced(self) -> bool:
-        """Whether it has a price: a plan without one (a free tier) has nothing to pay, so
-        subscribing to it never waits for Stripe's checkout."""
-        return bool(self.prices.all())  # the prefetched prices, when they are
+    def paid_at_checkout(self) -> bool:
+        """Whether a subscription to it waits for payment on Stripe's checkout: Stripe bills
+        tenants, and the plan has a price (a plan without one, a free tier, has nothing to pay
+        and starts as it would without Stripe)."""
+        from billing.stripe_gateway import stripe_bills
+
+        return stripe_bills() and bool(self.prices.all())  # the prefetched prices, when they are
 
     @property
     def grace_days(self) -> int:
@@ -277,6 +280,10 @@ class Subscription(models.Model):
         SUSPENDED = "suspended", "Suspended"
         CANCELLED = "cancelled", "Cancelled"
 
+    # Those on which the plan's instances may run (a suspended one until they are stopped):
+    # not one awaiting payment or approval, nor one ended.
+    LETS_RUN = (Status.ACTIVE, Status.PAST_DUE, Status.SUSPENDED)
+
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="subscriptions")
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="subscriptions")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
@@ -332,9 +339,7 @@ class Subscription(models.Model):
     def status_text(self) -> str:
         """Its status as people read it: while Stripe bills tenants, a pending subscription
         waits for payment on Stripe's checkout page, not for the platform team's approval."""
-        from billing.stripe_gateway import stripe_bills
-
-        if self.status == self.Status.PENDING and stripe_bills() and self.plan.priced:
+        if self.status == self.Status.PENDING and self.plan.paid_at_checkout:
             return "Awaiting payment"
         if self.status == self.Status.SUSPENDED and self.suspended_by_staff:
             return "Suspended by staff"

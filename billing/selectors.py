@@ -197,7 +197,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     }
     # The newest ended subscription of each plan with no open one but one awaiting payment:
     # its instances may still run, until they are stopped.
-    running = [p for p, s in open_.items() if s.status != Subscription.Status.PENDING]
+    running = [p for p, s in open_.items() if s.status in Subscription.LETS_RUN]
     ended = {
         s.plan_id: s
         for s in Subscription.objects.filter(tenant=tenant, status=Subscription.Status.CANCELLED)

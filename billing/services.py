@@ -22,7 +22,7 @@ from accounts.roles import Role
 from accounts.services import permission_require, tenant_lock
 from billing import entitlements, periods
 from billing.models import OVERRIDE_SAME_MOMENT, Plan, PlanOverride, Price, Subscription
-from billing.stripe_gateway import gateway, stripe_bills
+from billing.stripe_gateway import gateway
 
 
 @transaction.atomic
@@ -163,7 +163,7 @@ def subscribe(
         now = timezone.now()
         # With Stripe, a subscription starts when its Checkout is paid (the webhook); one to a
         # plan without a price has nothing to pay, and starts as it would without Stripe.
-        through_checkout = stripe_bills() and plan.priced
+        through_checkout = plan.paid_at_checkout
         at_once = plan.auto_approve and not through_checkout
         subscription = Subscription(
             tenant=tenant,
@@ -308,7 +308,7 @@ def subscription_approve(*, actor: Actor, subscription: Subscription) -> Subscri
     tenants, only Stripe's webhook starts one (no Stripe subscription would bill its usage)."""
 
     def billed(subscription: Subscription) -> None:
-        if stripe_bills() and subscription.plan.priced and not subscription.stripe_subscription_id:
+        if subscription.plan.paid_at_checkout and not subscription.stripe_subscription_id:
             raise ActionDenied(
                 "It waits for payment on Stripe's checkout page and starts when Stripe reports "
                 "it paid: approved without it, no Stripe subscription would bill its usage."

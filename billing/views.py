@@ -129,7 +129,7 @@ def _refusal(exc: ActionDenied | ValidationError) -> str:
 @require_POST
 def subscribe(request, plan_key: str):
     plan = get_object_or_404(Plan, key=plan_key)
-    gw = gateway() if plan.priced else None  # nothing to pay: no checkout
+    gw = gateway() if plan.paid_at_checkout else None  # nothing to pay: no checkout
     try:
         subscription = services.subscribe(
             actor=Actor.from_request(request),

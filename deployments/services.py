@@ -1617,7 +1617,9 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
         state=Instance.State.RUNNING,
     )
     reopened = Subscription.objects.filter(
-        tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id"), status__in=_LETS_RUN
+        tenant_id=OuterRef("tenant_id"),
+        plan_id=OuterRef("plan_id"),
+        status__in=Subscription.LETS_RUN,
     )
     # Suspended ones, and ended ones whose instances still run without another subscription
     # (Stripe ended it; one awaiting payment lets nothing run): the newest of each tenant and
@@ -1641,14 +1643,6 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
     return counts
 
 
-# The subscriptions on which a plan's instances may run (a suspended one until its stop).
-_LETS_RUN = [
-    Subscription.Status.ACTIVE,
-    Subscription.Status.PAST_DUE,
-    Subscription.Status.SUSPENDED,
-]
-
-
 def _stop_still_due(subscription: Subscription) -> bool:
     """Whether the subscription, read again under its tenant's lock (which a subscribe, a
     resume or a reactivation takes), still stops its plan's instances: unchanged, and when
@@ -1659,7 +1653,9 @@ def _stop_still_due(subscription: Subscription) -> bool:
     if subscription.status != Subscription.Status.CANCELLED:
         return True
     return not Subscription.objects.filter(
-        tenant_id=subscription.tenant_id, plan_id=subscription.plan_id, status__in=_LETS_RUN
+        tenant_id=subscription.tenant_id,
+        plan_id=subscription.plan_id,
+        status__in=Subscription.LETS_RUN,
     ).exists()
 
 
