@@ -45,10 +45,16 @@ def plan_upsert(
     }
     plan = Plan.objects.select_for_update().filter(key=key).first()
     if plan is None:
-        plan = Plan(key=key, **values)
-        plan.full_clean()
-        plan.save()
-        return plan, True
+        new = Plan(key=key, **values)
+        new.full_clean(validate_unique=False)
+        try:
+            with transaction.atomic():
+                new.save(force_insert=True)
+            return new, True
+        except IntegrityError:
+            # Two loads of a new plan at once (two deploys starting together): this one's
+            # insert waited for the other's, which came first; it goes on with that row.
+            plan = Plan.objects.select_for_update().get(key=key)
     changed = {field: value for field, value in values.items() if getattr(plan, field) != value}
     if not changed:
         return plan, False

@@ -11,6 +11,7 @@ from accounts.models import Tenant
 from billing.models import Plan
 from deployments import selectors, services
 from deployments.models import Cell, Instance, PlanVersion
+from tests.concurrency import race
 from tests.deployments.conftest import SPEC
 
 
@@ -63,6 +64,16 @@ def test_load_specs_going_back_to_an_earlier_text_releases_it_again(
         tenant=tenant, name="a", plan_version=plan.versions.get(number=1), cell=cell
     )
     assert selectors.upgrade_preview(on_first) is None
+
+
+def test_two_loads_of_a_new_plan_at_once_make_one_plan_and_one_version(transactional_db):
+    # Two deploys starting together each load the specs: neither fails on the other's plan.
+    results = race(lambda: services.plan_load(text=SPEC.read_text()), times=2)
+
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert sorted(r.version_created for r in results) == [False, True]
+    assert Plan.objects.filter(key="postgres-cnpg").count() == 1
+    assert list(PlanVersion.objects.values_list("number", flat=True)) == [1]
 
 
 def test_load_specs_reports_every_error_and_loads_nothing(transactional_db, tmp_path, capsys):
