@@ -102,8 +102,10 @@ def endpoint_name(endpoint: dict[str, Any], *, instance_id: str, namespace: str)
 
 def endpoint_host(endpoint: dict[str, Any], *, instance_id: str, namespace: str) -> str:
     """The endpoint's `host` as the Connection tab shows it, rendered like `endpoint_name`
-    (`"{{ $sys.id }}-rw"` → `inst-a1b2c3d4-rw`), where it may also use that name; ""
-    when it has none or refers to anything else."""
+    (where it may also use that name) and qualified with the namespace in the same way
+    (`"{{ $sys.id }}-rw"` → `inst-a1b2c3d4-rw.inst-a1b2c3d4`): customers connect from
+    namespaces of their own, where a Service's bare name does not resolve. "" when it has
+    none or refers to anything else."""
     name = endpoint_name(endpoint, instance_id=instance_id, namespace=namespace)
     sys = {
         "id": instance_id,
@@ -111,7 +113,8 @@ def endpoint_host(endpoint: dict[str, Any], *, instance_id: str, namespace: str)
         "namespace": namespace,
         "network": {"externalClusterEndpoint": name},
     }
-    return _render_host(endpoint, sys)
+    host = _render_host(endpoint, sys)
+    return host if not host or "." in host else f"{host}.{namespace}"
 
 
 def _render_host(endpoint: dict[str, Any], sys: dict[str, Any]) -> str:

@@ -21,16 +21,19 @@ from tests.deployments.test_instance_page import (  # noqa: F401 (fixtures)
 
 def test_the_tab_shows_how_to_connect_with_the_password_masked(owner_client, instance):
     html = owner_client.get(_url(instance), {"tab": "connection"}).content.decode()
+    # The Service's name qualified with the instance's namespace: customers' applications run
+    # in namespaces of their own, where the bare name does not resolve.
+    host = f"{instance.pk}-rw.{instance.namespace}"
 
-    assert f'id="connection-host">{instance.pk}-rw</code>' in html
+    assert f'id="connection-host">{host}</code>' in html
     assert 'id="connection-port">5432</code>' in html
     assert 'id="connection-database">app</code>' in html
     assert 'id="connection-user">app</code>' in html
-    assert f"postgresql://app:••••••@{instance.pk}-rw:5432/app" in html
+    assert f"postgresql://app:••••••@{host}:5432/app" in html
     assert ">Reveal password</button>" in html
     assert SECRET not in html
     # Its Copy gives the URI without a password, for the client to ask: a mask is no use pasted.
-    assert f'data-copy="postgresql://app@{instance.pk}-rw:5432/app"' in html
+    assert f'data-copy="postgresql://app@{host}:5432/app"' in html
 
 
 def test_a_deleted_instance_has_nothing_to_connect_to_nor_a_password_to_reveal(
@@ -72,7 +75,7 @@ def test_after_reauthenticating_the_password_is_shown_once_and_audited(owner_cli
     html = shown.content.decode()
     assert shown.status_code == 200
     assert f'id="connection-password">{SECRET}</code>' in html
-    assert f"postgresql://app:{SECRET}@{instance.pk}-rw:5432/app" in html
+    assert f"postgresql://app:{SECRET}@{instance.pk}-rw.{instance.namespace}:5432/app" in html
     assert "postgresql://app:••••••@" not in html  # one URI: the one to copy
     assert "no-store" in shown["Cache-Control"].split(", ")
     assert 'hx-history="false"' in html

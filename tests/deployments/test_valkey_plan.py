@@ -164,8 +164,9 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
     connection = selectors.instance_connection(instance)
     assert connection.has_password
-    assert connection.uri() == f"redis://:{selectors.MASKED}@{instance.pk}:6379"
-    assert connection.uri("p@ss") == f"redis://:p%40ss@{instance.pk}:6379"
+    host = f"{instance.pk}.{instance.namespace}"  # the client Service, from any namespace
+    assert connection.uri() == f"redis://:{selectors.MASKED}@{host}:6379"
+    assert connection.uri("p@ss") == f"redis://:p%40ss@{host}:6379"
     # Its servers carry no role label: the Servers tab lists them without a Role column.
     servers = owner_client.get(
         f"/t/{tenant.slug}/deployments/{instance.pk}/", {"tab": "servers"}
