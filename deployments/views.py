@@ -342,8 +342,9 @@ def _live_context(instance: Instance, tab: str, params) -> dict:
     """The Servers, Logs and Events tabs: read from the instance's cell now (a cell that
     cannot be read is said, not raised)."""
     rule = servers.servers_rule(selectors.plan_spec(instance.plan_version).extensions)
-    driver, namespace = driver_for(instance.cell), instance.namespace
+    namespace = instance.namespace
     try:
+        driver = driver_for(instance.cell)  # a cell whose configuration cannot be used raises
         if tab == "events":
             return {"events": servers.events_read(driver, namespace)}
         found = servers.servers_read(driver, namespace, rule) if rule else []
@@ -856,16 +857,17 @@ SCHEDULE_FIELDS = ("timing", "interval_hours", "cron", "retention_days", "retent
 TIMING_NEEDED = "Choose when backups run: every few hours, or at the times of a cron expression."
 
 
+_WHOLE = re.compile(r"-?[0-9]{1,18}")
+
+
 def _whole(text: str) -> int | str | None:
-    """A number field as typed: a whole number, None when empty, else the text (which the
-    service refuses with the field's message)."""
+    """A number field as typed: a whole number written in plain digits, None when empty, else
+    the text (which the service refuses with the field's message). Not Python's `int` syntax
+    (`1_2`, `+12`, other scripts' digits), which the parameter fields refuse too."""
     text = text.strip()
     if not text:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    return int(text) if _WHOLE.fullmatch(text) else text
 
 
 def _changes_over_theirs(instance: Instance, submitted: dict, seen: str | None) -> dict:
@@ -1109,14 +1111,14 @@ def _credentials_reveal(request, instance: Instance):
 @require_POST
 def instance_upgrade(request, instance_id: str):
     instance = _instance(request, instance_id)
-    seen = request.POST.get("version", "")
+    # The version the dialog showed; one no dialog could show is a changed one.
+    seen = _whole(request.POST.get("version", ""))
     try:
         operation = services.instance_upgrade(
             actor=Actor.from_request(request),
             instance=instance,
             request_id=request.POST.get("request_id", ""),
-            # The version the dialog showed; one no dialog could show is a changed one.
-            seen=(int(seen) if seen.isascii() and seen.isdigit() else -1) if seen else None,
+            seen=seen if seen is None or isinstance(seen, int) else -1,
         )
     except ActionDenied as exc:
         return _refused(request, instance, exc, "instance.modify", tab="operations")
@@ -1133,7 +1135,9 @@ def instance_upgrade(request, instance_id: str):
 def plan_change(request, plan_key: str):
     """The Billing page's "Change plan": move the instances on one plan to another."""
     source = get_object_or_404(Plan, key=plan_key)
-    target = Plan.objects.filter(key=str(request.POST.get("plan", ""))[:100]).first()
+    key = str(request.POST.get("plan", ""))[:100]
+    # PostgreSQL compares no text holding a null character: no key holds one.
+    target = Plan.objects.filter(key=key).first() if "\x00" not in key else None
     back = redirect("billing_overview", tenant_slug=request.tenant.slug)
     if target is None:
         messages.error(request, "Choose the plan to move your instances to.")

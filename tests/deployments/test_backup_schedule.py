@@ -430,6 +430,26 @@ def test_the_backups_tab_shows_the_schedule_and_saves_it(owner_client, instance)
     assert "<code>30 2 * * 1</code>" in page and "the 5 newest scheduled ones" in page
 
 
+@pytest.mark.parametrize(
+    "field,typed",
+    [("interval_hours", "1_2"), ("interval_hours", "١٢"), ("interval_hours", "\uff11\uff12"),
+     ("interval_hours", "+12"), ("retention_days", "1_4"), ("retention_count", "1_0")],
+)  # fmt: skip
+def test_a_schedule_number_in_anything_but_plain_digits_is_refused(
+    owner_client, instance, field, typed
+):
+    form = {"timing": "interval", "interval_hours": "24", "retention_days": "30", "enabled": "on"}
+
+    refused = owner_client.post(_url(instance, "backups/schedule/"), {**form, field: typed})
+
+    assert refused.status_code == 400
+    assert "whole number" in refused.content.decode()
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert (schedule.interval_hours, schedule.retention_days, schedule.retention_count) == (
+        24, 30, None,
+    )  # fmt: skip
+
+
 def _seen(page: str) -> str:
     """The schedule as the page's form showed it (its hidden `seen` field)."""
     return re.search(r'name="seen" value="([^"]*)"', page).group(1)

@@ -201,6 +201,19 @@ def test_an_upgrade_confirmed_before_a_newer_version_was_published_is_shown_that
     assert instance.operations.get(verb="upgrade").plan_version.number == 3
 
 
+@pytest.mark.parametrize("version", ["1" * 5000, "2_0", "٢", "v2"])
+def test_an_upgrade_posted_with_a_version_no_dialog_shows_is_refused_as_changed(
+    owner_client, instance, v2, version
+):
+    form = {"request_id": "up-1", "version": version}
+
+    response = owner_client.post(_url(instance, "upgrade/"), form)
+
+    assert response.status_code == 400
+    assert "was published after this was opened" in response.content.decode()
+    assert not instance.operations.filter(verb="upgrade").exists()
+
+
 def test_roll_back_posted_from_the_page_is_queued(owner_client, instance):
     _fail(instance, "upgrade")
 

@@ -4,6 +4,7 @@ events from its cell when shown, and refresh themselves (the sandbox cluster, a 
 import time
 import uuid
 
+import pytest
 import yaml
 
 from accounts import services as accounts_services
@@ -74,6 +75,22 @@ def test_a_cell_that_cannot_be_reached_is_said_not_raised(db, tenant, owner_clie
     gone = Cell.objects.create(name="gone", region="nowhere", kubeconfig=yaml.safe_dump(kubeconfig))
     version = factories.postgres_version()
     [instance] = factories.make_instances(tenant, version, gone, 1, name="orders")
+    url = f"/t/{tenant.slug}/deployments/{instance.pk}/"
+
+    for tab in ("servers", "events", "logs"):
+        response = owner_client.get(url, {"tab": tab})
+        assert response.status_code == 200, tab
+        assert "The cluster could not be read" in response.content.decode(), tab
+
+
+@pytest.mark.parametrize("kubeconfig", ["not: [valid", "- a list", ""])
+def test_a_cell_whose_configuration_cannot_be_used_is_said_not_raised(
+    db, tenant, owner_client, kubeconfig
+):
+    # Invalid YAML, not a mapping, or empty: in-cluster, but Opsdeck does not run in a cluster.
+    broken = Cell.objects.create(name="broken", region="nowhere", kubeconfig=kubeconfig)
+    version = factories.postgres_version()
+    [instance] = factories.make_instances(tenant, version, broken, 1, name="orders")
     url = f"/t/{tenant.slug}/deployments/{instance.pk}/"
 
     for tab in ("servers", "events", "logs"):

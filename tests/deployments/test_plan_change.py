@@ -207,6 +207,14 @@ def test_the_billing_page_offers_the_move_and_queues_it(plans, tenant, owner, ow
         follow=True,
     )
     assert "Choose the plan to move your instances to." in refused.content.decode()
+    # A key with a null character, which PostgreSQL compares with nothing, names no plan.
+    nul = owner_client.post(
+        f"/t/{tenant.slug}/billing/plans/{large.key}/change/",
+        {"plan": f"{small.key}\x00", "request_id": "page-3"},
+        follow=True,
+    )
+    assert "Choose the plan to move your instances to." in nul.content.decode()
+    assert Operation.objects.filter(verb="upgrade").count() == 1
 
 
 def test_another_tenants_page_is_not_found(plans, tenant, owner, make_user, client):
