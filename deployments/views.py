@@ -258,6 +258,9 @@ DETAIL = "deployments/instance_detail.html"
 # An htmx request names the element it swaps; each of these has a partial of its own.
 SWAPPED = {"instance-page", "instance-head", "instance-tab", "instance-operations", "instance-live"}
 ACTIVITY_SHOWN = 100
+# Operations a page of the Operations tab lists: scheduled backups and their pruning add two a
+# slot, tens of thousands over an instance's life.
+OPERATIONS_PER_PAGE = 50
 PENDING = {Operation.State.QUEUED, Operation.State.RUNNING}
 
 
@@ -284,9 +287,13 @@ def _tab_context(
     if tab in LIVE_TABS:
         return _live_context(instance, tab, params)
     if tab == "operations":
-        operations = list(selectors.operations_with_runs(instance))
+        page = Paginator(selectors.operations_with_runs(instance), OPERATIONS_PER_PAGE).get_page(
+            params.get("page")
+        )
+        operations = list(page)  # newest first: the pending ones are on the first page
         return {
             "operations": operations,
+            "operations_page": page,
             "pending": any(op.state in PENDING for op in operations),
             "verb_labels": selectors.verb_labels(instance.plan_version),
             "cancellable": _cancellable(instance, operations, allowed),

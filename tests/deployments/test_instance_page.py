@@ -409,6 +409,32 @@ def test_the_operations_tab_reads_in_a_constant_number_of_queries(owner_client, 
     assert len(many) == len(few)
 
 
+def test_the_operations_tab_lists_fifty_operations_a_page_newest_first(owner_client, instance):
+    # A year of hourly backups is some 17,000 operations: the tab, polled every 2 s while one
+    # is pending, lists a page of them.
+    Operation.objects.bulk_create(
+        Operation(
+            instance=instance, verb="backup", request_id=f"slot-{n}",
+            plan_version=instance.plan_version, state=Operation.State.SUCCEEDED,
+            created_at=timezone.now() + timedelta(minutes=n),
+        )
+        for n in range(60)
+    )  # fmt: skip
+    newest = Operation.objects.get(request_id="slot-59")
+    url = _url(instance)
+
+    first = owner_client.get(url, {"tab": "operations"}).content.decode()
+    second = owner_client.get(url, {"tab": "operations", "page": "2"}).content.decode()
+    unreadable = owner_client.get(url, {"tab": "operations", "page": "x"}).content.decode()
+
+    assert first.count('class="timeline-item"') == 50
+    assert re.search(r'id="operation-([^"]+)"', first).group(1) == str(newest.pk)
+    assert "Page 1 of 2 · 61 operations" in first and "page=2" in first and "Newer" not in first
+    assert second.count('class="timeline-item"') == 11 and "Newer" in second
+    assert f'id="operation-{instance.operations.get(verb="create").pk}"' in second  # the oldest
+    assert unreadable.count('class="timeline-item"') == 50
+
+
 ACTIONS = [
     ("stop", {}),
     ("restart", {}),
