@@ -155,7 +155,7 @@ def audit_events_for_tenant(
     until: date | None = None,
 ) -> QuerySet[AuditEvent]:
     """The tenant's audit log, newest first; `until` includes the whole day."""
-    events = AuditEvent.objects.for_tenant(tenant).select_related("actor")
+    events = AuditEvent.objects.for_tenant(tenant)  # its actor as recorded: `actor_email`
     if action:
         events = events.filter(action__startswith=action)
     if actor:

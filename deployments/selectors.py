@@ -488,11 +488,21 @@ def instance_name_free(tenant: Tenant, wanted: str, most: int) -> str:
         number += 1
 
 
+_NOT_ON_PAGES = [
+    "plan_version__spec_text", "plan_version__parsed", "cell__kubeconfig",
+    "cell__backup_credentials", "created_by__password",
+]  # fmt: skip
+
+
 def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:
-    """One of the tenant's instances (deleted ones too: their snapshots and history remain)."""
+    """One of the tenant's instances (deleted ones too: their snapshots and history remain),
+    with its plan version, plan, cell and creator, but not what its pages never show: the
+    version's text (`plan_spec` loads it by id, once per process), the cell's encrypted
+    configuration and credentials (read when the cell is called), the creator's password."""
     return (
         Instance.objects.for_tenant(tenant)
         .select_related("plan_version__plan", "cell", "created_by")
+        .defer(*_NOT_ON_PAGES)
         .filter(pk=instance_id)
         .first()
     )
@@ -692,7 +702,7 @@ def instance_audit_events(instance: Instance) -> QuerySet[AuditEvent]:
         | Q(payload__source=instance.pk)
         | Q(target_type="operation", action="operation.cancel", target_id__in=operation_ids)
     )
-    return AuditEvent.objects.for_tenant(instance.tenant).filter(about).select_related("actor")
+    return AuditEvent.objects.for_tenant(instance.tenant).filter(about)
 
 
 @dataclass(frozen=True)
@@ -1239,6 +1249,7 @@ def instance_setting_left(instance: Instance) -> SettingLeft | None:
         instance.operations.filter(verb__in=setting | lifecycle.APPLIES_PARAMETERS)
         .filter(Q(state=Operation.State.SUCCEEDED) | Q(arguments__cluster_touched=True))
         .exclude(finished_at=None)
+        .defer("engine_state", "secret_parameters", "requested_secret")  # encrypted, not shown
         .order_by("-finished_at", "-created_at")
         .first()
     )

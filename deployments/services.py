@@ -212,24 +212,38 @@ def instance_parameters(instance: Instance) -> dict:
 
 
 def _verb_of(op: Operation):
-    return selectors.plan_spec(op.plan_version).main.verbs.get(lifecycle.workflow_verb(op.verb))
+    """The operation's verb in its plan version's spec (loaded by id, once per process)."""
+    spec = selectors.plan_version_loaded(op.plan_version_id).spec
+    return spec.main.verbs.get(lifecycle.workflow_verb(op.verb))
 
 
 def _projected_state(instance: Instance) -> str:
     """The state the instance will be in once its queued operations have run."""
     state = instance.state
-    for op in selectors.operations_pending(instance).select_related("plan_version"):
+    for op in selectors.operations_pending(instance).only("instance_id", "verb", "plan_version_id"):
         verb = _verb_of(op)
         after = lifecycle.rule(op.verb, custom=bool(verb and verb.custom)).after
         state = after or state
     return state
 
 
+# What `values_after` reads of an operation (and its instance, which the ORM reads): not its
+# run's state, nor what it applied.
+_REQUESTED = (
+    "instance_id",
+    "verb",
+    "plan_version_id",
+    "requested",
+    "requested_secret",
+    "arguments",
+)
+
+
 def instance_parameters_projected(instance: Instance) -> dict:
     """The instance's parameter values once its queued operations have run: what a modify
     changes from (and what its form shows)."""
     values = instance_parameters(instance)
-    for op in selectors.operations_pending(instance).select_related("plan_version"):
+    for op in selectors.operations_pending(instance).only(*_REQUESTED):
         verb = _verb_of(op)
         if verb is not None:
             values = values_after(op, verb, values) or values

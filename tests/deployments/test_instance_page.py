@@ -435,6 +435,48 @@ def test_the_operations_tab_lists_fifty_operations_a_page_newest_first(owner_cli
     assert unreadable.count('class="timeline-item"') == 50
 
 
+def test_the_page_reads_no_run_state_spec_text_or_cell_secret_however_many_operations_wait(
+    owner_client, instance, monkeypatch
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from accounts import crypto
+
+    decrypted = []
+    real = crypto.decrypt
+    monkeypatch.setattr(crypto, "decrypt", lambda token: decrypted.append(token) or real(token))
+    url = _url(instance)
+
+    def read() -> tuple[int, str]:
+        decrypted.clear()
+        with CaptureQueriesContext(connection) as queries:
+            assert owner_client.get(url).status_code == 200  # with its modify dialog, prefilled
+        return len(decrypted), " ".join(q["sql"] for q in queries.captured_queries)
+
+    def queue(count: int) -> None:
+        for _ in range(count):
+            Operation.objects.create(
+                instance=instance, verb="restart", request_id=uuid.uuid4().hex,
+                plan_version=instance.plan_version, state=Operation.State.QUEUED,
+                engine_state=json.dumps({"nodes": {"n": "x" * 20_000}}),
+            )  # fmt: skip
+
+    queue(1)
+    one, sql = read()
+    queue(19)
+    twenty, _ = read()
+
+    assert twenty == one  # the instance's own secret values, whatever waits
+    for column in ["engine_state", "spec_text", "parsed", "kubeconfig", "backup_credentials"]:
+        assert f'"{column}"' not in sql, column
+    # Its Activity tab shows who acted as recorded, without reading their accounts.
+    with CaptureQueriesContext(connection) as queries:
+        assert owner_client.get(url, {"tab": "activity"}).status_code == 200
+    read = [q["sql"] for q in queries.captured_queries if "accounts_auditevent" in q["sql"]]
+    assert read and not [sql for sql in read if '"accounts_user"' in sql]
+
+
 ACTIONS = [
     ("stop", {}),
     ("restart", {}),
