@@ -257,7 +257,7 @@ FOLLOW_FOR = 300
 DETAIL = "deployments/instance_detail.html"
 # An htmx request names the element it swaps; each of these has a partial of its own.
 SWAPPED = {"instance-page", "instance-head", "instance-tab", "instance-operations", "instance-live"}
-ACTIVITY_SHOWN = 100
+ACTIVITY_PER_PAGE = 100  # events a page of the Activity tab lists
 # Operations a page of the Operations tab lists: scheduled backups and their pruning add two a
 # slot, tens of thousands over an instance's life.
 OPERATIONS_PER_PAGE = 50
@@ -311,8 +311,12 @@ def _tab_context(
             "takes_backups": "backup" in selectors.plan_spec(instance.plan_version).main.verbs,
         }
     if tab == "activity":
+        page = Paginator(selectors.instance_audit_events(instance), ACTIVITY_PER_PAGE).get_page(
+            params.get("page")
+        )
         return {
-            "events": selectors.instance_audit_events(instance)[:ACTIVITY_SHOWN],
+            "events": list(page),
+            "events_page": page,
             "verb_labels": selectors.verb_labels(instance.plan_version),  # what a cancel stopped
         }
     if tab == "metrics":  # the charts load apart, for the chosen window

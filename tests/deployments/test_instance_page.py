@@ -1278,6 +1278,26 @@ def test_the_activity_tab_shows_the_instances_events_only(owner_client, instance
     assert other.instance.name not in html
 
 
+def test_the_activity_tab_lists_a_hundred_events_a_page_and_pages_to_the_rest(
+    owner_client, owner, instance
+):
+    from accounts.audit import audit_record
+
+    for n in range(104):  # and the create's
+        audit_record(
+            actor=Actor(user=owner), action="instance.reveal_credentials",
+            tenant=instance.tenant, target=instance, payload={"name": f"reveal-{n}"},
+        )  # fmt: skip
+    url = _url(instance)
+
+    first = owner_client.get(url, {"tab": "activity"}).content.decode()
+    second = owner_client.get(url, {"tab": "activity", "page": "2"}).content.decode()
+
+    assert first.count("instance.reveal_credentials") == 100 and "reveal-103" in first
+    assert "Page 1 of 2 · 105 events" in first and "tab=activity&amp;page=2" in first
+    assert second.count("instance.reveal_credentials") == 4 and "instance.create" in second
+
+
 def test_the_activity_tab_shows_who_cancelled_the_instances_operations(
     owner_client, instance, plan
 ):
