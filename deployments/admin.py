@@ -128,6 +128,32 @@ class BackupScheduleAdmin(ServiceOwnedAdmin):
     list_select_related = ["instance"]
 
 
+def secret_read_by(name: str) -> list[str]:
+    """The plan versions that may still run and read the platform secret `name`, as the
+    admin names them (`selectors.secret_readers`)."""
+    return [
+        f"{version.plan.name} version {version.number}, which reads $secret.{name}"
+        for version in selectors.secret_readers(name)
+    ]
+
+
+class PlatformSecretForm(forms.ModelForm):
+    class Meta:
+        model = PlatformSecret
+        fields = ["name", "value", "description"]
+
+    def clean_name(self):
+        # Renamed, a secret a version that may still run reads is gone for it, as if deleted.
+        name = self.cleaned_data["name"]
+        stored = self.instance.name if self.instance.pk else None
+        if stored and name != stored and (readers := secret_read_by(stored)):
+            raise forms.ValidationError(
+                f"{'; '.join(readers)}: renamed, its next run would fail. Add a secret with the "
+                "new name instead, and delete this one once no version reads it."
+            )
+        return name
+
+
 @admin.register(PlatformSecret)
 class PlatformSecretAdmin(admin.ModelAdmin):
     """Platform staff manage these secrets here; values are write-only and every change is
@@ -136,6 +162,8 @@ class PlatformSecretAdmin(admin.ModelAdmin):
     list_display = ["name", "description", "updated_at"]
     search_fields = ["name", "description"]
     fields = ["name", "value", "description"]
+
+    form = PlatformSecretForm
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
@@ -163,10 +191,7 @@ class PlatformSecretAdmin(admin.ModelAdmin):
         # fail when it renders. The confirmation page names them and deletes nothing.
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         for secret in objs:
-            protected += [
-                f"{version.plan.name} version {version.number}, which reads $secret.{secret.name}"
-                for version in selectors.secret_readers(secret.name)
-            ]
+            protected += secret_read_by(secret.name)
         return deleted, counts, perms_needed, protected
 
     def delete_model(self, request, obj):

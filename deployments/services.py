@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,7 @@ from deployments.models import (
     InstanceStateChange,
     Operation,
     PlanVersion,
+    PlatformSecret,
     Snapshot,
 )
 from deployments.parameters import (
@@ -111,12 +113,13 @@ def plan_load(*, text: str) -> PlanLoad:
     )
     plan_changed = plan_changed or prices_changed
     digest = hashlib.sha256(text.encode()).hexdigest()
+    warnings = [*spec.warnings, *_secrets_unset(text)]
     # Serialized by the plan's row lock (`plan_upsert`). A text the latest version has changes
     # nothing; any other text — an earlier version's too, when a change is taken back — is the
     # next version: new instances get it, as they get the latest.
     latest = selectors.plan_version_latest(plan)
     if latest is not None and latest.digest == digest:
-        return PlanLoad(plan, latest, plan_changed, False, spec.warnings)
+        return PlanLoad(plan, latest, plan_changed, False, warnings)
     version = PlanVersion.objects.create(
         plan=plan,
         number=(latest.number + 1) if latest else 1,
@@ -125,7 +128,24 @@ def plan_load(*, text: str) -> PlanLoad:
         digest=digest,
     )
     same_as = plan.versions.filter(digest=digest).exclude(pk=version.pk).order_by("-number").first()
-    return PlanLoad(plan, version, plan_changed, True, spec.warnings, same_as=same_as)
+    return PlanLoad(plan, version, plan_changed, True, warnings, same_as=same_as)
+
+
+_SECRET_READ = re.compile(r"\$secret\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _secrets_unset(text: str) -> list[str]:
+    """A warning for each platform secret the spec reads (`$secret.NAME`) that is not set yet:
+    not an error, since the platform team may set it after loading, but every run that renders
+    it fails until they do."""
+    read = sorted(set(_SECRET_READ.findall(text)))
+    known = set(PlatformSecret.objects.filter(name__in=read).values_list("name", flat=True))
+    return [
+        f"$secret.{name} is read, but no platform secret is called {name} yet: add it in the "
+        "admin before an instance of this plan runs, or its runs fail."
+        for name in read
+        if name not in known
+    ]
 
 
 # --- cells --------------------------------------------------------------------------------

@@ -1667,3 +1667,20 @@ def test_a_platform_secret_a_running_plan_version_reads_cannot_be_deleted_in_the
 
     assert "which reads $secret.MONITORING_TOKEN" in refused and "PostgreSQL version 2" in refused
     assert list(PlatformSecret.objects.values_list("name", flat=True)) == ["MONITORING_TOKEN"]
+
+    # Renamed, it would be as gone for that version: refused, saying why.
+    renamed = client.post(
+        f"/admin/deployments/platformsecret/{read.pk}/change/",
+        {"name": "MONITORING_KEY", "value": "", "description": ""},
+    )
+    assert renamed.status_code == 200
+    assert "renamed, its next run would fail" in renamed.content.decode()
+    assert list(PlatformSecret.objects.values_list("name", flat=True)) == ["MONITORING_TOKEN"]
+    # One that no version reads is renamed, its value kept.
+    spare = PlatformSecret.objects.create(name="SPARE", value="kept")
+    client.post(
+        f"/admin/deployments/platformsecret/{spare.pk}/change/",
+        {"name": "SPARE_2", "value": "", "description": ""},
+    )
+    spare.refresh_from_db()
+    assert (spare.name, spare.value) == ("SPARE_2", "kept")

@@ -76,6 +76,34 @@ def test_two_loads_of_a_new_plan_at_once_make_one_plan_and_one_version(transacti
     assert list(PlanVersion.objects.values_list("number", flat=True)) == [1]
 
 
+def test_load_specs_warns_of_a_platform_secret_the_spec_reads_that_is_not_set(
+    transactional_db, tmp_path, capsys
+):
+    from deployments.models import PlatformSecret
+
+    line = "                    password: {{ $var.password }}\n"
+    spec = tmp_path / "pg.yaml"
+    spec.write_text(
+        SPEC.read_text().replace(
+            line,
+            line + line.replace("password: {{ $var.password }}", "token: {{ $secret.TOKEN }}"),
+            1,
+        )
+    )
+
+    call_command("load_specs", str(spec))
+    PlatformSecret.objects.create(name="TOKEN", value="t")
+    call_command("load_specs", str(spec))
+
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"{spec}: plan postgres-cnpg created",
+        "  warning: $secret.TOKEN is read, but no platform secret is called TOKEN yet: add it in "
+        "the admin before an instance of this plan runs, or its runs fail.",
+        f"{spec}: plan postgres-cnpg unchanged (version 1)",  # set now: no warning
+    ]
+
+
 def test_load_specs_reports_every_error_and_loads_nothing(transactional_db, tmp_path, capsys):
     broken = tmp_path / "broken.yaml"
     broken.write_text(SPEC.read_text().replace("      delete:\n", "      gone:\n", 1))
