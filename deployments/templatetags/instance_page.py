@@ -22,19 +22,24 @@ def lookup(mapping: dict | None, key: str):
     return (mapping or {}).get(key, "")
 
 
+_NB = "\N{NO-BREAK SPACE}"  # between a number and its unit
+
+
 @register.filter
 def duration(start: datetime | None, end: datetime | None = None) -> str:
-    """How long from `start` to `end` (or now), as "42 s", "3 min 5 s" or "2 h 10 min"."""
+    """How long from `start` to `end` (or now), as "42 s", "3 min 5 s" or "2 h 10 min", each
+    number held to its unit by a no-break space (a narrow line never ends between "4" and "s",
+    as `relative`'s words do not)."""
     if start is None:
         return ""
     seconds = max(int(((end or timezone.now()) - start).total_seconds()), 0)
     if seconds < 60:
-        return f"{seconds} s"
+        return f"{seconds}{_NB}s"
     minutes, seconds = divmod(seconds, 60)
     if minutes < 60:
-        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+        return f"{minutes}{_NB}min {seconds}{_NB}s" if seconds else f"{minutes}{_NB}min"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{hours}{_NB}h {minutes}{_NB}min" if minutes else f"{hours}{_NB}h"
 
 
 @register.filter

@@ -259,7 +259,7 @@ def test_the_operations_tab_lists_task_runs_with_their_messages_and_attempts(
     assert "Create" in html and "Succeeded" in html
     assert "Cluster not ready: waiting for the primary" in html
     assert "Attempt </span>2</td>" in html  # the second attempt
-    assert "took 1 min 30 s" in html
+    assert "took 1\xa0min 30\xa0s" in html  # each number held to its unit on a narrow line
     assert 'hx-trigger="every 2s' not in html  # nothing pending: no polling
 
 
