@@ -390,6 +390,8 @@ class StripeGateway:
             return stripe.Webhook.construct_event(body, signature, self.webhook_secret)
         except (ValueError, stripe.SignatureVerificationError) as exc:
             raise BadWebhook(str(exc)) from exc
+        except (AttributeError, TypeError) as exc:  # signed, but JSON that is no object
+            raise BadWebhook(f"The body is not an event: {exc}") from exc
 
 
 def stripe_bills() -> bool:

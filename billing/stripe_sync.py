@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -498,17 +499,27 @@ def _stripe_held(gw: StripeGateway, subscription: Subscription) -> Any | None:
         raise
 
 
+_KEY = re.compile(r"[0-9]{1,18}")
+
+
+def _key(reference: Any) -> int | None:
+    """One of our row ids as our checkout wrote it into a Stripe object (plain digits); None
+    for anything else a Stripe object holds there."""
+    text = str(reference or "")
+    return int(text) if _KEY.fullmatch(text) else None
+
+
 def _ours(stripe_subscription: Any) -> Subscription | None:
     """Our subscription for a Stripe one: by its id, else by the id our checkout put in its
     metadata (then the ids are stored), provided the customer is the tenant's."""
     found = Subscription.objects.filter(stripe_subscription_id=stripe_subscription.id).first()
     if found is not None:
         return found
-    reference = str(_field(_field(stripe_subscription, "metadata"), "opsdeck_subscription") or "")
-    if not reference.isdigit():
+    reference = _key(_field(_field(stripe_subscription, "metadata"), "opsdeck_subscription"))
+    if reference is None:
         return None
     found = Subscription.objects.filter(
-        pk=int(reference), tenant__stripe_customer__customer_id=stripe_subscription.customer
+        pk=reference, tenant__stripe_customer__customer_id=stripe_subscription.customer
     ).first()
     # The ids are stored when ours has none yet and still waits for one: a Stripe subscription
     # started later for it (a second checkout page paid) never replaces the one it holds. Judged
@@ -779,10 +790,10 @@ def subscription_end(subscription: Subscription) -> None:
 def checkout_completed(session: Any) -> StripeCustomer | None:
     """A finished checkout (freshly fetched): remember the customer Stripe made for the tenant
     named by `client_reference_id` (the tenant's id, as the checkout is created)."""
-    reference = _field(session, "client_reference_id")
-    if not (reference and str(reference).isdigit() and _field(session, "customer")):
+    reference = _key(_field(session, "client_reference_id"))
+    if reference is None or not _field(session, "customer"):
         return None
-    tenant = Tenant.objects.filter(pk=int(reference)).first()
+    tenant = Tenant.objects.filter(pk=reference).first()
     if tenant is None:
         return None
     return customer_remember(tenant=tenant, customer_id=session.customer)

@@ -3,7 +3,9 @@
 The signature is verified on the raw body (400 and nothing stored when it fails). Each event is
 stored once, by id, then handed to its handler; a replay of a processed event changes nothing.
 A handler that fails leaves the event stored with its error and answers 500, so Stripe sends
-it again and the handler runs again. Delivery is unordered and an event's object is a copy
+it again and the handler runs again; one whose object Stripe no longer holds (404) is done
+with, since every delivery would fail the same way. A signed body that is not an event is
+answered 400, as a bad signature is. Delivery is unordered and an event's object is a copy
 from when it was sent, so handlers act on the object as Stripe holds it now, fetched again.
 """
 
@@ -23,7 +25,7 @@ from django.views.decorators.http import require_POST
 
 from billing import stripe_sync
 from billing.models import StripeEvent
-from billing.stripe_gateway import BadWebhook, StripeGateway, gateway
+from billing.stripe_gateway import BadWebhook, StripeGateway, StripeRefused, gateway
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +71,61 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def event_record(body: bytes, stripe_event: Any) -> StripeEvent:
-    """The stored event, created on its first delivery."""
+_ID_MOST = StripeEvent._meta.get_field("event_id").max_length
+_TYPE_MOST = StripeEvent._meta.get_field("type").max_length
+
+
+def event_malformed(payload: Any) -> str:
+    """What keeps a verified body from being stored as an event ("" when nothing does): an
+    event is an object with an `id` and a `type` (text that fits, without a NUL) and the time
+    it was `created` (seconds since the epoch). Stripe sends none other; a body that is not one
+    is answered 400, as a bad signature is, and nothing is stored."""
+    if not isinstance(payload, dict):
+        return "the body is not a JSON object"
+    for key, most in (("id", _ID_MOST), ("type", _TYPE_MOST)):
+        value = payload.get(key)
+        if not isinstance(value, str) or not 0 < len(value) <= most or "\x00" in value:
+            return f"its {key} is not text of 1 to {most} characters"
+    created = payload.get("created")
+    if isinstance(created, bool) or not isinstance(created, int):
+        return "its created is not a number of seconds"
+    try:
+        datetime.fromtimestamp(created, UTC)
+    except (OverflowError, OSError, ValueError):
+        return "its created is out of range"
+    return ""
+
+
+def _storable(value: Any) -> Any:
+    """`value` as PostgreSQL's jsonb takes it: text without NUL characters or lone surrogates
+    (which JSON may escape and jsonb refuses; handlers read Stripe's objects again, by id)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    if isinstance(value, dict):
+        return {_storable(key): _storable(item) for key, item in value.items()}
+    return value
+
+
+def event_record(payload: dict) -> StripeEvent:
+    """The stored event (`payload`: one `event_malformed` passes), created on its first
+    delivery."""
     stored, _ = StripeEvent.objects.get_or_create(
-        event_id=stripe_event.id,
+        event_id=payload["id"],
         defaults={
-            "type": stripe_event.type,
-            "created": datetime.fromtimestamp(stripe_event.created, UTC),
-            "payload": json.loads(body),
+            "type": payload["type"],
+            "created": datetime.fromtimestamp(payload["created"], UTC),
+            "payload": _storable(payload),
         },
     )
     return stored
+
+
+def _gone(exc: Exception) -> bool:
+    """Whether a handler failed because Stripe no longer holds the object its event names (a
+    draft invoice deleted, say): delivered again, it would fail the same way for days."""
+    return isinstance(exc, StripeRefused) and exc.status == 404
 
 
 def event_process(event_id: str, gw: StripeGateway) -> bool:
@@ -95,10 +141,13 @@ def event_process(event_id: str, gw: StripeGateway) -> bool:
                 if handler is not None:
                     handler(event, gw)
         except Exception as exc:  # any failure: stored, answered 500, retried by Stripe
-            log.exception("stripe event %s (%s) failed", event.event_id, event.type)
-            event.error = f"{type(exc).__name__}: {exc}"[:2000]
-            event.save(update_fields=["error"])
-            return False
+            if not _gone(exc):
+                log.exception("stripe event %s (%s) failed", event.event_id, event.type)
+                event.error = f"{type(exc).__name__}: {exc}"[:2000]
+                event.save(update_fields=["error"])
+                return False
+            log.info("stripe event %s (%s): its object is gone: %s", event.event_id, event.type,
+                     exc)  # fmt: skip
         event.processed_at = timezone.now()
         event.error = ""
         event.save(update_fields=["processed_at", "error"])
@@ -113,11 +162,15 @@ def stripe_webhook(request: HttpRequest) -> HttpResponse:
         raise Http404("Stripe is not configured.")
     body = request.body
     try:
-        stripe_event = gw.webhook_event(body, request.headers.get("Stripe-Signature", ""))
+        gw.webhook_event(body, request.headers.get("Stripe-Signature", ""))  # verified
     except BadWebhook as exc:
         log.warning("stripe webhook refused: %s", exc)
         return HttpResponse("Bad signature or payload.", status=400, content_type="text/plain")
-    stored = event_record(body, stripe_event)
+    payload = json.loads(body)  # valid JSON: its signature was checked on it
+    if problem := event_malformed(payload):
+        log.warning("stripe webhook refused: signed, but %s", problem)
+        return HttpResponse(f"Not an event: {problem}.", status=400, content_type="text/plain")
+    stored = event_record(payload)
     if not event_process(stored.event_id, gw):
         return HttpResponse("Handler failed; send again.", status=500, content_type="text/plain")
     return HttpResponse("ok", content_type="text/plain")
