@@ -13,7 +13,7 @@ class InvoiceFilterForm(forms.Form):
     )
     period = forms.RegexField(
         required=False,
-        regex=r"^\d{4}-(0[1-9]|1[0-2])$",
+        regex=r"^[0-9]{4}-(0[1-9]|1[0-2])$",
         label="Period",
         error_messages={"invalid": "Write the month as YYYY-MM."},
         widget=forms.TextInput({"placeholder": "2026-11", "inputmode": "numeric"}),

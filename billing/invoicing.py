@@ -46,7 +46,7 @@ from billing.models import (
 )
 from billing.pricing import PriceBook, rounded
 
-_PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+_PERIOD = re.compile(r"^([0-9]{4})-(0[1-9]|1[0-2])$")  # ASCII digits only
 
 
 # The years a billing period may name: none before Unix time, and one whose next month a date

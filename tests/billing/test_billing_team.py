@@ -99,6 +99,7 @@ def test_filters_narrow_the_list_and_a_bad_one_is_flagged_not_applied(team_clien
     by_tenant = team_client.get("/billing-team/", {"tenant": "globex"}).content.decode()
     by_amount = team_client.get("/billing-team/", {"min_total": "10", "max_total": "50"})
     flagged = team_client.get("/billing-team/", {"period": "October", "status": "paid"})
+    other_digits = team_client.get("/billing-team/", {"period": "\u0662\u0660\u0662\u0665-10"})
 
     assert "(1)" in by_status and "12.50 USD" in by_status
     assert "(2)" in by_tenant and "7.25 USD" not in by_tenant
@@ -106,6 +107,7 @@ def test_filters_narrow_the_list_and_a_bad_one_is_flagged_not_applied(team_clien
     flagged = flagged.content.decode()
     assert "Period: Write the month as YYYY-MM." in flagged
     assert "(1)" in flagged and "2025-000003" in flagged  # the status filter still applies
+    assert "Period: Write the month as YYYY-MM." in other_digits.content.decode()
 
 
 def test_the_csv_export_has_the_filtered_invoices_safe_for_spreadsheets(team_client, invoices):

@@ -209,7 +209,11 @@ def test_the_beat_task_closes_the_month_just_ended_once_it_is_metered(tenant, pl
     assert invoicing.period_close_due(now=AFTER) is None  # closed already
 
 
-@pytest.mark.parametrize("bad", ["2026-13", "2026-1", "november", "", "2026-11-01"])
+@pytest.mark.parametrize(
+    "bad",
+    ["2026-13", "2026-1", "november", "", "2026-11-01", "\uff12\uff10\uff12\uff16-11",
+     "\u0662\u0660\u0662\u0666-11"],  # and the year in fullwidth, or Arabic-Indic, digits
+)  # fmt: skip
 def test_a_period_must_be_a_month(bad, db):
     with pytest.raises(ValidationError, match="not a billing period: write the month as YYYY-MM"):
         invoicing.period_close(bad, now=AFTER)
