@@ -9,7 +9,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts import roles, selectors, services
 from accounts.audit import Actor
@@ -77,6 +77,7 @@ def _team_context(request, **extra) -> dict:
 
 
 @tenant_view("member.view")
+@require_safe
 def team(request):
     return render(request, "accounts/team.html", _team_context(request))
 
@@ -273,6 +274,7 @@ def _audit_events(request):
 
 
 @tenant_view("audit.view")
+@require_safe
 def audit_log(request):
     form, events = _audit_events(request)
     page = Paginator(events, 50).get_page(request.GET.get("page"))
@@ -291,6 +293,7 @@ def audit_log(request):
 
 
 @tenant_view("audit.view")
+@require_safe
 def audit_export(request):
     _, events = _audit_events(request)
     header = [

@@ -11,7 +11,7 @@ from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
@@ -52,6 +52,7 @@ def _filtered(request):
 
 
 @billing_team_view
+@require_safe
 def invoices(request):
     form, found = _filtered(request)
     page = Paginator(found, 50).get_page(request.GET.get("page"))
@@ -70,6 +71,7 @@ def invoices(request):
 
 
 @billing_team_view
+@require_safe
 def invoices_export(request):
     _, found = _filtered(request)
     header = ["number", "organization", "plan", "period", "status", "currency", "total"]
@@ -91,6 +93,7 @@ def invoices_export(request):
 
 
 @billing_team_view
+@require_safe
 def invoice(request, invoice_id: int):
     found = selectors.invoice_for_team(invoice_id)
     if found is None:
@@ -125,6 +128,7 @@ def invoice_act(request, invoice_id: int, action: str):
 
 
 @billing_team_view
+@require_safe
 def tenant_usage(request, tenant_slug: str):
     """One tenant's usage and cost in a period, with the chart its Billing page shows."""
     tenant = get_object_or_404(Tenant, slug=tenant_slug)

@@ -10,7 +10,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
@@ -25,6 +25,7 @@ INVOICES_PER_PAGE = 24
 
 
 @tenant_view("billing.view")
+@require_safe
 def overview(request):
     rows = selectors.plan_rows(request.tenant)
     plans = {
@@ -267,6 +268,7 @@ def subscription_cancel(request, subscription_id: int):
 
 
 @tenant_view("billing.view")
+@require_safe
 def invoice_detail(request, invoice_id: int):
     """One invoice, laid out to be printed or saved as a PDF from the browser."""
     invoice = selectors.invoice_of(request.tenant, invoice_id)

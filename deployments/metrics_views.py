@@ -3,12 +3,14 @@
 from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
+from django.views.decorators.http import require_safe
 
 from accounts.tenancy import tenant_view
 from deployments import metrics, selectors
 
 
 @tenant_view("instance.view")
+@require_safe
 def instance_metrics(request, instance_id: str):
     instance = selectors.instance_for_tenant(request.tenant, instance_id)
     if instance is None:

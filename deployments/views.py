@@ -15,7 +15,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 from django_htmx.http import reswap, retarget
 
 from accounts import roles
@@ -51,6 +51,7 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @tenant_view("instance.view")
+@require_safe
 def instance_list(request):
     tenant = request.tenant
     service_names = selectors.instance_services(tenant)
@@ -92,6 +93,7 @@ def instance_list(request):
 
 
 @tenant_view("instance.view")
+@require_safe
 def instance_catalog(request):
     # Everyone who sees the deployments may compare plans and prices (billing members too);
     # only those who may create get the "Create instance" links.
@@ -522,6 +524,7 @@ def _header_followed(request, instance: Instance):
 
 
 @tenant_view("instance.view")
+@require_safe
 def instance_detail(request, instance_id: str):
     instance = _instance(request, instance_id)
     if request.htmx and request.htmx.target == "instance-head":
@@ -532,6 +535,7 @@ def instance_detail(request, instance_id: str):
 
 
 @tenant_view("instance.view")
+@require_safe
 def operation_detail(request, instance_id: str, operation_id):
     """An operation's address: the operations tab, opened at it."""
     instance = _instance(request, instance_id)

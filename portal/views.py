@@ -4,6 +4,7 @@ from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.utils.cache import patch_cache_control, patch_vary_headers
+from django.views.decorators.http import require_safe
 from kombu import Connection
 
 from accounts import roles, selectors
@@ -13,6 +14,7 @@ from accounts.tenancy import SESSION_KEY, tenant_view
 from deployments import selectors as deployment_selectors
 
 
+@require_safe
 def home(request):
     """Send a signed-in user to their last organization (or their first)."""
     if not request.user.is_authenticated:
@@ -26,6 +28,7 @@ def home(request):
 
 
 @tenant_view()
+@require_safe
 def dashboard(request):
     tenant = request.tenant
     role = request.membership.role

@@ -137,8 +137,10 @@ def test_a_member_using_another_organizations_real_ids_gets_404_on_every_object_
         path = re.sub(r"<\w+:(\w+)>", lambda m: real[m.group(1)], path)
         data = {"request_id": uuid.uuid4().hex, "role": "viewer", "confirm_name": "their-db",
                 "name": "copy", "on": "off", "p-instances": "2"}  # fmt: skip
+        # A method the route does not take is refused before any object is looked up, the
+        # same for every id (it tells nothing of theirs); any other request finds nothing.
         assert client.get(path).status_code in {404, 405}, path
-        assert client.post(path, data).status_code == 404, path
+        assert client.post(path, data).status_code in {404, 405}, path
         checked += 1
 
     assert checked >= 10

@@ -173,3 +173,33 @@ def test_an_address_with_a_null_character_finds_nothing_or_the_rest_rather_than_
         assert b"Page not found" in page.content
     if "q=" in address:  # the search finds what the rest of it names
         assert b"staff@example.com" in page.content and b"1 user" in page.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "page",
+    ["", "deployments/", "deployments/new/", "billing/", "team/", "audit/", "audit/export.csv"],
+)
+def test_a_page_that_only_shows_refuses_a_post_as_a_method_it_does_not_take(
+    owner_client, tenant, page
+):
+    url = f"/t/{tenant.slug}/{page}"
+
+    assert owner_client.get(url).status_code == 200
+    posted = owner_client.post(url, {"anything": "1"})
+    assert posted.status_code == 405 and posted["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.django_db
+def test_the_billing_teams_pages_that_only_show_refuse_a_post(client, make_user):
+    from django.contrib.auth.models import Group
+
+    from billing.team_views import BILLING_TEAM
+
+    user = make_user("finance@opsdeck.example", is_staff=True)
+    user.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
+    client.force_login(user)
+
+    for url in ["/billing-team/", "/billing-team/invoices.csv"]:
+        assert client.get(url).status_code == 200, url
+        assert client.post(url).status_code == 405, url
