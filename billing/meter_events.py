@@ -273,6 +273,9 @@ def _store(rows: list[MeterEvent]) -> None:
     groups: dict[tuple, list[int]] = defaultdict(list)
     for row in rows:
         groups[tuple(getattr(row, name) for name in _OUTCOME)].append(row.pk)
+    # Every row first, in id order, as `unsent_to_local` locks them: one UPDATE per outcome,
+    # in the batch's order, would take them in another and deadlock with it.
+    list(MeterEvent.objects.select_for_update().filter(pk__in=[r.pk for r in rows]).order_by("pk"))
     for values, pks in groups.items():
         MeterEvent.objects.filter(pk__in=pks, status=MeterEvent.Status.PENDING).update(
             **dict(zip(_OUTCOME, values, strict=True))
@@ -431,10 +434,14 @@ def unsent_to_local(*, tenant_id: int, plan_id: int) -> int:
     sent go on Opsdeck's invoice, as adjustments (sent now, no Stripe invoice would bill them);
     how many."""
     with transaction.atomic():
-        rows = MeterEvent.objects.select_for_update().filter(
-            status=MeterEvent.Status.PENDING,
-            usage_record__tenant_id=tenant_id,
-            usage_record__plan_id=plan_id,
+        rows = (
+            MeterEvent.objects.select_for_update()
+            .filter(
+                status=MeterEvent.Status.PENDING,
+                usage_record__tenant_id=tenant_id,
+                usage_record__plan_id=plan_id,
+            )
+            .order_by("pk")  # as a flush storing its outcomes locks them (`_store`)
         )
         locked = dict(rows.values_list("pk", "usage_record_id"))
         records = list(locked.values())

@@ -7,6 +7,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -455,3 +456,33 @@ def test_without_stripe_nothing_is_queued_or_sent(stripe_ready, record_usage, se
         client.post(reverse("stripe_webhook"), b"{}", content_type="application/json").status_code
         == 404
     )
+
+
+def test_a_flush_storing_outcomes_waits_behind_rows_locked_in_id_order_and_never_deadlocks(
+    transactional_db, stripe_ready, record_usage, tenant, priced_plan
+):
+    """Stripe ending the subscription moves its unsent rows to Opsdeck's invoice, locking them
+    in id order. A flush storing two outcomes (a row to retry, one sent), the higher id first
+    as its claim order may have them, takes its locks in id order too: one waits for the
+    other, and neither is aborted as a deadlock."""
+    from tests.concurrency import beside_a_lock
+
+    record_usage(_hours_ago(3), ("inst-a", "cpu", "1"), ("inst-b", "cpu", "1"))
+    meter_events.enqueue()
+    low, high = MeterEvent.objects.order_by("id")
+    now = timezone.now()
+    low.next_attempt_at, low.last_error = now + timedelta(minutes=5), "Stripe: 500"  # to retry
+    high.status, high.sent_at = MeterEvent.Status.SENT, now
+
+    def lock(pk):
+        return lambda: list(MeterEvent.objects.select_for_update().filter(pk=pk))
+
+    def store():
+        with transaction.atomic():
+            meter_events._store([high, low])
+        return "stored"
+
+    held, stored = beside_a_lock(lock(low.pk), lock(high.pk), store)
+
+    assert (held, stored) == ("committed", "stored")
+    assert MeterEvent.objects.get(pk=high.pk).status == MeterEvent.Status.SENT
