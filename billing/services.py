@@ -1,9 +1,10 @@
 """Writes for billing. Callers pass plain values; billing never imports deployments."""
 
 import math
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -623,14 +624,29 @@ def plan_override_validate(
                 f"{', '.join(sorted(priced)) or 'nothing'}."
             )
         for dimension, value in prices.items():
-            try:
-                price = Decimal(str(value))
-                if not price.is_finite() or price < 0:
-                    raise InvalidOperation
-            except InvalidOperation:
-                errors.setdefault("prices", f'"{value}" for {dimension} is not a price.')
+            problem = _price_problem(value)
+            if problem:
+                errors.setdefault("prices", f'"{value}" for {dimension} is not a price: {problem}')
     if errors:
         raise ValidationError(errors)
+
+
+_PRICE_TEXT = re.compile(r"[0-9]+(\.[0-9]+)?")  # plain digits: not 1e20, 1_000 or -1
+_PRICE_FIELD = Price._meta.get_field("unit_price")
+
+
+def _price_problem(value) -> str:
+    """Why `value` cannot be an override's unit price ("" when it can): it is written as the
+    plan's own prices are, and fits where they are kept (an invoice prices with it, and a
+    period's close would fail on one that does not fit)."""
+    text = str(value).strip() if isinstance(value, str | int | float | Decimal) else ""
+    if isinstance(value, bool) or not _PRICE_TEXT.fullmatch(text):
+        return "write it in plain digits, with a point for decimals."
+    try:
+        _PRICE_FIELD.run_validators(Decimal(text))
+    except ValidationError as exc:
+        return " ".join(exc.messages)
+    return ""
 
 
 def _override_save(override: PlanOverride) -> None:

@@ -1,5 +1,6 @@
 """Staff manage subscriptions and overrides in the admin, through the billing services."""
 
+import html
 from datetime import timedelta
 from decimal import Decimal
 
@@ -147,6 +148,35 @@ def test_an_override_in_a_closed_period_or_with_unknown_limits_is_refused_beside
     assert "closed billing period" in closed.content.decode()
     assert "Unknown limit bogus" in unknown.content.decode()
     assert not PlanOverride.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "price,why",
+    [("1e20", "plain digits"), ("1_000", "plain digits"), ("-1", "plain digits"),
+     ("99999999999", "no more than 10 digits before the decimal point"),
+     ("0.0000000001", "no more than 8 decimal places")],
+)  # fmt: skip
+def test_an_override_price_that_invoices_could_not_hold_is_refused_beside_the_field(
+    staff_client, tenant, plan, price, why
+):
+    # Accepted, 1e20 made the month's close fail for every organization: no invoices.
+    refused = _add_override(
+        staff_client,
+        tenant,
+        plan,
+        timezone.now() + timedelta(hours=1),
+        prices=f'{{"cpu": "{price}"}}',
+    )
+
+    page = html.unescape(refused.content.decode())
+    assert refused.status_code == 200
+    assert f'"{price}" for cpu is not a price' in page and why in page
+    assert not PlanOverride.objects.exists()
+    # A number as JSON writes it, within bounds, is a price.
+    taken = _add_override(
+        staff_client, tenant, plan, timezone.now() + timedelta(hours=1), prices='{"cpu": 0.0125}'
+    )
+    assert taken.status_code == 302 and PlanOverride.objects.get().prices == {"cpu": "0.0125"}
 
 
 def test_a_second_override_from_the_same_moment_or_pricing_what_the_plan_does_not_is_refused(
