@@ -140,6 +140,10 @@ class MembershipInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
+    def get_queryset(self, request):
+        # Each row names its user (and its tenant, for the row's label): read with the rows.
+        return super().get_queryset(request).select_related("user", "tenant")
+
     def has_add_permission(self, request, obj=None):
         return False
 

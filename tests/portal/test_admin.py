@@ -321,3 +321,25 @@ def test_an_accounts_address_is_not_changed_in_the_admin_nor_stored_twice_in_any
 
     kim.refresh_from_db()
     assert kim.email == "kim@example.com"
+
+
+@pytest.mark.django_db
+def test_an_organizations_page_makes_as_many_queries_for_many_members_as_for_one(
+    staff_client, tenant, make_user
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from accounts.models import Tenant
+
+    url = _url(Tenant, "change", tenant.pk)
+    staff_client.get(url)
+    with CaptureQueriesContext(connection) as one:
+        staff_client.get(url)
+    for n in range(20):
+        Membership.objects.create(tenant=tenant, user=make_user(f"m{n}@x.example"), role="member")
+    with CaptureQueriesContext(connection) as many:
+        page = staff_client.get(url).content.decode()
+
+    assert len(many.captured_queries) == len(one.captured_queries)
+    assert "m19@x.example" in page
