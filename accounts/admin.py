@@ -1,3 +1,7 @@
+from allauth.account.admin import EmailAddressAdmin as BaseEmailAddressAdmin
+from allauth.account.models import EmailAddress
+from allauth.mfa.admin import AuthenticatorAdmin as BaseAuthenticatorAdmin
+from allauth.mfa.models import Authenticator
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
@@ -247,3 +251,50 @@ class GroupAdmin(StaffAudited, BaseGroupAdmin):
 
     def audit_payload(self, obj) -> dict:
         return {"name": obj.name, "permissions": sorted(p.codename for p in obj.permissions.all())}
+
+
+# allauth's own (imported above, so registered already) let staff edit any of them unaudited.
+admin.site.unregister(EmailAddress)
+admin.site.unregister(Authenticator)
+
+
+@admin.register(EmailAddress)
+class EmailAddressAdmin(BaseEmailAddressAdmin):
+    """People's addresses, shown, never edited here: a person changes and confirms their own on
+    their Email page (a user's own email is read-only in `UserAdmin` for the same reason)."""
+
+    actions = []
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Authenticator)
+class AuthenticatorAdmin(BaseAuthenticatorAdmin):
+    """People's second factors: staff may remove one (a lost device, at the person's request),
+    recorded in the audit log as the person's own removal is; never add or edit one."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, Authenticator.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        for authenticator in queryset.select_related("user"):
+            audit_record(
+                actor=staff_actor(request),
+                action="mfa.remove",
+                target=authenticator.user,
+                payload={"type": authenticator.type},
+            )
+        queryset.delete()

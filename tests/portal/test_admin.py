@@ -343,3 +343,37 @@ def test_an_organizations_page_makes_as_many_queries_for_many_members_as_for_one
 
     assert len(many.captured_queries) == len(one.captured_queries)
     assert "m19@x.example" in page
+
+
+@pytest.mark.django_db
+def test_staff_see_peoples_email_addresses_but_cannot_change_them(staff_client, owner):
+    from allauth.account.models import EmailAddress
+
+    address = EmailAddress.objects.get(user=owner)
+    url = _url(EmailAddress, "change", address.pk)
+
+    shown = staff_client.get(url)
+    changed = staff_client.post(url, {"user": owner.pk, "email": "changed@example.com",
+                                      "verified": "on", "primary": "on"})  # fmt: skip
+
+    assert shown.status_code == 200 and "owner@example.com" in shown.content.decode()
+    assert changed.status_code == 403
+    assert EmailAddress.objects.get(pk=address.pk).email == "owner@example.com"
+    assert staff_client.get(_url(EmailAddress, "add")).status_code == 403
+
+
+@pytest.mark.django_db
+def test_staff_removing_a_persons_second_factor_is_recorded_as_theirs_is(staff_client, owner):
+    from allauth.mfa.models import Authenticator
+
+    from accounts.models import AuditEvent
+
+    totp = Authenticator.objects.create(user=owner, type=Authenticator.Type.TOTP, data={})
+
+    response = staff_client.post(_url(Authenticator, "delete", totp.pk), {"post": "yes"})
+
+    assert response.status_code == 302 and not Authenticator.objects.exists()
+    event = AuditEvent.objects.get(action="mfa.remove")
+    assert (event.actor_kind, event.target_id, event.payload) == (
+        "staff", str(owner.pk), {"type": "totp"},
+    )  # fmt: skip
