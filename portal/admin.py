@@ -2,10 +2,14 @@
 closing billing periods, the sweeper), so who did it and when is in the audit log."""
 
 import functools
+import json
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
+from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import PeriodicTask
+from kombu.exceptions import OperationalError
 
 from accounts.admin import StaffAudited, staff_actor
 from accounts.audit import audit_record
@@ -18,7 +22,14 @@ def _audited(name: str, verb: str):
     @functools.wraps(action)
     def run(self, request, queryset):
         tasks = list(queryset)
-        done = action(self, request, queryset)
+        try:
+            done = action(self, request, queryset)
+        except OperationalError as exc:  # "Run task" sends to the broker, which may be down
+            self.message_user(
+                request, f"The broker could not be reached, so nothing was run: {exc}",
+                level=messages.ERROR,
+            )  # fmt: skip
+            return None
         for task in tasks:
             audit_record(
                 actor=staff_actor(request),
@@ -31,11 +42,30 @@ def _audited(name: str, verb: str):
     return run
 
 
+class PeriodicTaskForm(BasePeriodicTaskForm):
+    """Beat's form, with the shapes Celery calls a task with: positional arguments a JSON
+    list, keyword arguments a JSON object (beat's own takes any JSON, and a task saved with
+    another shape then fails on every run, stopping what it does)."""
+
+    def _shaped(self, field: str, shape: type, named: str) -> str:
+        value = self._clean_json(field)
+        if not isinstance(json.loads(value), shape):
+            raise forms.ValidationError(f"Write them as a JSON {named}.")
+        return value
+
+    def clean_args(self):
+        return self._shaped("args", list, 'list, e.g. [] or [1, "a"]')
+
+    def clean_kwargs(self):
+        return self._shaped("kwargs", dict, 'object, e.g. {} or {"hours": 2}')
+
+
 admin.site.unregister(PeriodicTask)
 
 
 @admin.register(PeriodicTask)
 class PeriodicTaskAdmin(StaffAudited, BasePeriodicTaskAdmin):
+    form = PeriodicTaskForm
     enable_tasks = _audited("enable_tasks", "enable")
     disable_tasks = _audited("disable_tasks", "disable")
     toggle_tasks = _audited("toggle_tasks", "toggle")

@@ -377,3 +377,48 @@ def test_staff_removing_a_persons_second_factor_is_recorded_as_theirs_is(staff_c
     assert (event.actor_kind, event.target_id, event.payload) == (
         "staff", str(owner.pk), {"type": "totp"},
     )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_beat_task_is_saved_only_with_arguments_celery_can_call_it_with(staff_client):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every = IntervalSchedule.objects.create(every=1, period="hours")
+    task = PeriodicTask.objects.create(name="usage-meter", task="x.y", interval=every)
+    form = {"name": "usage-meter", "task": "x.y", "interval": every.pk, "enabled": "on",
+            "args": "[]", "kwargs": "{}", "expire_seconds": "", "priority": "",
+            "headers": "{}", "description": ""}  # fmt: skip
+
+    def save(**changes):
+        return staff_client.post(_url(PeriodicTask, "change", task.pk), {**form, **changes})
+
+    as_list = save(kwargs="[1, 2]")
+    as_object = save(args='{"a": 1}')
+    shaped = save(args='[1, "a"]', kwargs='{"hours": 2}')
+
+    assert "Write them as a JSON object" in as_list.content.decode()
+    assert "Write them as a JSON list" in as_object.content.decode()
+    assert shaped.status_code == 302
+    task.refresh_from_db()
+    assert (task.args, task.kwargs) == ('[1, "a"]', '{"hours": 2}')
+
+
+@pytest.mark.django_db
+def test_running_a_beat_task_while_the_broker_is_down_says_so(staff_client, broker):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every = IntervalSchedule.objects.create(every=1, period="hours")
+    task = PeriodicTask.objects.create(
+        name="sweep", task="deployments.tasks.operations_sweep", interval=every
+    )
+    broker.down()
+
+    response = staff_client.post(
+        _url(PeriodicTask, "changelist"),
+        {"action": "run_tasks", "_selected_action": [task.pk]},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    assert "The broker could not be reached, so nothing was run" in response.content.decode()
+    assert not _audited("periodictask.run")
