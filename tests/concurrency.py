@@ -71,10 +71,12 @@ def beside_a_lock(lock: Callable[[], Any], write: Callable[[], Any], act: Callab
 
 
 def someone_waits_for_a_lock() -> bool:
-    """Whether a connection to this test database waits for a row lock now."""
+    """Whether a connection to this test database waits for a lock now. By the connection's
+    database, not the lock's: a wait for a row another transaction holds is a wait for that
+    transaction's id, a lock of no database."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND a.datname = current_database()"
         )
         return cursor.fetchone()[0] > 0
