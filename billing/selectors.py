@@ -209,13 +209,17 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     held = entitlements.held_by_staff(tenant)
     plans = list(Plan.objects.prefetch_related("prices"))
     prices = pricing.prices_for(tenant, plans)
+    limits_of = entitlements.limits_of(tenant, plans)
+    usages = entitlements.usages_of(
+        tenant, [plan for plan in plans if plan.pk in open_ or plan.pk in ended]
+    )
     rows = []
     for plan in plans:
         subscription = open_.get(plan.pk)
         if subscription is not None:
             subscription.plan = plan  # with its prices, which its status reads
-        limits = entitlements.limits_for(tenant, plan)
-        usage = entitlements.usage_of(tenant, plan) if subscription or plan.pk in ended else None
+        limits = limits_of[plan.pk]
+        usage = usages.get(plan.pk)
         instances = usage.instances if usage else 0
         rows.append(
             PlanRow(

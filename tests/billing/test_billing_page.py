@@ -240,3 +240,46 @@ def test_creating_without_a_subscription_points_to_the_billing_page(owner_client
     )
 
     assert "Subscribe to the PostgreSQL plan on the Billing page" in page.content.decode()
+
+
+def _plans_in_use(tenant, version, keys):
+    """A plan of the version's service per key, with a price and the tenant's override, an
+    ended subscription beside one awaiting approval, and two instances."""
+    from decimal import Decimal
+
+    from billing.models import Price
+    from deployments.models import PlanVersion
+
+    cell = Cell.objects.get_or_create(name="eu-1", defaults={"region": "eu-west"})[0]
+    for key in keys:
+        plan = Plan.objects.create(key=key, name=key.upper(), service=version.plan.service)
+        Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.05"))
+        on_it = PlanVersion.objects.create(
+            plan=plan, number=1, digest=version.digest, spec_text=version.spec_text
+        )
+        ended = services.subscription_create_active(actor=SYSTEM, tenant=tenant, plan=plan)
+        Subscription.objects.filter(pk=ended.pk).update(status=Subscription.Status.CANCELLED)
+        Subscription.objects.create(tenant=tenant, plan=plan, status=Subscription.Status.PENDING)
+        PlanOverride.objects.create(tenant=tenant, plan=plan, limits={"max_instances": 4})
+        factories.make_instances(tenant, on_it, cell, 2, name=key)
+
+
+def test_the_page_reads_in_as_many_queries_whatever_the_plans_in_use(
+    owner_client, tenant, version, subscribed
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _plans_in_use(tenant, version, ["one"])
+    with CaptureQueriesContext(connection) as few:
+        page = owner_client.get(_url(tenant)).content.decode()
+    assert page.count("2 of 4 instances") == 1
+    more = [f"more-{n}" for n in range(8)]
+    _plans_in_use(tenant, version, more)
+    # Each process reads a plan version's usage rules once (versions never change).
+    owner_client.get(_url(tenant))
+    with CaptureQueriesContext(connection) as many:
+        page = owner_client.get(_url(tenant)).content.decode()
+
+    assert page.count("2 of 4 instances") == 1 + len(more)
+    assert len(many) == len(few), "\n".join(q["sql"][:150] for q in many)
