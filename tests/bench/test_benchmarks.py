@@ -28,7 +28,7 @@ def run(tmp_path, *command, timeout=300):
 def test_the_operations_benchmark_prints_ratio_and_notice_delays_per_window(tmp_path):
     out, recorded = run(
         tmp_path, "bench.operations", SPEC, "--count", "3", "--sim-count", "2", "--windows",
-        "2", "--warmup", "1", "--workers", "1",
+        "2", "--warmup", "1", "--workers", "1", "--speed", "10",
     )  # fmt: skip
 
     lines = [line.strip() for line in out.splitlines()]
@@ -38,7 +38,7 @@ def test_the_operations_benchmark_prints_ratio_and_notice_delays_per_window(tmp_
     # Notice delays for both operators, min/median/max over the windows, beside their aims.
     assert sum(line.startswith("notice delay p50") for line in lines) == 2, out
     assert "aim: at most 0.1 s" in out and "aim: at most 0.3 s" in out
-    assert "simulated operators at speed 1" in out
+    assert "simulated operators at speed 10" in out
     # Every sample was measured, none negative: from the store time to the commit.
     assert out.count("0 negative, 0 missed") == 2, out
     assert "from the sandbox storing the change" in out
