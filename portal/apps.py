@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class PortalConfig(AppConfig):
@@ -6,3 +7,10 @@ class PortalConfig(AppConfig):
 
     def ready(self) -> None:
         from portal import checks  # noqa: F401 - registers the deploy checks
+
+
+class OpsdeckAdminConfig(admin_apps.AdminConfig):
+    """Django's admin, on Opsdeck's site (`portal.admin_site`)."""
+
+    default = False  # "portal" names PortalConfig
+    default_site = "portal.admin_site.OpsdeckAdminSite"

@@ -72,7 +72,7 @@ X_FRAME_OPTIONS = "DENY"
 # --- Applications ------------------------------------------------------------
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "portal.apps.OpsdeckAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -10,8 +10,6 @@ from portal import views
 
 # Staff sign in through allauth like everyone else: MFA and rate limits apply.
 admin.site.login = secure_admin_login(admin.site.login)
-admin.site.site_header = "Opsdeck administration"
-admin.site.site_title = "Opsdeck admin"
 
 # Every page of one organization; each resolves the tenant and answers 404 to non-members.
 tenant_urlpatterns = [

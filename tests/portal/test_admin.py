@@ -2,6 +2,7 @@ import re
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.urls import reverse
 
 from accounts import services
@@ -422,3 +423,61 @@ def test_running_a_beat_task_while_the_broker_is_down_says_so(staff_client, brok
     assert response.status_code == 200
     assert "The broker could not be reached, so nothing was run" in response.content.decode()
     assert not _audited("periodictask.run")
+
+
+def _year_filters(model_admin) -> list[str]:
+    """Filters on a year the calendar's dates cannot bound, on each date the list has."""
+    dates = [
+        f.name for f in model_admin.model._meta.get_fields()
+        if getattr(f, "get_internal_type", lambda: "")() in {"DateTimeField", "DateField"}
+    ]  # fmt: skip
+    queries = [f"{name}__year=10000" for name in dates] + [f"{name}__year=0" for name in dates]
+    if model_admin.date_hierarchy:  # its drill-down reads up to the next year's start
+        hierarchy = model_admin.date_hierarchy
+        queries += [f"{hierarchy}__year=9999", f"{hierarchy}__year=9999&{hierarchy}__month=12"]
+    return queries
+
+
+@pytest.mark.django_db
+def test_a_year_filter_out_of_the_calendar_sends_every_list_back_unfiltered(
+    staff_client, one_of_everything
+):
+    asked = 0
+    for model, model_admin in admin.site._registry.items():
+        url = _url(model, "changelist")
+        for query in _year_filters(model_admin):
+            response = staff_client.get(f"{url}?{query}")
+            assert response.status_code == 302, (url, query)
+            assert response["Location"] == f"{url}?e=1", (url, query)
+            asked += 1
+        assert staff_client.get(f"{url}?e=1").status_code == 200, url
+    assert asked > 40  # every list with a date was asked
+    # A year within it filters as before.
+    events = _url(AuditEvent, "changelist")
+    assert staff_client.get(f"{events}?created_at__year=2026").status_code == 200
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("selected", ["abc", "\x00", "1.5"])
+def test_an_action_posted_with_an_id_of_no_item_changes_nothing_and_says_so(staff_client, selected):
+    from django.contrib.auth.models import Group
+
+    kept = Group.objects.create(name="operators")
+    url = _url(Group, "changelist")
+
+    response = staff_client.post(
+        url, {"action": "delete_selected", ACTION_CHECKBOX_NAME: [str(kept.pk), selected]},
+        follow=True,
+    )  # fmt: skip
+
+    assert response.status_code == 200
+    assert "The selection names no item of this list, so nothing was changed." in (
+        response.content.decode()
+    )
+    assert Group.objects.filter(pk=kept.pk).exists()
+    # The same action on ids of the list asks to confirm, as Django's does.
+    confirm = staff_client.post(
+        url, {"action": "delete_selected", ACTION_CHECKBOX_NAME: [str(kept.pk)]}
+    )
+    assert confirm.status_code == 200
+    assert "Are you sure you want to delete the selected group?" in confirm.content.decode()
