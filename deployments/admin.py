@@ -128,12 +128,13 @@ class BackupScheduleAdmin(ServiceOwnedAdmin):
     list_select_related = ["instance"]
 
 
-def secret_read_by(name: str) -> list[str]:
-    """The plan versions that may still run and read the platform secret `name`, as the
-    admin names them (`selectors.secret_readers`)."""
+def secret_read_by(*names: str) -> list[str]:
+    """The plan versions that may still run and read any of the platform secrets `names`, as
+    the admin names them (`selectors.secret_readers`)."""
     return [
         f"{version.plan.name} version {version.number}, which reads $secret.{name}"
-        for version in selectors.secret_readers(name)
+        for name, versions in selectors.secret_readers(names).items()
+        for version in versions
     ]
 
 
@@ -190,8 +191,7 @@ class PlatformSecretAdmin(admin.ModelAdmin):
         # A secret a plan version that may still run reads is protected: its next run would
         # fail when it renders. The confirmation page names them and deletes nothing.
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
-        for secret in objs:
-            protected += secret_read_by(secret.name)
+        protected += secret_read_by(*(secret.name for secret in objs))
         return deleted, counts, perms_needed, protected
 
     def delete_model(self, request, obj):

@@ -390,6 +390,10 @@ class BackupSchedule(models.Model):
         }
 
 
+# A platform secret's name, as a spec reads it (`$secret.NAME`).
+SECRET_NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # noqa: S105 - a pattern, not a secret
+
+
 class PlatformSecret(models.Model):
     """A secret the platform team sets for specs to use as `$secret.<NAME>` (stored encrypted)."""
 
@@ -397,7 +401,7 @@ class PlatformSecret(models.Model):
         max_length=100,
         unique=True,
         validators=[
-            RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Letters, digits and _; not a digit first.")
+            RegexValidator(rf"^{SECRET_NAME}$", "Letters, digits and _; not a digit first.")
         ],
     )
     value = EncryptedTextField()

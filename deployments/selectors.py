@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -39,6 +40,7 @@ from billing.pricing import Cost
 from deployments import lifecycle, schedules
 from deployments.context import endpoint_host
 from deployments.models import (
+    SECRET_NAME,
     BackupSchedule,
     Cell,
     Instance,
@@ -901,31 +903,49 @@ def _requirement_refusal(instance: Instance, verb: str, parameters: dict | None)
     return None if holds else requirement.message
 
 
-def secret_readers(name: str) -> list[PlanVersion]:
-    """The plan versions that read the platform secret `name` (`$secret.<name>`) and may still
-    run: the newest of its plan (what a create runs), or one a live instance is on."""
-    reads = re.compile(rf"\$secret\.{re.escape(name)}\b")
+_SECRET_READ = re.compile(rf"\$secret\.({SECRET_NAME})")
+
+
+def secrets_read(text: str) -> set[str]:
+    """The names of the platform secrets a spec's text reads (`$secret.NAME`)."""
+    return set(_SECRET_READ.findall(text))
+
+
+def secret_readers(names: Collection[str]) -> dict[str, list[PlanVersion]]:
+    """For each platform secret name, the plan versions that read it (`$secret.<name>`) and may
+    still run: the newest of its plan (what a create runs), or one a live instance is on. In
+    three statements, whatever the number of names."""
+    readers: dict[str, list[PlanVersion]] = {name: [] for name in names}
+    if not readers:
+        return readers
+    mentions = Q()
+    for name in readers:
+        mentions |= Q(spec_text__contains=f"$secret.{name}")
     versions = [
-        v
-        for v in PlanVersion.objects.filter(spec_text__contains=f"$secret.{name}")
+        (v, read)
+        for v in PlanVersion.objects.filter(mentions)
         .select_related("plan")
         .order_by("plan__key", "number")
-        if reads.search(v.spec_text)
+        if (read := secrets_read(v.spec_text) & readers.keys())
     ]
     if not versions:
-        return []
+        return readers
     newest = dict(
-        PlanVersion.objects.filter(plan_id__in={v.plan_id for v in versions})
+        PlanVersion.objects.filter(plan_id__in={v.plan_id for v, _ in versions})
         .values("plan_id")
         .annotate(number=Max("number"))
         .values_list("plan_id", "number")
     )
     on = set(
         Instance.objects.active()
-        .filter(plan_version__in=versions)
+        .filter(plan_version__in=[v for v, _ in versions])
         .values_list("plan_version_id", flat=True)
     )
-    return [v for v in versions if v.pk in on or v.number == newest[v.plan_id]]
+    for version, read in versions:
+        if version.pk in on or version.number == newest[version.plan_id]:
+            for name in sorted(read):
+                readers[name].append(version)
+    return readers
 
 
 def instance_actions(instance: Instance, allowed: frozenset[str]) -> list[InstanceAction]:

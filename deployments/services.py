@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -131,14 +130,11 @@ def plan_load(*, text: str) -> PlanLoad:
     return PlanLoad(plan, version, plan_changed, True, warnings, same_as=same_as)
 
 
-_SECRET_READ = re.compile(r"\$secret\.([A-Za-z_][A-Za-z0-9_]*)")
-
-
 def _secrets_unset(text: str) -> list[str]:
     """A warning for each platform secret the spec reads (`$secret.NAME`) that is not set yet:
     not an error, since the platform team may set it after loading, but every run that renders
     it fails until they do."""
-    read = sorted(set(_SECRET_READ.findall(text)))
+    read = sorted(selectors.secrets_read(text))
     known = set(PlatformSecret.objects.filter(name__in=read).values_list("name", flat=True))
     return [
         f"$secret.{name} is read, but no platform secret is called {name} yet: add it in the "

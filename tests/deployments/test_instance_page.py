@@ -1684,3 +1684,37 @@ def test_a_platform_secret_a_running_plan_version_reads_cannot_be_deleted_in_the
     )
     spare.refresh_from_db()
     assert (spare.name, spare.value) == ("SPARE_2", "kept")
+
+
+def test_deleting_many_platform_secrets_at_once_names_each_one_read_in_as_many_queries(
+    client, make_user, instance
+):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    names = [f"TOKEN_{n}" for n in range(8)]
+    line = "                    password: {{ $var.password }}\n"
+    reads = "".join(
+        line.replace("password: {{ $var.password }}", f"t{n}: {{{{ $secret.{name} }}}}")
+        for n, name in enumerate(names)
+    )
+    services.plan_load(text=SPEC.read_text().replace(line, line + reads, 1))
+    secrets = [PlatformSecret.objects.create(name=name, value="t") for name in names]
+    spare = PlatformSecret.objects.create(name="SPARE", value="t")
+
+    def confirm(chosen) -> tuple[str, int]:
+        with CaptureQueriesContext(connection) as read:
+            page = client.post(
+                "/admin/deployments/platformsecret/",
+                {"action": "delete_selected", "_selected_action": [s.pk for s in chosen]},
+            )
+        assert page.status_code == 200
+        return page.content.decode(), len(read.captured_queries)
+
+    confirm([spare])  # what the first read caches (content types, the session)
+    _, few = confirm([secrets[0], spare])
+    page, many = confirm([*secrets, spare])
+
+    assert many == few
+    for name in names:
+        assert f"PostgreSQL version 2, which reads $secret.{name}" in page
+    assert page.count("which reads $secret.") == len(names)  # SPARE, read by none, is not
+    assert PlatformSecret.objects.count() == len(names) + 1
