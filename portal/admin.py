@@ -1,14 +1,22 @@
-"""Beat's periodic tasks in the admin, audited: disabling one stops what it runs (metering,
-closing billing periods, the sweeper), so who did it and when is in the audit log."""
+"""Beat's periodic tasks and schedules in the admin, audited: disabling a task, or changing the
+schedule it runs on, changes what it runs (metering, closing billing periods, the sweeper), so
+who did it and when is in the audit log."""
 
 import functools
 import json
 
 from django import forms
 from django.contrib import admin, messages
+from django_celery_beat import admin as beat_admin
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    SolarSchedule,
+)
 from kombu.exceptions import OperationalError
 
 from accounts.admin import StaffAudited, staff_actor
@@ -73,3 +81,47 @@ class PeriodicTaskAdmin(StaffAudited, BasePeriodicTaskAdmin):
 
     def audit_payload(self, obj) -> dict:
         return {"name": obj.name, "enabled": obj.enabled}
+
+
+class ScheduleAudited(StaffAudited):
+    """A beat schedule, audited as its tasks are. One a task runs on is not deleted: deleting
+    it deleted its tasks with it, unrecorded, and stopped what they run; the confirmation names
+    them and deletes nothing."""
+
+    def audit_payload(self, obj) -> dict:
+        return {"schedule": str(obj)}
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        on = next(f.name for f in PeriodicTask._meta.fields if f.related_model is self.model)
+        protected += [
+            f"Task {name} runs on it: delete the task, or give it another schedule, first."
+            for name in PeriodicTask.objects.filter(**{f"{on}__in": objs})
+            .order_by("name")
+            .values_list("name", flat=True)
+        ]
+        return deleted, counts, perms_needed, protected
+
+
+for model in (ClockedSchedule, CrontabSchedule, IntervalSchedule, SolarSchedule):
+    admin.site.unregister(model)
+
+
+@admin.register(ClockedSchedule)
+class ClockedScheduleAdmin(ScheduleAudited, beat_admin.ClockedScheduleAdmin):
+    pass
+
+
+@admin.register(CrontabSchedule)
+class CrontabScheduleAdmin(ScheduleAudited, beat_admin.CrontabScheduleAdmin):
+    pass
+
+
+@admin.register(IntervalSchedule)
+class IntervalScheduleAdmin(ScheduleAudited, beat_admin.IntervalScheduleAdmin):
+    pass
+
+
+@admin.register(SolarSchedule)
+class SolarScheduleAdmin(ScheduleAudited, beat_admin.SolarScheduleAdmin):
+    pass

@@ -270,6 +270,37 @@ def test_disabling_or_editing_a_beat_task_in_the_admin_is_audited(staff_client):
 
 
 @pytest.mark.django_db
+def test_a_beat_schedule_a_task_runs_on_is_not_deleted_and_a_change_to_one_is_audited(
+    staff_client,
+):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    hourly = IntervalSchedule.objects.create(every=1, period="hours")
+    PeriodicTask.objects.create(name="usage-meter", task="x.y", interval=hourly)
+    spare = IntervalSchedule.objects.create(every=5, period="minutes")
+
+    refused = staff_client.post(_url(IntervalSchedule, "delete", hourly.pk), {"post": "yes"})
+    in_bulk = staff_client.post(
+        _url(IntervalSchedule, "changelist"),
+        {"action": "delete_selected", "_selected_action": [hourly.pk, spare.pk], "post": "yes"},
+    )
+    staff_client.post(
+        _url(IntervalSchedule, "change", hourly.pk),
+        {"every": 2, "period": "hours", "periodictask_set-TOTAL_FORMS": 1,
+         "periodictask_set-INITIAL_FORMS": 1, "periodictask_set-0-id":
+         PeriodicTask.objects.get().pk, "periodictask_set-0-interval": hourly.pk},
+    )  # fmt: skip
+    staff_client.post(_url(IntervalSchedule, "delete", spare.pk), {"post": "yes"})
+
+    said = "Task usage-meter runs on it: delete the task, or give it another schedule, first."
+    assert said in refused.content.decode() and said in in_bulk.content.decode()
+    assert PeriodicTask.objects.get().interval == hourly
+    assert not IntervalSchedule.objects.filter(pk=spare.pk).exists()
+    assert [p["changed"] for _, _, p in _audited("intervalschedule.update")] == [["every"]]
+    assert [p["schedule"] for _, _, p in _audited("intervalschedule.delete")] == ["every 5 minutes"]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("typed", ["DEMO@Example.com", "demo@\uff45xample.com"])
 def test_staff_cannot_add_a_second_account_for_an_address_in_another_case_or_form(
     staff_client, make_user, typed
