@@ -439,3 +439,45 @@ def test_stop_asks_first_and_a_stray_click_stops_nothing(open_page, owner, insta
 
     expect(page.locator("#messages")).to_contain_text("queued")
     assert instance.operations.filter(verb="stop").count() == 1
+
+
+@BOTH_WIDTHS
+def test_older_operations_and_activity_are_a_click_away_and_never_scroll_sideways(
+    open_page, owner, instance, width
+):
+    from accounts.audit import audit_record
+    from deployments.models import Operation
+
+    now = timezone.now()
+    for n in range(60):  # with the create, 61: two pages of 50
+        Operation.objects.create(
+            instance=instance, verb="restart", request_id=f"restart-{n}",
+            plan_version=instance.plan_version, state=Operation.State.SUCCEEDED,
+            created_at=now - timedelta(days=61 - n), started_at=now, finished_at=now,
+        )  # fmt: skip
+    for n in range(100):  # with the create's, two pages of 100
+        audit_record(
+            actor=Actor(user=owner), action="instance.restart", tenant=instance.tenant,
+            target=instance, payload={"n": n},
+        )  # fmt: skip
+    page = open_page(
+        owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=operations", width
+    )
+    expect(page.get_by_text("Page 1 of 2 · 61 operations")).to_be_visible()
+
+    page.get_by_role("link", name="Older →").click()
+
+    expect(page).to_have_url(re.compile(r"\?tab=operations&page=2$"))
+    expect(page.get_by_text("Page 2 of 2 · 61 operations")).to_be_visible()
+    expect(page.locator("#instance-operations .timeline-item")).to_have_count(11)
+    assert not scrolls_sideways(page)
+    page.get_by_role("link", name="← Newer").click()
+    expect(page.locator("#instance-operations .timeline-item")).to_have_count(50)
+
+    page.get_by_role("link", name="Activity").click()
+    expect(page.get_by_text(re.compile(r"Page 1 of 2 · 10\d events"))).to_be_visible()
+    page.get_by_role("link", name="Older →").click()
+    expect(page).to_have_url(re.compile(r"\?tab=activity&page=2$"))
+    expect(page.get_by_text(re.compile(r"Page 2 of 2 · 10\d events"))).to_be_visible()
+    shot(page, f"instance-activity-page-2-{width}")
+    assert not scrolls_sideways(page)

@@ -433,6 +433,11 @@ def test_the_operations_tab_lists_fifty_operations_a_page_newest_first(owner_cli
     assert second.count('class="timeline-item"') == 11 and "Newer" in second
     assert f'id="operation-{instance.operations.get(verb="create").pk}"' in second  # the oldest
     assert unreadable.count('class="timeline-item"') == 50
+    # An operation still pending on an older page (the create, queued here) keeps it polled,
+    # for that page: the poll does not bring the first page back over it.
+    Operation.objects.filter(verb="create").update(state=Operation.State.QUEUED)
+    second = owner_client.get(url, {"tab": "operations", "page": "2"}).content.decode()
+    assert f'hx-get="{url}?tab=operations&amp;page=2"' in second
 
 
 def test_the_page_reads_no_run_state_spec_text_or_cell_secret_however_many_operations_wait(
