@@ -7,6 +7,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from accounts.idempotency import request_target, user_scope
@@ -91,10 +92,13 @@ def invitation_replaced(invitation: Invitation) -> Invitation | None:
 
 
 def invitation_elsewhere(user, invitation: Invitation) -> str:
-    """Why `user` cannot accept the invitation because it was sent to another address than the
-    one they sign in with ("" when it was not): an invitation is accepted by the account that
-    signs in with its address."""
-    if user.email.lower() == invitation.email.lower():
+    """Why `user` cannot accept the invitation because it was sent to an address that is not
+    theirs ("" when it is theirs: the one they sign in with, or another on their Email page,
+    which they sign in with too once confirmed): an invitation is accepted by the account
+    that signs in with its address."""
+    if user.email.lower() == invitation.email.lower() or (
+        EmailAddress.objects.filter(user=user, email__iexact=invitation.email).exists()
+    ):
         return ""
     return (
         f"This invitation was sent to {invitation.email}, but you are signed in "
@@ -119,11 +123,11 @@ def invitation_refusal(user, invitation: Invitation) -> str:
     return invitation_elsewhere(user, invitation) or invitation_unconfirmed(user, invitation)
 
 
-def invitations_open_to(email: str) -> QuerySet[Invitation]:
-    """Open invitations to `email` (whatever its case), from any organization."""
+def invitations_open_to(*emails: str) -> QuerySet[Invitation]:
+    """Open invitations to any of `emails` (whatever their case), from any organization."""
     age = timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
-    return Invitation.objects.filter(
-        email__iexact=email,
+    return Invitation.objects.annotate(address=Lower("email")).filter(
+        address__in=[email.lower() for email in emails],
         accepted_at=None,
         revoked_at=None,
         created_at__gt=timezone.now() - age,
@@ -131,14 +135,16 @@ def invitations_open_to(email: str) -> QuerySet[Invitation]:
 
 
 def invitations_for_user(user) -> QuerySet[Invitation]:
-    """Open invitations to the address the user signs in with, once they have confirmed it,
-    from organizations they are not in: where an invitee who confirmed the address in another
-    browser, or lost the email, finds them (`invitation_refusal` holds for each). An address
-    not confirmed sees none (anyone may sign up with any address)."""
-    if not email_address_confirmed(user, user.email):
-        return Invitation.objects.none()
+    """Open invitations to the addresses the user has confirmed (the one they sign in with, or
+    another on their Email page), from organizations they are not in: where an invitee who
+    confirmed the address in another browser, or lost the email, finds them
+    (`invitation_refusal` holds for each). An address not confirmed sees none (anyone may
+    sign up with, or add, any address)."""
+    confirmed = EmailAddress.objects.filter(user=user, verified=True).values_list(
+        "email", flat=True
+    )
     return (
-        invitations_open_to(user.email)
+        invitations_open_to(*confirmed)
         .exclude(tenant__memberships__user=user)
         .select_related("tenant")
         .only("email", "role", "created_at", "tenant__name")

@@ -544,12 +544,8 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
         if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
             raise InvitationInvalid("This invitation can no longer be used.")
-        wrong_address = selectors.invitation_elsewhere(actor.user, invitation)
-        if not wrong_address and (
-            unconfirmed := selectors.invitation_unconfirmed(actor.user, invitation)
-        ):
-            raise InvitationInvalid(unconfirmed)
-        if not wrong_address:
+        reason = selectors.invitation_refusal(actor.user, invitation)
+        if not reason:
             membership, _ = Membership.objects.get_or_create(
                 tenant=invitation.tenant, user=actor.user, defaults={"role": invitation.role}
             )
@@ -564,7 +560,6 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
                 payload={"email": actor.user.email, "role": membership.role},
             )
             return membership
-    reason = wrong_address
     audit_record(
         actor=actor,
         action="member.join",

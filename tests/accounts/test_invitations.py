@@ -165,19 +165,29 @@ def test_the_landing_lists_no_invitation_to_an_unconfirmed_or_other_address_nor_
 
 
 @pytest.mark.django_db
-def test_the_landing_lists_no_invitation_to_a_second_address_it_could_not_accept(
-    client, invite, make_user
+def test_an_invitation_to_a_second_address_the_invitee_confirmed_is_theirs_to_accept(
+    client, invite, make_user, tenant
 ):
     from allauth.account.models import EmailAddress
 
     user = make_user("first@example.com")
     EmailAddress.objects.create(user=user, email="second@example.com", verified=True)
-    invite("second@example.com")
+    EmailAddress.objects.create(user=user, email="third@example.com", verified=False)
+    invite("Second@Example.com")
+    _, unconfirmed = invite("third@example.com")
     client.force_login(user)
 
-    # An invitation is accepted by the account that signs in with its address: listing it
-    # here would lead to a page that refuses it.
-    assert _invitations_on_landing(client) == []
+    # They sign in with either address: one they confirmed is theirs, as the first is.
+    (link,) = _invitations_on_landing(client)
+    refused = client.post(unconfirmed)
+    assert refused.status_code == 400
+    assert "Confirm third@example.com first" in refused.content.decode()
+    joined = client.post(link)
+
+    assert joined.status_code == 302 and joined.url == f"/t/{tenant.slug}/"
+    assert tenant.memberships.filter(user=user, role="member").exists()
+    denied = AuditEvent.objects.get(action="member.join", result="denied")
+    assert denied.payload["reason"].startswith("Confirm third@example.com first")
 
 
 @pytest.mark.django_db
