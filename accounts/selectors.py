@@ -38,7 +38,12 @@ def memberships_for_user(user) -> QuerySet[Membership]:
 
 
 def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
-    return tenant.memberships.select_related("user").order_by("user__email")
+    """The tenant's members with what the team page shows of them (not their password hash)."""
+    return (
+        tenant.memberships.select_related("user")
+        .only("role", "created_at", "user__email")
+        .order_by("user__email")
+    )
 
 
 def invitations_pending(tenant: Tenant) -> list[Invitation]:
@@ -161,7 +166,8 @@ def audit_events_for_tenant(
     until: date | None = None,
 ) -> QuerySet[AuditEvent]:
     """The tenant's audit log, newest first; `until` includes the whole day."""
-    events = AuditEvent.objects.for_tenant(tenant)  # its actor as recorded: `actor_email`
+    # Its actor as recorded (`actor_email`); the browser it came from is not shown.
+    events = AuditEvent.objects.for_tenant(tenant).defer("actor", "user_agent")
     if action:
         events = events.filter(action__startswith=action)
     if actor:

@@ -212,3 +212,5 @@ def test_the_log_the_export_and_the_dashboard_read_no_account_of_the_people_in_i
         # too) stays in the database.
         read = [q["sql"] for q in queries.captured_queries if "accounts_auditevent" in q["sql"]]
         assert read and not [sql for sql in read if '"accounts_user"' in sql], url
+        # Nor the browser it came from, which none of them shows.
+        assert not [sql for sql in read if "user_agent" in sql], url

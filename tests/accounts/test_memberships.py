@@ -138,6 +138,22 @@ def test_a_viewer_sees_the_team_without_controls(client, tenant, add_member):
 
 
 @pytest.mark.django_db
+def test_the_team_page_reads_no_members_password_hash(client, tenant, add_member):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/t/{tenant.slug}/team/")
+
+    assert b"owner@example.com" in page.content and b"vic@example.com" in page.content
+    members = [q["sql"] for q in queries.captured_queries if "accounts_membership" in q["sql"]]
+    # The members' accounts are read for their addresses alone (the session reads its own).
+    assert members and not [sql for sql in members if '"accounts_user"."password"' in sql]
+
+
+@pytest.mark.django_db
 def test_an_unknown_role_is_refused_without_change(client, tenant, add_member):
     bob = add_member("bob@example.com", "member")
     client.force_login(tenant.memberships.get(role="owner").user)
