@@ -151,7 +151,7 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
                     scope=scope, request_id=request_id, action="tenant.create", raw=submitted
                 )
                 if claim.earlier is not None:
-                    return Tenant.objects.get(pk=claim.earlier.target_id)
+                    return _made_before(actor.user, claim.earlier.target_id)
                 _name_free_for(actor.user, name)
                 tenant = Tenant(name=name, slug=_unique_slug(name), request_id=request_id)
                 # The unique constraint, not a read before the write, settles a slug race.
@@ -170,6 +170,18 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
         except IntegrityError:
             continue
     raise ValidationError({"name": "That name is taken; try another."})
+
+
+def _made_before(user: User, tenant_id: str) -> Tenant:
+    """The organization a repeated new-organization form made, while the user is still in it;
+    sent again after they left it, the form is refused, saying so (it would lead nowhere)."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    if not tenant.memberships.filter(user=user).exists():
+        raise ValidationError(
+            f"This form was sent before and made “{tenant.name}”, which you have left since. "
+            "Send it again to make another organization."
+        )
+    return tenant
 
 
 def _name_free_for(user: User, name: str) -> None:

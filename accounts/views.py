@@ -111,9 +111,22 @@ def _sent_home(request):
     return redirect("home")
 
 
+# What the team page says when a form sent before comes again and its invitation is no longer
+# open (nothing is sent), by the invitation's status.
+_SENT_BEFORE = {
+    "accepted": "This form was sent before: {email} has accepted that invitation since.",
+    "revoked": "This form was sent before, and that invitation to {email} has been withdrawn "
+    "or replaced since: nothing was sent. Invite them again below to send a new one.",
+    "expired": "This form was sent before, and that invitation to {email} has expired since: "
+    "nothing was sent. Invite them again below to send a new one.",
+}
+
+
 def _invitation_sent(invitation) -> str:
     """What the team page says once an invitation is sent; sending one to an address already
     invited says that the earlier link stops working, and the role it changed."""
+    if invitation.status in _SENT_BEFORE:
+        return _SENT_BEFORE[invitation.status].format(email=invitation.email)
     replaced = selectors.invitation_replaced(invitation)
     if replaced is None:
         return f"Invitation sent to {invitation.email}."
@@ -145,7 +158,8 @@ def team_invite(request):
             messages.error(request, exc.reason)
             return _team_response(request)
         else:
-            messages.success(request, _invitation_sent(invitation))
+            sent = invitation.status == "pending"
+            (messages.success if sent else messages.warning)(request, _invitation_sent(invitation))
             return _team_response(request)
     # htmx swaps only 2xx answers: the fragment with its errors comes back as 200.
     template = partial_template(request, "accounts/team.html", "team-panel")

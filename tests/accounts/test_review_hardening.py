@@ -192,6 +192,45 @@ def test_a_double_submitted_new_organization_form_creates_one(owner_client, owne
 
 
 @pytest.mark.django_db
+def test_the_new_organization_form_sent_again_after_leaving_what_it_made_says_so(
+    owner_client, owner, make_user
+):
+    form = {"name": "Globex", "request_id": "req-43"}
+    owner_client.post("/organizations/new/", form)
+    globex = Tenant.objects.get(name="Globex")
+    Membership.objects.create(tenant=globex, user=make_user("ada@example.com"), role="owner")
+    services.membership_remove(
+        actor=Actor(user=owner), membership=globex.memberships.get(user=owner)
+    )
+
+    again = owner_client.post("/organizations/new/", form)
+
+    assert again.status_code == 200  # the form again: not "created", nor a way into Globex
+    said = "This form was sent before and made “Globex”, which you have left since."
+    assert said in again.content.decode()
+    assert Tenant.objects.filter(name="Globex").count() == 1
+    made = owner_client.post("/organizations/new/", {"name": "Globex", "request_id": "req-44"})
+    assert made.status_code == 302 and Tenant.objects.filter(name="Globex").count() == 2
+
+
+@pytest.mark.django_db
+def test_an_invite_form_sent_again_after_its_invitation_was_withdrawn_says_nothing_was_sent(
+    owner_client, tenant
+):
+    form = {"email": "new@example.com", "role": "member", "request_id": "inv-8"}
+    owner_client.post(f"/t/{tenant.slug}/team/invite/", form, follow=True)
+    invitation = tenant.invitations.get()
+    owner_client.post(f"/t/{tenant.slug}/team/invitations/{invitation.pk}/revoke/", follow=True)
+
+    again = owner_client.post(f"/t/{tenant.slug}/team/invite/", form, follow=True)
+
+    page = again.content.decode()
+    assert "Invitation sent" not in page
+    assert "that invitation to new@example.com has been withdrawn or replaced since" in page
+    assert [i.status for i in tenant.invitations.all()] == ["revoked"]
+
+
+@pytest.mark.django_db
 def test_the_new_organization_form_again_after_back_says_what_it_made(owner_client, tenant):
     url = "/organizations/new/?request=" + "c" * 32
     owner_client.post(url, {"name": "Globex", "request_id": "c" * 32})
