@@ -1,5 +1,5 @@
-"""allauth's sign-up, add-email and password-reset forms, with one rule of Opsdeck's: an email
-address no one has confirmed belongs to no one yet.
+"""allauth's sign-up, sign-in, add-email and password-reset forms, with one rule of Opsdeck's:
+an email address no one has confirmed belongs to no one yet.
 
 allauth counts every address a user has added on their Email page, confirmed or not, as theirs.
 Adding someone else's address (a typo, or on purpose) would then stop its owner from ever signing
@@ -15,7 +15,7 @@ address another account signs in with or owns.
 """
 
 from allauth.account.adapter import get_adapter
-from allauth.account.forms import AddEmailForm, ResetPasswordForm, SignupForm
+from allauth.account.forms import AddEmailForm, LoginForm, ResetPasswordForm, SignupForm
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
@@ -43,6 +43,18 @@ class AccountSignupForm(SignupForm):
                 raise  # not the address: something else is wrong
             self.account_already_exists = True
             return super().try_save(request)
+
+
+class AccountLoginForm(LoginForm):
+    def clean_login(self) -> str:
+        """As allauth's; the address as the other forms take it (the adapter's `clean_email`):
+        one typed as at sign-up (a full-width letter) signs in to the account it made. Text
+        that is no address is left for allauth to refuse as it does."""
+        login = super().clean_login()
+        try:
+            return get_adapter().clean_email(login)
+        except ValidationError:
+            return login
 
 
 class AccountAddEmailForm(AddEmailForm):

@@ -279,6 +279,7 @@ ACCOUNT_SIGNUP_FORM_CLASS = "accounts.forms.SignupForm"
 # An address no one has confirmed belongs to no one yet (see accounts/account_forms.py).
 ACCOUNT_FORMS = {
     "signup": "accounts.account_forms.AccountSignupForm",
+    "login": "accounts.account_forms.AccountLoginForm",
     "add_email": "accounts.account_forms.AccountAddEmailForm",
     "reset_password": "accounts.account_forms.AccountResetPasswordForm",
 }

@@ -208,6 +208,23 @@ def test_signup_requires_email_verification_then_signs_in(client):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("typed", ["kim@\uff45xample.com", " KIM@Example.com "])
+def test_an_address_signs_in_typed_as_sign_up_takes_it(client, make_user, typed):
+    from tests.conftest import PASSWORD
+
+    make_user("kim@example.com")
+
+    signed_in = client.post("/accounts/login/", {"login": typed, "password": PASSWORD})
+    wrong = Client().post("/accounts/login/", {"login": typed, "password": "not-it-at-all"})
+    not_an_address = Client().post("/accounts/login/", {"login": "kim@", "password": PASSWORD})
+
+    assert signed_in.status_code == 302
+    assert client.get("/", follow=True).request["PATH_INFO"] != "/accounts/login/"
+    assert wrong.status_code == 200 and "not correct" in wrong.content.decode()
+    assert not_an_address.status_code == 200
+
+
+@pytest.mark.django_db
 def test_signup_with_a_taken_email_changes_nothing_and_warns_the_owner(client, owner, tenant):
     before = (User.objects.count(), Tenant.objects.count())
 
