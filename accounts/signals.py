@@ -8,13 +8,22 @@ from allauth.account.signals import (
     password_changed,
     password_reset,
     password_set,
+    user_signed_up,
 )
-from allauth.mfa.signals import authenticator_added, authenticator_removed, authenticator_reset
+from allauth.mfa.models import Authenticator
+from allauth.mfa.signals import (
+    authentication_failed,
+    authenticator_added,
+    authenticator_removed,
+    authenticator_reset,
+    authenticator_used,
+)
 from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.dispatch import receiver
 
 from accounts import services
 from accounts.audit import Actor, audit_record
+from accounts.models import AuditEvent
 
 
 @receiver(user_logged_in)
@@ -28,6 +37,43 @@ def _logged_out(sender, request, user, **kwargs):
         audit_record(
             actor=Actor.from_request(request, user=user), action="user.logout", target=user
         )
+
+
+@receiver(user_signed_up)
+def _signed_up(sender, request, user, **kwargs):
+    audit_record(
+        actor=Actor.from_request(request, user=user),
+        action="user.signup",
+        target=user,
+        payload={"email": user.email},
+    )
+
+
+@receiver(authenticator_used)
+def _mfa_used(sender, request, user, authenticator, **kwargs):
+    """A recovery code used up (each works once): a sign-in the person's authenticator app
+    did not make. An app's code, used at every sign-in, is in `user.login` already."""
+    if authenticator.type == Authenticator.Type.RECOVERY_CODES:
+        # Read again: the code was marked used on a copy of its own.
+        codes = Authenticator.objects.get(pk=authenticator.pk).wrap().get_unused_codes()
+        audit_record(
+            actor=Actor.from_request(request, user=user),
+            action="mfa.recovery_code",
+            target=user,
+            payload={"left": len(codes)},
+        )
+
+
+@receiver(authentication_failed)
+def _mfa_failed(sender, request, user, authenticator=None, **kwargs):
+    """A second-factor code refused: someone who knew the password, perhaps."""
+    audit_record(
+        actor=Actor.from_request(request, user=user),
+        action="mfa.verify",
+        target=user,
+        result=AuditEvent.Result.DENIED,
+        payload={"type": authenticator.type} if authenticator is not None else {},
+    )
 
 
 @receiver(authenticator_added)
@@ -94,4 +140,10 @@ def _email_confirmed(sender, request, email_address, **kwargs):
     """The account that confirmed an address owns it: other accounts' unconfirmed copies go."""
     services.email_address_claim(
         email_address.email, owner=email_address.user, reason="another account confirmed it"
+    )
+    audit_record(
+        actor=Actor.from_request(request, user=email_address.user),
+        action="user.email_confirm",
+        target=email_address.user,
+        payload={"email": email_address.email},
     )

@@ -66,3 +66,23 @@ def test_totp_can_be_enabled_and_is_then_required_at_sign_in(
     good = client.post("/accounts/2fa/authenticate/", {"code": _totp(secret)})
     assert good.status_code == 302
     assert client.get(f"/t/{tenant.slug}/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_refused_code_and_a_recovery_code_used_up_are_in_the_audit_log(client, owner, tenant):
+    from allauth.mfa.recovery_codes.internal.auth import RecoveryCodes
+    from allauth.mfa.totp.internal.auth import TOTP, generate_totp_secret
+
+    TOTP.activate(owner, generate_totp_secret())
+    codes = RecoveryCodes.activate(owner).get_unused_codes()
+    _sign_in(client)
+
+    refused = client.post("/accounts/2fa/authenticate/", {"code": "123456"})
+    used = client.post("/accounts/2fa/authenticate/", {"code": codes[0]})
+
+    assert refused.status_code == 200 and used.status_code == 302
+    assert client.get(f"/t/{tenant.slug}/").status_code == 200
+    denied = AuditEvent.objects.get(action="mfa.verify", actor=owner)
+    assert denied.result == AuditEvent.Result.DENIED
+    recovered = AuditEvent.objects.get(action="mfa.recovery_code", actor=owner)
+    assert recovered.payload == {"left": len(codes) - 1}

@@ -205,6 +205,12 @@ def test_signup_requires_email_verification_then_signs_in(client):
     home = client.get("/", follow=True)
     assert home.request["PATH_INFO"] == f"/t/{Tenant.objects.get(name='Initech').slug}/"
     assert b"Initech" in home.content
+    # The account's beginning is in the audit log: made, then its address confirmed.
+    user = User.objects.get()
+    assert [(e.action, e.payload) for e in AuditEvent.objects.filter(actor=user).order_by("pk")
+            if e.action.startswith("user.") and e.action != "user.login"] == [
+        ("user.signup", {"email": user.email}), ("user.email_confirm", {"email": user.email}),
+    ]  # fmt: skip
 
 
 @pytest.mark.django_db
