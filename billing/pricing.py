@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from accounts.models import Tenant
 from billing.models import DIMENSION_LABELS, Plan, PlanOverride, Price
+from billing.stripe_gateway import stripe_bills
 
 HOURS_PER_MONTH = Decimal(730)
 HOURLY_PLACES = Decimal("0.0001")
@@ -107,8 +108,14 @@ def prices_for(
     """Each plan's prices as `tenant` pays them at `at` (now), by plan id: the plan's own, with
     the unit prices of the tenant's `PlanOverride` in effect then put in their place, read by
     the `PriceBook` invoices are priced with. The prices with an overridden unit price are
-    copies, never saved. One query for the overrides of all the plans."""
+    copies, never saved. One query for the overrides of all the plans.
+
+    While Stripe bills tenants, the plan's own: Stripe charges its catalog's prices, which hold
+    none of an organization's (an override's prices, which can be set only while billing is
+    local, still price the usage billed locally, before)."""
     by_pk = {plan.pk: plan for plan in plans}
+    if stripe_bills():
+        return {pk: list(plan.prices.all()) for pk, plan in by_pk.items()}
     at = at or timezone.now()
     # The span that starts at `at`: the overrides started by then (`PriceBook`'s span 0).
     book = PriceBook(by_pk, at, at + timedelta(microseconds=1), tenant_ids=[tenant.pk])

@@ -503,3 +503,25 @@ def test_the_catalog_and_the_estimate_price_at_the_tenants_override_not_the_list
     assert '<td>CPU <small class="muted">6 cores</small></td><td class="num">0.3000</td>' in (
         estimate
     )
+
+
+def test_while_stripe_bills_the_catalog_and_the_estimate_price_at_what_stripe_charges(
+    owner_client, tenant, plan, settings
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    # An override's prices, set while billing was local: Stripe's catalog holds none of them.
+    _override(tenant, plan, {"cpu": "0.05"}, starts=timezone.now() - timedelta(days=1))
+    settings.STRIPE_API_KEY = "sk_test_opsdeck_catalog"
+
+    catalog = text(owner_client.get(catalog_url(tenant)))
+    estimate = text(owner_client.post(estimate_url(tenant), {"p-instances": "3", "p-cpu": "2"}))
+
+    assert "<strong>0.0464 USD</strong> per hour" in catalog
+    assert "CPU: 0.035 USD per core per hour" in catalog
+    # 6 cores x 0.035 = 0.21
+    assert '<td>CPU <small class="muted">6 cores</small></td><td class="num">0.2100</td>' in (
+        estimate
+    )
