@@ -283,6 +283,10 @@ class Subscription(models.Model):
     # Those on which the plan's instances may run (a suspended one until they are stopped):
     # not one awaiting payment or approval, nor one ended.
     LETS_RUN = (Status.ACTIVE, Status.PAST_DUE, Status.SUSPENDED)
+    # Those that let the plan's instances run at some time: each start stamps its first period
+    # (and Stripe's, when it began), which one cancelled while it awaited approval or payment
+    # never had. Only such a one, ended, stops the instances still on its plan.
+    RAN = models.Q(current_period_start__isnull=False) | models.Q(stripe_started_at__isnull=False)
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="subscriptions")
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="subscriptions")
@@ -318,6 +322,10 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} — {self.plan} ({self.status_text()})"
+
+    def ran(self) -> bool:
+        """Whether it let the plan's instances run at some time (`RAN`)."""
+        return self.current_period_start is not None or self.stripe_started_at is not None
 
     def stop_counted_from(self) -> datetime | None:
         """Since when the running instances on its plan are counted toward being stopped (the

@@ -195,12 +195,15 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
             status=Subscription.Status.CANCELLED
         )
     }
-    # The newest ended subscription of each plan with no open one but one awaiting payment:
-    # its instances may still run, until they are stopped.
+    # The newest ended subscription that let instances run (`Subscription.RAN`) of each plan
+    # with no open one but one awaiting payment: its instances may still run, until they are
+    # stopped.
     running = [p for p, s in open_.items() if s.status in Subscription.LETS_RUN]
     ended = {
         s.plan_id: s
-        for s in Subscription.objects.filter(tenant=tenant, status=Subscription.Status.CANCELLED)
+        for s in Subscription.objects.filter(
+            Subscription.RAN, tenant=tenant, status=Subscription.Status.CANCELLED
+        )
         .exclude(plan_id__in=running)
         .order_by("plan_id", "-created_at")
         .distinct("plan_id")

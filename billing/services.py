@@ -386,7 +386,9 @@ def subscription_cancel(
     then: Callable[[Subscription], None] | None = None,
 ) -> Subscription:
     """Cancel a subscription; refused while the tenant has instances on the plan, unless
-    `instances_may_run` (Stripe ended it: they keep running, new ones are refused). They are
+    `instances_may_run` (Stripe ended it: they keep running, new ones are refused), or it only
+    awaits approval or payment (it lets none run: those on the plan run on what an ended one
+    left them, until they are stopped). They are
     counted as the checks count them, an instance whose move onto the plan is queued included
     (its upgrade would run on a cancelled subscription), under the tenant's lock, which every
     new instance's check of the subscription takes too: a create and a cancel at once cannot
@@ -394,7 +396,7 @@ def subscription_cancel(
     Stripe): if it raises, nothing is cancelled."""
 
     def no_instances(subscription: Subscription) -> None:
-        if not instances_may_run:
+        if not instances_may_run and subscription.status != Status.PENDING:
             usage = entitlements.usage_of(subscription.tenant, subscription.plan, pending=True)
             running = usage.instances if usage else 0
             if running:
@@ -485,7 +487,7 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
         "event": event,
         "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
     }
-    if event == "cancel":  # ended with instances on it (Stripe ended it): when they stop
+    if event == "cancel" and subscription.ran():  # ended with instances on it: when they stop
         usage = entitlements.usage_of(subscription.tenant, subscription.plan)
         if usage is not None and usage.instances:
             context.update(instances=usage.instances, stop_due=subscription.stop_due_at())

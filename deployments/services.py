@@ -1652,12 +1652,13 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
         status__in=Subscription.LETS_RUN,
     )
     # Suspended ones, and ended ones whose instances still run without another subscription
-    # (Stripe ended it; one awaiting payment lets nothing run): the newest of each tenant and
+    # (Stripe ended it; one awaiting payment lets nothing run, nor did one cancelled while it
+    # awaited, whose end starts no clock: `Subscription.RAN`): the newest of each tenant and
     # plan. Each is read again under its tenant's lock before anything is stopped.
     stopping = (
         Subscription.objects.filter(
             Q(status=Status.SUSPENDED, suspended_at__isnull=False)
-            | Q(Exists(running), ~Exists(reopened), status=Status.CANCELLED)
+            | Q(Exists(running), ~Exists(reopened), Subscription.RAN, status=Status.CANCELLED)
         )
         .order_by("tenant_id", "plan_id", "-created_at")
         .distinct("tenant_id", "plan_id")

@@ -657,6 +657,36 @@ def test_subscribing_again_without_paying_leaves_an_ended_subscriptions_instance
     assert "Your subscription to this plan has ended, and 1 instance is still on it." in page
 
 
+def test_a_subscription_awaiting_payment_is_withdrawn_and_the_ended_ones_clock_runs_on(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    running = _running(owner, tenant, hobby, name="a")
+    _ended_days_ago(subscribed, 2)
+    due = Subscription.objects.get(pk=subscribed.pk).stop_due_at()
+    pending = Subscription.objects.create(
+        tenant=tenant, plan=hobby, status=Subscription.Status.PENDING
+    )
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert "It has not started, so cancelling withdraws it; the instances on this plan" in page
+    assert f'<button type="submit" class="secondary">Cancel my {hobby.name} subscription' in page
+
+    done = owner_client.post(
+        f"/t/{tenant.slug}/billing/subscriptions/{pending.pk}/cancel/", follow=True
+    ).content.decode()
+
+    # It let nothing run: withdrawn although an instance is still on the plan.
+    assert f"Your subscription to {hobby.name} is cancelled." in done
+    assert Subscription.objects.get(pk=pending.pk).status == Subscription.Status.CANCELLED
+    # Its end starts no clock: the instance stops when the ended one's grace runs out.
+    assert f"{due:%-d %b %Y %H:%M} UTC</time> unless you are subscribed again by then" in done
+    assert services.suspended_instances_stop() == {"stopped": 0, "unstoppable": 0}
+    Subscription.objects.filter(pk=subscribed.pk).update(
+        cancelled_at=timezone.now() - timedelta(days=8)
+    )
+    assert services.suspended_instances_stop() == {"stopped": 1, "unstoppable": 0}
+    assert Operation.objects.get(verb="stop").instance_id == running.pk
+
+
 def test_the_billing_page_says_when_an_ended_subscriptions_instances_stop(
     local, hobby, subscribed, tenant, owner, owner_client
 ):
