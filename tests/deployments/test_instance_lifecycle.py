@@ -51,7 +51,7 @@ def test_an_instance_is_created_scaled_stopped_started_backed_up_and_deleted(
     instance.refresh_from_db()
     assert instance.state == Instance.State.RUNNING
     assert instance.outputs["phase"] == "Cluster in healthy state"
-    assert instance.outputs["host"] == f"{instance.pk}-rw"
+    assert instance.outputs["writeService"] == f"{instance.pk}-rw"
     cluster = _cluster(kube, instance)
     assert cluster["spec"]["instances"] == 1
     assert cluster["spec"]["bootstrap"]["initdb"]["database"] == "orders"

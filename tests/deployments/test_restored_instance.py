@@ -71,8 +71,8 @@ def test_a_restored_instance_runs_with_the_size_and_the_password_it_was_given(
     password = base64.b64decode(secret["data"]["password"]).decode()
     assert password == "a-password-typed-in-the-form"
     # It reports what a created instance does.
-    assert set(restored.outputs) >= {"phase", "primary", "readyInstances", "image", "host"}
-    assert restored.outputs["host"] == f"{restored.pk}-rw"
+    assert set(restored.outputs) >= {"phase", "primary", "readyInstances", "image", "writeService"}
+    assert restored.outputs["writeService"] == f"{restored.pk}-rw"
 
 
 def test_a_modify_of_a_restored_instance_changes_its_size_and_keeps_its_recovery(
