@@ -29,6 +29,7 @@ Without `kinds`, the kinds found in the spec's own manifests are the allowed one
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -137,21 +138,42 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f'"{value}" is not a duration')
     if isinstance(value, int | float):
-        return float(value)
-    text = str(value).strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f'"{value}" is not a duration such as 30s, 5m or 1h')
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+        seconds = _finite(value)
+    else:
+        text = str(value).strip()
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = _finite(text)
+        else:
+            parts = _DURATION_PART.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise ValueError(f'"{value}" is not a duration such as 30s, 5m or 1h')
+            seconds = _finite(sum(_finite(n) * _DURATION_UNITS[u] for n, u in parts))
+    if seconds > _LONGEST_DURATION:
+        raise ValueError(f'"{value}" is longer than a year')
+    return seconds
+
+
+_LONGEST_DURATION = 366 * 86_400.0
+
+
+def _finite(value: Any) -> float:
+    """`value` as a float; ValueError for one too large for a float, infinite or not a
+    number."""
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float's range
+        raise ValueError(f'"{value}" is not a finite number') from None
+    if not math.isfinite(number):
+        raise ValueError(f'"{value}" is not a finite number')
+    return number
 
 
 def _number(value: Any) -> int | float:
-    """A YAML number or numeric string; integral values come back as int."""
+    """A YAML number or numeric string; integral values come back as int. ValueError for one
+    that is not a finite number."""
     if isinstance(value, bool) or value is None:
         raise ValueError
-    number = float(value)
+    number = _finite(value)
     return int(number) if number.is_integer() else number
 
 

@@ -69,7 +69,12 @@ SYS_ROOTS = frozenset(
 _TOKEN = "opsdeckph{}x"  # noqa: S105 (a placeholder marker, not a secret)
 _TOKEN_RE = re.compile(r"opsdeckph(\d+)x")
 _TASK_OUTPUT = re.compile(r"^\$tasks\.([^.]+)\.resource\.(.+)$")
-_MAX_TRACE = 16
+# Template calls a value is traced back through to find the parameters that feed an object's
+# name (one stack frame each); a name passed through more is refused, not left unchecked.
+_MAX_TRACE = 200
+# Tasks in one verb's workflow, over all its templates: the specs we know hold 22, and a move
+# walks them all.
+MAX_TASKS = 500
 
 
 @dataclass
@@ -538,6 +543,13 @@ class _VerbChecker:
             p.key: p for p in [*service.parameters, *verb.parameters]
         }
         self.path = f"{verb.path}.workflow"
+        self._name_memo: dict[tuple[str, str | None], set[str]] = {}
+        self._trace_cut = False  # a name traced through more than _MAX_TRACE calls
+        # template name → the (template, task) pairs that call it
+        self.callers: dict[str, list[tuple[Template, Task]]] = {}
+        for caller in self.workflow.templates.values():
+            for task in caller.tasks or []:
+                self.callers.setdefault(task.template, []).append((caller, task))
 
     def run(self) -> None:
         workflow, templates = self.workflow, self.workflow.templates
@@ -558,6 +570,7 @@ class _VerbChecker:
                 self.check_threaded(
                     templates[start], workflow.arguments, f"{self.path}.arguments.parameters"
                 )
+        self.check_calls()
         for template in templates.values():
             if template.tasks is not None:
                 self.check_dag(template)
@@ -566,6 +579,27 @@ class _VerbChecker:
             for i, output in enumerate(template.outputs):
                 self.check_output(output, f"{template.path}.outputs.parameters[{i}].valueFrom")
         self.check_outputs()
+
+    def check_calls(self) -> None:
+        """A template never calls itself, through any number of hops (the run would nest it
+        without end), and a workflow holds at most `MAX_TASKS` tasks (each move walks them)."""
+        calls = {
+            name: {task.template for task in template.tasks or []}
+            for name, template in self.workflow.templates.items()
+        }
+        cycle = _find_cycle(calls)
+        if cycle:
+            self.report.error(
+                f"{self.path}.templates",
+                f"template call cycle: {' -> '.join(cycle)} (a template may not call itself, "
+                "directly or through others)",
+            )
+        count = sum(len(template.tasks or []) for template in self.workflow.templates.values())
+        if count > MAX_TASKS:
+            self.report.error(
+                f"{self.path}.templates",
+                f"the workflow holds {count} tasks; at most {MAX_TASKS}",
+            )
 
     def check_output(self, output: OutputParameter, path: str) -> None:
         if output.json_path is not None:
@@ -715,7 +749,7 @@ class _VerbChecker:
                 self.report.error(f"{path}.depends", str(exc))
         siblings = scope.tasks or {}
         field_name = "depends" if task.depends else "dependencies"
-        for name in sorted(needed - set(siblings)):
+        for name in sorted(n for n in needed if n not in siblings):
             self.report.error(f"{path}.{field_name}", f'unknown task "{name}"')
         if task.when:
             try:
@@ -732,7 +766,7 @@ class _VerbChecker:
                 )
         if target is not None:
             self.check_threaded(target, task.arguments, f"{path}.arguments")
-        return needed & set(siblings)
+        return {n for n in needed if n in siblings}
 
     # resource templates
 
@@ -848,7 +882,15 @@ class _VerbChecker:
 
     def check_name(self, name: str, template: Template, path: str) -> None:
         """A modifiable parameter must not feed metadata.name, even through a hop."""
-        for key in sorted(self.name_sources(name, template, 0)):
+        self._trace_cut = False
+        sources = self.name_sources(name, template, 0)
+        if self._trace_cut:
+            self.report.error(
+                path,
+                f"metadata.name is passed through more than {_MAX_TRACE} template calls; "
+                "pass it through fewer, so that what feeds it can be checked",
+            )
+        for key in sorted(sources):
             parameter = self.parameters.get(key)
             if parameter is not None and parameter.modifiable:
                 self.report.error(
@@ -857,10 +899,23 @@ class _VerbChecker:
                     "that feeds metadata.name must be modifiable: false",
                 )
 
-    def name_sources(self, text: Any, template: Template | None, depth: int) -> set[str]:
-        """The parameter keys that flow into `text`, following inputs back to their callers."""
-        if not isinstance(text, str) or depth > _MAX_TRACE:
+    def name_sources(self, text: Any, template: Template | None, depth: int = 0) -> set[str]:
+        """The parameter keys that flow into `text`, following inputs back to their callers.
+
+        Remembered per text and template: a chain of templates each called by several tasks
+        is walked once per hop, not once per path (which grows as the tasks to the power of
+        the hops). A hop back into a trace under way adds nothing (a call cycle, refused on
+        its own)."""
+        if not isinstance(text, str):
             return set()
+        if depth > _MAX_TRACE:
+            self._trace_cut = True
+            return set()
+        key = (text, template.name if template is not None else None)
+        known = self._name_memo.get(key)
+        if known is not None:
+            return known
+        self._name_memo[key] = set()  # under way
         try:
             found = references(text)
         except RenderError:
@@ -878,10 +933,10 @@ class _VerbChecker:
                 keys |= self.name_sources(template.input_defaults.get(name), None, depth + 1)
                 if template.name in (workflow.entrypoint, workflow.on_exit):
                     keys |= self.name_sources(workflow.arguments.get(name), None, depth + 1)
-                for caller in workflow.templates.values():
-                    for task in caller.tasks or []:
-                        if task.template == template.name and name in task.arguments:
-                            keys |= self.name_sources(task.arguments[name], caller, depth + 1)
+                for caller, task in self.callers.get(template.name, []):
+                    if name in task.arguments:
+                        keys |= self.name_sources(task.arguments[name], caller, depth + 1)
+        self._name_memo[key] = keys
         return keys
 
     # verb outputs
@@ -915,23 +970,24 @@ def _key_path(base: str, key: str) -> str:
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """A dependency cycle as a list of task names (first repeated at the end), or None."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in graph:
-        if node not in state and (found := visit(node)):
-            return found
+    """A cycle as a list of node names (first repeated at the end), or None. Depth first,
+    without recursion: a chain of thousands of nodes is as deep as it is long."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in graph:
+        if root in state:
+            continue
+        state[root] = 1
+        path = [root]
+        pending = [iter(sorted(graph.get(root, ())))]
+        while pending:
+            nxt = next(pending[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                pending.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                pending.append(iter(sorted(graph.get(nxt, ()))))
     return None

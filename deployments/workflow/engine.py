@@ -48,6 +48,11 @@ OPERATION_LABEL = "opsdeck.io/operation"
 # Longest item text in a fanned-out child's name, `task(index:item)`.
 _LABEL_MAX = 40
 _NO_ITEM = object()  # a task that does not fan out (an item may be JSON null)
+# Children one withItems / withParam task fans out to (each a node every move walks): a list
+# read from the cluster (a server per item) is far shorter.
+MAX_ITEMS = 500
+# The longest wait between two attempts of a task, whatever its backoff says.
+LONGEST_RETRY_WAIT = 86_400.0
 _WRITES = frozenset({"create", "apply", "patch", "replace", "delete"})
 
 
@@ -480,9 +485,13 @@ class _Run:
         except RenderError as exc:
             self._decided(node, task.name, ERRORED, str(exc))
             return True
+        field_name = "withItems" if task.with_items is not None else "withParam"
         if not items:
-            field_name = "withItems" if task.with_items is not None else "withParam"
             self._decided(node, task.name, SKIPPED, f"{field_name} is empty")
+            return True
+        if len(items) > MAX_ITEMS:
+            message = f"{field_name} holds {len(items)} items; a task fans out to at most"
+            self._decided(node, task.name, ERRORED, f"{message} {MAX_ITEMS}")
             return True
         group = Node(id=self._child_id(node, task.name), template="", phase=RUNNING)
         group.started_at = self.now
@@ -780,7 +789,11 @@ class _Run:
             elapsed = self.now - (node.started_at or self.now)
             within = retry.max_duration is None or elapsed < retry.max_duration
             if (attempts is None or node.attempt < attempts) and within:
-                wait = retry.duration * (retry.factor ** (node.attempt - 1))
+                try:
+                    wait = retry.duration * (retry.factor ** (node.attempt - 1))
+                except OverflowError:  # a factor this large waits the longest anyway
+                    wait = LONGEST_RETRY_WAIT
+                wait = min(wait, LONGEST_RETRY_WAIT)
                 if retry.cap is not None:
                     wait = min(wait, retry.cap)
                 node.attempt += 1

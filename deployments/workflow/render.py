@@ -213,9 +213,15 @@ def _lex(body: str) -> list[tuple[str, str]]:
     return lexemes
 
 
-def _parse_expr(lexemes: list[tuple[str, str]], pos: int) -> tuple[_Expr, int]:
+# Calls nested in one placeholder: `$func.base64encode($var.x)` nests one; real specs, two.
+_MAX_CALL_DEPTH = 16
+
+
+def _parse_expr(lexemes: list[tuple[str, str]], pos: int, depth: int = 0) -> tuple[_Expr, int]:
     if pos >= len(lexemes):
         raise _Problem("expression ends too early")
+    if depth > _MAX_CALL_DEPTH:
+        raise _Problem(f"$func calls nest more than {_MAX_CALL_DEPTH} deep")
     kind, text = lexemes[pos]
     if kind == "ref":
         return _make_ref(text), pos + 1
@@ -232,7 +238,7 @@ def _parse_expr(lexemes: list[tuple[str, str]], pos: int) -> tuple[_Expr, int]:
     if lexemes[pos : pos + 1] == [("punct", ")")]:
         return _check_call(_Call(text.removeprefix("$func."), tuple(args))), pos + 1
     while True:
-        arg, pos = _parse_expr(lexemes, pos)
+        arg, pos = _parse_expr(lexemes, pos, depth + 1)
         args.append(arg)
         separator = lexemes[pos : pos + 1]
         if separator == [("punct", ")")]:
@@ -482,22 +488,23 @@ def _fill(node: Any, source: _Source, where: str, at: str) -> Any:
 # --- YAML -----------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, marking the string scalars that hold tokens or a bare reference."""
+class _Loader(safe_yaml.JsonLoader):
+    """The loader of JSON values (`safe_yaml.JsonLoader`: Kubernetes reads YAML as JSON),
+    marking the string scalars that hold tokens or a bare reference."""
 
     def __init__(self, stream: str, token_re: re.Pattern[str]) -> None:
         super().__init__(stream)
         self.token_re = token_re
 
     def construct_marked_str(self, node: yaml.ScalarNode) -> str | _Scalar:
-        text = self.construct_scalar(node)
+        text = safe_yaml.json_text(self.construct_scalar(node), node)
         if self.token_re.search(text) or _BARE.fullmatch(text):
             return _Scalar(text, plain=node.style is None)
         return text
 
 
 _Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_marked_str)
-# Kubernetes reads YAML as JSON, where a date is text: keep `2024-01-01` a string.
+# A date is text, as JSON has it: `2024-01-01` stays a string (one that may hold a token).
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_marked_str)
 
 

@@ -10,14 +10,21 @@ counting every alias as the whole value its anchor names.
 
 The refusal is a `BoundsError`, a `yaml.MarkedYAMLError`, so callers that already report YAML
 syntax errors with a line and column report these the same way.
+
+`JsonLoader` builds what JSON can hold, as Kubernetes reads YAML and as PostgreSQL stores a
+spec: a timestamp stays text; a set, binary data, an infinite or not-a-number float, an integer
+beyond 64 bits, and text holding a NUL or a lone surrogate are refused where they are written
+(a `yaml.constructor.ConstructorError`, marked as syntax errors are).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import yaml
+from yaml.constructor import ConstructorError
 
 # The specs we know nest at most 15 levels and Kubernetes objects at most 26 (the deepest
 # custom resource definition we know); 64 leaves room for any real one and keeps recursive
@@ -118,13 +125,66 @@ def _refuse(problem: str, event: yaml.Event) -> NoReturn:
     raise BoundsError(problem=problem, problem_mark=event.start_mark)
 
 
-def load(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> Any:
+# Kubernetes' integers are 64-bit, and a spec's numbers are read as floats too.
+_INT_BOUND = 2**63
+
+
+class JsonLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, building only what JSON holds (the module docstring)."""
+
+    def construct_json_str(self, node: yaml.ScalarNode) -> str:
+        return json_text(self.construct_scalar(node), node)
+
+    def construct_json_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            number = self.construct_yaml_int(node)
+        except ValueError as exc:  # beyond the digits Python converts (4,300)
+            _not_json(node, f"the integer {node.value[:20]}… is too long ({exc})")
+        if not -_INT_BOUND <= number < _INT_BOUND:
+            _not_json(node, f"the integer {node.value} does not fit in 64 bits")
+        return number
+
+    def construct_json_float(self, node: yaml.ScalarNode) -> float:
+        number = self.construct_yaml_float(node)
+        if not math.isfinite(number):
+            _not_json(node, f"{node.value} is not a finite number")
+        return number
+
+    def construct_not_json(self, node: yaml.Node) -> NoReturn:
+        kind = node.tag.rsplit(":", 1)[-1]
+        _not_json(node, f"a !!{kind} value is not JSON; write it as text or a list")
+
+
+def json_text(text: str, node: yaml.Node) -> str:
+    """`text` of a scalar `node`, refused when JSON text (and PostgreSQL) cannot hold it."""
+    if "\x00" in text:
+        _not_json(node, "text may not hold a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _not_json(node, "text may not hold a lone surrogate (\\ud800 to \\udfff)")
+    return text
+
+
+def _not_json(node: yaml.Node, problem: str) -> NoReturn:
+    raise ConstructorError(problem=problem, problem_mark=node.start_mark)
+
+
+JsonLoader.add_constructor("tag:yaml.org,2002:str", JsonLoader.construct_json_str)
+JsonLoader.add_constructor("tag:yaml.org,2002:timestamp", JsonLoader.construct_json_str)
+JsonLoader.add_constructor("tag:yaml.org,2002:int", JsonLoader.construct_json_int)
+JsonLoader.add_constructor("tag:yaml.org,2002:float", JsonLoader.construct_json_float)
+for _tag in ("binary", "set", "omap", "pairs"):
+    JsonLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", JsonLoader.construct_not_json)
+
+
+def load(text: str, loader: type[yaml.SafeLoader] = JsonLoader) -> Any:
     """The one document in `text`, checked first; `loader` is SafeLoader or a subclass."""
     check(text)
     return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader or subclass)
 
 
-def load_all(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> list[Any]:
+def load_all(text: str, loader: type[yaml.SafeLoader] = JsonLoader) -> list[Any]:
     """Every document in `text`, checked first; `loader` is SafeLoader or a subclass."""
     check(text)
     return list(yaml.load_all(text, Loader=loader))

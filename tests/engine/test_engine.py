@@ -522,6 +522,28 @@ def test_a_failed_attempt_is_retried_after_its_backoff_until_the_limit():
     assert run.state.phase == engine.FAILED
 
 
+def test_a_backoff_that_grows_past_any_clock_waits_a_day_at_most():
+    wf = workflow(
+        dag(Task(name="flaky", template="flaky")),
+        resource(
+            "flaky", configmap("flaky", "x"), action="get",
+            retry=RetryStrategy(limit=5, duration=1, factor=1e200),
+        ),
+        deadline=10**6,
+    )  # fmt: skip
+    run = Runner(wf)
+    run.until_quiet()
+    run.now += 1
+    run.until_quiet()  # the second wait, 1e200 s, is past any clock
+    assert run.node(".flaky").retry_at == run.now + engine.LONGEST_RETRY_WAIT
+
+    run.now += engine.LONGEST_RETRY_WAIT
+    run.until_quiet()  # the third, 1e400 s, is past a float's too
+
+    assert run.node(".flaky").attempt == 4
+    assert run.node(".flaky").retry_at == run.now + engine.LONGEST_RETRY_WAIT
+
+
 def test_a_retry_succeeds_once_the_object_appears():
     wf = workflow(
         dag(Task(name="wait", template="wait")),
@@ -628,6 +650,26 @@ def test_a_fanned_out_task_that_fails_says_why_its_first_item_failed():
     message = run.state.message
     assert message.startswith("each: 1 of 2 items failed; the first: "), message
     assert "status.broken" in message
+
+
+def test_a_task_fanning_out_to_more_items_than_the_limit_errors_and_applies_nothing():
+    wf = workflow(
+        dag(Task(name="each", template="each", with_items=list(range(engine.MAX_ITEMS + 1)),
+                 arguments={"value": "{{ item }}"})),
+        Template(
+            name="each", inputs=["value"],
+            resource=ResourceAction(
+                action="apply", manifest=configmap("cm-{{ inputs.parameters.value }}", "x")
+            ),
+        ),
+    )  # fmt: skip
+    run = Runner(wf)
+    run.until_quiet()
+
+    assert run.node(".each").phase == engine.ERRORED
+    assert run.node(".each").message == "withItems holds 501 items; a task fans out to at most 500"
+    assert not run.cluster.objects
+    assert run.state.phase != engine.SUCCEEDED
 
 
 def test_an_empty_with_items_list_skips_the_task():

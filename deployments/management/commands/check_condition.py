@@ -16,13 +16,6 @@ from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, evaluate, parse_condition
 
 
-class _ObjectLoader(yaml.SafeLoader):
-    """YAML as Kubernetes reads it: JSON types only, so a timestamp stays text."""
-
-
-_ObjectLoader.add_constructor("tag:yaml.org,2002:timestamp", _ObjectLoader.construct_yaml_str)
-
-
 def _parse(text: str, name: str) -> object:
     try:
         obj = json.loads(text)
@@ -30,7 +23,7 @@ def _parse(text: str, name: str) -> object:
         raise _too_deep(name) from None
     except json.JSONDecodeError as json_error:
         try:
-            return safe_yaml.load(text, _ObjectLoader)
+            return safe_yaml.load(text)
         except safe_yaml.BoundsError as bounds_error:
             mark = bounds_error.problem_mark
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
