@@ -757,6 +757,7 @@ class _VerbChecker:
             except ExpressionError as exc:
                 self.report.error(f"{path}.when", str(exc))
             self.check_references(task.when, f"{path}.when", scope)
+            self.warn_free_text(task.when, f"{path}.when")
         for name, value in task.arguments.items():
             self.check_references(value, f"{path}.arguments.parameters.{name}", scope)
             if target is not None and name not in target.inputs:
@@ -846,7 +847,30 @@ class _VerbChecker:
         if patch_target(resource.flags) is None:
             self.report.error(template.where("resource.flags"), PATCH_TARGET_MISSING)
 
+    def warn_free_text(self, expression: str, path: str) -> None:
+        """Warn of a text parameter any value may fill (no options, no regex) that an
+        expression reads as a placeholder: the customer's text is written into the expression
+        as it is, so quotes or operators in it change what the expression decides."""
+        try:
+            found = references(expression)
+        except RenderError:
+            return  # reported where the references are checked
+        for reference in found:
+            parts = re.split(r"[.\[]", reference)
+            parameter = self.parameters.get(parts[1]) if parts[0] == "$var" else None
+            if parameter is None or parameter.type not in ("String", "Password"):
+                continue
+            if parameter.options or parameter.regex:
+                continue
+            self.report.warn(
+                path,
+                f"$var.{parameter.key} is free text written into the expression as it is: a "
+                "value holding quotes or operators changes what it decides; give the parameter "
+                "options or a regex, or compare it in the manifest",
+            )
+
     def check_condition(self, condition: str, path: str) -> None:
+        self.warn_free_text(condition, path)
         tokenized, _ = _tokenize(condition)
         try:
             parse_condition(tokenized)

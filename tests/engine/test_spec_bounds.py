@@ -7,7 +7,14 @@ import pytest
 
 from deployments.spec import validate
 from deployments.spec.loader import SpecError, load_spec
-from tests.engine.test_spec_validation import CREATE, WORKFLOWS, errors, templates
+from tests.engine.test_spec_validation import (
+    CREATE,
+    WORKFLOWS,
+    check,
+    errors,
+    parameter,
+    templates,
+)
 
 NAMED = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: '{{ inputs.parameters.n }}'\n"
 
@@ -138,3 +145,22 @@ def test_func_calls_nested_without_end_are_refused():
     found = errors(deep)
 
     assert len(found) == 1 and "$func calls nest more than 16 deep" in found[0], found
+
+
+def test_an_expression_reading_free_text_a_customer_types_is_warned_of():
+    def read(document, free: bool = True):
+        if free:
+            parameter(document, "database").pop("regex")
+        tasks = templates(document)[0]["dag"]["tasks"]
+        tasks[0]["when"] = "{{ $var.database }} == app"  # any text: `x == x || x` decides
+        tasks[1]["when"] = "{{ $var.instances }} > 1"  # a number: nothing to inject
+
+    found = check(read)
+    patterned = check(lambda d: read(d, free=False))  # ^[a-z][a-z0-9_]*$: no operator fits
+
+    assert found.errors == [] and patterned.warnings == []
+    assert found.warnings == [
+        f"{CREATE}.templates[0].dag.tasks[0].when: $var.database is free text written into "
+        "the expression as it is: a value holding quotes or operators changes what it decides; "
+        "give the parameter options or a regex, or compare it in the manifest"
+    ]
