@@ -13,8 +13,9 @@ syntax errors with a line and column report these the same way.
 
 `JsonLoader` builds what JSON can hold, as Kubernetes reads YAML and as PostgreSQL stores a
 spec: a timestamp stays text; a set, binary data, an infinite or not-a-number float, an integer
-beyond 64 bits, and text holding a NUL or a lone surrogate are refused where they are written
-(a `yaml.constructor.ConstructorError`, marked as syntax errors are).
+beyond 64 bits, text holding a NUL or a lone surrogate, and a key written twice in one mapping
+are refused where they are written (a `yaml.constructor.ConstructorError`, marked as syntax
+errors are).
 """
 
 from __future__ import annotations
@@ -149,6 +150,24 @@ class JsonLoader(yaml.SafeLoader):
         if not math.isfinite(number):
             _not_json(node, f"{node.value} is not a finite number")
         return number
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """As PyYAML's, refusing a key written twice in one mapping (PyYAML keeps the last,
+        silently dropping the first); a merged mapping's keys (`<<: *base`) may be written
+        again, which is what merging is for."""
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise ConstructorError(
+                        problem=f'the key "{key_node.value}" is written twice in one mapping',
+                        problem_mark=key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
     def construct_not_json(self, node: yaml.Node) -> NoReturn:
         kind = node.tag.rsplit(":", 1)[-1]

@@ -164,3 +164,18 @@ def test_an_expression_reading_free_text_a_customer_types_is_warned_of():
         "the expression as it is: a value holding quotes or operators changes what it decides; "
         "give the parameter options or a regex, or compare it in the manifest"
     ]
+
+
+def test_a_key_written_twice_in_one_mapping_is_refused_but_one_merged_in_may_be_again():
+    twice = WORKFLOWS + "x-note: {a: 1, a: 2}\n"
+    merged = WORKFLOWS + "x-base: &base {a: 1, b: 2}\nx-note: {<<: *base, a: 3}\n"
+
+    with pytest.raises(SpecError) as refused:
+        load_spec(twice)
+
+    line = twice.count("\n")
+    assert refused.value.errors == [
+        f'The spec is not valid YAML at line {line}, column 16: the key "a" is written twice '
+        "in one mapping"
+    ]
+    assert validate(merged).errors == []
