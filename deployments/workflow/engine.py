@@ -51,6 +51,10 @@ _NO_ITEM = object()  # a task that does not fan out (an item may be JSON null)
 # Children one withItems / withParam task fans out to (each a node every move walks): a list
 # read from the cluster (a server per item) is far shorter.
 MAX_ITEMS = 500
+# Steps one run holds (dags, tasks, fanned-out children), each walked by every move: the specs
+# we know make about 30. Templates calling templates multiply: three tasks a level calling the
+# next for 16 levels would make 43 million.
+MAX_NODES = 1_000
 # The longest wait between two attempts of a task, whatever its backoff says.
 LONGEST_RETRY_WAIT = 86_400.0
 _WRITES = frozenset({"create", "apply", "patch", "replace", "delete"})
@@ -478,6 +482,8 @@ class _Run:
             if verdict is not None:
                 self._decided(node, task.name, *verdict)
                 return True
+            if not self._room_for(node, task, 1):
+                return True
             self._new_child(node, task.name, task, ctx, _NO_ITEM)
             return True
         try:
@@ -493,6 +499,8 @@ class _Run:
             message = f"{field_name} holds {len(items)} items; a task fans out to at most"
             self._decided(node, task.name, ERRORED, f"{message} {MAX_ITEMS}")
             return True
+        if not self._room_for(node, task, len(items) + 1):
+            return True
         group = Node(id=self._child_id(node, task.name), template="", phase=RUNNING)
         group.started_at = self.now
         self.state.nodes[group.id] = group
@@ -503,6 +511,15 @@ class _Run:
                 label = label[: _LABEL_MAX - 1] + "…"
             self._new_child(group, f"{task.name}({index}:{label})", task, ctx, item)
         return True
+
+    def _room_for(self, node: Node, task, count: int) -> bool:
+        """Whether the run has room for `count` more steps (`MAX_NODES`); if not, the task
+        errors, saying so."""
+        if len(self.state.nodes) + count <= MAX_NODES:
+            return True
+        message = f"the run would hold more than {MAX_NODES} steps (templates calling templates"
+        self._decided(node, task.name, ERRORED, f"{message} multiply them)")
+        return False
 
     @staticmethod
     def _when(task, ctx: Context) -> tuple[str, str] | None:

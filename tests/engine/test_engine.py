@@ -672,6 +672,24 @@ def test_a_task_fanning_out_to_more_items_than_the_limit_errors_and_applies_noth
     assert run.state.phase != engine.SUCCEEDED
 
 
+def test_templates_calling_templates_past_the_steps_a_run_holds_error_and_stop_growing():
+    levels = [
+        Template(name=f"l{n}", tasks=[Task(name=f"t{i}", template=f"l{n + 1}") for i in range(3)])
+        for n in range(8)  # 3 ** 8 = 6,561 leaves
+    ]
+    leaf = resource("l8", configmap("x", "x"), action="get", success="status.ready")
+    wf = workflow(dag(Task(name="chain", template="l0")), *levels, leaf)
+    run = Runner(wf)
+    run.until_quiet()  # every leaf waits for an object no one makes: no write, no end
+
+    assert len(run.state.nodes) <= engine.MAX_NODES + 10
+    assert run.state.phase in (engine.FAILED, engine.ERRORED)
+    errored = [n for n in run.state.nodes.values() if n.phase == engine.ERRORED]
+    assert errored and errored[0].message == (
+        "the run would hold more than 1000 steps (templates calling templates multiply them)"
+    )
+
+
 def test_an_empty_with_items_list_skips_the_task():
     wf = workflow(
         dag(Task(name="each", template="each", with_items=[])),
