@@ -31,7 +31,7 @@ from deployments.spec.model import (
 from deployments.spec.params import cel_values
 from deployments.workflow import safe_yaml
 from deployments.workflow.conditions import ConditionError, parse_condition
-from deployments.workflow.engine import PATCH_TARGET_MISSING, patch_target
+from deployments.workflow.engine import MAX_NODES, PATCH_TARGET_MISSING, patch_target
 from deployments.workflow.evaluator import (
     ProgramError,
     ProgramLimitError,
@@ -594,12 +594,29 @@ class _VerbChecker:
                 f"template call cycle: {' -> '.join(cycle)} (a template may not call itself, "
                 "directly or through others)",
             )
+        elif (steps := self._steps(calls)) > MAX_NODES:
+            self.report.error(
+                f"{self.path}.templates",
+                f"a run would hold {steps} steps (templates calling templates multiply them, "
+                f"before any fan-out); at most {MAX_NODES}",
+            )
         count = sum(len(template.tasks or []) for template in self.workflow.templates.values())
         if count > MAX_TASKS:
             self.report.error(
                 f"{self.path}.templates",
                 f"the workflow holds {count} tasks; at most {MAX_TASKS}",
             )
+
+    def _steps(self, calls: dict[str, set[str]]) -> int:
+        """The steps a run of the workflow holds from its entrypoint, each task counted with
+        what its template holds (the call graph has no cycle), without fan-outs."""
+        templates = self.workflow.templates
+        held: dict[str, int] = {}
+        for name in _callees_first(calls):
+            template = templates.get(name)
+            held[name] = 1 + sum(held.get(task.template, 1) for task in template.tasks or [])
+        starts = {self.workflow.entrypoint, self.workflow.on_exit} - {None, ""}
+        return sum(held.get(name, 0) for name in starts)
 
     def check_output(self, output: OutputParameter, path: str) -> None:
         if output.json_path is not None:
@@ -991,6 +1008,27 @@ class _VerbChecker:
 
 def _key_path(base: str, key: str) -> str:
     return f"{base}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) else f'{base}["{key}"]'
+
+
+def _callees_first(calls: dict[str, set[str]]) -> list[str]:
+    """The templates of an acyclic call graph, each after every template it calls."""
+    order: list[str] = []
+    done: set[str] = set()
+    for root in calls:
+        if root in done:
+            continue
+        done.add(root)
+        pending = [(root, iter(sorted(calls.get(root, ()))))]
+        while pending:
+            name, callees = pending[-1]
+            callee = next(callees, None)
+            if callee is None:
+                order.append(name)
+                pending.pop()
+            elif callee in calls and callee not in done:
+                done.add(callee)
+                pending.append((callee, iter(sorted(calls[callee]))))
+    return order
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -49,9 +49,11 @@ def test_a_parameter_traced_through_a_deep_chain_of_calls_is_found_in_seconds():
 
     assert time.monotonic() - started < 30
     assert found == [
+        f"{CREATE}.templates: a run would hold 64570084 steps (templates calling templates "
+        "multiply them, before any fan-out); at most 1000",
         f"{CREATE}.templates[19].resource.manifest: metadata.name uses parameter "
         '"instances", which is modifiable; a parameter that feeds metadata.name must be '
-        "modifiable: false"
+        "modifiable: false",
     ]
 
 
@@ -179,3 +181,12 @@ def test_a_key_written_twice_in_one_mapping_is_refused_but_one_merged_in_may_be_
         "in one mapping"
     ]
     assert validate(merged).errors == []
+
+
+def test_templates_calling_templates_past_the_steps_a_run_holds_are_refused_at_load():
+    found = errors(lambda d: _chain(d, 8))  # 3 ** 8 = 6,561 objects named
+
+    assert (
+        f"{CREATE}.templates: a run would hold 9844 steps (templates calling templates "
+        "multiply them, before any fan-out); at most 1000"
+    ) in found
