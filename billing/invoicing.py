@@ -123,7 +123,7 @@ def _drafts(key: str) -> list[Invoice]:
     plans = Plan.objects.prefetch_related("prices").in_bulk(
         set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
-    book = PriceBook(plans, start, end)
+    book = PriceBook.for_records(plans, records, start, end)
     sums = (
         records.annotate(
             used_in=TruncMonth("hour"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Case, IntegerField, Min, Value, When
 from django.utils import timezone
 
 from accounts.models import Tenant
@@ -188,6 +188,14 @@ class PriceBook:
         rows = records.annotate(span=book.span()).values(..., "span").annotate(Sum("quantity"))
         book.per_hour(tenant_id, plan_id, span, dimension)  # (price of a unit-hour, currency)
     """
+
+    @classmethod
+    def for_records(cls, plans: dict[int, Plan], records, start, end, tenant_ids=None):
+        """The book that prices `records` (usage records of the period from `start` to `end`), from
+        the earliest hour among them: late usage of a month before is priced at the override
+        in effect when it was used, not at the one in effect when the period began."""
+        first = records.aggregate(first=Min("hour"))["first"]
+        return cls(plans, min(start, first) if first else start, end, tenant_ids)
 
     def __init__(self, plans: dict[int, Plan], start, end, tenant_ids=None):
         self._prices = {

@@ -72,7 +72,7 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
     plans = Plan.objects.prefetch_related("prices").in_bulk(
         set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
-    book = PriceBook(plans, start, end, tenant_ids={tenant.pk})
+    book = PriceBook.for_records(plans, records, start, end, tenant_ids={tenant.pk})
     # Sent to Stripe's meters, on Stripe's invoice (what its meters refused comes back here).
     on_stripe = MeterEvent.objects.filter(usage_record=OuterRef("pk")).exclude(
         status=MeterEvent.Status.ADJUSTED

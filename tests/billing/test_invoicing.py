@@ -365,6 +365,28 @@ def _override(tenant, plan, starts, **prices):
     )
 
 
+def test_usage_billed_late_is_priced_at_the_override_in_effect_when_it_was_used(tenant, plan):
+    from billing import reports
+
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    _override(tenant, plan, DECEMBER, cpu="0")  # free from December on
+    # November's last hour, metered again after it closed: 10 cores at November's price.
+    _use(tenant, plan, DECEMBER - usage.HOUR, instance="inst-dddddddd", cpu="10")
+    _use(tenant, plan, DECEMBER, instance="inst-dddddddd", cpu="10")
+    _metered(DECEMBER, datetime(2027, 1, 1, tzinfo=UTC))
+    so_far = reports.period_cost(tenant, "2026-12")
+
+    (invoice,) = invoicing.period_close("2026-12", now=datetime(2027, 1, 1, 1, tzinfo=UTC)).invoices
+
+    late = _line(invoice, "cpu", "inst-dddddddd", adjustment_of="2026-11")
+    assert (late.unit_price, late.amount) == (Decimal("0.035"), Decimal("0.35"))
+    assert _line(invoice, "cpu", "inst-dddddddd").amount == Decimal(0)
+    (usd,) = so_far.currencies
+    assert invoice.total == usd.total == Decimal("0.35")
+
+
 def test_an_override_prices_the_hours_from_when_it_takes_effect(tenant, plan):
     tenth = NOVEMBER + timedelta(days=9)
     for hour in (
