@@ -21,9 +21,10 @@ as adjustment lines.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.exceptions import ValidationError
@@ -46,7 +47,12 @@ from billing.models import (
 )
 from billing.pricing import PriceBook, rounded
 
+log = logging.getLogger(__name__)
+
 _PERIOD = re.compile(r"^([0-9]{4})-(0[1-9]|1[0-2])$")  # ASCII digits only
+# How long after a month ends its close may wait for the last hours' metering before a period
+# still open is logged as a warning.
+CLOSE_LATE_AFTER = timedelta(hours=6)
 
 
 # The years a billing period may name: none before Unix time, and one whose next month a date
@@ -194,7 +200,10 @@ def period_close_due(*, now: datetime | None = None) -> Closed | None:
         return None
     try:
         return period_close(key, now=now)
-    except ValidationError:
+    except ValidationError as exc:
+        # Early in a month, the last hours' metering is still to come; later, staff must know.
+        if now - usage.period_bounds(key)[1] > CLOSE_LATE_AFTER:
+            log.warning("billing period %s is still open: %s", key, " ".join(exc.messages))
         return None
 
 

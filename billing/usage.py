@@ -134,6 +134,17 @@ def record(hour: datetime, rows: Iterable[UsageRow], *, instances: int | None = 
     return Recorded(hour, count, len(rows), inserted, period, adjustment)
 
 
+def record_none(hours: list[datetime]) -> list[Recorded]:
+    """Mark `hours` metered that no instance existed in (nothing to store), in one statement:
+    their month can close."""
+    now = timezone.now()
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=hour, instances=0, recorded_at=now) for hour in hours],
+        ignore_conflicts=True,
+    )
+    return [Recorded(hour, 0, 0, 0, period_key(hour), False) for hour in hours]
+
+
 def last_metered_hour() -> datetime | None:
     return MeteredHour.objects.order_by("-hour").values_list("hour", flat=True).first()
 

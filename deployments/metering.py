@@ -412,17 +412,27 @@ def last_full_hour(now: datetime | None = None) -> datetime:
 
 
 def hours_due(now: datetime | None = None) -> list[datetime]:
-    """The full hours not metered yet, oldest first: from the first hour an instance existed
-    in, at most BACKFILL_LIMIT back, up to the last full hour."""
+    """The full hours not metered yet, oldest first: from the first hour of the month the
+    first instance was made in (a month closes once each of its hours is metered, those before
+    any instance too), at most BACKFILL_LIMIT back, up to the last full hour."""
     last = last_full_hour(now)
     earliest = Instance.objects.aggregate(first=Min("created_at"))["first"]
-    first = max(hour_start(earliest), last - BACKFILL_LIMIT) if earliest else last
+    if earliest is None:
+        first = last
+    else:
+        month = usage.period_bounds(usage.period_key(earliest))[0]
+        first = max(month, last - BACKFILL_LIMIT)
     return usage.unmetered_hours(min(first, last), last + HOUR)
 
 
 def meter_hours(hours: list[datetime]) -> list[usage.Recorded]:
+    """Meter `hours`, oldest first; those that ended before the first instance was made hold
+    nothing and are marked metered at once (`usage.record_none`)."""
+    earliest = Instance.objects.aggregate(first=Min("created_at"))["first"]
+    empty = {hour for hour in hours if earliest is None or hour + HOUR <= earliest}
+    recorded = usage.record_none(sorted(empty))
     versions = _versions()
-    return [meter_hour(hour, versions=versions) for hour in hours]
+    return recorded + [meter_hour(hour, versions=versions) for hour in hours if hour not in empty]
 
 
 def meter_due(now: datetime | None = None) -> list[usage.Recorded]:

@@ -199,11 +199,14 @@ def test_usage_metered_after_its_period_closed_is_an_adjustment_line_of_the_next
     assert Invoice.objects.get(period="2026-11").total == Decimal("0.04")  # unchanged
 
 
-def test_the_beat_task_closes_the_month_just_ended_once_it_is_metered(tenant, plan):
+def test_the_beat_task_closes_the_month_just_ended_once_it_is_metered(tenant, plan, caplog):
     _use(tenant, plan, NOVEMBER, cpu="1")
     _metered(skip={DECEMBER - usage.HOUR})
 
     assert invoicing.period_close_due(now=AFTER) is None  # an hour is still unmetered
+    assert "still open" not in caplog.text  # the last hours' metering may still come
+    assert invoicing.period_close_due(now=DECEMBER + timedelta(hours=7)) is None
+    assert "billing period 2026-11 is still open: 1 hour of 2026-11 is not metered" in (caplog.text)
     _metered()
     assert invoicing.period_close_due(now=AFTER).period == "2026-11"
     assert invoicing.period_close_due(now=AFTER) is None  # closed already

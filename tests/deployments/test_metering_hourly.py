@@ -290,8 +290,7 @@ def test_metering_an_hour_twice_changes_nothing(make):
 
 def test_hours_missed_for_three_hours_are_back_filled_by_the_next_run(make):
     instance = make(at(-300))
-    for hours_ago in range(5, 2, -1):
-        metering.meter_hour(HOUR - timedelta(hours=hours_ago))
+    metering.meter_due(at(-119))  # every hour up to HOUR - 3h
     # Workers were down from HOUR - 2h; the next run comes at HOUR + 1h + 1 min.
 
     recorded = metering.meter_due(at(61))
@@ -306,15 +305,31 @@ def test_hours_missed_for_three_hours_are_back_filled_by_the_next_run(make):
     assert metering.meter_due(at(62)) == []
 
 
-def test_on_an_empty_table_metering_starts_at_the_first_instances_hour(make):
+def test_on_an_empty_table_metering_starts_at_the_first_hour_of_the_first_instances_month(
+    make,
+):
     make(at(-150))
+    november = datetime(2026, 11, 1, tzinfo=UTC)
 
     recorded = metering.meter_due(at(61))
 
-    assert [r.hour for r in recorded] == [
-        HOUR - timedelta(hours=3) + timedelta(hours=n) for n in range(4)
-    ]
-    assert MeteredHour.objects.count() == 4
+    # The hours before the instance are metered too (empty): the month can close.
+    hours = int((HOUR - november) / timedelta(hours=1)) + 1
+    assert [r.hour for r in recorded] == [november + timedelta(hours=n) for n in range(hours)]
+    assert MeteredHour.objects.count() == hours
+    assert UsageRecord.objects.filter(hour__lt=HOUR - timedelta(hours=3)).count() == 0
+
+
+def test_the_first_month_an_instance_ran_in_closes_on_its_own(make):
+    from billing import invoicing
+
+    make(datetime(2026, 11, 30, 20, tzinfo=UTC))  # the hours of November before it, too
+    early_december = datetime(2026, 12, 1, 2, 5, tzinfo=UTC)
+
+    metering.meter_due(early_december)
+    closed = invoicing.period_close_due(now=early_december)
+
+    assert closed is not None and closed.period == "2026-11"
 
 
 def test_back_filling_looks_back_at_most_31_days(make):
