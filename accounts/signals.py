@@ -26,27 +26,31 @@ from accounts.audit import Actor, audit_record
 from accounts.models import AuditEvent
 
 
+def _record(request, user, action: str, payload: dict | None = None, **event) -> None:
+    """One event of `user`'s account, by them (as `request` shows them), about them."""
+    audit_record(
+        actor=Actor.from_request(request, user=user),
+        action=action,
+        target=user,
+        payload=payload or {},
+        **event,
+    )
+
+
 @receiver(user_logged_in)
 def _logged_in(sender, request, user, **kwargs):
-    audit_record(actor=Actor.from_request(request, user=user), action="user.login", target=user)
+    _record(request, user, "user.login")
 
 
 @receiver(user_logged_out)
 def _logged_out(sender, request, user, **kwargs):
     if user is not None:
-        audit_record(
-            actor=Actor.from_request(request, user=user), action="user.logout", target=user
-        )
+        _record(request, user, "user.logout")
 
 
 @receiver(user_signed_up)
 def _signed_up(sender, request, user, **kwargs):
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action="user.signup",
-        target=user,
-        payload={"email": user.email},
-    )
+    _record(request, user, "user.signup", {"email": user.email})
 
 
 @receiver(authenticator_used)
@@ -56,83 +60,43 @@ def _mfa_used(sender, request, user, authenticator, **kwargs):
     if authenticator.type == Authenticator.Type.RECOVERY_CODES:
         # Read again: the code was marked used on a copy of its own.
         codes = Authenticator.objects.get(pk=authenticator.pk).wrap().get_unused_codes()
-        audit_record(
-            actor=Actor.from_request(request, user=user),
-            action="mfa.recovery_code",
-            target=user,
-            payload={"left": len(codes)},
-        )
+        _record(request, user, "mfa.recovery_code", {"left": len(codes)})
 
 
 @receiver(authentication_failed)
 def _mfa_failed(sender, request, user, authenticator=None, **kwargs):
     """A second-factor code refused: someone who knew the password, perhaps."""
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action="mfa.verify",
-        target=user,
-        result=AuditEvent.Result.DENIED,
-        payload={"type": authenticator.type} if authenticator is not None else {},
-    )
+    kind = {"type": authenticator.type} if authenticator is not None else {}
+    _record(request, user, "mfa.verify", kind, result=AuditEvent.Result.DENIED)
 
 
 @receiver(authenticator_added)
-def _mfa_added(sender, request, user, authenticator, **kwargs):
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action="mfa.add",
-        target=user,
-        payload={"type": authenticator.type},
-    )
-
-
 @receiver(authenticator_removed)
-def _mfa_removed(sender, request, user, authenticator, **kwargs):
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action="mfa.remove",
-        target=user,
-        payload={"type": authenticator.type},
+@receiver(authenticator_reset)
+def _mfa_changed(sender, request, user, authenticator, **kwargs):
+    verb = {authenticator_added: "add", authenticator_removed: "remove"}.get(
+        kwargs["signal"], "reset"
     )
+    _record(request, user, f"mfa.{verb}", {"type": authenticator.type})
 
 
 @receiver(password_changed)
 @receiver(password_set)
 @receiver(password_reset)
 def _password(sender, request, user, **kwargs):
-    audit_record(actor=Actor.from_request(request, user=user), action="user.password", target=user)
+    _record(request, user, "user.password")
 
 
 @receiver(email_added)
 @receiver(email_removed)
 def _email(sender, request, user, email_address, **kwargs):
     action = "user.email_add" if kwargs["signal"] is email_added else "user.email_remove"
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action=action,
-        target=user,
-        payload={"email": email_address.email},
-    )
+    _record(request, user, action, {"email": email_address.email})
 
 
 @receiver(email_changed)
 def _email_primary(sender, request, user, from_email_address, to_email_address, **kwargs):
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action="user.email_primary",
-        target=user,
-        payload={"email": to_email_address.email},
-    )
-
-
-@receiver(authenticator_reset)
-def _mfa_reset(sender, request, user, authenticator, **kwargs):
-    audit_record(
-        actor=Actor.from_request(request, user=user),
-        action="mfa.reset",
-        target=user,
-        payload={"type": authenticator.type},
-    )
+    _record(request, user, "user.email_primary", {"email": to_email_address.email})
 
 
 @receiver(email_confirmed)
@@ -141,9 +105,4 @@ def _email_confirmed(sender, request, email_address, **kwargs):
     services.email_address_claim(
         email_address.email, owner=email_address.user, reason="another account confirmed it"
     )
-    audit_record(
-        actor=Actor.from_request(request, user=email_address.user),
-        action="user.email_confirm",
-        target=email_address.user,
-        payload={"email": email_address.email},
-    )
+    _record(request, email_address.user, "user.email_confirm", {"email": email_address.email})
