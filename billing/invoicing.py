@@ -131,14 +131,7 @@ def _drafts(key: str) -> list[Invoice]:
     )
     book = PriceBook.for_records(plans, records, start, end)
     sums = (
-        records.annotate(
-            used_in=TruncMonth("hour"),
-            span=book.span(),
-            late=ExpressionWrapper(
-                Q(adjustment=True) | Q(meter_event__status=MeterEvent.Status.ADJUSTED),
-                output_field=BooleanField(),
-            ),
-        )
+        records.annotate(used_in=TruncMonth("hour"), span=book.span(), late=billed_late())
         .values("tenant_id", "plan_id", "instance_id", "dimension", "late", "used_in", "span")
         .annotate(quantity=Sum("quantity"), name=Max("instance_name"), unit=Max("unit"))
         .order_by("tenant_id", "plan_id", "name", "instance_id", "dimension", "used_in", "span")
@@ -188,6 +181,16 @@ def _drafts(key: str) -> list[Invoice]:
         InvoiceLine.objects.bulk_create(lines)
         invoices.append(invoice)
     return invoices
+
+
+def billed_late():
+    """Whether a usage record is billed after the month it was used in: metered after that
+    month closed (an adjustment), or too old for Stripe's meters by the time it was sent. Its
+    invoice line says the month (`used_in`), apart from the period's own usage."""
+    return ExpressionWrapper(
+        Q(adjustment=True) | Q(meter_event__status=MeterEvent.Status.ADJUSTED),
+        output_field=BooleanField(),
+    )
 
 
 def period_close_due(*, now: datetime | None = None) -> Closed | None:

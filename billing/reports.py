@@ -17,11 +17,12 @@ from datetime import date, timedelta
 from decimal import ROUND_FLOOR, Decimal
 
 from django.db.models import Exists, Max, OuterRef, Sum
-from django.db.models.functions import TruncDate
+from django.db.models.functions import TruncDate, TruncMonth
 from django.utils import timezone
 
 from accounts.models import Tenant
 from billing import usage
+from billing.invoicing import billed_late
 from billing.models import DIMENSION_LABELS, MeterEvent, Plan, UsageRecord
 from billing.pricing import PriceBook, minor_unit, rounded
 
@@ -79,8 +80,10 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
     )
     spanned = records.annotate(span=book.span())
     per_instance = (
-        spanned.annotate(on_stripe=Exists(on_stripe))
-        .values("plan_id", "instance_id", "dimension", "span", "on_stripe")
+        spanned.annotate(
+            on_stripe=Exists(on_stripe), late=billed_late(), used_in=TruncMonth("hour")
+        )
+        .values("plan_id", "instance_id", "dimension", "span", "on_stripe", "late", "used_in")
         .annotate(quantity=Sum("quantity"), name=Max("instance_name"))
         .order_by()
     )
@@ -90,9 +93,10 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
         .annotate(quantity=Sum("quantity"))
         .order_by()
     )
-    # The invoices' lines, each rounded once: Opsdeck's per instance, dimension and unit price;
-    # Stripe's per plan, dimension and unit price, over every instance ("" in the key).
-    lines: dict[tuple[str, int, str, str, Decimal], Decimal] = defaultdict(Decimal)
+    # The invoices' lines, each rounded once: Opsdeck's per instance, dimension, unit price and
+    # month used in when billed late (`invoicing.billed_late`); Stripe's per plan, dimension
+    # and unit price, over every instance ("" in the key).
+    lines: dict[tuple[str, int, str, str, Decimal, object], Decimal] = defaultdict(Decimal)
     names: dict[str, tuple[str, str]] = {}
     # What each instance costs: its lines on Opsdeck's invoice, and its share of Stripe's.
     instances: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
@@ -104,12 +108,14 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
         unit_price, currency = priced
         instance_id = row["instance_id"]
         line = "" if row["on_stripe"] else instance_id
-        lines[(currency, row["plan_id"], line, row["dimension"], unit_price)] += row["quantity"]
+        used_in = row["used_in"] if row["late"] and not row["on_stripe"] else None
+        key = (currency, row["plan_id"], line, row["dimension"], unit_price, used_in)
+        lines[key] += row["quantity"]
         names[instance_id] = (row["name"], plans[row["plan_id"]].name)
         if row["on_stripe"]:
             shares[(currency, instance_id)] += row["quantity"] * unit_price
     costs: dict[str, CurrencyCost] = {}
-    for (currency, _, line, dimension, unit_price), quantity in lines.items():
+    for (currency, _, line, dimension, unit_price, _), quantity in lines.items():
         amount = rounded(quantity * unit_price, currency)
         cost = costs.setdefault(currency, CurrencyCost(currency))
         cost.total += amount

@@ -390,6 +390,25 @@ def test_usage_billed_late_is_priced_at_the_override_in_effect_when_it_was_used(
     assert invoice.total == usd.total == Decimal("0.35")
 
 
+def test_the_cost_so_far_rounds_late_usage_apart_as_the_invoice_does(tenant, plan):
+    from billing import reports
+
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    # 0.1 core-hour of November billed late and 0.1 of December: 0.0035 USD each, which rounds
+    # to 0.00 on each of the invoice's two lines, but to 0.01 once added up.
+    _use(tenant, plan, DECEMBER - usage.HOUR, instance="inst-dddddddd", cpu="0.1")
+    _use(tenant, plan, DECEMBER, instance="inst-dddddddd", cpu="0.1")
+    _metered(DECEMBER, datetime(2027, 1, 1, tzinfo=UTC))
+    (usd,) = reports.period_cost(tenant, "2026-12").currencies
+
+    (invoice,) = invoicing.period_close("2026-12", now=datetime(2027, 1, 1, 1, tzinfo=UTC)).invoices
+
+    assert invoice.lines.count() == 2
+    assert usd.total == invoice.total == Decimal("0.00")
+
+
 def test_an_override_prices_the_hours_from_when_it_takes_effect(tenant, plan):
     tenth = NOVEMBER + timedelta(days=9)
     for hour in (
