@@ -356,6 +356,29 @@ class Subscription(models.Model):
         return self.get_status_display()
 
 
+class PastPrice(models.Model):
+    """What a dimension of a plan cost until `until` (the first hour the price that replaced
+    it applies to), kept when the plan's prices change so that usage before is priced as it
+    was: invoices and cost reports read it (`pricing.PriceBook`). A null `unit_price` marks a
+    dimension the plan did not price before `until` (usage of it then is free)."""
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="past_prices")
+    dimension = models.CharField(max_length=32)
+    unit_price = models.DecimalField(max_digits=18, decimal_places=8, null=True, blank=True)
+    time_unit = models.CharField(max_length=8, choices=Price.TimeUnit.choices, default="hour")
+    currency = models.CharField(max_length=3, default="usd")
+    until = models.DateTimeField()
+
+    class Meta:
+        ordering = ["plan", "dimension", "until"]
+        indexes = [models.Index(fields=["plan", "until"], name="pastprice_plan_until")]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.dimension}: {self.unit_price} {self.currency} until {self.until:%Y-%m-%d %H:%M}"
+        )
+
+
 # What refuses a second override of an organization's plan from the same moment.
 OVERRIDE_SAME_MOMENT = (
     "Another override of this organization's plan starts at this moment; choose another."

@@ -20,7 +20,7 @@ from django.db.models import Case, IntegerField, Min, Value, When
 from django.utils import timezone
 
 from accounts.models import Tenant
-from billing.models import DIMENSION_LABELS, Plan, PlanOverride, Price
+from billing.models import DIMENSION_LABELS, PastPrice, Plan, PlanOverride, Price
 from billing.stripe_gateway import stripe_bills
 
 HOURS_PER_MONTH = Decimal(730)
@@ -118,7 +118,9 @@ def prices_for(
         return {pk: list(plan.prices.all()) for pk, plan in by_pk.items()}
     at = at or timezone.now()
     # The span that starts at `at`: the overrides started by then (`PriceBook`'s span 0).
-    book = PriceBook(by_pk, at, at + timedelta(microseconds=1), tenant_ids=[tenant.pk])
+    book = PriceBook(
+        by_pk, at, at + timedelta(microseconds=1), tenant_ids=[tenant.pk], history=False
+    )
     found = {}
     for pk, plan in by_pk.items():
         prices = []
@@ -180,70 +182,117 @@ def cost(
 
 class PriceBook:
     """What a unit-hour of each dimension costs on some plans over a span of time: the plan's
-    prices, and a tenant's `PlanOverride` prices from the hour they take effect (the override
-    in effect at an hour is the latest started by then, as for limits). Invoices and the cost
-    reports price usage records through it, in SQL-grouped spans:
+    prices as they were at each hour (`PastPrice`), and a tenant's `PlanOverride` prices from
+    the hour they take effect (the override in effect at an hour is the latest started by
+    then, as for limits). Invoices and the cost reports price usage records through it, in
+    SQL-grouped spans:
 
         book = PriceBook(plans, start, end)
         rows = records.annotate(span=book.span()).values(..., "span").annotate(Sum("quantity"))
         book.per_hour(tenant_id, plan_id, span, dimension)  # (price of a unit-hour, currency)
+
+    With `history=False`, the plans' prices are their current ones at every hour (what a
+    tenant is shown it pays now).
     """
 
     @classmethod
     def for_records(cls, plans: dict[int, Plan], records, start, end, tenant_ids=None):
-        """The book that prices `records` (usage records of the period from `start` to `end`), from
-        the earliest hour among them: late usage of a month before is priced at the override
-        in effect when it was used, not at the one in effect when the period began."""
+        """The book that prices `records` (usage records of the period from `start` to
+        `end`), from the earliest hour among them: late usage of a month before is priced as
+        it was when it was used, not as it is when the period began."""
         first = records.aggregate(first=Min("hour"))["first"]
         return cls(plans, min(start, first) if first else start, end, tenant_ids)
 
-    def __init__(self, plans: dict[int, Plan], start, end, tenant_ids=None):
+    def __init__(self, plans: dict[int, Plan], start, end, tenant_ids=None, *, history=True):
         self._prices = {
             (plan.pk, price.dimension): price
             for plan in plans.values()
             for price in plan.prices.all()
         }
+        # (plan, dimension) -> the prices it had before, oldest first; each until a moment.
+        self._past: dict[tuple[int, str], list[PastPrice]] = {}
+        changes: dict[int, set] = {}  # plan -> the moments in the span its prices changed
+        if history:
+            for past in PastPrice.objects.filter(plan_id__in=plans, until__gt=start).order_by(
+                "until", "pk"
+            ):
+                self._past.setdefault((past.plan_id, past.dimension), []).append(past)
+                if past.until < end:
+                    changes.setdefault(past.plan_id, set()).add(past.until)
         overrides = PlanOverride.objects.filter(plan_id__in=plans, effective_from__lt=end)
         if tenant_ids is not None:
             overrides = overrides.filter(tenant_id__in=tenant_ids)
-        # (tenant, plan) -> [(from, prices)]: index 0 holds what is in effect at `start`.
-        self._spans: dict[tuple[int, int], list[tuple[object, dict]]] = {}
+        # (tenant, plan) -> [(from, override prices)], oldest first, from `start`; a tenant of
+        # None: the plan's own spans (its price changes), for tenants without an override.
+        self._spans: dict[tuple[int | None, int], list[tuple[object, dict]]] = {
+            (None, plan): [(start, {})] + [(moment, {}) for moment in sorted(moments)]
+            for plan, moments in changes.items()
+        }
         for override in overrides.order_by("effective_from", "pk"):
-            spans = self._spans.setdefault((override.tenant_id, override.plan_id), [(start, {})])
-            if override.effective_from <= start:
-                spans[0] = (start, override.prices)
-            else:
-                spans.append((override.effective_from, override.prices))
+            key = (override.tenant_id, override.plan_id)
+            spans = self._spans.get(key)
+            if spans is None:
+                spans = self._spans[key] = [(start, {})] + [
+                    (moment, {}) for moment in sorted(changes.get(override.plan_id, ()))
+                ]
+            begins = max(override.effective_from, start)
+            # From its start on, the override's prices, until a later override's start.
+            spans[:] = [(at, prices) for at, prices in spans if at < begins] + [
+                (at, override.prices) for at, prices in spans if at >= begins
+            ]
+            if all(at != begins for at, _ in spans):
+                spans.append((begins, override.prices))
+                spans.sort(key=lambda span: span[0])
 
     def span(self):
-        """A SQL expression numbering the price span a usage record's hour falls in."""
+        """A SQL expression numbering the price span a usage record's hour falls in: a
+        tenant's own spans first (they hold its plan's changes too), then the plan's."""
         whens = [
-            When(tenant_id=tenant, plan_id=plan, hour__gte=starts, then=Value(index))
-            for (tenant, plan), spans in self._spans.items()
+            When(plan_id=plan, hour__gte=starts, then=Value(index))
+            if tenant is None
+            else When(tenant_id=tenant, plan_id=plan, hour__gte=starts, then=Value(index))
+            for (tenant, plan), spans in sorted(
+                self._spans.items(), key=lambda item: item[0][0] is None
+            )
             for index, (starts, _) in reversed(list(enumerate(spans)))
             if index > 0
         ]
         return Case(*whens, default=Value(0), output_field=IntegerField())
 
+    def _at(self, tenant_id: int, plan_id: int, span: int) -> tuple[object | None, dict]:
+        """When the span starts (None: the book's start) and the override prices in it."""
+        spans = self._spans.get((tenant_id, plan_id)) or self._spans.get((None, plan_id))
+        if not spans:
+            return None, {}
+        return spans[span]
+
+    def _price(self, plan_id: int, dimension: str, at) -> Price | PastPrice | None:
+        """The plan's price of `dimension` at the moment `at` (None: the book's start)."""
+        for past in self._past.get((plan_id, dimension), ()):
+            if at is None or past.until > at:
+                return past if past.unit_price is not None else None
+        return self._prices.get((plan_id, dimension))
+
     def unit_price(self, tenant_id: int, plan_id: int, span: int, dimension: str) -> Decimal | None:
         """The unit price of `dimension` in the span, in its price's time unit: the override's
-        where one sets it, else the plan's; None when the plan does not price it (free)."""
-        price = self._prices.get((plan_id, dimension))
+        where one sets it, else the plan's then; None when the plan did not price it (free)."""
+        at, overrides = self._at(tenant_id, plan_id, span)
+        price = self._price(plan_id, dimension, at)
         if price is None:
             return None
-        spans = self._spans.get((tenant_id, plan_id))
-        overridden = spans[span][1].get(dimension) if spans else None
+        overridden = overrides.get(dimension)
         return Decimal(str(overridden)) if overridden is not None else price.unit_price
 
     def per_hour(
         self, tenant_id: int, plan_id: int, span: int, dimension: str
     ) -> tuple[Decimal, str] | None:
         """The exact price of one unit-hour of `dimension`, and its currency; None when the
-        plan does not price it (free)."""
+        plan did not price it (free)."""
+        at, _ = self._at(tenant_id, plan_id, span)
+        price = self._price(plan_id, dimension, at)
         unit_price = self.unit_price(tenant_id, plan_id, span, dimension)
-        if unit_price is None:
+        if price is None or unit_price is None:
             return None
-        price = self._prices[(plan_id, dimension)]
         if price.time_unit == Price.TimeUnit.MONTH:
             unit_price = unit_price / HOURS_PER_MONTH
         return unit_price, price.currency

@@ -21,8 +21,15 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
 from accounts.roles import Role
 from accounts.services import permission_require, tenant_lock
-from billing import entitlements, periods
-from billing.models import OVERRIDE_SAME_MOMENT, Plan, PlanOverride, Price, Subscription
+from billing import entitlements, periods, usage
+from billing.models import (
+    OVERRIDE_SAME_MOMENT,
+    PastPrice,
+    Plan,
+    PlanOverride,
+    Price,
+    Subscription,
+)
 from billing.stripe_gateway import gateway
 
 
@@ -68,9 +75,13 @@ def plan_upsert(
 
 
 @transaction.atomic
-def plan_prices_replace(*, plan: Plan, currency: str, prices: list[dict]) -> bool:
+def plan_prices_replace(
+    *, plan: Plan, currency: str, prices: list[dict], at: datetime | None = None
+) -> bool:
     """Make `plan`'s prices exactly `prices` (each `{dimension, unit, time_unit, unit_price}`,
-    in `currency`); returns whether anything changed."""
+    in `currency`) from the first hour that starts at `at` (now) or after; returns whether
+    anything changed. Each price replaced or removed, and each dimension priced anew, is kept
+    as a `PastPrice` until then: usage before is priced as it was, however late it is billed."""
     wanted = {
         item["dimension"]: Price(
             plan=plan,
@@ -89,6 +100,9 @@ def plan_prices_replace(*, plan: Plan, currency: str, prices: list[dict]) -> boo
     current = {price.dimension: price for price in plan.prices.select_for_update()}
     if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
         return False
+    if current:  # a plan's first prices price all its usage; later ones, what follows them
+        until = usage.hour_start((at or timezone.now()) + usage.HOUR - timedelta(microseconds=1))
+        PastPrice.objects.bulk_create(_replaced(current, wanted, currency, until, shape))
     # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe
     # subscriptions and invoices may still name): changed in place, added, or removed.
     for dimension, price in wanted.items():
@@ -99,6 +113,24 @@ def plan_prices_replace(*, plan: Plan, currency: str, prices: list[dict]) -> boo
     for price in wanted.values():
         price.save()
     return True
+
+
+def _replaced(current: dict, wanted: dict, currency: str, until, shape) -> list[PastPrice]:
+    """What each dimension whose price changes, goes, or comes cost until `until` (a
+    dimension priced anew was free: a null price)."""
+    past = []
+    for dimension in sorted(current.keys() | wanted.keys()):
+        was, will = current.get(dimension), wanted.get(dimension)
+        if was is not None and will is not None and shape(was) == shape(will):
+            continue
+        kept = {"unit_price": was.unit_price, "time_unit": was.time_unit} if was else {}
+        past.append(
+            PastPrice(
+                plan_id=(was or will).plan_id, dimension=dimension, until=until,
+                currency=was.currency if was else currency, **kept,
+            )
+        )  # fmt: skip
+    return past
 
 
 # --- subscriptions ----------------------------------------------------------------------------

@@ -409,6 +409,55 @@ def test_the_cost_so_far_rounds_late_usage_apart_as_the_invoice_does(tenant, pla
     assert usd.total == invoice.total == Decimal("0.00")
 
 
+JANUARY = datetime(2027, 1, 1, tzinfo=UTC)
+
+
+def _prices(plan, at, **unit_prices):
+    """The plan's prices replaced at `at`, as `load_specs` replaces them (each hourly)."""
+    from billing import services
+
+    units = {"cpu": "core", "storage": "GiB", "memory": "GiB"}
+    prices = [{"dimension": d, "unit": units[d], "unit_price": v} for d, v in unit_prices.items()]
+    return services.plan_prices_replace(plan=plan, currency="usd", at=at, prices=prices)
+
+
+def test_a_price_change_prices_the_hours_from_the_next_one_and_never_those_before(tenant, plan):
+    _use(tenant, plan, NOVEMBER, cpu="100")
+    _metered()
+    # After November ended, before it closed: doubled, for December on.
+    _prices(plan, DECEMBER + timedelta(minutes=30), cpu="0.07", storage="0.00014")
+    _use(tenant, plan, DECEMBER, instance="inst-bbbbbbbb", cpu="100")  # its price ran to 01:00
+    _use(tenant, plan, DECEMBER + usage.HOUR, instance="inst-bbbbbbbb", cpu="100")
+
+    (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    _metered(DECEMBER, JANUARY)
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
+
+    assert november.total == Decimal("3.50")  # 100 x 0.035, not 0.07
+    cpu = december.lines.filter(dimension="cpu").order_by("unit_price")
+    assert [(line.quantity, line.unit_price, line.amount) for line in cpu] == [
+        (Decimal(100), Decimal("0.035"), Decimal("3.50")),
+        (Decimal(100), Decimal("0.07"), Decimal("7.00")),
+    ]
+
+
+def test_a_dimension_priced_anew_or_no_longer_is_priced_as_it_was_at_each_hour(tenant, plan):
+    tenth = NOVEMBER + timedelta(days=9)
+    for hour in (NOVEMBER, tenth):
+        _use(tenant, plan, hour, cpu="10", memory="10")
+    # From the 10th: memory priced, storage and backups no longer, cpu as it was.
+    _prices(plan, tenth, cpu="0.035", memory="0.005")
+    _metered()
+
+    (invoice,) = invoicing.period_close("2026-11", now=AFTER).invoices
+
+    lines = {(line.dimension, line.quantity, line.amount) for line in invoice.lines.all()}
+    assert lines == {
+        ("cpu", Decimal(20), Decimal("0.70")),
+        ("memory", Decimal(10), Decimal("0.05")),  # the hour of the 1st was not priced
+    }
+
+
 def test_an_override_prices_the_hours_from_when_it_takes_effect(tenant, plan):
     tenth = NOVEMBER + timedelta(days=9)
     for hour in (
