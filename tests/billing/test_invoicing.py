@@ -441,6 +441,45 @@ def test_a_price_change_prices_the_hours_from_the_next_one_and_never_those_befor
     ]
 
 
+def test_an_override_and_a_price_change_in_one_month_each_price_what_they_set(tenant, plan):
+    from billing import reports
+
+    other = Tenant.objects.create(name="Other", slug="other-x1y2z3")
+    tenth, twentieth = NOVEMBER + timedelta(days=9), NOVEMBER + timedelta(days=19)
+    for hour in (NOVEMBER, tenth, twentieth):
+        _use(tenant, plan, hour, cpu="10", storage="1000")
+        _use(other, plan, hour, instance="inst-cccccccc", cpu="10", storage="1000")
+    _override(tenant, plan, tenth, cpu="0.02")  # the tenant's cpu from the 10th
+    _prices(plan, twentieth, cpu="0.07", storage="0.00028")  # everyone's list prices, the 20th
+    _metered()
+    both = (tenant, other)
+    so_far = {who: reports.period_cost(who, "2026-11").currencies[0].total for who in both}
+
+    invoicing.period_close("2026-11", now=AFTER)
+
+    def lines(who):
+        invoice = Invoice.objects.get(tenant=who)
+        return sorted(
+            (line.dimension, line.quantity, line.unit_price.normalize())
+            for line in invoice.lines.all()
+        )
+
+    assert lines(tenant) == [
+        ("cpu", Decimal(10), Decimal("0.035")),  # the 1st: the list price
+        ("cpu", Decimal(20), Decimal("0.02")),  # the 10th and the 20th: its override
+        ("storage", Decimal(1000), Decimal("0.00028")),  # the 20th
+        ("storage", Decimal(2000), Decimal("0.00014")),  # before it
+    ]
+    assert lines(other) == [
+        ("cpu", Decimal(10), Decimal("0.07")),
+        ("cpu", Decimal(20), Decimal("0.035")),
+        ("storage", Decimal(1000), Decimal("0.00028")),
+        ("storage", Decimal(2000), Decimal("0.00014")),
+    ]
+    # The cost so far, before the close, said as much as each invoice.
+    assert {who: Invoice.objects.get(tenant=who).total for who in both} == so_far
+
+
 def test_a_dimension_priced_anew_or_no_longer_is_priced_as_it_was_at_each_hour(tenant, plan):
     tenth = NOVEMBER + timedelta(days=9)
     for hour in (NOVEMBER, tenth):
