@@ -151,28 +151,20 @@ def limits_merge(base: Mapping, override: Mapping) -> dict:
 
 
 def limits_for(tenant: Tenant, plan: Plan, at: datetime | None = None) -> Limits:
-    """The plan's limits for `tenant` at `at` (now), its override applied (its limits read
-    alone, in SQL: every entitlement check reads them, and building the query cost more than
-    running it)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT limits FROM {PlanOverride._meta.db_table}"  # noqa: S608 - our table
-            " WHERE tenant_id = %s AND plan_id = %s AND effective_from <= %s"
-            " ORDER BY effective_from DESC, id DESC LIMIT 1",
-            [tenant.pk, plan.pk, at or timezone.now()],
-        )
-        row = cursor.fetchone()
-    return _limits(plan, json.loads(row[0]) if row is not None else {})
+    """The plan's limits for `tenant` at `at` (now), its override applied (`limits_of`)."""
+    return limits_of(tenant, [plan], at)[plan.pk]
 
 
-def limits_of(tenant: Tenant, plans: list[Plan]) -> dict[int, Limits]:
-    """`limits_for` of each plan now, by plan id, in one statement (a page listing plans)."""
+def limits_of(tenant: Tenant, plans: list[Plan], at: datetime | None = None) -> dict[int, Limits]:
+    """`limits_for` of each plan, by plan id, with the overrides' limits read alone in one
+    statement (every entitlement check reads them, and building the query cost more than
+    running it; a page listing plans reads them all at once)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT DISTINCT ON (plan_id) plan_id, limits FROM {PlanOverride._meta.db_table}"  # noqa: S608 - our table
             " WHERE tenant_id = %s AND plan_id = ANY(%s) AND effective_from <= %s"
             " ORDER BY plan_id, effective_from DESC, id DESC",
-            [tenant.pk, [plan.pk for plan in plans], timezone.now()],
+            [tenant.pk, [plan.pk for plan in plans], at or timezone.now()],
         )
         overrides = {plan_id: json.loads(limits) for plan_id, limits in cursor.fetchall()}
     return {plan.pk: _limits(plan, overrides.get(plan.pk, {})) for plan in plans}

@@ -222,27 +222,25 @@ class PriceBook:
         overrides = PlanOverride.objects.filter(plan_id__in=plans, effective_from__lt=end)
         if tenant_ids is not None:
             overrides = overrides.filter(tenant_id__in=tenant_ids)
+
+        def plan_spans(plan_id: int) -> list[tuple[object, dict]]:
+            moments = sorted(changes.get(plan_id, ()))
+            return [(moment, {}) for moment in [start, *moments]]
+
         # (tenant, plan) -> [(from, override prices)], oldest first, from `start`; a tenant of
         # None: the plan's own spans (its price changes), for tenants without an override.
         self._spans: dict[tuple[int | None, int], list[tuple[object, dict]]] = {
-            (None, plan): [(start, {})] + [(moment, {}) for moment in sorted(moments)]
-            for plan, moments in changes.items()
+            (None, plan_id): plan_spans(plan_id) for plan_id in changes
         }
         for override in overrides.order_by("effective_from", "pk"):
             key = (override.tenant_id, override.plan_id)
-            spans = self._spans.get(key)
-            if spans is None:
-                spans = self._spans[key] = [(start, {})] + [
-                    (moment, {}) for moment in sorted(changes.get(override.plan_id, ()))
-                ]
+            spans = self._spans.setdefault(key, plan_spans(override.plan_id))
             begins = max(override.effective_from, start)
-            # From its start on, the override's prices, until a later override's start.
-            spans[:] = [(at, prices) for at, prices in spans if at < begins] + [
-                (at, override.prices) for at, prices in spans if at >= begins
-            ]
             if all(at != begins for at, _ in spans):
-                spans.append((begins, override.prices))
+                spans.append((begins, {}))
                 spans.sort(key=lambda span: span[0])
+            # From its start on, the override's prices, until a later override's start.
+            spans[:] = [(at, override.prices if at >= begins else was) for at, was in spans]
 
     def span(self):
         """A SQL expression numbering the price span a usage record's hour falls in: a
@@ -273,26 +271,33 @@ class PriceBook:
                 return past if past.unit_price is not None else None
         return self._prices.get((plan_id, dimension))
 
-    def unit_price(self, tenant_id: int, plan_id: int, span: int, dimension: str) -> Decimal | None:
-        """The unit price of `dimension` in the span, in its price's time unit: the override's
-        where one sets it, else the plan's then; None when the plan did not price it (free)."""
+    def _priced(
+        self, tenant_id: int, plan_id: int, span: int, dimension: str
+    ) -> tuple[Price | PastPrice, Decimal] | None:
+        """The plan's price of `dimension` in the span, and the unit price the tenant pays
+        there: the override's where one sets it, else the plan's then; None when the plan did
+        not price it (free)."""
         at, overrides = self._at(tenant_id, plan_id, span)
         price = self._price(plan_id, dimension, at)
         if price is None:
             return None
         overridden = overrides.get(dimension)
-        return Decimal(str(overridden)) if overridden is not None else price.unit_price
+        return price, Decimal(str(overridden)) if overridden is not None else price.unit_price
+
+    def unit_price(self, tenant_id: int, plan_id: int, span: int, dimension: str) -> Decimal | None:
+        """The unit price of `dimension` in the span, in its price's time unit (`_priced`)."""
+        priced = self._priced(tenant_id, plan_id, span, dimension)
+        return priced[1] if priced is not None else None
 
     def per_hour(
         self, tenant_id: int, plan_id: int, span: int, dimension: str
     ) -> tuple[Decimal, str] | None:
         """The exact price of one unit-hour of `dimension`, and its currency; None when the
         plan did not price it (free)."""
-        at, _ = self._at(tenant_id, plan_id, span)
-        price = self._price(plan_id, dimension, at)
-        unit_price = self.unit_price(tenant_id, plan_id, span, dimension)
-        if price is None or unit_price is None:
+        priced = self._priced(tenant_id, plan_id, span, dimension)
+        if priced is None:
             return None
+        price, unit_price = priced
         if price.time_unit == Price.TimeUnit.MONTH:
             unit_price = unit_price / HOURS_PER_MONTH
         return unit_price, price.currency

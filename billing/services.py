@@ -420,8 +420,8 @@ def subscription_cancel(
     """Cancel a subscription; refused while the tenant has instances on the plan, unless
     `instances_may_run` (Stripe ended it: they keep running, new ones are refused), or it only
     awaits approval or payment (it lets none run: those on the plan run on what an ended one
-    left them, until they are stopped). They are
-    counted as the checks count them, an instance whose move onto the plan is queued included
+    left them, until they are stopped). They are counted as the checks count them, an
+    instance whose move onto the plan is queued included
     (its upgrade would run on a cancelled subscription), under the tenant's lock, which every
     new instance's check of the subscription takes too: a create and a cancel at once cannot
     both succeed. `then` runs inside the cancelling transaction once it is allowed (telling

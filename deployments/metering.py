@@ -416,7 +416,7 @@ def hours_due(now: datetime | None = None) -> list[datetime]:
     first instance was made in (a month closes once each of its hours is metered, those before
     any instance too), at most BACKFILL_LIMIT back, up to the last full hour."""
     last = last_full_hour(now)
-    earliest = Instance.objects.aggregate(first=Min("created_at"))["first"]
+    earliest = _first_instance_at()
     if earliest is None:
         first = last
     else:
@@ -425,10 +425,15 @@ def hours_due(now: datetime | None = None) -> list[datetime]:
     return usage.unmetered_hours(min(first, last), last + HOUR)
 
 
+def _first_instance_at() -> datetime | None:
+    """When the first instance was made (None before any): no hour before holds usage."""
+    return Instance.objects.aggregate(first=Min("created_at"))["first"]
+
+
 def meter_hours(hours: list[datetime]) -> list[usage.Recorded]:
     """Meter `hours`, oldest first; those that ended before the first instance was made hold
     nothing and are marked metered at once (`usage.record_none`)."""
-    earliest = Instance.objects.aggregate(first=Min("created_at"))["first"]
+    earliest = _first_instance_at()
     empty = {hour for hour in hours if earliest is None or hour + HOUR <= earliest}
     recorded = usage.record_none(sorted(empty))
     versions = _versions()
