@@ -14,6 +14,7 @@ from billing.models import (
     InvoiceLine,
     MeteredHour,
     MeterEvent,
+    PastPrice,
     Plan,
     PlanOverride,
     Price,
@@ -41,6 +42,21 @@ class PriceAdmin(ServiceOwnedAdmin):
 
     list_display = ["plan", "dimension", "unit", "time_unit", "unit_price", "currency"]
     list_filter = ["plan", "currency"]
+
+
+@admin.register(PastPrice)
+class PastPriceAdmin(ServiceOwnedAdmin):
+    """A plan's prices before a change (`manage.py load_specs` keeps them): usage before
+    `until` is priced at them."""
+
+    list_display = ["plan", "dimension", "price", "time_unit", "currency", "until"]
+    list_filter = ["plan", "dimension"]
+    date_hierarchy = "until"
+    list_select_related = ["plan"]
+
+    @admin.display(description="unit price", ordering="unit_price")
+    def price(self, obj: PastPrice) -> str:
+        return "free (not priced)" if obj.unit_price is None else str(obj.unit_price)
 
 
 @admin.register(UsageRecord)

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import periods
-from billing.models import Invoice, Plan, PlanOverride, Price, Subscription
+from billing.models import Invoice, PastPrice, Plan, PlanOverride, Price, Subscription
+from billing.services import plan_prices_replace
 from tests.concurrency import race
 
 pytestmark = pytest.mark.unsubscribed
@@ -342,3 +343,27 @@ def test_an_override_naming_verbs_or_cells_the_plan_lacks_is_refused(
         prices="{}",
     )  # fmt: skip
     assert accepted.status_code == 302, accepted.content.decode()[-2000:]
+
+
+def test_staff_see_a_plans_past_prices_in_as_many_queries_for_many_as_for_few(staff_client, plan):
+    def change(cents, dimension="cpu"):
+        return plan_prices_replace(
+            plan=plan, currency="usd",
+            prices=[{"dimension": dimension, "unit": "core", "unit_price": f"0.{cents:02d}"}],
+        )  # fmt: skip
+
+    assert change(6) and change(7, dimension="memory")  # cpu 0.05 -> 0.06; memory priced anew
+    staff_client.get(_changelist(PastPrice))
+    with CaptureQueriesContext(connection) as few:
+        staff_client.get(_changelist(PastPrice))
+    for cents in range(8, 14):
+        change(cents, dimension="memory")
+    with CaptureQueriesContext(connection) as many:
+        page = staff_client.get(_changelist(PastPrice)).content.decode()
+
+    assert len(many.captured_queries) == len(few.captured_queries)
+    assert PastPrice.objects.count() == 9
+    assert "0.05000000" in page and "0.12000000" in page  # what cpu, then memory, cost before
+    assert "free (not priced)" in page  # memory before the plan priced it
+    # Kept by the services alone: staff read them, and change nothing.
+    assert staff_client.get(reverse("admin:billing_pastprice_add")).status_code == 403
