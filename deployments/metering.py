@@ -6,7 +6,8 @@ Hourly metering (`usage_rows`, `meter_hour`, `meter_due`; docs/metering.md): eac
 use of every dimension during one UTC hour, in unit-hours, from its state history and the
 parameter values its succeeded operations left, to the second. Creating, running and updating
 count every dimension; stopped and failed count only `PERSISTENT_DIMENSIONS` (the volume is
-kept); deleting and deleted count nothing. Billing stores the rows (`billing.usage.record`).
+kept), and failed only once the instance has run; deleting and deleted count nothing. Billing
+stores the rows (`billing.usage.record`).
 """
 
 from __future__ import annotations
@@ -257,11 +258,25 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
         ~Q(state=_State.DELETED) | Exists(deleted_later)
     )
     ids = alive.values("pk")
+    ran_before = InstanceStateChange.objects.filter(
+        instance=OuterRef("pk"), to_state=_State.RUNNING, at__lt=start
+    )
     instances = list(
         alive.order_by("id")
-        .annotate(parameters_text=_text("parameters"), created=_epoch("created_at"))
+        .annotate(
+            parameters_text=_text("parameters"),
+            created=_epoch("created_at"),
+            ran=Exists(ran_before),
+        )
         .values_list(
-            "id", "name", "tenant_id", "plan_version_id", "parameters_text", "state", "created"
+            "id",
+            "name",
+            "tenant_id",
+            "plan_version_id",
+            "parameters_text",
+            "state",
+            "created",
+            "ran",
         )
     )
 
@@ -359,8 +374,12 @@ def _instance_totals(
 ) -> tuple[int, dict[str, Decimal]]:
     """One instance's hour (`start` to `end`, in seconds since the epoch): cut at each state or
     parameter change, each piece measured, the pieces summed. Returns the plan version it
-    ended the hour on, and the unit-hours per dimension."""
-    _, _, _, current_version, current_values, current_state, created_at = instance
+    ended the hour on, and the unit-hours per dimension.
+
+    A failed instance that never ran (its create, or a restore, failed) counts nothing: the
+    customer never had the database. Once it has run, failing keeps its volumes, and with
+    them its data: storage counts."""
+    _, _, _, current_version, current_values, current_state, created_at, ran = instance
     state = current_state
     if changes:
         at, from_state, to_state = changes[0]
@@ -383,20 +402,21 @@ def _instance_totals(
     moment = max(start, created_at)
     for at, is_state, value in events:
         if at > moment:
-            _piece(pieces, at - moment, state, source)
+            _piece(pieces, at - moment, state, source, ran=ran)
             moment = at
         if is_state:
             state = value
+            ran = ran or value == _State.RUNNING
         else:
             source = value
-    _piece(pieces, end - moment, state, source)
+    _piece(pieces, end - moment, state, source, ran=ran)
     return source[1], measure.totals(tuple(pieces))
 
 
-def _piece(pieces: list, seconds: int, state: str, source: Source) -> None:
+def _piece(pieces: list, seconds: int, state: str, source: Source, *, ran: bool) -> None:
     if state in ALL_DIMENSIONS_STATES:
         pieces.append((seconds, False, source))
-    elif state in PERSISTENT_STATES:
+    elif state in PERSISTENT_STATES and (ran or state != _State.FAILED):
         pieces.append((seconds, True, source))
 
 

@@ -196,6 +196,41 @@ def test_a_failed_modify_changes_nothing_and_the_failed_state_counts_storage_onl
     assert used(instance) == every("0.5", 1, 10, "0.5", "0.5")
 
 
+def failed_create(tenant, version, cell, created: datetime) -> Instance:
+    """An instance whose create failed ten minutes after it was asked for."""
+    instance = Instance.objects.create(
+        tenant=tenant, name="never-ran", plan_version=version, cell=cell,
+        parameters=DEFAULTS, state=Instance.State.CREATING, created_at=created,
+    )  # fmt: skip
+    move(instance, Instance.State.CREATING, created)
+    move(instance, Instance.State.FAILED, created + timedelta(minutes=10))
+    return instance
+
+
+def test_a_create_that_failed_counts_its_minutes_creating_and_nothing_while_it_stays_failed(
+    tenant, version, cell
+):
+    instance = failed_create(tenant, version, cell, at(20))
+
+    # Twenty minutes of nothing, ten creating, thirty failed: the customer never had it.
+    sixth = "0.166667"
+    assert used(instance) == every(sixth, "0.333333", "1.666667", sixth, sixth)
+    assert used(instance, HOUR + timedelta(hours=5)) == {}
+
+
+def test_a_failed_create_retried_counts_from_the_retry_and_once_it_ran_failing_keeps_storage(
+    tenant, version, cell
+):
+    instance = failed_create(tenant, version, cell, at(-180))
+    move(instance, Instance.State.CREATING, at(-30))  # "Retry"
+    move(instance, Instance.State.RUNNING, at(-20))
+    move(instance, Instance.State.UPDATING, at(-15))
+    move(instance, Instance.State.FAILED, at(-10))  # a modify failed before the hour
+
+    assert used(instance, HOUR - timedelta(hours=2)) == {}  # failed all hour, never ran
+    assert used(instance) == {"storage": Decimal(10)}  # it ran: its volumes hold its data
+
+
 def test_an_upgrade_bills_the_newer_versions_rules_from_when_it_finished(make):
     instance = make(at(-90))
     # The newer version counts a 2 GiB WAL volume beside the data volume.
