@@ -109,8 +109,9 @@ class Price(models.Model):
 
 
 class UsageRecord(models.Model):
-    """How much of one dimension one instance used in one UTC hour, in unit-hours (3 servers
-    for 40 minutes are 2 replica-hours). Written once by metering; never changed."""
+    """How much of one dimension one instance used in one UTC hour on one plan, in unit-hours
+    (3 servers for 40 minutes are 2 replica-hours): an hour in which it moved to another plan
+    has a row on each. Written once by metering; never changed."""
 
     tenant = models.ForeignKey(
         "accounts.Tenant", on_delete=models.PROTECT, related_name="usage_records"
@@ -133,7 +134,7 @@ class UsageRecord(models.Model):
         ordering = ["hour", "instance_id", "dimension"]
         constraints = [
             models.UniqueConstraint(
-                fields=["instance_id", "dimension", "hour"], name="usagerecord_once"
+                fields=["instance_id", "plan", "dimension", "hour"], name="usagerecord_once"
             )
         ]
         indexes = [models.Index(fields=["tenant", "period"], name="usagerecord_tenant_period")]

@@ -2,10 +2,10 @@
 metered. Deployments' metering works the quantities out and hands them over as plain rows;
 billing never imports deployments.
 
-Each hour is recorded once: one row per (instance, dimension, hour), inserted with ON CONFLICT
-DO NOTHING, so metering an hour again changes nothing. A row is billed in its hour's month,
-unless that billing period was already closed when the hour was metered: then it goes to the
-first open period after it, marked as an adjustment.
+Each hour is recorded once: one row per (instance, plan, dimension, hour), inserted with ON
+CONFLICT DO NOTHING, so metering an hour again changes nothing. A row is billed in its hour's
+month, unless that billing period was already closed when the hour was metered: then it goes
+to the first open period after it, marked as an adjustment.
 """
 
 from __future__ import annotations
@@ -105,15 +105,15 @@ INSERT INTO billing_usagerecord
      adjustment, recorded_at)
 SELECT tenant_id, plan_id, instance_id, instance_name, dimension, unit, quantity, %s, %s, %s, %s
 FROM billing_usage_incoming
-ON CONFLICT (instance_id, dimension, hour) DO NOTHING
+ON CONFLICT (instance_id, plan_id, dimension, hour) DO NOTHING
 """
 
 
 @transaction.atomic
 def record(hour: datetime, rows: Iterable[UsageRow], *, instances: int | None = None) -> Recorded:
     """Store the usage of `hour` (the start of a UTC hour) and mark the hour metered, in one
-    transaction. Rows already recorded for the same (instance, dimension, hour) are left as
-    they are. `instances`: how many instances were metered (default: those in `rows`)."""
+    transaction. Rows already recorded for the same (instance, plan, dimension, hour) are left
+    as they are. `instances`: how many instances were metered (default: those in `rows`)."""
     if not is_hour_start(hour):
         raise ValueError(f"{hour} is not the start of an hour.")
     rows = list(rows)

@@ -334,7 +334,7 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
     for instance in instances:
         instance_id, name, tenant_id = instance[:3]
         try:
-            version_id, totals = _instance_totals(
+            per_version = _instance_totals(
                 instance,
                 start_second,
                 end_second,
@@ -346,12 +346,13 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
             log.error("metering %s for %s: %s", instance_id, start, exc)
             result.failed.append(instance_id)
             continue
-        version = versions[version_id]
-        result.rows.extend(
-            UsageRow(tenant_id, version.plan_id, instance_id, name, dimension,
-                     version.units.get(dimension, ""), quantity)
-            for dimension, quantity in totals.items()
-        )  # fmt: skip
+        for version_id, totals in per_version:
+            version = versions[version_id]
+            result.rows.extend(
+                UsageRow(tenant_id, version.plan_id, instance_id, name, dimension,
+                         version.units.get(dimension, ""), quantity)
+                for dimension, quantity in totals.items()
+            )  # fmt: skip
     return result
 
 
@@ -371,10 +372,12 @@ def _instance_totals(
     changes: list[tuple],
     operations: list[tuple],
     measure: _Measure,
-) -> tuple[int, dict[str, Decimal]]:
+) -> list[tuple[int, dict[str, Decimal]]]:
     """One instance's hour (`start` to `end`, in seconds since the epoch): cut at each state or
-    parameter change, each piece measured, the pieces summed. Returns the plan version it
-    ended the hour on, and the unit-hours per dimension.
+    parameter change, each piece measured, the pieces on each plan summed. Returns, per plan it
+    ran on in the hour (one, unless it moved to another plan), the last version of that plan it
+    ran on and the unit-hours per dimension: an hour split by a move to another plan is billed
+    on each plan for its own part.
 
     A failed instance that never ran (its create, or a restore, failed) counts nothing: the
     customer never had the database. Once it has run, failing keeps its volumes, and with
@@ -410,7 +413,15 @@ def _instance_totals(
         else:
             source = value
     _piece(pieces, end - moment, state, source, ran=ran)
-    return source[1], measure.totals(tuple(pieces))
+    # Each plan's pieces apart, under the last version of it the instance ran on.
+    by_plan: dict[int, list] = defaultdict(list)
+    last_version: dict[int, int] = {}
+    for piece in pieces:
+        version_id = piece[2][1]
+        plan_id = measure.versions[version_id].plan_id
+        by_plan[plan_id].append(piece)
+        last_version[plan_id] = version_id
+    return [(last_version[plan], measure.totals(tuple(found))) for plan, found in by_plan.items()]
 
 
 def _piece(pieces: list, seconds: int, state: str, source: Source, *, ran: bool) -> None:

@@ -1,5 +1,5 @@
-"""Usage records: stored once per (instance, dimension, hour), billed in the hour's period or,
-once that one is closed, in the next open one as an adjustment; which hours are unmetered."""
+"""Usage records: stored once per (instance, plan, dimension, hour), billed in the hour's period
+or, once that one is closed, in the next open one as an adjustment; which hours are unmetered."""
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal

@@ -249,6 +249,38 @@ def test_an_upgrade_bills_the_newer_versions_rules_from_when_it_finished(make):
     assert used(instance, HOUR + timedelta(hours=1))["storage"] == Decimal(12)
 
 
+def test_an_hour_split_by_a_move_to_another_plan_is_recorded_on_each_plan_for_its_part(make):
+    instance = make(at(-90))
+    small = services.plan_load(
+        text=SPEC.read_text()
+        .replace("  plan: postgres-cnpg\n", "  plan: postgres-small\n", 1)
+        .replace("name: PostgreSQL\n", "name: PostgreSQL Small\n", 1)
+    ).version
+    assert small.plan_id != instance.plan_version.plan_id
+    move(instance, Instance.State.UPDATING, at(15))
+    succeed(instance, "upgrade", at(15), version=small)  # the move finishes at :15
+    move(instance, Instance.State.RUNNING, at(15))
+
+    metering.meter_hour(HOUR)
+    metering.meter_hour(HOUR)  # again: nothing changes
+
+    recorded = {
+        (plan_key, dimension): quantity
+        for plan_key, dimension, quantity in UsageRecord.objects.filter(
+            instance_id=instance.pk, hour=HOUR
+        ).values_list("plan__key", "dimension", "quantity")
+    }
+    # 15 minutes on the plan it left, 45 on the one it moved to: each billed at its own prices.
+    assert recorded == {
+        **{("postgres-cnpg", d): q for d, q in every("0.25", "0.5", "2.5", "0.25", "0.25").items()},
+        **{
+            ("postgres-small", d): q for d, q in every("0.75", "1.5", "7.5", "0.75", "0.75").items()
+        },
+    }
+    later = metering.usage_rows(HOUR + timedelta(hours=1))
+    assert {row.plan_id for row in later if row.instance_id == instance.pk} == {small.plan_id}
+
+
 def test_a_deleted_instance_counts_until_its_delete_started_and_not_after(make):
     instance = make(at(-90))
     move(instance, Instance.State.DELETING, at(40))
