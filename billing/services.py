@@ -29,6 +29,7 @@ from billing.models import (
     PlanOverride,
     Price,
     Subscription,
+    UsageRecord,
 )
 from billing.stripe_gateway import gateway
 
@@ -81,7 +82,8 @@ def plan_prices_replace(
     """Make `plan`'s prices exactly `prices` (each `{dimension, unit, time_unit, unit_price}`,
     in `currency`) from the first hour that starts at `at` (now) or after; returns whether
     anything changed. Each price replaced or removed, and each dimension priced anew, is kept
-    as a `PastPrice` until then: usage before is priced as it was, however late it is billed."""
+    as a `PastPrice` until then: usage before is priced as it was, however late it is billed
+    (a plan with no usage yet takes its first prices for all of it)."""
     wanted = {
         item["dimension"]: Price(
             plan=plan,
@@ -100,7 +102,9 @@ def plan_prices_replace(
     current = {price.dimension: price for price in plan.prices.select_for_update()}
     if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
         return False
-    if current:  # a plan's first prices price all its usage; later ones, what follows them
+    # A new plan's first prices price all its usage; later ones, and the first prices of a
+    # plan that was used while free, what follows them.
+    if current or UsageRecord.objects.filter(plan=plan).exists():
         until = usage.hour_start((at or timezone.now()) + usage.HOUR - timedelta(microseconds=1))
         PastPrice.objects.bulk_create(_replaced(current, wanted, currency, until, shape))
     # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe

@@ -497,6 +497,26 @@ def test_a_dimension_priced_anew_or_no_longer_is_priced_as_it_was_at_each_hour(t
     }
 
 
+def test_a_plan_used_while_free_is_priced_from_the_hour_after_it_gains_prices(tenant, plan):
+    from billing import reports
+
+    plan.prices.all().delete()  # a free plan, used from the 1st
+    tenth = NOVEMBER + timedelta(days=9)
+    for hour in (NOVEMBER, tenth):
+        _use(tenant, plan, hour, cpu="10")
+    _prices(plan, tenth, cpu="0.035")  # priced from the 10th at 00:00 on
+    _metered()
+    so_far = reports.period_cost(tenant, "2026-11").currencies[0].total
+
+    (invoice,) = invoicing.period_close("2026-11", now=AFTER).invoices
+
+    # The hour of the 1st was free when it was used; only the 10th's is billed.
+    assert [(line.quantity, line.amount) for line in invoice.lines.filter(dimension="cpu")] == [
+        (Decimal(10), Decimal("0.35"))
+    ]
+    assert invoice.total == so_far == Decimal("0.35")
+
+
 def test_an_override_prices_the_hours_from_when_it_takes_effect(tenant, plan):
     tenth = NOVEMBER + timedelta(days=9)
     for hour in (
