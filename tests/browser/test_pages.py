@@ -342,3 +342,27 @@ def test_the_billing_teams_invoice_pages_show_every_column_on_a_phone(
         assert not scrolls_sideways(page)
         box = page.locator(f".table-scroll:has({table})")
         assert box.evaluate("el => el.scrollWidth <= el.clientWidth"), path
+
+
+def test_every_button_reached_with_the_keyboard_shows_a_solid_focus_ring(
+    open_page, owner, busy_tenant
+):
+    page = open_page(owner, f"/t/{busy_tenant.slug}/team/")
+    rings = []
+    for _ in range(80):
+        page.keyboard.press("Tab")
+        found = page.evaluate(
+            """() => {
+                const el = document.activeElement;
+                if (!el.matches('button, [type=submit], [type=button], [role=button]')) return null;
+                const style = getComputedStyle(el);
+                return [el.textContent.trim(), style.outlineStyle, parseFloat(style.outlineWidth),
+                        style.outlineColor];
+            }"""
+        )
+        if found:
+            rings.append(found)
+
+    assert len(rings) >= 3, rings  # the menus, Invite, and each member's controls
+    # Solid, 2 px, in the primary colour (#0172ad: 5:1 against the page), whatever the button.
+    assert {tuple(ring[1:]) for ring in rings} == {("solid", 2.0, "rgb(1, 114, 173)")}, rings
