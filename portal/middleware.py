@@ -1,5 +1,5 @@
-"""The portal's own middleware: addresses no page is found by, and what an htmx request gets
-when the page it came from no longer holds."""
+"""The portal's own middleware: addresses no page is found by, addresses only a form is sent
+to, and what an htmx request gets when the page it came from no longer holds."""
 
 from urllib.parse import urlsplit
 
@@ -8,7 +8,8 @@ from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
-from django.shortcuts import resolve_url
+from django.shortcuts import render, resolve_url
+from django.urls import Resolver404, resolve
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts.htmx import current_address
@@ -33,6 +34,37 @@ class NullCharacterMiddleware:
             # Written out again, each null character is "%00" (a "%" typed is "%25").
             request.GET = QueryDict(request.GET.urlencode().replace("%00", ""))
         return self.get_response(request)
+
+
+class FormOnlyAddressMiddleware:
+    """An address only a form is sent to (an action's, a role change's), opened as a page — from
+    the history, a reload after the form was sent, a link copied — answers 405 with nothing in
+    it, which the browser shows as a blank page. It gets a page saying so, with a link to the
+    nearest page above it (the instance's, the team's), still 405 with its `Allow` header."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code != 405 or request.method != "GET" or response.content:
+            return response
+        page = render(request, "405.html", {"page": _page_above(request.path)}, status=405)
+        page["Allow"] = response.get("Allow", "POST")
+        return page
+
+
+def _page_above(path: str) -> str:
+    """The nearest address above `path` that some view answers ("/" at the last)."""
+    parts = path.strip("/").split("/")
+    for end in range(len(parts) - 1, 0, -1):
+        above = "/" + "/".join(parts[:end]) + "/"
+        try:
+            resolve(above)
+        except Resolver404:
+            continue
+        return above
+    return "/"
 
 
 class HtmxPageGoneMiddleware:

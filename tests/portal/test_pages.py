@@ -43,6 +43,27 @@ def test_the_billing_role_sees_billing_and_a_viewer_is_refused_it(client, tenant
 
 
 @pytest.mark.django_db
+def test_an_address_only_a_form_is_sent_to_opened_as_a_page_says_so_and_leads_to_its_page(
+    owner_client, tenant, owner
+):
+    from accounts.models import Membership
+
+    membership = Membership.objects.get(tenant=tenant, user=owner)
+    for address, page_above in [
+        (f"/t/{tenant.slug}/deployments/inst-abcdefgh/actions/stop/",
+         f"/t/{tenant.slug}/deployments/inst-abcdefgh/"),
+        (f"/t/{tenant.slug}/team/{membership.pk}/role/", f"/t/{tenant.slug}/team/"),
+    ]:  # fmt: skip
+        page = owner_client.get(address)
+
+        assert page.status_code == 405 and page["Allow"] == "POST"
+        text = page.content.decode()
+        assert "Sent from a form only" in text and "Nothing was done." in text
+        assert f'<a href="{page_above}">Go to {page_above}</a>' in text
+    assert Membership.objects.get(pk=membership.pk).role == "owner"
+
+
+@pytest.mark.django_db
 def test_a_missing_page_is_a_404_inside_the_layout(owner_client):
     page = owner_client.get("/no/such/page/")
 
