@@ -103,7 +103,8 @@ def period_close(key: str, *, now: datetime | None = None) -> Closed:
         raise ValidationError(
             f"{len(missing)} hour{'s' if len(missing) != 1 else ''} of {key} "
             f"{'are' if len(missing) != 1 else 'is'} not metered yet (the first: "
-            f"{missing[0]:%Y-%m-%d %H:00} UTC); run meter_usage, then close the period."
+            f"{missing[0]:%Y-%m-%d %H:00} UTC); meter them with `meter_usage --backfill-from "
+            f"{missing[0]:%Y-%m-%dT%H:00Z}`, then close the period."
         )
     invoices = _drafts(key)
     period.closed_at = now

@@ -104,3 +104,27 @@ def test_the_beat_entry_runs_the_metering_task(running, now):
     assert hours == MeteredHour.objects.count() > 0
     assert MeteredHour.objects.order_by("-hour").first().hour == HOUR
     assert entry["schedule"] <= 3600
+
+
+def test_a_month_before_the_first_instance_closes_once_the_command_its_refusal_names_is_run(
+    tenant, monkeypatch
+):
+    december = datetime(2026, 12, 1, tzinfo=UTC)
+    monkeypatch.setattr(metering.timezone, "now", lambda: december + timedelta(hours=2, minutes=5))
+    Instance.objects.create(
+        tenant=tenant, name="first", plan_version=factories.postgres_version(),
+        cell=factories.cell(), state=Instance.State.RUNNING,
+        parameters={"instances": 1, "cpu": 1, "memoryGi": 2, "storageGi": 10},
+        created_at=december + timedelta(minutes=30),
+    )  # fmt: skip
+    meter()  # as beat does: the first instance's month on, November untouched
+
+    with pytest.raises(CommandError) as refused:
+        call_command("close_billing_period", "--period", "2026-11")
+    advised = str(refused.value).split("`")[1]
+    assert advised == "meter_usage --backfill-from 2026-11-01T00:00Z"
+    meter(*advised.split()[1:])
+    out = StringIO()
+    call_command("close_billing_period", "--period", "2026-11", stdout=out)
+
+    assert out.getvalue() == "Closed 2026-11: no usage, no invoice.\n"
