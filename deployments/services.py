@@ -320,6 +320,17 @@ def _instance_name(name: Any) -> str:
     return name
 
 
+def instance_name_errors(tenant: Tenant, name: Any) -> dict[str, str]:
+    """What is wrong with `name` for a new instance of `tenant` ({} when nothing is known to
+    be): the database's constraint settles a name taken meanwhile."""
+    try:
+        name = _instance_name(name)
+    except ValidationError as exc:
+        return {key: messages[0] for key, messages in exc.message_dict.items()}
+    taken = selectors.instance_named(tenant, name)
+    return {"name": NAME_TAKEN.format(taken.name)} if taken else {}
+
+
 def _instance_checked(
     *,
     actor: Actor,
@@ -345,14 +356,15 @@ def _instance_checked(
             )
     elif not selectors.cell_offered(cell.pk, tenant.pk):
         raise ValidationError({"cell": "This region is not offered to your organization."})
-    name = _instance_name(name)
     spec = selectors.plan_spec(version)
     try:
         typed = validate_parameters(
             spec.main.parameters, values, current=base, current_is="the backup holds {}"
         )
     except ParameterErrors as exc:
-        raise _parameter_errors(exc) from exc
+        # The form says at once what else to change: the name too, when it cannot be used.
+        raise ValidationError({**instance_name_errors(tenant, name), **exc.errors}) from exc
+    name = _instance_name(name)
     tenant_lock(tenant.pk)  # two concurrent creates cannot both pass the limits
     entitlement_require(
         tenant=tenant,

@@ -215,6 +215,12 @@ def instance_create(request, plan_key: str):
         else:
             messages.success(request, f"Creating {operation.instance.name}.")
             return _instance_page(request, operation.instance_id)
+    elif request.method == "POST" and "name" not in form.errors:
+        # Values the form refuses never reach the service: the name is checked beside them, so
+        # that one submit says everything to change.
+        taken = services.instance_name_errors(request.tenant, form.cleaned_data["name"])
+        for message in taken.values():
+            form.add_error("name", message)
     context = {
         "form": form,
         "plan": version.plan,

@@ -357,6 +357,22 @@ def test_a_name_another_instance_has_is_refused_beside_the_name_field(
     assert Instance.objects.count() == 1 and Operation.objects.count() == 1
 
 
+def test_a_name_taken_is_flagged_in_the_same_answer_as_the_values_the_form_refuses(
+    owner_client, tenant, plan, cell
+):
+    owner_client.post(form_url(tenant, "a" * 32), {**VALID, "request_id": "a" * 32})
+
+    response = owner_client.post(
+        form_url(tenant, "b" * 32),
+        {**VALID, "name": "Orders", "p-instances": "99", "request_id": "b" * 32},
+    )
+
+    page = text(response)
+    assert 'id="id_name_error">Another instance of your organization is called “orders”' in page
+    assert 'id="id_p-instances_error">' in page  # and the value refused, beside it
+    assert Instance.objects.count() == 1
+
+
 def test_a_service_refusal_is_shown_and_creates_nothing(owner_client, tenant, plan, cell):
     plan.limits = {"max_instances": 0}
     plan.save()

@@ -136,6 +136,21 @@ def test_concurrent_creates_of_one_name_make_one_instance(cell, plan, tenant, ow
     assert Instance.objects.filter(tenant=tenant).count() == 1
 
 
+def test_a_create_refused_for_its_values_says_too_what_is_wrong_with_its_name(
+    cell, plan, tenant, owner
+):
+    _create(owner, tenant, plan, name="orders")
+
+    for name, says in [("Orders", "Another instance of your organization is called “orders”"),
+                       ("x" * 101, "Use at most 100 characters.")]:  # fmt: skip
+        with pytest.raises(ValidationError) as refused:
+            _create(owner, tenant, plan, name=name, instances="99")
+
+        assert refused.value.message_dict["name"][0].startswith(says)
+        assert "instances" in refused.value.message_dict
+    assert Instance.objects.filter(tenant=tenant).count() == 1
+
+
 def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_holds(
     cell, plan, tenant, owner
 ):
