@@ -122,7 +122,7 @@ def test_operations_are_named_as_their_plan_names_its_verbs(owner_client, tenant
 def test_nothing_running_or_failed_says_so(owner_client, tenant):
     page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
 
-    assert "No deployments yet." in page
+    assert "No deployments." in page
     assert "Nothing is running." in page
     assert "No operation failed in the last 7 days." in page
 
