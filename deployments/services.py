@@ -51,7 +51,7 @@ from deployments.spec.loader import load_spec
 from deployments.spec.model import PlanSpec, Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
 from deployments.spec.params import check as check_value
-from deployments.transitions import operation_dispatch
+from deployments.transitions import instance_state_set, operation_dispatch
 from deployments.workflow.driver import DriverError
 
 logger = logging.getLogger(__name__)
@@ -1070,8 +1070,9 @@ def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:
 def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> Operation:
     """Cancel an operation: a queued one ends at once; a running one stops at its next step
     (its onExit still runs) and ends `cancelled`. The instance goes back to the state it had
-    when none of the run's writes reached the cluster, else becomes failed; a cancelled
-    backup's snapshot fails. A delete cannot be cancelled."""
+    when none of the run's writes reached the cluster, else becomes failed; the instance a
+    queued create or restore was to make is failed; a cancelled backup's snapshot fails. A
+    delete cannot be cancelled."""
     request_id = idempotency.request_id_clean(request_id)
     instance = operation.instance
     tenant = instance.tenant
@@ -1084,6 +1085,8 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
             return _repeat(claim.earlier)
         if operation.verb == "delete":
             raise ActionDenied("A delete cannot be cancelled.")
+        # The instance first, as the runner locks it before it writes the operation.
+        instance = Instance.objects.select_for_update().get(pk=instance.pk)
         operation = Operation.objects.select_for_update().get(pk=operation.pk)
         if operation.state not in {Operation.State.QUEUED, Operation.State.RUNNING}:
             raise ValidationError(f"The operation has ended ({operation.get_state_display()}).")
@@ -1100,6 +1103,11 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
                 Snapshot.objects.filter(pk=operation.arguments["snapshot"]).exclude(
                     status=Snapshot.Status.DELETED
                 ).update(status=Snapshot.Status.CANCELLED)
+            if rule.makes_instance:
+                # Nothing was sent: the instance it was to make is failed, as a run that ends
+                # before the cluster took anything leaves it (its Retry or Delete follows).
+                instance_state_set(instance, Instance.State.FAILED, operation=operation,
+                                   reason=reason)  # fmt: skip
         else:
             operation.cancel_reason = reason
             operation.save(update_fields=["cancel_reason"])

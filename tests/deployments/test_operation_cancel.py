@@ -186,3 +186,27 @@ def test_the_requester_hears_when_an_instance_is_ready_and_when_an_operation_fai
     assert f"The create of billing ({instance.pk}) you asked for failed on " in failed.body
     assert "The instance has failed." in failed.body
     assert f"/deployments/{instance.pk}/" in failed.body
+
+
+def test_a_create_cancelled_before_it_started_leaves_its_instance_failed_and_unbilled(
+    cell, plan, tenant, owner
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployments import metering
+
+    create = _create(owner, tenant, plan)  # no worker: it stays queued
+
+    _cancel(owner, create)
+
+    instance = Instance.objects.get(pk=create.instance_id)
+    assert instance.state == Instance.State.FAILED  # not "creating" for ever
+    change = instance.history.get(to_state=Instance.State.FAILED)
+    assert change.operation_id == create.pk and change.reason == "Cancelled by owner@example.com."
+    later = (timezone.now() + timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    assert [row for row in metering.usage_rows(later) if row.instance_id == instance.pk] == []
+    # What a failed create offers: trying again, or deleting it.
+    retry = _act(owner, instance, "create")
+    assert retry.state == Operation.State.QUEUED
