@@ -594,7 +594,16 @@ def snapshots_of_instance(instance: Instance, *, deleted: bool = False) -> Query
     found = Snapshot.objects.filter(tenant=instance.tenant, instance=instance)
     if not deleted:
         found = found.exclude(status=Snapshot.Status.DELETED)
-    return found.order_by("-created_at")
+    return found.order_by("-created_at", "-pk")
+
+
+def snapshot_listed_page(instance: Instance, snapshot: Snapshot, per_page: int) -> int:
+    """The page of the Backups tab (`per_page` a page, newest first) that lists `snapshot`."""
+    at = snapshot.created_at
+    newer = snapshots_of_instance(instance).filter(
+        Q(created_at__gt=at) | Q(created_at=at, pk__gt=snapshot.pk)
+    )
+    return newer.count() // per_page + 1
 
 
 def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:

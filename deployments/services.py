@@ -1608,8 +1608,14 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
     """Forget expired snapshots (run by beat): completed ones past `expires_at`, and the
     scheduled ones beyond their schedule's retention count, through the plan's deleteBackup
     (or only marked deleted when the instance is gone). An instance's newest completed
-    snapshot is always kept. The number of snapshots forgotten."""
+    snapshot is always kept. One that failed or was cancelled holds nothing to restore: past
+    its `expires_at` it is only marked deleted (the object store's retention prunes whatever
+    it left), so an instance whose scheduled backups fail does not pile them up. The number
+    of snapshots forgotten."""
     now = now or timezone.now()
+    forgotten = Snapshot.objects.filter(
+        status__in=[Snapshot.Status.FAILED, Snapshot.Status.CANCELLED], expires_at__lte=now
+    ).update(status=Snapshot.Status.DELETED)
     completed = Snapshot.objects.filter(status=Snapshot.Status.COMPLETED)
     newest = set(
         completed.order_by("source_instance_id", "-created_at")
@@ -1624,7 +1630,6 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
     for instance_id, keep in counted:
         scheduled = completed.filter(instance_id=instance_id, scheduled=True)
         doomed |= set(scheduled.order_by("-created_at").values_list("pk", flat=True)[keep:])
-    forgotten = 0
     for snapshot in Snapshot.objects.filter(pk__in=doomed - newest).select_related(
         "instance", "tenant", "plan_version"
     ):

@@ -266,6 +266,7 @@ DETAIL = "deployments/instance_detail.html"
 # An htmx request names the element it swaps; each of these has a partial of its own.
 SWAPPED = {"instance-page", "instance-head", "instance-tab", "instance-operations", "instance-live"}
 ACTIVITY_PER_PAGE = 100  # events a page of the Activity tab lists
+BACKUPS_PER_PAGE = 50  # snapshots a page of the Backups tab lists (an hourly schedule keeps many)
 # Operations a page of the Operations tab lists: scheduled backups and their pruning add two a
 # slot, tens of thousands over an instance's life.
 OPERATIONS_PER_PAGE = 50
@@ -310,8 +311,12 @@ def _tab_context(
             "rolled_back": lifecycle.ROLLED_BACK,  # what undoes such a cancel: a roll back
         }
     if tab == "backups":
+        page = Paginator(selectors.snapshots_listed(instance), BACKUPS_PER_PAGE).get_page(
+            params.get("page")
+        )
         return {
-            "snapshots": selectors.snapshots_listed(instance),
+            "snapshots": list(page),
+            "snapshots_page": page,
             "backup": next((a for a in actions if a.verb == "backup"), None),
             "schedule": selectors.backup_schedule_of(instance),
             "retention_most": selectors.backup_retention_most(instance),
@@ -862,7 +867,11 @@ def snapshot_delete(request, instance_id: str, snapshot_id: int):
         return _refused(request, instance, exc, "backup.delete", tab="backups")
     except ValidationError as exc:
         dialog = f"dialog-delete-backup-{snapshot.pk}"
-        return _dialog_again(request, instance, dialog, _errors(exc), tab="backups")
+        # On the page that lists it, so that its dialog opens again.
+        page = selectors.snapshot_listed_page(instance, snapshot, BACKUPS_PER_PAGE)
+        return _dialog_again(
+            request, instance, dialog, _errors(exc), tab="backups", params={"page": str(page)}
+        )
     if operation is None:
         done = "was deleted already" if gone else "deleted"
         messages.success(request, f"Backup {snapshot.name} {done}.")

@@ -13,7 +13,7 @@ from accounts.audit import SYSTEM, Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
 from accounts.services import tenant_lock
-from deployments import schedules, services, views
+from deployments import schedules, selectors, services, views
 from deployments.models import BackupSchedule, Cell, Instance, Operation, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
@@ -353,6 +353,23 @@ def test_a_count_of_one_never_forgets_the_newest_completed_snapshot(instance):
         op.arguments["forget_snapshot"] for op in Operation.objects.filter(verb="deleteBackup")
     ]
     assert forgotten == [older.pk] and newest.pk not in forgotten
+
+
+def test_backups_that_failed_or_were_cancelled_leave_the_list_once_expired(instance):
+    expired = [
+        _snapshot(instance, days_ago=40 - n, status=status, expired=True)
+        for n, status in enumerate(["failed", "cancelled", "failed"])
+    ]
+    recent = _snapshot(instance, days_ago=1, status="failed")
+
+    assert services.snapshots_prune() == 3
+
+    statuses = dict(Snapshot.objects.values_list("pk", "status"))
+    assert [statuses[s.pk] for s in expired] == [Snapshot.Status.DELETED] * 3
+    assert statuses[recent.pk] == Snapshot.Status.FAILED  # still within its retention
+    assert not Operation.objects.filter(verb="deleteBackup").exists()  # nothing to delete
+    page = selectors.snapshots_listed(instance)
+    assert list(page.values_list("pk", flat=True)) == [recent.pk]
 
 
 def test_expired_snapshots_of_a_deleted_instance_are_marked_deleted(instance):

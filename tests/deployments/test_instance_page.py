@@ -1723,3 +1723,34 @@ def test_deleting_many_platform_secrets_at_once_names_each_one_read_in_as_many_q
         assert f"PostgreSQL version 2, which reads $secret.{name}" in page
     assert page.count("which reads $secret.") == len(names)  # SPARE, read by none, is not
     assert PlatformSecret.objects.count() == len(names) + 1
+
+
+def test_the_backups_tab_lists_fifty_a_page_and_a_refused_delete_reopens_on_its_page(
+    owner_client, instance
+):
+    now = timezone.now()
+    made = Snapshot.objects.bulk_create(
+        Snapshot(
+            tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
+            plan_version=instance.plan_version, name=f"{instance.pk}-hourly-{n:03d}",
+            status=Snapshot.Status.COMPLETED, parameters=instance.parameters, scheduled=True,
+            created_at=now - timedelta(hours=n + 1), expires_at=now + timedelta(days=30),
+        )
+        for n in range(54)
+    )  # fmt: skip
+
+    first = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+    second = owner_client.get(_url(instance), {"tab": "backups", "page": "2"}).content.decode()
+
+    assert first.count('<tr id="backup-') == 50 and second.count('<tr id="backup-') == 5
+    assert "Page 1 of 2 · 55 backups" in first and "Older →" in first
+    oldest = made[-1]
+    assert f'id="backup-{oldest.pk}"' in second and f'id="backup-{oldest.pk}"' not in first
+    delete = _url(instance, f"backups/{oldest.pk}/delete/")
+    refused = owner_client.post(delete, {"request_id": " x"})  # a request id it cannot use
+    assert refused.status_code == 400
+    page = refused.content.decode()
+    assert "Page 2 of 2 · 55 backups" in page
+    assert f'<dialog id="dialog-delete-backup-{oldest.pk}"' in page
+    assert f'id="dialog-delete-backup-{oldest.pk}-title"' in page
+    assert re.search(rf'<dialog id="dialog-delete-backup-{oldest.pk}"[^>]* open', page)
