@@ -254,17 +254,22 @@ class InstanceCreateForm(ParameterForm):
 
 
 def instance_create_form_class(
-    parameters: list[Parameter], *, groups: list[dict], cells: list[Cell]
+    parameters: list[Parameter], *, groups: list[dict], cells: list[Cell], chosen: bool = False
 ) -> type[InstanceCreateForm]:
-    """The create form of a plan; a choice of cell ("Region") when more than one is offered."""
+    """The create form of a plan; a choice of cell ("Region") when more than one is offered,
+    or when the form sent one (`chosen`): a region withdrawn since is refused beside it."""
     extra = {}
-    if len(cells) > 1:
+    if len(cells) > 1 or (chosen and cells):
         extra["cell"] = CellChoiceField(
             label="Region",
             queryset=Cell.objects.filter(pk__in=[c.pk for c in cells]),
             initial=next((c.pk for c in cells if c.is_default), cells[0].pk),
             empty_label=None,
             help_text="Where the instance runs. It cannot be moved later.",
+            error_messages={
+                "invalid_choice": "This region is no longer offered to your organization: "
+                "choose another."
+            },
         )
     return parameter_form_class(
         parameters, groups=groups, base=InstanceCreateForm, extra_fields=extra

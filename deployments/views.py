@@ -127,6 +127,9 @@ def _create_form_class(request, spec: PlanSpec):
         spec.main.parameters,
         groups=spec.parameter_groups,
         cells=list(Cell.objects.offered_to(request.tenant).order_by("name")),
+        # A form drawn with a choice of region keeps it, should all but one be withdrawn
+        # meanwhile: the region chosen is checked, never replaced with the one left.
+        chosen="cell" in request.POST,
     )
 
 

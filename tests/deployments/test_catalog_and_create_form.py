@@ -245,6 +245,23 @@ def test_a_region_is_chosen_among_the_cells_offered_to_the_tenant_only(
     assert "secret-region" not in page
 
 
+def test_a_region_withdrawn_while_the_form_was_open_is_refused_never_replaced(
+    owner_client, tenant, plan, cell
+):
+    chosen = Cell.objects.create(name="us-1", region="us")
+    assert "us (us-1)" in text(owner_client.get(form_url(tenant)))  # the form offers both
+    Cell.objects.filter(pk=chosen.pk).update(public=False)  # withdrawn meanwhile
+
+    response = owner_client.post(form_url(tenant), {**VALID, "cell": str(chosen.pk)})
+
+    assert response.status_code == 200
+    assert (
+        'id="id_cell_error">This region is no longer offered to your organization: '
+        "choose another." in text(response)
+    )
+    assert not Instance.objects.exists()  # not made in the region left
+
+
 def test_a_post_with_errors_creates_nothing_and_shows_them_beside_the_fields_and_at_the_top(
     owner_client, tenant, plan, cell
 ):
