@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -182,32 +182,48 @@ def _kinds_missing(driver: KubeDriver, plans: list[PlanSpec]) -> dict[str, list[
     return missing
 
 
+_KEPT = None  # `cell_register`'s "as it is" for a setting not given
+
+
 @transaction.atomic
 def cell_register(
     *,
     name: str,
     kubeconfig: str,
-    context: str = "",
-    region: str = "",
-    cloud: str = "",
-    deployment_model: str = Cell.DeploymentModel.HOSTED,
-    backup_destination: str = "",
-    backup_credentials: dict | None = None,
-    operator_namespace: str = "",
+    context: str | None = _KEPT,
+    region: str | None = _KEPT,
+    cloud: str | None = _KEPT,
+    deployment_model: str | None = _KEPT,
+    backup_destination: str | None = _KEPT,
+    backup_credentials: dict | None = _KEPT,
+    operator_namespace: str | None = _KEPT,
     make_default: bool = False,
 ) -> Cell:
-    """Register (or update) the cell `name` after checking that its cluster answers and serves
-    what the plans that may run on it need."""
-    cell_check(kubeconfig=kubeconfig, context=context, name=name)
-    cell = Cell.objects.select_for_update().filter(name=name).first() or Cell(name=name)
+    """Register the cell `name`, or update it, after checking that its cluster answers and
+    serves what the plans that may run on it need. Updating changes only what is given (a
+    new kubeconfig to rotate its credentials keeps its region, backup destination and the
+    rest); a setting not given is empty on a new cell (its deployment model hosted).
+
+    One registration at a time: two at once of one name would both insert it, and two that
+    both make their cell the default would both take it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('opsdeck.cell_register'))")
+    cell = Cell.objects.filter(name=name).first() or Cell(name=name)
+    given = {
+        "context": context,
+        "region": region,
+        "cloud": cloud,
+        "deployment_model": deployment_model,
+        "backup_destination": backup_destination,
+        "operator_namespace": operator_namespace,
+    }
+    for setting, value in given.items():
+        if value is not _KEPT:
+            setattr(cell, setting, value)
+    if backup_credentials is not _KEPT:
+        cell.backup_credentials = json.dumps(backup_credentials) if backup_credentials else ""
     cell.kubeconfig = kubeconfig
-    cell.context = context
-    cell.region = region
-    cell.cloud = cloud
-    cell.deployment_model = deployment_model
-    cell.backup_destination = backup_destination
-    cell.backup_credentials = json.dumps(backup_credentials) if backup_credentials else ""
-    cell.operator_namespace = operator_namespace
+    cell_check(kubeconfig=kubeconfig, context=cell.context, name=name)
     if make_default or not Cell.objects.exclude(pk=cell.pk).filter(is_default=True).exists():
         Cell.objects.exclude(pk=cell.pk).filter(is_default=True).update(is_default=False)
         cell.is_default = True

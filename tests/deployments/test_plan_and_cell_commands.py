@@ -138,6 +138,54 @@ def test_add_cell_checks_the_cluster_and_stores_the_kubeconfig_encrypted(
     assert "server:" not in stored and "s3cret" not in stored
 
 
+def test_add_cell_again_changes_only_the_options_given(
+    transactional_db, sandbox_kubeconfig, tmp_path, capsys
+):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(sandbox_kubeconfig)
+    credentials = tmp_path / "keys.json"
+    credentials.write_text(json.dumps({"ACCESS_KEY_ID": "k", "ACCESS_SECRET_KEY": "s3cret"}))
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig), "--region", "eu-west-1",
+        "--cloud", "aws", "--backup-destination", "s3://b/p",
+        "--backup-credentials", str(credentials),
+    )  # fmt: skip
+    call_command("add_cell", "--name", "us-1", "--kubeconfig", str(kubeconfig))
+    rotated = tmp_path / "rotated"
+    rotated.write_text(sandbox_kubeconfig + "# rotated\n")
+    capsys.readouterr()
+
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(rotated))  # new credentials
+    call_command("add_cell", "--name", "us-1", "--kubeconfig", str(kubeconfig), "--default")
+
+    out = capsys.readouterr().out
+    assert "Cell eu-1 updated: only the options given changed (default)." in out
+    assert "Cell us-1 updated: only the options given changed (default)." in out
+    eu = Cell.objects.get(name="eu-1")
+    assert eu.kubeconfig.endswith("# rotated\n")
+    assert (eu.region, eu.cloud, eu.backup_destination) == ("eu-west-1", "aws", "s3://b/p")
+    assert json.loads(eu.backup_credentials)["ACCESS_SECRET_KEY"] == "s3cret"
+    assert not eu.is_default and Cell.objects.get(name="us-1").is_default
+
+
+def test_cells_registered_at_once_as_the_default_leave_one_default_and_no_error(
+    transactional_db, sandbox_kubeconfig
+):
+    from deployments import services
+    from tests.concurrency import race
+
+    def register(name):
+        return services.cell_register(name=name, kubeconfig=sandbox_kubeconfig, make_default=True)
+
+    names = iter(["eu-1", "eu-2", "eu-3", "eu-4"])
+    apart = race(lambda: register(next(names)))  # four cells, each made the default
+    again = race(lambda: register("us-1"))  # one cell, registered four times at once
+
+    assert [r for r in apart + again if isinstance(r, Exception)] == []
+    assert Cell.objects.count() == 5
+    assert list(Cell.objects.filter(is_default=True).values_list("name", flat=True)) == ["us-1"]
+
+
 def widget_plan(*, cells: list[str] | None = None) -> str:
     """The shipped spec with its operator's kinds moved to a group the sandbox does not serve."""
     text = (

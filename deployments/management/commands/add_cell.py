@@ -18,23 +18,24 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--name", required=True)
         parser.add_argument("--kubeconfig", required=True, help="path of a kubeconfig file")
-        parser.add_argument("--context", default="", help="kubeconfig context (default: current)")
-        parser.add_argument("--region", default="")
-        parser.add_argument("--cloud", default="")
+        # Each option left out keeps the cell's setting when it exists (empty for a new one).
+        parser.add_argument("--context", help="kubeconfig context (default: current)")
+        parser.add_argument("--region")
+        parser.add_argument("--cloud")
         parser.add_argument(
-            "--model", default=Cell.DeploymentModel.HOSTED, choices=Cell.DeploymentModel.values
+            "--model",
+            choices=Cell.DeploymentModel.values,
+            help=f"default for a new cell: {Cell.DeploymentModel.HOSTED}",
         )
         parser.add_argument(
-            "--backup-destination", default="", help="object store prefix, e.g. s3://bucket/path"
+            "--backup-destination", help="object store prefix, e.g. s3://bucket/path"
         )
         parser.add_argument(
             "--backup-credentials",
-            default="",
             help="JSON file with ACCESS_KEY_ID and ACCESS_SECRET_KEY for the object store",
         )
         parser.add_argument(
             "--operator-namespace",
-            default="",
             help="where the operators run in this cluster (default: the namespace each plan's "
             "spec names)",
         )
@@ -45,11 +46,12 @@ class Command(BaseCommand):
             kubeconfig = Path(options["kubeconfig"]).read_text()
             credentials = (
                 json.loads(Path(options["backup_credentials"]).read_text())
-                if options["backup_credentials"]
+                if options["backup_credentials"] is not None
                 else None
             )
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
+        known = Cell.objects.filter(name=options["name"]).exists()
         try:
             cell = services.cell_register(
                 name=options["name"],
@@ -66,4 +68,5 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         default = " (default)" if cell.is_default else ""
-        self.stdout.write(f"Cell {cell.name} registered{default}.")
+        done = "updated: only the options given changed" if known else "registered"
+        self.stdout.write(f"Cell {cell.name} {done}{default}.")
