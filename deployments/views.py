@@ -2,7 +2,7 @@ import re
 import time
 import unicodedata
 import uuid
-from datetime import UTC
+from datetime import UTC, timedelta
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
@@ -743,12 +743,19 @@ def _local(moment) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def _second_up(moment):
+    """The first whole second at or after `moment`: the form's seconds, which a window's start
+    within a second would otherwise cut to one before it (and refuse)."""
+    whole = moment.replace(microsecond=0)
+    return whole if whole == moment else whole + timedelta(seconds=1)
+
+
 def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm:
     spec = selectors.plan_spec(snapshot.plan_version)
     bounds = None
     if _point_in_time(snapshot.plan_version):
         low, high = selectors.recovery_window(snapshot, timezone.now())
-        bounds = (_local(low), _local(high))
+        bounds = (_local(min(_second_up(low), high)), _local(high))
     form_class = forms.restore_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,

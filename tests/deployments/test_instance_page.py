@@ -1113,6 +1113,24 @@ def test_a_point_in_time_before_the_backup_is_refused_beside_the_field(owner_cli
     assert Instance.objects.count() == 1
 
 
+def test_the_first_point_in_time_the_form_offers_is_taken(owner_client, instance):
+    snapshot = instance.snapshots.get()
+    taken = (timezone.now() - timedelta(hours=3)).replace(microsecond=250_000)
+    Snapshot.objects.filter(pk=snapshot.pk).update(created_at=taken)
+
+    html = owner_client.get(_restore_url(instance, snapshot)).content.decode()
+    first = re.search(r'name="target_time"[^>]*min="([^"]+)"', html).group(1)
+    response = owner_client.post(
+        _restore_url(instance, snapshot), {"name": "copy", "target_time": first}
+    )
+
+    assert first == f"{taken.astimezone(UTC) + timedelta(seconds=1):%Y-%m-%dT%H:%M:%S}"
+    assert response.status_code == 302, re.findall(
+        r'field-error"[^>]*>([^<]+)', response.content.decode()
+    )
+    assert Instance.objects.filter(name="copy").exists()
+
+
 def test_the_point_in_time_is_bounded_by_what_the_operator_can_recover(owner_client, instance):
     snapshot = instance.snapshots.get()
     taken = (timezone.now() - timedelta(hours=3)).replace(microsecond=0)
