@@ -433,9 +433,12 @@ class KubeDriver:
     # --- what Opsdeck itself needs ------------------------------------------------
 
     def serves(self, api_version: str, kind: str) -> bool:
-        """Whether the cluster serves `kind` (e.g. the operator's CRDs are installed)."""
+        """Whether the cluster serves `kind` (e.g. the operator's CRDs are installed). A refusal
+        the API answers with (401, 403) is raised: it says nothing of the kinds served."""
         try:
             self._resource({"apiVersion": api_version, "kind": kind})
-        except PermanentError:
+        except PermanentError as exc:
+            if exc.status is not None:
+                raise
             return False
         return True

@@ -160,6 +160,10 @@ def cell_check(*, kubeconfig: str, context: str = "", name: str = "") -> None:
         finally:
             driver.close()
     except DriverError as exc:
+        if exc.status in (401, 403):
+            raise ValidationError(
+                f"The cluster refuses the kubeconfig's credentials: {exc.message}"
+            ) from exc
         raise ValidationError(f"The cluster cannot be reached: {exc.message}") from exc
     if missing:
         lacks = "; ".join(f"{', '.join(kinds)}{todo}" for todo, kinds in missing.items())

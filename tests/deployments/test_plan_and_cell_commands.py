@@ -2,6 +2,7 @@
 
 import json
 import uuid
+from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -171,9 +172,6 @@ def test_add_cell_again_changes_only_the_options_given(
 def test_cells_registered_at_once_as_the_default_leave_one_default_and_no_error(
     transactional_db, sandbox_kubeconfig
 ):
-    from deployments import services
-    from tests.concurrency import race
-
     def register(name):
         return services.cell_register(name=name, kubeconfig=sandbox_kubeconfig, make_default=True)
 
@@ -184,6 +182,29 @@ def test_cells_registered_at_once_as_the_default_leave_one_default_and_no_error(
     assert [r for r in apart + again if isinstance(r, Exception)] == []
     assert Cell.objects.count() == 5
     assert list(Cell.objects.filter(is_default=True).values_list("name", flat=True)) == ["us-1"]
+
+
+@pytest.mark.parametrize("plans", [[], ["postgres"]])
+def test_add_cell_refuses_a_cluster_that_refuses_its_credentials_saying_so(
+    transactional_db, tmp_path, plans
+):
+    import yaml
+
+    from sandbox.api import Sandbox
+
+    if plans:
+        call_command("load_specs", str(SPEC), stdout=StringIO())
+    with Sandbox(token="right-token") as guarded:
+        config = guarded.kubeconfig()
+        config["users"][0]["user"]["token"] = "wrong-token"
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(config))
+        with pytest.raises(CommandError) as refused:
+            call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig))
+
+    assert str(refused.value).startswith("The cluster refuses the kubeconfig's credentials: ")
+    assert "does not serve" not in str(refused.value)
+    assert not Cell.objects.exists()
 
 
 def widget_plan(*, cells: list[str] | None = None) -> str:
