@@ -341,6 +341,10 @@ class KindWatch(threading.Thread):
         event_handle(self.lease, self.kind, obj, deleted=deleted)
 
 
+def _config(cell: Cell) -> tuple[str, str]:
+    return cell.kubeconfig, cell.context
+
+
 class CellWatcher:
     """What `watch_cells` runs: takes the lease of every cell it can, watches the kinds of
     the loaded plans in each, renews, and stops a cell's watches when its lease is lost."""
@@ -384,6 +388,15 @@ class CellWatcher:
                 held = (Lease(cell.pk, self.holder, epoch), threading.Event(), {})
                 self.cells[cell.pk] = held
             lease, stop, watches = held
+            if any(_config(w.cell) != _config(cell) for w in watches.values()):
+                # Its kubeconfig changed (`add_cell` again: credentials rotated, another
+                # address): its watches start again on the new one. The old ones stop at their
+                # next event or retry, unwaited for, as the lease is kept.
+                log.info("watch_cells: the configuration of cell %s changed", cell.name)
+                stop.set()
+                held = (lease, threading.Event(), {})
+                self.cells[cell.pk] = held
+                lease, stop, watches = held
             for key, kind in kinds.items():
                 if key not in watches:
                     watches[key] = KindWatch(lease, cell, kind, stop)

@@ -73,6 +73,27 @@ def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
     assert observed().get("total") == 2
 
 
+def test_a_cell_given_another_kubeconfig_is_watched_there_and_wakes_its_operations(
+    worker, cell, plan, tenant, owner, settings, cell_watcher
+):
+    import yaml
+
+    from sandbox.api import Sandbox
+
+    settings.OPSDECK_POLL_FIRST = settings.OPSDECK_POLL_MAX = SLOW_POLL
+    with Sandbox(speed=200) as moved:
+        # `add_cell` again with the cluster's new address (or rotated credentials).
+        services.cell_register(name=cell.name, kubeconfig=yaml.safe_dump(moved.kubeconfig()))
+        create = services.instance_create(
+            actor=Actor(user=owner), tenant=tenant, plan=plan, name="moved",
+            parameters={}, request_id="w-moved",
+        )  # fmt: skip
+
+        # Woken by the watches of the new cluster, well before a poll would look again.
+        done = wait_done(create, timeout=SLOW_POLL / 2)
+        assert done.state == Operation.State.SUCCEEDED, done.error
+
+
 def test_the_watcher_streams_the_kinds_templates_wait_on_not_those_they_only_write(plan):
     # The plan writes Secrets but never waits on one: their events could move no run on.
     kinds = CellWatcher(holder="kinds").kinds()
