@@ -116,13 +116,20 @@ def test_load_specs_reports_every_error_and_loads_nothing(transactional_db, tmp_
     assert not Plan.objects.exists()
 
 
-def test_add_cell_checks_the_cluster_and_stores_the_kubeconfig_encrypted(
-    transactional_db, sandbox_kubeconfig, tmp_path, capsys
-):
+@pytest.fixture
+def cell_files(sandbox_kubeconfig, tmp_path):
+    """The sandbox's kubeconfig and an object store's keys, as files `add_cell` reads."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(sandbox_kubeconfig)
     credentials = tmp_path / "keys.json"
     credentials.write_text(json.dumps({"ACCESS_KEY_ID": "k", "ACCESS_SECRET_KEY": "s3cret"}))
+    return kubeconfig, credentials
+
+
+def test_add_cell_checks_the_cluster_and_stores_the_kubeconfig_encrypted(
+    transactional_db, sandbox_kubeconfig, cell_files, capsys
+):
+    kubeconfig, credentials = cell_files
 
     call_command(
         "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig), "--region", "eu-west-1",
@@ -140,12 +147,9 @@ def test_add_cell_checks_the_cluster_and_stores_the_kubeconfig_encrypted(
 
 
 def test_add_cell_again_changes_only_the_options_given(
-    transactional_db, sandbox_kubeconfig, tmp_path, capsys
+    transactional_db, sandbox_kubeconfig, cell_files, tmp_path, capsys
 ):
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(sandbox_kubeconfig)
-    credentials = tmp_path / "keys.json"
-    credentials.write_text(json.dumps({"ACCESS_KEY_ID": "k", "ACCESS_SECRET_KEY": "s3cret"}))
+    kubeconfig, credentials = cell_files
     call_command(
         "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig), "--region", "eu-west-1",
         "--cloud", "aws", "--backup-destination", "s3://b/p",
