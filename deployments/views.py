@@ -320,6 +320,12 @@ def _tab_context(
         return {
             "snapshots": list(page),
             "snapshots_page": page,
+            # Kept past its expiry, as pruning keeps it (`services.snapshots_prune`).
+            "newest_completed": selectors.snapshots_listed(instance)
+            .filter(status=Snapshot.Status.COMPLETED)
+            .values_list("pk", flat=True)
+            .first(),
+            "now": timezone.now(),
             "backup": next((a for a in actions if a.verb == "backup"), None),
             "schedule": selectors.backup_schedule_of(instance),
             "retention_most": selectors.backup_retention_most(instance),

@@ -925,8 +925,10 @@ def test_the_restore_form_is_prefilled_from_the_backup_never_with_a_password(
     owner_client, instance
 ):
     snapshot = instance.snapshots.get()
+    taken = timezone.now() - timedelta(seconds=5, microseconds=300_000)  # within a second
     Snapshot.objects.filter(pk=snapshot.pk).update(
-        parameters={**snapshot.parameters, "database": "ledger", "instances": 3}
+        parameters={**snapshot.parameters, "database": "ledger", "instances": 3},
+        created_at=taken,
     )
 
     response = owner_client.get(_restore_url(instance, snapshot))
@@ -945,8 +947,9 @@ def test_the_restore_form_is_prefilled_from_the_backup_never_with_a_password(
     assert SECRET not in html
     # The shipped spec's restore reads $sys.restore.targetTime: a point in time, in UTC.
     field = re.search(r'<input type="datetime-local" name="target_time"[^>]*>', html).group()
-    created = snapshot.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    assert f'min="{created}"' in field and 'max="' in field
+    # From the first whole second the backup covers, which the restore takes.
+    first = taken.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    assert f'min="{first:%Y-%m-%dT%H:%M:%S}"' in field and 'max="' in field
     assert "Point in time (UTC)" in html
 
 
@@ -1741,6 +1744,21 @@ def test_deleting_many_platform_secrets_at_once_names_each_one_read_in_as_many_q
         assert f"PostgreSQL version 2, which reads $secret.{name}" in page
     assert page.count("which reads $secret.") == len(names)  # SPARE, read by none, is not
     assert PlatformSecret.objects.count() == len(names) + 1
+
+
+def test_a_deleted_instances_newest_backup_past_its_retention_says_it_is_kept(
+    owner_client, instance
+):
+    past = timezone.now() - timedelta(days=60)
+    Snapshot.objects.filter(instance=instance).update(created_at=past, expires_at=past)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+    assert services.snapshots_prune() == 0  # the newest completed one stays
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    assert "kept: the newest backup" in page
+    assert '<span class="stack-label">Expires </span><time' not in page  # no "2 months ago"
+    assert "and the newest completed one until it is deleted." in page
 
 
 def test_the_backups_tab_lists_fifty_a_page_and_a_refused_delete_reopens_on_its_page(
