@@ -17,9 +17,15 @@ from deployments.models import Cell
 _drivers: dict[tuple[int, str], KubeDriver] = {}
 
 
+def configuration(cell: Cell) -> str:
+    """What a cell is reached with: its kubeconfig and context (a change of either is another
+    driver, and the watcher starts the cell's watches again on it)."""
+    return cell.kubeconfig + "\0" + cell.context
+
+
 def driver_for(cell: Cell) -> KubeDriver:
     """One driver (one ApiClient and discovery cache) per cell and configuration, per process."""
-    key = (cell.pk, cell.kubeconfig + "\0" + cell.context)
+    key = (cell.pk, configuration(cell))
     if key not in _drivers:
         api = (
             api_client_from_kubeconfig(cell.kubeconfig, context=cell.context or None)

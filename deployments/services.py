@@ -424,9 +424,8 @@ def _instance_insert(instance: Instance, operation: Operation, event: AuditEvent
     except IntegrityError as exc:
         if _constraint(exc) != NAME_ONCE:
             raise
-        taken = selectors.instance_named(instance.tenant, instance.name)
-        name = taken.name if taken else instance.name
-        raise ValidationError({"name": NAME_TAKEN.format(name)}) from exc
+        taken = instance_name_errors(instance.tenant, instance.name)
+        raise ValidationError(taken or {"name": NAME_TAKEN.format(instance.name)}) from exc
     operation_dispatch(operation.pk)
 
 

@@ -321,7 +321,7 @@ def _tab_context(
             "snapshots": list(page),
             "snapshots_page": page,
             # Kept past its expiry, as pruning keeps it (`services.snapshots_prune`).
-            "newest_completed": selectors.snapshots_listed(instance)
+            "newest_completed": selectors.snapshots_of_instance(instance)
             .filter(status=Snapshot.Status.COMPLETED)
             .values_list("pk", flat=True)
             .first(),

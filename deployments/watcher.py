@@ -39,7 +39,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from deployments import rows, selectors, status
-from deployments.cells import driver_for
+from deployments.cells import configuration, driver_for
 from deployments.kube import KubeDriver, WatchExpired
 from deployments.models import Cell, Instance, Operation, PlanVersion
 from deployments.transitions import operation_dispatch
@@ -341,10 +341,6 @@ class KindWatch(threading.Thread):
         event_handle(self.lease, self.kind, obj, deleted=deleted)
 
 
-def _config(cell: Cell) -> tuple[str, str]:
-    return cell.kubeconfig, cell.context
-
-
 class CellWatcher:
     """What `watch_cells` runs: takes the lease of every cell it can, watches the kinds of
     the loaded plans in each, renews, and stops a cell's watches when its lease is lost."""
@@ -388,7 +384,7 @@ class CellWatcher:
                 held = (Lease(cell.pk, self.holder, epoch), threading.Event(), {})
                 self.cells[cell.pk] = held
             lease, stop, watches = held
-            if any(_config(w.cell) != _config(cell) for w in watches.values()):
+            if any(configuration(w.cell) != configuration(cell) for w in watches.values()):
                 # Its kubeconfig changed (`add_cell` again: credentials rotated, another
                 # address): its watches start again on the new one. The old ones stop at their
                 # next event or retry, unwaited for, as the lease is kept.
