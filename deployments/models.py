@@ -1,6 +1,8 @@
+import json
 import secrets
 import string
 import uuid
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.core.validators import RegexValidator
@@ -426,9 +428,17 @@ class CellWatchLease(models.Model):
     holder = models.CharField(max_length=200)
     epoch = models.BigIntegerField(default=1)
     expires_at = models.DateTimeField()
+    # The kinds whose watch streams, as of the last renewal (`kinds_value`): an operation
+    # waiting only on objects of these is woken by their changes, and polls slowly.
+    watching = models.JSONField(default=list)
 
     def __str__(self) -> str:
         return f"{self.cell_id}: {self.holder} (epoch {self.epoch})"
+
+    @staticmethod
+    def kinds_value(kinds: Iterable[tuple[str, str]]) -> str:
+        """(apiVersion, kind) pairs as `watching` holds them: a JSON array of "apiVersion/Kind"."""
+        return json.dumps(sorted(f"{api_version}/{kind}" for api_version, kind in kinds))
 
 
 class ServerSample(models.Model):

@@ -27,7 +27,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -558,7 +557,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # rendered for the next move to send, or the run's first change the cluster took.
         flushed = engine.holds_unsent(state) or _first_change(op, state, saved)
         delay = _wait(
-            op, state, step, now, token, due=due, watched_kinds=spec.waited_kinds,
+            op, state, step, now, token, due=due,
             keep=in_time, runs=runs, flushed=flushed,
         )  # fmt: skip
         held.kept = in_time and delay == 0
@@ -589,7 +588,6 @@ def _wait(
     token: uuid.UUID,
     *,
     due,
-    watched_kinds: Collection[tuple[str, str]] = (),
     keep: bool = False,
     runs: Runs | None = None,
     flushed: bool = True,
@@ -600,8 +598,8 @@ def _wait(
 
     The cell watcher wakes a waiting operation by making it due (`next_step_at`) when an
     object it waits on changes in a way that decides its condition (`engine.wakes`). While it
-    does — it holds the cell's lease and watches every kind waited on (`watched_kinds`: the
-    plan's) — polling is only the safety net: the next look is `OPSDECK_POLL_MAX` away. Else
+    does — it holds the cell's lease and its watch of every kind waited on streams
+    (`_watched`) — polling is only the safety net: the next look is `OPSDECK_POLL_MAX` away. Else
     the poll starts fast and slows down (`poll_delay`).
 
     A wake-up that arrives while this move runs finds the operation claimed, and this move may
@@ -614,7 +612,7 @@ def _wait(
     op.waiting_on = engine.waiting_on(state)
     if step.progressed:
         delay = 0.0
-    elif _watched(op, watched_kinds):
+    elif _watched(op):
         delay = settings.OPSDECK_POLL_MAX
     else:
         delay = poll_delay(op.idle_steps)
@@ -632,18 +630,19 @@ def _wait(
     return 0.0
 
 
-def _watched(op: Operation, kinds: Collection[tuple[str, str]]) -> bool:
-    """Whether a change to what the operation waits on wakes it: it waits on objects, each of
-    a kind in `kinds`, and a cell watcher holds the lease of its instance's cell."""
-    if not op.waiting_on or any(
-        (entry.get("apiVersion", ""), entry["object"].split("/", 1)[0]) not in kinds
-        for entry in op.waiting_on
-    ):
+def _watched(op: Operation) -> bool:
+    """Whether a change to what the operation waits on wakes it: it waits on objects, and a
+    cell watcher holds the lease of its instance's cell with a streaming watch of each of
+    their kinds (`watcher.lease_renew`). A watch that keeps failing (a kind the cluster does
+    not serve, a watch it forbids) leaves its operations on the fast poll."""
+    if not op.waiting_on:
         return False
+    kinds = {(e.get("apiVersion", ""), e["object"].split("/", 1)[0]) for e in op.waiting_on}
     with connection.cursor() as cursor:  # in SQL, as the rest of a move
         cursor.execute(
-            f"SELECT 1 FROM {CellWatchLease._meta.db_table} WHERE cell_id = %s AND expires_at > %s",  # noqa: S608 - our table
-            [op.instance.cell_id, timezone.now()],
+            f"SELECT 1 FROM {CellWatchLease._meta.db_table}"  # noqa: S608 - our table
+            " WHERE cell_id = %s AND expires_at > %s AND watching @> %s::jsonb",
+            [op.instance.cell_id, timezone.now(), CellWatchLease.kinds_value(kinds)],
         )
         return cursor.fetchone() is not None
 

@@ -41,7 +41,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from deployments import rows, selectors, status
 from deployments.cells import configuration, driver_for
 from deployments.kube import KubeDriver, WatchExpired
-from deployments.models import Cell, Instance, Operation, PlanVersion
+from deployments.models import Cell, CellWatchLease, Instance, Operation, PlanVersion
 from deployments.transitions import operation_dispatch
 from deployments.workflow import engine
 from deployments.workflow.driver import DriverError
@@ -53,6 +53,15 @@ INSTANCE_NAMESPACE = re.compile(r"inst-[a-z0-9]{8}")
 LEASE_TTL = timedelta(seconds=15)
 RENEW_EVERY = 3.0  # seconds; a lease lives through several missed renewals
 RETRY_AFTER = 2.0  # seconds before a failed list or watch is tried again
+# Seconds a watch must go without failing before it counts as streaming again (`KindWatch.
+# streaming`): one that fails at each try (a watch the cluster forbids, a kind it does not
+# serve) lists between its failures, and must not count as streaming then.
+STREAMING_AFTER = 10.0
+# Seconds a stopping watcher waits, in all, for its watches to end before it exits: a watch
+# blocked in its stream ends only at its next event or the server's timeout, and as a daemon
+# thread it cannot outlive the process; the lease is released without it (its writes are
+# fenced by the lease).
+STOP_WAIT = 5.0
 # Seconds between two looks at a watch's database connection (too old, or unusable after an
 # error, is closed; a kept one is checked before its next use): per event, that check would be
 # one more statement for every object an operator writes.
@@ -69,17 +78,18 @@ def holder_name() -> str:
 
 def lease_take(cell_id: int, holder: str) -> int | None:
     """Take the cell's lease if it is free, expired or already ours; the new epoch, or None
-    when another holder has it."""
+    when another holder has it. It holds no streaming watch yet (`lease_renew`)."""
     ttl = LEASE_TTL.total_seconds()
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO deployments_cellwatchlease (cell_id, holder, epoch, expires_at)
-            VALUES (%s, %s, 1, clock_timestamp() + make_interval(secs => %s))
+            INSERT INTO deployments_cellwatchlease (cell_id, holder, epoch, expires_at, watching)
+            VALUES (%s, %s, 1, clock_timestamp() + make_interval(secs => %s), '[]')
             ON CONFLICT (cell_id) DO UPDATE
               SET holder = EXCLUDED.holder,
                   epoch = deployments_cellwatchlease.epoch + 1,
-                  expires_at = EXCLUDED.expires_at
+                  expires_at = EXCLUDED.expires_at,
+                  watching = EXCLUDED.watching
               WHERE deployments_cellwatchlease.expires_at < clock_timestamp()
                  OR deployments_cellwatchlease.holder = EXCLUDED.holder
             RETURNING epoch
@@ -90,16 +100,21 @@ def lease_take(cell_id: int, holder: str) -> int | None:
     return row[0] if row else None
 
 
-def lease_renew(cell_id: int, holder: str, epoch: int) -> bool:
-    """Extend our lease; False when it is no longer ours (expired and taken, or gone)."""
+def lease_renew(
+    cell_id: int, holder: str, epoch: int, watching: Collection[tuple[str, str]] = ()
+) -> bool:
+    """Extend our lease, saying which kinds' watches are streaming now (`watching`: a change
+    to an object of one of them wakes the operations waiting on it, so they poll slowly);
+    False when the lease is no longer ours (expired and taken, or gone)."""
+    kinds = CellWatchLease.kinds_value(watching)
     with connection.cursor() as cursor:
         cursor.execute(
             """
             UPDATE deployments_cellwatchlease
-               SET expires_at = clock_timestamp() + make_interval(secs => %s)
+               SET expires_at = clock_timestamp() + make_interval(secs => %s), watching = %s
              WHERE cell_id = %s AND holder = %s AND epoch = %s AND expires_at > clock_timestamp()
             """,
-            [LEASE_TTL.total_seconds(), cell_id, holder, epoch],
+            [LEASE_TTL.total_seconds(), kinds, cell_id, holder, epoch],
         )
         return cursor.rowcount == 1
 
@@ -290,6 +305,16 @@ class KindWatch(threading.Thread):
         self.lease, self.cell, self.kind, self.stopping = lease, cell, kind, stopping
         self.resource_version: str | None = None
         self._tidy_at = 0.0  # when the database connection is looked at next (`TIDY_EVERY`)
+        self._failed_at = -STREAMING_AFTER  # when a list or watch last failed (monotonic)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether a change to an object of the kind reaches the watcher now: it has listed,
+        and neither listing nor watching failed for `STREAMING_AFTER` seconds."""
+        return (
+            self.resource_version is not None
+            and time.monotonic() - self._failed_at >= STREAMING_AFTER
+        )
 
     def run(self) -> None:
         try:
@@ -300,15 +325,18 @@ class KindWatch(threading.Thread):
                     self.resource_version = None  # too old: list again for a current one
                 except DriverError as exc:  # not served (yet), unreachable, refused
                     log.warning("watch %s: %s", self.name, exc.message)
-                    self.resource_version = None
-                    self.stopping.wait(RETRY_AFTER)
+                    self._failed()
                 except Exception:  # a watcher thread must not die of one bad answer
                     log.exception("watch %s failed; starting again", self.name)
-                    self.resource_version = None
                     self._tidy_at = 0.0  # perhaps a database error: look at the connection first
-                    self.stopping.wait(RETRY_AFTER)
+                    self._failed()
         finally:
             connection.close()
+
+    def _failed(self) -> None:
+        self.resource_version = None
+        self._failed_at = time.monotonic()
+        self.stopping.wait(RETRY_AFTER)
 
     def _watch(self, driver: KubeDriver) -> None:
         """List if there is no version to resume from, then watch until the server ends the
@@ -363,8 +391,12 @@ class CellWatcher:
                     log.exception("watch_cells: a round failed")
                 self.stopping.wait(RENEW_EVERY)
         finally:
+            watches = [w for _, _, held in self.cells.values() for w in held.values()]
             for cell_id in list(self.cells):
                 self._drop(cell_id, release=True)
+            deadline = time.monotonic() + STOP_WAIT
+            for thread in watches:  # their database connections closed, when they end in time
+                thread.join(max(0.0, deadline - time.monotonic()))
             connection.close()
 
     def round(self) -> None:
@@ -372,7 +404,10 @@ class CellWatcher:
         kinds = self.kinds()
         for cell in Cell.objects.all():
             held = self.cells.get(cell.pk)
-            if held is not None and not lease_renew(cell.pk, self.holder, held[0].epoch):
+            if held is not None and not lease_renew(
+                cell.pk, self.holder, held[0].epoch,
+                watching=[key for key, watch in held[2].items() if watch.streaming],
+            ):  # fmt: skip
                 log.warning("watch_cells: lost the lease of cell %s", cell.name)
                 self._drop(cell.pk, release=False)
                 held = None
@@ -412,10 +447,12 @@ class CellWatcher:
         return self._kinds[1]
 
     def _drop(self, cell_id: int, *, release: bool) -> None:
-        lease, stop, watches = self.cells.pop(cell_id)
+        """Stop a cell's watches, unwaited for: one blocked in its stream ends at its next
+        event or the server's timeout (`OPSDECK_WATCH_TIMEOUT`), and the other cells' leases
+        must be renewed meanwhile. Once the lease is released or lost, their writes are
+        refused (`_FENCE`)."""
+        lease, stop, _ = self.cells.pop(cell_id)
         stop.set()
-        for thread in watches.values():
-            thread.join(settings.OPSDECK_WATCH_TIMEOUT + 5)
         if release:
             close_old_connections()  # one broken since the last round is not used to release
             try:

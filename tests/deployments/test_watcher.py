@@ -6,18 +6,23 @@ that lost it."""
 
 import json
 import threading
+import time
 import uuid
 from datetime import timedelta
 
 import pytest
+import yaml
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import runner, services
+from deployments import watcher as watcher_module
 from deployments.models import Cell, CellWatchLease, Instance, Operation
 from deployments.status import StatusRule
 from deployments.watcher import (
+    LEASE_TTL,
     CellWatcher,
     Kind,
     Lease,
@@ -35,18 +40,37 @@ from tests.deployments.conftest import SPEC, wait_done, wait_for
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
 
 
-@pytest.fixture
-def cell_watcher(cell, settings):
-    """`watch_cells` as it runs, in a thread of this process (its watches too)."""
-    settings.OPSDECK_WATCH_TIMEOUT = 2  # a stopping watch returns within this
-    stopping = threading.Event()
-    watcher = CellWatcher(holder=f"test-{uuid.uuid4().hex[:8]}", stopping=stopping)
+def watcher_started(*cells: Cell) -> tuple[CellWatcher, threading.Thread]:
+    """`watch_cells` as it runs, in a thread of this process (its watches too), once it holds
+    `cells`."""
+    watcher = CellWatcher(holder=f"test-{uuid.uuid4().hex[:8]}", stopping=threading.Event())
     thread = threading.Thread(target=watcher.run, name="test-watch-cells", daemon=True)
     thread.start()
-    wait_for(lambda: watcher.holds(cell.pk), timeout=10, what="the watcher to take the cell")
+    wait_for(lambda: all(watcher.holds(c.pk) for c in cells), timeout=10, what="the cells taken")
+    return watcher, thread
+
+
+@pytest.fixture
+def cell_watcher(cell, settings):
+    settings.OPSDECK_WATCH_TIMEOUT = 2  # a stopping watch returns within this
+    watcher, thread = watcher_started(cell)
     yield watcher
-    stopping.set()
+    watcher.stopping.set()
     thread.join(30)
+
+
+@pytest.fixture
+def quiet_cluster(sandbox_cluster, settings, monkeypatch):
+    """Watches as a real cluster serves them when nothing changes: the server ends one after a
+    minute, and sends a bookmark about as often."""
+    settings.OPSDECK_WATCH_TIMEOUT = 60
+    monkeypatch.setattr(sandbox_cluster.core, "bookmark_seconds", 60.0)
+
+
+def streaming(cell: Cell, kind: tuple[str, str] = ("postgresql.cnpg.io/v1", "Cluster")) -> bool:
+    """Whether the cell's watcher says its watch of `kind` streams (`CellWatchLease.watching`)."""
+    lease = CellWatchLease.objects.filter(cell=cell, expires_at__gt=timezone.now()).first()
+    return lease is not None and "/".join(kind) in lease.watching
 
 
 def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
@@ -76,8 +100,6 @@ def test_an_operation_moves_on_the_operators_change_not_on_a_poll(
 def test_a_cell_given_another_kubeconfig_is_watched_there_and_wakes_its_operations(
     worker, cell, plan, tenant, owner, settings, cell_watcher
 ):
-    import yaml
-
     from sandbox.api import Sandbox
 
     settings.OPSDECK_POLL_FIRST = settings.OPSDECK_POLL_MAX = SLOW_POLL
@@ -417,7 +439,7 @@ def test_a_change_that_decides_or_breaks_the_condition_wakes_it(waiting, conditi
 
 
 def _wait_move(
-    operation: Operation, *, conditions=(f'cel: self.status.phase == "{HEALTHY}"', None), kinds=()
+    operation: Operation, *, conditions=(f'cel: self.status.phase == "{HEALTHY}"', None)
 ) -> float:
     """One move of `operation` that finds the Cluster it waits on (on `conditions`: by default
     to be healthy) still pending; its delay."""
@@ -434,7 +456,7 @@ def _wait_move(
     with transaction.atomic():
         return runner._wait(
             moving, state, engine.Step(progressed=False), now, token,
-            due=moving.next_step_at, watched_kinds=kinds,
+            due=moving.next_step_at,
         )  # fmt: skip
 
 
@@ -458,17 +480,93 @@ def test_while_a_watcher_covers_what_it_waits_on_polling_is_only_the_safety_net(
     cell_id = waiting.instance.cell_id
 
     # No watcher: the poll starts fast.
-    assert _wait_move(waiting, kinds={CLUSTER_KIND}) == runner.poll_delay(1)
+    assert _wait_move(waiting) == runner.poll_delay(1)
 
-    # A watcher holds the cell, and watches Clusters: a change wakes it, the poll is slow.
-    lease_take(cell_id, "a")
-    assert _wait_move(waiting, kinds={CLUSTER_KIND}) == runner.poll_delay(99)
+    # A watcher holds the cell, and its watch of Clusters streams: a change wakes it, the
+    # poll is slow.
+    epoch = lease_take(cell_id, "a")
+    assert lease_renew(cell_id, "a", epoch, watching=[CLUSTER_KIND, ("v1", "Pod")])
+    assert _wait_move(waiting) == runner.poll_delay(99)
 
-    # ... but not a kind it does not watch.
-    assert _wait_move(waiting, kinds={("v1", "Secret")}) == runner.poll_delay(3)
+    # ... but not while that watch fails, whatever else streams.
+    assert lease_renew(cell_id, "a", epoch, watching=[("v1", "Pod")])
+    assert _wait_move(waiting) == runner.poll_delay(3)
 
     # The watcher died: its lease expired, the poll is fast again.
+    assert lease_renew(cell_id, "a", epoch, watching=[CLUSTER_KIND])
     CellWatchLease.objects.filter(cell_id=cell_id).update(
         expires_at=timezone.now() - timedelta(seconds=1)
     )
-    assert _wait_move(waiting, kinds={CLUSTER_KIND}) == runner.poll_delay(4)
+    assert _wait_move(waiting) == runner.poll_delay(4)
+
+
+def test_a_watcher_whose_watches_fail_leaves_the_operations_of_its_cell_on_the_fast_poll(
+    transactional_db, plan, tenant, owner
+):
+    cell = Cell.objects.create(name="gone", region="eu-local", is_default=True)
+    waiting = running_operation(cell, tenant, owner)
+    cell.kubeconfig = yaml.safe_dump(  # a cluster nobody answers at
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "gone",
+            "clusters": [{"name": "gone", "cluster": {"server": "http://127.0.0.1:9"}}],
+            "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "gone"}}],
+            "users": [{"name": "gone", "user": {"token": "t"}}],
+        }
+    )
+    cell.save(update_fields=["kubeconfig"])
+    watcher, thread = watcher_started(cell)
+    try:
+        wait_for(lambda: watcher.cells[cell.pk][2], timeout=10, what="its watches to start")
+        time.sleep(watcher_module.RENEW_EVERY + 1)  # a renewal since: nothing streams
+        lease = CellWatchLease.objects.get(cell=cell)
+        assert lease.holder == watcher.holder and lease.watching == []
+
+        # The watcher holds the cell, but a change there reaches nobody: the poll is fast.
+        assert _wait_move(waiting) == runner.poll_delay(1)
+    finally:
+        watcher.stopping.set()
+        thread.join(30)
+
+
+def test_a_watcher_that_loses_a_cell_keeps_renewing_its_other_cells(
+    cell, plan, sandbox_kubeconfig, quiet_cluster
+):
+    other = services.cell_register(name="second", kubeconfig=sandbox_kubeconfig, region="local")
+    watcher, thread = watcher_started(cell, other)
+    try:
+        wait_for(lambda: streaming(cell) and streaming(other), timeout=20, what="the watches")
+
+        # Another process takes the first cell over (this one was stuck past its lease) ...
+        CellWatchLease.objects.filter(cell=cell).update(
+            holder="elsewhere", epoch=F("epoch") + 1, expires_at=timezone.now() + LEASE_TTL
+        )
+        wait_for(lambda: not watcher.holds(cell.pk), timeout=10, what="the loss to be seen")
+
+        # ... while its watches wait a minute for their next event, the other cell's lease is
+        # renewed at the next round, long before it would expire and be lost too.
+        renewed = CellWatchLease.objects.get(cell=other).expires_at
+        wait_for(
+            lambda: CellWatchLease.objects.get(cell=other).expires_at > renewed,
+            timeout=watcher_module.RENEW_EVERY * 2 + 2, what="the other cell's renewal",
+        )  # fmt: skip
+        assert watcher.holds(other.pk)
+    finally:
+        watcher.stopping.set()
+        thread.join(90)
+
+
+def test_a_watcher_told_to_stop_exits_in_seconds_and_frees_its_cells(
+    cell, plan, sandbox_kubeconfig, quiet_cluster
+):
+    other = services.cell_register(name="second", kubeconfig=sandbox_kubeconfig, region="local")
+    watcher, thread = watcher_started(cell, other)
+    wait_for(lambda: streaming(cell) and streaming(other), timeout=20, what="the watches")
+
+    # Every watch is blocked in its stream, a minute from its next event.
+    watcher.stopping.set()
+    thread.join(watcher_module.STOP_WAIT + 5)
+
+    assert not thread.is_alive()
+    assert not CellWatchLease.objects.filter(expires_at__gt=timezone.now()).exists()
