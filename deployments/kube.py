@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,9 +139,26 @@ class WatchExpired(Exception):
 
 
 class _WholeCacheDiscoverer(LazyDiscoverer):
-    """The client's discovery, its cache file written whole: the library truncates the file
-    and writes it in place, so another process reading it meanwhile (the worker beside the
-    cell watcher) found it empty and logged "load cache error" before discovering again."""
+    """The client's discovery, safe to share between threads (a cell's watches share their
+    driver), its cache file written whole.
+
+    The library discovers again whenever a lookup finds nothing, emptying its cache in place
+    while it does: another thread's lookup meanwhile failed with a `KeyError`. Lookups and
+    rediscoveries here take turns. And the library truncates the cache file and writes it in
+    place, so another process reading it meanwhile (the worker beside the cell watcher) found
+    it empty and logged "load cache error" before discovering again."""
+
+    def __init__(self, client, cache_file):
+        self._turns = threading.RLock()  # before the library's own start, which discovers
+        super().__init__(client, cache_file)
+
+    def search(self, **kwargs):
+        with self._turns:
+            return super().search(**kwargs)
+
+    def invalidate_cache(self) -> None:
+        with self._turns:
+            super().invalidate_cache()
 
     def _write_cache(self) -> None:
         path = self._Discoverer__cache_file  # the library's own (name-mangled) attribute
@@ -187,17 +205,13 @@ class KubeDriver:
     def _resource(self, obj: dict[str, Any], subresource: str | None = None):
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         try:
+            # A kind missing from the cache is looked for again on the cluster, where its CRD
+            # may have been installed since (the library's lookup discovers again on a miss).
             resource = self._discover(api_version, kind)
-        except ResourceNotFoundError:
-            # A CRD installed after discovery was cached: look again once.
-            self.dynamic.resources.invalidate_cache()
-            try:
-                resource = self._discover(api_version, kind)
-            except ResourceNotFoundError as exc:
-                raise PermanentError(
-                    f"The cluster does not serve {kind} in {api_version}; "
-                    "is its operator installed?"
-                ) from exc
+        except ResourceNotFoundError as exc:
+            raise PermanentError(
+                f"The cluster does not serve {kind} in {api_version}; is its operator installed?"
+            ) from exc
         if subresource:
             found = resource.subresources.get(subresource)
             if found is None:

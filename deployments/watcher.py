@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -52,10 +53,15 @@ log = logging.getLogger(__name__)
 INSTANCE_NAMESPACE = re.compile(r"inst-[a-z0-9]{8}")
 LEASE_TTL = timedelta(seconds=15)
 RENEW_EVERY = 3.0  # seconds; a lease lives through several missed renewals
-RETRY_AFTER = 2.0  # seconds before a failed list or watch is tried again
-# Seconds a watch must go without failing before it counts as streaming again (`KindWatch.
-# streaming`): one that fails at each try (a watch the cluster forbids, a kind it does not
-# serve) lists between its failures, and must not count as streaming then.
+# Seconds before a failed list or watch is tried again, doubling at each failure in a row up
+# to RETRY_MOST: a kind the cluster does not serve makes the client discover the whole API
+# again at each try.
+RETRY_AFTER = 2.0
+RETRY_MOST = 30.0
+# Seconds a watch must go without failing, once started again after a failure, before it counts
+# as streaming (`KindWatch.streaming`) and its next failure is no longer one in a row: one that
+# fails at each try (a watch the cluster forbids) lists between its failures, and must not
+# count as streaming then.
 STREAMING_AFTER = 10.0
 # Seconds a stopping watcher waits, in all, for its watches to end before it exits: a watch
 # blocked in its stream ends only at its next event or the server's timeout, and as a daemon
@@ -305,15 +311,19 @@ class KindWatch(threading.Thread):
         self.lease, self.cell, self.kind, self.stopping = lease, cell, kind, stopping
         self.resource_version: str | None = None
         self._tidy_at = 0.0  # when the database connection is looked at next (`TIDY_EVERY`)
-        self._failed_at = -STREAMING_AFTER  # when a list or watch last failed (monotonic)
+        # When it last started again after a failure (monotonic), and its failures in a row:
+        # each one sooner than `STREAMING_AFTER` after it started again.
+        self._resumed_at = -math.inf
+        self._failures = 0
 
     @property
     def streaming(self) -> bool:
         """Whether a change to an object of the kind reaches the watcher now: it has listed,
-        and neither listing nor watching failed for `STREAMING_AFTER` seconds."""
+        and has not failed since it started, or for `STREAMING_AFTER` seconds since it started
+        again."""
         return (
             self.resource_version is not None
-            and time.monotonic() - self._failed_at >= STREAMING_AFTER
+            and time.monotonic() - self._resumed_at >= STREAMING_AFTER
         )
 
     def run(self) -> None:
@@ -334,9 +344,12 @@ class KindWatch(threading.Thread):
             connection.close()
 
     def _failed(self) -> None:
+        """Wait before trying again, longer at each failure in a row."""
         self.resource_version = None
-        self._failed_at = time.monotonic()
-        self.stopping.wait(RETRY_AFTER)
+        in_a_row = time.monotonic() - self._resumed_at < STREAMING_AFTER
+        self._failures = self._failures + 1 if in_a_row else 1
+        self.stopping.wait(min(RETRY_MOST, RETRY_AFTER * 2 ** (self._failures - 1)))
+        self._resumed_at = time.monotonic()
 
     def _watch(self, driver: KubeDriver) -> None:
         """List if there is no version to resume from, then watch until the server ends the

@@ -278,6 +278,52 @@ def test_resolve_prefers_the_core_type_and_asks_for_a_group_between_two_others(d
             driver.delete(definition)
 
 
+def test_a_kind_whose_operator_is_installed_after_discovery_is_served(driver, namespace):
+    gadget = {"apiVersion": "gadgets.example.com/v1", "kind": "Gadget",
+              "metadata": {"name": "g", "namespace": namespace}}  # fmt: skip
+    assert not driver.serves("gadgets.example.com/v1", "Gadget")  # discovered without it
+
+    driver.apply(crd("gadgets.example.com", "Gadget"))
+    try:
+        assert driver.apply(gadget)["metadata"]["name"] == "g"
+    finally:
+        driver.delete(crd("gadgets.example.com", "Gadget"))
+
+
+def test_threads_sharing_a_driver_look_up_kinds_while_one_finds_a_kind_unserved(
+    sandbox_kubeconfig, tmp_path, namespace
+):
+    """A cell's watches share their driver; one of a kind the cluster does not serve makes the
+    client discover again at each try, which must not break the others' lookups."""
+    import threading
+
+    shared = KubeDriver(api_client_from_kubeconfig(sandbox_kubeconfig),
+                        cache_file=str(tmp_path / "cell.json"))  # fmt: skip
+    stop, failures, listed = threading.Event(), [], []
+
+    def unserved() -> None:
+        while not stop.is_set():
+            assert not shared.serves("example.com/v1", "Missing")
+
+    def served() -> None:
+        while not stop.is_set() and len(listed) < 200:
+            try:
+                listed.append(shared.list_for_watch("postgresql.cnpg.io/v1", "Cluster"))
+            except Exception as exc:  # what the watch would have failed with
+                failures.append(exc)
+
+    threads = [threading.Thread(target=unserved), threading.Thread(target=served)]
+    for thread in threads:
+        thread.start()
+    threads[1].join(60)
+    stop.set()
+    threads[0].join(30)
+    shared.close()
+
+    assert failures == []
+    assert len(listed) == 200
+
+
 @pytest.fixture
 def healthy_cluster(driver, namespace):
     """A two-server Cluster in the namespace, once the simulated operator made it healthy."""

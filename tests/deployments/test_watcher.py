@@ -25,6 +25,7 @@ from deployments.watcher import (
     LEASE_TTL,
     CellWatcher,
     Kind,
+    KindWatch,
     Lease,
     event_handle,
     lease_renew,
@@ -570,3 +571,23 @@ def test_a_watcher_told_to_stop_exits_in_seconds_and_frees_its_cells(
 
     assert not thread.is_alive()
     assert not CellWatchLease.objects.filter(expires_at__gt=timezone.now()).exists()
+
+
+def test_a_watch_of_a_kind_the_cluster_does_not_serve_tries_again_less_and_less_often(
+    cell, monkeypatch, caplog
+):
+    # Each try discovers the cluster's whole API again, looking for the kind.
+    monkeypatch.setattr(watcher_module, "RETRY_AFTER", 0.1)  # doubling: 0.1, 0.2, 0.4, 0.8 s
+    stop = threading.Event()
+    missing = Kind("example.com/v1", "Missing")
+    watch = KindWatch(Lease(cell.pk, "a", 1), cell, missing, stop)
+
+    with caplog.at_level("WARNING", logger="deployments.watcher"):
+        watch.start()
+        time.sleep(2.0)
+        stop.set()
+        watch.join(10)
+
+    tries = [r for r in caplog.records if "does not serve Missing" in r.getMessage()]
+    assert 3 <= len(tries) <= 6  # every 0.1 s, it would be some 20
+    assert not watch.streaming
