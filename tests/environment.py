@@ -7,7 +7,6 @@ two runs can share one PostgreSQL server. The servers are those `make test`'s
 launcher chose, or, when pytest runs directly, the ones it would choose.
 """
 
-import json
 import os
 import secrets
 import tempfile
@@ -40,24 +39,13 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Leave nothing of this run in the broker: its queue and the bindings kombu keeps for it."""
-    from django.conf import settings
-    from kombu import Connection
+    """Leave nothing of this run in the broker: its queue at every priority, and the messages
+    and bindings kombu keeps for it."""
+    from portal.broker import queue_forget
+    from portal.celery import app
 
     queue = os.environ["CELERY_QUEUE"]
     try:
-        with Connection(settings.CELERY_BROKER_URL) as connection:
-            client = connection.default_channel.client
-            client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
-            # Messages a killed worker held stay in kombu's unacked set, to be put back on
-            # this queue by whichever client looks next: drop them too.
-            for tag, raw in client.hscan_iter("unacked"):
-                try:
-                    routing_key = json.loads(raw)[2]
-                except (ValueError, IndexError, TypeError):
-                    continue
-                if routing_key == queue:
-                    client.hdel("unacked", tag)
-                    client.zrem("unacked_index", tag)
+        queue_forget(app, queue)
     except Exception as exc:  # a broker gone by now is not the run's failure
         print(f"\nCould not remove the test queue {queue} from the broker: {exc}")

@@ -210,3 +210,55 @@ def test_an_embedded_choice_that_is_neither_on_nor_off_is_refused(fresh_shell):
     assert launched.returncode != 0
     assert "OPSDECK_EMBEDDED is 'yes': 1 uses embedded servers" in launched.stderr
     assert not (Path(fresh_shell["OPSDECK_VAR_DIR"]) / "postgres").exists()
+
+
+def test_make_clean_removes_the_checkouts_database_queue_and_cache_keys_and_nothing_else(
+    fresh_shell,
+):
+    import uuid
+
+    import redis
+
+    if not embedded.port_answers(*embedded.LOCAL_POSTGRES) or not embedded.port_answers(
+        *embedded.LOCAL_REDIS
+    ):
+        pytest.skip("needs the local PostgreSQL and Redis that other checkouts share")
+    seen = json.loads(_launch("--dev", env=fresh_shell).stdout)  # `make run`'s database made
+    mine, other = seen["CELERY_QUEUE"], f"another-checkout-{uuid.uuid4().hex[:8]}"
+    broker = redis.Redis.from_url(seen["CELERY_BROKER_URL"])
+    cache = redis.Redis.from_url(seen["CACHE_URL"])
+    # What a checkout's processes leave in Redis, and another checkout's the same.
+    for queue in (mine, other):
+        broker.rpush(queue, "step")
+        broker.rpush(f"{queue}\x06\x163", "urgent step")  # a priority's own list
+        broker.sadd(f"_kombu.binding.{queue}", f"{queue}\x06\x16\x06\x16{queue}")
+        broker.hset("unacked", f"tag-{queue}", json.dumps([{}, queue, queue]))  # a killed worker's
+        broker.zadd("unacked_index", {f"tag-{queue}": 1})
+        cache.set(f"{queue}:1:session", "x")
+    try:
+        cleaned = subprocess.run(  # what `make clean` runs before it deletes var/
+            [sys.executable, "-m", "portal.launch", "--dev", "--",
+             sys.executable, "manage.py", "drop_dev_database"],
+            cwd=ROOT, env=fresh_shell, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert f"Removed queue {mine}" in cleaned.stdout
+        with psycopg.connect(seen["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres") as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [mine])
+            assert found.fetchone() is None
+        assert not broker.exists(mine, f"{mine}\x06\x163", f"_kombu.binding.{mine}")
+        assert not broker.hexists("unacked", f"tag-{mine}")
+        assert cache.get(f"{mine}:1:session") is None
+        # Another checkout's keys stay.
+        assert broker.exists(other, f"{other}\x06\x163", f"_kombu.binding.{other}") == 3
+        assert broker.hexists("unacked", f"tag-{other}")
+        assert cache.get(f"{other}:1:session") == b"x"
+    finally:
+        for queue in (mine, other):
+            broker.delete(queue, f"{queue}\x06\x163", f"_kombu.binding.{queue}")
+            broker.hdel("unacked", f"tag-{queue}")
+            broker.zrem("unacked_index", f"tag-{queue}")
+            cache.delete(f"{queue}:1:session")
+        broker.close()
+        cache.close()

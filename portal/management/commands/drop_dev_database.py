@@ -4,26 +4,37 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from psycopg import sql
 
+from portal.broker import cache_forget, queue_forget
+from portal.celery import app
+
 
 class Command(BaseCommand):
     help = (
-        "Drop the development database that `make run` created on a local PostgreSQL server "
-        "(used by `make clean`). Refuses unless DEBUG is on and the database is the local default."
+        "Remove what `make run` left on local servers shared with other checkouts (used by "
+        "`make clean`): its development database on the local PostgreSQL, and its Celery queue "
+        "and cache keys on the local Redis. Refuses unless DEBUG is on. What is on the embedded "
+        "servers goes with var/."
     )
 
     def handle(self, *args, **options):
-        if not settings.DEBUG or settings.OPSDECK_DATABASE_SOURCE != "local":
-            raise CommandError(
-                "Only the development database on the local server is dropped here "
-                "(DEBUG on, DATABASE_URL unset)."
-            )
-        db = settings.DATABASES["default"]
-        connections.close_all()
-        dsn = f"host={db['HOST']} port={db['PORT'] or 5432} user={db['USER']} dbname=postgres"
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(db["NAME"])
+        if not settings.DEBUG:
+            raise CommandError("Only a development checkout's data is removed here (DEBUG on).")
+        if settings.OPSDECK_DATABASE_SOURCE == "local":
+            db = settings.DATABASES["default"]
+            connections.close_all()
+            dsn = f"host={db['HOST']} port={db['PORT'] or 5432} user={db['USER']} dbname=postgres"
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(db["NAME"])
+                    )
                 )
+            self.stdout.write(f"Dropped database {db['NAME']}.")
+        if settings.OPSDECK_BROKER_SOURCE == "local":
+            # Only this checkout's keys: the queue and the cache prefix are named after its
+            # database (`portal.launch`).
+            queue_forget(app, settings.CELERY_TASK_DEFAULT_QUEUE)
+            cache_forget(settings.CACHE_URL, settings.CACHES["default"]["KEY_PREFIX"])
+            self.stdout.write(
+                f"Removed queue {settings.CELERY_TASK_DEFAULT_QUEUE} and its cache keys from Redis."
             )
-        self.stdout.write(f"Dropped database {db['NAME']}.")
