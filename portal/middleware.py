@@ -49,22 +49,36 @@ class FormOnlyAddressMiddleware:
         response = self.get_response(request)
         if response.status_code != 405 or request.method != "GET" or response.content:
             return response
-        page = render(request, "405.html", {"page": _page_above(request.path)}, status=405)
+        address, name = _page_above(request.path)
+        context = {"page": address, "page_name": name}
+        page = render(request, "405.html", context, status=405)
         page["Allow"] = response.get("Allow", "POST")
         return page
 
 
-def _page_above(path: str) -> str:
-    """The nearest address above `path` that some view answers ("/" at the last)."""
+# What the link to the page above a form-only address says, by the page's URL name.
+_PAGE_NAMES = {
+    "instance_detail": "the deployment",
+    "instance_list": "Deployments",
+    "team": "Team",
+    "billing_overview": "Billing",
+    "audit_log": "Audit log",
+    "dashboard": "the dashboard",
+}
+
+
+def _page_above(path: str) -> tuple[str, str]:
+    """The nearest address above `path` that some view answers ("/" at the last), and what a
+    link to it says."""
     parts = path.strip("/").split("/")
     for end in range(len(parts) - 1, 0, -1):
         above = "/" + "/".join(parts[:end]) + "/"
         try:
-            resolve(above)
+            found = resolve(above)
         except Resolver404:
             continue
-        return above
-    return "/"
+        return above, _PAGE_NAMES.get(found.url_name, "the page above")
+    return "/", "the home page"
 
 
 class HtmxPageGoneMiddleware:

@@ -49,17 +49,17 @@ def test_an_address_only_a_form_is_sent_to_opened_as_a_page_says_so_and_leads_to
     from accounts.models import Membership
 
     membership = Membership.objects.get(tenant=tenant, user=owner)
-    for address, page_above in [
+    for address, page_above, name in [
         (f"/t/{tenant.slug}/deployments/inst-abcdefgh/actions/stop/",
-         f"/t/{tenant.slug}/deployments/inst-abcdefgh/"),
-        (f"/t/{tenant.slug}/team/{membership.pk}/role/", f"/t/{tenant.slug}/team/"),
+         f"/t/{tenant.slug}/deployments/inst-abcdefgh/", "the deployment"),
+        (f"/t/{tenant.slug}/team/{membership.pk}/role/", f"/t/{tenant.slug}/team/", "Team"),
     ]:  # fmt: skip
         page = owner_client.get(address)
 
         assert page.status_code == 405 and page["Allow"] == "POST"
         text = page.content.decode()
         assert "Sent from a form only" in text and "Nothing was done." in text
-        assert f'<a href="{page_above}">Go to {page_above}</a>' in text
+        assert f'<a href="{page_above}">Go to {name}</a>' in text  # named, not a raw path
     assert Membership.objects.get(pk=membership.pk).role == "owner"
 
 
