@@ -96,15 +96,34 @@ def plan_version_loaded(version_id: int) -> LoadedVersion:
 
 def cell_offered(cell_id: int, tenant_id: int) -> bool:
     """Whether the tenant may run instances on the cell (`Cell.objects.offered_to`): a public
-    cell, or one of its private ones. In SQL: every create asks."""
+    cell, or one of its private ones. In SQL: every create asks.
+
+    The cell's row is share-locked until the transaction ends: a withdrawal (the admin saves
+    the cell) waits for the creates that found it offered, instead of committing while they
+    go on to make an instance there. Creates on one cell do not wait for each other."""
     cells, private = Cell._meta.db_table, Cell.tenants.through._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {cells} c WHERE c.id = %s AND (c.public OR EXISTS ("  # noqa: S608 - our names
-            f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s))",
+            f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s))"
+            " FOR SHARE OF c",
             [cell_id, tenant_id],
         )
         return cursor.fetchone() is not None
+
+
+def cell_default_offered(tenant_id: int) -> Cell | None:
+    """The cell a create that names none goes to: of those offered to the tenant (as
+    `Cell.objects.offered_to`), the default one, else the first by name; share-locked as
+    `cell_offered` locks it."""
+    cells, private = Cell._meta.db_table, Cell.tenants.through._meta.db_table
+    found = Cell.objects.raw(
+        f"SELECT c.* FROM {cells} c WHERE c.public OR EXISTS ("  # noqa: S608 - our names
+        f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s)"
+        " ORDER BY c.is_default DESC, c.name LIMIT 1 FOR SHARE OF c",
+        [tenant_id],
+    )
+    return next(iter(found), None)
 
 
 _LATEST = ["id", "number", "digest", "released_at"]  # in the model's order, as `from_db` reads them

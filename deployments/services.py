@@ -369,7 +369,7 @@ def _instance_checked(
     fixed ones cannot change), and the tenant's entitlements on the plan for `action` (create
     or restore)."""
     if cell is None:
-        cell = Cell.objects.offered_to(tenant).order_by("-is_default", "name").first()
+        cell = selectors.cell_default_offered(tenant.pk)
         if cell is None:
             raise ValidationError(
                 "No region is offered to your organization yet: ask the platform team."

@@ -79,3 +79,48 @@ def test_with_only_cells_not_offered_to_it_the_tenant_is_told_to_ask_the_platfor
         "No region is offered to your organization yet: ask the platform team."
     ]
     assert not Instance.objects.exists()
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["region-chosen", "default-region"])
+@pytest.mark.django_db(transaction=True)
+def test_a_region_withdrawn_while_a_create_goes_on_is_withdrawn_after_it(owner, tenant, named):
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    cell = Cell.objects.create(name="eu", region="eu", is_default=True)
+    checked, made_before = threading.Event(), []
+
+    def creating() -> None:
+        try:
+            with transaction.atomic():
+                create(owner, tenant, plan, cell if named else None)
+                checked.set()
+                time.sleep(0.5)  # the rest of the create's transaction
+        finally:
+            connection.close()
+
+    def withdrawing() -> None:
+        try:
+            region = Cell.objects.get(pk=cell.pk)
+            region.public = False
+            region.save()  # as the admin saves it
+            made_before.append(Instance.objects.filter(cell=cell).exists())
+        finally:
+            connection.close()
+
+    creator = threading.Thread(target=creating)
+    creator.start()
+    assert checked.wait(30)  # the create found the region offered ...
+    platform_team = threading.Thread(target=withdrawing)  # ... when it is withdrawn
+    platform_team.start()
+    creator.join(30)
+    platform_team.join(30)
+
+    # The create came first: its instance was made while the region was offered, and the
+    # withdrawal, once saved, sees it.
+    assert made_before == [True]
+    assert Instance.objects.filter(cell=cell).count() == 1
+    assert not Cell.objects.get(pk=cell.pk).public
