@@ -1,10 +1,16 @@
+import re
+import uuid
+
 from django import forms
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.db.models import OuterRef, Subquery
+from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from accounts.admin import ServiceOwnedAdmin, StaffAudited
+from accounts.admin import ServiceOwnedAdmin, StaffAudited, run_action, staff_actor
 from accounts.audit import Actor, audit_record
-from deployments import selectors
+from deployments import selectors, services
 from deployments.models import (
     BackupSchedule,
     Cell,
@@ -74,14 +80,92 @@ class StateChangeInline(admin.TabularInline):
         return False
 
 
+# A fleet request id: the confirmation page's, one per instance it queues an operation on.
+_FLEET_REQUEST = re.compile(r"[0-9a-f]{32}")
+# The number of the newest version of an instance's plan, what an upgrade moves it to.
+_newest_version = Subquery(
+    PlanVersion.objects.filter(plan_id=OuterRef("plan_version__plan_id"))
+    .order_by("-number")
+    .values("number")[:1]
+)
+
+
 @admin.register(Instance)
 class InstanceAdmin(ServiceOwnedAdmin):
+    """Instances change through their operations. Platform staff queue them across the fleet
+    with the actions below (filter by cell, plan or state, select, confirm): each instance's
+    operation runs after those queued on it before, as if its owners had asked, and is
+    recorded in the audit log as staff's."""
+
     list_display = ["id", "name", "tenant", "plan_version", "cell", "state", "created_at"]
     list_filter = ["state", "cell", "plan_version__plan"]
     search_fields = ["id", "name", "tenant__slug", "tenant__name"]
     list_select_related = ["tenant", "plan_version__plan", "cell"]
     exclude = ["secret_parameters"]
     inlines = [StateChangeInline]
+    actions = ["upgrade", "restart", "stop", "start"]
+
+    def has_operate_permission(self, request) -> bool:
+        return request.user.has_perm("deployments.change_instance")
+
+    @admin.action(
+        description="Upgrade the selected instances to their plan's newest version",
+        permissions=["operate"],
+    )
+    def upgrade(self, request, queryset):
+        return self._fleet(request, queryset, "upgrade", "Upgrade queued")
+
+    @admin.action(description="Restart the selected instances", permissions=["operate"])
+    def restart(self, request, queryset):
+        return self._fleet(request, queryset, "restart", "Restart queued")
+
+    @admin.action(description="Stop the selected instances", permissions=["operate"])
+    def stop(self, request, queryset):
+        return self._fleet(request, queryset, "stop", "Stop queued")
+
+    @admin.action(description="Start the selected instances", permissions=["operate"])
+    def start(self, request, queryset):
+        return self._fleet(request, queryset, "start", "Start queued")
+
+    def _fleet(self, request, queryset, action: str, done: str):
+        """A page listing the selected instances, and what the action does to each, to
+        confirm; once confirmed, the operation queued on each (`run_action` reports each
+        refusal). The page's request id makes a confirmation sent twice (a reload, a double
+        click) queue each operation once."""
+        fleet_request = request.POST.get("fleet_request", "")
+        instances = list(
+            queryset.select_related("tenant", "cell", "plan_version__plan")
+            .annotate(newest=_newest_version)
+            .order_by("tenant__slug", "name")
+        )
+        if request.POST.get("confirmed") == "yes" and _FLEET_REQUEST.fullmatch(fleet_request):
+
+            def queue(instance: Instance) -> None:
+                actor, request_id = staff_actor(request), f"fleet-{fleet_request}-{instance.pk}"
+                if action != "upgrade":
+                    services.instance_action(
+                        actor=actor, instance=instance, verb=action, request_id=request_id
+                    )
+                    return
+                seen = request.POST.get(f"seen-{instance.pk}", "")  # the version the page showed
+                services.instance_upgrade(
+                    actor=actor, instance=instance, request_id=request_id,
+                    seen=int(seen) if seen.isdigit() else None,
+                )  # fmt: skip
+
+            run_action(self, request, instances, queue, done)
+            return None  # back to the list, with what was done and what was not
+        context = {
+            **self.admin_site.each_context(request),
+            "title": getattr(self, action).short_description,
+            "opts": self.model._meta,
+            "instances": instances,
+            "action": action,
+            "upgrade": action == "upgrade",
+            "fleet_request": uuid.uuid4().hex,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/deployments/instance/fleet_confirm.html", context)
 
 
 class TaskRunInline(admin.TabularInline):
