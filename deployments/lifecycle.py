@@ -66,6 +66,8 @@ class Rule:
 
 
 _LIVE = frozenset({S.RUNNING})
+# Opsdeck's verb that renders a changed backup retention into the cluster.
+RETENTION_APPLY = "applyBackupRetention"
 RULES: dict[str, Rule] = {
     # Retrying a failed create runs it again.
     "create": Rule(
@@ -103,6 +105,10 @@ RULES: dict[str, Rule] = {
     # Forgetting a snapshot leaves the instance as it is.
     "deleteBackup": Rule(
         frozenset({S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}), None, None, "backup.delete"
+    ),
+    # A changed backup retention reaches the cluster; the instance stays as it is.
+    RETENTION_APPLY: Rule(
+        frozenset({S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}), None, None, "backup.create"
     ),
     # Restore always makes a new instance, which starts out creating.
     "restore": Rule(

@@ -63,6 +63,7 @@ from deployments.transitions import (
     instance_state_set,
     operation_dispatch,
     operation_notify,
+    snapshots_expire_by,
 )
 from deployments.workflow import engine
 from deployments.workflow.driver import DriverError, PermanentError, TransientError
@@ -727,6 +728,9 @@ def _finish(
         instance_state_set(instance, after, operation=op, reason=op.error, alongside=[event])
     else:
         rows.insert(event)
+    if op.verb == lifecycle.RETENTION_APPLY and succeeded:
+        # The object store now prunes by the retention this run put on the cluster.
+        snapshots_expire_by(instance, op.arguments["retention_days"])
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
             status=Snapshot.Status.DELETED

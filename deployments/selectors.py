@@ -1029,6 +1029,7 @@ VERB_LABELS = {
     "modify": "Modify",
     "restore": "Restore",
     "deleteBackup": "Delete backup",
+    "applyBackupRetention": "Apply backup retention",
     "delete": "Delete",
 }
 

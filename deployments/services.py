@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from accounts import idempotency
@@ -51,7 +51,7 @@ from deployments.spec.loader import load_spec
 from deployments.spec.model import PlanSpec, Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
 from deployments.spec.params import check as check_value
-from deployments.transitions import instance_state_set, operation_dispatch
+from deployments.transitions import instance_state_set, operation_dispatch, snapshots_expire_by
 from deployments.workflow.driver import DriverError
 
 logger = logging.getLogger(__name__)
@@ -639,6 +639,8 @@ def instance_action(
         raise ValidationError("Deleting an instance is an action of its own.")
     if verb == "deleteBackup":  # it names a backup: the Backups tab's Delete does
         raise ValidationError("Deleting a backup is done from the Backups tab.")
+    if verb == lifecycle.RETENTION_APPLY:  # saving the schedule's retention queues it
+        raise ValidationError("The backup retention is set on the Backups tab's schedule.")
     spec_verb = spec.main.verbs.get(verb)
     if spec_verb is None:
         raise ValidationError(f"This plan has no {verb} action.")
@@ -1456,18 +1458,41 @@ def backup_schedule_update(
     retention_count: int | None,
     enabled: bool,
     seen: str | None = None,
+    request_id: str | None = None,
 ) -> BackupSchedule:
     """Set when an instance is backed up (every `interval_hours`, or at the times of a
     five-field UTC `cron`) and how long its snapshots are kept: `retention_days` for every
-    snapshot (the object store's retention policy, `$sys.backup.retentionDays`, which the
-    cluster takes at its next operation), and with `retention_count`, only that many
-    scheduled snapshots. A changed timing starts counting from now. `seen`, the schedule's
-    `settings_token` as the caller showed it: when someone changed it since, nothing is
-    saved and a ValidationError says so."""
+    snapshot (the object store's retention policy, `$sys.backup.retentionDays`), and with
+    `retention_count`, only that many scheduled snapshots. A changed timing starts counting
+    from now. `seen`, the schedule's `settings_token` as the caller showed it: when someone
+    changed it since, nothing is saved and a ValidationError says so.
+
+    A changed retention is queued to the cluster at once, through the plan's
+    applyBackupRetention (one operation per `request_id`; a repeat returns the schedule): the
+    object store prunes by it whether or not scheduled backups run. The snapshots taken before
+    keep the expiry of the retention on the cluster until that run has put the new one there.
+    (On a plan without it, the next operation that renders the retention takes it, and the
+    snapshots' expiry moves now.)"""
+    request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     cron = cron.strip() if isinstance(cron, str) else cron
     with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="backup.create")
+        claim = _claim(
+            tenant,
+            request_id,
+            "backup.schedule",
+            {
+                "instance": instance.pk,
+                "interval_hours": interval_hours,
+                "cron": cron,
+                "retention_days": retention_days,
+                "retention_count": retention_count,
+                "enabled": enabled,
+            },
+        )
+        if claim.earlier is not None:
+            return selectors.backup_schedule_of(instance)
         # Locked, as a delete locks it: one committing meanwhile is seen.
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         if instance.state in (Instance.State.DELETING, Instance.State.DELETED):
@@ -1492,6 +1517,8 @@ def backup_schedule_update(
         if errors:
             raise ValidationError(errors)
         _entitled(instance, "backup.schedule", retention_days=retention_days)
+        before = schedule.retention_days
+        queues = _retention_apply_needed(instance, before=before, after=retention_days)
         interval_hours = None if cron else interval_hours
         retimed = (schedule.interval_hours, schedule.cron) != (interval_hours, cron)
         if retimed or (enabled and not schedule.enabled) or schedule.next_run_at is None:
@@ -1506,10 +1533,18 @@ def backup_schedule_update(
         schedule.updated_at = now
         schedule.full_clean()
         schedule.save()
-        # Snapshots taken before expire by the new rule, as the object store will prune them.
-        Snapshot.objects.filter(instance=instance).exclude(status=Snapshot.Status.DELETED).update(
-            expires_at=F("created_at") + timedelta(days=retention_days)
-        )
+        if retention_days != before and not _retention_applied(instance):
+            # Snapshots taken before expire by the new rule, as the object store will prune
+            # them once an operation renders it (a plan's applyBackupRetention moves them when
+            # its run has put it on the cluster).
+            snapshots_expire_by(instance, retention_days)
+        operation = None
+        if queues:
+            operation = _operation_new(
+                actor=actor, instance=instance, verb=lifecycle.RETENTION_APPLY,
+                request_id=request_id,
+            )  # fmt: skip
+        claim.bind(operation or schedule)
         audit_record(
             actor=actor,
             action="backup.schedule",
@@ -1524,6 +1559,29 @@ def backup_schedule_update(
             },
         )
     return schedule
+
+
+def _retention_applied(instance: Instance) -> bool:
+    """Whether the instance's plan renders a changed backup retention into the cluster as soon
+    as it changes (its applyBackupRetention)."""
+    return lifecycle.RETENTION_APPLY in selectors.plan_spec(instance.plan_version).main.verbs
+
+
+def _retention_apply_needed(instance: Instance, *, before: int, after: int) -> bool:
+    """Whether a schedule's retention going from `before` to `after` days is to be queued to
+    the cluster (the caller holds the instance's lock): it changed, the plan has
+    applyBackupRetention, and none is queued already (that one reads the schedule when it
+    starts). ActionDenied when it could not run after the operations queued (an upgrade)."""
+    verb = lifecycle.RETENTION_APPLY
+    if before == after or not _retention_applied(instance):
+        return False
+    pending = selectors.operations_pending(instance)
+    if pending.filter(verb=verb, state=Operation.State.QUEUED).exists():
+        return False
+    reason = selectors.action_refusal(instance, verb, _projected_state(instance))
+    if reason or _upgrading(instance):  # behind an upgrade it would run the old version
+        raise ActionDenied(reason or UPGRADING)
+    return True
 
 
 def backups_run_due(*, now: datetime | None = None) -> dict[str, int]:

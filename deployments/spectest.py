@@ -44,6 +44,7 @@ ORDER = (
     "stop",
     "start",
     "restart",
+    "applyBackupRetention",
     "backup",
     "restore",
     "deleteBackup",

@@ -1,4 +1,5 @@
-"""Moving an instance between states, and sending an operation's work to a worker.
+"""Moving an instance between states, sending an operation's work to a worker, and when an
+instance's snapshots expire.
 
 The services that accept a verb and the runner that carries it out both use this module; they
 never call each other. Which verb moves an instance from which state to which is `lifecycle`'s
@@ -8,14 +9,15 @@ table.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 from celery import current_app
 from django.db import transaction
-from django.db.models import Model
+from django.db.models import F, Model
 from django.utils import timezone
 
 from deployments import emails, rows
-from deployments.models import Instance, InstanceStateChange, Operation
+from deployments.models import Instance, InstanceStateChange, Operation, Snapshot
 
 STEP_TASK = "deployments.tasks.operation_step"
 
@@ -94,3 +96,11 @@ def operation_notify(operation: Operation) -> None:
     task of its own would cost a worker as much as the run's last move. A mail server that
     cannot be reached does not undo the commit; the email is lost, as one whose task was lost."""
     transaction.on_commit(lambda: emails.operation_ended(operation), robust=True)
+
+
+def snapshots_expire_by(instance: Instance, retention_days: int) -> None:
+    """The instance's snapshots expire `retention_days` after they were taken, as the object
+    store prunes them once that retention is on the cluster."""
+    Snapshot.objects.filter(instance=instance).exclude(status=Snapshot.Status.DELETED).update(
+        expires_at=F("created_at") + timedelta(days=retention_days)
+    )

@@ -950,6 +950,7 @@ def backup_schedule_update(request, instance_id: str):
             retention_count=_whole(submitted["retention_count"]),
             enabled=submitted["enabled"],
             seen=request.POST.get("seen"),
+            request_id=request.POST.get("request_id"),
         )
     except ActionDenied as exc:
         return _refused(request, instance, exc, "backup.create", tab="backups")

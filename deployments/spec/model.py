@@ -23,6 +23,8 @@ SYSTEM_VERBS = (
     "backup",
     "restore",
     "deleteBackup",
+    # Opsdeck's own: renders a changed backup retention into the cluster.
+    "applyBackupRetention",
     "failover",
     "addCapacity",
     "removeCapacity",

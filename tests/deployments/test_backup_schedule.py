@@ -394,17 +394,49 @@ def _update(actor, instance, **changes):
     return services.backup_schedule_update(actor=actor, instance=instance, **values)
 
 
-def test_a_schedule_change_is_audited_and_reprices_expiry(owner, instance):
-    snapshot = _snapshot(instance, days_ago=2)
-
+def test_a_schedule_change_is_audited(owner, instance):
     schedule = _update(Actor(user=owner), instance, interval_hours=None, cron="0 3 * * *")
 
     assert schedule.cron == "0 3 * * *" and schedule.interval_hours is None
     assert schedule.next_run_at.hour == 3 and schedule.next_run_at > timezone.now()
-    snapshot.refresh_from_db()
-    assert snapshot.expires_at == snapshot.created_at + timedelta(days=7)
     event = AuditEvent.objects.get(action="backup.schedule", result="ok")
     assert event.actor == owner and event.payload["cron"] == "0 3 * * *"
+
+
+def test_a_longer_retention_is_queued_to_the_cluster_and_backups_keep_their_expiry_till_then(
+    owner, instance
+):
+    snapshot = _snapshot(instance, days_ago=2)
+    request_id = uuid.uuid4().hex
+
+    for _ in range(2):  # a repeated submit queues nothing more
+        _update(Actor(user=owner), instance, retention_days=60, request_id=request_id)
+
+    applied = Operation.objects.get(instance=instance, verb="applyBackupRetention")
+    assert applied.state == Operation.State.QUEUED
+    # The object store prunes by 30 days until that has run.
+    snapshot.refresh_from_db()
+    assert snapshot.expires_at == snapshot.created_at + timedelta(days=30)
+
+
+def test_a_retention_changed_again_before_it_reached_the_cluster_is_applied_once(owner, instance):
+    snapshot = _snapshot(instance, days_ago=2)
+
+    _update(Actor(user=owner), instance, retention_days=60)
+    _update(Actor(user=owner), instance, retention_days=7)
+
+    # One run, which reads the schedule when it starts; until it has, the cluster keeps 30.
+    assert Operation.objects.filter(instance=instance, verb="applyBackupRetention").count() == 1
+    snapshot.refresh_from_db()
+    assert snapshot.expires_at == snapshot.created_at + timedelta(days=30)
+
+
+def test_the_retention_is_applied_only_from_the_schedule(owner, instance):
+    with pytest.raises(ValidationError, match="schedule"):
+        services.instance_action(
+            actor=Actor(user=owner), instance=instance, verb="applyBackupRetention",
+            request_id=uuid.uuid4().hex,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(

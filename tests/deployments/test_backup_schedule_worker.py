@@ -1,11 +1,12 @@
 """The object store keeps backups as long as the instance's schedule says, on a real run."""
 
 import uuid
+from datetime import timedelta
 
 from accounts.audit import Actor
 from deployments import services
-from deployments.models import Operation
-from tests.deployments.conftest import decoded, wait_done
+from deployments.models import Operation, Snapshot
+from tests.deployments.conftest import decoded, instance_object, wait_done, wait_for
 
 
 def _retention(operation) -> str:
@@ -58,3 +59,43 @@ def test_a_backup_brings_the_clusters_retention_in_line_with_the_schedule(
     assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
     patch = decoded(backup.task_runs.get(node="main.retention").object)
     assert patch["spec"]["backup"]["retentionPolicy"] == "3d"
+
+
+def test_a_longer_retention_reaches_the_cluster_with_scheduled_backups_off(
+    worker, cell, plan, tenant, owner, kube
+):
+    actor = Actor(user=owner)
+    create = services.instance_create(
+        actor=actor, tenant=tenant, plan=plan, name="orders", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    instance = create.instance
+    backup = services.instance_action(
+        actor=actor, instance=instance, verb="backup", request_id=uuid.uuid4().hex
+    )
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+
+    def policy():
+        cluster = instance_object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
+        return cluster["spec"]["backup"]["retentionPolicy"]
+
+    assert policy() == "30d"
+    services.backup_schedule_update(
+        actor=actor, instance=instance, interval_hours=24, cron="",
+        retention_days=90, retention_count=None, enabled=False,
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+    # No backup runs, yet the object store keeps backups as long as the page says.
+    wait_for(lambda: policy() == "90d", timeout=30, what="the cluster to keep backups 90 days")
+    snapshot = Snapshot.objects.get(instance=instance)
+    wait_for(
+        lambda: (
+            Snapshot.objects.get(pk=snapshot.pk).expires_at
+            == snapshot.created_at + timedelta(days=90)
+        ),
+        what="the backup to expire 90 days after it was taken",
+    )
+    applied = Operation.objects.get(instance=instance, verb="applyBackupRetention")
+    assert wait_done(applied).state == Operation.State.SUCCEEDED, applied.error

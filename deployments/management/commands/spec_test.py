@@ -16,11 +16,11 @@ class Command(BaseCommand):
     help = (
         "Run every system and custom workflow of a spec against a fresh in-process sandbox "
         "cluster, in the order an instance lives through them (create, modify, failover, custom "
-        "verbs, stop, start, restart, backup, restore into a new instance, deleteBackup, "
-        "delete), and print each verb's result and duration; exits 1 when any verb failed. "
-        "Parameters take their defaults; modify moves the first modifiable Float64 parameter "
-        "to another allowed value. $sys describes a pretend cell: region 'local', cloud "
-        "'sandbox', subnets subnet-a and subnet-b, backup destination "
+        "verbs, stop, start, restart, applyBackupRetention, backup, restore into a new instance, "
+        "deleteBackup, delete), and print each verb's result and duration; exits 1 when any "
+        "verb failed. Parameters take their defaults; modify moves the first modifiable "
+        "Float64 parameter to another allowed value. $sys describes a pretend cell: region "
+        "'local', cloud 'sandbox', subnets subnet-a and subnet-b, backup destination "
         "s3://spec-test/backups, tenant 'spec-test', and the instance type from the "
         "instanceType parameter if there is one; --cell NAME describes a registered cell instead."
     )
