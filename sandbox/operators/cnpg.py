@@ -51,6 +51,7 @@ UPGRADING = "Upgrading cluster"
 WAITING_USER = "Waiting for user action"
 RESTARTING_PRIMARY = "Primary instance is being restarted in-place"
 CANNOT_CREATE = "Unable to create required cluster objects"
+UNRECOVERABLE = "Cluster is unrecoverable and needs manual intervention"
 WAITING_ACTIVE = "Waiting for the instances to become active"
 
 # Realistic durations in seconds at speed 1.0 (a 3-instance cluster is healthy in about 10 s).
@@ -61,6 +62,9 @@ SWITCHOVER_SECONDS = 2.0
 HIBERNATE_SECONDS = 2.0
 BACKUP_START_SECONDS = 0.5
 BACKUP_SECONDS = 3.0
+# A primary's restore Job whose restore keeps failing (no such backup in the object store) gives
+# up after Kubernetes' pod backoff (10 s, doubling) over the Job's default six retries.
+RECOVERY_JOB_SECONDS = 10.0 * (2**6 - 1)
 # PostgreSQL's checkpoint_timeout: a timed checkpoint (restartpoint on replicas) is logged so often.
 CHECKPOINT_SECONDS = 300.0
 
@@ -355,7 +359,12 @@ class CnpgOperator:
         source: dict[str, Any] | None = None
         recovery = (spec.get("bootstrap") or {}).get("recovery")
         if recovery is not None and not status.get("currentPrimary"):
-            source, why = self._recovery_source(c, recovery)
+            if status.get("phase") == UNRECOVERABLE:
+                return  # its restore Job failed for good: only a person can help now
+            source, why, job = self._recovery_source(c, recovery)
+            if source is None and job:
+                self._recovery_failing(c, status, why)
+                return
             if source is None:
                 # The backup may reach the object store without any event: look again next round.
                 self.polled.add((ns, name))
@@ -1201,10 +1210,32 @@ class CnpgOperator:
                 ("clusters", (meta["namespace"], meta["name"])), time.monotonic() + max(wait, 0.05)
             )
 
+    def _recovery_failing(self, c: dict[str, Any], status: dict[str, Any], why: str) -> None:
+        """A primary's restore Job that finds no backup to restore: it retries while the backup
+        may still reach the object store, then fails for good, and CloudNativePG (since 1.30)
+        calls the Cluster unrecoverable, naming the Job. What the Job's logs would say is a
+        Warning event on the Cluster (the sandbox runs no Job)."""
+        meta = c["metadata"]
+        job = f"{meta['name']}-1-full-recovery"
+        self.polled.add((meta["namespace"], meta["name"]))
+        if self._due(c, "recovery-job", RECOVERY_JOB_SECONDS):
+            self._phase(
+                status,
+                UNRECOVERABLE,
+                f"Instance creation failed for the following jobs: {job}. "
+                "Check the job logs to investigate the cause of the failure.",
+            )
+        elif status.get("phase") != SETTING_UP:
+            self._event(c, "ErrorNoBackup", f"{job}: {why}", "Warning")
+            self._phase(status, SETTING_UP, f"Creating primary instance {meta['name']}-1")
+        self._set_status(c, status)
+
     def _recovery_source(
         self, c: dict[str, Any], recovery: dict[str, Any]
-    ) -> tuple[dict[str, Any] | None, str]:
-        """The backup a recovery bootstrap restores, or None and the reason it has none."""
+    ) -> tuple[dict[str, Any] | None, str, bool]:
+        """The backup a recovery bootstrap restores, or None, the reason it has none, and
+        whether the operator would still start a restore Job (which then fails): it does once
+        it knows where to look, not for a Backup object missing or unfinished."""
         ns = c["metadata"]["namespace"]
         spec = c.get("spec") or {}
         target = recovery.get("recoveryTarget") or {}
@@ -1212,12 +1243,13 @@ class CnpgOperator:
             bname = recovery["backup"]["name"]
             backup = self._get_cr("backups", ns, bname)
             if backup is None:
-                return None, f"Backup object {ns}/{bname} not found"
+                return None, f"Backup object {ns}/{bname} not found", False
             st = backup.get("status") or {}
             if st.get("phase") != "completed":
                 return (
                     None,
                     f"Backup {ns}/{bname} is not completed (phase: {st.get('phase') or 'new'})",
+                    False,
                 )
             entry = self.sb.object_store.get(st.get("destinationPath", ""), {}).get(
                 st.get("serverName", ""), {}
@@ -1227,18 +1259,19 @@ class CnpgOperator:
                 return (
                     None,
                     f"Backup {st.get('backupId')} of {ns}/{bname} is no longer in the object store",
+                    True,
                 )
-            return found[0], ""
+            return found[0], "", True
         if recovery.get("volumeSnapshots"):
-            return None, "recovery from volumeSnapshots is not simulated by the sandbox"
+            return None, "recovery from volumeSnapshots is not simulated by the sandbox", False
         source_name = recovery.get("source")
         if not source_name:
-            return None, "bootstrap.recovery needs backup.name, source or volumeSnapshots"
+            return None, "bootstrap.recovery needs backup.name, source or volumeSnapshots", False
         external = next(
             (e for e in spec.get("externalClusters") or [] if e.get("name") == source_name), None
         )
         if external is None or not external.get("barmanObjectStore"):
-            return None, f"externalClusters has no barmanObjectStore named {source_name}"
+            return None, f"externalClusters has no barmanObjectStore named {source_name}", True
         store = external["barmanObjectStore"]
         server = store.get("serverName") or source_name
         entry = self.sb.object_store.get(store.get("destinationPath", ""), {}).get(server)
@@ -1246,18 +1279,19 @@ class CnpgOperator:
             return (
                 None,
                 f"no target backup found in {store.get('destinationPath')} for server {server}",
+                True,
             )
         candidates = sorted(entry["backups"], key=lambda b: b["stoppedAt"])
         if target.get("backupID"):
             candidates = [b for b in candidates if b["backupId"] == target["backupID"]]
             if not candidates:
-                return None, f"no target backup found with ID {target['backupID']}"
+                return None, f"no target backup found with ID {target['backupID']}", True
         if target.get("targetTime"):
             when = _ts(target["targetTime"])
             candidates = [b for b in candidates if when and (_ts(b["stoppedAt"]) or when) <= when]
             if not candidates:
-                return None, f"no target backup found before {target['targetTime']}"
-        return candidates[-1], ""
+                return None, f"no target backup found before {target['targetTime']}", True
+        return candidates[-1], "", True
 
     def _get_cr(self, plural: str, ns: str, name: str) -> dict[str, Any] | None:
         rt = self.core.resolve(GROUP, VERSION, plural)

@@ -37,6 +37,34 @@ def _restored(owner, tenant, plan, **parameters) -> Instance:
     return Instance.objects.get(pk=restore.instance_id)
 
 
+def test_a_restore_of_a_backup_the_object_store_no_longer_holds_fails_soon_and_says_why(
+    worker, cell, plan, tenant, owner, sandbox_cluster
+):
+    create = _create(owner, tenant, plan)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    backup = services.instance_action(
+        actor=Actor(user=owner), instance=create.instance, verb="backup", request_id="b"
+    )
+    assert wait_done(backup).state == Operation.State.SUCCEEDED, backup.error
+    snapshot = Snapshot.objects.get(instance=create.instance)
+    # The object store's retention pruned its data (the list still shows it until it expires).
+    with sandbox_cluster.core.lock:
+        stored = sandbox_cluster.object_store[snapshot.metadata["destinationPath"]]
+        entry = stored[snapshot.metadata["serverName"]]
+        entry["backups"] = [
+            b for b in entry["backups"] if b["backupId"] != snapshot.metadata["backupId"]
+        ]
+
+    restore = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="orders-restored", request_id="r"
+    )
+
+    # Not the restore's hour: its restore Job's retries (630 s, a few seconds on the sandbox).
+    assert wait_done(restore, timeout=60).state == Operation.State.FAILED
+    assert 'its phase is "Cluster is unrecoverable and needs manual intervention"' in restore.error
+    assert Instance.objects.get(pk=restore.instance_id).state == Instance.State.FAILED
+
+
 def _modify(owner, instance, **parameters) -> Operation:
     modify = services.instance_action(
         actor=Actor(user=owner), instance=instance, verb="modify",

@@ -534,7 +534,9 @@ def test_backup_restored_into_another_namespace_after_the_first_is_deleted(
     sandbox.run_until_idle()
 
 
-def test_point_in_time_restore_needs_a_backup_before_the_target(custom, namespace, sandbox):
+def test_point_in_time_restore_needs_a_backup_before_the_target(
+    custom, core_v1, namespace, sandbox
+):
     path = f"s3://{namespace}-pitr/"
     create(custom, namespace, "clusters", with_store("pitr", path=path))
     sandbox.run_until_idle()
@@ -564,10 +566,15 @@ def test_point_in_time_restore_needs_a_backup_before_the_target(custom, namespac
     )
     create(custom, namespace, "clusters", fine)
     sandbox.run_until_idle()
-    assert (
-        get(custom, namespace, "clusters", "too-early")["status"]["phaseReason"]
-        == "no target backup found before 2020-11-26 15:22:00.00000+00"
+    # Its restore Job finds nothing to restore, retries, then fails for good.
+    status = get(custom, namespace, "clusters", "too-early")["status"]
+    assert (status["phase"], status["phaseReason"]) == (
+        "Cluster is unrecoverable and needs manual intervention",
+        "Instance creation failed for the following jobs: too-early-1-full-recovery."
+        " Check the job logs to investigate the cause of the failure.",
     )
+    why = "too-early-1-full-recovery: no target backup found before 2020-11-26 15:22:00.00000+00"
+    assert ("Warning", "ErrorNoBackup", why) in events(core_v1, namespace, "too-early")
     assert (
         get(custom, namespace, "clusters", "in-time")["status"]["phase"]
         == "Cluster in healthy state"
