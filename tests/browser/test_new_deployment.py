@@ -8,6 +8,8 @@ from playwright.sync_api import expect
 
 from tests.browser.conftest import htmx_settled, scrolls_sideways, shot
 
+pytestmark = pytest.mark.slow_module
+
 ROOT = Path(__file__).resolve().parents[2]
 BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
 
