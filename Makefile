@@ -23,7 +23,7 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	$(PIP_INSTALL) -r requirements-dev.txt
 	touch $@
 
-# scripts/run.sh: migrate, load the plans, start the sandbox cell (and with STRIPE_EMULATOR=1
+# scripts/run.sh: migrate, start the sandbox cell, load the plans (and with STRIPE_EMULATOR=1
 # the Stripe emulator and its catalog), seed the demo, honcho.
 run: $(VENV)/.installed
 	PORT=$(PORT) $(LAUNCH) --dev -- scripts/run.sh

@@ -35,7 +35,7 @@ from django.utils.dateparse import parse_datetime
 from accounts.idempotency import request_target, tenant_scope
 from accounts.models import AuditEvent, Tenant
 from billing import entitlements, pricing
-from billing.models import Plan, Price
+from billing.models import Plan, PlanOverride, Price
 from billing.pricing import Cost
 from deployments import lifecycle, schedules
 from deployments.context import endpoint_host
@@ -391,12 +391,41 @@ def plans_available(tenant: Tenant) -> list[tuple[PlanVersion, PlanSpec]]:
     return [(version, plan_spec(version)) for version in versions]
 
 
+def plan_cells(spec: PlanSpec) -> frozenset[str] | None:
+    """The names of the cells some organization may run instances of the plan on: its spec's
+    `x-opsdeck.entitlements.cells`, widened by the organizations' overrides of the plan that
+    name others; None when neither limits them (any cell)."""
+    allowed = spec.entitlements.get("cells")
+    if allowed is None:
+        return None
+    names = set(allowed)
+    for limits in PlanOverride.objects.filter(plan__key=spec.key).values_list("limits", flat=True):
+        if isinstance(limits, dict) and "cells" in limits:
+            if limits["cells"] is None:  # the override lifts the limit
+                return None
+            names.update(limits["cells"])
+    return frozenset(names)
+
+
 def plans_for_cell(name: str) -> list[PlanSpec]:
-    """The latest spec of every plan whose instances may run on the cell `name` (those whose
-    `x-opsdeck.entitlements.cells` leave it out are not)."""
+    """The latest spec of every plan whose instances may run on the cell `name` (`plan_cells`:
+    those whose `x-opsdeck.entitlements.cells` and overrides leave it out are not)."""
     versions = PlanVersion.objects.order_by("plan_id", "-number").distinct("plan_id")
     specs = [plan_spec(version) for version in versions]
-    return [s for s in specs if name in s.entitlements.get("cells", [name])]
+    return [s for s in specs if (cells := plan_cells(s)) is None or name in cells]
+
+
+def cells_for_plan(spec: PlanSpec) -> list[Cell]:
+    """The registered cells instances of the plan may run on (`plan_cells`), by name."""
+    cells = Cell.objects.order_by("name")
+    allowed = plan_cells(spec)
+    return list(cells if allowed is None else cells.filter(name__in=allowed))
+
+
+def plan_digest_latest(key: str) -> str | None:
+    """The digest of the latest version of the plan `key` (None before its first)."""
+    versions = PlanVersion.objects.filter(plan__key=key).order_by("-number")
+    return versions.values_list("digest", flat=True).first()
 
 
 def plan_available(tenant: Tenant, key: str) -> tuple[PlanVersion, PlanSpec] | None:

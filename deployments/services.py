@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import tempfile
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,7 +32,7 @@ from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import lifecycle, rows, schedules, selectors
 from deployments.entitlement_usage import entitlement_require, moves_require
-from deployments.kube import KubeDriver, api_client_from_kubeconfig
+from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import (
     BackupSchedule,
     Cell,
@@ -79,13 +81,28 @@ def _service_name(spec) -> str:
     return name.strip()[:200] if isinstance(name, str) else ""
 
 
-@transaction.atomic
 def plan_load(*, text: str) -> PlanLoad:
     """Create or update the plan a spec describes; a changed spec adds a plan version.
 
-    Raises SpecError (with every error) when the spec is invalid.
+    A new plan or version is first checked against every registered cell its instances may
+    run on (`cells_for_plan`): one that lacks what it needs refuses the load, which changes
+    nothing; one that cannot be asked is a warning. Raises SpecError (with every error) when
+    the spec is invalid, ValidationError (with every cell's lack) when a cell refuses it.
     """
     spec = load_spec(text)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    unchecked = []
+    # No cluster call in the load's transaction: the cells are asked before it. An unchanged
+    # text was checked when it was released.
+    if selectors.plan_digest_latest(spec.key) != digest:
+        unchecked = plan_cells_check(spec)
+    loaded = _plan_save(spec, text, digest)
+    loaded.warnings += unchecked
+    return loaded
+
+
+@transaction.atomic
+def _plan_save(spec: PlanSpec, text: str, digest: str) -> PlanLoad:
     limits = {**spec.entitlements, **spec.subscription}
     if spec.max_instances is not None:
         limits["max_instances"] = spec.max_instances
@@ -111,7 +128,6 @@ def plan_load(*, text: str) -> PlanLoad:
         ],
     )
     plan_changed = plan_changed or prices_changed
-    digest = hashlib.sha256(text.encode()).hexdigest()
     warnings = [*spec.warnings, *_secrets_unset(text)]
     # Serialized by the plan's row lock (`plan_upsert`). A text the latest version has changes
     # nothing; any other text — an earlier version's too, when a change is taken back — is the
@@ -147,27 +163,57 @@ def _secrets_unset(text: str) -> list[str]:
 # --- cells --------------------------------------------------------------------------------
 
 
-def cell_check(*, kubeconfig: str, context: str = "", name: str = "") -> None:
-    """Raise ValidationError unless the cluster answers and serves every kind the plans that
-    may run on the cell `name` write; a refusal names the kinds missing and what each plan's
-    `x-opsdeck.operator.install` says to do about them."""
-    plans = selectors.plans_for_cell(name)
-    try:
-        driver = KubeDriver(api_client_from_kubeconfig(kubeconfig, context=context or None))
+# The settings of a cell (`add_cell`'s options) that give the `$sys` variables a plan may
+# read: on a cell without one they render empty, and what holds them is refused or broken.
+_CELL_SETTINGS = {  # variable: (the cell's field, what it is, add_cell's option)
+    "backup.destinationPath": ("backup_destination", "backup destination", "--backup-destination"),
+    "backup.credentialsSecret": (
+        "backup_credentials",
+        "backup credentials",
+        "--backup-credentials",
+    ),
+}
+
+
+@dataclass
+class _SettingMissing:
+    variable: str  # what the plans read, e.g. "backup.destinationPath"
+    setting: str  # what the cell lacks, e.g. "backup destination"
+    option: str  # add_cell's option that gives it
+    plans: list[str]  # the keys of the plans that read it
+
+
+def _settings_missing(cell: Cell, plans: list[PlanSpec]) -> list[_SettingMissing]:
+    """Each setting the cell is not given that some of the plans read (`$sys.backup` whole
+    reads them all)."""
+    missing = []
+    for variable, (field_name, setting, option) in _CELL_SETTINGS.items():
+        if getattr(cell, field_name):
+            continue
+        read = {variable, variable.split(".")[0]}
+        keys = [spec.key for spec in plans if read & spec.system_read]
+        if keys:
+            missing.append(_SettingMissing(variable, setting, option, keys))
+    return missing
+
+
+def _kinds_unserved(kubeconfig: str, context: str, plans: list[PlanSpec]) -> dict[str, list[str]]:
+    """`_kinds_missing` on the cell's cluster, asked anew: the client's discovery would
+    otherwise be read from the file an earlier client left for that address (in the system's
+    temporary directory), which says a cluster down since, or an operator removed since, still
+    serves. DriverError when the cluster does not answer or the configuration cannot be used."""
+    api = (
+        api_client_from_kubeconfig(kubeconfig, context=context or None)
+        if kubeconfig
+        else api_client_in_cluster()
+    )
+    with tempfile.TemporaryDirectory(prefix="opsdeck-cell-check-") as fresh:
+        driver = KubeDriver(api, cache_file=os.path.join(fresh, "discovery.json"))
         try:
             driver.serves("v1", "Namespace")  # the cluster answers: what every instance needs
-            missing = _kinds_missing(driver, plans)
+            return _kinds_missing(driver, plans)
         finally:
             driver.close()
-    except DriverError as exc:
-        if exc.status in (401, 403):
-            raise ValidationError(
-                f"The cluster refuses the kubeconfig's credentials: {exc.message}"
-            ) from exc
-        raise ValidationError(f"The cluster cannot be reached: {exc.message}") from exc
-    if missing:
-        lacks = "; ".join(f"{', '.join(kinds)}{todo}" for todo, kinds in missing.items())
-        raise ValidationError(f"The cluster does not serve {lacks}.")
 
 
 def _kinds_missing(driver: KubeDriver, plans: list[PlanSpec]) -> dict[str, list[str]]:
@@ -184,6 +230,68 @@ def _kinds_missing(driver: KubeDriver, plans: list[PlanSpec]) -> dict[str, list[
             if not served[api_version, kind] and kind not in missing.get(todo, []):
                 missing.setdefault(todo, []).append(kind)
     return missing
+
+
+def _not_answering(exc: DriverError) -> str:
+    """Why the cluster could not be asked, as a sentence."""
+    if exc.status in (401, 403):
+        return f"The cluster refuses the kubeconfig's credentials: {exc.message}"
+    return f"The cluster cannot be reached: {exc.message}"
+
+
+def _lacks(missing: dict[str, list[str]]) -> str:
+    return "; ".join(f"{', '.join(kinds)}{todo}" for todo, kinds in missing.items())
+
+
+def cell_check(*, cell: Cell) -> None:
+    """Raise ValidationError unless the cell's cluster answers, serves every kind the plans
+    that may run on the cell write, and the cell is given every setting they read (its backup
+    destination); a refusal names what is missing and what each plan's
+    `x-opsdeck.operator.install` says to do about the kinds."""
+    plans = selectors.plans_for_cell(cell.name)
+    try:
+        kinds = _kinds_unserved(cell.kubeconfig, cell.context, plans)
+    except DriverError as exc:
+        raise ValidationError(_not_answering(exc)) from exc
+    problems = [f"The cluster does not serve {_lacks(kinds)}."] if kinds else []
+    problems += [
+        f"The cell has no {lack.setting}, which plan{'s' if len(lack.plans) > 1 else ''} "
+        f"{', '.join(lack.plans)} read{'' if len(lack.plans) > 1 else 's'} "
+        f"($sys.{lack.variable}): give {lack.option}."
+        for lack in _settings_missing(cell, plans)
+    ]
+    if problems:
+        raise ValidationError(" ".join(problems))
+
+
+def plan_cells_check(spec: PlanSpec) -> list[str]:
+    """Check the plan against every registered cell its instances may run on: raise
+    ValidationError with a message for each lack of a cell (a kind the plan writes that its
+    cluster does not serve, a setting the plan reads that it is not given); return a warning
+    for each cell whose cluster could not be asked, rather than refuse: a cell down for a
+    while must not hold back every plan."""
+    problems, warnings = [], []
+    for cell in selectors.cells_for_plan(spec):
+        unset = [
+            f"Cell {cell.name} has no {lack.setting}, which this plan reads "
+            f"($sys.{lack.variable}): give add_cell --name {cell.name} {lack.option}."
+            for lack in _settings_missing(cell, [spec])
+        ]
+        try:
+            kinds = _kinds_unserved(cell.kubeconfig, cell.context, [spec])
+        except DriverError as exc:
+            reason = _not_answering(exc)
+            warnings.append(
+                f"cell {cell.name} was not checked ({reason[0].lower()}{reason[1:]}): creates "
+                "of this plan there fail unless it serves the kinds the plan writes."
+            )
+            kinds = {}
+        if kinds:
+            problems.append(f"Cell {cell.name} does not serve {_lacks(kinds)}.")
+        problems += unset
+    if problems:
+        raise ValidationError(problems)
+    return warnings
 
 
 _KEPT = None  # `cell_register`'s "as it is" for a setting not given
@@ -227,7 +335,7 @@ def cell_register(
     if backup_credentials is not _KEPT:
         cell.backup_credentials = json.dumps(backup_credentials) if backup_credentials else ""
     cell.kubeconfig = kubeconfig
-    cell_check(kubeconfig=kubeconfig, context=cell.context, name=name)
+    cell_check(cell=cell)
     if make_default or not Cell.objects.exclude(pk=cell.pk).filter(is_default=True).exists():
         Cell.objects.exclude(pk=cell.pk).filter(is_default=True).update(is_default=False)
         cell.is_default = True

@@ -14,8 +14,10 @@ stripe_env=""
 if [ -n "${STRIPE_EMULATOR:-}" ]; then stripe_env="$(scripts/stripe_emulator.sh env)"; fi
 
 step "$python" manage.py migrate --noinput
-step "$python" manage.py load_specs specs/
+# The sandbox answers before the plans load: a changed spec is checked against the cell
+# registered by the last start.
 step scripts/sandbox.sh start
+step "$python" manage.py load_specs specs/
 printf '{"ACCESS_KEY_ID": "sandbox", "ACCESS_SECRET_KEY": "sandbox"}' >"$var/sandbox/credentials.json"
 step "$python" manage.py add_cell --name sandbox --kubeconfig "$var/sandbox/kubeconfig" \
   --region local --cloud sandbox --backup-destination s3://sandbox/opsdeck \

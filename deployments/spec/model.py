@@ -240,6 +240,10 @@ class PlanSpec:
     # Those a template waits on (a success or failure condition): what the cell's watcher
     # watches, since only a change of one of them can move a waiting run on.
     waited_kinds: list[tuple[str, str]] = field(default_factory=list)
+    # The `$sys` variables the workflows read, as their root and first field
+    # ("backup.destinationPath", "backup" for the whole mapping): what a cell must be given
+    # (a backup destination) for the plan to run on it.
+    system_read: frozenset[str] = frozenset()
     usage_rules: dict[str, str] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

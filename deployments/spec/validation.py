@@ -132,6 +132,7 @@ def _untokenize(text: str, found: list[str]) -> str:
 def _check_plan(spec: PlanSpec, report: Report) -> None:
     kinds: list[tuple[str, str, str]] = []  # (path, apiVersion, kind)
     waited: set[tuple[str, str]] = set()  # (apiVersion, kind) of objects a move waits on
+    system_read: set[str] = set()  # the `$sys` variables the workflows read
     for i, service in enumerate(spec.services):
         path = f"services[{i}]"
         if service is spec.main or any(not v.custom for v in service.verbs.values()):
@@ -141,8 +142,9 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
                 service, path, BACKUP_VERBS, " (capabilities.backupConfiguration is set)", report
             )
         for verb in service.verbs.values():
-            _VerbChecker(service, verb, report, kinds, waited).run()
+            _VerbChecker(service, verb, report, kinds, waited, system_read).run()
     _check_kinds(spec, kinds, report)
+    spec.system_read = frozenset(system_read)
     spec.required_kinds = list(
         dict.fromkeys(
             (api_version, kind)
@@ -533,12 +535,14 @@ class _VerbChecker:
         report: Report,
         kinds: list[tuple[str, str, str]],
         waited: set[tuple[str, str]],
+        system_read: set[str],
     ):
         self.verb = verb
         self.workflow: Workflow = verb.workflow
         self.report = report
         self.kinds = kinds
         self.waited = waited
+        self.system_read = system_read
         self.parameters: dict[str, Parameter] = {
             p.key: p for p in [*service.parameters, *verb.parameters]
         }
@@ -660,6 +664,7 @@ class _VerbChecker:
             root = parts[1] if len(parts) > 1 else ""
             if root not in SYS_ROOTS:
                 return f"unknown system variable $sys.{root}"
+            self.system_read.add(".".join(parts[1:3]))
         elif head == "inputs" and len(parts) >= 3 and parts[1] == "parameters":
             if scope.inputs is None or parts[2] not in scope.inputs:
                 where = f'template "{scope.template}"' if scope.template else "this place"

@@ -8,6 +8,7 @@ from playwright.sync_api import expect
 from accounts.audit import Actor
 from tests.browser.conftest import scrolls_sideways, shot
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 from tests.deployments.test_instance_upgrade import _v2_text
 
 
@@ -18,7 +19,7 @@ def instance(tenant, owner):
     from deployments.models import Cell, Instance, Operation
 
     plan = services.plan_load(text=SPEC.read_text()).plan
-    Cell.objects.create(name="local", region="local", is_default=True)
+    Cell.objects.create(name="local", region="local", is_default=True, **BACKUPS)
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan,
         name="orders-production-database-for-the-europe-region", parameters={},

@@ -7,6 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import htmx_settled, scrolls_sideways, shot
+from tests.deployments.factories import BACKUPS
 
 pytestmark = pytest.mark.slow_module
 
@@ -19,8 +20,8 @@ def plan(tenant):
     from deployments import services
     from deployments.models import Cell
 
-    Cell.objects.create(name="local", region="local", is_default=True)
-    Cell.objects.create(name="second", region="a-region-with-a-rather-long-name")
+    Cell.objects.create(name="local", region="local", is_default=True, **BACKUPS)
+    Cell.objects.create(name="second", region="a-region-with-a-rather-long-name", **BACKUPS)
     return services.plan_load(text=(ROOT / "specs" / "postgres-cnpg.yaml").read_text()).plan
 
 

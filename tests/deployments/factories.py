@@ -32,9 +32,19 @@ def other_service_version(service: str = "redis") -> PlanVersion:
     )  # fmt: skip
 
 
+# A cell's object store: a plan whose spec reads `$sys.backup.*` is not loaded while a cell it
+# may run on has none.
+BACKUPS = {
+    "backup_destination": "s3://backups/opsdeck",
+    "backup_credentials": '{"ACCESS_KEY_ID": "k", "ACCESS_SECRET_KEY": "s"}',
+}
+
+
 def cell(name: str = "eu-1", region: str = "eu-west") -> Cell:
     # A kubeconfig is stored encrypted: a list that reads it decrypts it.
-    return Cell.objects.create(name=name, region=region, kubeconfig="apiVersion: v1\nkind: Config")
+    return Cell.objects.create(
+        name=name, region=region, kubeconfig="apiVersion: v1\nkind: Config", **BACKUPS
+    )
 
 
 def make_instances(tenant, version, cell, count: int, *, state="running", name="db", ago=0):

@@ -17,6 +17,7 @@ from deployments import schedules, selectors, services, views
 from deployments.models import BackupSchedule, Cell, Instance, Operation, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def plan(db):
 
 @pytest.fixture
 def instance(owner, tenant, plan):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
         request_id=uuid.uuid4().hex,
@@ -247,7 +248,7 @@ def test_a_disabled_schedule_runs_nothing(instance):
 @pytest.fixture
 def raced_instance(transactional_db, owner, tenant):
     plan = services.plan_load(text=SPEC.read_text()).plan
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
         request_id=uuid.uuid4().hex,

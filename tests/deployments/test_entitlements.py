@@ -22,6 +22,7 @@ from deployments.entitlement_usage import entitlement_require, usage_on_plan
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -50,7 +51,7 @@ def _hobby_text() -> str:
 
 @pytest.fixture
 def local(db):
-    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+    return Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
 
 
 @pytest.fixture
@@ -366,8 +367,8 @@ def test_a_check_reads_the_tenants_usage_in_one_statement_however_much_it_holds(
 
 
 def test_a_cell_outside_the_plan_is_refused(hobby, subscribed, tenant, owner):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
-    elsewhere = Cell.objects.create(name="us-1", region="us-east")
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
+    elsewhere = Cell.objects.create(name="us-1", region="us-east", **BACKUPS)
 
     with pytest.raises(ActionDenied) as refused:
         _create(owner, tenant, hobby, cell=elsewhere)
@@ -708,7 +709,7 @@ def test_the_billing_page_says_when_an_ended_subscriptions_instances_stop(
 
 
 def test_a_plan_without_stop_is_flagged_to_staff_instead(tenant, owner, caplog):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     text = _hobby_text()
     start = text.index("      stop:\n")
     end = text.index("      start:\n")
@@ -732,7 +733,7 @@ def test_a_plan_without_stop_is_flagged_to_staff_instead(tenant, owner, caplog):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_subscription_reactivated_while_the_stop_sweep_runs_has_nothing_stopped(tenant, owner):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=_hobby_text()).plan
     subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
     _running(owner, tenant, plan)
@@ -754,7 +755,7 @@ def test_a_subscription_reactivated_while_the_stop_sweep_runs_has_nothing_stoppe
 
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_creates_at_the_limit_make_one_instance(tenant, owner):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=_hobby_text()).plan
     billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
     PlanOverride.objects.create(tenant=tenant, plan=plan, limits={"max_instances": 1})
@@ -768,7 +769,7 @@ def test_two_concurrent_creates_at_the_limit_make_one_instance(tenant, owner):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_instances_grown_at_once_cannot_both_take_the_room_left(tenant, owner):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=_hobby_text()).plan
     billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
     instances = iter([
@@ -795,7 +796,7 @@ def test_a_create_and_a_cancel_at_once_leave_no_instance_on_a_cancelled_subscrip
     """One request has made its change and not committed yet when the other comes: the cancel
     counted the tenant's instances, and the create checked the subscription, without waiting
     for each other, so both succeeded (an instance running on a cancelled subscription)."""
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=_hobby_text()).plan
     subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
     create = lambda: _create(owner, tenant, plan, name="orders")  # noqa: E731
@@ -818,7 +819,7 @@ def test_a_modify_waiting_for_an_instance_another_request_holds_does_not_deadloc
     """A request holding the instance's lock (a backup being queued) writes rows naming the
     tenant (its audit event); a modify of the instance locks the tenant first, then waits for the
     instance. Locking the tenant FOR UPDATE blocked that write: a deadlock, one failed."""
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=_hobby_text()).plan
     billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
     instance = _running(owner, tenant, plan, name="a", storageGi=10)

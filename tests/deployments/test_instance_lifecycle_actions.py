@@ -13,6 +13,7 @@ from accounts.models import AuditEvent
 from deployments import services, transitions
 from deployments.models import Cell, Instance, Operation
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 from tests.deployments.test_instance_upgrade import _v2_text
 
 UPGRADE = 'data-dialog="dialog-upgrade"'
@@ -22,7 +23,7 @@ PROTECT = "deletion protection</button>"
 
 @pytest.fixture
 def local_cell(db):
-    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+    return Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
 
 
 def _running(owner, tenant, name="orders"):

@@ -13,6 +13,7 @@ from deployments import services, views
 from deployments.models import Cell, Operation
 from tests.deployments import factories
 from tests.deployments.conftest import wait_done
+from tests.deployments.factories import BACKUPS
 
 
 def test_a_running_instances_servers_claims_and_events_are_shown_to_its_members(
@@ -77,7 +78,7 @@ GONE = {
 # mapping, or empty (in-cluster, but Opsdeck does not run in a cluster).
 @pytest.mark.parametrize("kubeconfig", [yaml.safe_dump(GONE), "not: [valid", "- a list", ""])
 def test_a_cell_that_cannot_be_read_is_said_not_raised(db, tenant, owner_client, kubeconfig):
-    cell = Cell.objects.create(name="gone", region="nowhere", kubeconfig=kubeconfig)
+    cell = Cell.objects.create(name="gone", region="nowhere", kubeconfig=kubeconfig, **BACKUPS)
     version = factories.postgres_version()
     [instance] = factories.make_instances(tenant, version, cell, 1, name="orders")
     url = f"/t/{tenant.slug}/deployments/{instance.pk}/"

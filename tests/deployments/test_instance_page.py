@@ -24,6 +24,7 @@ from deployments.models import (
     TaskRun,
 )
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 SECRET = "s3cret-Pa55word-xyz"
 
@@ -35,7 +36,7 @@ def plan(db):
 
 @pytest.fixture
 def local_cell(db):
-    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+    return Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
 
 
 def _create(user, tenant, plan, name="orders", **parameters):

@@ -17,6 +17,7 @@ from deployments.models import Cell, Instance, Operation, Snapshot
 from deployments.parameters import values_for_version
 from deployments.spec.model import Parameter
 from tests.deployments.conftest import SPEC, instance_object, wait_done
+from tests.deployments.factories import BACKUPS
 
 IMAGE = "                    imageName: ghcr.io/cloudnative-pg/postgresql:{{ $var.version }}\n"
 MAX_CONNECTIONS = """\
@@ -205,7 +206,7 @@ def test_a_roll_back_after_a_failed_modify_returns_the_instance_to_its_old_value
 
 @pytest.fixture
 def local_cell(db):
-    return Cell.objects.create(name="local", region="eu-local", is_default=True)
+    return Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
 
 
 @pytest.fixture

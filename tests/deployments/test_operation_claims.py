@@ -22,11 +22,12 @@ from deployments import runner, services
 from deployments.models import BackupSchedule, Cell, Instance, Operation, TaskRun
 from tests.concurrency import beside_a_lock
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 
 @pytest.fixture
 def queued(db, owner, tenant):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=SPEC.read_text()).plan
     return services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",

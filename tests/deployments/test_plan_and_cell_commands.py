@@ -5,6 +5,7 @@ import uuid
 from io import StringIO
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 from django.db import connection
 
@@ -225,15 +226,17 @@ def widget_plan(*, cells: list[str] | None = None) -> str:
 
 
 def test_add_cell_refuses_a_cluster_lacking_what_a_plan_writes_with_the_spec_hint(
-    transactional_db, sandbox_kubeconfig, tmp_path
+    transactional_db, cell_files
 ):
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(sandbox_kubeconfig)
+    kubeconfig, credentials = cell_files
     services.plan_load(text=SPEC.read_text())  # the sandbox serves what this one writes
     services.plan_load(text=widget_plan())
 
     with pytest.raises(CommandError) as refused:
-        call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig))
+        call_command(
+            "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+            "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+        )  # fmt: skip
 
     assert str(refused.value) == (
         "The cluster does not serve Cluster, Backup: install the Widget operator first."
@@ -257,6 +260,146 @@ def test_add_cell_checks_only_the_plans_that_may_run_on_the_cell(
     assert Cell.objects.get(name="eu-1").operator_namespace == "postgres-operator"
     with pytest.raises(CommandError, match="install the Widget operator first"):
         call_command("add_cell", "--name", "widget-cell", "--kubeconfig", str(kubeconfig))
+
+
+def test_add_cell_refuses_a_cell_without_the_backup_destination_a_plan_reads(
+    transactional_db, cell_files, capsys
+):
+    kubeconfig, credentials = cell_files
+    # Its Cluster's destinationPath is $sys.backup.destinationPath: empty on such a cell.
+    services.plan_load(text=SPEC.read_text())
+    register = ["add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig)]
+
+    with pytest.raises(CommandError) as refused:
+        call_command(*register, "--backup-credentials", str(credentials))
+    assert str(refused.value) == (
+        "The cell has no backup destination, which plan postgres-cnpg reads "
+        "($sys.backup.destinationPath): give --backup-destination."
+    )
+    assert not Cell.objects.exists()
+
+    call_command(
+        *register, "--backup-credentials", str(credentials), "--backup-destination", "s3://b/p"
+    )
+    assert "Cell eu-1 registered (default)." in capsys.readouterr().out
+
+
+def test_add_cell_needs_no_backup_destination_where_no_plan_reads_one(
+    transactional_db, cell_files, capsys
+):
+    kubeconfig, _ = cell_files
+    services.plan_load(text=SPEC.with_name("valkey.yaml").read_text())
+
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig))
+
+    assert "Cell eu-1 registered (default)." in capsys.readouterr().out
+
+
+def test_load_specs_refuses_a_plan_a_registered_cell_cannot_run_saying_which_lacks_what(
+    cell, cell_files, tmp_path, capsys
+):
+    kubeconfig, _ = cell_files
+    # Registered with no backup destination while no plan needed one.
+    call_command("add_cell", "--name", "bare", "--kubeconfig", str(kubeconfig))
+    spec = tmp_path / "widgets.yaml"
+    spec.write_text(widget_plan())
+    capsys.readouterr()
+
+    with pytest.raises(CommandError, match="some specs were not loaded"):
+        call_command("load_specs", str(spec))
+
+    assert capsys.readouterr().err.splitlines() == [
+        f"{spec}: Cell bare does not serve Cluster, Backup: install the Widget operator first.",
+        f"{spec}: Cell bare has no backup destination, which this plan reads "
+        "($sys.backup.destinationPath): give add_cell --name bare --backup-destination.",
+        f"{spec}: Cell bare has no backup credentials, which this plan reads "
+        "($sys.backup.credentialsSecret): give add_cell --name bare --backup-credentials.",
+        f"{spec}: Cell sandbox does not serve Cluster, Backup: install the Widget operator first.",
+    ]
+    assert not Plan.objects.filter(key="widgets").exists()
+    # Offered on cells of its own, which are not registered yet, it is loaded.
+    spec.write_text(widget_plan(cells=["widget-cell"]))
+    call_command("load_specs", str(spec))
+    assert capsys.readouterr().out == f"{spec}: plan widgets created\n"
+
+
+def test_load_specs_checks_a_new_version_against_the_cells_it_opens_to(
+    transactional_db, cell_files, tmp_path, capsys
+):
+    kubeconfig, _ = cell_files
+    spec = tmp_path / "pg.yaml"
+    spec.write_text(
+        SPEC.read_text().replace("  entitlements:\n", "  entitlements:\n    cells: [eu-1]\n", 1)
+    )
+    call_command("load_specs", str(spec))
+    call_command("add_cell", "--name", "bare", "--kubeconfig", str(kubeconfig))  # not eu-1
+    spec.write_text(SPEC.read_text())  # version 2 runs on every cell
+    capsys.readouterr()
+
+    with pytest.raises(CommandError, match="some specs were not loaded"):
+        call_command("load_specs", str(spec))
+
+    err = capsys.readouterr().err
+    assert f"{spec}: Cell bare has no backup destination, which this plan reads " in err
+    assert list(PlanVersion.objects.values_list("number", flat=True)) == [1]
+
+
+def test_a_cell_an_override_offers_a_plan_on_is_checked_for_it(
+    transactional_db, cell_files, tmp_path
+):
+    from billing.models import PlanOverride
+
+    kubeconfig, credentials = cell_files
+    register = [
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+        "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+    ]  # fmt: skip
+    call_command(*register)
+    services.plan_load(text=widget_plan(cells=["widget-cell"]))
+    # Staff offer the plan on eu-1 too, to one organization.
+    PlanOverride.objects.create(
+        tenant=Tenant.objects.create(name="Acme", slug="acme"),
+        plan=Plan.objects.get(key="widgets"),
+        limits={"cells": ["widget-cell", "eu-1"]},
+    )
+
+    with pytest.raises(ValidationError) as refused:
+        services.plan_load(text=widget_plan(cells=["widget-cell"]) + "# version 2\n")
+    with pytest.raises(CommandError, match="install the Widget operator first"):
+        call_command(*register)  # registered again, say with another kubeconfig
+
+    assert refused.value.messages == [
+        "Cell eu-1 does not serve Cluster, Backup: install the Widget operator first."
+    ]
+
+
+def test_load_specs_loads_a_plan_a_cell_that_does_not_answer_was_not_checked_for(
+    transactional_db, cell_files, tmp_path, capsys
+):
+    import yaml
+
+    from sandbox.api import Sandbox
+
+    _, credentials = cell_files
+    kubeconfig = tmp_path / "down.yaml"
+    with Sandbox() as cluster:  # registered while it answered
+        kubeconfig.write_text(yaml.safe_dump(cluster.kubeconfig()))
+        call_command(
+            "add_cell", "--name", "down", "--kubeconfig", str(kubeconfig),
+            "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+        )  # fmt: skip
+    capsys.readouterr()
+
+    call_command("load_specs", str(SPEC))  # down (or not started yet) now
+    call_command("load_specs", str(SPEC))  # unchanged: checked when it was released
+
+    assert capsys.readouterr().out.splitlines() == [
+        f"{SPEC}: plan postgres-cnpg created",
+        "  warning: cell down was not checked (the cluster cannot be reached: The cluster did "
+        "not answer: MaxRetryError): creates of this plan there fail unless it serves the kinds "
+        "the plan writes.",
+        f"{SPEC}: plan postgres-cnpg unchanged (version 1)",
+    ]
 
 
 def test_add_cell_refuses_a_cluster_that_does_not_answer(transactional_db, tmp_path):

@@ -16,6 +16,7 @@ from deployments.models import Cell, Instance, Operation
 from tests.concurrency import race
 from tests.deployments import factories
 from tests.deployments.conftest import SPEC, wait_done
+from tests.deployments.factories import BACKUPS
 
 
 def _small_text(*, max_instances: int = 10, max_replicas: int = 5) -> str:
@@ -53,7 +54,7 @@ def _change(user, tenant, source, target, request_id=None):
 def plans(db):
     large = services.plan_load(text=SPEC.read_text()).plan
     small = services.plan_load(text=_small_text(max_instances=2, max_replicas=2)).plan
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     return large, small
 
 
@@ -104,7 +105,7 @@ def test_each_instance_is_queued_an_upgrade_onto_the_other_plan_once(plans, tena
 def test_concurrent_requests_with_one_id_queue_one_move(tenant, owner):
     large = services.plan_load(text=SPEC.read_text()).plan
     small = services.plan_load(text=_small_text()).plan
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     _create(owner, tenant, large, "orders")
 
     results = race(lambda: _change(owner, tenant, large, small, request_id="move-race"))

@@ -22,6 +22,7 @@ from deployments import lifecycle, services
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 
 def _create(owner, tenant, plan, *, request_id=None, name="orders", **parameters):
@@ -198,7 +199,7 @@ def test_instances_that_shared_a_name_are_told_apart_before_the_constraint(db, t
     migration = importlib.import_module("deployments.migrations.0019_instance_names_apart")
     with connection.cursor() as cursor:  # as before the constraint (the test's rollback undoes it)
         cursor.execute("DROP INDEX instance_name_once")
-    Cell.objects.create(name="eu-1", region="eu", is_default=True)
+    Cell.objects.create(name="eu-1", region="eu", is_default=True, **BACKUPS)
     plan = services.plan_load(text=SPEC.read_text()).plan
     made = [_create(owner, tenant, plan, name=f"n{i}").instance for i in range(4)]
     for instance, name in zip(made, ["orders", "Orders", "orders (2)", "orders"], strict=True):

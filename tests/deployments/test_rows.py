@@ -13,10 +13,11 @@ from accounts.models import AuditEvent
 from deployments import rows, services
 from deployments.models import Cell, Instance, InstanceStateChange, Operation
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 
 def _instance(tenant, owner) -> Instance:
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=SPEC.read_text()).plan
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",

@@ -15,6 +15,7 @@ from deployments import runner, selectors, services
 from deployments.models import Cell, Instance, Operation, PlatformSecret, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC, instance_object, wait_done
+from tests.deployments.factories import BACKUPS
 
 
 def _act(owner, instance, verb):
@@ -286,7 +287,7 @@ def test_a_failed_restore_is_not_run_again_from_a_backup_being_deleted_or_delete
 
 
 def test_a_backup_restores_into_its_instances_cell_while_it_is_offered(cell, plan, tenant, owner):
-    own = Cell.objects.create(name="byoc-eu", region="eu", public=False)
+    own = Cell.objects.create(name="byoc-eu", region="eu", public=False, **BACKUPS)
     own.tenants.add(tenant)
     instance, snapshot = _running_with_a_backup(owner, tenant, plan)
     Instance.objects.filter(pk=instance.pk).update(cell=own)
@@ -454,7 +455,7 @@ def test_deleting_an_instance_fails_its_queued_backup_and_forgets_a_backup_queue
 ):
     from deployments.models import Cell
 
-    cell = Cell.objects.create(name="eu-1", region="eu", is_default=True)
+    cell = Cell.objects.create(name="eu-1", region="eu", is_default=True, **BACKUPS)
     plan = services.plan_load(text=SPEC.read_text()).plan
     instance, kept = _stored(tenant, cell, plan)
     restart = _act(owner, instance, "restart")
@@ -476,7 +477,7 @@ def test_a_backup_deleted_while_its_instance_waits_to_be_deleted_is_forgotten_at
 ):
     from deployments.models import Cell
 
-    cell = Cell.objects.create(name="eu-1", region="eu", is_default=True)
+    cell = Cell.objects.create(name="eu-1", region="eu", is_default=True, **BACKUPS)
     plan = services.plan_load(text=SPEC.read_text()).plan
     instance, snapshot = _stored(tenant, cell, plan)
     services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="d")

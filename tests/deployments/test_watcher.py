@@ -37,6 +37,7 @@ from deployments.workflow import engine
 from sandbox.core import Ctx
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC, wait_done, wait_for
+from tests.deployments.factories import BACKUPS
 
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
 
@@ -141,7 +142,7 @@ def running_operation(cell, tenant, owner) -> Operation:
 @pytest.fixture
 def waiting(db, tenant, owner):
     """A running operation whose next look is a minute away."""
-    cell = Cell.objects.create(name="local", region="eu-local", is_default=True)
+    cell = Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     return running_operation(cell, tenant, owner)
 
 
@@ -272,7 +273,7 @@ def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_
 
 @pytest.mark.django_db(transaction=True)
 def test_two_processes_racing_for_a_free_cell_get_one_lease(tenant, owner):
-    cell = Cell.objects.create(name="local", region="eu-local")
+    cell = Cell.objects.create(name="local", region="eu-local", **BACKUPS)
 
     def take():
         try:

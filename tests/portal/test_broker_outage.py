@@ -24,12 +24,13 @@ from billing.models import Plan, Subscription
 from deployments import runner, services
 from deployments.models import Cell, Operation
 from tests.deployments.conftest import SPEC
+from tests.deployments.factories import BACKUPS
 
 
 def test_a_create_sent_while_the_broker_is_down_is_queued_and_swept_once_it_is_back(
     transactional_db, owner, tenant, broker, settings
 ):
-    Cell.objects.create(name="local", region="eu-local", is_default=True)
+    Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
     plan = services.plan_load(text=SPEC.read_text()).plan
     broker.down()
 

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from deployments import services
@@ -9,7 +10,9 @@ from deployments.spec.loader import SpecError
 class Command(BaseCommand):
     help = (
         "Create or update the plans that spec files describe. A changed spec adds a plan "
-        "version; an unchanged one changes nothing. Directories are searched for *.yaml."
+        "version; an unchanged one changes nothing. A new plan or version is refused while a "
+        "registered cell its instances may run on lacks what it needs (the kinds its workflows "
+        "write, a backup destination it reads). Directories are searched for *.yaml."
     )
 
     def add_arguments(self, parser):
@@ -33,6 +36,11 @@ class Command(BaseCommand):
                 failed = True
                 for error in exc.errors:
                     self.stderr.write(f"{path}: {error}")
+                continue
+            except ValidationError as exc:  # a registered cell cannot run it
+                failed = True
+                for message in exc.messages:
+                    self.stderr.write(f"{path}: {message}")
                 continue
             except (OSError, UnicodeDecodeError) as exc:
                 failed = True
