@@ -53,6 +53,7 @@ from deployments.spec.loader import load_spec
 from deployments.spec.model import PlanSpec, Verb
 from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_parameters
 from deployments.spec.params import check as check_value
+from deployments.spec.validation import NAMESPACE_NAME
 from deployments.transitions import instance_state_set, operation_dispatch, snapshots_expire_by
 from deployments.workflow.driver import DriverError
 
@@ -335,6 +336,11 @@ def cell_register(
     if backup_credentials is not _KEPT:
         cell.backup_credentials = json.dumps(backup_credentials) if backup_credentials else ""
     cell.kubeconfig = kubeconfig
+    if cell.operator_namespace and not NAMESPACE_NAME.fullmatch(cell.operator_namespace):
+        raise ValidationError(
+            f"The operator namespace “{cell.operator_namespace}” is not a namespace name: use at "
+            "most 63 lowercase letters, digits and '-', starting and ending with a letter or digit."
+        )
     cell_check(cell=cell)
     if make_default or not Cell.objects.exclude(pk=cell.pk).filter(is_default=True).exists():
         Cell.objects.exclude(pk=cell.pk).filter(is_default=True).update(is_default=False)

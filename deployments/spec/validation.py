@@ -332,7 +332,7 @@ def _check_kinds(spec: PlanSpec, kinds: list[tuple[str, str, str]], report: Repo
 
 OPERATOR_KEYS = ("namespace", "ports", "install")
 # A namespace name: a DNS label (RFC 1123), as Kubernetes requires.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _INSTALL_MAX = 200
 
 
@@ -357,7 +357,7 @@ def _check_operator(spec: PlanSpec, report: Report) -> None:
         if key not in OPERATOR_KEYS:
             report.warn(f"{path}.{key}", f"unknown key; expected one of {', '.join(OPERATOR_KEYS)}")
     namespace = operator.get("namespace")
-    if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
+    if not isinstance(namespace, str) or not NAMESPACE_NAME.fullmatch(namespace):
         shown = "is required" if namespace is None else f'"{namespace}" is not a namespace name'
         report.error(f"{path}.namespace", f"{shown} (lowercase letters, digits and -, at most 63)")
     if "ports" in operator:

@@ -262,6 +262,24 @@ def test_add_cell_checks_only_the_plans_that_may_run_on_the_cell(
         call_command("add_cell", "--name", "widget-cell", "--kubeconfig", str(kubeconfig))
 
 
+def test_add_cell_refuses_an_operator_namespace_that_is_not_a_namespace_name(
+    transactional_db, cell_files
+):
+    kubeconfig, _ = cell_files
+
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+            "--operator-namespace", "Postgres_Operator",
+        )  # fmt: skip
+
+    assert str(refused.value) == (
+        "The operator namespace “Postgres_Operator” is not a namespace name: use at most 63 "
+        "lowercase letters, digits and '-', starting and ending with a letter or digit."
+    )
+    assert not Cell.objects.exists()
+
+
 def test_add_cell_refuses_a_cell_without_the_backup_destination_a_plan_reads(
     transactional_db, cell_files, capsys
 ):
