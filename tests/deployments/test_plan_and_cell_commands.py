@@ -442,6 +442,6 @@ def test_spec_test_can_describe_a_registered_cell(cell, capsys):
 
     call_command("spec_test", str(SPEC), "--cell", "sandbox", "--speed", "200")
 
-    assert "13 passed, 0 failed" in capsys.readouterr().out
+    assert "14 passed, 0 failed" in capsys.readouterr().out
     with pytest.raises(CommandError, match="No cell is registered as 'nope'"):
         call_command("spec_test", str(SPEC), "--cell", "nope")

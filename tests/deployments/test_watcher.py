@@ -535,7 +535,10 @@ def test_a_watcher_whose_watches_fail_leaves_the_operations_of_its_cell_on_the_f
 def test_a_watcher_that_loses_a_cell_keeps_renewing_its_other_cells(
     cell, plan, sandbox_kubeconfig, quiet_cluster
 ):
-    other = services.cell_register(name="second", kubeconfig=sandbox_kubeconfig, region="local")
+    other = services.cell_register(
+        name="second", kubeconfig=sandbox_kubeconfig, region="local",
+        backup_destination="s3://backups/second", backup_credentials={"ACCESS_KEY_ID": "k"},
+    )  # fmt: skip
     watcher, thread = watcher_started(cell, other)
     try:
         wait_for(lambda: streaming(cell) and streaming(other), timeout=20, what="the watches")
@@ -562,7 +565,10 @@ def test_a_watcher_that_loses_a_cell_keeps_renewing_its_other_cells(
 def test_a_watcher_told_to_stop_exits_in_seconds_and_frees_its_cells(
     cell, plan, sandbox_kubeconfig, quiet_cluster
 ):
-    other = services.cell_register(name="second", kubeconfig=sandbox_kubeconfig, region="local")
+    other = services.cell_register(
+        name="second", kubeconfig=sandbox_kubeconfig, region="local",
+        backup_destination="s3://backups/second", backup_credentials={"ACCESS_KEY_ID": "k"},
+    )  # fmt: skip
     watcher, thread = watcher_started(cell, other)
     wait_for(lambda: streaming(cell) and streaming(other), timeout=20, what="the watches")
 

@@ -249,7 +249,7 @@ def test_make_clean_removes_the_checkouts_database_queue_and_cache_keys_and_noth
         broker.rpush(f"{queue}\x06\x163", "urgent step")  # a priority's own list
         broker.sadd(f"_kombu.binding.{queue}", f"{queue}\x06\x16\x06\x16{queue}")
         broker.hset("unacked", f"tag-{queue}", json.dumps([{}, queue, queue]))  # a killed worker's
-        broker.zadd("unacked_index", {f"tag-{queue}": 1})
+        broker.zadd("unacked_index", {f"tag-{queue}": time.time()})  # held now, not restored
         cache.set(f"{queue}:1:session", "x")
     try:
         cleaned = subprocess.run(  # what `make clean` runs before it deletes var/
