@@ -215,3 +215,32 @@ def test_numbers_and_months_no_invoice_could_have_are_flagged_not_a_server_error
         page = team_client.get(f"/billing-team/usage/{tenant.slug}/", {"period": period})
         assert page.status_code == 200, period
         assert "the year is between 1970 and 9998" in page.content.decode(), period
+
+
+def test_the_billing_team_works_in_the_billing_admin_and_nowhere_else_in_it(
+    team_client, tenant, plan
+):
+    import importlib
+
+    from django.apps import apps
+
+    # What the migration gives the group (a test that empties the tables took it away).
+    importlib.import_module("billing.migrations.0017_billing_team_permissions").grant(apps, None)
+    invoice = _invoice(tenant, plan, "2026-10", "12.00")
+
+    listed = team_client.get("/admin/billing/invoice/")
+    assert listed.status_code == 200
+    assert 'value="finalize"' in listed.content.decode()  # it may act, not only look
+    finalized = team_client.post(
+        "/admin/billing/invoice/", {"action": "finalize", "_selected_action": [invoice.pk]}
+    )
+    assert finalized.status_code == 302
+    invoice.refresh_from_db()
+    assert invoice.status == "open" and invoice.number  # finalized
+    for page in ["/admin/billing/subscription/", "/admin/billing/planoverride/add/",
+                 "/admin/billing/meterevent/"]:  # fmt: skip
+        assert team_client.get(page).status_code == 200, page
+    # Not the platform's other rows.
+    assert team_client.get("/admin/deployments/instance/").status_code == 403
+    assert team_client.get("/admin/accounts/user/").status_code == 403
+
