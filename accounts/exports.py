@@ -14,8 +14,9 @@ class _Echo:
 
 
 def spreadsheet_safe(value: str) -> str:
-    """`value`, defused: a spreadsheet runs a cell starting with = + - @ as a formula."""
-    return "'" + value if value[:1] in {"=", "+", "-", "@"} else value
+    """`value`, defused: a spreadsheet runs a cell starting with = + - @ as a formula, and
+    one starting with a tab or a carriage return, which it skips before one of those."""
+    return "'" + value if value[:1] in {"=", "+", "-", "@", "\t", "\r"} else value
 
 
 def csv_download(filename: str, header: list[str], rows: Iterable[list]) -> StreamingHttpResponse:

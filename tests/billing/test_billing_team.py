@@ -244,3 +244,13 @@ def test_the_billing_team_works_in_the_billing_admin_and_nowhere_else_in_it(
     assert team_client.get("/admin/deployments/instance/").status_code == 403
     assert team_client.get("/admin/accounts/user/").status_code == 403
 
+
+def test_a_name_that_a_spreadsheet_would_read_as_a_formula_after_a_tab_is_defused(
+    team_client, invoices
+):
+    Tenant.objects.filter(slug="globex-abc123").update(name="\t=HYPERLINK(1)")
+
+    response = team_client.get("/billing-team/invoices.csv")
+
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert {row[1] for row in rows[1:] if "HYPERLINK" in row[1]} == {"'\t=HYPERLINK(1)"}
