@@ -532,9 +532,10 @@ def test_a_watcher_whose_watches_fail_leaves_the_operations_of_its_cell_on_the_f
         thread.join(30)
 
 
-def test_a_watcher_that_loses_a_cell_keeps_renewing_its_other_cells(
-    cell, plan, sandbox_kubeconfig, quiet_cluster
-):
+@pytest.fixture
+def two_cells_watched(cell, plan, sandbox_kubeconfig, quiet_cluster):
+    """A watcher streaming the plan's kinds in two cells (one cluster), as a real cluster
+    serves a quiet watch: (watcher, its thread, the first cell, the second)."""
     other = services.cell_register(
         name="second", kubeconfig=sandbox_kubeconfig, region="local",
         backup_destination="s3://backups/second", backup_credentials={"ACCESS_KEY_ID": "k"},
@@ -542,35 +543,33 @@ def test_a_watcher_that_loses_a_cell_keeps_renewing_its_other_cells(
     watcher, thread = watcher_started(cell, other)
     try:
         wait_for(lambda: streaming(cell) and streaming(other), timeout=20, what="the watches")
-
-        # Another process takes the first cell over (this one was stuck past its lease) ...
-        CellWatchLease.objects.filter(cell=cell).update(
-            holder="elsewhere", epoch=F("epoch") + 1, expires_at=timezone.now() + LEASE_TTL
-        )
-        wait_for(lambda: not watcher.holds(cell.pk), timeout=10, what="the loss to be seen")
-
-        # ... while its watches wait a minute for their next event, the other cell's lease is
-        # renewed at the next round, long before it would expire and be lost too.
-        renewed = CellWatchLease.objects.get(cell=other).expires_at
-        wait_for(
-            lambda: CellWatchLease.objects.get(cell=other).expires_at > renewed,
-            timeout=watcher_module.RENEW_EVERY * 2 + 2, what="the other cell's renewal",
-        )  # fmt: skip
-        assert watcher.holds(other.pk)
+        yield watcher, thread, cell, other
     finally:
         watcher.stopping.set()
         thread.join(90)
 
 
-def test_a_watcher_told_to_stop_exits_in_seconds_and_frees_its_cells(
-    cell, plan, sandbox_kubeconfig, quiet_cluster
-):
-    other = services.cell_register(
-        name="second", kubeconfig=sandbox_kubeconfig, region="local",
-        backup_destination="s3://backups/second", backup_credentials={"ACCESS_KEY_ID": "k"},
+def test_a_watcher_that_loses_a_cell_keeps_renewing_its_other_cells(two_cells_watched):
+    watcher, _, cell, other = two_cells_watched
+
+    # Another process takes the first cell over (this one was stuck past its lease) ...
+    CellWatchLease.objects.filter(cell=cell).update(
+        holder="elsewhere", epoch=F("epoch") + 1, expires_at=timezone.now() + LEASE_TTL
+    )
+    wait_for(lambda: not watcher.holds(cell.pk), timeout=10, what="the loss to be seen")
+
+    # ... while its watches wait a minute for their next event, the other cell's lease is
+    # renewed at the next round, long before it would expire and be lost too.
+    renewed = CellWatchLease.objects.get(cell=other).expires_at
+    wait_for(
+        lambda: CellWatchLease.objects.get(cell=other).expires_at > renewed,
+        timeout=watcher_module.RENEW_EVERY * 2 + 2, what="the other cell's renewal",
     )  # fmt: skip
-    watcher, thread = watcher_started(cell, other)
-    wait_for(lambda: streaming(cell) and streaming(other), timeout=20, what="the watches")
+    assert watcher.holds(other.pk)
+
+
+def test_a_watcher_told_to_stop_exits_in_seconds_and_frees_its_cells(two_cells_watched):
+    watcher, thread, _, _ = two_cells_watched
 
     # Every watch is blocked in its stream, a minute from its next event.
     watcher.stopping.set()
