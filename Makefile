@@ -30,12 +30,10 @@ run: $(VENV)/.installed
 
 # PYTEST_ADDOPTS="tests/portal" make test runs a part of the suite. TEST_WORKERS processes
 # share the tests a module at a time (most tests wait on a server, a worker or a browser, so
-# more processes than cores pay); TEST_WORKERS=0 runs them in this one. They take the modules
-# in the order tests/conftest.py gives: those marked slow_module first, then pytest-xdist's
-# own (the modules with the most tests first), which alone left the long few-test ones last.
+# more processes than cores pay); TEST_WORKERS=0 runs them in this one.
 TEST_WORKERS ?= 4
 test: $(VENV)/.installed-dev
-	$(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 # Speed figures, printed next to baselines measured in the same run (not pass/fail), and kept
 # machine-readable in var/bench.json. The plan spec is an argument: the bench/ tooling names no

@@ -1,6 +1,5 @@
 import shutil
 import uuid
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -63,28 +62,6 @@ def pytest_configure(config):
         # test database, not data anyone keeps).
         options = django_settings.DATABASES["default"].setdefault("OPTIONS", {})
         options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
-
-
-@pytest.hookimpl(trylast=True)  # after pytest-django's order: database tests, then the rest
-def pytest_collection_modifyitems(config, items):
-    """On `make test`'s processes, the modules marked `slow_module` start first, and the others
-    follow in pytest-xdist's own order: the modules (or test classes) with the most tests first.
-
-    The marked modules run for a minute or more each with one test or a few, so pytest-xdist's
-    order left them to the end, queued one after another on whichever processes were left.
-    `make test` keeps this order (`--no-loadscope-reorder`). In one process the order changes
-    nothing of the time, and stays pytest-django's.
-    """
-    if not hasattr(config, "workerinput"):
-        return
-
-    def unit(item):  # what pytest-xdist's --dist loadscope hands a process at a time
-        return item.nodeid.rsplit("::", 1)[0]
-
-    tests_in = Counter(unit(item) for item in items)
-    items.sort(
-        key=lambda item: (item.get_closest_marker("slow_module") is None, -tests_in[unit(item)])
-    )
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """What the benchmark smoke tests share: running one benchmark as `make bench` does.
 
-The smoke tests are a module each, marked `slow_module`: `make test` starts them first, side by
-side on its test processes rather than one after another on one."""
+The smoke tests are a module each: they use no database, so they run last, and apart they run
+side by side rather than one after another on one test process."""
 
 import json
 import os

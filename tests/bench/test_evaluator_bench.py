@@ -2,11 +2,7 @@
 and keeps a machine-readable copy in bench.json (a smoke test: the figures themselves are
 `make bench`'s business, not pass/fail)."""
 
-import pytest
-
 from tests.bench.support import SPEC, run
-
-pytestmark = pytest.mark.slow_module
 
 
 def test_the_evaluator_benchmark_measures_the_create_conditions_of_the_spec(tmp_path):

@@ -2,11 +2,7 @@
 and keeps a machine-readable copy in bench.json (a smoke test: the figures themselves are
 `make bench`'s business, not pass/fail)."""
 
-import pytest
-
 from tests.bench.support import SPEC, run
-
-pytestmark = pytest.mark.slow_module
 
 
 def test_the_metering_benchmark_prints_both_figures_for_the_same_rows(tmp_path):

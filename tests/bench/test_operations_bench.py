@@ -2,11 +2,7 @@
 and keeps a machine-readable copy in bench.json (a smoke test: the figures themselves are
 `make bench`'s business, not pass/fail)."""
 
-import pytest
-
 from tests.bench.support import SPEC, run
-
-pytestmark = pytest.mark.slow_module
 
 
 def test_the_operations_benchmark_prints_ratio_and_notice_delays_per_window(tmp_path):

@@ -2,11 +2,7 @@
 and keeps a machine-readable copy in bench.json (a smoke test: the figures themselves are
 `make bench`'s business, not pass/fail)."""
 
-import pytest
-
 from tests.bench.support import SPEC, run
-
-pytestmark = pytest.mark.slow_module
 
 
 def test_the_scale_run_scaled_down_prints_throughput_notice_delay_and_watcher_memory(tmp_path):

@@ -27,7 +27,7 @@ from tests.browser.conftest import (  # noqa: F401 - fixtures shared with the br
 )
 from tests.deployments import factories
 
-pytestmark = [pytest.mark.unsubscribed, pytest.mark.slow_module]
+pytestmark = pytest.mark.unsubscribed
 
 
 @pytest.mark.parametrize("width", ["wide", "narrow"])

@@ -8,8 +8,6 @@ from playwright.sync_api import expect
 from tests.browser.conftest import scrolls_sideways, shot
 from tests.deployments import factories
 
-pytestmark = pytest.mark.slow_module
-
 
 @pytest.fixture
 def thirty(tenant):

@@ -9,8 +9,6 @@ from playwright.sync_api import expect
 from tests.browser.conftest import scrolls_sideways, shot
 from tests.browser.test_instance_page import instance  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow_module
-
 BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
 
 

@@ -12,8 +12,6 @@ from playwright.sync_api import expect
 from accounts.audit import Actor
 from tests.browser.conftest import scrolls_sideways, shot
 
-pytestmark = pytest.mark.slow_module
-
 ROOT = Path(__file__).resolve().parents[2]
 BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
 

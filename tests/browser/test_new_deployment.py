@@ -9,8 +9,6 @@ from playwright.sync_api import expect
 from tests.browser.conftest import htmx_settled, scrolls_sideways, shot
 from tests.deployments.factories import BACKUPS
 
-pytestmark = pytest.mark.slow_module
-
 ROOT = Path(__file__).resolve().parents[2]
 BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
 

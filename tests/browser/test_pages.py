@@ -11,8 +11,6 @@ from accounts.audit import Actor, audit_record
 from accounts.models import Membership
 from tests.browser.conftest import scrolls_sideways, shot
 
-pytestmark = pytest.mark.slow_module
-
 ROOT = Path(__file__).resolve().parents[2]
 BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
 

@@ -19,7 +19,7 @@ from tests.browser.conftest import (  # noqa: F401 - fixtures, found by name
 from tests.conftest import PASSWORD
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-pytestmark = [pytest.mark.usefixtures("_served_like_a_browser_expects"), pytest.mark.slow_module]
+pytestmark = pytest.mark.usefixtures("_served_like_a_browser_expects")
 
 
 def _step(page: Page, name: str) -> None:

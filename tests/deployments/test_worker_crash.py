@@ -20,8 +20,6 @@ from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Operation, TaskRun
 from tests.deployments.conftest import ROOT, wait_for
 
-pytestmark = pytest.mark.slow_module
-
 
 def _database_url() -> str:
     db = connection.settings_dict  # the test database, not the configured one
