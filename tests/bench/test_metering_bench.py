@@ -13,9 +13,3 @@ def test_the_metering_benchmark_prints_both_figures_for_the_same_rows(tmp_path):
     for figure in ("Opsdeck meter_hour", "baseline (INSERT … SELECT)", "Opsdeck vs baseline"):
         assert figure in out
     assert recorded["metering_ratio"] > 0
-
-
-def test_the_metering_benchmark_writes_its_baseline_from_any_plan(tmp_path):
-    out, _ = run(tmp_path, "bench.metering", "specs/valkey.yaml", "--count", "20")
-
-    assert "metering one hour of 20 instances" in out
