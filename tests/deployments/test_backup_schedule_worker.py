@@ -14,15 +14,21 @@ def _retention(operation) -> str:
     return decoded(cluster.object)["spec"]["backup"]["retentionPolicy"]
 
 
-def test_the_schedules_retention_reaches_the_clusters_retention_policy(
-    worker, cell, plan, tenant, owner
-):
-    actor = Actor(user=owner)
+def _created(actor, tenant, plan) -> Operation:
+    """The create of a running instance, through the worker."""
     create = services.instance_create(
         actor=actor, tenant=tenant, plan=plan, name="orders", parameters={},
         request_id=uuid.uuid4().hex,
     )  # fmt: skip
     assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    return create
+
+
+def test_the_schedules_retention_reaches_the_clusters_retention_policy(
+    worker, cell, plan, tenant, owner
+):
+    actor = Actor(user=owner)
+    create = _created(actor, tenant, plan)
     assert _retention(create) == "30d"  # the spec's backupRetentionInDays
 
     services.backup_schedule_update(
@@ -42,11 +48,7 @@ def test_a_backup_brings_the_clusters_retention_in_line_with_the_schedule(
     worker, cell, plan, tenant, owner
 ):
     actor = Actor(user=owner)
-    create = services.instance_create(
-        actor=actor, tenant=tenant, plan=plan, name="orders", parameters={},
-        request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    create = _created(actor, tenant, plan)
     services.backup_schedule_update(
         actor=actor, instance=create.instance, interval_hours=24, cron="",
         retention_days=3, retention_count=None, enabled=True,
@@ -65,11 +67,7 @@ def test_a_longer_retention_reaches_the_cluster_with_scheduled_backups_off(
     worker, cell, plan, tenant, owner, kube
 ):
     actor = Actor(user=owner)
-    create = services.instance_create(
-        actor=actor, tenant=tenant, plan=plan, name="orders", parameters={},
-        request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    create = _created(actor, tenant, plan)
     instance = create.instance
     backup = services.instance_action(
         actor=actor, instance=instance, verb="backup", request_id=uuid.uuid4().hex
