@@ -63,6 +63,10 @@ class Rule:
     # it went as it should leaves the instance where the verb leads (`after`), not failed.
     # A failure still fails it.
     settles_alone: bool = False
+    # Once started, the cluster carries it to its end whatever Opsdeck does (a backup the
+    # database has begun cannot be called back): only a queued one can be cancelled. This
+    # says why a running one cannot; empty for the verbs a cancel stops.
+    runs_through: str = ""
 
 
 _LIVE = frozenset({S.RUNNING})
@@ -101,7 +105,13 @@ RULES: dict[str, Rule] = {
     "failover": Rule(
         _LIVE, S.UPDATING, S.RUNNING, "instance.operate", retried=True, settles_alone=True
     ),
-    "backup": Rule(_LIVE, None, None, "backup.create"),
+    "backup": Rule(
+        _LIVE, None, None, "backup.create",
+        runs_through=(
+            "A backup that has started cannot be cancelled: the database carries it to its "
+            "end. Delete the backup once it has completed if you do not want it."
+        ),
+    ),
     # Forgetting a snapshot leaves the instance as it is.
     "deleteBackup": Rule(
         frozenset({S.RUNNING, S.STOPPED, S.UPDATING, S.FAILED}), None, None, "backup.delete"

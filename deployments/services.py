@@ -1207,7 +1207,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
     (its onExit still runs) and ends `cancelled`. The instance goes back to the state it had
     when none of the run's writes reached the cluster, else becomes failed; the instance a
     queued create or restore was to make is failed; a cancelled backup's snapshot fails. A
-    delete cannot be cancelled."""
+    delete cannot be cancelled, nor a running backup (`Rule.runs_through`)."""
     request_id = idempotency.request_id_clean(request_id)
     instance = operation.instance
     tenant = instance.tenant
@@ -1227,6 +1227,8 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
             raise ValidationError(f"The operation has ended ({operation.get_state_display()}).")
         if operation.cancel_reason:  # another tab's cancel, or a delete, came first
             raise ValidationError(f"The operation is stopping already: {operation.cancel_reason}")
+        if operation.state == Operation.State.RUNNING and rule.runs_through:
+            raise ValidationError(rule.runs_through)
         who = actor.user.email if actor.user is not None else "the platform"
         reason = f"Cancelled by {who}."
         if operation.state == Operation.State.QUEUED:

@@ -1073,22 +1073,29 @@ def instance_modify_estimate(request, instance_id: str):
 # --- cancel an operation ---
 
 
+def _verb_rule(version: PlanVersion, verb: str) -> lifecycle.Rule:
+    """The rule of a verb of `version`'s spec."""
+    spec_verb = selectors.plan_spec(version).main.verbs.get(verb)
+    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom))
+
+
 def _verb_action(version: PlanVersion, verb: str) -> str:
     """The role action a verb needs (cancelling an operation needs the same)."""
-    spec_verb = selectors.plan_spec(version).main.verbs.get(verb)
-    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom)).action
+    return _verb_rule(version, verb).action
 
 
 def _cancellable(instance: Instance, operations: list, allowed: frozenset[str]) -> set:
     """The operations the reader may cancel: queued or running ones not already stopping,
-    never a delete, whose verb the role allows."""
+    never a delete nor a running verb the cluster carries through, whose verb the role
+    allows."""
+    pending = [op for op in operations if op.state in PENDING and op.verb != "delete"]
+    rules = {op.verb: _verb_rule(instance.plan_version, op.verb) for op in pending}
     return {
         op.pk
-        for op in operations
-        if op.state in PENDING
-        and op.verb != "delete"
-        and not op.cancel_reason
-        and _verb_action(instance.plan_version, op.verb) in allowed
+        for op in pending
+        if not op.cancel_reason
+        and not (op.state == Operation.State.RUNNING and rules[op.verb].runs_through)
+        and rules[op.verb].action in allowed
     }
 
 

@@ -62,13 +62,10 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
         form = html[: html.index("</form>")]
         return form[form.index('hx-confirm="') :].split('"')[1] if "hx-confirm" in form else ""
 
-    backup, failover, modify = (confirm(op) for op in running)
-    # A backup leaves the instance as it is, whatever the cluster did of it; one the cluster
-    # began may still be taken there, and is not listed.
-    assert backup == (
-        "Cancel this backup? It stops at its next step. If the cluster has already begun it, the"
-        " cluster may still finish it, but it will not be listed, nor restorable from here."
-    )
+    backup, failover, modify = running
+    # A backup the database has begun runs to its end: it offers no cancel.
+    assert f"operations/{backup.pk}/cancel/" not in tab
+    failover, modify = confirm(failover), confirm(modify)
     # ... and a modify Roll back undoes, as the Failed instance offers.
     assert modify.endswith("the instance may be left Failed until you roll it back.")
     # The operator finishes a switchover it took.
@@ -78,6 +75,24 @@ def test_cancelling_a_running_operation_asks_first_and_says_what_it_leaves(
         "Cancel this restart? If it has started by now, it stops at its next step. If the cluster"
         " has already begun it, the cluster still finishes it."
     )
+
+
+def test_a_running_backup_offers_no_cancel_and_a_forged_one_says_why_and_changes_nothing(
+    owner_client, owner, instance
+):
+    backup = _queue(owner, instance, verb="backup")
+    tab = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+    # Queued, it has not started: it can still be cancelled, with no question asked.
+    assert f"operations/{backup.pk}/cancel/" in tab
+    Operation.objects.filter(pk=backup.pk).update(state=Operation.State.RUNNING)
+
+    html = _cancel(owner_client, instance, backup).content.decode()
+
+    backup.refresh_from_db()
+    assert backup.state == Operation.State.RUNNING and not backup.cancel_reason
+    assert "A backup that has started cannot be cancelled" in html
+    assert f"operations/{backup.pk}/cancel/" not in html
+    assert not AuditEvent.objects.filter(action="operation.cancel", result="ok").exists()
 
 
 def test_a_repeated_cancel_request_returns_the_same_and_audits_once(owner_client, owner, instance):
