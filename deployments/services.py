@@ -298,7 +298,12 @@ def plan_cells_check(spec: PlanSpec) -> list[str]:
 _KEPT = None  # `cell_register`'s "as it is" for a setting not given
 
 
-@transaction.atomic
+# What a registration's cluster check reads of a cell: a registration that finds one of these
+# changed by another since its check checks again.
+_CHECKED = ("kubeconfig", "context", "backup_destination", "backup_credentials")
+REGISTER_ROUNDS = 3  # checks one registration makes while others keep changing its cell
+
+
 def cell_register(
     *,
     name: str,
@@ -317,36 +322,51 @@ def cell_register(
     new kubeconfig to rotate its credentials keeps its region, backup destination and the
     rest); a setting not given is empty on a new cell (its deployment model hosted).
 
-    One registration at a time: two at once of one name would both insert it, and two that
-    both make their cell the default would both take it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('opsdeck.cell_register'))")
-    cell = Cell.objects.filter(name=name).first() or Cell(name=name)
+    The cluster is asked outside any transaction (a call may take its whole timeout); the
+    save is short, one registration at a time: two at once of one name would both insert it,
+    and two that both make their cell the default would both take it. One that finds what
+    it checked changed meanwhile by another checks again."""
     given = {
+        "kubeconfig": kubeconfig,
         "context": context,
         "region": region,
         "cloud": cloud,
         "deployment_model": deployment_model,
         "backup_destination": backup_destination,
+        "backup_credentials": _KEPT,
         "operator_namespace": operator_namespace,
     }
+    if backup_credentials is not _KEPT:
+        given["backup_credentials"] = json.dumps(backup_credentials) if backup_credentials else ""
+    for _ in range(REGISTER_ROUNDS):
+        checked = _cell_given(Cell.objects.filter(name=name).first() or Cell(name=name), given)
+        cell_check(cell=checked)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtext('opsdeck.cell_register'))")
+            cell = _cell_given(Cell.objects.filter(name=name).first() or Cell(name=name), given)
+            if any(getattr(cell, f) != getattr(checked, f) for f in _CHECKED):
+                continue  # another registration changed what was checked: check again
+            others = Cell.objects.exclude(pk=cell.pk).filter(is_default=True)
+            if make_default or not others.exists():
+                others.update(is_default=False)
+                cell.is_default = True
+            cell.full_clean()
+            cell.save()
+            return cell
+    raise ValidationError(f"The cell {name} kept changing while it was checked: register it again.")
+
+
+def _cell_given(cell: Cell, given: dict) -> Cell:
+    """`cell` with the settings `given` (those not `_KEPT`), its operator namespace checked."""
     for setting, value in given.items():
         if value is not _KEPT:
             setattr(cell, setting, value)
-    if backup_credentials is not _KEPT:
-        cell.backup_credentials = json.dumps(backup_credentials) if backup_credentials else ""
-    cell.kubeconfig = kubeconfig
     if cell.operator_namespace and not NAMESPACE_NAME.fullmatch(cell.operator_namespace):
         raise ValidationError(
             f"The operator namespace “{cell.operator_namespace}” is not a namespace name: use at "
             "most 63 lowercase letters, digits and '-', starting and ending with a letter or digit."
         )
-    cell_check(cell=cell)
-    if make_default or not Cell.objects.exclude(pk=cell.pk).filter(is_default=True).exists():
-        Cell.objects.exclude(pk=cell.pk).filter(is_default=True).update(is_default=False)
-        cell.is_default = True
-    cell.full_clean()
-    cell.save()
     return cell
 
 

@@ -1,8 +1,13 @@
 """load_specs, add_cell and spec_test --cell as an operator runs them."""
 
+import contextlib
 import json
+import socket
+import threading
+import time
 import uuid
 from io import StringIO
+from urllib.parse import urlsplit
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -187,6 +192,77 @@ def test_cells_registered_at_once_as_the_default_leave_one_default_and_no_error(
     assert [r for r in apart + again if isinstance(r, Exception)] == []
     assert Cell.objects.count() == 5
     assert list(Cell.objects.filter(is_default=True).values_list("name", flat=True)) == ["us-1"]
+
+
+def _slow_door(kubeconfig: str, delay: float) -> tuple[str, socket.socket]:
+    """`kubeconfig` reaching its cluster through a local port that holds each new connection
+    `delay` seconds before passing it on: a cluster slow to answer. The listening socket is
+    returned for the caller to close."""
+    import yaml
+
+    config = yaml.safe_load(kubeconfig)
+    target = urlsplit(config["clusters"][0]["cluster"]["server"])
+    door = socket.create_server(("127.0.0.1", 0))
+
+    def pipe(src, dst):
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def hold(client):
+        time.sleep(delay)
+        with contextlib.suppress(OSError):
+            upstream = socket.create_connection((target.hostname, target.port))
+            threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+            pipe(upstream, client)
+
+    def serve():
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=hold, args=(door.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = door.getsockname()[1]
+    config["clusters"][0]["cluster"]["server"] = f"{target.scheme}://127.0.0.1:{port}"
+    return yaml.safe_dump(config), door
+
+
+def test_a_registration_asks_a_slow_cluster_holding_no_transaction_nor_the_registration_lock(
+    transactional_db, sandbox_kubeconfig
+):
+    """A cluster call may take its whole timeout: a registration waiting on one must leave
+    its connection out of any transaction, and other registrations free to go on."""
+    slow, door = _slow_door(sandbox_kubeconfig, delay=3.0)
+    done = {}
+
+    def register():
+        try:
+            done["cell"] = services.cell_register(name="slow-1", kubeconfig=slow)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=register)
+    try:
+        thread.start()
+        time.sleep(1.0)  # the check waits on the cluster's first answer
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()"
+            )
+            idle_in_transaction = cursor.fetchone()[0]
+            cursor.execute("SELECT pg_try_advisory_lock(hashtext('opsdeck.cell_register'))")
+            lock_free = cursor.fetchone()[0]
+            if lock_free:
+                cursor.execute("SELECT pg_advisory_unlock(hashtext('opsdeck.cell_register'))")
+        assert "cell" not in done, "the check ended before it was looked at"
+        assert (idle_in_transaction, lock_free) == (0, True)
+    finally:
+        thread.join(60)
+        door.close()
+    assert done["cell"].name == "slow-1" and Cell.objects.filter(name="slow-1").exists()
 
 
 @pytest.mark.parametrize("plans", [[], ["postgres"]])
