@@ -43,9 +43,11 @@ from billing.models import (
     InvoiceLine,
     MeterEvent,
     Plan,
+    Subscription,
     UsageRecord,
 )
 from billing.pricing import PriceBook, rounded
+from billing.stripe_gateway import stripe_bills
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ def period_close(key: str, *, now: datetime | None = None) -> Closed:
     period = BillingPeriod.objects.select_for_update().get(key=key)
     if period.closed_at is not None:
         raise ValidationError(f"The period {key} was closed on {period.closed_at:%Y-%m-%d}.")
+    _stripe_reachable(key)
     missing = usage.period_close_check(key)
     if missing:
         raise ValidationError(
@@ -110,6 +113,25 @@ def period_close(key: str, *, now: datetime | None = None) -> Closed:
     period.closed_at = now
     period.save(update_fields=["closed_at"])
     return Closed(key, invoices)
+
+
+def _stripe_reachable(key: str) -> None:
+    """Refuse to close `key` in a process without Stripe's settings while Stripe bills some of
+    its usage: its records not yet in the meter-event outbox would be invoiced here, then sent
+    to Stripe's meters by the workers, and charged twice."""
+    if stripe_bills():
+        return
+    used = UsageRecord.objects.filter(
+        period=key, tenant_id=OuterRef("tenant_id"), plan_id=OuterRef("plan_id")
+    )
+    billed = Subscription.objects.exclude(stripe_subscription_id="").filter(Exists(used)).count()
+    if billed:
+        raise ValidationError(
+            f"Stripe bills {billed} subscription{'s' if billed != 1 else ''} with usage in {key}, "
+            "but Stripe is not configured here (STRIPE_API_KEY is empty): closing the period "
+            "here would invoice that usage a second time. Close it where the workers run, with "
+            "the same Stripe settings."
+        )
 
 
 def _drafts(key: str) -> list[Invoice]:

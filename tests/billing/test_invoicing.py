@@ -22,6 +22,7 @@ from billing.models import (
     Plan,
     PlanOverride,
     Price,
+    Subscription,
     UsageRecord,
 )
 from billing.usage import UsageRow
@@ -157,6 +158,27 @@ def test_a_period_with_an_unmetered_hour_is_not_closed(tenant, plan):
 
     assert not Invoice.objects.exists()
     assert not BillingPeriod.objects.filter(closed_at__isnull=False).exists()
+
+
+def test_a_period_stripe_bills_is_not_closed_where_stripe_is_not_configured(tenant, plan, settings):
+    """Its records not yet sent to Stripe's meters would be invoiced here and charged again by
+    Stripe once the workers, which have the Stripe settings, sent them."""
+    settings.STRIPE_API_KEY = ""
+    other = Tenant.objects.create(name="Other", slug="other-x1y2z3")
+    Subscription.objects.filter(tenant=tenant, plan=plan).update(stripe_subscription_id="sub_1")
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _use(other, plan, NOVEMBER, instance="inst-cccccccc", cpu="4")
+    _metered()
+
+    with pytest.raises(ValidationError, match=r"Stripe bills 1 subscription with usage in 2026-11, "
+                       r"but Stripe is not configured here"):  # fmt: skip
+        invoicing.period_close("2026-11", now=AFTER)
+
+    assert not Invoice.objects.exists()
+    assert not BillingPeriod.objects.filter(closed_at__isnull=False).exists()
+    # Once that subscription is billed locally again, the period closes here.
+    Subscription.objects.filter(tenant=tenant, plan=plan).update(stripe_subscription_id="")
+    assert len(invoicing.period_close("2026-11", now=AFTER).invoices) == 2
 
 
 def test_a_period_closes_once(tenant, plan):
