@@ -3,6 +3,7 @@
 #   scripts/stripe_emulator.sh start   # in the background; waits until it answers
 #   scripts/stripe_emulator.sh stop    # returns once it has exited (nothing to do if not running)
 #   eval "$(scripts/stripe_emulator.sh env)"   # export the STRIPE_* settings that point at it
+#   scripts/stripe_emulator.sh running         # exit status 0 when it runs
 # Its test API key and webhook secret are generated once into var/stripe/ (mode 600), its
 # objects kept in var/stripe/state.json across restarts, its webhooks sent to the portal on
 # $PORT. --auto-bill closes periods and charges invoices as its clock passes (README.md).
@@ -10,10 +11,15 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${OPSDECK_VAR_DIR:-$root/var}/stripe"
-port="${STRIPE_EMULATOR_PORT:-12111}"
 python="$root/.venv/bin/python"
 
 running() { [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; }
+
+# The port asked for; else, while it runs, the port it was started on (kept in $dir/port, so
+# that `env` in another shell finds it); else 12111.
+port="${STRIPE_EMULATOR_PORT:-}"
+if [ -z "$port" ] && running && [ -s "$dir/port" ]; then port="$(cat "$dir/port")"; fi
+port="${port:-12111}"
 
 # The content of $dir/NAME, made once as PREFIX + random hex, readable by its owner only.
 secret() {
@@ -62,6 +68,7 @@ case "${1:-}" in
       --webhook-secret "$webhook_secret" --webhook-retries 7 --webhook-retry-delay 2 \
       --state "$dir/state.json" --auto-bill --log-level INFO >"$dir/log" 2>&1 &
     echo $! >"$dir/pid"
+    echo "$port" >"$dir/port"
     for _ in $(seq 1 100); do
       # It prints its URL once it listens.
       if grep -qxF "$url" "$dir/log" && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -72,17 +79,20 @@ case "${1:-}" in
       sleep 0.1
     done
     "$root/scripts/stop.sh" "$dir/pid"
-    rm -f "$dir/pid"
+    rm -f "$dir/pid" "$dir/port"
     echo "the Stripe emulator did not start on port $port; the end of $dir/log:" >&2
     tail -n 3 "$dir/log" >&2
     exit 1
     ;;
   stop)
     if running; then "$root/scripts/stop.sh" "$dir/pid"; fi
-    rm -f "$dir/pid"
+    rm -f "$dir/pid" "$dir/port"
+    ;;
+  running)
+    running
     ;;
   *)
-    echo "usage: $0 start|stop|env" >&2
+    echo "usage: $0 start|stop|env|running" >&2
     exit 2
     ;;
 esac

@@ -92,6 +92,12 @@ def test_start_answers_with_its_own_key_and_stop_ends_it(env):
         f"export STRIPE_WEBHOOK_SECRET={secret}",
         f"export STRIPE_API_BASE={url}",
     ]
+    # Another shell, which does not say the port (scripts/manage's), finds the one it runs on.
+    elsewhere = {k: v for k, v in env.items() if k != "STRIPE_EMULATOR_PORT"}
+    assert _script(elsewhere, "running").returncode == 0
+    assert _script(elsewhere, "env").stdout.splitlines()[-1] == f"export STRIPE_API_BASE={url}"
+    _script(env, "stop")
+    assert _script(elsewhere, "running").returncode == 1
 
 
 def test_a_busy_port_fails_clearly(env):
