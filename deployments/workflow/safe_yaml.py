@@ -60,10 +60,20 @@ class _Size:
 
 
 def check(text: str) -> None:
-    """Raise BoundsError when `text` nests deeper than MAX_DEPTH collections, stands for more
-    than MAX_VALUES values or MAX_TEXT characters of scalars with every alias expanded, or has
-    an alias inside its own anchor. YAML syntax errors are raised as the parser raises them.
+    """Raise BoundsError when `text` is longer than MAX_TEXT characters, nests deeper than
+    MAX_DEPTH collections, stands for more than MAX_VALUES values or MAX_TEXT characters of
+    scalars with every alias expanded, or has an alias inside its own anchor. YAML syntax
+    errors are raised as the parser raises them.
     """
+    if len(text) > MAX_TEXT:
+        # Longer than any document it may stand for: refused before the parser, which would
+        # take most of a minute to read it.
+        line = text.count("\n", 0, MAX_TEXT)
+        column = MAX_TEXT - (text.rfind("\n", 0, MAX_TEXT) + 1)
+        raise BoundsError(
+            problem=f"the text is longer than {MAX_TEXT // 1_000_000} MB",
+            problem_mark=yaml.Mark("<text>", MAX_TEXT, line, column, None, None),
+        )
     anchors: dict[str, _Size] = {}
     opened: list[tuple[str | None, _Size]] = []  # collections being read, outermost first
     total = _Size(values=0)

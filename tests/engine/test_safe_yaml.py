@@ -112,6 +112,18 @@ def test_a_large_scalar_repeated_by_aliases_is_refused_for_its_text():
     assert errors[0].endswith(": alias *big expands the document to more than 20 MB of text")
 
 
+def test_a_text_longer_than_any_document_it_may_hold_is_refused_before_it_is_parsed():
+    """Parsing 30 MB of YAML takes the pure-Python parser most of a minute; the length alone
+    says the document is beyond the bound."""
+    block = "  big: " + "x" * 30_000_000 + "\n"
+
+    errors = spec_error(with_extension(block))
+
+    assert len(errors) == 1
+    assert errors[0].startswith("The spec is not valid YAML at line 11, column ")
+    assert errors[0].endswith(": the text is longer than 20 MB")
+
+
 # --- what real specs do still works ------------------------------------------------------------
 
 
