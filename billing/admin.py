@@ -47,9 +47,11 @@ class PriceAdmin(ServiceOwnedAdmin):
 @admin.register(PastPrice)
 class PastPriceAdmin(ServiceOwnedAdmin):
     """A plan's prices before a change (`manage.py load_specs` keeps them): usage before
-    `until` is priced at them."""
+    `until` is priced at them, so one whose `until` is still ahead is the price in effect now
+    (a change to a plan in use applies from the next billing period)."""
 
-    list_display = ["plan", "dimension", "price", "time_unit", "currency", "until"]
+    list_display = ["plan", "dimension", "price", "unit", "time_unit", "currency", "until",
+                    "stripe_price_id"]  # fmt: skip
     list_filter = ["plan", "dimension"]
     date_hierarchy = "until"
     list_select_related = ["plan"]

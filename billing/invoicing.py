@@ -165,6 +165,8 @@ def _drafts(key: str) -> list[Invoice]:
     invoices = []
     for (tenant_id, plan_id), rows in by_invoice.items():
         plan = plans[plan_id]
+        # The currency of the prices the usage is priced at (a plan's new currency applies
+        # from the period its new prices do).
         currency = next((p.currency for p in plan.prices.all()), "usd")
         units = {p.dimension: p.unit for p in plan.prices.all()}
         # One line per instance, dimension, month used in and unit price (spans of an
@@ -175,6 +177,8 @@ def _drafts(key: str) -> list[Invoice]:
             priced = book.per_hour(tenant_id, plan_id, row["span"], row["dimension"])
             if priced is None or not row["quantity"]:
                 continue  # a dimension the plan does not price is free
+            if not quantities:
+                currency = priced[1]
             used_in = f"{row['used_in']:%Y-%m}" if row["late"] else ""
             line_key = (row["instance_id"], row["dimension"], row["unit"], used_in, priced[0])
             quantities[line_key] = quantities.get(line_key, Decimal(0)) + row["quantity"]

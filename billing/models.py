@@ -43,11 +43,13 @@ class Plan(models.Model):
     @property
     def paid_at_checkout(self) -> bool:
         """Whether a subscription to it waits for payment on Stripe's checkout: Stripe bills
-        tenants, and the plan has a price (a plan without one, a free tier, has nothing to pay
-        and starts as it would without Stripe)."""
+        tenants, and a price of the plan is in effect (a plan without one, a free tier, has
+        nothing to pay and starts as it would without Stripe; so does one whose first prices
+        apply from the next billing period)."""
+        from billing import pricing
         from billing.stripe_gateway import stripe_bills
 
-        return stripe_bills() and bool(self.prices.all())  # the prefetched prices, when they are
+        return stripe_bills() and bool(pricing.in_effect([self], timezone.now())[self.pk])
 
     @property
     def grace_days(self) -> int:
@@ -76,7 +78,9 @@ UNMETERED_DIMENSIONS = frozenset({"backupStorage"})
 
 
 class Price(models.Model):
-    """What one unit of a usage dimension costs on a plan, per hour or per month (730 h)."""
+    """What one unit of a usage dimension costs on a plan, per hour or per month (730 h): the
+    plan's newest price, in effect unless a `PastPrice` still ahead keeps the one before it
+    until the next billing period (`pricing.in_effect`)."""
 
     class TimeUnit(models.TextChoices):
         HOUR = "hour", "per hour"
@@ -358,10 +362,15 @@ class Subscription(models.Model):
 
 
 class PastPrice(models.Model):
-    """What a dimension of a plan cost until `until` (the first hour the price that replaced
-    it applies to), kept when the plan's prices change so that usage before is priced as it
-    was: invoices and cost reports read it (`pricing.PriceBook`). A null `unit_price` marks a
-    dimension the plan did not price before `until` (usage of it then is free)."""
+    """What a dimension of a plan costs until `until` (the first moment the price that replaced
+    it applies), kept when the plan's prices change so that usage before is priced as it was:
+    invoices and cost reports read it (`pricing.PriceBook`). A null `unit_price` marks a
+    dimension the plan did not price before `until` (usage of it then is free).
+
+    A change to a plan already used applies from the next billing period
+    (`services.plan_prices_replace`): until then, the row whose `until` is still ahead is the
+    price in effect, and the plan's `Price` the one to come. (Rows written before that rule
+    end at the hour after their change.)"""
 
     plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="past_prices")
     dimension = models.CharField(max_length=32)
@@ -369,6 +378,11 @@ class PastPrice(models.Model):
     time_unit = models.CharField(max_length=8, choices=Price.TimeUnit.choices, default="hour")
     currency = models.CharField(max_length=3, default="usd")
     until = models.DateTimeField()
+    unit = models.CharField(max_length=32, blank=True)  # "" on rows kept before it was
+    # The Stripe price that charges it: a Stripe subscription's item for the dimension stays
+    # on it while its period began before `until` (`stripe_sync.subscription_align`). "" while
+    # none is known (the catalog sync makes one for a row in effect).
+    stripe_price_id = models.CharField(max_length=255, blank=True)
 
     class Meta:
         ordering = ["plan", "dimension", "until"]
@@ -462,8 +476,9 @@ class StripeMeter(models.Model):
 
 
 class StripePrice(models.Model):
-    """The Stripe product and metered price of one of our prices; `Price` stays as the spec
-    wrote it."""
+    """The Stripe product and metered price of one of our prices (the plan's newest, `Price`,
+    which stays as the spec wrote it). The Stripe price of a price a change replaced is kept
+    on its `PastPrice`, which stays in effect until the next billing period."""
 
     price = models.OneToOneField(Price, on_delete=models.CASCADE, related_name="stripe")
     # `stripe_`: `price_id` is the foreign key's column.
@@ -472,8 +487,8 @@ class StripePrice(models.Model):
     lookup_key = models.CharField(max_length=200, unique=True)
     # What the Stripe price charges per meter unit (a millionth of a unit-hour), in cents.
     unit_amount_decimal = models.DecimalField(max_digits=30, decimal_places=12)
-    # The Stripe prices this one replaced (an amount or meter changed): a subscription item
-    # still on one is moved here, and an invoice line of one is read as this price's.
+    # The Stripe prices this one replaced (an amount or meter changed): an invoice line of one
+    # is read as this price's dimension.
     replaced_price_ids = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -54,7 +54,7 @@ def rounded(amount: Decimal, currency: str) -> Decimal:
     return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_UP)
 
 
-def unit_price_per_hour(price: Price) -> Decimal:
+def unit_price_per_hour(price: Price | PastPrice) -> Decimal:
     """The exact price of one unit for one hour (a monthly price spread over 730 h)."""
     if price.time_unit == Price.TimeUnit.MONTH:
         return price.unit_price / HOURS_PER_MONTH
@@ -102,35 +102,81 @@ class Cost:
     amount: Decimal  # for `hours`
 
 
+def in_effect(plans: Iterable[Plan], at: datetime) -> dict[int, dict[str, Price | PastPrice]]:
+    """Each plan's own price of each dimension in effect at `at`, by plan id and dimension: the
+    `PastPrice` a change keeps until after `at`, else the plan's `Price`; a dimension free then
+    (priced only from later on, or not at all) is left out. The plans' prices are read as
+    prefetched; one query for the kept prices of them all."""
+    by_pk = {plan.pk: plan for plan in plans}
+    kept: dict[tuple[int, str], PastPrice] = {}
+    for past in PastPrice.objects.filter(plan_id__in=by_pk, until__gt=at).order_by("until", "pk"):
+        kept.setdefault((past.plan_id, past.dimension), past)  # the first to end holds then
+    found: dict[int, dict[str, Price | PastPrice]] = {}
+    for pk, plan in by_pk.items():
+        own = {price.dimension: price for price in plan.prices.all()}
+        dimensions = own.keys() | {dimension for plan_id, dimension in kept if plan_id == pk}
+        found[pk] = {}
+        for dimension in sorted(dimensions):
+            price = kept.get((pk, dimension), own.get(dimension))
+            if price is not None and price.unit_price is not None:
+                found[pk][dimension] = price
+    return found
+
+
+def prices_at(plans: Iterable[Plan], at: datetime) -> dict[int, list[Price]]:
+    """Each plan's own prices in effect at `at` (`in_effect`), by plan id, in dimension order,
+    as `Price`s: a kept one is an unsaved copy, with the unit its plan gives the dimension
+    when the kept row has none."""
+    by_pk = {plan.pk: plan for plan in plans}
+    found = {}
+    for pk, prices in in_effect(by_pk.values(), at).items():
+        plan = by_pk[pk]
+        units = {price.dimension: price.unit for price in plan.prices.all()}
+        found[pk] = [
+            price
+            if isinstance(price, Price)
+            else Price(
+                plan=plan,
+                dimension=price.dimension,
+                unit=price.unit or units.get(price.dimension, ""),
+                time_unit=price.time_unit,
+                unit_price=price.unit_price,
+                currency=price.currency,
+            )
+            for price in prices.values()
+        ]
+    return found
+
+
 def prices_for(
     tenant: Tenant, plans: Iterable[Plan], at: datetime | None = None
 ) -> dict[int, list[Price]]:
-    """Each plan's prices as `tenant` pays them at `at` (now), by plan id: the plan's own, with
-    the unit prices of the tenant's `PlanOverride` in effect then put in their place, read by
-    the `PriceBook` invoices are priced with. The prices with an overridden unit price are
-    copies, never saved. One query for the overrides of all the plans.
+    """Each plan's prices as `tenant` pays them at `at` (now), by plan id: the plan's in effect
+    then (`prices_at`: a change waiting for the next billing period is not yet), with the unit
+    prices of the tenant's `PlanOverride` in effect then put in their place, read by the
+    `PriceBook` invoices are priced with. The prices with an overridden unit price are copies,
+    never saved. One query for the overrides of all the plans.
 
     While Stripe bills tenants, the plan's own: Stripe charges its catalog's prices, which hold
     none of an organization's (an override's prices, which can be set only while billing is
     local, still price the usage billed locally, before)."""
     by_pk = {plan.pk: plan for plan in plans}
-    if stripe_bills():
-        return {pk: list(plan.prices.all()) for pk, plan in by_pk.items()}
     at = at or timezone.now()
+    own = prices_at(by_pk.values(), at)
+    if stripe_bills():
+        return own
     # The span that starts at `at`: the overrides started by then (`PriceBook`'s span 0).
-    book = PriceBook(
-        by_pk, at, at + timedelta(microseconds=1), tenant_ids=[tenant.pk], history=False
-    )
+    book = PriceBook(by_pk, at, at + timedelta(microseconds=1), tenant_ids=[tenant.pk])
     found = {}
-    for pk, plan in by_pk.items():
-        prices = []
-        for price in plan.prices.all():
+    for pk, prices in own.items():
+        paid = []
+        for price in prices:
             unit_price = book.unit_price(tenant.pk, pk, 0, price.dimension)
             if unit_price != price.unit_price:
                 price = copy.copy(price)
                 price.unit_price = unit_price
-            prices.append(price)
-        found[pk] = prices
+            paid.append(price)
+        found[pk] = paid
     return found
 
 
@@ -190,9 +236,6 @@ class PriceBook:
         book = PriceBook(plans, start, end)
         rows = records.annotate(span=book.span()).values(..., "span").annotate(Sum("quantity"))
         book.per_hour(tenant_id, plan_id, span, dimension)  # (price of a unit-hour, currency)
-
-    With `history=False`, the plans' prices are their current ones at every hour (what a
-    tenant is shown it pays now).
     """
 
     @classmethod
@@ -203,7 +246,7 @@ class PriceBook:
         first = records.aggregate(first=Min("hour"))["first"]
         return cls(plans, min(start, first) if first else start, end, tenant_ids)
 
-    def __init__(self, plans: dict[int, Plan], start, end, tenant_ids=None, *, history=True):
+    def __init__(self, plans: dict[int, Plan], start, end, tenant_ids=None):
         self._prices = {
             (plan.pk, price.dimension): price
             for plan in plans.values()
@@ -212,13 +255,12 @@ class PriceBook:
         # (plan, dimension) -> the prices it had before, oldest first; each until a moment.
         self._past: dict[tuple[int, str], list[PastPrice]] = {}
         changes: dict[int, set] = {}  # plan -> the moments in the span its prices changed
-        if history:
-            for past in PastPrice.objects.filter(plan_id__in=plans, until__gt=start).order_by(
-                "until", "pk"
-            ):
-                self._past.setdefault((past.plan_id, past.dimension), []).append(past)
-                if past.until < end:
-                    changes.setdefault(past.plan_id, set()).add(past.until)
+        for past in PastPrice.objects.filter(plan_id__in=plans, until__gt=start).order_by(
+            "until", "pk"
+        ):
+            self._past.setdefault((past.plan_id, past.dimension), []).append(past)
+            if past.until < end:
+                changes.setdefault(past.plan_id, set()).add(past.until)
         overrides = PlanOverride.objects.filter(plan_id__in=plans, effective_from__lt=end)
         if tenant_ids is not None:
             overrides = overrides.filter(tenant_id__in=tenant_ids)

@@ -21,7 +21,7 @@ from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
 from accounts.roles import Role
 from accounts.services import permission_require, tenant_lock
-from billing import entitlements, periods, usage
+from billing import entitlements, periods, stripe_sync
 from billing.models import (
     OVERRIDE_SAME_MOMENT,
     PastPrice,
@@ -80,10 +80,16 @@ def plan_prices_replace(
     *, plan: Plan, currency: str, prices: list[dict], at: datetime | None = None
 ) -> bool:
     """Make `plan`'s prices exactly `prices` (each `{dimension, unit, time_unit, unit_price}`,
-    in `currency`) from the first hour that starts at `at` (now) or after; returns whether
-    anything changed. Each price replaced or removed, and each dimension priced anew, is kept
-    as a `PastPrice` until then: usage before is priced as it was, however late it is billed
-    (a plan with no usage yet takes its first prices for all of it)."""
+    in `currency`), changed at `at` (now); returns whether anything changed.
+
+    A plan no usage was recorded on yet takes them at once, for all its usage (its first
+    prices, or a correction before anyone used it). On a plan already used they apply from the
+    start of the next billing period (`periods.next_start`): the month under way is priced
+    entirely at the prices in effect when it began, as Stripe charges it (a metered item bills
+    its whole period at the price it holds when the period is invoiced). Each dimension whose
+    price changes, goes or comes keeps what it costs now as a `PastPrice` until then, with the
+    Stripe price that charges it; a second change before then replaces the price to come and
+    keeps that one (taken back to the price in effect, nothing is coming any more)."""
     wanted = {
         item["dimension"]: Price(
             plan=plan,
@@ -102,13 +108,11 @@ def plan_prices_replace(
     current = {price.dimension: price for price in plan.prices.select_for_update()}
     if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
         return False
-    # A new plan's first prices price all its usage; later ones, and the first prices of a
-    # plan that was used while free, what follows them.
-    if current or UsageRecord.objects.filter(plan=plan).exists():
-        until = usage.hour_start((at or timezone.now()) + usage.HOUR - timedelta(microseconds=1))
-        PastPrice.objects.bulk_create(_replaced(current, wanted, currency, until, shape))
+    if UsageRecord.objects.filter(plan=plan).exists():
+        starts = periods.next_start(at or timezone.now())
+        _prices_keep(plan, current, wanted, currency, starts, shape)
     # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe
-    # subscriptions and invoices may still name): changed in place, added, or removed.
+    # invoices may still name): changed in place, added, or removed.
     for dimension, price in wanted.items():
         if dimension in current:
             price.pk = current[dimension].pk
@@ -119,22 +123,40 @@ def plan_prices_replace(
     return True
 
 
-def _replaced(current: dict, wanted: dict, currency: str, until, shape) -> list[PastPrice]:
-    """What each dimension whose price changes, goes, or comes cost until `until` (a
-    dimension priced anew was free: a null price)."""
-    past = []
+def _charged(price: Price | PastPrice | None) -> tuple | None:
+    """What a price charges (None: nothing, the dimension is free)."""
+    if price is None or price.unit_price is None:
+        return None
+    return (price.unit_price, price.time_unit, price.currency.lower())
+
+
+def _prices_keep(plan: Plan, current: dict, wanted: dict, currency: str, starts, shape) -> None:
+    """Keep what each dimension whose price changes, goes or comes costs now until `starts`
+    (a dimension priced anew is free until then: a null price), unless a change already waits
+    for `starts`: the price in effect it keeps stays, and is dropped when the new price is
+    that one again (no price ever applies to no hour)."""
+    waiting = {
+        past.dimension: past
+        for past in PastPrice.objects.select_for_update().filter(plan=plan, until=starts)
+    }
+    kept = []
     for dimension in sorted(current.keys() | wanted.keys()):
         was, will = current.get(dimension), wanted.get(dimension)
         if was is not None and will is not None and shape(was) == shape(will):
             continue
-        kept = {"unit_price": was.unit_price, "time_unit": was.time_unit} if was else {}
-        past.append(
+        if dimension in waiting:
+            if _charged(waiting[dimension]) == _charged(will):
+                waiting[dimension].delete()
+            continue
+        kept.append(
             PastPrice(
-                plan_id=(was or will).plan_id, dimension=dimension, until=until,
-                currency=was.currency if was else currency, **kept,
+                plan=plan, dimension=dimension, until=starts,
+                currency=was.currency if was else currency,
+                **({"unit_price": was.unit_price, "time_unit": was.time_unit, "unit": was.unit,
+                    "stripe_price_id": stripe_sync.stripe_price_charging(was)} if was else {}),
             )
         )  # fmt: skip
-    return past
+    PastPrice.objects.bulk_create(kept)
 
 
 # --- subscriptions ----------------------------------------------------------------------------

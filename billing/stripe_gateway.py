@@ -239,9 +239,10 @@ class StripeGateway:
         )
 
     @_translated
-    def subscription_item_add(self, subscription_id: str, *, price_id: str, for_: int) -> Any:
-        """Add an item on the price for our price row `for_`: two additions at once add it once,
-        and a dimension a plan priced again after dropping it (a new row) is added again."""
+    def subscription_item_add(self, subscription_id: str, *, price_id: str, for_: str) -> Any:
+        """Add an item on the price for our price row `for_` (a `Price`'s id, or "kept" and a
+        `PastPrice`'s): two additions at once add it once, and a dimension a plan priced again
+        after dropping it (a new row) is added again."""
         return self.client.v1.subscriptions.update(
             subscription_id,
             {"items": [{"price": price_id}], "proration_behavior": "none"},

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
@@ -23,9 +23,11 @@ from accounts.models import Tenant
 from billing import meter_events
 from billing.meter_events import MICRO
 from billing.models import (
+    DIMENSION_LABELS,
     Invoice,
     InvoiceLine,
     MeterEvent,
+    PastPrice,
     Plan,
     Price,
     StripeCustomer,
@@ -33,7 +35,7 @@ from billing.models import (
     StripePrice,
     Subscription,
 )
-from billing.pricing import minor_unit, unit_price_per_hour
+from billing.pricing import in_effect, minor_unit, unit_price_per_hour
 from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
 
 STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
@@ -58,7 +60,7 @@ def event_name_for(plan: Plan, dimension: str) -> str:
     return f"opsdeck_{plan.key[:room]}_{digest}_{dimension}"
 
 
-def lookup_key_for(price: Price) -> str:
+def lookup_key_for(price: Price | PastPrice) -> str:
     return f"opsdeck-{price.plan.key}-{price.dimension}"
 
 
@@ -66,7 +68,7 @@ def product_id_for(plan: Plan) -> str:
     return f"opsdeck-plan-{plan.key}"
 
 
-def unit_amount_decimal(price: Price) -> Decimal:
+def unit_amount_decimal(price: Price | PastPrice) -> Decimal:
     """What a Stripe metered price charges per meter unit (a millionth of a unit-hour), in the
     currency's minor unit, to Stripe's 12 decimal places. Its rounding costs at most half a
     minor unit per million unit-hours."""
@@ -93,10 +95,12 @@ class Synced:
 
 def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = None) -> list[Synced]:
     """Create what Stripe lacks of our catalog and store the ids: a product per plan, and per
-    plan and priced dimension a meter and a metered monthly price on it. Existing objects are
-    found (meters by event name, products by id, prices by lookup key), so running it again
-    creates nothing. A price whose amount or meter changed is replaced, its lookup key moved
-    over; then every subscription to the plan is put on its prices as they are now."""
+    plan and priced dimension a meter and a metered monthly price on it, for the plan's prices
+    (its newest) and for the prices a change keeps in effect until the next billing period.
+    Existing objects are found (meters by event name, products by id, prices by lookup key), so
+    running it again creates nothing. A price whose amount or meter changed is replaced, its
+    lookup key moved over; then every subscription to the plan is put on the prices in effect
+    in its current period (`subscription_align`)."""
     done: list[Synced] = []
 
     def note(item: Synced) -> None:
@@ -105,14 +109,23 @@ def catalog_sync(gw: StripeGateway, *, out: Callable[[Synced], None] | None = No
             out(item)
 
     existing = {m.event_name: m.id for m in gw.meters() if m.status == "active"}
-    for plan in Plan.objects.prefetch_related("prices").order_by("key"):
+    plans = list(Plan.objects.prefetch_related("prices").order_by("key"))
+    now = in_effect(plans, timezone.now())
+    for plan in plans:
         prices = list(plan.prices.all())
-        if not prices:
+        kept = [price for price in now[plan.pk].values() if isinstance(price, PastPrice)]
+        if not prices and not kept:
             continue
         product_id = _product_sync(gw, plan, note)
+        meters = {}
         for price in prices:
-            meter_id = _meter_sync(gw, plan, price.dimension, existing, note)
-            _price_sync(gw, price, product_id, meter_id, note)
+            meters[price.dimension] = _meter_sync(gw, plan, price.dimension, existing, note)
+            _price_sync(gw, price, product_id, meters[price.dimension], note)
+        for past in kept:
+            meter_id = meters.get(past.dimension) or _meter_sync(
+                gw, plan, past.dimension, existing, note
+            )
+            _kept_price_sync(gw, past, product_id, meter_id, note)
         subscriptions_align(gw, plan, note)
     _outbox_repoint()
     return done
@@ -213,10 +226,71 @@ def _price_sync(
     )
 
 
+def _kept_price_sync(
+    gw: StripeGateway,
+    past: PastPrice,
+    product_id: str,
+    meter_id: str,
+    note: Callable[[Synced], None],
+) -> None:
+    """Give a price a change keeps in effect (`past`) a Stripe price when it has none (the
+    catalog was not synced between its change and the one before, or it never was): one of
+    its own, found again by its lookup key (the dimension's, and when it ends)."""
+    if past.stripe_price_id:  # kept with it when the price changed
+        key = f"{lookup_key_for(past)} until {past.until:%Y-%m-%d %H:%M}"
+        note(Synced("found", "price", key, past.stripe_price_id))
+        return
+    lookup_key = f"{lookup_key_for(past)}-until-{past.until:%Y%m%dT%H%MZ}"
+    amount = unit_amount_decimal(past)
+    found = gw.price_by_lookup_key(lookup_key)
+    if (
+        found is not None
+        and Decimal(found.unit_amount_decimal) == amount
+        and found.currency == past.currency.lower()
+        and found.recurring.meter == meter_id
+    ):
+        stripe_price_id = found.id
+        note(Synced("found", "price", lookup_key, stripe_price_id))
+    else:
+        stripe_price_id = gw.metered_price_create(
+            lookup_key=lookup_key,
+            product_id=product_id,
+            meter_id=meter_id,
+            currency=past.currency.lower(),
+            unit_amount_decimal=_decimal_text(amount),
+            nickname=f"{past.plan.name}: {DIMENSION_LABELS.get(past.dimension, past.dimension)}",
+            replacing=found.id if found is not None else None,
+        ).id
+        note(Synced("created", "price", lookup_key, stripe_price_id))
+    PastPrice.objects.filter(pk=past.pk).update(stripe_price_id=stripe_price_id)
+
+
+def stripe_price_charging(price: Price) -> str:
+    """The id of the Stripe price that charges `price` as it is, "" when none does (the
+    catalog was not synced since it changed, or ever)."""
+    stored = StripePrice.objects.filter(price=price).first()
+    if stored is None or stored.unit_amount_decimal != unit_amount_decimal(price):
+        return ""
+    return stored.stripe_price_id
+
+
+def stripe_prices_at(plan: Plan, at: datetime) -> dict[str, tuple[str, str]]:
+    """The Stripe price of each of `plan`'s prices in effect at `at` (`pricing.in_effect`), by
+    dimension: (its id, "" while none is known; and the key of the row it is stored on)."""
+    stored = {p.price_id: p.stripe_price_id for p in StripePrice.objects.filter(price__plan=plan)}
+    found = {}
+    for dimension, price in in_effect([plan], at)[plan.pk].items():
+        if isinstance(price, PastPrice):
+            found[dimension] = (price.stripe_price_id, f"kept{price.pk}")
+        else:
+            found[dimension] = (stored.get(price.pk, ""), str(price.pk))
+    return found
+
+
 def subscriptions_align(gw: StripeGateway, plan: Plan, note: Callable[[Synced], None]) -> None:
     """Bring every Stripe subscription of ours to the plan that still bills (a cancelled one
-    bills until its period ends) onto the plan's prices as they are now (`subscription_align`).
-    One Stripe cannot give is logged and the rest goes on."""
+    bills until its period ends) onto the prices in effect in its current period
+    (`subscription_align`). One Stripe cannot give is logged and the rest goes on."""
     recent = timezone.now() - timedelta(days=32)  # longer ago, its period has ended
     held = (
         Subscription.objects.filter(plan=plan)
@@ -240,38 +314,50 @@ def subscription_align(
     plan: Plan,
     note: Callable[[Synced], None] | None = None,
 ) -> None:
-    """Put a Stripe subscription to `plan` on the plan's prices as they are now: an item on a
-    dimension's earlier price (its amount or meter changed; the item's meter says which
-    dimension it bills) moves to the current one, a dimension no item bills gets an item, and
-    an item on a dimension the plan no longer prices is removed.
-    A subscription bills the prices the Billing page shows, each dimension once, and its usage
-    goes to the meters the plan's prices are on. A change Stripe does not take is logged and
-    the rest goes on (the next sync or webhook tries it again)."""
-    stored = StripePrice.objects.filter(price__plan=plan).select_related("price")
-    current = {p.price.dimension: p.stripe_price_id for p in stored}
-    row_of = {p.stripe_price_id: p.price_id for p in stored}
+    """Put a Stripe subscription to `plan` on the Stripe prices of the plan's prices in effect
+    when its current period began (`stripe_prices_at`). Stripe bills a metered item's whole
+    period at the price the item holds when the period is invoiced, and a changed price applies
+    from the start of a billing period (`services.plan_prices_replace`): so an item moves to a
+    changed price once the subscription's period in which it applies has begun (its renewal's
+    webhook, or the next sync after it), and Stripe charges each period what Opsdeck's invoices
+    and cost reports price it at. An item on a dimension's other price (the item's meter says
+    which dimension it bills) moves, a dimension no item bills gets an item, and an item on a
+    dimension the plan does not price in the period is removed; a dimension whose price has no
+    Stripe price yet is left as it is until the catalog sync makes one. A change Stripe does not
+    take is logged and the rest goes on (the next sync or webhook tries it again)."""
+    items = subscription["items"].data
+    began = _moment(items[0].current_period_start) if items else None
+    wanted = stripe_prices_at(plan, began or timezone.now())
     # Every meter of ours: the plan's own, and the shared ones of earlier versions.
     dimension_of = dict(StripeMeter.objects.values_list("meter_id", "dimension"))
     billed, changes = set(), []
-    for item in subscription["items"].data:
+    for item in items:
         recurring = _field(item.price, "recurring")
         dimension = dimension_of.get(_field(recurring, "meter") or "")
         if dimension is None:
             continue  # not a price of ours
         billed.add(dimension)
-        if dimension not in current:
-            changes.append(("removed", item.id, item.price.id))  # the plan no longer prices it
-        elif item.price.id != current[dimension]:
-            changes.append(("moved", item.id, current[dimension]))
-    changes += [("added", None, id_) for dim, id_ in current.items() if dim not in billed]
-    for action, item_id, price_id in changes:
+        if dimension not in wanted:
+            changes.append(("removed", item.id, item.price.id, ""))  # not priced in the period
+        elif wanted[dimension][0] and item.price.id != wanted[dimension][0]:
+            changes.append(("moved", item.id, *wanted[dimension]))
+    changes += [
+        ("added", None, price_id, row)
+        for dimension, (price_id, row) in wanted.items()
+        if dimension not in billed and price_id
+    ]
+    for dimension, (price_id, _) in wanted.items():
+        if not price_id:
+            log.warning("subscription %s: the %s price of %s is not in Stripe's catalog yet",
+                        subscription.id, dimension, plan.key)  # fmt: skip
+    for action, item_id, price_id, row in changes:
         try:
             if action == "removed":
                 gw.subscription_item_remove(subscription.id, item_id=item_id)
             elif action == "moved":
                 gw.subscription_item_price_set(subscription.id, item_id=item_id, price_id=price_id)
             else:
-                gw.subscription_item_add(subscription.id, price_id=price_id, for_=row_of[price_id])
+                gw.subscription_item_add(subscription.id, price_id=price_id, for_=row)
         except StripeFailure as exc:
             log.error("subscription %s: %s %s failed: %s", subscription.id, action, price_id, exc)
             continue
@@ -381,12 +467,12 @@ def checkout_start(
     paid for. Asking again for the same subscription gives the same page while it is open:
     two pages open for one subscription could both be paid. None once the subscription no
     longer waits for payment."""
-    price_ids = list(
-        StripePrice.objects.filter(price__plan=subscription.plan)
-        .order_by("price__dimension")
-        .values_list("stripe_price_id", flat=True)
-    )
-    if not price_ids:
+    # This month's prices: one coming at the next billing period reaches the subscription at
+    # its renewal (`subscription_align`).
+    price_ids = [
+        price_id for price_id, _ in stripe_prices_at(subscription.plan, timezone.now()).values()
+    ]
+    if not price_ids or not all(price_ids):
         raise CatalogMissing(
             f"The {subscription.plan.name} plan is not in Stripe's catalog yet "
             "(manage.py stripe_sync_catalog)."
@@ -593,7 +679,7 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
 
 def _status_mirror(ours: Subscription, stripe_id: str, stripe_status: str) -> Subscription:
     """Move ours (locked) to the status Stripe's `stripe_status` means for it."""
-    from billing import services  # services do not import this module
+    from billing import services  # services import this module
 
     wanted = subscription_status_next(ours.status, stripe_status)
     if wanted == ours.status:
@@ -660,9 +746,33 @@ def _money(minor_units: Any, currency: str) -> Decimal:
     return Decimal(int(minor_units or 0)) * minor_unit(currency)
 
 
-def invoice_line_values(line: Any, currency: str, prices: dict[str, StripePrice]) -> dict:
-    """One Stripe invoice line as ours: the dimension and unit of the price it bills, the
-    unit-hours (Stripe counts millionths of one), the price of a unit-hour and the amount."""
+class Billed(NamedTuple):
+    """What a Stripe price of ours bills: a dimension, in a unit."""
+
+    dimension: str
+    unit: str
+
+
+def stripe_prices_known() -> dict[str, Billed]:
+    """Every Stripe price of ours, by id: those of the plans' prices (and those they replaced),
+    and those of prices a change kept (a dimension a plan no longer prices, too)."""
+    known = {
+        price_id: Billed(p.price.dimension, p.price.unit)
+        for p in StripePrice.objects.select_related("price")
+        for price_id in [p.stripe_price_id, *p.replaced_price_ids]
+    }
+    kept = PastPrice.objects.exclude(stripe_price_id="").order_by("-until")
+    for past in kept.select_related("plan").prefetch_related("plan__prices"):
+        units = {price.dimension: price.unit for price in past.plan.prices.all()}
+        unit = past.unit or units.get(past.dimension, "")
+        known.setdefault(past.stripe_price_id, Billed(past.dimension, unit))
+    return known
+
+
+def invoice_line_values(line: Any, currency: str, prices: dict[str, Billed]) -> dict:
+    """One Stripe invoice line as ours: the dimension and unit of the price it bills
+    (`stripe_prices_known`), the unit-hours (Stripe counts millionths of one), the price of a
+    unit-hour and the amount."""
     details = _field(_field(line, "pricing"), "price_details")
     ours = prices.get(str(_field(details, "price") or ""))
     quantity = Decimal(str(_field(line, "quantity_decimal") or _field(line, "quantity") or 0))
@@ -677,8 +787,8 @@ def invoice_line_values(line: Any, currency: str, prices: dict[str, StripePrice]
             "amount": _money(line.amount, currency),
         }
     return {
-        "dimension": ours.price.dimension,
-        "unit": ours.price.unit,
+        "dimension": ours.dimension,
+        "unit": ours.unit,
         "instance_name": "",
         "quantity": (quantity / MICRO).quantize(Decimal("1e-6")),
         "unit_price": (unit_amount * MICRO * minor_unit(currency)).quantize(Decimal("1e-12")),
@@ -731,11 +841,7 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
             "voided_at": _moment(_field(transitions, "voided_at")),
         }
         if stored.status == Invoice.Status.DRAFT:
-            prices = {
-                price_id: p
-                for p in StripePrice.objects.select_related("price")
-                for price_id in [p.stripe_price_id, *p.replaced_price_ids]
-            }
+            prices = stripe_prices_known()
             Invoice.objects.filter(pk=stored.pk).update(
                 number=values["number"] or None,
                 currency=currency,

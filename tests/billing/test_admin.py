@@ -1,7 +1,7 @@
 """Staff manage subscriptions and overrides in the admin, through the billing services."""
 
 import html
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -15,7 +15,15 @@ from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import periods
-from billing.models import Invoice, PastPrice, Plan, PlanOverride, Price, Subscription
+from billing.models import (
+    Invoice,
+    PastPrice,
+    Plan,
+    PlanOverride,
+    Price,
+    Subscription,
+    UsageRecord,
+)
 from billing.services import plan_prices_replace
 from tests.concurrency import race
 
@@ -345,10 +353,19 @@ def test_an_override_naming_verbs_or_cells_the_plan_lacks_is_refused(
     assert accepted.status_code == 302, accepted.content.decode()[-2000:]
 
 
-def test_staff_see_a_plans_past_prices_in_as_many_queries_for_many_as_for_few(staff_client, plan):
-    def change(cents, dimension="cpu"):
+def test_staff_see_a_plans_past_prices_in_as_many_queries_for_many_as_for_few(
+    staff_client, plan, tenant
+):
+    hour = datetime(2026, 1, 5, tzinfo=UTC)
+    UsageRecord.objects.create(
+        tenant=tenant, plan=plan, instance_id="inst-aaaaaaaa", instance_name="a",
+        dimension="cpu", hour=hour, quantity=Decimal(1), period="2026-01",
+    )  # fmt: skip
+    months = iter(range(1, 12))
+
+    def change(cents, dimension="cpu"):  # one a month: each applies from the next
         return plan_prices_replace(
-            plan=plan, currency="usd",
+            plan=plan, currency="usd", at=hour.replace(month=next(months)),
             prices=[{"dimension": dimension, "unit": "core", "unit_price": f"0.{cents:02d}"}],
         )  # fmt: skip
 

@@ -432,6 +432,7 @@ def test_the_cost_so_far_rounds_late_usage_apart_as_the_invoice_does(tenant, pla
 
 
 JANUARY = datetime(2027, 1, 1, tzinfo=UTC)
+FEBRUARY = datetime(2027, 2, 1, tzinfo=UTC)
 
 
 def _prices(plan, at, **unit_prices):
@@ -443,24 +444,101 @@ def _prices(plan, at, **unit_prices):
     return services.plan_prices_replace(plan=plan, currency="usd", at=at, prices=prices)
 
 
-def test_a_price_change_prices_the_hours_from_the_next_one_and_never_those_before(tenant, plan):
+def test_a_price_change_applies_from_the_next_month_and_never_to_the_one_under_way(tenant, plan):
     _use(tenant, plan, NOVEMBER, cpu="100")
     _metered()
-    # After November ended, before it closed: doubled, for December on.
+    # After November ended, before it closed: doubled, from January on.
     _prices(plan, DECEMBER + timedelta(minutes=30), cpu="0.07", storage="0.00014")
-    _use(tenant, plan, DECEMBER, instance="inst-bbbbbbbb", cpu="100")  # its price ran to 01:00
-    _use(tenant, plan, DECEMBER + usage.HOUR, instance="inst-bbbbbbbb", cpu="100")
+    _use(tenant, plan, DECEMBER, instance="inst-bbbbbbbb", cpu="100")
+    _use(tenant, plan, DECEMBER + timedelta(days=20), instance="inst-bbbbbbbb", cpu="100")
+    _use(tenant, plan, JANUARY, instance="inst-bbbbbbbb", cpu="100")
 
     (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
-    _metered(DECEMBER, JANUARY)
+    _metered(DECEMBER, FEBRUARY)
     (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
+    (january,) = invoicing.period_close("2027-01", now=FEBRUARY + usage.HOUR).invoices
 
     assert november.total == Decimal("3.50")  # 100 x 0.035, not 0.07
-    cpu = december.lines.filter(dimension="cpu").order_by("unit_price")
-    assert [(line.quantity, line.unit_price, line.amount) for line in cpu] == [
-        (Decimal(100), Decimal("0.035"), Decimal("3.50")),
-        (Decimal(100), Decimal("0.07"), Decimal("7.00")),
+    # December, under way when the price changed, is billed at the price it began with.
+    assert [(line.quantity, line.unit_price) for line in december.lines.all()] == [
+        (Decimal(200), Decimal("0.035"))
     ]
+    assert december.total == Decimal("7.00")
+    assert [(line.quantity, line.unit_price) for line in january.lines.all()] == [
+        (Decimal(100), Decimal("0.07"))
+    ]
+
+
+def test_prices_changed_twice_in_a_month_leave_it_at_its_first_and_the_last_applies_next(
+    tenant, plan
+):
+    from billing import reports
+    from billing.models import PastPrice
+
+    tenth, twentieth = NOVEMBER + timedelta(days=9), NOVEMBER + timedelta(days=19)
+    for hour in (NOVEMBER, tenth, twentieth, DECEMBER):
+        _use(tenant, plan, hour, cpu="10")
+    _prices(plan, tenth, cpu="0.05", storage="0.00014")
+    _prices(plan, twentieth, cpu="0.07", storage="0.00014")
+    _metered(NOVEMBER, JANUARY)
+
+    (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
+
+    assert [(line.quantity, line.unit_price) for line in november.lines.all()] == [
+        (Decimal(30), Decimal("0.035"))
+    ]
+    # 0.05 never applied to an hour: only the price November began with is kept.
+    assert list(PastPrice.objects.filter(dimension="cpu").values_list("unit_price", "until")) == [
+        (Decimal("0.035"), DECEMBER)
+    ]
+    assert [(line.quantity, line.unit_price) for line in december.lines.all()] == [
+        (Decimal(10), Decimal("0.07"))
+    ]
+    assert reports.period_cost(tenant, "2026-12").currencies[0].total == Decimal("0.70")
+
+
+def test_a_price_change_taken_back_within_the_month_leaves_nothing_coming(tenant, plan):
+    from billing.models import PastPrice
+
+    _use(tenant, plan, NOVEMBER, cpu="10")
+    _prices(plan, NOVEMBER + timedelta(days=9), cpu="0.07", storage="0.00014")
+    _prices(plan, NOVEMBER + timedelta(days=19), cpu="0.035", storage="0.00014")
+
+    # Only the end of backup storage's price is still coming (neither change priced it).
+    assert list(PastPrice.objects.values_list("dimension", flat=True)) == ["backupStorage"]
+    assert Price.objects.get(plan=plan, dimension="cpu").unit_price == Decimal("0.035")
+
+
+def test_a_plan_not_used_yet_takes_changed_prices_at_once(tenant, plan):
+    from billing.models import PastPrice
+
+    _prices(plan, NOVEMBER + timedelta(days=9), cpu="0.07", storage="0.00014")
+    _use(tenant, plan, NOVEMBER, cpu="10")  # metered late: priced as the plan is now
+    _metered()
+
+    (invoice,) = invoicing.period_close("2026-11", now=AFTER).invoices
+
+    assert not PastPrice.objects.exists()
+    assert invoice.total == Decimal("0.70")
+
+
+def test_a_plans_new_currency_applies_from_the_month_its_new_prices_do(tenant, plan):
+    from billing import services
+
+    _use(tenant, plan, NOVEMBER, cpu="10")
+    services.plan_prices_replace(
+        plan=plan, currency="eur", at=NOVEMBER + timedelta(days=9),
+        prices=[{"dimension": "cpu", "unit": "core", "unit_price": "0.035"}],
+    )  # fmt: skip
+    _use(tenant, plan, DECEMBER, cpu="10")
+    _metered(NOVEMBER, JANUARY)
+
+    (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
+
+    assert (november.currency, november.total) == ("usd", Decimal("0.35"))
+    assert (december.currency, december.total) == ("eur", Decimal("0.35"))
 
 
 def test_an_override_and_a_price_change_in_one_month_each_price_what_they_set(tenant, plan):
@@ -468,75 +546,89 @@ def test_an_override_and_a_price_change_in_one_month_each_price_what_they_set(te
 
     other = Tenant.objects.create(name="Other", slug="other-x1y2z3")
     tenth, twentieth = NOVEMBER + timedelta(days=9), NOVEMBER + timedelta(days=19)
-    for hour in (NOVEMBER, tenth, twentieth):
+    for hour in (NOVEMBER, tenth, twentieth, DECEMBER):
         _use(tenant, plan, hour, cpu="10", storage="1000")
         _use(other, plan, hour, instance="inst-cccccccc", cpu="10", storage="1000")
     _override(tenant, plan, tenth, cpu="0.02")  # the tenant's cpu from the 10th
-    _prices(plan, twentieth, cpu="0.07", storage="0.00028")  # everyone's list prices, the 20th
-    _metered()
+    _prices(plan, twentieth, cpu="0.07", storage="0.00028")  # everyone's list prices, December
+    _metered(NOVEMBER, JANUARY)
     both = (tenant, other)
     so_far = {who: reports.period_cost(who, "2026-11").currencies[0].total for who in both}
 
     invoicing.period_close("2026-11", now=AFTER)
+    invoicing.period_close("2026-12", now=JANUARY + usage.HOUR)
 
-    def lines(who):
-        invoice = Invoice.objects.get(tenant=who)
+    def lines(who, period):
+        invoice = Invoice.objects.get(tenant=who, period=period)
         return sorted(
             (line.dimension, line.quantity, line.unit_price.normalize())
             for line in invoice.lines.all()
         )
 
-    assert lines(tenant) == [
+    assert lines(tenant, "2026-11") == [
         ("cpu", Decimal(10), Decimal("0.035")),  # the 1st: the list price
         ("cpu", Decimal(20), Decimal("0.02")),  # the 10th and the 20th: its override
-        ("storage", Decimal(1000), Decimal("0.00028")),  # the 20th
-        ("storage", Decimal(2000), Decimal("0.00014")),  # before it
+        ("storage", Decimal(3000), Decimal("0.00014")),  # the list price all month
     ]
-    assert lines(other) == [
-        ("cpu", Decimal(10), Decimal("0.07")),
-        ("cpu", Decimal(20), Decimal("0.035")),
-        ("storage", Decimal(1000), Decimal("0.00028")),
-        ("storage", Decimal(2000), Decimal("0.00014")),
+    assert lines(other, "2026-11") == [
+        ("cpu", Decimal(30), Decimal("0.035")),
+        ("storage", Decimal(3000), Decimal("0.00014")),
     ]
     # The cost so far, before the close, said as much as each invoice.
-    assert {who: Invoice.objects.get(tenant=who).total for who in both} == so_far
+    assert {who: Invoice.objects.get(tenant=who, period="2026-11").total for who in both} == (
+        so_far
+    )
+    # December: the new list prices, and the tenant's override where it sets one.
+    assert lines(tenant, "2026-12") == [
+        ("cpu", Decimal(10), Decimal("0.02")),
+        ("storage", Decimal(1000), Decimal("0.00028")),
+    ]
+    assert lines(other, "2026-12") == [
+        ("cpu", Decimal(10), Decimal("0.07")),
+        ("storage", Decimal(1000), Decimal("0.00028")),
+    ]
 
 
-def test_a_dimension_priced_anew_or_no_longer_is_priced_as_it_was_at_each_hour(tenant, plan):
+def test_a_dimension_priced_anew_or_no_longer_is_so_from_the_next_month(tenant, plan):
     tenth = NOVEMBER + timedelta(days=9)
-    for hour in (NOVEMBER, tenth):
-        _use(tenant, plan, hour, cpu="10", memory="10")
-    # From the 10th: memory priced, storage and backups no longer, cpu as it was.
+    for hour in (NOVEMBER, tenth, DECEMBER):
+        _use(tenant, plan, hour, cpu="10", memory="10", storage="1000")
+    # From December: memory priced, storage and backups no longer, cpu as it was.
     _prices(plan, tenth, cpu="0.035", memory="0.005")
-    _metered()
+    _metered(NOVEMBER, JANUARY)
 
-    (invoice,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
 
-    lines = {(line.dimension, line.quantity, line.amount) for line in invoice.lines.all()}
-    assert lines == {
+    assert {(line.dimension, line.quantity, line.amount) for line in november.lines.all()} == {
         ("cpu", Decimal(20), Decimal("0.70")),
-        ("memory", Decimal(10), Decimal("0.05")),  # the hour of the 1st was not priced
+        ("storage", Decimal(2000), Decimal("0.28")),  # memory was not priced yet
+    }
+    assert {(line.dimension, line.quantity, line.amount) for line in december.lines.all()} == {
+        ("cpu", Decimal(10), Decimal("0.35")),
+        ("memory", Decimal(10), Decimal("0.05")),
     }
 
 
-def test_a_plan_used_while_free_is_priced_from_the_hour_after_it_gains_prices(tenant, plan):
+def test_a_plan_used_while_free_is_priced_from_the_month_after_it_gains_prices(tenant, plan):
     from billing import reports
 
     plan.prices.all().delete()  # a free plan, used from the 1st
     tenth = NOVEMBER + timedelta(days=9)
-    for hour in (NOVEMBER, tenth):
+    for hour in (NOVEMBER, tenth, DECEMBER):
         _use(tenant, plan, hour, cpu="10")
-    _prices(plan, tenth, cpu="0.035")  # priced from the 10th at 00:00 on
-    _metered()
-    so_far = reports.period_cost(tenant, "2026-11").currencies[0].total
+    _prices(plan, tenth, cpu="0.035")  # priced from December on
+    _metered(NOVEMBER, JANUARY)
+    so_far = reports.period_cost(tenant, "2026-11").currencies
 
-    (invoice,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
 
-    # The hour of the 1st was free when it was used; only the 10th's is billed.
-    assert [(line.quantity, line.amount) for line in invoice.lines.filter(dimension="cpu")] == [
+    # November was free when it was used; December is billed.
+    assert so_far == [] and november.total == Decimal(0) and not november.lines.exists()
+    assert [(line.quantity, line.amount) for line in december.lines.all()] == [
         (Decimal(10), Decimal("0.35"))
     ]
-    assert invoice.total == so_far == Decimal("0.35")
 
 
 def test_an_override_prices_the_hours_from_when_it_takes_effect(tenant, plan):

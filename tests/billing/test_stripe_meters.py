@@ -118,12 +118,17 @@ def test_a_tenant_on_two_plans_is_billed_each_plans_usage_once(
     }  # fmt: skip
 
 
-def test_a_changed_price_moves_its_subscribers_to_the_new_price(
+def test_a_price_changed_before_the_plan_is_used_moves_its_subscribers_at_once(
     client, owner_client, tenant, gw, emulator, customer, priced_plan
 ):
+    """No usage to price yet: the change applies to all of it, so at once (on a plan in use,
+    from the next billing period: `test_price_changes`)."""
     stripe_sync.catalog_sync(gw)
     subscription = _subscribed(client, owner_client, tenant, emulator, priced_plan)
-    Price.objects.filter(plan=priced_plan, dimension="cpu").update(unit_price=Decimal("0.08"))
+    billing_services.plan_prices_replace(plan=priced_plan, currency="usd", prices=[
+        {"dimension": "cpu", "unit": "core", "unit_price": "0.08"},
+        {"dimension": "storage", "unit": "GiB", "time_unit": "month", "unit_price": "0.10"},
+    ])  # fmt: skip
 
     out = StringIO()
     call_command("stripe_sync_catalog", stdout=out)
@@ -131,7 +136,7 @@ def test_a_changed_price_moves_its_subscribers_to_the_new_price(
     new_price = StripePrice.objects.get(price__dimension="cpu").stripe_price_id
     moved = f"moved subscription item {subscription.stripe_subscription_id}: {new_price}"
     assert moved in out.getvalue()
-    assert "1 subscription item put on the plans' current prices." in out.getvalue()
+    assert "1 subscription item put on the prices of their period." in out.getvalue()
     held = gw.subscription(subscription.stripe_subscription_id)
     assert new_price in {item.price.id for item in held["items"].data}
     _cpu_used(tenant, {priced_plan: "2.5"})

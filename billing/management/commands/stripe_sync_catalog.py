@@ -11,7 +11,8 @@ class Command(BaseCommand):
         "Create in Stripe a product per plan and, per plan and priced usage dimension, a meter "
         "and a metered monthly price on it, and store their ids. Existing ones are found (by "
         "event name, product id, lookup key): running it again creates nothing. A changed "
-        "price is replaced, and every subscription is put on its plan's prices as they are now."
+        "price is replaced, and every subscription is put on its plan's prices in effect in its "
+        "current period (a changed price reaches it once its period from the change on began)."
     )
 
     def handle(self, *args, **options):
@@ -28,5 +29,5 @@ class Command(BaseCommand):
         summary = f"{created} created, {found} found."
         if items:
             plural = "s" if items != 1 else ""
-            summary += f" {items} subscription item{plural} put on the plans' current prices."
+            summary += f" {items} subscription item{plural} put on the prices of their period."
         self.stdout.write(self.style.SUCCESS(summary))
