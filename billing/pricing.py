@@ -180,6 +180,72 @@ def prices_for(
     return found
 
 
+@dataclass(frozen=True)
+class PriceLine:
+    """One dimension's unit price as a tenant reads it: the price in effect now (None: not
+    charged yet) and, when a change to it is coming, the price then (None: no longer charged)."""
+
+    dimension: str
+    now: Price | None
+    changes: bool = False
+    then: Price | None = None
+
+    @property
+    def label(self) -> str:
+        return DIMENSION_LABELS.get(self.dimension, self.dimension)
+
+
+@dataclass(frozen=True)
+class PriceList:
+    """A plan's unit prices as a tenant reads them before it pays (`price_lists`), and when the
+    change coming to some of them applies (None when none is coming)."""
+
+    lines: list[PriceLine]
+    changes_at: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+
+def _charges(price: Price) -> tuple:
+    return (price.unit, price.time_unit, price.unit_price, price.currency.lower())
+
+
+def price_lists(
+    tenant: Tenant, plans: Iterable[Plan], at: datetime | None = None
+) -> dict[int, PriceList]:
+    """Each plan's unit prices as `tenant` pays them at `at` (now: `prices_for`), by plan id,
+    in dimension order, each with the change coming to it: a changed price applies from the
+    start of a billing period, so until then the Billing page and the catalog show the price in
+    effect, and the one to come with the date it applies from."""
+    by_pk = {plan.pk: plan for plan in plans}
+    at = at or timezone.now()
+    now = prices_for(tenant, by_pk.values(), at)
+    coming = dict(
+        PastPrice.objects.filter(plan_id__in=by_pk, until__gt=at)
+        .values("plan_id")
+        .annotate(first=Min("until"))
+        .values_list("plan_id", "first")
+    )
+    later: dict[int, list[Price]] = {}
+    for moment in set(coming.values()):
+        later |= prices_for(tenant, [by_pk[pk] for pk in coming if coming[pk] == moment], moment)
+    found = {}
+    for pk in by_pk:
+        before = {price.dimension: price for price in now[pk]}
+        after = {price.dimension: price for price in later.get(pk, now[pk])}
+        lines = []
+        for dimension in sorted(before.keys() | after.keys()):
+            was, will = before.get(dimension), after.get(dimension)
+            if was is not None and will is not None and _charges(was) == _charges(will):
+                lines.append(PriceLine(dimension, was))
+            else:
+                lines.append(PriceLine(dimension, was, True, will))
+        changing = any(line.changes for line in lines)
+        found[pk] = PriceList(lines, coming[pk] if changing else None)
+    return found
+
+
 def cost(
     plan: Plan,
     quantities: dict[str, Decimal],

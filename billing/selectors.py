@@ -10,7 +10,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 
 from accounts.models import Tenant
 from billing import entitlements, pricing
-from billing.models import Invoice, Plan, Price, Subscription
+from billing.models import Invoice, Plan, Subscription
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -44,8 +44,8 @@ class PlanRow:
     alternatives: list[Alternative] = field(default_factory=list)
     # Not subscribed because staff suspended the subscription the tenant then cancelled.
     held: bool = False
-    # Its unit prices as the tenant pays them (`pricing.prices_for`).
-    prices: list[Price] = field(default_factory=list)
+    # Its unit prices as the tenant pays them now, and the change coming to them.
+    prices: pricing.PriceList = field(default_factory=lambda: pricing.PriceList([]))
     # Not subscribed since a subscription ended with instances on the plan: when the running
     # ones are stopped (`Subscription.stop_due_at`).
     stop_due: datetime | None = None
@@ -211,7 +211,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     }
     held = entitlements.held_by_staff(tenant)
     plans = list(Plan.objects.prefetch_related("prices"))
-    prices = pricing.prices_for(tenant, plans)
+    prices = pricing.price_lists(tenant, plans)
     limits_of = entitlements.limits_of(tenant, plans)
     usages = entitlements.usages_of(
         tenant, [plan for plan in plans if plan.pk in open_ or plan.pk in ended]

@@ -35,7 +35,7 @@ from django.utils.dateparse import parse_datetime
 from accounts.idempotency import request_target, tenant_scope
 from accounts.models import AuditEvent, Tenant
 from billing import entitlements, pricing
-from billing.models import Plan, PlanOverride, Price
+from billing.models import Plan, PlanOverride
 from billing.pricing import Cost
 from deployments import lifecycle, schedules
 from deployments.context import endpoint_host
@@ -376,7 +376,7 @@ class CatalogPlan:
     spec: PlanSpec
     limits: list[tuple[str, str]]
     cost: Cost | None
-    prices: list[Price]  # as the tenant pays them (`pricing.prices_for`)
+    prices: pricing.PriceList  # as the tenant pays them now, and the change coming to them
 
 
 def plans_available(tenant: Tenant) -> list[tuple[PlanVersion, PlanSpec]]:
@@ -473,7 +473,9 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
 
     services: dict[str, list[CatalogPlan]] = {}
     available = plans_available(tenant)
-    prices = pricing.prices_for(tenant, [version.plan for version, _ in available])
+    plans = [version.plan for version, _ in available]
+    prices = pricing.prices_for(tenant, plans)
+    shown = pricing.price_lists(tenant, plans)
     for version, spec in available:
         try:
             cost = metering.estimate(
@@ -483,7 +485,7 @@ def catalog(tenant: Tenant) -> list[CatalogService]:
         except metering.UsageError:
             cost = None
         entry = CatalogPlan(
-            version.plan, version, spec, _main_limits(spec), cost, prices[version.plan_id]
+            version.plan, version, spec, _main_limits(spec), cost, shown[version.plan_id]
         )
         services.setdefault(version.plan.service, []).append(entry)
     grouped = []

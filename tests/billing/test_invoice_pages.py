@@ -97,6 +97,40 @@ def test_the_billing_page_shows_each_plans_unit_prices_as_the_tenant_pays_them(
         'Backup storage: 0.02 USD per GiB per month <span class="muted">(not charged yet)</span>'
         in prices
     )
+    assert "Prices change" not in page  # none is coming
+
+
+def test_the_billing_page_shows_the_price_in_effect_and_the_coming_one_with_its_date(
+    owner_client, tenant, plan
+):
+    from django.utils import timezone
+
+    from billing import periods, services
+    from billing.models import Price, UsageRecord
+
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.035"))
+    Price.objects.create(
+        plan=plan, dimension="storage", unit="GiB", time_unit="month", unit_price=Decimal("0.10")
+    )
+    UsageRecord.objects.create(
+        tenant=tenant, plan=plan, instance_id="inst-abcdefgh", instance_name="orders",
+        dimension="cpu", hour=periods.current_start(), quantity=Decimal(1),
+        period=f"{periods.current_start():%Y-%m}",
+    )  # fmt: skip
+    services.plan_prices_replace(plan=plan, currency="usd", prices=[
+        {"dimension": "cpu", "unit": "core", "unit_price": "0.05"},
+        {"dimension": "memory", "unit": "GiB", "unit_price": "0.01"},
+    ])  # fmt: skip
+    starts = periods.next_start(timezone.now())
+    day = f"{starts.day} {starts:%b %Y}"
+
+    page = re.sub(r"\s+", " ", owner_client.get(_billing(tenant)).content.decode())
+
+    prices = re.sub(r"<[^>]+>", "", page.split('id="prices-pg"', 1)[1].split("</div>", 1)[0])
+    assert f"CPU: 0.035 USD per core per hour; from {day}: 0.05 USD per core per hour" in prices
+    assert f"Memory: not charged; from {day}: 0.01 USD per GiB per hour" in prices
+    assert f"Storage: 0.1 USD per GiB per month; from {day}: not charged" in prices
+    assert f"Prices change on {day}, at the start of a billing period" in prices
 
 
 def test_a_draft_is_not_shown_to_the_tenant(owner_client, tenant, plan):

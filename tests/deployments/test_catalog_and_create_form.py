@@ -1,6 +1,7 @@
 """The catalog ("New deployment"), the generated create form and its live cost estimate."""
 
 import re
+from decimal import Decimal
 from html import unescape
 
 import pytest
@@ -72,6 +73,28 @@ def test_the_catalog_lists_each_plan_under_its_service_with_prices_for_its_defau
     assert "<dt>Servers</dt><dd>1 to 5</dd>" in page
     assert "Storage: 0.00014 USD per GiB per hour" in page
     assert f'href="/t/{tenant.slug}/deployments/new/postgres-cnpg/"' in page
+
+
+def test_after_a_price_change_the_catalog_prices_at_this_months_and_says_what_comes(
+    owner_client, tenant, plan
+):
+    from billing import periods, usage
+    from billing.usage import UsageRow
+
+    usage.record(periods.current_start(), [
+        UsageRow(tenant_id=tenant.pk, plan_id=plan.pk, instance_id="inst-abcdefgh",
+                 instance_name="orders", dimension="cpu", unit="core", quantity=Decimal(1))
+    ])  # fmt: skip
+    services.plan_load(text=SPEC.read_text().replace('price: "0.035"', 'price: "0.07"'))
+    starts = periods.next_start()
+
+    page = text(owner_client.get(catalog_url(tenant)))
+
+    assert "<strong>0.0464 USD</strong> per hour" in page  # at the price in effect
+    assert (
+        f'CPU: 0.035 USD per core per hour<span class="price-change">; from <time datetime="'
+        f'{starts.isoformat()}">{starts.day} {starts:%b %Y}</time>: 0.07 USD per core per hour'
+    ) in page
 
 
 def test_a_viewer_sees_the_catalog_without_create_links_and_cannot_open_the_form(
