@@ -190,26 +190,9 @@ def _price_sync(
 ) -> None:
     lookup_key = lookup_key_for(price)
     amount = unit_amount_decimal(price)
-    found = gw.price_by_lookup_key(lookup_key)
-    if (
-        found is not None
-        and Decimal(found.unit_amount_decimal) == amount
-        and found.currency == price.currency.lower()
-        and found.recurring.meter == meter_id
-    ):
-        stripe_price_id = found.id
-        note(Synced("found", "price", lookup_key, stripe_price_id))
-    else:
-        stripe_price_id = gw.metered_price_create(
-            lookup_key=lookup_key,
-            product_id=product_id,
-            meter_id=meter_id,
-            currency=price.currency.lower(),
-            unit_amount_decimal=_decimal_text(amount),
-            nickname=f"{price.plan.name}: {price.label}",
-            replacing=found.id if found is not None else None,
-        ).id
-        note(Synced("created", "price", lookup_key, stripe_price_id))
+    stripe_price_id, found = _metered_price_ensure(
+        gw, price, lookup_key, product_id, meter_id, note
+    )
     stored = StripePrice.objects.filter(price=price).first()
     earlier = [*stored.replaced_price_ids, stored.stripe_price_id] if stored else []
     replaced = [i for i in dict.fromkeys([*earlier, *([found.id] if found else [])])
@@ -241,28 +224,42 @@ def _kept_price_sync(
         note(Synced("found", "price", key, past.stripe_price_id))
         return
     lookup_key = f"{lookup_key_for(past)}-until-{past.until:%Y%m%dT%H%MZ}"
-    amount = unit_amount_decimal(past)
+    stripe_price_id, _ = _metered_price_ensure(gw, past, lookup_key, product_id, meter_id, note)
+    PastPrice.objects.filter(pk=past.pk).update(stripe_price_id=stripe_price_id)
+
+
+def _metered_price_ensure(
+    gw: StripeGateway,
+    price: Price | PastPrice,
+    lookup_key: str,
+    product_id: str,
+    meter_id: str,
+    note: Callable[[Synced], None],
+) -> tuple[str, Any]:
+    """The id of the Stripe price under `lookup_key` that charges `price` on `meter_id`: the
+    one found there when it does, else a new one that takes the key over; and the price found
+    under the key (None when there was none)."""
+    amount = unit_amount_decimal(price)
     found = gw.price_by_lookup_key(lookup_key)
     if (
         found is not None
         and Decimal(found.unit_amount_decimal) == amount
-        and found.currency == past.currency.lower()
+        and found.currency == price.currency.lower()
         and found.recurring.meter == meter_id
     ):
-        stripe_price_id = found.id
-        note(Synced("found", "price", lookup_key, stripe_price_id))
-    else:
-        stripe_price_id = gw.metered_price_create(
-            lookup_key=lookup_key,
-            product_id=product_id,
-            meter_id=meter_id,
-            currency=past.currency.lower(),
-            unit_amount_decimal=_decimal_text(amount),
-            nickname=f"{past.plan.name}: {DIMENSION_LABELS.get(past.dimension, past.dimension)}",
-            replacing=found.id if found is not None else None,
-        ).id
-        note(Synced("created", "price", lookup_key, stripe_price_id))
-    PastPrice.objects.filter(pk=past.pk).update(stripe_price_id=stripe_price_id)
+        note(Synced("found", "price", lookup_key, found.id))
+        return found.id, found
+    created = gw.metered_price_create(
+        lookup_key=lookup_key,
+        product_id=product_id,
+        meter_id=meter_id,
+        currency=price.currency.lower(),
+        unit_amount_decimal=_decimal_text(amount),
+        nickname=f"{price.plan.name}: {DIMENSION_LABELS.get(price.dimension, price.dimension)}",
+        replacing=found.id if found is not None else None,
+    ).id
+    note(Synced("created", "price", lookup_key, created))
+    return created, found
 
 
 def stripe_price_charging(price: Price) -> str:
