@@ -30,7 +30,7 @@ def organization_create(request):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
         # and the page says what the form made instead of offering it again.
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
-    form = OrganizationForm(request.POST or None)
+    form = OrganizationForm(request.POST if request.method == "POST" else None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
     made = selectors.organization_made_by_request(request.user, request_id)
     if made is not None and request.method == "GET":  # the form again after Back

@@ -194,7 +194,7 @@ def instance_create(request, plan_key: str):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
         # and the page says what the form made instead of offering it again (`_form_made`).
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
-    form = _create_form_class(request, spec)(request.POST or None)
+    form = _create_form_class(request, spec)(request.POST if request.method == "POST" else None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
     sent_with = request_id  # what the form went out with; a refused one goes out with a new one
     if request.method == "POST" and form.is_valid():
@@ -795,7 +795,8 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             return redirect(_page_url(instance, "backups"))
         if not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
             return redirect(f"{request.path}?request={uuid.uuid4().hex}")
-    form = _restore_form(snapshot, instance.name, request.POST or None)
+    posted = request.POST if request.method == "POST" else None
+    form = _restore_form(snapshot, instance.name, posted)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
     sent_with = request_id  # what the form went out with; a refused one goes out with a new one
     # The service refuses (403, audited) a role without restore, whatever the form holds.

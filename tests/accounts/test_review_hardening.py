@@ -322,3 +322,13 @@ def test_an_admin_demoted_while_changing_a_role_is_refused_under_the_lock(tenant
     assert isinstance(outcome, ActionDenied)
     carol_m.refresh_from_db()
     assert carol_m.role == "viewer"
+
+
+def test_an_organization_posted_without_any_field_shows_the_form_with_what_to_give(owner_client):
+    before = Tenant.objects.count()
+
+    response = owner_client.post("/organizations/new/")
+
+    assert response.status_code == 200
+    assert "Give the organization a name." in response.content.decode()
+    assert Tenant.objects.count() == before

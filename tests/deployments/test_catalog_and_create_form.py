@@ -237,6 +237,18 @@ def test_the_form_gets_a_request_id_in_its_address_and_shows_the_estimate_for_th
     assert 'name="cell"' not in page  # one cell offered: nothing to choose
 
 
+@pytest.mark.parametrize("body", [{}, {"content_type": "application/json", "data": "{}"}])
+def test_a_create_posted_without_any_field_shows_the_form_with_what_to_give(
+    owner_client, tenant, plan, cell, body
+):
+    """A forged post carrying no form field (an empty or a JSON body) was a 500."""
+    response = owner_client.post(form_url(tenant), **body)
+
+    assert response.status_code == 200
+    assert "Give the instance a name." in text(response)
+    assert not Instance.objects.exists()
+
+
 def test_a_password_field_has_a_generate_button_and_says_empty_is_generated(
     owner_client, tenant, plan, cell
 ):

@@ -864,6 +864,16 @@ def test_restore_makes_a_new_instance_from_the_backup(owner_client, instance):
     assert "Restored from" not in owner_client.get(_url(instance)).content.decode()
 
 
+def test_restore_posted_without_any_field_shows_the_form_with_what_to_give(owner_client, instance):
+    snapshot = instance.snapshots.get()
+
+    response = owner_client.post(_url(instance, f"backups/{snapshot.pk}/restore/"))
+
+    assert response.status_code == 200
+    assert "Give the instance a name." in response.content.decode()
+    assert Instance.objects.count() == 1
+
+
 def test_restore_without_a_name_shows_the_form_again(owner_client, instance):
     snapshot = instance.snapshots.get()
 
