@@ -307,15 +307,33 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
 
 
 REGEX_MESSAGE_MAX = 200  # characters: a sentence beside a form field
+RESERVED_MAX = 100  # words a parameter may reserve
 
 
 def _parameter_extension(parameter: Parameter, raw: Any, path: str, report: Report) -> None:
     """A parameter's `x-opsdeck`: `step` (Float64 values are whole multiples of it; 1 makes
     the parameter a whole number), `growOnly` (a modify may raise a Float64, never lower it: a
-    volume's size) and `regexMessage` (what a value its `regex` refuses is told, in words)."""
+    volume's size), `regexMessage` (what a value its `regex` refuses is told, in words) and
+    `reserved` (String values it may not take: words, or prefixes ending in "*")."""
     if not isinstance(raw, dict):
         report.error(path, "must be a mapping")
         return
+    reserved = raw.get("reserved")
+    if reserved is not None:
+        if parameter.type != "String":
+            report.error(f"{path}.reserved", "only a String parameter reserves values")
+        elif (
+            not isinstance(reserved, list)
+            or not reserved
+            or len(reserved) > RESERVED_MAX
+            or not all(isinstance(w, str) and w.strip("*") and "*" not in w[:-1] for w in reserved)
+        ):
+            report.error(
+                f"{path}.reserved",
+                f"must be a list of 1 to {RESERVED_MAX} words, each may end in * (a prefix)",
+            )
+        else:
+            parameter.reserved = tuple(reserved)
     message = raw.get("regexMessage")
     if message is not None:
         if not isinstance(message, str) or not message.strip() or "\n" in message.strip():

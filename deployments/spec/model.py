@@ -70,6 +70,9 @@ class Parameter:
     # What a value the regex refuses is told, in words (x-opsdeck.regexMessage); else the
     # pattern itself.
     regex_message: str | None = None
+    # String: values it may not take (x-opsdeck.reserved), each a word, or a prefix ending in
+    # "*": names the service keeps for itself.
+    reserved: tuple[str, ...] = ()
     step: int | float | None = None  # Float64: values are multiples of it (x-opsdeck.step)
     # Float64: a modify may raise it, never lower it (x-opsdeck.growOnly; e.g. a volume).
     grow_only: bool = False

@@ -180,7 +180,7 @@ def _one_line(parameter: Parameter, value: Any) -> None:
 
 
 def check(parameter: Parameter, value: Any) -> None:
-    """Check a typed value against the parameter's options, limits and regex.
+    """Check a typed value against the parameter's options, limits, regex and reserved words.
 
     Limits bound a Float64's value and a String's or Password's length. Raises ValueError.
     """
@@ -201,6 +201,10 @@ def check(parameter: Parameter, value: Any) -> None:
             raise ValueError(
                 parameter.regex_message or f"Must match the pattern {parameter.regex}."
             )
+        for word in parameter.reserved:
+            if value == word or (word.endswith("*") and value.startswith(word[:-1])):
+                taken = f"names starting with “{word[:-1]}”" if word.endswith("*") else f"“{word}”"
+                raise ValueError(f"The service keeps {taken} for itself: choose another.")
 
 
 @functools.lru_cache(maxsize=256)

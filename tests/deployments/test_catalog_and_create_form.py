@@ -249,6 +249,25 @@ def test_a_create_posted_without_any_field_shows_the_form_with_what_to_give(
     assert not Instance.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("p-owner", "postgres", "“postgres”"),
+        ("p-owner", "pg_app", "names starting with “pg_”"),
+        ("p-database", "template1", "“template1”"),
+    ],
+)
+def test_a_name_postgresql_keeps_for_itself_is_refused_beside_its_field(
+    owner_client, tenant, plan, cell, field, value, why
+):
+    """The owner's password would be the superuser's, or the bootstrap would fail."""
+    response = owner_client.post(form_url(tenant), {**VALID, field: value, "request_id": "r-1"})
+
+    assert response.status_code == 200
+    assert f"The service keeps {why} for itself: choose another." in text(response)
+    assert not Instance.objects.exists()
+
+
 def test_a_password_field_has_a_generate_button_and_says_empty_is_generated(
     owner_client, tenant, plan, cell
 ):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.spec import validate
+from deployments.spec import params, validate
 
 SPECS = Path(__file__).parent / "specs"
 WORKFLOWS = (SPECS / "postgres-workflows.yaml").read_text()
@@ -1113,6 +1113,28 @@ def test_a_regex_message_is_one_line_for_a_parameter_with_a_regex():
     ]
     assert errors(regex_message("storageGi", "Digits.")) == [
         f"{PARAMS}[2].x-opsdeck.regexMessage: is for a parameter with a regex"
+    ]
+
+
+def test_a_string_parameter_reserves_words_and_prefixes_its_values_may_not_take():
+    def reserved(key: str, value) -> Callable[[dict], None]:
+        return lambda document: parameter(document, key).update({"x-opsdeck": {"reserved": value}})
+
+    loaded = check(reserved("database", ["postgres", "pg_*"]))
+    assert loaded.errors == []
+    database = loaded.spec.parameter("database")
+    for taken, why in [("postgres", "“postgres”"), ("pg_stat", "names starting with “pg_”")]:
+        with pytest.raises(ValueError, match=f"The service keeps {why} for itself"):
+            params.check(database, taken)
+    params.check(database, "postgres2")  # neither the word nor the prefix
+    params.check(database, "pg")
+    for bad in ([], "postgres", [42], ["*"], ["a*b"], ["x"] * 101):
+        assert errors(reserved("database", bad)) == [
+            f"{PARAMS}[3].x-opsdeck.reserved: must be a list of 1 to 100 words, each may end in * "
+            "(a prefix)"
+        ]
+    assert errors(reserved("storageGi", ["x"])) == [
+        f"{PARAMS}[2].x-opsdeck.reserved: only a String parameter reserves values"
     ]
 
 
