@@ -357,6 +357,22 @@ def test_the_backups_tab_shows_a_backup_complete_without_a_reload(
     assert not scrolls_sideways(page)
 
 
+def test_details_of_one_long_word_break_inside_the_activity_table(open_page, owner, instance):
+    from accounts.audit import audit_record
+
+    audit_record(
+        actor=Actor(user=owner), action="instance.rename", tenant=instance.tenant,
+        target=instance, payload={"name": "W" * 100},
+    )  # fmt: skip
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=activity")
+
+    table = page.locator("#instance-activity")
+    expect(table).to_contain_text("W" * 100)
+    shot(page, "instance-activity-long-word")
+    # Every column shows within the table's box: none is pushed out of it.
+    assert table.evaluate("t => t.scrollWidth <= t.parentElement.clientWidth")
+
+
 @BOTH_WIDTHS
 def test_cancelling_an_operation_asks_in_a_dialog_whose_buttons_say_what_each_does(
     open_page, owner, instance, width

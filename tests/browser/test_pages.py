@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from accounts import services
@@ -310,6 +311,29 @@ def test_an_organization_named_in_one_long_word_never_scrolls_sideways(
         page = open_page(owner, f"/t/{tenant.slug}/{path}", width)
         shot(page, f"long-name-{path.replace('/', '-') or 'dashboard'}{width}")
         assert not scrolls_sideways(page), path
+
+
+def test_a_deployment_named_in_one_long_word_leaves_its_cost_in_view_on_the_billing_page(
+    open_page, owner, tenant
+):
+    from decimal import Decimal
+
+    from billing import usage
+    from billing.models import Plan, Price
+    from billing.usage import UsageRow
+
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.05"))
+    hour = usage.hour_start(timezone.now()) - usage.HOUR
+    row = UsageRow(tenant.pk, plan.pk, "inst-aaaaaaaa", "W" * 100, "cpu", "core", Decimal(2))
+    usage.record(hour, [row])
+
+    page = open_page(owner, f"/t/{tenant.slug}/billing/", "wide")
+
+    table = page.locator("table.cost-by-instance")
+    expect(table).to_contain_text("W" * 100)
+    shot(page, "billing-long-deployment-name")
+    assert table.evaluate("t => t.scrollWidth <= t.parentElement.clientWidth")
 
 
 @BOTH_WIDTHS
