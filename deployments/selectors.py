@@ -658,8 +658,11 @@ def snapshot_listed_page(instance: Instance, snapshot: Snapshot, per_page: int) 
 
 def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
     """The instance's snapshots as its Backups tab lists them, each with `forgetting`:
-    whether a deleteBackup of it is queued or running (it is no longer restorable)."""
-    return snapshots_of_instance(instance).annotate(forgetting=_forgetting())
+    whether a deleteBackup of it is queued or running (it is no longer restorable), and
+    `failure`: what its backup operation ended with (why a failed one failed)."""
+    return snapshots_of_instance(instance).annotate(
+        forgetting=_forgetting(), failure=F("operation__error")
+    )
 
 
 def snapshots_restorable(instance: Instance) -> QuerySet[Snapshot]:

@@ -788,6 +788,24 @@ def test_a_backup_that_did_not_complete_shows_when_it_was_asked_for_not_taken(
     assert f"The backup taken {completed.created_at:%-d %b %Y %H:%M} UTC can no longer" in page
 
 
+def test_a_failed_backup_says_why_and_links_its_operation(owner_client, owner, instance):
+    backup = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="backup", request_id="b-1"
+    )
+    Operation.objects.filter(pk=backup.pk).update(
+        state=Operation.State.FAILED, error="Backup failed: the object store refused the upload."
+    )
+    failed = Snapshot.objects.get(operation=backup)
+    Snapshot.objects.filter(pk=failed.pk).update(status=Snapshot.Status.FAILED)
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    start = page.index(f'<tr id="backup-{failed.pk}">')
+    row = page[start : page.index("</tr>", start)]
+    assert "Backup failed: the object store refused the upload." in row
+    assert f'href="{_url(instance)}operations/{backup.pk}/">See the backup' in row
+
+
 def test_the_delete_dialog_counts_only_the_backups_a_restore_can_start_from(owner_client, instance):
     Snapshot.objects.create(
         tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
