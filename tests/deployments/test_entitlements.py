@@ -457,6 +457,27 @@ def test_a_retention_beyond_any_plan_is_told_the_range_the_plan_allows(
     assert instance.backup_schedule.retention_days != 3651
 
 
+def test_a_retention_beyond_the_plan_is_said_beside_its_field_keeping_what_was_typed(
+    local, hobby, subscribed, tenant, owner, owner_client
+):
+    instance = _running(owner, tenant, hobby)
+
+    response = owner_client.post(
+        f"/t/{tenant.slug}/deployments/{instance.pk}/backups/schedule/",
+        {"timing": "interval", "interval_hours": "12", "retention_days": "31", "enabled": "on"},
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    error = html[html.index('id="schedule-retention_days-error"') :][:400]
+    assert "The Hobby plan keeps backups for at most 30 days" in error
+    assert 'name="retention_days"' in html and 'value="31"' in html
+    assert 'value="12"' in html  # the interval typed, kept too
+    instance.backup_schedule.refresh_from_db()
+    assert instance.backup_schedule.retention_days != 31
+    assert _denied(tenant, "backup.schedule").exists()
+
+
 def test_the_backups_tab_offers_retention_up_to_the_plans_limit(
     local, hobby, subscribed, tenant, owner, owner_client
 ):
