@@ -954,21 +954,21 @@ def backup_schedule_update(request, instance_id: str):
             request_id=request.POST.get("request_id"),
         )
     except ActionDenied as exc:
-        if not roles.can(request.membership.role, "backup.create"):
-            raise
-        # A limit of the plan or of the subscription: said in the form, which keeps what was
-        # typed; beside the retention when that is what the plan keeps shorter.
         retention = _whole(submitted["retention_days"])
         longer = isinstance(retention, int) and retention > selectors.backup_retention_most(
             instance
         )
+        if not longer or not roles.can(request.membership.role, "backup.create"):
+            return _refused(request, instance, exc, "backup.create", tab="backups")
+        # The plan keeps backups for less: said beside the retention, in the form, which keeps
+        # what was typed.
         submitted["seen"] = request.POST.get("seen")
         return _page(
             request,
             instance,
             tab="backups",
             status=200 if request.htmx else 400,
-            schedule_errors={"retention_days" if longer else "__all__": [exc.reason]},
+            schedule_errors={"retention_days": [exc.reason]},
             schedule_submitted=submitted,
         )
     except ValidationError as exc:
