@@ -935,6 +935,7 @@ def backup_schedule_update(request, instance_id: str):
     submitted = {name: request.POST.get(name, "") for name in SCHEDULE_FIELDS}
     submitted["enabled"] = request.POST.get("enabled") == "on"
     by_cron = submitted["timing"] == "cron"
+    retention = _whole(submitted["retention_days"])
     try:
         # The form sends one of the two; a role without backups is refused by the service
         # first (403, audited), whatever the form holds.
@@ -947,14 +948,13 @@ def backup_schedule_update(request, instance_id: str):
             instance=instance,
             interval_hours=None if by_cron else _whole(submitted["interval_hours"]),
             cron=submitted["cron"] if by_cron else "",
-            retention_days=_whole(submitted["retention_days"]),
+            retention_days=retention,
             retention_count=_whole(submitted["retention_count"]),
             enabled=submitted["enabled"],
             seen=request.POST.get("seen"),
             request_id=request.POST.get("request_id"),
         )
     except ActionDenied as exc:
-        retention = _whole(submitted["retention_days"])
         longer = isinstance(retention, int) and retention > selectors.backup_retention_most(
             instance
         )
@@ -963,14 +963,7 @@ def backup_schedule_update(request, instance_id: str):
         # The plan keeps backups for less: said beside the retention, in the form, which keeps
         # what was typed.
         submitted["seen"] = request.POST.get("seen")
-        return _page(
-            request,
-            instance,
-            tab="backups",
-            status=200 if request.htmx else 400,
-            schedule_errors={"retention_days": [exc.reason]},
-            schedule_submitted=submitted,
-        )
+        return _schedule_refused(request, instance, {"retention_days": [exc.reason]}, submitted)
     except ValidationError as exc:
         errors = _errors(exc)
         if by_cron and not submitted["cron"].strip():  # not a number of hours it lacks
@@ -982,16 +975,21 @@ def backup_schedule_update(request, instance_id: str):
             # Fields to correct stay based on the schedule this person saw, even when a
             # teammate changed it since this save was refused.
             submitted["seen"] = request.POST.get("seen")
-        return _page(
-            request,
-            instance,
-            tab="backups",
-            status=200 if request.htmx else 400,
-            schedule_errors=errors,
-            schedule_submitted=submitted,
-        )
+        return _schedule_refused(request, instance, errors, submitted)
     messages.success(request, f"The backup schedule of {instance.name} is saved.")
     return _after(request, instance, "backups")
+
+
+def _schedule_refused(request, instance: Instance, errors: dict, submitted: dict):
+    """The Backups tab with the schedule form open again, as it was sent, saying `errors`."""
+    return _page(
+        request,
+        instance,
+        tab="backups",
+        status=200 if request.htmx else 400,
+        schedule_errors=errors,
+        schedule_submitted=submitted,
+    )
 
 
 # --- modify ---
