@@ -220,21 +220,33 @@ def billed_late():
     )
 
 
-def period_close_due(*, now: datetime | None = None) -> Closed | None:
-    """Close the month before `now` if it is not closed yet (run by beat early each month; a
-    period that still has unmetered hours is left for the next run). None when nothing was
-    closed."""
+def period_close_due(*, now: datetime | None = None) -> list[Closed]:
+    """Close every month that has ended and is not closed yet, oldest first (run by beat
+    hourly): the month just ended once its last hours are metered, and an earlier one still
+    open because an hour of it was never metered, once it has been (`meter_usage
+    --backfill-from`). A month with unmetered hours is left for the next run; from
+    CLOSE_LATE_AFTER past its end, each run logs it as a warning, however many months ago it
+    ended. The periods closed, in order."""
     now = now or timezone.now()
-    key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
-    if BillingPeriod.objects.filter(key=key, closed_at__isnull=False).exists():
-        return None
-    try:
-        return period_close(key, now=now)
-    except ValidationError as exc:
-        # Early in a month, the last hours' metering is still to come; later, staff must know.
-        if now - usage.period_bounds(key)[1] > CLOSE_LATE_AFTER:
-            log.warning("billing period %s is still open: %s", key, " ".join(exc.messages))
-        return None
+    current = usage.period_key(now)
+    keys = set(
+        BillingPeriod.objects.filter(closed_at__isnull=True, key__lt=current).values_list(
+            "key", flat=True
+        )
+    )
+    # The month just ended, even with no row yet (nothing metered in it so far).
+    just_ended = usage.period_key(usage.period_bounds(current)[0] - usage.HOUR)
+    if not BillingPeriod.objects.filter(key=just_ended, closed_at__isnull=False).exists():
+        keys.add(just_ended)
+    closed = []
+    for key in sorted(keys):
+        try:
+            closed.append(period_close(key, now=now))
+        except ValidationError as exc:
+            # Early in a month, the last hours' metering is still to come; later, staff must know.
+            if now - usage.period_bounds(key)[1] > CLOSE_LATE_AFTER:
+                log.warning("billing period %s is still open: %s", key, " ".join(exc.messages))
+    return closed
 
 
 # --- staff actions ---------------------------------------------------------------------------

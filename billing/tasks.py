@@ -33,8 +33,10 @@ def meter_events_flush() -> dict:
 
 @shared_task
 def billing_period_close() -> str:
-    """Close the month just ended into draft invoices once all of its hours are metered (run
-    hourly by beat: early in a month it waits for the last hours' metering; then it finds the
-    period closed and does nothing)."""
-    closed = invoicing.period_close_due()
-    return f"closed {closed.period}: {len(closed.invoices)} invoice(s)" if closed else ""
+    """Close each month that has ended into draft invoices once all of its hours are metered
+    (run hourly by beat: early in a month it waits for the last hours' metering; then it finds
+    the period closed and does nothing)."""
+    return "; ".join(
+        f"closed {closed.period}: {len(closed.invoices)} invoice(s)"
+        for closed in invoicing.period_close_due()
+    )

@@ -225,13 +225,33 @@ def test_the_beat_task_closes_the_month_just_ended_once_it_is_metered(tenant, pl
     _use(tenant, plan, NOVEMBER, cpu="1")
     _metered(skip={DECEMBER - usage.HOUR})
 
-    assert invoicing.period_close_due(now=AFTER) is None  # an hour is still unmetered
+    assert invoicing.period_close_due(now=AFTER) == []  # an hour is still unmetered
     assert "still open" not in caplog.text  # the last hours' metering may still come
-    assert invoicing.period_close_due(now=DECEMBER + timedelta(hours=7)) is None
+    assert invoicing.period_close_due(now=DECEMBER + timedelta(hours=7)) == []
     assert "billing period 2026-11 is still open: 1 hour of 2026-11 is not metered" in (caplog.text)
     _metered()
-    assert invoicing.period_close_due(now=AFTER).period == "2026-11"
-    assert invoicing.period_close_due(now=AFTER) is None  # closed already
+    assert [closed.period for closed in invoicing.period_close_due(now=AFTER)] == ["2026-11"]
+    assert invoicing.period_close_due(now=AFTER) == []  # closed already
+
+
+def test_a_month_left_open_is_closed_by_a_later_run_once_metered(tenant, plan, caplog):
+    # November's last hour was never metered, so November stayed open while December ended.
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered(skip={DECEMBER - usage.HOUR})
+    january = datetime(2027, 1, 1, tzinfo=UTC)
+    _use(tenant, plan, DECEMBER, cpu="2")
+    _metered(DECEMBER, january)
+    in_january = january + timedelta(hours=7)
+
+    assert [c.period for c in invoicing.period_close_due(now=in_january)] == ["2026-12"]
+    assert "billing period 2026-11 is still open: 1 hour of 2026-11 is not metered" in caplog.text
+
+    _metered()  # the missing hour, backfilled
+    (closed,) = invoicing.period_close_due(now=in_january + usage.HOUR)
+
+    assert closed.period == "2026-11"
+    assert [invoice.total for invoice in closed.invoices] == [Decimal("0.04")]
+    assert invoicing.period_close_due(now=in_january + 2 * usage.HOUR) == []
 
 
 @pytest.mark.parametrize(
