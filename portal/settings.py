@@ -294,6 +294,12 @@ ACCOUNT_EMAIL_VERIFICATION = "mandatory"
 ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = True
 ACCOUNT_LOGOUT_REDIRECT_URL = "account_login"
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[Opsdeck] "
+# Failed sign-ins: 5 per address in 5 minutes, then 10 a minute per network address. The
+# address's limit comes first, so that one account's refused attempts do not use up its network's
+# (allauth checks each limit in turn and stops at the first refusal): someone hammering one
+# account no longer locks out the colleagues behind the same network address, while 10
+# accounts tried a minute from one address (password spraying) still are.
+ACCOUNT_RATE_LIMITS = {"login_failed": "5/300s/key,10/m/ip"}
 MFA_ADAPTER = "accounts.adapters.MFAAdapter"
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 MFA_TOTP_ISSUER = "Opsdeck"

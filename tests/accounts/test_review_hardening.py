@@ -332,3 +332,32 @@ def test_an_organization_posted_without_any_field_shows_the_form_with_what_to_gi
     assert response.status_code == 200
     assert "Give the organization a name." in response.content.decode()
     assert Tenant.objects.count() == before
+
+
+def _sign_in(client, email, password):
+    return client.post("/accounts/login/", {"login": email, "password": password})
+
+
+@pytest.mark.django_db
+def test_one_account_hammered_does_not_lock_out_others_behind_the_same_address(client, make_user):
+    make_user("alice@example.com")
+    make_user("bob@example.com")
+
+    for _ in range(12):
+        _sign_in(client, "alice@example.com", "not-her-password")
+    locked = _sign_in(client, "alice@example.com", PASSWORD)
+    bob = _sign_in(client, "bob@example.com", PASSWORD)
+
+    assert b"Too many failed login attempts" in locked.content
+    assert bob.status_code == 302
+
+
+@pytest.mark.django_db
+def test_many_accounts_tried_from_one_address_are_still_refused(client, make_user):
+    for n in range(11):
+        make_user(f"user{n}@example.com")
+
+    answers = [_sign_in(client, f"user{n}@example.com", "a-guess") for n in range(11)]
+
+    assert all(b"Too many failed login attempts" not in a.content for a in answers[:10])
+    assert b"Too many failed login attempts" in answers[10].content
