@@ -252,17 +252,53 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
 
 
 def membership_remove(*, actor: Actor, membership: Membership) -> None:
-    """Remove a member; anyone may leave, removing others needs the role for it."""
+    """Remove a member; anyone may leave (`membership_leave`), removing others needs the role
+    for it."""
     tenant = membership.tenant
+    if actor.user is not None and membership.user_id == actor.user.pk and not actor.staff:
+        membership_leave(actor=actor, tenant=tenant)
+        return
     with audited_action(actor=actor, action="member.remove", tenant=tenant, target=membership):
-        leaving = actor.user is not None and membership.user_id == actor.user.pk and not actor.staff
-        if not leaving:
-            permission_require(actor=actor, tenant=tenant, action="member.remove")
+        permission_require(actor=actor, tenant=tenant, action="member.remove")
         membership = _lock_membership(tenant, membership)
         _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=None)
         audit_record(
             actor=actor,
             action="member.remove",
+            tenant=tenant,
+            target=membership,
+            payload={"email": membership.user.email, "role": membership.role},
+        )
+        membership.delete()
+
+
+def membership_leave(*, actor: Actor, tenant: Tenant) -> None:
+    """The acting user leaves the organization, whatever their role. Its last owner may not
+    while others remain (someone must be able to manage it), nor when no one else is in it:
+    they delete it instead. Under the tenant's lock, with its owners locked: of the last two
+    owners leaving at once, the second is refused once the first has left."""
+    with audited_action(actor=actor, action="member.leave", tenant=tenant):
+        permission_require(actor=actor, tenant=tenant, action="tenant.view")
+        membership = Membership.objects.select_related("user").get(tenant=tenant, user=actor.user)
+        if membership.role == Role.OWNER:
+            owners = list(
+                Membership.objects.select_for_update()
+                .filter(tenant=tenant, role=Role.OWNER)
+                .values_list("pk", flat=True)
+            )
+            if owners == [membership.pk]:
+                if Membership.objects.filter(tenant=tenant).exclude(pk=membership.pk).exists():
+                    raise ActionDenied(
+                        f"You are the only owner of {tenant.name}: make someone else an owner "
+                        "first, then leave."
+                    )
+                raise ActionDenied(
+                    f"You are the only member of {tenant.name}: delete the organization "
+                    "instead, from its Settings page."
+                )
+        audit_record(
+            actor=actor,
+            action="member.leave",
             tenant=tenant,
             target=membership,
             payload={"email": membership.user.email, "role": membership.role},

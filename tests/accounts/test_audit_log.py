@@ -82,7 +82,7 @@ def test_a_refusal_after_a_write_leaves_no_trace_of_the_write(owner, tenant):
 
     assert Membership.objects.filter(pk=me.pk).exists()
     assert list(
-        AuditEvent.objects.filter(action="member.remove").values_list("result", flat=True)
+        AuditEvent.objects.filter(action="member.leave").values_list("result", flat=True)
     ) == ["denied"]
 
 

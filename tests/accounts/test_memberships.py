@@ -70,14 +70,33 @@ def test_the_only_owner_stepping_down_is_refused_at_once_not_asked_first(client,
 
 
 @pytest.mark.django_db
-def test_the_last_owner_cannot_leave_or_be_removed(client, owner, tenant):
+def test_the_last_owner_cannot_leave_while_others_remain(client, owner, tenant, add_member):
+    add_member("bob@example.com", "admin")
     client.force_login(owner)
 
     response = client.post(
         f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/remove/", follow=True
     )
 
-    assert b"needs at least one owner" in response.content
+    assert "You are the only owner of Acme: make someone else an owner first, then leave." in (
+        response.content.decode()
+    )
+    assert Membership.objects.filter(tenant=tenant, user=owner).exists()
+    denied = AuditEvent.objects.get(tenant=tenant, action="member.leave")
+    assert denied.result == AuditEvent.Result.DENIED
+
+
+@pytest.mark.django_db
+def test_the_only_member_is_pointed_to_deleting_the_organization(client, owner, tenant):
+    client.force_login(owner)
+
+    response = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/remove/", follow=True
+    )
+
+    assert "You are the only member of Acme: delete the organization instead" in (
+        response.content.decode()
+    )
     assert Membership.objects.filter(tenant=tenant, user=owner).exists()
 
 
@@ -122,6 +141,8 @@ def test_a_member_can_leave_but_not_remove_others(client, tenant, add_member, ow
     left = client.post(f"/t/{tenant.slug}/team/{_membership(tenant, bob).pk}/remove/")
     assert left.status_code == 302
     assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
+    event = AuditEvent.objects.get(tenant=tenant, action="member.leave")
+    assert (event.actor, event.payload) == (bob, {"email": "bob@example.com", "role": "member"})
     assert client.get(f"/t/{tenant.slug}/").status_code == 404
 
 
