@@ -152,12 +152,33 @@ class MembershipInline(admin.TabularInline):
         return False
 
 
+class TenantDeletedFilter(admin.SimpleListFilter):
+    title = "deleted"
+    parameter_name = "deleted"
+
+    def lookups(self, request, model_admin):
+        return [("no", "Not deleted"), ("yes", "Deleted")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(deleted_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(deleted_at=None)
+        return queryset
+
+
 @admin.register(Tenant)
 class TenantAdmin(ServiceOwnedAdmin):
-    list_display = ["name", "slug", "member_count", "created_at"]
+    """Every organization, deleted ones too (kept for their invoices and audit log), marked."""
+
+    list_display = ["name", "slug", "member_count", "created_at", "deleted"]
     search_fields = ["name", "slug", "memberships__user__email"]
-    list_filter = ["created_at"]
+    list_filter = [TenantDeletedFilter, "created_at"]
     inlines = [MembershipInline]
+
+    @admin.display(description="Deleted", ordering="deleted_at")
+    def deleted(self, obj):
+        return f"Deleted {obj.deleted_at:%Y-%m-%d %H:%M} UTC" if obj.deleted_at else ""
 
     def get_queryset(self, request):
         # Counted in the list's one query, not one query per row; distinct, as a search by a

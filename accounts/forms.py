@@ -44,6 +44,21 @@ class OrganizationForm(forms.Form):
     request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
 
 
+class OrganizationRenameForm(OrganizationForm):
+    """The new-organization form's name, with its rules (`services.tenant_rename` checks it as
+    `tenant_create` does): a rename is no new request."""
+
+    request_id = None
+
+
+class OrganizationDeleteForm(forms.Form):
+    confirm_name = forms.CharField(
+        label="Organization name",
+        max_length=200,
+        error_messages={"required": "Type the organization's name to delete it."},
+    )
+
+
 class InviteForm(forms.Form):
     email = forms.EmailField(
         label="Email address",

@@ -53,8 +53,12 @@ class User(AbstractUser):
 
 
 class TenantQuerySet(models.QuerySet):
+    def live(self) -> "TenantQuerySet":
+        """Those not deleted (`Tenant.deleted_at`)."""
+        return self.filter(deleted_at=None)
+
     def for_user(self, user) -> "TenantQuerySet":
-        return self.filter(memberships__user=user)
+        return self.live().filter(memberships__user=user)
 
 
 class Tenant(models.Model):
@@ -65,6 +69,9 @@ class Tenant(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     # The form submission that created it: a repeated submit returns this tenant.
     request_id = models.CharField(max_length=64, blank=True, db_index=True)
+    # Deleted by an owner (`services.tenant_delete`): gone from its members' pages and
+    # switcher, its row kept with its memberships, invoices and audit log, for the records.
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantQuerySet.as_manager()
 

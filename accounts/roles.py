@@ -18,6 +18,8 @@ class Role(models.TextChoices):
 # Action name -> how a refusal names it ("Your role does not allow <label>.").
 ACTIONS: dict[str, str] = {
     "tenant.view": "viewing this organization",
+    "tenant.rename": "renaming the organization",
+    "tenant.delete": "deleting the organization",
     "member.view": "viewing the team",
     "member.invite": "inviting members",
     "member.change_role": "changing roles",

@@ -19,7 +19,7 @@ def membership_get(*, user, tenant_slug: str) -> Membership | None:
         return None
     return (
         Membership.objects.select_related("tenant")
-        .filter(user=user, tenant__slug=tenant_slug)
+        .filter(user=user, tenant__slug=tenant_slug, tenant__deleted_at=None)
         .first()
     )
 
@@ -30,11 +30,16 @@ def organization_made_by_request(user, request_id: str) -> Tenant | None:
     made = request_target(scope=user_scope(user), request_id=request_id, action="tenant.create")
     if made is None:
         return None
-    return Tenant.objects.filter(pk=made[1], memberships__user=user).first()
+    return Tenant.objects.for_user(user).filter(pk=made[1]).first()
 
 
 def memberships_for_user(user) -> QuerySet[Membership]:
-    return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__name")
+    """The user's memberships of organizations not deleted, by organization name."""
+    return (
+        Membership.objects.filter(user=user, tenant__deleted_at=None)
+        .select_related("tenant")
+        .order_by("tenant__name")
+    )
 
 
 def tenant_members(tenant: Tenant) -> QuerySet[Membership]:

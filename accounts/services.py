@@ -7,6 +7,7 @@ and records the outcome in the audit log (refusals included).
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from allauth.account.models import EmailAddress
@@ -40,14 +41,17 @@ def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> str | No
     Platform staff acting through the admin pass without a membership (None). A member's
     role is read under the tenant's lock, taken here first as every change of the tenant
     takes it: of two admins removing or demoting each other at once, the second is refused
-    once the first commits, rather than acting with the role it lost meanwhile. Call it
-    inside the action's transaction, before locking any other of the tenant's rows.
+    once the first commits, rather than acting with the role it lost meanwhile. A deleted
+    tenant refuses its members everything: what was under way when it was deleted is refused
+    once the deletion commits. Call it inside the action's transaction, before locking any
+    other of the tenant's rows.
     """
     if actor.staff and actor.user is not None and actor.user.is_staff:
         return None
     if actor.user is None:
         raise ActionDenied("You are not a member of this organization.")
-    tenant_lock(tenant.pk)
+    if tenant_lock(tenant.pk):
+        raise ActionDenied(f"{tenant.name} has been deleted.")
     role = _role_of(tenant.pk, actor.user.pk)
     if role is None:
         raise ActionDenied("You are not a member of this organization.")
@@ -68,21 +72,23 @@ def _role_of(tenant_id: int, user_id: int) -> str | None:
     return row[0] if row is not None else None
 
 
-def tenant_lock(tenant_id: int) -> None:
+def tenant_lock(tenant_id: int) -> bool:
     """Lock the tenant's row for the rest of the transaction: what checks or changes the
     tenant's limits, members or subscriptions runs one at a time, and takes this lock before
     any of the tenant's other rows (an instance), as every such service does, so none waits
     for another in the opposite order. FOR NO KEY UPDATE: rows that only name the tenant (an
     audit event, an operation) are written beside it, which FOR UPDATE blocked (a deadlock
-    with a request holding an instance). In SQL: it reads nothing, and every change of a
-    tenant's instances takes it."""
+    with a request holding an instance). In SQL: it reads only whether the tenant is deleted
+    (what it returns), and every change of a tenant's instances takes it."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPDATE",  # noqa: S608 - our table
+            f"SELECT deleted_at IS NOT NULL FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPDATE",  # noqa: S608, E501 - our table
             [tenant_id],
         )
-        if cursor.fetchone() is None:
+        row = cursor.fetchone()
+        if row is None:
             raise Tenant.DoesNotExist(f"No organization {tenant_id}.")
+    return row[0]
 
 
 def _unique_slug(name: str) -> str:
@@ -174,25 +180,113 @@ def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:
 
 def _made_before(user: User, tenant_id: str) -> Tenant:
     """The organization a repeated new-organization form made, while the user is still in it;
-    sent again after they left it, the form is refused, saying so (it would lead nowhere)."""
+    sent again after they left it or deleted it, the form is refused, saying so (it would lead
+    nowhere)."""
     tenant = Tenant.objects.get(pk=tenant_id)
-    if not tenant.memberships.filter(user=user).exists():
+    gone = "deleted" if tenant.deleted_at else "left"
+    if tenant.deleted_at or not tenant.memberships.filter(user=user).exists():
         raise ValidationError(
-            f"This form was sent before and made “{tenant.name}”, which you have left since. "
+            f"This form was sent before and made “{tenant.name}”, which you have {gone} since. "
             "Send it again to make another organization."
         )
     return tenant
 
 
-def _name_free_for(user: User, name: str) -> None:
+def _name_free_for(user: User, name: str, *, besides: Tenant | None = None) -> None:
     """Refuse a second organization of the same name (whatever its case) to one user: their
-    switcher would list two alike. Under the user's row lock, so that two tabs sending the
-    form at once make one."""
+    switcher would list two alike (`besides`: the one being renamed). Under the user's row
+    lock, so that two tabs sending the form at once make one."""
     User.objects.select_for_update().only("pk").get(pk=user.pk)
-    if Tenant.objects.filter(memberships__user=user, name__iexact=name).exists():
+    others = Tenant.objects.for_user(user).filter(name__iexact=name)
+    if besides is not None:
+        others = others.exclude(pk=besides.pk)
+    if others.exists():
         raise ValidationError(
             {"name": f"You already belong to an organization called “{name}”: choose another name."}
         )
+
+
+def tenant_rename(*, actor: Actor, tenant: Tenant, name: str) -> Tenant:
+    """Give the organization another name, checked as a new organization's is; the same name
+    again changes nothing and records nothing."""
+    name = organization_name_clean(name)
+    with audited_action(actor=actor, action="tenant.rename", tenant=tenant, target=tenant):
+        permission_require(actor=actor, tenant=tenant, action="tenant.rename")
+        tenant = Tenant.objects.get(pk=tenant.pk)  # as the lock found it
+        before = tenant.name
+        if name == before:
+            return tenant
+        if actor.user is not None:
+            _name_free_for(actor.user, name, besides=tenant)
+        tenant.name = name
+        tenant.save(update_fields=["name"])
+        audit_record(
+            actor=actor,
+            action="tenant.rename",
+            tenant=tenant,
+            target=tenant,
+            payload={"name": name, "from": before},
+        )
+    return tenant
+
+
+# What stands in the way of deleting an organization: functions of the tenant, each giving
+# sentences (none when nothing does). Billing and deployments register theirs (accounts imports
+# neither); each is asked under the tenant's lock, which every create of an instance or a
+# subscription takes too.
+_DELETE_BLOCKERS: list[Callable[[Tenant], list[str]]] = []
+
+
+def tenant_delete_blocker_register(
+    blocker: Callable[[Tenant], list[str]], *, first: bool = False
+) -> None:
+    """Name a function that says what keeps a tenant from being deleted (none: nothing);
+    `first`: said before the others, as it must be cleared first (deployments before the
+    subscriptions they run on, which cannot be cancelled while they do)."""
+    if blocker not in _DELETE_BLOCKERS:
+        _DELETE_BLOCKERS.insert(0 if first else len(_DELETE_BLOCKERS), blocker)
+
+
+def tenant_delete_blockers(tenant: Tenant) -> list[str]:
+    """What keeps `tenant` from being deleted now, as sentences; none when it may be."""
+    return [said for blocker in _DELETE_BLOCKERS for said in blocker(tenant)]
+
+
+def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
+    """Delete the organization, once `confirm_name` is its name as typed: it is marked deleted
+    (gone from its members' switchers and pages, its invitations withdrawn) and kept, with its
+    memberships, invoices and audit log, for the records. Refused, saying what stands in the
+    way, while anything registered with `tenant_delete_blocker_register` does (deployments
+    not deleted, operations under way, a subscription or an unpaid invoice). Two deletes at
+    once: the second finds it deleted and is refused."""
+    with audited_action(actor=actor, action="tenant.delete", tenant=tenant, target=tenant):
+        permission_require(actor=actor, tenant=tenant, action="tenant.delete")
+        tenant = Tenant.objects.get(pk=tenant.pk)
+        typed = " ".join(unicodedata.normalize("NFKC", str(confirm_name)).split())
+        if typed != tenant.name:  # compared as names are stored (`organization_name_clean`)
+            raise ValidationError(
+                {"confirm_name": f"Type the organization's name, {tenant.name}, to delete it."}
+            )
+        blockers = tenant_delete_blockers(tenant)
+        if blockers:
+            raise ActionDenied(f"{tenant.name} cannot be deleted yet. " + " ".join(blockers))
+        now = timezone.now()
+        tenant.deleted_at = now
+        tenant.save(update_fields=["deleted_at"])
+        withdrawn = Invitation.objects.filter(tenant=tenant, accepted_at=None, revoked_at=None)
+        audit_record(
+            actor=actor,
+            action="tenant.delete",
+            tenant=tenant,
+            target=tenant,
+            payload={
+                "name": tenant.name,
+                "slug": tenant.slug,
+                "members": tenant.memberships.count(),
+                "invitations_withdrawn": withdrawn.update(revoked_at=now),
+            },
+        )
+    return tenant
 
 
 def _guard_owner_change(
@@ -564,9 +658,11 @@ def invitation_joined(token: str, user) -> Tenant | None:
         pk = signing.loads(token, salt=_INVITATION_SALT)
     except signing.BadSignature:
         return None
-    return Tenant.objects.filter(
-        invitations__pk=pk, invitations__accepted_by=user, memberships__user=user
-    ).first()
+    return (
+        Tenant.objects.for_user(user)
+        .filter(invitations__pk=pk, invitations__accepted_by=user)
+        .first()
+    )
 
 
 def _invitation_replaced(invitation: Invitation) -> bool:

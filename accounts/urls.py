@@ -13,6 +13,10 @@ tenant_urlpatterns = [
         views.invitation_revoke,
         name="invitation_revoke",
     ),
+    path("settings/", views.organization_settings, name="organization_settings"),
+    path("settings/rename/", views.organization_rename, name="organization_rename"),
+    path("settings/delete/", views.organization_delete, name="organization_delete"),
+    path("settings/leave/", views.organization_leave, name="organization_leave"),
     path("audit/", views.audit_log, name="audit_log"),
     path("audit/export.csv", views.audit_export, name="audit_export"),
 ]

@@ -15,11 +15,18 @@ from accounts import roles, selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.exports import csv_download
-from accounts.forms import AuditFilterForm, InviteForm, OrganizationForm, RoleForm
+from accounts.forms import (
+    AuditFilterForm,
+    InviteForm,
+    OrganizationDeleteForm,
+    OrganizationForm,
+    OrganizationRenameForm,
+    RoleForm,
+)
 from accounts.htmx import partial_template
-from accounts.models import Membership
+from accounts.models import Membership, Tenant
 from accounts.roles import Role
-from accounts.tenancy import tenant_view
+from accounts.tenancy import SESSION_KEY, tenant_view
 
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -106,9 +113,14 @@ def _team_response(request, **extra):
 
 def _sent_home(request):
     """To the home page, which htmx follows as a whole page rather than a swapped panel."""
+    return _sent_to(request, reverse("home"))
+
+
+def _sent_to(request, url: str):
+    """To `url`, which htmx follows as a whole page rather than a swapped panel."""
     if request.htmx:
-        return HttpResponse(status=204, headers={"HX-Redirect": reverse("home")})
-    return redirect("home")
+        return HttpResponse(status=204, headers={"HX-Redirect": url})
+    return redirect(url)
 
 
 # What the team page says when a form sent before comes again and its invitation is no longer
@@ -231,6 +243,90 @@ def invitation_revoke(request, invitation_id: int):
     else:
         messages.success(request, f"Invitation to {invitation.email} withdrawn.")
     return _team_response(request)
+
+
+def _settings_page(request, status: int = 200, **forms):
+    """The organization's settings: its name (a form for who may rename it), leaving it, and
+    deleting it for who may, with what stands in the way said before anything is typed."""
+    tenant = request.tenant
+    context = {
+        "rename_form": OrganizationRenameForm(initial={"name": tenant.name}),
+        "delete_form": OrganizationDeleteForm(),
+        **forms,
+    }
+    if roles.can(request.membership.role, "tenant.delete"):
+        context["delete_blockers"] = services.tenant_delete_blockers(tenant)
+    return render(request, "accounts/settings.html", context, status=status)
+
+
+@tenant_view()
+@require_safe
+def organization_settings(request):
+    return _settings_page(request)
+
+
+@tenant_view("tenant.rename")
+@require_POST
+def organization_rename(request):
+    form = OrganizationRenameForm(request.POST)
+    if form.is_valid():
+        before = request.tenant.name
+        try:
+            tenant = services.tenant_rename(
+                actor=Actor.from_request(request),
+                tenant=request.tenant,
+                name=form.cleaned_data["name"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        except ActionDenied as exc:
+            messages.error(request, exc.reason)
+            return redirect("organization_settings", tenant_slug=request.tenant.slug)
+        else:
+            if tenant.name != before:
+                messages.success(request, f"{before} is now called {tenant.name}.")
+            return redirect("organization_settings", tenant_slug=tenant.slug)
+    return _settings_page(request, status=400, rename_form=form)
+
+
+@tenant_view("tenant.delete")
+@require_POST
+def organization_delete(request):
+    form = OrganizationDeleteForm(request.POST)
+    tenant = request.tenant
+    if form.is_valid():
+        try:
+            services.tenant_delete(
+                actor=Actor.from_request(request),
+                tenant=tenant,
+                confirm_name=form.cleaned_data["confirm_name"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        except ActionDenied as exc:
+            if Tenant.objects.filter(pk=tenant.pk, deleted_at__isnull=False).exists():
+                # Deleted by another request meanwhile (a second click, another owner).
+                messages.info(request, f"{tenant.name} has been deleted.")
+                return _sent_home(request)
+            form.add_error(None, exc.reason)
+        else:
+            request.session.pop(SESSION_KEY, None)
+            messages.success(request, f"Organization {tenant.name} deleted.")
+            return _sent_home(request)
+    return _settings_page(request, status=400, delete_form=form)
+
+
+@tenant_view()
+@require_POST
+def organization_leave(request):
+    try:
+        services.membership_leave(actor=Actor.from_request(request), tenant=request.tenant)
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+        return _sent_to(request, reverse("organization_settings", args=[request.tenant.slug]))
+    request.session.pop(SESSION_KEY, None)
+    messages.success(request, f"You left {request.tenant.name}.")
+    return _sent_home(request)
 
 
 def _joined(request, token: str):

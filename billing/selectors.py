@@ -94,6 +94,27 @@ def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
     )
 
 
+def tenant_delete_blockers(tenant: Tenant) -> list[str]:
+    """What in billing keeps `tenant` from being deleted, as sentences: each subscription not
+    cancelled (Stripe would go on billing it, or it would wait in the platform team's queue),
+    and each finalized invoice still unpaid (registered with accounts' `tenant_delete`)."""
+    said = [
+        f"Its subscription to {subscription.plan.name} is {subscription.status_text().lower()}: "
+        "cancel it on the Billing page first."
+        for subscription in Subscription.objects.filter(tenant=tenant)
+        .exclude(status=Subscription.Status.CANCELLED)
+        .select_related("plan")
+        .order_by("plan__name")
+    ]
+    unpaid = Invoice.objects.filter(tenant=tenant, status=Invoice.Status.OPEN).order_by("number")
+    said += [
+        f"Invoice {invoice.number or invoice.period} ({invoice.total} "
+        f"{invoice.currency.upper()}) is unpaid: pay it first."
+        for invoice in unpaid.only("number", "period", "total", "currency")
+    ]
+    return said
+
+
 # --- the billing team's pages ---------------------------------------------------------------
 
 _TEAM_ROW = [*_INVOICE_ROW, "created_at", "tenant__name", "tenant__slug"]

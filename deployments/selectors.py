@@ -362,6 +362,28 @@ def operations_pending_in(tenant: Tenant) -> bool:
     return Operation.objects.filter(instance__tenant=tenant, state__in=_PENDING).exists()
 
 
+NAMED_AT_MOST = 5
+
+
+def tenant_delete_blockers(tenant: Tenant) -> list[str]:
+    """What in deployments keeps `tenant` from being deleted, as sentences: its instances not
+    deleted (named, the first few) and its operations queued or running (registered with
+    accounts' `tenant_delete`)."""
+    said = []
+    live = Instance.objects.for_tenant(tenant).active()
+    count = live.count()
+    if count:
+        names = list(live.order_by("name").values_list("name", flat=True)[:NAMED_AT_MOST])
+        more = f" and {count - len(names)} more" if count > len(names) else ""
+        noun, them = ("deployment is", "it") if count == 1 else ("deployments are", "them")
+        said.append(f"{count} {noun} not deleted ({', '.join(names)}{more}): delete {them} first.")
+    pending = Operation.objects.filter(instance__tenant=tenant, state__in=_PENDING).count()
+    if pending:
+        noun, them = ("operation is", "it") if pending == 1 else ("operations are", "them")
+        said.append(f"{pending} {noun} queued or running: wait for {them} to finish.")
+    return said
+
+
 # --- catalog ----------------------------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ from django.urls import reverse
 from accounts import roles
 from accounts import services as account_services
 from accounts.audit import Actor
-from accounts.models import AuditEvent, Invitation, Membership
+from accounts.models import AuditEvent, Invitation, Membership, Tenant
 from accounts.roles import Role
 from deployments import services
 from deployments.models import BackupSchedule, Instance, Operation
@@ -143,6 +143,18 @@ class Way:
 
 WAYS: dict[str, Way | None] = {
     "tenant.view": Way(lambda w: w.url("dashboard"), method="get"),
+    "tenant.rename": Way(
+        lambda w: w.url("organization_rename"),
+        data=lambda w: {"name": "Renamed"},
+        effect=lambda w: Tenant.objects.get(pk=w.tenant.pk).name,
+        audited="tenant.rename",
+    ),
+    "tenant.delete": Way(
+        lambda w: w.url("organization_delete"),
+        data=lambda w: {"confirm_name": w.tenant.name},
+        effect=lambda w: Tenant.objects.get(pk=w.tenant.pk).deleted_at,
+        audited="tenant.delete",
+    ),
     "member.view": Way(lambda w: w.url("team"), method="get"),
     "member.invite": Way(
         lambda w: w.url("team_invite"),
