@@ -115,6 +115,19 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
     return said
 
 
+def plans_to_subscribe(tenant: Tenant, plans: list[Plan]) -> set[str]:
+    """The keys of the `plans` the tenant may subscribe to on the Billing page: it holds no open
+    subscription to them, and staff hold none of them (`held_by_staff`). Two queries, however
+    many plans."""
+    open_ = set(
+        Subscription.objects.filter(tenant=tenant, plan__in=plans)
+        .exclude(status=Subscription.Status.CANCELLED)
+        .values_list("plan_id", flat=True)
+    )
+    held = entitlements.held_by_staff(tenant) if len(open_) < len(plans) else set()
+    return {plan.key for plan in plans if plan.pk not in open_ and plan.pk not in held}
+
+
 # --- the billing team's pages ---------------------------------------------------------------
 
 _TEAM_ROW = [*_INVOICE_ROW, "created_at", "tenant__name", "tenant__slug"]

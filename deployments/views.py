@@ -25,6 +25,7 @@ from accounts.htmx import current_address, partial_template, shown_digest, uncha
 from accounts.models import Tenant
 from accounts.tenancy import action_require, tenant_view
 from billing import pricing
+from billing import selectors as billing_selectors
 from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
@@ -99,18 +100,24 @@ def instance_catalog(request):
     # only those who may create get the "Create instance" links.
     services = selectors.catalog(request.tenant)
     can_create = roles.can(request.membership.role, "instance.create")
+    plans = [entry.plan for service in services for entry in service.plans]
+    # What keeps the tenant from creating on a plan (no subscription, a limit reached): said on
+    # its card, before anyone fills in its form, in place of a Create that could only fail.
+    refusals = (
+        {plan.key: create_refusal(request.tenant, plan) for plan in plans} if can_create else {}
+    )
     context = {
         "services": services,
         "can_create": can_create,
-        # What keeps the tenant from creating on a plan (no subscription, a limit reached): said
-        # on its card, before anyone fills in its form.
-        "refusals": {
-            entry.plan.key: create_refusal(request.tenant, entry.plan)
-            for service in services
-            for entry in service.plans
-        }
-        if can_create
-        else {},
+        "refusals": refusals,
+        # The refused plans a subscription opens (by key, to look up): their card links the
+        # Billing page's Subscribe.
+        "to_subscribe": dict.fromkeys(
+            billing_selectors.plans_to_subscribe(request.tenant, plans)
+            if any(refusals.values())
+            else (),
+            True,
+        ),
     }
     return render(request, "deployments/catalog.html", context)
 
@@ -196,6 +203,9 @@ def instance_create(request, plan_key: str):
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
     form = _create_form_class(request, spec)(request.POST if request.method == "POST" else None)
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
+    # What refuses any values (no subscription, a limit reached): said above the form, whose
+    # submit it disables; the service refuses a submit sent anyway (a tab left open).
+    refusal = create_refusal(request.tenant, version.plan)
     sent_with = request_id  # what the form went out with; a refused one goes out with a new one
     if request.method == "POST" and form.is_valid():
         try:
@@ -213,7 +223,8 @@ def instance_create(request, plan_key: str):
             # Nothing was made: the corrected form goes out as a new request.
             request_id = uuid.uuid4().hex
         except ActionDenied as exc:
-            messages.error(request, exc.reason)
+            if exc.reason != refusal:  # said above the form already
+                messages.error(request, exc.reason)
             request_id = uuid.uuid4().hex
         else:
             messages.success(request, f"Creating {operation.instance.name}.")
@@ -230,8 +241,10 @@ def instance_create(request, plan_key: str):
         "version": version,
         "spec": spec,
         **_form_made(request, sent_with, request_id, "instance.create"),
-        # Said before the form is filled in (a refused submit says it as a message).
-        "refusal": None if form.is_bound else create_refusal(request.tenant, version.plan),
+        "refusal": refusal,
+        "subscribe": bool(
+            refusal and billing_selectors.plans_to_subscribe(request.tenant, [version.plan])
+        ),
         **_estimate_context(version, spec, form, request.tenant),
     }
     return render(request, "deployments/instance_create.html", context)

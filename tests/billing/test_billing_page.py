@@ -239,7 +239,9 @@ def test_creating_without_a_subscription_points_to_the_billing_page(owner_client
         {"name": "orders", "request_id": uuid.uuid4().hex},
     )
 
-    assert "Subscribe to the PostgreSQL plan on the Billing page" in page.content.decode()
+    html = page.content.decode()
+    assert "Acme is not subscribed to the PostgreSQL plan" in html
+    assert f'<a href="/t/{tenant.slug}/billing/#plan-{plan.key}">Subscribe' in html
 
 
 def _plans_in_use(tenant, version, keys):

@@ -2,6 +2,7 @@
 subscription, or past its plan's limits, is refused with a reason — audited, and said next to
 the form."""
 
+import re
 import threading
 import uuid
 from datetime import timedelta
@@ -133,17 +134,25 @@ def test_a_pending_subscription_cannot_create_yet(local, tenant, owner):
         _create(owner, tenant, plan)
 
 
-def test_the_refusal_is_shown_next_to_the_create_form(local, hobby, tenant, owner, owner_client):
+def test_a_create_form_sent_anyway_is_refused_and_says_why_above_its_disabled_submit(
+    local, hobby, tenant, owner, owner_client
+):
     url = f"/t/{tenant.slug}/deployments/new/{hobby.key}/?request={uuid.uuid4().hex}"
 
     page = owner_client.post(url, {"name": "orders", "request_id": uuid.uuid4().hex})
 
+    html = page.content.decode()
     assert page.status_code == 200
-    assert "Subscribe to the Hobby plan on the Billing page" in page.content.decode()
+    assert "Acme is not subscribed to the Hobby plan" in html
+    assert html.count("is not subscribed to the Hobby plan") == 1  # said once, not as a message too
+    assert '<button type="submit" disabled aria-describedby="create-refused">' in html
     assert not Instance.objects.exists()
+    assert _denied(tenant, "instance.create").exists()  # the service refused it, as ever
 
 
-def test_the_create_form_says_why_before_it_is_filled_in(local, hobby, tenant, owner, owner_client):
+def test_the_create_form_says_why_before_it_is_filled_in_and_offers_no_submit_that_would_fail(
+    local, hobby, tenant, owner, owner_client
+):
     url = f"/t/{tenant.slug}/deployments/new/{hobby.key}/?request={uuid.uuid4().hex}"
 
     unsubscribed = owner_client.get(url).content.decode()
@@ -151,29 +160,60 @@ def test_the_create_form_says_why_before_it_is_filled_in(local, hobby, tenant, o
     subscribed = owner_client.get(url).content.decode()
 
     assert (
-        'id="create-refused" role="status">Subscribe to the Hobby plan on the Billing page to '
-        f'create instances on it. <a href="/t/{tenant.slug}/billing/">Open Billing</a>'
+        'id="create-refused" role="status">Acme is not subscribed to the Hobby plan: instances on '
+        f'it can be created once it is. <a href="/t/{tenant.slug}/billing/#plan-{hobby.key}">'
+        'Subscribe<span class="visually-hidden"> to Hobby</span> on the Billing page</a>'
     ) in unsubscribed
+    assert '<button type="submit" disabled aria-describedby="create-refused">' in unsubscribed
     assert 'id="create-refused"' not in subscribed and 'name="name"' in subscribed
+    assert '<button type="submit">Create instance</button>' in subscribed
 
 
-def test_the_catalog_says_on_its_card_what_keeps_a_plan_from_taking_instances(
+def _card(page: str, plan) -> str:
+    start = page.index(f'id="plan-{plan.key}"')
+    return page[start : page.index("</article>", start)]
+
+
+def test_the_catalog_offers_to_subscribe_to_a_plan_not_subscribed_in_place_of_create(
     local, hobby, tenant, owner, owner_client
 ):
     url = f"/t/{tenant.slug}/deployments/new/"
+    create = f"/t/{tenant.slug}/deployments/new/{hobby.key}/"
 
-    unsubscribed = owner_client.get(url).content.decode()
+    unsubscribed = _card(owner_client.get(url).content.decode(), hobby)
     billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=hobby)
-    subscribed = owner_client.get(url).content.decode()
+    subscribed = _card(owner_client.get(url).content.decode(), hobby)
 
-    card = unsubscribed[unsubscribed.index(f'id="plan-{hobby.key}"') :]
     assert (
-        f'<p class="muted" id="refusal-{hobby.key}">Subscribe to the Hobby plan on the Billing '
-        f'page to create instances on it. <a href="/t/{tenant.slug}/billing/">Open Billing</a>'
-    ) in card
-    assert f'aria-describedby="refusal-{hobby.key}"' in card  # its Create link says why
+        f'<p class="muted" id="refusal-{hobby.key}">Acme is not subscribed to the Hobby plan: '
+        "instances on it can be created once it is.</p>"
+    ) in unsubscribed
+    assert (
+        f'<a role="button" href="/t/{tenant.slug}/billing/#plan-{hobby.key}" '
+        f'aria-describedby="refusal-{hobby.key}">Subscribe<span class="visually-hidden"> to '
+        "Hobby</span> on the Billing page</a>"
+    ) in unsubscribed
+    assert create not in unsubscribed and "Create instance" not in unsubscribed
+    assert f'<a role="button" href="{create}">Create instance' in subscribed
     assert f'id="refusal-{hobby.key}"' not in subscribed
     assert not _denied(tenant, "instance.create").exists()  # a look is not a refused request
+
+
+def test_a_member_who_cannot_subscribe_sees_create_disabled_and_whom_to_ask(
+    local, hobby, tenant, add_member, client
+):
+    client.force_login(add_member("dev@example.com", "member"))
+
+    card = _card(client.get(f"/t/{tenant.slug}/deployments/new/").content.decode(), hobby)
+
+    assert (
+        f'<p class="muted" id="refusal-{hobby.key}">Acme is not subscribed to the Hobby plan: ask '
+        "someone who manages billing for Acme to subscribe to it.</p>"
+    ) in card
+    assert (
+        f'<button type="button" disabled aria-describedby="refusal-{hobby.key}">Create instance'
+    ) in card
+    assert "/billing/" not in card and f"/deployments/new/{hobby.key}/" not in card
 
 
 def test_the_instance_limit_counts_instances_not_deleted(local, hobby, subscribed, tenant, owner):
@@ -204,6 +244,7 @@ def test_a_refusal_only_the_platform_team_can_lift_offers_no_billing_link(
         html = owner_client.get(page).content.decode()
         assert "delete one or ask the platform team for more." in html, page
         assert "Open Billing" not in html, page
+        assert re.search(r'<button type="(button|submit)" disabled aria-describedby', html), page
 
 
 def test_a_total_across_the_tenant_is_a_limit(local, hobby, subscribed, tenant, owner):
