@@ -1,4 +1,5 @@
 import json
+import re
 import secrets
 import string
 import uuid
@@ -21,6 +22,9 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 def new_instance_id() -> str:
     """`inst-` and 8 lowercase alphanumerics: a valid DNS label, and the namespace's name."""
     return "inst-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+INSTANCE_ID = re.compile(r"inst-[a-z0-9]{8}")  # what `new_instance_id` makes (fullmatch)
 
 
 class CellQuerySet(models.QuerySet):

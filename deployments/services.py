@@ -34,6 +34,7 @@ from deployments import lifecycle, rows, schedules, selectors
 from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import (
+    INSTANCE_ID,
     BackupSchedule,
     Cell,
     Instance,
@@ -437,6 +438,10 @@ def _given_mapping(values: Any) -> dict:
 
 NAME_ONCE = "instance_name_once"  # Instance's constraint: one live instance per name
 NAME_TAKEN = "Another instance of your organization is called “{}”: choose another name."
+NAME_LIKE_ID = (
+    "Names of the form inst- and 8 letters or digits are kept for instance ids: choose another "
+    "name."
+)
 
 
 def _constraint(exc: IntegrityError) -> str | None:
@@ -471,6 +476,8 @@ def _instance_name(name: Any) -> str:
         raise ValidationError({"name": f"Use at most {NAME_MAX} characters."})
     if not name.isprintable():
         raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
+    if INSTANCE_ID.fullmatch(name.lower()):  # lists and search find instances by id, any case
+        raise ValidationError({"name": NAME_LIKE_ID})
     return name
 
 

@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import re
 import socket
 import threading
 import time
@@ -42,15 +41,20 @@ from django.db import DatabaseError, close_old_connections, connection
 from deployments import rows, selectors, status
 from deployments.cells import configuration, driver_for
 from deployments.kube import KubeDriver, WatchExpired
-from deployments.models import Cell, CellWatchLease, Instance, Operation, PlanVersion
+from deployments.models import (
+    INSTANCE_ID,
+    Cell,
+    CellWatchLease,
+    Instance,
+    Operation,
+    PlanVersion,
+)
 from deployments.transitions import operation_dispatch
 from deployments.workflow import engine
 from deployments.workflow.driver import DriverError
 
 log = logging.getLogger(__name__)
 
-# Every instance is a namespace named after its id (`models.new_instance_id`).
-INSTANCE_NAMESPACE = re.compile(r"inst-[a-z0-9]{8}")
 LEASE_TTL = timedelta(seconds=15)
 RENEW_EVERY = 3.0  # seconds; a lease lives through several missed renewals
 # Seconds before a failed list or watch is tried again, doubling at each failure in a row up
@@ -280,7 +284,7 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
     it is the instance's status object, store what the portal shows of it."""
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace") or ""
-    if not INSTANCE_NAMESPACE.fullmatch(namespace):
+    if not INSTANCE_ID.fullmatch(namespace):  # every instance is a namespace named after its id
         return  # not an instance's namespace (the cluster's own, or another tenant of it)
     rules = kind.status_rules  # read once: the watcher's round may replace it meanwhile
     if rules and meta.get("name") == namespace:

@@ -5,6 +5,7 @@ from decimal import Decimal
 from html import unescape
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.urls import NoReverseMatch, reverse
 
 from accounts import services as account_services
@@ -426,6 +427,54 @@ def test_a_name_another_instance_has_is_refused_beside_the_name_field(
         "choose another name." in text(response)
     )
     assert Instance.objects.count() == 1 and Operation.objects.count() == 1
+
+
+LIKE_ID = (
+    "Names of the form inst- and 8 letters or digits are kept for instance ids: choose another "
+    "name."
+)
+
+
+@pytest.mark.parametrize("name", ["inst-abcd1234", "INST-ABCD1234", " inst\u2010abcd1234 "])
+def test_a_name_shaped_like_an_instance_id_is_refused_beside_the_name_field(
+    owner_client, tenant, plan, cell, name
+):
+    response = owner_client.post(form_url(tenant), {**VALID, "name": name, "request_id": "r-1"})
+
+    page = text(response)
+    assert f'<small class="field-error" id="id_name_error">{LIKE_ID}</small>' in page
+    assert f'<a href="#id_name">Instance name: {LIKE_ID}</a>' in page  # and in the summary
+    assert not Instance.objects.exists()
+
+
+def test_a_name_shaped_like_an_id_is_flagged_with_the_values_the_form_refuses(
+    owner_client, tenant, plan, cell
+):
+    response = owner_client.post(
+        form_url(tenant), {**VALID, "name": "inst-abcd1234", "p-instances": "99"}
+    )
+
+    page = text(response)
+    assert f'id="id_name_error">{LIKE_ID}' in page
+    assert 'id="id_p-instances_error">' in page
+    assert not Instance.objects.exists()
+
+
+def test_the_service_refuses_a_name_shaped_like_an_id_and_takes_names_that_only_start_so(
+    tenant, owner, plan, cell
+):
+    def create(name):
+        return services.instance_create(
+            actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
+            parameters={}, request_id=name,
+        )  # fmt: skip
+
+    with pytest.raises(ValidationError) as refused:
+        create("inst-0a1b2c3d")
+    made = [create(name).instance.name for name in ("inst-0a1b2c3d-copy", "inst-abc", "inst 12")]
+
+    assert refused.value.message_dict == {"name": [LIKE_ID]}
+    assert made == ["inst-0a1b2c3d-copy", "inst-abc", "inst 12"]
 
 
 def test_a_name_taken_is_flagged_in_the_same_answer_as_the_values_the_form_refuses(

@@ -1096,6 +1096,20 @@ def test_a_restore_proposes_a_name_no_instance_has_and_refuses_a_taken_one(owner
     assert Instance.objects.count() == 3
 
 
+def test_a_restore_refuses_a_name_shaped_like_an_instance_id_beside_its_field(
+    owner_client, instance
+):
+    snapshot = instance.snapshots.get()
+
+    response = owner_client.post(_restore_url(instance, snapshot), {"name": "Inst-Abcd1234"})
+
+    assert (
+        '<small class="field-error" id="id_name_error">Names of the form inst- and 8 letters or '
+        "digits are kept for instance ids: choose another name.</small>"
+    ) in response.content.decode()
+    assert Instance.objects.count() == 1
+
+
 def test_the_restore_forms_queries_do_not_grow_with_the_names_taken(owner_client, instance):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
