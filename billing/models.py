@@ -73,7 +73,8 @@ DIMENSION_LABELS = {
     "base": "Base fee",
 }
 # Priced by a plan but not metered (so never charged) until a spec can say where a snapshot's
-# size comes from: a price of one is shown as not charged yet.
+# size comes from: a price of one is shown as not charged, and Stripe's invoices list its
+# metered price at 0.
 UNMETERED_DIMENSIONS = frozenset({"backupStorage"})
 
 
@@ -258,6 +259,12 @@ class InvoiceLine(models.Model):
     @property
     def label(self) -> str:
         return DIMENSION_LABELS.get(self.dimension, self.dimension)
+
+    @property
+    def unmetered(self) -> bool:
+        """A line at 0 of a dimension nothing measures (`UNMETERED_DIMENSIONS`): Stripe lists
+        every price of a subscription on its invoices, those too."""
+        return self.dimension in UNMETERED_DIMENSIONS and not self.amount
 
 
 class InvoiceCounter(models.Model):

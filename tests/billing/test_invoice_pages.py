@@ -65,6 +65,27 @@ def test_the_invoice_page_shows_its_lines_and_total_ready_to_print(owner_client,
     assert "data-print" in page
 
 
+def test_an_invoice_says_its_backup_storage_line_at_0_is_not_measured_so_not_charged(
+    owner_client, tenant, plan
+):
+    """Stripe lists every price of a subscription on its invoices, backup storage's too."""
+    invoice = _invoice(tenant, plan, status="draft", source=Invoice.Source.STRIPE)
+    InvoiceLine.objects.create(
+        invoice=invoice, dimension="backupStorage", unit="GiB", quantity=Decimal(0),
+        unit_price=Decimal("0.0000273973"), amount=Decimal(0),
+    )  # fmt: skip
+    Invoice.objects.filter(pk=invoice.pk).update(status="open", number="2026-000001")
+
+    page = re.sub(
+        r"\s+", " ", owner_client.get(f"{_billing(tenant)}invoices/{invoice.pk}/").content.decode()
+    )
+
+    assert (
+        '<td>Backup storage <small class="muted">(not measured, so not charged)</small></td>'
+    ) in page
+    assert "<td>CPU</td>" in page  # a measured line says nothing of the kind
+
+
 def test_the_billing_page_shows_each_plans_unit_prices_as_the_tenant_pays_them(
     owner_client, tenant, plan
 ):
@@ -92,11 +113,12 @@ def test_the_billing_page_shows_each_plans_unit_prices_as_the_tenant_pays_them(
     prices = page.split('id="prices-pg"', 1)[1].split("</ul>", 1)[0]
     assert "CPU: 0.02 USD per core per hour" in prices
     assert "Storage: 0.1 USD per GiB per month</li>" in prices
-    # Backups are not metered yet: their price is shown as not charged.
+    # Nothing measures backups, so their price is never charged (not "yet": no date is known),
+    # and an invoice that lists it (Stripe's list every price) shows 0.
     assert (
-        'Backup storage: 0.02 USD per GiB per month <span class="muted">(not charged yet)</span>'
-        in prices
-    )
+        'Backup storage: 0.02 USD per GiB per month <span class="muted">(not charged: this use '
+        "is not measured; an invoice that lists it shows 0)</span>"
+    ) in prices
     assert "Prices change" not in page  # none is coming
 
 
