@@ -24,6 +24,16 @@ from accounts import selectors
 
 
 class AccountSignupForm(SignupForm):
+    def clean(self) -> dict:
+        """As allauth's; two passwords that differ are said with the first one's other errors
+        (allauth compares them only once the first one is accepted), so one submit says all
+        there is to change."""
+        cleaned = super().clean()
+        typed, again = self.data.get("password1"), self.data.get("password2")
+        if typed and again and typed != again and "password2" not in self.errors:
+            self.add_error("password2", "You must type the same password each time.")
+        return cleaned
+
     def validate_unique_email(self, value: str) -> str:
         if selectors.email_address_unclaimed(value):
             self.account_already_exists = False

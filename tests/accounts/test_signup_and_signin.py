@@ -65,6 +65,53 @@ def test_an_organization_name_with_an_invisible_character_is_said_next_to_the_fi
     assert not Tenant.objects.exists()
 
 
+SHORT = "This password is too short. It must contain at least 8 characters."
+DIFFERENT = "You must type the same password each time."
+
+
+def _field(page: str, name: str) -> str:
+    start = page.index(f'<div class="field" id="field-{name}">')
+    return page[start : page.index("</div>", start)]
+
+
+@pytest.mark.django_db
+def test_each_sign_up_error_is_said_beside_its_field_and_in_a_summary_linking_to_it(client):
+    response = _signup(client, email="not-an-address", password1="Zq8#vK", password2="Zq8#vL")
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    summary = page[page.index('<div class="error-summary"') : page.index("<form")]
+    assert '<a href="#id_email">Email: Enter a valid email address.</a>' in summary
+    assert f'<a href="#id_password1">Password: {SHORT}</a>' in summary
+    assert f'<a href="#id_password2">Password (again): {DIFFERENT}</a>' in summary
+    password = _field(page, "password1")  # label, then its error, then the input it describes
+    label, error = password.index('<label for="id_password1">'), password.index(SHORT)
+    assert label < error < password.index('<input type="password" name="password1"')
+    assert f'<small class="field-error" id="id_password1_error">{SHORT}</small>' in password
+    assert 'aria-describedby="id_password1_helptext id_password1_error"' in password
+    assert 'aria-invalid="true"' in _field(page, "email")
+    assert "Zq8#v" not in page  # a password typed is never sent back
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_passwords_that_differ_are_said_with_the_first_ones_other_errors(client):
+    response = _signup(client, password1="Zq8#vK", password2="Zq8#vL")
+
+    page = response.content.decode()
+    assert f'id="id_password1_error">{SHORT}</small>' in page
+    assert f'id="id_password2_error">{DIFFERENT}</small>' in page
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_password_typed_the_same_twice_says_nothing_of_the_second(client):
+    page = _signup(client, password1="Zq8#vK", password2="Zq8#vK").content.decode()
+
+    assert f'id="id_password1_error">{SHORT}</small>' in page
+    assert 'id="id_password2_error"' not in page and DIFFERENT not in page
+
+
 # One character NFKC writes as 18: six of them pass a 100-character field and make a name of 108.
 LONG_ONCE_WRITTEN_OUT = "\ufdfa" * 6
 
