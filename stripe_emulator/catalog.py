@@ -9,13 +9,26 @@ from .errors import invalid, missing
 from .forms import Params, merge_metadata
 from .state import State, changed, new_id, page
 
+_ADDRESS = ("city", "country", "line1", "line2", "postal_code", "state")
+
+
+def _address(params: Params) -> dict[str, str | None] | None:
+    """`address[...]`: the six fields Stripe keeps, each null when not given or empty; an empty
+    `address` clears it (null)."""
+    if params.data.get("address") == "":
+        return None
+    address = params.hash("address", required=True) or Params({}, "address")
+    address.only(*_ADDRESS)
+    return {key: address.text(key, max_length=200) or None for key in _ADDRESS}
+
 
 def customer_create(state: State, params: Params) -> dict[str, Any]:
     """POST /v1/customers."""
-    params.only("email", "name", "description", "phone", "metadata")
+    params.only("email", "name", "description", "phone", "metadata", "address")
     customer = {
         "id": new_id("cus_", 14),
         "object": "customer",
+        "address": _address(params) if params.has("address") else None,
         "created": state.now(),
         "email": params.text("email", max_length=512),
         "name": params.text("name", max_length=256),
@@ -43,12 +56,15 @@ def customer_retrieve(state: State, params: Params, customer_id: str) -> dict[st
 
 
 def customer_update(state: State, params: Params, customer_id: str) -> dict[str, Any]:
-    """POST /v1/customers/{id}: emits `customer.updated` when something changed."""
-    params.only("email", "name", "description", "phone", "metadata")
+    """POST /v1/customers/{id}: emits `customer.updated` when something changed. An address
+    sent replaces the one held whole (a field left out becomes null)."""
+    params.only("email", "name", "description", "phone", "metadata", "address")
     customer = state.get("customer", customer_id)
     # Read every value before writing any: a refused update changes nothing.
     lengths = {"email": 512, "name": 256, "description": 5000, "phone": 20}
     values = {k: params.text(k, max_length=n) or None for k, n in lengths.items() if params.has(k)}
+    if params.has("address"):
+        values["address"] = _address(params)
     metadata = params.metadata()
     before = dict(customer)
     customer.update(values)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import catalog, events, invoices, metering, pages, sessions, subscriptions
+from . import catalog, events, invoices, metering, pages, sessions, subscriptions, tax_ids
 from .errors import StripeError, no_such
 from .state import State
 
@@ -43,6 +43,10 @@ API: list[Route] = [
     route("POST", "/v1/customers", catalog.customer_create),
     route("GET", "/v1/customers", catalog.customer_list),
     route("GET", "/v1/customers/{id}", catalog.customer_retrieve),
+    route("POST", "/v1/customers/{id}/tax_ids", tax_ids.tax_id_create),
+    route("GET", "/v1/customers/{id}/tax_ids", tax_ids.tax_id_list),
+    route("GET", "/v1/customers/{id}/tax_ids/{tax_id}", tax_ids.tax_id_retrieve),
+    route("DELETE", "/v1/customers/{id}/tax_ids/{tax_id}", tax_ids.tax_id_delete),
     route("POST", "/v1/customers/{id}", catalog.customer_update),
     route("POST", "/v1/products", catalog.product_create),
     route("GET", "/v1/products", catalog.product_list),
