@@ -2,7 +2,9 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from billing import invoicing
-from billing.models import Invoice
+from billing.countries import COUNTRIES
+from billing.models import BillingProfile, Invoice
+from billing.tax_ids import TAX_ID_CHOICES
 
 
 class InvoiceFilterForm(forms.Form):
@@ -43,3 +45,55 @@ class InvoiceFilterForm(forms.Form):
         if low is not None and high is not None and low > high:
             self.add_error("max_total", "The upper amount is below the lower one.")
         return data
+
+
+def _field_of(
+    name: str, form_field: type[forms.Field], autocomplete: str = "", help_text: str = ""
+) -> forms.Field:
+    """A form field labelled and bounded as the profile's model field is."""
+    model_field = BillingProfile._meta.get_field(name)
+    field = form_field(
+        label=model_field.verbose_name,
+        max_length=model_field.max_length,
+        required=not model_field.blank,
+        help_text=help_text,
+    )
+    if autocomplete:
+        field.widget.attrs["autocomplete"] = autocomplete
+    return field
+
+
+class BillingDetailsForm(forms.Form):
+    """Whom invoices are made out to; the rules that join fields (an address needs its first
+    line, city and country; a tax ID's shape) are the profile's own (`BillingProfile.clean`),
+    applied by the service."""
+
+    legal_name = _field_of(
+        "legal_name",
+        forms.CharField,
+        "organization",
+        "As registered; it starts as the organization's name.",
+    )
+    email = _field_of(
+        "email", forms.EmailField, "email", "Printed on invoices; with Stripe, where it sends them."
+    )
+    line1 = _field_of("line1", forms.CharField, "address-line1")
+    line2 = _field_of("line2", forms.CharField, "address-line2")
+    city = _field_of("city", forms.CharField, "address-level2")
+    postal_code = _field_of("postal_code", forms.CharField, "postal-code")
+    state = _field_of("state", forms.CharField, "address-level1")
+    country = forms.ChoiceField(
+        label="Country",
+        required=False,
+        choices=[("", "Choose a country"), *COUNTRIES],
+        widget=forms.Select(attrs={"autocomplete": "country"}),
+    )
+    tax_id_type = forms.ChoiceField(
+        label="Tax ID type", required=False, choices=[("", "No tax ID"), *TAX_ID_CHOICES]
+    )
+    tax_id_value = _field_of(
+        "tax_id_value",
+        forms.CharField,
+        "off",
+        "As registered, e.g. DE123456789 for an EU VAT number.",
+    )

@@ -47,6 +47,7 @@ from billing.models import (
     UsageRecord,
 )
 from billing.pricing import PriceBook, rounded
+from billing.selectors import invoice_parties
 from billing.stripe_gateway import stripe_bills
 
 log = logging.getLogger(__name__)
@@ -270,7 +271,9 @@ def _locked(invoice: Invoice) -> Invoice:
 
 
 def invoice_finalize(*, actor: Actor, invoice: Invoice) -> Invoice:
-    """Number a draft and freeze it: from now on only its status may change (paid, void)."""
+    """Number a draft and freeze it, made out to the tenant's billing details as they are now
+    and issued by the OPSDECK_INVOICE_ISSUER: from now on only its status may change (paid,
+    void)."""
     with audited_action(
         actor=actor, action="invoice.finalize", tenant=invoice.tenant, target=invoice
     ):
@@ -278,11 +281,13 @@ def invoice_finalize(*, actor: Actor, invoice: Invoice) -> Invoice:
         invoice = _locked(invoice)
         if invoice.status != Invoice.Status.DRAFT:
             raise ValidationError(f"Invoice {invoice} is {invoice.get_status_display().lower()}.")
+        # Made out as the draft shows it (the tenant's details now), and frozen with the rest.
+        invoice.billed_to, invoice.issuer = invoice_parties(invoice)
         now = timezone.now()
         invoice.number = _number_next(now)
         invoice.status = Invoice.Status.OPEN
         invoice.finalized_at = now
-        invoice.save(update_fields=["number", "status", "finalized_at"])
+        invoice.save(update_fields=["number", "status", "finalized_at", "billed_to", "issuer"])
         audit_record(
             actor=actor,
             action="invoice.finalize",

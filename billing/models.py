@@ -2,10 +2,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
 from accounts.models import Tenant
+from billing.countries import COUNTRIES, COUNTRY_NAMES
+from billing.tax_ids import TAX_ID_CHOICES, TAX_ID_TYPES, tax_id_clean
 
 
 class Plan(models.Model):
@@ -209,6 +212,12 @@ class Invoice(models.Model):
     finalized_at = models.DateTimeField(null=True, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
     voided_at = models.DateTimeField(null=True, blank=True)
+    # Whom it is made out to and who issues it, as they were when it was finalized
+    # (`BillingProfile.details()`, the OPSDECK_INVOICE_ISSUER setting); frozen with it. Null
+    # on a draft, and on one finalized before invoices kept them: the page prints the tenant's
+    # details as they are now, and its name alone for an older one.
+    billed_to = models.JSONField(null=True, blank=True)
+    issuer = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-period", "tenant", "plan"]
@@ -438,6 +447,88 @@ class PlanOverride(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} — {self.plan} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class BillingProfile(models.Model):
+    """Who a tenant's invoices are made out to: its legal name, billing email and address, and
+    an optional tax ID (`billing.tax_ids`). A tenant without one is billed under its name.
+
+    Stripe's customer follows it (`stripe_sync.billing_details_push`): each change counts up
+    `version`, and `stripe_version` is the version Stripe holds. A push that failed is tried
+    again by beat from `stripe_next_attempt_at`; one Stripe refused (`stripe_error`, no next
+    attempt) waits for the details to change."""
+
+    tenant = models.OneToOneField(
+        "accounts.Tenant", on_delete=models.CASCADE, related_name="billing_profile"
+    )
+    legal_name = models.CharField("Legal name", max_length=200)
+    email = models.EmailField("Billing email", max_length=254, blank=True)
+    line1 = models.CharField("Address line 1", max_length=200, blank=True)
+    line2 = models.CharField("Address line 2", max_length=200, blank=True)
+    city = models.CharField("City", max_length=100, blank=True)
+    postal_code = models.CharField("Postal code", max_length=20, blank=True)
+    state = models.CharField("State or region", max_length=100, blank=True)
+    country = models.CharField("Country", max_length=2, blank=True, choices=COUNTRIES)
+    tax_id_type = models.CharField("Tax ID type", max_length=16, blank=True, choices=TAX_ID_CHOICES)
+    tax_id_value = models.CharField("Tax ID number", max_length=40, blank=True)
+    version = models.PositiveIntegerField(default=0)  # 0: never saved
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    stripe_version = models.PositiveIntegerField(default=0)
+    stripe_attempts = models.PositiveIntegerField(default=0)  # since the last success
+    # Claimed while a push is under way (another waits `stripe_sync.DETAILS_LEASE`).
+    stripe_attempted_at = models.DateTimeField(null=True, blank=True)
+    stripe_next_attempt_at = models.DateTimeField(null=True, blank=True)
+    stripe_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["stripe_next_attempt_at"],
+                name="billingprofile_push_due",
+                condition=models.Q(stripe_next_attempt_at__isnull=False),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.legal_name
+
+    @property
+    def audit_name(self) -> str:
+        return self.legal_name
+
+    # The fields a customer fills in, in the order the form asks for them.
+    DETAILS = (
+        "legal_name", "email", "line1", "line2", "city", "postal_code", "state", "country",
+        "tax_id_type", "tax_id_value",
+    )  # fmt: skip
+
+    def clean(self) -> None:
+        self.tax_id_value = tax_id_clean(self.tax_id_type, self.tax_id_value)
+        if any((self.line1, self.line2, self.city, self.postal_code, self.state)):
+            needed = {
+                "line1": "Enter the first line of the address, or clear the address.",
+                "city": "Enter the city, or clear the address.",
+                "country": "Choose the country, or clear the address.",
+            }
+            missing = {name: said for name, said in needed.items() if not getattr(self, name)}
+            if missing:
+                raise ValidationError(missing)
+
+    def details(self) -> dict[str, str]:
+        """The details as an invoice prints them: what is frozen on a finalized one."""
+        values = {name: getattr(self, name) for name in self.DETAILS}
+        values["country_name"] = COUNTRY_NAMES.get(self.country, "")
+        kind = TAX_ID_TYPES.get(self.tax_id_type)
+        values["tax_id_label"] = kind.label if kind else ""
+        return values
+
+    @property
+    def stripe_pending(self) -> bool:
+        """Whether Stripe's customer does not hold these details yet."""
+        return self.stripe_version < self.version
 
 
 # --- Stripe: the ids of what Opsdeck created there, the meter-event outbox, webhook events ---

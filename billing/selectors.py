@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 
 from accounts.models import Tenant
 from billing import entitlements, pricing
-from billing.models import Invoice, Plan, Subscription
+from billing.models import BillingProfile, Invoice, Plan, Subscription
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -126,6 +127,35 @@ def plans_to_subscribe(tenant: Tenant, plans: list[Plan]) -> set[str]:
     )
     held = entitlements.held_by_staff(tenant) if len(open_) < len(plans) else set()
     return {plan.key for plan in plans if plan.pk not in open_ and plan.pk not in held}
+
+
+# --- billing details ---------------------------------------------------------------------
+
+
+def billing_profile_of(tenant: Tenant) -> BillingProfile | None:
+    return BillingProfile.objects.filter(tenant=tenant).first()
+
+
+def billing_details_of(tenant: Tenant) -> dict[str, str]:
+    """Whom the tenant's invoices are made out to now (`billing_details_from`)."""
+    return billing_details_from(tenant, billing_profile_of(tenant))
+
+
+def billing_details_from(tenant: Tenant, profile: BillingProfile | None) -> dict[str, str]:
+    """Whom the tenant's invoices are made out to, given its profile (read already): its
+    billing details, or its name alone while it has none."""
+    if profile is not None:
+        return profile.details()
+    return {"legal_name": tenant.name}
+
+
+def invoice_parties(invoice: Invoice) -> tuple[dict[str, str], str]:
+    """Whom an invoice is made out to and who issues it, as it prints them: a finalized one
+    keeps both as they were when it was finalized (one finalized before invoices kept them
+    names the tenant alone); a draft shows them as they are now."""
+    if invoice.frozen:
+        return invoice.billed_to or {"legal_name": invoice.tenant.name}, invoice.issuer
+    return billing_details_of(invoice.tenant), settings.OPSDECK_INVOICE_ISSUER
 
 
 # --- the billing team's pages ---------------------------------------------------------------

@@ -24,6 +24,7 @@ from accounts.services import permission_require, tenant_lock
 from billing import entitlements, periods, stripe_sync
 from billing.models import (
     OVERRIDE_SAME_MOMENT,
+    BillingProfile,
     PastPrice,
     Plan,
     PlanOverride,
@@ -32,6 +33,47 @@ from billing.models import (
     UsageRecord,
 )
 from billing.stripe_gateway import gateway
+
+
+def billing_details_update(
+    *, actor: Actor, tenant: Tenant, details: dict[str, str]
+) -> tuple[BillingProfile, list[str]]:
+    """Set whom the tenant's invoices are made out to (`BillingProfile.DETAILS`, each given):
+    for members whose role manages billing. The profile and the names of the fields that
+    changed (none: nothing written, nothing audited). A bad value is a ValidationError by
+    field, nothing changed. Stripe's customer follows after the commit
+    (`stripe_sync.billing_details_push`, called by the view, else beat's from now)."""
+    with audited_action(actor=actor, action="billing.details_update", tenant=tenant):
+        permission_require(actor=actor, tenant=tenant, action="billing.manage")
+        profile = BillingProfile.objects.select_for_update().filter(tenant=tenant).first()
+        if profile is None:  # its details until now: the tenant's name alone
+            profile = BillingProfile(tenant=tenant, legal_name=tenant.name, version=0)
+        before = {name: getattr(profile, name) for name in BillingProfile.DETAILS}
+        for name in BillingProfile.DETAILS:
+            setattr(profile, name, details[name].strip())
+        profile.full_clean(exclude=["tenant"])
+        changed = [
+            name for name in BillingProfile.DETAILS if before[name] != getattr(profile, name)
+        ]
+        if not changed:
+            return profile, []
+        now = timezone.now()
+        profile.version += 1
+        profile.updated_at = now
+        profile.updated_by = actor.user
+        # New details: Stripe is due them now, whatever became of the ones before.
+        profile.stripe_attempts = 0
+        profile.stripe_error = ""
+        profile.stripe_next_attempt_at = now
+        profile.save()
+        audit_record(
+            actor=actor,
+            action="billing.details_update",
+            tenant=tenant,
+            target=profile,
+            payload={"changed": {name: getattr(profile, name) for name in changed}},
+        )
+    return profile, changed
 
 
 @transaction.atomic

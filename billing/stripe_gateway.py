@@ -26,10 +26,13 @@ _DUPLICATE_IDENTIFIER = "An event already exists with identifier"
 class StripeFailure(Exception):
     """A call that did not do what was asked; `str()` is a readable reason."""
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+    def __init__(
+        self, message: str, *, status: int | None = None, code: str | None = None, said: str = ""
+    ):
         super().__init__(message)
         self.status = status
         self.code = code
+        self.said = said or message  # Stripe's own words, for the people who made the request
 
 
 class StripeRetryable(StripeFailure):
@@ -49,7 +52,7 @@ def classify(exc: stripe.StripeError) -> StripeFailure:
     status = exc.http_status
     message = f"{f'{status} ' if status else ''}{type(exc).__name__}: {exc.user_message or exc}"
     kind = StripeRefused if isinstance(exc, stripe.InvalidRequestError) else StripeRetryable
-    return kind(message[:2000], status=status, code=exc.code)
+    return kind(message[:2000], status=status, code=exc.code, said=(exc.user_message or "")[:2000])
 
 
 P = ParamSpec("P")
@@ -102,6 +105,41 @@ class StripeGateway:
         return self.client.v1.customers.create(
             params, {"idempotency_key": f"opsdeck-customer-{tenant_id}"}
         )
+
+    @_translated
+    def customer_details_set(
+        self, customer_id: str, *, name: str, email: str, address: dict[str, str] | None, key: str
+    ) -> Any:
+        """Put a customer's name, email and address (None: none) to these; `key` names the
+        change (the details' version and attempt)."""
+        return self.client.v1.customers.update(
+            customer_id,
+            {"name": name, "email": email, "address": address if address is not None else ""},
+            {"idempotency_key": key},
+        )
+
+    @_translated
+    def customer_tax_ids(self, customer_id: str) -> list[Any]:
+        return list(
+            self.client.v1.customers.tax_ids.list(customer_id, {"limit": 100}).auto_paging_iter()
+        )
+
+    @_translated
+    def customer_tax_id_create(self, customer_id: str, *, type_: str, value: str, key: str) -> Any:
+        return self.client.v1.customers.tax_ids.create(
+            customer_id,
+            {"type": type_, "value": value},
+            {"idempotency_key": key},
+        )
+
+    @_translated
+    def customer_tax_id_delete(self, customer_id: str, tax_id: str) -> None:
+        """Remove a tax ID from the customer; one already gone counts as removed."""
+        try:
+            self.client.v1.customers.tax_ids.delete(customer_id, tax_id)
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status != 404:
+                raise
 
     # --- catalog ---------------------------------------------------------------------------
 

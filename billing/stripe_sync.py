@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor, audit_record
@@ -24,6 +25,7 @@ from billing import meter_events
 from billing.meter_events import MICRO
 from billing.models import (
     DIMENSION_LABELS,
+    BillingProfile,
     Invoice,
     InvoiceLine,
     MeterEvent,
@@ -36,6 +38,7 @@ from billing.models import (
     Subscription,
 )
 from billing.pricing import in_effect, minor_unit, unit_price_per_hour
+from billing.selectors import invoice_parties
 from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
 
 STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
@@ -383,6 +386,124 @@ def customer_remember(*, tenant: Tenant, customer_id: str) -> StripeCustomer:
     if stored.customer_id != customer_id:
         raise ValueError(f"{tenant} already has the Stripe customer {stored.customer_id}.")
     return stored
+
+
+# --- billing details ---------------------------------------------------------------------------
+
+# A push under way holds its claim this long (a few calls of at most `stripe_gateway.TIMEOUT`).
+DETAILS_LEASE = timedelta(minutes=5)
+DETAILS_BACKOFF_BASE = timedelta(seconds=30)
+DETAILS_BACKOFF_CAP = timedelta(hours=1)
+
+
+def _details_address(profile: BillingProfile) -> dict[str, str] | None:
+    if not (profile.line1 or profile.country):
+        return None
+    return {
+        "line1": profile.line1,
+        "line2": profile.line2,
+        "city": profile.city,
+        "postal_code": profile.postal_code,
+        "state": profile.state,
+        "country": profile.country,
+    }
+
+
+def _details_send(gw: StripeGateway, customer_id: str, profile: BillingProfile) -> None:
+    """Put the customer's name, email, address and tax ID to the profile's: the tax ID is added
+    before any other is removed, so a refused one leaves the one before in place."""
+    key = f"opsdeck-details-{profile.tenant_id}-{profile.version}-{profile.stripe_attempts}"
+    gw.customer_details_set(
+        customer_id,
+        name=profile.legal_name,
+        email=profile.email,
+        address=_details_address(profile),
+        key=key,
+    )
+    wanted = (profile.tax_id_type, profile.tax_id_value) if profile.tax_id_type else None
+    held = gw.customer_tax_ids(customer_id)
+    kept = next((t for t in held if (t.type, t.value) == wanted), None)
+    if wanted is not None and kept is None:
+        kept = gw.customer_tax_id_create(
+            customer_id, type_=wanted[0], value=wanted[1], key=f"{key}-tax-id"
+        )
+    for tax_id in held:
+        if kept is None or tax_id.id != kept.id:
+            gw.customer_tax_id_delete(customer_id, tax_id.id)
+
+
+def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | None = None) -> bool:
+    """Bring the tenant's Stripe customer to its billing details when it does not hold them
+    yet; whether this call did. Nothing to do without a Stripe customer (the details go when
+    one is made) or while another push holds the claim. Called outside any transaction.
+
+    A failure (StripeFailure, raised after it is recorded on the profile) is tried again by
+    beat (`billing_details_push_due`) with a growing delay; one Stripe refused waits for the
+    details to change. Details changed while the push was under way stay due."""
+    now = now or timezone.now()
+    customer = StripeCustomer.objects.filter(tenant_id=tenant_id).first()
+    if customer is None:
+        return False
+    claimed = (
+        BillingProfile.objects.filter(tenant_id=tenant_id, stripe_version__lt=F("version"))
+        .filter(Q(stripe_attempted_at=None) | Q(stripe_attempted_at__lt=now - DETAILS_LEASE))
+        .update(stripe_attempted_at=now, stripe_attempts=F("stripe_attempts") + 1)
+    )
+    if not claimed:
+        return False
+    profile = BillingProfile.objects.get(tenant_id=tenant_id)
+    try:
+        _details_send(gw, customer.customer_id, profile)
+    except StripeFailure as exc:
+        log.error("billing details of tenant %s not sent to Stripe: %s", tenant_id, exc)
+        delay = min(DETAILS_BACKOFF_BASE * 2 ** (profile.stripe_attempts - 1), DETAILS_BACKOFF_CAP)
+        retry = None if isinstance(exc, StripeRefused) else now + delay
+        BillingProfile.objects.filter(pk=profile.pk).update(
+            stripe_attempted_at=None,
+            stripe_error=_unless_changed(profile, "stripe_error", exc.said),
+            stripe_next_attempt_at=_unless_changed(profile, "stripe_next_attempt_at", retry),
+        )
+        raise
+    BillingProfile.objects.filter(pk=profile.pk).update(
+        stripe_attempted_at=None,
+        stripe_version=profile.version,
+        stripe_attempts=_unless_changed(profile, "stripe_attempts", 0),
+        stripe_error=_unless_changed(profile, "stripe_error", ""),
+        stripe_next_attempt_at=_unless_changed(profile, "stripe_next_attempt_at", None),
+    )
+    return True
+
+
+def _unless_changed(profile: BillingProfile, field: str, value: Any) -> Case:
+    """`value` for the profile's `field`, unless its details changed since `profile` was read:
+    then the push they are due stays as their saving set it."""
+    return Case(
+        When(version=profile.version, then=Value(value)),
+        default=F(field),
+        output_field=type(BillingProfile._meta.get_field(field))(),
+    )
+
+
+def billing_details_push_due(*, now: datetime | None = None) -> int:
+    """Push the billing details due to Stripe (run every minute by beat): saved while Stripe
+    could not be told, or since a customer was made for the tenant. How many went; a failure
+    is logged and recorded, and the others still go."""
+    gw = gateway()
+    if gw is None:
+        return 0
+    now = now or timezone.now()
+    due = BillingProfile.objects.filter(
+        stripe_version__lt=F("version"),
+        stripe_next_attempt_at__lte=now,
+        tenant__stripe_customer__isnull=False,
+    ).values_list("tenant_id", flat=True)
+    pushed = 0
+    for tenant_id in list(due):
+        try:
+            pushed += billing_details_push(gw, tenant_id, now=now)
+        except StripeFailure:
+            continue  # recorded; beat tries it again
+    return pushed
 
 
 # --- subscriptions and invoices, as Stripe holds them now --------------------------------------
@@ -839,11 +960,15 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
         }
         if stored.status == Invoice.Status.DRAFT:
             prices = stripe_prices_known()
+            # Finalized now: made out to the tenant's details as they are, frozen from here.
+            billed_to, issuer = invoice_parties(stored) if status != "draft" else (None, "")
             Invoice.objects.filter(pk=stored.pk).update(
                 number=values["number"] or None,
                 currency=currency,
                 total=_money(_field(invoice, "total"), currency),
                 finalized_at=_moment(_field(transitions, "finalized_at")),
+                billed_to=billed_to,
+                issuer=issuer,
             )
             stored.lines.all().delete()
             InvoiceLine.objects.bulk_create(

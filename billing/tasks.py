@@ -2,7 +2,7 @@ from dataclasses import asdict
 
 from celery import shared_task
 
-from billing import invoicing, meter_events, services
+from billing import invoicing, meter_events, services, stripe_sync
 from billing.models import Subscription
 
 
@@ -29,6 +29,13 @@ def meter_events_flush() -> dict:
     added = meter_events.enqueue()
     flushed = asdict(meter_events.flush())
     return {"enqueued": added, **{k: v for k, v in flushed.items() if k != "errors"}}
+
+
+@shared_task
+def billing_details_push_due() -> int:
+    """Send Stripe the billing details it does not hold yet (run every minute by beat; nothing
+    happens while Stripe is not configured)."""
+    return stripe_sync.billing_details_push_due()
 
 
 @shared_task

@@ -98,7 +98,9 @@ def invoice(request, invoice_id: int):
     found = selectors.invoice_for_team(invoice_id)
     if found is None:
         raise Http404("No such invoice.")
-    return render(request, "billing/team/invoice.html", {"invoice": found})
+    billed_to, issuer = selectors.invoice_parties(found)
+    context = {"invoice": found, "billed_to": billed_to, "issuer": issuer}
+    return render(request, "billing/team/invoice.html", context)
 
 
 _ACTIONS = {

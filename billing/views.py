@@ -10,14 +10,17 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+from django_htmx.http import HttpResponseClientRedirect
 
+from accounts import roles
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
-from accounts.tenancy import tenant_view
+from accounts.tenancy import action_require, tenant_view
 from billing import reports, selectors, services, stripe_sync, usage
-from billing.models import Plan, StripeCustomer, Subscription
-from billing.stripe_gateway import StripeFailure, gateway
+from billing.forms import BillingDetailsForm
+from billing.models import BillingProfile, Plan, StripeCustomer, Subscription
+from billing.stripe_gateway import StripeFailure, StripeRefused, gateway
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ def overview(request):
     }
     if request.htmx and request.htmx.target == "billing-live":  # the plans follow a payment
         return render(request, "billing/_plans.html", plans)
+    profile = selectors.billing_profile_of(request.tenant)
     context = {
         **plans,
         "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
@@ -48,6 +52,8 @@ def overview(request):
         "invoices": Paginator(selectors.invoices_of(request.tenant), INVOICES_PER_PAGE).get_page(
             request.GET.get("page")
         ),
+        "billing_profile": profile,
+        "billing_details": selectors.billing_details_from(request.tenant, profile),
         # Stripe keeps payment details once a subscription was paid for (a checkout page left
         # unpaid leaves a customer with nothing to manage).
         "payment_kept": StripeCustomer.objects.filter(tenant=request.tenant).exists()
@@ -275,4 +281,78 @@ def invoice_detail(request, invoice_id: int):
     if invoice is None:
         raise Http404("No such invoice.")
     cost = reports.period_cost(request.tenant, invoice.period, plan=invoice.plan)
-    return render(request, "billing/invoice_detail.html", {"invoice": invoice, "cost": cost})
+    billed_to, issuer = selectors.invoice_parties(invoice)
+    context = {"invoice": invoice, "cost": cost, "billed_to": billed_to, "issuer": issuer}
+    return render(request, "billing/invoice_detail.html", context)
+
+
+@tenant_view("billing.view")
+@require_http_methods(["GET", "HEAD", "POST"])
+def billing_details(request):
+    """Whom the tenant's invoices are made out to: a form for the roles that manage billing,
+    the details as they are for the others."""
+    profile = selectors.billing_profile_of(request.tenant)
+    if request.method == "POST":
+        action_require(request, "billing.manage", target=profile)
+        form = BillingDetailsForm(request.POST)
+        if form.is_valid():
+            try:
+                profile, changed = services.billing_details_update(
+                    actor=Actor.from_request(request),
+                    tenant=request.tenant,
+                    details=form.cleaned_data,
+                )
+            except ActionDenied as exc:  # the role changed since the request began
+                messages.error(request, exc.reason)
+                return _details_done(request)
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                _details_said(request, profile, changed)
+                return _details_done(request)
+    else:
+        details = selectors.billing_details_from(request.tenant, profile)
+        form = BillingDetailsForm(initial=details)
+    context = {
+        "form": form,
+        "billing_profile": profile,
+        "billing_details": selectors.billing_details_from(request.tenant, profile),
+        "may_edit": roles.can(request.membership.role, "billing.manage"),
+    }
+    if request.htmx:
+        return render(request, "billing/billing_details.html#details-form", context)
+    return render(request, "billing/billing_details.html", context)
+
+
+def _details_done(request):
+    url = reverse("billing_overview", kwargs={"tenant_slug": request.tenant.slug})
+    url += "#billing-details"
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+def _details_said(request, profile: BillingProfile, changed: list[str]) -> None:
+    """Say what saving the details did, Stripe's customer included (told now, outside the
+    saving transaction; beat tries again when it could not be)."""
+    if not changed:
+        messages.info(request, "Nothing changed: your billing details are as they were.")
+        return
+    gw = gateway()
+    try:
+        if gw is not None:
+            stripe_sync.billing_details_push(gw, request.tenant.pk)
+    except StripeRefused as exc:
+        messages.warning(
+            request,
+            "Your billing details are saved, but Stripe refused them, so Stripe's invoices "
+            f"still show the details it held before: {exc.said} Correct them and save again.",
+        )
+    except StripeFailure:
+        messages.warning(
+            request,
+            "Your billing details are saved, but Stripe could not be updated just now: it is "
+            "tried again automatically within minutes.",
+        )
+    else:
+        messages.success(
+            request, "Your billing details are saved: new invoices are made out to them."
+        )

@@ -237,6 +237,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Sends due Stripe meter events (does nothing while Stripe is not configured).
     "meter-events-flush": {"task": "billing.tasks.meter_events_flush", "schedule": 60.0},
+    # Billing details Stripe's customer does not hold yet (a failed update, tried again).
+    "billing-details-push": {"task": "billing.tasks.billing_details_push_due", "schedule": 60.0},
     # The month just ended becomes draft invoices once every hour of it is metered.
     "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
     # The Metrics tab's samples: one a minute per server of every running instance.
@@ -321,6 +323,12 @@ STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="")
 STRIPE_API_VERSION = stripe.api_version
 # A meter event failing this many times is parked as `dead` (the admin can retry it).
 STRIPE_METER_EVENT_MAX_ATTEMPTS = env.int("STRIPE_METER_EVENT_MAX_ATTEMPTS", default=8)
+
+# --- Invoices ------------------------------------------------------------------
+
+# Who issues the invoices (the seller's legal name, address, tax number), printed on each one
+# and kept by each as it was when finalized. Several lines: a literal `\n` starts a new one.
+OPSDECK_INVOICE_ISSUER = env.str("OPSDECK_INVOICE_ISSUER", default="", multiline=True).strip()
 
 # --- Email ---------------------------------------------------------------------
 

@@ -1,0 +1,140 @@
+"""Whom an invoice is made out to and who issues it: a draft shows the tenant's billing details
+as they are, a finalized invoice keeps them as they were when it was finalized."""
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from accounts.audit import Actor
+from billing import invoicing, services
+from billing.models import Invoice, InvoiceLine, Plan
+from billing.team_views import BILLING_TEAM
+from tests.billing.test_billing_details import DETAILS
+
+ISSUER = "Opsdeck Cloud Ltd\n1 Main Street\nDublin D01 AB12\nIE1234567T"
+
+
+@pytest.fixture
+def plan(db):
+    return Plan.objects.create(key="pg", name="PostgreSQL", service="postgresql")
+
+
+@pytest.fixture
+def draft(tenant, plan):
+    invoice = Invoice.objects.create(
+        tenant=tenant, plan=plan, period="2026-10", currency="usd", total=Decimal("12.34")
+    )
+    InvoiceLine.objects.create(
+        invoice=invoice, instance_id="inst-abcdefgh", instance_name="orders", dimension="cpu",
+        unit="core", quantity=Decimal("352.5"), unit_price=Decimal("0.035"),
+        amount=Decimal("12.34"),
+    )  # fmt: skip
+    return invoice
+
+
+@pytest.fixture
+def staff(make_user):
+    user = make_user("finance@opsdeck.example", is_staff=True)
+    user.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
+    return user
+
+
+def _details(tenant, owner, **changes):
+    services.billing_details_update(
+        actor=Actor(user=owner), tenant=tenant, details={**DETAILS, **changes}
+    )
+
+
+def _page(client, invoice):
+    return client.get(f"/t/{invoice.tenant.slug}/billing/invoices/{invoice.pk}/").content.decode()
+
+
+def test_a_finalized_invoice_keeps_the_details_it_was_issued_with(
+    client, settings, tenant, owner, draft, staff
+):
+    settings.OPSDECK_INVOICE_ISSUER = ISSUER
+    _details(tenant, owner)
+    finalized = invoicing.invoice_finalize(actor=Actor(user=staff, staff=True), invoice=draft)
+
+    _details(tenant, owner, legal_name="Acme Holding AG", city="Munich", postal_code="80331")
+    settings.OPSDECK_INVOICE_ISSUER = "Someone Else Inc."
+    client.force_login(owner)
+    page = _page(client, finalized)
+
+    assert finalized.billed_to["legal_name"] == "Acme GmbH"
+    for kept in ("Acme GmbH", "10117 Berlin", "Germany", "EU VAT number: DE123456789"):
+        assert kept in page
+    assert "Acme Holding AG" not in page and "Munich" not in page
+    assert "Opsdeck Cloud Ltd<br>1 Main Street<br>Dublin D01 AB12<br>IE1234567T" in page
+    assert "Someone Else" not in page
+
+
+def test_a_draft_shows_the_details_as_they_are_now_to_the_billing_team(
+    client, settings, tenant, owner, draft, staff
+):
+    settings.OPSDECK_INVOICE_ISSUER = ISSUER
+    _details(tenant, owner)
+    _details(tenant, owner, legal_name="Acme Holding AG")
+    client.force_login(staff)
+
+    page = client.get(f"/billing-team/invoices/{draft.pk}/").content.decode()
+
+    assert "Acme Holding AG" in page and "EU VAT number: DE123456789" in page
+    assert "finalizing keeps them on the invoice" in page
+    assert "Opsdeck Cloud Ltd<br>1 Main Street" in page
+
+
+def test_the_database_refuses_to_change_whom_a_finalized_invoice_is_made_out_to(
+    tenant, owner, draft, staff
+):
+    _details(tenant, owner)
+    finalized = invoicing.invoice_finalize(actor=Actor(user=staff, staff=True), invoice=draft)
+
+    for change in (
+        lambda: Invoice.objects.filter(pk=finalized.pk).update(billed_to={"legal_name": "X"}),
+        lambda: Invoice.objects.filter(pk=finalized.pk).update(billed_to=None),
+        lambda: Invoice.objects.filter(pk=finalized.pk).update(issuer="Someone Else Inc."),
+    ):
+        with pytest.raises(DatabaseError, match="finalized"), transaction.atomic():
+            change()
+
+    finalized.refresh_from_db()
+    assert finalized.billed_to["legal_name"] == "Acme GmbH"
+    invoicing.invoice_mark_paid(actor=Actor(user=staff, staff=True), invoice=finalized)
+
+
+def test_an_invoice_finalized_before_it_kept_details_names_the_tenant_alone(
+    client, tenant, owner, draft
+):
+    Invoice.objects.filter(pk=draft.pk).update(status="open", number="2026-000001")
+    _details(tenant, owner)
+    client.force_login(owner)
+
+    page = _page(client, draft)
+
+    assert "<strong>Acme</strong>" in page and "Acme GmbH" not in page
+    assert "Issued by" not in page
+
+
+def test_the_invoice_page_reads_the_parties_in_a_constant_number_of_queries(
+    client, tenant, owner, draft, staff, plan
+):
+    _details(tenant, owner)
+    finalized = invoicing.invoice_finalize(actor=Actor(user=staff, staff=True), invoice=draft)
+    older = Invoice.objects.create(
+        tenant=tenant, plan=plan, period="2026-09", currency="usd", total=Decimal(1)
+    )
+    Invoice.objects.filter(pk=older.pk).update(status="open", number="2025-000009")
+    client.force_login(owner)
+    _page(client, finalized)  # the session learns the organization once
+
+    counts = []
+    for invoice in (finalized, older):
+        with CaptureQueriesContext(connection) as done:
+            _page(client, invoice)
+        counts.append(len(done))
+
+    assert counts[0] == counts[1]
