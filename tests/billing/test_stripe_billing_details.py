@@ -8,8 +8,13 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from billing import services, stripe_sync
-from billing.models import BillingProfile, StripeCustomer
+from billing.models import BillingProfile, Invoice, StripeCustomer
 from tests.billing.test_billing_details import DETAILS
+from tests.billing.test_stripe_invoices import (  # noqa: F401 - `subscription`: a fixture
+    _deliver,
+    _metered_and_invoiced,
+    subscription,
+)
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -147,3 +152,26 @@ def test_without_stripe_the_details_are_saved_and_nothing_is_said_of_stripe(owne
     page = owner_client.get(_url(tenant)).content.decode()
     assert "Your billing details are saved" in page and "Stripe" not in page.split("<main")[1]
     assert not StripeCustomer.objects.exists()
+
+
+def test_a_stripe_invoice_keeps_the_details_it_was_finalized_with(
+    client,
+    owner_client,
+    tenant,
+    subscription,  # noqa: F811 - the fixture imported above
+    emulator,
+    record_usage,
+):
+    owner_client.post(_url(tenant, "details/"), DETAILS)
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    _deliver(client, emulator.events("invoice.created")[-1])
+    assert Invoice.objects.get(stripe_invoice_id=invoice["id"]).billed_to is None  # a draft
+
+    emulator.finalize_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.finalized")[-1])
+    owner_client.post(_url(tenant, "details/"), {**DETAILS, "legal_name": "Acme Holding AG"})
+
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert stored.billed_to["legal_name"] == "Acme GmbH"
+    page = owner_client.get(_url(tenant, f"invoices/{stored.pk}/")).content.decode()
+    assert "Acme GmbH" in page and "Acme Holding AG" not in page
