@@ -500,6 +500,12 @@ def invitation_create(
         email = email_address_clean(email.strip())
     except ValidationError as exc:
         raise ValidationError({"email": exc.messages}) from None
+    if "." not in email.rpartition("@")[2] or email.endswith("]"):
+        # Django's check takes `localhost` and a network address in brackets: an invitation
+        # mailed there reaches no one.
+        raise ValidationError(
+            {"email": "Enter an address at an internet domain, like name@example.com."}
+        )
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
     with audited_action(actor=actor, action="member.invite", tenant=tenant):

@@ -85,6 +85,8 @@ def test_inviting_an_address_again_says_the_earlier_link_stops_working_and_the_r
         ({"email": "", "role": "member"}, "Enter the email address of the person to invite."),
         ({"email": "someone@", "role": "member"}, "Enter an email address, like name@example.com."),
         ({"email": "new@example.com", "role": "god"}, "Choose one of the roles listed."),
+        ({"email": "x@localhost", "role": "member"}, "Enter an address at an internet domain"),
+        ({"email": "x@[127.0.0.1]", "role": "member"}, "Enter an address at an internet domain"),
     ],
 )
 def test_the_invite_form_says_what_to_correct_and_invites_no_one(
