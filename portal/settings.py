@@ -239,7 +239,7 @@ CELERY_BEAT_SCHEDULE = {
     "meter-events-flush": {"task": "billing.tasks.meter_events_flush", "schedule": 60.0},
     # Billing details Stripe's customer does not hold yet (a failed update, tried again).
     "billing-details-push": {"task": "billing.tasks.billing_details_push_due", "schedule": 60.0},
-    # The month just ended becomes draft invoices once every hour of it is metered.
+    # Each month that has ended becomes draft invoices once every hour of it is metered.
     "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
     # The Metrics tab's samples: one a minute per server of every running instance.
     "server-samples-take": {"task": "deployments.tasks.server_samples_take", "schedule": 60.0},
