@@ -87,3 +87,11 @@ def test_the_owner_fills_in_the_billing_details_and_reads_them_on_the_invoice(
     expect(page.locator("#invoice-issuer")).to_be_visible()
     expect(page.get_by_role("button", name="Print or save as PDF")).to_be_hidden()
     assert not scrolls_sideways(page)
+    # Printed, the invoice takes the page's width, with its amounts: not the hidden sidebar's
+    # column of the layout's grid.
+    wide = page.viewport_size["width"]
+    assert page.locator("main").bounding_box()["width"] > 0.8 * wide
+    total = page.locator(".invoice-lines tfoot td")
+    expect(total).to_contain_text("12.34 USD")
+    box = total.bounding_box()
+    assert box["width"] > 0 and box["x"] + box["width"] <= wide
