@@ -24,6 +24,18 @@ def membership_get(*, user, tenant_slug: str) -> Membership | None:
     )
 
 
+def membership_of_deleted(*, user, tenant_slug: str) -> Membership | None:
+    """The user's membership of the deleted organization at `tenant_slug` (kept with it), None
+    when there is none: whether they were in it when it was deleted."""
+    if not user.is_authenticated:
+        return None
+    return (
+        Membership.objects.select_related("tenant")
+        .filter(user=user, tenant__slug=tenant_slug, tenant__deleted_at__isnull=False)
+        .first()
+    )
+
+
 def organization_made_by_request(user, request_id: str) -> Tenant | None:
     """The organization the user's new-organization form, sent with `request_id`, already
     made, if the user still belongs to it."""

@@ -1,7 +1,9 @@
 """Tenant pages: `/t/<tenant_slug>/…` resolves `request.tenant` and `request.membership`.
 
 A user who is not a member gets a 404, never a 403 that would confirm the
-organization exists. A member whose role lacks the page's action gets a 403.
+organization exists. A member whose role lacks the page's action gets a 403. Someone who was a
+member when the organization was deleted is sent home, told so (a tab left open, Back, a
+second click on Delete), rather than shown a bare 404.
 
 No tenant page is kept by the browser (`Cache-Control: no-store`): they show live state, and
 Back after deleting an instance must not show it running with every button live.
@@ -9,9 +11,12 @@ Back after deleting an instance must not show it running with every button live.
 
 from functools import wraps
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 
 from accounts import roles, selectors
@@ -48,7 +53,7 @@ def tenant_view(action: str = "tenant.view"):
         def wrapper(request, tenant_slug: str, *args, **kwargs):
             membership = selectors.membership_get(user=request.user, tenant_slug=tenant_slug)
             if membership is None:
-                raise Http404("No such organization.")
+                return _deleted_or_404(request, tenant_slug)
             request.tenant = membership.tenant
             request.membership = membership
             if request.session.get(SESSION_KEY) != tenant_slug:
@@ -61,3 +66,18 @@ def tenant_view(action: str = "tenant.view"):
         return wrapper
 
     return decorator
+
+
+def _deleted_or_404(request, tenant_slug: str):
+    """Home, saying the organization was deleted, for someone who was in it then; else 404."""
+    former = selectors.membership_of_deleted(user=request.user, tenant_slug=tenant_slug)
+    if former is None:
+        raise Http404("No such organization.")
+    tenant = former.tenant
+    if request.session.get(SESSION_KEY) == tenant_slug:
+        del request.session[SESSION_KEY]
+    messages.info(request, f"{tenant.name} was deleted on {tenant.deleted_at:%-d %B %Y}.")
+    home = reverse("home")
+    if request.headers.get("HX-Request"):
+        return HttpResponse(status=204, headers={"HX-Redirect": home})
+    return redirect(home)

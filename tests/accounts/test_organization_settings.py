@@ -354,7 +354,7 @@ def test_deleting_from_the_page_lands_on_another_organization(owner_client, owne
     page = response.content.decode()
     assert "Organization Acme deleted." in page
     assert f'href="/t/{tenant.slug}/"' not in page  # gone from the switcher
-    assert owner_client.get(f"/t/{tenant.slug}/").status_code == 404
+    assert owner_client.get(f"/t/{tenant.slug}/").url == "/"  # told so, on the home page
 
 
 @pytest.mark.django_db
@@ -388,14 +388,21 @@ def test_the_page_says_what_stands_in_the_way_before_and_after_trying(owner_clie
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("route", TENANT_ROUTES)
-def test_every_page_of_a_deleted_organization_is_404_to_its_members(
-    owner_client, owner, tenant, route
+def test_every_page_of_a_deleted_organization_sends_its_members_home_told_so(
+    owner_client, owner, tenant, route, make_user
 ):
     services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
     path = _concrete(route, tenant.slug)
+    stranger = _client(make_user("stranger@example.com"))
+    if not path.startswith("/t/"):  # the billing team's page of the tenant: staff only
+        assert owner_client.get(path).status_code == 404
+        return
 
-    assert owner_client.get(path).status_code == 404
-    assert owner_client.post(path, {"name": "x", "confirm_name": "Acme"}).status_code in {404, 405}
+    assert owner_client.get(path).url == "/"
+    assert owner_client.post(path, {"name": "x", "confirm_name": "Acme"}).url == "/"
+    assert owner_client.post(path, headers={"HX-Request": "true"})["HX-Redirect"] == "/"
+    assert stranger.get(path).status_code == 404  # no one else learns it existed
+    assert stranger.post(path, {"name": "x"}).status_code == 404
 
 
 @pytest.mark.django_db
@@ -436,3 +443,22 @@ def test_staff_still_find_a_deleted_organization_in_the_admin_marked(
     assert "Acme" in deleted_only
     assert "Acme" not in live_only
     assert client.get(f"/admin/accounts/tenant/{tenant.pk}/change/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_second_delete_or_a_tab_left_open_is_told_the_organization_was_deleted(
+    owner_client, tenant, add_member
+):
+    bob = _client(add_member("bob@example.com", "member"))
+    first = owner_client.post(f"/t/{tenant.slug}/settings/delete/", {"confirm_name": "Acme"})
+
+    again = owner_client.post(
+        f"/t/{tenant.slug}/settings/delete/", {"confirm_name": "Acme"}, follow=True
+    )
+    left_open = bob.get(f"/t/{tenant.slug}/deployments/", follow=True)
+
+    assert first.status_code == 302
+    said = f"Acme was deleted on {Tenant.objects.get(pk=tenant.pk).deleted_at:%-d %B %Y}."
+    assert said in again.content.decode()
+    assert said in left_open.content.decode()
+    assert left_open.redirect_chain[0] == ("/", 302)
