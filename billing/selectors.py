@@ -7,11 +7,20 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 
 from accounts.models import Tenant
 from billing import entitlements, pricing
-from billing.models import BillingProfile, Invoice, Plan, Subscription
+from billing.models import (
+    BillingPeriod,
+    BillingProfile,
+    Invoice,
+    Plan,
+    Price,
+    Subscription,
+    UsageRecord,
+)
+from billing.usage import period_bounds
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -107,11 +116,38 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
         .select_related("plan")
         .order_by("plan__name")
     ]
+    said += _uninvoiced(tenant)
     unpaid = Invoice.objects.filter(tenant=tenant, status=Invoice.Status.OPEN).order_by("number")
     said += [
         f"Invoice {invoice.number or invoice.period} ({invoice.total} "
         f"{invoice.currency.upper()}) is unpaid: pay it first."
         for invoice in unpaid.only("number", "period", "total", "currency")
+    ]
+    return said
+
+
+def _uninvoiced(tenant: Tenant) -> list[str]:
+    """What of the tenant's usage has no invoice yet, as sentences: a month not closed yet with
+    priced usage (its invoice comes once it ends), and invoices drafted and not issued. An
+    organization deleted before would get that invoice with no one able to open it."""
+    said = []
+    last = (
+        UsageRecord.objects.filter(tenant=tenant, quantity__gt=0)
+        .filter(Exists(Price.objects.filter(plan_id=OuterRef("plan_id"), unit_price__isnull=False)))
+        .exclude(period__in=BillingPeriod.objects.filter(closed_at__isnull=False).values("key"))
+        .aggregate(last=Max("period"))["last"]
+    )
+    if last:
+        start, end = period_bounds(last)
+        said.append(
+            f"Its usage of {start:%B %Y} is invoiced once the month has ended, from "
+            f"{end:%-d %B %Y}: delete the organization once that invoice is paid."
+        )
+    drafts = Invoice.objects.filter(tenant=tenant, status=Invoice.Status.DRAFT).order_by("period")
+    said += [
+        f"Its invoice for {period} is being prepared: delete the organization once it is issued "
+        "and paid."
+        for period in drafts.values_list("period", flat=True).distinct()
     ]
     return said
 
