@@ -14,11 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import cached_property
 
 from django.db import connection
+from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from accounts.models import Tenant
+from billing import pricing
 from billing.models import Plan, PlanOverride, Subscription
 
 # The keys of `Plan.limits` (and of `PlanOverride.limits`) that are limits.
@@ -190,22 +193,30 @@ _STANDING = ["id", "status", "past_due_since"]  # in the model's order, as `from
 
 def subscription_of(tenant: Tenant, plan: Plan) -> Subscription | None:
     """The tenant's open (not cancelled) subscription to `plan`, or None (at most one is open),
-    with what an entitlement check reads of it (its status and since when it is past due; the
-    rest is read if asked for). In SQL: every entitlement check reads it, and building the
-    query cost more than running it."""
+    with what an entitlement check reads of it (`subscriptions_of`)."""
+    return subscriptions_of(tenant, [plan]).get(plan.pk)
+
+
+def subscriptions_of(tenant: Tenant, plans: list[Plan]) -> dict[int, Subscription]:
+    """`subscription_of` each plan that has one, by plan id, with what an entitlement check
+    reads of it (its status and since when it is past due; the rest is read if asked for). In
+    SQL: every entitlement check reads it, and building the query cost more than running it."""
+    by_pk = {plan.pk: plan for plan in plans}
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {', '.join(_STANDING)} FROM {Subscription._meta.db_table}"  # noqa: S608 - our names
-            " WHERE tenant_id = %s AND plan_id = %s AND status <> %s"
-            " ORDER BY created_at DESC LIMIT 1",
-            [tenant.pk, plan.pk, Subscription.Status.CANCELLED],
+            f"SELECT DISTINCT ON (plan_id) plan_id, {', '.join(_STANDING)}"  # noqa: S608 - our names
+            f" FROM {Subscription._meta.db_table}"
+            " WHERE tenant_id = %s AND plan_id = ANY(%s) AND status <> %s"
+            " ORDER BY plan_id, created_at DESC",
+            [tenant.pk, list(by_pk), Subscription.Status.CANCELLED],
         )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    subscription = Subscription.from_db(connection.alias, _STANDING, row)
-    subscription.tenant, subscription.plan = tenant, plan
-    return subscription
+        rows = cursor.fetchall()
+    found = {}
+    for plan_id, *row in rows:
+        subscription = Subscription.from_db(connection.alias, _STANDING, row)
+        subscription.tenant, subscription.plan = tenant, by_pk[plan_id]
+        found[plan_id] = subscription
+    return found
 
 
 def suspended_in_effect(subscription: Subscription, now: datetime | None = None) -> bool:
@@ -237,16 +248,56 @@ def held_by_staff(tenant: Tenant, plan: Plan | None = None) -> set[int]:
     return {plan_id for plan_id, held in last.items() if held}
 
 
-def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
+class Reads:
+    """What checks of `tenant`'s requests on `plans` read of the database, each read for all
+    the plans at once when a check first needs it: deciding for every plan a page lists costs
+    as many queries as deciding for one."""
+
+    def __init__(self, tenant: Tenant, plans: list[Plan], at: datetime | None = None):
+        self.tenant, self.plans, self.at = tenant, list(plans), at
+
+    @cached_property
+    def limits(self) -> dict[int, Limits]:
+        """The plans' limits for the tenant at `at` (now), by plan id (`limits_of`)."""
+        return limits_of(self.tenant, self.plans, self.at)
+
+    @cached_property
+    def subscriptions(self) -> dict[int, Subscription]:
+        """The tenant's open subscription to each plan that has one (`subscriptions_of`)."""
+        return subscriptions_of(self.tenant, self.plans)
+
+    @cached_property
+    def held(self) -> set[int]:
+        """The plans staff hold (`held_by_staff`)."""
+        return held_by_staff(self.tenant, self.plans[0] if len(self.plans) == 1 else None)
+
+    @cached_property
+    def paid_at_checkout(self) -> set[int]:
+        """The plans a subscription to which waits for payment (`Plan.paid_at_checkout`)."""
+        prefetch_related_objects(self.plans, "prices")
+        return pricing.paid_at_checkout(self.plans)
+
+    @cached_property
+    def beside(self) -> set[int]:
+        """The plans whose service offers another plan (one to move to for more)."""
+        services: dict[str, set[int]] = {}
+        for service, pk in Plan.objects.filter(
+            service__in={plan.service for plan in self.plans}
+        ).values_list("service", "pk"):
+            services.setdefault(service, set()).add(pk)
+        return {plan.pk for plan in self.plans if services.get(plan.service, set()) - {plan.pk}}
+
+
+def _status_refusal(plan: Plan, action: str, reads: Reads) -> str | None:
     if action in ALWAYS_ALLOWED or action in SETTINGS:
         return None
-    subscription = subscription_of(tenant, plan)
+    subscription = reads.subscriptions.get(plan.pk)
     what = "create instances on it" if action in NEW_INSTANCE else "run this action"
-    if subscription is None and held_by_staff(tenant, plan):
+    if subscription is None and plan.pk in reads.held:
         return f"The platform team suspended your {plan.name} subscription: contact them to {what}."
     if subscription is None:
         return f"Subscribe to the {plan.name} plan on the Billing page to {what}."
-    if subscription.status == Subscription.Status.PENDING and plan.paid_at_checkout:
+    if subscription.status == Subscription.Status.PENDING and plan.pk in reads.paid_at_checkout:
         return (
             f"Your subscription to the {plan.name} plan is awaiting payment: finish it on the "
             f"Billing page (Continue to payment); you can {what} once Stripe confirms it."
@@ -264,37 +315,43 @@ def _status_refusal(tenant: Tenant, plan: Plan, action: str) -> str | None:
     return None
 
 
-def _beyond(plan: Plan, change: str, ask: str) -> str:
+def _beyond(plan: Plan, reads: Reads, change: str, ask: str) -> str:
     """How a refusal ends: where the customer gets more than `plan` allows. Another plan of the
     same service is a move away (the Billing page's Change plan: `change`); without one, only
     the platform team can help ("ask the platform team " and `ask`)."""
-    if Plan.objects.filter(service=plan.service).exclude(pk=plan.pk).exists():
+    if plan.pk in reads.beside:
         return change
     return f"ask the platform team {ask}"
 
 
-def _verb_refusal(plan: Plan, action: str, limits: Limits, request: Request) -> str | None:
+def _verb_refusal(
+    plan: Plan, reads: Reads, action: str, limits: Limits, request: Request
+) -> str | None:
     if action in limits.denied_verbs:
         return f"The {plan.name} plan does not include the {action} action; " + _beyond(
-            plan, "change plan on the Billing page to use it.", "if you need it."
+            plan, reads, "change plan on the Billing page to use it.", "if you need it."
         )
     if action == "restore" and request.point_in_time and POINT_IN_TIME in limits.denied_verbs:
         return (
             f"The {plan.name} plan does not include point-in-time restore; restore the snapshot "
             "as it was taken, or "
-            + _beyond(plan, "change plan on the Billing page.", "if you need it.")
+            + _beyond(plan, reads, "change plan on the Billing page.", "if you need it.")
         )
     return None
 
 
-def _size_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) -> str | None:
+def _size_refusal(
+    plan: Plan, reads: Reads, limits: Limits, usage: Usage, request: Request
+) -> str | None:
     for dimension, limit in limits.max_per_instance.items():
         asked = Decimal((request.quantities or {}).get(dimension, 0))
         if asked > limit:
             return (
                 f"The {plan.name} plan allows at most {quantity_text(dimension, limit)} per "
                 f"instance and this asks for {quantity_text(dimension, asked)}; "
-                + _beyond(plan, "change plan on the Billing page for more.", "if you need more.")
+                + _beyond(
+                    plan, reads, "change plan on the Billing page for more.", "if you need more."
+                )
             )
     for dimension, limit in limits.max_total.items():
         grows = Decimal((request.delta or {}).get(dimension, 0))
@@ -304,12 +361,14 @@ def _size_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) ->
                 f"The {plan.name} plan allows at most {quantity_text(dimension, limit)} across "
                 f"your organization's instances and this would make "
                 f"{quantity_text(dimension, total)}; free some or "
-                + _beyond(plan, "change plan on the Billing page.", "for more.")
+                + _beyond(plan, reads, "change plan on the Billing page.", "for more.")
             )
     return None
 
 
-def _new_instance_refusal(plan: Plan, limits: Limits, usage: Usage, request: Request) -> str | None:
+def _new_instance_refusal(
+    plan: Plan, reads: Reads, limits: Limits, usage: Usage, request: Request
+) -> str | None:
     if request.cell is not None and limits.cells is not None and request.cell not in limits.cells:
         offered = ", ".join(limits.cells) or "none"
         return (
@@ -321,7 +380,7 @@ def _new_instance_refusal(plan: Plan, limits: Limits, usage: Usage, request: Req
         return (
             f"The {plan.name} plan allows at most {most} instance{'s' if most != 1 else ''} per "
             f"organization and you have {usage.instances}; delete one or "
-            + _beyond(plan, "change plan on the Billing page.", "for more.")
+            + _beyond(plan, reads, "change plan on the Billing page.", "for more.")
         )
     return None
 
@@ -335,9 +394,11 @@ def check(
     request: Request | None = None,
     at: datetime | None = None,
     limits: Limits | None = None,
+    reads: Reads | None = None,
 ) -> Decision:
     """Whether `tenant` may do `action` on `plan` given its `usage` and the `request`;
-    `limits`: the plan's for the tenant at `at`, when the caller has read them already.
+    `limits`: the plan's for the tenant at `at`, when the caller has read them already;
+    `reads`: what the check reads, shared by the checks of several plans (`plan` among them).
 
     `action` is a verb (create, modify, restore, stop, start, backup, a custom verb, upgrade,
     rollback, deleteBackup, delete) or the setting `backup.schedule`. Refusals come first from
@@ -345,20 +406,21 @@ def check(
     """
     usage = usage or Usage()
     request = request or Request()
-    reason = _status_refusal(tenant, plan, action)
+    reads = reads if reads is not None else Reads(tenant, [plan], at)
+    reason = _status_refusal(plan, action, reads)
     if reason:
         return Decision(False, reason)
     if action in ALWAYS_ALLOWED:
         return ALLOW
-    limits = limits if limits is not None else limits_for(tenant, plan, at)
-    reason = _verb_refusal(plan, action, limits, request)
+    limits = limits if limits is not None else reads.limits[plan.pk]
+    reason = _verb_refusal(plan, reads, action, limits, request)
     if reason:
         return Decision(False, reason)
     if action in NEW_INSTANCE:
-        reason = _new_instance_refusal(plan, limits, usage, request)
+        reason = _new_instance_refusal(plan, reads, limits, usage, request)
         if reason:
             return Decision(False, reason)
-    reason = _size_refusal(plan, limits, usage, request)
+    reason = _size_refusal(plan, reads, limits, usage, request)
     if reason:
         return Decision(False, reason)
     days, most = request.retention_days, limits.max_backup_retention_days
@@ -366,7 +428,7 @@ def check(
         return Decision(
             False,
             f"The {plan.name} plan keeps backups for at most {most} days; choose {most} or "
-            "fewer, or " + _beyond(plan, "change plan on the Billing page.", "for longer."),
+            "fewer, or " + _beyond(plan, reads, "change plan on the Billing page.", "for longer."),
         )
     return ALLOW
 

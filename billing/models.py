@@ -50,9 +50,8 @@ class Plan(models.Model):
         nothing to pay and starts as it would without Stripe; so does one whose first prices
         apply from the next billing period)."""
         from billing import pricing
-        from billing.stripe_gateway import stripe_bills
 
-        return stripe_bills() and bool(pricing.in_effect([self], timezone.now())[self.pk])
+        return self.pk in pricing.paid_at_checkout([self])
 
     @property
     def grace_days(self) -> int:

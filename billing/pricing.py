@@ -123,6 +123,14 @@ def in_effect(plans: Iterable[Plan], at: datetime) -> dict[int, dict[str, Price 
     return found
 
 
+def paid_at_checkout(plans: Iterable[Plan]) -> set[int]:
+    """The ids of the `plans` a subscription to which waits for payment on Stripe's checkout
+    (`Plan.paid_at_checkout`); their prices are read as prefetched."""
+    if not stripe_bills():
+        return set()
+    return {pk for pk, prices in in_effect(plans, timezone.now()).items() if prices}
+
+
 def prices_at(plans: Iterable[Plan], at: datetime) -> dict[int, list[Price]]:
     """Each plan's own prices in effect at `at` (`in_effect`), by plan id, in dimension order,
     as `Price`s: a kept one is an unsaved copy, with the unit its plan gives the dimension

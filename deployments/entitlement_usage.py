@@ -55,11 +55,10 @@ def _usage(
     one statement, so as of one moment: one finishing meanwhile is counted either as queued or
     by the values it left on its instance (the runner stores both at once), never missed.
     """
+    if not dimensions:
+        return entitlements.Usage(instances=_counts(tenant, [plan], pending=pending)[plan.pk]), {}
     live = _LIVE if pending else []  # without `pending`, no operation joins an instance
     with connection.cursor() as cursor:
-        if not dimensions:
-            cursor.execute(_COUNT, [live, plan.pk, tenant.pk, Instance.State.DELETED, plan.pk])
-            return entitlements.Usage(instances=cursor.fetchone()[0]), {}
         cursor.execute(
             _ROWS,
             [live, plan.pk, Instance.State.FAILED, _ENDED_UNDONE, list(lifecycle.ROLLED_BACK),
@@ -125,7 +124,24 @@ _JOINED = f"""
         ON o.instance_id = i.id AND o.state = ANY(%s)
            AND o.plan_version_id IN (SELECT id FROM {_VERSION} WHERE plan_id = %s)"""  # noqa: S608 - our names
 _WHERE = "WHERE i.tenant_id = %s AND i.state <> %s AND (v.plan_id = %s OR o.id IS NOT NULL)"
-_COUNT = f"SELECT count(DISTINCT i.id) {_JOINED} {_WHERE}"
+# How many of the tenant's instances that are not deleted count on each of the plans: those on
+# it, and those with a live operation on one of its versions (`_JOINED` and `_WHERE` read them
+# for one plan). Parameters: the tenant, the deleted state, the plans, the live states, the
+# tenant, the deleted state, the plans.
+_COUNTS = f"""
+    SELECT plan_id, count(*) FROM (
+        SELECT i.id, v.plan_id
+          FROM {_INSTANCE} i
+          JOIN {_VERSION} v ON v.id = i.plan_version_id
+         WHERE i.tenant_id = %s AND i.state <> %s AND v.plan_id = ANY(%s)
+        UNION
+        SELECT i.id, v.plan_id
+          FROM {_INSTANCE} i
+          JOIN {_OPERATION} o ON o.instance_id = i.id AND o.state = ANY(%s)
+          JOIN {_VERSION} v ON v.id = o.plan_version_id
+         WHERE i.tenant_id = %s AND i.state <> %s AND v.plan_id = ANY(%s)
+    ) counted
+     GROUP BY plan_id"""  # noqa: S608 - our names
 # The version and parameters of a failed instance's last modify, upgrade or roll back that ran
 # and failed or was cancelled (one refused at its start ran nothing). Parameters: the failed
 # instance state, `_ENDED_UNDONE`, the verbs.
@@ -153,6 +169,20 @@ _SETTLED = f"""
       JOIN {_VERSION} v ON v.id = i.plan_version_id
       {_FAILED}
      WHERE i.tenant_id = %s AND i.state <> %s AND v.plan_id = ANY(%s)"""  # noqa: S608 - our names
+
+
+def _counts(tenant: Tenant, plans: list[Plan], *, pending: bool) -> dict[int, int]:
+    """How many instances `usage_on_plan` counts on each plan without dimensions, by plan id, in
+    one statement."""
+    live = _LIVE if pending else []  # without `pending`, no operation moves an instance
+    ids = [plan.pk for plan in plans]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _COUNTS,
+            [tenant.pk, Instance.State.DELETED, ids, live, tenant.pk, Instance.State.DELETED, ids],
+        )
+        counted = dict(cursor.fetchall())
+    return {pk: counted.get(pk, 0) for pk in ids}
 
 
 def _settled(tenant: Tenant, plans: list[Plan]) -> dict[int, entitlements.Usage]:
@@ -274,11 +304,27 @@ def create_refusal(tenant: Tenant, plan: Plan) -> str | None:
     """Why the tenant cannot create an instance of `plan` now, whatever values it asks for (no
     subscription, one awaiting approval or payment or suspended, the plan's instance limit
     reached), None when it may try: what the create form says before it is filled in."""
-    try:
-        entitlement_require(tenant=tenant, plan=plan, action="create")
-    except ActionDenied as exc:
-        return exc.reason
-    return None
+    return create_refusals(tenant, [plan])[plan.key]
+
+
+def create_refusals(tenant: Tenant, plans: list[Plan]) -> dict[str, str | None]:
+    """`create_refusal` of each plan, by key, in as many queries for many plans as for one (the
+    catalog's cards): `entitlement_require`'s check of a create, its values not asked yet."""
+    if not plans:
+        return {}
+    reads = entitlements.Reads(tenant, plans)
+    counts = _counts(tenant, plans, pending=True)
+    refusals = {}
+    for plan in plans:
+        decision = entitlements.check(
+            tenant=tenant,
+            plan=plan,
+            action="create",
+            usage=entitlements.Usage(instances=counts[plan.pk]),
+            reads=reads,
+        )
+        refusals[plan.key] = decision.reason or None
+    return refusals
 
 
 def moves_require(

@@ -30,7 +30,7 @@ from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
-from deployments.entitlement_usage import create_refusal
+from deployments.entitlement_usage import create_refusal, create_refusals
 from deployments.models import BackupSchedule, Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
 from deployments.workflow.driver import DriverError
@@ -103,9 +103,7 @@ def instance_catalog(request):
     plans = [entry.plan for service in services for entry in service.plans]
     # What keeps the tenant from creating on a plan (no subscription, a limit reached): said on
     # its card, before anyone fills in its form, in place of a Create that could only fail.
-    refusals = (
-        {plan.key: create_refusal(request.tenant, plan) for plan in plans} if can_create else {}
-    )
+    refusals = create_refusals(request.tenant, plans) if can_create else {}
     context = {
         "services": services,
         "can_create": can_create,
