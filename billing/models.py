@@ -364,10 +364,13 @@ class Subscription(models.Model):
         since = self.stop_counted_from()
         return since + timedelta(days=self.plan.stop_after_days) if since else None
 
-    def status_text(self) -> str:
+    def status_text(self, paid_at_checkout: bool | None = None) -> str:
         """Its status as people read it: while Stripe bills tenants, a pending subscription
-        waits for payment on Stripe's checkout page, not for the platform team's approval."""
-        if self.status == self.Status.PENDING and self.plan.paid_at_checkout:
+        waits for payment on Stripe's checkout page, not for the platform team's approval.
+        `paid_at_checkout`: its plan's (`Plan.paid_at_checkout`), when the caller read it."""
+        if paid_at_checkout is None and self.status == self.Status.PENDING:
+            paid_at_checkout = self.plan.paid_at_checkout
+        if self.status == self.Status.PENDING and paid_at_checkout:
             return "Awaiting payment"
         if self.status == self.Status.SUSPENDED and self.suspended_by_staff:
             return "Suspended by staff"

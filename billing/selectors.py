@@ -59,10 +59,17 @@ class PlanRow:
     # Not subscribed since a subscription ended with instances on the plan: when the running
     # ones are stopped (`Subscription.stop_due_at`).
     stop_due: datetime | None = None
+    # A subscription to it waits for payment on Stripe's checkout (`Plan.paid_at_checkout`).
+    paid_at_checkout: bool = False
 
     @property
     def badge(self) -> str:
         return STATUS_BADGES.get(self.subscription.status, "") if self.subscription else ""
+
+    @property
+    def status_text(self) -> str:
+        """Its subscription's status as people read it (`Subscription.status_text`)."""
+        return self.subscription.status_text(self.paid_at_checkout) if self.subscription else ""
 
 
 # What a list of invoices shows (never the lines).
@@ -312,6 +319,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     held = entitlements.held_by_staff(tenant)
     plans = list(Plan.objects.prefetch_related("prices"))
     prices = pricing.price_lists(tenant, plans)
+    paid_at_checkout = pricing.paid_at_checkout(plans)
     limits_of = entitlements.limits_of(tenant, plans)
     usages = entitlements.usages_of(
         tenant, [plan for plan in plans if plan.pk in open_ or plan.pk in ended]
@@ -334,6 +342,7 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
                 held=subscription is None and plan.pk in held,
                 prices=prices[plan.pk],
                 stop_due=ended[plan.pk].stop_due_at() if instances and plan.pk in ended else None,
+                paid_at_checkout=plan.pk in paid_at_checkout,
             )
         )
     for row in rows:

@@ -244,9 +244,9 @@ def test_creating_without_a_subscription_points_to_the_billing_page(owner_client
     assert f'<a href="/t/{tenant.slug}/billing/#plan-{plan.key}">Subscribe' in html
 
 
-def _plans_in_use(tenant, version, keys):
+def _plans_in_use(tenant, version, keys, status=Subscription.Status.PENDING):
     """A plan of the version's service per key, with a price and the tenant's override, an
-    ended subscription beside one awaiting approval, and two instances."""
+    ended subscription beside one in `status` (awaiting approval), and two instances."""
     from decimal import Decimal
 
     from billing.models import Price
@@ -261,27 +261,41 @@ def _plans_in_use(tenant, version, keys):
         )
         ended = services.subscription_create_active(actor=SYSTEM, tenant=tenant, plan=plan)
         Subscription.objects.filter(pk=ended.pk).update(status=Subscription.Status.CANCELLED)
-        Subscription.objects.create(tenant=tenant, plan=plan, status=Subscription.Status.PENDING)
+        Subscription.objects.create(tenant=tenant, plan=plan, status=status)
         PlanOverride.objects.create(tenant=tenant, plan=plan, limits={"max_instances": 4})
         factories.make_instances(tenant, on_it, cell, 2, name=key)
 
 
+@pytest.mark.parametrize(
+    ("status", "stripe", "said"),
+    [
+        ("pending", False, "Awaiting approval"),
+        ("pending", True, "Awaiting payment"),  # each plan has a price to pay at checkout
+        ("active", True, "Active"),
+        ("past_due", True, "Payment is past due."),
+        ("suspended", False, "This subscription is suspended"),
+    ],
+)
 def test_the_page_reads_in_as_many_queries_whatever_the_plans_in_use(
-    owner_client, tenant, version, subscribed
+    owner_client, tenant, version, subscribed, settings, status, stripe, said
 ):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    _plans_in_use(tenant, version, ["one"])
+    if stripe:
+        settings.STRIPE_API_KEY = "sk_test_opsdeck_billing_page"
+    _plans_in_use(tenant, version, ["one"], status)
     with CaptureQueriesContext(connection) as few:
         page = owner_client.get(_url(tenant)).content.decode()
     assert page.count("2 of 4 instances") == 1
+    shown = page.count(said)
     more = [f"more-{n}" for n in range(8)]
-    _plans_in_use(tenant, version, more)
+    _plans_in_use(tenant, version, more, status)
     # Each process reads a plan version's usage rules once (versions never change).
     owner_client.get(_url(tenant))
     with CaptureQueriesContext(connection) as many:
         page = owner_client.get(_url(tenant)).content.decode()
 
     assert page.count("2 of 4 instances") == 1 + len(more)
+    assert page.count(said) == shown + len(more)
     assert len(many) == len(few), "\n".join(q["sql"][:150] for q in many)
