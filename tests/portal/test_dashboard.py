@@ -289,3 +289,40 @@ def test_the_team_link_says_manage_only_to_a_role_that_can(client, owner, add_me
 
     assert f'href="/t/{tenant.slug}/team/">View team</a>' in theirs and "Manage team" not in theirs
     assert f'href="/t/{tenant.slug}/team/">Manage team</a>' in ours
+
+
+def test_the_dashboard_makes_as_many_queries_for_many_plans_as_for_few(
+    owner_client, tenant, version, cell
+):
+    """Each plan with its subscription, a running instance, one degraded, and an operation
+    running and one failed on them."""
+    from django.utils import timezone
+
+    from deployments import services
+    from deployments.models import Instance
+
+    url = f"/t/{tenant.slug}/"
+
+    def add(keys) -> None:
+        for key in keys:
+            plan_version = services.plan_load(
+                text=factories.SPEC.read_text()
+                .replace("name: PostgreSQL\n", f"name: PG {key}\n", 1)
+                .replace("plan: postgres-cnpg", f"plan: {key}")
+            ).version
+            running, degraded = factories.make_instances(tenant, plan_version, cell, 2, name=key)
+            Instance.objects.filter(pk=degraded.pk).update(
+                health="degraded", health_reason="A server is down.", unhealthy_since=timezone.now()
+            )
+            factories.make_operation(running, verb="failover", state="running")
+            factories.make_operation(degraded, verb="rotateCredentials", state="failed")
+
+    add(["pg-0", "pg-1"])
+    # The visit before each count also reads the new plan versions' specs (once per process).
+    few = _dashboard_queries(owner_client, url)
+    add(["pg-2", "pg-3", "pg-4"])
+
+    assert _dashboard_queries(owner_client, url) == few
+    page = owner_client.get(url).content.decode()
+    assert page.count(">Switchover</a>") == 5 and page.count(">Rotate owner password</a>") == 5
+    assert page.count("A server is down.") == 5
