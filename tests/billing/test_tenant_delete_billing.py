@@ -23,8 +23,8 @@ def _delete(owner, tenant):
 def test_deleting_waits_for_the_invoice_of_the_months_usage_and_its_payment(
     owner,
     tenant,
-    plan,
-    make_user,  # noqa: F811 - the fixture imported above
+    plan,  # noqa: F811 - the fixture imported above
+    make_user,
 ):
     Subscription.objects.create(tenant=tenant, plan=plan, status="cancelled")
     _use(tenant, plan, NOVEMBER, cpu="2")
