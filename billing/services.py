@@ -500,9 +500,13 @@ def subscription_cancel(
             usage = entitlements.usage_of(subscription.tenant, subscription.plan, pending=True)
             running = usage.instances if usage else 0
             if running:
-                still = "instance still runs" if running == 1 else "instances still run"
+                still, them = (
+                    ("instance still runs", "it")
+                    if running == 1
+                    else ("instances still run", "them")
+                )
                 raise ActionDenied(
-                    f"{running} {still} on the {subscription.plan.name} plan; delete them "
+                    f"{running} {still} on the {subscription.plan.name} plan; delete {them} "
                     "before cancelling."
                 )
         if then is not None:

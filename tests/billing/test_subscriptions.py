@@ -196,7 +196,9 @@ def test_cancelling_is_refused_while_instances_run(tenant, owner):
         "2 instances still run on the PostgreSQL plan; delete them before cancelling."
     )
     made[0].delete()
-    with pytest.raises(ActionDenied, match=r"^1 instance still runs on the PostgreSQL plan"):
+    with pytest.raises(
+        ActionDenied, match=r"^1 instance still runs on the PostgreSQL plan; delete it before"
+    ):
         services.subscription_cancel(actor=Actor(user=owner), subscription=subscription)
     assert Subscription.objects.get().status == "active"
 
