@@ -700,7 +700,10 @@ def test_back_from_checkout_the_page_follows_the_subscription_until_stripe_confi
     page = page.content.decode()
 
     assert "Active</span>" in page[page.index(f'id="plan-{catalog.key}"') :]
-    assert "Thank you: Stripe confirmed your payment, and your PostgreSQL subscription has" in page
+    assert (
+        "Thank you: Stripe confirmed your payment details, and your PostgreSQL subscription has"
+        in page
+    )
     assert "Stripe has your payment details" not in page
     assert 'id="billing-live">' in page  # no longer followed
 

@@ -42,11 +42,13 @@ def test_back_from_paying_the_page_shows_the_subscription_start_without_a_reload
     )  # fmt: skip
 
     expect(plan.locator(".badge")).to_have_text("Active", timeout=10_000)
-    expect(page.get_by_role("status")).to_have_text(re.compile("Stripe confirmed your payment"))
+    expect(page.get_by_role("status")).to_have_text(
+        re.compile("Stripe confirmed your payment details")
+    )
     assert page.evaluate("performance.timeOrigin") == loaded  # the same page, not a reload
     shot(page, f"billing-confirmed-{width}")
     # Thanked once: the address is the Billing page's own, so a reload does not thank again.
     expect(page).to_have_url(re.compile(rf"/t/{tenant.slug}/billing/$"))
     page.reload()
     expect(plan.locator(".badge")).to_have_text("Active")
-    expect(page.get_by_text("Stripe confirmed your payment")).to_have_count(0)
+    expect(page.get_by_text("Stripe confirmed your payment details")).to_have_count(0)
