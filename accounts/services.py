@@ -639,6 +639,10 @@ def invitation_from_token(token: str) -> Invitation:
     invitation = Invitation.objects.select_related("tenant").filter(pk=pk).first()
     if invitation is None:
         raise InvitationInvalid("This invitation link is not valid.")
+    if invitation.tenant.deleted_at is not None:  # its invitations were withdrawn with it
+        raise InvitationInvalid(
+            f"{invitation.tenant.name} has been deleted: this invitation can no longer be used."
+        )
     status = invitation.status
     if status == "accepted":
         raise InvitationInvalid("This invitation has already been used.")

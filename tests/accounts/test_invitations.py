@@ -536,3 +536,21 @@ def test_inviting_someone_again_while_they_accept_leaves_a_member_or_an_open_inv
             assert f"{email} is already a member." in str(results)
         else:  # the invitation was sent first: the older link no longer works, the new one does
             assert [i.role for i in still_open] == ["admin"], (delay, results)
+
+
+@pytest.mark.django_db
+def test_an_invitation_to_a_deleted_organization_says_so(client, invite, make_user, owner):
+    from accounts import services
+    from accounts.audit import Actor
+
+    invitation, link = invite()
+    services.tenant_delete(actor=Actor(user=owner), tenant=invitation.tenant, confirm_name="Acme")
+    client.force_login(make_user("new@example.com"))
+
+    response = client.post(link)
+
+    assert response.status_code == 400
+    assert "Acme has been deleted: this invitation can no longer be used." in (
+        response.content.decode()
+    )
+    assert not Membership.objects.filter(user__email="new@example.com").exists()
