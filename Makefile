@@ -59,9 +59,11 @@ format: $(VENV)/.installed-dev
 vendor:
 	scripts/vendor.sh
 
-# Stop the sandbox cluster, the Stripe emulator, and the embedded PostgreSQL and Redis if
-# `make run` started them; each returns once its process has exited.
+# Stop `make run`'s web server and workers (honcho, when it still runs: in the background or
+# another terminal), the sandbox cluster, the Stripe emulator, and the embedded PostgreSQL and
+# Redis if `make run` started them; each returns once its process has exited.
 stop:
+	@scripts/stop.sh $(VAR)/honcho.pid INT honcho
 	@scripts/sandbox.sh stop
 	@scripts/stripe_emulator.sh stop
 	@scripts/stop.sh $(VAR)/redis/redis.pid

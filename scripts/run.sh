@@ -32,4 +32,7 @@ echo
 echo "Opsdeck is starting at http://127.0.0.1:$PORT/ (Ctrl-C stops it)"
 if [ -n "$stripe_env" ]; then echo "Stripe: the emulator at $STRIPE_API_BASE (make stop stops it)"; fi
 echo
+# honcho keeps this process's id: `make stop` stops it, and with it the Procfile's processes,
+# when it runs in the background or in another terminal.
+echo $$ >"$var/honcho.pid"
 PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/honcho start --procfile Procfile --port "$PORT"
