@@ -220,6 +220,8 @@ def tenant_rename(*, actor: Actor, tenant: Tenant, name: str) -> Tenant:
             _name_free_for(actor.user, name, besides=tenant)
         tenant.name = name
         tenant.save(update_fields=["name"])
+        for hook in _RENAME_HOOKS:
+            hook(tenant)
         audit_record(
             actor=actor,
             action="tenant.rename",
@@ -228,6 +230,18 @@ def tenant_rename(*, actor: Actor, tenant: Tenant, name: str) -> Tenant:
             payload={"name": name, "from": before},
         )
     return tenant
+
+
+# What follows a rename elsewhere: functions of the renamed tenant, called inside the renaming
+# transaction (what they tell the outside, they tell once it commits). Billing registers its
+# own (accounts does not import it).
+_RENAME_HOOKS: list[Callable[[Tenant], None]] = []
+
+
+def tenant_rename_hook_register(hook: Callable[[Tenant], None]) -> None:
+    """Name a function to call with each renamed tenant, inside the renaming transaction."""
+    if hook not in _RENAME_HOOKS:
+        _RENAME_HOOKS.append(hook)
 
 
 # What stands in the way of deleting an organization: functions of the tenant, each giving

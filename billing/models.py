@@ -537,13 +537,26 @@ class BillingProfile(models.Model):
 
 
 class StripeCustomer(models.Model):
-    """The Stripe customer of a tenant."""
+    """The Stripe customer of a tenant.
+
+    A tenant without billing details is billed under its name: `name` is the one Stripe's
+    customer holds (as made, or last sent; blank: not known), and while it is not the tenant's
+    the name is due to Stripe (`stripe_sync.billing_details_push`). A push that failed is tried
+    again by beat from `name_next_attempt_at`; one Stripe refused (`name_error`, no next
+    attempt) waits for the tenant's next rename. A tenant with billing details follows its
+    `BillingProfile` instead."""
 
     tenant = models.OneToOneField(
         "accounts.Tenant", on_delete=models.PROTECT, related_name="stripe_customer"
     )
     customer_id = models.CharField(max_length=255, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    name = models.CharField(max_length=200, blank=True)
+    name_attempts = models.PositiveIntegerField(default=0)  # since the last success
+    # Claimed while a push is under way (another waits `stripe_sync.DETAILS_LEASE`).
+    name_attempted_at = models.DateTimeField(null=True, blank=True)
+    name_next_attempt_at = models.DateTimeField(null=True, blank=True)
+    name_error = models.TextField(blank=True)
 
     def __str__(self) -> str:
         return self.customer_id

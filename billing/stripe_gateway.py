@@ -119,6 +119,14 @@ class StripeGateway:
         )
 
     @_translated
+    def customer_name_set(self, customer_id: str, *, name: str, key: str) -> Any:
+        """Put a customer's name to `name` (what a tenant without billing details is billed
+        under); `key` names the attempt."""
+        return self.client.v1.customers.update(
+            customer_id, {"name": name}, {"idempotency_key": key}
+        )
+
+    @_translated
     def customer_tax_ids(self, customer_id: str) -> list[Any]:
         return list(
             self.client.v1.customers.tax_ids.list(customer_id, {"limit": 100}).auto_paging_iter()

@@ -374,14 +374,18 @@ def customer_ensure(gw: StripeGateway, tenant: Tenant, *, email: str = "") -> St
     if existing:
         return existing
     customer = gw.customer_create(tenant_id=tenant.pk, name=tenant.name, email=email)
-    return customer_remember(tenant=tenant, customer_id=customer.id)
+    # The name Stripe answers with: a retried create answers with the first one's.
+    return customer_remember(
+        tenant=tenant, customer_id=customer.id, name=_field(customer, "name") or ""
+    )
 
 
-def customer_remember(*, tenant: Tenant, customer_id: str) -> StripeCustomer:
-    """Store the tenant's customer id (one per tenant: a second id is refused)."""
+def customer_remember(*, tenant: Tenant, customer_id: str, name: str = "") -> StripeCustomer:
+    """Store the tenant's customer id (one per tenant: a second id is refused), and the name
+    it holds (blank: not known; a tenant without billing details then has its name sent)."""
     with transaction.atomic():
         stored, _ = StripeCustomer.objects.get_or_create(
-            tenant=tenant, defaults={"customer_id": customer_id}
+            tenant=tenant, defaults={"customer_id": customer_id, "name": name}
         )
     if stored.customer_id != customer_id:
         raise ValueError(f"{tenant} already has the Stripe customer {stored.customer_id}.")
@@ -432,10 +436,19 @@ def _details_send(gw: StripeGateway, customer_id: str, profile: BillingProfile) 
             gw.customer_tax_id_delete(customer_id, tax_id.id)
 
 
+def _retry_at(exc: StripeFailure, attempts: int, now: datetime) -> datetime | None:
+    """When beat tries a push again after its `attempts`-th failure in a row: later each time;
+    never for one Stripe refused (it would again)."""
+    if isinstance(exc, StripeRefused):
+        return None
+    return now + min(DETAILS_BACKOFF_BASE * 2 ** (attempts - 1), DETAILS_BACKOFF_CAP)
+
+
 def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | None = None) -> bool:
     """Bring the tenant's Stripe customer to its billing details when it does not hold them
-    yet; whether this call did. Nothing to do without a Stripe customer (the details go when
-    one is made) or while another push holds the claim. Called outside any transaction.
+    yet, or, for a tenant without billing details, to its name (`_name_push`); whether this
+    call did. Nothing to do without a Stripe customer (the details go when one is made) or
+    while another push holds the claim. Called outside any transaction.
 
     A failure (StripeFailure, raised after it is recorded on the profile) is tried again by
     beat (`billing_details_push_due`) with a growing delay; one Stripe refused waits for the
@@ -450,14 +463,13 @@ def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | N
         .update(stripe_attempted_at=now, stripe_attempts=F("stripe_attempts") + 1)
     )
     if not claimed:
-        return False
+        return _name_push(gw, customer, now)
     profile = BillingProfile.objects.get(tenant_id=tenant_id)
     try:
         _details_send(gw, customer.customer_id, profile)
     except StripeFailure as exc:
         log.error("billing details of tenant %s not sent to Stripe: %s", tenant_id, exc)
-        delay = min(DETAILS_BACKOFF_BASE * 2 ** (profile.stripe_attempts - 1), DETAILS_BACKOFF_CAP)
-        retry = None if isinstance(exc, StripeRefused) else now + delay
+        retry = _retry_at(exc, profile.stripe_attempts, now)
         BillingProfile.objects.filter(pk=profile.pk).update(
             stripe_attempted_at=None,
             stripe_error=_unless_changed(profile, "stripe_error", exc.said),
@@ -484,10 +496,71 @@ def _unless_changed(profile: BillingProfile, field: str, value: Any) -> Case:
     )
 
 
+def _names_stale():
+    """The Stripe customers of tenants without billing details whose name is not the tenant's."""
+    return StripeCustomer.objects.filter(tenant__billing_profile__isnull=True).exclude(
+        name=F("tenant__name")
+    )
+
+
+def _name_push(gw: StripeGateway, customer: StripeCustomer, now: datetime) -> bool:
+    """Put the name of the customer of a tenant without billing details to the tenant's when
+    it does not hold it (`StripeCustomer.name`); whether this call did. Claimed as a details
+    push is; a failure is recorded on the customer and raised, and beat tries again."""
+    claimed = (
+        _names_stale()
+        .filter(pk=customer.pk)
+        .filter(Q(name_attempted_at=None) | Q(name_attempted_at__lt=now - DETAILS_LEASE))
+        .update(name_attempted_at=now, name_attempts=F("name_attempts") + 1)
+    )
+    if not claimed:
+        return False
+    customer = StripeCustomer.objects.select_related("tenant").get(pk=customer.pk)
+    name = customer.tenant.name
+    key = f"opsdeck-name-{customer.tenant_id}-{now:%Y%m%dT%H%M%S%f}"  # one per claim
+    try:
+        gw.customer_name_set(customer.customer_id, name=name, key=key)
+    except StripeFailure as exc:
+        log.error("name of tenant %s not sent to Stripe: %s", customer.tenant_id, exc)
+        StripeCustomer.objects.filter(pk=customer.pk).update(name_attempted_at=None)
+        # Renamed meanwhile: the rename made its name due now, refused or not before.
+        StripeCustomer.objects.filter(pk=customer.pk, tenant__name=name).update(
+            name_error=exc.said, name_next_attempt_at=_retry_at(exc, customer.name_attempts, now)
+        )
+        raise
+    StripeCustomer.objects.filter(pk=customer.pk).update(
+        name=name,
+        name_attempted_at=None,
+        name_attempts=0,
+        name_error="",
+        name_next_attempt_at=None,
+    )
+    return True
+
+
+def tenant_renamed(tenant: Tenant) -> None:
+    """A tenant was renamed (called inside the renaming transaction): when it is billed under
+    its name (no billing details), its Stripe customer takes the new one once the rename
+    commits, by a worker; beat sends it when that fails or no worker is reached. A name Stripe
+    refused before is tried again."""
+    stale = StripeCustomer.objects.filter(tenant=tenant, tenant__billing_profile__isnull=True)
+    if stale.update(name_attempts=0, name_error="", name_next_attempt_at=None):
+        tenant_id = tenant.pk
+
+        def push() -> None:
+            from billing.tasks import billing_details_push  # tasks import this module
+
+            billing_details_push.delay(tenant_id)
+
+        transaction.on_commit(push, robust=True)  # a broker out of reach: beat sends it
+
+
 def billing_details_push_due(*, now: datetime | None = None) -> int:
     """Push the billing details due to Stripe (run every minute by beat): saved while Stripe
-    could not be told, or since a customer was made for the tenant. How many went; a failure
-    is logged and recorded, and the others still go."""
+    could not be told, or since a customer was made for the tenant; and the names of the
+    tenants billed under their name that their customer does not hold (renamed, or made by a
+    checkout), unless Stripe refused it. How many went; a failure is logged and recorded, and
+    the others still go."""
     gw = gateway()
     if gw is None:
         return 0
@@ -497,8 +570,11 @@ def billing_details_push_due(*, now: datetime | None = None) -> int:
         stripe_next_attempt_at__lte=now,
         tenant__stripe_customer__isnull=False,
     ).values_list("tenant_id", flat=True)
+    names_due = _names_stale().filter(
+        Q(name_next_attempt_at__lte=now) | Q(name_next_attempt_at=None, name_error="")
+    )
     pushed = 0
-    for tenant_id in list(due):
+    for tenant_id in [*due, *names_due.values_list("tenant_id", flat=True)]:
         try:
             pushed += billing_details_push(gw, tenant_id, now=now)
         except StripeFailure:

@@ -4,6 +4,7 @@ from celery import shared_task
 
 from billing import invoicing, meter_events, services, stripe_sync
 from billing.models import Subscription
+from billing.stripe_gateway import StripeFailure, gateway
 
 
 @shared_task
@@ -36,6 +37,19 @@ def billing_details_push_due() -> int:
     """Send Stripe the billing details it does not hold yet (run every minute by beat; nothing
     happens while Stripe is not configured)."""
     return stripe_sync.billing_details_push_due()
+
+
+@shared_task
+def billing_details_push(tenant_pk: int) -> bool:
+    """Send the tenant's Stripe customer the billing details, or the name, it does not hold
+    yet (after a change committed); a failure is recorded, and beat tries again."""
+    gw = gateway()
+    if gw is None:
+        return False
+    try:
+        return stripe_sync.billing_details_push(gw, tenant_pk)
+    except StripeFailure:
+        return False
 
 
 @shared_task
