@@ -10,6 +10,7 @@ from billing import invoicing, meter_events, periods, services, stripe_sync
 from billing.models import (
     OVERRIDE_SAME_MOMENT,
     BillingPeriod,
+    BillingProfile,
     Invoice,
     InvoiceLine,
     MeteredHour,
@@ -366,11 +367,84 @@ class StripeEventAdmin(ServiceOwnedAdmin):
     date_hierarchy = "created"
 
 
+def _details_retry(modeladmin, request, queryset) -> None:
+    """Send each selected row's tenant's details (or name) to Stripe again now."""
+    actor = staff_actor(request)
+    run_action(
+        modeladmin,
+        request,
+        queryset.select_related("tenant"),
+        lambda row: stripe_sync.billing_details_retry(actor=actor, tenant=row.tenant),
+        "Sent to Stripe again",
+    )
+
+
+def _push_state(pending: bool, error: str, next_attempt_at) -> str:
+    """Whether Stripe's customer holds what the tenant is billed under, in words."""
+    if not pending:
+        return "Up to date"
+    if error and next_attempt_at is None:
+        return f"Refused: {error}"
+    if error:
+        return f"Could not be reached, tried again at {next_attempt_at:%Y-%m-%d %H:%M} UTC"
+    return "Due"
+
+
+@admin.register(BillingProfile)
+class BillingProfileAdmin(ServiceOwnedAdmin):
+    """Organizations' billing details, as their billing members set them on the portal; and
+    whether Stripe's customer holds them (`stripe_sync.billing_details_push`). Its action
+    makes a push due now, after a refusal too (`stripe_sync.billing_details_retry`)."""
+
+    list_display = ["tenant", "legal_name", "email", "country", "tax_id_value", "version",
+                    "stripe_version", "stripe_state", "updated_at"]  # fmt: skip
+    list_filter = ["country", "tax_id_type"]
+    search_fields = ["legal_name", "email", "tax_id_value", "tenant__name", "tenant__slug"]
+    list_select_related = ["tenant"]
+    readonly_fields = [field.name for field in BillingProfile._meta.fields]
+    actions = ["retry"]
+
+    @admin.display(description="Stripe")
+    def stripe_state(self, profile: BillingProfile) -> str:
+        return _push_state(
+            profile.stripe_pending, profile.stripe_error, profile.stripe_next_attempt_at
+        )
+
+    def has_manage_permission(self, request):
+        return request.user.has_perm("billing.change_billingprofile")
+
+    @admin.action(description="Send the details to Stripe again now", permissions=["manage"])
+    def retry(self, request, queryset):
+        _details_retry(self, request, queryset)
+
+
 @admin.register(StripeCustomer)
 class StripeCustomerAdmin(ServiceOwnedAdmin):
-    list_display = ["tenant", "customer_id", "created_at"]
+    """A tenant without billing details is billed under its name: `name` is the one Stripe's
+    customer holds. Its action makes a push due now, after a refusal too
+    (`stripe_sync.billing_details_retry`)."""
+
+    list_display = ["tenant", "customer_id", "name", "name_state", "created_at"]
     search_fields = ["customer_id", "tenant__name", "tenant__slug"]
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "tenant__billing_profile"]
+    actions = ["retry"]
+
+    @admin.display(description="Stripe holds its name")
+    def name_state(self, customer: StripeCustomer) -> str:
+        if hasattr(customer.tenant, "billing_profile"):
+            return "Billed under its billing details"
+        return _push_state(
+            customer.name != customer.tenant.name,
+            customer.name_error,
+            customer.name_next_attempt_at,
+        )
+
+    def has_manage_permission(self, request):
+        return request.user.has_perm("billing.change_stripecustomer")
+
+    @admin.action(description="Send the details to Stripe again now", permissions=["manage"])
+    def retry(self, request, queryset):
+        _details_retry(self, request, queryset)
 
 
 @admin.register(StripeMeter)

@@ -545,14 +545,57 @@ def tenant_renamed(tenant: Tenant) -> None:
     refused before is tried again."""
     stale = StripeCustomer.objects.filter(tenant=tenant, tenant__billing_profile__isnull=True)
     if stale.update(name_attempts=0, name_error="", name_next_attempt_at=None):
-        tenant_id = tenant.pk
+        _push_on_commit(tenant.pk)
 
-        def push() -> None:
-            from billing.tasks import billing_details_push  # tasks import this module
 
-            billing_details_push.delay(tenant_id)
+def _push_on_commit(tenant_id: int) -> None:
+    """Have a worker push the tenant's details (or name) once the transaction commits."""
 
-        transaction.on_commit(push, robust=True)  # a broker out of reach: beat sends it
+    def push() -> None:
+        from billing.tasks import billing_details_push  # tasks import this module
+
+        billing_details_push.delay(tenant_id)
+
+    transaction.on_commit(push, robust=True)  # a broker out of reach: beat sends it
+
+
+def billing_details_retry(*, actor: Actor, tenant: Tenant) -> None:
+    """Staff send Stripe the tenant's billing details (its name, while it has none) again now,
+    whatever became of the tries before (one Stripe refused too: the cause may be fixed in
+    Stripe meanwhile); audited. A worker pushes them once committed, beat when none is
+    reached. A ValidationError, nothing changed, when Stripe holds them already or the tenant
+    has no Stripe customer (they go when one is made)."""
+    with transaction.atomic():
+        customer = StripeCustomer.objects.select_for_update().filter(tenant=tenant).first()
+        if customer is None:
+            raise ValidationError(
+                f"{tenant.name} has no Stripe customer yet: its details go when one is made."
+            )
+        profile = BillingProfile.objects.select_for_update().filter(tenant=tenant).first()
+        if profile is not None:
+            if not profile.stripe_pending:
+                raise ValidationError(f"Stripe already holds the billing details of {tenant.name}.")
+            # Its attempts still count: they name the next one's idempotency key, and Stripe
+            # answers a key it refused again with the same refusal.
+            BillingProfile.objects.filter(pk=profile.pk).update(
+                stripe_error="", stripe_next_attempt_at=timezone.now()
+            )
+            payload = {"version": profile.version, "last_error": profile.stripe_error}
+        else:
+            if customer.name == tenant.name:
+                raise ValidationError(f"Stripe already holds the name of {tenant.name}.")
+            StripeCustomer.objects.filter(pk=customer.pk).update(
+                name_attempts=0, name_error="", name_next_attempt_at=None
+            )
+            payload = {"name": tenant.name, "last_error": customer.name_error}
+        audit_record(
+            actor=actor,
+            action="billing.details_retry",
+            tenant=tenant,
+            target=profile or customer,
+            payload=payload,
+        )
+        _push_on_commit(tenant.pk)
 
 
 def billing_details_push_due(*, now: datetime | None = None) -> int:
