@@ -203,7 +203,7 @@ def invoice_parties(invoice: Invoice) -> tuple[dict[str, str], str]:
 
 # --- the billing team's pages ---------------------------------------------------------------
 
-_TEAM_ROW = [*_INVOICE_ROW, "created_at", "tenant__name", "tenant__slug"]
+_TEAM_ROW = [*_INVOICE_ROW, "created_at", "tenant__name", "tenant__slug", "tenant__deleted_at"]
 
 
 def invoices_for_team(

@@ -11,6 +11,7 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.models import AuditEvent, Tenant
 from billing import usage
@@ -182,6 +183,46 @@ def test_the_invoice_list_makes_as_many_queries_for_many_invoices_as_for_few(
         team_client.get("/billing-team/")
 
     assert len(many.captured_queries) == len(few.captured_queries)
+
+
+def _deleted_tenant(name, slug):
+    return Tenant.objects.create(name=name, slug=slug, deleted_at=timezone.now())
+
+
+def test_a_deleted_organization_is_said_deleted_beside_its_invoices_and_usage(
+    team_client, tenant, plan
+):
+    gone = _deleted_tenant("Initech", "initech-abc123")
+    paid = _invoice(gone, plan, "2026-09", "7.25", "paid", "2025-000009")
+    kept = _invoice(tenant, plan, "2026-09", "3.00", "paid", "2025-000010")
+
+    listed = team_client.get("/billing-team/").content.decode()
+    shown = team_client.get(f"/billing-team/invoices/{paid.pk}/").content.decode()
+    other = team_client.get(f"/billing-team/invoices/{kept.pk}/").content.decode()
+    used = team_client.get(f"/billing-team/usage/{gone.slug}/").content.decode()
+
+    deleted = '<span class="badge badge-state-deleted"'
+    row = next(r for r in listed.split("<tr>") if "Initech" in r)
+    assert deleted in row and ">Deleted</span>" in row
+    assert listed.count(deleted) == 1  # Acme's row says nothing
+    assert deleted in shown and deleted not in other
+    assert deleted in used.split("</h1>")[0]
+
+
+def test_the_invoice_list_makes_as_many_queries_for_many_deleted_organizations_as_for_few(
+    team_client, plan
+):
+    _invoice(_deleted_tenant("Gone 0", "gone-0"), plan, "2026-01", "1.00")
+    team_client.get("/billing-team/")
+    with CaptureQueriesContext(connection) as few:
+        team_client.get("/billing-team/")
+    for n in range(1, 8):
+        _invoice(_deleted_tenant(f"Gone {n}", f"gone-{n}"), plan, "2026-01", "1.00")
+    with CaptureQueriesContext(connection) as many:
+        page = team_client.get("/billing-team/").content.decode()
+
+    assert len(many.captured_queries) == len(few.captured_queries)
+    assert page.count(">Deleted</span>") == 8
 
 
 def test_the_top_bar_links_the_team_pages_for_its_members_only(team_client, owner, tenant):

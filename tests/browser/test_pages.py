@@ -358,11 +358,16 @@ def test_the_billing_teams_invoice_pages_show_every_column_on_a_phone(
         amount=Decimal("1234.56"),
     )  # fmt: skip
 
+    # Deleted since: its name says so, in the row as in the invoice's facts.
+    tenant.deleted_at = timezone.now()
+    tenant.save(update_fields=["deleted_at"])
+
     for path, table in [("/billing-team/", "#team-invoices"),
                         (f"/billing-team/invoices/{invoice.pk}/", ".invoice-lines")]:  # fmt: skip
         page = open_page(finance, path, width)
         shot(page, f"billing-team-{table.strip('#.')}-{width}")
         expect(page.locator(table)).to_contain_text("1234.56")
+        expect(page.locator(".badge-state-deleted")).to_be_visible()
         assert not scrolls_sideways(page)
         box = page.locator(f".table-scroll:has({table})")
         assert box.evaluate("el => el.scrollWidth <= el.clientWidth"), path
