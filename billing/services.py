@@ -1,5 +1,6 @@
 """Writes for billing. Callers pass plain values; billing never imports deployments."""
 
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from billing.models import (
     UsageRecord,
 )
 from billing.stripe_gateway import gateway
+
+log = logging.getLogger(__name__)
 
 
 def billing_details_update(
@@ -581,7 +584,15 @@ _SUBJECTS = {
 
 def subscription_email_send(*, subscription: Subscription, event: str) -> None:
     """Tell the tenant's owners and billing members what happened to its subscription; sent
-    by a worker after the change committed."""
+    by a worker after the change committed. Not for a deleted tenant: its members can no
+    longer open it (a Stripe event after its deletion still moves the subscription, recorded
+    and audited); the mail left unsent is logged for staff."""
+    if subscription.tenant.deleted_at is not None:
+        log.warning(
+            "subscription %s of deleted organization %s (%s): %r not mailed to its members",
+            subscription.pk, subscription.tenant.slug, subscription.tenant.pk, event,
+        )  # fmt: skip
+        return
     recipients = subscription_recipients(subscription.tenant)
     if not recipients:
         return
