@@ -34,4 +34,12 @@ class Migration(migrations.Migration):
             name="name_next_attempt_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
+        # Each customer was made with its organization's name, and no organization could be
+        # renamed before: what Stripe holds is that name, and nothing is sent again for it (a
+        # name edited in Stripe's dashboard stays until the organization is renamed).
+        migrations.RunSQL(
+            "UPDATE billing_stripecustomer c SET name = left(t.name, 200)"
+            " FROM accounts_tenant t WHERE t.id = c.tenant_id",
+            migrations.RunSQL.noop,
+        ),
     ]
