@@ -30,6 +30,7 @@ from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
+from accounts.text import text_visible
 
 _INVITATION_SALT = "accounts.invitation"
 _SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read aloud safely
@@ -115,6 +116,8 @@ def organization_name_clean(name: object) -> str:
         raise ValidationError({"name": "Give the organization a name."})
     if not name.isprintable():
         raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
+    if not text_visible(name):  # blank letters only: the switcher and headings show nothing
+        raise ValidationError({"name": "Give the organization a name people can see."})
     limit = Tenant._meta.get_field("name").max_length
     if len(name) > limit:
         raise ValidationError(

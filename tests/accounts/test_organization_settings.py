@@ -43,6 +43,9 @@ def test_an_owner_renames_the_organization(owner, tenant):
     [
         ("   ", "Give the organization a name."),
         ("Acme\u200bLabs", "Use letters, digits, spaces and punctuation only."),
+        ("\u202eemcA", "Use letters, digits, spaces and punctuation only."),  # shown reversed
+        ("\u3164", "Give the organization a name people can see."),  # a Hangul filler
+        ("\u2800 \u2800", "Give the organization a name people can see."),  # blank Braille
         ("x" * 101, "Use at most 100 characters"),
         ("other org", "You already belong to an organization called “other org”"),
     ],
