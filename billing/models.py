@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from accounts.models import Tenant
+from accounts.text import text_visible
 from billing.countries import COUNTRIES, COUNTRY_NAMES
 from billing.tax_ids import TAX_ID_CHOICES, TAX_ID_TYPES, tax_id_clean
 
@@ -507,17 +508,35 @@ class BillingProfile(models.Model):
         "tax_id_type", "tax_id_value",
     )  # fmt: skip
 
+    # The fields printed on invoices and sent to Stripe as typed.
+    TEXTS = ("legal_name", "line1", "line2", "city", "postal_code", "state", "tax_id_value")
+
     def clean(self) -> None:
-        self.tax_id_value = tax_id_clean(self.tax_id_type, self.tax_id_value)
+        """Every field's error at once: a text no one can read as printed (a line break, a
+        control or direction character, a legal name of blank letters only), an address
+        without its first line, city or country, a tax ID of the wrong shape."""
+        errors: dict[str, str] = {}
+        for name in self.TEXTS:
+            if not getattr(self, name).isprintable():
+                errors[name] = "Use letters, digits, spaces and punctuation only."
+        if "legal_name" not in errors and not text_visible(self.legal_name):
+            errors["legal_name"] = "Enter the legal name, as registered."
+        try:
+            self.tax_id_value = tax_id_clean(self.tax_id_type, self.tax_id_value)
+        except ValidationError as exc:
+            for name, said in exc.message_dict.items():
+                errors.setdefault(name, " ".join(said))
         if any((self.line1, self.line2, self.city, self.postal_code, self.state)):
             needed = {
                 "line1": "Enter the first line of the address, or clear the address.",
                 "city": "Enter the city, or clear the address.",
                 "country": "Choose the country, or clear the address.",
             }
-            missing = {name: said for name, said in needed.items() if not getattr(self, name)}
-            if missing:
-                raise ValidationError(missing)
+            for name, said in needed.items():
+                if not getattr(self, name):
+                    errors.setdefault(name, said)
+        if errors:
+            raise ValidationError(errors)
 
     def details(self) -> dict[str, str]:
         """The details as an invoice prints them: what is frozen on a finalized one."""

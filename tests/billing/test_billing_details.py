@@ -94,6 +94,11 @@ def test_the_organization_name_alone_makes_no_profile(tenant, owner):
         ({"country": "QQ"}, "country", "Value 'QQ' is not a valid choice"),
         ({"legal_name": ""}, "legal_name", "This field cannot be blank."),
         ({"email": "not-an-address"}, "email", "Enter a valid email address."),
+        # Shown reversed, blank, or breaking the printed address (and sent to Stripe as typed).
+        ({"legal_name": "Acme \u202eHbmG"}, "legal_name", "Use letters, digits, spaces and"),
+        ({"legal_name": "\u3164"}, "legal_name", "Enter the legal name, as registered."),
+        ({"line1": "Hauptstr. 1\r\nEvil\x1b[31m"}, "line1", "Use letters, digits, spaces and"),
+        ({"city": "Ber\u200blin"}, "city", "Use letters, digits, spaces and punctuation only."),
     ],
 )
 def test_bad_details_are_refused_by_field_and_change_nothing(tenant, owner, changes, field, said):
@@ -105,6 +110,13 @@ def test_bad_details_are_refused_by_field_and_change_nothing(tenant, owner, chan
     assert said in " ".join(refused.value.message_dict[field])
     profile = BillingProfile.objects.get(tenant=tenant)
     assert (profile.legal_name, profile.version) == ("Acme GmbH", 1)
+
+
+def test_every_field_in_error_is_said_at_once(tenant, owner):
+    with pytest.raises(ValidationError) as refused:
+        _update(tenant, owner, tax_id_value="123", city="", country="")
+
+    assert set(refused.value.message_dict) == {"tax_id_value", "city", "country"}
 
 
 @pytest.mark.parametrize(
