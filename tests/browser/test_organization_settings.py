@@ -60,3 +60,15 @@ def test_a_viewer_sees_the_settings_without_rename_or_delete(open_page, tenant, 
     expect(page.locator("#organization-delete")).to_have_count(0)
     expect(page.get_by_role("button", name="Leave Acme")).to_be_visible()
     assert not scrolls_sideways(page)
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_a_long_one_word_name_breaks_inside_the_settings_page(open_page, owner, tenant, width):
+    word = "W" * 100
+    services.tenant_rename(actor=Actor(user=owner), tenant=tenant, name=word)
+
+    page = open_page(owner, f"/t/{tenant.slug}/settings/", width)
+
+    expect(page.get_by_role("button", name=f"Delete {word}")).to_be_visible()
+    shot(page, f"organization-settings-long-name-{width}")
+    assert not scrolls_sideways(page)
