@@ -308,7 +308,8 @@ def organization_delete(request):
                 # Deleted by another request meanwhile (a second click, another owner).
                 messages.info(request, f"{tenant.name} has been deleted.")
                 return _sent_home(request)
-            form.add_error(None, exc.reason)
+            if not services.tenant_delete_blockers(tenant):  # else the page lists them, once
+                form.add_error(None, exc.reason)
         else:
             request.session.pop(SESSION_KEY, None)
             messages.success(request, f"Organization {tenant.name} deleted.")

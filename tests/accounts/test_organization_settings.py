@@ -381,7 +381,9 @@ def test_the_page_says_what_stands_in_the_way_before_and_after_trying(owner_clie
 
     refused = owner_client.post(f"/t/{tenant.slug}/settings/delete/", {"confirm_name": "Acme"})
     assert refused.status_code == 400
-    assert "Acme cannot be deleted yet. 1 deployment is not deleted" in refused.content.decode()
+    said = refused.content.decode()
+    assert said.count("1 deployment is not deleted (orders-0): delete it first.") == 1
+    assert 'id="delete-blockers"' in said
     assert Tenant.objects.get(pk=tenant.pk).deleted_at is None
 
     mistyped = owner_client.post(f"/t/{tenant.slug}/settings/delete/", {"confirm_name": "acme"})
