@@ -383,6 +383,29 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         membership.delete()
 
 
+def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:
+    """Why the member cannot leave the organization (None: they may): its last owner may not
+    while others remain, nor when no one else is in it. `lock`: with its owners locked, as
+    leaving reads them."""
+    if membership.role != Role.OWNER:
+        return None
+    tenant = membership.tenant
+    owners = Membership.objects.filter(tenant=tenant, role=Role.OWNER)
+    if lock:
+        owners = owners.select_for_update()
+    if list(owners.values_list("pk", flat=True)) != [membership.pk]:
+        return None
+    if Membership.objects.filter(tenant=tenant).exclude(pk=membership.pk).exists():
+        return (
+            f"You are the only owner of {tenant.name}: make someone else an owner first, then "
+            "leave."
+        )
+    return (
+        f"You are the only member of {tenant.name}: delete the organization instead, from its "
+        "Settings page."
+    )
+
+
 def membership_leave(*, actor: Actor, tenant: Tenant) -> None:
     """The acting user leaves the organization, whatever their role. Its last owner may not
     while others remain (someone must be able to manage it), nor when no one else is in it:
@@ -391,22 +414,9 @@ def membership_leave(*, actor: Actor, tenant: Tenant) -> None:
     with audited_action(actor=actor, action="member.leave", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="tenant.view")
         membership = Membership.objects.select_related("user").get(tenant=tenant, user=actor.user)
-        if membership.role == Role.OWNER:
-            owners = list(
-                Membership.objects.select_for_update()
-                .filter(tenant=tenant, role=Role.OWNER)
-                .values_list("pk", flat=True)
-            )
-            if owners == [membership.pk]:
-                if Membership.objects.filter(tenant=tenant).exclude(pk=membership.pk).exists():
-                    raise ActionDenied(
-                        f"You are the only owner of {tenant.name}: make someone else an owner "
-                        "first, then leave."
-                    )
-                raise ActionDenied(
-                    f"You are the only member of {tenant.name}: delete the organization "
-                    "instead, from its Settings page."
-                )
+        refusal = leave_refusal(membership, lock=True)
+        if refusal:
+            raise ActionDenied(refusal)
         audit_record(
             actor=actor,
             action="member.leave",

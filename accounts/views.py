@@ -256,6 +256,7 @@ def _settings_page(request, status: int = 200, **forms):
     }
     if roles.can(request.membership.role, "tenant.delete"):
         context["delete_blockers"] = services.tenant_delete_blockers(tenant)
+    context["leave_refusal"] = services.leave_refusal(request.membership)
     return render(request, "accounts/settings.html", context, status=status)
 
 

@@ -467,3 +467,18 @@ def test_a_second_delete_or_a_tab_left_open_is_told_the_organization_was_deleted
     assert said in again.content.decode()
     assert said in left_open.content.decode()
     assert left_open.redirect_chain[0] == ("/", 302)
+
+
+@pytest.mark.django_db
+def test_the_settings_page_says_why_the_last_owner_cannot_leave_instead_of_offering_it(
+    owner_client, tenant, add_member
+):
+    alone = owner_client.get(f"/t/{tenant.slug}/settings/").content.decode()
+    bob = add_member("bob@example.com", "member")
+    with_others = owner_client.get(f"/t/{tenant.slug}/settings/").content.decode()
+    member_page = _client(bob).get(f"/t/{tenant.slug}/settings/").content.decode()
+
+    assert "You are the only member of Acme: delete the organization instead" in alone
+    assert "You are the only owner of Acme: make someone else an owner first" in with_others
+    assert "Leave Acme</button>" not in alone and "Leave Acme</button>" not in with_others
+    assert "Leave Acme</button>" in member_page
