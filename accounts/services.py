@@ -195,17 +195,46 @@ def _made_before(user: User, tenant_id: str) -> Tenant:
     return tenant
 
 
-def _name_free_for(user: User, name: str, *, besides: Tenant | None = None) -> None:
+def _name_free_for(user: User, name: str) -> None:
     """Refuse a second organization of the same name (whatever its case) to one user: their
-    switcher would list two alike (`besides`: the one being renamed). Under the user's row
-    lock, so that two tabs sending the form at once make one."""
+    switcher would list two alike. Under the user's row lock, so that two tabs sending the
+    form at once make one."""
     User.objects.select_for_update().only("pk").get(pk=user.pk)
-    others = Tenant.objects.for_user(user).filter(name__iexact=name)
-    if besides is not None:
-        others = others.exclude(pk=besides.pk)
-    if others.exists():
+    if Tenant.objects.for_user(user).filter(name__iexact=name).exists():
         raise ValidationError(
             {"name": f"You already belong to an organization called “{name}”: choose another name."}
+        )
+
+
+def _name_free_among_members(tenant: Tenant, name: str, *, actor: Actor) -> None:
+    """Refuse a rename of `tenant` to a name (whatever its case) that one of its members has
+    for another organization they belong to: their switcher would list two alike. The
+    others' organizations are not named: the renaming owner learns only that the name is
+    taken. Under the tenant's lock (no one joins meanwhile) and its members' row locks, in one
+    order, which a new organization's name is checked under too."""
+    members = list(
+        User.objects.select_for_update()
+        .filter(memberships__tenant=tenant)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    holders = set(
+        Membership.objects.filter(
+            user_id__in=members, tenant__deleted_at=None, tenant__name__iexact=name
+        )
+        .exclude(tenant=tenant)
+        .values_list("user_id", flat=True)
+    )
+    if actor.user is not None and actor.user.pk in holders:
+        raise ValidationError(
+            {"name": f"You already belong to an organization called “{name}”: choose another name."}
+        )
+    if holders:
+        raise ValidationError(
+            {
+                "name": f"A member of {tenant.name} already belongs to another organization "
+                f"called “{name}”: choose another name."
+            }
         )
 
 
@@ -219,8 +248,7 @@ def tenant_rename(*, actor: Actor, tenant: Tenant, name: str) -> Tenant:
         before = tenant.name
         if name == before:
             return tenant
-        if actor.user is not None:
-            _name_free_for(actor.user, name, besides=tenant)
+        _name_free_among_members(tenant, name, actor=actor)
         tenant.name = name
         tenant.save(update_fields=["name"])
         for hook in _RENAME_HOOKS:

@@ -61,6 +61,49 @@ def test_a_new_name_is_checked_as_at_creation(owner, tenant, name, said):
 
 
 @pytest.mark.django_db
+def test_a_rename_to_a_name_a_member_has_for_another_organization_is_refused(
+    owner, tenant, add_member, make_user
+):
+    bob = add_member("bob@example.com", "member")
+    bobs = services.tenant_create(actor=Actor(user=bob), name="Bob's organization")
+    services.tenant_create(actor=Actor(user=make_user("eve@example.com")), name="Eve's")
+
+    with pytest.raises(ValidationError) as refused:
+        services.tenant_rename(actor=Actor(user=owner), tenant=tenant, name="BOB'S ORGANIZATION")
+
+    assert refused.value.message_dict["name"] == [
+        "A member of Acme already belongs to another organization called “BOB'S ORGANIZATION”: "
+        "choose another name."
+    ]
+    assert _name(tenant) == "Acme"
+    # One that no member has, or one only a deleted organization had, may be taken.
+    services.tenant_rename(actor=Actor(user=owner), tenant=tenant, name="Eve's")
+    services.tenant_delete(actor=Actor(user=bob), tenant=bobs, confirm_name="Bob's organization")
+    services.tenant_rename(actor=Actor(user=owner), tenant=tenant, name="Bob's organization")
+    assert _name(tenant) == "Bob's organization"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_member_making_an_organization_while_the_name_is_taken_by_a_rename_makes_one_of_them(
+    owner, tenant, add_member
+):
+    bob = add_member("bob@example.com", "member")
+    calls = iter(
+        [
+            lambda: services.tenant_rename(actor=Actor(user=owner), tenant=tenant, name="Zeta"),
+            lambda: services.tenant_create(actor=Actor(user=bob), name="zeta"),
+        ]
+    )
+
+    results = race(lambda: next(calls)(), times=2)
+
+    refused = [r for r in results if isinstance(r, ValidationError)]
+    assert len(refused) == 1, results
+    names = Tenant.objects.for_user(bob).values_list("name", flat=True)
+    assert sorted(name.lower() for name in names).count("zeta") == 1
+
+
+@pytest.mark.django_db
 def test_a_rename_may_change_only_the_case_and_the_same_name_records_nothing(owner, tenant):
     services.tenant_rename(actor=Actor(user=owner), tenant=tenant, name="Acme")
     assert not _events(tenant, "tenant.rename").exists()
