@@ -5,6 +5,7 @@ import json
 from urllib.parse import SplitResult, urlsplit
 
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.utils.cache import patch_vary_headers
 
 
@@ -13,6 +14,13 @@ def partial_template(request: HttpRequest, template: str, name: str) -> str:
     if request.htmx and not request.htmx.history_restore_request:
         return f"{template}#{name}"
     return template
+
+
+def sent_to(request: HttpRequest, url: str) -> HttpResponse:
+    """To `url`, which htmx follows as a whole page rather than a swapped panel."""
+    if request.headers.get("HX-Request"):
+        return HttpResponse(status=204, headers={"HX-Redirect": url})
+    return redirect(url)
 
 
 def current_address(request: HttpRequest) -> SplitResult | None:

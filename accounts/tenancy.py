@@ -14,13 +14,13 @@ from functools import wraps
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
-from django.shortcuts import redirect
+from django.http import Http404
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 
 from accounts import roles, selectors
 from accounts.audit import Actor, audit_record
+from accounts.htmx import sent_to
 from accounts.models import AuditEvent
 
 SESSION_KEY = "tenant_slug"
@@ -77,7 +77,4 @@ def _deleted_or_404(request, tenant_slug: str):
     if request.session.get(SESSION_KEY) == tenant_slug:
         del request.session[SESSION_KEY]
     messages.info(request, f"{tenant.name} was deleted on {tenant.deleted_at:%-d %B %Y}.")
-    home = reverse("home")
-    if request.headers.get("HX-Request"):
-        return HttpResponse(status=204, headers={"HX-Redirect": home})
-    return redirect(home)
+    return sent_to(request, reverse("home"))

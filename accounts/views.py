@@ -5,7 +5,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -23,7 +22,7 @@ from accounts.forms import (
     OrganizationRenameForm,
     RoleForm,
 )
-from accounts.htmx import partial_template
+from accounts.htmx import partial_template, sent_to
 from accounts.models import Membership, Tenant
 from accounts.roles import Role
 from accounts.tenancy import SESSION_KEY, tenant_view
@@ -113,14 +112,7 @@ def _team_response(request, **extra):
 
 def _sent_home(request):
     """To the home page, which htmx follows as a whole page rather than a swapped panel."""
-    return _sent_to(request, reverse("home"))
-
-
-def _sent_to(request, url: str):
-    """To `url`, which htmx follows as a whole page rather than a swapped panel."""
-    if request.htmx:
-        return HttpResponse(status=204, headers={"HX-Redirect": url})
-    return redirect(url)
+    return sent_to(request, reverse("home"))
 
 
 # What the team page says when a form sent before comes again and its invitation is no longer
@@ -325,7 +317,7 @@ def organization_leave(request):
         services.membership_leave(actor=Actor.from_request(request), tenant=request.tenant)
     except ActionDenied as exc:
         messages.error(request, exc.reason)
-        return _sent_to(request, reverse("organization_settings", args=[request.tenant.slug]))
+        return sent_to(request, reverse("organization_settings", args=[request.tenant.slug]))
     request.session.pop(SESSION_KEY, None)
     messages.success(request, f"You left {request.tenant.name}.")
     return _sent_home(request)
