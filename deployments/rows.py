@@ -8,6 +8,7 @@ equals one the ORM reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 
 from django.db import connection
@@ -73,8 +74,19 @@ def insert(*objs: Model) -> None:
     their constructors; no signals: none of ours listen), in one statement, their generated
     keys set from the rows. A row may name one inserted beside it: foreign keys are checked
     at commit."""
+    write(objs)
+
+
+def update(obj: Model, names: list[str]) -> None:
+    """Write the fields `names` of `obj`, as `obj.save(update_fields=names)` would."""
+    write((), (obj, names))
+
+
+def write(new: Sequence[Model], changed: tuple[Model, list[str]] | None = None) -> None:
+    """Insert the rows `new` (as `insert`) and write the fields of one row that exists
+    (`changed`: the object and its field names, as `update`), all in one statement."""
     parts, params, returned = [], [], []
-    for n, obj in enumerate(objs):
+    for n, obj in enumerate(new):
         model = type(obj)
         pk = model._meta.pk
         fields = [f for f in model._meta.concrete_fields if not (f is pk and pk.db_returning)]
@@ -88,29 +100,26 @@ def insert(*objs: Model) -> None:
         params += prepared(model, names, values)
         if pk.db_returning:
             returned.append(n)
+    if changed is not None:
+        obj, names = changed
+        model = type(obj)
+        attnames = [model._meta.get_field(name).attname for name in names]
+        key = column(model, model._meta.pk.attname)
+        parts.append(
+            f"UPDATE {model._meta.db_table} SET {sets(model, attnames)}"  # noqa: S608 - our names
+            f" WHERE {key} = %s RETURNING {key}"
+        )
+        params += [*prepared(model, attnames, {n: getattr(obj, n) for n in attnames}), obj.pk]
     if len(parts) == 1:
         statement = parts[0]
-    else:  # each insert a step of one statement; what they return read side by side
+    else:  # each write a step of one statement; what they return read side by side
         steps = ", ".join(f"r{n} AS ({part})" for n, part in enumerate(parts))
         read = ", ".join(f"(SELECT * FROM r{n})" for n in range(len(parts)))  # noqa: S608
         statement = f"WITH {steps} SELECT {read}"
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         keys = cursor.fetchone()
-    for n, obj in enumerate(objs):
+    for n, obj in enumerate(new):
         if n in returned:
             obj.pk = keys[n]
         obj._state.adding, obj._state.db = False, connection.alias
-
-
-def update(obj: Model, names: list[str]) -> None:
-    """Write the fields `names` of `obj`, as `obj.save(update_fields=names)` would."""
-    model = type(obj)
-    attnames = [model._meta.get_field(name).attname for name in names]
-    values = {name: getattr(obj, name) for name in attnames}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {model._meta.db_table} SET {sets(model, attnames)}"  # noqa: S608 - our names
-            f" WHERE {column(model, model._meta.pk.attname)} = %s",
-            [*prepared(model, attnames, values), obj.pk],
-        )

@@ -254,7 +254,8 @@ def _store(
     rolls back, when the claim is not ours any more or the operation ended meanwhile (a delete
     cancelled it). With `due` (the `next_step_at` the move read), False and nothing written
     when a wake-up changed it meanwhile. Unless `flushed`, the transaction it is in commits
-    without waiting for the disk (`rows.UNFLUSHED`)."""
+    without waiting for the disk (`rows.UNFLUSHED`). What others write to a claimed operation,
+    its `cancel_reason` and `next_step_at`, is read back into `op` as the write left them."""
     values = {name: getattr(op, name) for name in fields}
     if release:
         values |= {"claim_token": None, "claimed_until": None}
@@ -265,18 +266,23 @@ def _store(
     statement = f"UPDATE {_TABLE} SET {rows.sets(Operation, names)} WHERE {_MINE} {woken}"  # noqa: S608 - our names
     params = [*rows.prepared(Operation, names, values), op.pk, token,
               *([] if due is _ANY else [due])]  # fmt: skip
-    returning = " RETURNING id" if flushed else f" RETURNING id, {rows.UNFLUSHED}"
+    # Read back with the write: what others write to a claimed operation (a cancel, a wake-up),
+    # as it stands once this store is, for the task's next move to go on from.
+    back = "id, cancel_reason, next_step_at"
+    returning = f" RETURNING {back}" if flushed else f" RETURNING {back}, {rows.UNFLUSHED}"
     if runs is not None and runs.nodes:
         # The rows are written only if the operation is: both stand or neither.
         written, more = _task_runs_sql(runs)
-        statement = f"WITH moved AS ({statement}{returning}){written} SELECT id FROM moved"  # noqa: S608
+        statement = f"WITH moved AS ({statement}{returning}){written} SELECT {back} FROM moved"  # noqa: S608
         params += more
     else:
         statement += returning
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
-        if cursor.fetchone() is not None:
-            return True
+        stored = cursor.fetchone()
+    if stored is not None:
+        op.cancel_reason, op.next_step_at = stored[1], stored[2]
+        return True
     if due is not _ANY and _reread(op.pk, token) is not None:
         return False
     raise ClaimLost
@@ -297,8 +303,9 @@ def _reread(operation_id, token: uuid.UUID) -> tuple[str, datetime | None] | Non
 @dataclass
 class Held:
     """A worker's claim on an operation, kept from one move to the next within a task: the
-    operation as read when it was claimed, and the cell's driver under the claim (made by the
-    first move; it renews the claim from then on)."""
+    operation as read when it was claimed (with what others wrote to it as the last store
+    read it back), and the cell's driver under the claim (made by the first move; it renews
+    the claim from then on)."""
 
     op: Operation
     token: uuid.UUID
@@ -321,19 +328,16 @@ def _step(
     claim (`_store`) — so a worker that lost its claim while stuck in a call discards its move
     instead of overwriting the new owner's.
 
-    A move that goes on from a kept claim reads again only what others write to a claimed
-    operation (a cancel, a wake-up); its store's fence finds the rest (an end, a lost claim)."""
+    A move that goes on from a kept claim reads nothing again: the store that kept it read back
+    what others write to a claimed operation (a cancel, a wake-up) as its write left it, and
+    the next store's fence finds the rest (a lost claim). A cancel that comes while a move is
+    made is acted on by the task's next move."""
     now = timezone.now()
     if held is None:
         op = _claim(operation_id, now)
         if op is None:
             return None, None
         held = Held(op, op.claim_token, op.claimed_until)
-    else:
-        fresh = _reread(operation_id, held.token)
-        if fresh is None:
-            return None, None  # it ended meanwhile (a delete), or the claim was taken over
-        held.op.cancel_reason, held.op.next_step_at = fresh
     op = held.op
     held.kept = False
     try:

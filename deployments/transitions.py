@@ -48,11 +48,10 @@ def instance_state_set(
         instance.state = state
         instance.updated_at = timezone.now()
         fields |= {"state", "updated_at"}
-    if new:
-        # In SQL as the ORM writes them (`rows`): a run's end makes them, on every instance.
-        rows.insert(*new)
-    if fields:
-        rows.update(instance, sorted(fields))
+    if new or fields:
+        # In SQL as the ORM writes them (`rows`), in one statement: a run's end makes them, on
+        # every instance.
+        rows.write(new, (instance, sorted(fields)) if fields else None)
 
 
 # Which waiting step a worker takes first, in Redis's terms: each priority is a list of its own

@@ -175,22 +175,52 @@ def test_a_move_stored_once_the_tasks_time_is_up_releases_the_claim(created):
     assert created.claim_token is None and created.claimed_until is None
 
 
-def test_a_cancel_between_two_moves_of_a_task_is_acted_on_by_the_next(
-    created, owner, django_capture_on_commit_callbacks
+def test_a_cancel_that_comes_while_a_move_is_made_is_acted_on_by_the_tasks_next_move(
+    created, owner, faults, django_capture_on_commit_callbacks
 ):
-    _, held = runner._step(str(created.pk), keep_until=math.inf)
-    created.refresh_from_db()
-    assert created.state == Operation.State.RUNNING
+    faults(latency_ms=300)  # the move's calls to the cluster take a while
+    moved = {}
 
+    def task_first_move() -> None:
+        try:
+            moved["first"] = runner._step(str(created.pk), keep_until=math.inf)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=task_first_move)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while Operation.objects.get(pk=created.pk).state != Operation.State.RUNNING:
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.02)
+    # The run started; its first move is calling the cluster.
     with django_capture_on_commit_callbacks():  # its step is not sent: this task goes on
         services.operation_cancel(
             actor=Actor(user=owner), operation=created, request_id=uuid.uuid4().hex
         )
+    worker.join(30)
+    faults(latency_ms=0)
+    delay, held = moved["first"]
+    assert delay == 0 and held is not None  # stored, and the claim kept for the next move
+
     assert runner._step(str(created.pk), held, keep_until=math.inf) == (None, None)
 
     created.refresh_from_db()  # the plan has no onExit: the run ends with that move
     assert created.state == Operation.State.CANCELLED and created.moves == 2
     assert created.error == f"Cancelled by {owner.email}."
+
+
+def test_a_move_that_goes_on_from_a_kept_claim_makes_one_statement(created):
+    _, held = runner._step(str(created.pk), keep_until=math.inf)  # the run's start, and a move
+
+    with CaptureQueriesContext(connection) as statements:
+        delay, held = runner._step(str(created.pk), held, keep_until=math.inf)
+
+    # Its store, which reads back what others wrote meanwhile (a cancel) for the next move.
+    assert delay == 0 and held is not None
+    assert len(statements) == 1 and "UPDATE deployments_operation SET" in statements[0]["sql"]
+    created.refresh_from_db()
+    assert created.moves == 2 and created.claim_token == held.token
 
 
 def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(created):
@@ -345,7 +375,7 @@ def test_the_first_write_whose_answer_was_lost_is_stored_waiting_for_the_disk(
     assert [UNFLUSHED in sql for sql in stores] == [False, True]
 
 
-def test_the_move_that_ends_a_run_records_the_state_change_and_audit_event_in_one_insert(
+def test_the_move_that_ends_a_run_writes_the_instance_its_state_change_and_audit_event_at_once(
     created,
 ):
     for _ in range(100):  # up to the move that ends the run
@@ -362,6 +392,8 @@ def test_the_move_that_ends_a_run_records_the_state_change_and_audit_event_in_on
     assert len(inserts) == 1, inserts
     assert "INSERT INTO deployments_instancestatechange " in inserts[0]
     assert "INSERT INTO accounts_auditevent " in inserts[0]
+    # The instance's new state and values in the same statement, and in no other.
+    assert [s["sql"] for s in statements if "UPDATE deployments_instance " in s["sql"]] == inserts
     change = created.instance.history.get(operation=created)
     assert (change.from_state, change.to_state) == ("creating", "running")
     event = AuditEvent.objects.get(action="operation.succeeded", target_id=str(created.pk))
