@@ -9,6 +9,7 @@ equals one the ORM reads.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 
 from django.db import connection
@@ -74,25 +75,60 @@ def insert(*objs: Model) -> None:
     their constructors; no signals: none of ours listen), in one statement, their generated
     keys set from the rows. A row may name one inserted beside it: foreign keys are checked
     at commit."""
-    write(objs)
+    writes(objs).run()
 
 
 def update(obj: Model, names: list[str]) -> None:
     """Write the fields `names` of `obj`, as `obj.save(update_fields=names)` would."""
-    write((), (obj, names))
+    writes((), (obj, names)).run()
 
 
 def write(new: Sequence[Model], changed: tuple[Model, list[str]] | None = None) -> None:
     """Insert the rows `new` (as `insert`) and write the fields of one row that exists
     (`changed`: the object and its field names, as `update`), all in one statement."""
-    parts, params, returned = [], [], []
+    writes(new, changed).run()
+
+
+@dataclass
+class Writes:
+    """Rows to insert and one to update (`writes`): the steps of one statement, each an INSERT
+    or an UPDATE returning its row's key, run alone (`run`) or in a caller's own statement,
+    which then hands back what they returned (`stored`)."""
+
+    steps: list[str]
+    params: list
+    new: Sequence[Model]
+    returned: list[int]  # which of `new` take their key from the database
+
+    def run(self) -> None:
+        if len(self.steps) == 1:
+            statement = self.steps[0]
+        else:  # each write a step of one statement; what they return read side by side
+            named = ", ".join(f"r{n} AS ({step})" for n, step in enumerate(self.steps))
+            read = ", ".join(f"(SELECT * FROM r{n})" for n in range(len(self.steps)))  # noqa: S608
+            statement = f"WITH {named} SELECT {read}"
+        with connection.cursor() as cursor:
+            cursor.execute(statement, self.params)
+            self.stored(cursor.fetchone())
+
+    def stored(self, keys) -> None:
+        """Take what the steps returned, in order: the new rows' keys."""
+        for n, obj in enumerate(self.new):
+            if n in self.returned:
+                obj.pk = keys[n]
+            obj._state.adding, obj._state.db = False, connection.alias
+
+
+def writes(new: Sequence[Model], changed: tuple[Model, list[str]] | None = None) -> Writes:
+    """The statement steps of `write`, unrun."""
+    steps, params, returned = [], [], []
     for n, obj in enumerate(new):
         model = type(obj)
         pk = model._meta.pk
         fields = [f for f in model._meta.concrete_fields if not (f is pk and pk.db_returning)]
         names = [f.attname for f in fields]
         values = {f.attname: f.pre_save(obj, add=True) for f in fields}
-        parts.append(
+        steps.append(
             f"INSERT INTO {model._meta.db_table} ({', '.join(column(model, n) for n in names)})"  # noqa: S608 - our names
             f" VALUES ({', '.join(['%s'] * len(names))})"
             f" RETURNING {column(model, pk.attname)}"
@@ -105,21 +141,9 @@ def write(new: Sequence[Model], changed: tuple[Model, list[str]] | None = None) 
         model = type(obj)
         attnames = [model._meta.get_field(name).attname for name in names]
         key = column(model, model._meta.pk.attname)
-        parts.append(
+        steps.append(
             f"UPDATE {model._meta.db_table} SET {sets(model, attnames)}"  # noqa: S608 - our names
             f" WHERE {key} = %s RETURNING {key}"
         )
         params += [*prepared(model, attnames, {n: getattr(obj, n) for n in attnames}), obj.pk]
-    if len(parts) == 1:
-        statement = parts[0]
-    else:  # each write a step of one statement; what they return read side by side
-        steps = ", ".join(f"r{n} AS ({part})" for n, part in enumerate(parts))
-        read = ", ".join(f"(SELECT * FROM r{n})" for n in range(len(parts)))  # noqa: S608
-        statement = f"WITH {steps} SELECT {read}"
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        keys = cursor.fetchone()
-    for n, obj in enumerate(new):
-        if n in returned:
-            obj.pk = keys[n]
-        obj._state.adding, obj._state.db = False, connection.alias
+    return Writes(steps, params, new, returned)

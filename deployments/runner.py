@@ -61,6 +61,7 @@ from deployments.parameters import (
 )
 from deployments.transitions import (
     instance_state_set,
+    instance_state_writes,
     operation_dispatch,
     operation_notify,
     snapshots_expire_by,
@@ -246,6 +247,7 @@ def _store(
     due: object = _ANY,
     runs: Runs | None = None,
     flushed: bool = True,
+    alongside: rows.Writes | None = None,
 ) -> bool:
     """Write the move's `fields` of the operation in one UPDATE fenced by the claim, releasing
     it (unless `release` is False: the same worker goes on with the next move), and in the same
@@ -255,7 +257,9 @@ def _store(
     cancelled it). With `due` (the `next_step_at` the move read), False and nothing written
     when a wake-up changed it meanwhile. Unless `flushed`, the transaction it is in commits
     without waiting for the disk (`rows.UNFLUSHED`). What others write to a claimed operation,
-    its `cancel_reason` and `next_step_at`, is read back into `op` as the write left them."""
+    its `cancel_reason` and `next_step_at`, is read back into `op` as the write left them.
+    The writes `alongside` (a run's end: the instance and its audit event) are steps of the
+    same statement, which the transaction it is in undoes with the rest on ClaimLost."""
     values = {name: getattr(op, name) for name in fields}
     if release:
         values |= {"claim_token": None, "claimed_until": None}
@@ -270,11 +274,16 @@ def _store(
     # as it stands once this store is, for the task's next move to go on from.
     back = "id, cancel_reason, next_step_at"
     returning = f" RETURNING {back}" if flushed else f" RETURNING {back}, {rows.UNFLUSHED}"
-    if runs is not None and runs.nodes:
+    steps = alongside.steps if alongside is not None else []
+    if (runs is not None and runs.nodes) or steps:
         # The rows are written only if the operation is: both stand or neither.
-        written, more = _task_runs_sql(runs)
-        statement = f"WITH moved AS ({statement}{returning}){written} SELECT {back} FROM moved"  # noqa: S608
-        params += more
+        written, more = _task_runs_sql(runs) if runs is not None and runs.nodes else ("", [])
+        written += "".join(f", w{n} AS ({step})" for n, step in enumerate(steps))
+        read = "".join(f", (SELECT * FROM w{n})" for n in range(len(steps)))  # noqa: S608
+        statement = (
+            f"WITH moved AS ({statement}{returning}){written} SELECT {back}{read} FROM moved"  # noqa: S608
+        )
+        params += [*more, *(alongside.params if alongside is not None else [])]
     else:
         statement += returning
     with connection.cursor() as cursor:
@@ -282,6 +291,8 @@ def _store(
         stored = cursor.fetchone()
     if stored is not None:
         op.cancel_reason, op.next_step_at = stored[1], stored[2]
+        if alongside is not None:
+            alongside.stored(stored[3:])
         return True
     if due is not _ANY and _reread(op.pk, token) is not None:
         return False
@@ -680,19 +691,12 @@ def _finish(
     op.next_step_at = None
     if not succeeded and state.changed:  # the page says what it may have left in the cluster
         op.arguments = {**op.arguments, "cluster_touched": True}
-    # Only what finishing changes: a delete may have set cancel_reason meanwhile.
-    _store(
-        op, token,
-        ["state", "finished_at", "error", "outputs", "next_step_at", "engine_state", "moves",
-         "arguments", "transient_streak"],
-        runs=runs,
-    )  # fmt: skip
     instance = op.instance
     rule = lifecycle.rule(op.verb, custom=verb.custom)
     delete_waiting = any(
         verb == "delete" and state == Operation.State.QUEUED for _, verb, state in following
     )
-    # Saved in the statement that records the instance's change, when there is one.
+    # Saved in the statement that records the run's end and the instance's change.
     event = audit_event(
         actor=SYSTEM,
         action=f"operation.{op.state}",
@@ -712,7 +716,7 @@ def _finish(
         if op.outputs and not op.arguments.get("snapshot"):  # a backup's go to its snapshot
             instance.outputs = {**instance.outputs, **op.outputs}
         instance.updated_at = now
-        instance_state_set(
+        writes = instance_state_writes(
             instance, rule.after or instance.state, operation=op,
             also=["parameters", "secret_parameters", "plan_version", "outputs", "updated_at"],
             alongside=[event],
@@ -729,9 +733,19 @@ def _finish(
             after = (
                 Instance.State.FAILED if changed or rule.makes_instance or not before else before
             )
-        instance_state_set(instance, after, operation=op, reason=op.error, alongside=[event])
+        writes = instance_state_writes(
+            instance, after, operation=op, reason=op.error, alongside=[event]
+        )
     else:
-        rows.insert(event)
+        writes = rows.writes([event])
+    # Only what finishing changes (a delete may have set cancel_reason meanwhile), in one
+    # statement with the instance's change and the audit event.
+    _store(
+        op, token,
+        ["state", "finished_at", "error", "outputs", "next_step_at", "engine_state", "moves",
+         "arguments", "transient_streak"],
+        runs=runs, alongside=writes,
+    )  # fmt: skip
     if op.verb == lifecycle.RETENTION_APPLY and succeeded:
         # The object store now prunes by the retention this run put on the cluster.
         snapshots_expire_by(instance, op.arguments["retention_days"])

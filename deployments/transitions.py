@@ -35,6 +35,24 @@ def instance_state_set(
     fields the caller changed on `instance`, saved in the same UPDATE (also when the state
     stays as it is); `alongside`, new rows the caller records with it (an audit event), saved
     in the same statement as the change."""
+    writes = instance_state_writes(
+        instance, state, operation=operation, reason=reason, also=also, alongside=alongside
+    )
+    if writes is not None:
+        writes.run()
+
+
+def instance_state_writes(
+    instance: Instance,
+    state: str,
+    *,
+    operation: Operation | None = None,
+    reason: str = "",
+    also: Iterable[str] = (),
+    alongside: Iterable[Model] = (),
+) -> rows.Writes | None:
+    """What `instance_state_set` writes, as steps of one statement (`rows.Writes`) for the
+    caller to run, alone or in a statement of its own; None when nothing changes."""
     fields, new = set(also), list(alongside)
     if instance.state != state:
         change = InstanceStateChange(
@@ -48,10 +66,10 @@ def instance_state_set(
         instance.state = state
         instance.updated_at = timezone.now()
         fields |= {"state", "updated_at"}
-    if new or fields:
-        # In SQL as the ORM writes them (`rows`), in one statement: a run's end makes them, on
-        # every instance.
-        rows.write(new, (instance, sorted(fields)) if fields else None)
+    if not (new or fields):
+        return None
+    # In SQL as the ORM writes them (`rows`): a run's end makes them, on every instance.
+    return rows.writes(new, (instance, sorted(fields)) if fields else None)
 
 
 # Which waiting step a worker takes first, in Redis's terms: each priority is a list of its own

@@ -21,7 +21,7 @@ from accounts.models import AuditEvent
 from deployments import runner, services
 from deployments.models import BackupSchedule, Cell, Instance, Operation, TaskRun
 from tests.concurrency import beside_a_lock
-from tests.deployments.conftest import SPEC
+from tests.deployments.conftest import SPEC, instance_object
 from tests.deployments.factories import BACKUPS
 
 
@@ -385,19 +385,69 @@ def test_the_move_that_ends_a_run_writes_the_instance_its_state_change_and_audit
         if delay is None:
             break
         time.sleep(0.05)
-    inserts = [s["sql"] for s in statements if s["sql"].lstrip().startswith(("INSERT", "WITH r"))]
+    writes = [
+        s["sql"]
+        for s in statements
+        if "INSERT INTO" in s["sql"] or "UPDATE deployments_instance " in s["sql"]
+        or ("UPDATE deployments_operation SET" in s["sql"] and "claimed AS" not in s["sql"])
+    ]  # fmt: skip
 
     created.refresh_from_db()
     assert created.state == Operation.State.SUCCEEDED
-    assert len(inserts) == 1, inserts
-    assert "INSERT INTO deployments_instancestatechange " in inserts[0]
-    assert "INSERT INTO accounts_auditevent " in inserts[0]
-    # The instance's new state and values in the same statement, and in no other.
-    assert [s["sql"] for s in statements if "UPDATE deployments_instance " in s["sql"]] == inserts
+    # The run's end, the instance's new state and values, the change and its audit event: one
+    # statement writes them all.
+    assert len(writes) == 1, writes
+    assert "UPDATE deployments_operation SET" in writes[0]
+    assert "UPDATE deployments_instance SET" in writes[0]
+    assert "INSERT INTO deployments_instancestatechange " in writes[0]
+    assert "INSERT INTO accounts_auditevent " in writes[0]
     change = created.instance.history.get(operation=created)
     assert (change.from_state, change.to_state) == ("creating", "running")
     event = AuditEvent.objects.get(action="operation.succeeded", target_id=str(created.pk))
     assert event.actor_kind == "system" and event.payload["instance"] == created.instance_id
+
+
+def test_a_run_end_whose_claim_was_lost_writes_neither_the_operation_nor_the_instance(
+    created, kube, faults
+):
+    faults(frozen=["cnpg"])  # the cluster stays unready until the run waits on it
+    for _ in range(10):
+        Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+        runner._step(str(created.pk))
+        created.refresh_from_db()
+        if created.waiting_on:
+            break
+    faults(frozen=[])
+    deadline = time.monotonic() + 30
+    while True:  # the operator makes it healthy: the run's next move is its last
+        cluster = instance_object(
+            kube, created.instance, "postgresql.cnpg.io/v1", "Cluster", created.instance_id
+        )
+        status = (cluster or {}).get("status") or {}
+        if status.get("phase") == "Cluster in healthy state" and status.get("readyInstances"):
+            break
+        assert time.monotonic() < deadline, "the cluster did not become healthy"
+        time.sleep(0.05)
+    op = runner._claim(str(created.pk), timezone.now(), early=True)
+    held = runner.Held(op, op.claim_token, op.claimed_until)
+    new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
+    Operation.objects.filter(pk=created.pk).update(claim_token=new_owner)
+
+    assert runner._step(str(created.pk), held) == (None, None)
+
+    created.refresh_from_db()
+    instance = Instance.objects.get(pk=created.instance_id)
+    assert created.state == Operation.State.RUNNING and created.claim_token == new_owner
+    assert instance.state == Instance.State.CREATING and instance.outputs == {}
+    assert not instance.history.filter(operation=created).exists()
+    assert not AuditEvent.objects.filter(target_id=str(created.pk)).exists()
+    # The new owner ends the run.
+    Operation.objects.filter(pk=created.pk).update(
+        claim_token=None, claimed_until=None, next_step_at=None
+    )
+    assert runner._step(str(created.pk)) == (None, None)
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING and instance.outputs
 
 
 def _values(obj) -> dict:
