@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 
 from accounts import selectors
+from accounts.text import NOT_INTERNET, email_reaches_someone
 
 
 class AccountSignupForm(SignupForm):
@@ -33,6 +34,14 @@ class AccountSignupForm(SignupForm):
         if typed and again and typed != again and "password2" not in self.errors:
             self.add_error("password2", "You must type the same password each time.")
         return cleaned
+
+    def clean_email(self) -> str:
+        """As allauth's; an address mail cannot reach (`localhost`) is refused: the account's
+        confirmation would go nowhere."""
+        email = super().clean_email()
+        if not email_reaches_someone(email):
+            raise ValidationError(NOT_INTERNET)
+        return email
 
     def validate_unique_email(self, value: str) -> str:
         if selectors.email_address_unclaimed(value):
@@ -69,11 +78,14 @@ class AccountLoginForm(LoginForm):
 
 class AccountAddEmailForm(AddEmailForm):
     def clean_email(self) -> str:
-        """As allauth's; an address another account signs in with or has confirmed is refused:
+        """As allauth's; an address mail cannot reach is refused, as at sign-up; an address
+        another account signs in with or has confirmed is refused too:
         its confirmation email would reach that account's owner, who might follow it, and
         then could no longer confirm their own. (This tells a signed-in user that the address
         has an account, which sign-up and password reset never say.)"""
         email = super().clean_email()
+        if not email_reaches_someone(email):
+            raise ValidationError(NOT_INTERNET)
         if not selectors.email_address_unclaimed(email, besides=self.user):
             raise ValidationError("This address belongs to another account: add one only you use.")
         return email

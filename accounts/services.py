@@ -30,7 +30,7 @@ from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
-from accounts.text import text_visible
+from accounts.text import NOT_INTERNET, email_reaches_someone, text_visible
 
 _INVITATION_SALT = "accounts.invitation"
 _SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read aloud safely
@@ -555,12 +555,8 @@ def invitation_create(
         email = email_address_clean(email.strip())
     except ValidationError as exc:
         raise ValidationError({"email": exc.messages}) from None
-    if "." not in email.rpartition("@")[2] or email.endswith("]"):
-        # Django's check takes `localhost` and a network address in brackets: an invitation
-        # mailed there reaches no one.
-        raise ValidationError(
-            {"email": "Enter an address at an internet domain, like name@example.com."}
-        )
+    if not email_reaches_someone(email):
+        raise ValidationError({"email": NOT_INTERNET})
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
     with audited_action(actor=actor, action="member.invite", tenant=tenant):

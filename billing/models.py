@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from accounts.models import Tenant
-from accounts.text import text_visible
+from accounts.text import NOT_INTERNET, email_reaches_someone, text_visible
 from billing.countries import COUNTRIES, COUNTRY_NAMES
 from billing.tax_ids import TAX_ID_CHOICES, TAX_ID_TYPES, tax_id_clean
 
@@ -513,7 +513,8 @@ class BillingProfile(models.Model):
 
     def clean(self) -> None:
         """Every field's error at once: a text no one can read as printed (a line break, a
-        control or direction character, a legal name of blank letters only), an address
+        control or direction character, a legal name of blank letters only), a billing email
+        mail cannot reach (`localhost`), an address
         without its first line, city or country, a tax ID of the wrong shape."""
         errors: dict[str, str] = {}
         for name in self.TEXTS:
@@ -521,6 +522,8 @@ class BillingProfile(models.Model):
                 errors[name] = "Use letters, digits, spaces and punctuation only."
         if "legal_name" not in errors and not text_visible(self.legal_name):
             errors["legal_name"] = "Enter the legal name, as registered."
+        if self.email and not email_reaches_someone(self.email):
+            errors["email"] = NOT_INTERNET
         try:
             self.tax_id_value = tax_id_clean(self.tax_id_type, self.tax_id_value)
         except ValidationError as exc:

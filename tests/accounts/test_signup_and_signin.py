@@ -137,6 +137,29 @@ def test_an_address_with_a_character_no_one_can_see_is_refused_at_sign_up(client
     assert not User.objects.exists()
 
 
+@pytest.mark.parametrize("email", ["kim@localhost", "kim@[127.0.0.1]"])
+@pytest.mark.django_db
+def test_an_address_mail_cannot_reach_is_refused_at_sign_up_and_on_the_email_page(
+    client, make_user, email
+):
+    response = _signup(client, email=email)
+
+    assert response.status_code == 200
+    assert "Enter an address at an internet domain" in response.content.decode()
+    assert not User.objects.exists() and not mail.outbox
+
+    page = Client()
+    user = make_user("kim@example.com")
+    page.force_login(user)
+    refused = page.post("/accounts/email/", {"email": email, "action_add": ""})
+
+    assert refused.status_code == 200
+    assert "Enter an address at an internet domain" in refused.content.decode()
+    assert list(EmailAddress.objects.filter(user=user).values_list("email", flat=True)) == [
+        "kim@example.com"
+    ]
+
+
 @pytest.mark.django_db
 def test_a_refused_sign_up_leaves_the_address_in_its_email_cooldown(make_user):
     """A sign-up refused after the address's checks (its organization name) changes nothing:

@@ -94,6 +94,7 @@ def test_the_organization_name_alone_makes_no_profile(tenant, owner):
         ({"country": "QQ"}, "country", "Value 'QQ' is not a valid choice"),
         ({"legal_name": ""}, "legal_name", "This field cannot be blank."),
         ({"email": "not-an-address"}, "email", "Enter a valid email address."),
+        ({"email": "billing@localhost"}, "email", "Enter an address at an internet domain"),
         # Shown reversed, blank, or breaking the printed address (and sent to Stripe as typed).
         ({"legal_name": "Acme \u202eHbmG"}, "legal_name", "Use letters, digits, spaces and"),
         ({"legal_name": "\u3164"}, "legal_name", "Enter the legal name, as registered."),
