@@ -78,6 +78,8 @@ def _team_context(request, **extra) -> dict:
         "invite_form": InviteForm(),
         "managed_roles": managed,
         "role_choices": [(value, label) for value, label in Role.choices if value in managed],
+        # Said on the user's own row instead of a Leave that would be refused.
+        "leave_refusal": services.leave_refusal(request.membership),
         **extra,
     }
 

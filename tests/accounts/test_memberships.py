@@ -87,6 +87,27 @@ def test_the_last_owner_cannot_leave_while_others_remain(client, owner, tenant, 
 
 
 @pytest.mark.django_db
+def test_the_team_page_says_why_the_last_owner_cannot_leave_instead_of_offering_it(
+    client, owner, tenant, add_member
+):
+    second = add_member("second@example.com", "admin")
+    client.force_login(owner)
+    own = f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/remove/"
+
+    page = client.get(f"/t/{tenant.slug}/team/").content.decode()
+
+    assert own not in page  # no Leave on their own row, ...
+    assert "You are the only owner of Acme: make someone else an owner first" in page
+    assert f"/t/{tenant.slug}/team/{_membership(tenant, second).pk}/remove/" in page
+
+    services.membership_change_role(
+        actor=Actor(user=owner), membership=_membership(tenant, second), role="owner"
+    )
+    page = client.get(f"/t/{tenant.slug}/team/").content.decode()
+    assert own in page and "You are the only owner" not in page  # ... until another owner
+
+
+@pytest.mark.django_db
 def test_the_only_member_is_pointed_to_deleting_the_organization(client, owner, tenant):
     client.force_login(owner)
 
