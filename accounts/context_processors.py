@@ -1,3 +1,5 @@
+from collections import Counter
+
 from accounts import roles, selectors
 from accounts.tenancy import SESSION_KEY
 
@@ -12,6 +14,11 @@ def tenancy(request) -> dict:
     if user is None or not user.is_authenticated:
         return {}
     memberships = selectors.memberships_for_user(user)
+    # Two organizations of one name (an invitation to a second "Acme" accepted) are told apart
+    # in the switcher by their addresses.
+    names = Counter(m.tenant.name.casefold() for m in memberships)
+    for m in memberships:
+        m.name_shared = names[m.tenant.name.casefold()] > 1
     membership = getattr(request, "membership", None)
     if membership is None and hasattr(request, "session"):
         slug = request.session.get(SESSION_KEY)

@@ -117,6 +117,28 @@ def test_accepting_a_valid_invitation_joins_with_the_invited_role(
     assert AuditEvent.objects.filter(tenant=tenant, action="member.join").exists()
 
 
+@pytest.mark.django_db
+def test_two_organizations_of_one_name_are_told_apart_in_the_switcher(
+    client, invite, make_user, tenant
+):
+    newcomer = make_user("new@example.com")
+    theirs = services.tenant_create(actor=Actor(user=newcomer), name="ACME")
+    _, link = invite()
+    client.force_login(newcomer)
+
+    client.post(link)  # they join another organization called Acme
+    page = client.get(f"/t/{tenant.slug}/").content.decode()
+
+    switcher = page[page.index("tenant-switcher") : page.index("New organization")]
+    assert f"Acme <small>· Member · {tenant.slug}</small>" in switcher
+    assert f"ACME <small>· Owner · {theirs.slug}</small>" in switcher
+    # Names told apart by themselves show no address.
+    services.tenant_rename(actor=Actor(user=newcomer), tenant=theirs, name="Initech")
+    switcher = client.get(f"/t/{tenant.slug}/").content.decode()
+    assert "Acme <small>· Member</small>" in switcher
+    assert "Initech <small>· Owner</small>" in switcher
+
+
 def _invitations_on_landing(client) -> list[str]:
     """The invitation links on the page a signed-in user lands on."""
     page = client.get("/", follow=True)
