@@ -189,6 +189,21 @@ class TenantAdmin(ServiceOwnedAdmin):
     def member_count(self, obj):
         return obj.members
 
+    actions = ["restore"]
+
+    def has_manage_permission(self, request):
+        return request.user.has_perm("accounts.change_tenant")
+
+    @admin.action(description="Restore deleted organization", permissions=["manage"])
+    def restore(self, request, queryset):
+        run_action(
+            self,
+            request,
+            queryset,
+            lambda t: services.tenant_restore(actor=staff_actor(request), tenant=t),
+            "Restored (their withdrawn invitations stay withdrawn)",
+        )
+
 
 def _role_action(role: str):
     def action(modeladmin, request, queryset):

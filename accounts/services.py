@@ -334,6 +334,30 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
     return tenant
 
 
+def tenant_restore(*, actor: Actor, tenant: Tenant) -> Tenant:
+    """Undo a delete, for platform staff (a customer who deleted the wrong organization): it
+    is back in its members' switchers with its pages, memberships and records as they were.
+    The invitations withdrawn when it was deleted stay withdrawn (their links had stopped
+    working; its members invite again). Refused for one not deleted."""
+    with audited_action(actor=actor, action="tenant.restore", tenant=tenant, target=tenant):
+        if not (actor.staff and actor.user is not None and actor.user.is_staff):
+            raise ActionDenied("Only platform staff can restore a deleted organization.")
+        if not tenant_lock(tenant.pk):
+            raise ValidationError(f"{tenant.name} is not deleted.")
+        tenant = Tenant.objects.get(pk=tenant.pk)
+        deleted_at = tenant.deleted_at
+        tenant.deleted_at = None
+        tenant.save(update_fields=["deleted_at"])
+        audit_record(
+            actor=actor,
+            action="tenant.restore",
+            tenant=tenant,
+            target=tenant,
+            payload={"name": tenant.name, "deleted_at": deleted_at.isoformat()},
+        )
+    return tenant
+
+
 def _guard_owner_change(
     *, actor: Actor, tenant: Tenant, membership: Membership, new_role: str | None
 ) -> None:

@@ -494,6 +494,44 @@ def test_staff_still_find_a_deleted_organization_in_the_admin_marked(
 
 
 @pytest.mark.django_db
+def test_staff_restore_a_deleted_organization_from_the_admin(
+    client, make_user, owner, tenant, add_member
+):
+    bob = add_member("bob@example.com", "member")
+    live = services.tenant_create(actor=Actor(user=owner), name="Initech")
+    services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
+    staff = make_user("staff@example.com", is_staff=True, is_superuser=True)
+    client.force_login(staff)
+
+    response = client.post(
+        "/admin/accounts/tenant/",
+        {"action": "restore", "_selected_action": [tenant.pk, live.pk]},
+        follow=True,
+    )
+
+    page = response.content.decode()
+    assert "Restored (their withdrawn invitations stay withdrawn): 1." in page
+    assert "Not done for Initech: Initech is not deleted." in page
+    tenant.refresh_from_db()
+    assert tenant.deleted_at is None
+    assert _client(bob).get(f"/t/{tenant.slug}/").status_code == 200  # back for its members
+    event = AuditEvent.objects.get(tenant=tenant, action="tenant.restore")
+    assert event.actor == staff and event.payload["name"] == "Acme"
+
+
+@pytest.mark.django_db
+def test_only_staff_restore_an_organization(owner, tenant):
+    services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
+
+    with pytest.raises(ActionDenied, match="Only platform staff"):
+        services.tenant_restore(actor=Actor(user=owner), tenant=tenant)
+
+    tenant.refresh_from_db()
+    assert tenant.deleted_at is not None
+    assert _events(tenant, "tenant.restore", AuditEvent.Result.DENIED).count() == 1
+
+
+@pytest.mark.django_db
 def test_a_second_delete_or_a_tab_left_open_is_told_the_organization_was_deleted(
     owner_client, tenant, add_member
 ):
