@@ -75,7 +75,7 @@ def invoices(request):
 def invoices_export(request):
     _, found = _filtered(request)
     header = ["number", "organization", "plan", "period", "status", "currency", "total"]
-    header += ["finalized_at"]
+    header += ["finalized_at", "organization_deleted_at"]
     rows = (
         [
             invoice.number or "",
@@ -86,6 +86,8 @@ def invoices_export(request):
             invoice.currency,
             invoice.total,
             invoice.finalized_at.isoformat() if invoice.finalized_at else "",
+            # As the page marks it: an organization deleted since (its invoices are kept).
+            invoice.tenant.deleted_at.isoformat() if invoice.tenant.deleted_at else "",
         ]
         for invoice in found.iterator(chunk_size=500)
     )

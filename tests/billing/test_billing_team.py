@@ -118,6 +118,7 @@ def test_the_csv_export_has_the_filtered_invoices_safe_for_spreadsheets(team_cli
     rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert rows[0] == [
         "number", "organization", "plan", "period", "status", "currency", "total", "finalized_at",
+        "organization_deleted_at",
     ]  # fmt: skip
     assert sorted(row[0] for row in rows[1:]) == ["2025-000001", "2025-000002"]
     assert {row[1] for row in rows[1:]} == {"'=Globex Corp"}  # not run as a formula
@@ -207,6 +208,11 @@ def test_a_deleted_organization_is_said_deleted_beside_its_invoices_and_usage(
     assert listed.count(deleted) == 1  # Acme's row says nothing
     assert deleted in shown and deleted not in other
     assert deleted in used.split("</h1>")[0]
+    # The export says it too, with when.
+    export = team_client.get("/billing-team/invoices.csv")
+    rows = list(csv.reader(io.StringIO(b"".join(export.streaming_content).decode())))
+    by_number = {row[0]: row[-1] for row in rows[1:]}
+    assert by_number == {"2025-000009": gone.deleted_at.isoformat(), "2025-000010": ""}
 
 
 def test_the_invoice_list_makes_as_many_queries_for_many_deleted_organizations_as_for_few(
