@@ -5,7 +5,7 @@ from playwright.sync_api import expect
 
 from accounts import services
 from accounts.audit import Actor
-from accounts.models import Tenant
+from accounts.models import Membership, Tenant
 from tests.browser.conftest import scrolls_sideways, shot
 
 LONG_NAME = "Acme Research and Development Laboratories Worldwide"
@@ -71,4 +71,24 @@ def test_a_long_one_word_name_breaks_inside_the_settings_page(open_page, owner, 
 
     expect(page.get_by_role("button", name=f"Delete {word}")).to_be_visible()
     shot(page, f"organization-settings-long-name-{width}")
+    assert not scrolls_sideways(page)
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_two_organizations_of_one_name_show_their_addresses_in_the_open_switcher(
+    open_page, tenant, make_user, width
+):
+    newcomer = make_user("newcomer@example.com")
+    other = services.tenant_create(actor=Actor(user=newcomer), name="ACME")
+    Membership.objects.create(tenant=tenant, user=newcomer, role="member")  # then joins Acme
+    page = open_page(newcomer, f"/t/{tenant.slug}/", width)
+
+    page.locator(".tenant-switcher summary").click()
+    shot(page, f"switcher-same-names-{width}")
+
+    for slug in (tenant.slug, other.slug):
+        entry = page.locator(f'.tenant-switcher a[href="/t/{slug}/"]')
+        expect(entry).to_contain_text(slug)
+        box, view = entry.bounding_box(), page.viewport_size
+        assert box["x"] >= 0 and box["x"] + box["width"] <= view["width"]
     assert not scrolls_sideways(page)

@@ -59,6 +59,22 @@ def test_team_and_audit_pages_never_scroll_sideways(
 
 
 @BOTH_WIDTHS
+def test_the_last_owner_reads_why_they_cannot_leave_on_their_own_row(
+    open_page, owner, tenant, add_member, width
+):
+    add_member("an.admin.with.a.rather.long.address@subsidiary.example.com", "admin")
+
+    page = open_page(owner, f"/t/{tenant.slug}/team/", width)
+    shot(page, f"team-last-owner-{width}")
+
+    said = page.locator(f"#member-{owner.memberships.get().pk} #leave-refused")
+    expect(said).to_contain_text("make someone else an owner first")
+    box, view = said.bounding_box(), page.viewport_size
+    assert box["x"] >= 0 and box["x"] + box["width"] <= view["width"]
+    assert not scrolls_sideways(page)
+
+
+@BOTH_WIDTHS
 @pytest.mark.parametrize("path", ["/accounts/email/", "/accounts/password/change/"])
 def test_account_pages_show_the_sidebar_and_the_organization_switcher(
     open_page, owner, tenant, width, path
