@@ -96,15 +96,18 @@ def test_the_team_page_says_why_the_last_owner_cannot_leave_instead_of_offering_
 
     page = client.get(f"/t/{tenant.slug}/team/").content.decode()
 
-    assert own not in page  # no Leave on their own row, ...
+    assert own not in page  # no Leave on their own row, nor a role to step down to, ...
+    assert f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/" not in page
     assert "You are the only owner of Acme: make someone else an owner first" in page
     assert f"/t/{tenant.slug}/team/{_membership(tenant, second).pk}/remove/" in page
+    assert f"/t/{tenant.slug}/team/{_membership(tenant, second).pk}/role/" in page
 
     services.membership_change_role(
         actor=Actor(user=owner), membership=_membership(tenant, second), role="owner"
     )
     page = client.get(f"/t/{tenant.slug}/team/").content.decode()
     assert own in page and "You are the only owner" not in page  # ... until another owner
+    assert f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/" in page
 
 
 @pytest.mark.django_db
