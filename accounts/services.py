@@ -303,7 +303,7 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
     memberships, invoices and audit log, for the records. Refused, saying what stands in the
     way, while anything registered with `tenant_delete_blocker_register` does (deployments
     not deleted, operations under way, a subscription or an unpaid invoice). Two deletes at
-    once: the second finds it deleted and is refused."""
+    once: the second finds it deleted and is refused. The other members are told by email."""
     with audited_action(actor=actor, action="tenant.delete", tenant=tenant, target=tenant):
         permission_require(actor=actor, tenant=tenant, action="tenant.delete")
         tenant = Tenant.objects.get(pk=tenant.pk)
@@ -331,7 +331,30 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
                 "invitations_withdrawn": withdrawn.update(revoked_at=now),
             },
         )
+        told = list(
+            tenant.memberships.exclude(user=actor.user).select_related("user").order_by("pk")
+        )
+        transaction.on_commit(lambda: _members_tell_deleted(tenant, told, actor), robust=True)
     return tenant
+
+
+def _members_tell_deleted(tenant: Tenant, memberships: list[Membership], actor: Actor) -> None:
+    """Email each other member that the organization was deleted, by whom and when, once the
+    delete commits (a mail server that cannot be reached does not undo it: the email is lost,
+    as an operation's is)."""
+    deleted_by = actor.user.email if actor.user is not None else "The platform team"
+    for membership in memberships:
+        context = {
+            "tenant": tenant,
+            "deleted_by": deleted_by,
+            "role": membership.get_role_display(),
+        }
+        send_mail(
+            subject=f"[Opsdeck] {tenant.name} was deleted",
+            message=render_to_string("accounts/email/organization_deleted.txt", context),
+            from_email=settings.DEFAULT_FROM_EMAIL,
+            recipient_list=[membership.user.email],
+        )
 
 
 def tenant_restore(*, actor: Actor, tenant: Tenant) -> Tenant:

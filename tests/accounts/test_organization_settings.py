@@ -1,6 +1,7 @@
 """An organization's settings: an owner renames or deletes it, any member leaves it."""
 
 import pytest
+from django.core import mail
 from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import resolve
@@ -161,6 +162,39 @@ def test_an_owner_deletes_the_organization_and_it_is_gone_for_its_members(
     assert event.payload == {
         "name": "Acme", "slug": tenant.slug, "members": 2, "invitations_withdrawn": 1,
     }  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_other_members_are_told_by_email_who_deleted_it_and_when(
+    owner, tenant, add_member, django_capture_on_commit_callbacks
+):
+    add_member("bob@example.com", "member")
+    add_member("ann@example.com", "admin")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
+
+    tenant.refresh_from_db()
+    assert sorted(m.to[0] for m in mail.outbox) == ["ann@example.com", "bob@example.com"]
+    told = {m.to[0]: m for m in mail.outbox}
+    assert told["bob@example.com"].subject == "[Opsdeck] Acme was deleted"
+    body = told["ann@example.com"].body
+    on = f"{tenant.deleted_at:%-d %B %Y} at {tenant.deleted_at:%H:%M} UTC"
+    assert f"owner@example.com deleted the organization Acme on Opsdeck on {on}." in body
+    assert "You were one of its members (Admin)." in body
+    assert "ask the platform team: they can restore it" in body
+
+
+@pytest.mark.django_db
+def test_a_refused_delete_emails_no_one(
+    owner, tenant, add_member, django_capture_on_commit_callbacks
+):
+    add_member("bob@example.com", "member")
+
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(ValidationError):
+        services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme Labs")
+
+    assert mail.outbox == []
 
 
 @pytest.mark.django_db
