@@ -22,22 +22,11 @@ from deployments.models import Instance, InstanceStateChange, Operation, Snapsho
 STEP_TASK = "deployments.tasks.operation_step"
 
 
-def instance_state_set(
-    instance: Instance,
-    state: str,
-    *,
-    operation: Operation | None = None,
-    reason: str = "",
-    also: Iterable[str] = (),
-    alongside: Iterable[Model] = (),
-) -> None:
-    """Move an instance to `state`, recording the change with its time; `also` names other
-    fields the caller changed on `instance`, saved in the same UPDATE (also when the state
-    stays as it is); `alongside`, new rows the caller records with it (an audit event), saved
-    in the same statement as the change."""
-    writes = instance_state_writes(
-        instance, state, operation=operation, reason=reason, also=also, alongside=alongside
-    )
+def instance_state_set(instance: Instance, state: str, **how) -> None:
+    """Move an instance to `state` now, as `instance_state_writes` says (`how`: the operation
+    that moved it, the reason, other fields changed, rows recorded alongside), in one
+    statement."""
+    writes = instance_state_writes(instance, state, **how)
     if writes is not None:
         writes.run()
 
@@ -51,8 +40,11 @@ def instance_state_writes(
     also: Iterable[str] = (),
     alongside: Iterable[Model] = (),
 ) -> rows.Writes | None:
-    """What `instance_state_set` writes, as steps of one statement (`rows.Writes`) for the
-    caller to run, alone or in a statement of its own; None when nothing changes."""
+    """Move an instance to `state`, recording the change with its time; `also` names other
+    fields the caller changed on `instance`, saved in the same UPDATE (also when the state
+    stays as it is); `alongside`, new rows the caller records with it (an audit event). The
+    writes, as steps of one statement (`rows.Writes`) for the caller to run, alone
+    (`instance_state_set`) or in a statement of its own; None when nothing changes."""
     fields, new = set(also), list(alongside)
     if instance.state != state:
         change = InstanceStateChange(
