@@ -1,5 +1,7 @@
 from collections import Counter
 
+from django.utils.functional import SimpleLazyObject
+
 from accounts import roles, selectors
 from accounts.tenancy import SESSION_KEY
 
@@ -14,11 +16,6 @@ def tenancy(request) -> dict:
     if user is None or not user.is_authenticated:
         return {}
     memberships = selectors.memberships_for_user(user)
-    # Two organizations of one name (an invitation to a second "Acme" accepted) are told apart
-    # in the switcher by their addresses.
-    names = Counter(m.tenant.name.casefold() for m in memberships)
-    for m in memberships:
-        m.name_shared = names[m.tenant.name.casefold()] > 1
     membership = getattr(request, "membership", None)
     if membership is None and hasattr(request, "session"):
         slug = request.session.get(SESSION_KEY)
@@ -26,6 +23,18 @@ def tenancy(request) -> dict:
     return {
         "current_tenant": membership.tenant if membership else None,
         "current_membership": membership,
-        "user_memberships": memberships,
+        # Read only by a page that shows the switcher (not an htmx panel).
+        "user_memberships": SimpleLazyObject(lambda: _told_apart(memberships)),
         "allowed": roles.allowed_actions(membership.role) if membership else frozenset(),
     }
+
+
+def _told_apart(memberships) -> list:
+    """The memberships, each marked `name_shared` when another one's organization has the same
+    name (whatever its case: an invitation to a second "Acme" accepted): the switcher tells
+    them apart by their addresses."""
+    listed = list(memberships)
+    names = Counter(m.tenant.name.casefold() for m in listed)
+    for m in listed:
+        m.name_shared = names[m.tenant.name.casefold()] > 1
+    return listed
