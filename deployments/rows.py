@@ -78,17 +78,6 @@ def insert(*objs: Model) -> None:
     writes(objs).run()
 
 
-def update(obj: Model, names: list[str]) -> None:
-    """Write the fields `names` of `obj`, as `obj.save(update_fields=names)` would."""
-    writes((), (obj, names)).run()
-
-
-def write(new: Sequence[Model], changed: tuple[Model, list[str]] | None = None) -> None:
-    """Insert the rows `new` (as `insert`) and write the fields of one row that exists
-    (`changed`: the object and its field names, as `update`), all in one statement."""
-    writes(new, changed).run()
-
-
 @dataclass
 class Writes:
     """Rows to insert and one to update (`writes`): the steps of one statement, each an INSERT
@@ -120,7 +109,9 @@ class Writes:
 
 
 def writes(new: Sequence[Model], changed: tuple[Model, list[str]] | None = None) -> Writes:
-    """The statement steps of `write`, unrun."""
+    """Insert the rows `new` (as `insert`) and write the fields of one row that exists
+    (`changed`: the object and its field names, as `obj.save(update_fields=names)` would): the
+    steps of one statement, to run (`Writes.run`)."""
     steps, params, returned = [], [], []
     for n, obj in enumerate(new):
         model = type(obj)

@@ -32,7 +32,7 @@ def test_an_update_in_sql_writes_what_save_would(db, tenant, owner):
     instance.secret_parameters = json.dumps({"password": "s3cret"})
     instance.state = Instance.State.RUNNING
 
-    rows.update(instance, ["parameters", "secret_parameters", "plan_version", "state"])
+    rows.writes((), (instance, ["parameters", "secret_parameters", "plan_version", "state"])).run()
 
     fresh = Instance.objects.get(pk=instance.pk)
     assert fresh.parameters["instances"] == 3 and fresh.state == Instance.State.RUNNING
