@@ -14,24 +14,15 @@ from accounts.idempotency import request_target, user_scope
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 
 
-def membership_get(*, user, tenant_slug: str) -> Membership | None:
+def membership_get(*, user, tenant_slug: str, deleted: bool = False) -> Membership | None:
+    """The user's membership of the organization at `tenant_slug`; with `deleted`, of the
+    deleted one there (kept with it: whether they were in it when it was deleted). None when
+    there is none."""
     if not user.is_authenticated:
         return None
     return (
         Membership.objects.select_related("tenant")
-        .filter(user=user, tenant__slug=tenant_slug, tenant__deleted_at=None)
-        .first()
-    )
-
-
-def membership_of_deleted(*, user, tenant_slug: str) -> Membership | None:
-    """The user's membership of the deleted organization at `tenant_slug` (kept with it), None
-    when there is none: whether they were in it when it was deleted."""
-    if not user.is_authenticated:
-        return None
-    return (
-        Membership.objects.select_related("tenant")
-        .filter(user=user, tenant__slug=tenant_slug, tenant__deleted_at__isnull=False)
+        .filter(user=user, tenant__slug=tenant_slug, tenant__deleted_at__isnull=not deleted)
         .first()
     )
 

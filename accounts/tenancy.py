@@ -70,7 +70,7 @@ def tenant_view(action: str = "tenant.view"):
 
 def _deleted_or_404(request, tenant_slug: str):
     """Home, saying the organization was deleted, for someone who was in it then; else 404."""
-    former = selectors.membership_of_deleted(user=request.user, tenant_slug=tenant_slug)
+    former = selectors.membership_get(user=request.user, tenant_slug=tenant_slug, deleted=True)
     if former is None:
         raise Http404("No such organization.")
     tenant = former.tenant

@@ -274,10 +274,10 @@ def _store(
     # as it stands once this store is, for the task's next move to go on from.
     back = "id, cancel_reason, next_step_at"
     returning = f" RETURNING {back}" if flushed else f" RETURNING {back}, {rows.UNFLUSHED}"
+    # The task runs are written only if the operation is: both stand or neither.
+    written, more = _task_runs_sql(runs) if runs is not None else ("", [])
     steps = alongside.steps if alongside is not None else []
-    if (runs is not None and runs.nodes) or steps:
-        # The rows are written only if the operation is: both stand or neither.
-        written, more = _task_runs_sql(runs) if runs is not None and runs.nodes else ("", [])
+    if written or steps:
         written += "".join(f", w{n} AS ({step})" for n, step in enumerate(steps))
         read = "".join(f", (SELECT * FROM w{n})" for n in range(len(steps)))  # noqa: S608
         statement = (
