@@ -234,7 +234,9 @@ class Operation(models.Model):
     arguments = models.JSONField(default=dict, blank=True)  # verb-specific (snapshot, target)
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     # The engine's RunState as JSON; encrypted because rendered objects may hold secrets.
-    engine_state = EncryptedTextField(blank=True)
+    # Several kilobytes of JSON written on every move: compressed, it takes half the TOAST
+    # chunks (and WAL) each time.
+    engine_state = EncryptedTextField(blank=True, compressed=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)  # time inside the run is frozen here
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -285,7 +287,7 @@ class TaskRun(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     state = models.CharField(max_length=12)
     message = models.TextField(blank=True)
-    object = EncryptedTextField(blank=True)  # JSON of the rendered object
+    object = EncryptedTextField(blank=True, compressed=True)  # JSON of the rendered object
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from allauth.mfa.models import Authenticator
 from cryptography.fernet import Fernet
@@ -22,6 +24,31 @@ def test_the_encrypted_field_stores_tokens_and_reads_plain_text():
 
     assert stored != "kubeconfig: data"
     assert field.from_db_value(stored, None, None) == "kubeconfig: data"
+
+
+def test_a_compressed_secret_round_trips_in_a_far_shorter_token():
+    text = json.dumps({f"task-{n}": {"phase": "Succeeded", "message": ""} for n in range(60)})
+
+    plain, packed = crypto.encrypt(text), crypto.encrypt(text, compress=True)
+
+    assert crypto.decrypt(packed) == text
+    assert len(packed) < len(plain) / 4
+
+
+def test_compressed_tokens_tell_apart_lengths_only_by_whole_blocks():
+    # Texts that compress to a few bytes more or less make tokens of one length.
+    lengths = {len(crypto.encrypt("a" * 200 + "b" * n, compress=True)) for n in range(40)}
+
+    assert len(lengths) == 1
+
+
+def test_a_field_now_compressed_reads_the_values_stored_before():
+    before = EncryptedTextField().get_prep_value("kubeconfig: data " * 200)
+
+    field = EncryptedTextField(compressed=True)
+
+    assert field.from_db_value(before, None, None) == "kubeconfig: data " * 200
+    assert len(field.get_prep_value("kubeconfig: data " * 200)) < len(before)
 
 
 def test_a_secret_from_an_unknown_key_is_a_clear_configuration_error(settings):

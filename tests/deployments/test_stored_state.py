@@ -6,12 +6,14 @@ import uuid
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.utils import timezone
 
+from accounts import crypto
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from deployments import services
-from deployments.models import Instance, Operation, Snapshot
+from deployments.models import Instance, Operation, Snapshot, TaskRun
 from tests.deployments.conftest import SPEC, instance_object, wait_done, wait_for
 
 
@@ -42,6 +44,24 @@ def _running(owner, tenant, plan, **parameters):
     create = _create(owner, tenant, plan, **parameters)
     assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
     return Instance.objects.get(pk=create.instance_id)
+
+
+def test_a_runs_state_and_rendered_objects_are_stored_compressed(worker, cell, plan, tenant, owner):
+    create = _create(owner, tenant, plan)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT engine_state FROM deployments_operation WHERE id = %s", [create.pk])
+        (stored,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT object FROM deployments_taskrun WHERE operation_id = %s", [create.pk]
+        )
+        stored_runs = [token for (token,) in cursor.fetchall()]
+    state = Operation.objects.get(pk=create.pk).engine_state
+    runs = [run.object for run in TaskRun.objects.filter(operation=create).order_by("node")]
+    assert '"kind": "Cluster"' in state
+    assert len(stored) < len(crypto.encrypt(state)) * 0.6
+    assert sum(map(len, stored_runs)) < sum(len(crypto.encrypt(obj)) for obj in runs) * 0.8
 
 
 def test_a_modify_queued_behind_a_rotation_keeps_the_new_password(
