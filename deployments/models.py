@@ -268,7 +268,17 @@ class Operation(models.Model):
                 fields=["instance", "request_id"], name="operation_request_once"
             )
         ]
-        indexes = [models.Index(fields=["state", "next_step_at"], name="operation_due")]
+        # The operations in flight, for the sweeper that finds the stalled ones. No column a
+        # move writes is indexed (`next_step_at` was): PostgreSQL then updates the row in its
+        # page (a HOT update) instead of adding an entry to each of the table's indexes, and
+        # the table keeps room in its pages for that (`fillfactor`, migration 0025).
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="operation_live",
+                condition=models.Q(state__in=["queued", "running"]),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.verb} on {self.instance_id} ({self.state})"

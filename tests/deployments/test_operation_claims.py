@@ -223,6 +223,37 @@ def test_a_move_that_goes_on_from_a_kept_claim_makes_one_statement(created):
     assert created.moves == 2 and created.claim_token == held.token
 
 
+def _operation_updates() -> tuple[int, int]:
+    """The updates of operation rows so far, and how many of them PostgreSQL made in the
+    row's page (HOT: no new entry in any of the table's indexes). Each statement is its own
+    transaction: the first sends this connection's counts on at its end."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = %s::regclass",
+            [Operation._meta.db_table],
+        )
+        return cursor.fetchone()
+
+
+def test_a_runs_moves_update_its_operation_in_its_page(created):
+    _, held = runner._step(str(created.pk), keep_until=math.inf)  # the run's start, and a move
+    before = _operation_updates()
+
+    deadline = time.monotonic() + 30
+    while Operation.objects.get(pk=created.pk).state == Operation.State.RUNNING:
+        assert time.monotonic() < deadline, "the run did not end"
+        if held is None:  # it waits on the cluster: due again at once
+            Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+        _, held = runner._step(str(created.pk), held, keep_until=math.inf)
+
+    assert Operation.objects.get(pk=created.pk).state == Operation.State.SUCCEEDED
+    updated, in_place = (now - then for now, then in zip(_operation_updates(), before, strict=True))
+    # Claims, moves, the test's own updates: all in place but the run's end, which writes
+    # the operation's state (in the sweeper's index).
+    assert updated >= 3 and in_place == updated - 1
+
+
 def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(created):
     _, held = runner._step(str(created.pk), keep_until=math.inf)
     new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
