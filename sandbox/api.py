@@ -123,7 +123,7 @@ class Sandbox:
         self._stop.set()
         self.core.closing = True
         with self.core.lock:
-            self.core.store.changed.notify_all()
+            self.core.store.notify_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.close_all()
@@ -275,7 +275,7 @@ class Sandbox:
         """
         with self.core.lock:
             self.core.store.compact()
-            self.core.store.changed.notify_all()
+            self.core.store.notify_all()
             return self.core.store.compacted_rv
 
     def pod_fail(self, namespace: str, name: str, *, seconds: float | None = 60.0) -> None:

@@ -1178,7 +1178,7 @@ class Core:
                 if gone is None:
                     events = self.store.events_after(last)
                     if not events:
-                        self.store.changed.wait(min(remaining, 0.5))
+                        self.store.changed_of(rt.key).wait(min(remaining, 0.5))
                         events = self.store.events_after(last)
                     gone = self._expired(last)
                 head_rv = self.store.rv

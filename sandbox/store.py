@@ -34,7 +34,11 @@ class Store:
 
     def __init__(self, window: int = 20000) -> None:
         self.lock = threading.RLock()
+        # Notified on every change: what waits on any resource (the controllers).
         self.changed = threading.Condition(self.lock)
+        # Per resource, notified on its changes only: its watches, which a change of another
+        # resource would wake for nothing (each then takes the lock every request needs).
+        self._changed_of: dict[Key, threading.Condition] = {}
         self.rv = 0
         self.objects: dict[Key, dict[ObjKey, dict[str, Any]]] = {}
         self.log: deque[Event] = deque()
@@ -43,6 +47,20 @@ class Store:
         self.compacted_rv = 0
         # resource -> label -> (namespace, label value) -> names, kept up to date on write.
         self.indexes: dict[Key, dict[str, dict[ObjKey, set[str]]]] = {}
+
+    def changed_of(self, key: Key) -> threading.Condition:
+        """The condition a watch of one resource waits on (with the lock held)."""
+        found = self._changed_of.get(key)
+        if found is None:
+            found = self._changed_of[key] = threading.Condition(self.lock)
+        return found
+
+    def notify_all(self) -> None:
+        """Wake everything that waits, whatever it waits on: the sandbox stops, or forgot its
+        event history (with the lock held)."""
+        self.changed.notify_all()
+        for waiting in self._changed_of.values():
+            waiting.notify_all()
 
     def next_rv(self) -> int:
         """Take the next resourceVersion from the global counter."""
@@ -115,6 +133,9 @@ class Store:
         while len(self.log) > self.window:
             self.compacted_rv = self.log.popleft().rv
         self.changed.notify_all()
+        waiting = self._changed_of.get(event.key)
+        if waiting is not None:
+            waiting.notify_all()
 
     def compact(self) -> None:
         """Forget the whole event log (tests use it to provoke 410 Gone)."""
