@@ -19,7 +19,7 @@ from typing import Any
 
 import urllib3
 import yaml
-from kubernetes import client, config, dynamic
+from kubernetes import client, config, dynamic, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.discovery import CacheEncoder, LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
@@ -430,10 +430,13 @@ class KubeDriver:
         version is too old (list again); a DriverError for any other failure."""
         resource = self._resource({"apiVersion": api_version, "kind": kind})
         try:
-            for event in self.dynamic.watch(
-                resource,
+            # The stream the dynamic client's `watch` reads, without the object model it would
+            # build of each event's object for nothing: the object is used as the JSON it was.
+            for event in watch.Watch().stream(
+                resource.get,
                 resource_version=resource_version,
-                timeout=timeout,
+                serialize=False,
+                timeout_seconds=timeout,
                 allow_watch_bookmarks=True,
             ):
                 yield event["type"], _unmanaged(event["raw_object"])
