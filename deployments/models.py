@@ -161,6 +161,8 @@ class Instance(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The table keeps a fifth of each page free for the status the cell watcher writes
+        # (`fillfactor`, migration 0026): updated in its page, it adds no index entry.
         indexes = [models.Index(fields=["tenant", "state"], name="instance_tenant_state")]
         constraints = [
             # The name a customer knows an instance by: one per organization, whatever its

@@ -37,7 +37,7 @@ from deployments.workflow import engine
 from sandbox.core import Ctx
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC, wait_done, wait_for
-from tests.deployments.factories import BACKUPS
+from tests.deployments.factories import BACKUPS, make_instances
 
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
 
@@ -269,6 +269,41 @@ def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_
     waiting.refresh_from_db()
     assert waiting.next_step_at <= timezone.now()  # due: the step sent finds it so
     assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": "Healthy"}
+
+
+def test_the_status_the_watcher_writes_updates_instances_in_their_pages_however_full(waiting):
+    instance = waiting.instance
+    make_instances(instance.tenant, instance.plan_version, instance.cell, 300)
+    with connection.cursor() as cursor:  # one instance of each page the rows filled
+        cursor.execute(
+            "SELECT DISTINCT ON ((ctid::text::point)[0]) id FROM deployments_instance"
+            " ORDER BY (ctid::text::point)[0], ctid"
+        )
+        firsts = [pk for (pk,) in cursor.fetchall()][:-1]  # the last page may have room left
+    assert len(firsts) >= 2
+    cell_id = instance.cell_id
+    lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
+    before = _instance_updates()
+
+    for pk in firsts:
+        status = {"phase": "Cluster in healthy state", "readyInstances": 1}
+        assert observed_write(lease, pk, status, versions=[instance.plan_version_id])
+
+    updated, in_place = (now - then for now, then in zip(_instance_updates(), before, strict=True))
+    # No new entry in any of the table's eight indexes: each page kept room for it.
+    assert updated == len(firsts) and in_place == updated
+
+
+def _instance_updates() -> tuple[int, int]:
+    """The updates of instance rows this transaction made, and how many of them PostgreSQL made
+    in the row's page (HOT)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass),"
+            " pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+            [Instance._meta.db_table] * 2,
+        )
+        return cursor.fetchone()
 
 
 @pytest.mark.django_db(transaction=True)
