@@ -39,19 +39,21 @@ _SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read alo
 def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> str | None:
     """The actor's role in `tenant` if it may perform `action` there; else ActionDenied.
 
-    Platform staff acting through the admin pass without a membership (None). A member's
-    role is read under the tenant's lock, taken here first as every change of the tenant
-    takes it: of two admins removing or demoting each other at once, the second is refused
-    once the first commits, rather than acting with the role it lost meanwhile. A deleted
-    tenant refuses its members everything: what was under way when it was deleted is refused
-    once the deletion commits. Call it inside the action's transaction, before locking any
-    other of the tenant's rows.
+    Platform staff acting through the admin pass without a membership (None). The tenant is
+    locked here first (`tenant_lock`), for staff as for members, as every change of the tenant
+    takes it: the action holds it to its end. A member's role is read under it: of two admins
+    removing or demoting each other at once, the second is refused once the first commits,
+    rather than acting with the role it lost meanwhile. A deleted tenant refuses its members
+    everything: what was under way when it was deleted is refused once the deletion commits.
+    Call it inside the action's transaction, before locking any other of the tenant's rows.
     """
-    if actor.staff and actor.user is not None and actor.user.is_staff:
-        return None
+    staff = actor.staff and actor.user is not None and actor.user.is_staff
     if actor.user is None:
         raise ActionDenied("You are not a member of this organization.")
-    if tenant_lock(tenant.pk):
+    deleted = tenant_lock(tenant.pk)
+    if staff:
+        return None
+    if deleted:
         raise ActionDenied(f"{tenant.name} has been deleted.")
     role = _role_of(tenant.pk, actor.user.pk)
     if role is None:

@@ -508,7 +508,7 @@ def _instance_checked(
     every new instance passes: a cell offered to the tenant (its default one when none is
     given), a name, valid parameters (with `base`, the values a restore starts from, whose
     fixed ones cannot change), and the tenant's entitlements on the plan for `action` (create
-    or restore)."""
+    or restore), under the tenant's lock the caller took first (`permission_require`)."""
     if cell is None:
         cell = selectors.cell_default_offered(tenant.pk)
         if cell is None:
@@ -526,7 +526,7 @@ def _instance_checked(
         # The form says at once what else to change: the name too, when it cannot be used.
         raise ValidationError({**instance_name_errors(tenant, name), **exc.errors}) from exc
     name = _instance_name(name)
-    tenant_lock(tenant.pk)  # two concurrent creates cannot both pass the limits
+    # Under the tenant's lock (`permission_require`): two concurrent creates cannot both pass.
     entitlement_require(
         tenant=tenant,
         plan=version.plan,

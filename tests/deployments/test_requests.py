@@ -179,8 +179,9 @@ def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_
         "accounts_auditevent",
     ]:
         assert f"INSERT INTO {table} " in made, table
-    # 15: the tenant is locked before the role is read, and again (no wait) before the limits.
-    assert len(statements) == len(statements_later) == 15, statements
+    # 14: the tenant is locked once, before the role is read; the limits are checked under it.
+    assert len(statements) == len(statements_later) == 14, statements
+    assert sum("FOR NO KEY UPDATE" in sql for sql in statements) == 1
     # The plan's spec is parsed once per process: no create reads its text again.
     assert not [sql for sql in statements_later if "spec_text" in sql]
     instance = later.instance
