@@ -82,6 +82,7 @@ class Claim:
     scope: str
     request_id: str
     earlier: RequestKey | None
+    key: int | None = None  # the id of the row claimed (None with `earlier`)
 
     def bind(self, target: models.Model) -> None:
         """Record what this request made, for its repeats to return (in SQL, as the claim
@@ -92,6 +93,15 @@ class Claim:
                 " WHERE scope = %s AND request_id = %s",
                 [target._meta.label_lower, str(target.pk), self.scope, self.request_id],
             )
+
+    def binding(self, target: models.Model) -> tuple[RequestKey, list[str]]:
+        """What `bind` writes, as the claimed row and the fields to write, for a caller that
+        writes it in a statement of its own with the rest of what the request made."""
+        row = RequestKey(
+            pk=self.key, scope=self.scope, request_id=self.request_id,
+            target_type=target._meta.label_lower, target_id=str(target.pk),
+        )  # fmt: skip
+        return row, ["target_type", "target_id"]
 
 
 def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Claim:
@@ -113,8 +123,9 @@ def request_claim(*, scope: str, request_id: str, action: str, raw: Any) -> Clai
             " ON CONFLICT (scope, request_id) DO NOTHING RETURNING id",
             [scope, request_id, action, digest],
         )
-        if cursor.fetchone() is not None:
-            return Claim(scope, request_id, None)
+        claimed = cursor.fetchone()
+        if claimed is not None:
+            return Claim(scope, request_id, None, claimed[0])
     earlier = RequestKey.objects.get(scope=scope, request_id=request_id)
     if earlier.digest != digest:
         raise ValidationError(REUSED)

@@ -548,20 +548,23 @@ def _instance_checked(
     )
 
 
-def _instance_insert(instance: Instance, operation: Operation, event: AuditEvent) -> None:
+def _instance_insert(
+    instance: Instance, operation: Operation, event: AuditEvent, claim: idempotency.Claim
+) -> None:
     """Save a checked new instance (`_instance_checked`) with its first state change, its
     backup schedule (a new instance has none), the `operation` that makes it and the audit
-    `event` that records it, in one statement; the operation is sent to a worker once the
-    transaction commits."""
+    `event` that records it, and bind the request's `claim` to the operation, in one
+    statement; the operation is sent to a worker once the transaction commits."""
+    new = [
+        instance,
+        InstanceStateChange(instance=instance, to_state=instance.state),
+        selectors.backup_schedule_default(instance),
+        operation,
+        event,
+    ]
     try:
         with transaction.atomic():  # the database's constraint settles two requests at once
-            rows.insert(
-                instance,
-                InstanceStateChange(instance=instance, to_state=instance.state),
-                selectors.backup_schedule_default(instance),
-                operation,
-                event,
-            )
+            rows.writes(new, changed=claim.binding(operation)).run()
     except IntegrityError as exc:
         if _constraint(exc) != NAME_ONCE:
             raise
@@ -666,8 +669,7 @@ def instance_create(
             target=instance,
             payload={"name": instance.name, "plan": plan.key, "parameters": instance.parameters},
         )
-        _instance_insert(instance, operation, event)
-        claim.bind(operation)
+        _instance_insert(instance, operation, event, claim)
     return operation
 
 
@@ -1447,8 +1449,7 @@ def snapshot_restore(
                 "source": snapshot.source_instance_id,
             },
         )
-        _instance_insert(instance, operation, event)
-        claim.bind(operation)
+        _instance_insert(instance, operation, event, claim)
     return operation
 
 

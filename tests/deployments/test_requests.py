@@ -167,7 +167,8 @@ def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_
     later, statements_later = create("billing")
 
     # The instance, its first state change, its backup schedule, its operation and the audit
-    # event, all in one INSERT beside the request id's.
+    # event, all in one statement that binds the request id to the operation, beside the
+    # request id's claim.
     writes = [sql for sql in statements if sql.lstrip().startswith(("INSERT", "WITH"))]
     assert len(writes) == 2, writes
     made = writes[1]
@@ -179,8 +180,9 @@ def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_
         "accounts_auditevent",
     ]:
         assert f"INSERT INTO {table} " in made, table
-    # 14: the tenant is locked once, before the role is read; the limits are checked under it.
-    assert len(statements) == len(statements_later) == 14, statements
+    assert "UPDATE accounts_requestkey SET" in made
+    # 13: the tenant is locked once, before the role is read; the limits are checked under it.
+    assert len(statements) == len(statements_later) == 13, statements
     assert sum("FOR NO KEY UPDATE" in sql for sql in statements) == 1
     # The plan's spec is parsed once per process: no create reads its text again.
     assert not [sql for sql in statements_later if "spec_text" in sql]
