@@ -10,10 +10,11 @@ simulation), registers them as cells, and starts `--workers` Celery workers and 
 1. the fleet: `--instances` creates, spread over the cells and over tenants of
    `operations.TENANT_SIZE` instances, submitted at once and run to the end (its throughput
    is printed, not aimed at);
-2. the measured load: `--concurrent` more creates submitted at once beside the fleet — the
-   create being the one verb every plan has — with their throughput and their notice delay
-   (from the sandbox storing the change that satisfied the successCondition to the commit of
-   the move that found it, as in `bench.operations`);
+2. the measured load, once the database is vacuumed and analyzed as autovacuum would keep
+   it (`operations.database_tended`): `--concurrent` more creates submitted at once beside the
+   fleet — the create being the one verb every plan has — with their throughput and their
+   notice delay (from the sandbox storing the change that satisfied the successCondition to
+   the commit of the move that found it, as in `bench.operations`);
 3. the watcher's resident memory (RSS), sampled every second: after the fleet, and the largest.
 
 `--instances 40 --concurrent 10` makes it a smoke test. Figures, not pass/fail.
@@ -31,6 +32,7 @@ from . import cell, plan
 from .operations import (
     WATCH_SETTLE,
     WorkerPool,
+    database_tended,
     notice_delays,
     opsdeck_finished,
     queue_delete,
@@ -108,6 +110,7 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
             wait_finished(_submit(creator, rows, instances), pool, TIMEOUT)
             fleet_seconds = time.time() - began
             after_fleet = memory.now()
+            database_tended()  # statistics for the fleet's tables, as autovacuum would make
             began = time.time()
             operations = _submit(creator, rows, concurrent)
             wait_finished(operations, pool, TIMEOUT)
