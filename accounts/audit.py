@@ -42,6 +42,11 @@ class Actor:
         )
 
     @property
+    def is_platform_staff(self) -> bool:
+        """Platform staff acting through the admin: a staff user, acting as staff."""
+        return self.staff and self.user is not None and self.user.is_staff
+
+    @property
     def kind(self) -> str:
         if self.user is None:
             return AuditEvent.ActorKind.SYSTEM

@@ -47,11 +47,10 @@ def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> str | No
     everything: what was under way when it was deleted is refused once the deletion commits.
     Call it inside the action's transaction, before locking any other of the tenant's rows.
     """
-    staff = actor.staff and actor.user is not None and actor.user.is_staff
     if actor.user is None:
         raise ActionDenied("You are not a member of this organization.")
     deleted = tenant_lock(tenant.pk)
-    if staff:
+    if actor.is_platform_staff:
         return None
     if deleted:
         raise ActionDenied(f"{tenant.name} has been deleted.")
@@ -365,7 +364,7 @@ def tenant_restore(*, actor: Actor, tenant: Tenant) -> Tenant:
     The invitations withdrawn when it was deleted stay withdrawn (their links had stopped
     working; its members invite again). Refused for one not deleted."""
     with audited_action(actor=actor, action="tenant.restore", tenant=tenant, target=tenant):
-        if not (actor.staff and actor.user is not None and actor.user.is_staff):
+        if not actor.is_platform_staff:
             raise ActionDenied("Only platform staff can restore a deleted organization.")
         if not tenant_lock(tenant.pk):
             raise ValidationError(f"{tenant.name} is not deleted.")

@@ -254,7 +254,7 @@ def period_close_due(*, now: datetime | None = None) -> list[Closed]:
 
 
 def _staff_require(actor: Actor) -> None:
-    if not (actor.staff and actor.user is not None and actor.user.is_staff):
+    if not actor.is_platform_staff:
         raise ActionDenied("Only platform staff may finalize, void or settle invoices.")
 
 

@@ -303,7 +303,7 @@ def subscription_hold_lift(*, actor: Actor, subscription: Subscription) -> Subsc
     tenant = subscription.tenant
     action = "subscription.hold_lift"
     with audited_action(actor=actor, action=action, tenant=tenant, target=subscription):
-        if not (actor.staff and actor.user is not None and actor.user.is_staff):
+        if not actor.is_platform_staff:
             raise ActionDenied("Only the platform team can lift a suspension.")
         subscription = Subscription.objects.select_for_update().get(pk=subscription.pk)
         if subscription.status != Status.CANCELLED or not subscription.suspended_by_staff:
@@ -376,7 +376,7 @@ def _transition(
             pass  # the system (beat, Stripe's webhooks): never reached from a view
         elif tenant_may:
             permission_require(actor=actor, tenant=tenant, action="billing.manage")
-        elif not (actor.staff and actor.user.is_staff):
+        elif not actor.is_platform_staff:
             raise ActionDenied(
                 f"Only the platform team can have a subscription {_DOING[transition]}."
             )

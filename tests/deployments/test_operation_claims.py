@@ -21,7 +21,7 @@ from accounts.models import AuditEvent
 from deployments import runner, services
 from deployments.models import BackupSchedule, Cell, Instance, Operation, TaskRun
 from tests.concurrency import beside_a_lock
-from tests.deployments.conftest import SPEC, instance_object
+from tests.deployments.conftest import SPEC, instance_object, row_updates
 from tests.deployments.factories import BACKUPS
 
 
@@ -223,32 +223,19 @@ def test_a_move_that_goes_on_from_a_kept_claim_makes_one_statement(created):
     assert created.moves == 2 and created.claim_token == held.token
 
 
-def _operation_updates() -> tuple[int, int]:
-    """The updates of operation rows this connection made and has not yet sent to PostgreSQL's
-    statistics (those of the transaction in progress among them), and how many of them were
-    made in the row's page (HOT: no new entry in any of the table's indexes)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass),"
-            " pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
-            [Operation._meta.db_table] * 2,
-        )
-        return cursor.fetchone()
-
-
 def test_a_runs_moves_update_its_operation_in_its_page(created):
     _, held = runner._step(str(created.pk), keep_until=math.inf)  # the run's start, and a move
 
     # Its next moves, in one transaction, so that the counts are this connection's alone
     # (the table's take in other connections', sent late): a move's commit is a savepoint's.
     with transaction.atomic():
-        before = _operation_updates()
+        before = row_updates(Operation)
         moves = 0
         while held is not None and moves < 3:
             _, held = runner._step(str(created.pk), held, keep_until=math.inf)
             moves += 1
         updated, in_place = (
-            now - then for now, then in zip(_operation_updates(), before, strict=True)
+            now - then for now, then in zip(row_updates(Operation), before, strict=True)
         )
 
     assert Operation.objects.get(pk=created.pk).state == Operation.State.RUNNING

@@ -36,7 +36,7 @@ from deployments.watcher import (
 from deployments.workflow import engine
 from sandbox.core import Ctx
 from tests.concurrency import race
-from tests.deployments.conftest import SPEC, wait_done, wait_for
+from tests.deployments.conftest import SPEC, row_updates, wait_done, wait_for
 from tests.deployments.factories import BACKUPS, make_instances
 
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
@@ -283,27 +283,17 @@ def test_the_status_the_watcher_writes_updates_instances_in_their_pages_however_
     assert len(firsts) >= 2
     cell_id = instance.cell_id
     lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
-    before = _instance_updates()
+    before = row_updates(Instance)
 
     for pk in firsts:
         status = {"phase": "Cluster in healthy state", "readyInstances": 1}
         assert observed_write(lease, pk, status, versions=[instance.plan_version_id])
 
-    updated, in_place = (now - then for now, then in zip(_instance_updates(), before, strict=True))
+    updated, in_place = (
+        now - then for now, then in zip(row_updates(Instance), before, strict=True)
+    )
     # No new entry in any of the table's eight indexes: each page kept room for it.
     assert updated == len(firsts) and in_place == updated
-
-
-def _instance_updates() -> tuple[int, int]:
-    """The updates of instance rows this transaction made, and how many of them PostgreSQL made
-    in the row's page (HOT)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass),"
-            " pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
-            [Instance._meta.db_table] * 2,
-        )
-        return cursor.fetchone()
 
 
 @pytest.mark.django_db(transaction=True)
