@@ -157,7 +157,12 @@ _FENCE = """EXISTS (
 
 
 def operations_wake(
-    lease: Lease, instance_id: str, changed: dict | None = None, *, deleted: bool = False
+    lease: Lease,
+    instance_id: str,
+    changed: dict | None = None,
+    *,
+    deleted: bool = False,
+    alongside: tuple[str, list] | None = None,
 ) -> list[str]:
     """Make the instance's running operations (in the leased cell) that the change of
     `changed` (one of the instance's objects, `deleted` or not; None: anything may have
@@ -166,26 +171,34 @@ def operations_wake(
 
     An operation waiting on that object wakes only when the change decides its condition
     (`engine.wakes`): an operator writes its status many times on the way, and a move for each
-    would find it still pending. One waiting on no object in particular wakes on any change.
-    One a worker is moving right now (claimed) gets no step: its move, once stored, finds it
-    woken and goes on at once (`runner._wait`); if that worker died, the claim expires and the
-    sweeper sends the overdue step."""
+    would find it still pending. One waiting on no object (`engine.waiting_on`: it is moving on
+    anyway, or waits out a retry's backoff on its own timer) is left alone: woken, it would
+    only make the move under way store itself twice, or look at a retry not due yet. One a
+    worker is moving right now (claimed) gets no step: its move, once stored, finds it woken
+    and goes on at once (`runner._wait`); if that worker died, the claim expires and the
+    sweeper sends the overdue step. With no `changed` (anything may have changed), every
+    running operation of the instance wakes.
+
+    `alongside`: a write the event makes too (the instance's observed status,
+    `observed_update`), as (statement, parameters), made by the statement that looks the
+    operations up: an event that wakes nothing is one round trip."""
     table = Operation._meta.db_table
     key = None
     waiting = ""  # which running operations the change may concern: all of them, or ...
     if changed is not None:
         meta = changed.get("metadata") or {}
         key = f"{changed.get('kind', '')}/{meta.get('name', '')}"
-        # ... those waiting on that object, or on nothing in particular.
-        waiting = "AND (o.waiting_on = '[]'::jsonb OR o.waiting_on @> %s::jsonb)"
+        waiting = "AND o.waiting_on @> %s::jsonb"  # ... those waiting on that object
+    write, written = alongside or ("", [])
     with connection.cursor() as cursor:  # one per event: in SQL, not built by the ORM each time
         cursor.execute(
             f"""
+            {f"WITH written AS ({write})" if write else ""}
             SELECT o.id, o.waiting_on FROM {table} o
               JOIN {Instance._meta.db_table} i ON i.id = o.instance_id
              WHERE o.instance_id = %s AND i.cell_id = %s AND o.state = %s {waiting}
             """,  # noqa: S608 - our table names
-            [instance_id, lease.cell_id, Operation.State.RUNNING,
+            [*written, instance_id, lease.cell_id, Operation.State.RUNNING,
              *([] if key is None else [json.dumps([{"object": key}])])],
         )  # fmt: skip
         running = cursor.fetchall()
@@ -219,28 +232,23 @@ def _json(value):
 
 def _woken_by(waits: list[dict], key: str | None, obj: dict | None) -> bool:
     """Whether an operation waiting on `waits` is moved on by the object `key` becoming `obj`
-    (None: deleted); any change moves one that waits on nothing in particular."""
-    if key is None or not waits:
+    (None: deleted); with no `key` (anything may have changed), every one is."""
+    if key is None:
         return True
     return any(entry["object"] == key and engine.wakes(entry, obj) for entry in waits)
 
 
-def observed_write(
+def observed_update(
     lease: Lease, instance_id: str, observed: dict, *, versions: Collection[int]
-) -> bool:
-    """Store the instance's observed status (fenced by the lease) if it is on one of
-    `versions` (those whose status rule read it); whether it was written."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {Instance._meta.db_table}
-               SET observed = %s::jsonb, observed_at = clock_timestamp()
-             WHERE id = %s AND cell_id = %s AND plan_version_id = ANY(%s) AND {_FENCE}
-            """,  # noqa: S608 - our table name
-            [json.dumps(observed), instance_id, lease.cell_id, list(versions), lease.cell_id,
-             lease.holder, lease.epoch],
-        )  # fmt: skip
-        return cursor.rowcount == 1
+) -> tuple[str, list]:
+    """The statement that stores the instance's observed status (fenced by the lease) if it
+    is on one of `versions` (those whose status rule read it), and its parameters."""
+    statement = f"""
+        UPDATE {Instance._meta.db_table}
+           SET observed = %s::jsonb, observed_at = clock_timestamp()
+         WHERE id = %s AND cell_id = %s AND plan_version_id = ANY(%s) AND {_FENCE}"""  # noqa: S608 - our table name
+    return statement, [json.dumps(observed), instance_id, lease.cell_id, list(versions),
+                       lease.cell_id, lease.holder, lease.epoch]  # fmt: skip
 
 
 @dataclass
@@ -255,8 +263,7 @@ class Kind:
 
 def kinds_of(versions: Iterable[PlanVersion]) -> dict[tuple[str, str], Kind]:
     """Every kind the plan versions' resource templates wait on, and the status objects'.
-    A kind no template waits on is not watched: a change of it could wake only a run waiting
-    on no object, which is in a retry's backoff (its own timer) or moving on anyway."""
+    A kind no template waits on is not watched: a change of it wakes no run."""
     kinds: dict[tuple[str, str], Kind] = {}
     for version in versions:
         spec = selectors.plan_version_loaded(version.pk).spec
@@ -287,6 +294,7 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
     if not INSTANCE_ID.fullmatch(namespace):  # every instance is a namespace named after its id
         return  # not an instance's namespace (the cluster's own, or another tenant of it)
     rules = kind.status_rules  # read once: the watcher's round may replace it meanwhile
+    write = None  # the observed status, stored by the statement that looks operations up
     if rules and meta.get("name") == namespace:
         rule, versions = _shared_rule(rules), list(rules)
         if rule is None:  # the instance's version says which rule reads it
@@ -300,8 +308,9 @@ def event_handle(lease: Lease, kind: Kind, obj: dict, *, deleted: bool = False) 
             version_id = row[0] if row else None
             rule, versions = rules.get(version_id), [version_id]
         if rule is not None:
-            observed_write(lease, namespace, status.observed_of(obj, rule), versions=versions)
-    operations_wake(lease, namespace, obj, deleted=deleted)
+            observed = status.observed_of(obj, rule)
+            write = observed_update(lease, namespace, observed, versions=versions)
+    operations_wake(lease, namespace, obj, deleted=deleted, alongside=write)
 
 
 # --- the watches -----------------------------------------------------------------------------

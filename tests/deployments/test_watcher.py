@@ -30,7 +30,6 @@ from deployments.watcher import (
     event_handle,
     lease_renew,
     lease_take,
-    observed_write,
     operations_wake,
 )
 from deployments.workflow import engine
@@ -40,6 +39,8 @@ from tests.deployments.conftest import SPEC, row_updates, wait_done, wait_for
 from tests.deployments.factories import BACKUPS, make_instances
 
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
+CLUSTER_KIND = ("postgresql.cnpg.io/v1", "Cluster")
+BY_PHASE = StatusRule(CLUSTER_KIND[0], "Cluster", {"phase": "status.phase"})  # the status rule
 
 
 def watcher_started(*cells: Cell) -> tuple[CellWatcher, threading.Thread]:
@@ -128,7 +129,8 @@ def test_the_watcher_streams_the_kinds_templates_wait_on_not_those_they_only_wri
 
 
 def running_operation(cell, tenant, owner) -> Operation:
-    """A running operation in the cell whose next look is a minute away."""
+    """A running operation in the cell waiting on its instance's Cluster (any change of it,
+    its conditions not rendered yet), its next look a minute away."""
     plan = services.plan_load(text=SPEC.read_text()).plan
     create = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
@@ -136,7 +138,10 @@ def running_operation(cell, tenant, owner) -> Operation:
     )  # fmt: skip
     later = timezone.now() + timedelta(seconds=SLOW_POLL)
     Operation.objects.filter(pk=create.pk).update(state=Operation.State.RUNNING, next_step_at=later)
-    return Operation.objects.select_related("instance").get(pk=create.pk)
+    operation = Operation.objects.select_related("instance").get(pk=create.pk)
+    _waits_on_cluster(operation, None)
+    operation.refresh_from_db(fields=["waiting_on"])
+    return operation
 
 
 @pytest.fixture
@@ -258,17 +263,36 @@ def test_the_lease_is_one_holders_until_it_expires_then_the_next_one_fences_the_
     assert not lease_renew(cell_id, "a", first)
 
     old, new = Lease(cell_id, "a", first), Lease(cell_id, "b", second)
-    version = waiting.instance.plan_version_id
-    assert operations_wake(old, waiting.instance_id) == []  # a's writes are refused
-    assert not observed_write(old, waiting.instance_id, {"phase": "stale"}, versions=[version])
+    kind = Kind(*CLUSTER_KIND, {waiting.instance.plan_version_id: BY_PHASE})
+    name = waiting.instance.namespace
+    event_handle(old, kind, _cluster(name, "stale"))  # a's writes are refused
     waiting.refresh_from_db()
     assert waiting.next_step_at > timezone.now() + timedelta(seconds=SLOW_POLL / 2)
+    assert Instance.objects.get(pk=waiting.instance_id).observed == {}
 
-    assert operations_wake(new, waiting.instance_id) == [str(waiting.pk)]
-    assert observed_write(new, waiting.instance_id, {"phase": "Healthy"}, versions=[version])
+    event_handle(new, kind, _cluster(name, HEALTHY))
     waiting.refresh_from_db()
     assert waiting.next_step_at <= timezone.now()  # due: the step sent finds it so
-    assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": "Healthy"}
+    assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": HEALTHY}
+
+
+def test_an_event_of_the_status_object_is_one_statement_unless_it_wakes_an_operation(
+    waiting, django_assert_num_queries
+):
+    lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
+    kind = Kind(*CLUSTER_KIND, {waiting.instance.plan_version_id: BY_PHASE})
+    Operation.objects.filter(pk=waiting.pk).update(waiting_on=[])  # moving on: nothing to wake
+    name = waiting.instance.namespace
+
+    with django_assert_num_queries(1):  # the status stored, the operations looked up
+        event_handle(lease, kind, _cluster(name, "Setting up primary"))
+    assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": "Setting up primary"}
+
+    _waits_on_cluster(waiting, None)
+    with django_assert_num_queries(2):  # ... and the operation waiting on it woken
+        event_handle(lease, kind, _cluster(name, HEALTHY))
+    assert Instance.objects.get(pk=waiting.instance_id).observed == {"phase": HEALTHY}
+    assert _due(waiting)
 
 
 def test_the_status_the_watcher_writes_updates_instances_in_their_pages_however_full(waiting):
@@ -283,12 +307,15 @@ def test_the_status_the_watcher_writes_updates_instances_in_their_pages_however_
     assert len(firsts) >= 2
     cell_id = instance.cell_id
     lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
+    kind = Kind(*CLUSTER_KIND, {instance.plan_version_id: BY_PHASE})
     before = row_updates(Instance)
 
     for pk in firsts:
-        status = {"phase": "Cluster in healthy state", "readyInstances": 1}
-        assert observed_write(lease, pk, status, versions=[instance.plan_version_id])
+        event_handle(lease, kind, _cluster(pk, HEALTHY))
 
+    assert Instance.objects.filter(pk__in=firsts, observed={"phase": HEALTHY}).count() == len(
+        firsts
+    )
     updated, in_place = (
         now - then for now, then in zip(row_updates(Instance), before, strict=True)
     )
@@ -356,7 +383,7 @@ def test_the_watched_status_is_read_by_the_rule_of_the_instances_own_plan_versio
     cell_id, name = waiting.instance.cell_id, waiting.instance.namespace
     lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
     version = waiting.instance.plan_version_id
-    by_phase = StatusRule(CLUSTER_KIND[0], "Cluster", {"phase": "status.phase"})
+    by_phase = BY_PHASE
     by_primary = StatusRule(CLUSTER_KIND[0], "Cluster", {"primary": "status.currentPrimary"})
     cluster = _cluster(name, HEALTHY) | {"status": {"phase": HEALTHY, "currentPrimary": "p-1"}}
 
@@ -424,6 +451,24 @@ def test_only_a_change_of_what_an_operation_waits_on_wakes_it(
     assert woken == [str(waiting.pk)]
     assert _due(waiting)
     assert len(sent) == 1  # its step, sent once the wake-up commits
+
+
+def test_an_operation_waiting_on_no_object_is_left_to_the_move_under_way(
+    waiting, django_capture_on_commit_callbacks
+):
+    # Between two moves that progressed (or in a retry's backoff) a run waits on no object:
+    # a change of its Cluster wakes nothing, and the move under way is not made to store twice.
+    lease = Lease(waiting.instance.cell_id, "a", lease_take(waiting.instance.cell_id, "a"))
+    Operation.objects.filter(pk=waiting.pk).update(waiting_on=[])
+
+    with django_capture_on_commit_callbacks() as sent:
+        woken = operations_wake(
+            lease, waiting.instance_id, _cluster(waiting.instance.namespace, "Setting up primary")
+        )
+    assert woken == [] and sent == []
+    assert not _due(waiting)
+    # Told that anything may have changed, every running operation looks again.
+    assert operations_wake(lease, waiting.instance_id) == [str(waiting.pk)]
 
 
 def test_a_change_that_leaves_the_condition_pending_does_not_wake_it(waiting):
@@ -498,9 +543,6 @@ def test_a_move_records_what_its_run_waits_on_with_its_conditions_as_rendered(wa
             "conditions": ["status.readyInstances == 2", None],
         }
     ]
-
-
-CLUSTER_KIND = ("postgresql.cnpg.io/v1", "Cluster")
 
 
 def test_while_a_watcher_covers_what_it_waits_on_polling_is_only_the_safety_net(waiting):
