@@ -428,55 +428,93 @@ def _begin(op: Operation, now, token: uuid.UUID) -> str:
     """Start a queued operation if it is the instance's oldest pending one, keeping the claim
     for its first move; else release the claim and leave it queued. One whose verb cannot
     start on the instance as the operations before it left it (`_start_refusal`) ends failed
-    at once, saying why, with nothing sent to the cluster."""
+    at once, saying why, with nothing sent to the cluster.
+
+    The instance is locked for it (`_instance_locked`), as every service that queues or cancels
+    its operations locks it, unless the operation makes the instance (a create, a restore), the
+    instance is as that verb leaves it while it runs, and no other operation of it is pending
+    (`_alone`): then there is nothing before it to wait for, nothing to refuse, nothing to write
+    to the instance, and an operation queued meanwhile comes after it. Its start is then one
+    statement, fenced by the claim: a cancel that came first ends it there, with nothing sent;
+    one that comes after finds it running."""
+    spec = selectors.plan_version_loaded(op.plan_version_id).spec
+    verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
+    rule = lifecycle.rule(op.verb, custom=verb.custom)
+    if rule.makes_instance and op.instance.state == rule.during:
+        alone, retention_days = _alone(op)
+        if alone:
+            _start(op, spec, verb, now, token, retention_days=retention_days)
+            return STARTED
     with transaction.atomic():
         # The instance first, locked and read again, with the operations pending on it.
         locked = _instance_locked(op.instance)
         if locked.pending and locked.pending[0][0] != str(op.pk):
             _store(op, token, [], flushed=False)  # it starts when the one before it finishes
             return WAITS
-        spec = selectors.plan_version_loaded(op.plan_version_id).spec
-        verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
-        state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
         following = locked.pending[1:]
         refusal = _start_refusal(op, verb, following)
         if refusal:
+            state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
             engine.fail(state, now=now.timestamp(), reason=f"Did not start. {refusal}")
             op.engine_state = json.dumps(state.to_json())
             op.arguments = {**op.arguments, "state_before": op.instance.state}
             _finish(op, state, verb, now, token, following=following)
             return REFUSED
-        # The run applies the instance's values as the operations before it left them, with
-        # the changes this one asked for.
-        known = {p.key for p in spec.main.parameters}
-        changes = {k: v for k, v in requested_changes(op).items() if k in known}
-        values = {**instance_values(op.instance), **changes}
-        if op.plan_version_id != op.instance.plan_version_id:
-            # An upgrade: the parameters of the version it applies, worked out now, from the
-            # values the instance holds when it starts.
-            values = values_for_version(spec.main.parameters, values)
-        op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
-        op.state = Operation.State.RUNNING
-        op.started_at = now
-        op.engine_state = json.dumps(state.to_json())
-        # Where a run that fails before the cluster accepted any change leaves the instance,
-        # and the backup retention it renders with (fixed for the run, as its parameters are).
-        op.arguments = {
-            **op.arguments,
-            "state_before": op.instance.state,
-            "retention_days": locked.retention_days
-            or selectors.backup_schedule_default(op.instance).retention_days,
-        }
-        # Nothing is sent yet: a start lost with PostgreSQL's last moments is made again.
-        _store(
-            op, token,
-            ["state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"],
-            release=False, flushed=False,
-        )  # fmt: skip
-        during = lifecycle.rule(op.verb, custom=verb.custom).during
-        if during:
-            instance_state_set(op.instance, during, operation=op)
+        _start(op, spec, verb, now, token, retention_days=locked.retention_days)
+        if rule.during:
+            instance_state_set(op.instance, rule.during, operation=op)
     return STARTED
+
+
+def _alone(op: Operation) -> tuple[bool, int | None]:
+    """Whether no other operation of the operation's instance is pending, and its backup
+    schedule's retention (None without one), in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT NOT EXISTS (
+                       SELECT 1 FROM {_TABLE} o
+                        WHERE o.instance_id = %s AND o.id <> %s AND o.{_IS_LIVE}),
+                   (SELECT s.retention_days FROM {_SCHEDULES} s WHERE s.instance_id = %s)
+            """,  # noqa: S608 - our table names
+            [op.instance_id, op.pk, op.instance_id],
+        )
+        return cursor.fetchone()
+
+
+def _start(op: Operation, spec, verb, now, token: uuid.UUID, *, retention_days: int | None):
+    """Store the operation's run as started, keeping the claim for its first move: the
+    instance's values as the operations before it left them with the changes it asked for,
+    and the backup retention it renders with (its schedule's `retention_days`, else the
+    default), fixed for the run."""
+    state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
+    # The run applies the instance's values as the operations before it left them, with
+    # the changes this one asked for.
+    known = {p.key for p in spec.main.parameters}
+    changes = {k: v for k, v in requested_changes(op).items() if k in known}
+    values = {**instance_values(op.instance), **changes}
+    if op.plan_version_id != op.instance.plan_version_id:
+        # An upgrade: the parameters of the version it applies, worked out now, from the
+        # values the instance holds when it starts.
+        values = values_for_version(spec.main.parameters, values)
+    op.parameters, op.secret_parameters = split_values(spec.main.parameters, values)
+    op.state = Operation.State.RUNNING
+    op.started_at = now
+    op.engine_state = json.dumps(state.to_json())
+    # Where a run that fails before the cluster accepted any change leaves the instance,
+    # and the backup retention it renders with (fixed for the run, as its parameters are).
+    op.arguments = {
+        **op.arguments,
+        "state_before": op.instance.state,
+        "retention_days": retention_days
+        or selectors.backup_schedule_default(op.instance).retention_days,
+    }
+    # Nothing is sent yet: a start lost with PostgreSQL's last moments is made again.
+    _store(
+        op, token,
+        ["state", "started_at", "engine_state", "parameters", "secret_parameters", "arguments"],
+        release=False, flushed=False,
+    )  # fmt: skip
 
 
 def _start_refusal(op: Operation, verb, following: list) -> str | None:

@@ -210,6 +210,56 @@ def test_a_cancel_that_comes_while_a_move_is_made_is_acted_on_by_the_tasks_next_
     assert created.error == f"Cancelled by {owner.email}."
 
 
+def test_a_creates_start_locks_nothing_when_nothing_else_is_pending_on_its_instance(created):
+    BackupSchedule.objects.filter(instance=created.instance).update(retention_days=9)
+    claimed = runner._claim(str(created.pk), timezone.now())
+
+    with CaptureQueriesContext(connection) as statements:
+        begun = runner._begin(claimed, timezone.now(), claimed.claim_token)
+
+    # Whether another operation is pending (none: nothing to wait for or refuse) with the
+    # retention, then the start, fenced by the claim: no lock, no transaction around them.
+    assert begun == runner.STARTED
+    assert len(statements) == 2 and not any("FOR UPDATE" in s["sql"] for s in statements)
+    assert not connection.in_atomic_block
+    created.refresh_from_db()
+    assert created.state == Operation.State.RUNNING and created.started_at is not None
+    assert created.claim_token == claimed.claim_token  # kept for its first move
+    assert created.parameters == created.instance.parameters
+    assert created.arguments["retention_days"] == 9
+    assert created.arguments["state_before"] == Instance.State.CREATING
+
+
+def test_a_creates_start_takes_its_instances_lock_when_another_operation_is_pending(created, owner):
+    # Queued behind the create (a delete would cancel a queued create): it comes after it.
+    Operation.objects.create(
+        instance=created.instance, verb="backup", request_id="later",
+        plan_version=created.plan_version,
+    )  # fmt: skip
+    claimed = runner._claim(str(created.pk), timezone.now())
+
+    with CaptureQueriesContext(connection) as statements:
+        begun = runner._begin(claimed, timezone.now(), claimed.claim_token)
+
+    assert begun == runner.STARTED
+    assert any("FOR UPDATE" in s["sql"] for s in statements)
+    created.refresh_from_db()
+    assert created.state == Operation.State.RUNNING
+
+
+def test_a_cancel_committed_before_an_unlocked_start_leaves_the_create_cancelled(created, owner):
+    claimed = runner._claim(str(created.pk), timezone.now())
+    services.operation_cancel(
+        actor=Actor(user=owner), operation=created, request_id=uuid.uuid4().hex
+    )
+
+    with pytest.raises(runner.ClaimLost):  # the start is fenced: nothing is sent after it
+        runner._begin(claimed, timezone.now(), claimed.claim_token)
+
+    created.refresh_from_db()
+    assert created.state == Operation.State.CANCELLED and created.started_at is None
+
+
 def test_a_move_that_goes_on_from_a_kept_claim_makes_one_statement(created):
     _, held = runner._step(str(created.pk), keep_until=math.inf)  # the run's start, and a move
 
