@@ -322,6 +322,10 @@ class Held:
     token: uuid.UUID
     claimed_until: datetime  # as claimed
     driver: ClaimedDriver | None = None
+    # Where the run happens and its variables (`_context`), as the task's first move worked
+    # them out: fixed by what the operation recorded when it started, so its later moves in
+    # the task use them as they are (the platform's secrets are read again by each task).
+    context: tuple[executor.Placement, Context] | None = None
     kept: bool = False  # whether the last move stored kept the claim for the next one
 
 
@@ -551,7 +555,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
     instance = op.instance
     if op.cancel_reason:  # a user's cancel or a delete: the main stage stops, onExit runs
         engine.cancel(state, now=now.timestamp(), reason=op.cancel_reason)
-    where = placement(op)
+    where = placement(op) if held.context is None else held.context[0]
     try:
         if held.driver is None:
             held.driver = ClaimedDriver(
@@ -572,9 +576,10 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
                     "namespace_objects_applied": applied,
                     "namespace_ready": applied == len(objects),
                 }
+        if held.context is None:
+            held.context = (where, _context(op, spec, verb, where))
         # The workflow's first move goes in the same transaction as the namespace's.
-        ctx = _context(op, spec, verb, where)
-        step = executor.move(state, spec, verb, ctx, driver, where, now=time.time())
+        step = executor.move(state, spec, verb, held.context[1], driver, where, now=time.time())
     except TransientError as exc:
         # The cluster hiccupped: the same step again later, from the saved state. The error
         # stays visible while the step is retried.
@@ -934,7 +939,7 @@ def placement(op: Operation) -> executor.Placement:
 
 def _context(op: Operation, spec, verb, where: executor.Placement) -> Context:
     """The run's variables, fixed by what the operation recorded when it started; the
-    platform's secrets are read when the step runs (they may be rotated), and only for specs
+    platform's secrets are read when a task begins (they may be rotated), and only for specs
     that use them."""
     uses_secrets = selectors.plan_version_loaded(op.plan_version_id).uses_secrets
     return executor.run_context(

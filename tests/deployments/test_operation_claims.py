@@ -19,7 +19,14 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import runner, services
-from deployments.models import BackupSchedule, Cell, Instance, Operation, TaskRun
+from deployments.models import (
+    BackupSchedule,
+    Cell,
+    Instance,
+    Operation,
+    PlatformSecret,
+    TaskRun,
+)
 from tests.concurrency import beside_a_lock
 from tests.deployments.conftest import SPEC, instance_object, row_updates
 from tests.deployments.factories import BACKUPS
@@ -271,6 +278,32 @@ def test_a_move_that_goes_on_from_a_kept_claim_makes_one_statement(created):
     assert len(statements) == 1 and "UPDATE deployments_operation SET" in statements[0]["sql"]
     created.refresh_from_db()
     assert created.moves == 2 and created.claim_token == held.token
+
+
+def test_a_tasks_later_moves_render_with_the_variables_its_first_move_worked_out(
+    cell, owner, tenant
+):
+    PlatformSecret.objects.create(name="MONITORING_TOKEN", value="s3cr3t-token")
+    labels = "                      opsdeck.io/instance: {{ $sys.id }}\n"
+    annotated = labels + "                    annotations:\n"
+    annotated += "                      monitoring: {{ $secret.MONITORING_TOKEN }}\n"
+    text = SPEC.read_text().replace("plan: postgres-cnpg", "plan: postgres-with-secret", 1)
+    assert labels in text
+    plan = services.plan_load(text=text.replace(labels, annotated, 1)).plan  # the Cluster's
+    created = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    _, held = runner._step(str(created.pk), keep_until=math.inf)  # the credentials rendered
+
+    with CaptureQueriesContext(connection) as statements:
+        delay, held = runner._step(str(created.pk), held, keep_until=math.inf)
+
+    # The credentials sent, the Cluster rendered with the platform's secret, and the move
+    # stored: in one statement (the secrets are not read again, nor anything else).
+    assert delay == 0 and len(statements) == 1
+    rendered = TaskRun.objects.get(operation=created, node="main.cluster").object
+    assert json.loads(rendered)["metadata"]["annotations"] == {"monitoring": "s3cr3t-token"}
 
 
 def test_a_runs_moves_update_its_operation_in_its_page(created):
