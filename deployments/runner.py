@@ -492,8 +492,6 @@ def _start(op: Operation, spec, verb, now, token: uuid.UUID, *, retention_days: 
     and the backup retention it renders with (its schedule's `retention_days`, else the
     default), fixed for the run."""
     state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
-    # The run applies the instance's values as the operations before it left them, with
-    # the changes this one asked for.
     known = {p.key for p in spec.main.parameters}
     changes = {k: v for k, v in requested_changes(op).items() if k in known}
     values = {**instance_values(op.instance), **changes}

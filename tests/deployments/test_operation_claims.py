@@ -237,7 +237,7 @@ def test_a_creates_start_locks_nothing_when_nothing_else_is_pending_on_its_insta
     assert created.arguments["state_before"] == Instance.State.CREATING
 
 
-def test_a_creates_start_takes_its_instances_lock_when_another_operation_is_pending(created, owner):
+def test_a_creates_start_takes_its_instances_lock_when_another_operation_is_pending(created):
     # Queued behind the create (a delete would cancel a queued create): it comes after it.
     Operation.objects.create(
         instance=created.instance, verb="backup", request_id="later",

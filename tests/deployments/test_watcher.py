@@ -383,7 +383,6 @@ def test_the_watched_status_is_read_by_the_rule_of_the_instances_own_plan_versio
     cell_id, name = waiting.instance.cell_id, waiting.instance.namespace
     lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
     version = waiting.instance.plan_version_id
-    by_phase = BY_PHASE
     by_primary = StatusRule(CLUSTER_KIND[0], "Cluster", {"primary": "status.currentPrimary"})
     cluster = _cluster(name, HEALTHY) | {"status": {"phase": HEALTHY, "currentPrimary": "p-1"}}
 
@@ -391,14 +390,14 @@ def test_the_watched_status_is_read_by_the_rule_of_the_instances_own_plan_versio
         return Instance.objects.get(pk=waiting.instance_id).observed
 
     # No version of its plan reads its status from this kind: nothing is written.
-    event_handle(lease, Kind(*CLUSTER_KIND, {version + 1: by_phase}), cluster)
+    event_handle(lease, Kind(*CLUSTER_KIND, {version + 1: BY_PHASE}), cluster)
     assert observed() == {}
 
-    event_handle(lease, Kind(*CLUSTER_KIND, {version: by_phase}), cluster)
+    event_handle(lease, Kind(*CLUSTER_KIND, {version: BY_PHASE}), cluster)
     assert observed() == {"phase": HEALTHY}
 
     # Versions that read it differently: the instance's own version's rule.
-    event_handle(lease, Kind(*CLUSTER_KIND, {version: by_primary, version + 1: by_phase}), cluster)
+    event_handle(lease, Kind(*CLUSTER_KIND, {version: by_primary, version + 1: BY_PHASE}), cluster)
     assert observed() == {"primary": "p-1"}
 
 
