@@ -964,7 +964,8 @@ def operations_sweep() -> int:
         Operation.objects.filter(
             Q(state__in=[State.QUEUED, State.RUNNING], next_step_at__lt=overdue)
             | Q(state=State.QUEUED, next_step_at=None, created_at__lt=overdue)
-            | Q(state=State.RUNNING, next_step_at=None, started_at__lt=overdue)
+            | Q(state=State.RUNNING, next_step_at=None, started_at__lt=overdue),
+            finished_at=None,  # read on their index (`operation_unfinished`)
         ).values_list("pk", flat=True)
     )
     for pk in stalled:

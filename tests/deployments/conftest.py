@@ -59,6 +59,20 @@ def plan(transactional_db):
 
 
 @pytest.fixture
+def created(cell, plan, owner, tenant):
+    """A create of "orders" in the sandbox's cell, queued."""
+    import uuid
+
+    from accounts.audit import Actor
+    from deployments import services
+
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+@pytest.fixture
 def worker(transactional_db, settings):
     """A real Celery worker (threads) on this run's queue, consuming from the real broker,
     with the stalled-operation sweeper running beside it as beat runs it in production

@@ -151,14 +151,6 @@ def test_a_worker_whose_claim_was_taken_over_makes_no_further_call(queued, setti
     assert kube.get(namespace) is None
 
 
-@pytest.fixture
-def created(cell, plan, owner, tenant):
-    return services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
-        parameters={}, request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-
-
 def test_a_move_that_progresses_keeps_the_claim_for_the_tasks_next_move(created):
     delay, held = runner._step(str(created.pk), keep_until=math.inf)
 
