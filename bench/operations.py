@@ -303,16 +303,23 @@ def database_tended() -> None:
         cursor.execute("VACUUM ANALYZE")
 
 
-def opsdeck_window(creator: Creator, cell_row, count: int, pool: WorkerPool, timeout: float):
+def opsdeck_window(
+    creator: Creator, cell_row, count: int, pool: WorkerPool, timeout: float, meter=None
+):
     """Creates per second for `count` creates, and their operations. Returns once the broker
     holds no more steps for the workers, so that no work of this window runs into the next one
-    (a baseline window would pay for it)."""
+    (a baseline window would pay for it). `meter` (a `cpu.CpuMeter`) measures the window from
+    after the database is tended to then."""
     database_tended()
+    if meter is not None:
+        meter.begin()
     began = time.time()
     operations = creator.create(cell_row, count)
     wait_finished(operations, pool, timeout)
     rate = count / (opsdeck_finished(operations) - began)
     queue_drained(timeout)
+    if meter is not None:
+        meter.end()
     return rate, operations
 
 
@@ -593,9 +600,9 @@ def measure(
             # (a watch of its own, triggers on every move), which the baseline does not carry.
             rate_windows = []
             for _ in range(windows):
-                ours.begin()
-                rate, operations = opsdeck_window(creator, cells["instant"], count, pool, timeout)
-                ours.end()
+                rate, operations = opsdeck_window(
+                    creator, cells["instant"], count, pool, timeout, meter=ours
+                )
                 instant.rates.append(rate)
                 theirs.begin()
                 instant.baseline.append(baseline.run(count, timeout))
