@@ -318,6 +318,20 @@ def test_a_runs_moves_update_its_operation_in_its_page(created):
     assert moves >= 2 and updated == moves and in_place == updated
 
 
+def test_a_runs_claim_and_start_update_its_operation_in_its_page(created):
+    with transaction.atomic():  # the counts are this connection's alone, as above
+        before = row_updates(Operation)
+        claimed = runner._claim(str(created.pk), timezone.now())
+        assert runner._begin(claimed, timezone.now(), claimed.claim_token) == runner.STARTED
+        updated, in_place = (
+            now - then for now, then in zip(row_updates(Operation), before, strict=True)
+        )
+
+    assert Operation.objects.get(pk=created.pk).state == Operation.State.RUNNING
+    # Neither writes an indexed column: no index's condition reads the operation's state.
+    assert updated == 2 and in_place == 2
+
+
 def test_a_task_whose_kept_claim_was_taken_over_stops_and_commits_nothing(created):
     _, held = runner._step(str(created.pk), keep_until=math.inf)
     new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
