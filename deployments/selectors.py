@@ -115,10 +115,11 @@ def cell_offered(cell_id: int, tenant_id: int) -> bool:
 def cell_default_offered(tenant_id: int) -> Cell | None:
     """The cell a create that names none goes to: of those offered to the tenant (as
     `Cell.objects.offered_to`), the default one, else the first by name; share-locked as
-    `cell_offered` locks it."""
+    `cell_offered` locks it. Its id and name only: the rest is deferred (read if asked for),
+    so a create does not decrypt the cell's kubeconfig and credentials, which it never uses."""
     cells, private = Cell._meta.db_table, Cell.tenants.through._meta.db_table
     found = Cell.objects.raw(
-        f"SELECT c.* FROM {cells} c WHERE c.public OR EXISTS ("  # noqa: S608 - our names
+        f"SELECT c.id, c.name FROM {cells} c WHERE c.public OR EXISTS ("  # noqa: S608 - our names
         f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s)"
         " ORDER BY c.is_default DESC, c.name LIMIT 1 FOR SHARE OF c",
         [tenant_id],

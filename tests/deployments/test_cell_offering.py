@@ -2,6 +2,8 @@
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts import services as account_services
 from accounts.audit import Actor
@@ -67,6 +69,20 @@ def test_without_a_cell_the_tenant_gets_an_offered_one_never_a_private_default(
     operation = create(owner, tenant, plan, None)
 
     assert operation.instance.cell == public
+
+
+def test_a_create_without_a_cell_does_not_decrypt_its_cells_secrets(owner, tenant, plan):
+    Cell.objects.create(
+        name="public", region="us", kubeconfig="apiVersion: v1", backup_credentials={"K": "v"}
+    )
+
+    with CaptureQueriesContext(connection) as statements:
+        operation = create(owner, tenant, plan, None)
+
+    cell = operation.instance.cell
+    assert {"kubeconfig", "backup_credentials"} <= cell.get_deferred_fields()
+    assert not [q for q in statements if "kubeconfig" in q["sql"]]
+    assert cell.kubeconfig == "apiVersion: v1"  # read, and decrypted, once asked for
 
 
 def test_with_only_cells_not_offered_to_it_the_tenant_is_told_to_ask_the_platform_team(
