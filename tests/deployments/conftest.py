@@ -124,6 +124,24 @@ def row_updates(model) -> tuple[int, int]:
         return cursor.fetchone()
 
 
+def rows_read(model) -> int:
+    """The index entries and rows that this connection's scans of `model`'s table read in the
+    transaction in progress (as `row_updates`, not yet sent to PostgreSQL's statistics)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        # Returned by a table: its rows read by sequential scans; by an index: its entries.
+        cursor.execute(
+            """
+            SELECT sum(pg_stat_get_xact_tuples_returned(r))
+              FROM (SELECT %s::regclass::oid UNION ALL
+                    SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass) AS read (r)
+            """,
+            [model._meta.db_table] * 2,
+        )
+        return cursor.fetchone()[0]
+
+
 def wait_for(predicate, *, timeout=60.0, interval=0.1, what="the condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,29 +19,14 @@ from deployments import runner
 from deployments.models import Operation
 from deployments.watcher import Lease, lease_take, operations_wake
 from tests.deployments import factories
+from tests.deployments.conftest import rows_read
 
 ENDED = 2000  # the operations of a platform's history
 IN_FLIGHT = 200
 
 
-def _read() -> int:
-    """Index entries and rows the scans of the current transaction read from the operations
-    table."""
-    with connection.cursor() as cursor:
-        # Returned by a table: its rows read by sequential scans; by an index: its entries.
-        cursor.execute(
-            """
-            SELECT sum(pg_stat_get_xact_tuples_returned(r))
-              FROM (SELECT %s::regclass::oid UNION ALL
-                    SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass) AS read (r)
-            """,
-            [Operation._meta.db_table] * 2,
-        )
-        return cursor.fetchone()[0]
-
-
 @pytest.fixture
-def busy(cell, plan, tenant, created):
+def busy(cell, tenant, created):
     """A platform with ENDED operations, analyzed while none but `created` was in flight;
     IN_FLIGHT of them running since."""
     version = created.plan_version
@@ -64,13 +49,13 @@ def busy(cell, plan, tenant, created):
 
 def test_a_runs_moves_read_a_few_operations_with_hundreds_in_flight(busy):
     with transaction.atomic():  # the counts are the transaction's
-        before = _read()
+        before = rows_read(Operation)
         # The claim, the start (no other operation of its instance pending), its first move
         # and the next, each stored fenced by the claim.
         delay, held = runner._step(str(busy.pk), keep_until=math.inf)
         assert delay == 0 and held is not None
         runner._step(str(busy.pk), held)
-        read = _read() - before
+        read = rows_read(Operation) - before
 
     busy.refresh_from_db()
     assert busy.moves == 2
@@ -83,17 +68,17 @@ def test_a_wake_up_reads_the_operations_it_wakes_alone(busy):
     lease = Lease(cell_id, "a", lease_take(cell_id, "a"))
 
     with transaction.atomic():
-        before = _read()
+        before = rows_read(Operation)
         assert operations_wake(lease, busy.instance_id) == [str(busy.pk)]
-        read = _read() - before
+        read = rows_read(Operation) - before
 
     assert read <= 5, f"{read} index entries and rows read to wake one operation"
 
 
 def test_the_sweeper_reads_the_operations_in_flight_and_not_the_ended_ones(busy, broker):
     with transaction.atomic():
-        before = _read()
+        before = rows_read(Operation)
         runner.operations_sweep()
-        read = _read() - before
+        read = rows_read(Operation) - before
 
     assert read <= 2 * (IN_FLIGHT + 1), f"{read} index entries and rows read by the sweeper"
