@@ -28,8 +28,9 @@ from deployments.models import (
     TaskRun,
 )
 from tests.concurrency import beside_a_lock
-from tests.deployments.conftest import SPEC, instance_object, row_updates
+from tests.deployments.conftest import SPEC, instance_object
 from tests.deployments.factories import BACKUPS
+from tests.pg_counters import row_updates
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from deployments import runner
 from deployments.models import Operation
 from deployments.watcher import Lease, lease_take, operations_wake
 from tests.deployments import factories
-from tests.deployments.conftest import rows_read
+from tests.pg_counters import rows_read
 
 ENDED = 2000  # the operations of a platform's history
 IN_FLIGHT = 200

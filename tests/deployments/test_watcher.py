@@ -35,8 +35,9 @@ from deployments.watcher import (
 from deployments.workflow import engine
 from sandbox.core import Ctx
 from tests.concurrency import race
-from tests.deployments.conftest import SPEC, row_updates, wait_done, wait_for
+from tests.deployments.conftest import SPEC, wait_done, wait_for
 from tests.deployments.factories import BACKUPS, make_instances
+from tests.pg_counters import row_updates
 
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
 CLUSTER_KIND = ("postgresql.cnpg.io/v1", "Cluster")
