@@ -145,7 +145,11 @@ class UsageRecord(models.Model):
                 fields=["instance_id", "plan", "dimension", "hour"], name="usagerecord_once"
             )
         ]
-        indexes = [models.Index(fields=["tenant", "period"], name="usagerecord_tenant_period")]
+        # `usagerecord_hour`: the staff's list, newest hour first, reads one page along it.
+        indexes = [
+            models.Index(fields=["tenant", "period"], name="usagerecord_tenant_period"),
+            models.Index(fields=["hour"], name="usagerecord_hour"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.instance_id} {self.dimension} {self.hour:%Y-%m-%d %H:00}: {self.quantity}"
@@ -670,6 +674,8 @@ class MeterEvent(models.Model):
             models.Index(
                 fields=["customer_id", "event_name", "timestamp"], name="meterevent_window"
             ),
+            # The staff's list, newest first, reads one page along it.
+            models.Index(fields=["timestamp"], name="meterevent_timestamp"),
         ]
 
     def __str__(self) -> str:

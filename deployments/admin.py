@@ -8,7 +8,13 @@ from django.db.models import OuterRef, Subquery
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from accounts.admin import ServiceOwnedAdmin, StaffAudited, run_action, staff_actor
+from accounts.admin import (
+    ServiceOwnedAdmin,
+    StaffAudited,
+    run_action,
+    staff_actor,
+    values_filter,
+)
 from accounts.audit import Actor, audit_record
 from deployments import selectors, services
 from deployments.models import (
@@ -98,6 +104,10 @@ class InstanceAdmin(ServiceOwnedAdmin):
     recorded in the audit log as staff's."""
 
     list_display = ["id", "name", "tenant", "plan_version", "cell", "state", "created_at"]
+    # Not the parameters, status and outputs, nor the secrets and the cell's credentials, which
+    # each row would decrypt.
+    list_columns = ("name", "tenant__name", "plan_version__number", "plan_version__plan__key")
+    list_columns += ("cell__name", "state", "created_at")
     list_filter = ["state", "cell", "plan_version__plan"]
     search_fields = ["id", "name", "tenant__slug", "tenant__name"]
     list_select_related = ["tenant", "plan_version__plan", "cell"]
@@ -179,14 +189,33 @@ class TaskRunInline(admin.TabularInline):
         return False
 
 
+def _verbs_defined() -> set[str]:
+    """The verbs of every plan version's services: those an operation can run."""
+    return {
+        verb
+        for version in PlanVersion.objects.values_list("pk", flat=True)
+        for service in selectors.plan_version_loaded(version).spec.services
+        for verb in service.verbs
+    }
+
+
 @admin.register(Operation)
 class OperationAdmin(ServiceOwnedAdmin):
+    """Every operation the fleet ran: the list reads one page, newest first along the index on
+    `created_at`, without the run's state and the secrets each row would decrypt; its verbs to
+    filter on are those the plans define. No second count of every row beside a filtered one,
+    and no facet counts."""
+
     list_display = ["id", "verb", "instance", "state", "requested_by", "created_at", "finished_at"]
-    list_filter = ["state", "verb", "created_at"]
+    list_columns = ("verb", "instance__name", "state", "requested_by__email", "created_at")
+    list_columns += ("finished_at",)
+    list_filter = ["state", ("verb", values_filter(_verbs_defined)), "created_at"]
     search_fields = ["id", "instance__id", "instance__tenant__slug", "request_id"]
     list_select_related = ["instance", "requested_by"]
     exclude = ["secret_parameters", "requested_secret", "engine_state"]
     inlines = [TaskRunInline]
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
 
 
 @admin.register(Snapshot)

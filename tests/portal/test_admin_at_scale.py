@@ -1,0 +1,155 @@
+"""Staff's lists of the tables that grow with the fleet — the audit log, operations, usage
+records, the Stripe outbox — read one page of their rows, and only the columns they show, however
+many rows the table holds; the filters offer their values without reading every row.
+
+Counted with PostgreSQL's own counters of the rows and index entries each scan of a table read
+(`rows_read`), on tables analyzed as autovacuum keeps them. A list counts the rows it finds
+(every row, unfiltered): that is the one read that grows with the table.
+"""
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts.models import AuditEvent
+from billing.models import MeteredHour, MeterEvent, Plan, Price, UsageRecord
+from deployments.models import Cell, Instance, Operation
+from tests.deployments.factories import cell, make_instances, postgres_version
+from tests.pg_counters import rows_read
+
+pytestmark = pytest.mark.django_db
+
+ROWS = 3000  # in the table: many pages of 100
+ACTIONS = ["instance.create", "instance.delete", "instance.stop", "member.invite", "user.login"]
+
+
+@pytest.fixture
+def staff_client(client, make_user):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    return client
+
+
+def _list_read(client, model, query: str = "") -> tuple[int, str, list[str]]:
+    """What one request of the model's admin list read of its table, the page, and its SQL."""
+    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {model._meta.db_table}")
+    assert client.get(url).status_code == 200  # warm: the session, the content types
+    before = rows_read(model)
+    with CaptureQueriesContext(connection) as statements:
+        page = client.get(url + query)
+    assert page.status_code == 200
+    return rows_read(model) - before, page.content.decode(), [s["sql"] for s in statements]
+
+
+def _read_a_page(read: int) -> bool:
+    """The rows counted once, and a page: not the table again for a DISTINCT, a date
+    hierarchy, a second count or a sort (each of which reads every row)."""
+    return read < 1.5 * ROWS
+
+
+def test_the_audit_logs_list_reads_a_page_and_finds_its_actions_along_their_index(
+    staff_client, tenant
+):
+    now = timezone.now()
+    AuditEvent.objects.bulk_create(
+        AuditEvent(tenant=tenant, actor_kind="user", action=ACTIONS[n % len(ACTIONS)],
+                   created_at=now - timedelta(minutes=n))
+        for n in range(ROWS)
+    )  # fmt: skip
+
+    read, page, _ = _list_read(staff_client, AuditEvent)
+
+    assert _read_a_page(read), read
+    for action in ACTIONS:  # each offered to filter on
+        assert f"?action={action}" in page, action
+    read, page, _ = _list_read(staff_client, AuditEvent, "?action=instance.stop")
+    assert "600 audit events" in page  # an action's, each counted
+    assert read < ROWS / 2, read  # along the index: the 600 found, counted and a page of them
+
+
+def test_the_operations_list_reads_a_page_without_the_runs_state_or_secrets(staff_client, tenant):
+    version = postgres_version()
+    (instance,) = make_instances(tenant, version, cell(), 1)
+    now = timezone.now()
+    verbs = {0: "backup", ROWS - 1: "delete"}  # the newest, the oldest; "modify" between
+    Operation.objects.bulk_create(
+        Operation(instance=instance, verb=verbs.get(n, "modify"),
+                  request_id=f"r-{n}", plan_version=version, state="succeeded",
+                  created_at=now - timedelta(minutes=n), finished_at=now,
+                  engine_state='{"phase": "Succeeded"}', secret_parameters='{"p": "s3cret"}')
+        for n in range(ROWS)
+    )  # fmt: skip
+
+    read, page, statements = _list_read(staff_client, Operation)
+
+    assert _read_a_page(read), read
+    listed = [s for s in statements if s.startswith('SELECT "deployments_operation"."id"')]
+    assert listed, statements
+    for column in ["engine_state", "secret_parameters", "requested_secret", "parameters"]:
+        assert not any(f'"{column}"' in s for s in listed), column
+    # Newest first, and the verbs the plan defines offered to filter on.
+    assert '"field-verb">backup<' in page and '"field-verb">delete<' not in page
+    for verb in ["create", "modify", "restart", "delete", "backup"]:
+        assert f"?verb={verb}" in page, verb
+
+
+def test_the_instance_list_reads_no_secret_nor_its_cells_credentials(staff_client, tenant):
+    make_instances(tenant, postgres_version(), cell(), 3, name="orders")
+    for query in ["", "?q=orders-1"]:  # a page, and all found on one
+        _, page, statements = _list_read(staff_client, Instance, query)
+        assert "orders-1" in page
+        listed = [s for s in statements if s.startswith('SELECT "deployments_instance"."id"')]
+        assert listed, statements
+        for column in ["secret_parameters", "parameters", "observed", "outputs", "kubeconfig",
+                       "backup_credentials"]:  # fmt: skip
+            assert not any(f'"{column}"' in s for s in listed), (query, column)
+    assert Cell.objects.count() == 1
+
+
+@pytest.fixture
+def usage(tenant):
+    """ROWS usage records, 10 instances' cpu and storage for 150 hours back from 2026-02-01,
+    so over two periods; the hours metered, and the plan's prices."""
+    plan = Plan.objects.create(key="pg", name="PostgreSQL", service="postgresql")
+    Price.objects.bulk_create(
+        Price(plan=plan, dimension=dimension, unit_price=Decimal("0.01"))
+        for dimension in ["cpu", "storage"]
+    )
+    end = datetime(2026, 2, 1, tzinfo=UTC)
+    hours = [end - timedelta(hours=n) for n in range(ROWS // 20)]
+    MeteredHour.objects.bulk_create(MeteredHour(hour=hour) for hour in hours)
+    return UsageRecord.objects.bulk_create(
+        UsageRecord(tenant=tenant, plan=plan, instance_id=f"inst-{n:08d}", instance_name=f"db-{n}",
+                    dimension=dimension, hour=hour, quantity=Decimal(1),
+                    period=f"{hour:%Y-%m}")
+        for hour in hours for n in range(10) for dimension in ["cpu", "storage"]
+    )  # fmt: skip
+
+
+def test_the_usage_list_reads_a_page_newest_hour_first(staff_client, usage):
+    read, page, _ = _list_read(staff_client, UsageRecord)
+
+    assert _read_a_page(read), read
+    assert "Feb. 1, 2026" in page and "Jan. 26, 2026" not in page  # the newest hours first
+    for choice in ["?period=2026-01", "?period=2026-02", "?dimension=cpu", "?dimension=storage"]:
+        assert choice in page, choice
+
+
+def test_the_stripe_outbox_list_reads_a_page(staff_client, usage):
+    MeterEvent.objects.bulk_create(
+        MeterEvent(usage_record=record, identifier=f"opsdeck-usage-{record.pk}",
+                   customer_id="cus_1", event_name=f"opsdeck_{record.dimension}", value="1000000",
+                   timestamp=record.hour)
+        for record in usage
+    )  # fmt: skip
+
+    read, page, _ = _list_read(staff_client, MeterEvent)
+
+    assert _read_a_page(read), read
+    assert "Feb. 1, 2026" in page and "Jan. 26, 2026" not in page  # the newest first
