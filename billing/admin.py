@@ -86,8 +86,9 @@ class UsageRecordAdmin(ServiceOwnedAdmin):
     """Usage comes from hourly metering (`manage.py meter_usage`); the admin shows it, newest
     hour first. A row per instance, dimension and hour: the list reads one page along the index
     on `hour`, and offers the periods metered and the dimensions priced to filter on rather
-    than a DISTINCT over every row. No date hierarchy (the `hour` filter narrows by date), no
-    second count of every row beside a filtered one, and no facet counts."""
+    than a DISTINCT over every row. No date hierarchy (the `hour` filter narrows by date).
+    Unfiltered, a large table's rows are estimated, not counted; no second count of every row
+    beside a filtered one, and no facet counts."""
 
     list_display = ["hour", "instance_name", "instance_id", "dimension", "quantity", "unit",
                     "tenant", "period", "adjustment"]  # fmt: skip
@@ -101,6 +102,7 @@ class UsageRecordAdmin(ServiceOwnedAdmin):
     search_fields = ["instance_id", "instance_name", "tenant__name"]
     list_select_related = ["tenant"]
     ordering = ["-hour"]
+    count_estimated = True
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
 
@@ -375,7 +377,7 @@ class MeterEventAdmin(ServiceOwnedAdmin):
                     "attempts", "next_attempt_at", "sent_at", "last_error"]  # fmt: skip
     # A row per usage record: the list reads one page along the index on `timestamp`, and
     # offers the meters' event names to filter on; no date hierarchy (the `timestamp` filter
-    # narrows by date), second count or facet counts, as for usage records.
+    # narrows by date), count of every row, second count or facet counts, as for usage records.
     list_filter = [
         "status",
         ("event_name", values_filter(_meters_event_names)),
@@ -383,6 +385,7 @@ class MeterEventAdmin(ServiceOwnedAdmin):
     ]
     search_fields = ["identifier", "customer_id"]
     actions = ["retry"]
+    count_estimated = True
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
 

@@ -203,8 +203,8 @@ def _verbs_defined() -> set[str]:
 class OperationAdmin(ServiceOwnedAdmin):
     """Every operation the fleet ran: the list reads one page, newest first along the index on
     `created_at`, without the run's state and the secrets each row would decrypt; its verbs to
-    filter on are those the plans define. No second count of every row beside a filtered one,
-    and no facet counts."""
+    filter on are those the plans define. Unfiltered, a large table's rows are estimated, not
+    counted; no second count of every row beside a filtered one, and no facet counts."""
 
     list_display = ["id", "verb", "instance", "state", "requested_by", "created_at", "finished_at"]
     list_columns = ("verb", "instance__name", "state", "requested_by__email", "created_at")
@@ -214,6 +214,7 @@ class OperationAdmin(ServiceOwnedAdmin):
     list_select_related = ["instance", "requested_by"]
     exclude = ["secret_parameters", "requested_secret", "engine_state"]
     inlines = [TaskRunInline]
+    count_estimated = True
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
 

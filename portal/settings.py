@@ -217,6 +217,10 @@ OPSDECK_WATCH_TIMEOUT = env.int("OPSDECK_WATCH_TIMEOUT", default=60)
 # Seconds a running instance fails its plan's health rule before it shows as Degraded (and
 # its owners and admins are emailed).
 OPSDECK_DEGRADED_AFTER = env.int("OPSDECK_DEGRADED_AFTER", default=120)
+# Rows past which an unfiltered staff list of a table that grows with the fleet (the audit log,
+# operations, usage records, the Stripe outbox) shows PostgreSQL's estimate of them instead of
+# counting every row on every page.
+OPSDECK_ADMIN_ESTIMATE_ABOVE = env.int("OPSDECK_ADMIN_ESTIMATE_ABOVE", default=100_000)
 CELERY_TIMEZONE = "UTC"
 # Beat's DatabaseScheduler stores these entries in the database at start-up.
 CELERY_BEAT_SCHEDULE = {

@@ -66,11 +66,37 @@ def test_the_audit_logs_list_reads_a_page_and_finds_its_actions_along_their_inde
     read, page, _ = _list_read(staff_client, AuditEvent)
 
     assert _read_a_page(read), read
+    events = AuditEvent.objects.count()  # with the organization's own
+    assert f"{events} audit events" in page  # counted: fewer than OPSDECK_ADMIN_ESTIMATE_ABOVE
     for action in ACTIONS:  # each offered to filter on
         assert f"?action={action}" in page, action
     read, page, _ = _list_read(staff_client, AuditEvent, "?action=instance.stop")
     assert "600 audit events" in page  # an action's, each counted
     assert read < ROWS / 2, read  # along the index: the 600 found, counted and a page of them
+
+
+def test_a_large_tables_list_shows_its_rows_estimated_unfiltered_and_counted_filtered(
+    staff_client, tenant, settings
+):
+    settings.OPSDECK_ADMIN_ESTIMATE_ABOVE = 1000
+    now = timezone.now()
+    AuditEvent.objects.bulk_create(
+        AuditEvent(tenant=tenant, actor_kind="user", action=ACTIONS[n % len(ACTIONS)],
+                   created_at=now - timedelta(minutes=n))
+        for n in range(ROWS)
+    )  # fmt: skip
+
+    read, page, _ = _list_read(staff_client, AuditEvent)
+
+    assert read < ROWS / 2, read  # a page of 100, and the actions: no row counted
+    events = AuditEvent.objects.count()  # ANALYZE read every row: its estimate is exact
+    assert f"about {events:,} audit events" in page
+    assert "results (" not in page  # nor the estimate beside the search box, without "about"
+    assert f'href="?p={-(-events // 100)}" class="end"' in page  # the last page, 100 a page
+    read, page, _ = _list_read(staff_client, AuditEvent, "?action=user.login")
+    paginator = page.split('class="paginator">')[1].split("</p>")[0]
+    logins = AuditEvent.objects.filter(action="user.login").count()
+    assert paginator.split()[-3:] == [str(logins), "audit", "events"]  # counted, not estimated
 
 
 def test_the_operations_list_reads_a_page_without_the_runs_state_or_secrets(staff_client, tenant):
