@@ -145,10 +145,11 @@ class UsageRecord(models.Model):
                 fields=["instance_id", "plan", "dimension", "hour"], name="usagerecord_once"
             )
         ]
-        # `usagerecord_hour`: the staff's list, newest hour first, reads one page along it.
+        # `usagerecord_hour`: the staff's list, newest hour first (then by id, as the admin
+        # orders it), reads one page along it, not the whole of an hour's rows to sort them.
         indexes = [
             models.Index(fields=["tenant", "period"], name="usagerecord_tenant_period"),
-            models.Index(fields=["hour"], name="usagerecord_hour"),
+            models.Index(fields=["hour", "id"], name="usagerecord_hour"),
         ]
 
     def __str__(self) -> str:
@@ -674,8 +675,9 @@ class MeterEvent(models.Model):
             models.Index(
                 fields=["customer_id", "event_name", "timestamp"], name="meterevent_window"
             ),
-            # The staff's list, newest first, reads one page along it.
-            models.Index(fields=["timestamp"], name="meterevent_timestamp"),
+            # The staff's list, in the order above, reads one page along it: an hour's events
+            # (one per instance and dimension) ordered by id within it, without sorting them.
+            models.Index(fields=["-timestamp", "id"], name="meterevent_timestamp"),
         ]
 
     def __str__(self) -> str:

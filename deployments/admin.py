@@ -114,6 +114,8 @@ class InstanceAdmin(ServiceOwnedAdmin):
     exclude = ["secret_parameters"]
     inlines = [StateChangeInline]
     actions = ["upgrade", "restart", "stop", "start"]
+    show_full_result_count = False  # a count of the fleet beside a filtered one
+    show_facets = admin.ShowFacets.NEVER
 
     def has_operate_permission(self, request) -> bool:
         return request.user.has_perm("deployments.change_instance")

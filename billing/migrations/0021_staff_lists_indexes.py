@@ -13,10 +13,10 @@ class Migration(migrations.Migration):
     operations = [
         AddIndexConcurrently(
             model_name="meterevent",
-            index=models.Index(fields=["timestamp"], name="meterevent_timestamp"),
+            index=models.Index(fields=["-timestamp", "id"], name="meterevent_timestamp"),
         ),
         AddIndexConcurrently(
             model_name="usagerecord",
-            index=models.Index(fields=["hour"], name="usagerecord_hour"),
+            index=models.Index(fields=["hour", "id"], name="usagerecord_hour"),
         ),
     ]

@@ -179,3 +179,24 @@ def test_the_stripe_outbox_list_reads_a_page(staff_client, usage):
 
     assert _read_a_page(read), read
     assert "Feb. 1, 2026" in page and "Jan. 26, 2026" not in page  # the newest first
+
+
+def test_an_hour_of_a_whole_fleets_usage_is_listed_without_sorting_the_hour(staff_client, tenant):
+    """One row per instance and dimension share an hour: the lists order them by id within it
+    along their index, rather than reading every row of the hour to sort them."""
+    plan = Plan.objects.create(key="pg", name="PostgreSQL", service="postgresql")
+    hour = datetime(2026, 2, 1, tzinfo=UTC)
+    records = UsageRecord.objects.bulk_create(
+        UsageRecord(tenant=tenant, plan=plan, instance_id=f"inst-{n:08d}", instance_name=f"db-{n}",
+                    dimension=dimension, hour=hour, quantity=Decimal(1), period="2026-02")
+        for n in range(ROWS // 2) for dimension in ["cpu", "storage"]
+    )  # fmt: skip
+    MeterEvent.objects.bulk_create(
+        MeterEvent(usage_record=record, identifier=f"opsdeck-usage-{record.pk}",
+                   customer_id="cus_1", event_name="opsdeck_cpu", value="1", timestamp=hour)
+        for record in records
+    )  # fmt: skip
+
+    for model in (UsageRecord, MeterEvent):
+        read, _, _ = _list_read(staff_client, model)
+        assert _read_a_page(read), (model, read)
