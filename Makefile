@@ -45,6 +45,7 @@ bench: $(VENV)/.installed-dev
 	$(LAUNCH) --dev -- $(PY) -m bench.operations $(BENCH_SPEC)
 	$(LAUNCH) --dev -- $(PY) -m bench.scale $(BENCH_SPEC)
 	$(LAUNCH) --dev -- $(PY) -m bench.metering $(BENCH_SPEC)
+	$(LAUNCH) --dev -- $(PY) -m bench.admin_lists $(BENCH_SPEC)
 	$(LAUNCH) --dev -- $(PY) -m billing.bench_meter_events
 
 lint: $(VENV)/.installed-dev
