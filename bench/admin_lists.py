@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .support import figures_record, measure_or_run
+from .support import figures_record, measure_or_run, rows_read
 
 ROUNDS = 5
 # The tables' rows at --scale 1: a fleet of 10,000 instances after some months.
@@ -97,11 +97,11 @@ def _list(model) -> tuple[str, int, int, int, float]:
     for _ in range(ROUNDS + 1):  # the first warms the session and the caches
         # In one transaction: PostgreSQL's counters of it are not yet flushed to its statistics.
         with transaction.atomic(), CaptureQueriesContext(connection) as statements:
-            before = _rows_read(model)
+            before = rows_read(model)
             started = time.perf_counter()
             response = client.get(url, secure=True)
             times.append(time.perf_counter() - started)
-            reads.append(_rows_read(model) - before)
+            reads.append(rows_read(model) - before)
         if response.status_code != 200:
             raise RuntimeError(f"{url} answered {response.status_code}")
     name = f"{model._meta.app_label} / {model._meta.verbose_name_plural}"
@@ -124,23 +124,6 @@ def _client():
         _CLIENT = Client()
         _CLIENT.force_login(user)
     return _CLIENT
-
-
-def _rows_read(model) -> int:
-    """The index entries and rows this connection's scans of the model's table read, not yet
-    flushed to PostgreSQL's statistics."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT sum(pg_stat_get_xact_tuples_returned(r))
-              FROM (SELECT %s::regclass::oid UNION ALL
-                    SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass) AS read (r)
-            """,
-            [model._meta.db_table] * 2,
-        )
-        return cursor.fetchone()[0] or 0
 
 
 # --- the fleet's rows --------------------------------------------------------------------------

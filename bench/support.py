@@ -198,3 +198,25 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     if not values:
         return math.nan, math.nan, math.nan
     return min(values), statistics.median(values), max(values)
+
+
+# --- what a transaction's statements read ---------------------------------------------------
+
+
+def rows_read(model) -> int:
+    """The index entries and rows that this connection's scans of `model`'s table read and has
+    not yet sent to PostgreSQL's statistics: read in the transaction that made the scans, the
+    difference from a reading before them is what they read."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        # Returned by a table: its rows read by sequential scans; by an index: its entries.
+        cursor.execute(
+            """
+            SELECT sum(pg_stat_get_xact_tuples_returned(r))
+              FROM (SELECT %s::regclass::oid UNION ALL
+                    SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass) AS read (r)
+            """,
+            [model._meta.db_table] * 2,
+        )
+        return cursor.fetchone()[0] or 0

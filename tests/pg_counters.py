@@ -1,5 +1,10 @@
 """What PostgreSQL counted of a test's own statements on a table, inside the transaction in
-progress: the rows its scans read and the rows it updated."""
+progress: the rows its scans read (`rows_read`, the counter `make bench` reads too) and the rows
+it updated."""
+
+from bench.support import rows_read
+
+__all__ = ["row_updates", "rows_read"]
 
 
 def row_updates(model) -> tuple[int, int]:
@@ -15,21 +20,3 @@ def row_updates(model) -> tuple[int, int]:
             [model._meta.db_table] * 2,
         )
         return cursor.fetchone()
-
-
-def rows_read(model) -> int:
-    """The index entries and rows that this connection's scans of `model`'s table read in the
-    transaction in progress (as `row_updates`, not yet sent to PostgreSQL's statistics)."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        # Returned by a table: its rows read by sequential scans; by an index: its entries.
-        cursor.execute(
-            """
-            SELECT sum(pg_stat_get_xact_tuples_returned(r))
-              FROM (SELECT %s::regclass::oid UNION ALL
-                    SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass) AS read (r)
-            """,
-            [model._meta.db_table] * 2,
-        )
-        return cursor.fetchone()[0]
