@@ -3,9 +3,10 @@
 The outer process creates a throwaway database and runs the measuring one on it
 (`support.run_measuring`). That one loads the plan and fills the tables that grow with the
 fleet — at `--scale` 1, 10,000 instances in 1,000 organizations, 100,000 operations, 1,000,000
-audit events, 2,000,000 usage records and 200,000 Stripe meter events — by copying one row made
-through the models with `INSERT … SELECT` over `generate_series`, then vacuums and analyzes them
-as autovacuum keeps a database in service.
+audit events, 2,000,000 usage records, 200,000 Stripe meter events and 300,000 snapshots (a
+month of daily backups) — by copying one row made through the models with `INSERT … SELECT`
+over `generate_series`, then vacuums and analyzes them as autovacuum keeps a database in
+service.
 
 Then it requests every list of the admin through Django's test client as a superuser, ROUNDS
 times each, and prints the median time, and the rows and index entries the page's statements
@@ -34,6 +35,7 @@ SIZES = {
     "audit_events": 1_000_000,
     "usage_records": 2_000_000,
     "meter_events": 200_000,
+    "snapshots": 300_000,  # a month of daily backups
 }
 
 
@@ -49,7 +51,8 @@ def measure(*, spec_path: Path, scale: float) -> None:
     print(
         f"the admin's lists with {sizes['instances']:,} instances, "
         f"{sizes['operations']:,} operations, {sizes['audit_events']:,} audit events, "
-        f"{sizes['usage_records']:,} usage records and {sizes['meter_events']:,} meter events "
+        f"{sizes['usage_records']:,} usage records, {sizes['meter_events']:,} meter events "
+        f"and {sizes['snapshots']:,} snapshots "
         f"(made in {time.perf_counter() - started:.0f} s); median of {ROUNDS} requests each:"
     )
     print(f"  {'list':40} {'rows':>11} {'read':>9} {'statements':>10} {'ms':>8}")
@@ -142,7 +145,7 @@ def _fill(spec_path: Path, sizes: dict[str, int]) -> None:
     from accounts.services import tenant_create
     from billing.models import MeteredHour, MeterEvent, UsageRecord
     from deployments import services
-    from deployments.models import Cell, Instance, Operation
+    from deployments.models import Cell, Instance, Operation, Snapshot
 
     version = services.plan_load(text=spec_path.read_text()).version
     user = User.objects.create_user(email="owner@bench.example", password=None)
@@ -161,6 +164,11 @@ def _fill(spec_path: Path, sizes: dict[str, int]) -> None:
     event = AuditEvent.objects.create(
         tenant=tenant, actor=user, actor_email=user.email, actor_kind="user",
         action="instance.create", target_type="instance", target_id=instance.pk,
+    )  # fmt: skip
+    snapshot = Snapshot.objects.create(
+        tenant=tenant, instance=instance, source_instance_id=instance.pk, plan_version=version,
+        name="db-0-20261101", status=Snapshot.Status.COMPLETED, operation=operation,
+        metadata={"backupName": "db-0-20261101", "size": "1Gi"}, parameters={"instances": 3},
     )  # fmt: skip
     hour = datetime(2026, 11, 1, tzinfo=UTC)
     record = UsageRecord.objects.create(
@@ -197,6 +205,10 @@ def _fill(spec_path: Path, sizes: dict[str, int]) -> None:
             "hour": f"timestamptz '2026-11-01' - (g / (3 * {i})) * interval '1 hour'",
             "period": f"to_char(timestamptz '2026-11-01' - (g / (3 * {i})) * interval '1 hour', "
                       "'YYYY-MM')"}),
+        (Snapshot, snapshot.pk, sizes["snapshots"] - 1, {
+            "name": "'db-' || g", "instance_id": f"'i' || lpad((g % {i})::text, 12, '0')",
+            "source_instance_id": f"'i' || lpad((g % {i})::text, 12, '0')",
+            "tenant_id": of_a_tenant, "created_at": "now() - g * interval '9 second'"}),
         (MeterEvent, meter_event.pk, sizes["meter_events"] - 1, {
             "identifier": "'e' || g",
             "usage_record_id": "(SELECT min(id) FROM billing_usagerecord) + g",

@@ -352,6 +352,8 @@ class Snapshot(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The staff's list, newest first, reads one page along it.
+        indexes = [models.Index(fields=["created_at"], name="snapshot_created")]
 
     def __str__(self) -> str:
         return self.name

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing.models import MeteredHour, MeterEvent, Plan, Price, UsageRecord
-from deployments.models import Cell, Instance, Operation
+from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.deployments.factories import cell, make_instances, postgres_version
 from tests.pg_counters import rows_read
 
@@ -123,6 +123,25 @@ def test_the_operations_list_reads_a_page_without_the_runs_state_or_secrets(staf
     assert '"field-verb">backup<' in page and '"field-verb">delete<' not in page
     for verb in ["create", "modify", "restart", "delete", "backup"]:
         assert f"?verb={verb}" in page, verb
+
+
+def test_the_snapshot_list_reads_a_page_without_each_snapshots_metadata(staff_client, tenant):
+    version = postgres_version()
+    (instance,) = make_instances(tenant, version, cell(), 1)
+    now = timezone.now()
+    Snapshot.objects.bulk_create(
+        Snapshot(tenant=tenant, instance=instance, source_instance_id=instance.pk,
+                 plan_version=version, name=f"daily-{n}", status=Snapshot.Status.COMPLETED,
+                 metadata={"backupName": f"daily-{n}"}, created_at=now - timedelta(days=n))
+        for n in range(ROWS)
+    )  # fmt: skip
+
+    read, page, statements = _list_read(staff_client, Snapshot)
+
+    assert _read_a_page(read), read
+    listed = [s for s in statements if s.startswith('SELECT "deployments_snapshot"."id"')]
+    assert listed and not any('"metadata"' in s or '"parameters"' in s for s in listed)
+    assert ">daily-0<" in page and ">daily-100<" not in page  # the newest first
 
 
 def test_the_instance_list_reads_no_secret_nor_its_cells_credentials(staff_client, tenant):
