@@ -1,5 +1,6 @@
 import re
 import uuid
+from functools import cache
 
 from django import forms
 from django.contrib import admin
@@ -193,12 +194,16 @@ class TaskRunInline(admin.TabularInline):
 
 def _verbs_defined() -> set[str]:
     """The verbs of every plan version's services: those an operation can run."""
-    return {
-        verb
-        for version in PlanVersion.objects.values_list("pk", flat=True)
-        for service in selectors.plan_version_loaded(version).spec.services
-        for verb in service.verbs
-    }
+    return set().union(*map(_verbs_of, PlanVersion.objects.values_list("pk", flat=True)))
+
+
+@cache
+def _verbs_of(version_id: int) -> frozenset[str]:
+    """A plan version's verbs, read once a process (versions never change): however many
+    versions there are, the list does not parse their specs again on every request, as the
+    specs' own cache of a few dozen would once there are more."""
+    spec = selectors.plan_version_loaded(version_id).spec
+    return frozenset(verb for service in spec.services for verb in service.verbs)
 
 
 @admin.register(Operation)
