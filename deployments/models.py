@@ -75,6 +75,9 @@ class Cell(models.Model):
         help_text="The organizations a private cell is offered to.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # When the status sync last read the status objects the cell watcher streams in this cell
+    # (`status.cell_observe`): while the watcher streams them, it reads them only this often.
+    status_read_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = CellQuerySet.as_manager()
 

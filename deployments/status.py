@@ -5,8 +5,9 @@ apiVersion and kind, named after the instance id in the instance's namespace, la
 `opsdeck.io/instance`) and where in it the portal finds what it shows (phase, ready and total
 servers, primary, conditions). Beat calls
 `instances_observe()`: per cell and kind, one LIST (a page at a time) with that label selector,
-matched to the cell's instances and written in bulk. A later watch replaces the polling behind
-this one function.
+matched to the cell's instances, and what changed written in bulk. Beside the cell watcher,
+which stores each change as it happens, this is a safety net: a kind the watcher streams in a
+cell is read only every OPSDECK_STATUS_CONFIRM_AFTER seconds (`cell_observe`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from deployments import health, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
-from deployments.models import Cell, Instance
+from deployments.models import Cell, CellWatchLease, Instance
 from deployments.spec.validation import SHOWN_STATUS
 from deployments.workflow.driver import DriverError
 from deployments.workflow.outputs import MISSING, dotted_get
@@ -96,20 +99,32 @@ def observed_of(obj: dict[str, Any], rule: StatusRule) -> dict[str, Any]:
     return observed
 
 
-def cell_observe(cell: Cell, driver: KubeDriver) -> int:
-    """Read the status of the cell's instances, one LIST per kind; how many were found."""
+def cell_observe(cell: Cell, driver: KubeDriver, now: datetime | None = None) -> int:
+    """Read the status of the cell's instances, one LIST per kind, and store what changed; how
+    many were found.
+
+    The cell watcher stores each change of a kind it streams as it happens (its lease live and
+    the kind among those it watches): such a kind is read again only once the cell's last read
+    of them is OPSDECK_STATUS_CONFIRM_AFTER old, a safety net for an event the watcher missed.
+    A kind it does not stream is read at each call. An instance whose status is unchanged is
+    written only when its status was last stored that long ago, to confirm it (the page's
+    "Observed" time): a fleet whose status holds still is not written again every 30 s."""
+    now = now or timezone.now()
+    confirmed_after = now - timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER)
     instances = list(
         Instance.objects.filter(cell=cell)
         .exclude(state=Instance.State.DELETED)
-        .only("id", "observed", "plan_version_id")
+        .only("id", "observed", "observed_at", "plan_version_id")
     )
     by_kind: dict[tuple[str, str], dict[str, tuple[Instance, StatusRule]]] = defaultdict(dict)
     for instance in instances:
         rule = status_rule(selectors.plan_version_loaded(instance.plan_version_id).spec.extensions)
         if rule is not None:
             by_kind[(rule.api_version, rule.kind)][instance.pk] = (instance, rule)
-    now = timezone.now()
-    seen = []
+    streamed = _streamed_kinds(cell, now)
+    if cell.status_read_at is not None and cell.status_read_at > confirmed_after:
+        by_kind = {kind: wanted for kind, wanted in by_kind.items() if kind not in streamed}
+    found, changed = 0, []
     for (api_version, kind), wanted in by_kind.items():
         for obj in driver.list_objects(api_version, kind, label_selector=INSTANCE_LABEL):
             meta = obj.get("metadata") or {}
@@ -117,11 +132,23 @@ def cell_observe(cell: Cell, driver: KubeDriver) -> int:
             if entry is None or meta.get("namespace") != entry[0].namespace:
                 continue
             instance, rule = entry
-            instance.observed = observed_of(obj, rule)
-            instance.observed_at = now
-            seen.append(instance)
-    Instance.objects.bulk_update(seen, ["observed", "observed_at"], batch_size=500)
-    return len(seen)
+            found += 1
+            observed = observed_of(obj, rule)
+            stale = instance.observed_at is None or instance.observed_at <= confirmed_after
+            if observed != instance.observed or stale:
+                instance.observed, instance.observed_at = observed, now
+                changed.append(instance)
+    Instance.objects.bulk_update(changed, ["observed", "observed_at"], batch_size=500)
+    if any(kind in streamed for kind in by_kind):
+        Cell.objects.filter(pk=cell.pk).update(status_read_at=now)
+    return found
+
+
+def _streamed_kinds(cell: Cell, now: datetime) -> set[tuple[str, str]]:
+    """The (apiVersion, kind) pairs the cell's watcher streams: its lease live, the kinds it
+    watches (`CellWatchLease.watching`, "apiVersion/Kind")."""
+    lease = CellWatchLease.objects.filter(cell=cell, expires_at__gt=now).first()
+    return {tuple(kind.rsplit("/", 1)) for kind in (lease.watching if lease else [])}
 
 
 def instances_observe() -> int:

@@ -217,6 +217,10 @@ OPSDECK_WATCH_TIMEOUT = env.int("OPSDECK_WATCH_TIMEOUT", default=60)
 # Seconds a running instance fails its plan's health rule before it shows as Degraded (and
 # its owners and admins are emailed).
 OPSDECK_DEGRADED_AFTER = env.int("OPSDECK_DEGRADED_AFTER", default=120)
+# Seconds after which the status sync reads again the status objects the cell watcher streams
+# (a safety net for an event it missed), and stores an instance's unchanged status to confirm
+# it (the page's "Observed" time). Each change is stored as it happens.
+OPSDECK_STATUS_CONFIRM_AFTER = env.int("OPSDECK_STATUS_CONFIRM_AFTER", default=300)
 # Rows past which an unfiltered staff list of a table that grows with the fleet (the audit log,
 # operations, usage records, the Stripe outbox) shows PostgreSQL's estimate of them instead of
 # counting every row on every page.

@@ -1,14 +1,18 @@
 """The portal's status of an instance comes from one LIST per cell and kind, not a GET each."""
 
 import uuid
+from datetime import timedelta
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.audit import Actor
 from deployments import services, status
 from deployments.cells import driver_for
-from deployments.models import Instance, Operation
+from deployments.models import Cell, CellWatchLease, Instance, Operation
+from deployments.workflow.driver import DriverError
 from tests.deployments.conftest import wait_done
 
 
@@ -58,3 +62,67 @@ def test_every_instance_gets_what_its_spec_points_at_in_the_operators_object(
     assert len(names) == len(set(names))  # no page read twice
     assert {op.instance_id for op in ops} <= set(names)
     assert gone.instance_id not in names
+
+
+def _running(owner, tenant, plan, *names):
+    ops = [_create(owner, tenant, plan, name) for name in names]
+    for op in ops:
+        assert wait_done(op).state == Operation.State.SUCCEEDED, op.error
+    return [Instance.objects.get(pk=op.instance_id) for op in ops]
+
+
+def _updates(queries) -> int:
+    return len([q for q in queries.captured_queries if q["sql"].startswith("UPDATE")])
+
+
+def test_a_status_that_holds_still_is_stored_again_only_to_confirm_it_once_it_is_old(
+    worker, cell, plan, tenant, owner, settings
+):
+    orders, billing = _running(owner, tenant, plan, "orders", "billing")
+    driver = driver_for(cell)
+    status.cell_observe(cell, driver)  # stored, as the watcher would have
+    stored = {i.pk: i.observed_at for i in Instance.objects.filter(pk__in=[orders.pk, billing.pk])}
+
+    with CaptureQueriesContext(connection) as queries:
+        assert status.cell_observe(cell, driver) == 2  # both found ...
+
+    assert _updates(queries) == 0  # ... and neither written: nothing changed
+    # Once a status was stored OPSDECK_STATUS_CONFIRM_AFTER ago, the next read confirms it.
+    old = timezone.now() - timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER + 1)
+    Instance.objects.filter(pk=orders.pk).update(observed_at=old)
+    status.cell_observe(cell, driver)
+    orders.refresh_from_db()
+    billing.refresh_from_db()
+    assert orders.observed_at > stored[orders.pk] and orders.observed["ready"] == 1
+    assert billing.observed_at == stored[billing.pk]
+
+
+def test_the_status_the_cell_watcher_streams_is_read_again_only_once_the_cells_read_is_old(
+    worker, cell, plan, tenant, owner, settings, faults
+):
+    _running(owner, tenant, plan, "orders")
+    driver = driver_for(cell)
+    status.cell_observe(cell, driver)
+    cell.refresh_from_db()
+    assert cell.status_read_at is None  # no watcher: nothing to record
+    CellWatchLease.objects.create(
+        cell=cell, holder="watcher-1", expires_at=timezone.now() + timedelta(seconds=15),
+        watching=["postgresql.cnpg.io/v1/Cluster"],
+    )  # fmt: skip
+    status.cell_observe(cell, driver)  # read, and the read recorded
+    cell.refresh_from_db()
+    assert cell.status_read_at is not None
+    faults(error_500=1.0)  # from here, any request the sync makes fails
+
+    assert status.cell_observe(cell, driver) == 0  # nothing read: the watcher streams it
+
+    old = timezone.now() - timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER + 1)
+    Cell.objects.filter(pk=cell.pk).update(status_read_at=old)
+    cell.refresh_from_db()
+    with pytest.raises(DriverError):  # read again: its read is old
+        status.cell_observe(cell, driver)
+    CellWatchLease.objects.filter(cell=cell).update(expires_at=timezone.now())
+    Cell.objects.filter(pk=cell.pk).update(status_read_at=timezone.now())
+    cell.refresh_from_db()
+    with pytest.raises(DriverError):  # read at each call: no live watcher streams it
+        status.cell_observe(cell, driver)
