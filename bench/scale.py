@@ -15,7 +15,9 @@ simulation), registers them as cells, and starts `--workers` Celery workers and 
    fleet — the create being the one verb every plan has — with their throughput and their
    notice delay (from the sandbox storing the change that satisfied the successCondition to
    the commit of the move that found it, as in `bench.operations`);
-3. the watcher's resident memory (RSS), sampled every second: after the fleet, and the largest.
+3. the watcher's resident memory (RSS), sampled every second: after the fleet, and the largest;
+4. one round of beat's tasks that read every instance every 30 s (`fleet_rounds`): their time,
+   CPU and the instance rows they wrote.
 
 `--instances 40 --concurrent 10` makes it a smoke test. Figures, not pass/fail.
 """
@@ -118,6 +120,7 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
             time.sleep(WATCH_SETTLE)
             commits = listener.collect()
             memory.stopping.set()
+            rounds = fleet_rounds(sandboxes)
         finally:
             creator.close()
             pool.stop()
@@ -149,6 +152,12 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
         print(line)
     print(f"{'watcher memory (RSS)':30} {after_fleet / mib:8.1f} MiB after the fleet, peak "
           f"{memory.peak / mib:.1f} MiB")  # fmt: skip
+    print("one round of beat's fleet-wide tasks over the fleet, in one process:")
+    for name, seconds, cpu, cells_cpu, written in rounds:
+        print(
+            f"  {name:28} {seconds:6.2f} s, {cpu:5.2f} s CPU here, {cells_cpu:5.2f} s CPU in "
+            f"the cells' API servers, {written:,} instance rows written"
+        )
     figures_record(
         {
             "scale_instances": instances,
@@ -157,8 +166,53 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
             "scale_notice_p50_s": round(p50, 4),
             "scale_notice_p95_s": round(p95, 4),
             "scale_watcher_rss_mib": round(memory.peak / mib, 1),
+            "scale_status_round_s": round(rounds[0][1], 3),
+            "scale_status_round_rows_written": rounds[0][4],
+            "scale_status_next_round_s": round(rounds[1][1], 3),
         }
     )
+
+
+def fleet_rounds(sandboxes) -> list[tuple[str, float, float, float, int]]:
+    """One round of each of beat's tasks that read every instance of the fleet every 30 s —
+    the status sync's safety net beside the cell watcher (`status.instances_observe`, twice:
+    its first round reads every cell, the next only what no watcher streams), and the health
+    assessment (`health.instances_assess`) — run here: each one's name, wall seconds,
+    CPU seconds in this process and in the cells' API servers, and the instance rows it wrote
+    (PostgreSQL's count, in its transaction)."""
+    import psutil
+    from django.db import connection, transaction
+
+    from deployments import health, status
+    from deployments.models import Instance
+
+    servers = [psutil.Process(sandbox.pid) for sandbox in sandboxes]
+
+    def servers_cpu() -> float:
+        return sum(sum(server.cpu_times()[:2]) for server in servers)
+
+    def updated() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_stat_get_xact_tuples_updated(%s::regclass)",
+                [Instance._meta.db_table],
+            )
+            return cursor.fetchone()[0]
+
+    found = []
+    for name, task in (
+        ("status (instances_observe)", status.instances_observe),
+        # 30 s later, as beat runs it: what the cell watcher streams is not read again yet.
+        ("status, its next round", status.instances_observe),
+        ("health (instances_assess)", health.instances_assess),
+    ):
+        with transaction.atomic():
+            before, cells_before = updated(), servers_cpu()
+            began, cpu = time.perf_counter(), time.process_time()
+            task()
+            seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+            found.append((name, seconds, cpu, servers_cpu() - cells_before, updated() - before))
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
