@@ -23,6 +23,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .support import figures_record, measure_or_run, rows_read
 
@@ -58,21 +59,33 @@ def measure(*, spec_path: Path, scale: float) -> None:
     print(f"  {'list':40} {'rows':>11} {'read':>9} {'statements':>10} {'ms':>8}")
     # Production settings (DEBUG off): the test client's host admitted, its requests over HTTPS.
     with override_settings(ALLOWED_HOSTS=["testserver"]):
-        found = [_list(model) for model, _ in _lists()]
-    for name, rows, read, queries, seconds in sorted(found, key=lambda f: -f[4]):
-        print(f"  {name:40} {rows:11,} {read:9,} {queries:10} {seconds * 1000:8.1f}")
-    slowest = max(found, key=lambda f: f[4])
-    most = max(found, key=lambda f: f[2])
+        client = _staff_client()
+        found = [_list(model, client) for model, _ in _lists()]
+    for f in sorted(found, key=lambda f: -f.seconds):
+        print(f"  {f.name:40} {f.rows:11,} {f.read:9,} {f.statements:10} {f.seconds * 1000:8.1f}")
+    slowest = max(found, key=lambda f: f.seconds)
+    most = max(found, key=lambda f: f.read)
     print(
-        f"  slowest: {slowest[0]}, {slowest[4] * 1000:.1f} ms; most rows read by a page: "
-        f"{most[0]}, {most[2]:,} of {most[1]:,}"
+        f"  slowest: {slowest.name}, {slowest.seconds * 1000:.1f} ms; most rows read by a page: "
+        f"{most.name}, {most.read:,} of {most.rows:,}"
     )
     figures_record(
         {
-            "admin_list_slowest_ms": round(slowest[4] * 1000, 1),
-            "admin_list_most_rows_read": int(most[2]),
+            "admin_list_slowest_ms": round(slowest.seconds * 1000, 1),
+            "admin_list_most_rows_read": most.read,
         }
     )
+
+
+class Listed(NamedTuple):
+    """What one list of the admin cost: its table's rows, what one request of it read of the
+    table, its statements, and its median time."""
+
+    name: str
+    rows: int
+    read: int
+    statements: int
+    seconds: float
 
 
 def _lists():
@@ -84,14 +97,11 @@ def _lists():
     )
 
 
-def _list(model) -> tuple[str, int, int, int, float]:
-    """The list's name, its table's rows, what one request of it read of the table, its
-    statements, and its median time."""
+def _list(model, client) -> Listed:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
     from django.urls import reverse
 
-    client = _client()
     url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {model._meta.db_table}")  # noqa: S608
@@ -107,26 +117,24 @@ def _list(model) -> tuple[str, int, int, int, float]:
             reads.append(rows_read(model) - before)
         if response.status_code != 200:
             raise RuntimeError(f"{url} answered {response.status_code}")
-    name = f"{model._meta.app_label} / {model._meta.verbose_name_plural}"
-    # The statements of the last request, but for the two that read rows_read.
-    queries = len(statements) - 2
-    return name, rows, int(statistics.median(reads[1:])), queries, statistics.median(times[1:])
+    return Listed(
+        name=f"{model._meta.app_label} / {model._meta.verbose_name_plural}",
+        rows=rows,
+        read=int(statistics.median(reads[1:])),
+        statements=len(statements) - 2,  # the last request's, but for the two of rows_read
+        seconds=statistics.median(times[1:]),
+    )
 
 
-_CLIENT = None
+def _staff_client():
+    """A test client signed in as a superuser."""
+    from django.test import Client
 
+    from accounts.models import User
 
-def _client():
-    global _CLIENT
-    if _CLIENT is None:
-        from django.test import Client
-
-        from accounts.models import User
-
-        user = User.objects.create_superuser(email="staff@bench.example", password=None)
-        _CLIENT = Client()
-        _CLIENT.force_login(user)
-    return _CLIENT
+    client = Client()
+    client.force_login(User.objects.create_superuser(email="staff@bench.example", password=None))
+    return client
 
 
 # --- the fleet's rows --------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from .operations import (
     stage_rows,
     wait_finished,
 )
-from .support import BenchError, figures_record, measure_or_run, percentile
+from .support import BenchError, figures_record, measure_or_run, percentile, row_updates
 
 TIMEOUT = 1800.0
 AIM_P50, AIM_P95 = 0.1, 0.3
@@ -181,7 +181,7 @@ def fleet_rounds(sandboxes) -> list[tuple[str, float, float, float, int]]:
     CPU seconds in this process and in the cells' API servers, and the instance rows it wrote
     (PostgreSQL's count, in its transaction)."""
     import psutil
-    from django.db import connection, transaction
+    from django.db import transaction
 
     from deployments import health, status
     from deployments.models import Instance
@@ -191,14 +191,6 @@ def fleet_rounds(sandboxes) -> list[tuple[str, float, float, float, int]]:
     def servers_cpu() -> float:
         return sum(sum(server.cpu_times()[:2]) for server in servers)
 
-    def updated() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_stat_get_xact_tuples_updated(%s::regclass)",
-                [Instance._meta.db_table],
-            )
-            return cursor.fetchone()[0]
-
     found = []
     for name, task in (
         ("status (instances_observe)", status.instances_observe),
@@ -207,11 +199,19 @@ def fleet_rounds(sandboxes) -> list[tuple[str, float, float, float, int]]:
         ("health (instances_assess)", health.instances_assess),
     ):
         with transaction.atomic():
-            before, cells_before = updated(), servers_cpu()
+            before, cells_before = row_updates(Instance)[0], servers_cpu()
             began, cpu = time.perf_counter(), time.process_time()
             task()
             seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
-            found.append((name, seconds, cpu, servers_cpu() - cells_before, updated() - before))
+            found.append(
+                (
+                    name,
+                    seconds,
+                    cpu,
+                    servers_cpu() - cells_before,
+                    row_updates(Instance)[0] - before,
+                )
+            )
     return found
 
 

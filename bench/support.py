@@ -200,7 +200,7 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     return min(values), statistics.median(values), max(values)
 
 
-# --- what a transaction's statements read ---------------------------------------------------
+# --- what a transaction's statements read and updated ---------------------------------------
 
 
 def rows_read(model) -> int:
@@ -220,3 +220,18 @@ def rows_read(model) -> int:
             [model._meta.db_table] * 2,
         )
         return cursor.fetchone()[0] or 0
+
+
+def row_updates(model) -> tuple[int, int]:
+    """The updates of `model`'s rows this connection made and has not yet sent to PostgreSQL's
+    statistics (those of the transaction in progress among them), and how many of them were
+    made in the row's page (HOT: no new entry in any of the table's indexes)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass),"
+            " pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+            [model._meta.db_table] * 2,
+        )
+        return cursor.fetchone()

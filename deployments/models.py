@@ -470,6 +470,10 @@ class CellWatchLease(models.Model):
         """(apiVersion, kind) pairs as `watching` holds them: a JSON array of "apiVersion/Kind"."""
         return json.dumps(sorted(f"{api_version}/{kind}" for api_version, kind in kinds))
 
+    def streamed(self) -> set[tuple[str, str]]:
+        """The (apiVersion, kind) pairs `watching` holds (`kinds_value`, read back)."""
+        return {tuple(kind.rsplit("/", 1)) for kind in self.watching}
+
 
 class ServerSample(models.Model):
     """One minute of one server's (pod's) CPU and memory use, as the cluster's metrics API

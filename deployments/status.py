@@ -148,7 +148,7 @@ def _streamed_kinds(cell: Cell, now: datetime) -> set[tuple[str, str]]:
     """The (apiVersion, kind) pairs the cell's watcher streams: its lease live, the kinds it
     watches (`CellWatchLease.watching`, "apiVersion/Kind")."""
     lease = CellWatchLease.objects.filter(cell=cell, expires_at__gt=now).first()
-    return {tuple(kind.rsplit("/", 1)) for kind in (lease.watching if lease else [])}
+    return lease.streamed() if lease else set()
 
 
 def instances_observe() -> int:

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
+from bench.support import row_updates
 from deployments import runner, services
 from deployments.models import (
     BackupSchedule,
@@ -30,7 +31,6 @@ from deployments.models import (
 from tests.concurrency import beside_a_lock
 from tests.deployments.conftest import SPEC, instance_object
 from tests.deployments.factories import BACKUPS
-from tests.pg_counters import row_updates
 
 
 @pytest.fixture

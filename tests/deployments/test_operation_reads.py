@@ -15,11 +15,11 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from bench.support import rows_read
 from deployments import runner
 from deployments.models import Operation
 from deployments.watcher import Lease, lease_take, operations_wake
 from tests.deployments import factories
-from tests.pg_counters import rows_read
 
 ENDED = 2000  # the operations of a platform's history
 IN_FLIGHT = 200

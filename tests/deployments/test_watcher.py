@@ -17,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from accounts.audit import Actor
+from bench.support import row_updates
 from deployments import runner, services
 from deployments import watcher as watcher_module
 from deployments.models import Cell, CellWatchLease, Instance, Operation
@@ -37,7 +38,6 @@ from sandbox.core import Ctx
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC, wait_done, wait_for
 from tests.deployments.factories import BACKUPS, make_instances
-from tests.pg_counters import row_updates
 
 SLOW_POLL = 60.0  # seconds: no operation below gets a second look from polling alone
 CLUSTER_KIND = ("postgresql.cnpg.io/v1", "Cluster")

@@ -17,10 +17,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import AuditEvent
+from bench.support import rows_read
 from billing.models import MeteredHour, MeterEvent, Plan, Price, UsageRecord
 from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.deployments.factories import cell, make_instances, postgres_version
-from tests.pg_counters import rows_read
 
 pytestmark = pytest.mark.django_db
 
