@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.urls import Resolver404, resolve
 
-from accounts import crypto, selectors, services
+from accounts import crypto, mail, selectors, services
 from accounts.audit import Actor
 from accounts.models import Tenant
 
@@ -44,11 +44,19 @@ def _organization_named_after(email: str) -> str:
 
 class AccountAdapter(DefaultAccountAdapter):
     def send_mail(self, template_prefix: str, email: str, context: dict) -> None:
-        """Emails name the product, not the host the request came to (there is no Sites app)."""
-        site = RequestSite(allauth_context.request)
+        """Emails name the product, not the host the request came to (there is no Sites app).
+        The mail worker sends them (`accounts.mail`): a mail server that is slow or never
+        answers holds no web process, and a sign-up still gets its page."""
+        request = allauth_context.request
+        site = RequestSite(request)
         site.name = SITE_NAME
-        base = {"current_site": site, "base_url": settings.OPSDECK_BASE_URL}
-        super().send_mail(template_prefix, email, {**base, **context})
+        base = {"request": request, "email": email, "current_site": site}
+        message = self.render_mail(
+            template_prefix, email, {**base, "base_url": settings.OPSDECK_BASE_URL, **context}
+        )
+        alternatives = getattr(message, "alternatives", [])
+        html = next((content for content, kind in alternatives if kind == "text/html"), None)
+        mail.send(subject=message.subject, body=message.body, to=message.to, html=html)
 
     def save_user(self, request, user, form, commit=True):
         """Sign-up: the new user owns a first organization from the start (both or neither).

@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 from django.utils.text import slugify
 
-from accounts import idempotency, roles, selectors
+from accounts import idempotency, mail, roles, selectors
 from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
@@ -335,14 +335,13 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
         told = list(
             tenant.memberships.exclude(user=actor.user).select_related("user").order_by("pk")
         )
-        transaction.on_commit(lambda: _members_tell_deleted(tenant, told, actor), robust=True)
+        _members_tell_deleted(tenant, told, actor)
     return tenant
 
 
 def _members_tell_deleted(tenant: Tenant, memberships: list[Membership], actor: Actor) -> None:
     """Email each other member that the organization was deleted, by whom and when, once the
-    delete commits (a mail server that cannot be reached does not undo it: the email is lost,
-    as an operation's is)."""
+    delete commits (`accounts.mail`)."""
     deleted_by = actor.user.email if actor.user is not None else "The platform team"
     for membership in memberships:
         context = {
@@ -350,11 +349,10 @@ def _members_tell_deleted(tenant: Tenant, memberships: list[Membership], actor: 
             "deleted_by": deleted_by,
             "role": membership.get_role_display(),
         }
-        send_mail(
+        mail.send(
             subject=f"[Opsdeck] {tenant.name} was deleted",
-            message=render_to_string("accounts/email/organization_deleted.txt", context),
-            from_email=settings.DEFAULT_FROM_EMAIL,
-            recipient_list=[membership.user.email],
+            body=render_to_string("accounts/email/organization_deleted.txt", context),
+            to=[membership.user.email],
         )
 
 

@@ -86,9 +86,16 @@ HOW = (
 # --- the Opsdeck side ------------------------------------------------------------------------
 
 
+CELERY_WORKER = [
+    sys.executable, "-m", "celery", "--app", "portal", "worker",
+    "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+]  # fmt: skip
+
+
 class WorkerPool:
-    """`celery worker --pool solo` processes on this process's database and queue, and the cell
-    watcher (`watch_cells`) that wakes their operations, as the Procfile runs them."""
+    """`celery worker --pool solo` processes on this process's database and queue, the mail
+    worker that sends the emails of operations that ended, and the cell watcher (`watch_cells`)
+    that wakes their operations, as the Procfile runs them."""
 
     def __init__(self, size: int, log_dir: Path) -> None:
         self.size = size
@@ -96,28 +103,30 @@ class WorkerPool:
         self.procs: list[tuple[subprocess.Popen, Path]] = []
 
     def start(self) -> None:
+        from django.conf import settings
+
         tag = secrets.token_hex(3)
         for i in range(self.size):
             self._start(
                 f"worker-{i}",
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "--app",
-                    "portal",
-                    "worker",
-                    "--pool",
-                    "solo",
-                    "--loglevel",
-                    "INFO",
-                    "--without-mingle",
-                    "--without-gossip",
-                    "--hostname",
-                    f"bench{i}-{tag}@%h",
-                ],
+                [*CELERY_WORKER, "--pool", "solo", "--hostname", f"bench{i}-{tag}@%h"],
                 " ready.",
             )
+        self._start(
+            "mail",
+            [
+                *CELERY_WORKER,
+                "--queues",
+                settings.OPSDECK_MAIL_QUEUE,
+                "--pool",
+                "threads",
+                "--concurrency",
+                "4",
+                "--hostname",
+                f"benchmail-{tag}@%h",
+            ],
+            " ready.",
+        )
         self._start("watcher", [sys.executable, "manage.py", "watch_cells"], "watching cell")
 
     @property
@@ -324,20 +333,24 @@ def opsdeck_window(
 
 
 def queue_drained(timeout: float) -> None:
-    """Until the workers' queue on the broker is empty (every priority) three looks in a row:
+    """Until the workers' queues on the broker are empty (every priority) three looks in a row:
     steps still sent for operations that finished (a late wake-up finds nothing to do, but its
-    worker still spends time on it)."""
+    worker still spends time on it), and the emails of operations that ended."""
     from celery import current_app
     from django.conf import settings
 
     deadline = time.monotonic() + timeout
     empty = 0
     with current_app.connection_for_read() as conn:
-        queue = task_queue(settings.CELERY_TASK_DEFAULT_QUEUE, conn)
+        queues = [
+            task_queue(name, conn)
+            for name in (settings.CELERY_TASK_DEFAULT_QUEUE, settings.OPSDECK_MAIL_QUEUE)
+        ]
         while empty < 3:
             if time.monotonic() > deadline:
-                raise BenchError(f"the queue still held steps after {timeout:g} s")
-            empty = empty + 1 if queue.queue_declare().message_count == 0 else 0
+                raise BenchError(f"the queues still held tasks after {timeout:g} s")
+            held = sum(queue.queue_declare().message_count for queue in queues)
+            empty = empty + 1 if held == 0 else 0
             time.sleep(0.1)
 
 
@@ -641,6 +654,7 @@ def measure(
             for watch in watches:
                 watch.stop()
             queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+            queue_delete(settings.OPSDECK_MAIL_QUEUE)
         for watch in watches:
             if watch.error is not None:
                 raise BenchError(f"the notice watch failed: {watch.error!r}")

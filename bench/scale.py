@@ -127,6 +127,7 @@ def measure(*, spec: Path, instances: int, cells: int, concurrent: int, workers:
             for watch in watches:
                 watch.stop()
             queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+            queue_delete(settings.OPSDECK_MAIL_QUEUE)
     delays, stages = [], []
     for watch in watches:
         if watch.error is not None:

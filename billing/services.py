@@ -10,13 +10,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts import idempotency
+from accounts import idempotency, mail
 from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, Membership, Tenant
@@ -607,11 +606,10 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
         if usage is not None and usage.instances:
             context.update(instances=usage.instances, stop_due=subscription.stop_due_at())
     subject = _SUBJECTS[event].format(plan=subscription.plan.name)
-    send_mail(
+    mail.send(
         subject=f"[Opsdeck] {subject}",
-        message=render_to_string("billing/email/subscription.txt", context),
-        from_email=settings.DEFAULT_FROM_EMAIL,
-        recipient_list=recipients,
+        body=render_to_string("billing/email/subscription.txt", context),
+        to=recipients,
     )
 
 

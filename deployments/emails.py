@@ -1,16 +1,17 @@
 """The email that tells whoever started an operation how it ended.
 
-Sent by the worker that finished the run, once its end committed (`transitions.operation_notify`),
-from the operation and instance it has in hand: no message to another worker, nothing read again.
+Rendered by the worker that finished the run, from the operation and instance it has in hand
+(nothing read again), and sent by the mail worker once the run's end commits
+(`transitions.operation_notify`, `accounts.mail`).
 """
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.mail import send_mail
 from django.template.loader import render_to_string
 from django.urls import reverse
 
+from accounts import mail
 from deployments import lifecycle
 from deployments.models import Operation
 
@@ -34,9 +35,8 @@ def operation_ended(operation: Operation) -> None:
         "instance": instance,
         "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}{instance.pk}/",
     }
-    send_mail(
+    mail.send(
         subject=subject,
-        message=render_to_string("deployments/email/operation_ended.txt", context),
-        from_email=settings.DEFAULT_FROM_EMAIL,
-        recipient_list=[user.email],
+        body=render_to_string("deployments/email/operation_ended.txt", context),
+        to=[user.email],
     )

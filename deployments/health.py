@@ -23,13 +23,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Q
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts import mail
 from accounts.audit import SYSTEM, audit_record
 from accounts.models import Membership
 from accounts.roles import Role
@@ -105,7 +105,7 @@ def _change(instance_id: str, health: str, now: datetime) -> bool:
             target=instance,
             payload={"reason": reason} if reason else {},
         )
-        transaction.on_commit(lambda: _email(instance, health, since or now), robust=True)
+        _email(instance, health, since or now)
     return True
 
 
@@ -121,9 +121,9 @@ def _email(instance: Instance, health: str, since: datetime) -> None:
         "instance_detail", kwargs={"tenant_slug": instance.tenant.slug, "instance_id": instance.pk}
     )
     state = "degraded" if health == H.DEGRADED else "healthy again"
-    send_mail(
+    mail.send(
         subject=f"[Opsdeck] {instance.name} is {state}",
-        message=render_to_string(
+        body=render_to_string(
             "deployments/email/instance_health.txt",
             {
                 "instance": instance,
@@ -132,6 +132,5 @@ def _email(instance: Instance, health: str, since: datetime) -> None:
                 "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}",
             },
         ),
-        from_email=settings.DEFAULT_FROM_EMAIL,
-        recipient_list=recipients,
+        to=recipients,
     )

@@ -803,8 +803,6 @@ def _finish(
             metadata=op.outputs,
             parameters=op.parameters,  # what a restore of it keeps, also once the instance is gone
         )
-    # The next operation is sent before the email is (both once this commits): a slow mail
-    # server does not hold it back.
     if following:
         operation_dispatch(following[0][0])
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).

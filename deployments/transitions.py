@@ -100,11 +100,9 @@ def operation_dispatch(operation_id, delay: float = 0.0, *, urgent: bool = False
 
 
 def operation_notify(operation: Operation) -> None:
-    """Tell whoever started the operation how it ended (`emails.operation_ended`), from this
-    process once the current transaction commits, as the instance's health emails are sent: a
-    task of its own would cost a worker as much as the run's last move. A mail server that
-    cannot be reached does not undo the commit; the email is lost, as one whose task was lost."""
-    transaction.on_commit(lambda: emails.operation_ended(operation), robust=True)
+    """Tell whoever started the operation how it ended (`emails.operation_ended`): the email
+    goes to the mail worker once the current transaction commits."""
+    emails.operation_ended(operation)
 
 
 def snapshots_expire_by(instance: Instance, retention_days: int) -> None:

@@ -166,6 +166,12 @@ CACHES = {"default": _cache}
 # --- Celery --------------------------------------------------------------------
 
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="opsdeck")
+# Emails wait on a queue of their own, which the Procfile's `mail` worker alone consumes: a mail
+# server that is slow or never answers (EMAIL_TIMEOUT) holds a mail worker's thread, never a
+# worker that moves operations or runs beat's rounds. The Procfile names it the same way.
+OPSDECK_MAIL_QUEUE = env.str("CELERY_MAIL_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}.mail")
+_MAIL_TASKS = ("accounts.tasks.email_send", "accounts.tasks.invitation_send")
+CELERY_TASK_ROUTES = {name: {"queue": OPSDECK_MAIL_QUEUE} for name in _MAIL_TASKS}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -177,7 +183,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # email, beat's) the highest, by a route every task takes, so that each keeps its place.
 if CELERY_BROKER_URL.split(":", 1)[0] in {"amqp", "amqps", "pyamqp"}:
     CELERY_TASK_QUEUE_MAX_PRIORITY = 3
-    CELERY_TASK_ROUTES = {"*": {"priority": CELERY_TASK_QUEUE_MAX_PRIORITY}}
+    for _route in CELERY_TASK_ROUTES.values():
+        _route["priority"] = CELERY_TASK_QUEUE_MAX_PRIORITY
+    CELERY_TASK_ROUTES["*"] = {"priority": CELERY_TASK_QUEUE_MAX_PRIORITY}
 CELERY_TASK_IGNORE_RESULT = True  # state lives in PostgreSQL, not in a result backend
 # Celery's Django fixup closes every database connection before and after each task unless told
 # to reuse them: an operation's move would open one (a PostgreSQL backend forked, TLS and auth)
@@ -342,8 +350,9 @@ OPSDECK_INVOICE_ISSUER = env.str("OPSDECK_INVOICE_ISSUER", default="", multiline
 
 # EMAIL_BACKEND, EMAIL_HOST, EMAIL_PORT, credentials and TLS flags, from one URL.
 globals().update(env.email_url_config(env.str("EMAIL_URL", default="consolemail://")))
-# Seconds a mail server may take to answer (Django waits for ever by default): a worker's send to
-# a hung server fails, and the email is tried again (an invitation's by beat).
+# Seconds a mail server may take to answer (Django waits for ever by default): the mail worker's
+# send to a hung server fails, and the email is tried again (`accounts.tasks.email_send`; an
+# invitation's by beat).
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=30)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Opsdeck <noreply@localhost>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL

@@ -1,5 +1,6 @@
-"""A real Celery worker in this process (a pool of threads) on this run's queue, consuming from
-the real broker — and closing, when it stops, the database connections its threads kept.
+"""A real Celery worker in this process (a pool of threads) on this run's queues (operations'
+and beat's, and the mail queue, unless told which), consuming from the real broker — and
+closing, when it stops, the database connections its threads kept.
 
 Workers keep their connections from task to task (`portal.celery`); a worker process closes
 them as it exits, but a thread pool's threads end without closing theirs, and a connection left
@@ -11,13 +12,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from celery.contrib.testing.worker import start_worker
+from django.conf import settings
 from django.db.backends.signals import connection_created
 
+from portal.broker import queue_forget
 from portal.celery import app
 
 
 @contextmanager
-def threads_worker(concurrency: int) -> Iterator[None]:
+def threads_worker(concurrency: int, queues: list[str] | None = None) -> Iterator[None]:
+    """On both of the run's queues unless `queues` names them; then the mail queue starts
+    empty: what earlier tests left on it (a browser test's sign-up, say) is not this test's."""
+    if queues is None:
+        queues = [settings.CELERY_TASK_DEFAULT_QUEUE, settings.OPSDECK_MAIL_QUEUE]
+        queue_forget(app, settings.OPSDECK_MAIL_QUEUE)
     opened = []
 
     def remember(sender, connection, **kwargs):
@@ -26,7 +34,13 @@ def threads_worker(concurrency: int) -> Iterator[None]:
 
     connection_created.connect(remember, weak=False)
     try:
-        with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False):
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=concurrency,
+            perform_ping_check=False,
+            queues=queues,
+        ):
             yield
     finally:
         connection_created.disconnect(remember)

@@ -48,6 +48,14 @@ def _own_cache(request):
     }
 
 
+@pytest.fixture
+def mail_at_commit(transactional_db, settings):
+    """Emails go out in this process as their transaction commits, the mail worker's task run
+    eagerly into `mail.outbox`: a test reads them at once. (The mail queue and its worker are
+    tested in tests/accounts/test_mail.py.)"""
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "unsubscribed: tenants are not subscribed to plans on their own (see below)"

@@ -39,13 +39,15 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Leave nothing of this run in the broker: its queue at every priority, and the messages
-    and bindings kombu keeps for it."""
+    """Leave nothing of this run in the broker: its queues at every priority, and the messages
+    and bindings kombu keeps for them."""
+    from django.conf import settings
+
     from portal.broker import queue_forget
     from portal.celery import app
 
-    queue = os.environ["CELERY_QUEUE"]
-    try:
-        queue_forget(app, queue)
-    except Exception as exc:  # a broker gone by now is not the run's failure
-        print(f"\nCould not remove the test queue {queue} from the broker: {exc}")
+    for queue in (settings.CELERY_TASK_DEFAULT_QUEUE, settings.OPSDECK_MAIL_QUEUE):
+        try:
+            queue_forget(app, queue)
+        except Exception as exc:  # a broker gone by now is not the run's failure
+            print(f"\nCould not remove the test queue {queue} from the broker: {exc}")

@@ -165,6 +165,7 @@ def test_an_owner_deletes_the_organization_and_it_is_gone_for_its_members(
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_the_other_members_are_told_by_email_who_deleted_it_and_when(
     owner, tenant, add_member, django_capture_on_commit_callbacks
 ):

@@ -161,6 +161,7 @@ def test_an_address_mail_cannot_reach_is_refused_at_sign_up_and_on_the_email_pag
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_a_refused_sign_up_leaves_the_address_in_its_email_cooldown(make_user):
     """A sign-up refused after the address's checks (its organization name) changes nothing:
     the other account's copy stays, and allauth still mails the address once per cooldown, so
@@ -207,6 +208,7 @@ def test_a_look_alike_of_an_address_is_that_address(client, owner, tenant, make_
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_a_sign_up_never_confirmed_gives_its_address_back_after_a_week(make_user, settings):
     """Someone signs up with an address another account had added and not confirmed yet: the
     sign-up takes it (the sign-in address is its own to confirm). If no one ever confirms the
@@ -260,6 +262,7 @@ def test_a_sign_up_never_confirmed_gives_its_address_back_after_a_week(make_user
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_signup_requires_email_verification_then_signs_in(client):
     response = _signup(client)
 
@@ -301,6 +304,7 @@ def test_an_address_signs_in_typed_as_sign_up_takes_it(client, make_user, typed)
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_signup_with_a_taken_email_changes_nothing_and_warns_the_owner(client, owner, tenant):
     before = (User.objects.count(), Tenant.objects.count())
 
@@ -346,6 +350,7 @@ def _confirmation_links(to):
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_an_address_another_user_added_without_confirming_it_does_not_stop_its_owner(
     client, make_user
 ):
@@ -473,6 +478,7 @@ def test_no_one_can_add_an_address_another_account_signs_in_with_or_confirmed(cl
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_a_password_reset_goes_only_to_an_address_the_account_signs_in_with_or_confirmed(
     client, make_user
 ):
@@ -601,6 +607,7 @@ def _invitation_path(tenant, owner, email="ivy@example.com"):
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_an_invitee_who_leaves_the_organization_blank_gets_none(client, owner, tenant):
     invitation = _invitation_path(tenant, owner)
     page = client.get(invitation)
@@ -642,6 +649,7 @@ def test_an_invitee_who_names_an_organization_gets_it(client, owner, tenant):
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_an_invitee_who_signs_up_without_the_link_finds_the_invitation_not_an_own_organization(
     client, owner, tenant
 ):
@@ -682,6 +690,7 @@ def test_a_member_invited_to_another_organization_finds_the_invitation_on_the_da
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
 def test_signup_emails_name_opsdeck_not_the_host(client, settings):
     settings.ALLOWED_HOSTS = ["127.0.0.1", "testserver"]
     _signup(client, HTTP_HOST="127.0.0.1")

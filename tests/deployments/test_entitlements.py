@@ -649,6 +649,7 @@ def _ended_days_ago(subscription, days):
     )
 
 
+@pytest.mark.usefixtures("mail_at_commit")
 def test_instances_still_running_when_stripe_ends_a_suspended_subscription_are_stopped(
     local, hobby, subscribed, tenant, owner
 ):
@@ -668,6 +669,7 @@ def test_instances_still_running_when_stripe_ends_a_suspended_subscription_are_s
     assert f"has ended, and instances still ran on it {hobby.stop_after_days} days later" in told
 
 
+@pytest.mark.usefixtures("mail_at_commit")
 def test_the_email_of_a_subscription_ended_with_instances_on_it_says_when_they_stop(
     local, hobby, subscribed, tenant, owner
 ):

@@ -80,6 +80,7 @@ def observe(instance: Instance, healthy: bool, reason: str = "") -> None:
     instance.save(update_fields=["observed"])
 
 
+@pytest.mark.usefixtures("mail_at_commit")
 def test_an_instance_failing_its_rule_for_two_minutes_is_degraded_and_its_owners_told_once(
     running, assess
 ):
@@ -105,6 +106,7 @@ def test_an_instance_failing_its_rule_for_two_minutes_is_degraded_and_its_owners
     assert AuditEvent.objects.filter(action="instance.degraded", target_id=running.pk).count() == 1
 
 
+@pytest.mark.usefixtures("mail_at_commit")
 def test_a_degraded_instance_recovers_at_its_first_passing_verdict_and_says_so_once(
     running, assess
 ):
@@ -152,6 +154,7 @@ def test_a_stopped_instance_is_not_unhealthy(running, assess):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("mail_at_commit")
 def test_beat_runs_overlapping_degrade_an_instance_once(tenant, owner):
     version = factories.postgres_version()
     [instance] = factories.make_instances(tenant, version, factories.cell(), 1, name="orders")
@@ -178,6 +181,7 @@ def test_the_deployments_list_shows_degraded_running_instances_first(running, ow
     assert page.count('class="badge badge-state-degraded">Degraded<') == 1
 
 
+@pytest.mark.usefixtures("mail_at_commit")
 def test_a_failed_server_makes_its_instance_degraded_and_it_recovers(
     worker, cell, plan, tenant, owner, sandbox_cluster
 ):

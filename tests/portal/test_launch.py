@@ -243,8 +243,9 @@ def test_make_clean_removes_the_checkouts_database_queue_and_cache_keys_and_noth
     mine, other = seen["CELERY_QUEUE"], f"another-checkout-{uuid.uuid4().hex[:8]}"
     broker = redis.Redis.from_url(seen["CELERY_BROKER_URL"])
     cache = redis.Redis.from_url(seen["CACHE_URL"])
+    mail = f"{mine}.mail"  # its emails' queue
     # What a checkout's processes leave in Redis, and another checkout's the same.
-    for queue in (mine, other):
+    for queue in (mine, mail, other):
         broker.rpush(queue, "step")
         broker.rpush(f"{queue}\x06\x163", "urgent step")  # a priority's own list
         broker.sadd(f"_kombu.binding.{queue}", f"{queue}\x06\x16\x06\x16{queue}")
@@ -259,19 +260,20 @@ def test_make_clean_removes_the_checkouts_database_queue_and_cache_keys_and_noth
         )  # fmt: skip
 
         assert cleaned.returncode == 0, cleaned.stderr
-        assert f"Removed queue {mine}" in cleaned.stdout
+        assert f"Removed queues {mine}, {mail}" in cleaned.stdout
         with psycopg.connect(seen["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres") as conn:
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [mine])
             assert found.fetchone() is None
-        assert not broker.exists(mine, f"{mine}\x06\x163", f"_kombu.binding.{mine}")
-        assert not broker.hexists("unacked", f"tag-{mine}")
+        for queue in (mine, mail):
+            assert not broker.exists(queue, f"{queue}\x06\x163", f"_kombu.binding.{queue}")
+            assert not broker.hexists("unacked", f"tag-{queue}")
         assert cache.get(f"{mine}:1:session") is None
         # Another checkout's keys stay.
         assert broker.exists(other, f"{other}\x06\x163", f"_kombu.binding.{other}") == 3
         assert broker.hexists("unacked", f"tag-{other}")
         assert cache.get(f"{other}:1:session") == b"x"
     finally:
-        for queue in (mine, other):
+        for queue in (mine, mail, other):
             broker.delete(queue, f"{queue}\x06\x163", f"_kombu.binding.{queue}")
             broker.hdel("unacked", f"tag-{queue}")
             broker.zrem("unacked_index", f"tag-{queue}")

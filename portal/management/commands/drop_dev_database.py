@@ -31,10 +31,10 @@ class Command(BaseCommand):
                 )
             self.stdout.write(f"Dropped database {db['NAME']}.")
         if settings.OPSDECK_BROKER_SOURCE == "local":
-            # Only this checkout's keys: the queue and the cache prefix are named after its
+            # Only this checkout's keys: the queues and the cache prefix are named after its
             # database (`portal.launch`).
-            queue_forget(app, settings.CELERY_TASK_DEFAULT_QUEUE)
+            queues = (settings.CELERY_TASK_DEFAULT_QUEUE, settings.OPSDECK_MAIL_QUEUE)
+            for queue in queues:
+                queue_forget(app, queue)
             cache_forget(settings.CACHE_URL, settings.CACHES["default"]["KEY_PREFIX"])
-            self.stdout.write(
-                f"Removed queue {settings.CELERY_TASK_DEFAULT_QUEUE} and its cache keys from Redis."
-            )
+            self.stdout.write(f"Removed queues {', '.join(queues)} and its cache keys from Redis.")

@@ -1,0 +1,95 @@
+"""Mail servers the tests point Django's SMTP backend at: a real SMTP server (aiosmtpd) that
+records what it accepts and can answer an error first, and an address that never answers."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from contextlib import contextmanager
+from email import message_from_bytes, policy
+
+from aiosmtpd.controller import Controller
+
+
+class Recorder:
+    """An SMTP server's handler: each DATA is an attempt; the first ones get `data_replies`
+    (a 4xx, say) while any remain, then each message is accepted and kept. Recipients in
+    `refused` get a 550 at RCPT."""
+
+    def __init__(self, data_replies: list[str] | None = None, refused: set[str] | None = None):
+        self.data_replies = list(data_replies or [])
+        self.refused = refused or set()
+        self.attempts = 0
+        self.recipients_tried: list[str] = []
+        self.messages: list = []
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        self.recipients_tried.append(address)
+        if address in self.refused:
+            return "550 5.1.1 No such user here"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        self.attempts += 1
+        if self.data_replies:
+            return self.data_replies.pop(0)
+        message = message_from_bytes(envelope.content, policy=policy.default)
+        self.messages.append((list(envelope.rcpt_tos), message))
+        return "250 Message accepted for delivery"
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def smtp_server(settings, handler: Recorder):
+    """A real SMTP server on a free local port, Django's SMTP backend pointed at it."""
+    controller = Controller(handler, hostname="127.0.0.1", port=_free_port())
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
+    try:
+        yield handler
+    finally:
+        controller.stop()
+
+
+class Blackhole:
+    """A mail server's address that takes connections and never says a word (a hung server,
+    or one behind a firewall that drops what it sends)."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+@contextmanager
+def blackhole_server(settings):
+    """Django's SMTP backend pointed at a Blackhole, with a timeout far longer than a test
+    waits."""
+    hole = Blackhole()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", hole.port
+    settings.EMAIL_TIMEOUT = 120
+    try:
+        yield hole
+    finally:
+        hole.close()
