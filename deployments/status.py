@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
+from django.db import connection
+from django.db.models import Q
 
 from deployments import health, selectors
 from deployments.cells import driver_for
@@ -108,8 +109,12 @@ def cell_observe(cell: Cell, driver: KubeDriver, now: datetime | None = None) ->
     of them is OPSDECK_STATUS_CONFIRM_AFTER old, a safety net for an event the watcher missed.
     A kind it does not stream is read at each call. An instance whose status is unchanged is
     written only when its status was last stored that long ago, to confirm it (the page's
-    "Observed" time): a fleet whose status holds still is not written again every 30 s."""
-    now = now or timezone.now()
+    "Observed" time): a fleet whose status holds still is not written again every 30 s.
+
+    What a read finds is stored as of the moment it began (`now`, the database's clock, as the
+    watcher's writes are), and never over a status stored after that: the watcher may store a
+    change the LIST came too early to see while the read is under way."""
+    now = now or _database_now()
     confirmed_after = now - timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER)
     instances = list(
         Instance.objects.filter(cell=cell)
@@ -138,10 +143,19 @@ def cell_observe(cell: Cell, driver: KubeDriver, now: datetime | None = None) ->
             if observed != instance.observed or stale:
                 instance.observed, instance.observed_at = observed, now
                 changed.append(instance)
-    Instance.objects.bulk_update(changed, ["observed", "observed_at"], batch_size=500)
+    stored_before = Q(observed_at=None) | Q(observed_at__lt=now)
+    Instance.objects.filter(stored_before).bulk_update(
+        changed, ["observed", "observed_at"], batch_size=500
+    )
     if any(kind in streamed for kind in by_kind):
         Cell.objects.filter(pk=cell.pk).update(status_read_at=now)
     return found
+
+
+def _database_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
 
 
 def _streamed_kinds(cell: Cell, now: datetime) -> set[tuple[str, str]]:

@@ -33,8 +33,9 @@ def faults(sandbox_cluster):
     """Set sandbox faults for one test; they are cleared afterwards."""
     yield sandbox_cluster.set_faults
     sandbox_cluster.set_faults(
-        error_500=0, error_503=0, error_429=0, conflict=0, fail_bootstrap=[], frozen=[]
-    )
+        error_500=0, error_503=0, error_429=0, conflict=0, fail_bootstrap=[], frozen=[],
+        latency_ms=0,
+    )  # fmt: skip
 
 
 @pytest.fixture

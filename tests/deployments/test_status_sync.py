@@ -1,5 +1,7 @@
 """The portal's status of an instance comes from one LIST per cell and kind, not a GET each."""
 
+import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -12,6 +14,7 @@ from accounts.audit import Actor
 from deployments import services, status
 from deployments.cells import driver_for
 from deployments.models import Cell, CellWatchLease, Instance, Operation
+from deployments.watcher import Lease, event_handle, kinds_of, lease_take
 from deployments.workflow.driver import DriverError
 from tests.deployments.conftest import wait_done
 
@@ -126,3 +129,37 @@ def test_the_status_the_cell_watcher_streams_is_read_again_only_once_the_cells_r
     cell.refresh_from_db()
     with pytest.raises(DriverError):  # read at each call: no live watcher streams it
         status.cell_observe(cell, driver)
+
+
+def test_a_status_the_watcher_stores_while_a_read_is_under_way_is_not_overwritten_by_it(
+    worker, cell, plan, tenant, owner, faults
+):
+    [orders] = _running(owner, tenant, plan, "orders")
+    driver = driver_for(cell)
+    [cluster] = [
+        obj
+        for obj in driver.list_objects("postgresql.cnpg.io/v1", "Cluster")
+        if obj["metadata"]["name"] == str(orders.pk)
+    ]
+    # The row holds an older status than the cluster's: the next read has a change to store.
+    Instance.objects.filter(pk=orders.pk).update(observed={"phase": "Setting up primary"})
+    # While the read waits for its LIST, the cluster moves on and the watcher stores that.
+    lease = Lease(cell.pk, "watcher-1", lease_take(cell.pk, "watcher-1"))
+    kind = kinds_of([orders.plan_version])[("postgresql.cnpg.io/v1", "Cluster")]
+    cluster["status"]["phase"] = "Switchover in progress"
+
+    def watcher_stores():
+        try:
+            time.sleep(0.5)
+            event_handle(lease, kind, cluster)
+        finally:
+            connection.close()
+
+    faults(latency_ms=2000)  # each request waits 2 s before the API server answers it
+    storing = threading.Thread(target=watcher_stores)
+    storing.start()
+    status.cell_observe(cell, driver)  # its LIST found the cluster as it was
+    storing.join()
+
+    orders.refresh_from_db()
+    assert orders.observed["phase"] == "Switchover in progress"
