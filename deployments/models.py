@@ -477,7 +477,8 @@ class CellWatchLease(models.Model):
 
 class ServerSample(models.Model):
     """One minute of one server's (pod's) CPU and memory use, as the cluster's metrics API
-    reported it: taken every minute while the instance runs, kept 7 days (`metrics`)."""
+    reported it: taken every minute while the instance runs, kept a day, after which its hour
+    is kept as a `ServerHour` (`metrics`)."""
 
     # Indexed by the unique constraint, which starts with it.
     instance = models.ForeignKey(
@@ -500,3 +501,29 @@ class ServerSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server} at {self.minute:%Y-%m-%d %H:%M}"
+
+
+class ServerHour(models.Model):
+    """One hour of one server's CPU and memory use: the average of its minute samples
+    (`ServerSample`), rolled up once the hour ended and kept 7 days (`metrics.hours_roll_up`)."""
+
+    # Indexed by the unique constraint, which starts with it.
+    instance = models.ForeignKey(
+        Instance, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    server = models.CharField(max_length=253)
+    role = models.CharField(max_length=63, blank=True)  # the hour's (the greatest, if it changed)
+    hour = models.DateTimeField()  # when it began
+    cpu = models.FloatField()  # millicores, the average of the hour's samples
+    memory = models.FloatField()  # bytes, the average of the hour's samples
+    samples = models.PositiveSmallIntegerField()  # how many minutes were sampled
+
+    class Meta:
+        constraints = [
+            # Also the index that reads one instance's window.
+            models.UniqueConstraint(fields=["instance", "hour", "server"], name="serverhour_once")
+        ]
+        indexes = [models.Index(fields=["hour"], name="serverhour_hour")]  # the last, pruning
+
+    def __str__(self) -> str:
+        return f"{self.server} at {self.hour:%Y-%m-%d %H}h"

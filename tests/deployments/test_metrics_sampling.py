@@ -1,5 +1,6 @@
 """Every minute, the CPU and memory of each running instance's servers: one LIST of PodMetrics
-per cell and selector, bulk-inserted once per minute, kept 7 days."""
+per cell and selector, bulk-inserted once per minute, kept a day, and each hour's averages kept
+7 days."""
 
 import logging
 import uuid
@@ -13,7 +14,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from deployments import metrics, services, tasks
 from deployments.cells import driver_for
-from deployments.models import Instance, Operation, ServerSample
+from deployments.models import Instance, Operation, ServerHour, ServerSample
 from deployments.servers import ServersRule, servers_rule
 from deployments.workflow.driver import TransientError
 from tests.deployments import factories
@@ -210,22 +211,119 @@ def test_beat_takes_samples_every_minute(settings):
     assert tasks.server_samples_take.name == entry["task"]
 
 
-def test_samples_older_than_seven_days_are_pruned_in_one_delete(tenant, version, local_cell):
+def test_minutes_older_than_a_day_and_hours_older_than_a_week_are_pruned_in_one_delete_each(
+    tenant, version, local_cell
+):
     instance = _running(tenant, version, local_cell)
     now = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
-    for age in (timedelta(days=8), timedelta(days=7, minutes=1), timedelta(days=6, hours=23),
+    for age in (timedelta(hours=26), timedelta(hours=25, minutes=1), timedelta(hours=24),
                 timedelta(minutes=1)):  # fmt: skip
         ServerSample.objects.create(
             instance=instance, server=f"{instance.pk}-1", minute=now - age, cpu=1, memory=1
         )
+    for age in (timedelta(days=8), timedelta(days=7, hours=2), timedelta(days=7),
+                timedelta(hours=2)):  # fmt: skip
+        ServerHour.objects.create(
+            instance=instance, server=f"{instance.pk}-1", hour=now - age, cpu=1, memory=1,
+            samples=60,
+        )  # fmt: skip
 
     with CaptureQueriesContext(connection) as queries:
-        assert metrics.samples_prune(now) == 2
+        assert metrics.samples_prune(now) == 4
 
-    assert len(queries.captured_queries) == 1
-    assert queries.captured_queries[0]["sql"].startswith("DELETE")
+    # Where the hours rolled up end (the minutes after it are kept), then a DELETE each.
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT", "DELETE", "DELETE"]
     kept = sorted(now - m for m in ServerSample.objects.values_list("minute", flat=True))
-    assert kept == [timedelta(minutes=1), timedelta(days=6, hours=23)]
+    assert kept == [timedelta(minutes=1), timedelta(hours=24)]
+    kept = sorted(now - h for h in ServerHour.objects.values_list("hour", flat=True))
+    assert kept == [timedelta(hours=2), timedelta(days=7)]
+
+
+HOUR = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+def _minutes(instance, server, start, count, *, cpu, role="primary"):
+    ServerSample.objects.bulk_create(
+        ServerSample(
+            instance=instance, server=server, role=role, minute=start + timedelta(minutes=m),
+            cpu=cpu(m), memory=cpu(m) * 1024,
+        )
+        for m in range(count)
+    )  # fmt: skip
+
+
+def test_each_hour_that_ended_is_rolled_up_once_into_each_servers_average(
+    tenant, version, local_cell
+):
+    instance = _running(tenant, version, local_cell)
+    primary, replica = f"{instance.pk}-1", f"{instance.pk}-2"
+    # Three hours of minutes, the last one under way; the replica was sampled half the first.
+    _minutes(instance, primary, HOUR, 150, cpu=lambda m: 100 + m)
+    _minutes(instance, replica, HOUR + timedelta(minutes=30), 120, cpu=lambda m: 10, role="replica")
+
+    # Three minutes after the second hour ended: its last minute may still come.
+    assert metrics.hours_roll_up(HOUR + timedelta(hours=2, minutes=3)) == 2
+    rows = {
+        (row.server, row.hour - HOUR): (row.cpu, row.memory, row.samples, row.role)
+        for row in ServerHour.objects.filter(instance=instance)
+    }
+    assert rows == {
+        (primary, timedelta(0)): (129.5, 129.5 * 1024, 60, "primary"),  # 100 … 159
+        (replica, timedelta(0)): (10.0, 10240.0, 30, "replica"),
+    }
+    assert metrics.hours_roll_up(HOUR + timedelta(hours=2, minutes=4)) == 0  # done once
+    assert metrics.hours_roll_up(HOUR + timedelta(hours=2, minutes=6)) == 2  # the second hour
+    assert ServerHour.objects.get(server=primary, hour=HOUR + timedelta(hours=1)).cpu == 189.5
+    assert ServerHour.objects.filter(hour=HOUR + timedelta(hours=2)).count() == 0  # under way
+
+
+def test_a_weeks_minutes_are_rolled_up_a_day_a_minute_and_none_forgotten_before(
+    tenant, version, local_cell
+):
+    instance = _running(tenant, version, local_cell)
+    server = f"{instance.pk}-1"
+    start = HOUR - timedelta(days=3)
+    _minutes(instance, server, start, 3 * 24 * 60, cpu=lambda m: m // 60)  # hour n costs n
+    now = HOUR + timedelta(minutes=10)
+
+    metrics.samples_take(now)  # the first day rolled up: only its minutes forgotten
+    assert ServerHour.objects.count() == 24
+    assert ServerSample.objects.earliest("minute").minute == start + timedelta(days=1)
+    metrics.samples_take(now + timedelta(minutes=1))
+    metrics.samples_take(now + timedelta(minutes=2))
+
+    hours = list(ServerHour.objects.order_by("hour").values_list("hour", "cpu"))
+    assert hours == [(start + timedelta(hours=n), float(n)) for n in range(72)]
+    # The minutes the day's chart reads are kept.
+    last_call = now + timedelta(minutes=2)
+    assert ServerSample.objects.earliest("minute").minute == last_call - metrics.MINUTES_KEPT
+
+
+def test_the_roll_up_goes_on_after_days_without_samples(tenant, version, local_cell):
+    instance = _running(tenant, version, local_cell)
+    server = f"{instance.pk}-1"
+    _minutes(instance, server, HOUR, 60, cpu=lambda m: 100)
+    metrics.hours_roll_up(HOUR + timedelta(hours=2))
+    # Every instance stopped for three days, then one runs again for an hour.
+    again = HOUR + timedelta(days=3)
+    _minutes(instance, server, again, 60, cpu=lambda m: 300)
+
+    assert metrics.hours_roll_up(again + timedelta(hours=1, minutes=5)) == 1
+    assert ServerHour.objects.get(hour=again).cpu == 300.0
+
+
+def test_beat_rolls_the_hours_up_before_it_forgets_their_minutes(tenant, version, local_cell):
+    instance = _running(tenant, version, local_cell)
+    server = f"{instance.pk}-1"
+    _minutes(instance, server, HOUR, 120, cpu=lambda m: 200)
+    # Beat stopped for two days; at its next minute the minutes are a day too old to keep.
+    metrics.samples_take(HOUR + timedelta(days=2))  # (the cell, not reachable, is skipped)
+
+    assert not ServerSample.objects.exists()
+    assert sorted(ServerHour.objects.values_list("hour", "cpu", "samples")) == [
+        (HOUR, 200.0, 60),
+        (HOUR + timedelta(hours=1), 200.0, 60),
+    ]
 
 
 # --- against the sandbox cluster ---------------------------------------------------------------

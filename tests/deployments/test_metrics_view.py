@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from deployments import metrics
 from deployments.models import Instance, Operation, ServerSample
 from tests.deployments import factories
 from tests.deployments.test_metrics_sampling import postgres_with_servers
@@ -142,6 +143,29 @@ def test_the_seven_day_window_averages_each_hour(owner_client, instance):
     assert "Averaged over each hour" in html
 
 
+def test_the_seven_day_window_reads_the_hours_rolled_up_and_the_minutes_of_the_others(
+    owner_client, instance
+):
+    now = timezone.now()
+    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=30)
+    # Each hour's minutes cost as many millicores as the hours since `first`, times 10.
+    ServerSample.objects.bulk_create(
+        ServerSample(
+            instance=instance, server="s-1", minute=first + timedelta(minutes=m),
+            cpu=10 * (m // 60), memory=MIB,
+        )
+        for m in range(int((now - first).total_seconds() // 60))
+    )  # fmt: skip
+    metrics.samples_take(now)  # beat's minute: the ended hours rolled up, old minutes forgotten
+    assert ServerSample.objects.filter(minute__lt=first + timedelta(hours=4)).count() == 0
+
+    html = owner_client.get(_url(instance, "7d")).content.decode()
+
+    values = [v for v in _lines(_chart(html, "cpu"))["s-1"] if v is not None]
+    assert values == [round(10 * h / 1000, 3) for h in range(31)]  # every hour once, to now
+    assert set(_lines(_chart(html, "memory"))["s-1"]) - {None} == {1.0}
+
+
 def test_the_day_window_has_ten_minute_points(owner_client, instance):
     _sample(instance, 1, timedelta(hours=23), cpu=100, memory=MIB)
 
@@ -220,9 +244,9 @@ def test_the_page_reads_the_same_few_queries_for_any_number_of_samples(
 ):
     _sample(instance, 1, timedelta(minutes=1), cpu=100, memory=MIB)
     owner_client.get(_url(instance))  # the first request of a session also writes the session
-    # The session, the user, the membership, the instance (with its plan and cell), the samples,
-    # the operations that set the limits.
-    with django_assert_num_queries(6), CaptureQueriesContext(connection) as few:
+    # The session, the user, the membership, the instance (with its plan and cell), the hours
+    # rolled up, the minutes of the others, the operations that set the limits.
+    with django_assert_num_queries(7), CaptureQueriesContext(connection) as few:
         owner_client.get(_url(instance, "7d"))
     ServerSample.objects.bulk_create(
         ServerSample(
