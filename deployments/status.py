@@ -116,19 +116,22 @@ def cell_observe(cell: Cell, driver: KubeDriver, now: datetime | None = None) ->
     change the LIST came too early to see while the read is under way."""
     now = now or _database_now()
     confirmed_after = now - timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER)
-    instances = list(
-        Instance.objects.filter(cell=cell)
-        .exclude(state=Instance.State.DELETED)
-        .only("id", "observed", "observed_at", "plan_version_id")
-    )
-    by_kind: dict[tuple[str, str], dict[str, tuple[Instance, StatusRule]]] = defaultdict(dict)
-    for instance in instances:
-        rule = status_rule(selectors.plan_version_loaded(instance.plan_version_id).spec.extensions)
+    in_cell = Instance.objects.filter(cell=cell).exclude(state=Instance.State.DELETED).order_by()
+    rules: dict[int, StatusRule] = {}
+    for version_id in in_cell.values_list("plan_version_id", flat=True).distinct():
+        rule = status_rule(selectors.plan_version_loaded(version_id).spec.extensions)
         if rule is not None:
-            by_kind[(rule.api_version, rule.kind)][instance.pk] = (instance, rule)
+            rules[version_id] = rule
     streamed = _streamed_kinds(cell, now)
     if cell.status_read_at is not None and cell.status_read_at > confirmed_after:
-        by_kind = {kind: wanted for kind, wanted in by_kind.items() if kind not in streamed}
+        # Read lately: a kind the watcher streams is not read again (nor its instances).
+        rules = {v: r for v, r in rules.items() if (r.api_version, r.kind) not in streamed}
+    by_kind: dict[tuple[str, str], dict[str, tuple[Instance, StatusRule]]] = defaultdict(dict)
+    if rules:
+        read = in_cell.filter(plan_version_id__in=list(rules))
+        for instance in read.only("id", "observed", "observed_at", "plan_version_id"):
+            rule = rules[instance.plan_version_id]
+            by_kind[(rule.api_version, rule.kind)][instance.pk] = (instance, rule)
     found, changed = 0, []
     for (api_version, kind), wanted in by_kind.items():
         for obj in driver.list_objects(api_version, kind, label_selector=INSTANCE_LABEL):

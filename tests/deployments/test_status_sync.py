@@ -117,7 +117,9 @@ def test_the_status_the_cell_watcher_streams_is_read_again_only_once_the_cells_r
     assert cell.status_read_at is not None
     faults(error_500=1.0)  # from here, any request the sync makes fails
 
-    assert status.cell_observe(cell, driver) == 0  # nothing read: the watcher streams it
+    with CaptureQueriesContext(connection) as queries:
+        assert status.cell_observe(cell, driver) == 0  # nothing read: the watcher streams it
+    assert not [q for q in queries.captured_queries if '"observed"' in q["sql"]]  # nor stored
 
     old = timezone.now() - timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER + 1)
     Cell.objects.filter(pk=cell.pk).update(status_read_at=old)
