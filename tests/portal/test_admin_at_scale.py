@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import AuditEvent
+from accounts.models import AuditEvent, Membership, Tenant
 from bench.support import rows_read
 from billing.models import MeteredHour, MeterEvent, Plan, Price, UsageRecord
 from deployments.models import Cell, Instance, Operation, Snapshot
@@ -219,3 +219,35 @@ def test_an_hour_of_a_whole_fleets_usage_is_listed_without_sorting_the_hour(staf
     for model in (UsageRecord, MeterEvent):
         read, _, _ = _list_read(staff_client, model)
         assert _read_a_page(read), (model, read)
+
+
+def test_the_organization_list_counts_the_members_of_its_page_only(staff_client, make_user):
+    ann, bob = make_user("ann@example.com"), make_user("bob@example.com")
+    tenants = Tenant.objects.bulk_create(
+        Tenant(name=f"Org {n:04}", slug=f"org-{n:04}") for n in range(ROWS)
+    )
+    Membership.objects.bulk_create(
+        Membership(tenant=tenant, user=user, role="owner" if user == ann else "member")
+        for tenant in tenants
+        for user in (ann, bob)
+    )
+    url = reverse("admin:accounts_tenant_changelist")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE accounts_membership")
+    assert staff_client.get(url).status_code == 200  # warm
+    before = rows_read(Membership)
+
+    page = staff_client.get(url).content.decode()
+
+    read = rows_read(Membership) - before
+    assert read <= 4 * 100, read  # the page's 100 organizations' members (3 times all, before)
+    assert f"{ROWS} tenants" in page
+    assert '<td class="field-member_count">2</td>' in page
+    # Sorted by their members, and searched by a member's address: each still counted once.
+    Membership.objects.filter(tenant=tenants[0], user=bob).delete()
+    assert (
+        '<td class="field-member_count">1</td>' in staff_client.get(url + "?o=3").content.decode()
+    )
+    found = staff_client.get(url + "?q=bob%40example.com").content.decode()
+    assert f"{ROWS - 1} tenants" in found
+    assert '<td class="field-member_count">1</td>' not in found
