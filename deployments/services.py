@@ -22,7 +22,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from accounts import idempotency
@@ -1856,28 +1857,45 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
         status__in=[Snapshot.Status.FAILED, Snapshot.Status.CANCELLED], expires_at__lte=now
     ).update(status=Snapshot.Status.DELETED)
     completed = Snapshot.objects.filter(status=Snapshot.Status.COMPLETED)
+    expired = set(completed.filter(expires_at__lte=now).values_list("pk", flat=True))
+    # Each instance's scheduled snapshots past its schedule's count, newest first: one query
+    # for the fleet (from the schedules that keep a count), not one per schedule.
+    keep = "instance__backup_schedule__retention_count"
+    beyond = (
+        completed.filter(scheduled=True, **{f"{keep}__isnull": False})
+        .annotate(
+            keep=F(keep),
+            rank=Window(
+                RowNumber(), partition_by=F("instance_id"), order_by=F("created_at").desc()
+            ),
+        )
+        .filter(rank__gt=F("keep"))
+        .values_list("pk", flat=True)
+    )
+    doomed = expired | set(beyond)
+    if not doomed:
+        return forgotten
+    candidates = list(
+        Snapshot.objects.filter(pk__in=doomed).select_related("instance", "tenant", "plan_version")
+    )
+    # An instance's newest completed snapshot stays, whatever its age or count.
     newest = set(
-        completed.order_by("source_instance_id", "-created_at")
+        completed.filter(source_instance_id__in={s.source_instance_id for s in candidates})
+        .order_by("source_instance_id", "-created_at")
         .distinct("source_instance_id")
         .values_list("pk", flat=True)
     )
-    expired = set(completed.filter(expires_at__lte=now).values_list("pk", flat=True))
-    doomed = set(expired)
-    counted = BackupSchedule.objects.filter(retention_count__isnull=False).values_list(
-        "instance_id", "retention_count"
+    # Those whose deleteBackup is queued already (or ran and failed: it shows on the page).
+    queued = set(
+        Operation.objects.filter(
+            instance_id__in={s.instance_id for s in candidates if s.instance_id},
+            request_id__in=[f"prune-{s.pk}" for s in candidates],
+        ).values_list("instance_id", "request_id")
     )
-    for instance_id, keep in counted:
-        scheduled = completed.filter(instance_id=instance_id, scheduled=True)
-        doomed |= set(scheduled.order_by("-created_at").values_list("pk", flat=True)[keep:])
-    for snapshot in Snapshot.objects.filter(pk__in=doomed - newest).select_related(
-        "instance", "tenant", "plan_version"
-    ):
+    for snapshot in candidates:
         request_id = f"prune-{snapshot.pk}"
-        if (
-            snapshot.instance_id
-            and snapshot.instance.operations.filter(request_id=request_id).exists()
-        ):
-            continue  # its deleteBackup is queued (or ran and failed: it shows on the page)
+        if snapshot.pk in newest or (snapshot.instance_id, request_id) in queued:
+            continue
         try:
             with transaction.atomic():
                 _snapshot_forget(

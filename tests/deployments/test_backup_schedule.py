@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor
@@ -17,7 +19,7 @@ from deployments import schedules, selectors, services, views
 from deployments.models import BackupSchedule, Cell, Instance, Operation, Snapshot
 from tests.concurrency import beside_a_lock, race
 from tests.deployments.conftest import SPEC
-from tests.deployments.factories import BACKUPS
+from tests.deployments.factories import BACKUPS, make_instances, make_operation
 
 
 @pytest.fixture
@@ -354,6 +356,37 @@ def test_a_count_of_one_never_forgets_the_newest_completed_snapshot(instance):
         op.arguments["forget_snapshot"] for op in Operation.objects.filter(verb="deleteBackup")
     ]
     assert forgotten == [older.pk] and newest.pk not in forgotten
+
+
+def _kept_by_count_with_a_prune_queued(instance, count: int, name: str) -> None:
+    """`count` more running instances like `instance`, each keeping 2 scheduled snapshots
+    by count (and holding 2) and an expired one whose deleteBackup is queued already."""
+    made = make_instances(instance.tenant, instance.plan_version, instance.cell, count, name=name)
+    for other in made:
+        BackupSchedule.objects.create(
+            instance=other,
+            interval_hours=24,
+            retention_days=30,
+            retention_count=2,
+            next_run_at=timezone.now(),
+        )
+        pruned = _snapshot(other, days_ago=40, expired=True)
+        _snapshot(other, days_ago=2)
+        _snapshot(other, days_ago=1)
+        operation = make_operation(other, verb="deleteBackup", state="queued")
+        Operation.objects.filter(pk=operation.pk).update(request_id=f"prune-{pruned.pk}")
+
+
+def test_a_pruning_round_reads_the_fleet_in_as_many_queries_however_many_instances(
+    instance, django_assert_num_queries
+):
+    _kept_by_count_with_a_prune_queued(instance, 3, "few")
+    with CaptureQueriesContext(connection) as few:
+        assert services.snapshots_prune() == 0  # nothing beyond its count, nothing new to prune
+    _kept_by_count_with_a_prune_queued(instance, 12, "many")
+
+    with django_assert_num_queries(len(few.captured_queries)):
+        assert services.snapshots_prune() == 0
 
 
 def test_backups_that_failed_or_were_cancelled_leave_the_list_once_expired(instance):
