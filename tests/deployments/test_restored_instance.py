@@ -178,6 +178,7 @@ def test_a_modify_that_grows_the_storage_succeeds_once_every_servers_volume_has_
 
     wait_for(healthy_or_done, what="the modify to wait for the volumes")
     # The Cluster is healthy and has asked for the larger volumes: the change is not done.
+    modify.refresh_from_db()  # read again: the look above read it before its task runs
     assert modify.state == Operation.State.RUNNING
     faults(frozen=[])
     assert wait_done(modify).state == Operation.State.SUCCEEDED, modify.error
