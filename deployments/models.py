@@ -166,7 +166,11 @@ class Instance(models.Model):
         ordering = ["-created_at"]
         # The table keeps a fifth of each page free for the status the cell watcher writes
         # (`fillfactor`, migration 0026): updated in its page, it adds no index entry.
-        indexes = [models.Index(fields=["tenant", "state"], name="instance_tenant_state")]
+        indexes = [
+            models.Index(fields=["tenant", "state"], name="instance_tenant_state"),
+            # The staff's list of the fleet: a page, newest first, without sorting it all.
+            models.Index(fields=["created_at", "id"], name="instance_created"),
+        ]
         constraints = [
             # The name a customer knows an instance by: one per organization, whatever its
             # case, until the instance is deleted (`services._instance_new` says so).

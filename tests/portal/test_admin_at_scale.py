@@ -157,6 +157,16 @@ def test_the_instance_list_reads_no_secret_nor_its_cells_credentials(staff_clien
     assert Cell.objects.count() == 1
 
 
+def test_the_instance_list_reads_a_page_of_the_fleet_newest_first(staff_client, tenant):
+    made = make_instances(tenant, postgres_version(), cell(), ROWS, name="db")
+
+    read, page, _ = _list_read(staff_client, Instance)
+
+    assert _read_a_page(read), read  # counted, and a page: not sorted whole
+    newest = max(made, key=lambda instance: instance.created_at)
+    assert page.index(f">{newest.name}<") < page.index(f">{made[-2].name}<")
+
+
 @pytest.fixture
 def usage(tenant):
     """ROWS usage records, 10 instances' cpu and storage for 150 hours back from 2026-02-01,
