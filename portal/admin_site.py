@@ -13,13 +13,17 @@ a server error on every list.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import ValidationError
 from django.http import HttpResponseRedirect
+
+log = logging.getLogger(__name__)
 
 _YEAR = re.compile(r"[0-9]{1,4}")
 FIRST_YEAR, LAST_YEAR = 1, 9998  # the drill-down into a year reads up to the next one's start
@@ -29,8 +33,26 @@ class OpsdeckAdminSite(admin.AdminSite):
     site_header = "Opsdeck administration"
     site_title = "Opsdeck admin"
 
+    def index(self, request, extra_context=None):
+        """The staff's home also says how many emails wait on the mail queue: only the
+        Procfile's `mail` process sends them, and one not running (left out of a deployment
+        made before it existed) would otherwise go unnoticed."""
+        return super().index(request, {"mail_waiting": _mail_waiting(), **(extra_context or {})})
+
     def admin_view(self, view, cacheable=False):
         return super().admin_view(_guarded(view), cacheable)
+
+
+def _mail_waiting() -> int | None:
+    """The emails waiting on the mail queue; None when the broker does not answer."""
+    from portal.broker import queue_length
+    from portal.celery import app
+
+    try:
+        return queue_length(app, settings.OPSDECK_MAIL_QUEUE)
+    except Exception:  # the broker out of reach: the page still opens (`/readyz` says so)
+        log.warning("the mail queue's length was not read", exc_info=True)
+        return None
 
 
 def _guarded(view):

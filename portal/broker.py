@@ -37,6 +37,18 @@ def queue_forget(app: Celery, queue: str) -> None:
                 client.zrem(channel.unacked_index_key, tag)
 
 
+def queue_length(app: Celery, queue: str) -> int:
+    """How many messages wait on `queue` (every priority); 0 for one the broker does not hold
+    (a Redis queue is gone once empty)."""
+    with app.connection_for_read() as connection:
+        # One try: a broker out of reach raises within seconds, not after Celery's retries.
+        connection.ensure_connection(max_retries=1, timeout=2)
+        try:
+            return connection.default_channel.queue_declare(queue, passive=True).message_count
+        except connection.channel_errors:
+            return 0
+
+
 def cache_forget(cache_url: str, key_prefix: str) -> None:
     """Remove every key of the Django cache whose keys start with `key_prefix` from the Redis
     at `cache_url` (Django's keys are `prefix:version:key`); other keys stay."""
