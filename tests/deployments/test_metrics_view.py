@@ -154,7 +154,7 @@ def test_the_seven_day_window_reads_the_hours_rolled_up_and_the_minutes_of_the_o
             instance=instance, server="s-1", minute=first + timedelta(minutes=m),
             cpu=10 * (m // 60), memory=MIB,
         )
-        for m in range(int((now - first).total_seconds() // 60))
+        for m in range(int((now - first).total_seconds() // 60) + 1)  # to this minute
     )  # fmt: skip
     metrics.samples_take(now)  # beat's minute: the ended hours rolled up, old minutes forgotten
     assert ServerSample.objects.filter(minute__lt=first + timedelta(hours=4)).count() == 0
