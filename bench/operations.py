@@ -339,19 +339,19 @@ def queue_drained(timeout: float) -> None:
     from celery import current_app
     from django.conf import settings
 
+    from portal.broker import queue_length
+
     deadline = time.monotonic() + timeout
     empty = 0
-    with current_app.connection_for_read() as conn:
-        queues = [
-            task_queue(name, conn)
+    while empty < 3:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the queues still held tasks after {timeout:g} s")
+        held = sum(
+            queue_length(current_app, name)
             for name in (settings.CELERY_TASK_DEFAULT_QUEUE, settings.OPSDECK_MAIL_QUEUE)
-        ]
-        while empty < 3:
-            if time.monotonic() > deadline:
-                raise BenchError(f"the queues still held tasks after {timeout:g} s")
-            held = sum(queue.queue_declare().message_count for queue in queues)
-            empty = empty + 1 if held == 0 else 0
-            time.sleep(0.1)
+        )
+        empty = empty + 1 if held == 0 else 0
+        time.sleep(0.1)
 
 
 def opsdeck_finished(operations: list) -> float:

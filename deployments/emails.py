@@ -2,7 +2,7 @@
 
 Rendered by the worker that finished the run, from the operation and instance it has in hand
 (nothing read again), and sent by the mail worker once the run's end commits
-(`transitions.operation_notify`, `accounts.mail`).
+(`runner`, `accounts.mail`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_event
 from accounts.models import Tenant, User
-from deployments import executor, lifecycle, rows, selectors
+from deployments import emails, executor, lifecycle, rows, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
@@ -63,7 +63,6 @@ from deployments.transitions import (
     instance_state_set,
     instance_state_writes,
     operation_dispatch,
-    operation_notify,
     snapshots_expire_by,
 )
 from deployments.workflow import engine
@@ -807,7 +806,7 @@ def _finish(
         operation_dispatch(following[0][0])
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
     if rule.makes_instance if succeeded else not delete_waiting:
-        operation_notify(op)
+        emails.operation_ended(op)  # sent by the mail worker once this commits
 
 
 # What a backup that did not succeed leaves of its snapshot, by how its operation ended.

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F, Model
 from django.utils import timezone
 
-from deployments import emails, rows
+from deployments import rows
 from deployments.models import Instance, InstanceStateChange, Operation, Snapshot
 
 STEP_TASK = "deployments.tasks.operation_step"
@@ -97,12 +97,6 @@ def operation_dispatch(operation_id, delay: float = 0.0, *, urgent: bool = False
         ),
         robust=True,
     )
-
-
-def operation_notify(operation: Operation) -> None:
-    """Tell whoever started the operation how it ended (`emails.operation_ended`): the email
-    goes to the mail worker once the current transaction commits."""
-    emails.operation_ended(operation)
 
 
 def snapshots_expire_by(instance: Instance, retention_days: int) -> None:

@@ -49,6 +49,13 @@ def _own_cache(request):
 
 
 @pytest.fixture
+def staff_client(client, make_user):
+    """A client signed in as platform staff (a superuser)."""
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    return client
+
+
+@pytest.fixture
 def mail_at_commit(transactional_db, settings):
     """Emails go out in this process as their transaction commits, the mail worker's task run
     eagerly into `mail.outbox`: a test reads them at once. (The mail queue and its worker are

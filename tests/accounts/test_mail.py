@@ -3,7 +3,6 @@ asked for one never waits on the mail server, and a server that fails for a whil
 email once it answers again."""
 
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,7 +12,8 @@ from django.conf import settings as django_settings
 from accounts import mail
 from tests.celery_worker import threads_worker
 from tests.conftest import PASSWORD
-from tests.mail_servers import Recorder, blackhole_server, smtp_server
+from tests.deployments.conftest import wait_for
+from tests.servers import Recorder, blackhole_server, smtp_server
 
 
 def _signup(client, email="new@example.com"):
@@ -33,12 +33,6 @@ def mail_worker(settings, handler: Recorder) -> Iterator[Recorder]:
         yield handler
 
 
-def _wait_for(handler: Recorder, count: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(handler.messages) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_sign_up_gets_its_page_while_the_mail_server_never_answers_and_its_email_later(
     client, settings
@@ -52,7 +46,7 @@ def test_a_sign_up_gets_its_page_while_the_mail_server_never_answers_and_its_ema
 
     # The mail server answers again: the mail worker sends the email the sign-up queued.
     with mail_worker(settings, Recorder()) as server:
-        _wait_for(server, 1)
+        wait_for(lambda: server.messages, timeout=20, what="the email")
 
     [(recipients, message)] = server.messages
     assert recipients == ["new@example.com"]
@@ -95,6 +89,6 @@ def test_an_email_of_a_transaction_rolled_back_is_never_sent(settings):
             raise RuntimeError
         mail.send(subject="[Opsdeck] Committed", body=".", to=["a@example.com"])
         # One thread takes the queue in order: one queued before would have gone first.
-        _wait_for(server, 1)
+        wait_for(lambda: server.messages, timeout=20, what="the email")
 
     assert [message["Subject"] for _, message in server.messages] == ["[Opsdeck] Committed"]

@@ -31,12 +31,6 @@ pytestmark = pytest.mark.unsubscribed
 
 
 @pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
-    return client
-
-
-@pytest.fixture
 def plan(db):
     plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
     Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.05"))

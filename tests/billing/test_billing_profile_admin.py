@@ -23,12 +23,6 @@ CUSTOMERS = reverse("admin:billing_stripecustomer_changelist")
 
 
 @pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
-    return client
-
-
-@pytest.fixture
 def eager(settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True  # the push runs in-process, after commit
 

@@ -20,12 +20,6 @@ CHANGELIST = "/admin/deployments/instance/"
 
 
 @pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
-    return client
-
-
-@pytest.fixture
 def fleet(db, tenant, owner):
     """Running instances of two organizations on two cells, and a stopped one."""
     version = postgres_version()

@@ -9,7 +9,7 @@ from deployments import services
 from deployments.models import Operation
 from tests.celery_worker import threads_worker
 from tests.deployments.conftest import wait_done, wait_for
-from tests.mail_servers import blackhole_server
+from tests.servers import blackhole_server
 
 
 @pytest.fixture

@@ -18,12 +18,6 @@ SERVICE_OWNED = [  # the ones with rows in these tests; every ServiceOwnedAdmin 
 ]
 
 
-@pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
-    return client
-
-
 def _url(model, view, *args):
     return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
 

@@ -28,12 +28,6 @@ ROWS = 3000  # in the table: many pages of 100
 ACTIONS = ["instance.create", "instance.delete", "instance.stop", "member.invite", "user.login"]
 
 
-@pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
-    return client
-
-
 def _list_read(client, model, query: str = "") -> tuple[int, str, list[str]]:
     """What one request of the model's admin list read of its table, the page, and its SQL."""
     url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")

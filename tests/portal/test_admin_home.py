@@ -1,7 +1,5 @@
 """The staff's admin home says how many emails wait for the mail worker."""
 
-import time
-
 import pytest
 from django.conf import settings
 from django.core import mail as outbox
@@ -10,12 +8,7 @@ from accounts import mail
 from portal.broker import queue_forget
 from portal.celery import app
 from tests.celery_worker import threads_worker
-
-
-@pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
-    return client
+from tests.deployments.conftest import wait_for
 
 
 @pytest.mark.django_db(transaction=True)
@@ -32,8 +25,6 @@ def test_the_admin_home_says_how_many_emails_wait_until_the_mail_worker_sends_th
     assert "2 emails waiting to be sent" in page
     assert "check that it runs" in page
     with threads_worker(concurrency=1, queues=[settings.OPSDECK_MAIL_QUEUE]):
-        deadline = time.monotonic() + 20
-        while len(outbox.outbox) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(outbox.outbox) >= 2, timeout=20, what="the two emails")
     assert len(outbox.outbox) == 2
     assert "waiting to be sent" not in staff_client.get("/admin/").content.decode()

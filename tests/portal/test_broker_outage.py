@@ -25,6 +25,7 @@ from deployments import runner, services
 from deployments.models import Cell, Operation
 from tests.deployments.conftest import SPEC
 from tests.deployments.factories import BACKUPS
+from tests.servers import Blackhole
 
 
 def test_a_create_sent_while_the_broker_is_down_is_queued_and_swept_once_it_is_back(
@@ -94,20 +95,6 @@ def _black_hole():
         hole.close()
 
 
-@contextmanager
-def _silent_server():
-    """A port on this host that takes connections and never answers, as a hung Redis (or one
-    behind a half-open connection): the kernel completes each connection into the listening
-    socket's queue, nothing ever accepts it, and what is sent is read by no one."""
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(16)
-    try:
-        yield silent.getsockname()[1]
-    finally:
-        silent.close()
-
-
 def _dispatch_through(port: int) -> tuple[subprocess.CompletedProcess, float]:
     """Send a step, after a commit as a request does, from a process whose broker is the
     Redis at `port` of this host; it prints "answered" once the send gave up. With the seconds
@@ -141,8 +128,8 @@ def test_a_broker_host_that_stops_answering_is_given_up_on_in_seconds():
 def test_a_broker_that_takes_the_connection_but_never_answers_is_given_up_on_in_seconds():
     """Connecting succeeds, so only a timeout on the answer ends the send: without one, the
     request that committed would never answer."""
-    with _silent_server() as port:
-        sent, seconds = _dispatch_through(port)
+    with Blackhole() as hung:  # a hung Redis, or one behind a half-open connection
+        sent, seconds = _dispatch_through(hung.port)
 
     assert sent.stdout.split() == ["answered"] and seconds < 30, seconds
     assert "Timeout reading from" in sent.stderr  # the send gave up, and said why

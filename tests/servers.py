@@ -1,5 +1,6 @@
-"""Mail servers the tests point Django's SMTP backend at: a real SMTP server (aiosmtpd) that
-records what it accepts and can answer an error first, and an address that never answers."""
+"""Servers the tests point clients at: a real SMTP server (aiosmtpd) that records what it
+accepts and can answer an error first, and an address that takes connections and never answers
+(a hung mail server, a hung Redis)."""
 
 from __future__ import annotations
 
@@ -80,16 +81,19 @@ class Blackhole:
         for conn in self.accepted:
             conn.close()
 
+    def __enter__(self) -> Blackhole:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 @contextmanager
 def blackhole_server(settings):
     """Django's SMTP backend pointed at a Blackhole, with a timeout far longer than a test
     waits."""
-    hole = Blackhole()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", hole.port
-    settings.EMAIL_TIMEOUT = 120
-    try:
+    with Blackhole() as hole:
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", hole.port
+        settings.EMAIL_TIMEOUT = 120
         yield hole
-    finally:
-        hole.close()
