@@ -22,7 +22,7 @@ from django.db.models.functions import Coalesce
 from accounts import selectors, services
 from accounts.audit import Actor, audit_record
 from accounts.errors import ActionDenied
-from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
+from accounts.models import AuditEvent, Invitation, Membership, OutgoingEmail, Tenant, User
 from accounts.roles import Role
 
 
@@ -390,6 +390,20 @@ class AuditEventAdmin(ServiceOwnedAdmin):
     list_select_related = ["tenant"]
     count_estimated = True
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+
+
+@admin.register(OutgoingEmail)
+class OutgoingEmailAdmin(ServiceOwnedAdmin):
+    """The emails the mail server has not taken yet (`accounts.mail`): those waiting for an
+    attempt, and those given up on, kept OPSDECK_EMAIL_GIVEN_UP_KEPT_DAYS. A sent one is gone."""
+
+    list_display = ["created_at", "to", "subject", "attempts", "next_attempt_at", "last_error"]
+    list_display += ["given_up_at"]
+    list_columns = ("created_at", "to", "subject", "attempts", "next_attempt_at", "last_error")
+    list_columns += ("given_up_at",)
+    list_filter = [("given_up_at", admin.EmptyFieldListFilter)]
+    search_fields = ["subject"]
     show_facets = admin.ShowFacets.NEVER
 
 

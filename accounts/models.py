@@ -288,3 +288,41 @@ class RequestKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.request_id} in {self.scope}"
+
+
+class OutgoingEmail(models.Model):
+    """An email on its way to the mail server (`accounts.mail`): written in the transaction that
+    has something to say, so it goes out when and only when that commits, and kept until the
+    mail server takes it, whatever becomes of the broker's message that asks the mail worker to
+    send it. A sent email is deleted; one given up on (refused, or failing for
+    OPSDECK_EMAIL_GIVE_UP_HOURS) stays OPSDECK_EMAIL_GIVEN_UP_KEPT_DAYS for the staff to see."""
+
+    to = models.JSONField()  # the addresses, every one in the email's To
+    subject = models.TextField()
+    body = models.TextField()
+    html = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # When beat sends it to the mail worker if no attempt has taken it by then: a minute after
+    # it was written (its own message lost), after a failed attempt as the back-off says.
+    next_attempt_at = models.DateTimeField()
+    # An attempt under way holds the email until then: no other worker sends it meanwhile.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    given_up_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"], name="email_due", condition=models.Q(given_up_at=None)
+            ),
+            models.Index(
+                fields=["given_up_at"],
+                name="email_given_up",
+                condition=models.Q(given_up_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} to {', '.join(self.to)}"

@@ -1,26 +1,22 @@
-from smtplib import SMTPRecipientsRefused
-
 from celery import shared_task
 
 from accounts import idempotency, mail, services
 
 
-# A mail server that cannot be reached, times out or answers an error (every SMTPException is an
-# OSError) is tried again after 10 s, then twice as long each time up to 4 minutes, for about an
-# hour; one that refuses every recipient would refuse again. The wait stays below the Redis
-# broker's visibility timeout (300 s): a message held longer is delivered again, and the email
-# would be sent twice.
-@shared_task(
-    autoretry_for=(OSError,),
-    dont_autoretry_for=(SMTPRecipientsRefused,),
-    retry_backoff=10,
-    retry_backoff_max=240,
-    retry_jitter=False,
-    max_retries=18,
-)
-def email_send(message: dict) -> None:
-    """Send one email `accounts.mail.send` queued (on the mail queue)."""
-    mail.deliver(message)
+@shared_task
+def email_send(email: int | dict) -> None:
+    """Send one email `accounts.mail.send` wrote (on the mail queue)."""
+    if isinstance(email, dict):  # queued whole, before emails were kept: kept now, and sent
+        mail.send(**email)
+    else:
+        mail.deliver(email)
+
+
+@shared_task
+def emails_send_due() -> int:
+    """Ask again for the emails a lost message or a failed send left waiting (run every minute
+    by beat)."""
+    return mail.send_due()
 
 
 @shared_task

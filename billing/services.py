@@ -559,14 +559,9 @@ def subscription_recipients(tenant: Tenant) -> list[str]:
 
 
 def _notify(subscription: Subscription, event: str) -> None:
-    pk = subscription.pk
-
-    def send() -> None:
-        from billing.tasks import subscription_notify  # tasks import services: import late
-
-        subscription_notify.delay(pk, event)
-
-    transaction.on_commit(send, robust=True)  # a broker out of reach loses the email only
+    """The email of a change, written in its transaction: sent once it commits, never if it
+    rolls back, and kept whatever becomes of the broker (`accounts.mail`)."""
+    subscription_email_send(subscription=subscription, event=event)
 
 
 _SUBJECTS = {
@@ -582,10 +577,9 @@ _SUBJECTS = {
 
 
 def subscription_email_send(*, subscription: Subscription, event: str) -> None:
-    """Tell the tenant's owners and billing members what happened to its subscription; sent
-    by a worker after the change committed. Not for a deleted tenant: its members can no
-    longer open it (a Stripe event after its deletion still moves the subscription, recorded
-    and audited); the mail left unsent is logged for staff."""
+    """Tell the tenant's owners and billing members what happened to its subscription. Not for
+    a deleted tenant: its members can no longer open it (a Stripe event after its deletion still
+    moves the subscription, recorded and audited); the mail left unsent is logged for staff."""
     if subscription.tenant.deleted_at is not None:
         log.warning(
             "subscription %s of deleted organization %s (%s): %r not mailed to its members",

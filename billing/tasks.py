@@ -9,7 +9,8 @@ from billing.stripe_gateway import StripeFailure, gateway
 
 @shared_task
 def subscription_notify(subscription_pk: int, event: str) -> None:
-    """Mail the tenant's owners and billing members what happened to its subscription."""
+    """Mail the tenant's owners and billing members what happened to its subscription (a
+    message queued before a change wrote its email itself, `services._notify`)."""
     subscription = (
         Subscription.objects.select_related("tenant", "plan").filter(pk=subscription_pk).first()
     )

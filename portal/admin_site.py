@@ -13,17 +13,13 @@ a server error on every list.
 from __future__ import annotations
 
 import functools
-import logging
 import re
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import ValidationError
 from django.http import HttpResponseRedirect
-
-log = logging.getLogger(__name__)
 
 _YEAR = re.compile(r"[0-9]{1,4}")
 FIRST_YEAR, LAST_YEAR = 1, 9998  # the drill-down into a year reads up to the next one's start
@@ -34,25 +30,25 @@ class OpsdeckAdminSite(admin.AdminSite):
     site_title = "Opsdeck admin"
 
     def index(self, request, extra_context=None):
-        """The staff's home also says how many emails wait on the mail queue: only the
-        Procfile's `mail` process sends them, and one not running (left out of a deployment
-        made before it existed) would otherwise go unnoticed."""
-        return super().index(request, {"mail_waiting": _mail_waiting(), **(extra_context or {})})
+        """The staff's home also says how many emails wait for the mail worker, and how many it
+        gave up on: only the Procfile's `mail` process sends them, and one not running (left
+        out of a deployment made before it existed) or a mail server refusing them would
+        otherwise go unnoticed."""
+        return super().index(request, {**_mail_counts(), **(extra_context or {})})
 
     def admin_view(self, view, cacheable=False):
         return super().admin_view(_guarded(view), cacheable)
 
 
-def _mail_waiting() -> int | None:
-    """The emails waiting on the mail queue; None when the broker does not answer."""
-    from portal.broker import queue_length
-    from portal.celery import app
+def _mail_counts() -> dict[str, int]:
+    from django.db.models import Count, Q
 
-    try:
-        return queue_length(app, settings.OPSDECK_MAIL_QUEUE)
-    except Exception:  # the broker out of reach: the page still opens (`/readyz` says so)
-        log.warning("the mail queue's length was not read", exc_info=True)
-        return None
+    from accounts.models import OutgoingEmail
+
+    return OutgoingEmail.objects.aggregate(
+        mail_waiting=Count("pk", filter=Q(given_up_at=None)),
+        mail_given_up=Count("pk", filter=Q(given_up_at__isnull=False)),
+    )
 
 
 def _guarded(view):

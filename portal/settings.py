@@ -259,6 +259,8 @@ CELERY_BEAT_SCHEDULE = {
     "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
     # The Metrics tab's samples: one a minute per server of every running instance.
     "server-samples-take": {"task": "deployments.tasks.server_samples_take", "schedule": 60.0},
+    # Emails whose message was lost, or whose failed send is due to be tried again.
+    "emails-send-due": {"task": "accounts.tasks.emails_send_due", "schedule": 60.0},
     # Invitation emails still unsent a minute after the invitation was made.
     "invitations-mail-unsent": {
         "task": "accounts.tasks.invitations_mail_unsent",
@@ -351,9 +353,12 @@ OPSDECK_INVOICE_ISSUER = env.str("OPSDECK_INVOICE_ISSUER", default="", multiline
 # EMAIL_BACKEND, EMAIL_HOST, EMAIL_PORT, credentials and TLS flags, from one URL.
 globals().update(env.email_url_config(env.str("EMAIL_URL", default="consolemail://")))
 # Seconds a mail server may take to answer (Django waits for ever by default): the mail worker's
-# send to a hung server fails, and the email is tried again (`accounts.tasks.email_send`; an
-# invitation's by beat).
+# send to a hung server fails, and the email is tried again (`accounts.mail`).
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=30)
+# Hours an email that cannot be sent is tried again before it is given up on, and days one
+# given up on is kept for the staff to see (the admin's "Outgoing emails").
+OPSDECK_EMAIL_GIVE_UP_HOURS = env.int("OPSDECK_EMAIL_GIVE_UP_HOURS", default=24)
+OPSDECK_EMAIL_GIVEN_UP_KEPT_DAYS = env.int("OPSDECK_EMAIL_GIVEN_UP_KEPT_DAYS", default=7)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Opsdeck <noreply@localhost>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 

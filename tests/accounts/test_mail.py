@@ -1,16 +1,25 @@
 """Emails go out through the mail queue and its worker to a real SMTP server: the page that
-asked for one never waits on the mail server, and a server that fails for a while gets the
-email once it answers again."""
+asked for one never waits on the mail server; an email is kept until the server takes it, so a
+server that fails for a while, or a message lost on the way to the mail worker, delays it and
+never loses it; one failing for a day is given up on, and the staff see it."""
 
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 from django.conf import settings as django_settings
+from django.core import mail as outbox
+from django.utils import timezone
 
 from accounts import mail
+from accounts.models import OutgoingEmail
+from portal.broker import queue_forget
+from portal.celery import app
 from tests.celery_worker import threads_worker
+from tests.concurrency import race
 from tests.conftest import PASSWORD
 from tests.deployments.conftest import wait_for
 from tests.servers import Recorder, blackhole_server, smtp_server
@@ -63,9 +72,16 @@ def test_a_mail_server_answering_an_error_gets_the_email_when_it_accepts_it(clie
     handler = Recorder(data_replies=["421 4.3.2 Service not available, closing channel"])
     with smtp_server(settings, handler):
         assert _signup(client).status_code == 302
+        [email] = OutgoingEmail.objects.all()  # kept, with why it was not sent
+        assert "421" in email.last_error
+        assert handler.messages == []
+
+        assert mail.send_due() == 0  # tried again after a minute, not at once
+        assert mail.send_due(now=timezone.now() + timedelta(minutes=1)) == 1
 
     assert handler.attempts == 2
     assert len(handler.messages) == 1  # sent again, and once
+    assert not OutgoingEmail.objects.exists()
 
 
 @pytest.mark.usefixtures("mail_at_commit")
@@ -74,9 +90,95 @@ def test_an_address_the_mail_server_refuses_is_not_tried_again(settings):
     with smtp_server(settings, handler):
         mail.send(subject="[Opsdeck] Hello", body="Hello.", to=["gone@example.com"])
         mail.send(subject="[Opsdeck] Hello", body="Hello.", to=["here@example.com"])
+        assert mail.send_due(now=timezone.now() + timedelta(hours=1)) == 0
 
     assert handler.recipients_tried == ["gone@example.com", "here@example.com"]
     assert [recipients for recipients, _ in handler.messages] == [["here@example.com"]]
+    [given_up] = OutgoingEmail.objects.all()
+    assert given_up.to == ["gone@example.com"]
+    assert given_up.given_up_at is not None
+    assert "No such user here" in given_up.last_error
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_an_email_failing_for_a_day_is_given_up_on_and_the_admin_home_says_so(
+    settings, staff_client
+):
+    settings.OPSDECK_EMAIL_GIVE_UP_HOURS = 24
+    handler = Recorder(data_replies=["421 4.3.2 Service not available"] * 20)
+    with smtp_server(settings, handler):
+        mail.send(subject="[Opsdeck] Hello", body="Hello.", to=["ann@example.com"])
+        [email] = OutgoingEmail.objects.all()
+        # Tried again later and later: 1, 2, 4, 8, then every 15 minutes.
+        waits = []
+        for _ in range(5):
+            email.refresh_from_db()
+            waits.append(email.next_attempt_at)
+            mail.deliver(email.pk, now=email.next_attempt_at)
+        email.refresh_from_db()
+        waits.append(email.next_attempt_at)
+        assert round((waits[0] - email.created_at).total_seconds() / 60) == 1
+        assert [(b - a).total_seconds() / 60 for a, b in pairwise(waits)] == [
+            2, 4, 8, 15, 15,
+        ]  # fmt: skip
+        assert email.given_up_at is None
+        page = staff_client.get("/admin/").content.decode()
+        assert "1 email waiting to be sent" in page
+
+        assert not mail.deliver(email.pk, now=email.created_at + timedelta(hours=24))
+
+    email.refresh_from_db()
+    assert email.given_up_at is not None
+    assert handler.messages == []
+    assert mail.send_due(now=email.given_up_at + timedelta(days=1)) == 0  # no more attempts
+    page = staff_client.get("/admin/").content.decode()
+    assert "waiting to be sent" not in page
+    assert "1 email could not be sent and was given up on" in page
+    listed = staff_client.get("/admin/accounts/outgoingemail/?given_up_at__isempty=0")
+    assert "ann@example.com" in listed.content.decode()
+    assert "421" in listed.content.decode()
+
+    settings.OPSDECK_EMAIL_GIVEN_UP_KEPT_DAYS = 7
+    mail.send_due(now=email.given_up_at + timedelta(days=7, seconds=1))
+    assert not OutgoingEmail.objects.exists()  # forgotten after a week
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_email_whose_message_was_lost_is_sent_by_beats_minute(settings):
+    with smtp_server(settings, Recorder()) as server:
+        mail.send(subject="[Opsdeck] Hello", body="Hello.", to=["ann@example.com"])
+        queue_forget(app, settings.OPSDECK_MAIL_QUEUE)  # its message is gone
+        with threads_worker(concurrency=1, queues=[settings.OPSDECK_MAIL_QUEUE]):
+            assert mail.send_due() == 0  # its own message may still come, for a minute
+            assert mail.send_due(now=timezone.now() + timedelta(minutes=1)) == 1
+            wait_for(lambda: server.messages, timeout=20, what="the email")
+            # Asked for, it is not asked for again while the mail worker may still take it.
+            assert mail.send_due(now=timezone.now() + timedelta(minutes=2)) == 0
+
+    assert [message["Subject"] for _, message in server.messages] == ["[Opsdeck] Hello"]
+    assert not OutgoingEmail.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_messages_for_one_email_at_the_same_moment_send_it_once(settings):
+    """Beat's message and the email's own, or one the broker delivered twice."""
+    with smtp_server(settings, Recorder()) as server:
+        mail.send(subject="[Opsdeck] Hello", body="Hello.", to=["ann@example.com"])
+        [email] = OutgoingEmail.objects.all()
+        sent = race(lambda: mail.deliver(email.pk))
+
+    assert sorted(sent) == [False, False, False, True]
+    assert len(server.messages) == 1
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_an_email_queued_whole_before_emails_were_kept_is_still_sent():
+    from accounts.tasks import email_send
+
+    email_send.delay({"subject": "[Opsdeck] Hello", "body": "Hello.", "to": ["a@example.com"]})
+
+    [sent] = outbox.outbox
+    assert (sent.subject, sent.to) == ("[Opsdeck] Hello", ["a@example.com"])
 
 
 @pytest.mark.django_db(transaction=True)

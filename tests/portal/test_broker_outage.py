@@ -1,7 +1,7 @@
 """A broker that cannot be reached when a request commits neither undoes what was committed
 nor shows the member an error: an operation stays queued, and the sweeper sends its step once
 the broker answers again; an invitation is kept, and beat sends its email then; a subscription
-is kept, and only its email is lost.
+is kept, and so is its email, which beat asks the mail worker for once the broker is back.
 A broker host that stops answering, or a broker that never answers a command, is given up on
 in seconds."""
 
@@ -12,13 +12,17 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.core import mail as outbox
+from django.utils import timezone
 
+from accounts import mail
 from accounts import services as accounts_services
 from accounts.audit import Actor
-from accounts.models import Invitation
+from accounts.models import Invitation, OutgoingEmail
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import runner, services
@@ -61,7 +65,7 @@ def test_an_invitation_made_while_the_broker_is_down_is_kept(
 
 
 @pytest.mark.unsubscribed
-def test_a_subscription_made_while_the_broker_is_down_is_kept(
+def test_a_subscription_made_while_the_broker_is_down_is_kept_and_its_email_sent_later(
     transactional_db, owner, tenant, broker
 ):
     plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
@@ -70,6 +74,14 @@ def test_a_subscription_made_while_the_broker_is_down_is_kept(
     subscription = billing_services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
 
     assert Subscription.objects.get(pk=subscription.pk).status == "active"
+    [email] = OutgoingEmail.objects.all()
+    assert email.to == [owner.email]
+    broker.back()
+    assert mail.send_due(now=timezone.now() + timedelta(minutes=1)) == 1
+    assert broker.sent == [("accounts.tasks.email_send", [email.pk])]
+    assert mail.deliver(email.pk)
+    [sent] = outbox.outbox
+    assert (sent.to, sent.subject) == ([owner.email], email.subject)
 
 
 @contextmanager
