@@ -70,6 +70,11 @@ def _translated(call: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def _digest(params: dict[str, Any]) -> str:
+    """A short digest of a request's parameters, for an idempotency key that covers them."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class StripeGateway:
     """What billing asks of Stripe, each call one request; answers are SDK objects, failures
     `StripeRetryable` or `StripeRefused`."""
@@ -102,8 +107,10 @@ class StripeGateway:
         params: dict[str, Any] = {"name": name, "metadata": {"opsdeck_tenant": str(tenant_id)}}
         if email:
             params["email"] = email
+        # The key covers what is asked: asked again after a lost answer by another member (their
+        # address) or after a rename, Stripe makes a customer rather than refusing a reused key.
         return self.client.v1.customers.create(
-            params, {"idempotency_key": f"opsdeck-customer-{tenant_id}"}
+            params, {"idempotency_key": f"opsdeck-customer-{tenant_id}-{_digest(params)}"}
         )
 
     @_translated
@@ -394,9 +401,8 @@ class StripeGateway:
                 },
             },
         }
-        digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
         return self.client.v1.checkout.sessions.create(
-            params, {"idempotency_key": f"opsdeck-checkout-{subscription_id}-{digest}"}
+            params, {"idempotency_key": f"opsdeck-checkout-{subscription_id}-{_digest(params)}"}
         )
 
     @_translated

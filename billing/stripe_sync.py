@@ -369,15 +369,22 @@ def subscription_align(
 
 
 def customer_ensure(gw: StripeGateway, tenant: Tenant, *, email: str = "") -> StripeCustomer:
-    """The tenant's Stripe customer, created once (the idempotency key is the tenant's id)."""
+    """The tenant's Stripe customer, created once: two members paying at once (each with their
+    own address) wait on the tenant's row while Stripe is asked, and the second finds the
+    first's customer; a create sent again after a lost answer makes one (its idempotency key)."""
     existing = StripeCustomer.objects.filter(tenant=tenant).first()
     if existing:
         return existing
-    customer = gw.customer_create(tenant_id=tenant.pk, name=tenant.name, email=email)
-    # The name Stripe answers with: a retried create answers with the first one's.
-    return customer_remember(
-        tenant=tenant, customer_id=customer.id, name=_field(customer, "name") or ""
-    )
+    with transaction.atomic():
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        existing = StripeCustomer.objects.filter(tenant=tenant).first()
+        if existing:
+            return existing
+        customer = gw.customer_create(tenant_id=tenant.pk, name=tenant.name, email=email)
+        # The name Stripe answers with: a retried create answers with the first one's.
+        return customer_remember(
+            tenant=tenant, customer_id=customer.id, name=_field(customer, "name") or ""
+        )
 
 
 def customer_remember(*, tenant: Tenant, customer_id: str, name: str = "") -> StripeCustomer:
@@ -1135,12 +1142,19 @@ def subscription_end(subscription: Subscription) -> None:
 
 
 def checkout_completed(session: Any) -> StripeCustomer | None:
-    """A finished checkout (freshly fetched): remember the customer Stripe made for the tenant
-    named by `client_reference_id` (the tenant's id, as the checkout is created)."""
+    """A finished checkout (freshly fetched): remember the customer Stripe holds for the tenant
+    named by `client_reference_id` (the tenant's id, as the checkout is created). Only a page
+    Opsdeck made counts, one whose metadata names a subscription of that tenant: a reference
+    alone is no proof, since a buyer can set it in a payment link's address, and another sale
+    of the same Stripe account would bind a stranger's customer to the tenant."""
     reference = _key(_field(session, "client_reference_id"))
-    if reference is None or not _field(session, "customer"):
+    ours = _key(_field(_field(session, "metadata"), "opsdeck_subscription"))
+    if reference is None or ours is None or not _field(session, "customer"):
         return None
-    tenant = Tenant.objects.filter(pk=reference).first()
-    if tenant is None:
+    subscription = (
+        Subscription.objects.select_related("tenant").filter(pk=ours, tenant_id=reference).first()
+    )
+    if subscription is None:
+        log.warning("checkout %s names no subscription of ours: ignored", _field(session, "id"))
         return None
-    return customer_remember(tenant=tenant, customer_id=session.customer)
+    return customer_remember(tenant=subscription.tenant, customer_id=session.customer)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 import pytest
 from django.core import mail
+from django.test import Client
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor
@@ -724,3 +726,27 @@ def test_a_payment_stripe_does_not_confirm_is_followed_for_two_minutes_then_left
     # A plan the tenant has no such subscription to gets no word about a payment.
     other = owner_client.get(billing, {"checkout": "done", "plan": "nonsense"}).content.decode()
     assert "Thank you" not in other and "Stripe has not confirmed" not in other
+
+
+def test_two_members_paying_for_the_first_time_at_once_both_reach_the_same_checkout(
+    transactional_db, tenant, owner, add_member, catalog, emulator, gw
+):
+    """The organization has no Stripe customer yet; each member's own address goes into the
+    one Stripe makes, so two creates at once would ask one idempotency key for two things."""
+    members = iter([owner, add_member("billing@example.com", "billing")])
+    lock = threading.Lock()
+
+    def subscribe():
+        with lock:
+            member = next(members)
+        browser = Client()
+        browser.force_login(member)
+        return _subscribe(browser, tenant, catalog, request_id=f"sub-{member.pk}")
+
+    answers = race(subscribe, times=2)
+
+    locations = [getattr(answer, "headers", {}).get("Location", repr(answer)) for answer in answers]
+    assert all(f"{emulator.url}/c/pay/cs_" in location for location in locations), locations
+    assert len(set(locations)) == 1
+    assert StripeCustomer.objects.filter(tenant=tenant).count() == 1
+    assert len(gw.client.v1.customers.list({"limit": 100}).data) == 1

@@ -8,8 +8,9 @@ import time
 import pytest
 from django.urls import reverse
 
+from accounts.models import Tenant
 from billing import stripe_sync, webhooks
-from billing.models import StripeCustomer, StripeEvent
+from billing.models import Plan, StripeCustomer, StripeEvent, Subscription
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
 
@@ -29,8 +30,18 @@ def _post(client, event: dict, *, secret: str = WEBHOOK_SECRET, body: bytes | No
 @pytest.fixture
 def subscribed(gw, emulator, tenant):
     """A tenant that went through Checkout: a customer, a metered price, a subscription."""
-    client = gw.client
-    meter = client.v1.billing.meters.create(
+    ours = Subscription.objects.get(tenant=tenant, plan=_plan())
+    return _checkout(gw, emulator, _metered_price(gw), reference=tenant.pk, ours=ours.pk)
+
+
+def _plan() -> Plan:
+    """A plan, which every tenant is subscribed to (`tests/conftest.py`)."""
+    plan, _ = Plan.objects.get_or_create(key="pg", name="PostgreSQL", service="postgresql")
+    return plan
+
+
+def _metered_price(gw) -> str:
+    meter = gw.client.v1.billing.meters.create(
         {
             "display_name": "cpu",
             "event_name": "opsdeck_cpu",
@@ -39,25 +50,31 @@ def subscribed(gw, emulator, tenant):
             "value_settings": {"event_payload_key": "value"},
         }
     )
-    price = client.v1.prices.create(
+    return gw.client.v1.prices.create(
         {
             "currency": "usd",
             "unit_amount_decimal": "0.000005",
             "product_data": {"name": "cpu"},
             "recurring": {"interval": "month", "usage_type": "metered", "meter": meter.id},
         }
-    )
-    session = client.v1.checkout.sessions.create(
-        {
-            "mode": "subscription",
-            "line_items": [{"price": price.id}],
-            "client_reference_id": str(tenant.pk),
-            "success_url": "https://opsdeck.test/done",
-            "cancel_url": "https://opsdeck.test/",
-        }
-    )
+    ).id
+
+
+def _checkout(gw, emulator, price_id: str, *, reference, ours=None):
+    """A paid checkout page of the Stripe account naming `reference`, and our subscription
+    `ours` in its metadata as Opsdeck's pages do (None: a page made elsewhere)."""
+    params = {
+        "mode": "subscription",
+        "line_items": [{"price": price_id}],
+        "client_reference_id": str(reference),
+        "success_url": "https://opsdeck.test/done",
+        "cancel_url": "https://opsdeck.test/",
+    }
+    if ours is not None:
+        params["metadata"] = {"opsdeck_subscription": str(ours)}
+    session = gw.client.v1.checkout.sessions.create(params)
     emulator.complete_checkout(session.id)
-    return client.v1.checkout.sessions.retrieve(session.id)
+    return gw.client.v1.checkout.sessions.retrieve(session.id)
 
 
 @pytest.fixture
@@ -312,3 +329,21 @@ def test_a_checkout_naming_no_tenant_in_plain_digits_remembers_no_customer(tenan
 
     assert stripe_sync.checkout_completed(session) is None
     assert not StripeCustomer.objects.exists()
+
+
+@pytest.mark.parametrize("named", ["nothing", "another tenant's subscription"])
+def test_a_checkout_opsdeck_did_not_make_binds_no_customer_to_the_tenant_it_names(
+    stripe_settings, emulator, gw, tenant, make_user, client, named
+):
+    """Another sale of the same Stripe account: a payment link lets its buyer set the
+    reference in its address, and it names a number that is a tenant's id."""
+    other = Tenant.objects.create(name="Globex", slug="globex")
+    elsewhere = Subscription.objects.get(tenant=other, plan=_plan())
+    ours = elsewhere.pk if named != "nothing" else None
+    session = _checkout(gw, emulator, _metered_price(gw), reference=tenant.pk, ours=ours)
+
+    answer = _post(client, _event(emulator, "checkout.session.completed"))
+
+    assert answer.status_code == 200
+    assert StripeEvent.objects.get().processed_at is not None
+    assert not StripeCustomer.objects.filter(customer_id=session.customer).exists()
