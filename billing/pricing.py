@@ -54,6 +54,27 @@ def rounded(amount: Decimal, currency: str) -> Decimal:
     return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_UP)
 
 
+# Stripe's metered prices charge per millionth of a unit-hour (meter events carry quantities in
+# millionths, `meter_events.MICRO`), in the currency's minor unit, to 12 decimal places.
+STRIPE_METER_UNIT = Decimal("1e-6")
+STRIPE_PLACES = Decimal("1e-12")
+
+
+def stripe_unit_amount(per_hour: Decimal, currency: str) -> Decimal:
+    """The `unit_amount_decimal` of the Stripe price charging `per_hour` for a unit-hour: per
+    meter unit, in the minor unit, rounded half up to Stripe's 12 places. The rounding is at
+    most half a minor unit per million unit-hours (3 cents on 10 TiB kept a month at $0.10 a
+    GiB-month)."""
+    exact = per_hour * STRIPE_METER_UNIT / minor_unit(currency)
+    return exact.quantize(STRIPE_PLACES, rounding=ROUND_HALF_UP).normalize()
+
+
+def stripe_per_hour(per_hour: Decimal, currency: str) -> Decimal:
+    """What Stripe charges for a unit-hour priced `per_hour` (`stripe_unit_amount`): what the
+    portal shows of the usage Stripe bills, so that it says what Stripe's invoice will."""
+    return stripe_unit_amount(per_hour, currency) * minor_unit(currency) / STRIPE_METER_UNIT
+
+
 def unit_price_per_hour(price: Price | PastPrice) -> Decimal:
     """The exact price of one unit for one hour (a monthly price spread over 730 h)."""
     if price.time_unit == Price.TimeUnit.MONTH:

@@ -24,7 +24,7 @@ from accounts.models import Tenant
 from billing import usage
 from billing.invoicing import billed_late
 from billing.models import DIMENSION_LABELS, MeterEvent, Plan, UsageRecord
-from billing.pricing import PriceBook, minor_unit, rounded
+from billing.pricing import PriceBook, minor_unit, rounded, stripe_per_hour
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
         if priced is None:
             continue  # a dimension the plan does not price is free
         unit_price, currency = priced
+        if row["on_stripe"]:  # what Stripe's invoice will charge for it
+            unit_price = stripe_per_hour(unit_price, currency)
         instance_id = row["instance_id"]
         line = "" if row["on_stripe"] else instance_id
         used_in = row["used_in"] if row["late"] and not row["on_stripe"] else None

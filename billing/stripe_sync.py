@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
@@ -37,11 +37,10 @@ from billing.models import (
     StripePrice,
     Subscription,
 )
-from billing.pricing import in_effect, minor_unit, unit_price_per_hour
+from billing.pricing import in_effect, minor_unit, stripe_unit_amount, unit_price_per_hour
 from billing.selectors import invoice_parties
 from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
 
-STRIPE_PLACES = Decimal("1e-12")  # `unit_amount_decimal` takes at most 12 decimal places
 log = logging.getLogger(__name__)
 
 
@@ -73,10 +72,8 @@ def product_id_for(plan: Plan) -> str:
 
 def unit_amount_decimal(price: Price | PastPrice) -> Decimal:
     """What a Stripe metered price charges per meter unit (a millionth of a unit-hour), in the
-    currency's minor unit, to Stripe's 12 decimal places. Its rounding costs at most half a
-    minor unit per million unit-hours."""
-    exact = unit_price_per_hour(price) / minor_unit(price.currency) / MICRO
-    return exact.quantize(STRIPE_PLACES, rounding=ROUND_HALF_UP).normalize()
+    currency's minor unit, to Stripe's 12 decimal places (`pricing.stripe_unit_amount`)."""
+    return stripe_unit_amount(unit_price_per_hour(price), price.currency)
 
 
 def _decimal_text(amount: Decimal) -> str:

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
-from billing import invoicing, meter_events, stripe_sync, usage
+from billing import invoicing, meter_events, reports, stripe_sync, usage
 from billing.models import Invoice, MeteredHour, MeterEvent, Subscription
 from billing.team_views import BILLING_TEAM
 from stripe_emulator import sign
@@ -361,3 +361,27 @@ def test_usage_stripe_could_not_take_until_after_its_month_closed_is_billed_the_
     assert draft.source == "local" and draft.total == Decimal("0.20")  # 4 core-hours at 0.05
     (line,) = draft.lines.all()
     assert (line.quantity, line.adjustment_of) == (Decimal("4"), last_month)
+
+
+@pytest.mark.parametrize(("gib_hours", "price"), [("7300000", "0.10"), ("7300000", "0.05")])
+def test_the_billing_page_says_what_stripes_invoice_charges_for_a_monthly_price(
+    client, tenant, subscription, gw, emulator, record_usage, priced_plan, gib_hours, price
+):
+    """10 TiB kept a month (7,300,000 GiB-hours) at a price per GiB-month: Stripe's price per
+    millionth of a GiB-hour has 12 decimal places, so it charges a few cents off the exact
+    figure, and the page says what Stripe charges."""
+    from billing.models import Price
+
+    Price.objects.filter(plan=priced_plan, dimension="storage").update(unit_price=Decimal(price))
+    stripe_sync.catalog_sync(gw)  # the price as the plan now says
+    record_usage(_this_hour(), ("inst-a", "storage", gib_hours))
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 1
+    (shown,) = reports.period_cost(tenant, usage.period_key(timezone.now())).currencies
+
+    invoice = emulator.close_period(subscription.stripe_subscription_id)
+    _deliver(client, emulator.events("invoice.created")[-1])
+
+    charged = Invoice.objects.get(stripe_invoice_id=invoice["id"]).total
+    assert abs(charged - Decimal(price) * 10_000) <= Decimal("0.04")  # half a cent a million
+    assert shown.total == charged
