@@ -166,48 +166,52 @@ def _drafts(key: str) -> list[Invoice]:
     invoices = []
     for (tenant_id, plan_id), rows in by_invoice.items():
         plan = plans[plan_id]
-        # The currency of the prices the usage is priced at (a plan's new currency applies
-        # from the period its new prices do).
-        currency = next((p.currency for p in plan.prices.all()), "usd")
         units = {p.dimension: p.unit for p in plan.prices.all()}
         # One line per instance, dimension, month used in and unit price (spans of an
-        # override that leaves a dimension's price as it was add up into one line).
-        quantities: dict[tuple, Decimal] = {}
+        # override that leaves a dimension's price as it was add up into one line), on an
+        # invoice per currency: a plan's new currency applies from the period its new prices
+        # do, so a month billed late may be priced in the one before.
+        quantities: dict[str, dict[tuple, Decimal]] = {}
         names: dict[str, str] = {}
         for row in rows:
             priced = book.per_hour(tenant_id, plan_id, row["span"], row["dimension"])
             if priced is None or not row["quantity"]:
                 continue  # a dimension the plan does not price is free
-            if not quantities:
-                currency = priced[1]
+            unit_price, currency = priced
             used_in = f"{row['used_in']:%Y-%m}" if row["late"] else ""
-            line_key = (row["instance_id"], row["dimension"], row["unit"], used_in, priced[0])
-            quantities[line_key] = quantities.get(line_key, Decimal(0)) + row["quantity"]
+            line_key = (row["instance_id"], row["dimension"], row["unit"], used_in, unit_price)
+            in_currency = quantities.setdefault(currency, {})
+            in_currency[line_key] = in_currency.get(line_key, Decimal(0)) + row["quantity"]
             names[row["instance_id"]] = row["name"]
-        lines = [
-            InvoiceLine(
-                instance_id=instance_id,
-                instance_name=names[instance_id],
-                dimension=dimension,
-                unit=units.get(dimension) or unit,
-                quantity=quantity,
-                unit_price=unit_price.quantize(Decimal("1e-12"), rounding=ROUND_HALF_UP),
-                amount=rounded(quantity * unit_price, currency),
-                adjustment_of=used_in,
+        if not quantities:  # only what the plan does not price: an invoice at 0
+            quantities = {next((p.currency for p in plan.prices.all()), "usd"): {}}
+        for currency, in_currency in quantities.items():
+            lines = [
+                InvoiceLine(
+                    instance_id=instance_id,
+                    instance_name=names[instance_id],
+                    dimension=dimension,
+                    unit=units.get(dimension) or unit,
+                    quantity=quantity,
+                    unit_price=unit_price.quantize(Decimal("1e-12"), rounding=ROUND_HALF_UP),
+                    amount=rounded(quantity * unit_price, currency),
+                    adjustment_of=used_in,
+                )
+                for (instance_id, dimension, unit, used_in, unit_price), quantity in (
+                    in_currency.items()
+                )
+            ]
+            invoice = Invoice.objects.create(
+                tenant_id=tenant_id,
+                plan=plan,
+                period=key,
+                currency=currency,
+                total=sum((line.amount for line in lines), Decimal(0)),
             )
-            for (instance_id, dimension, unit, used_in, unit_price), quantity in quantities.items()
-        ]
-        invoice = Invoice.objects.create(
-            tenant_id=tenant_id,
-            plan=plan,
-            period=key,
-            currency=currency,
-            total=sum((line.amount for line in lines), Decimal(0)),
-        )
-        for line in lines:
-            line.invoice = invoice
-        InvoiceLine.objects.bulk_create(lines)
-        invoices.append(invoice)
+            for line in lines:
+                line.invoice = invoice
+            InvoiceLine.objects.bulk_create(lines)
+            invoices.append(invoice)
     return invoices
 
 

@@ -227,11 +227,12 @@ class Invoice(models.Model):
     class Meta:
         ordering = ["-period", "tenant", "plan"]
         constraints = [
-            # One Opsdeck invoice per tenant, plan and period (a voided one keeps its place).
+            # One Opsdeck invoice per tenant, plan, period and currency (a voided one keeps its
+            # place): a plan whose currency changed bills a month used before it in the old one.
             models.UniqueConstraint(
-                fields=["tenant", "plan", "period"],
+                fields=["tenant", "plan", "period", "currency"],
                 condition=models.Q(source="local"),
-                name="invoice_local_once",
+                name="invoice_local_once_per_currency",
             )
         ]
         indexes = [models.Index(fields=["period", "status"], name="invoice_period_status")]

@@ -713,3 +713,26 @@ def test_beat_closes_the_month_just_ended_through_its_task(tenant, plan, setting
 
     assert billing_period_close.apply().get() == f"closed {last_month:%Y-%m}: 1 invoice(s)"
     assert billing_period_close.apply().get() == ""
+
+
+def test_a_month_billed_late_in_the_plans_old_currency_is_invoiced_apart_from_the_new_one(
+    tenant, plan
+):
+    from billing import services
+
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    # Before December, the plan moved to euros from December on (the next period).
+    prices = [{"dimension": "cpu", "unit": "core", "unit_price": "0.04"}]
+    services.plan_prices_replace(plan=plan, currency="eur", prices=prices, at=NOVEMBER)
+    _use(tenant, plan, DECEMBER, cpu="100")  # December's use, at 0.04 EUR: 4.00 EUR
+    _use(tenant, plan, DECEMBER - usage.HOUR, cpu="100")  # November's, late, at 0.035 USD: 3.50
+    _metered(DECEMBER, JANUARY)
+
+    closed = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
+
+    totals = sorted((invoice.currency, invoice.total) for invoice in closed)
+    assert totals == [("eur", Decimal("4.00")), ("usd", Decimal("3.50"))]
+    usd = next(invoice for invoice in closed if invoice.currency == "usd")
+    assert _line(usd, "cpu", adjustment_of="2026-11").amount == Decimal("3.50")
