@@ -8,7 +8,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from accounts import roles, selectors, services
 from accounts.audit import Actor
@@ -334,6 +334,7 @@ def _joined(request, token: str):
     return redirect("dashboard", tenant_slug=joined.slug)
 
 
+@require_http_methods(["GET", "HEAD", "POST"])
 def invitation_accept(request, token: str):
     """The page an invitation link opens: sign in (or up) as the invited address, then join."""
     try:

@@ -15,7 +15,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import reswap, retarget
 
 from accounts import roles
@@ -192,10 +192,11 @@ def _form_made(request, sent_with: str, request_id: str, action: str) -> dict:
     }
 
 
-@tenant_view("instance.create")
+@tenant_view("instance.create")  # outermost: another tenant's address is a 404, never a 405
+@require_http_methods(["GET", "HEAD", "POST"])
 def instance_create(request, plan_key: str):
     version, spec = _plan_or_404(request, plan_key)
-    if request.method == "GET" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
+    if request.method != "POST" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
         # and the page says what the form made instead of offering it again (`_form_made`).
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
@@ -786,6 +787,7 @@ def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm
 
 
 @tenant_view("instance.view")
+@require_http_methods(["GET", "HEAD", "POST"])
 def snapshot_restore(request, instance_id: str, snapshot_id: int):
     """The restore form of a completed backup (GET) and the restore itself (POST): a new
     instance from the backup's parameters, the fixed ones as the backup holds them."""
@@ -797,7 +799,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
             request, f"The backup {snapshot.name} was deleted: it can no longer be restored."
         )
         return redirect(_page_url(instance, "backups"))
-    if request.method == "GET":
+    if request.method != "POST":
         action_require(request, "backup.restore")
         status, forgetting = selectors.snapshot_restorable(snapshot)
         if status != Snapshot.Status.COMPLETED or forgetting:
@@ -1157,6 +1159,7 @@ def operation_cancel(request, instance_id: str, operation_id):
 
 
 @tenant_view("instance.view")
+@require_http_methods(["GET", "HEAD", "POST"])
 def instance_credentials_reveal(request, instance_id: str):
     """The Connection tab with the password shown once: never cached, never in an address.
     A GET (a reload of the answer) is the tab again, the password masked."""

@@ -4,19 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('accounts', '0012_outgoing_email'),
-        ('billing', '0021_staff_lists_indexes'),
+        ("accounts", "0012_outgoing_email"),
+        ("billing", "0021_staff_lists_indexes"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='invoice',
-            name='invoice_local_once',
+            model_name="invoice",
+            name="invoice_local_once",
         ),
         migrations.AddConstraint(
-            model_name='invoice',
-            constraint=models.UniqueConstraint(condition=models.Q(('source', 'local')), fields=('tenant', 'plan', 'period', 'currency'), name='invoice_local_once_per_currency'),
+            model_name="invoice",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("source", "local")),
+                fields=("tenant", "plan", "period", "currency"),
+                name="invoice_local_once_per_currency",
+            ),
         ),
     ]

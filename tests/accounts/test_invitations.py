@@ -118,6 +118,20 @@ def test_accepting_a_valid_invitation_joins_with_the_invited_role(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("method", ["put", "patch", "delete"])
+def test_an_invitation_link_answers_another_method_with_405_and_joins_no_one(
+    client, invite, make_user, tenant, method
+):
+    invitation, link = invite()
+    client.force_login(make_user("new@example.com"))
+
+    assert getattr(client, method)(link).status_code == 405
+    invitation.refresh_from_db()
+    assert invitation.status == "pending"
+    assert not Membership.objects.filter(tenant=tenant, user__email="new@example.com").exists()
+
+
+@pytest.mark.django_db
 def test_two_organizations_of_one_name_are_told_apart_in_the_switcher(
     client, invite, make_user, tenant
 ):

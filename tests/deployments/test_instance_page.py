@@ -1833,3 +1833,31 @@ def test_the_backups_tab_lists_fifty_a_page_and_a_refused_delete_reopens_on_its_
     assert f'<dialog id="dialog-delete-backup-{oldest.pk}"' in page
     assert f'id="dialog-delete-backup-{oldest.pk}-title"' in page
     assert re.search(rf'<dialog id="dialog-delete-backup-{oldest.pk}"[^>]* open', page)
+
+
+@pytest.mark.parametrize("method", ["put", "patch", "delete", "options"])
+def test_pages_with_a_form_answer_another_method_with_405_and_show_nothing(
+    owner_client, instance, method
+):
+    snapshot = instance.snapshots.get(status=Snapshot.Status.COMPLETED)
+    slug = instance.tenant.slug
+    for url in [
+        f"/t/{slug}/deployments/new/{instance.plan_version.plan.key}/",
+        _url(instance, f"backups/{snapshot.pk}/restore/"),
+        _url(instance, "connection/reveal/"),
+    ]:
+        response = getattr(owner_client, method)(url)
+
+        assert response.status_code == 405, url
+        assert b"<form" not in response.content
+
+
+def test_a_viewer_asking_for_the_restore_form_with_head_is_refused_as_with_get(
+    client, add_member, instance
+):
+    client.force_login(add_member("viewer@example.com", "viewer"))
+    snapshot = instance.snapshots.get(status=Snapshot.Status.COMPLETED)
+    url = _url(instance, f"backups/{snapshot.pk}/restore/")
+
+    assert client.get(url).status_code == 403
+    assert client.head(url).status_code == 403
