@@ -683,8 +683,10 @@ def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
     """The instance's snapshots as its Backups tab lists them, each with `forgetting`:
     whether a deleteBackup of it is queued or running (it is no longer restorable), and
     `failure`: what its backup operation ended with (why a failed one failed)."""
-    return snapshots_of_instance(instance).annotate(
-        forgetting=_forgetting(), failure=F("operation__error")
+    return (
+        snapshots_of_instance(instance)
+        .only("name", "status", "created_at", "expires_at", "operation_id")  # what it shows
+        .annotate(forgetting=_forgetting(), failure=F("operation__error"))
     )
 
 

@@ -345,9 +345,9 @@ def _tab_context(
             "takes_backups": "backup" in selectors.plan_spec(instance.plan_version).main.verbs,
         }
     if tab == "activity":
-        page = Paginator(selectors.instance_audit_events(instance), ACTIVITY_PER_PAGE).get_page(
-            params.get("page")
-        )
+        shown = ("created_at", "actor_email", "action", "result", "payload")
+        events = selectors.instance_audit_events(instance).only(*shown)
+        page = Paginator(events, ACTIVITY_PER_PAGE).get_page(params.get("page"))
         return {
             "events": list(page),
             "events_page": page,

@@ -1861,3 +1861,22 @@ def test_a_viewer_asking_for_the_restore_form_with_head_is_refused_as_with_get(
 
     assert client.get(url).status_code == 403
     assert client.head(url).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("tab", "table", "unshown"),
+    [
+        ("backups", "deployments_snapshot", ["parameters", "metadata"]),
+        ("activity", "accounts_auditevent", ["ip", "user_agent"]),
+    ],
+)
+def test_a_tab_reads_only_the_columns_it_shows(owner_client, instance, tab, table, unshown):
+    with CaptureQueriesContext(connection) as queries:
+        page = owner_client.get(_url(instance), {"tab": tab})
+
+    assert page.status_code == 200
+    # The page's rows: of the table's rows read (a first one's id beside them), the widest.
+    rows = [q["sql"].split(" FROM ")[0] for q in queries]
+    selected = max((r for r in rows if r.startswith(f'SELECT "{table}"."id"')), key=len)
+    for column in unshown:
+        assert f'"{table}"."{column}"' not in selected
