@@ -383,6 +383,10 @@ class BackupSchedule(models.Model):
     # Every snapshot expires after `retention_days` (the object store's retention policy);
     # `retention_count`, when set, also keeps only that many scheduled ones.
     retention_days = models.PositiveIntegerField()
+    # The retention the cluster holds: the one the last create, restore or applyBackupRetention
+    # that succeeded rendered (None: not known, taken to be `retention_days`). A retention
+    # saved but not applied (its apply cancelled or failed) is applied again when saved again.
+    retention_days_applied = models.PositiveIntegerField(null=True, blank=True)
     retention_count = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     next_run_at = models.DateTimeField(null=True, blank=True)

@@ -789,6 +789,10 @@ def _finish(
     if op.verb == lifecycle.RETENTION_APPLY and succeeded:
         # The object store now prunes by the retention this run put on the cluster.
         snapshots_expire_by(instance, op.arguments["retention_days"])
+    if succeeded and (op.verb == lifecycle.RETENTION_APPLY or rule.makes_instance):
+        BackupSchedule.objects.filter(instance_id=instance.pk).update(
+            retention_days_applied=op.arguments["retention_days"]
+        )
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
             status=Snapshot.Status.DELETED

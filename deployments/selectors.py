@@ -1146,6 +1146,17 @@ def backup_schedule_of(instance: Instance) -> BackupSchedule:
     return found or backup_schedule_default(instance)
 
 
+def backup_retention_unapplied(instance: Instance, schedule: BackupSchedule) -> int | None:
+    """The days the cluster still keeps backups when the schedule's retention never reached it
+    (its apply was cancelled or failed) and none is on its way; None otherwise."""
+    applied = schedule.retention_days_applied
+    if applied is None or applied == schedule.retention_days:
+        return None
+    if operations_pending(instance).filter(verb=lifecycle.RETENTION_APPLY).exists():
+        return None
+    return applied
+
+
 def backup_retention_days(instance: Instance) -> int:
     """How long the instance's snapshots are kept: its schedule's days, else the plan's."""
     days = (

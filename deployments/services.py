@@ -1681,7 +1681,8 @@ def backup_schedule_update(
             raise ValidationError(errors)
         _entitled(instance, "backup.schedule", retention_days=retention_days)
         before = schedule.retention_days
-        queues = _retention_apply_needed(instance, before=before, after=retention_days)
+        applied = schedule.retention_days_applied or before  # what the cluster holds
+        queues = _retention_apply_needed(instance, before=applied, after=retention_days)
         interval_hours = None if cron else interval_hours
         retimed = (schedule.interval_hours, schedule.cron) != (interval_hours, cron)
         if retimed or (enabled and not schedule.enabled) or schedule.next_run_at is None:
@@ -1691,6 +1692,7 @@ def backup_schedule_update(
         schedule.interval_hours = interval_hours
         schedule.cron = cron
         schedule.retention_days = retention_days
+        schedule.retention_days_applied = applied
         schedule.retention_count = retention_count
         schedule.enabled = enabled
         schedule.updated_at = now
@@ -1731,10 +1733,11 @@ def _retention_applied(instance: Instance) -> bool:
 
 
 def _retention_apply_needed(instance: Instance, *, before: int, after: int) -> bool:
-    """Whether a schedule's retention going from `before` to `after` days is to be queued to
-    the cluster (the caller holds the instance's lock): it changed, the plan has
-    applyBackupRetention, and none is queued already (that one reads the schedule when it
-    starts). ActionDenied when it could not run after the operations queued (an upgrade)."""
+    """Whether a schedule's retention going from `before` days (what the cluster holds) to
+    `after` is to be queued to the cluster (the caller holds the instance's lock): it changed,
+    the plan has applyBackupRetention, and none is queued already (that one reads the schedule
+    when it starts). ActionDenied when it could not run after the operations queued (an
+    upgrade)."""
     verb = lifecycle.RETENTION_APPLY
     if before == after or not _retention_applied(instance):
         return False

@@ -326,6 +326,7 @@ def _tab_context(
             "rolled_back": lifecycle.ROLLED_BACK,  # what undoes such a cancel: a roll back
         }
     if tab == "backups":
+        schedule = selectors.backup_schedule_of(instance)
         page = Paginator(selectors.snapshots_listed(instance), BACKUPS_PER_PAGE).get_page(
             params.get("page")
         )
@@ -339,7 +340,8 @@ def _tab_context(
             .first(),
             "now": timezone.now(),
             "backup": next((a for a in actions if a.verb == "backup"), None),
-            "schedule": selectors.backup_schedule_of(instance),
+            "schedule": schedule,
+            "retention_unapplied": selectors.backup_retention_unapplied(instance, schedule),
             "retention_most": selectors.backup_retention_most(instance),
             # A plan without a backup verb has nothing to back up or to schedule.
             "takes_backups": "backup" in selectors.plan_spec(instance.plan_version).main.verbs,

@@ -758,3 +758,31 @@ def test_a_viewer_cannot_change_the_schedule_and_the_refusal_is_audited(
     assert denied.payload["reason"] == (
         "Your role (Viewer) does not allow taking backups or changing their schedule."
     )
+
+
+def test_a_retention_whose_apply_was_cancelled_is_applied_when_saved_again(client, owner, instance):
+    def apply_queued():
+        return Operation.objects.filter(
+            instance=instance, verb="applyBackupRetention", state=Operation.State.QUEUED
+        ).first()
+
+    _update(Actor(user=owner), instance, retention_days=60)
+    services.operation_cancel(
+        actor=Actor(user=owner), operation=apply_queued(), request_id=uuid.uuid4().hex
+    )
+    assert apply_queued() is None  # the cluster still keeps backups 30 days
+    client.force_login(owner)
+    page = client.get(f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups")
+    assert "The object store still keeps them 30 days" in page.content.decode()
+
+    _update(Actor(user=owner), instance, retention_days=60)
+    page = client.get(f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups")
+    assert "still keeps them" not in page.content.decode()  # on its way
+
+    assert apply_queued() is not None
+    services.operation_cancel(
+        actor=Actor(user=owner), operation=apply_queued(), request_id=uuid.uuid4().hex
+    )
+    # Back to what the cluster holds: nothing to apply.
+    _update(Actor(user=owner), instance, retention_days=30)
+    assert apply_queued() is None

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from accounts.audit import Actor
 from deployments import services
-from deployments.models import Operation, Snapshot
+from deployments.models import BackupSchedule, Operation, Snapshot
 from tests.deployments.conftest import decoded, instance_object, wait_done, wait_for
 
 
@@ -97,3 +97,11 @@ def test_a_longer_retention_reaches_the_cluster_with_scheduled_backups_off(
     )
     applied = Operation.objects.get(instance=instance, verb="applyBackupRetention")
     assert wait_done(applied).state == Operation.State.SUCCEEDED, applied.error
+    # What the cluster holds now: going back to 30 days is a change to apply again.
+    assert BackupSchedule.objects.get(instance=instance).retention_days_applied == 90
+    services.backup_schedule_update(
+        actor=actor, instance=instance, interval_hours=24, cron="",
+        retention_days=30, retention_count=None, enabled=False,
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    wait_for(lambda: policy() == "30d", timeout=30, what="the cluster to keep backups 30 days")
