@@ -78,12 +78,15 @@ def test_a_longer_retention_reaches_the_cluster_with_scheduled_backups_off(
         cluster = instance_object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
         return cluster["spec"]["backup"]["retentionPolicy"]
 
+    def keep(days: int) -> None:  # scheduled backups off
+        services.backup_schedule_update(
+            actor=actor, instance=instance, interval_hours=24, cron="",
+            retention_days=days, retention_count=None, enabled=False,
+            request_id=uuid.uuid4().hex,
+        )  # fmt: skip
+
     assert policy() == "30d"
-    services.backup_schedule_update(
-        actor=actor, instance=instance, interval_hours=24, cron="",
-        retention_days=90, retention_count=None, enabled=False,
-        request_id=uuid.uuid4().hex,
-    )  # fmt: skip
+    keep(90)
 
     # No backup runs, yet the object store keeps backups as long as the page says.
     wait_for(lambda: policy() == "90d", timeout=30, what="the cluster to keep backups 90 days")
@@ -99,9 +102,5 @@ def test_a_longer_retention_reaches_the_cluster_with_scheduled_backups_off(
     assert wait_done(applied).state == Operation.State.SUCCEEDED, applied.error
     # What the cluster holds now: going back to 30 days is a change to apply again.
     assert BackupSchedule.objects.get(instance=instance).retention_days_applied == 90
-    services.backup_schedule_update(
-        actor=actor, instance=instance, interval_hours=24, cron="",
-        retention_days=30, retention_count=None, enabled=False,
-        request_id=uuid.uuid4().hex,
-    )  # fmt: skip
+    keep(30)
     wait_for(lambda: policy() == "30d", timeout=30, what="the cluster to keep backups 30 days")
