@@ -398,13 +398,17 @@ class OutgoingEmailAdmin(ServiceOwnedAdmin):
     """The emails the mail server has not taken yet (`accounts.mail`): those waiting for an
     attempt, and those given up on, kept OPSDECK_EMAIL_GIVEN_UP_KEPT_DAYS. A sent one is gone."""
 
-    list_display = ["created_at", "to", "subject", "attempts", "next_attempt_at", "last_error"]
-    list_display += ["given_up_at"]
-    list_columns = ("created_at", "to", "subject", "attempts", "next_attempt_at", "last_error")
+    list_display = ["created_at", "recipients", "subject", "attempts", "last_error"]
+    list_display += ["next_attempt_at", "given_up_at"]
+    list_columns = ("created_at", "to", "subject", "attempts", "last_error", "next_attempt_at")
     list_columns += ("given_up_at",)
     list_filter = [("given_up_at", admin.EmptyFieldListFilter)]
     search_fields = ["subject"]
     show_facets = admin.ShowFacets.NEVER
+
+    @admin.display(description="To", ordering="to")
+    def recipients(self, email: OutgoingEmail) -> str:
+        return ", ".join(email.to)
 
 
 admin.site.unregister(Group)
