@@ -13,8 +13,9 @@ the past 35 days only. So:
   (which marks the row sent);
 - later, and after an admin retry of a dead row, the meter's summary for that customer and hour
   is read first and the row is sent only if Stripe does not hold it (`_held`);
-- a row whose hour is older than Stripe takes becomes `adjusted`: a local adjustment line
-  (`adjustments()`), never sent.
+- a row whose hour is older than Stripe takes, or of a month whose invoices Stripe has
+  finalized (`_invoiced`), becomes `adjusted`: a local adjustment line (`adjustments()`), never
+  sent.
 Failures back off exponentially (`BACKOFF_BASE` doubling, capped at `BACKOFF_CAP`); after
 `STRIPE_METER_EVENT_MAX_ATTEMPTS` a row is parked as `dead`.
 
@@ -49,6 +50,7 @@ RESEND_WINDOW = timedelta(hours=20)  # Stripe remembers identifiers for at least
 # Stripe refuses timestamps older than 35 days; an hour this close to the limit could cross it
 # on its way there.
 PAST_LIMIT = timedelta(days=35) - timedelta(minutes=10)
+FINALIZATION_MARGIN = timedelta(minutes=10)  # before Stripe finalizes a month's invoices
 BACKOFF_BASE = timedelta(seconds=30)
 BACKOFF_CAP = timedelta(hours=1)
 LEASE = timedelta(minutes=10)  # a claimed row comes back after this if its worker died
@@ -287,23 +289,25 @@ def _send_one(
 ) -> None:
     """Decide and act on one claimed row; `StripeRetryable` when it must be tried again."""
     too_old = row.timestamp <= now - PAST_LIMIT
+    invoiced = _invoiced(row.timestamp, now)
     try:
-        # A row tried before may be in Stripe already: past the identifier window (or too old
+        # A row tried before may be in Stripe already: past the identifier window (or too late
         # to send at all, or retried by the admin) only the meter's summary can tell.
         if not row.untried and (
-            too_old or row.check_first or now - row.first_attempt_at > RESEND_WINDOW
+            too_old or invoiced or row.check_first or now - row.first_attempt_at > RESEND_WINDOW
         ):
             if _held(gw, row, meters):
                 _mark(row, MeterEvent.Status.SENT, "Found in the meter's summary.", sent_at=now)
                 result.held += 1
                 return
-            if not too_old:
+            if not (too_old or invoiced):
                 # Checked: from now on, Stripe's identifier window guards the re-sends.
                 row.check_first = False
                 row.first_attempt_at = now
                 MeterEvent.objects.filter(pk=row.pk).update(check_first=False, first_attempt_at=now)
-        if too_old:
-            _mark(row, MeterEvent.Status.ADJUSTED, "Older than Stripe takes: a local adjustment.")
+        if too_old or invoiced:
+            why = "Older than Stripe takes" if too_old else "Stripe has invoiced its month"
+            _mark(row, MeterEvent.Status.ADJUSTED, f"{why}: a local adjustment.")
             result.adjusted += 1
             return
         accepted = gw.meter_event_send(
@@ -328,6 +332,16 @@ def _send_one(
         result.sent += 1
     else:
         result.held += 1
+
+
+def _invoiced(timestamp: datetime, now: datetime) -> bool:
+    """Whether Stripe has finalized the invoice of the month `timestamp` is in (its periods are
+    calendar months): it updates its drafts with what reaches the meters until then, the
+    account's finalization grace period after the month ends; usage sent later is on no
+    invoice. Judged 10 minutes early, as the send may take that long to reach it."""
+    month_end = usage.period_bounds(usage.period_key(timestamp))[1]
+    grace = timedelta(minutes=settings.STRIPE_FINALIZATION_GRACE_MINUTES)
+    return now >= month_end + max(grace - FINALIZATION_MARGIN, timedelta(0))
 
 
 def _mark(row: MeterEvent, status: str, note: str, *, sent_at: datetime | None = None) -> None:

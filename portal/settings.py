@@ -341,6 +341,10 @@ STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="")
 STRIPE_API_VERSION = stripe.api_version
 # A meter event failing this many times is parked as `dead` (the admin can retry it).
 STRIPE_METER_EVENT_MAX_ATTEMPTS = env.int("STRIPE_METER_EVENT_MAX_ATTEMPTS", default=8)
+# Minutes after a month ends that Stripe waits before finalizing its invoices (the account's
+# finalization grace period, an hour unless changed in Stripe): usage of the month sent later
+# would be on no invoice, so Opsdeck bills it itself, as an adjustment.
+STRIPE_FINALIZATION_GRACE_MINUTES = env.int("STRIPE_FINALIZATION_GRACE_MINUTES", default=60)
 
 # --- Invoices ------------------------------------------------------------------
 

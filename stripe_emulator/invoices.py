@@ -3,7 +3,10 @@ or as the clock passes with `--auto-bill` (`billing_cycle_run`).
 
 An invoice closes one subscription period: each metered item is billed its meter's aggregate
 over the period's accepted meter events times the price's unit amount; a licensed item its
-quantity times the unit amount (Stripe bills those in advance; here they ride along).
+quantity times the unit amount (Stripe bills those in advance; here they ride along). As
+Stripe does, finalizing the draft brings its metered lines to the meters' sums by then: usage
+reported after the period ended, before the draft is finalized (Stripe's finalization grace
+period, an hour by default), is billed on it; usage reported later is on no invoice.
 """
 
 from __future__ import annotations
@@ -157,18 +160,11 @@ def _line(
 ) -> dict[str, Any]:
     price = item["price"]
     quantity = _quantity(state, subscription["customer"], item, start, stop)
-    unit = Decimal(price["unit_amount_decimal"])
-    # Amounts are whole units of the currency's smallest denomination, rounded half up.
-    amount = int((quantity * unit).quantize(Decimal(1), rounding=ROUND_HALF_UP))
-    product = state.find("product", price["product"]) or {"name": price["product"]}
-    whole = quantity == quantity.to_integral_value()
     return {
         "id": new_id("il_"),
         "object": "line_item",
-        "amount": amount,
+        **_priced(state, price, quantity),
         "currency": price["currency"],
-        # "3 <U+00D7> Product": the multiplication sign Stripe's descriptions use.
-        "description": f"{format(quantity.normalize(), 'f')} \u00d7 {product['name']}",
         "discount_amounts": [],
         "discountable": True,
         "discounts": [],
@@ -193,11 +189,45 @@ def _line(
             "price_details": {"price": price["id"], "product": price["product"]},
             "unit_amount_decimal": price["unit_amount_decimal"],
         },
+        "taxes": [],
+    }
+
+
+def _priced(state: State, price: dict[str, Any], quantity: Decimal) -> dict[str, Any]:
+    """A line's quantity, amount and description for `quantity` of `price`."""
+    unit = Decimal(price["unit_amount_decimal"])
+    # Amounts are whole units of the currency's smallest denomination, rounded half up.
+    amount = int((quantity * unit).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    product = state.find("product", price["product"]) or {"name": price["product"]}
+    whole = quantity == quantity.to_integral_value()
+    return {
+        "amount": amount,
+        # "3 <U+00D7> Product": the multiplication sign Stripe's descriptions use.
+        "description": f"{format(quantity.normalize(), 'f')} \u00d7 {product['name']}",
         "quantity": int(quantity) if whole else None,
         "quantity_decimal": format(quantity.normalize(), "f"),
         "subtotal": amount,
-        "taxes": [],
     }
+
+
+def _requantified(state: State, invoice: dict[str, Any]) -> None:
+    """A subscription's draft brought to its meters' sums as Stripe finalizes it: usage
+    reported after the period ended, within the finalization grace period, is billed."""
+    for line in invoice["lines"]["data"]:
+        price = state.get("price", line["pricing"]["price_details"]["price"])
+        recurring = price["recurring"] or {}
+        if recurring.get("usage_type") != "metered":
+            continue
+        meter = state.get("billing.meter", recurring["meter"], label="billing meter")
+        events = meter_usage_events(
+            state, meter, invoice["customer"], line["period"]["start"], line["period"]["end"]
+        )
+        line.update(_priced(state, price, aggregate(meter, events)))
+    total = sum(line["amount"] for line in invoice["lines"]["data"])
+    invoice.update(
+        amount_due=total, amount_remaining=total, subtotal=total,
+        subtotal_excluding_tax=total, total=total, total_excluding_tax=total,
+    )  # fmt: skip
 
 
 def _quantity(state: State, customer: str, item: dict[str, Any], start: int, stop: int) -> Decimal:
@@ -209,11 +239,14 @@ def _quantity(state: State, customer: str, item: dict[str, Any], start: int, sto
 
 
 def invoice_finalize(state: State, invoice_id: str) -> dict[str, Any]:
-    """draft → open, with a number and the hosted page and PDF; emits `invoice.finalized`."""
+    """draft → open, with a number and the hosted page and PDF (a subscription's metered lines
+    at their meters' sums by then); emits `invoice.finalized`."""
     invoice = state.get("invoice", invoice_id)
     if invoice["status"] != "draft":
         raise invalid(f"Invoice {invoice_id} is {invoice['status']}, not draft.", param="invoice")
     customer = state.get("customer", invoice["customer"])
+    if invoice_subscription(invoice):
+        _requantified(state, invoice)
     state.invoice_numbers += 1
     now = state.now()
     invoice.update(

@@ -290,8 +290,9 @@ def test_only_http_addresses_from_stripe_become_links(url, kept):
 def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
     tenant, subscription, customer, emulator, record_usage
 ):
-    """Usage sent to Stripe is on Stripe's invoice; an hour older than Stripe's meters accept
-    becomes a local draft of adjustment lines; nothing is billed twice."""
+    """Usage sent to Stripe before it finalized the month's invoice is on that invoice; an hour
+    older than Stripe's meters accept becomes a local draft of adjustment lines; nothing is
+    billed twice."""
     now = timezone.now()
     key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
     start, end = usage.period_bounds(key)  # last month
@@ -300,8 +301,11 @@ def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
     Subscription.objects.filter(pk=subscription.pk).update(
         created_at=customer.created_at, stripe_started_at=customer.created_at
     )
-    record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))
-    record_usage(start, ("inst-a", "cpu", "4"))
+    record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))  # sent as the month ends
+    meter_events.enqueue()
+    MeterEvent.objects.update(next_attempt_at=end)
+    assert meter_events.flush(now=end + timedelta(minutes=5)).sent == 1
+    record_usage(start, ("inst-a", "cpu", "4"))  # metered late
     MeteredHour.objects.bulk_create(
         [MeteredHour(hour=start + usage.HOUR * i) for i in range((end - start) // usage.HOUR)],
         ignore_conflicts=True,
@@ -309,7 +313,7 @@ def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
     meter_events.enqueue()
     # Sent 36 days or more after the month began: its first hour is too old for Stripe by then.
     flushed = meter_events.flush(now=max(timezone.now(), start + timedelta(days=36)))
-    assert (flushed.sent, flushed.adjusted) == (1, 1)
+    assert (flushed.sent, flushed.adjusted) == (0, 1)
 
     closed = invoicing.period_close(key, now=now)
 
@@ -385,3 +389,50 @@ def test_the_billing_page_says_what_stripes_invoice_charges_for_a_monthly_price(
     charged = Invoice.objects.get(stripe_invoice_id=invoice["id"]).total
     assert abs(charged - Decimal(price) * 10_000) <= Decimal("0.04")  # half a cent a million
     assert shown.total == charged
+
+
+def test_usage_sent_before_stripe_finalizes_the_months_invoice_is_on_it(
+    client, subscription, emulator, record_usage
+):
+    """The month's last hour is metered after the month ended, within Stripe's finalization
+    grace period: Stripe updates its draft with it when it finalizes it."""
+    invoice = emulator.close_period(subscription.stripe_subscription_id)  # a draft, at $0
+    record_usage(_this_hour(), ("inst-a", "cpu", "100"))
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 1
+
+    emulator.finalize_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.finalized")[-1])
+
+    assert Invoice.objects.get(stripe_invoice_id=invoice["id"]).total == Decimal("5.00")
+
+
+@pytest.mark.parametrize(("after_the_month", "billed_by"), [(45, "stripe"), (55, "opsdeck")])
+def test_usage_of_a_month_stripe_has_invoiced_is_billed_by_opsdeck(
+    settings, tenant, subscription, customer, record_usage, after_the_month, billed_by
+):
+    """A worker (or Stripe) down at the month's end: its last hours reach the meter only once
+    Stripe has finalized the month's invoice, which would leave them on no invoice."""
+    settings.STRIPE_FINALIZATION_GRACE_MINUTES = 60
+    key = usage.period_key(timezone.now())
+    start, end = usage.period_bounds(key)
+    record_usage(_this_hour(), ("inst-a", "cpu", "100"))
+    meter_events.enqueue()
+
+    flushed = meter_events.flush(now=end + timedelta(minutes=after_the_month))
+
+    if billed_by == "stripe":
+        assert (flushed.sent, flushed.adjusted) == (1, 0)
+        return
+    assert (flushed.sent, flushed.adjusted) == (0, 1)
+    assert (
+        MeterEvent.objects.get().last_error == "Stripe has invoiced its month: a local adjustment."
+    )
+    customer.created_at = start - timedelta(days=1)
+    customer.save(update_fields=["created_at"])
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=start + usage.HOUR * i) for i in range((end - start) // usage.HOUR)],
+        ignore_conflicts=True,
+    )
+    (draft,) = invoicing.period_close(key, now=end + timedelta(hours=2)).invoices
+    assert draft.source == "local" and draft.total == Decimal("5.00")  # 100 core-hours at 0.05
