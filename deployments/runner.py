@@ -525,8 +525,17 @@ def _start_refusal(op: Operation, verb, following: list) -> str | None:
     start, once the start was cancelled, would change a stopped instance and wait for it to be
     healthy until its deadline. A verb that makes or ends the instance is not checked, nor an
     operation a delete waits behind (the last backup a delete takes first is taken whatever
-    state the instance is in)."""
+    state the instance is in); a delete whose last backup did not complete is refused: the
+    plan promised one before the data goes."""
     rule = lifecycle.rule(op.verb, custom=verb.custom)
+    if last := op.arguments.get("last_backup"):  # a delete behind the last backup it took
+        ended = Operation.objects.filter(pk=last).values_list("state", flat=True).first()
+        if ended != Operation.State.SUCCEEDED:
+            how = "was cancelled" if ended == Operation.State.CANCELLED else "failed"
+            return (
+                f"The last backup before deletion {how}, so nothing was deleted. Delete again "
+                "to take another, or delete without a last backup."
+            )
     if rule.makes_instance or rule.ends_instance:
         return None
     if any(queued_verb == "delete" for _, queued_verb, _ in following):

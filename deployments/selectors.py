@@ -1146,6 +1146,18 @@ def backup_schedule_of(instance: Instance) -> BackupSchedule:
     return found or backup_schedule_default(instance)
 
 
+def last_backup_taken(instance: Instance) -> bool:
+    """Whether deleting the instance takes a last backup first: its plan says
+    `snapshotBeforeDeletion`, has a backup verb, and the instance runs (a stopped or failed one
+    cannot be backed up)."""
+    spec = plan_spec(instance.plan_version)
+    return bool(
+        (spec.main.backup or {}).get("snapshotBeforeDeletion")
+        and "backup" in spec.main.verbs
+        and instance.state in {Instance.State.RUNNING, Instance.State.UPDATING}
+    )
+
+
 def backup_retention_unapplied(instance: Instance, schedule: BackupSchedule) -> int | None:
     """The days the cluster still keeps backups when the schedule's retention never reached it
     (its apply was cancelled or failed) and none is on its way; None otherwise."""

@@ -911,15 +911,20 @@ def _snapshot_start(instance: Instance, *, scheduled: bool = False) -> dict:
     return {"snapshot": snapshot.pk, "sys": {"snapshot": {"id": name, "time": now.isoformat()}}}
 
 
-def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Operation:
+def instance_delete(
+    *, actor: Actor, instance: Instance, request_id: str, last_backup: bool = True
+) -> Operation:
     """Delete an instance: always accepted; queued operations are cancelled and a running
     one stops at its next step before the delete workflow runs. A delete while another is
-    pending (or after it finished) returns that one."""
+    pending (or after it finished) returns that one. When the plan says
+    `snapshotBeforeDeletion`, a last backup is taken first, unless `last_backup` is False
+    (asked for without one); the delete runs only if that backup completed (`runner`)."""
     request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.delete", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.delete")
-        claim = _claim(tenant, request_id, "instance.delete", {"instance": instance.pk})
+        asked = {"instance": instance.pk, **({} if last_backup else {"last_backup": False})}
+        claim = _claim(tenant, request_id, "instance.delete", asked)
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
@@ -945,12 +950,8 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
         instance.operations.filter(state=Operation.State.RUNNING).update(
             cancel_reason="The instance is being deleted."
         )
-        spec = selectors.plan_spec(instance.plan_version)
-        if (
-            (spec.main.backup or {}).get("snapshotBeforeDeletion")
-            and "backup" in spec.main.verbs
-            and instance.state in {Instance.State.RUNNING, Instance.State.UPDATING}
-        ):
+        after = {}
+        if last_backup and selectors.last_backup_taken(instance):
             # A last snapshot, taken before the delete workflow runs (it queues first).
             extra = _snapshot_start(instance)
             last = _operation_new(
@@ -961,11 +962,15 @@ def instance_delete(*, actor: Actor, instance: Instance, request_id: str) -> Ope
                 arguments=extra,
             )
             Snapshot.objects.filter(pk=extra["snapshot"]).update(operation=last)
+            after = {"last_backup": str(last.pk)}
         operation = _operation_new(
-            actor=actor, instance=instance, verb="delete", request_id=request_id
+            actor=actor, instance=instance, verb="delete", request_id=request_id, arguments=after
         )
         claim.bind(operation)
-        audit_record(actor=actor, action="instance.delete", tenant=tenant, target=instance)
+        audit_record(
+            actor=actor, action="instance.delete", tenant=tenant, target=instance,
+            payload={} if last_backup else {"last_backup": False},
+        )  # fmt: skip
     return operation
 
 

@@ -482,6 +482,7 @@ def _page(
     if part != "instance-head":
         # What the delete dialog promises can be restored.
         context["snapshot_count"] = selectors.snapshots_restorable(instance).count()
+        context["takes_last_backup"] = selectors.last_backup_taken(instance)
         shown = _tab_context(
             instance, tab, actions, allowed, request.GET if params is None else params
         )
@@ -737,6 +738,7 @@ def instance_delete(request, instance_id: str):
             actor=Actor.from_request(request),
             instance=instance,
             request_id=request.POST.get("request_id", ""),
+            last_backup=request.POST.get("without_last_backup") != "on",
         )
     except ActionDenied as exc:
         return _refused(request, instance, exc, "instance.delete", tab="overview")

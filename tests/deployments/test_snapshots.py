@@ -519,3 +519,46 @@ def test_a_backup_deleted_while_it_is_being_taken_stays_deleted(cell, tenant, ow
 
     snapshot.refresh_from_db()
     assert snapshot.status == Snapshot.Status.DELETED  # not back as completed once taken
+
+
+def _keeping_a_last_backup(owner, tenant):
+    """A running instance of a plan that takes a last backup before deletion."""
+    text = SPEC.read_text()
+    text = text.replace("plan: postgres-cnpg", "plan: postgres-keep-last", 1)
+    text = text.replace("snapshotBeforeDeletion: false", "snapshotBeforeDeletion: true", 1)
+    create = _create(owner, tenant, services.plan_load(text=text).plan)
+    assert _run(create).state == Operation.State.SUCCEEDED, create.error
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def test_a_delete_whose_last_backup_was_cancelled_deletes_nothing(cell, tenant, owner, kube):
+    instance = _keeping_a_last_backup(owner, tenant)
+    delete = services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="bye")
+    last = Operation.objects.get(instance=instance, verb="backup")
+    services.operation_cancel(actor=Actor(user=owner), operation=last, request_id="keep")
+
+    refused = _run(delete)
+
+    assert refused.state == Operation.State.FAILED
+    assert "The last backup before deletion was cancelled, so nothing was deleted" in refused.error
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.RUNNING
+    assert instance_object(kube, instance, "postgresql.cnpg.io/v1", "Cluster", instance.pk)
+
+
+def test_a_delete_asked_for_without_a_last_backup_takes_none(cell, tenant, owner, owner_client):
+    instance = _keeping_a_last_backup(owner, tenant)
+    page = owner_client.get(f"/t/{tenant.slug}/deployments/{instance.pk}/").content.decode()
+    assert "A last backup is taken first, and nothing is deleted if it fails." in page
+    assert 'name="without_last_backup"' in page
+
+    owner_client.post(
+        f"/t/{tenant.slug}/deployments/{instance.pk}/delete/",
+        {"request_id": "bye", "confirm_name": instance.name, "without_last_backup": "on"},
+    )
+
+    delete = Operation.objects.get(instance=instance, verb="delete")
+    assert not Operation.objects.filter(instance=instance, verb="backup").exists()
+    assert _run(delete).state == Operation.State.SUCCEEDED, delete.error
+    with pytest.raises(ValidationError):  # the same request, asking for the last backup now
+        services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="bye")
