@@ -469,10 +469,14 @@ def _hyphens_plain(name: str) -> str:
     )
 
 
+def name_as_stored(typed: str) -> str:
+    """An instance name as it is stored: compatibility forms as their plain letters (fullwidth
+    "orders" is "orders", taken with it), dashes as "-", without spaces around it."""
+    return _hyphens_plain(unicodedata.normalize("NFKC", typed)).strip()
+
+
 def _instance_name(name: Any) -> str:
-    # Compatibility forms as their plain letters: fullwidth "orders" is "orders" (taken with it).
-    name = unicodedata.normalize("NFKC", name) if isinstance(name, str) else ""
-    name = _hyphens_plain(name).strip()
+    name = name_as_stored(name) if isinstance(name, str) else ""
     if not name:
         raise ValidationError({"name": "Give the instance a name."})
     if len(name) > NAME_MAX:

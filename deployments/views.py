@@ -1,6 +1,5 @@
 import re
 import time
-import unicodedata
 import uuid
 from datetime import UTC, timedelta
 
@@ -728,7 +727,7 @@ def instance_act(request, instance_id: str, verb: str):
 def instance_delete(request, instance_id: str):
     instance = _instance(request, instance_id)
     typed = request.POST.get("confirm_name", "")
-    confirmed = unicodedata.normalize("NFKC", typed).strip() == instance.name  # as names are stored
+    confirmed = services.name_as_stored(typed) == instance.name
     # A role that may not delete is refused (and audited) by the service, whatever was typed.
     if not confirmed and roles.can(request.membership.role, "instance.delete"):
         errors = {"confirm_name": [f"Type the instance's name, {instance.name}, to delete it."]}

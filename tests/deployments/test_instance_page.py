@@ -755,11 +755,20 @@ def test_a_viewers_forged_delete_is_refused_for_the_role_whatever_name_it_typed(
     assert instance.state == Instance.State.RUNNING
 
 
-def test_the_delete_confirmation_reads_the_name_as_names_are_stored(owner_client, instance):
-    Instance.objects.filter(pk=instance.pk).update(name="D\u017ex")  # typed as the one letter
+@pytest.mark.parametrize(
+    ("stored", "typed"),
+    [
+        ("D\u017ex", "\u01c5x"),  # typed as the one letter
+        ("orders-db", "orders\u2010db"),  # the name as first typed, with a Unicode hyphen
+    ],
+)
+def test_the_delete_confirmation_reads_the_name_as_names_are_stored(
+    owner_client, instance, stored, typed
+):
+    Instance.objects.filter(pk=instance.pk).update(name=stored)
 
     response = owner_client.post(
-        _url(instance, "delete/"), {"request_id": "del-n", "confirm_name": "\u01c5x"}
+        _url(instance, "delete/"), {"request_id": "del-n", "confirm_name": typed}
     )
 
     assert response.status_code == 302
