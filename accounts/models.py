@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
+from accounts.crypto import EncryptedTextField
 from accounts.roles import Role
 
 
@@ -299,8 +300,10 @@ class OutgoingEmail(models.Model):
 
     to = models.JSONField()  # the addresses, every one in the email's To
     subject = models.TextField()
-    body = models.TextField()
-    html = models.TextField(blank=True)
+    # Encrypted at rest: a sign-in, confirmation or password-reset link is as good as a
+    # password while it waits here.
+    body = EncryptedTextField()
+    html = EncryptedTextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # When beat sends it to the mail worker if no attempt has taken it by then: a minute after
     # it was written (its own message lost), after a failed attempt as the back-off says.

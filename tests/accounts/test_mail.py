@@ -3,6 +3,7 @@ asked for one never waits on the mail server; an email is kept until the server 
 server that fails for a while, or a message lost on the way to the mail worker, delays it and
 never loses it; one failing for a day is given up on, and the staff see it."""
 
+import importlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,8 @@ from itertools import pairwise
 import pytest
 from django.conf import settings as django_settings
 from django.core import mail as outbox
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from accounts import mail
@@ -194,3 +197,37 @@ def test_an_email_of_a_transaction_rolled_back_is_never_sent(settings):
         wait_for(lambda: server.messages, timeout=20, what="the email")
 
     assert [message["Subject"] for _, message in server.messages] == ["[Opsdeck] Committed"]
+
+
+@pytest.mark.django_db
+def test_a_waiting_emails_link_is_not_stored_in_the_clear_and_is_sent_whole(settings):
+    link = "https://opsdeck.example/accounts/password/reset/key/abc-s3cret/"
+    mail.send(subject="[Opsdeck] Reset", body=f"Open {link}", to=["ann@example.com"],
+              html=f'<a href="{link}">Reset</a>')  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT body, html FROM accounts_outgoingemail")
+        stored = cursor.fetchone()
+    assert all("abc-s3cret" not in column for column in stored)
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    [email] = OutgoingEmail.objects.all()
+    assert mail.deliver(email.pk)
+    [sent] = outbox.outbox
+    assert link in sent.body and link in sent.alternatives[0][0]
+
+
+@pytest.mark.django_db
+def test_emails_waiting_from_before_bodies_were_encrypted_are_encrypted_by_the_migration():
+    encrypting = importlib.import_module("accounts.migrations.0013_outgoing_email_encrypted")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            'INSERT INTO accounts_outgoingemail ("to", subject, body, html, created_at,'
+            " next_attempt_at, attempts, last_error) VALUES ('[\"a@example.com\"]', 'Hi',"
+            " 'the link', '', now(), now(), 0, '')"
+        )
+    before = MigrationExecutor(connection).loader.project_state(("accounts", "0012_outgoing_email"))
+
+    encrypting.encrypt_waiting(before.apps, None)
+
+    [email] = OutgoingEmail.objects.all()
+    assert email.body == "the link" and email.html == ""
