@@ -33,10 +33,6 @@ def hourly(amount: Decimal) -> Decimal:
     return amount.quantize(HOURLY_PLACES, rounding=ROUND_HALF_UP)
 
 
-def _cents(amount: Decimal) -> Decimal:
-    return amount.quantize(CENTS, rounding=ROUND_HALF_UP)
-
-
 # Stripe's zero-decimal currencies: amounts in them have no minor unit.
 ZERO_DECIMAL_CURRENCIES = frozenset(
     {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}
@@ -307,8 +303,8 @@ def cost(
                 unit_price=price.unit_price,
                 time_unit=price.time_unit,
                 per_hour=hourly(line_hourly),
-                per_month=_cents(line_hourly * HOURS_PER_MONTH),
-                amount=_cents(line_hourly * hours),
+                per_month=rounded(line_hourly * HOURS_PER_MONTH, price.currency),
+                amount=rounded(line_hourly * hours, price.currency),
             )
         )
     return Cost(
@@ -316,8 +312,8 @@ def cost(
         hours=hours,
         lines=lines,
         per_hour=hourly(exact_hourly),
-        per_month=_cents(exact_hourly * HOURS_PER_MONTH),
-        amount=_cents(exact_hourly * hours),
+        per_month=rounded(exact_hourly * HOURS_PER_MONTH, currency),
+        amount=rounded(exact_hourly * hours, currency),
     )
 
 

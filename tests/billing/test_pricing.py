@@ -57,6 +57,20 @@ def test_amounts_round_half_up_once_from_exact_values(plan):
     assert cost(plan, {"storage": Decimal("0.5")}, hours=1000).amount == Decimal("0.07")
 
 
+@pytest.mark.django_db
+def test_an_estimate_in_a_currency_without_cents_rounds_to_whole_units_as_its_invoice_does():
+    plan = Plan.objects.create(key="pg-jp", name="PostgreSQL", service="postgresql")
+    Price.objects.create(
+        plan=plan, dimension="cpu", unit="core", unit_price=Decimal("1.37"), currency="jpy"
+    )
+
+    result = cost(plan, {"cpu": Decimal(1)}, hours=3)
+
+    assert result.per_month == Decimal("1000")  # 1.37 * 730 = 1000.1 yen
+    assert result.amount == Decimal("4")  # 4.11 yen for three hours
+    assert [line.per_month for line in result.lines] == [Decimal("1000")]
+
+
 def test_unpriced_quantities_are_free_and_missing_quantities_cost_nothing(plan):
     result = cost(plan, {"replica": Decimal(3), "cpu": Decimal(1)})
 
