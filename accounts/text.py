@@ -1,4 +1,6 @@
-"""What people can see of a text a user typed."""
+"""What people can see of a text a user typed, and how a name they typed reads."""
+
+import unicodedata
 
 # Letters that show as blank space: Hangul fillers and the blank Braille pattern. Printable to
 # Python, so `str.isprintable()` lets them through.
@@ -18,3 +20,26 @@ def email_reaches_someone(address: str) -> bool:
     dot), not `localhost` nor a network address in brackets, which Django's check takes."""
     domain = address.rpartition("@")[2]
     return "." in domain and not domain.endswith("]")
+
+
+# Minus signs and a hyphen bullet, which read as "-" in a name as dashes do.
+_MINUSES = frozenset("\u02d7\u2043\u2212\u2796")
+
+
+def _hyphens_plain(name: str) -> str:
+    """Each dash (Unicode's Pd: hyphens, en and em dashes) and minus sign as "-", as it reads:
+    a U+2010 hyphen in "orders-db" makes it "orders-db", taken with it. NFKC leaves them be.
+    The wide dashes of East Asian text (the wave dash) do not read as "-" and stay."""
+    return "".join(
+        "-"
+        if ch in _MINUSES
+        or (unicodedata.category(ch) == "Pd" and unicodedata.east_asian_width(ch) not in "WF")
+        else ch
+        for ch in name
+    )
+
+
+def name_plain(typed: str) -> str:
+    """A name as it reads, as instance names are stored and found: compatibility forms as their
+    plain letters (fullwidth "orders" is "orders"), dashes as "-", without spaces around it."""
+    return _hyphens_plain(unicodedata.normalize("NFKC", typed)).strip()

@@ -34,6 +34,7 @@ from django.utils.dateparse import parse_datetime
 
 from accounts.idempotency import request_target, tenant_scope
 from accounts.models import AuditEvent, Tenant
+from accounts.text import name_plain
 from billing import entitlements, pricing
 from billing.models import Plan, PlanOverride
 from billing.pricing import Cost
@@ -176,13 +177,15 @@ def instances_for_tenant(
     """The tenant's instances, newest first, with only the columns a list shows, and whether an
     operation is pending on each (`pending`: the list follows those).
 
-    `search` matches a name (any part, any case) or the start of an id, with or without its
-    "inst-"; deleted instances are left out unless `state` asks for them.
+    `search` matches a name (any part, any case, read as names are stored) or the start of an
+    id, with or without its "inst-"; deleted instances are left out unless `state` asks for them.
     """
     instances = Instance.objects.for_tenant(tenant)
     instances = instances.filter(state=state) if state else instances.active()
     if search:
-        # An id may be typed without its "inst-" (which alone would match every instance).
+        # Read as names are stored (a Unicode dash as "-"); an id may be typed without its
+        # "inst-" (which alone would match every instance).
+        search = name_plain(search) or search
         prefix = search.lower()
         prefix = prefix if prefix.startswith("inst-") else "inst-" + prefix
         instances = instances.filter(Q(name__icontains=search) | Q(id__startswith=prefix))

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import tempfile
-import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from accounts.audit import REDACTED, SYSTEM, Actor, audit_event, audit_record, a
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent, RequestKey, Tenant
 from accounts.services import permission_require, tenant_lock
+from accounts.text import name_plain
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import lifecycle, rows, schedules, selectors
@@ -452,31 +452,8 @@ def _constraint(exc: IntegrityError) -> str | None:
     return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
 
 
-# Minus signs and a hyphen bullet, which read as "-" in a name as dashes do.
-_MINUSES = frozenset("\u02d7\u2043\u2212\u2796")
-
-
-def _hyphens_plain(name: str) -> str:
-    """Each dash (Unicode's Pd: hyphens, en and em dashes) and minus sign as "-", as it reads:
-    a U+2010 hyphen in "orders-db" makes it "orders-db", taken with it. NFKC leaves them be.
-    The wide dashes of East Asian text (the wave dash) do not read as "-" and stay."""
-    return "".join(
-        "-"
-        if ch in _MINUSES
-        or (unicodedata.category(ch) == "Pd" and unicodedata.east_asian_width(ch) not in "WF")
-        else ch
-        for ch in name
-    )
-
-
-def name_as_stored(typed: str) -> str:
-    """An instance name as it is stored: compatibility forms as their plain letters (fullwidth
-    "orders" is "orders", taken with it), dashes as "-", without spaces around it."""
-    return _hyphens_plain(unicodedata.normalize("NFKC", typed)).strip()
-
-
 def _instance_name(name: Any) -> str:
-    name = name_as_stored(name) if isinstance(name, str) else ""
+    name = name_plain(name) if isinstance(name, str) else ""
     if not name:
         raise ValidationError({"name": "Give the instance a name."})
     if len(name) > NAME_MAX:

@@ -23,6 +23,7 @@ from accounts.errors import ActionDenied
 from accounts.htmx import current_address, partial_template, shown_digest, unchanged
 from accounts.models import Tenant
 from accounts.tenancy import action_require, tenant_view
+from accounts.text import name_plain
 from billing import pricing
 from billing import selectors as billing_selectors
 from billing.models import Plan, Price
@@ -727,7 +728,7 @@ def instance_act(request, instance_id: str, verb: str):
 def instance_delete(request, instance_id: str):
     instance = _instance(request, instance_id)
     typed = request.POST.get("confirm_name", "")
-    confirmed = services.name_as_stored(typed) == instance.name
+    confirmed = name_plain(typed) == instance.name  # as names are stored
     # A role that may not delete is refused (and audited) by the service, whatever was typed.
     if not confirmed and roles.can(request.membership.role, "instance.delete"):
         errors = {"confirm_name": [f"Type the instance's name, {instance.name}, to delete it."]}

@@ -96,6 +96,11 @@ def test_search_finds_a_name_in_any_case_and_part(owner_client, tenant, version,
 
     assert names(owner_client.get(url, {"q": "orders"})) == ["Orders-EU-0"]
     assert names(owner_client.get(url, {"q": "rs-e"})) == ["Orders-EU-0"]
+    # Typed as it was first typed: a Unicode hyphen, fullwidth letters (stored plain).
+    assert names(owner_client.get(url, {"q": "orders\u2010eu"})) == ["Orders-EU-0"]
+    assert names(owner_client.get(url, {"q": "\uff4f\uff52\uff44\uff45\uff52\uff53"})) == [
+        "Orders-EU-0"
+    ]
 
 
 def test_search_finds_an_id_from_its_start(owner_client, tenant, version, cell, url):
