@@ -49,7 +49,7 @@ def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
     """The tenant's members with what the team page shows of them (not their password hash)."""
     return (
         tenant.memberships.select_related("user")
-        .only("role", "created_at", "user__email")
+        .only("tenant", "role", "created_at", "user__email")
         .order_by("user__email")
     )
 

@@ -31,8 +31,9 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def organization_create(request):
-    if request.method == "GET" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
+    if request.method != "POST" and not _REQUEST_ID.fullmatch(request.GET.get("request", "")):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
         # and the page says what the form made instead of offering it again.
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")

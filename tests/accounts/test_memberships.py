@@ -1,6 +1,8 @@
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts import services
 from accounts.audit import Actor
@@ -303,3 +305,21 @@ def test_an_owner_changing_another_owner_is_not_asked_to_confirm(client, owner, 
     client.post(f"/t/{tenant.slug}/team/{_membership(tenant, second).pk}/role/", {"role": "admin"})
 
     assert _membership(tenant, second).role == "admin"
+
+
+@pytest.mark.django_db
+def test_the_team_page_reads_its_members_in_the_same_queries_however_many(
+    owner_client, tenant, add_member
+):
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert owner_client.get(f"/t/{tenant.slug}/team/").status_code == 200
+        return len(captured)
+
+    add_member("m0@example.com", "member")
+    queries()  # the first request of a session reads what later ones find cached
+    few = queries()
+    for n in range(1, 6):
+        add_member(f"m{n}@example.com", "viewer")
+
+    assert queries() == few

@@ -361,3 +361,12 @@ def test_many_accounts_tried_from_one_address_are_still_refused(client, make_use
 
     assert all(b"Too many failed login attempts" not in a.content for a in answers[:10])
     assert b"Too many failed login attempts" in answers[10].content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", ["put", "patch", "delete", "options"])
+def test_the_new_organization_form_answers_another_method_with_405(owner_client, method):
+    answer = getattr(owner_client, method)(f"/organizations/new/?request={'a' * 32}")
+
+    assert answer.status_code == 405
+    assert b"<form" not in answer.content
