@@ -68,6 +68,15 @@ def invitations_pending(tenant: Tenant) -> list[Invitation]:
     return [i for i in invitations.order_by("email") if i.status == "pending"]
 
 
+def invitations_pending_count(tenant: Tenant) -> int:
+    """How many of the tenant's invitations are pending (`Invitation.status`), counted by the
+    database."""
+    unexpired = timezone.now() - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
+    return tenant.invitations.filter(
+        accepted_at=None, revoked_at=None, created_at__gt=unexpired
+    ).count()
+
+
 def email_address_unclaimed(email: str, *, besides: User | None = None) -> bool:
     """Whether no account (but `besides`) has `email` as its own: none signs in with it, and
     none has confirmed it (others may have added it on their Email page without confirming

@@ -34,12 +34,13 @@ def dashboard(request):
     role = request.membership.role
     context = {
         "member_count": tenant.memberships.count(),
-        "pending_invitations": len(selectors.invitations_pending(tenant)),
+        "pending_invitations": selectors.invitations_pending_count(tenant),
         "recent_events": [],
         "invited": account_services.invitation_links(request.user),  # from other organizations
     }
     if roles.can(role, "audit.view"):
-        context["recent_events"] = selectors.audit_events_for_tenant(tenant)[:8]
+        shown = ("created_at", "actor_email", "actor_kind", "action", "result")  # its columns
+        context["recent_events"] = selectors.audit_events_for_tenant(tenant).only(*shown)[:8]
     if roles.can(role, "instance.view"):
         states = deployment_selectors.instance_counts_by_state(tenant)
         context |= {

@@ -326,3 +326,33 @@ def test_the_dashboard_makes_as_many_queries_for_many_plans_as_for_few(
     page = owner_client.get(url).content.decode()
     assert page.count(">Switchover</a>") == 5 and page.count(">Rotate owner password</a>") == 5
     assert page.count("A server is down.") == 5
+
+
+def test_the_dashboard_reads_only_what_it_shows_of_the_log_and_counts_pending_invitations(
+    owner_client, owner, tenant, settings
+):
+    from django.utils import timezone
+
+    from accounts.audit import audit_record
+    from accounts.models import Invitation
+
+    audit_record(
+        actor=Actor(user=owner), action="tenant.rename", tenant=tenant, payload={"x": "y" * 5000}
+    )
+    for email in ("a@example.com", "b@example.com", "old@example.com"):
+        account_services.invitation_create(
+            actor=Actor(user=owner), tenant=tenant, email=email, role="viewer"
+        )
+    Invitation.objects.filter(email="old@example.com").update(  # expired
+        created_at=timezone.now() - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE + 1)
+    )
+
+    with CaptureQueriesContext(connection) as captured:
+        page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+
+    assert "tenant.rename" in page
+    assert re.search(r'Pending invitations</span>\s*<span class="figure">2</span>', page)
+    log_reads = [q["sql"] for q in captured if 'FROM "accounts_auditevent"' in q["sql"]]
+    assert log_reads and not [sql for sql in log_reads if '"payload"' in sql]
+    counted = [q["sql"] for q in captured if 'FROM "accounts_invitation"' in q["sql"]]
+    assert [sql for sql in counted if sql.startswith("SELECT COUNT(*)")]  # not every row read
