@@ -161,3 +161,17 @@ def test_request_ids_older_than_the_days_kept_are_forgotten_and_the_rest_still_a
     assert settings.CELERY_BEAT_SCHEDULE["request-ids-prune"]["task"] == request_ids_prune.name
     assert request_ids_prune.apply().get() == 0
     assert Tenant.objects.filter(pk=old.pk).exists()  # forgetting the id keeps what it made
+
+
+@pytest.mark.django_db
+def test_an_invitation_sent_with_an_unusable_request_id_says_why_and_invites_no_one(
+    owner_client, tenant
+):
+    answer = owner_client.post(
+        f"/t/{tenant.slug}/team/invite/",
+        {"email": "new@example.com", "role": "member", "request_id": "ab\x01cd"},
+    )
+
+    assert answer.status_code == 400
+    assert "The request id may hold only printable characters." in answer.content.decode()
+    assert not Invitation.objects.exists()
