@@ -142,7 +142,21 @@ def invitation_unconfirmed(user, invitation: Invitation) -> str:
 def invitation_refusal(user, invitation: Invitation) -> str:
     """Why `user` cannot accept the (pending) invitation ("" when they can); said on the
     invitation's page before its button."""
+    if Membership.objects.filter(tenant_id=invitation.tenant_id, user=user).exists():
+        return (
+            f"You are already a member of {invitation.tenant.name}: an invitation cannot change "
+            "your role. Ask one of its owners or admins to."
+        )
     return invitation_elsewhere(user, invitation) or invitation_unconfirmed(user, invitation)
+
+
+def member_with_address(tenant: Tenant, email: str) -> bool:
+    """Whether a member of the tenant has `email` as their own: they sign in with it, or have
+    confirmed it on their Email page (as an invitation to it would be theirs to accept)."""
+    owned = Q(user__email__iexact=email) | Q(
+        user__emailaddress__email__iexact=email, user__emailaddress__verified=True
+    )
+    return Membership.objects.filter(owned, tenant=tenant).exists()
 
 
 def invitations_open_to(*emails: str) -> QuerySet[Invitation]:

@@ -618,7 +618,7 @@ def invitation_create(
         if claim.earlier is not None:
             return Invitation.objects.get(pk=claim.earlier.target_id)
         tenant_lock(tenant.pk)
-        if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
+        if selectors.member_with_address(tenant, email):
             raise ValidationError({"email": f"{email} is already a member."})
         now = timezone.now()
         Invitation.objects.filter(

@@ -590,3 +590,35 @@ def test_an_invitation_to_a_deleted_organization_says_so(client, invite, make_us
         response.content.decode()
     )
     assert not Membership.objects.filter(user__email="new@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_an_address_a_member_confirmed_cannot_be_invited(owner_client, tenant, add_member):
+    bob = add_member("bob@example.com", "viewer")
+    EmailAddress.objects.create(user=bob, email="bob@work.example.com", verified=True)
+
+    response = owner_client.post(
+        f"/t/{tenant.slug}/team/invite/", {"email": "Bob@Work.example.com", "role": "admin"}
+    )
+
+    assert "bob@work.example.com is already a member." in response.content.decode()
+    assert not Invitation.objects.filter(tenant=tenant).exists()
+
+
+@pytest.mark.django_db
+def test_a_member_opening_an_invitation_is_told_it_cannot_change_their_role(
+    client, invite, tenant, add_member
+):
+    invitation, link = invite(email="bob@example.com", role="admin")
+    bob = add_member("bob@example.com", "viewer")  # joined meanwhile, by another invitation
+    client.force_login(bob)
+
+    page = client.get(link).content.decode()
+    answer = client.post(link)
+
+    said = "You are already a member of Acme: an invitation cannot change your role."
+    assert said in page and said in answer.content.decode()
+    assert "Welcome" not in answer.content.decode()
+    assert Membership.objects.get(tenant=tenant, user=bob).role == "viewer"
+    invitation.refresh_from_db()
+    assert invitation.status == "pending"
