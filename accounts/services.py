@@ -621,9 +621,12 @@ def invitation_create(
         if selectors.member_with_address(tenant, email):
             raise ValidationError({"email": f"{email} is already a member."})
         now = timezone.now()
-        Invitation.objects.filter(
+        replaced = Invitation.objects.filter(
             tenant=tenant, email__iexact=email, accepted_at=None, revoked_at=None
-        ).update(revoked_at=now)
+        )
+        if replaced.filter(role=Role.OWNER).exists():  # replacing it withdraws it
+            permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
+        replaced.update(revoked_at=now)
         invitation = Invitation(
             tenant=tenant,
             email=email,
@@ -838,6 +841,8 @@ def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
         permission_require(actor=actor, tenant=tenant, action="member.invite")
         # Locked: an acceptance or another withdrawal at the same moment waits for this one.
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+        if invitation.role == Role.OWNER:  # only who may make an owner may undo making one
+            permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
         status = invitation.status
         if status != "pending":
             raise ValidationError(_NOT_WITHDRAWN[status].format(email=invitation.email))

@@ -622,3 +622,30 @@ def test_a_member_opening_an_invitation_is_told_it_cannot_change_their_role(
     assert Membership.objects.get(tenant=tenant, user=bob).role == "viewer"
     invitation.refresh_from_db()
     assert invitation.status == "pending"
+
+
+@pytest.mark.django_db
+def test_an_admin_can_neither_withdraw_nor_replace_an_owners_invitation_to_be_owner(
+    client, invite, tenant, add_member
+):
+    invitation, _ = invite(email="heir@example.com", role="owner")
+    invite(email="clerk@example.com", role="viewer")
+    client.force_login(add_member("admin@example.com", "admin"))
+    team = client.get(f"/t/{tenant.slug}/team/").content.decode()
+    assert team.count(">Withdraw</button>") == 1  # the viewer's invitation only
+
+    withdrawn = client.post(
+        f"/t/{tenant.slug}/team/invitations/{invitation.pk}/revoke/", follow=True
+    )
+    replaced = client.post(
+        f"/t/{tenant.slug}/team/invite/", {"email": "heir@example.com", "role": "viewer"},
+        follow=True,
+    )  # fmt: skip
+
+    for answer in (withdrawn, replaced):
+        assert "Your role (Admin) does not allow" in answer.content.decode()
+    invitation.refresh_from_db()
+    assert invitation.status == "pending"
+    assert Invitation.objects.get(email="heir@example.com", revoked_at=None).role == "owner"
+    assert AuditEvent.objects.filter(action="invitation.revoke", result="denied").exists()
+    assert AuditEvent.objects.filter(action="member.invite", result="denied").exists()
