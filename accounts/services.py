@@ -421,9 +421,10 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         permission_require(actor=actor, tenant=tenant, action="member.change_role")
         membership = _lock_membership(tenant, membership)
         old_role = membership.role
+        # Checked even when nothing changes: an admin is not told an owner "is now Owner".
+        _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=role)
         if old_role == role:
             return membership
-        _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=role)
         membership.role = role
         membership.save(update_fields=["role"])
         audit_record(

@@ -48,6 +48,22 @@ def test_an_admin_cannot_grant_the_owner_role(tenant, add_member):
 
 
 @pytest.mark.django_db
+def test_an_admin_setting_an_owners_role_to_owner_is_refused_not_told_it_is_done(
+    client, owner, tenant, add_member
+):
+    client.force_login(add_member("admin@example.com", "admin"))
+
+    answer = client.post(
+        f"/t/{tenant.slug}/team/{_membership(tenant, owner).pk}/role/",
+        {"role": "owner"},
+        follow=True,
+    )
+
+    assert "is now Owner" not in answer.content.decode()
+    assert "granting or revoking the owner role" in answer.content.decode()
+
+
+@pytest.mark.django_db
 def test_the_last_owner_cannot_be_demoted(owner, tenant):
     with pytest.raises(ActionDenied, match="needs at least one owner"):
         services.membership_change_role(
