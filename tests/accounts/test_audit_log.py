@@ -108,6 +108,11 @@ def test_owners_see_the_log_and_can_filter_it(owner_client, tenant, owner, add_m
     nobody = owner_client.get(f"/t/{tenant.slug}/audit/", {"actor": "nobody@"})
     assert b"No events match." in nobody.content
 
+    # A start of actions (a link, an address typed): the filter says which it applies.
+    started = owner_client.get(f"/t/{tenant.slug}/audit/", {"action": "member."}).content
+    assert b'<option value="member." selected>Starting with member.</option>' in started
+    assert b"<code>member.invite</code>" in started and b"<code>tenant.create</code>" not in started
+
 
 @pytest.mark.django_db
 def test_a_bad_date_range_is_explained_not_crashed(owner_client, tenant):
