@@ -121,13 +121,20 @@ def plan_upsert(
 
 @transaction.atomic
 def plan_prices_replace(
-    *, plan: Plan, currency: str, prices: list[dict], at: datetime | None = None
+    *,
+    plan: Plan,
+    currency: str,
+    prices: list[dict],
+    at: datetime | None = None,
+    in_use: bool = False,
 ) -> bool:
     """Make `plan`'s prices exactly `prices` (each `{dimension, unit, time_unit, unit_price}`,
     in `currency`), changed at `at` (now); returns whether anything changed.
 
-    A plan no usage was recorded on yet takes them at once, for all its usage (its first
-    prices, or a correction before anyone used it). On a plan already used they apply from the
+    A plan no one used yet takes them at once, for all its usage (its first prices, or a
+    correction before anyone used it): no usage was recorded on it, and none is being used
+    (`in_use`: an instance on it has run, whose hour under way is not recorded until it ends).
+    On a plan already used they apply from the
     start of the next billing period (`periods.next_start`): the month under way is priced
     entirely at the prices in effect when it began, as Stripe charges it (a metered item bills
     its whole period at the price it holds when the period is invoiced). Each dimension whose
@@ -152,7 +159,7 @@ def plan_prices_replace(
     current = {price.dimension: price for price in plan.prices.select_for_update()}
     if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
         return False
-    if UsageRecord.objects.filter(plan=plan).exists():
+    if in_use or UsageRecord.objects.filter(plan=plan).exists():
         starts = periods.next_start(at or timezone.now())
         _prices_keep(plan, current, wanted, currency, starts, shape)
     # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe

@@ -131,6 +131,8 @@ def _plan_save(spec: PlanSpec, text: str, digest: str) -> PlanLoad:
             }
             for item in spec.pricing
         ],
+        # An instance made on it runs (or ran) and is billed from its first hour.
+        in_use=Instance.objects.filter(plan_version__plan=plan).exists(),
     )
     plan_changed = plan_changed or prices_changed
     warnings = [*spec.warnings, *_secrets_unset(text)]

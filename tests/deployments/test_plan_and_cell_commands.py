@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 import uuid
+from decimal import Decimal
 from io import StringIO
 from urllib.parse import urlsplit
 
@@ -13,12 +14,14 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.utils import timezone
 
 from accounts.models import Tenant
-from billing.models import Plan
+from billing.models import PastPrice, Plan, Price
 from deployments import selectors, services
 from deployments.models import Cell, Instance, PlanVersion
 from tests.concurrency import race
+from tests.deployments import factories
 from tests.deployments.conftest import SPEC
 
 
@@ -521,3 +524,18 @@ def test_spec_test_can_describe_a_registered_cell(cell, capsys):
     assert "14 passed, 0 failed" in capsys.readouterr().out
     with pytest.raises(CommandError, match="No cell is registered as 'nope'"):
         call_command("spec_test", str(SPEC), "--cell", "nope")
+
+
+def test_new_prices_wait_for_the_next_month_once_an_instance_runs_on_the_plan(tenant):
+    """Before its first hour is metered, no usage is recorded: the running instance's hour
+    under way is billed at the prices it was created under, not at a price loaded meanwhile."""
+    version = factories.postgres_version()
+    factories.make_instances(tenant, version, factories.cell(), 1)
+    changed = SPEC.read_text().replace('price: "0.035"', 'price: "0.07"')
+    assert changed != SPEC.read_text()
+
+    services.plan_load(text=changed)
+
+    cpu = PastPrice.objects.get(plan=version.plan, dimension="cpu")
+    assert cpu.unit_price == Decimal("0.035") and cpu.until > timezone.now()  # till next month
+    assert Price.objects.get(plan=version.plan, dimension="cpu").unit_price == Decimal("0.07")
