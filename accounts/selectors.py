@@ -54,8 +54,15 @@ def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
     )
 
 
+def _invitations_pending(tenant: Tenant) -> QuerySet[Invitation]:
+    """The tenant's pending invitations (`Invitation.status`): neither accepted nor withdrawn,
+    and not expired."""
+    unexpired = timezone.now() - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
+    return tenant.invitations.filter(accepted_at=None, revoked_at=None, created_at__gt=unexpired)
+
+
 def invitations_pending(tenant: Tenant) -> list[Invitation]:
-    invitations = tenant.invitations.filter(accepted_at=None, revoked_at=None).only(
+    invitations = _invitations_pending(tenant).only(
         "tenant",
         "email",
         "role",
@@ -65,16 +72,12 @@ def invitations_pending(tenant: Tenant) -> list[Invitation]:
         "emailed_at",
         "email_attempts",
     )
-    return [i for i in invitations.order_by("email") if i.status == "pending"]
+    return list(invitations.order_by("email"))
 
 
 def invitations_pending_count(tenant: Tenant) -> int:
-    """How many of the tenant's invitations are pending (`Invitation.status`), counted by the
-    database."""
-    unexpired = timezone.now() - timedelta(seconds=settings.OPSDECK_INVITATION_MAX_AGE)
-    return tenant.invitations.filter(
-        accepted_at=None, revoked_at=None, created_at__gt=unexpired
-    ).count()
+    """How many of the tenant's invitations are pending, counted by the database."""
+    return _invitations_pending(tenant).count()
 
 
 def email_address_unclaimed(email: str, *, besides: User | None = None) -> bool:

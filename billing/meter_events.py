@@ -3,7 +3,7 @@
 
 Value: whole millionths of a unit-hour (a usage record's 6 decimals, exactly), so Stripe's
 sums, which its summaries report as floats, stay exact integers; the metered price charges
-per millionth (`stripe_sync.unit_amount_decimal`). Identifier: `opsdeck-usage-<usage record
+per millionth (`pricing.stripe_unit_amount`). Identifier: `opsdeck-usage-<usage record
 id>`, stable and never reused. Timestamp: the usage record's hour.
 
 Stripe de-duplicates identifiers over a rolling 24 hours (at least) and takes timestamps from
@@ -42,6 +42,7 @@ from django.utils import timezone
 from accounts.audit import Actor, audit_record
 from billing import usage
 from billing.models import BillingPeriod, MeterEvent, StripeMeter, Subscription, UsageRecord
+from billing.pricing import MICRO
 from billing.stripe_gateway import StripeGateway, StripeRefused, StripeRetryable, gateway
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ BATCH = 100
 OUTAGE_AFTER = 3
 # Beyond this many other uncertain rows in one customer-hour, the exact match is not searched.
 MATCH_LIMIT = 16
-MICRO = Decimal(1_000_000)
 HOUR = timedelta(hours=1)
 
 

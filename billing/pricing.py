@@ -50,9 +50,9 @@ def rounded(amount: Decimal, currency: str) -> Decimal:
     return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_UP)
 
 
-# Stripe's metered prices charge per millionth of a unit-hour (meter events carry quantities in
-# millionths, `meter_events.MICRO`), in the currency's minor unit, to 12 decimal places.
-STRIPE_METER_UNIT = Decimal("1e-6")
+# Stripe's metered prices charge per millionth of a unit-hour (meter events carry whole
+# millionths), in the currency's minor unit, to 12 decimal places.
+MICRO = Decimal(1_000_000)
 STRIPE_PLACES = Decimal("1e-12")
 
 
@@ -61,14 +61,19 @@ def stripe_unit_amount(per_hour: Decimal, currency: str) -> Decimal:
     meter unit, in the minor unit, rounded half up to Stripe's 12 places. The rounding is at
     most half a minor unit per million unit-hours (3 cents on 10 TiB kept a month at $0.10 a
     GiB-month)."""
-    exact = per_hour * STRIPE_METER_UNIT / minor_unit(currency)
+    exact = per_hour / MICRO / minor_unit(currency)
     return exact.quantize(STRIPE_PLACES, rounding=ROUND_HALF_UP).normalize()
+
+
+def stripe_hourly(unit_amount: Decimal, currency: str) -> Decimal:
+    """What a Stripe price of `unit_amount` per meter unit charges for a unit-hour."""
+    return unit_amount * MICRO * minor_unit(currency)
 
 
 def stripe_per_hour(per_hour: Decimal, currency: str) -> Decimal:
     """What Stripe charges for a unit-hour priced `per_hour` (`stripe_unit_amount`): what the
     portal shows of the usage Stripe bills, so that it says what Stripe's invoice will."""
-    return stripe_unit_amount(per_hour, currency) * minor_unit(currency) / STRIPE_METER_UNIT
+    return stripe_hourly(stripe_unit_amount(per_hour, currency), currency)
 
 
 def unit_price_per_hour(price: Price | PastPrice) -> Decimal:

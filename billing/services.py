@@ -134,13 +134,13 @@ def plan_prices_replace(
     A plan no one used yet takes them at once, for all its usage (its first prices, or a
     correction before anyone used it): no usage was recorded on it, and none is being used
     (`in_use`: an instance on it has run, whose hour under way is not recorded until it ends).
-    On a plan already used they apply from the
-    start of the next billing period (`periods.next_start`): the month under way is priced
-    entirely at the prices in effect when it began, as Stripe charges it (a metered item bills
-    its whole period at the price it holds when the period is invoiced). Each dimension whose
-    price changes, goes or comes keeps what it costs now as a `PastPrice` until then, with the
-    Stripe price that charges it; a second change before then replaces the price to come and
-    keeps that one (taken back to the price in effect, nothing is coming any more)."""
+    On a plan already used they apply from the start of the next billing period
+    (`periods.next_start`): the month under way is priced entirely at the prices in effect when
+    it began, as Stripe charges it (a metered item bills its whole period at the price it holds
+    when the period is invoiced). Each dimension whose price changes, goes or comes keeps what
+    it costs now as a `PastPrice` until then, with the Stripe price that charges it; a second
+    change before then replaces the price to come and keeps that one (taken back to the price
+    in effect, nothing is coming any more)."""
     wanted = {
         item["dimension"]: Price(
             plan=plan,

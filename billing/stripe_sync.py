@@ -22,7 +22,6 @@ from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import Tenant
 from billing import meter_events
-from billing.meter_events import MICRO
 from billing.models import (
     DIMENSION_LABELS,
     BillingProfile,
@@ -37,7 +36,14 @@ from billing.models import (
     StripePrice,
     Subscription,
 )
-from billing.pricing import in_effect, minor_unit, stripe_unit_amount, unit_price_per_hour
+from billing.pricing import (
+    MICRO,
+    in_effect,
+    minor_unit,
+    stripe_hourly,
+    stripe_unit_amount,
+    unit_price_per_hour,
+)
 from billing.selectors import invoice_parties
 from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
 
@@ -1032,7 +1038,7 @@ def invoice_line_values(line: Any, currency: str, prices: dict[str, Billed]) -> 
         "unit": ours.unit,
         "instance_name": "",
         "quantity": (quantity / MICRO).quantize(Decimal("1e-6")),
-        "unit_price": (unit_amount * MICRO * minor_unit(currency)).quantize(Decimal("1e-12")),
+        "unit_price": stripe_hourly(unit_amount, currency).quantize(Decimal("1e-12")),
         "amount": _money(line.amount, currency),
     }
 
