@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
+from accounts import roles
 from accounts.idempotency import request_target, user_scope
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 
@@ -73,6 +74,18 @@ def invitations_pending(tenant: Tenant) -> list[Invitation]:
         "email_attempts",
     )
     return list(invitations.order_by("email"))
+
+
+def invitations_beyond_sender(
+    tenant: Tenant, user_id: int, role: str | None
+) -> QuerySet[Invitation]:
+    """The tenant's pending invitations that member `user_id` sent and may not send with `role`
+    (None: no longer a member): any, without `member.invite`; to be owner, without
+    `member.manage_owners` (`roles.roles_managed_by`)."""
+    sent = _invitations_pending(tenant).filter(invited_by_id=user_id)
+    if role is None or not roles.can(role, "member.invite"):
+        return sent
+    return sent.exclude(role__in=roles.roles_managed_by(role))
 
 
 def invitations_pending_count(tenant: Tenant) -> int:

@@ -413,7 +413,40 @@ def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
     return current
 
 
-def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+def _invitations_outgrown(
+    *, actor: Actor, tenant: Tenant, membership: Membership, role: str | None
+) -> list[str]:
+    """Withdraw the pending invitations the member sent that `role` (None: they are no longer
+    a member) may not send; the addresses they were sent to. An invitation gives no more than
+    its sender may still give: a member removed, or demoted below inviting (or below making
+    owners), takes those they sent with them. Run under the tenant's lock, which inviting
+    takes too (`permission_require`)."""
+    outgrown = list(
+        selectors.invitations_beyond_sender(tenant, membership.user_id, role).order_by("email")
+    )
+    if not outgrown:
+        return []
+    now = timezone.now()
+    Invitation.objects.filter(pk__in=[i.pk for i in outgrown]).update(revoked_at=now)
+    reason = (
+        f"its sender became {Role(role).label}"
+        if role is not None
+        else "its sender left the organization"
+    )
+    for invitation in outgrown:
+        audit_record(
+            actor=actor,
+            action="invitation.revoke",
+            tenant=tenant,
+            target=invitation,
+            payload={"email": invitation.email, "reason": reason},
+        )
+    return [invitation.email for invitation in outgrown]
+
+
+def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> list[str]:
+    """Give the member `role`; the addresses of the invitations they sent that it may not send,
+    withdrawn with the change (`_invitations_outgrown`)."""
     if role not in Role.values:
         raise ValidationError({"role": f"Unknown role {role!r}."})
     tenant = membership.tenant
@@ -424,7 +457,7 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         # Checked even when nothing changes: an admin is not told an owner "is now Owner".
         _guard_owner_change(actor=actor, tenant=tenant, membership=membership, new_role=role)
         if old_role == role:
-            return membership
+            return []
         membership.role = role
         membership.save(update_fields=["role"])
         audit_record(
@@ -434,16 +467,15 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
             target=membership,
             payload={"email": membership.user.email, "from": old_role, "to": role},
         )
-    return membership
+        return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=role)
 
 
-def membership_remove(*, actor: Actor, membership: Membership) -> None:
+def membership_remove(*, actor: Actor, membership: Membership) -> list[str]:
     """Remove a member; anyone may leave (`membership_leave`), removing others needs the role
-    for it."""
+    for it. The addresses of the pending invitations they had sent, withdrawn with them."""
     tenant = membership.tenant
     if actor.user is not None and membership.user_id == actor.user.pk and not actor.staff:
-        membership_leave(actor=actor, tenant=tenant)
-        return
+        return membership_leave(actor=actor, tenant=tenant)
     with audited_action(actor=actor, action="member.remove", tenant=tenant, target=membership):
         permission_require(actor=actor, tenant=tenant, action="member.remove")
         membership = _lock_membership(tenant, membership)
@@ -456,6 +488,7 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
             payload={"email": membership.user.email, "role": membership.role},
         )
         membership.delete()
+        return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
 
 
 def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:
@@ -481,11 +514,12 @@ def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:
     )
 
 
-def membership_leave(*, actor: Actor, tenant: Tenant) -> None:
+def membership_leave(*, actor: Actor, tenant: Tenant) -> list[str]:
     """The acting user leaves the organization, whatever their role. Its last owner may not
     while others remain (someone must be able to manage it), nor when no one else is in it:
     they delete it instead. Under the tenant's lock, with its owners locked: of the last two
-    owners leaving at once, the second is refused once the first has left."""
+    owners leaving at once, the second is refused once the first has left. The addresses of
+    the pending invitations they had sent, withdrawn as they leave."""
     with audited_action(actor=actor, action="member.leave", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="tenant.view")
         membership = Membership.objects.select_related("user").get(tenant=tenant, user=actor.user)
@@ -500,6 +534,7 @@ def membership_leave(*, actor: Actor, tenant: Tenant) -> None:
             payload={"email": membership.user.email, "role": membership.role},
         )
         membership.delete()
+        return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
 
 
 def email_address_lock(email: str) -> None:

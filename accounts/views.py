@@ -113,6 +113,17 @@ def _team_response(request, **extra):
     return redirect("team", tenant_slug=request.tenant.slug)
 
 
+def _withdrawn(addresses: list[str], *, sender: str) -> str:
+    """A sentence naming the invitations withdrawn with a member's change ("" for none)."""
+    if not addresses:
+        return ""
+    shown = ", ".join(addresses[:3])
+    if len(addresses) > 3:
+        shown += f" and {len(addresses) - 3} more"
+    noun, verb = ("invitation", "was") if len(addresses) == 1 else ("invitations", "were")
+    return f" The {noun} {sender} had sent to {shown} {verb} withdrawn."
+
+
 def _sent_home(request):
     """To the home page, which htmx follows as a whole page rather than a swapped panel."""
     return sent_to(request, reverse("home"))
@@ -200,13 +211,18 @@ def member_role(request, membership_id: int):
         template = partial_template(request, "accounts/team.html", "team-panel")
         return render(request, template, _team_context(request, confirm_demotion=confirm))
     try:
-        services.membership_change_role(
+        withdrawn = services.membership_change_role(
             actor=Actor.from_request(request), membership=membership, role=role
         )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _reason(exc))
     else:
-        messages.success(request, f"{membership.user.email} is now {Role(role).label}.")
+        sender = "you" if membership.user_id == request.user.pk else "they"
+        messages.success(
+            request,
+            f"{membership.user.email} is now {Role(role).label}."
+            + _withdrawn(withdrawn, sender=sender),
+        )
     return _team_response(request)
 
 
@@ -216,14 +232,20 @@ def member_remove(request, membership_id: int):
     membership = get_object_or_404(request.tenant.memberships, pk=membership_id)
     leaving = membership.user_id == request.user.pk
     try:
-        services.membership_remove(actor=Actor.from_request(request), membership=membership)
+        withdrawn = services.membership_remove(
+            actor=Actor.from_request(request), membership=membership
+        )
     except (ActionDenied, ValidationError) as exc:
         messages.error(request, _reason(exc))
         return _team_response(request)
     if leaving:
-        messages.success(request, f"You left {request.tenant.name}.")
+        messages.success(
+            request, f"You left {request.tenant.name}." + _withdrawn(withdrawn, sender="you")
+        )
         return _sent_home(request)
-    messages.success(request, f"{membership.user.email} was removed.")
+    messages.success(
+        request, f"{membership.user.email} was removed." + _withdrawn(withdrawn, sender="they")
+    )
     return _team_response(request)
 
 
@@ -317,12 +339,16 @@ def organization_delete(request):
 @require_POST
 def organization_leave(request):
     try:
-        services.membership_leave(actor=Actor.from_request(request), tenant=request.tenant)
+        withdrawn = services.membership_leave(
+            actor=Actor.from_request(request), tenant=request.tenant
+        )
     except ActionDenied as exc:
         messages.error(request, exc.reason)
         return sent_to(request, reverse("organization_settings", args=[request.tenant.slug]))
     request.session.pop(SESSION_KEY, None)
-    messages.success(request, f"You left {request.tenant.name}.")
+    messages.success(
+        request, f"You left {request.tenant.name}." + _withdrawn(withdrawn, sender="you")
+    )
     return _sent_home(request)
 
 

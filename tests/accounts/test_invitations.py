@@ -649,3 +649,99 @@ def test_an_admin_can_neither_withdraw_nor_replace_an_owners_invitation_to_be_ow
     assert Invitation.objects.get(email="heir@example.com", revoked_at=None).role == "owner"
     assert AuditEvent.objects.filter(action="invitation.revoke", result="denied").exists()
     assert AuditEvent.objects.filter(action="member.invite", result="denied").exists()
+
+
+@pytest.mark.django_db
+def test_an_owner_demoted_to_admin_takes_back_the_invitation_to_be_owner_they_sent(
+    client, owner_client, tenant, add_member, make_user
+):
+    """An invitation gives no more than its sender may still give: the owner who invited an
+    heir to be owner, once an admin, cannot make owners, nor can the invitation they sent."""
+    former = add_member("former@example.com", "owner")
+    sent = {
+        role: services.invitation_create(
+            actor=Actor(user=former), tenant=tenant, email=f"{role}.invitee@example.com", role=role
+        )
+        for role in ("owner", "viewer")
+    }
+
+    page = owner_client.post(
+        f"/t/{tenant.slug}/team/{Membership.objects.get(user=former).pk}/role/",
+        {"role": "admin"},
+        follow=True,
+    ).content.decode()
+
+    assert (
+        "former@example.com is now Admin. The invitation they had sent to "
+        "owner.invitee@example.com was withdrawn."
+    ) in page
+    assert {role: Invitation.objects.get(pk=i.pk).status for role, i in sent.items()} == {
+        "owner": "revoked",
+        "viewer": "pending",  # an admin may still invite viewers
+    }
+    event = AuditEvent.objects.get(action="invitation.revoke")
+    assert event.payload == {
+        "email": "owner.invitee@example.com",
+        "reason": "its sender became Admin",
+    }
+    client.force_login(make_user("owner.invitee@example.com"))
+    link = f"/invitations/{services.invitation_token(sent['owner'])}/"
+    assert "This invitation was withdrawn." in client.get(link).content.decode()
+
+
+@pytest.mark.django_db
+def test_a_member_removed_or_leaving_takes_the_invitations_they_sent_with_them(
+    client, owner_client, tenant, add_member
+):
+    removed, leaving = (
+        add_member("gone@example.com", "admin"),
+        add_member("quit@example.com", "admin"),
+    )
+    for sender in (removed, leaving):
+        for n in range(5):
+            services.invitation_create(
+                actor=Actor(user=sender), tenant=tenant, email=f"{n}.{sender.email}", role="member"
+            )
+    kept = services.invitation_create(
+        actor=Actor(user=leaving), tenant=tenant, email="kept@example.com", role="member"
+    )
+    Invitation.objects.filter(pk=kept.pk).update(invited_by=None)  # sent by no one left
+
+    removal = owner_client.post(
+        f"/t/{tenant.slug}/team/{Membership.objects.get(user=removed).pk}/remove/", follow=True
+    ).content.decode()
+    client.force_login(leaving)
+    departure = client.post(f"/t/{tenant.slug}/settings/leave/", follow=True).content.decode()
+
+    assert (
+        "gone@example.com was removed. The invitations they had sent to 0.gone@example.com, "
+        "1.gone@example.com, 2.gone@example.com and 2 more were withdrawn."
+    ) in removal
+    assert "You left Acme. The invitations you had sent to 0.quit@example.com" in departure
+    pending = Invitation.objects.filter(revoked_at=None).values_list("email", flat=True)
+    assert list(pending) == ["kept@example.com"]
+    reasons = AuditEvent.objects.filter(action="invitation.revoke").values_list(
+        "payload__reason", flat=True
+    )
+    assert list(reasons) == ["its sender left the organization"] * 10
+
+
+@pytest.mark.django_db
+def test_a_demotion_that_leaves_inviting_withdraws_nothing_it_may_still_send(
+    owner_client, tenant, add_member
+):
+    admin = add_member("admin@example.com", "admin")
+    invitation = services.invitation_create(
+        actor=Actor(user=admin), tenant=tenant, email="new@example.com", role="admin"
+    )
+
+    page = owner_client.post(
+        f"/t/{tenant.slug}/team/{Membership.objects.get(user=admin).pk}/role/",
+        {"role": "owner"},
+        follow=True,
+    ).content.decode()
+
+    assert "admin@example.com is now Owner." in page
+    assert "withdrawn" not in page
+    invitation.refresh_from_db()
+    assert invitation.status == "pending"
