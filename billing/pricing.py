@@ -410,16 +410,17 @@ class PriceBook:
         return self._prices.get((plan_id, dimension))
 
     def _priced(
-        self, tenant_id: int, plan_id: int, span: int, dimension: str
+        self, tenant_id: int, plan_id: int, span: int, dimension: str, *, catalog: bool = False
     ) -> tuple[Price | PastPrice, Decimal] | None:
         """The plan's price of `dimension` in the span, and the unit price the tenant pays
-        there: the override's where one sets it, else the plan's then; None when the plan did
-        not price it (free)."""
+        there: the override's where one sets it (unless `catalog`: the plan's, as Stripe's
+        catalog charges it), else the plan's then; None when the plan did not price it
+        (free)."""
         at, overrides = self._at(tenant_id, plan_id, span)
         price = self._price(plan_id, dimension, at)
         if price is None:
             return None
-        overridden = overrides.get(dimension)
+        overridden = None if catalog else overrides.get(dimension)
         return price, Decimal(str(overridden)) if overridden is not None else price.unit_price
 
     def unit_price(self, tenant_id: int, plan_id: int, span: int, dimension: str) -> Decimal | None:
@@ -428,11 +429,11 @@ class PriceBook:
         return priced[1] if priced is not None else None
 
     def per_hour(
-        self, tenant_id: int, plan_id: int, span: int, dimension: str
+        self, tenant_id: int, plan_id: int, span: int, dimension: str, *, catalog: bool = False
     ) -> tuple[Decimal, str] | None:
         """The exact price of one unit-hour of `dimension`, and its currency; None when the
-        plan did not price it (free)."""
-        priced = self._priced(tenant_id, plan_id, span, dimension)
+        plan did not price it (free). `catalog`: at the plan's price, overrides aside."""
+        priced = self._priced(tenant_id, plan_id, span, dimension, catalog=catalog)
         if priced is None:
             return None
         price, unit_price = priced

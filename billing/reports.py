@@ -23,7 +23,7 @@ from django.utils import timezone
 from accounts.models import Tenant
 from billing import usage
 from billing.invoicing import billed_late
-from billing.models import DIMENSION_LABELS, MeterEvent, Plan, UsageRecord
+from billing.models import DIMENSION_LABELS, Invoice, MeterEvent, Plan, UsageRecord
 from billing.pricing import PriceBook, minor_unit, rounded, stripe_per_hour
 
 
@@ -63,33 +63,41 @@ class PeriodCost:
         return timezone.now().date() > self.last_day
 
 
-def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> PeriodCost:
+def period_cost(
+    tenant: Tenant, period: str, *, plan: Plan | None = None, billed_by: str = ""
+) -> PeriodCost:
     """The cost of `tenant`'s usage billed in `period` ("YYYY-MM") so far, on every plan or
-    on `plan` only (what one invoice covers)."""
+    on `plan` only; with `billed_by` (an `Invoice.Source`), only the usage that side bills:
+    what went to Stripe's meters, on Stripe's invoice, or the rest, on Opsdeck's — what one
+    invoice covers."""
     start, end = usage.period_bounds(period)
     records = UsageRecord.objects.filter(tenant=tenant, period=period)
     if plan is not None:
         records = records.filter(plan=plan)
+    # Sent to Stripe's meters, on Stripe's invoice (what its meters refused comes back here).
+    on_stripe = Exists(
+        MeterEvent.objects.filter(usage_record=OuterRef("pk")).exclude(
+            status=MeterEvent.Status.ADJUSTED
+        )
+    )
+    if billed_by == Invoice.Source.STRIPE:
+        records = records.filter(on_stripe)
+    elif billed_by == Invoice.Source.LOCAL:
+        records = records.exclude(on_stripe)
     plans = Plan.objects.prefetch_related("prices").in_bulk(
         set(records.values_list("plan_id", flat=True).distinct().order_by())
     )
     book = PriceBook.for_records(plans, records, start, end, tenant_ids={tenant.pk})
-    # Sent to Stripe's meters, on Stripe's invoice (what its meters refused comes back here).
-    on_stripe = MeterEvent.objects.filter(usage_record=OuterRef("pk")).exclude(
-        status=MeterEvent.Status.ADJUSTED
-    )
-    spanned = records.annotate(span=book.span())
+    spanned = records.annotate(span=book.span(), on_stripe=on_stripe)
     per_instance = (
-        spanned.annotate(
-            on_stripe=Exists(on_stripe), late=billed_late(), used_in=TruncMonth("hour")
-        )
+        spanned.annotate(late=billed_late(), used_in=TruncMonth("hour"))
         .values("plan_id", "instance_id", "dimension", "span", "on_stripe", "late", "used_in")
         .annotate(quantity=Sum("quantity"), name=Max("instance_name"))
         .order_by()
     )
     per_day = (
         spanned.annotate(day=TruncDate("hour"))
-        .values("plan_id", "dimension", "day", "span")
+        .values("plan_id", "dimension", "day", "span", "on_stripe")
         .annotate(quantity=Sum("quantity"))
         .order_by()
     )
@@ -102,12 +110,10 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
     instances: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
     shares: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
     for row in per_instance:
-        priced = book.per_hour(tenant.pk, row["plan_id"], row["span"], row["dimension"])
+        priced = _unit_hour(book, tenant.pk, row)
         if priced is None:
             continue  # a dimension the plan does not price is free
         unit_price, currency = priced
-        if row["on_stripe"]:  # what Stripe's invoice will charge for it
-            unit_price = stripe_per_hour(unit_price, currency)
         instance_id = row["instance_id"]
         line = "" if row["on_stripe"] else instance_id
         used_in = row["used_in"] if row["late"] and not row["on_stripe"] else None
@@ -132,7 +138,7 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
     days = [start.date() + timedelta(days=n) for n in range((end - start).days)]
     daily: dict[str, dict[str, dict[date, Decimal]]] = defaultdict(lambda: defaultdict(dict))
     for row in per_day:
-        priced = book.per_hour(tenant.pk, row["plan_id"], row["span"], row["dimension"])
+        priced = _unit_hour(book, tenant.pk, row)
         if priced is None:
             continue
         unit_price, currency = priced
@@ -148,6 +154,20 @@ def period_cost(tenant: Tenant, period: str, *, plan: Plan | None = None) -> Per
         last_day=days[-1],
         currencies=sorted(costs.values(), key=lambda cost: -cost.total),
     )
+
+
+def _unit_hour(book: PriceBook, tenant_id: int, row: dict) -> tuple[Decimal, str] | None:
+    """What a unit-hour of the row's usage costs, and its currency (None: free): at the price
+    the tenant pays on Opsdeck's invoice, or, sent to Stripe's meters, at its catalog's price
+    as Stripe charges it (`stripe_per_hour`), which holds no override."""
+    on_stripe = row["on_stripe"]
+    priced = book.per_hour(
+        tenant_id, row["plan_id"], row["span"], row["dimension"], catalog=on_stripe
+    )
+    if priced is None or not on_stripe:
+        return priced
+    unit_price, currency = priced
+    return stripe_per_hour(unit_price, currency), currency
 
 
 def daily_chart(

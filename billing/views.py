@@ -280,7 +280,9 @@ def invoice_detail(request, invoice_id: int):
     invoice = selectors.invoice_of(request.tenant, invoice_id)
     if invoice is None:
         raise Http404("No such invoice.")
-    cost = reports.period_cost(request.tenant, invoice.period, plan=invoice.plan)
+    cost = reports.period_cost(
+        request.tenant, invoice.period, plan=invoice.plan, billed_by=invoice.source
+    )
     billed_to, issuer = selectors.invoice_parties(invoice)
     context = {"invoice": invoice, "cost": cost, "billed_to": billed_to, "issuer": issuer}
     return render(request, "billing/invoice_detail.html", context)

@@ -78,12 +78,16 @@ def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
     # then (a test cannot wait for an hour to pass). Its hours go to Stripe's meters.
     this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
     StripeCustomer.objects.filter(tenant=tenant).update(created_at=this_month)
+    Subscription.objects.filter(tenant=tenant, plan=plan).update(
+        created_at=this_month, stripe_started_at=this_month
+    )
     factories.ran_since(tenant, version, factories.cell(), this_month)
     latest = metering.last_full_hour()
     hours = [h for h in (latest - usage.HOUR, latest) if h >= this_month]  # none at 00:xx
     metering.meter_hours(hours)
     meter_events.enqueue()
-    assert meter_events.flush().sent == len(stripe_live.meter_events())
+    sent = meter_events.flush().sent
+    assert sent == len(stripe_live.meter_events()) and (sent > 0) == bool(hours)
 
     # Stripe closes the period, drafts the invoice, finalizes it an hour later.
     invoice = stripe_live.close_period(subscription.stripe_subscription_id)

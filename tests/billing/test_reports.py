@@ -182,3 +182,29 @@ def test_the_cost_so_far_follows_the_tenants_price_override(tenant, plan):
     assert money.by_dimension["cpu"] == Decimal("1.68")
     cpu = next(s for s in money.chart["series"] if s["label"] == "CPU")["values"]
     assert cpu[:4] == [0.0, 1.68, 0.0, 0.0]
+
+
+def test_usage_sent_to_stripe_costs_its_catalog_price_whatever_the_override(tenant, plan):
+    """An override set while billing was local (cpu at 0.02) prices what Opsdeck bills;
+    Stripe's catalog holds none of it, and charges its own price (0.035)."""
+    from billing.models import MeterEvent, PlanOverride, UsageRecord
+
+    PlanOverride.objects.create(
+        tenant=tenant, plan=plan, effective_from=NOVEMBER - timedelta(days=30),
+        prices={"cpu": "0.02"},
+    )  # fmt: skip
+    for n in range(10):
+        _use(tenant, plan, NOVEMBER + timedelta(hours=n), "inst-orders00", "orders", cpu="1")
+    local = reports.period_cost(tenant, "2026-11").currencies[0]
+    for record in UsageRecord.objects.all():  # sent to Stripe's cpu meter
+        MeterEvent.objects.create(
+            usage_record=record, identifier=f"u{record.pk}", customer_id="cus_1",
+            event_name="cpu", value=str(record.quantity), timestamp=record.hour, status="sent",
+        )  # fmt: skip
+
+    (money,) = reports.period_cost(tenant, "2026-11").currencies
+
+    assert local.total == Decimal("0.20")  # 10 core-hours at the override's 0.02
+    assert money.total == Decimal("0.35")  # at Stripe's 0.035
+    cpu = next(s for s in money.chart["series"] if s["label"] == "CPU")["values"]
+    assert sum(cpu) == pytest.approx(0.35)

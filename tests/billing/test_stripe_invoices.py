@@ -436,3 +436,50 @@ def test_usage_of_a_month_stripe_has_invoiced_is_billed_by_opsdeck(
     )
     (draft,) = invoicing.period_close(key, now=end + timedelta(hours=2)).invoices
     assert draft.source == "local" and draft.total == Decimal("5.00")  # 100 core-hours at 0.05
+
+
+def _chart_total(page: str) -> Decimal:
+    data = re.search(
+        r'<script id="invoice-daily-cost-data" type="application/json">(.*?)</script>',
+        page,
+        re.S,
+    )
+    assert data, "the invoice page draws no chart"
+    chart = json.loads(data.group(1))
+    return sum((Decimal(value) for _, values in chart["rows"] for value in values), Decimal(0))
+
+
+def test_the_chart_of_an_adjustment_invoice_adds_up_to_that_invoice_not_stripes_usage(
+    owner_client, tenant, subscription, customer, emulator, record_usage, make_user
+):
+    """A tenant billed by Stripe gets a local invoice for the hour Stripe could not take
+    (0.20 USD). Its page charts the month's whole usage of the plan (0.30 USD: the hour on
+    Stripe's invoice too), next to a total of 0.20."""
+    now = timezone.now()
+    key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
+    start, end = usage.period_bounds(key)  # last month
+    customer.created_at = start - timedelta(days=1)
+    customer.save(update_fields=["created_at"])
+    Subscription.objects.filter(pk=subscription.pk).update(
+        created_at=customer.created_at, stripe_started_at=customer.created_at
+    )
+    record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))  # on Stripe's invoice
+    meter_events.enqueue()
+    MeterEvent.objects.update(next_attempt_at=end)
+    assert meter_events.flush(now=end + timedelta(minutes=5)).sent == 1
+    record_usage(start, ("inst-a", "cpu", "4"))  # metered late: too old for Stripe
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=start + usage.HOUR * i) for i in range((end - start) // usage.HOUR)],
+        ignore_conflicts=True,
+    )
+    meter_events.enqueue()
+    assert meter_events.flush(now=max(timezone.now(), start + timedelta(days=36))).adjusted == 1
+    (draft,) = invoicing.period_close(key, now=now).invoices
+    staff = make_user("finance@opsdeck.example", is_staff=True)
+    invoice = invoicing.invoice_finalize(actor=Actor(user=staff, staff=True), invoice=draft)
+    assert invoice.total == Decimal("0.20")
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").content.decode()
+
+    assert "0.20 USD" in page
+    assert _chart_total(page) == invoice.total
