@@ -30,7 +30,12 @@ from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
-from accounts.text import NOT_INTERNET, email_reaches_someone, text_visible
+from accounts.text import (
+    NOT_INTERNET,
+    email_reaches_someone,
+    organization_name_plain,
+    text_visible,
+)
 
 _INVITATION_SALT = "accounts.invitation"
 _SLUG_SUFFIX_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read aloud safely
@@ -111,8 +116,7 @@ def organization_name_clean(name: object) -> str:
     "\ufdfa", may stand for many)."""
     if not isinstance(name, str):
         raise ValidationError({"name": "Give the organization a name."})
-    name = unicodedata.normalize("NFKC", name)
-    name = " ".join(name.split())  # no newlines or tabs: the name goes into email subjects
+    name = organization_name_plain(name)  # no newlines or tabs: it goes into email subjects
     if not name:
         raise ValidationError({"name": "Give the organization a name."})
     if not name.isprintable():
@@ -308,7 +312,7 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
     with audited_action(actor=actor, action="tenant.delete", tenant=tenant, target=tenant):
         permission_require(actor=actor, tenant=tenant, action="tenant.delete")
         tenant = Tenant.objects.get(pk=tenant.pk)
-        typed = " ".join(unicodedata.normalize("NFKC", str(confirm_name)).split())
+        typed = organization_name_plain(str(confirm_name))
         if typed != tenant.name:  # compared as names are stored (`organization_name_clean`)
             raise ValidationError(
                 {"confirm_name": f"Type the organization's name, {tenant.name}, to delete it."}

@@ -43,3 +43,9 @@ def name_plain(typed: str) -> str:
     """A name as it reads, as instance names are stored and found: compatibility forms as their
     plain letters (fullwidth "orders" is "orders"), dashes as "-", without spaces around it."""
     return _hyphens_plain(unicodedata.normalize("NFKC", typed)).strip()
+
+
+def organization_name_plain(typed: str) -> str:
+    """An organization name as names are stored: compatibility forms as their plain letters
+    (a full-width "A" is "A"), each run of whitespace as one space."""
+    return " ".join(unicodedata.normalize("NFKC", typed).split())

@@ -1,6 +1,7 @@
 from django import forms
 from django.core.exceptions import ValidationError
 
+from accounts.text import organization_name_plain
 from billing import invoicing
 from billing.countries import COUNTRIES
 from billing.models import BillingProfile, Invoice
@@ -29,6 +30,9 @@ class InvoiceFilterForm(forms.Form):
     max_total = forms.DecimalField(
         required=False, min_value=0, max_digits=18, decimal_places=2, label="Total at most"
     )
+
+    def clean_tenant(self):
+        return organization_name_plain(self.cleaned_data["tenant"])  # as names are stored
 
     def clean_period(self):
         period = self.cleaned_data["period"]

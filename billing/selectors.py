@@ -125,11 +125,12 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
     ]
     said += _uninvoiced(tenant)
     unpaid = Invoice.objects.filter(tenant=tenant, status=Invoice.Status.OPEN).order_by("number")
-    said += [
-        f"Invoice {invoice.number or invoice.period} ({invoice.total} "
-        f"{invoice.currency.upper()}) is unpaid: pay it first."
-        for invoice in unpaid.only("number", "period", "total", "currency")
-    ]
+    for invoice in unpaid.only("number", "period", "total", "currency"):
+        total = pricing.rounded(invoice.total, invoice.currency)
+        said.append(
+            f"Invoice {invoice.number or invoice.period} ({total} "
+            f"{invoice.currency.upper()}) is unpaid: pay it first."
+        )
     return said
 
 
@@ -203,7 +204,20 @@ def invoice_parties(invoice: Invoice) -> tuple[dict[str, str], str]:
 
 # --- the billing team's pages ---------------------------------------------------------------
 
-_TEAM_ROW = [*_INVOICE_ROW, "created_at", "tenant__name", "tenant__slug", "tenant__deleted_at"]
+# The columns of the billing team's list (`invoices_for_team`), and those its export adds.
+_TEAM_ROW = [
+    "id",
+    "number",
+    "period",
+    "status",
+    "currency",
+    "total",
+    "plan__name",
+    "tenant__name",
+    "tenant__slug",
+    "tenant__deleted_at",
+]
+_TEAM_EXPORT_ROW = [*_TEAM_ROW, "finalized_at"]
 
 
 def invoices_for_team(
@@ -213,9 +227,12 @@ def invoices_for_team(
     tenant: str = "",
     min_total: Decimal | None = None,
     max_total: Decimal | None = None,
+    export: bool = False,
 ) -> QuerySet[Invoice]:
-    """Every tenant's invoices (drafts included), filtered, newest period first."""
-    invoices = Invoice.objects.select_related("plan", "tenant").only(*_TEAM_ROW)
+    """Every tenant's invoices (drafts included), filtered, newest period first; with the
+    columns the team's list shows, or with `export` those its CSV holds."""
+    columns = _TEAM_EXPORT_ROW if export else _TEAM_ROW
+    invoices = Invoice.objects.select_related("plan", "tenant").only(*columns)
     if status:
         invoices = invoices.filter(status=status)
     if period:

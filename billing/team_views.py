@@ -11,6 +11,7 @@ from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST, require_safe
 
 from accounts.audit import Actor
@@ -19,6 +20,7 @@ from accounts.exports import csv_download
 from accounts.models import Tenant
 from billing import invoicing, reports, selectors, usage
 from billing.forms import InvoiceFilterForm
+from billing.pricing import rounded
 
 BILLING_TEAM = "Billing team"
 
@@ -30,6 +32,11 @@ def in_billing_team(user) -> bool:
 
 
 def billing_team_view(view):
+    """A page of the billing team's. Never kept by the browser (`Cache-Control: no-store`), as
+    tenant pages and the admin are not: Back after Finalize must not show the draft with its
+    buttons, nor a signed-out browser every organization's invoices."""
+
+    @never_cache
     @login_required
     @wraps(view)
     def wrapper(request, *args, **kwargs):
@@ -40,7 +47,7 @@ def billing_team_view(view):
     return wrapper
 
 
-def _filtered(request):
+def _filtered(request, *, export: bool = False):
     form = InvoiceFilterForm(request.GET or None)
     filters = {}
     if form.is_bound:
@@ -48,7 +55,7 @@ def _filtered(request):
         filters = {
             key: value for key, value in form.cleaned_data.items() if value not in ("", None)
         }
-    return form, selectors.invoices_for_team(**filters)
+    return form, selectors.invoices_for_team(export=export, **filters)
 
 
 @billing_team_view
@@ -73,7 +80,7 @@ def invoices(request):
 @billing_team_view
 @require_safe
 def invoices_export(request):
-    _, found = _filtered(request)
+    _, found = _filtered(request, export=True)
     header = ["number", "organization", "plan", "period", "status", "currency", "total"]
     header += ["finalized_at", "organization_deleted_at"]
     rows = (
@@ -84,7 +91,7 @@ def invoices_export(request):
             invoice.period,
             invoice.get_status_display(),  # as the pages say it: "Finalized", not "open"
             invoice.currency,
-            invoice.total,
+            rounded(invoice.total, invoice.currency),
             invoice.finalized_at.isoformat() if invoice.finalized_at else "",
             # As the page marks it: an organization deleted since (its invoices are kept).
             invoice.tenant.deleted_at.isoformat() if invoice.tenant.deleted_at else "",

@@ -301,3 +301,48 @@ def test_a_name_that_a_spreadsheet_would_read_as_a_formula_after_a_tab_is_defuse
 
     rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert {row[1] for row in rows[1:] if "HYPERLINK" in row[1]} == {"'\t=HYPERLINK(1)"}
+
+
+def test_the_team_list_reads_only_the_columns_it_shows(team_client, invoices):
+    """Number, organization, plan, period, status and total: not each invoice's Stripe page
+    and PDF addresses (up to 1,000 characters each), nor the times the CSV holds."""
+    with CaptureQueriesContext(connection) as queries:
+        page = team_client.get("/billing-team/").content.decode()
+
+    assert "99.00 USD" in page
+    (listed,) = [
+        query["sql"]
+        for query in queries.captured_queries
+        if query["sql"].startswith('SELECT "billing_invoice"."id"')
+    ]
+    for column in ["hosted_invoice_url", "pdf_url", "created_at", "finalized_at", "source"]:
+        assert f'"billing_invoice"."{column}"' not in listed, column
+
+
+@pytest.mark.parametrize(
+    "typed",
+    ["\uff27\uff4c\uff4f\uff42\uff45\uff58", "Globex  Corp"],  # full-width letters; two spaces
+    ids=["fullwidth", "two spaces"],
+)
+def test_the_organization_filter_reads_a_name_as_names_are_stored(team_client, invoices, typed):
+    """Names are stored with plain letters and single spaces (`organization_name_clean`): a
+    name pasted from an email written in full-width letters, or with two spaces, finds it."""
+    page = team_client.get("/billing-team/", {"tenant": typed}).content.decode()
+
+    assert 'Invoices <small class="muted">(2)</small>' in page
+    assert "99.00 USD" in page and "12.50 USD" not in page
+
+
+def test_the_teams_pages_are_not_kept_by_the_browser(team_client, tenant, invoices):
+    """As tenant pages and the admin: Back after Finalize must not show the draft with its
+    buttons, nor a signed-out browser every organization's invoices."""
+    draft = invoices["draft"]
+    for url in [
+        "/billing-team/",
+        "/billing-team/invoices.csv",
+        f"/billing-team/invoices/{draft.pk}/",
+        f"/billing-team/usage/{tenant.slug}/",
+    ]:
+        response = team_client.get(url)
+        assert response.status_code == 200, url
+        assert "no-store" in response["Cache-Control"], url

@@ -138,3 +138,42 @@ def test_the_invoice_page_reads_the_parties_in_a_constant_number_of_queries(
         counts.append(len(done))
 
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize(
+    ("address", "written"),
+    [
+        (
+            {"country": "US", "city": "San Francisco", "postal_code": "94105", "state": "CA"},
+            ["San Francisco, CA 94105", "United States"],
+        ),
+        (  # a British postcode on a line of its own, after the town
+            {"country": "GB", "city": "London", "postal_code": "SW1A 1AA"},
+            ["London", "SW1A 1AA", "United Kingdom"],
+        ),
+        (
+            {"country": "US", "city": "Austin", "postal_code": "78701"},
+            ["Austin, 78701", "United States"],  # no state: no stray comma
+        ),
+        (  # Japan's Latin format has no city: nothing typed is left out
+            {"country": "JP", "city": "Chiyoda-ku", "postal_code": "100-0001", "state": "Tokyo"},
+            ["100-0001 Chiyoda-ku", "Tokyo", "Japan"],
+        ),
+    ],
+    ids=["us", "gb", "us-no-state", "jp-city"],
+)
+def test_an_address_is_written_as_its_countrys_post_writes_it(
+    client, tenant, owner, address, written
+):
+    _details(tenant, owner, **{"state": "", **address, "tax_id_type": "", "tax_id_value": ""})
+    client.force_login(owner)
+
+    page = client.get(f"/t/{tenant.slug}/billing/").content.decode()  # as invoices print it
+    block = page.split('<address class="billed-to">')[1].split("</address>")[0]
+
+    lines = [line for line in block.replace("</span>", "").split("<span>")[1:]]
+    assert [line.strip() for line in lines][:-1] == [
+        "Unter den Linden 1",
+        "3. OG",
+        *written,
+    ]

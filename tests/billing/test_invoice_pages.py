@@ -205,3 +205,19 @@ def test_the_billing_page_makes_as_many_queries_for_many_invoices_as_for_few(
         _invoice(tenant, plan, period=f"2025-{month:02d}", number=f"2025-{month:06d}")
 
     assert _queries(owner_client, _billing(tenant)) == few
+
+
+def test_an_invoice_in_yen_shows_whole_yen(owner_client, tenant, plan):
+    """Yen has no minor unit: an invoice billed 17 yen (stored as 17.00) says 17 JPY, on its
+    page and in the Billing page's list, as the cost figures do."""
+    invoice = _invoice(tenant, plan, status="draft")
+    Invoice.objects.filter(pk=invoice.pk).update(currency="jpy", total=Decimal(17))
+    invoice.lines.update(amount=Decimal(17))
+    Invoice.objects.filter(pk=invoice.pk).update(status="open", number="2026-000001")
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").content.decode()
+    listed = owner_client.get(_billing(tenant)).content.decode()
+
+    assert "<strong>17 JPY</strong>" in page
+    assert "17.00" not in page
+    assert "17 JPY" in listed and "17.00" not in listed
