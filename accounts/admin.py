@@ -405,6 +405,10 @@ class OutgoingEmailAdmin(ServiceOwnedAdmin):
     list_filter = [("given_up_at", admin.EmptyFieldListFilter)]
     search_fields = ["subject"]
     show_facets = admin.ShowFacets.NEVER
+    # Not its body: a sign-in, confirmation or password-reset link waiting in it would let
+    # whoever reads it into the account (the reason it is encrypted at rest).
+    fields = ["to", "subject", "created_at", "attempts", "last_error", "next_attempt_at"]
+    fields += ["claimed_until", "given_up_at"]
 
     @admin.display(description="To", ordering="to")
     def recipients(self, email: OutgoingEmail) -> str:

@@ -217,6 +217,22 @@ def test_a_waiting_emails_link_is_not_stored_in_the_clear_and_is_sent_whole(sett
 
 
 @pytest.mark.django_db
+def test_staff_do_not_read_a_waiting_password_reset_link_in_the_admin(client, owner, make_user):
+    """The admin shows what waits and why, not the body: its link would let whoever reads it
+    into the customer's account."""
+    assert client.post("/accounts/password/reset/", {"email": owner.email}).status_code == 302
+    email = OutgoingEmail.objects.get(to=[owner.email])
+    key = re.search(r"/password/reset/key/(\S+?)/", email.body)[1]
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+
+    page = client.get(f"/admin/accounts/outgoingemail/{email.pk}/change/")
+
+    assert page.status_code == 200
+    assert "Password Reset" in page.content.decode()  # its subject
+    assert key not in page.content.decode()
+
+
+@pytest.mark.django_db
 def test_emails_waiting_from_before_bodies_were_encrypted_are_encrypted_by_the_migration():
     encrypting = importlib.import_module("accounts.migrations.0013_outgoing_email_encrypted")
     with connection.cursor() as cursor:
