@@ -297,8 +297,15 @@ class PlatformSecretAdmin(admin.ModelAdmin):
 
     form = PlatformSecretForm
 
+    def get_fields(self, request, obj=None):
+        if obj is not None and not self.has_change_permission(request, obj):
+            return ["name", "description"]  # staff who may only view never see the value
+        return super().get_fields(request, obj)
+
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
+        if "value" not in form.base_fields:  # shown to staff who may only view it
+            return form
         # Never render a stored value back into the page.
         form.base_fields["value"].widget = forms.PasswordInput(render_value=False)
         if obj is not None:

@@ -506,3 +506,22 @@ def test_an_action_posted_with_an_id_of_no_item_changes_nothing_and_says_so(staf
     )
     assert confirm.status_code == 200
     assert "Are you sure you want to delete the selected group?" in confirm.content.decode()
+
+
+@pytest.mark.django_db
+def test_staff_who_may_only_view_platform_secrets_open_one_without_its_value(client, make_user):
+    from django.contrib.auth.models import Permission
+
+    from deployments.models import PlatformSecret
+
+    viewer = make_user("viewer@example.com", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_platformsecret"))
+    client.force_login(viewer)
+    secret = PlatformSecret.objects.create(name="TOKEN", value="s3cret-value")
+
+    listed = client.get("/admin/deployments/platformsecret/")
+    page = client.get(f"/admin/deployments/platformsecret/{secret.pk}/change/")
+
+    assert listed.status_code == 200 and "TOKEN" in listed.content.decode()
+    assert page.status_code == 200 and "TOKEN" in page.content.decode()
+    assert "s3cret-value" not in page.content.decode()
