@@ -457,7 +457,9 @@ def subscription_suspend(
     *, actor: Actor, subscription: Subscription, reason: str = "", at: datetime | None = None
 ) -> Subscription:
     """Suspend a subscription (past due beyond its grace period, or a staff action): its
-    instances may only be stopped or deleted; after `stop_after_days` they are stopped."""
+    instances may only be stopped or deleted; after `stop_after_days` they are stopped. Under
+    the tenant's lock, as a cancel is: a create or start checked against the subscription
+    commits before it, never after."""
     return _transition(
         actor=actor,
         subscription=subscription,
@@ -465,6 +467,7 @@ def subscription_suspend(
         to=Status.SUSPENDED,
         stamp={"suspended_at": at or timezone.now(), "suspended_by_staff": actor.staff},
         reason=reason,
+        tenant_locked=True,
     )
 
 

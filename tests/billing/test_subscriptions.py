@@ -412,3 +412,32 @@ def test_two_overrides_from_one_moment_saved_at_once_keep_one_and_say_why_to_the
     refused = [r for r in results if isinstance(r, ValidationError)]
     assert len(refused) == 3 and PlanOverride.objects.count() == 1, results
     assert all("starts at this moment" in str(r) for r in refused)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_suspension_waits_for_a_create_under_way_in_the_organization(
+    tenant, owner, plan, make_user
+):
+    """A create holds the organization's lock from its permission and entitlement checks to its
+    commit (`permission_require`); a suspension committed meanwhile let an instance be created
+    on a suspended subscription. It waits for the create instead, as a cancel does."""
+    from accounts.services import tenant_lock
+    from tests.concurrency import beside_a_lock
+
+    subscription = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    staff = Actor(user=make_user("staff@example.com", is_staff=True), staff=True)
+    order = []
+
+    def suspend():
+        services.subscription_suspend(actor=staff, subscription=subscription, reason="staff")
+        order.append("suspended")
+
+    held, suspended = beside_a_lock(
+        lock=lambda: tenant_lock(tenant.pk),  # a create, checked, not committed yet
+        write=lambda: order.append("created"),
+        act=suspend,
+    )
+
+    assert (held, suspended) == ("committed", None)
+    assert order == ["created", "suspended"]
+    assert Subscription.objects.get(pk=subscription.pk).status == "suspended"
