@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from accounts.admin import ServiceOwnedAdmin, run_action, staff_actor, values_filter
 from accounts.errors import ActionDenied
-from billing import invoicing, meter_events, periods, services, stripe_sync
+from billing import invoicing, meter_events, periods, pricing, services, stripe_sync
 from billing.models import (
     OVERRIDE_SAME_MOMENT,
     BillingPeriod,
@@ -198,6 +198,16 @@ class SubscriptionAdmin(ServiceOwnedAdmin):
     def get_queryset(self, request):
         # Its status reads whether the plan has a price ("Awaiting payment").
         return super().get_queryset(request).prefetch_related("plan__prices")
+
+    def get_changelist_instance(self, request):
+        """The page's rows, each told whether its plan is paid at checkout, read for them all
+        at once: its status and its checkbox's label say it."""
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)
+        paid = pricing.paid_at_checkout(row.plan for row in rows)
+        for row in rows:
+            row.plan_paid_at_checkout = row.plan_id in paid
+        return changelist
 
     @admin.display(description="Status", ordering="status")
     def standing(self, subscription: Subscription) -> str:

@@ -371,10 +371,16 @@ class Subscription(models.Model):
         since = self.stop_counted_from()
         return since + timedelta(days=self.plan.stop_after_days) if since else None
 
+    # Its plan's `paid_at_checkout`, when whoever read it read those of many rows at once
+    # (a page of the admin's list): `status_text` asks no more.
+    plan_paid_at_checkout: bool | None = None
+
     def status_text(self, paid_at_checkout: bool | None = None) -> str:
         """Its status as people read it: while Stripe bills tenants, a pending subscription
         waits for payment on Stripe's checkout page, not for the platform team's approval.
         `paid_at_checkout`: its plan's (`Plan.paid_at_checkout`), when the caller read it."""
+        if paid_at_checkout is None:
+            paid_at_checkout = self.plan_paid_at_checkout
         if paid_at_checkout is None and self.status == self.Status.PENDING:
             paid_at_checkout = self.plan.paid_at_checkout
         if self.status == self.Status.PENDING and paid_at_checkout:

@@ -378,3 +378,34 @@ def test_staff_see_a_plans_past_prices_in_as_many_queries_for_many_as_for_few(
     assert "free (not priced)" in page  # memory before the plan priced it
     # Kept by the services alone: staff read them, and change nothing.
     assert staff_client.get(reverse("admin:billing_pastprice_add")).status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_subscription_list_makes_as_many_queries_for_many_awaiting_payment_as_for_few(
+    staff_client, owner, settings
+):
+    """While Stripe bills tenants a pending subscription reads "Awaiting payment", which asks
+    whether its plan has a price in effect: once for the page, not twice a row."""
+    from accounts import services as account_services
+    from accounts.audit import Actor
+
+    settings.STRIPE_API_KEY = "sk_test_opsdeck_billing"
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    Price.objects.create(plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.05"))
+
+    def pending(count):
+        for n in range(Subscription.objects.count(), count):
+            tenant = account_services.tenant_create(actor=Actor(user=owner), name=f"Org {n:02}")
+            Subscription.objects.create(tenant=tenant, plan=plan, status="pending")
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            page = staff_client.get("/admin/billing/subscription/").content.decode()
+        assert page.count("Awaiting payment") >= Subscription.objects.count()
+        return len(captured)
+
+    pending(2)
+    few = queries()
+    pending(12)
+
+    assert queries() == few
