@@ -4,7 +4,7 @@ from functools import cache
 
 from django import forms
 from django.contrib import admin
-from django.contrib.admin import helpers
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import OuterRef, Subquery
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -146,12 +146,21 @@ class InstanceAdmin(ServiceOwnedAdmin):
         refusal). The page's request id makes a confirmation sent twice (a reload, a double
         click) queue each operation once."""
         fleet_request = request.POST.get("fleet_request", "")
+        confirmed = request.POST.get("confirmed") == "yes" and _FLEET_REQUEST.fullmatch(
+            fleet_request
+        )
+        # Confirmed, the instances the page listed, each with the version it showed: one field
+        # (`_fleet_selection`), not two a row, which past 500 rows would exceed the fields a
+        # request may hold (DATA_UPLOAD_MAX_NUMBER_FIELDS) and be refused whole.
+        seen = _fleet_selection(request.POST.get("fleet_selection", "")) if confirmed else {}
+        if confirmed:
+            queryset = self.get_queryset(request).filter(pk__in=seen)
         instances = list(
             queryset.select_related("tenant", "cell", "plan_version__plan")
             .annotate(newest=_newest_version)
             .order_by("tenant__slug", "name")
         )
-        if request.POST.get("confirmed") == "yes" and _FLEET_REQUEST.fullmatch(fleet_request):
+        if confirmed:
 
             def queue(instance: Instance) -> None:
                 actor, request_id = staff_actor(request), f"fleet-{fleet_request}-{instance.pk}"
@@ -160,14 +169,16 @@ class InstanceAdmin(ServiceOwnedAdmin):
                         actor=actor, instance=instance, verb=action, request_id=request_id
                     )
                     return
-                seen = request.POST.get(f"seen-{instance.pk}", "")  # the version the page showed
                 services.instance_upgrade(
-                    actor=actor, instance=instance, request_id=request_id,
-                    seen=int(seen) if seen.isdigit() else None,
-                )  # fmt: skip
+                    actor=actor, instance=instance, request_id=request_id, seen=seen[instance.pk]
+                )
 
             run_action(self, request, instances, queue, done)
             return None  # back to the list, with what was done and what was not
+        selection = " ".join(
+            f"{instance.pk}:{instance.newest or ''}" if action == "upgrade" else instance.pk
+            for instance in instances
+        )
         context = {
             **self.admin_site.each_context(request),
             "title": getattr(self, action).short_description,
@@ -176,9 +187,20 @@ class InstanceAdmin(ServiceOwnedAdmin):
             "action": action,
             "upgrade": action == "upgrade",
             "fleet_request": uuid.uuid4().hex,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "selection": selection,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/deployments/instance/fleet_confirm.html", context)
+
+
+def _fleet_selection(field: str) -> dict[str, int | None]:
+    """A fleet confirmation's instances, from its one field: "id:version" for each instance of
+    an upgrade (the newest version the page showed it, or none), "id" for another action."""
+    selection = {}
+    for item in field.split():
+        pk, _, version = item.partition(":")
+        selection[pk] = int(version) if version.isdigit() else None
+    return selection
 
 
 class TaskRunInline(admin.TabularInline):
