@@ -454,12 +454,15 @@ def _constraint(exc: IntegrityError) -> str | None:
     return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
 
 
-def _instance_name(name: Any) -> str:
-    name = name_plain(name) if isinstance(name, str) else ""
+def _instance_name(typed: Any) -> str:
+    name = name_plain(typed) if isinstance(typed, str) else ""
     if not name:
         raise ValidationError({"name": "Give the instance a name."})
     if len(name) > NAME_MAX:
-        raise ValidationError({"name": f"Use at most {NAME_MAX} characters."})
+        # A character may stand for several once its letters are plain ("㍻" is "平成"): a
+        # name typed short is told what it counts.
+        written_out = f" (this has {len(name)} once written out)" if len(typed) <= NAME_MAX else ""
+        raise ValidationError({"name": f"Use at most {NAME_MAX} characters{written_out}."})
     if not name.isprintable():
         raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
     if INSTANCE_ID.fullmatch(name.lower()):  # lists and search find instances by id, any case

@@ -152,6 +152,20 @@ def test_a_create_refused_for_its_values_says_too_what_is_wrong_with_its_name(
     assert Instance.objects.filter(tenant=tenant).count() == 1
 
 
+def test_a_name_typed_short_but_long_once_written_out_is_told_what_it_counts(
+    cell, plan, tenant, owner
+):
+    """Names are stored with plain letters: "\u337b" (one character) is "\u5e73\u6210" (two), so
+    60 of them typed, under the field's 100, are 120 stored."""
+    with pytest.raises(ValidationError) as refused:
+        _create(owner, tenant, plan, name="\u337b" * 60)
+
+    assert refused.value.message_dict["name"] == [
+        "Use at most 100 characters (this has 120 once written out)."
+    ]
+    assert not Instance.objects.exists()
+
+
 def test_a_create_writes_what_it_makes_in_one_statement_however_many_the_tenant_holds(
     cell, plan, tenant, owner
 ):
