@@ -1102,6 +1102,14 @@ def verb_labels(version: PlanVersion) -> dict[str, str]:
     return _verb_labels(plan_spec(version))
 
 
+def parameter_labels(version: PlanVersion) -> dict[str, str]:
+    """Each parameter of the plan version, the instance's and its verbs' own, by key: the name
+    its forms show."""
+    spec = plan_spec(version)
+    verbs = [p for verb in spec.main.verbs.values() for p in verb.parameters]
+    return {p.key: p.name or p.key for p in [*verbs, *spec.main.parameters]}
+
+
 def _verb_labels(spec: PlanSpec) -> dict[str, str]:
     verbs = spec.main.verbs.values()
     labels = {v.name: VERB_LABELS.get(v.name) or v.display_name or v.name for v in verbs}

@@ -844,12 +844,15 @@ def instance_action(
         if verb == "backup":
             Snapshot.objects.filter(pk=arguments["snapshot"]).update(operation=operation)
         claim.bind(operation)
+        # What was asked, as the Activity tab says it: a modify's changed values, a verb's own
+        # (a Password one as redacted).
+        given = {
+            **arguments.get("verb_parameters", {}),
+            **{k: REDACTED for k in requested_secret.get("verb_parameters", {})},
+        }
+        payload = {"changed": changed} if verb == "modify" else {"given": given} if given else {}
         audit_record(
-            actor=actor,
-            action=f"instance.{verb}",
-            tenant=tenant,
-            target=instance,
-            payload={"changed": changed} if verb == "modify" else {},
+            actor=actor, action=f"instance.{verb}", tenant=tenant, target=instance, payload=payload
         )
     return operation
 

@@ -354,6 +354,7 @@ def _tab_context(
             "events": list(page),
             "events_page": page,
             "verb_labels": selectors.verb_labels(instance.plan_version),  # what a cancel stopped
+            "parameter_labels": selectors.parameter_labels(instance.plan_version),
         }
     if tab == "metrics":  # the charts load apart, for the chosen window
         return {"metrics_window": params.get("window", "")}

@@ -53,3 +53,14 @@ def relative(moment: datetime | None) -> str:
     if moment > now:
         return f"in {timeuntil(moment, now, depth=1)}"
     return f"{timesince(moment, now, depth=1)} ago"
+
+
+@register.filter
+def values_said(values: dict | None, labels: dict[str, str]) -> str:
+    """Values an action was given, as the Activity tab says them: "Servers: 4, Policy:
+    volatile-ttl", each parameter by its form's name."""
+    said = []
+    for key, value in (values or {}).items():
+        shown = "yes" if value is True else "no" if value is False else value
+        said.append(f"{labels.get(key, key)}: {shown}")
+    return ", ".join(said)

@@ -328,3 +328,29 @@ def test_a_cancelled_eviction_policy_change_says_what_the_servers_may_run_and_ca
             actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
             parameters={"policy": "allkeys-lru"}, request_id="again",
         )  # fmt: skip
+
+
+def test_the_activity_tab_says_what_a_modify_and_an_eviction_policy_change_set(
+    db, owner_client, owner, tenant
+):
+    """Two teammates changing one instance see who set which values: the tab said only
+    "instance.modify" and "instance.setEvictionPolicy", and the policy chosen was kept nowhere."""
+    instance = _cache_running(owner, tenant)
+    page = f"/t/{tenant.slug}/deployments/{instance.pk}/"
+    owner_client.post(f"{page}modify/", {"request_id": "scale", "p-servers": "4"})
+    Operation.objects.filter(verb="modify").update(state=Operation.State.SUCCEEDED)
+    owner_client.post(
+        f"{page}actions/setEvictionPolicy/", {"request_id": "policy", "p-policy": "volatile-ttl"}
+    )
+    assert Operation.objects.filter(verb="setEvictionPolicy").count() == 1
+
+    tab = owner_client.get(page, {"tab": "activity"}).content.decode()
+
+    rows = {
+        action: " ".join(row.split())
+        for row in re.findall(r"<tr>(.*?)</tr>", tab, re.S)
+        for action in ("instance.modify", "instance.setEvictionPolicy")
+        if f"<code>{action}</code>" in row
+    }
+    assert "<td>Servers: 4</td>" in rows["instance.modify"]
+    assert "<td>Eviction policy: volatile-ttl</td>" in rows["instance.setEvictionPolicy"]
