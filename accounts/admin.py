@@ -187,6 +187,11 @@ class UserAddForm(AdminUserCreationForm):
         return email
 
 
+# What a user may do in the admin: staff allowed to change users, or groups, but not superusers
+# themselves, would grant it to themselves (Django lets whoever changes users set them).
+_GRANTS = ["is_staff", "is_superuser", "groups", "user_permissions"]
+
+
 @admin.register(User)
 class UserAdmin(StaffAudited, BaseUserAdmin):
     ordering = ["email"]
@@ -211,7 +216,17 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         # A person changes their own address on their Email page, confirming it there.
-        return [*self.readonly_fields, *(["email"] if obj is not None else [])]
+        readonly = [*self.readonly_fields, *(["email"] if obj is not None else [])]
+        if not request.user.is_superuser:  # what staff may do here is a superuser's to grant
+            readonly += _GRANTS
+        return readonly
+
+    def has_change_permission(self, request, obj=None):
+        """Staff who are not superusers change no superuser (their password would let them in
+        as one)."""
+        if obj is not None and obj.is_superuser and not request.user.is_superuser:
+            return False
+        return super().has_change_permission(request, obj)
 
     def audit_payload(self, obj) -> dict:
         return {"email": obj.email, "groups": sorted(g.name for g in obj.groups.all())}
@@ -425,6 +440,11 @@ class GroupAdmin(StaffAudited, BaseGroupAdmin):
 
     def audit_payload(self, obj) -> dict:
         return {"name": obj.name, "permissions": sorted(p.codename for p in obj.permissions.all())}
+
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return super().get_readonly_fields(request, obj)
+        return ["permissions"]  # a group's member would grant them to themselves (`_GRANTS`)
 
 
 # allauth's own (imported above, so registered already) let staff edit any of them unaudited.

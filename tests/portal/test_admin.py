@@ -525,3 +525,63 @@ def test_staff_who_may_only_view_platform_secrets_open_one_without_its_value(cli
     assert listed.status_code == 200 and "TOKEN" in listed.content.decode()
     assert page.status_code == 200 and "TOKEN" in page.content.decode()
     assert "s3cret-value" not in page.content.decode()
+
+
+@pytest.fixture
+def user_clerk(client, make_user):
+    """Staff, not a superuser, who may view and change users and groups."""
+    from django.contrib.auth.models import Permission
+
+    clerk = make_user("clerk@example.com", is_staff=True)
+    clerk.user_permissions.add(
+        *Permission.objects.filter(
+            codename__in=["view_user", "change_user", "view_group", "change_group"]
+        )
+    )
+    client.force_login(clerk)
+    return clerk
+
+
+@pytest.mark.django_db
+def test_staff_who_may_change_users_cannot_grant_themselves_more(client, user_clerk, owner):
+    """Django lets whoever changes users set what they may do: a clerk ticked "superuser" on
+    their own account, or gave a group they are in every permission."""
+    from django.contrib.auth.models import Group, Permission
+
+    team = Group.objects.create(name="Clerks")
+    user_clerk.groups.add(team)
+    own = f"/admin/accounts/user/{user_clerk.pk}/change/"
+    form = {"first_name": "Clerk", "last_name": "", "is_active": "on", "is_staff": "on",
+            "is_superuser": "on", "user_permissions": [p.pk for p in Permission.objects.all()],
+            "last_login_0": "", "last_login_1": "", "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00"}  # fmt: skip
+
+    saved = client.post(own, form)
+    client.post(
+        f"/admin/auth/group/{team.pk}/change/",
+        {"name": "Clerks", "permissions": [p.pk for p in Permission.objects.all()]},
+    )
+
+    assert saved.status_code == 302  # their name is theirs to change
+    user_clerk.refresh_from_db()
+    assert (user_clerk.first_name, user_clerk.is_superuser) == ("Clerk", False)
+    assert user_clerk.user_permissions.count() == 4
+    assert not team.permissions.exists()
+    assert not user_clerk.has_perm("accounts.delete_user")
+
+
+@pytest.mark.django_db
+def test_staff_who_may_change_users_cannot_change_a_superuser(client, user_clerk, make_user):
+    """A superuser's password set by a clerk would let the clerk in as them."""
+    root = make_user("root@example.com", is_staff=True, is_superuser=True)
+
+    page = client.get(f"/admin/accounts/user/{root.pk}/change/")
+    password = client.post(
+        f"/admin/accounts/user/{root.pk}/password/",
+        {"password1": "an0ther-Secret!", "password2": "an0ther-Secret!"},
+    )
+
+    assert page.status_code == 200 and 'name="first_name"' not in page.content.decode()
+    assert password.status_code == 403
+    root.refresh_from_db()
+    assert not root.check_password("an0ther-Secret!")
