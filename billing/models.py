@@ -1,3 +1,4 @@
+import unicodedata
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -530,7 +531,12 @@ class BillingProfile(models.Model):
         without its first line, city or country, a tax ID of the wrong shape."""
         errors: dict[str, str] = {}
         for name in self.TEXTS:
-            if not getattr(self, name).isprintable():
+            # A no-break or narrow space (pasted from a web page, "DE 123 456 789") is a space.
+            spaced = "".join(
+                " " if unicodedata.category(c) == "Zs" else c for c in getattr(self, name)
+            )
+            setattr(self, name, spaced)
+            if not spaced.isprintable():
                 errors[name] = "Use letters, digits, spaces and punctuation only."
         if "legal_name" not in errors and not text_visible(self.legal_name):
             errors["legal_name"] = "Enter the legal name, as registered."

@@ -179,6 +179,30 @@ def test_roles_that_manage_billing_edit_the_details_from_the_billing_page(
     assert "Edit billing details</a>" in after
 
 
+def test_no_break_spaces_pasted_into_the_details_are_spaces(client, tenant, owner):
+    """A name or tax ID copied from a web page or a PDF often holds no-break or narrow spaces:
+    they were refused as "Use letters, digits, spaces and punctuation only."."""
+    from billing.models import BillingProfile
+
+    client.force_login(owner)
+    pasted = {
+        **DETAILS,
+        "legal_name": "Acme\u00a0GmbH",
+        "line1": "Unter\u202fden Linden 1",
+        "tax_id_value": "DE\u00a0123\u00a0456\u00a0789",
+    }
+
+    sent = client.post(_url(tenant, "details/"), pasted)
+
+    assert sent.status_code == 302
+    profile = BillingProfile.objects.get(tenant=tenant)
+    assert (profile.legal_name, profile.line1, profile.tax_id_value) == (
+        "Acme GmbH",
+        "Unter den Linden 1",
+        "DE123456789",
+    )
+
+
 @pytest.mark.parametrize("role", ["member", "viewer"])
 def test_other_roles_neither_see_nor_change_the_details(client, tenant, add_member, role):
     client.force_login(add_member(f"{role}@example.com", role))
