@@ -9,7 +9,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST, require_safe
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_POST, require_safe
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.exports import csv_download
+from accounts.htmx import sent_to
 from accounts.models import Tenant
 from billing import invoicing, reports, selectors, usage
 from billing.forms import InvoiceFilterForm
@@ -135,7 +137,7 @@ def invoice_act(request, invoice_id: int, action: str):
         messages.error(request, exc.reason)
     else:
         messages.success(request, done.format(changed))
-    return redirect("billing_team_invoice", invoice_id=found.pk)
+    return sent_to(request, reverse("billing_team_invoice", args=[found.pk]))
 
 
 @billing_team_view

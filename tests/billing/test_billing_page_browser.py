@@ -103,7 +103,14 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     team.get_by_role("button", name="Filter").click()
     team.get_by_role("link", name="Draft").click()
     expect(team.locator("h1")).to_have_text("Draft invoice")
+    team.get_by_role("button", name="Finalize").click()  # it asks first: nothing is undone
+    dialog = team.locator("#confirm-dialog")
+    expect(dialog).to_contain_text(f"Finalize this draft for {tenant.name}?")
+    dialog.get_by_role("button", name="Keep the draft").click()
+    expect(dialog).not_to_be_visible()
+    assert Invoice.objects.get(pk=draft.pk).status == "draft"
     team.get_by_role("button", name="Finalize").click()
+    dialog.get_by_role("button", name="Finalize").click()
     expect(team.locator("#messages")).to_contain_text("finalized")
     number = Invoice.objects.get(pk=draft.pk).number
     team.get_by_role("link", name="All invoices").click()
