@@ -3,24 +3,27 @@ import uuid
 from functools import cache
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import OuterRef, Subquery
+from django.db.models import F, Func, IntegerField, OuterRef, Subquery
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 
 from accounts.admin import (
     ServiceOwnedAdmin,
     StaffAudited,
-    run_action,
     staff_actor,
     values_filter,
 )
 from accounts.audit import Actor, audit_record
-from deployments import selectors, services
+from deployments import fleet, selectors
 from deployments.models import (
     BackupSchedule,
     Cell,
+    FleetRun,
     Instance,
     InstanceStateChange,
     Operation,
@@ -126,55 +129,50 @@ class InstanceAdmin(ServiceOwnedAdmin):
         permissions=["operate"],
     )
     def upgrade(self, request, queryset):
-        return self._fleet(request, queryset, "upgrade", "Upgrade queued")
+        return self._fleet(request, queryset, "upgrade")
 
     @admin.action(description="Restart the selected instances", permissions=["operate"])
     def restart(self, request, queryset):
-        return self._fleet(request, queryset, "restart", "Restart queued")
+        return self._fleet(request, queryset, "restart")
 
     @admin.action(description="Stop the selected instances", permissions=["operate"])
     def stop(self, request, queryset):
-        return self._fleet(request, queryset, "stop", "Stop queued")
+        return self._fleet(request, queryset, "stop")
 
     @admin.action(description="Start the selected instances", permissions=["operate"])
     def start(self, request, queryset):
-        return self._fleet(request, queryset, "start", "Start queued")
+        return self._fleet(request, queryset, "start")
 
-    def _fleet(self, request, queryset, action: str, done: str):
+    def _fleet(self, request, queryset, action: str):
         """A page listing the selected instances, and what the action does to each, to
-        confirm; once confirmed, the operation queued on each (`run_action` reports each
-        refusal). The page's request id makes a confirmation sent twice (a reload, a double
-        click) queue each operation once."""
+        confirm; once confirmed, a fleet run that queues the operation on each, in a worker
+        (`fleet`): its page says how far it is and what was refused. The page's request id
+        makes a confirmation sent twice (a reload, a double click) start one run."""
         fleet_request = request.POST.get("fleet_request", "")
-        confirmed = request.POST.get("confirmed") == "yes" and _FLEET_REQUEST.fullmatch(
-            fleet_request
-        )
-        # Confirmed, the instances the page listed, each with the version it showed: one field
-        # (`_fleet_selection`), not two a row, which past 500 rows would exceed the fields a
-        # request may hold (DATA_UPLOAD_MAX_NUMBER_FIELDS) and be refused whole.
-        seen = _fleet_selection(request.POST.get("fleet_selection", "")) if confirmed else {}
-        if confirmed:
-            queryset = self.get_queryset(request).filter(pk__in=seen)
+        if request.POST.get("confirmed") == "yes" and _FLEET_REQUEST.fullmatch(fleet_request):
+            # The instances the page listed, each with the version it showed, in one field:
+            # two a row past 500 rows were more fields than a request may hold
+            # (DATA_UPLOAD_MAX_NUMBER_FIELDS), refused whole.
+            seen = _fleet_selection(request.POST.get("fleet_selection", ""))
+            known = set(self.get_queryset(request).filter(pk__in=seen).values_list("pk", flat=True))
+            run = fleet.fleet_run_start(
+                actor=staff_actor(request),
+                verb=action,
+                request_id=fleet_request,
+                selection=[(pk, version) for pk, version in seen.items() if pk in known],
+            )
+            self.message_user(
+                request,
+                f"The {action} of {len(run.selection)} instances is being queued: this page "
+                "says how far it is, and what was refused.",
+                messages.SUCCESS,
+            )
+            return redirect("admin:deployments_fleetrun_change", run.pk)
         instances = list(
             queryset.select_related("tenant", "cell", "plan_version__plan")
             .annotate(newest=_newest_version)
             .order_by("tenant__slug", "name")
         )
-        if confirmed:
-
-            def queue(instance: Instance) -> None:
-                actor, request_id = staff_actor(request), f"fleet-{fleet_request}-{instance.pk}"
-                if action != "upgrade":
-                    services.instance_action(
-                        actor=actor, instance=instance, verb=action, request_id=request_id
-                    )
-                    return
-                services.instance_upgrade(
-                    actor=actor, instance=instance, request_id=request_id, seen=seen[instance.pk]
-                )
-
-            run_action(self, request, instances, queue, done)
-            return None  # back to the list, with what was done and what was not
         selection = " ".join(
             f"{instance.pk}:{instance.newest or ''}" if action == "upgrade" else instance.pk
             for instance in instances
@@ -201,6 +199,51 @@ def _fleet_selection(field: str) -> dict[str, int | None]:
         pk, _, version = item.partition(":")
         selection[pk] = int(version) if version.isdigit() else None
     return selection
+
+
+def _array_length(field: str) -> Func:
+    return Func(F(field), function="jsonb_array_length", output_field=IntegerField())
+
+
+@admin.register(FleetRun)
+class FleetRunAdmin(ServiceOwnedAdmin):
+    """The fleet actions staff confirmed on the instances' list: how far each is, and the
+    instances that refused it and why (a stopped instance asked to restart, say). Each
+    operation it queued is on the operations' list, recorded in the audit log as its
+    requester's."""
+
+    list_display = ["created_at", "verb", "requested_by", "progress", "queued", "refusals"]
+    list_display += ["finished_at"]
+    list_columns = ("created_at", "verb", "requested_by__email", "handled", "queued")
+    list_columns += ("finished_at",)
+    list_select_related = ["requested_by"]
+    fields = ["verb", "requested_by", "created_at", "progress", "queued", "finished_at"]
+    fields += ["refused_list"]
+    show_facets = admin.ShowFacets.NEVER
+
+    def get_queryset(self, request):
+        # The list's progress and refusals are counted by the database, not read whole.
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(instances=_array_length("selection"), refusals=_array_length("refused"))
+        )
+
+    @admin.display(description="Instances handled")
+    def progress(self, run: FleetRun) -> str:
+        return f"{run.handled} of {run.instances}"
+
+    @admin.display(description="Refused", ordering="refusals")
+    def refusals(self, run: FleetRun) -> int:
+        return run.refusals
+
+    @admin.display(description="Refused")
+    def refused_list(self, run: FleetRun) -> str:
+        if not run.refused:
+            return "None"
+        return format_html_join(
+            mark_safe("<br>"), "{}: {}", ((instance, why) for instance, why in run.refused)
+        )
 
 
 class TaskRunInline(admin.TabularInline):

@@ -535,3 +535,38 @@ class ServerHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server} at {self.hour:%Y-%m-%d %H}h"
+
+
+class FleetRun(models.Model):
+    """A fleet action platform staff confirmed in the admin (`admin.InstanceAdmin`): a worker
+    queues its operations a batch at a time (`fleet.fleet_run_advance`), so that no web request
+    waits on thousands of them; its admin page says how far it is and what was refused."""
+
+    # The confirmation page's: sent twice (a reload, a double click), it starts one run.
+    request_id = models.CharField(max_length=32, unique=True)
+    verb = models.CharField(max_length=64)  # upgrade, restart, stop or start
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_ip = models.GenericIPAddressField(null=True, blank=True)
+    # [instance id, the plan version the page showed it (an upgrade's) or None], as listed.
+    selection = models.JSONField()
+    handled = models.PositiveIntegerField(default=0)  # how many of `selection`, from its start
+    queued = models.PositiveIntegerField(default=0)
+    refused = models.JSONField(default=list)  # [instance, why], as handled
+    created_at = models.DateTimeField(default=timezone.now)
+    # A worker advancing it holds it until then; one that died lets beat send it again.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="fleetrun_unfinished",
+                condition=models.Q(finished_at=None),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verb} of {len(self.selection)} instances ({self.created_at:%Y-%m-%d %H:%M})"

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from deployments import health, runner, services, status
+from deployments import fleet, health, runner, services, status
 
 
 @shared_task
@@ -61,3 +61,15 @@ def server_samples_take() -> int:
     from deployments import metrics
 
     return metrics.samples_take()
+
+
+@shared_task
+def fleet_run_advance(run_id: int) -> bool:
+    """Queue a fleet run's next batch of operations; it sends the one after."""
+    return fleet.fleet_run_advance(run_id)
+
+
+@shared_task
+def fleet_runs_resume() -> int:
+    """Send again the fleet runs no worker holds (run every minute by beat)."""
+    return fleet.fleet_runs_resume()

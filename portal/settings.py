@@ -259,6 +259,8 @@ CELERY_BEAT_SCHEDULE = {
     "billing-period-close": {"task": "billing.tasks.billing_period_close", "schedule": 3600.0},
     # The Metrics tab's samples: one a minute per server of every running instance.
     "server-samples-take": {"task": "deployments.tasks.server_samples_take", "schedule": 60.0},
+    # Fleet actions whose worker died, or whose message was lost, carry on.
+    "fleet-runs-resume": {"task": "deployments.tasks.fleet_runs_resume", "schedule": 60.0},
     # Emails whose message was lost, or whose failed send is due to be tried again.
     "emails-send-due": {"task": "accounts.tasks.emails_send_due", "schedule": 60.0},
     # Invitation emails still unsent a minute after the invitation was made.

@@ -3,7 +3,8 @@
 import pytest
 from playwright.sync_api import expect
 
-from deployments.models import Operation
+from deployments.fleet import fleet_run_advance
+from deployments.models import FleetRun, Operation
 from tests.browser.conftest import scrolls_sideways, shot
 from tests.deployments.factories import cell, make_instances, postgres_version
 
@@ -28,5 +29,11 @@ def test_staff_select_instances_confirm_a_restart_and_read_what_was_queued(
 
     page.get_by_role("button", name="Restart the selected instances: 3").click()
 
-    expect(page.locator("ul.messagelist")).to_contain_text("Restart queued: 3.")
+    expect(page.locator("ul.messagelist")).to_contain_text("The restart of 3 instances is being")
+    run = FleetRun.objects.get()
+    while fleet_run_advance(run.pk):  # as a worker queues it
+        pass
+    page.reload()
+    expect(page.locator(".field-progress")).to_contain_text("3 of 3")
+    assert not scrolls_sideways(page)
     assert Operation.objects.filter(verb="restart").count() == len(instances)

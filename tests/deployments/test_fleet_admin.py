@@ -4,14 +4,15 @@ cells, confirm, and an operation is queued on each, as the instance's owners wou
 import re
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from accounts import services as account_services
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import selectors, services
-from deployments.models import Instance, Operation
+from deployments.fleet import fleet_run_advance
+from deployments.models import FleetRun, Instance, Operation
 from deployments.parameters import split_values
 from deployments.spec.params import validate_parameters
 from tests.deployments.factories import SPEC, cell, make_instances, postgres_version
@@ -57,8 +58,17 @@ def _confirm(client, action, instances):
 
 
 def _send(client, fields):
-    """The confirmation page's button."""
-    return client.post(CHANGELIST, fields)
+    """The confirmation page's button; then the fleet run it started, advanced batch by batch
+    as a worker advances it (`fleet.fleet_run_advance`)."""
+    response = client.post(CHANGELIST, fields)
+    for run in FleetRun.objects.filter(request_id=fields["fleet_request"][0]):
+        while fleet_run_advance(run.pk):
+            pass
+    return response
+
+
+def _run(fields) -> FleetRun:
+    return FleetRun.objects.get(request_id=fields["fleet_request"][0])
 
 
 def test_staff_restart_instances_of_several_organizations_once_confirmed(staff_client, fleet):
@@ -74,12 +84,15 @@ def test_staff_restart_instances_of_several_organizations_once_confirmed(staff_c
 
     done = _send(staff_client, fields)
 
-    assert done.status_code == 302
+    run = _run(fields)
+    assert done.status_code == 302 and done["Location"].endswith(f"/fleetrun/{run.pk}/change/")
     restarts = Operation.objects.filter(verb="restart")
     assert sorted(restarts.values_list("instance_id", flat=True)) == sorted(i.pk for i in running)
-    messages = [str(m) for m in done.wsgi_request._messages]
-    assert "Restart queued: 4." in messages
-    assert any(m.startswith(f"Not done for {stopped}:") for m in messages)  # stopped: refused
+    assert (run.handled, run.queued, run.finished_at is not None) == (5, 4, True)
+    [(instance, why)] = run.refused  # stopped: refused
+    assert instance == str(stopped) and why
+    shown = staff_client.get(done["Location"]).content.decode()
+    assert "5 of 5" in shown and str(stopped) in shown
     staff_events = AuditEvent.objects.filter(action="instance.restart", result="ok")
     assert staff_events.count() == 4 and {e.actor_kind for e in staff_events} == {"staff"}
 
@@ -92,6 +105,7 @@ def test_a_confirmation_sent_twice_queues_each_operation_once(staff_client, flee
     _send(staff_client, fields)  # a reload, a double click
 
     assert Operation.objects.filter(verb="stop").count() == len(running)
+    assert FleetRun.objects.get().queued == len(running)
 
 
 def test_an_upgrade_shows_each_instance_its_newest_version_and_moves_it_there(staff_client, fleet):
@@ -102,9 +116,9 @@ def test_an_upgrade_shows_each_instance_its_newest_version_and_moves_it_there(st
     page, fields = _confirm(staff_client, "upgrade", running[:2])
 
     assert f"v{running[0].plan_version.number} → v{newer.number}" in page.content.decode()
-    done = _send(staff_client, fields)
+    _send(staff_client, fields)
     upgrades = Operation.objects.filter(verb="upgrade")
-    assert upgrades.count() == 2, [str(m) for m in done.wsgi_request._messages]
+    assert upgrades.count() == 2, _run(fields).refused
     assert {o.arguments["upgrade"]["to"] for o in upgrades} == {newer.number}
 
 
@@ -116,10 +130,11 @@ def test_an_upgrade_confirmed_after_a_newer_version_was_published_is_not_queued(
     _, fields = _confirm(staff_client, "upgrade", running[:1])
     services.plan_load(text=SPEC.read_text() + "\n# version 3\n")  # unseen by whoever confirmed
 
-    done = _send(staff_client, fields)
+    _send(staff_client, fields)
 
     assert not Operation.objects.filter(verb="upgrade").exists()
-    assert any("Not done for" in str(m) for m in done.wsgi_request._messages)
+    [(instance, why)] = _run(fields).refused
+    assert instance == str(running[0]) and "published after" in why
 
 
 def test_the_confirmation_page_costs_the_same_queries_for_many_instances(
@@ -173,3 +188,84 @@ def test_an_upgrade_of_more_instances_than_a_request_has_fields_for_is_queued(
 
     assert done.status_code == 302
     assert Operation.objects.filter(verb="upgrade").count() == 20
+
+
+def test_a_worker_queues_a_fleet_run_a_batch_at_a_time_until_it_is_done(worker, tenant, make_user):
+    """The confirmation returns at once; a real worker queues the run's operations, one batch
+    (`fleet.BATCH`) a task, each task sending the next."""
+    from accounts.audit import Actor as Who
+    from deployments import fleet
+    from tests.deployments.conftest import wait_for
+
+    instances = make_instances(tenant, postgres_version(), cell(), fleet.BATCH + 10, name="o")
+    staff = Who(user=make_user("staff@example.com", is_staff=True, is_superuser=True), staff=True)
+    with transaction.atomic():
+        run = fleet.fleet_run_start(
+            actor=staff, verb="stop", request_id="b" * 32,
+            selection=[(instance.pk, None) for instance in instances],
+        )  # fmt: skip
+
+    wait_for(
+        lambda: FleetRun.objects.filter(pk=run.pk, finished_at__isnull=False).exists(),
+        timeout=60,
+        what="the run to end",
+    )
+    run.refresh_from_db()
+    assert (run.handled, run.queued, run.refused) == (len(instances), len(instances), [])
+    assert Operation.objects.filter(verb="stop").count() == len(instances)
+
+
+def test_a_run_whose_worker_died_is_sent_again_and_carries_on_where_it_was(
+    staff_client, fleet, broker
+):
+    """A worker that died in a batch left the run claimed, with nothing of that batch
+    recorded: once its claim lapses beat sends the run again, and the batch done again queues
+    nothing twice (each instance's request id)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployments import fleet as fleet_runs
+
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+    staff_client.post(CHANGELIST, fields)
+    run = _run(fields)
+    broker.back()
+    assert fleet_runs.fleet_runs_resume() == 0  # a minute for its own message
+    assert fleet_runs.fleet_run_advance(run.pk)  # the first batch: every instance queued ...
+    FleetRun.objects.filter(pk=run.pk).update(  # ... and its worker died before recording it
+        handled=0, queued=0, finished_at=None, claimed_until=timezone.now() + timedelta(minutes=2)
+    )
+
+    assert fleet_runs.fleet_runs_resume() == 0  # its claim holds
+    later = timezone.now() + fleet_runs.CLAIM + timedelta(seconds=1)
+    assert fleet_runs.fleet_runs_resume(now=later) == 1
+    assert broker.sent == [("deployments.tasks.fleet_run_advance", [run.pk])]
+    assert fleet_runs.fleet_run_advance(run.pk, now=later)
+
+    run.refresh_from_db()
+    assert (run.handled, run.queued, run.finished_at is not None) == (4, 4, True)
+    assert Operation.objects.filter(verb="restart").count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_confirmation_sent_at_once_from_several_tabs_starts_one_run(tenant, make_user):
+    from accounts.audit import Actor as Who
+    from deployments import fleet as fleet_runs
+    from tests.concurrency import race
+
+    instances = make_instances(tenant, postgres_version(), cell(), 2, name="o")
+    staff = Who(user=make_user("staff@example.com", is_staff=True, is_superuser=True), staff=True)
+
+    runs = race(
+        lambda: fleet_runs.fleet_run_start(
+            actor=staff,
+            verb="restart",
+            request_id="c" * 32,
+            selection=[(instance.pk, None) for instance in instances],
+        )
+    )
+
+    assert all(isinstance(run, FleetRun) for run in runs), runs
+    assert len({run.pk for run in runs}) == 1 and FleetRun.objects.count() == 1

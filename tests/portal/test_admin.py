@@ -28,11 +28,15 @@ def one_of_everything(tenant, owner):
     from pathlib import Path
 
     from deployments import services as deployment_services
-    from deployments.models import PlatformSecret
+    from deployments.models import FleetRun, PlatformSecret
 
     spec = Path(__file__).resolve().parents[2] / "specs" / "postgres-cnpg.yaml"
     deployment_services.plan_load(text=spec.read_text())
     PlatformSecret.objects.create(name="TOKEN", value="s3cret")
+    FleetRun.objects.create(
+        request_id="f" * 32, verb="restart", requested_by=owner,
+        selection=[["inst-abcdefgh", None]], handled=1, refused=[["orders", "It is stopped."]],
+    )  # fmt: skip
     services.invitation_create(
         actor=Actor(user=owner), tenant=tenant, email="new@example.com", role="member"
     )

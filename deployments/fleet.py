@@ -1,0 +1,126 @@
+"""Fleet actions: an operation queued on each of many instances, as platform staff confirmed
+it in the admin (`admin.InstanceAdmin`).
+
+The confirmation starts a `FleetRun` and returns at once; a worker queues its operations a
+batch at a time, each as `services` queues one for the instance's owners (an upgrade also
+refused when the instance's plan got a version newer than the one the page showed it). A batch
+commits what it queued, what it refused and how far the run is in one transaction: a worker
+that dies in one leaves it to be done again, and each instance's request id
+(`fleet-<run>-<instance>`) makes what it had queued a repeat, not a second operation. Beat
+sends again a run whose worker let its claim lapse (`fleet_runs_resume`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from deployments import services
+from deployments.models import FleetRun, Instance
+
+VERBS = ("upgrade", "restart", "stop", "start")
+BATCH = 50  # instances a worker queues in one transaction
+# How long a worker holds a run for one batch: longer than a batch may take.
+CLAIM = timedelta(minutes=2)
+
+
+def fleet_run_start(
+    *, actor: Actor, verb: str, request_id: str, selection: list[tuple[str, int | None]]
+) -> FleetRun:
+    """The run of `verb` on the selected instances ([instance id, version seen]); the one this
+    request id started when it is sent again. Its first batch is sent once it commits."""
+    if verb not in VERBS:
+        raise ValidationError(f"No fleet action {verb!r}.")
+    run, made = FleetRun.objects.get_or_create(
+        request_id=request_id,
+        defaults={
+            "verb": verb,
+            "requested_by": actor.user,
+            "requested_ip": actor.ip,
+            "selection": [list(item) for item in selection],
+        },
+    )
+    if made:
+        transaction.on_commit(lambda: _send(run.pk), robust=True)  # beat sends it if this fails
+    return run
+
+
+def _send(run_id: int) -> None:
+    from deployments.tasks import fleet_run_advance  # tasks import this module
+
+    fleet_run_advance.delay(run_id)
+
+
+def fleet_run_advance(run_id: int, *, now=None) -> bool:
+    """Queue the run's next batch, claimed first in one UPDATE (no two workers queue it);
+    then send the next one, or end the run. Whether this call queued a batch."""
+    now = now or timezone.now()
+    claimed = (
+        FleetRun.objects.filter(pk=run_id, finished_at=None)
+        .filter(Q(claimed_until=None) | Q(claimed_until__lt=now))
+        .update(claimed_until=now + CLAIM)
+    )
+    if not claimed:
+        return False
+    run = FleetRun.objects.select_related("requested_by").get(pk=run_id)
+    actor = Actor(user=run.requested_by, ip=run.requested_ip, staff=True)
+    batch = run.selection[run.handled : run.handled + BATCH]
+    instances = Instance.objects.select_related("tenant").in_bulk([pk for pk, _ in batch])
+    queued, refused = 0, []
+    with transaction.atomic():
+        for pk, seen in batch:
+            instance = instances.get(pk)
+            if instance is None:
+                refused.append([pk, "It no longer exists."])
+                continue
+            try:
+                with transaction.atomic():  # a refusal leaves the batch's others queued
+                    _queue(run, actor, instance, seen)
+            except (ActionDenied, ValidationError) as exc:
+                why = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
+                refused.append([str(instance), why])
+            else:
+                queued += 1
+        handled = run.handled + len(batch)
+        finished = handled >= len(run.selection)
+        # Fenced by how far it was: a worker that outlasted its claim, while another took the
+        # batch over, records nothing (what it queued were the other's repeats).
+        FleetRun.objects.filter(pk=run_id, handled=run.handled).update(
+            handled=handled,
+            queued=F("queued") + queued,
+            refused=run.refused + refused,
+            claimed_until=None,
+            finished_at=timezone.now() if finished else None,
+        )
+        if not finished:
+            transaction.on_commit(lambda: _send(run_id), robust=True)
+    return True
+
+
+def _queue(run: FleetRun, actor: Actor, instance: Instance, seen: int | None) -> None:
+    request_id = f"fleet-{run.request_id}-{instance.pk}"
+    if run.verb == "upgrade":
+        services.instance_upgrade(actor=actor, instance=instance, request_id=request_id, seen=seen)
+    else:
+        services.instance_action(
+            actor=actor, instance=instance, verb=run.verb, request_id=request_id
+        )
+
+
+def fleet_runs_resume(*, now=None) -> int:
+    """Send again each unfinished run no worker holds (its message lost, its worker dead) a
+    minute after it began or its claim lapsed; how many (run every minute by beat)."""
+    now = now or timezone.now()
+    stalled = FleetRun.objects.filter(finished_at=None).filter(
+        Q(claimed_until=None, created_at__lt=now - timedelta(minutes=1)) | Q(claimed_until__lt=now)
+    )
+    ids = list(stalled.values_list("pk", flat=True))
+    for run_id in ids:
+        _send(run_id)
+    return len(ids)
