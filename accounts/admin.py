@@ -4,6 +4,7 @@ from functools import cached_property
 from allauth.account.admin import EmailAddressAdmin as BaseEmailAddressAdmin
 from allauth.account.models import EmailAddress
 from allauth.mfa.admin import AuthenticatorAdmin as BaseAuthenticatorAdmin
+from allauth.mfa.base.internal.flows import delete_dangling_recovery_codes
 from allauth.mfa.models import Authenticator
 from django.conf import settings
 from django.contrib import admin, messages
@@ -484,6 +485,7 @@ class AuthenticatorAdmin(BaseAuthenticatorAdmin):
         self.delete_queryset(request, Authenticator.objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request, queryset):
+        users = {}
         for authenticator in queryset.select_related("user"):
             audit_record(
                 actor=staff_actor(request),
@@ -491,4 +493,16 @@ class AuthenticatorAdmin(BaseAuthenticatorAdmin):
                 target=authenticator.user,
                 payload={"type": authenticator.type},
             )
+            users[authenticator.user_id] = authenticator.user
         queryset.delete()
+        for user in users.values():
+            # Recovery codes left without the factor they stand in for go too, as the person's
+            # own removal takes them: a device reset must not leave codes that may have leaked
+            # with it working beside the next one.
+            if delete_dangling_recovery_codes(user) is not None:
+                audit_record(
+                    actor=staff_actor(request),
+                    action="mfa.remove",
+                    target=user,
+                    payload={"type": Authenticator.Type.RECOVERY_CODES},
+                )

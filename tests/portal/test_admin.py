@@ -410,6 +410,26 @@ def test_staff_removing_a_persons_second_factor_is_recorded_as_theirs_is(staff_c
 
 
 @pytest.mark.django_db
+def test_staff_removing_a_persons_last_second_factor_removes_their_recovery_codes_too(
+    staff_client, owner
+):
+    """As the person's own removal does: codes that may have leaked with the lost device must
+    not keep working beside the next one."""
+    from allauth.mfa.models import Authenticator
+
+    from accounts.models import AuditEvent
+
+    totp = Authenticator.objects.create(user=owner, type=Authenticator.Type.TOTP, data={})
+    Authenticator.objects.create(user=owner, type=Authenticator.Type.RECOVERY_CODES, data={})
+
+    staff_client.post(_url(Authenticator, "delete", totp.pk), {"post": "yes"})
+
+    assert not Authenticator.objects.filter(user=owner).exists()
+    removed = AuditEvent.objects.filter(action="mfa.remove").order_by("pk")
+    assert [e.payload["type"] for e in removed] == ["totp", "recovery_codes"]
+
+
+@pytest.mark.django_db
 def test_a_beat_task_is_saved_only_with_arguments_celery_can_call_it_with(staff_client):
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
