@@ -383,11 +383,14 @@ class PlatformSecretAdmin(admin.ModelAdmin):
             obj.value = PlatformSecret.objects.get(pk=obj.pk).value
         obj.updated_at = timezone.now()
         super().save_model(request, obj, form, change)
+        # What changed (the value's name only, never the value), and the name it had.
+        changed = [name for name in form.changed_data if name != "value" or form.cleaned_data[name]]
+        renamed = {"from": form.initial["name"]} if change and "name" in changed else {}
         audit_record(
             actor=Actor.from_request(request, staff=True),
             action="secret.update" if change else "secret.create",
             target=obj,
-            payload={"name": obj.name},
+            payload={"name": obj.name, **renamed, **({"changed": changed} if change else {})},
         )
 
     def get_deleted_objects(self, objs, request):

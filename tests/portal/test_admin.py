@@ -609,3 +609,26 @@ def test_staff_who_may_change_users_cannot_change_a_superuser(client, user_clerk
     assert password.status_code == 403
     root.refresh_from_db()
     assert not root.check_password("an0ther-Secret!")
+
+
+@pytest.mark.django_db
+def test_a_platform_secret_renamed_or_given_a_new_value_is_audited_with_what_changed(
+    staff_client,
+):
+    """The audit log named a renamed secret by its new name alone, and did not say whether its
+    value changed: which secret was which, and when a value was rotated, was lost."""
+    from deployments.models import PlatformSecret
+
+    secret = PlatformSecret.objects.create(name="TOKEN", value="s3cret", description="")
+    page = f"/admin/deployments/platformsecret/{secret.pk}/change/"
+
+    staff_client.post(page, {"name": "API_TOKEN", "value": "", "description": ""})
+    staff_client.post(page, {"name": "API_TOKEN", "value": "n3w-s3cret", "description": ""})
+
+    payloads = [e.payload for e in AuditEvent.objects.filter(action="secret.update").order_by("pk")]
+    assert payloads == [
+        {"name": "API_TOKEN", "from": "TOKEN", "changed": ["name"]},
+        {"name": "API_TOKEN", "changed": ["value"]},
+    ]
+    secret.refresh_from_db()
+    assert secret.value == "n3w-s3cret"
