@@ -480,17 +480,20 @@ def _page(
     }
     if context.get("head_follows"):
         context["head_shown"] = _head_shown(instance, actions)
-    if part != "instance-head":
+    if part != "instance-head" or context.get("dialogs_follow"):
         # What the delete dialog promises can be restored.
         context["snapshot_count"] = selectors.snapshots_restorable(instance).count()
         context["takes_last_backup"] = selectors.last_backup_taken(instance)
+    if part != "instance-head":
         shown = _tab_context(
             instance, tab, actions, allowed, request.GET if params is None else params
         )
         context.update({**shown, **extra})
     template = f"{DETAIL}#{part}" if part else DETAIL
     # Only the parts with the dialogs need the modify form (not each poll of the timeline).
-    dialogs = template in {DETAIL, f"{DETAIL}#instance-page"} and "modify_form" not in context
+    dialogs = (
+        template in {DETAIL, f"{DETAIL}#instance-page"} or context.get("dialogs_follow")
+    ) and "modify_form" not in context
     if dialogs and any(a.verb == "modify" and not a.refusal for a in actions):
         context.update(_modify_context(instance))
     if dialogs:
@@ -543,7 +546,15 @@ def _header_followed(request, instance: Instance):
         )
         if answer := unchanged(request, _head_shown(instance, actions)):
             return answer
-        return _page(request, instance, tab="overview", part="instance-head", head_follows=True)
+        # Changed: its dialogs come too, for the actions the header may now offer.
+        return _page(
+            request,
+            instance,
+            tab="overview",
+            part="instance-head",
+            head_follows=True,
+            dialogs_follow=True,
+        )
     address = current_address(request)  # None when it does not parse: the overview
     shown = QueryDict(address.query if address else "")
     tab = shown.get("tab", "overview")

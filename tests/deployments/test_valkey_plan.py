@@ -354,3 +354,28 @@ def test_the_activity_tab_says_what_a_modify_and_an_eviction_policy_change_set(
     }
     assert "<td>Servers: 4</td>" in rows["instance.modify"]
     assert "<td>Eviction policy: volatile-ttl</td>" in rows["instance.setEvictionPolicy"]
+
+
+def test_an_action_the_header_comes_to_offer_while_an_operation_is_pending_opens_its_dialog(
+    db, owner_client, owner, tenant
+):
+    """While a modify updates the cache, a new eviction policy is refused, so the page has no
+    dialog for it; once the servers are back, before the modify ends, the header's poll offers
+    it. It brought the enabled button alone, and clicking it opened nothing: its dialog now
+    comes with it."""
+    instance = _cache_running(owner, tenant)
+    page = f"/t/{tenant.slug}/deployments/{instance.pk}/"
+    owner_client.post(f"{page}modify/", {"request_id": "scale", "p-servers": "4"})
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.UPDATING)
+    shown = owner_client.get(page).content.decode()
+    assert 'id="dialog-setEvictionPolicy"' not in shown
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)  # modify pending
+
+    polled = owner_client.get(
+        page, {"shown": "an older digest"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head"
+    ).content.decode()
+
+    why = re.search(r'id="why-setEvictionPolicy">(.*?)</li>', polled)
+    assert why is None, why.group(1)
+    assert '<div id="instance-dialogs" hx-swap-oob="true">' in polled
+    assert 'id="dialog-setEvictionPolicy"' in polled
