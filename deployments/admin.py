@@ -92,6 +92,7 @@ class StateChangeInline(admin.TabularInline):
 
 # A fleet request id: the confirmation page's, one per instance it queues an operation on.
 _FLEET_REQUEST = re.compile(r"[0-9a-f]{32}")
+_VERSION = re.compile(r"[0-9]{1,9}")  # a plan version's number, as a fleet page shows it
 # The number of the newest version of an instance's plan, what an upgrade moves it to.
 _newest_version = Subquery(
     PlanVersion.objects.filter(plan_id=OuterRef("plan_version__plan_id"))
@@ -197,7 +198,7 @@ def _fleet_selection(field: str) -> dict[str, int | None]:
     selection = {}
     for item in field.split():
         pk, _, version = item.partition(":")
-        selection[pk] = int(version) if version.isdigit() else None
+        selection[pk] = int(version) if _VERSION.fullmatch(version) else None
     return selection
 
 
@@ -220,6 +221,15 @@ class FleetRunAdmin(ServiceOwnedAdmin):
     fields = ["verb", "requested_by", "created_at", "progress", "queued", "finished_at"]
     fields += ["refused_list"]
     show_facets = admin.ShowFacets.NEVER
+
+    def has_view_permission(self, request, obj=None):
+        # Whoever may start one (`InstanceAdmin.has_operate_permission`) sees how it went.
+        return request.user.has_perm("deployments.change_instance") or super().has_view_permission(
+            request, obj
+        )
+
+    def has_module_permission(self, request):
+        return self.has_view_permission(request) or super().has_module_permission(request)
 
     def get_queryset(self, request):
         # The list's progress and refusals are counted by the database, not read whole.

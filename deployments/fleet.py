@@ -70,6 +70,9 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
         return False
     run = FleetRun.objects.select_related("requested_by").get(pk=run_id)
     actor = Actor(user=run.requested_by, ip=run.requested_ip, staff=True)
+    if not may_run(run.requested_by):  # as they may no longer start one, theirs stops
+        _stop(run, "Its requester may no longer run fleet actions.")
+        return True
     batch = run.selection[run.handled : run.handled + BATCH]
     instances = Instance.objects.select_related("tenant").in_bulk([pk for pk, _ in batch])
     queued, refused = 0, []
@@ -101,6 +104,28 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
         if not finished:
             transaction.on_commit(lambda: _send(run_id), robust=True)
     return True
+
+
+def may_run(user) -> bool:
+    """Whether `user` may start a fleet action (and have one go on): active platform staff
+    allowed to change instances."""
+    return bool(
+        user is not None
+        and user.is_active
+        and user.is_staff
+        and user.has_perm("deployments.change_instance")
+    )
+
+
+def _stop(run: FleetRun, why: str) -> None:
+    """End the run where it is, each instance not handled yet refused for `why`."""
+    left = [[pk, why] for pk, _ in run.selection[run.handled :]]
+    FleetRun.objects.filter(pk=run.pk, handled=run.handled).update(
+        handled=len(run.selection),
+        refused=run.refused + left,
+        claimed_until=None,
+        finished_at=timezone.now(),
+    )
 
 
 def _queue(run: FleetRun, actor: Actor, instance: Instance, seen: int | None) -> None:

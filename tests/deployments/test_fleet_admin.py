@@ -269,3 +269,64 @@ def test_one_confirmation_sent_at_once_from_several_tabs_starts_one_run(tenant, 
 
     assert all(isinstance(run, FleetRun) for run in runs), runs
     assert len({run.pk for run in runs}) == 1 and FleetRun.objects.count() == 1
+
+
+def test_staff_who_may_operate_instances_see_the_fleet_run_they_started(client, make_user, fleet):
+    """The run's page needed a permission of its own no one was given: 403 for all but
+    superusers, right after the confirmation sent them there."""
+    from django.contrib.auth.models import Permission
+
+    operator = make_user("operator@example.com", is_staff=True)
+    operator.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_instance", "change_instance"])
+    )
+    client.force_login(operator)
+    running, _ = fleet
+    _, fields = _confirm(client, "restart", running)
+
+    done = client.post(CHANGELIST, fields)
+
+    assert done.status_code == 302 and _run(fields).requested_by == operator
+    assert client.get(done["Location"]).status_code == 200
+    assert client.get("/admin/deployments/fleetrun/").status_code == 200
+
+
+def test_a_hostile_version_in_the_fleet_selection_is_taken_as_none_shown(staff_client, fleet):
+    """A version `str.isdigit()` takes and `int()` does not ("²", 5,000 digits) was a server
+    error; it is no version the page showed, and the upgrade is refused as one confirmed on a
+    page that showed none."""
+    running, _ = fleet
+    services.plan_load(text=SPEC.read_text() + "\n# version 2\n")
+    _, fields = _confirm(staff_client, "upgrade", running[:1])
+
+    for n, version in enumerate(["\u00b2", "9" * 5000]):
+        fields["fleet_selection"] = [f"{running[0].pk}:{version}"]
+        fields["fleet_request"] = [f"{n:032x}"]
+        assert _send(staff_client, fields).status_code == 302
+        assert _run(fields).handled == 1
+
+
+def test_a_run_whose_requester_is_no_longer_staff_queues_nothing_more(fleet, tenant, owner):
+    """The worker acted as its requester read at each batch: no longer staff, the run went on
+    as their membership allowed (queued where they are owner, recorded as staff's, refused
+    elsewhere as "not a member"). It stops, each instance left refused with why."""
+    from accounts.audit import Actor as Who
+    from deployments import fleet as fleet_runs
+
+    running, _ = fleet
+    owner.is_staff = owner.is_superuser = True
+    owner.save(update_fields=["is_staff", "is_superuser"])
+    run = fleet_runs.fleet_run_start(
+        actor=Who(user=owner, staff=True), verb="restart", request_id="d" * 32,
+        selection=[(instance.pk, None) for instance in running],
+    )  # fmt: skip
+    owner.is_staff = False  # left the platform team before a worker got to it
+    owner.save(update_fields=["is_staff"])
+
+    while fleet_run_advance(run.pk):
+        pass
+
+    run.refresh_from_db()
+    assert not Operation.objects.exists()
+    assert (run.handled, run.queued, run.finished_at is not None) == (4, 0, True)
+    assert {why for _, why in run.refused} == {"Its requester may no longer run fleet actions."}
