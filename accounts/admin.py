@@ -193,6 +193,13 @@ class UserAddForm(AdminUserCreationForm):
 _GRANTS = ["is_staff", "is_superuser", "groups", "user_permissions"]
 
 
+def _beyond(request, user) -> bool:
+    """Whether `user`'s account is beyond what the staff member making the request may change:
+    for one who is not a superuser, any other staff account (its password, or its second
+    factor, would let them in as someone who may do more)."""
+    return not request.user.is_superuser and user.is_staff and user.pk != request.user.pk
+
+
 @admin.register(User)
 class UserAdmin(StaffAudited, BaseUserAdmin):
     ordering = ["email"]
@@ -223,9 +230,7 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
         return readonly
 
     def has_change_permission(self, request, obj=None):
-        """Staff who are not superusers change no superuser (their password would let them in
-        as one)."""
-        if obj is not None and obj.is_superuser and not request.user.is_superuser:
+        if obj is not None and _beyond(request, obj):
             return False
         return super().has_change_permission(request, obj)
 
@@ -480,6 +485,12 @@ class AuthenticatorAdmin(BaseAuthenticatorAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        # Also asked of each row chosen for "Delete selected": one refuses them all.
+        if obj is not None and _beyond(request, obj.user):
+            return False
+        return super().has_delete_permission(request, obj)
 
     def delete_model(self, request, obj):
         self.delete_queryset(request, Authenticator.objects.filter(pk=obj.pk))

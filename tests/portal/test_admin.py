@@ -632,3 +632,38 @@ def test_a_platform_secret_renamed_or_given_a_new_value_is_audited_with_what_cha
     ]
     secret.refresh_from_db()
     assert secret.value == "n3w-s3cret"
+
+
+@pytest.mark.django_db
+def test_staff_who_may_change_users_cannot_take_over_staff_who_may_do_more(
+    client, user_clerk, make_user
+):
+    """The clerk set the password of another staff member, one allowed what the clerk is not,
+    and could sign in as them; nor do they remove that member's second factor, one at a time
+    or chosen on the list."""
+    from allauth.mfa.models import Authenticator
+    from django.contrib.auth.models import Permission
+
+    operator = make_user("operator@example.com", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(codename="delete_user"))
+    user_clerk.user_permissions.add(*Permission.objects.filter(codename="delete_authenticator"))
+    totp = Authenticator.objects.create(user=operator, type=Authenticator.Type.TOTP, data={})
+    customer = make_user("customer@example.com")
+    theirs = Authenticator.objects.create(user=customer, type=Authenticator.Type.TOTP, data={})
+
+    password = client.post(
+        f"/admin/accounts/user/{operator.pk}/password/",
+        {"password1": "an0ther-Secret!", "password2": "an0ther-Secret!"},
+    )
+    one = client.post(_url(Authenticator, "delete", totp.pk), {"post": "yes"})
+    listed = client.post(
+        _url(Authenticator, "changelist"),
+        {"action": "delete_selected", "post": "yes", ACTION_CHECKBOX_NAME: [totp.pk, theirs.pk]},
+        follow=True,
+    )
+
+    assert password.status_code == 403 and one.status_code == 403
+    operator.refresh_from_db()
+    assert not operator.check_password("an0ther-Secret!")
+    assert listed.status_code == 403  # chosen on the list among others: refused whole
+    assert sorted(Authenticator.objects.values_list("pk", flat=True)) == [totp.pk, theirs.pk]
