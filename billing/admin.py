@@ -1,4 +1,5 @@
 from datetime import UTC
+from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
@@ -137,12 +138,17 @@ class InvoiceAdmin(ServiceOwnedAdmin):
     """Drafts come from closing a period (`manage.py close_billing_period`); staff finalize,
     void or mark them paid with the actions, through `billing.invoicing` (audited)."""
 
-    list_display = ["__str__", "tenant", "plan", "period", "status", "total", "currency"]
+    list_display = ["__str__", "tenant", "plan", "period", "status", "amount", "currency"]
     list_filter = ["status", "period", "source", "currency"]
     search_fields = ["number", "tenant__name", "tenant__slug"]
     inlines = [InvoiceLineInline]
     actions = ["finalize", "void", "mark_paid"]
     readonly_fields = [field.name for field in Invoice._meta.fields]
+
+    @admin.display(description="Total", ordering="total")
+    def amount(self, invoice: Invoice) -> Decimal:
+        """As the invoice writes it: 17 in yen, not 17.00."""
+        return pricing.rounded(invoice.total, invoice.currency)
 
     def has_manage_permission(self, request):
         # The model permission, not the admin's change permission (read-only here): staff who

@@ -409,3 +409,13 @@ def test_the_subscription_list_makes_as_many_queries_for_many_awaiting_payment_a
     pending(12)
 
     assert queries() == few
+
+
+@pytest.mark.django_db
+def test_the_admins_invoice_list_writes_a_yen_total_in_whole_yen(staff_client, tenant):
+    plan = Plan.objects.create(key="hobby", name="Hobby", service="postgresql")
+    Invoice.objects.create(tenant=tenant, plan=plan, period="2026-10", currency="jpy", total=17)
+
+    page = staff_client.get("/admin/billing/invoice/").content.decode()
+
+    assert '<td class="field-amount">17</td>' in page

@@ -4,7 +4,7 @@ monthly `billing-close-period` beat task does for the month just ended."""
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from billing import invoicing
+from billing import invoicing, pricing
 
 
 class Command(BaseCommand):
@@ -27,6 +27,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Closed {closed.period}: {len(closed.invoices)} draft invoice(s).")
         for invoice in closed.invoices:
             self.stdout.write(
-                f"  {invoice.tenant.slug} · {invoice.plan.key}: {invoice.total} "
+                f"  {invoice.tenant.slug} · {invoice.plan.key}: "
+                f"{pricing.rounded(invoice.total, invoice.currency)} "
                 f"{invoice.currency.upper()}"
             )
