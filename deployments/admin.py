@@ -164,7 +164,7 @@ class InstanceAdmin(ServiceOwnedAdmin):
             )
             self.message_user(
                 request,
-                f"The {action} of {len(run.selection)} instances is being queued: this page "
+                f"The {run.verb} of {len(run.selection)} instances is being queued: this page "
                 "says how far it is, and what was refused.",
                 messages.SUCCESS,
             )

@@ -330,3 +330,16 @@ def test_a_run_whose_requester_is_no_longer_staff_queues_nothing_more(fleet, ten
     assert not Operation.objects.exists()
     assert (run.handled, run.queued, run.finished_at is not None) == (4, 0, True)
     assert {why for _, why in run.refused} == {"Its requester may no longer run fleet actions."}
+
+
+def test_a_confirmation_sent_again_as_another_action_names_the_run_it_started(staff_client, fleet):
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+    staff_client.get(_send(staff_client, fields)["Location"])  # its message, read
+
+    again = staff_client.post(CHANGELIST, {**fields, "action": ["stop"]}, follow=True)
+
+    assert "The restart of 4 instances is being queued" in again.content.decode()
+    assert "The stop of" not in again.content.decode()
+    assert FleetRun.objects.get().verb == "restart"
+    assert not Operation.objects.filter(verb="stop").exists()
