@@ -294,13 +294,7 @@ def test_closing_a_period_leaves_to_stripe_what_its_meters_took(
     older than Stripe's meters accept becomes a local draft of adjustment lines; nothing is
     billed twice."""
     now = timezone.now()
-    key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
-    start, end = usage.period_bounds(key)  # last month
-    customer.created_at = start - timedelta(days=1)
-    customer.save(update_fields=["created_at"])
-    Subscription.objects.filter(pk=subscription.pk).update(
-        created_at=customer.created_at, stripe_started_at=customer.created_at
-    )
+    key, start, end = _stripe_bills_since_last_month(customer, subscription)
     record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))  # sent as the month ends
     meter_events.enqueue()
     MeterEvent.objects.update(next_attempt_at=end)
@@ -438,6 +432,19 @@ def test_usage_of_a_month_stripe_has_invoiced_is_billed_by_opsdeck(
     assert draft.source == "local" and draft.total == Decimal("5.00")  # 100 core-hours at 0.05
 
 
+def _stripe_bills_since_last_month(customer, subscription):
+    """Stripe has billed the tenant since before last month began: last month's key, start
+    and end."""
+    key = usage.period_key(usage.period_bounds(usage.period_key(timezone.now()))[0] - usage.HOUR)
+    start, end = usage.period_bounds(key)
+    customer.created_at = start - timedelta(days=1)
+    customer.save(update_fields=["created_at"])
+    Subscription.objects.filter(pk=subscription.pk).update(
+        created_at=customer.created_at, stripe_started_at=customer.created_at
+    )
+    return key, start, end
+
+
 def _chart_total(page: str) -> Decimal:
     data = re.search(
         r'<script id="invoice-daily-cost-data" type="application/json">(.*?)</script>',
@@ -453,16 +460,10 @@ def test_the_chart_of_an_adjustment_invoice_adds_up_to_that_invoice_not_stripes_
     owner_client, tenant, subscription, customer, emulator, record_usage, make_user
 ):
     """A tenant billed by Stripe gets a local invoice for the hour Stripe could not take
-    (0.20 USD). Its page charts the month's whole usage of the plan (0.30 USD: the hour on
-    Stripe's invoice too), next to a total of 0.20."""
+    (0.20 USD). Its page charted the month's whole usage of the plan (0.30 USD: the hour on
+    Stripe's invoice too), next to a total of 0.20: it charts what the invoice bills."""
     now = timezone.now()
-    key = usage.period_key(usage.period_bounds(usage.period_key(now))[0] - usage.HOUR)
-    start, end = usage.period_bounds(key)  # last month
-    customer.created_at = start - timedelta(days=1)
-    customer.save(update_fields=["created_at"])
-    Subscription.objects.filter(pk=subscription.pk).update(
-        created_at=customer.created_at, stripe_started_at=customer.created_at
-    )
+    key, start, end = _stripe_bills_since_last_month(customer, subscription)
     record_usage(end - usage.HOUR, ("inst-a", "cpu", "2"))  # on Stripe's invoice
     meter_events.enqueue()
     MeterEvent.objects.update(next_attempt_at=end)
