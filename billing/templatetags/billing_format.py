@@ -62,6 +62,7 @@ def _postal(country: str, typed: dict[str, str]) -> list[str] | None:
         return None
     if any(mark and mark not in text for mark in marked.values()):
         return None
-    text = _MARK.sub(lambda mark: typed[_FIELDS[int(mark[1])]], text)  # in one pass
-    # A field left blank leaves its separator: "San Francisco,  94105" without a state.
-    return [re.sub(r"\s+", " ", line).strip(" ,-") for line in text.split("\n")]
+    # A field left blank leaves its separator ("[[1]],  [[2]]" without a state): trimmed
+    # before the fields go in, so that nothing typed is.
+    text = "\n".join(re.sub(r" +", " ", line).strip(" ,-") for line in text.split("\n"))
+    return _MARK.sub(lambda mark: typed[_FIELDS[int(mark[1])]], text).split("\n")  # one pass

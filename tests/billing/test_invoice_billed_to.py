@@ -159,8 +159,12 @@ def test_the_invoice_page_reads_the_parties_in_a_constant_number_of_queries(
             {"country": "JP", "city": "Chiyoda-ku", "postal_code": "100-0001", "state": "Tokyo"},
             ["100-0001 Chiyoda-ku", "Tokyo", "Japan"],
         ),
+        (  # what was typed is kept whole, separators and all
+            {"country": "US", "city": "-Springfield-", "postal_code": "62701", "state": "IL,"},
+            ["-Springfield-, IL, 62701", "United States"],
+        ),
     ],
-    ids=["us", "gb", "us-no-state", "jp-city"],
+    ids=["us", "gb", "us-no-state", "jp-city", "typed-whole"],
 )
 def test_an_address_is_written_as_its_countrys_post_writes_it(
     client, tenant, owner, address, written
