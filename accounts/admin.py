@@ -234,6 +234,17 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
             return False
         return super().has_change_permission(request, obj)
 
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "is_active" in form.changed_data and not obj.is_active:
+            withdrawn = services.user_invitations_withdraw(actor=staff_actor(request), user=obj)
+            if withdrawn:
+                self.message_user(
+                    request,
+                    f"The invitations {obj.email} had sent were withdrawn: {', '.join(withdrawn)}.",
+                    messages.SUCCESS,
+                )
+
     def audit_payload(self, obj) -> dict:
         return {"email": obj.email, "groups": sorted(g.name for g in obj.groups.all())}
 

@@ -418,7 +418,12 @@ def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
 
 
 def _invitations_outgrown(
-    *, actor: Actor, tenant: Tenant, membership: Membership, role: str | None
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    membership: Membership,
+    role: str | None,
+    reason: str = "its sender left the organization",
 ) -> list[str]:
     """Withdraw the pending invitations the member sent that `role` (None: they are no longer
     a member) may not send; the addresses they were sent to. An invitation gives no more than
@@ -432,11 +437,7 @@ def _invitations_outgrown(
         return []
     now = timezone.now()
     Invitation.objects.filter(pk__in=[i.pk for i in outgrown]).update(revoked_at=now)
-    reason = (
-        f"its sender became {Role(role).label}"
-        if role is not None
-        else "its sender left the organization"
-    )
+    reason = f"its sender became {Role(role).label}" if role is not None else reason
     for invitation in outgrown:
         audit_record(
             actor=actor,
@@ -493,6 +494,24 @@ def membership_remove(*, actor: Actor, membership: Membership) -> list[str]:
         )
         membership.delete()
         return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
+
+
+def user_invitations_withdraw(*, actor: Actor, user: User) -> list[str]:
+    """Withdraw the pending invitations `user` sent, in each organization they are in, as
+    staff closed their account (`is_active` off): a closed account's invitations must not
+    let others in. The addresses they were sent to. Each organization under its lock."""
+    withdrawn = []
+    for membership in Membership.objects.filter(user=user).select_related("tenant"):
+        with transaction.atomic():
+            tenant_lock(membership.tenant_id)
+            withdrawn += _invitations_outgrown(
+                actor=actor,
+                tenant=membership.tenant,
+                membership=membership,
+                role=None,
+                reason="its sender's account was closed",
+            )
+    return withdrawn
 
 
 def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:

@@ -667,3 +667,28 @@ def test_staff_who_may_change_users_cannot_take_over_staff_who_may_do_more(
     assert not operator.check_password("an0ther-Secret!")
     assert listed.status_code == 403  # chosen on the list among others: refused whole
     assert sorted(Authenticator.objects.values_list("pk", flat=True)) == [totp.pk, theirs.pk]
+
+
+@pytest.mark.django_db
+def test_staff_closing_an_account_withdraw_the_invitations_it_had_sent(
+    staff_client, tenant, add_member
+):
+    """A closed account (a leaver's, a compromised one) kept its invitations working: whoever
+    it had invited could still join its organizations."""
+    from accounts.models import Invitation
+
+    admin_user = add_member("admin@example.com", "admin")
+    sent = services.invitation_create(
+        actor=Actor(user=admin_user), tenant=tenant, email="friend@example.com", role="member"
+    )
+
+    closed = staff_client.post(
+        _url(type(admin_user), "change", admin_user.pk), {"email": admin_user.email}, follow=True
+    )
+
+    admin_user.refresh_from_db()
+    assert not admin_user.is_active
+    assert Invitation.objects.get(pk=sent.pk).status == "revoked"
+    assert "friend@example.com" in closed.content.decode()
+    event = AuditEvent.objects.get(action="invitation.revoke")
+    assert event.payload["reason"] == "its sender's account was closed"
