@@ -239,7 +239,12 @@ class Invoice(models.Model):
         indexes = [models.Index(fields=["period", "status"], name="invoice_period_status")]
 
     def __str__(self) -> str:
-        return self.number or f"Draft {self.period} · {self.tenant_id}"
+        """Its number; a draft, by its period and, when it was read with it, its organization's
+        name (read for it, a list of drafts would read each one's)."""
+        if self.number:
+            return self.number
+        tenant = f" of {self.tenant.name}" if Invoice.tenant.is_cached(self) else ""
+        return f"Draft {self.period}{tenant}"
 
     @property
     def frozen(self) -> bool:

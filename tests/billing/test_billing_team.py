@@ -346,3 +346,14 @@ def test_the_teams_pages_are_not_kept_by_the_browser(team_client, tenant, invoic
         response = team_client.get(url)
         assert response.status_code == 200, url
         assert "no-store" in response["Cache-Control"], url
+
+
+def test_a_drafts_page_is_titled_with_its_organization_not_its_internal_id(
+    team_client, tenant, invoices
+):
+    draft = invoices["draft"]
+
+    page = team_client.get(f"/billing-team/invoices/{draft.pk}/").content.decode()
+
+    assert "<title>Draft 2026-10 of Acme · Billing team" in page
+    assert f"· {tenant.pk}" not in page
