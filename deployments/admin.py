@@ -60,6 +60,22 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
     def audit_payload(self, obj) -> dict:
         return {"public": obj.public, "tenants": sorted(t.slug for t in obj.tenants.all())}
 
+    def save_related(self, request, form, formsets, change):
+        """Also in the audit log of each organization the cell was offered to, or no longer is:
+        what it may create where is its to know."""
+        before = set(form.instance.tenants.all()) if change else set()
+        super().save_related(request, form, formsets, change)
+        after = set(form.instance.tenants.all())
+        for action, tenants in (("cell.offer", after - before), ("cell.withdraw", before - after)):
+            for tenant in sorted(tenants, key=lambda t: t.pk):
+                audit_record(
+                    actor=Actor.from_request(request, staff=True),
+                    action=action,
+                    tenant=tenant,
+                    target=form.instance,
+                    payload={"cell": form.instance.name},
+                )
+
     def get_readonly_fields(self, request, obj=None):
         return [
             f.name

@@ -692,3 +692,27 @@ def test_staff_closing_an_account_withdraw_the_invitations_it_had_sent(
     assert "friend@example.com" in closed.content.decode()
     event = AuditEvent.objects.get(action="invitation.revoke")
     assert event.payload["reason"] == "its sender's account was closed"
+
+
+@pytest.mark.django_db
+def test_an_organization_a_cell_is_offered_to_or_withdrawn_from_reads_it_in_its_audit_log(
+    staff_client, client, owner, tenant
+):
+    """The change was recorded with no organization: the organization's own audit log never
+    said where it may now create deployments, or no longer may."""
+    from tests.deployments import factories
+
+    cell = factories.cell("private-eu")  # offered to no one: not public
+    page = _url(type(cell), "change", cell.pk)
+
+    staff_client.post(page, {"tenants": [tenant.pk]})
+    staff_client.post(page, {"tenants": []})
+
+    events = AuditEvent.objects.filter(tenant=tenant, action__startswith="cell.").order_by("pk")
+    assert [(e.action, e.payload) for e in events] == [
+        ("cell.offer", {"cell": "private-eu"}),
+        ("cell.withdraw", {"cell": "private-eu"}),
+    ]
+    client.force_login(owner)
+    log = client.get(f"/t/{tenant.slug}/audit/").content.decode()
+    assert "cell.offer" in log and "cell.withdraw" in log
