@@ -151,7 +151,11 @@ def test_an_operation_queued_behind_a_cancelled_one_that_cannot_start_ends_faile
     assert running.parameters["instances"] == 1  # stored = deployed
     cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
     assert cluster["spec"]["instances"] == 1
-    assert any("modify" in m.subject and "failed" in m.subject.lower() for m in mail.outbox)
+    # Sent by the mail worker once the modify's end committed: it may still be on its way.
+    wait_for(
+        lambda: any("modify" in m.subject and "failed" in m.subject.lower() for m in mail.outbox),
+        what="the email saying the modify failed",
+    )
 
 
 def test_a_viewer_cannot_cancel_and_a_delete_cannot_be_cancelled(running, owner, add_member):
