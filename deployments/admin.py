@@ -139,7 +139,7 @@ class InstanceAdmin(ServiceOwnedAdmin):
     show_facets = admin.ShowFacets.NEVER
 
     def has_operate_permission(self, request) -> bool:
-        return request.user.has_perm("deployments.change_instance")
+        return fleet.may_run(request.user)  # as a run goes on only while its requester may
 
     @admin.action(
         description="Upgrade the selected instances to their plan's newest version",
@@ -240,9 +240,7 @@ class FleetRunAdmin(ServiceOwnedAdmin):
 
     def has_view_permission(self, request, obj=None):
         # Whoever may start one (`InstanceAdmin.has_operate_permission`) sees how it went.
-        return request.user.has_perm("deployments.change_instance") or super().has_view_permission(
-            request, obj
-        )
+        return fleet.may_run(request.user) or super().has_view_permission(request, obj)
 
     def has_module_permission(self, request):
         return self.has_view_permission(request) or super().has_module_permission(request)
