@@ -7,15 +7,18 @@ refused when the instance's plan got a version newer than the one the page showe
 commits what it queued, what it refused and how far the run is in one transaction: a worker
 that dies in one leaves it to be done again, and each instance's request id
 (`fleet-<run>-<instance>`) makes what it had queued a repeat, not a second operation. Beat
-sends again a run whose worker let its claim lapse (`fleet_runs_resume`).
+sends again a run whose worker let its claim lapse (`fleet_runs_resume`). An instance whose
+queuing fails with an error that is no refusal (a fault, logged) is refused as such, and the
+run goes on; the database's own trouble (a deadlock, a lost connection) makes the batch again.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -24,10 +27,13 @@ from accounts.errors import ActionDenied
 from deployments import services
 from deployments.models import FleetRun, Instance
 
+log = logging.getLogger(__name__)
+
 VERBS = ("upgrade", "restart", "stop", "start")
 BATCH = 50  # instances a worker queues in one transaction
 # How long a worker holds a run for one batch: longer than a batch may take.
 CLAIM = timedelta(minutes=2)
+UNEXPECTED = "An unexpected error stopped it: the worker's log has the details."
 
 
 def fleet_run_start(
@@ -88,6 +94,14 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
             except (ActionDenied, ValidationError) as exc:
                 why = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
                 refused.append([str(instance), why])
+            except OperationalError:
+                raise  # the database's trouble (a deadlock, a lost connection): the batch again
+            except Exception:
+                # Not a refusal: a fault (a plan version that no longer loads, say). Raised,
+                # it rolled the batch back, and each time beat sent the run again it failed
+                # the same way: the run never ended, its other instances never queued.
+                log.exception("fleet run %s: queuing on instance %s failed", run.pk, pk)
+                refused.append([str(instance), UNEXPECTED])
             else:
                 queued += 1
         handled = run.handled + len(batch)

@@ -343,3 +343,39 @@ def test_a_confirmation_sent_again_as_another_action_names_the_run_it_started(st
     assert "The stop of" not in again.content.decode()
     assert FleetRun.objects.get().verb == "restart"
     assert not Operation.objects.filter(verb="stop").exists()
+
+
+def test_an_instance_that_fails_unexpectedly_is_refused_and_the_run_goes_on(fleet, tenant, owner):
+    """An error no refusal names (here the instance's plan version, corrupted in the database,
+    no longer loads) rolled the whole batch back: the worker failed, beat sent the run again a
+    few minutes later, it failed the same way, and the run stayed unfinished for ever, its
+    other instances never queued. That instance is now refused, and the rest go on."""
+    import hashlib
+
+    from deployments import fleet as fleet_runs
+    from deployments.models import PlanVersion
+
+    running, _ = fleet
+    good = running[0]
+    text = "spec: [unclosed\n"
+    broken = PlanVersion.objects.create(
+        plan=good.plan_version.plan, number=99, spec_text=text, parsed={},
+        digest=hashlib.sha256(text.encode()).hexdigest(),
+    )  # fmt: skip
+    Instance.objects.filter(pk=running[1].pk).update(plan_version=broken)
+    owner.is_staff = owner.is_superuser = True
+    owner.save(update_fields=["is_staff", "is_superuser"])
+    run = fleet_runs.fleet_run_start(
+        actor=Actor(user=owner, staff=True), verb="restart", request_id="e" * 32,
+        selection=[(running[1].pk, None), (good.pk, None)],
+    )  # fmt: skip
+
+    while fleet_run_advance(run.pk):
+        pass
+
+    run.refresh_from_db()
+    assert (run.handled, run.queued, run.finished_at is not None) == (2, 1, True)
+    assert Operation.objects.get().instance_id == good.pk
+    [(name, why)] = run.refused
+    assert name == str(Instance.objects.get(pk=running[1].pk))
+    assert why.startswith("An unexpected error")
