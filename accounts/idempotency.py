@@ -33,6 +33,16 @@ REUSED = (
 UNREADABLE = "The values sent cannot be read: a number is too long or a value nests too deeply."
 
 
+# What begins each request id Opsdeck makes itself, for an operation no request sent: a
+# schedule's slot, a pruned backup, or one derived from a request (a delete's last backup, a
+# plan change's upgrades, a suspended subscription's stops). A request may not send an id that
+# begins so: its operation would take the place of the system's (an instance holds one
+# operation per request id), and the system's would then fail. (A fleet run's are its
+# instances' own requests, under the run's random id, which only staff see.)
+SYSTEM_PURPOSES = frozenset({"schedule", "prune", "last-snapshot", "plan-change", "suspended-stop"})
+RESERVED = "This request id is one Opsdeck keeps for its own requests."
+
+
 def request_id_clean(request_id: str | None) -> str:
     """The request id to use: a new one when none is given; ValidationError when it is unusable."""
     if request_id is None or request_id == "":
@@ -45,7 +55,17 @@ def request_id_clean(request_id: str | None) -> str:
         )
     if not request_id.isprintable() or request_id.strip() != request_id:
         raise ValidationError({"request_id": "The request id may hold only printable characters."})
+    if any(request_id.startswith(f"{purpose}-") for purpose in SYSTEM_PURPOSES):
+        raise ValidationError({"request_id": RESERVED})
     return request_id
+
+
+def system_request_id(purpose: str, *parts: object) -> str:
+    """The request id of an operation Opsdeck asks for itself (`SYSTEM_PURPOSES`), from what
+    makes it one of a kind: `schedule-<slot>`, `prune-<snapshot>`; no request may send it."""
+    if purpose not in SYSTEM_PURPOSES:
+        raise ValueError(f"no system request purpose {purpose!r}")
+    return "-".join([purpose, *(str(part) for part in parts)])
 
 
 def tenant_scope(tenant: Tenant) -> str:
@@ -58,7 +78,9 @@ def user_scope(user: Any) -> str:
 
 def derived_request_id(request_id: str, purpose: str) -> str:
     """An id derived from a request id (e.g. the last snapshot before a delete), always short
-    enough for the column."""
+    enough for the column; as the system's, no request may send it (`SYSTEM_PURPOSES`)."""
+    if purpose not in SYSTEM_PURPOSES:
+        raise ValueError(f"no system request purpose {purpose!r}")
     digest = hashlib.sha256(f"{purpose}\0{request_id}".encode()).hexdigest()
     return f"{purpose[:20]}-{digest[:40]}"
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
@@ -1767,7 +1767,15 @@ def backups_run_due(*, now: datetime | None = None) -> dict[str, int]:
         except ValueError as exc:  # a cron no rule reads any more: the others still run
             logger.warning("Backup schedule of %s: %s", instance_id, exc)
             continue
-        outcome = _backup_slot_run(instance_id, slot, following)
+        try:
+            outcome = _backup_slot_run(instance_id, slot, following)
+        except OperationalError:
+            raise  # the database's trouble: the next round tries every slot again
+        except Exception:
+            # A fault in one slot (its operation could not be made): rolled back and logged,
+            # it stays due, and the slots after it, other organizations' too, still run.
+            logger.exception("Backup schedule of %s: the slot %s failed", instance_id, slot)
+            continue
         if outcome is not None:
             counts[outcome] += 1
     return counts
@@ -1827,7 +1835,7 @@ def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
             actor=SYSTEM,
             instance=instance,
             verb="backup",
-            request_id=f"schedule-{slot:%Y%m%dT%H%M%SZ}",
+            request_id=idempotency.system_request_id("schedule", f"{slot:%Y%m%dT%H%M%SZ}"),
             arguments=arguments,
         )
         Snapshot.objects.filter(pk=arguments["snapshot"]).update(operation=operation)
@@ -1886,11 +1894,11 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
     queued = set(
         Operation.objects.filter(
             instance_id__in={s.instance_id for s in candidates if s.instance_id},
-            request_id__in=[f"prune-{s.pk}" for s in candidates],
+            request_id__in=[idempotency.system_request_id("prune", s.pk) for s in candidates],
         ).values_list("instance_id", "request_id")
     )
     for snapshot in candidates:
-        request_id = f"prune-{snapshot.pk}"
+        request_id = idempotency.system_request_id("prune", snapshot.pk)
         if snapshot.pk in newest or (snapshot.instance_id, request_id) in queued:
             continue
         try:

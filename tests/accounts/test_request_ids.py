@@ -175,3 +175,23 @@ def test_an_invitation_sent_with_an_unusable_request_id_says_why_and_invites_no_
     assert answer.status_code == 400
     assert "The request id may hold only printable characters." in answer.content.decode()
     assert not Invitation.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "request_id",
+    [
+        "schedule-20261206T000000Z",
+        "prune-41",
+        "last-snapshot-ab12",
+        "plan-change-9f",
+        "suspended-stop-1",
+    ],
+)
+def test_a_request_id_opsdeck_makes_for_itself_is_a_field_error(request_id):
+    """Sent by a request, such an id took the place of the operation Opsdeck makes with it."""
+    from accounts.idempotency import RESERVED, request_id_clean
+
+    with pytest.raises(ValidationError) as refused:
+        request_id_clean(request_id)
+    assert refused.value.message_dict == {"request_id": [RESERVED]}
+    assert request_id_clean("schedules-1") == "schedules-1"  # only Opsdeck's own are kept

@@ -11,6 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from accounts import idempotency
 from accounts.audit import SYSTEM, Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
@@ -786,3 +787,65 @@ def test_a_retention_whose_apply_was_cancelled_is_applied_when_saved_again(clien
     # Back to what the cluster holds: nothing to apply.
     _update(Actor(user=owner), instance, retention_days=30)
     assert apply_queued() is None
+
+
+@pytest.mark.parametrize("verb", ["backup", "restart"])
+def test_a_request_sent_with_the_id_of_a_coming_slot_is_refused_and_the_slot_runs(
+    owner_client, instance, verb
+):
+    """The next slot shows on the Backups tab, and its backup's request id was made from it
+    (`schedule-<slot>`): a backup or an action sent with that id in the form's hidden field
+    took the operation's place (an instance holds one per request id), so beat's insert failed
+    and its task died there every minute, every other organization's slot behind it. Such an
+    id is now refused, and the slot runs."""
+    slot = _due(instance)
+    sent = owner_client.post(
+        _url(instance, f"actions/{verb}/"),
+        {"request_id": f"schedule-{slot:%Y%m%dT%H%M%SZ}"},
+        follow=True,
+    )
+
+    assert idempotency.RESERVED in sent.content.decode()
+    assert not Operation.objects.filter(instance=instance, verb=verb).exists()
+    assert services.backups_run_due()["ran"] == 1
+    assert Operation.objects.filter(instance=instance, verb="backup").exists()
+
+
+def test_a_backup_sent_with_the_id_of_a_snapshots_pruning_is_refused_and_it_is_pruned(
+    owner_client, instance
+):
+    """A backup sent with the request id pruning gives a snapshot's deletion (`prune-<id>`,
+    the snapshot's id being in its Restore and Delete links) made pruning take the deletion as
+    queued already: the expired backup was kept for ever."""
+    old = _snapshot(instance, days_ago=40, expired=True)
+    _snapshot(instance, days_ago=1)
+    owner_client.post(_url(instance, "actions/backup/"), {"request_id": f"prune-{old.pk}"})
+
+    services.snapshots_prune()
+
+    assert not Operation.objects.filter(instance=instance, verb="backup").exists()
+    assert Operation.objects.filter(
+        instance=instance, verb="deleteBackup", arguments__forget_snapshot=old.pk
+    ).exists()
+
+
+def test_a_slot_whose_operation_cannot_be_made_leaves_the_others_to_run(
+    owner, tenant, plan, instance
+):
+    """An operation holding a slot's request id already (sent by a customer before such ids
+    were refused) failed beat's whole round, every minute: that slot is now left, logged, and
+    the slots after it run."""
+    other = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="billing", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=other.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=other.instance_id).update(state=Instance.State.RUNNING)
+    slot = _due(instance, ago=timedelta(minutes=2))
+    _due(other.instance, ago=timedelta(minutes=1))
+    taken = make_operation(instance, verb="restart", state="succeeded")
+    Operation.objects.filter(pk=taken.pk).update(request_id=f"schedule-{slot:%Y%m%dT%H%M%SZ}")
+
+    services.backups_run_due()
+
+    assert Operation.objects.filter(instance_id=other.instance_id, verb="backup").exists()
