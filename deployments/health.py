@@ -7,7 +7,8 @@ cell watcher, the status sync) keeps the verdict in `Instance.observed` (`verdic
 and `healthReason`), never the object.
 
 `instances_assess` (beat, every 30 s) turns verdicts into health, for running instances only
-(a stopped or updating instance is not unhealthy; its clock starts again when it runs), with
+(a stopped or updating instance is not unhealthy; its clock starts again when it runs, and
+a Degraded one stopped stays so, from when its incident began, until it runs and passes), with
 hysteresis: an instance is Degraded once its verdict has failed for `OPSDECK_DEGRADED_AFTER`
 seconds (two minutes), and Healthy again at its first passing verdict. Each change is one
 conditional UPDATE, so however many beat runs overlap, an incident is recorded in the
@@ -63,9 +64,10 @@ def instances_assess(now: datetime | None = None) -> dict[str, int]:
     how many became degraded and recovered."""
     now = now or timezone.now()
     running = Instance.objects.filter(state=Instance.State.RUNNING)
-    # Not running: no clock runs (a stopped instance is not unhealthy).
+    # Not running: no clock runs (a stopped instance is not unhealthy). An incident under way
+    # goes on from when it began: its end is the first passing verdict once the instance runs.
     Instance.objects.exclude(state=Instance.State.RUNNING).filter(
-        unhealthy_since__isnull=False
+        health=H.HEALTHY, unhealthy_since__isnull=False
     ).update(unhealthy_since=None)
     # The clock starts at the first failing verdict, and stops at a passing one.
     running.filter(FAILING, unhealthy_since__isnull=True).update(unhealthy_since=now)

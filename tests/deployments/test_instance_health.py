@@ -224,3 +224,48 @@ def test_a_failed_server_makes_its_instance_degraded_and_it_recovers(
     instance.refresh_from_db()
     assert instance.health == Instance.Health.HEALTHY
     assert mail.outbox[-1].subject == "[Opsdeck] orders is healthy again"
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_a_degraded_instance_stopped_and_started_still_failing_keeps_its_incident(
+    running, assess, owner_client, tenant
+):
+    """Stopping a degraded instance cleared when its incident began, its health left Degraded:
+    started again, the dashboard and its Overview read "Degraded since None" until beat's next
+    look, then "since just now", though no recovery was ever said. The incident goes on from
+    when it began, and its emails are the one that said it began."""
+    start = timezone.now() - timedelta(minutes=30)
+    observe(running, False, "Failing over")
+    assess(start)
+    assess(start + timedelta(minutes=3))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
+    assess(start + timedelta(minutes=10))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.RUNNING)
+
+    dashboard = owner_client.get(f"/t/{tenant.slug}/").content.decode()
+    overview = owner_client.get(f"/t/{tenant.slug}/deployments/{running.pk}/").content.decode()
+    assess(start + timedelta(minutes=20))
+
+    running.refresh_from_db()
+    assert (running.health, running.unhealthy_since) == (Instance.Health.DEGRADED, start)
+    began = f'datetime="{start.isoformat()}"'
+    assert began in dashboard.split("Degraded now", 1)[1].split("</section>", 1)[0]
+    assert began in overview.split('id="instance-health-detail"', 1)[1].split("</dd>", 1)[0]
+    assert [m.subject for m in mail.outbox] == ["[Opsdeck] orders-0 is degraded"]
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_a_degraded_instance_stopped_and_started_healthy_says_it_recovered(running, assess):
+    start = timezone.now() - timedelta(minutes=30)
+    observe(running, False, "Failing over")
+    assess(start)
+    assess(start + timedelta(minutes=3))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
+    assess(start + timedelta(minutes=10))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.RUNNING)
+    observe(running, True)
+
+    assert assess(start + timedelta(minutes=20))["recovered"] == 1
+    assert [m.subject for m in mail.outbox] == [
+        "[Opsdeck] orders-0 is degraded", "[Opsdeck] orders-0 is healthy again",
+    ]  # fmt: skip
