@@ -298,6 +298,10 @@ class StripeEmulator:
         """The payment fails (`invoice.payment_failed`; the subscription goes past_due)."""
         return self._locked(invoices.invoice_fail, invoice_id)
 
+    def void_invoice(self, invoice_id: str) -> dict[str, Any]:
+        """An open invoice voided (`invoice.voided`, `invoice.updated`)."""
+        return self._locked(invoices.invoice_void, invoice_id)
+
     def _locked(self, action: Callable[[State, str], dict[str, Any]], object_id: str) -> Any:
         with self.state.lock:
             result = copy.deepcopy(action(self.state, object_id))

@@ -99,6 +99,10 @@ def _fail(emulator: StripeEmulator, body: dict[str, Any], invoice_id: str) -> An
     return emulator.fail_invoice(invoice_id)
 
 
+def _void(emulator: StripeEmulator, body: dict[str, Any], invoice_id: str) -> Any:
+    return emulator.void_invoice(invoice_id)
+
+
 CONTROL: list[Route] = [
     route("POST", "/_emulator/reset", _reset),
     route("GET", "/_emulator/faults", _faults),
@@ -119,4 +123,5 @@ CONTROL: list[Route] = [
     route("POST", "/_emulator/invoices/{id}/finalize", _finalize),
     route("POST", "/_emulator/invoices/{id}/pay", _pay),
     route("POST", "/_emulator/invoices/{id}/fail", _fail),
+    route("POST", "/_emulator/invoices/{id}/void", _void),
 ]

@@ -290,6 +290,21 @@ def invoice_fail(state: State, invoice_id: str) -> dict[str, Any]:
     return invoice
 
 
+def invoice_void(state: State, invoice_id: str) -> dict[str, Any]:
+    """An open invoice voided (in the dashboard, or `POST /v1/invoices/{id}/void`): nothing is
+    owed any more; `invoice.voided`, then `invoice.updated`."""
+    invoice = state.get("invoice", invoice_id)
+    if invoice["status"] not in ("open", "uncollectible"):
+        raise invalid(f"Invoice {invoice_id} is {invoice['status']}: only an open or "
+                      "uncollectible invoice can be voided.", param="invoice")  # fmt: skip
+    was = invoice["status"]
+    invoice.update(status="void", amount_remaining=0)
+    invoice["status_transitions"]["voided_at"] = state.now()
+    state.emit("invoice.voided", invoice)
+    state.emit("invoice.updated", invoice, {"status": was})
+    return invoice
+
+
 def _payable(state: State, invoice_id: str) -> dict[str, Any]:
     invoice = state.get("invoice", invoice_id)
     if invoice["status"] == "draft":

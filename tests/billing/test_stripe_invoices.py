@@ -212,6 +212,29 @@ def test_a_payment_waiting_for_the_customers_confirmation_shows_the_invoice_to_p
     assert "Pay or view on Stripe" in detail
 
 
+@pytest.mark.parametrize("delivered", ["invoice.voided", "invoice.updated"])
+def test_an_invoice_voided_in_stripe_is_void_here_and_owed_no_more(
+    client, owner_client, tenant, subscription, emulator, record_usage, delivered
+):
+    """Voided in Stripe's dashboard, an invoice stayed Open on the Billing page, with its "Pay
+    or view on Stripe" link, and the organization could not be deleted "until it is paid":
+    Stripe's events of it were stored and nothing was done with them."""
+    from billing import selectors as billing_selectors
+
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    emulator.finalize_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.finalized")[-1])
+    emulator.void_invoice(invoice["id"])
+
+    _deliver(client, emulator.events(delivered)[-1])  # either alone: the other is late
+
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert stored.status == "void"
+    assert not [b for b in billing_selectors.tenant_delete_blockers(tenant) if "unpaid" in b]
+    detail = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
+    assert "Pay or view on Stripe" not in detail
+
+
 def test_usage_not_yet_sent_when_stripe_ends_the_subscription_is_billed_locally(
     client, subscription, emulator, gw, record_usage
 ):
