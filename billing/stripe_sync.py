@@ -1137,11 +1137,37 @@ def subscription_end(subscription: Subscription) -> None:
             )
             if page is not None:
                 gw.checkout_session_expire(page.id)
+    except StripeRefused as exc:
+        if subscription.stripe_subscription_id and _ended_in_stripe(gw, subscription, exc):
+            # Ended in Stripe already (its dashboard, its dunning, its customer deleted), the
+            # webhook saying so late or lost: nothing bills it any more, and ours ends too.
+            log.info("subscription %s: Stripe had ended it already", subscription.pk)
+            return
+        log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
+        raise ValidationError(
+            f"Stripe refused to end it, so nothing was cancelled: {exc.said}"
+        ) from exc
     except StripeFailure as exc:
         log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
         raise ValidationError(
             "Stripe could not be reached, so nothing was cancelled; please try again."
         ) from exc
+
+
+# A Stripe subscription in these bills nothing more.
+_STRIPE_ENDED = {"canceled", "incomplete_expired"}
+
+
+def _ended_in_stripe(gw: StripeGateway, subscription: Subscription, refused: StripeRefused) -> bool:
+    """Whether Stripe refused to end the subscription because it is over there already: gone
+    (404), or ended."""
+    if refused.status == 404:
+        return True
+    try:
+        held = gw.subscription(subscription.stripe_subscription_id)
+    except StripeRefused as exc:
+        return exc.status == 404
+    return _field(held, "status") in _STRIPE_ENDED
 
 
 def checkout_completed(session: Any) -> StripeCustomer | None:

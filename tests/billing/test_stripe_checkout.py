@@ -334,6 +334,41 @@ def test_a_second_stripe_subscription_for_one_of_ours_is_ended_and_the_first_kep
     assert gw.subscription(gw.checkout_session(second.id).subscription).status == "canceled"
 
 
+@pytest.mark.parametrize("how", ["ended", "gone"])
+def test_cancelling_a_subscription_stripe_ended_already_cancels_it(
+    client, owner_client, tenant, catalog, emulator, gw, how
+):
+    """Ended in Stripe (its dashboard, its dunning) or gone from it (its customer deleted),
+    the webhook saying so late or lost: Stripe refused to end it again, and the customer was
+    told Stripe could not be reached, to try again, for ever."""
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    if how == "ended":
+        gw.client.v1.subscriptions.cancel(subscription.stripe_subscription_id)
+    else:
+        Subscription.objects.filter(pk=subscription.pk).update(stripe_subscription_id="sub_gone")
+
+    page = _cancel(owner_client, tenant, subscription).content.decode()
+
+    assert f"Your subscription to {catalog.name} is cancelled." in page
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+
+
+def test_a_subscription_stripe_refuses_to_end_is_not_cancelled_and_says_why(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    emulator.add_fault(
+        f"/v1/subscriptions/{subscription.stripe_subscription_id}", method="POST", status=400
+    )
+
+    page = _cancel(owner_client, tenant, subscription).content.decode()
+
+    assert "Stripe refused to end it, so nothing was cancelled" in page
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+
+
 def test_when_stripe_cannot_be_told_nothing_is_cancelled(
     client, owner_client, tenant, catalog, emulator, gw
 ):
