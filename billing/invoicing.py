@@ -297,7 +297,10 @@ def invoice_finalize(*, actor: Actor, invoice: Invoice) -> Invoice:
             action="invoice.finalize",
             tenant=invoice.tenant,
             target=invoice,
-            payload={"number": invoice.number, "total": str(invoice.total)},
+            payload={
+                "number": invoice.number,
+                "total": str(rounded(invoice.total, invoice.currency)),
+            },
         )
     return invoice
 

@@ -210,7 +210,8 @@ class Invoice(models.Model):
     # Given at finalization, in order, without gaps (`InvoiceCounter`).
     number = models.CharField(max_length=32, unique=True, null=True, blank=True)
     currency = models.CharField(max_length=3, default="usd")
-    total = models.DecimalField(max_digits=18, decimal_places=2, default=Decimal(0))
+    # Three places: a Kuwaiti dinar's amounts are in thousandths (`pricing.minor_unit`).
+    total = models.DecimalField(max_digits=19, decimal_places=3, default=Decimal(0))
     stripe_invoice_id = models.CharField(max_length=255, unique=True, null=True, blank=True)
     hosted_invoice_url = models.URLField(max_length=1000, blank=True)
     pdf_url = models.URLField(max_length=1000, blank=True)
@@ -267,7 +268,7 @@ class InvoiceLine(models.Model):
     # Unit-hours used, and the price of one unit-hour (a monthly price spread over 730 h).
     quantity = models.DecimalField(max_digits=24, decimal_places=6)
     unit_price = models.DecimalField(max_digits=24, decimal_places=12)
-    amount = models.DecimalField(max_digits=18, decimal_places=2)
+    amount = models.DecimalField(max_digits=19, decimal_places=3)  # as `Invoice.total`
     # Usage of an earlier, already closed period metered late (an adjustment line).
     adjustment_of = models.CharField(max_length=7, blank=True)
 

@@ -40,9 +40,18 @@ ZERO_DECIMAL_CURRENCIES = frozenset(
 )
 
 
+# Stripe's three-decimal currencies: amounts in them are in thousandths (1.500 KWD is 1500).
+THREE_DECIMAL_CURRENCIES = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
+THOUSANDTHS = Decimal("0.001")
+
+
 def minor_unit(currency: str) -> Decimal:
-    """The smallest amount of `currency` an invoice shows: 0.01, or 1 for yen and the like."""
-    return Decimal(1) if currency.lower() in ZERO_DECIMAL_CURRENCIES else CENTS
+    """The smallest amount of `currency` an invoice shows, as Stripe counts its amounts: 0.01;
+    1 for yen and the like; 0.001 for the Kuwaiti dinar and the like."""
+    code = currency.lower()
+    if code in ZERO_DECIMAL_CURRENCIES:
+        return Decimal(1)
+    return THOUSANDTHS if code in THREE_DECIMAL_CURRENCIES else CENTS
 
 
 def rounded(amount: Decimal, currency: str) -> Decimal:

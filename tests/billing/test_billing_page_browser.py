@@ -14,7 +14,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from accounts.audit import SYSTEM
-from billing import invoicing, services, usage
+from billing import invoicing, pricing, services, usage
 from billing.models import Invoice, Subscription
 from billing.team_views import BILLING_TEAM
 from deployments import metering
@@ -129,7 +129,7 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     expect(page.locator("h1")).to_have_text(f"Invoice {number}")
     expect(page.locator(".invoice-lines")).to_contain_text("orders")
     total = page.locator(".invoice-lines tfoot").inner_text()
-    assert re.search(rf"{draft.total} USD", total)
+    assert re.search(rf"{pricing.rounded(draft.total, draft.currency)} USD", total)
     expect(page.locator("#invoice-daily-cost canvas")).to_be_visible()
     # Drawn by Chart.js: the figures' table is folded away behind the chart.
     expect(page.locator("#invoice-daily-cost details")).not_to_have_attribute("open", "")
@@ -149,7 +149,7 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     # beyond the edge of a box that scrolls.
     phone = open_page(owner, f"/t/{tenant.slug}/billing/", "narrow")
     total = phone.locator("#invoice-list td.num").first
-    expect(total).to_contain_text(f"Total {draft.total} USD")
+    expect(total).to_contain_text(f"Total {pricing.rounded(draft.total, draft.currency)} USD")
     box = total.bounding_box()
     assert box is not None and box["x"] + box["width"] <= phone.viewport_size["width"]
 

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from billing import meter_events, stripe_sync, usage
+from billing import meter_events, pricing, stripe_sync, usage
 from billing.models import Invoice, StripeCustomer, Subscription
 from billing.stripe_gateway import gateway
 from billing.team_views import BILLING_TEAM
@@ -103,7 +103,8 @@ def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
     page.get_by_role("link", name=stored.number).click()
     expect(page.locator("h1")).to_have_text(f"Invoice {stored.number}")
     expect(page.locator(".invoice-lines")).to_contain_text("CPU")
-    expect(page.locator(".invoice-lines tfoot")).to_contain_text(f"{stored.total} USD")
+    shown = pricing.rounded(stored.total, stored.currency)
+    expect(page.locator(".invoice-lines tfoot")).to_contain_text(f"{shown} USD")
     if hours:
         expect(page.locator("#invoice-daily-cost canvas")).to_be_visible()
     else:  # in a month's first hour nothing is metered yet: no cost to chart

@@ -71,6 +71,34 @@ def test_an_estimate_in_a_currency_without_cents_rounds_to_whole_units_as_its_in
     assert [line.per_month for line in result.lines] == [Decimal("1000")]
 
 
+@pytest.mark.django_db
+def test_an_estimate_in_a_currency_of_thousandths_rounds_to_them_and_its_invoice_keeps_them():
+    """A Kuwaiti dinar has 1,000 fils: rounded to hundredths, 0.041 KWD was billed as 0.04."""
+    from billing.models import Invoice
+    from billing.templatetags.billing_format import amount
+
+    plan = Plan.objects.create(key="pg-kw", name="PostgreSQL", service="postgresql")
+    Price.objects.create(
+        plan=plan, dimension="cpu", unit="core", unit_price=Decimal("0.0137"), currency="kwd"
+    )
+
+    result = cost(plan, {"cpu": Decimal(1)}, hours=3)
+
+    assert result.amount == Decimal("0.041")  # 0.0411 dinars for three hours
+    assert result.per_month == Decimal("10.001")  # 0.0137 * 730
+    invoice = Invoice.objects.create(
+        tenant=_tenant(), plan=plan, period="2026-11", currency="kwd", total=result.per_month
+    )
+    invoice.refresh_from_db()
+    assert str(amount(invoice.total, invoice.currency)) == "10.001"
+
+
+def _tenant():
+    from accounts.models import Tenant
+
+    return Tenant.objects.create(name="Gulf", slug="gulf")
+
+
 def test_unpriced_quantities_are_free_and_missing_quantities_cost_nothing(plan):
     result = cost(plan, {"replica": Decimal(3), "cpu": Decimal(1)})
 

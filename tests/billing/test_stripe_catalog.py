@@ -60,6 +60,21 @@ def test_a_metered_price_charges_cents_per_millionth_of_a_unit_hour(
     assert stripe_cpu.product == cpu.stripe_product_id == "opsdeck-plan-pg"
 
 
+def test_a_price_in_a_three_decimal_currency_is_sent_to_stripe_in_thousandths(
+    stripe_settings, emulator, gw, priced_plan
+):
+    """Stripe counts a Kuwaiti dinar's amounts in fils (1.500 KWD is 1500): sent in hundredths,
+    a plan priced at 1 KWD a core-hour charged 0.1."""
+    Price.objects.filter(plan=priced_plan).update(currency="kwd")
+    _sync()
+
+    cpu = StripePrice.objects.get(price__dimension="cpu")
+    # 0.05 KWD an hour: 50 fils per unit-hour, 0.00005 fils per millionth.
+    assert Decimal(gw.client.v1.prices.retrieve(cpu.stripe_price_id).unit_amount_decimal) == (
+        Decimal("0.00005")
+    )
+
+
 def test_a_changed_price_replaces_the_stripe_price_and_keeps_its_lookup_key(
     stripe_settings, emulator, gw, priced_plan
 ):
