@@ -383,12 +383,19 @@ def _held(gw: StripeGateway, row: MeterEvent, meters: dict[str, str]) -> bool:
     meter_id = meters.get(row.event_name)
     if meter_id is None:
         raise _Mismatch(f"No meter for {row.event_name}; run stripe_sync_catalog.")
-    start = int(row.timestamp.timestamp())
+    # The hour the event is in: Stripe sums whole minutes only, and the first hour of a
+    # subscription has its event at the moment it began (`_timed`), seconds and all, from which
+    # an hour's window would take in the next hour's event too.
+    hour = row.timestamp.replace(minute=0, second=0, microsecond=0)
+    start = int(hour.timestamp())
     total = gw.meter_total(
         meter_id=meter_id, customer_id=row.customer_id, start=start, end=start + 3600
     )
     others = MeterEvent.objects.filter(
-        customer_id=row.customer_id, event_name=row.event_name, timestamp=row.timestamp
+        customer_id=row.customer_id,
+        event_name=row.event_name,
+        timestamp__gte=hour,
+        timestamp__lt=hour + HOUR,
     ).exclude(pk=row.pk)
     sent = sum(
         int(v) for v in others.filter(status=MeterEvent.Status.SENT).values_list("value", flat=True)

@@ -486,3 +486,46 @@ def test_a_flush_storing_outcomes_waits_behind_rows_locked_in_id_order_and_never
 
     assert (held, stored) == ("committed", "stored")
     assert MeterEvent.objects.get(pk=high.pk).status == MeterEvent.Status.SENT
+
+
+@pytest.mark.unsubscribed
+def test_the_first_hours_event_whose_answer_was_lost_is_found_or_sent_once(
+    tenant, gw, emulator, customer, priced_plan
+):
+    """The first hour of a Stripe subscription has its event at the moment it began, seconds
+    and all. Checked against Stripe's total for its hour (an answer lost, retried after
+    Stripe's 20-hour window), the total was asked for from that moment: Stripe sums whole
+    minutes only and refused, the row was left dead, billed by neither Stripe nor Opsdeck, and
+    staff's Retry failed the same way. From that moment the window took in the next hour's
+    event too."""
+    from decimal import Decimal
+
+    from billing import usage
+    from billing.usage import UsageRow
+
+    stripe_sync.catalog_sync(gw)
+    hour = usage.hour_start(timezone.now() - timedelta(hours=30))
+    began = hour + timedelta(minutes=17, seconds=23)  # paid on Checkout at 10:17:23, say
+    subscription = Subscription.objects.create(
+        tenant=tenant, plan=priced_plan, status="active", stripe_subscription_id="sub_first",
+        stripe_customer_id=customer.customer_id, current_period_start=began,
+    )  # fmt: skip
+    Subscription.objects.filter(pk=subscription.pk).update(
+        created_at=began - timedelta(minutes=5), stripe_started_at=began
+    )
+    for at in (hour, hour + usage.HOUR):
+        usage.record(at, [UsageRow(tenant.pk, priced_plan.pk, "inst-a", "db", "cpu", "core",
+                                   Decimal("2"))])  # fmt: skip
+    assert meter_events.enqueue() == 2
+    first = MeterEvent.objects.get(timestamp=began)
+    emulator.add_fault("/v1/billing/meter_events", method="POST", status=500, count=1)
+    sent_at = timezone.now()
+    flush(sent_at)  # the first's answer lost (Stripe stored nothing); the next hour's sent
+    first.refresh_from_db()
+    assert first.status == MeterEvent.Status.PENDING
+
+    flush(sent_at + timedelta(hours=21))  # after Stripe's window: its total is read first
+
+    first.refresh_from_db()
+    assert first.status == MeterEvent.Status.SENT, first.last_error
+    assert [e["identifier"] for e in emulator.meter_events()].count(first.identifier) == 1
