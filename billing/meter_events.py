@@ -123,10 +123,14 @@ def enqueue() -> int:
         .alias(billing_from=Greatest("created_at", "stripe_started_at"))  # NULL is ignored
         .filter(billing_from__lt=OuterRef("hour") + HOUR)
     )
+    # A record of a closed period without an outbox row is on that period's Opsdeck invoice
+    # (a dimension whose meter was made after the close, say): sent now, it was billed twice.
+    closed = BillingPeriod.objects.filter(key=OuterRef("period"), closed_at__isnull=False)
     records = (
         UsageRecord.objects.filter(
             metered,
             Exists(billed),
+            ~Exists(closed),
             meter_event__isnull=True,
             tenant__stripe_customer__isnull=False,
             hour__gte=TruncHour(F("tenant__stripe_customer__created_at")),

@@ -507,3 +507,60 @@ def test_the_chart_of_an_adjustment_invoice_adds_up_to_that_invoice_not_stripes_
 
     assert "0.20 USD" in page
     assert _chart_total(page) == invoice.total
+
+
+@pytest.mark.unsubscribed
+def test_usage_invoiced_locally_at_a_close_is_not_billed_again_once_its_meter_exists(
+    tenant, gw, customer, priced_plan
+):
+    """A dimension a plan priced after its catalog was synced is billed on Opsdeck's invoice
+    when the month closes. Once its meter was made (`stripe_sync_catalog`), the outbox took
+    those records too: Stripe had invoiced the month, so they moved into the open month as
+    late usage, and were billed a second time (5.00 here)."""
+    from billing.models import InvoiceLine, Price, UsageRecord
+    from billing.usage import UsageRow
+
+    stripe_sync.catalog_sync(gw)  # meters and prices for cpu and storage
+    # The plan now prices memory too (its change took effect); the catalog is not synced yet.
+    Price.objects.create(
+        plan=priced_plan, dimension="memory", unit="GiB", unit_price=Decimal("0.005")
+    )
+    now = timezone.now()
+    last_month = usage.period_key(
+        usage.period_bounds(usage.period_key(now))[0] - timedelta(hours=1)
+    )
+    start, end = usage.period_bounds(last_month)
+    type(customer).objects.filter(pk=customer.pk).update(created_at=start - timedelta(days=1))
+    subscription = Subscription.objects.create(
+        tenant=tenant, plan=priced_plan, status="active", stripe_subscription_id="sub_review_c",
+        stripe_customer_id=customer.customer_id, current_period_start=start,
+    )  # fmt: skip
+    Subscription.objects.filter(pk=subscription.pk).update(
+        created_at=start - timedelta(days=1), stripe_started_at=start - timedelta(days=1)
+    )
+    hour = start + timedelta(days=9, hours=10)
+    usage.record(hour, [
+        UsageRow(tenant.pk, priced_plan.pk, "inst-a", "db", "cpu", "core", Decimal("2")),
+        UsageRow(tenant.pk, priced_plan.pk, "inst-a", "db", "memory", "GiB", Decimal("1000")),
+    ])  # fmt: skip
+    usage.record_none(usage.unmetered_hours(start, end))
+
+    closed = invoicing.period_close(last_month)
+    (draft,) = closed.invoices
+    memory_line = InvoiceLine.objects.get(invoice=draft, dimension="memory")
+    assert memory_line.amount == Decimal("5.00")  # 1000 GiB-hours at 0.005: billed once here
+    # Staff issue it.
+    Invoice.objects.filter(pk=draft.pk).update(status="open", number="2026-000001")
+
+    # Later the catalog is synced (README: run it after a plan's prices change), and beat's
+    # outbox runs every minute.
+    stripe_sync.catalog_sync(gw)
+    meter_events.enqueue()
+    meter_events.flush()
+
+    record = UsageRecord.objects.get(dimension="memory")
+    this_month = usage.period_key(timezone.now())
+    shown = reports.period_cost(tenant, this_month)
+    memory_again = sum((c.by_dimension.get("memory", 0) for c in shown.currencies), Decimal(0))
+    assert (record.period, record.adjustment, memory_again) == (last_month, False, Decimal(0))
+    assert not MeterEvent.objects.filter(usage_record=record).exists()
