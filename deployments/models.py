@@ -4,6 +4,7 @@ import secrets
 import string
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 
 from django.conf import settings
 from django.core.validators import RegexValidator
@@ -352,7 +353,10 @@ class Snapshot(models.Model):
     operation = models.ForeignKey(
         Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)  # when the backup was asked for
+    # When its backup completed, which may be long after it was asked for (queued behind a
+    # change): the data it holds is as of then. None until it completes.
+    taken_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     # Taken by the instance's backup schedule: only these count towards its retention count.
     scheduled = models.BooleanField(default=False)
@@ -364,6 +368,12 @@ class Snapshot(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def taken(self) -> datetime:
+        """When the data it holds is as of: its backup's completion (when it was asked for
+        for one that completed before this was recorded)."""
+        return self.taken_at or self.created_at
 
 
 class BackupSchedule(models.Model):

@@ -812,6 +812,7 @@ def _finish(
             status=Snapshot.Status.DELETED
         ).update(
             status=Snapshot.Status.COMPLETED if succeeded else _SNAPSHOT_ENDED[op.state],
+            taken_at=op.finished_at if succeeded else None,
             metadata=op.outputs,
             parameters=op.parameters,  # what a restore of it keeps, also once the instance is gone
         )

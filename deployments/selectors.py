@@ -688,7 +688,9 @@ def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
     `failure`: what its backup operation ended with (why a failed one failed)."""
     return (
         snapshots_of_instance(instance)
-        .only("name", "status", "created_at", "expires_at", "operation_id")  # what it shows
+        .only(
+            "name", "status", "created_at", "taken_at", "expires_at", "operation_id"
+        )  # what it shows
         .annotate(forgetting=_forgetting(), failure=F("operation__error"))
     )
 
@@ -737,7 +739,7 @@ def recovery_window(snapshot: Snapshot, now: datetime) -> tuple[datetime, dateti
     operator reports, when the plan's status maps one). Both come from the source's observed
     status (`recoverableFrom`, `recoverableUntil`). A source stopped or deleted archives
     nothing since: the window ends when it stopped, or its delete began."""
-    low, high = snapshot.created_at, now
+    low, high = snapshot.taken, now
     observed = {}
     if snapshot.instance_id is not None:
         observed, state = Instance.objects.filter(pk=snapshot.instance_id).values_list(

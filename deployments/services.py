@@ -1337,7 +1337,7 @@ def _point_in_time_check(snapshot: Snapshot, target_time: datetime) -> None:
     if target_time > now:
         raise ValidationError({"target_time": "The point in time is in the future."})
     low, high = selectors.recovery_window(snapshot, now)
-    if target_time < snapshot.created_at:
+    if target_time < snapshot.taken:
         raise ValidationError({"target_time": "The point in time is before the backup was taken."})
     if not low <= target_time <= high:
         raise ValidationError(
@@ -1430,7 +1430,7 @@ def snapshot_restore(
             raise _fixed_by_snapshot(exc, base) from exc
         restore = {
             "snapshotId": snapshot.name,
-            "snapshotTime": snapshot.created_at.isoformat(),
+            "snapshotTime": snapshot.taken.isoformat(),
             # Point in time: recover up to this instant (RFC 3339, UTC); "" means the snapshot.
             "targetTime": target_time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             if target_time
@@ -1552,7 +1552,7 @@ def _snapshot_forget(
         request_id=request_id,
         arguments={
             "forget_snapshot": snapshot.pk,
-            "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.created_at.isoformat()}},
+            "sys": {"snapshot": {"id": snapshot.name, "time": snapshot.taken.isoformat()}},
         },
     )
 

@@ -562,3 +562,33 @@ def test_a_delete_asked_for_without_a_last_backup_takes_none(cell, tenant, owner
     assert _run(delete).state == Operation.State.SUCCEEDED, delete.error
     with pytest.raises(ValidationError):  # the same request, asking for the last backup now
         services.instance_delete(actor=Actor(user=owner), instance=instance, request_id="bye")
+
+
+def test_a_backup_is_taken_when_it_ran_not_when_it_was_asked_for(
+    cell, plan, tenant, owner, owner_client
+):
+    """A backup queued behind a long change runs after it, and holds the data as it was then.
+    The Backups tab, its delete dialog and its restore page said it was taken when it was
+    asked for, an hour before it ran, and a point in time in that hour was offered, though
+    no backup holds it."""
+    create = _create(owner, tenant, plan)
+    _run(create)
+    backup = _act(owner, create.instance, "backup")
+    asked = timezone.now() - timedelta(hours=1)  # it waited an hour behind a change
+    Snapshot.objects.filter(operation=backup).update(created_at=asked)
+
+    ran = _run(backup)
+
+    snapshot = Snapshot.objects.get(operation=backup)
+    assert snapshot.taken_at == ran.finished_at
+    page = owner_client.get(
+        f"/t/{tenant.slug}/deployments/{create.instance_id}/", {"tab": "backups"}
+    ).content.decode()
+    row = page.split(f'id="backup-{snapshot.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert f'datetime="{ran.finished_at.isoformat()}"' in row
+    assert f"{asked:%-d %b %Y %H:%M} UTC" not in page
+    with pytest.raises(ValidationError, match="before the backup was taken"):
+        services.snapshot_restore(
+            actor=Actor(user=owner), snapshot=snapshot, name="as-of", request_id="pitr",
+            target_time=asked + timedelta(minutes=30),
+        )  # fmt: skip
