@@ -317,7 +317,8 @@ def restore_form_class(
             required=False,
             input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"],
             help_text=f"In UTC, from {point_in_time[0].replace('T', ' ')} to "
-            f"{point_in_time[1].replace('T', ' ')}: what the backups can recover. Leave empty to "
+            f"{point_in_time[1].replace('T', ' ')}: what the backups can recover; a value below "
+            "left as the backup holds it is then the instance's at that time. Leave empty to "
             "restore the backup as it was taken.",
             widget=forms.DateTimeInput(
                 {

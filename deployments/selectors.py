@@ -708,13 +708,31 @@ def snapshot_of_instance(
     return snapshots_of_instance(instance, deleted=deleted).filter(pk=snapshot_id).first()
 
 
-def snapshot_values(snapshot: Snapshot) -> dict:
+def snapshot_values(snapshot: Snapshot, at: datetime | None = None) -> dict:
     """The parameter values a restore of `snapshot` starts from, passwords aside: the
-    snapshot's own (older snapshots without them take their source instance's)."""
+    snapshot's own (older snapshots without them take their source instance's). A restore to
+    the point in time `at` recovers the data as it was then, which may need more than the
+    snapshot's (a disk grown after it): each value its source ran with at that instant, as the
+    last of its operations to succeed by then left it, takes the place of the snapshot's."""
     if snapshot.parameters:
-        return dict(snapshot.parameters)
-    source = snapshot.instance
-    return dict(source.parameters) if source is not None else {}
+        values = dict(snapshot.parameters)
+    else:
+        source = snapshot.instance
+        values = dict(source.parameters) if source is not None else {}
+    if at is not None:
+        then = (
+            Operation.objects.filter(
+                instance_id=snapshot.source_instance_id,
+                state=Operation.State.SUCCEEDED,
+                finished_at__lte=at,
+            )
+            .exclude(parameters={})
+            .order_by("-finished_at")
+            .values_list("parameters", flat=True)
+            .first()
+        )
+        values.update({key: value for key, value in (then or {}).items() if key in values})
+    return values
 
 
 def restore_values(snapshot: Snapshot, given: dict) -> dict | None:

@@ -508,9 +508,8 @@ def _instance_checked(
         raise ValidationError({"cell": "This region is not offered to your organization."})
     spec = selectors.plan_spec(version)
     try:
-        typed = validate_parameters(
-            spec.main.parameters, values, current=base, current_is="the backup holds {}"
-        )
+        held = "it held {} at that point in time" if point_in_time else "the backup holds {}"
+        typed = validate_parameters(spec.main.parameters, values, current=base, current_is=held)
     except ParameterErrors as exc:
         # The form says at once what else to change: the name too, when it cannot be used.
         raise ValidationError({**instance_name_errors(tenant, name), **exc.errors}) from exc
@@ -1321,11 +1320,12 @@ def instance_credentials_reveal(*, actor: Actor, instance: Instance) -> str:
     return str(password)
 
 
-def _restore_base(snapshot: Snapshot) -> dict:
+def _restore_base(snapshot: Snapshot, target_time: datetime | None) -> dict:
     """The values a restore starts from: the snapshot's own (older snapshots without them take
-    the source instance's), and the source's passwords while it exists."""
+    the source instance's), or for a point in time those its source ran with then; and the
+    source's passwords while it exists."""
     source = snapshot.instance
-    base = selectors.snapshot_values(snapshot)
+    base = selectors.snapshot_values(snapshot, target_time)
     if source is not None and source.secret_parameters:
         base.update(json.loads(source.secret_parameters))
     return base
@@ -1410,7 +1410,12 @@ def snapshot_restore(
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
             raise ValidationError("This plan cannot restore backups.")
-        base = _restore_base(snapshot)
+        base = _restore_base(snapshot, target_time)
+        if target_time is not None:
+            # The form offers the backup's values: one left as the backup holds it is the
+            # instance's as it was at that point in time (a disk grown since the backup).
+            own = selectors.snapshot_values(snapshot)
+            values = {key: v for key, v in values.items() if str(v) != str(own.get(key))}
         try:
             instance = _instance_checked(
                 actor=actor,

@@ -592,3 +592,65 @@ def test_a_backup_is_taken_when_it_ran_not_when_it_was_asked_for(
             actor=Actor(user=owner), snapshot=snapshot, name="as-of", request_id="pitr",
             target_time=asked + timedelta(minutes=30),
         )  # fmt: skip
+
+
+def test_a_point_in_time_after_the_disk_grew_is_restored_onto_the_disk_it_had_then(
+    cell, plan, tenant, owner
+):
+    """A backup taken at 10 GiB, then the disk grown to 20 GiB: a restore to a point in time
+    after that recovers the data as it was then (the newest backup before it and the changes
+    since), yet was given the backup's 10 GiB, the size a restore of the backup itself is
+    refused below."""
+    create = _create(owner, tenant, plan, storageGi="10")
+    _run(create)
+    snapshot_of = _run(_act(owner, create.instance, "backup"))
+    grown = services.instance_action(
+        actor=Actor(user=owner), instance=Instance.objects.get(pk=create.instance_id),
+        verb="modify", request_id=uuid.uuid4().hex, parameters={"storageGi": "20"},
+    )  # fmt: skip
+    assert _run(grown).state == Operation.State.SUCCEEDED, grown.error
+    snapshot = Snapshot.objects.get(operation=snapshot_of)
+    assert snapshot.parameters["storageGi"] == 10
+
+    before = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="as-taken", request_id="r-1",
+    )  # fmt: skip
+    after = services.snapshot_restore(
+        actor=Actor(user=owner), snapshot=snapshot, name="as-of-now", request_id="r-2",
+        target_time=timezone.now(),
+    )  # fmt: skip
+
+    assert Instance.objects.get(pk=before.instance_id).parameters["storageGi"] == 10
+    assert Instance.objects.get(pk=after.instance_id).parameters["storageGi"] == 20
+
+
+def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_grown(
+    cell, plan, tenant, owner, owner_client
+):
+    """The form offers the backup's values: sent as they were with a point in time after the
+    disk grew, it was refused with "Can grow, not shrink: the backup holds 20", the backup
+    holding 10. A value left as the backup holds it is the instance's at that time."""
+    import re
+
+    create = _create(owner, tenant, plan, storageGi="10")
+    _run(create)
+    backup = _run(_act(owner, create.instance, "backup"))
+    grown = services.instance_action(
+        actor=Actor(user=owner), instance=Instance.objects.get(pk=create.instance_id),
+        verb="modify", request_id=uuid.uuid4().hex, parameters={"storageGi": "20"},
+    )  # fmt: skip
+    _run(grown)
+    time.sleep(1)  # the form's point in time is to the second
+    snapshot = Snapshot.objects.get(operation=backup)
+    page = owner_client.get(
+        f"/t/{tenant.slug}/deployments/{create.instance_id}/backups/{snapshot.pk}/restore/",
+        follow=True,
+    )
+    form = page.content.decode().split("<form", 2)[-1]
+    fields = dict(re.findall(r'name="([^"]+)"[^>]*value="([^"]*)"', form))
+    assert fields["p-storageGi"] == "10"  # the backup's
+
+    fields.update(name="as-of-now", target_time=f"{timezone.now():%Y-%m-%dT%H:%M:%S}")
+    owner_client.post(page.redirect_chain[-1][0], fields)
+
+    assert Instance.objects.get(name="as-of-now").parameters["storageGi"] == 20
