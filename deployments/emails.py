@@ -1,4 +1,6 @@
-"""The email that tells whoever started an operation how it ended.
+"""The email that tells whoever started an operation how it ended; for one Opsdeck started on
+its own (a scheduled backup, an expired backup's deletion, a suspended subscription's stop),
+the organization's owners and admins, when it failed.
 
 Rendered by the worker that finished the run, from the operation and instance it has in hand
 (nothing read again), and sent by the mail worker once the run's end commits
@@ -12,17 +14,37 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from accounts import mail
+from accounts.models import Membership, Tenant
+from accounts.roles import Role
 from deployments import lifecycle
 from deployments.models import Operation
+
+# Who hears of what befalls an organization's instances when nobody of it asked for it.
+TOLD_ROLES = (Role.OWNER, Role.ADMIN)
+
+
+def organization_told(tenant: Tenant) -> list[str]:
+    """The addresses of the organization's owners and admins."""
+    return sorted(
+        Membership.objects.filter(tenant=tenant, role__in=TOLD_ROLES)
+        .exclude(user__email="")
+        .values_list("user__email", flat=True)
+    )
 
 
 def operation_ended(operation: Operation) -> None:
     """Tell whoever started an operation that it failed (or was cancelled), or that the
-    instance its create or restore made is ready (its `instance` and `requested_by` loaded)."""
+    instance its create or restore made is ready (its `instance` and `requested_by` loaded);
+    the organization's owners and admins that one Opsdeck started on its own failed (nobody
+    heard of a scheduled backup failing night after night)."""
     user = operation.requested_by
-    if user is None or not user.email:
-        return
     instance = operation.instance
+    if user is None:
+        to = organization_told(instance.tenant) if operation.state == Operation.State.FAILED else []
+    else:
+        to = [user.email] if user.email else []
+    if not to:
+        return
     if operation.state == Operation.State.SUCCEEDED:
         if operation.verb not in lifecycle.MAKES_INSTANCE:
             return
@@ -38,5 +60,5 @@ def operation_ended(operation: Operation) -> None:
     mail.send(
         subject=subject,
         body=render_to_string("deployments/email/operation_ended.txt", context),
-        to=[user.email],
+        to=to,
     )

@@ -32,8 +32,7 @@ from django.utils import timezone
 
 from accounts import mail
 from accounts.audit import SYSTEM, audit_record
-from accounts.models import Membership
-from accounts.roles import Role
+from deployments import emails
 from deployments.models import Instance
 from deployments.workflow import conditions, evaluator
 from deployments.workflow.outputs import MISSING, dotted_get
@@ -41,8 +40,6 @@ from deployments.workflow.outputs import MISSING, dotted_get
 log = logging.getLogger(__name__)
 
 H = Instance.Health
-# Who hears of an incident: the organization's owners and admins.
-RECIPIENT_ROLES = (Role.OWNER, Role.ADMIN)
 # The verdict the last read of the status object kept.
 FAILING, PASSING = Q(observed__healthy=False), Q(observed__healthy=True)
 
@@ -112,11 +109,7 @@ def _change(instance_id: str, health: str, now: datetime) -> bool:
 
 
 def _email(instance: Instance, health: str, since: datetime) -> None:
-    recipients = sorted(
-        Membership.objects.filter(tenant=instance.tenant, role__in=RECIPIENT_ROLES)
-        .exclude(user__email="")
-        .values_list("user__email", flat=True)
-    )
+    recipients = emails.organization_told(instance.tenant)
     if not recipients:
         return
     path = reverse(

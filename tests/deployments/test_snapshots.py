@@ -654,3 +654,33 @@ def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_gro
     owner_client.post(page.redirect_chain[-1][0], fields)
 
     assert Instance.objects.get(name="as-of-now").parameters["storageGi"] == 20
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_a_scheduled_backup_that_fails_is_told_to_the_owners_and_admins(
+    cell, plan, tenant, owner, add_member, faults
+):
+    """A backup nobody asked for (its schedule's) that failed told nobody: its operation has no
+    requester, so the organization learnt of backups failing night after night only by opening
+    the Backups tab. Its owners and admins are told, as of an instance degraded."""
+    from django.core import mail
+
+    from deployments.models import BackupSchedule
+
+    add_member("admin@example.com", "admin")
+    add_member("member@example.com", "member")
+    create = _create(owner, tenant, plan)
+    _run(create)
+    slot = (timezone.now() - timedelta(minutes=1)).replace(microsecond=0)
+    BackupSchedule.objects.filter(instance_id=create.instance_id).update(next_run_at=slot)
+    assert services.backups_run_due()["ran"] == 1
+    faults(fail_backups=1)
+    mail.outbox.clear()
+
+    failed = _run(Operation.objects.get(instance_id=create.instance_id, verb="backup"))
+
+    assert failed.state == Operation.State.FAILED
+    [email] = mail.outbox
+    assert sorted(email.to) == ["admin@example.com", "owner@example.com"]
+    assert email.subject == "[Opsdeck] orders: backup failed"
+    assert "that Opsdeck started on its own failed" in email.body
