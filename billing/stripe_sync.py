@@ -924,6 +924,44 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         return _status_mirror(ours, subscription.id, subscription.status)
 
 
+def subscriptions_reconcile() -> int:
+    """Bring each subscription Stripe bills to what Stripe holds now (run hourly by beat); how
+    many Stripe answered for. Stripe's own webhook says so at once, but one lost, or given up
+    on after Stripe's three days of retries, left ours active for good after Stripe ended it:
+    its usage went on being sent to meters no subscription bills, and no invoice held it. A
+    Stripe subscription gone (its customer deleted) ends ours as an ended one does. Stripe out
+    of reach ends the round; the next one reads them all again."""
+    gw = gateway()
+    if gw is None:
+        return 0
+    open_ = (
+        Subscription.objects.exclude(stripe_subscription_id="")
+        .exclude(status=Subscription.Status.CANCELLED)
+        .values_list("pk", "stripe_subscription_id")
+    )
+    answered = 0
+    for pk, stripe_id in list(open_):
+        try:
+            held = gw.subscription(stripe_id)
+        except StripeRefused as exc:
+            if exc.status != 404:
+                log.warning("subscription %s: Stripe refused to read %s: %s", pk, stripe_id, exc)
+                continue
+            held = None
+        except StripeFailure as exc:
+            log.warning("subscriptions not reconciled with Stripe: %s", exc)
+            break
+        answered += 1
+        if held is not None:
+            subscription_mirror(held, gw)
+            continue
+        with transaction.atomic():
+            ours = Subscription.objects.select_for_update().get(pk=pk)
+            if ours.stripe_subscription_id == stripe_id:
+                _status_mirror(ours, stripe_id, "canceled")
+    return answered
+
+
 def _status_mirror(ours: Subscription, stripe_id: str, stripe_status: str) -> Subscription:
     """Move ours (locked) to the status Stripe's `stripe_status` means for it."""
     from billing import services  # services import this module

@@ -34,6 +34,13 @@ def meter_events_flush() -> dict:
 
 
 @shared_task
+def subscriptions_reconcile() -> int:
+    """Bring subscriptions to what Stripe holds, whatever webhook was lost (run hourly by beat;
+    nothing happens while Stripe is not configured)."""
+    return stripe_sync.subscriptions_reconcile()
+
+
+@shared_task
 def billing_details_push_due() -> int:
     """Send Stripe the billing details it does not hold yet (run every minute by beat; nothing
     happens while Stripe is not configured)."""

@@ -253,6 +253,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Sends due Stripe meter events (does nothing while Stripe is not configured).
     "meter-events-flush": {"task": "billing.tasks.meter_events_flush", "schedule": 60.0},
+    # Subscriptions as Stripe holds them, should one of its webhooks be lost.
+    "subscriptions-reconcile": {
+        "task": "billing.tasks.subscriptions_reconcile",
+        "schedule": 3600.0,
+    },
     # Billing details Stripe's customer does not hold yet (a failed update, tried again).
     "billing-details-push": {"task": "billing.tasks.billing_details_push_due", "schedule": 60.0},
     # Each month that has ended becomes draft invoices once every hour of it is metered.

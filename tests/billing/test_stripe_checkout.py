@@ -369,6 +369,40 @@ def test_a_subscription_stripe_refuses_to_end_is_not_cancelled_and_says_why(
     assert subscription.status == "active"
 
 
+@pytest.mark.parametrize("how", ["ended", "gone"])
+def test_a_subscription_stripe_ended_without_a_webhook_is_ended_by_the_hourly_reconcile(
+    client, owner_client, tenant, catalog, emulator, gw, how
+):
+    """Stripe's webhook saying it ended lost (or given up on after its three days): ours stayed
+    active for good, its usage sent to meters no subscription bills, on no invoice."""
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    if how == "ended":
+        gw.client.v1.subscriptions.cancel(subscription.stripe_subscription_id)
+    else:
+        Subscription.objects.filter(pk=subscription.pk).update(stripe_subscription_id="sub_gone")
+
+    assert stripe_sync.subscriptions_reconcile() == 1
+
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+    assert AuditEvent.objects.filter(action="subscription.cancel", actor_kind="system").exists()
+    assert stripe_sync.subscriptions_reconcile() == 0  # nothing open is left to read
+
+
+def test_the_hourly_reconcile_leaves_a_subscription_stripe_still_bills_as_it_is(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    emulator.add_fault("/v1/subscriptions", method="GET", status=500)
+
+    assert stripe_sync.subscriptions_reconcile() == 0  # Stripe out of reach: next round
+
+    emulator.clear_faults()
+    assert stripe_sync.subscriptions_reconcile() == 1
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+
+
 def test_when_stripe_cannot_be_told_nothing_is_cancelled(
     client, owner_client, tenant, catalog, emulator, gw
 ):
