@@ -25,10 +25,10 @@ class InvoiceFilterForm(forms.Form):
     # At most what an invoice's total holds (a larger number is no amount, and overflows the
     # database's comparison).
     min_total = forms.DecimalField(
-        required=False, min_value=0, max_digits=18, decimal_places=2, label="Total at least"
+        required=False, min_value=0, max_digits=19, decimal_places=3, label="Total at least"
     )
     max_total = forms.DecimalField(
-        required=False, min_value=0, max_digits=18, decimal_places=2, label="Total at most"
+        required=False, min_value=0, max_digits=19, decimal_places=3, label="Total at most"
     )
 
     def clean_tenant(self):

@@ -944,8 +944,8 @@ def subscriptions_reconcile() -> int:
         try:
             held = gw.subscription(stripe_id)
         except StripeRefused as exc:
-            if exc.status != 404:
-                log.warning("subscription %s: Stripe refused to read %s: %s", pk, stripe_id, exc)
+            if not _gone(exc):
+                log.error("subscription %s: Stripe refused to read %s: %s", pk, stripe_id, exc)
                 continue
             held = None
         except StripeFailure as exc:
@@ -1155,6 +1155,28 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
     return stored
 
 
+def invoice_draft_deleted(stripe_invoice_id: str) -> None:
+    """Forget our copy of a Stripe draft deleted in Stripe: it kept the organization from being
+    deleted ("its invoice is being prepared") for ever."""
+    with transaction.atomic():
+        draft = (
+            Invoice.objects.select_for_update()
+            .select_related("tenant")
+            .filter(stripe_invoice_id=stripe_invoice_id, status=Invoice.Status.DRAFT)
+            .first()
+        )
+        if draft is None:
+            return
+        audit_record(
+            actor=SYSTEM,
+            action="invoice.stripe_deleted",
+            tenant=draft.tenant,
+            target=draft,
+            payload={"stripe_invoice": stripe_invoice_id, "period": draft.period},
+        )
+        draft.delete()
+
+
 def subscription_end(subscription: Subscription) -> None:
     """Tell Stripe to end the tenant's Stripe subscription when its period ends (the usage
     until then is invoiced then), or, for one still waiting for payment, to close its Checkout
@@ -1178,12 +1200,16 @@ def subscription_end(subscription: Subscription) -> None:
     except StripeRefused as exc:
         if subscription.stripe_subscription_id and _ended_in_stripe(gw, subscription, exc):
             # Ended in Stripe already (its dashboard, its dunning, its customer deleted), the
-            # webhook saying so late or lost: nothing bills it any more, and ours ends too.
+            # webhook saying so late or lost: nothing bills it any more, and ours ends too,
+            # its usage not sent yet billed on Opsdeck's invoice, as when the webhook comes.
             log.info("subscription %s: Stripe had ended it already", subscription.pk)
+            meter_events.unsent_to_local(
+                tenant_id=subscription.tenant_id, plan_id=subscription.plan_id
+            )
             return
         log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
         raise ValidationError(
-            f"Stripe refused to end it, so nothing was cancelled: {exc.said}"
+            "Stripe refused to end it, so nothing was cancelled: ask the platform team."
         ) from exc
     except StripeFailure as exc:
         log.error("cancelling subscription %s in Stripe: %s", subscription.pk, exc)
@@ -1197,15 +1223,21 @@ _STRIPE_ENDED = {"canceled", "incomplete_expired"}
 
 
 def _ended_in_stripe(gw: StripeGateway, subscription: Subscription, refused: StripeRefused) -> bool:
-    """Whether Stripe refused to end the subscription because it is over there already: gone
-    (404), or ended."""
+    """Whether Stripe refused to end the subscription because it is over there already: gone,
+    or ended."""
     if refused.status == 404:
-        return True
+        return _gone(refused)
     try:
         held = gw.subscription(subscription.stripe_subscription_id)
     except StripeRefused as exc:
-        return exc.status == 404
+        return _gone(exc)
     return _field(held, "status") in _STRIPE_ENDED
+
+
+def _gone(refused: StripeRefused) -> bool:
+    """Whether Stripe's 404 says the object is gone: not when it names one in the other mode
+    (a test key asking for a live object, or the reverse), where it bills on unseen."""
+    return refused.status == 404 and "similar object exists" not in str(refused)
 
 
 def checkout_completed(session: Any) -> StripeCustomer | None:

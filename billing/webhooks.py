@@ -55,6 +55,11 @@ def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
         stripe_sync.subscription_mirror(gw.subscription(subscription_id), gw)
 
 
+def invoice_deleted(event: StripeEvent, gw: StripeGateway) -> None:
+    """A draft deleted in Stripe (only a draft can be): never to be owed, it goes here too."""
+    stripe_sync.invoice_draft_deleted(_object_id(event))
+
+
 Handler = Callable[[StripeEvent, StripeGateway], None]
 
 HANDLERS: dict[str, Handler] = {
@@ -72,6 +77,7 @@ HANDLERS: dict[str, Handler] = {
     "invoice.voided": invoice_changed,
     "invoice.marked_uncollectible": invoice_changed,
     "invoice.updated": invoice_changed,
+    "invoice.deleted": invoice_deleted,
 }
 
 

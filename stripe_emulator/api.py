@@ -302,6 +302,10 @@ class StripeEmulator:
         """An open invoice voided (`invoice.voided`, `invoice.updated`)."""
         return self._locked(invoices.invoice_void, invoice_id)
 
+    def delete_draft(self, invoice_id: str) -> dict[str, Any]:
+        """A draft invoice deleted (`invoice.deleted`)."""
+        return self._locked(invoices.invoice_draft_delete, invoice_id)
+
     def _locked(self, action: Callable[[State, str], dict[str, Any]], object_id: str) -> Any:
         with self.state.lock:
             result = copy.deepcopy(action(self.state, object_id))

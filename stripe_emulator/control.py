@@ -103,6 +103,10 @@ def _void(emulator: StripeEmulator, body: dict[str, Any], invoice_id: str) -> An
     return emulator.void_invoice(invoice_id)
 
 
+def _delete_draft(emulator: StripeEmulator, body: dict[str, Any], invoice_id: str) -> Any:
+    return emulator.delete_draft(invoice_id)
+
+
 CONTROL: list[Route] = [
     route("POST", "/_emulator/reset", _reset),
     route("GET", "/_emulator/faults", _faults),
@@ -124,4 +128,5 @@ CONTROL: list[Route] = [
     route("POST", "/_emulator/invoices/{id}/pay", _pay),
     route("POST", "/_emulator/invoices/{id}/fail", _fail),
     route("POST", "/_emulator/invoices/{id}/void", _void),
+    route("POST", "/_emulator/invoices/{id}/delete", _delete_draft),
 ]

@@ -291,8 +291,8 @@ def invoice_fail(state: State, invoice_id: str) -> dict[str, Any]:
 
 
 def invoice_void(state: State, invoice_id: str) -> dict[str, Any]:
-    """An open invoice voided (in the dashboard, or `POST /v1/invoices/{id}/void`): nothing is
-    owed any more; `invoice.voided`, then `invoice.updated`."""
+    """An open invoice voided, as Stripe's dashboard voids one: nothing is owed any more;
+    `invoice.voided`, then `invoice.updated`."""
     invoice = state.get("invoice", invoice_id)
     if invoice["status"] not in ("open", "uncollectible"):
         raise invalid(f"Invoice {invoice_id} is {invoice['status']}: only an open or "
@@ -302,6 +302,18 @@ def invoice_void(state: State, invoice_id: str) -> dict[str, Any]:
     invoice["status_transitions"]["voided_at"] = state.now()
     state.emit("invoice.voided", invoice)
     state.emit("invoice.updated", invoice, {"status": was})
+    return invoice
+
+
+def invoice_draft_delete(state: State, invoice_id: str) -> dict[str, Any]:
+    """A draft deleted, as Stripe's dashboard deletes one (only a draft can be): it is gone;
+    `invoice.deleted`."""
+    invoice = state.get("invoice", invoice_id)
+    if invoice["status"] != "draft":
+        raise invalid(f"Invoice {invoice_id} is {invoice['status']}: only a draft can be deleted.",
+                      param="invoice")  # fmt: skip
+    del state.objects["invoice"][invoice_id]
+    state.emit("invoice.deleted", invoice)
     return invoice
 
 

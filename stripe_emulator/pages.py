@@ -17,9 +17,17 @@ def _page(title: str, body: str) -> str:
     )
 
 
+# Stripe's currencies whose smallest unit is not a hundredth: none (yen), or a thousandth.
+ZERO_DECIMAL = frozenset({"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}) | frozenset(
+    {"pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
+)
+THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
+
+
 def money(amount: int, currency: str) -> str:
-    """`12.34 USD` from an amount in the smallest unit (two decimals assumed)."""
-    return f"{amount / 100:.2f} {currency.upper()}"
+    """`12.34 USD`, `1234 JPY`, `1.234 KWD` from an amount in the currency's smallest unit."""
+    places = 0 if currency in ZERO_DECIMAL else 3 if currency in THREE_DECIMAL else 2
+    return f"{amount / 10**places:.{places}f} {currency.upper()}"
 
 
 def checkout_page(session: dict[str, Any], items: list[dict[str, Any]]) -> str:

@@ -357,3 +357,17 @@ def test_a_drafts_page_is_titled_with_its_organization_not_its_internal_id(
 
     assert "<title>Draft 2026-10 of Acme · Billing team" in page
     assert f"· {tenant.pk}" not in page
+
+
+def test_the_team_filters_a_dinar_invoice_by_its_total_to_the_fils(team_client, tenant, plan):
+    """Totals keep three places (a Kuwaiti dinar's fils); "Total at least" took two, and
+    refused 10.001."""
+    dinar = _invoice(tenant, plan, "2026-10", "10.001")
+    Invoice.objects.filter(pk=dinar.pk).update(currency="kwd")
+    _invoice(tenant, plan, "2026-09", "10.000")
+
+    page = team_client.get("/billing-team/", {"min_total": "10.001"}).content.decode()
+
+    assert "decimal places" not in page
+    assert f"/billing-team/invoices/{dinar.pk}/" in page
+    assert page.count("/billing-team/invoices/") == 1

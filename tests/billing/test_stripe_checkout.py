@@ -364,7 +364,7 @@ def test_a_subscription_stripe_refuses_to_end_is_not_cancelled_and_says_why(
 
     page = _cancel(owner_client, tenant, subscription).content.decode()
 
-    assert "Stripe refused to end it, so nothing was cancelled" in page
+    assert "Stripe refused to end it, so nothing was cancelled: ask the platform team." in page
     subscription.refresh_from_db()
     assert subscription.status == "active"
 

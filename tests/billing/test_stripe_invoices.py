@@ -564,3 +564,45 @@ def test_usage_invoiced_locally_at_a_close_is_not_billed_again_once_its_meter_ex
     memory_again = sum((c.by_dimension.get("memory", 0) for c in shown.currencies), Decimal(0))
     assert (record.period, record.adjustment, memory_again) == (last_month, False, Decimal(0))
     assert not MeterEvent.objects.filter(usage_record=record).exists()
+
+
+def test_cancelling_a_subscription_stripe_ended_bills_its_unsent_usage_here(
+    client, owner_client, tenant, subscription, emulator, gw, record_usage
+):
+    """Stripe ended it, the webhook lost; the customer cancels it and is told it is cancelled.
+    Its usage not sent yet stayed in the outbox, to be sent to a meter no subscription bills
+    any more, on no invoice (the webhook, late, found ours cancelled already)."""
+    record_usage(_this_hour(), ("inst-a", "cpu", "2.5"))
+    assert meter_events.enqueue() == 1
+    gw.client.v1.subscriptions.cancel(subscription.stripe_subscription_id)
+
+    page = owner_client.post(
+        f"/t/{tenant.slug}/billing/subscriptions/{subscription.pk}/cancel/", follow=True
+    ).content.decode()
+    assert f"Your subscription to {subscription.plan.name} is cancelled." in page
+    _deliver(client, emulator.events("customer.subscription.deleted")[-1])
+
+    assert meter_events.flush().sent == 0
+    (row,) = meter_events.adjustments()
+    assert row.usage_record.quantity == Decimal("2.5")  # on Opsdeck's invoice instead
+
+
+def test_a_draft_deleted_in_stripe_is_forgotten_here(
+    client, tenant, subscription, emulator, record_usage
+):
+    """A draft deleted in Stripe's dashboard stayed a draft here, and the organization could
+    not be deleted ("its invoice is being prepared"), for ever."""
+    from billing import selectors as billing_selectors
+
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    _deliver(client, emulator.events("invoice.created")[-1])
+    assert Invoice.objects.get(stripe_invoice_id=invoice["id"]).status == "draft"
+    emulator.delete_draft(invoice["id"])
+
+    _deliver(client, emulator.events("invoice.deleted")[-1])
+
+    assert not Invoice.objects.filter(stripe_invoice_id=invoice["id"]).exists()
+    assert not [
+        b for b in billing_selectors.tenant_delete_blockers(tenant) if "being prepared" in b
+    ]
+    assert AuditEvent.objects.filter(action="invoice.stripe_deleted", tenant=tenant).exists()

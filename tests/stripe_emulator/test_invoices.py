@@ -132,3 +132,15 @@ def test_a_draft_has_no_hosted_page(emulator, subscription):
     invoice = emulator.close_period(subscription.id)
     assert invoice["hosted_invoice_url"] is None
     assert requests.get(f"{emulator.url}/i/{invoice['id']}", timeout=10).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("amount", "currency", "shown"),
+    [(1234, "usd", "12.34 USD"), (1234, "jpy", "1234 JPY"), (1500, "kwd", "1.500 KWD")],
+)
+def test_the_hosted_invoice_page_writes_amounts_in_their_currency(amount, currency, shown):
+    """Stripe counts a yen in yen and a Kuwaiti dinar in fils: the emulator's invoice page read
+    every amount as hundredths (1.500 KWD as 15.00 KWD)."""
+    from stripe_emulator.pages import money
+
+    assert money(amount, currency) == shown
