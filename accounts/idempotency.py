@@ -55,9 +55,14 @@ def request_id_clean(request_id: str | None) -> str:
         )
     if not request_id.isprintable() or request_id.strip() != request_id:
         raise ValidationError({"request_id": "The request id may hold only printable characters."})
-    if any(request_id.startswith(f"{purpose}-") for purpose in SYSTEM_PURPOSES):
+    if system_made(request_id):
         raise ValidationError({"request_id": RESERVED})
     return request_id
+
+
+def system_made(request_id: str) -> bool:
+    """Whether the request id is one Opsdeck made for an operation it asked for itself."""
+    return any(request_id.startswith(f"{purpose}-") for purpose in SYSTEM_PURPOSES)
 
 
 def system_request_id(purpose: str, *parts: object) -> str:

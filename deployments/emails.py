@@ -13,7 +13,7 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
 
-from accounts import mail
+from accounts import idempotency, mail
 from accounts.models import Membership, Tenant
 from accounts.roles import Role
 from deployments import lifecycle
@@ -39,8 +39,10 @@ def operation_ended(operation: Operation) -> None:
     heard of a scheduled backup failing night after night)."""
     user = operation.requested_by
     instance = operation.instance
-    if user is None:
-        to = organization_told(instance.tenant) if operation.state == Operation.State.FAILED else []
+    if user is None:  # the system's, or its requester's account is gone
+        ours = idempotency.system_made(operation.request_id)
+        failed = operation.state == Operation.State.FAILED
+        to = organization_told(instance.tenant) if ours and failed else []
     else:
         to = [user.email] if user.email else []
     if not to:

@@ -18,12 +18,12 @@ import logging
 from datetime import timedelta
 
 from django.core.exceptions import ValidationError
-from django.db import OperationalError, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.audit import Actor
-from accounts.errors import ActionDenied
+from accounts.errors import ActionDenied, database_trouble
 from deployments import services
 from deployments.models import FleetRun, Instance
 
@@ -94,9 +94,9 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
             except (ActionDenied, ValidationError) as exc:
                 why = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
                 refused.append([str(instance), why])
-            except OperationalError:
-                raise  # the database's trouble (a deadlock, a lost connection): the batch again
-            except Exception:
+            except Exception as exc:
+                if database_trouble(exc):
+                    raise  # a deadlock, a lost connection: the batch again, later
                 # Not a refusal: a fault (a plan version that no longer loads, say). Raised,
                 # it rolled the batch back, and each time beat sent the run again it failed
                 # the same way: the run never ended, its other instances never queued.

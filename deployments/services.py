@@ -20,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from accounts import idempotency
 from accounts.audit import REDACTED, SYSTEM, Actor, audit_event, audit_record, audited_action
-from accounts.errors import ActionDenied
+from accounts.errors import ActionDenied, database_trouble
 from accounts.models import AuditEvent, RequestKey, Tenant
 from accounts.services import permission_require, tenant_lock
 from accounts.text import name_plain
@@ -1774,13 +1774,13 @@ def backups_run_due(*, now: datetime | None = None) -> dict[str, int]:
             continue
         try:
             outcome = _backup_slot_run(instance_id, slot, following)
-        except OperationalError:
-            raise  # the database's trouble: the next round tries every slot again
-        except Exception:
-            # A fault in one slot (its operation could not be made): rolled back and logged,
-            # it stays due, and the slots after it, other organizations' too, still run.
+        except Exception as exc:
+            if database_trouble(exc):
+                raise  # a deadlock, a lost connection: the next round tries every slot again
+            # A fault in one slot (its operation could not be made): logged, and the slot
+            # skipped, saying so; the slots after it, other organizations' too, still run.
             logger.exception("Backup schedule of %s: the slot %s failed", instance_id, slot)
-            continue
+            outcome = _backup_slot_skipped(instance_id, slot, following)
         if outcome is not None:
             counts[outcome] += 1
     return counts
@@ -1819,6 +1819,26 @@ def _backup_slot_run(instance_id: str, slot: datetime, following: datetime) -> s
             last_outcome=outcome, last_reason=reason[:500], last_operation=operation
         )
     return outcome
+
+
+SLOT_FAULT = (
+    "An unexpected error kept this backup from being queued; the platform team can see why."
+)
+
+
+def _backup_slot_skipped(instance_id: str, slot: datetime, following: datetime) -> str | None:
+    """Move the schedule past a slot whose backup could not be queued, recorded as skipped:
+    left due, it failed again every minute and the instance was never backed up again."""
+    skipped = BackupSchedule.objects.filter(
+        instance_id=instance_id, enabled=True, next_run_at=slot
+    ).update(
+        next_run_at=following,
+        last_slot_at=slot,
+        last_outcome=BackupSchedule.Outcome.SKIPPED,
+        last_reason=SLOT_FAULT,
+        last_operation=None,
+    )
+    return BackupSchedule.Outcome.SKIPPED if skipped else None
 
 
 def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
@@ -1916,6 +1936,12 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
                 )
         except ActionDenied:
             continue  # an upgrade is pending: the next run prunes it on the new version
+        except Exception as exc:
+            if database_trouble(exc):
+                raise
+            # One that cannot be (its plan version no longer loads): logged; the rest go.
+            logger.exception("Snapshot %s could not be pruned", snapshot.pk)
+            continue
         forgotten += 1
     return forgotten
 
@@ -1960,7 +1986,17 @@ def suspended_instances_stop(*, now: datetime | None = None) -> dict[str, int]:
         due = subscription.stop_due_at()
         if due is None or due > now:
             continue
-        stopped, unstoppable = _suspended_stop(subscription)
+        try:
+            stopped, unstoppable = _suspended_stop(subscription)
+        except Exception as exc:
+            if database_trouble(exc):
+                raise
+            # A fault in one (an instance's plan version no longer loads): logged; the other
+            # subscriptions' instances are stopped, and the next round tries this one again.
+            logger.exception(
+                "Suspended subscription %s: its instances not stopped", subscription.pk
+            )
+            continue
         counts["stopped"] += len(stopped)
         counts["unstoppable"] += len(unstoppable)
     return counts

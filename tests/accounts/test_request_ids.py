@@ -195,3 +195,33 @@ def test_a_request_id_opsdeck_makes_for_itself_is_a_field_error(request_id):
         request_id_clean(request_id)
     assert refused.value.message_dict == {"request_id": [RESERVED]}
     assert request_id_clean("schedules-1") == "schedules-1"  # only Opsdeck's own are kept
+
+
+@pytest.mark.parametrize(
+    ("error", "passing"),
+    [
+        ("DeadlockDetected", True),
+        ("SerializationFailure", True),
+        ("AdminShutdown", True),
+        ("TooManyConnections", True),
+        ("DiskFull", False),
+        ("ProgramLimitExceeded", False),
+        ("QueryCanceled", False),
+    ],
+)
+def test_only_the_databases_passing_trouble_stops_a_round_to_be_done_again(error, passing):
+    """A round over many items (a fleet run's batch, beat's backups) stops at the database's
+    passing trouble and is done again; an error a statement makes whatever the moment is left
+    with its item, or the round failed the same way for ever."""
+    import psycopg
+    from django.db import OperationalError
+
+    from accounts.errors import database_trouble
+
+    wrapped = OperationalError(error)
+    wrapped.__cause__ = getattr(psycopg.errors, error)(error)
+    assert database_trouble(wrapped) is passing
+    lost = OperationalError("server closed the connection unexpectedly")
+    lost.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
+    assert database_trouble(lost)
+    assert not database_trouble(ValueError(error))

@@ -849,3 +849,43 @@ def test_a_slot_whose_operation_cannot_be_made_leaves_the_others_to_run(
     services.backups_run_due()
 
     assert Operation.objects.filter(instance_id=other.instance_id, verb="backup").exists()
+    # That slot is skipped, saying why: left due, it failed every minute, and the instance
+    # was never backed up again.
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert schedule.next_run_at > slot
+    assert (schedule.last_outcome, schedule.last_reason) == ("skipped", services.SLOT_FAULT)
+    services.backups_run_due(now=schedule.next_run_at)
+    assert Operation.objects.filter(instance=instance, verb="backup").exists()
+
+
+def test_a_snapshot_that_cannot_be_pruned_leaves_the_others_to_be(owner, tenant, plan, instance):
+    """One expired snapshot of an instance whose plan version no longer loads failed beat's
+    whole round, every time: every other organization's expired backups were kept, and paid
+    for, for ever."""
+    import hashlib
+
+    from deployments.models import PlanVersion
+
+    other = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="billing", parameters={},
+        request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    Operation.objects.filter(pk=other.pk).update(state=Operation.State.SUCCEEDED)
+    Instance.objects.filter(pk=other.instance_id).update(state=Instance.State.RUNNING)
+    text = "spec: [unclosed\n"
+    broken = PlanVersion.objects.create(
+        plan=instance.plan_version.plan, number=99, spec_text=text, parsed={},
+        digest=hashlib.sha256(text.encode()).hexdigest(),
+    )  # fmt: skip
+    _snapshot(instance, days_ago=35, expired=True)
+    _snapshot(instance, days_ago=1)
+    Instance.objects.filter(pk=instance.pk).update(plan_version=broken)
+    theirs = Instance.objects.get(pk=other.instance_id)
+    old = _snapshot(theirs, days_ago=40, expired=True)
+    _snapshot(theirs, days_ago=1)
+
+    services.snapshots_prune()
+
+    assert Operation.objects.filter(
+        instance=theirs, verb="deleteBackup", arguments__forget_snapshot=old.pk
+    ).exists()

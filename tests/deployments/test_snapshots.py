@@ -684,3 +684,26 @@ def test_a_scheduled_backup_that_fails_is_told_to_the_owners_and_admins(
     assert sorted(email.to) == ["admin@example.com", "owner@example.com"]
     assert email.subject == "[Opsdeck] orders: backup failed"
     assert "that Opsdeck started on its own failed" in email.body
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_a_backup_whose_requesters_account_is_gone_is_not_told_as_opsdecks_own(
+    cell, plan, tenant, owner, add_member, faults
+):
+    """An operation keeps no requester once their account is deleted: its failure was told to
+    the owners and admins as one Opsdeck had started on its own."""
+    from django.core import mail
+
+    create = _create(owner, tenant, plan)
+    _run(create)
+    leaver = add_member("leaver@example.com", "admin")
+    backup = services.instance_action(
+        actor=Actor(user=leaver), instance=Instance.objects.get(pk=create.instance_id),
+        verb="backup", request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    leaver.delete()
+    faults(fail_backups=1)
+    mail.outbox.clear()
+
+    assert _run(backup).state == Operation.State.FAILED
+    assert mail.outbox == []
