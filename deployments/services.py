@@ -1821,6 +1821,7 @@ def _backup_slot_run(instance_id: str, slot: datetime, following: datetime) -> s
     return outcome
 
 
+SLOT_BACKUP_PENDING = "A backup asked for just before is queued or running: it stands for this one."
 SLOT_FAULT = (
     "An unexpected error kept this backup from being queued; the platform team can see why."
 )
@@ -1853,6 +1854,8 @@ def _backup_queue_scheduled(instance: Instance, slot: datetime) -> Operation:
         reason = selectors.action_refusal(instance, "backup", _projected_state(instance))
         if reason or _upgrading(instance):  # behind an upgrade it would run the old version
             raise ActionDenied(reason or UPGRADING)
+        if selectors.backup_pending(instance):  # one asked for just before: the same data
+            raise ActionDenied(SLOT_BACKUP_PENDING)
         _entitled(instance, "backup")
         arguments = _snapshot_start(instance, scheduled=True)
         # One operation per slot, also enforced by the (instance, request id) constraint.

@@ -889,3 +889,18 @@ def test_a_snapshot_that_cannot_be_pruned_leaves_the_others_to_be(owner, tenant,
     assert Operation.objects.filter(
         instance=theirs, verb="deleteBackup", arguments__forget_snapshot=old.pk
     ).exists()
+
+
+def test_a_slot_coming_while_a_backup_is_queued_is_skipped_and_says_why(owner, instance):
+    """ "Back up now" is refused while a backup is queued or running; a slot coming then queued
+    a second one, run right after the first, holding the same data (and billed as storage)."""
+    asked = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="backup", request_id=uuid.uuid4().hex
+    )
+    _due(instance)
+
+    assert services.backups_run_due()["skipped"] == 1
+
+    assert list(Operation.objects.filter(instance=instance, verb="backup")) == [asked]
+    schedule = BackupSchedule.objects.get(instance=instance)
+    assert schedule.last_reason == services.SLOT_BACKUP_PENDING
