@@ -46,13 +46,15 @@ def subscription_changed(event: StripeEvent, gw: StripeGateway) -> None:
 
 
 def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
-    """The invoice as Stripe holds it now; and its subscription, whose status a payment moves
-    (a failed one makes it past due) whether or not its own event has arrived yet."""
+    """The invoice as Stripe holds it now, with its subscription first, whose status a payment
+    moves (a failed one makes it past due) whether or not its own event has arrived yet: and
+    which the invoice is ours by (an invoice coming before the checkout's event that linked
+    its subscription to ours was taken for a stranger's, and never shown)."""
     invoice = gw.invoice(_object_id(event))
-    stripe_sync.invoice_mirror(invoice, gw.invoice_lines(invoice))
     subscription_id = stripe_sync.invoice_values(invoice)["stripe_subscription_id"]
     if subscription_id:
         stripe_sync.subscription_mirror(gw.subscription(subscription_id), gw)
+    stripe_sync.invoice_mirror(invoice, gw.invoice_lines(invoice))
 
 
 def invoice_deleted(event: StripeEvent, gw: StripeGateway) -> None:

@@ -403,6 +403,27 @@ def test_the_hourly_reconcile_leaves_a_subscription_stripe_still_bills_as_it_is(
     assert subscription.status == "active"
 
 
+def test_an_invoice_whose_event_comes_before_its_subscriptions_is_kept(
+    client, owner_client, tenant, catalog, emulator
+):
+    """Stripe sends no event in order: an invoice of a subscription started on Checkout could
+    come before the checkout's own event linked the subscription to ours. Its invoice was
+    taken as "not one of ours", its event marked done, and the invoice never appeared."""
+    from billing.models import Invoice
+
+    subscription = _checkout_paid(owner_client, tenant, catalog, emulator)
+    assert not subscription.stripe_subscription_id  # the checkout's event is late
+    [started] = emulator.events("customer.subscription.created")
+    invoice = emulator.close_period(started["data"]["object"]["id"])
+
+    _deliver(client, emulator.events("invoice.created")[-1])
+
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert (stored.tenant_id, stored.plan_id) == (tenant.pk, catalog.pk)
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+
+
 def test_when_stripe_cannot_be_told_nothing_is_cancelled(
     client, owner_client, tenant, catalog, emulator, gw
 ):
