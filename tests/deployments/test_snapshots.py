@@ -146,12 +146,15 @@ def test_two_backups_in_one_second_are_two_and_deleting_one_keeps_the_other(
     instance = create.instance
     second = timezone.now().replace(microsecond=0)
     ticks = itertools.count()
-    # Both requested within one second: a schedule's slot beside a click.
-    monkeypatch.setattr(timezone, "now", lambda: second + timedelta(microseconds=next(ticks)))
-    backups = [
-        _act(owner, instance, "backup"),
-        services._backup_queue_scheduled(Instance.objects.get(pk=instance.pk), second),
-    ]
+    # Both named within one second: a click, then a schedule's slot once its backup is done
+    # (a slot is skipped while a backup is pending).
+    frozen = lambda: second + timedelta(microseconds=next(ticks))  # noqa: E731
+    monkeypatch.setattr(timezone, "now", frozen)
+    backups = [_act(owner, instance, "backup")]
+    monkeypatch.undo()
+    assert wait_done(backups[0]).state == Operation.State.SUCCEEDED, backups[0].error
+    monkeypatch.setattr(timezone, "now", frozen)
+    backups.append(services._backup_queue_scheduled(Instance.objects.get(pk=instance.pk), second))
     monkeypatch.undo()
 
     for backup in backups:
