@@ -16,7 +16,7 @@ from django.urls import reverse
 from accounts import idempotency, mail
 from accounts.models import Membership, Tenant
 from accounts.roles import Role
-from deployments import lifecycle
+from deployments import lifecycle, selectors
 from deployments.models import Operation
 
 # Who hears of what befalls an organization's instances when nobody of it asked for it.
@@ -52,10 +52,11 @@ def operation_ended(operation: Operation) -> None:
             return
         subject = f"[Opsdeck] {instance.name} is ready"
     else:
-        subject = f"[Opsdeck] {instance.name}: {operation.verb} {operation.state}"
+        subject = f"[Opsdeck] {instance.name}: {_said(operation)} {operation.state}"
     path = reverse("instance_list", kwargs={"tenant_slug": instance.tenant.slug})
     context = {
         "operation": operation,
+        "verb": _said(operation),
         "instance": instance,
         "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}{instance.pk}/",
     }
@@ -64,3 +65,11 @@ def operation_ended(operation: Operation) -> None:
         body=render_to_string("deployments/email/operation_ended.txt", context),
         to=to,
     )
+
+
+def _said(operation: Operation) -> str:
+    """The operation's verb as the portal names it, within a sentence: "set eviction policy",
+    not the spec's `setEvictionPolicy`."""
+    labels = selectors.verb_labels_of(operation.plan_version_id)
+    label = labels.get(operation.verb, operation.verb)
+    return label[:1].lower() + label[1:]

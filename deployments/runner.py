@@ -568,7 +568,10 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
                 driver_for(instance.cell), str(op.pk), token, held.claimed_until
             )
         driver = held.driver
-        ready = op.arguments.get("namespace_ready")
+        # A run that stops (cancelled, or past its deadline) needs no namespace: a cluster that
+        # kept answering its prelude with errors kept it from the move that ends it.
+        stops = state.stage != "main" or now.timestamp() >= state.deadline_at
+        ready = op.arguments.get("namespace_ready") or stops
         objects = [] if ready else executor.prelude_objects(spec, op.verb, where)
         if objects:
             # Progress is counted per object, so a failed write redoes only itself.

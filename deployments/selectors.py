@@ -272,7 +272,7 @@ _OPERATION_ROW = [
 def _operation_digest(operations: QuerySet[Operation], limit: int) -> OperationDigest:
     rows = list(operations.select_related("instance").only(*_OPERATION_ROW)[:limit])
     for op in rows:  # named as the instance page names it (each spec read once per process)
-        labels = _verb_labels(plan_version_loaded(op.plan_version_id).spec)
+        labels = verb_labels_of(op.plan_version_id)
         op.verb_label = labels.get(op.verb, op.verb)
     return OperationDigest(operations=rows, total=operations.count())
 
@@ -1120,6 +1120,11 @@ def verb_labels(version: PlanVersion) -> dict[str, str]:
     """Each verb of the plan version as the operations timeline names it (with Opsdeck's own
     upgrade and roll back)."""
     return _verb_labels(plan_spec(version))
+
+
+def verb_labels_of(version_id: int) -> dict[str, str]:
+    """`verb_labels` of a plan version by its id, from the spec loaded once per process."""
+    return _verb_labels(plan_version_loaded(version_id).spec)
 
 
 def parameter_labels(version: PlanVersion) -> dict[str, str]:

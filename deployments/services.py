@@ -935,9 +935,17 @@ def instance_delete(
             finished_at=now,
             error="Cancelled: the instance is being deleted.",
         )
-        instance.operations.filter(state=Operation.State.RUNNING).update(
+        # A running one stops now (due at once, as a cancel makes it), saying why: a user's
+        # own cancel before it is kept.
+        running = list(
+            instance.operations.filter(state=Operation.State.RUNNING).values_list("pk", flat=True)
+        )
+        instance.operations.filter(pk__in=running, cancel_reason="").update(
             cancel_reason="The instance is being deleted."
         )
+        instance.operations.filter(pk__in=running).update(next_step_at=now)
+        for pk in running:
+            operation_dispatch(pk, urgent=True)
         after = {}
         if last_backup and selectors.last_backup_taken(instance):
             # A last snapshot, taken before the delete workflow runs (it queues first).
@@ -1285,7 +1293,10 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
                                    reason=reason)  # fmt: skip
         else:
             operation.cancel_reason = reason
-            operation.save(update_fields=["cancel_reason"])
+            # Due now, as the watcher wakes one: a step sent for a time not come yet is taken
+            # for an early duplicate and dropped, and the cancel waited for the next poll.
+            operation.next_step_at = timezone.now()
+            operation.save(update_fields=["cancel_reason", "next_step_at"])
             operation_dispatch(operation.pk, urgent=True)  # stop it now, not at its next poll
         claim.bind(operation)
         audit_record(

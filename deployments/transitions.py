@@ -13,7 +13,8 @@ from datetime import timedelta
 
 from celery import current_app
 from django.db import transaction
-from django.db.models import F, Model
+from django.db.models import Model
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from deployments import rows
@@ -103,5 +104,5 @@ def snapshots_expire_by(instance: Instance, retention_days: int) -> None:
     """The instance's snapshots expire `retention_days` after they were taken, as the object
     store prunes them once that retention is on the cluster."""
     Snapshot.objects.filter(instance=instance).exclude(status=Snapshot.Status.DELETED).update(
-        expires_at=F("created_at") + timedelta(days=retention_days)
+        expires_at=Coalesce("taken_at", "created_at") + timedelta(days=retention_days)
     )

@@ -1045,15 +1045,20 @@ class CnpgOperator:
         image: str,
         restarted_at: str | None,
     ) -> bool:
-        """Image upgrades and restarts: replicas first, primary last. True while rolling."""
+        """Image upgrades, resource changes and restarts: replicas first, primary last. True
+        while rolling."""
         spec = c.get("spec") or {}
         primary = status.get("currentPrimary")
+        resources = spec.get("resources")
 
         def stale(inst: str) -> bool:
             pod = pods[inst]
             annotations = pod["metadata"].get("annotations") or {}
-            return pod["spec"]["containers"][0]["image"] != image or (
-                restarted_at is not None and annotations.get(RESTARTED_AT) != restarted_at
+            container = pod["spec"]["containers"][0]
+            return (
+                container["image"] != image
+                or (resources is not None and container.get("resources") != resources)
+                or (restarted_at is not None and annotations.get(RESTARTED_AT) != restarted_at)
             )
 
         todo = [i for i in instances if stale(i)]
@@ -1073,7 +1078,7 @@ class CnpgOperator:
                 status, UPGRADING, f"{'Upgrading' if upgrade else 'Restarting'} instance {inst}"
             )
             if self._due(c, f"roll:{inst}", ROLL_SECONDS):
-                self._recreate(status, pods[inst], image, restarted_at)
+                self._recreate(status, pods[inst], image, restarted_at, resources=resources)
                 self._event(
                     c,
                     "InstanceRestarted" if not upgrade else "InstanceUpgraded",
@@ -1088,7 +1093,9 @@ class CnpgOperator:
             self._phase(status, SWITCHOVER, f"Switching over to {others[0]} to update the primary")
             if self._due(c, f"switchover:{others[0]}", SWITCHOVER_SECONDS):
                 self._promote(c, status, pods, others[0])
-                self._recreate(status, pods[primary], image, restarted_at, role="replica")
+                self._recreate(
+                    status, pods[primary], image, restarted_at, role="replica", resources=resources
+                )
             return True
         self._phase(
             status,
@@ -1096,7 +1103,7 @@ class CnpgOperator:
             f"Restarting primary {primary}",
         )
         if self._due(c, f"roll:{primary}", ROLL_SECONDS):
-            self._recreate(status, pods[primary], image, restarted_at)
+            self._recreate(status, pods[primary], image, restarted_at, resources=resources)
             self._event(c, "PrimaryRestarted", f"Primary {primary} rolled out")
         return True
 
@@ -1107,11 +1114,15 @@ class CnpgOperator:
         image: str,
         restarted_at: str | None,
         role: str | None = None,
+        resources: dict[str, Any] | None = None,
     ) -> None:
-        """Roll one pod in place: new image and restart annotation, counted as a restart."""
+        """Roll one pod in place: new image, the Cluster's resources and restart annotation,
+        counted as a restart."""
         self._log(pod, InstanceLog(pod["metadata"]["name"]).shutdown())
         body = copy.deepcopy(pod)
         body["spec"]["containers"][0]["image"] = image
+        if resources is not None:
+            body["spec"]["containers"][0]["resources"] = copy.deepcopy(resources)
         annotations = body["metadata"].setdefault("annotations", {})
         if restarted_at is not None:
             annotations[RESTARTED_AT] = restarted_at

@@ -93,8 +93,7 @@ def test_a_longer_retention_reaches_the_cluster_with_scheduled_backups_off(
     snapshot = Snapshot.objects.get(instance=instance)
     wait_for(
         lambda: (
-            Snapshot.objects.get(pk=snapshot.pk).expires_at
-            == snapshot.created_at + timedelta(days=90)
+            Snapshot.objects.get(pk=snapshot.pk).expires_at == snapshot.taken + timedelta(days=90)
         ),
         what="the backup to expire 90 days after it was taken",
     )

@@ -27,8 +27,8 @@ def test_the_shipped_plan_names_its_operator_and_the_kinds_a_cell_must_serve():
     assert spec.required_kinds == [
         ("v1", "Secret"),
         ("postgresql.cnpg.io/v1", "Cluster"),
-        ("v1", "PersistentVolumeClaim"),
         ("v1", "Pod"),
+        ("v1", "PersistentVolumeClaim"),
         ("postgresql.cnpg.io/v1", "Backup"),
     ]
     assert spec.main.primary_endpoint()["host"] == "{{ $sys.id }}-rw"
@@ -42,8 +42,8 @@ def test_the_watcher_watches_only_the_kinds_a_template_waits_on():
 
     assert spec.waited_kinds == [
         ("postgresql.cnpg.io/v1", "Cluster"),
-        ("v1", "PersistentVolumeClaim"),
         ("v1", "Pod"),
+        ("v1", "PersistentVolumeClaim"),
         ("postgresql.cnpg.io/v1", "Backup"),
     ]
 

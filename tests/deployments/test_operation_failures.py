@@ -1,0 +1,188 @@
+"""What happens when operations go wrong: an operator slow to roll a change out, a cluster
+that keeps answering errors, a cancel, and what the emails then say."""
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from accounts.audit import Actor
+from deployments import services
+from deployments.models import Instance, Operation
+from tests.deployments.conftest import wait_done, wait_for
+
+VALKEY = Path(__file__).resolve().parents[2] / "specs" / "valkey.yaml"
+
+
+def _create(owner, tenant, plan, name="orders", **parameters):
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
+        parameters=parameters, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
+def _act(user, instance, verb, **parameters):
+    return services.instance_action(
+        actor=Actor(user=user), instance=instance, verb=verb,
+        request_id=uuid.uuid4().hex, parameters=parameters,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def running(worker, cell, plan, tenant, owner):
+    create = _create(owner, tenant, plan)
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def _pod_cpus(kube, instance) -> set:
+    return {
+        p["spec"]["containers"][0].get("resources", {}).get("requests", {}).get("cpu")
+        for p in kube.list_objects("v1", "Pod", label_selector=f"cnpg.io/cluster={instance.pk}")
+        if p["metadata"]["namespace"] == instance.namespace
+    }
+
+
+def test_a_postgres_cpu_modify_is_not_reported_succeeded_before_the_operator_rolled_it_out(
+    running, owner, faults, kube
+):
+    """The operator has not picked the change up (frozen): the modify said it succeeded, and
+    stored 2 cores as deployed, while every server still ran 1. It succeeds once they run 2."""
+    assert _pod_cpus(kube, running) == {"1"}
+    faults(frozen=["clusters"])
+    modify = _act(owner, running, "modify", cpu="2")
+    time.sleep(5)
+    modify.refresh_from_db()
+    during = (modify.state, _pod_cpus(kube, running))
+    faults(frozen=[])
+
+    assert during == (Operation.State.RUNNING, {"1"})
+    assert wait_done(modify).state == Operation.State.SUCCEEDED
+    assert _pod_cpus(kube, running) == {"2"}
+
+
+def test_a_postgres_memory_modify_succeeds_only_once_the_servers_run_the_new_size(
+    running, owner, kube
+):
+    """No fault at all: at the moment Opsdeck records the modify as succeeded (and stores the
+    new size as deployed), the servers must run it."""
+    modify = _act(owner, running, "modify", memoryGi="4")
+
+    def ended():
+        modify.refresh_from_db()
+        return modify.state != Operation.State.RUNNING and modify.state != Operation.State.QUEUED
+
+    wait_for(ended, interval=0.01, what="the modify to end")
+    pods = {
+        p["spec"]["containers"][0]["resources"]["requests"]["memory"]
+        for p in kube.list_objects("v1", "Pod", label_selector=f"cnpg.io/cluster={running.pk}")
+        if p["metadata"]["namespace"] == running.namespace
+    }
+    assert modify.state == Operation.State.SUCCEEDED
+    assert pods == {"4Gi"}, f"succeeded while the servers run memory={pods}"
+
+
+def _plan_with_create_deadline(seconds: int):
+    from tests.deployments.conftest import SPEC
+
+    text = SPEC.read_text()
+    text = text.replace("plan: postgres-cnpg", "plan: postgres-short-deadline", 1)
+    text = text.replace("activeDeadlineSeconds: 3600", f"activeDeadlineSeconds: {seconds}", 1)
+    return services.plan_load(text=text).plan
+
+
+def test_a_create_on_a_cluster_that_keeps_answering_errors_ends_at_its_deadline(
+    worker, cell, tenant, owner, faults
+):
+    """The cluster answers 503 to everything: the create must end at its deadline (as it does
+    when the operator never gets healthy), not retry its namespace for ever."""
+    plan = _plan_with_create_deadline(3)
+    faults(error_503=1.0)
+    create = _create(owner, tenant, plan)
+    try:
+        wait_done(create, timeout=60)
+    except AssertionError:
+        create.refresh_from_db()
+        instance = Instance.objects.get(pk=create.instance_id)
+        pytest.fail(
+            f"60 s after a 3 s deadline the create is still {create.state} "
+            f"(instance {instance.state}, error {create.error!r}, "
+            f"{create.transient_failures} retries)"
+        )
+    assert create.state == Operation.State.FAILED
+
+
+def test_cancelling_a_create_while_the_cluster_answers_errors_stops_it(
+    worker, cell, plan, tenant, owner, faults
+):
+    """Cancel from the portal while the cluster is down: the run should stop at its next step
+    (nothing was taken by the cluster), leaving the instance failed with Retry/Delete."""
+    faults(error_503=1.0)
+    create = _create(owner, tenant, plan)
+    wait_for(
+        lambda: Operation.objects.get(pk=create.pk).error.startswith("Retrying"),
+        what="the create to retry",
+    )
+    services.operation_cancel(
+        actor=Actor(user=owner), operation=create, request_id=uuid.uuid4().hex
+    )
+    try:
+        wait_done(create, timeout=45)
+    except AssertionError:
+        create.refresh_from_db()
+        pytest.fail(
+            f"45 s after the cancel the create is still {create.state}: {create.error!r} "
+            f"(cancel_reason {create.cancel_reason!r})"
+        )
+    assert create.state == Operation.State.CANCELLED
+
+
+@pytest.fixture
+def valkey_plan(transactional_db):
+    return services.plan_load(text=VALKEY.read_text()).plan
+
+
+def test_a_cancel_stops_a_waiting_operation_now_not_at_its_next_poll(
+    running, owner, faults, settings
+):
+    """The cancel's step, sent at once, was dropped as early (the operation was due at its next
+    poll), so the cancel waited for the poll (OPSDECK_POLL_MAX may be raised to 30 s)."""
+    settings.OPSDECK_POLL_FIRST = 20
+    settings.OPSDECK_POLL_MAX = 20
+    faults(frozen=["clusters"])
+    modify = _act(owner, running, "modify", instances="2")
+    wait_for(lambda: modify.task_runs.filter(state="Running").exists(), what="the modify to wait")
+    time.sleep(1)
+    services.operation_cancel(actor=Actor(user=owner), operation=modify, request_id="stop-now")
+    asked = time.monotonic()
+    wait_done(modify, timeout=40)
+    took = time.monotonic() - asked
+    faults(frozen=[])
+    assert modify.state == Operation.State.CANCELLED
+    assert took < 5, f"the cancel took {took:.1f} s to stop the operation"
+
+
+def test_the_email_about_a_cancelled_eviction_policy_change_names_it_as_the_portal_does(
+    worker, cell, valkey_plan, tenant, owner, faults
+):
+    """The portal says "Set eviction policy"; the email said "setEvictionPolicy", the spec's
+    own identifier."""
+    from django.core import mail
+
+    create = _create(owner, tenant, valkey_plan, name="cache", servers="1")
+    assert wait_done(create, timeout=90).state == Operation.State.SUCCEEDED, create.error
+    instance = Instance.objects.get(pk=create.instance_id)
+    faults(frozen=["statefulsets"])
+    change = _act(owner, instance, "setEvictionPolicy", policy="volatile-ttl")
+    wait_for(
+        lambda: change.task_runs.filter(node__endswith="statefulset", state="Running").exists(),
+        what="the change to wait on its rollout",
+    )
+    services.operation_cancel(actor=Actor(user=owner), operation=change, request_id="c2")
+    assert wait_done(change, timeout=30).state == Operation.State.CANCELLED
+    faults(frozen=[])
+    wait_for(lambda: any("cancelled" in m.subject for m in mail.outbox), what="the email")
+    email = next(m for m in mail.outbox if "cancelled" in m.subject)
+    assert email.subject == "[Opsdeck] cache: set eviction policy cancelled"
+    assert "setEvictionPolicy" not in email.body
