@@ -186,3 +186,17 @@ def test_the_email_about_a_cancelled_eviction_policy_change_names_it_as_the_port
     email = next(m for m in mail.outbox if "cancelled" in m.subject)
     assert email.subject == "[Opsdeck] cache: set eviction policy cancelled"
     assert "setEvictionPolicy" not in email.body
+
+
+def test_a_delete_after_a_cancel_keeps_the_cancels_reason(running, owner, faults):
+    """The operation a user cancelled, then deleted under, read "The instance is being
+    deleted." instead of who cancelled it."""
+    faults(frozen=["clusters"])
+    modify = _act(owner, running, "modify", instances="2")
+    wait_for(lambda: modify.task_runs.filter(state="Running").exists(), what="the modify to wait")
+    services.operation_cancel(actor=Actor(user=owner), operation=modify, request_id="stop")
+    services.instance_delete(actor=Actor(user=owner), instance=running, request_id="gone")
+    faults(frozen=[])
+
+    assert wait_done(modify).state == Operation.State.CANCELLED
+    assert modify.error == "Cancelled by owner@example.com."
