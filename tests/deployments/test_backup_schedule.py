@@ -31,8 +31,13 @@ def plan(db):
 @pytest.fixture
 def instance(owner, tenant, plan):
     Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
+    return _running(owner, tenant, plan, "orders")
+
+
+def _running(owner, tenant, plan, name):
+    """An instance as its create leaves it once it succeeded."""
     create = services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name, parameters={},
         request_id=uuid.uuid4().hex,
     )  # fmt: skip
     Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
@@ -252,8 +257,13 @@ def test_a_disabled_schedule_runs_nothing(instance):
 def raced_instance(transactional_db, owner, tenant):
     plan = services.plan_load(text=SPEC.read_text()).plan
     Cell.objects.create(name="local", region="eu-local", is_default=True, **BACKUPS)
+    return _running(owner, tenant, plan, "orders")
+
+
+def _running(owner, tenant, plan, name):
+    """An instance as its create leaves it once it succeeded."""
     create = services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders", parameters={},
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name, parameters={},
         request_id=uuid.uuid4().hex,
     )  # fmt: skip
     Operation.objects.filter(pk=create.pk).update(state=Operation.State.SUCCEEDED)
@@ -835,20 +845,15 @@ def test_a_slot_whose_operation_cannot_be_made_leaves_the_others_to_run(
     """An operation holding a slot's request id already (sent by a customer before such ids
     were refused) failed beat's whole round, every minute: that slot is now left, logged, and
     the slots after it run."""
-    other = services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="billing", parameters={},
-        request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-    Operation.objects.filter(pk=other.pk).update(state=Operation.State.SUCCEEDED)
-    Instance.objects.filter(pk=other.instance_id).update(state=Instance.State.RUNNING)
+    other = _running(owner, tenant, plan, "billing")
     slot = _due(instance, ago=timedelta(minutes=2))
-    _due(other.instance, ago=timedelta(minutes=1))
+    _due(other, ago=timedelta(minutes=1))
     taken = make_operation(instance, verb="restart", state="succeeded")
     Operation.objects.filter(pk=taken.pk).update(request_id=f"schedule-{slot:%Y%m%dT%H%M%SZ}")
 
     services.backups_run_due()
 
-    assert Operation.objects.filter(instance_id=other.instance_id, verb="backup").exists()
+    assert Operation.objects.filter(instance=other, verb="backup").exists()
     # That slot is skipped, saying why: left due, it failed every minute, and the instance
     # was never backed up again.
     schedule = BackupSchedule.objects.get(instance=instance)
@@ -866,12 +871,7 @@ def test_a_snapshot_that_cannot_be_pruned_leaves_the_others_to_be(owner, tenant,
 
     from deployments.models import PlanVersion
 
-    other = services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="billing", parameters={},
-        request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-    Operation.objects.filter(pk=other.pk).update(state=Operation.State.SUCCEEDED)
-    Instance.objects.filter(pk=other.instance_id).update(state=Instance.State.RUNNING)
+    other = _running(owner, tenant, plan, "billing")
     text = "spec: [unclosed\n"
     broken = PlanVersion.objects.create(
         plan=instance.plan_version.plan, number=99, spec_text=text, parsed={},
@@ -880,14 +880,13 @@ def test_a_snapshot_that_cannot_be_pruned_leaves_the_others_to_be(owner, tenant,
     _snapshot(instance, days_ago=35, expired=True)
     _snapshot(instance, days_ago=1)
     Instance.objects.filter(pk=instance.pk).update(plan_version=broken)
-    theirs = Instance.objects.get(pk=other.instance_id)
-    old = _snapshot(theirs, days_ago=40, expired=True)
-    _snapshot(theirs, days_ago=1)
+    old = _snapshot(other, days_ago=40, expired=True)
+    _snapshot(other, days_ago=1)
 
     services.snapshots_prune()
 
     assert Operation.objects.filter(
-        instance=theirs, verb="deleteBackup", arguments__forget_snapshot=old.pk
+        instance=other, verb="deleteBackup", arguments__forget_snapshot=old.pk
     ).exists()
 
 

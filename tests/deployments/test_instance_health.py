@@ -226,6 +226,19 @@ def test_a_failed_server_makes_its_instance_degraded_and_it_recovers(
     assert mail.outbox[-1].subject == "[Opsdeck] orders is healthy again"
 
 
+def _degraded_then_stopped_and_started(running, assess):
+    """Degraded half an hour ago, then stopped (beat looking on) and started again; when its
+    incident began."""
+    start = timezone.now() - timedelta(minutes=30)
+    observe(running, False, "Failing over")
+    assess(start)
+    assess(start + timedelta(minutes=3))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
+    assess(start + timedelta(minutes=10))
+    Instance.objects.filter(pk=running.pk).update(state=Instance.State.RUNNING)
+    return start
+
+
 @pytest.mark.usefixtures("mail_at_commit")
 def test_a_degraded_instance_stopped_and_started_still_failing_keeps_its_incident(
     running, assess, owner_client, tenant
@@ -234,13 +247,7 @@ def test_a_degraded_instance_stopped_and_started_still_failing_keeps_its_inciden
     started again, the dashboard and its Overview read "Degraded since None" until beat's next
     look, then "since just now", though no recovery was ever said. The incident goes on from
     when it began, and its emails are the one that said it began."""
-    start = timezone.now() - timedelta(minutes=30)
-    observe(running, False, "Failing over")
-    assess(start)
-    assess(start + timedelta(minutes=3))
-    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
-    assess(start + timedelta(minutes=10))
-    Instance.objects.filter(pk=running.pk).update(state=Instance.State.RUNNING)
+    start = _degraded_then_stopped_and_started(running, assess)
 
     dashboard = owner_client.get(f"/t/{tenant.slug}/").content.decode()
     overview = owner_client.get(f"/t/{tenant.slug}/deployments/{running.pk}/").content.decode()
@@ -256,13 +263,7 @@ def test_a_degraded_instance_stopped_and_started_still_failing_keeps_its_inciden
 
 @pytest.mark.usefixtures("mail_at_commit")
 def test_a_degraded_instance_stopped_and_started_healthy_says_it_recovered(running, assess):
-    start = timezone.now() - timedelta(minutes=30)
-    observe(running, False, "Failing over")
-    assess(start)
-    assess(start + timedelta(minutes=3))
-    Instance.objects.filter(pk=running.pk).update(state=Instance.State.STOPPED)
-    assess(start + timedelta(minutes=10))
-    Instance.objects.filter(pk=running.pk).update(state=Instance.State.RUNNING)
+    start = _degraded_then_stopped_and_started(running, assess)
     observe(running, True)
 
     assert assess(start + timedelta(minutes=20))["recovered"] == 1

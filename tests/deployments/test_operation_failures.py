@@ -11,22 +11,9 @@ from accounts.audit import Actor
 from deployments import services
 from deployments.models import Instance, Operation
 from tests.deployments.conftest import wait_done, wait_for
+from tests.deployments.test_operation_cancel import _act, _create
 
 VALKEY = Path(__file__).resolve().parents[2] / "specs" / "valkey.yaml"
-
-
-def _create(owner, tenant, plan, name="orders", **parameters):
-    return services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
-        parameters=parameters, request_id=uuid.uuid4().hex,
-    )  # fmt: skip
-
-
-def _act(user, instance, verb, **parameters):
-    return services.instance_action(
-        actor=Actor(user=user), instance=instance, verb=verb,
-        request_id=uuid.uuid4().hex, parameters=parameters,
-    )  # fmt: skip
 
 
 @pytest.fixture
