@@ -84,10 +84,8 @@ def user_scope(user: Any) -> str:
 def derived_request_id(request_id: str, purpose: str) -> str:
     """An id derived from a request id (e.g. the last snapshot before a delete), always short
     enough for the column; as the system's, no request may send it (`SYSTEM_PURPOSES`)."""
-    if purpose not in SYSTEM_PURPOSES:
-        raise ValueError(f"no system request purpose {purpose!r}")
     digest = hashlib.sha256(f"{purpose}\0{request_id}".encode()).hexdigest()
-    return f"{purpose[:20]}-{digest[:40]}"
+    return system_request_id(purpose, digest[:40])
 
 
 def _digest(action: str, raw: Any) -> str:

@@ -42,6 +42,12 @@ class StripeRetryable(StripeFailure):
 class StripeRefused(StripeFailure):
     """Stripe refused the request itself (a 4xx such as a bad parameter): it will again."""
 
+    @property
+    def gone(self) -> bool:
+        """Whether Stripe says the object asked for is gone (404): not when it names one in the
+        other mode (a test key asking for a live object, or the reverse), which goes on."""
+        return self.status == 404 and "similar object exists" not in str(self)
+
 
 class BadWebhook(Exception):
     """A webhook whose signature does not verify, or whose body is not an event."""

@@ -944,7 +944,7 @@ def subscriptions_reconcile() -> int:
         try:
             held = gw.subscription(stripe_id)
         except StripeRefused as exc:
-            if not _gone(exc):
+            if not exc.gone:
                 log.error("subscription %s: Stripe refused to read %s: %s", pk, stripe_id, exc)
                 continue
             held = None
@@ -1226,18 +1226,12 @@ def _ended_in_stripe(gw: StripeGateway, subscription: Subscription, refused: Str
     """Whether Stripe refused to end the subscription because it is over there already: gone,
     or ended."""
     if refused.status == 404:
-        return _gone(refused)
+        return refused.gone
     try:
         held = gw.subscription(subscription.stripe_subscription_id)
     except StripeRefused as exc:
-        return _gone(exc)
+        return exc.gone
     return _field(held, "status") in _STRIPE_ENDED
-
-
-def _gone(refused: StripeRefused) -> bool:
-    """Whether Stripe's 404 says the object is gone: not when it names one in the other mode
-    (a test key asking for a live object, or the reverse), where it bills on unseen."""
-    return refused.status == 404 and "similar object exists" not in str(refused)
 
 
 def checkout_completed(session: Any) -> StripeCustomer | None:

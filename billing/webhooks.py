@@ -75,7 +75,8 @@ HANDLERS: dict[str, Handler] = {
     "invoice.payment_failed": invoice_changed,
     # The customer's bank asks them to confirm the payment: the invoice shows where to.
     "invoice.payment_action_required": invoice_changed,
-    # Voided or written off in Stripe's dashboard: not to be paid any more, nor owed.
+    # Voided in Stripe's dashboard (nothing is owed), written off (it may still be paid), or
+    # changed there otherwise.
     "invoice.voided": invoice_changed,
     "invoice.marked_uncollectible": invoice_changed,
     "invoice.updated": invoice_changed,

@@ -18,10 +18,11 @@ def _page(title: str, body: str) -> str:
 
 
 # Stripe's currencies whose smallest unit is not a hundredth: none (yen), or a thousandth.
-ZERO_DECIMAL = frozenset({"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}) | frozenset(
-    {"pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
+ZERO_DECIMAL = frozenset(
+    {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga"}
+    | {"pyg", "rwf", "ugx", "vnd", "vuv", "xaf", "xof", "xpf"}
 )
-THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
+THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
 
 
 def money(amount: int, currency: str) -> str:
