@@ -735,13 +735,28 @@ def snapshot_values(snapshot: Snapshot, at: datetime | None = None) -> dict:
     return values
 
 
-def restore_values(snapshot: Snapshot, given: dict) -> dict | None:
-    """Every parameter's value in the instance a restore of `snapshot` with the changes `given`
-    would make (a password the backup keeps is generated here: no price reads one); None when
-    the changes are not valid. The service's own check (`services.snapshot_restore`) says why."""
+def restore_changes(snapshot: Snapshot, given: dict, at: datetime | None) -> dict:
+    """The changes the restore form's values `given` ask of a restore of `snapshot`. The form
+    offers the backup's values: to a point in time `at`, one left as the backup holds it is no
+    change, so the instance gets its value as it was then (`snapshot_values`)."""
+    if at is None:
+        return given
+    own = snapshot_values(snapshot)
+    return {key: value for key, value in given.items() if str(value) != str(own.get(key))}
+
+
+def restore_values(snapshot: Snapshot, given: dict, at: datetime | None = None) -> dict | None:
+    """Every parameter's value in the instance a restore of `snapshot` (to the point in time
+    `at`) with the form's values `given` would make (a password the backup keeps is generated
+    here: no price reads one); None when the changes are not valid. The service's own check
+    (`services.snapshot_restore`) says why."""
     spec = plan_spec(snapshot.plan_version)
     try:
-        return validate_parameters(spec.main.parameters, given, current=snapshot_values(snapshot))
+        return validate_parameters(
+            spec.main.parameters,
+            restore_changes(snapshot, given, at),
+            current=snapshot_values(snapshot, at),
+        )
     except ParameterErrors:
         return None
 

@@ -1422,11 +1422,7 @@ def snapshot_restore(
         if "restore" not in spec.main.verbs:
             raise ValidationError("This plan cannot restore backups.")
         base = _restore_base(snapshot, target_time)
-        if target_time is not None:
-            # The form offers the backup's values: one left as the backup holds it is the
-            # instance's as it was at that point in time (a disk grown since the backup).
-            own = selectors.snapshot_values(snapshot)
-            values = {key: v for key, v in values.items() if str(v) != str(own.get(key))}
+        values = selectors.restore_changes(snapshot, values, target_time)
         try:
             instance = _instance_checked(
                 actor=actor,

@@ -1,7 +1,7 @@
 import re
 import time
 import uuid
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 
 from allauth.account.decorators import reauthentication_required
 from django.contrib import messages
@@ -833,9 +833,7 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     if valid or (
         request.method == "POST" and not roles.can(request.membership.role, "backup.restore")
     ):
-        target_time = form.cleaned_data.get("target_time") if valid else None
-        if target_time is not None and timezone.is_naive(target_time):
-            target_time = target_time.replace(tzinfo=UTC)  # the field says it is UTC
+        target_time = _target_time(form) if valid else None
         try:
             operation = services.snapshot_restore(
                 actor=Actor.from_request(request),
@@ -869,17 +867,27 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     return render(request, "deployments/instance_restore.html", context)
 
 
+def _target_time(form: forms.RestoreForm) -> datetime | None:
+    """The restore form's point in time, if one was given (the field says it is UTC)."""
+    target_time = form.cleaned_data.get("target_time")
+    if target_time is not None and timezone.is_naive(target_time):
+        target_time = target_time.replace(tzinfo=UTC)
+    return target_time
+
+
 def _restore_cost(snapshot: Snapshot, form: forms.RestoreForm, tenant: Tenant) -> Cost | None:
-    """What the instance the restore form would make costs: the backup's values with the
-    form's changes, priced by the backup's plan version (the one it restores on); None while a
-    parameter field holds a value that is not valid."""
-    given = {}
+    """What the instance the restore form would make costs: the backup's values (or, to a
+    point in time, the instance's then) with the form's changes, priced by the backup's plan
+    version (the one it restores on); None while a parameter field holds a value that is not
+    valid."""
+    given, at = {}, None
     if form.is_bound:
         form.is_valid()
         if any(forms.field_name(p.key) in form.errors for p in form.shown):
             return None
-        given = form.given
-    return _estimate(snapshot.plan_version, selectors.restore_values(snapshot, given), tenant)
+        given, at = form.given, _target_time(form)
+    values = selectors.restore_values(snapshot, given, at)
+    return _estimate(snapshot.plan_version, values, tenant)
 
 
 @tenant_view("backup.restore")

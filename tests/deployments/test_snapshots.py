@@ -659,6 +659,36 @@ def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_gro
     assert Instance.objects.get(name="as-of-now").parameters["storageGi"] == 20
 
 
+def test_the_restore_estimate_to_a_point_in_time_prices_the_disk_it_had_then(
+    cell, plan, tenant, owner, owner_client
+):
+    """The restore form's price, as the user picks a point in time after the disk grew, kept
+    pricing the backup's smaller disk: the restore it started made the grown one."""
+    import re
+
+    create = _create(owner, tenant, plan, storageGi="10")
+    _run(create)
+    backup = _run(_act(owner, create.instance, "backup"))
+    grown = services.instance_action(
+        actor=Actor(user=owner), instance=Instance.objects.get(pk=create.instance_id),
+        verb="modify", request_id=uuid.uuid4().hex, parameters={"storageGi": "20"},
+    )  # fmt: skip
+    _run(grown)
+    time.sleep(1)  # the form's point in time is to the second
+    snapshot = Snapshot.objects.get(operation=backup)
+    restore = f"/t/{tenant.slug}/deployments/{create.instance_id}/backups/{snapshot.pk}/restore/"
+    page = owner_client.get(restore, follow=True).content.decode()
+    fields = dict(re.findall(r'name="([^"]+)"[^>]*value="([^"]*)"', page.split("<form", 2)[-1]))
+
+    def hourly(**changes):
+        answer = owner_client.post(f"{restore}estimate/", {**fields, **changes}).content.decode()
+        return re.search(r'id="estimate-hour">([^<]+)<', answer).group(1)
+
+    as_taken, grown_by_hand = hourly(), hourly(**{"p-storageGi": "20"})
+    assert as_taken != grown_by_hand
+    assert hourly(target_time=f"{timezone.now():%Y-%m-%dT%H:%M:%S}") == grown_by_hand
+
+
 @pytest.mark.usefixtures("mail_at_commit")
 def test_a_scheduled_backup_that_fails_is_told_to_the_owners_and_admins(
     cell, plan, tenant, owner, add_member, faults
