@@ -504,6 +504,8 @@ class BillingProfile(models.Model):
     stripe_attempted_at = models.DateTimeField(null=True, blank=True)
     stripe_next_attempt_at = models.DateTimeField(null=True, blank=True)
     stripe_error = models.TextField(blank=True)
+    # Stripe took the name, email and address it refused (`stripe_error`) but not the tax ID.
+    stripe_refused_tax_id = models.BooleanField(default=False)
 
     class Meta:
         indexes = [
@@ -520,6 +522,19 @@ class BillingProfile(models.Model):
     @property
     def audit_name(self) -> str:
         return self.legal_name
+
+    @property
+    def stripe_refusal(self) -> str:
+        """What Stripe refused of these details, and what its invoices show meanwhile."""
+        if self.stripe_refused_tax_id:
+            return (
+                f"Stripe refused the tax ID: {self.stripe_error} Stripe's invoices show the new "
+                "name and address, with the tax ID it held before, if any"
+            )
+        return (
+            f"Stripe refused these details: {self.stripe_error} Stripe's invoices show the "
+            "details it held before"
+        )
 
     # The fields a customer fills in, in the order the form asks for them.
     DETAILS = (

@@ -423,9 +423,14 @@ def _details_address(profile: BillingProfile) -> dict[str, str] | None:
     }
 
 
+class TaxIdRefused(StripeRefused):
+    """Stripe took a billing profile's name, email and address, then refused its tax ID."""
+
+
 def _details_send(gw: StripeGateway, customer_id: str, profile: BillingProfile) -> None:
     """Put the customer's name, email, address and tax ID to the profile's: the tax ID is added
-    before any other is removed, so a refused one leaves the one before in place."""
+    before any other is removed, so a refused one (TaxIdRefused) leaves the one before in
+    place."""
     key = f"opsdeck-details-{profile.tenant_id}-{profile.version}-{profile.stripe_attempts}"
     gw.customer_details_set(
         customer_id,
@@ -438,9 +443,12 @@ def _details_send(gw: StripeGateway, customer_id: str, profile: BillingProfile) 
     held = gw.customer_tax_ids(customer_id)
     kept = next((t for t in held if (t.type, t.value) == wanted), None)
     if wanted is not None and kept is None:
-        kept = gw.customer_tax_id_create(
-            customer_id, type_=wanted[0], value=wanted[1], key=f"{key}-tax-id"
-        )
+        try:
+            kept = gw.customer_tax_id_create(
+                customer_id, type_=wanted[0], value=wanted[1], key=f"{key}-tax-id"
+            )
+        except StripeRefused as exc:
+            raise TaxIdRefused(str(exc), status=exc.status, code=exc.code, said=exc.said) from exc
     for tax_id in held:
         if kept is None or tax_id.id != kept.id:
             gw.customer_tax_id_delete(customer_id, tax_id.id)
@@ -483,6 +491,9 @@ def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | N
         BillingProfile.objects.filter(pk=profile.pk).update(
             stripe_attempted_at=None,
             stripe_error=_unless_changed(profile, "stripe_error", exc.said),
+            stripe_refused_tax_id=_unless_changed(
+                profile, "stripe_refused_tax_id", isinstance(exc, TaxIdRefused)
+            ),
             stripe_next_attempt_at=_unless_changed(profile, "stripe_next_attempt_at", retry),
         )
         raise
@@ -491,6 +502,7 @@ def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | N
         stripe_version=profile.version,
         stripe_attempts=_unless_changed(profile, "stripe_attempts", 0),
         stripe_error=_unless_changed(profile, "stripe_error", ""),
+        stripe_refused_tax_id=_unless_changed(profile, "stripe_refused_tax_id", False),
         stripe_next_attempt_at=_unless_changed(profile, "stripe_next_attempt_at", None),
     )
     return True
@@ -588,7 +600,7 @@ def billing_details_retry(*, actor: Actor, tenant: Tenant) -> None:
             # Its attempts still count: they name the next one's idempotency key, and Stripe
             # answers a key it refused again with the same refusal.
             BillingProfile.objects.filter(pk=profile.pk).update(
-                stripe_error="", stripe_next_attempt_at=timezone.now()
+                stripe_error="", stripe_refused_tax_id=False, stripe_next_attempt_at=timezone.now()
             )
             payload = {"version": profile.version, "last_error": profile.stripe_error}
         else:

@@ -342,6 +342,13 @@ def _details_said(request, profile: BillingProfile, changed: list[str]) -> None:
     try:
         if gw is not None:
             stripe_sync.billing_details_push(gw, request.tenant.pk)
+    except stripe_sync.TaxIdRefused as exc:
+        messages.warning(
+            request,
+            f"Your billing details are saved, but Stripe refused the tax ID: {exc.said} Stripe's "
+            "invoices show the new name and address, with the tax ID it held before, if any. "
+            "Correct the tax ID and save again.",
+        )
     except StripeRefused as exc:
         messages.warning(
             request,

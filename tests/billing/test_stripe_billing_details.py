@@ -132,6 +132,36 @@ def test_details_stripe_refuses_are_said_and_not_tried_again(
     assert stripe_sync.billing_details_push_due(now=timezone.now() + timedelta(days=1)) == 0
 
 
+def test_a_tax_id_stripe_refuses_is_said_to_be_all_it_refused(
+    owner_client, tenant, gw, customer, emulator
+):
+    """Stripe took the new name and address, then refused the tax ID: the page said it had
+    refused them all and that its invoices showed the details it held before."""
+    owner_client.post(_url(tenant, "details/"), {**DETAILS, "tax_id_type": "", "tax_id_value": ""})
+    emulator.add_fault(f"/v1/customers/{customer.customer_id}/tax_ids", method="POST", status=400)
+
+    sent = owner_client.post(
+        _url(tenant, "details/"), {**DETAILS, "legal_name": "Acme Holding AG"}, follow=True
+    )
+
+    said = sent.content.decode()
+    assert _held(gw, customer.customer_id)[0] == "Acme Holding AG"
+    assert _held(gw, customer.customer_id)[3] == []
+    assert "Stripe refused the tax ID" in said and "show the new name and address" in said
+    assert "details it held before" not in said
+    page = owner_client.get(_url(tenant)).content.decode()
+    assert "Stripe refused the tax ID" in page and "details it held before" not in page
+
+    emulator.clear_faults()
+    owner_client.post(_url(tenant, "details/"), {**DETAILS, "legal_name": "Acme Holding SE"})
+    emulator.add_fault(f"/v1/customers/{customer.customer_id}", method="POST", status=400)
+    owner_client.post(_url(tenant, "details/"), {**DETAILS, "legal_name": "Acme AG"})
+
+    page = owner_client.get(_url(tenant)).content.decode()
+    assert "Stripe refused these details" in page and "details it held before" in page
+    assert "Stripe refused the tax ID" not in page
+
+
 def test_details_saved_before_the_tenant_had_a_stripe_customer_go_once_it_has_one(
     owner_client, tenant, gw
 ):
