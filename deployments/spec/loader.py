@@ -29,6 +29,7 @@ Without `kinds`, the kinds found in the spec's own manifests are the allowed one
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -293,6 +294,8 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
         _parameter_extension(parameter, extension, f"{path}.x-opsdeck", report)
     if not key or kind not in PARAMETER_TYPES:
         return parameter
+    if parameter.options:
+        parameter.options = _options(parameter, f"{path}.options", report)
     default = raw.get("defaultValue")
     if default is not None and not (isinstance(default, str) and default == ""):
         try:
@@ -303,7 +306,35 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
             report.error(f"{path}.defaultValue", f'default "{default}" is invalid: {exc}')
     elif not parameter.required and kind != "Password":
         report.error(path, f'optional parameter "{key}" needs a defaultValue')
+    elif kind == "Password" and params.generated_password(parameter) is None:
+        report.error(
+            path,
+            f'no password generated for "{key}" meets its own limits and regex: give it a '
+            "defaultValue or loosen them",
+        )
     return parameter
+
+
+def _options(parameter: Parameter, path: str, report: Report) -> list[str]:
+    """A parameter's options as its form field offers them and `params.check` reads them: each
+    written as a value of its type is (YAML's `2.0` for a Float64 is "2", `true` for a Boolean
+    "true"), else a customer choosing it would be told it is not one of them. An option the
+    parameter's own type, limits, step or regex refuse is an error: no one could choose it."""
+    unbounded = dataclasses.replace(parameter, options=None)
+    written: list[str] = []
+    for i, option in enumerate(parameter.options or []):
+        try:
+            value = params.coerce(parameter, option)
+            params.check(unbounded, value)
+        except ValueError as exc:
+            report.error(f"{path}[{i}]", f'option "{option}" is invalid: {exc}')
+            continue
+        text = params.format_value(parameter, value)
+        if text in written:
+            report.error(f"{path}[{i}]", f'option "{option}" is offered twice')
+            continue
+        written.append(text)
+    return written
 
 
 REGEX_MESSAGE_MAX = 200  # characters: a sentence beside a form field
@@ -889,14 +920,15 @@ def _pricing(raw: Any, path: str, report: Report) -> list[dict]:
             continue
         entry = dict(item)
         dimension = item.get("dimension")
-        if dimension not in PRICING_DIMENSIONS:
+        if not isinstance(dimension, str) or dimension not in PRICING_DIMENSIONS:
             report.error(
                 f"{where}.dimension",
                 f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
             )
         elif dimension in seen:
             report.error(f"{where}.dimension", f'"{dimension}" is priced twice')
-        seen.add(dimension)
+        else:
+            seen.add(dimension)
         try:
             entry["price"] = Decimal(str(item.get("price")))
             if not entry["price"].is_finite() or entry["price"] < 0:

@@ -17,7 +17,7 @@ import math
 import re
 import secrets
 import string
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 import re2
@@ -27,6 +27,10 @@ from deployments.spec.model import Parameter
 PASSWORD_LENGTH = 24
 _PASSWORD_ALPHABET = string.ascii_letters + string.digits
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+# The largest whole number a double holds exactly, as CEL, JSON readers and Kubernetes'
+# quantities read a value: a larger one (1e30 servers) would be priced, compared and rendered
+# as some other number, or overflow a rule's arithmetic.
+NUMBER_MAX = 2**53
 _TRUE = frozenset({"true", "on", "1", "yes", "y", "t"})
 _FALSE = frozenset({"false", "off", "0", "no", "n", "f"})
 
@@ -63,9 +67,29 @@ def format_value(parameter: Parameter, value: Any) -> str:
     return str(value)
 
 
-def generate_password(length: int = PASSWORD_LENGTH) -> str:
-    """A random password of letters and digits, drawn from `secrets`."""
-    return "".join(secrets.choice(_PASSWORD_ALPHABET) for _ in range(length))
+def generate_password(length: int = PASSWORD_LENGTH, alphabet: str = _PASSWORD_ALPHABET) -> str:
+    """A random password of letters and digits (or of `alphabet`), drawn from `secrets`."""
+    return "".join(secrets.choice(alphabet) for _ in range(length))
+
+
+# A plan whose password rules want more than letters and digits (a symbol) gets URI's
+# unreserved marks too: a connection string holds them unescaped.
+_PASSWORD_ALPHABETS = (_PASSWORD_ALPHABET, _PASSWORD_ALPHABET + "-_.~")
+PASSWORD_TRIES = 64
+
+
+def generated_password(parameter: Parameter) -> str | None:
+    """A password for a Password parameter nobody gave that meets its own rules (length,
+    regex); None when none of `PASSWORD_TRIES` drawn does (a plan spec is refused for that)."""
+    length = _password_length(parameter)
+    for attempt in range(PASSWORD_TRIES):
+        candidate = generate_password(length, _PASSWORD_ALPHABETS[attempt % 2])
+        try:
+            check(parameter, candidate)
+        except ValueError:
+            continue
+        return candidate
+    return None
 
 
 def _password_length(parameter: Parameter) -> int:
@@ -102,6 +126,8 @@ def coerce(parameter: Parameter, value: Any) -> Any:
             raise ValueError("Must be a number.") from None
         if not math.isfinite(number):
             raise ValueError("Must be a number.")
+        if abs(number) > NUMBER_MAX:
+            raise ValueError(f"Must be between -{NUMBER_MAX} and {NUMBER_MAX}.")
         return int(number) if number.is_integer() else number
     if kind == "Boolean":
         if isinstance(value, bool):
@@ -118,6 +144,8 @@ def coerce(parameter: Parameter, value: Any) -> Any:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"Must be valid JSON ({exc.msg} at line {exc.lineno}).") from None
+            except ValueError:  # a number of more digits than Python reads (4,300)
+                raise ValueError("Must not hold numbers so long.") from None
             except RecursionError:
                 raise ValueError("Must not nest so deeply.") from None
         try:
@@ -224,12 +252,18 @@ def pattern_compiled(text: str) -> Any:
         raise ValueError(why.decode() if isinstance(why, bytes) else str(why)) from None
 
 
+_STEP_DIGITS = 1000
+
+
 def _check_step(step: int | float, low: Any, value: int | float) -> None:
     """A value on the parameter's steps, counted from its minimum (or 0), as an HTML number
     input counts them; in decimals, so 0.1 steps are exact."""
     base = Decimal(str(low)) if low is not None else Decimal(0)
-    if (Decimal(str(value)) - base) % Decimal(str(step)) == 0:
-        return
+    # Room for every digit of a value over a step far below it (the default 28 digits refuse
+    # to divide 2**53 by 1e-20).
+    with localcontext(prec=_STEP_DIGITS):
+        if (Decimal(str(value)) - base) % Decimal(str(step)) == 0:
+            return
     if Decimal(str(step)) == 1 and base % 1 == 0:
         raise ValueError("Must be a whole number.")
     raise ValueError(f"Must go in steps of {number_text(step)} from {number_text(base)}.")
@@ -244,7 +278,8 @@ def initial_value(parameter: Parameter) -> tuple[bool, Any]:
     if parameter.default is not None:
         return True, parameter.default
     if parameter.type == "Password":
-        return True, generate_password(_password_length(parameter))
+        value = generated_password(parameter)
+        return value is not None, value
     return False, None
 
 

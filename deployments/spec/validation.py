@@ -488,7 +488,9 @@ def _check_groups(spec: PlanSpec, report: Report) -> None:
             report.error(path, "must be a mapping with a name and a list of parameters")
             continue
         for key in group.get("parameters", []):
-            if key not in keys:
+            if not isinstance(key, str):
+                report.error(f"{path}.parameters", f"{key!r} is not a parameter's key")
+            elif key not in keys:
                 report.error(f"{path}.parameters", f'unknown parameter "{key}"')
 
 

@@ -127,6 +127,26 @@ def test_float_one_sided_limits():
     }
 
 
+@pytest.mark.parametrize("value", ["1e30", 10**40, -(2**53) - 2])
+def test_a_number_beyond_what_a_double_holds_exactly_is_refused(value):
+    # Whole servers with no maximum: 1e30 was a server error (the step's Decimal division).
+    servers = param("servers", "Float64", limits={"min": 1}, step=1)
+
+    assert errors_for([servers], {"servers": value}) == {
+        "servers": "Must be between -9007199254740992 and 9007199254740992."
+    }
+    assert validate_parameters([servers], {"servers": 2**53}) == {"servers": 2**53}
+
+
+def test_a_step_far_below_the_value_is_checked_exactly():
+    share = param("share", "Float64", step=0.0000001)
+
+    assert validate_parameters([share], {"share": 2**52 + 0.5}) == {"share": 2**52 + 0.5}
+    assert errors_for([share], {"share": "0.00000015"}) == {
+        "share": "Must go in steps of 1e-07 from 0."
+    }
+
+
 def test_float_options_compare_the_rendered_number():
     cpu = param("cpu", "Float64", options=["1", "2", "4"])
 
@@ -157,6 +177,14 @@ def test_boolean_rejects_other_words():
 def test_json_text_is_parsed():
     assert validate_parameters([param("j", "JSON")], {"j": '{"max_connections": "200"}'}) == {
         "j": {"max_connections": "200"}
+    }
+
+
+def test_json_with_a_number_too_long_to_read_says_so_in_words():
+    # Python's own words were shown: "Exceeds the limit (4300 digits) for integer string
+    # conversion ... use sys.set_int_max_str_digits() to increase the limit".
+    assert errors_for([param("js", "JSON")], {"js": '{"max": ' + "9" * 5000 + "}"}) == {
+        "js": "Must not hold numbers so long."
     }
 
 
@@ -221,6 +249,15 @@ def test_a_default_and_a_value_held_already_stay_as_they_were_accepted():
     assert errors_for([banner], {"banner": "c\td"}, current=held) == {
         "banner": "Must be on one line, without tabs."
     }
+
+
+def test_a_generated_password_meets_the_parameters_own_rule():
+    # "Use a symbol": one generated of letters and digits broke it, and a rotate left empty
+    # was then refused for a value the customer never typed.
+    pw = param("pw", "Password", regex="^.*[^A-Za-z0-9].*$")
+
+    for _ in range(20):
+        assert not validate_parameters([pw], {})["pw"].isalnum()
 
 
 def test_generate_password_uses_letters_and_digits():

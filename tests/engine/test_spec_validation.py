@@ -855,6 +855,56 @@ def test_parameter_group_naming_an_unknown_parameter():
     ]
 
 
+def test_parameter_group_listing_a_mapping_is_an_error_not_a_crash():
+    # `- {key: cpu}` for `- cpu`: load_specs printed a TypeError's traceback.
+    def mapped(document):
+        document["x-opsdeck"]["display"]["groups"][0]["parameters"].append({"key": "cpu"})
+
+    assert errors(mapped) == [
+        "x-opsdeck.display.groups[0].parameters: {'key': 'cpu'} is not a parameter's key"
+    ]
+
+
+@pytest.mark.parametrize("dimension", [{"name": "cpu"}, ["cpu"]])
+def test_a_pricing_dimension_that_is_not_text_is_an_error_not_a_crash(dimension):
+    found = errors(lambda d: d.update(pricing=[{"dimension": dimension, "price": "1"}]))
+
+    assert [e.split(":")[0] for e in found] == ["pricing[0].dimension"]
+
+
+def test_options_written_as_yaml_numbers_are_offered_as_their_values_are_written():
+    # `[0.5, 1.0, 2.0]`: the form offered "2.0", and choosing it was refused with "Must be one
+    # of: 0.5, 1.0, 2.0.", the value read back being "2".
+    spec = check(lambda d: parameter(d, "cpu").update(options=[0.5, 1.0, 2.0], defaultValue=1))
+
+    assert spec.errors == []
+    cpu = next(p for p in spec.spec.main.parameters if p.key == "cpu")
+    assert cpu.options == ["0.5", "1", "2"]
+    assert all(params.validate_parameters([cpu], {"cpu": o}) for o in ("0.5", "1.0", "2", 2.0))
+
+
+@pytest.mark.parametrize(
+    ("key", "options", "why"),
+    [
+        ("cpu", ["1", "one"], "Must be a number."),
+        ("instances", ["1", "3", "7"], "Must be between 1 and 5."),
+        ("cpu", ["1", "1.0"], "offered twice"),
+    ],
+)
+def test_an_option_no_one_could_choose_is_an_error(key, options, why):
+    found = errors(lambda d: parameter(d, key).update(options=options, defaultValue="1"))
+
+    assert len(found) == 1 and f".options[{len(options) - 1}]" in found[0] and why in found[0]
+
+
+def test_a_password_no_generated_one_could_meet_is_an_error():
+    # A rule letters, digits and URI's marks never meet: the customer who left it empty, as
+    # its help says, would have been given one that breaks it.
+    found = errors(lambda d: parameter(d, "password").update(regex="^.*[!#%].*$"))
+
+    assert len(found) == 1 and "no password generated" in found[0]
+
+
 def test_plan_key_must_be_a_slug():
     assert errors(lambda d: d["x-opsdeck"].update(plan="Postgres Prod")) == [
         'x-opsdeck.plan: "Postgres Prod" is not a slug (lowercase letters, digits, -)'
