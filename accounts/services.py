@@ -475,6 +475,32 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=role)
 
 
+def _invitations_to_withdrawn(
+    *, actor: Actor, tenant: Tenant, user: User, reason: str, accepted: Invitation | None = None
+) -> None:
+    """Withdraw the tenant's open invitations to the addresses `user` holds (signs in with, or
+    confirmed), but the one they `accepted`: a member is never left with one open, and one left
+    to their other address would let them back, in its role, once they left or were removed
+    (a viewer leaving to come back as the admin another invitation named). Run under the
+    tenant's lock, as inviting and accepting are."""
+    confirmed = EmailAddress.objects.filter(user=user, verified=True).values_list(
+        "email", flat=True
+    )
+    left_open = selectors.invitations_open_to(user.email, *confirmed).filter(tenant=tenant)
+    if accepted is not None:
+        left_open = left_open.exclude(pk=accepted.pk)
+    withdrawn = list(left_open)
+    Invitation.objects.filter(pk__in=[i.pk for i in withdrawn]).update(revoked_at=timezone.now())
+    for invitation in withdrawn:
+        audit_record(
+            actor=actor,
+            action="invitation.revoke",
+            tenant=tenant,
+            target=invitation,
+            payload={"email": invitation.email, "reason": reason},
+        )
+
+
 def membership_remove(*, actor: Actor, membership: Membership) -> list[str]:
     """Remove a member; anyone may leave (`membership_leave`), removing others needs the role
     for it. The addresses of the pending invitations they had sent, withdrawn with them."""
@@ -493,6 +519,9 @@ def membership_remove(*, actor: Actor, membership: Membership) -> list[str]:
             payload={"email": membership.user.email, "role": membership.role},
         )
         membership.delete()
+        _invitations_to_withdrawn(
+            actor=actor, tenant=tenant, user=membership.user, reason="its recipient was removed"
+        )
         return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
 
 
@@ -557,6 +586,9 @@ def membership_leave(*, actor: Actor, tenant: Tenant) -> list[str]:
             payload={"email": membership.user.email, "role": membership.role},
         )
         membership.delete()
+        _invitations_to_withdrawn(
+            actor=actor, tenant=tenant, user=membership.user, reason="its recipient left"
+        )
         return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
 
 
@@ -865,6 +897,13 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
             invitation.accepted_at = timezone.now()
             invitation.accepted_by = actor.user
             invitation.save(update_fields=["accepted_at", "accepted_by"])
+            _invitations_to_withdrawn(
+                actor=actor,
+                tenant=invitation.tenant,
+                user=actor.user,
+                reason="its recipient joined through another invitation",
+                accepted=invitation,
+            )
             audit_record(
                 actor=actor,
                 action="member.join",

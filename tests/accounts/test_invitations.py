@@ -745,3 +745,54 @@ def test_a_demotion_that_leaves_inviting_withdraws_nothing_it_may_still_send(
     assert "withdrawn" not in page
     invitation.refresh_from_db()
     assert invitation.status == "pending"
+
+
+@pytest.fixture
+def invited_twice(tenant, invite, make_user):
+    """One person invited at their work address as a viewer and at their home address as an
+    admin, who confirmed both on their account and joined through the first."""
+    _, work = invite("bob@work.example.com", "viewer")
+    home, home_url = invite("bob@home.example.com", "admin")
+    bob = make_user("bob@work.example.com")
+    EmailAddress.objects.create(user=bob, email="Bob@Home.example.com", verified=True)
+    bob_client = Client()
+    bob_client.force_login(bob)
+    bob_client.post(work)
+    assert Membership.objects.get(tenant=tenant, user=bob).role == "viewer"
+    return bob, bob_client, home, home_url
+
+
+def test_joining_withdraws_the_invitations_left_to_the_members_other_addresses(
+    tenant, invited_twice
+):
+    """The admin invitation stayed open beside the member, listed on the team page; once they
+    were removed (or left), it let them back as admin without anyone inviting them again."""
+    _, _, home, _ = invited_twice
+
+    home.refresh_from_db()
+    assert home.status == "revoked"
+    assert AuditEvent.objects.filter(
+        action="invitation.revoke",
+        target_id=str(home.pk),
+        payload__reason="its recipient joined through another invitation",
+    ).exists()
+
+
+@pytest.mark.parametrize("how", ["removed", "left"])
+def test_a_member_removed_or_leaving_cannot_come_back_through_an_invitation_to_another_address(
+    tenant, owner, owner_client, invited_twice, how
+):
+    bob, bob_client, home, home_url = invited_twice
+    # Opened again as it stood before joining withdrew it (an invitation left from before).
+    Invitation.objects.filter(pk=home.pk).update(revoked_at=None)
+
+    if how == "removed":
+        membership = Membership.objects.get(tenant=tenant, user=bob)
+        owner_client.post(f"/t/{tenant.slug}/team/{membership.pk}/remove/")
+    else:
+        bob_client.post(f"/t/{tenant.slug}/settings/leave/")
+    assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
+    bob_client.post(home_url)
+
+    assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
+    assert Invitation.objects.get(pk=home.pk).status == "revoked"
