@@ -221,6 +221,12 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] == (
         restart.started_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     )
+    assert instance.outputs["revision"] == status["currentRevision"]  # not the one before
+
+    # Scaled in, a server's claim goes with it: kept, it would be storage no one is billed for.
+    _run(owner, instance, "modify", servers="2")
+    assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
+    assert _claims(kube, instance) == {f"data-{instance.pk}-{i}": "5Gi" for i in range(2)}
 
     delete = services.instance_delete(
         actor=Actor(user=owner), instance=instance, request_id=uuid.uuid4().hex
