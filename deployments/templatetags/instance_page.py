@@ -43,6 +43,14 @@ def duration(start: datetime | None, end: datetime | None = None) -> str:
 
 
 @register.filter
+def sentence(words: str) -> str:
+    """`words` ending a sentence: with its full stop, unless they end with their own (an
+    engine error's "… of 3600 s." would read "s.." with the template's)."""
+    words = str(words).rstrip()
+    return words if words.endswith((".", "!", "?", "…")) else f"{words}."
+
+
+@register.filter
 def relative(moment: datetime | None) -> str:
     """A time as a person says it: "just now", "3 hours ago", "in 29 days"."""
     if moment is None:
