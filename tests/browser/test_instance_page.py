@@ -271,6 +271,14 @@ def test_a_schedule_saved_in_a_tab_opened_before_a_teammates_save_says_so_and_ke
 def test_the_restore_form_opens_from_the_backups_tab_and_never_scrolls_sideways(
     open_page, owner, instance, width
 ):
+    from deployments.models import Instance
+
+    # Named as many teams name things: "Back to <name>" in the page header, one word a
+    # browser could not break, scrolled the page sideways on a phone.
+    Instance.objects.filter(pk=instance.pk).update(
+        name="orders_production_database_for_the_europe_region"
+    )
+    instance.refresh_from_db()
     page = open_page(
         owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=backups", width
     )
