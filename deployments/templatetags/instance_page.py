@@ -1,5 +1,6 @@
 """Small helpers for the instance page's templates."""
 
+import json
 import uuid
 from datetime import datetime
 
@@ -69,6 +70,11 @@ def values_said(values: dict | None, labels: dict[str, str]) -> str:
     volatile-ttl", each parameter by its form's name."""
     said = []
     for key, value in (values or {}).items():
-        shown = "yes" if value is True else "no" if value is False else value
+        if isinstance(value, bool):
+            shown = "yes" if value else "no"
+        elif isinstance(value, dict | list):  # a JSON parameter's, as its form field holds it
+            shown = json.dumps(value, sort_keys=True, ensure_ascii=False)
+        else:
+            shown = value
         said.append(f"{labels.get(key, key)}: {shown}")
     return ", ".join(said)

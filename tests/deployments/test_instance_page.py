@@ -1891,3 +1891,12 @@ def test_a_tab_reads_only_the_columns_it_shows(owner_client, instance, tab, tabl
     selected = max((r for r in rows if r.startswith(f'SELECT "{table}"."id"')), key=len)
     for column in unshown:
         assert f'"{table}"."{column}"' not in selected
+
+
+def test_the_activity_tab_says_a_json_value_as_it_was_typed_not_as_python_writes_it():
+    # A JSON parameter's value read "{'a': 'é', 'b': True}", Python's words, not JSON's.
+    from deployments.templatetags.instance_page import values_said
+
+    said = values_said({"settings": {"b": True, "a": "é"}, "tls": False}, {"settings": "Settings"})
+
+    assert said == 'Settings: {"a": "é", "b": true}, tls: no'
