@@ -128,13 +128,17 @@ def staff_actor(request) -> Actor:
     return Actor.from_request(request, staff=True)
 
 
-def run_action(modeladmin, request, queryset, call, done: str) -> None:
-    """Apply a service call to each selected row, reporting successes and refusals."""
+def run_action(modeladmin, request, queryset, call, done: str, said=None) -> None:
+    """Apply a service call to each selected row, reporting successes and refusals, and what
+    `said(obj, result)` makes of a call's result besides (None: nothing)."""
     changed = 0
     for obj in queryset:
         try:
-            call(obj)
+            result = call(obj)
             changed += 1
+            extra = said(obj, result) if said is not None else None
+            if extra:
+                modeladmin.message_user(request, extra, messages.INFO)
         except (ActionDenied, ValidationError) as exc:
             reason = exc.reason if isinstance(exc, ActionDenied) else "; ".join(exc.messages)
             # Led by a word: the admin capitalises a message's first letter, which would
@@ -338,6 +342,17 @@ class TenantAdmin(ServiceOwnedAdmin):
         )
 
 
+def _withdrawn_with(membership: Membership, withdrawn: list[str]) -> str | None:
+    """What a member's removal or demotion withdrew: the invitations they had sent that they
+    may no longer send (`services.membership_remove`, `membership_change_role`)."""
+    if not withdrawn:
+        return None
+    return (
+        f"The invitations {membership.user.email} had sent to {membership.tenant} were "
+        f"withdrawn: {', '.join(withdrawn)}."
+    )
+
+
 def _role_action(role: str):
     def action(modeladmin, request, queryset):
         run_action(
@@ -348,6 +363,7 @@ def _role_action(role: str):
                 actor=staff_actor(request), membership=m, role=role
             ),
             f"Changed to {role}",
+            said=_withdrawn_with,
         )
 
     action.__name__ = f"make_{role}"
@@ -376,6 +392,7 @@ class MembershipAdmin(ServiceOwnedAdmin):
             queryset.select_related("tenant", "user"),
             lambda m: services.membership_remove(actor=staff_actor(request), membership=m),
             "Removed",
+            said=_withdrawn_with,
         )
 
 

@@ -695,6 +695,28 @@ def test_staff_closing_an_account_withdraw_the_invitations_it_had_sent(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("action", ["remove_memberships", "make_viewer"])
+def test_staff_removing_or_demoting_a_member_are_told_which_invitations_went_with_them(
+    staff_client, tenant, add_member, action
+):
+    """The portal's team page names the invitations a removal withdraws; the admin's actions
+    withdrew them without a word."""
+    admin_user = add_member("admin@example.com", "admin")
+    services.invitation_create(
+        actor=Actor(user=admin_user), tenant=tenant, email="friend@example.com", role="member"
+    )
+
+    done = staff_client.post(
+        _url(Membership, "changelist"),
+        {"action": action, "_selected_action": [Membership.objects.get(user=admin_user).pk]},
+        follow=True,
+    ).content.decode()
+
+    assert f"The invitations admin@example.com had sent to {tenant.name} were withdrawn: " in done
+    assert "friend@example.com." in done
+
+
+@pytest.mark.django_db
 def test_an_organization_a_cell_is_offered_to_or_withdrawn_from_reads_it_in_its_audit_log(
     staff_client, client, owner, tenant
 ):
