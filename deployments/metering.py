@@ -328,6 +328,27 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
     ):  # fmt: skip
         operations[instance_id].append((finished_at, ("op", *source)))
 
+    # What each instance was made with, by its create or restore whether it finished yet or
+    # not: its values until an operation of it succeeds (a long create's first hours, metered
+    # late, are not those a later change left).
+    made_with = {
+        instance_id: ("op", *source)
+        for instance_id, *source in Operation.objects.filter(
+            instance__in=ids, verb__in=MAKES_INSTANCE
+        )
+        .order_by("instance_id", "created_at", "id")
+        .distinct("instance_id")
+        .annotate(
+            parameters_text=_text("parameters"),
+            requested_text=_text("requested"),
+            arguments_text=_text("arguments"),
+        )
+        .values_list(
+            "instance_id", "plan_version_id", "verb", "parameters_text", "requested_text",
+            "arguments_text",
+        )
+    }  # fmt: skip
+
     measure = _Measure(versions)
     result = HourUsage(hour, [], len(instances))
     start_second, end_second = int(start.timestamp()), int(end.timestamp())
@@ -340,6 +361,7 @@ def hour_usage(hour: datetime, *, versions: dict[int, _Version] | None = None) -
                 end_second,
                 changes[instance_id],
                 operations[instance_id],
+                made_with.get(instance_id),
                 measure,
             )
         except UsageError as exc:
@@ -371,6 +393,7 @@ def _instance_totals(
     end: int,
     changes: list[tuple],
     operations: list[tuple],
+    made_with: Source | None,
     measure: _Measure,
 ) -> list[tuple[int, dict[str, Decimal]]]:
     """One instance's hour (`start` to `end`, in seconds since the epoch): cut at each state or
@@ -389,7 +412,9 @@ def _instance_totals(
         # Before its first recorded change the instance was in that change's from_state
         # ("" before it existed: nothing to count).
         state = to_state if at < start else from_state
-    source: Source = ("instance", current_version, current_values)
+    # Before any of its operations succeeded: the values it was made with (an instance made
+    # before operations were kept has only its own).
+    source: Source = made_with or ("instance", current_version, current_values)
     if operations:
         finished_at, first = operations[0]
         if finished_at < start or first[2] in MAKES_INSTANCE:

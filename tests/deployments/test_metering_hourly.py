@@ -231,6 +231,26 @@ def test_a_failed_create_retried_counts_from_the_retry_and_once_it_ran_failing_k
     assert used(instance) == {"storage": Decimal(10)}  # it ran: its volumes hold its data
 
 
+def test_a_long_create_metered_late_bills_its_first_hour_at_the_size_it_was_made_with(
+    tenant, version, cell
+):
+    """Created with one server at 13:00, its create running until 14:10, a modify to three
+    servers done at 14:40: metered late (beat down until 15:00), 13:00-14:00 was billed at
+    three servers, the size it had only later, as its own values by then."""
+    instance = Instance.objects.create(
+        tenant=tenant, name="big", plan_version=version, cell=cell, parameters=DEFAULTS,
+        state=Instance.State.CREATING, created_at=at(0),
+    )  # fmt: skip
+    move(instance, Instance.State.CREATING, at(0))
+    succeed(instance, "create", at(70), requested=DEFAULTS)
+    move(instance, Instance.State.RUNNING, at(70))
+    move(instance, Instance.State.UPDATING, at(95))
+    succeed(instance, "modify", at(100), requested={"instances": 3})
+    move(instance, Instance.State.RUNNING, at(100))
+
+    assert used(instance) == every(1, 2, 10, 1, 1)
+
+
 def test_an_upgrade_bills_the_newer_versions_rules_from_when_it_finished(make):
     instance = make(at(-90))
     # The newer version counts a 2 GiB WAL volume beside the data volume.
