@@ -29,7 +29,7 @@ def stored_plan_versions_check(app_configs, databases=None, **kwargs):
     found = []
     for version in versions:
         try:
-            load_spec(version.spec_text)
+            load_spec(version.spec_text, stored=True)
         except SpecError as exc:
             found.append(
                 Warning(

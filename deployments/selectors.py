@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 
 @lru_cache(maxsize=64)
 def _spec(digest: str, text: str) -> PlanSpec:
-    return load_spec(text)
+    return load_spec(text, stored=True)
 
 
 def plan_spec(version: PlanVersion) -> PlanSpec:

@@ -98,10 +98,18 @@ class Report:
 
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Errors of rules added after plan versions were stored under the rules before: a spec
+    # loaded now is refused for them, a stored version is read with them as warnings (its
+    # instances must stay operable; `manage.py check` names it).
+    later_errors: list[str] = field(default_factory=list)
 
     def error(self, path: str, message: str) -> None:
         """Record an error about the value at `path`."""
         self.errors.append(f"{path}: {message}" if path else message)
+
+    def later_error(self, path: str, message: str) -> None:
+        """Record an error of a rule a stored version may predate (`later_errors`)."""
+        self.later_errors.append(f"{path}: {message}" if path else message)
 
     def warn(self, path: str, message: str) -> None:
         """Record a warning about the value at `path`."""
@@ -306,8 +314,8 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
             report.error(f"{path}.defaultValue", f'default "{default}" is invalid: {exc}')
     elif not parameter.required and kind != "Password":
         report.error(path, f'optional parameter "{key}" needs a defaultValue')
-    elif kind == "Password" and params.generated_password(parameter) is None:
-        report.error(
+    elif kind == "Password" and not params.password_generable(parameter):
+        report.later_error(
             path,
             f'no password generated for "{key}" meets its own limits and regex: give it a '
             "defaultValue or loosen them",
@@ -327,11 +335,11 @@ def _options(parameter: Parameter, path: str, report: Report) -> list[str]:
             value = params.coerce(parameter, option)
             params.check(unbounded, value)
         except ValueError as exc:
-            report.error(f"{path}[{i}]", f'option "{option}" is invalid: {exc}')
+            report.later_error(f"{path}[{i}]", f'option "{option}" is invalid: {exc}')
             continue
         text = params.format_value(parameter, value)
         if text in written:
-            report.error(f"{path}[{i}]", f'option "{option}" is offered twice')
+            report.later_error(f"{path}[{i}]", f'option "{option}" is offered twice')
             continue
         written.append(text)
     return written
@@ -1159,16 +1167,19 @@ def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
     return Built(spec, document, report)
 
 
-def load_spec(text: str, *, deadlines: dict[str, int] | None = None) -> PlanSpec:
+def load_spec(
+    text: str, *, deadlines: dict[str, int] | None = None, stored: bool = False
+) -> PlanSpec:
     """Load and validate a spec; raises SpecError listing every error (and the warnings).
 
     `deadlines` overrides the platform deadline per verb (seconds; "*" for the 30 min
-    fallback). The returned spec carries the warnings in `spec.warnings`.
+    fallback); `stored`: the text of a plan version stored already (`Report.later_errors`).
+    The returned spec carries the warnings in `spec.warnings`.
     """
     # validation builds on this module, so it is imported when first needed
     from deployments.spec.validation import validate
 
-    result = validate(text, deadlines=deadlines)
+    result = validate(text, deadlines=deadlines, stored=stored)
     if result.errors or result.spec is None:
         raise SpecError(result.errors, result.warnings)
     return result.spec

@@ -91,14 +91,18 @@ class ValidationResult:
         return not self.errors
 
 
-def validate(text: str, *, deadlines: dict[str, int] | None = None) -> ValidationResult:
+def validate(
+    text: str, *, deadlines: dict[str, int] | None = None, stored: bool = False
+) -> ValidationResult:
     """Load and check spec text; returns every error and warning, never raises for bad input.
 
     `deadlines` overrides the per-verb platform deadline applied when a workflow sets no
-    activeDeadlineSeconds.
+    activeDeadlineSeconds. `stored`: the text of a plan version stored already, whose errors
+    of rules added since (`Report.later_errors`) are warnings.
     """
     built = build(text, deadlines=deadlines)
     report, spec = built.report, built.spec
+    (report.warnings if stored else report.errors).extend(report.later_errors)
     if spec is not None:
         _check_plan(spec, report)
     # a legacy manifest is checked once per synthesized verb: report each finding once
