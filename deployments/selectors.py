@@ -113,17 +113,19 @@ def cell_offered(cell_id: int, tenant_id: int) -> bool:
         return cursor.fetchone() is not None
 
 
-def cell_default_offered(tenant_id: int) -> Cell | None:
+def cell_default_offered(tenant_id: int, names: tuple[str, ...] | None = None) -> Cell | None:
     """The cell a create that names none goes to: of those offered to the tenant (as
-    `Cell.objects.offered_to`), the default one, else the first by name; share-locked as
-    `cell_offered` locks it. Its id and name only: the rest is deferred (read if asked for),
-    so a create does not decrypt the cell's kubeconfig and credentials, which it never uses."""
+    `Cell.objects.offered_to`), and named in `names` when given (the cells its plan runs in),
+    the default one, else the first by name; share-locked as `cell_offered` locks it. Its id
+    and name only: the rest is deferred (read if asked for), so a create does not decrypt the
+    cell's kubeconfig and credentials, which it never uses."""
     cells, private = Cell._meta.db_table, Cell.tenants.through._meta.db_table
     found = Cell.objects.raw(
-        f"SELECT c.id, c.name FROM {cells} c WHERE c.public OR EXISTS ("  # noqa: S608 - our names
-        f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s)"
+        f"SELECT c.id, c.name FROM {cells} c WHERE (c.public OR EXISTS ("  # noqa: S608 - our names
+        f"SELECT 1 FROM {private} p WHERE p.cell_id = c.id AND p.tenant_id = %s))"
+        " AND (%s::text[] IS NULL OR c.name = ANY(%s::text[]))"
         " ORDER BY c.is_default DESC, c.name LIMIT 1 FOR SHARE OF c",
-        [tenant_id],
+        [tenant_id, names and list(names), names and list(names)],
     )
     return next(iter(found), None)
 

@@ -34,7 +34,7 @@ from accounts.text import name_plain
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import lifecycle, rows, schedules, selectors
-from deployments.entitlement_usage import entitlement_require, moves_require
+from deployments.entitlement_usage import entitlement_require, moves_require, plan_limits
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import (
     INSTANCE_ID,
@@ -498,8 +498,14 @@ def _instance_checked(
     given), a name, valid parameters (with `base`, the values a restore starts from, whose
     fixed ones cannot change), and the tenant's entitlements on the plan for `action` (create
     or restore), under the tenant's lock the caller took first (`permission_require`)."""
+    limits = plan_limits(tenant, version.plan)
     if cell is None:
-        cell = selectors.cell_default_offered(tenant.pk)
+        cell = selectors.cell_default_offered(tenant.pk, limits.cells)
+        if cell is None and limits.cells is not None:
+            raise ValidationError(
+                f"The {version.plan.name} plan runs in no region offered to your organization: "
+                "ask the platform team."
+            )
         if cell is None:
             raise ValidationError(
                 "No region is offered to your organization yet: ask the platform team."
@@ -523,6 +529,7 @@ def _instance_checked(
         after=typed,
         cell=cell.name,
         point_in_time=point_in_time,
+        limits=limits,
     )
     plain, hidden = split_values(spec.main.parameters, typed)
     return Instance(

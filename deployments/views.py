@@ -30,7 +30,7 @@ from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
-from deployments.entitlement_usage import create_refusal, create_refusals
+from deployments.entitlement_usage import create_refusal, create_refusals, plan_limits
 from deployments.models import BackupSchedule, Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
 from deployments.workflow.driver import DriverError
@@ -127,11 +127,17 @@ def _plan_or_404(request, plan_key: str) -> tuple[PlanVersion, PlanSpec]:
     return found
 
 
-def _create_form_class(request, spec: PlanSpec):
+def _create_form_class(request, version: PlanVersion, spec: PlanSpec):
+    """The create form of `version`: its regions, those offered to the tenant that its plan
+    runs in (a region offered that the plan does not run in would only be refused)."""
+    cells = Cell.objects.offered_to(request.tenant).order_by("name")
+    runs_in = plan_limits(request.tenant, version.plan).cells
+    if runs_in is not None:
+        cells = cells.filter(name__in=runs_in)
     return forms.instance_create_form_class(
         spec.main.parameters,
         groups=spec.parameter_groups,
-        cells=list(Cell.objects.offered_to(request.tenant).order_by("name")),
+        cells=list(cells),
         # A form drawn with a choice of region keeps it, should all but one be withdrawn
         # meanwhile: the region chosen is checked, never replaced with the one left.
         chosen="cell" in request.POST,
@@ -200,7 +206,9 @@ def instance_create(request, plan_key: str):
         # The request id goes in the address: a Back that re-fetches the form gets the same one,
         # and the page says what the form made instead of offering it again (`_form_made`).
         return redirect(f"{request.path}?request={uuid.uuid4().hex}")
-    form = _create_form_class(request, spec)(request.POST if request.method == "POST" else None)
+    form = _create_form_class(request, version, spec)(
+        request.POST if request.method == "POST" else None
+    )
     request_id = form["request_id"].value() or request.GET.get("request") or uuid.uuid4().hex
     # What refuses any values (no subscription, a limit reached): said above the form, whose
     # submit it disables; the service refuses a submit sent anyway (a tab left open).

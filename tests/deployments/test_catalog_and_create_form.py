@@ -300,6 +300,32 @@ def test_a_region_is_chosen_among_the_cells_offered_to_the_tenant_only(
     assert "secret-region" not in page
 
 
+@pytest.mark.parametrize("regions", [["us-1"], ["us-1", "ap-1"]])
+def test_the_form_offers_only_the_regions_the_plan_runs_in_and_a_create_goes_to_one(
+    owner_client, tenant, cell, regions
+):
+    """A plan that runs in us-1 only, for an organization offered eu-1 (the default) and us-1:
+    the form offered and pre-selected eu-1, and sent as drawn was refused with "The PostgreSQL
+    plan does not run in the eu-1 cell; choose one of: us-1."."""
+    text_ = SPEC.read_text().replace(
+        "  entitlements:\n", f"  entitlements:\n    cells: [{', '.join(regions)}]\n", 1
+    )
+    services.plan_load(text=text_)
+    us = Cell.objects.create(name="us-1", region="us")
+    ap = Cell.objects.create(name="ap-1", region="ap")
+
+    page = text(owner_client.get(form_url(tenant)))
+    assert "eu (eu-1)" not in page
+    assert ("ap (ap-1)" in page) == ("ap-1" in regions)
+    sent = dict(re.findall(r'name="([^"]+)"[^>]*value="([^"]*)"', page.split("<form", 2)[-1]))
+    chosen = re.search(r'<select name="cell"[^>]*> <option value="(\d+)" selected>', page)
+    if chosen:
+        sent["cell"] = chosen.group(1)
+    owner_client.post(form_url(tenant), {**sent, **VALID})
+
+    assert Instance.objects.get(name="orders").cell in (us, ap)
+
+
 def test_a_region_withdrawn_while_the_form_was_open_is_refused_never_replaced(
     owner_client, tenant, plan, cell
 ):
