@@ -684,6 +684,16 @@ def snapshot_listed_page(instance: Instance, snapshot: Snapshot, per_page: int) 
     return newer.count() // per_page + 1
 
 
+def operation_listed_page(instance: Instance, operation: Operation, per_page: int) -> int:
+    """The page of the Operations tab (`per_page` a page, newest first: `operations_with_runs`)
+    that lists `operation`."""
+    at = operation.created_at
+    newer = instance.operations.filter(
+        Q(created_at__gt=at) | Q(created_at=at, pk__gt=operation.pk)
+    )
+    return newer.count() // per_page + 1
+
+
 def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
     """The instance's snapshots as its Backups tab lists them, each with `forgetting`:
     whether a deleteBackup of it is queued or running (it is no longer restorable), and

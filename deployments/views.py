@@ -592,10 +592,14 @@ def instance_detail(request, instance_id: str):
 @tenant_view("instance.view")
 @require_safe
 def operation_detail(request, instance_id: str, operation_id):
-    """An operation's address: the operations tab, opened at it."""
+    """An operation's address: the operations tab, opened at it, on the page that lists it (a
+    failed one behind fifty newer, hourly backups say, from the failure banner)."""
     instance = _instance(request, instance_id)
-    operation = get_object_or_404(instance.operations.only("pk"), pk=operation_id)
+    operation = get_object_or_404(instance.operations.only("pk", "created_at"), pk=operation_id)
     url = _page_url(instance, "operations")
+    page = selectors.operation_listed_page(instance, operation, OPERATIONS_PER_PAGE)
+    if page > 1:
+        url += f"&page={page}"
     return redirect(f"{url}&operation={operation.pk}#operation-{operation.pk}")
 
 

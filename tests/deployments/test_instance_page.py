@@ -1928,3 +1928,34 @@ def test_an_instance_on_a_version_stored_before_a_rule_was_added_still_opens(own
     page = owner_client.get(f"/t/{tenant.slug}/deployments/{instance.pk}/")
 
     assert page.status_code == 200 and instance.name in page.content.decode()
+
+
+def test_a_link_to_an_older_operation_opens_the_page_of_the_timeline_that_lists_it(
+    owner_client, tenant
+):
+    """A backup failed three days ago (the failure banner and its Backups row link it), and an
+    hourly schedule's backups since: its link opened the timeline's first page, the fifty
+    newest, where neither it nor what went wrong was."""
+    from tests.deployments.factories import cell, make_instances, make_operation, postgres_version
+
+    (instance,) = make_instances(tenant, postgres_version(), cell("eu-9"), 1)
+    failed = make_operation(
+        instance, verb="backup", state="failed", ago=timedelta(days=3), error="bucket full"
+    )
+    now = timezone.now()
+    Operation.objects.bulk_create(
+        Operation(instance=instance, verb="backup", request_id=f"slot-{n}",
+                  plan_version=instance.plan_version, state=Operation.State.SUCCEEDED,
+                  created_at=now - timedelta(hours=n))
+        for n in range(60)
+    )  # fmt: skip
+
+    for operation, listed in (
+        (failed, "bucket full"),
+        (Operation.objects.get(request_id="slot-0"), ""),
+    ):
+        url = f"/t/{tenant.slug}/deployments/{instance.pk}/operations/{operation.pk}/"
+        page = owner_client.get(url, follow=True)
+
+        html = page.content.decode()
+        assert f'id="operation-{operation.pk}"' in html and listed in html
