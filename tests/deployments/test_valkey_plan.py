@@ -223,7 +223,13 @@ def test_a_valkey_instance_lives_through_every_verb_with_a_worker(
     )
     assert instance.outputs["revision"] == status["currentRevision"]  # not the one before
 
-    # Scaled in, a server's claim goes with it: kept, it would be storage no one is billed for.
+    # Scaled in, a server's claim goes with it: kept, it would be storage no one is billed for;
+    # and one an earlier scale-in left (a version before this rule) goes with the next change.
+    kube.apply({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"data-{instance.pk}-4", "namespace": instance.namespace},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}},
+    })  # fmt: skip
     _run(owner, instance, "modify", servers="2")
     assert _pods(kube, instance) == [f"{instance.pk}-0", f"{instance.pk}-1"]
     assert _claims(kube, instance) == {f"data-{instance.pk}-{i}": "5Gi" for i in range(2)}
