@@ -342,15 +342,22 @@ class TenantAdmin(ServiceOwnedAdmin):
         )
 
 
-def _withdrawn_with(membership: Membership, withdrawn: list[str]) -> str | None:
+def _withdrawn_with(
+    membership: Membership, withdrawn: list[str] | services.Withdrawn
+) -> str | None:
     """What a member's removal or demotion withdrew: the invitations they had sent that they
-    may no longer send (`services.membership_remove`, `membership_change_role`)."""
-    if not withdrawn:
-        return None
-    return (
-        f"The invitations {membership.user.email} had sent to {membership.tenant} were "
-        f"withdrawn: {', '.join(withdrawn)}."
-    )
+    may no longer send (`services.membership_change_role`), and on removal those to their own
+    addresses too (`services.membership_remove`)."""
+    sent, to_them = withdrawn if isinstance(withdrawn, services.Withdrawn) else (withdrawn, [])
+    said = []
+    if sent:
+        said.append(
+            f"The invitations {membership.user.email} had sent to {membership.tenant} were "
+            f"withdrawn: {', '.join(sent)}."
+        )
+    if to_them:
+        said.append(f"The invitations to their own addresses were withdrawn: {', '.join(to_them)}.")
+    return " ".join(said) or None
 
 
 def _role_action(role: str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from allauth.account.models import EmailAddress
 from anyascii import anyascii
@@ -475,14 +476,23 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=role)
 
 
+class Withdrawn(NamedTuple):
+    """The addresses of the invitations a member's removal or leaving withdrew: those they had
+    sent (`_invitations_outgrown`), and those to addresses of their own
+    (`_invitations_to_withdrawn`)."""
+
+    sent: list[str]
+    to_them: list[str]
+
+
 def _invitations_to_withdrawn(
     *, actor: Actor, tenant: Tenant, user: User, reason: str, accepted: Invitation | None = None
-) -> None:
+) -> list[str]:
     """Withdraw the tenant's open invitations to the addresses `user` holds (signs in with, or
     confirmed), but the one they `accepted`: a member is never left with one open, and one left
     to their other address would let them back, in its role, once they left or were removed
     (a viewer leaving to come back as the admin another invitation named). Run under the
-    tenant's lock, as inviting and accepting are."""
+    tenant's lock, as inviting and accepting are. The addresses withdrawn."""
     confirmed = EmailAddress.objects.filter(user=user, verified=True).values_list(
         "email", flat=True
     )
@@ -499,11 +509,13 @@ def _invitations_to_withdrawn(
             target=invitation,
             payload={"email": invitation.email, "reason": reason},
         )
+    return [invitation.email for invitation in withdrawn]
 
 
-def membership_remove(*, actor: Actor, membership: Membership) -> list[str]:
+def membership_remove(*, actor: Actor, membership: Membership) -> Withdrawn:
     """Remove a member; anyone may leave (`membership_leave`), removing others needs the role
-    for it. The addresses of the pending invitations they had sent, withdrawn with them."""
+    for it. The pending invitations withdrawn with them: those they had sent, and those to
+    their own addresses."""
     tenant = membership.tenant
     if actor.user is not None and membership.user_id == actor.user.pk and not actor.staff:
         return membership_leave(actor=actor, tenant=tenant)
@@ -519,10 +531,11 @@ def membership_remove(*, actor: Actor, membership: Membership) -> list[str]:
             payload={"email": membership.user.email, "role": membership.role},
         )
         membership.delete()
-        _invitations_to_withdrawn(
+        to_them = _invitations_to_withdrawn(
             actor=actor, tenant=tenant, user=membership.user, reason="its recipient was removed"
         )
-        return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
+        sent = _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
+        return Withdrawn(sent, to_them)
 
 
 def user_invitations_withdraw(*, actor: Actor, user: User) -> list[str]:
@@ -566,12 +579,12 @@ def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:
     )
 
 
-def membership_leave(*, actor: Actor, tenant: Tenant) -> list[str]:
+def membership_leave(*, actor: Actor, tenant: Tenant) -> Withdrawn:
     """The acting user leaves the organization, whatever their role. Its last owner may not
     while others remain (someone must be able to manage it), nor when no one else is in it:
     they delete it instead. Under the tenant's lock, with its owners locked: of the last two
-    owners leaving at once, the second is refused once the first has left. The addresses of
-    the pending invitations they had sent, withdrawn as they leave."""
+    owners leaving at once, the second is refused once the first has left. The pending
+    invitations withdrawn as they leave (`Withdrawn`)."""
     with audited_action(actor=actor, action="member.leave", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="tenant.view")
         membership = Membership.objects.select_related("user").get(tenant=tenant, user=actor.user)
@@ -586,10 +599,11 @@ def membership_leave(*, actor: Actor, tenant: Tenant) -> list[str]:
             payload={"email": membership.user.email, "role": membership.role},
         )
         membership.delete()
-        _invitations_to_withdrawn(
+        to_them = _invitations_to_withdrawn(
             actor=actor, tenant=tenant, user=membership.user, reason="its recipient left"
         )
-        return _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
+        sent = _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
+        return Withdrawn(sent, to_them)
 
 
 def email_address_lock(email: str) -> None:

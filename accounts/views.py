@@ -124,6 +124,15 @@ def _withdrawn(addresses: list[str], *, sender: str) -> str:
     return f" The {noun} {sender} had sent to {shown} {verb} withdrawn."
 
 
+def _withdrawn_to_them(addresses: list[str]) -> str:
+    """A sentence naming the invitations to a removed member's own addresses withdrawn with
+    them (one left open would have let them back): "" for none."""
+    if not addresses:
+        return ""
+    noun, verb = ("invitation", "was") if len(addresses) == 1 else ("invitations", "were")
+    return f" The {noun} to {', '.join(addresses)}, an address of theirs, {verb} withdrawn."
+
+
 def _sent_home(request):
     """To the home page, which htmx follows as a whole page rather than a swapped panel."""
     return sent_to(request, reverse("home"))
@@ -240,11 +249,14 @@ def member_remove(request, membership_id: int):
         return _team_response(request)
     if leaving:
         messages.success(
-            request, f"You left {request.tenant.name}." + _withdrawn(withdrawn, sender="you")
+            request, f"You left {request.tenant.name}." + _withdrawn(withdrawn.sent, sender="you")
         )
         return _sent_home(request)
     messages.success(
-        request, f"{membership.user.email} was removed." + _withdrawn(withdrawn, sender="they")
+        request,
+        f"{membership.user.email} was removed."
+        + _withdrawn(withdrawn.sent, sender="they")
+        + _withdrawn_to_them(withdrawn.to_them),
     )
     return _team_response(request)
 
@@ -347,7 +359,7 @@ def organization_leave(request):
         return sent_to(request, reverse("organization_settings", args=[request.tenant.slug]))
     request.session.pop(SESSION_KEY, None)
     messages.success(
-        request, f"You left {request.tenant.name}." + _withdrawn(withdrawn, sender="you")
+        request, f"You left {request.tenant.name}." + _withdrawn(withdrawn.sent, sender="you")
     )
     return _sent_home(request)
 

@@ -788,7 +788,12 @@ def test_a_member_removed_or_leaving_cannot_come_back_through_an_invitation_to_a
 
     if how == "removed":
         membership = Membership.objects.get(tenant=tenant, user=bob)
-        owner_client.post(f"/t/{tenant.slug}/team/{membership.pk}/remove/")
+        said = owner_client.post(f"/t/{tenant.slug}/team/{membership.pk}/remove/", follow=True)
+        # The owner sent it: they are told it went (it left the team page without a word).
+        assert (
+            "The invitation to bob@home.example.com, an address of theirs, was withdrawn."
+            in said.content.decode()
+        )
     else:
         bob_client.post(f"/t/{tenant.slug}/settings/leave/")
     assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
