@@ -114,7 +114,8 @@ def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
 def tenant_delete_blockers(tenant: Tenant) -> list[str]:
     """What in billing keeps `tenant` from being deleted, as sentences: each subscription not
     cancelled (Stripe would go on billing it, or it would wait in the platform team's queue),
-    and each finalized invoice still unpaid (registered with accounts' `tenant_delete`)."""
+    and each finalized invoice still unpaid, but one at 0 (registered with accounts'
+    `tenant_delete`)."""
     said = [
         f"Its subscription to {subscription.plan.name} is {subscription.status_text().lower()}: "
         "cancel it on the Billing page first."
@@ -124,7 +125,11 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
         .order_by("plan__name")
     ]
     said += _uninvoiced(tenant)
-    unpaid = Invoice.objects.filter(tenant=tenant, status=Invoice.Status.OPEN).order_by("number")
+    unpaid = (
+        Invoice.objects.filter(tenant=tenant, status=Invoice.Status.OPEN)
+        .exclude(total=0)  # nothing to pay (free usage's, `invoicing._drafts`)
+        .order_by("number")
+    )
     for invoice in unpaid.only("number", "period", "total", "currency"):
         total = pricing.rounded(invoice.total, invoice.currency)
         said.append(
@@ -151,7 +156,13 @@ def _uninvoiced(tenant: Tenant) -> list[str]:
             f"Its usage of {start:%B %Y} is invoiced once the month has ended, from "
             f"{end:%-d %B %Y}: delete the organization once that invoice is paid."
         )
-    drafts = Invoice.objects.filter(tenant=tenant, status=Invoice.Status.DRAFT).order_by("period")
+    # A draft of ours at 0 (usage of a plan that prices nothing) will ask nothing; Stripe's may
+    # still gain lines until Stripe finalizes it.
+    drafts = (
+        Invoice.objects.filter(tenant=tenant, status=Invoice.Status.DRAFT)
+        .exclude(total=0, source=Invoice.Source.LOCAL)
+        .order_by("period")
+    )
     said += [
         f"Its invoice for {period} is being prepared: delete the organization once it is issued "
         "and paid."

@@ -59,3 +59,23 @@ def test_usage_of_a_plan_without_prices_does_not_hold_a_deletion(owner, tenant):
     _delete(owner, tenant)
 
     assert Tenant.objects.get(pk=tenant.pk).deleted_at is not None
+
+
+def test_the_invoice_at_0_of_a_plan_without_prices_does_not_hold_a_deletion(
+    owner, tenant, make_user
+):
+    """Its month closed, free usage gets an invoice at 0 (`invoicing._drafts`): nothing to pay,
+    whether drafted or issued."""
+    free = Plan.objects.create(key="free", name="Free", service="postgresql")
+    Subscription.objects.create(tenant=tenant, plan=free, status="cancelled")
+    _use(tenant, free, NOVEMBER, cpu=Decimal(2))
+    _metered()
+    (draft,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    assert draft.total == 0
+
+    assert services.tenant_delete_blockers(tenant) == []
+    staff = make_user("finance@opsdeck.example", is_staff=True)
+    invoicing.invoice_finalize(actor=Actor(user=staff, staff=True), invoice=draft)
+    _delete(owner, tenant)
+
+    assert Tenant.objects.get(pk=tenant.pk).deleted_at is not None
