@@ -20,7 +20,7 @@ from billing.models import (
     Subscription,
     UsageRecord,
 )
-from billing.usage import period_bounds
+from billing.usage import period_bounds, period_key, unmetered_use
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -141,15 +141,22 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
 
 def _uninvoiced(tenant: Tenant) -> list[str]:
     """What of the tenant's usage has no invoice yet, as sentences: a month not closed yet with
-    priced usage (its invoice comes once it ends), and invoices drafted and not issued. An
-    organization deleted before would get that invoice with no one able to open it."""
+    priced usage, recorded or still to be metered (its invoice comes once it ends), and
+    invoices drafted and not issued. An organization deleted before would get that invoice
+    with no one able to open it."""
     said = []
+    priced = Price.objects.filter(plan_id=OuterRef("pk"), unit_price__isnull=False)
+    priced_plans = Plan.objects.filter(Exists(priced))
     last = (
-        UsageRecord.objects.filter(tenant=tenant, quantity__gt=0)
-        .filter(Exists(Price.objects.filter(plan_id=OuterRef("plan_id"), unit_price__isnull=False)))
+        UsageRecord.objects.filter(tenant=tenant, quantity__gt=0, plan__in=priced_plans)
         .exclude(period__in=BillingPeriod.objects.filter(closed_at__isnull=False).values("key"))
         .aggregate(last=Max("period"))["last"]
     )
+    # An instance deleted in an hour not metered yet (its month's first, or it lived less than
+    # an hour) has no usage recorded so far: its month's invoice is to come all the same.
+    unmetered = unmetered_use(tenant, priced_plans)
+    if unmetered is not None:
+        last = max(filter(None, [last, period_key(unmetered)]))
     if last:
         start, end = period_bounds(last)
         said.append(

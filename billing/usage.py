@@ -11,16 +11,17 @@ to the first open period after it, marked as an adjustment.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
+from accounts.models import Tenant
 from billing import pricing
 from billing.models import BillingPeriod, MeteredHour, Plan, UsageRecord
 
@@ -163,6 +164,59 @@ def unmetered_hours(start: datetime, end: datetime) -> list[datetime]:
             hours.append(hour)
         hour += HOUR
     return hours
+
+
+# Where billing reads when a tenant's deleted instances ran: deployments registers it (billing
+# never imports deployments), called as `source(tenant, plans, since)` and answering with the
+# (created, deleted) moments of each of the tenant's instances of `plans` deleted after `since`
+# (any, when None). None until it has.
+_lives_source: Callable[..., list[tuple[datetime, datetime]]] | None = None
+
+
+def lives_source_register(source: Callable[..., list[tuple[datetime, datetime]]]) -> None:
+    """Name the function that tells billing when a tenant's deleted instances ran."""
+    global _lives_source
+    _lives_source = source
+
+
+def unmetered_use(tenant: Tenant, plans: QuerySet[Plan]) -> datetime | None:
+    """The last hour not metered yet that one of the tenant's deleted instances of `plans` was
+    alive in (its usage is recorded, and billed, once it is: an hour is metered after it ends);
+    None when metering has covered every hour of them. In a constant number of queries."""
+    since = _unmetered_from()
+    lives = _lives_source(tenant, plans, since) if _lives_source is not None else []
+    if not lives:
+        return None
+    first = hour_start(min(created for created, _ in lives))
+    hours = unmetered_hours(
+        first if since is None else max(first, since),
+        hour_start(max(deleted for _, deleted in lives)) + HOUR,
+    )
+    return max(
+        (
+            hour
+            for hour in hours
+            for created, deleted in lives
+            if created < hour + HOUR and hour < deleted
+        ),
+        default=None,
+    )
+
+
+def _unmetered_from() -> datetime | None:
+    """The start of the first month that may hold an hour not metered yet: the first one not
+    closed from the month metering began in (a month closes once each of its hours is metered).
+    None before any hour is metered."""
+    first = MeteredHour.objects.order_by("hour").values_list("hour", flat=True).first()
+    if first is None:
+        return None
+    closed = set(
+        BillingPeriod.objects.filter(closed_at__isnull=False).values_list("key", flat=True)
+    )
+    key = period_key(first)
+    while key in closed:
+        key = period_key(period_bounds(key)[1])
+    return period_bounds(key)[0]
 
 
 def hour_cost(hour: datetime) -> dict[str, Decimal]:

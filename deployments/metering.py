@@ -21,7 +21,16 @@ from decimal import ROUND_HALF_UP, Decimal
 from functools import lru_cache
 from typing import Any
 
-from django.db.models import BigIntegerField, Exists, Min, OuterRef, Q, TextField
+from django.db.models import (
+    BigIntegerField,
+    Exists,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+)
 from django.db.models.functions import Cast, Extract, Floor
 from django.utils import timezone
 
@@ -494,6 +503,27 @@ def meter_hours(hours: list[datetime]) -> list[usage.Recorded]:
     recorded = usage.record_none(sorted(empty))
     versions = _versions()
     return recorded + [meter_hour(hour, versions=versions) for hour in hours if hour not in empty]
+
+
+def deleted_lives(
+    tenant: Tenant, plans: QuerySet[Plan], since: datetime | None
+) -> list[tuple[datetime, datetime]]:
+    """When each of the tenant's instances of `plans` deleted after `since` (any, when None)
+    was alive: from its creation to its deletion (`usage.unmetered_use` asks, for billing)."""
+    deleted_at = (
+        InstanceStateChange.objects.filter(instance=OuterRef("pk"), to_state=_State.DELETED)
+        .order_by("-at")
+        .values("at")[:1]
+    )
+    lives = (
+        Instance.objects.for_tenant(tenant)
+        .filter(state=_State.DELETED, plan_version__plan__in=plans)
+        .annotate(deleted=Subquery(deleted_at))
+        .filter(deleted__isnull=False)
+    )
+    if since is not None:
+        lives = lives.filter(deleted__gt=since)
+    return list(lives.values_list("created_at", "deleted"))
 
 
 def meter_due(now: datetime | None = None) -> list[usage.Recorded]:

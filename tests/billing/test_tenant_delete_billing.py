@@ -1,9 +1,12 @@
 """Deleting an organization waits for its last invoice: usage not invoiced yet would otherwise
 come on an invoice no one could open or pay."""
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts import services
 from accounts.audit import Actor
@@ -11,7 +14,19 @@ from accounts.errors import ActionDenied
 from accounts.models import Tenant
 from billing import invoicing
 from billing.models import Invoice, Plan, Subscription
-from tests.billing.test_invoicing import AFTER, NOVEMBER, _metered, _use, plan  # noqa: F401
+from billing.usage import HOUR
+from deployments import metering
+from deployments.models import Instance
+from tests.billing.test_invoicing import (  # noqa: F401 - plan: a fixture
+    AFTER,
+    DECEMBER,
+    JANUARY,
+    NOVEMBER,
+    _metered,
+    _use,
+    plan,
+)
+from tests.deployments.test_metering_hourly import cell, make, move, version  # noqa: F401
 
 pytestmark = [pytest.mark.django_db, pytest.mark.unsubscribed]
 
@@ -79,3 +94,65 @@ def test_the_invoice_at_0_of_a_plan_without_prices_does_not_hold_a_deletion(
     _delete(owner, tenant)
 
     assert Tenant.objects.get(pk=tenant.pk).deleted_at is not None
+
+
+def _deleted(instance, at):
+    move(instance, Instance.State.DELETING, at)
+    move(instance, Instance.State.DELETED, at + timedelta(minutes=1))
+
+
+def test_deleting_waits_for_the_usage_of_an_hour_not_metered_yet(
+    owner,
+    tenant,
+    make,  # noqa: F811 - the fixture imported above
+    make_user,
+):
+    """A database deleted on 1 December at 00:10: nothing of December is recorded until its
+    00:00 hour is metered, at about 01:05, yet those ten minutes come on December's invoice."""
+    staff = Actor(user=make_user("finance@opsdeck.example", is_staff=True), staff=True)
+    instance = make(DECEMBER - 2 * HOUR)
+    metering.meter_hour(DECEMBER - 2 * HOUR)
+    metering.meter_hour(DECEMBER - HOUR)
+    _metered()
+    (november,) = invoicing.period_close("2026-11", now=DECEMBER + HOUR).invoices
+    invoicing.invoice_finalize(actor=staff, invoice=november)
+    invoicing.invoice_mark_paid(actor=staff, invoice=november)
+    _deleted(instance, DECEMBER + timedelta(minutes=10))
+
+    with pytest.raises(ActionDenied) as refused:
+        _delete(owner, tenant)
+    assert refused.value.reason == (
+        "Acme cannot be deleted yet. Its usage of December 2026 is invoiced once the month has "
+        "ended, from 1 January 2027: delete the organization once that invoice is paid."
+    )
+
+    metering.meter_hour(DECEMBER)
+    _metered(DECEMBER, JANUARY)
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + HOUR).invoices
+    assert december.total > 0
+    invoicing.invoice_finalize(actor=staff, invoice=december)
+    invoicing.invoice_mark_paid(actor=staff, invoice=december)
+    _delete(owner, tenant)
+    assert Tenant.objects.get(pk=tenant.pk).deleted_at is not None
+
+
+def test_databases_made_and_deleted_within_an_hour_not_metered_yet_hold_a_deletion(
+    tenant,
+    make,  # noqa: F811 - the fixture imported above
+):
+    """However many there were, in as many queries."""
+    _metered(NOVEMBER, NOVEMBER + 10 * HOUR)
+    _deleted(make(NOVEMBER + 10 * HOUR, name="a"), NOVEMBER + 10 * HOUR + timedelta(minutes=20))
+    with CaptureQueriesContext(connection) as one:
+        said = services.tenant_delete_blockers(tenant)
+    for name in ("b", "c", "d"):
+        made = NOVEMBER + 10 * HOUR + timedelta(minutes=30)
+        _deleted(make(made, name=name), made + timedelta(minutes=5))
+    with CaptureQueriesContext(connection) as four:
+        assert services.tenant_delete_blockers(tenant) == said
+
+    assert said == [
+        "Its usage of November 2026 is invoiced once the month has ended, from 1 December 2026: "
+        "delete the organization once that invoice is paid."
+    ]
+    assert len(four) == len(one)
