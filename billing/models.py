@@ -504,8 +504,9 @@ class BillingProfile(models.Model):
     stripe_attempted_at = models.DateTimeField(null=True, blank=True)
     stripe_next_attempt_at = models.DateTimeField(null=True, blank=True)
     stripe_error = models.TextField(blank=True)
-    # Stripe took the name, email and address it refused (`stripe_error`) but not the tax ID.
-    stripe_refused_tax_id = models.BooleanField(default=False)
+    # Stripe took the name, email and address of these details, not their tax ID: it refused
+    # it (`stripe_error`) or could not be reached for it (`stripe_next_attempt_at`).
+    stripe_tax_id_behind = models.BooleanField(default=False)
 
     class Meta:
         indexes = [
@@ -526,15 +527,19 @@ class BillingProfile(models.Model):
     @property
     def stripe_refusal(self) -> str:
         """What Stripe refused of these details, and what its invoices show meanwhile."""
-        if self.stripe_refused_tax_id:
+        if self.stripe_tax_id_behind:
+            return f"Stripe refused the tax ID: {self.stripe_error} {self.stripe_shows}"
+        return f"Stripe refused these details: {self.stripe_error} {self.stripe_shows}"
+
+    @property
+    def stripe_shows(self) -> str:
+        """What Stripe's invoices show while it does not hold these details (no full stop)."""
+        if self.stripe_tax_id_behind:
             return (
-                f"Stripe refused the tax ID: {self.stripe_error} Stripe's invoices show the new "
-                "name and address, with the tax ID it held before, if any"
+                "Stripe's invoices show the new name and address, with the tax ID it held "
+                "before, if any"
             )
-        return (
-            f"Stripe refused these details: {self.stripe_error} Stripe's invoices show the "
-            "details it held before"
-        )
+        return "Stripe's invoices show the details it held before"
 
     # The fields a customer fills in, in the order the form asks for them.
     DETAILS = (

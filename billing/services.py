@@ -66,7 +66,7 @@ def billing_details_update(
         # New details: Stripe is due them now, whatever became of the ones before.
         profile.stripe_attempts = 0
         profile.stripe_error = ""
-        profile.stripe_refused_tax_id = False
+        profile.stripe_tax_id_behind = False
         profile.stripe_next_attempt_at = now
         profile.save()
         audit_record(

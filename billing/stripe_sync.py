@@ -45,7 +45,13 @@ from billing.pricing import (
     unit_price_per_hour,
 )
 from billing.selectors import invoice_parties
-from billing.stripe_gateway import StripeFailure, StripeGateway, StripeRefused, gateway
+from billing.stripe_gateway import (
+    StripeFailure,
+    StripeGateway,
+    StripeRefused,
+    StripeRetryable,
+    gateway,
+)
 
 log = logging.getLogger(__name__)
 
@@ -427,6 +433,18 @@ class TaxIdRefused(StripeRefused):
     """Stripe took a billing profile's name, email and address, then refused its tax ID."""
 
 
+class TaxIdUnreached(StripeRetryable):
+    """Stripe took a billing profile's name, email and address, then could not be reached for
+    its tax ID."""
+
+
+def _tax_id_failure(exc: StripeFailure) -> StripeFailure:
+    """`exc`, met at the tax ID once the rest of the details went: TaxIdRefused or
+    TaxIdUnreached, as the profile says which part Stripe holds."""
+    kind = TaxIdRefused if isinstance(exc, StripeRefused) else TaxIdUnreached
+    return kind(str(exc), status=exc.status, code=exc.code, said=exc.said)
+
+
 def _details_send(gw: StripeGateway, customer_id: str, profile: BillingProfile) -> None:
     """Put the customer's name, email, address and tax ID to the profile's: the tax ID is added
     before any other is removed, so a refused one (TaxIdRefused) leaves the one before in
@@ -440,18 +458,18 @@ def _details_send(gw: StripeGateway, customer_id: str, profile: BillingProfile) 
         key=key,
     )
     wanted = (profile.tax_id_type, profile.tax_id_value) if profile.tax_id_type else None
-    held = gw.customer_tax_ids(customer_id)
-    kept = next((t for t in held if (t.type, t.value) == wanted), None)
-    if wanted is not None and kept is None:
-        try:
+    try:
+        held = gw.customer_tax_ids(customer_id)
+        kept = next((t for t in held if (t.type, t.value) == wanted), None)
+        if wanted is not None and kept is None:
             kept = gw.customer_tax_id_create(
                 customer_id, type_=wanted[0], value=wanted[1], key=f"{key}-tax-id"
             )
-        except StripeRefused as exc:
-            raise TaxIdRefused(str(exc), status=exc.status, code=exc.code, said=exc.said) from exc
-    for tax_id in held:
-        if kept is None or tax_id.id != kept.id:
-            gw.customer_tax_id_delete(customer_id, tax_id.id)
+        for tax_id in held:
+            if kept is None or tax_id.id != kept.id:
+                gw.customer_tax_id_delete(customer_id, tax_id.id)
+    except StripeFailure as exc:
+        raise _tax_id_failure(exc) from exc
 
 
 def _retry_at(exc: StripeFailure, attempts: int, now: datetime) -> datetime | None:
@@ -491,8 +509,8 @@ def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | N
         BillingProfile.objects.filter(pk=profile.pk).update(
             stripe_attempted_at=None,
             stripe_error=_unless_changed(profile, "stripe_error", exc.said),
-            stripe_refused_tax_id=_unless_changed(
-                profile, "stripe_refused_tax_id", isinstance(exc, TaxIdRefused)
+            stripe_tax_id_behind=_unless_changed(
+                profile, "stripe_tax_id_behind", isinstance(exc, TaxIdRefused | TaxIdUnreached)
             ),
             stripe_next_attempt_at=_unless_changed(profile, "stripe_next_attempt_at", retry),
         )
@@ -502,7 +520,7 @@ def billing_details_push(gw: StripeGateway, tenant_id: int, *, now: datetime | N
         stripe_version=profile.version,
         stripe_attempts=_unless_changed(profile, "stripe_attempts", 0),
         stripe_error=_unless_changed(profile, "stripe_error", ""),
-        stripe_refused_tax_id=_unless_changed(profile, "stripe_refused_tax_id", False),
+        stripe_tax_id_behind=_unless_changed(profile, "stripe_tax_id_behind", False),
         stripe_next_attempt_at=_unless_changed(profile, "stripe_next_attempt_at", None),
     )
     return True
@@ -600,7 +618,7 @@ def billing_details_retry(*, actor: Actor, tenant: Tenant) -> None:
             # Its attempts still count: they name the next one's idempotency key, and Stripe
             # answers a key it refused again with the same refusal.
             BillingProfile.objects.filter(pk=profile.pk).update(
-                stripe_error="", stripe_refused_tax_id=False, stripe_next_attempt_at=timezone.now()
+                stripe_error="", stripe_tax_id_behind=False, stripe_next_attempt_at=timezone.now()
             )
             payload = {"version": profile.version, "last_error": profile.stripe_error}
         else:

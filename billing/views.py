@@ -355,6 +355,13 @@ def _details_said(request, profile: BillingProfile, changed: list[str]) -> None:
             "Your billing details are saved, but Stripe refused them, so Stripe's invoices "
             f"still show the details it held before: {exc.said} Correct them and save again.",
         )
+    except stripe_sync.TaxIdUnreached:
+        messages.warning(
+            request,
+            "Your billing details are saved, and Stripe has the new name and address, but it "
+            "could not be reached for the tax ID just now: it is tried again automatically "
+            "within minutes.",
+        )
     except StripeFailure:
         messages.warning(
             request,

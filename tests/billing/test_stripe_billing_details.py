@@ -162,6 +162,32 @@ def test_a_tax_id_stripe_refuses_is_said_to_be_all_it_refused(
     assert "Stripe refused the tax ID" not in page
 
 
+def test_a_tax_id_stripe_could_not_be_reached_for_is_said_as_that_alone(
+    owner_client, tenant, gw, customer, emulator
+):
+    """Stripe took the new name and address, then answered 503 for the tax ID: the page said
+    Stripe had not been updated with these details and showed those it held before."""
+    owner_client.post(_url(tenant, "details/"), {**DETAILS, "tax_id_type": "", "tax_id_value": ""})
+    emulator.add_fault(f"/v1/customers/{customer.customer_id}/tax_ids", method="POST", status=503)
+
+    sent = owner_client.post(
+        _url(tenant, "details/"), {**DETAILS, "legal_name": "Acme Holding AG"}, follow=True
+    )
+
+    assert _held(gw, customer.customer_id)[0] == "Acme Holding AG"
+    assert "Stripe has the new name and address" in sent.content.decode()
+    page = owner_client.get(_url(tenant)).content.decode()
+    state = page.split('id="billing-details-stripe"', 1)[1].split("</p>", 1)[0]
+    assert "not been updated with the tax ID of these details yet" in state
+    assert "show the new name and address, with the tax ID it held before" in state
+
+    emulator.clear_faults()
+    later = timezone.now() + timedelta(minutes=2)
+    assert stripe_sync.billing_details_push_due(now=later) == 1
+    assert _held(gw, customer.customer_id)[3] == [("eu_vat", "DE123456789")]
+    assert not BillingProfile.objects.get(tenant=tenant).stripe_tax_id_behind
+
+
 def test_details_saved_before_the_tenant_had_a_stripe_customer_go_once_it_has_one(
     owner_client, tenant, gw
 ):

@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="billingprofile",
-            name="stripe_refused_tax_id",
+            name="stripe_tax_id_behind",
             field=models.BooleanField(default=False),
         ),
     ]
