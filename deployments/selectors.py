@@ -1404,6 +1404,24 @@ def upgrade_preview(
     return UpgradePreview(current, target, added, removed, defaults, problems)
 
 
+def upgrade_cell_refusal(instance: Instance, target: PlanVersion) -> str | None:
+    """Why `target` may not run the instance where it runs: the cells its plan runs in for the
+    instance's organization (`x-opsdeck.entitlements.cells`, its override applied, as a create
+    is refused elsewhere) leave out the instance's cell, which the version was never checked
+    against (`plan_cells_check`): that cell may not serve the kinds it writes. None when they
+    name it, or do not limit the cells."""
+    cells = entitlements.limits_for(instance.tenant, target.plan).cells
+    if cells is None:
+        return None
+    here = Cell.objects.filter(pk=instance.cell_id).values_list("name", flat=True).get()
+    if here in cells:
+        return None
+    return (
+        f"Version {target.number} of the {target.plan.name} plan does not run in the {here} "
+        f"cell, where {instance.name} runs; it runs in: {', '.join(cells) or 'no cell'}."
+    )
+
+
 def instance_failed_by(instance: Instance) -> Operation | None:
     """The operation whose end left the instance failed: it failed, or was cancelled after the
     cluster took some of it; None when the instance is not failed, or no operation failed it."""
@@ -1518,7 +1536,9 @@ def instance_lifecycle_offer(instance: Instance, allowed: frozenset[str]) -> Lif
     if lifecycle.rule("upgrade").action in allowed:
         upgrade = upgrade_preview(instance)
         if upgrade is not None:
-            upgrade_refusal = lifecycle_refusal(instance, "upgrade")
+            upgrade_refusal = lifecycle_refusal(instance, "upgrade") or upgrade_cell_refusal(
+                instance, upgrade.target
+            )
     keeps = []
     if lifecycle.rule("rollback").action in allowed:
         rollback_of = instance_rollback_source(instance)

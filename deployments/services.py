@@ -276,8 +276,25 @@ def plan_cells_check(spec: PlanSpec) -> list[str]:
     ValidationError with a message for each lack of a cell (a kind the plan writes that its
     cluster does not serve, a setting the plan reads that it is not given); return a warning
     for each cell whose cluster could not be asked, rather than refuse: a cell down for a
-    while must not hold back every plan."""
+    while must not hold back every plan. A cell the plan's instances run in that the plan
+    now leaves out is not checked (the version is meant for others) but named: its instances
+    stay on their version, an upgrade to this one refused there."""
     problems, warnings = [], []
+    allowed = selectors.plan_cells(spec)
+    if allowed is not None:
+        left = (
+            Instance.objects.active()
+            .filter(plan_version__plan__key=spec.key)
+            .exclude(cell__name__in=allowed)
+            .order_by("cell__name")
+            .values_list("cell__name", flat=True)
+            .distinct()
+        )
+        warnings += [
+            f"instances of this plan run in cell {name}, which it leaves out: they stay on the "
+            "version they run, and cannot upgrade to this one."
+            for name in left
+        ]
     for cell in selectors.cells_for_plan(spec):
         unset = [
             f"Cell {cell.name} has no {lack.setting}, which this plan reads "
@@ -1006,10 +1023,10 @@ def instance_upgrade(
     """Upgrade an instance to its plan's newest version: the operation runs that version's
     modify with the instance's values (those the version drops left out, those it adds at
     their defaults); on success the instance is on the new version. Refused when there is no
-    newer version, the state forbids it, operations are pending, or the newer version cannot
-    take the instance's values; with `seen`, the version number the person was shown, also
-    when a newer one was published since (what it changes was not shown). A repeated request
-    id returns the operation it queued."""
+    newer version, the state forbids it, operations are pending, the newer version does not
+    run in the instance's cell, or it cannot take the instance's values; with `seen`, the
+    version number the person was shown, also when a newer one was published since (what it
+    changes was not shown). A repeated request id returns the operation it queued."""
     request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.upgrade", tenant=tenant, target=instance):
@@ -1066,7 +1083,8 @@ def _entitled_to_upgrade(instance: Instance, target: PlanVersion) -> None:
     """An upgrade's sizes against the plan's limits: the newer version may measure the same
     values differently (its usage rules), so the values it will run with are measured by its
     rules and those before by the rules of the version left. The caller holds the tenant's
-    lock, as for a modify."""
+    lock, as for a modify. Then the cells the newer version runs in: one published for other
+    cells only would run its workflows where they were never checked."""
     projected = instance_parameters_projected(instance)
     _entitled(
         instance,
@@ -1076,6 +1094,9 @@ def _entitled_to_upgrade(instance: Instance, target: PlanVersion) -> None:
         before_version=instance.plan_version,
         after=values_for_version(selectors.plan_spec(target).main.parameters, projected),
     )
+    refusal = selectors.upgrade_cell_refusal(instance, target)
+    if refusal:
+        raise ActionDenied(refusal)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,22 @@ def test_an_upgrade_confirmed_after_a_newer_version_was_published_is_not_queued(
     assert instance == str(running[0]) and "published after" in why
 
 
+def test_an_upgrade_to_a_version_for_other_cells_leaves_the_instances_where_it_does_not_run(
+    staff_client, fleet
+):
+    running, _ = fleet
+    text = SPEC.read_text().replace("  entitlements:\n", "  entitlements:\n    cells: [us-1]\n")
+    services.plan_load(text=text)  # checked against us-1 alone
+    acme, globex = running[0], running[2]  # in eu-1, in us-1
+    _, fields = _confirm(staff_client, "upgrade", [acme, globex])
+
+    _send(staff_client, fields)
+
+    assert list(Operation.objects.values_list("instance_id", flat=True)) == [globex.pk]
+    [(instance, why)] = _run(fields).refused
+    assert instance == str(acme) and "does not run in the eu-1 cell" in why
+
+
 def test_the_confirmation_page_costs_the_same_queries_for_many_instances(
     staff_client, fleet, tenant
 ):

@@ -101,6 +101,21 @@ def test_an_upgrade_the_state_forbids_is_shown_disabled_with_the_reason(owner_cl
     assert 'id="dialog-upgrade"' not in html
 
 
+def test_an_upgrade_to_a_version_for_other_cells_is_shown_disabled_with_the_reason(
+    owner_client, instance
+):
+    text = _v2_text(SPEC.read_text())
+    services.plan_load(
+        text=text.replace("  entitlements:\n", "  entitlements:\n    cells: [us-1]\n")
+    )
+
+    html = _page(owner_client, instance)
+
+    assert f'{UPGRADE} disabled aria-describedby="why-upgrade"' in html
+    assert "does not run in the local cell, where orders runs; it runs in: us-1." in html
+    assert 'id="dialog-upgrade"' not in html
+
+
 def test_roll_back_appears_only_after_a_failed_modify_or_upgrade(owner_client, instance):
     assert ROLLBACK not in _page(owner_client, instance)
     _fail(instance, "restart")

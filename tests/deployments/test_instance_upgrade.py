@@ -359,6 +359,41 @@ def test_pruning_skips_a_backup_while_an_upgrade_is_queued(running, owner):
     assert forget.arguments["forget_snapshot"] == expired.pk
 
 
+def _for_cells(text: str, *cells: str) -> str:
+    """The spec, its instances let run only in `cells` (`x-opsdeck.entitlements.cells`)."""
+    return text.replace(
+        "  entitlements:\n", f"  entitlements:\n    cells: [{', '.join(cells)}]\n", 1
+    )
+
+
+def test_an_upgrade_to_a_version_that_does_not_run_in_the_instances_cell_is_refused(running, owner):
+    """A version published for other cells only is checked against those cells alone
+    (`plan_cells_check`): queued, its workflows ran in the instance's cell, which may not
+    serve the kinds it writes."""
+    services.plan_load(text=_for_cells(_v2_text(SPEC.read_text()), "widget-cell"))
+
+    with pytest.raises(ActionDenied) as refused:
+        _upgrade(owner, running)
+
+    assert refused.value.reason == (
+        "Version 2 of the PostgreSQL plan does not run in the local cell, where "
+        "orders runs; it runs in: widget-cell."
+    )
+    assert not running.operations.filter(verb="upgrade").exists()
+    assert AuditEvent.objects.filter(action="instance.upgrade", result="denied").exists()
+
+
+def test_an_upgrade_to_a_version_that_runs_in_the_instances_cell_for_its_organization_is_queued(
+    running, owner, tenant
+):
+    from billing.models import PlanOverride
+
+    v2 = services.plan_load(text=_for_cells(_v2_text(SPEC.read_text()), "widget-cell")).version
+    PlanOverride.objects.create(tenant=tenant, plan=v2.plan, limits={"cells": ["local"]})
+
+    assert _upgrade(owner, running).plan_version == v2
+
+
 def test_the_upgrade_preview_lists_the_new_parameter_and_its_default(running):
     services.plan_load(text=_v2_text(SPEC.read_text()))
 

@@ -470,6 +470,21 @@ def test_a_cell_an_override_offers_a_plan_on_is_checked_for_it(
     ]
 
 
+def test_a_version_leaving_out_a_cell_the_plans_instances_run_in_is_loaded_with_a_warning(
+    db, tenant
+):
+    first = services.plan_load(text=widget_plan()).version
+    factories.make_instances(tenant, first, factories.cell("eu-1"), 2)
+
+    loaded = services.plan_load(text=widget_plan(cells=["widget-cell"]))
+
+    assert loaded.version.number == 2
+    assert (
+        "instances of this plan run in cell eu-1, which it leaves out: they stay on the version "
+        "they run, and cannot upgrade to this one."
+    ) in loaded.warnings
+
+
 def test_load_specs_loads_a_plan_a_cell_that_does_not_answer_was_not_checked_for(
     transactional_db, cell_files, tmp_path, capsys
 ):
