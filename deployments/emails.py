@@ -1,6 +1,6 @@
 """The email that tells whoever started an operation how it ended; for one Opsdeck started on
-its own (a scheduled backup, an expired backup's deletion, a suspended subscription's stop),
-the organization's owners and admins, when it failed.
+its own (a scheduled backup, an expired backup's deletion, a suspended subscription's stop) or
+platform staff queued across the fleet, the organization's owners and admins, when it failed.
 
 Rendered by the worker that finished the run, from the operation and instance it has in hand
 (nothing read again), and sent by the mail worker once the run's end commits
@@ -16,7 +16,7 @@ from django.urls import reverse
 from accounts import idempotency, mail
 from accounts.models import Membership, Tenant
 from accounts.roles import Role
-from deployments import lifecycle, selectors
+from deployments import fleet, lifecycle, selectors
 from deployments.models import Operation
 
 # Who hears of what befalls an organization's instances when nobody of it asked for it.
@@ -35,30 +35,46 @@ def organization_told(tenant: Tenant) -> list[str]:
 def operation_ended(operation: Operation) -> None:
     """Tell whoever started an operation that it failed (or was cancelled), or that the
     instance its create or restore made is ready (its `instance` and `requested_by` loaded);
-    the organization's owners and admins that one Opsdeck started on its own failed (nobody
-    heard of a scheduled backup failing night after night)."""
+    the organization's owners and admins that one Opsdeck started on its own, or platform
+    staff queued across the fleet, failed (nobody heard of a scheduled backup failing night
+    after night, nor of their database failing a restart staff asked for). Staff are sent the
+    admin's page of the operation: they may not open the organization's."""
     user = operation.requested_by
     instance = operation.instance
-    if user is None:  # the system's, or its requester's account is gone
-        ours = idempotency.system_made(operation.request_id)
-        failed = operation.state == Operation.State.FAILED
-        to = organization_told(instance.tenant) if ours and failed else []
-    else:
-        to = [user.email] if user.email else []
+    requester = [user.email] if user is not None and user.email else []
+    if operation.state == Operation.State.SUCCEEDED:
+        if operation.verb in lifecycle.MAKES_INSTANCE:
+            _send(operation, requester, f"[Opsdeck] {instance.name} is ready")
+        return
+    staff = user is not None and fleet.fleet_queued(operation)
+    subject = f"[Opsdeck] {instance.name}: {_said(operation)} {operation.state}"
+    _send(operation, requester, subject, asked="you asked for", staff=staff)
+    ours = user is None and idempotency.system_made(operation.request_id)
+    if operation.state == Operation.State.FAILED and (ours or staff):
+        told = [to for to in organization_told(instance.tenant) if to not in requester]
+        asked = "that the platform team started" if staff else "that Opsdeck started on its own"
+        _send(operation, told, subject, asked=asked)
+
+
+def _send(operation: Operation, to: list[str], subject: str, *, asked="", staff=False) -> None:
+    """The email of how the operation ended, to `to`: who asked for it as `asked` says, with a
+    link to the instance's page, or for `staff` to the admin's page of the operation (and the
+    organization named)."""
     if not to:
         return
-    if operation.state == Operation.State.SUCCEEDED:
-        if operation.verb not in lifecycle.MAKES_INSTANCE:
-            return
-        subject = f"[Opsdeck] {instance.name} is ready"
+    instance = operation.instance
+    if staff:
+        path = reverse("admin:deployments_operation_change", args=[operation.pk])
     else:
-        subject = f"[Opsdeck] {instance.name}: {_said(operation)} {operation.state}"
-    path = reverse("instance_list", kwargs={"tenant_slug": instance.tenant.slug})
+        path = reverse("instance_list", kwargs={"tenant_slug": instance.tenant.slug})
+        path += f"{instance.pk}/"
     context = {
         "operation": operation,
         "verb": _said(operation),
         "instance": instance,
-        "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}{instance.pk}/",
+        "asked": asked,
+        "organization": instance.tenant.name if staff else "",
+        "link": f"{settings.OPSDECK_BASE_URL.rstrip('/')}{path}",
     }
     mail.send(
         subject=subject,

@@ -10,6 +10,8 @@ that dies in one leaves it to be done again, and each instance's request id
 sends again a run whose worker let its claim lapse (`fleet_runs_resume`). An instance whose
 queuing fails with an error that is no refusal (a fault, logged) is refused as such, and the
 run goes on; the database's own trouble (a deadlock, a lost connection) makes the batch again.
+An operation a run queued that fails is told to its requester and to the organization's
+owners and admins (`emails`), as one Opsdeck started on its own.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, database_trouble
 from deployments import services
-from deployments.models import FleetRun, Instance
+from deployments.models import FleetRun, Instance, Operation
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +145,32 @@ def _stop(run: FleetRun, why: str) -> None:
 
 
 def _queue(run: FleetRun, actor: Actor, instance: Instance, seen: int | None) -> None:
-    request_id = f"fleet-{run.request_id}-{instance.pk}"
+    request_id = _request_id(run.request_id, instance.pk)
     if run.verb == "upgrade":
         services.instance_upgrade(actor=actor, instance=instance, request_id=request_id, seen=seen)
     else:
         services.instance_action(
             actor=actor, instance=instance, verb=run.verb, request_id=request_id
         )
+
+
+def _request_id(run_request_id: str, instance_id: str) -> str:
+    """The request id of the operation a run queues on an instance (a batch done again finds
+    it: a repeat, not a second operation)."""
+    return f"fleet-{run_request_id}-{instance_id}"
+
+
+def fleet_queued(operation: Operation) -> bool:
+    """Whether a fleet run queued the operation: its request id is one a run makes, and that
+    run's requester asked for it (a member of the organization may send such an id too)."""
+    run_request_id = operation.request_id.removeprefix("fleet-").removesuffix(
+        f"-{operation.instance_id}"
+    )
+    if _request_id(run_request_id, operation.instance_id) != operation.request_id:
+        return False
+    return FleetRun.objects.filter(
+        request_id=run_request_id, requested_by_id=operation.requested_by_id
+    ).exists()
 
 
 def fleet_runs_resume(*, now=None) -> int:

@@ -153,6 +153,66 @@ def test_an_upgrade_to_a_version_for_other_cells_leaves_the_instances_where_it_d
     assert instance == str(acme) and "does not run in the eu-1 cell" in why
 
 
+def test_a_fleet_restart_that_fails_is_told_to_the_organization_and_to_staff_with_their_link(
+    staff_client, fleet, tenant, add_member
+):
+    """Only the staff member who confirmed it was told, with a link to the organization's page
+    they cannot open; the organization whose database failed to restart heard nothing."""
+    from django.utils import timezone
+
+    from accounts.models import OutgoingEmail
+    from deployments import emails
+
+    add_member("admin@example.com", "admin")
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running[:1])
+    _send(staff_client, fields)
+    restart = Operation.objects.get(verb="restart")
+    Operation.objects.filter(pk=restart.pk).update(  # as the runner ends it
+        state=Operation.State.FAILED, finished_at=timezone.now(), error="pods never came back"
+    )
+
+    emails.operation_ended(
+        Operation.objects.select_related("instance__tenant", "requested_by").get(pk=restart.pk)
+    )
+
+    told = {tuple(sorted(email.to)): email for email in OutgoingEmail.objects.all()}
+    assert set(told) == {("admin@example.com", "owner@example.com"), ("staff@example.com",)}
+    organization, staff = told["admin@example.com", "owner@example.com"], told["staff@example.com",]
+    assert organization.subject == staff.subject == "[Opsdeck] acme-0: restart failed"
+    assert f"acme-0 ({restart.instance_id}) that the platform team started failed" in (
+        organization.body
+    )
+    assert f"/t/{tenant.slug}/deployments/{restart.instance_id}/" in organization.body
+    assert f"acme-0 ({restart.instance_id}, of Acme) you asked for failed" in staff.body
+    assert f"/admin/deployments/operation/{restart.pk}/change/" in staff.body
+
+
+def test_a_fleet_run_request_id_a_member_sends_is_not_told_as_the_platform_teams(
+    staff_client, fleet, owner
+):
+    from django.utils import timezone
+
+    from accounts.models import OutgoingEmail
+    from deployments import emails
+
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running[2:3])  # Globex's
+    _send(staff_client, fields)
+    restart = services.instance_action(
+        actor=Actor(user=owner), instance=running[0], verb="restart",
+        request_id=f"fleet-{_run(fields).request_id}-{running[0].pk}",
+    )  # fmt: skip
+    Operation.objects.filter(pk=restart.pk).update(
+        state=Operation.State.FAILED, finished_at=timezone.now(), error="pods never came back"
+    )
+
+    emails.operation_ended(Operation.objects.get(pk=restart.pk))
+
+    [email] = OutgoingEmail.objects.all()
+    assert email.to == ["owner@example.com"] and "you asked for failed" in email.body
+
+
 def test_the_confirmation_page_costs_the_same_queries_for_many_instances(
     staff_client, fleet, tenant
 ):
