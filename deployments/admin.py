@@ -19,6 +19,7 @@ from accounts.admin import (
     values_filter,
 )
 from accounts.audit import Actor, audit_record
+from accounts.models import Tenant
 from deployments import fleet, selectors
 from deployments.models import (
     BackupSchedule,
@@ -62,10 +63,13 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
 
     def save_related(self, request, form, formsets, change):
         """Also in the audit log of each organization the cell was offered to, or no longer is:
-        what it may create where is its to know."""
-        before = set(form.instance.tenants.all()) if change else set()
+        what it may create where is its to know. Who may use it before and after, a public
+        cell offered to every organization: one made private to some is withdrawn from the
+        others, not offered again to those it served already."""
+        was_public = change and form.initial["public"]
+        before = _offered(was_public, form.instance.tenants)  # its list as it was: not saved yet
         super().save_related(request, form, formsets, change)
-        after = set(form.instance.tenants.all())
+        after = _offered(form.instance.public, form.instance.tenants)
         for action, tenants in (("cell.offer", after - before), ("cell.withdraw", before - after)):
             for tenant in sorted(tenants, key=lambda t: t.pk):
                 audit_record(
@@ -82,6 +86,12 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
             for f in Cell._meta.get_fields()
             if f.concrete and f.name not in self.editable and f.name not in self.exclude
         ]
+
+
+def _offered(public: bool, listed) -> set[Tenant]:
+    """The organizations (not deleted) that may run instances on a cell offered so: every one
+    when public, else those `listed` (`Cell.objects.offered_to`)."""
+    return set((Tenant.objects if public else listed).live())
 
 
 @admin.register(PlanVersion)

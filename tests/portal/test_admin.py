@@ -724,7 +724,8 @@ def test_an_organization_a_cell_is_offered_to_or_withdrawn_from_reads_it_in_its_
     said where it may now create deployments, or no longer may."""
     from tests.deployments import factories
 
-    cell = factories.cell("private-eu")  # offered to no one: not public
+    cell = factories.cell("private-eu")
+    type(cell).objects.filter(pk=cell.pk).update(public=False)  # offered to no one
     page = _url(type(cell), "change", cell.pk)
 
     staff_client.post(page, {"tenants": [tenant.pk]})
@@ -738,3 +739,47 @@ def test_an_organization_a_cell_is_offered_to_or_withdrawn_from_reads_it_in_its_
     client.force_login(owner)
     log = client.get(f"/t/{tenant.slug}/audit/").content.decode()
     assert "cell.offer" in log and "cell.withdraw" in log
+
+
+@pytest.mark.django_db
+def test_a_public_cell_made_private_is_withdrawn_only_from_those_it_no_longer_serves(
+    staff_client, owner, tenant
+):
+    """Only the list of organizations was compared: Acme, which lost the cell, read nothing of
+    it, and Globex read it was offered the cell it could always use."""
+    from deployments.models import Cell
+    from tests.deployments import factories
+
+    cell = factories.cell("eu-1")  # public: every organization may create there
+    globex = services.tenant_create(actor=Actor(user=owner), name="Globex")
+
+    staff_client.post(_url(Cell, "change", cell.pk), {"tenants": [globex.pk]})  # not public
+
+    assert list(Cell.objects.offered_to(tenant)) == []
+    logs = {
+        organization.name: list(
+            AuditEvent.objects.filter(tenant=organization, action__startswith="cell.")
+            .order_by("pk")
+            .values_list("action", flat=True)
+        )
+        for organization in (tenant, globex)
+    }
+    assert logs == {tenant.name: ["cell.withdraw"], "Globex": []}
+
+
+@pytest.mark.django_db
+def test_a_private_cell_made_public_is_offered_to_those_it_did_not_serve(
+    staff_client, owner, tenant
+):
+    from deployments.models import Cell
+    from tests.deployments import factories
+
+    cell = factories.cell("eu-1")
+    globex = services.tenant_create(actor=Actor(user=owner), name="Globex")
+    Cell.objects.filter(pk=cell.pk).update(public=False)
+    cell.tenants.add(globex)
+
+    staff_client.post(_url(Cell, "change", cell.pk), {"public": "on", "tenants": [globex.pk]})
+
+    offered = AuditEvent.objects.filter(action="cell.offer").values_list("tenant", flat=True)
+    assert list(offered) == [tenant.pk]
