@@ -119,12 +119,8 @@ class StateChangeInline(admin.TabularInline):
 # A fleet request id: the confirmation page's, one per instance it queues an operation on.
 _FLEET_REQUEST = re.compile(r"[0-9a-f]{32}")
 _VERSION = re.compile(r"[0-9]{1,9}")  # a plan version's number, as a fleet page shows it
-# The number of the newest version of an instance's plan, what an upgrade moves it to.
-_newest_version = Subquery(
-    PlanVersion.objects.filter(plan_id=OuterRef("plan_version__plan_id"))
-    .order_by("-number")
-    .values("number")[:1]
-)
+# The newest version of an instance's plan, what an upgrade moves it to: its number, digest.
+_newest = PlanVersion.objects.filter(plan_id=OuterRef("plan_version__plan_id")).order_by("-number")
 
 
 @admin.register(Instance)
@@ -197,9 +193,15 @@ class InstanceAdmin(ServiceOwnedAdmin):
             return redirect("admin:deployments_fleetrun_change", run.pk)
         instances = list(
             queryset.select_related("tenant", "cell", "plan_version__plan")
-            .annotate(newest=_newest_version)
+            .annotate(
+                newest=Subquery(_newest.values("number")[:1]),
+                newest_digest=Subquery(_newest.values("digest")[:1]),
+            )
             .order_by("tenant__slug", "name")
         )
+        for instance in instances:  # the same text released again is no upgrade: it is refused
+            current = instance.plan_version
+            instance.moves = selectors.upgrades_to(current, instance.newest, instance.newest_digest)
         selection = " ".join(
             f"{instance.pk}:{instance.newest or ''}" if action == "upgrade" else instance.pk
             for instance in instances

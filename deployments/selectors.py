@@ -1345,6 +1345,12 @@ def _shown(parameter: Parameter, value: Any) -> str:
     return HIDDEN_VALUE if parameter.type == "Password" else format_value(parameter, value)
 
 
+def upgrades_to(current: PlanVersion, number: int, digest: str) -> bool:
+    """Whether version `number` of the current version's plan, its text's digest `digest`, is
+    one to upgrade to: newer, and not the same text released again (a change taken back)."""
+    return number > current.number and digest != current.digest
+
+
 def upgrade_preview(
     instance: Instance, values: dict | None = None, target: PlanVersion | None = None
 ) -> UpgradePreview | None:
@@ -1355,9 +1361,7 @@ def upgrade_preview(
     current = instance.plan_version
     target = target or plan_version_latest(current.plan)
     if target is None or (
-        target.plan_id == current.plan_id
-        # Not newer, or the same text released again (a change taken back): nothing to do.
-        and (target.number <= current.number or target.digest == current.digest)
+        target.plan_id == current.plan_id and not upgrades_to(current, target.number, target.digest)
     ):
         return None
     before = {p.key: p for p in plan_spec(current).main.parameters}

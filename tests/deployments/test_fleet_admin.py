@@ -122,6 +122,23 @@ def test_an_upgrade_shows_each_instance_its_newest_version_and_moves_it_there(st
     assert {o.arguments["upgrade"]["to"] for o in upgrades} == {newer.number}
 
 
+def test_an_upgrade_to_a_change_taken_back_is_not_promised_on_the_confirmation(staff_client, fleet):
+    """Version 3 is version 1's text again: the page said "v1 → v3", and the run then refused
+    it as running its plan's newest version already."""
+    running, _ = fleet
+    services.plan_load(text=SPEC.read_text() + "\n# version 2\n")
+    taken_back = services.plan_load(text=SPEC.read_text()).version
+    assert (taken_back.number, taken_back.digest) == (3, running[0].plan_version.digest)
+
+    page, fields = _confirm(staff_client, "upgrade", running[:1])
+    _send(staff_client, fields)
+
+    assert "v1 → v3" not in page.content.decode()
+    assert "v1 (v3 has the same text: nothing to upgrade)" in page.content.decode()
+    [(_, why)] = _run(fields).refused
+    assert "newest version already" in why
+
+
 def test_an_upgrade_confirmed_after_a_newer_version_was_published_is_not_queued(
     staff_client, fleet
 ):
