@@ -22,6 +22,7 @@ from accounts.audit import Actor, audit_record
 from accounts.models import Tenant
 from deployments import fleet, selectors
 from deployments.models import (
+    INSTANCE_ID,
     BackupSchedule,
     Cell,
     FleetRun,
@@ -177,6 +178,14 @@ class InstanceAdmin(ServiceOwnedAdmin):
             # two a row past 500 rows were more fields than a request may hold
             # (DATA_UPLOAD_MAX_NUMBER_FIELDS), refused whole.
             seen = _fleet_selection(request.POST.get("fleet_selection", ""))
+            if not all(INSTANCE_ID.fullmatch(pk) for pk in seen):  # a page never sends one
+                self.message_user(
+                    request,
+                    "The confirmation named something that is no instance, and nothing was "
+                    "queued: select the instances and confirm again.",
+                    messages.ERROR,
+                )
+                return None
             known = set(self.get_queryset(request).filter(pk__in=seen).values_list("pk", flat=True))
             run = fleet.fleet_run_start(
                 actor=staff_actor(request),

@@ -399,6 +399,24 @@ def test_a_hostile_version_in_the_fleet_selection_is_taken_as_none_shown(staff_c
         assert _run(fields).handled == 1
 
 
+@pytest.mark.parametrize("stranger", ["inst-\x00bad", "inst-TOOLONG00", "*"])
+def test_a_fleet_selection_naming_no_instance_id_is_refused_with_a_message(
+    staff_client, fleet, stranger
+):
+    """A NUL character was a server error (PostgreSQL refuses it in the `pk IN (...)` read)."""
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running[:1])
+    fields["fleet_selection"] = [f"{running[0].pk} {stranger}"]
+
+    refused = staff_client.post(CHANGELIST, fields, follow=True)
+
+    assert refused.status_code == 200
+    assert "named something that is no instance, and nothing was queued" in (
+        refused.content.decode()
+    )
+    assert not FleetRun.objects.exists() and not Operation.objects.exists()
+
+
 def test_a_run_whose_requester_is_no_longer_staff_queues_nothing_more(fleet, tenant, owner):
     """The worker acted as its requester read at each batch: no longer staff, the run went on
     as their membership allowed (queued where they are owner, recorded as staff's, refused
