@@ -655,13 +655,20 @@ def instance_now(instance: Instance) -> tuple[Instance, bool]:
     return instance, pending
 
 
+# What the Operations tab shows of an operation (of its instance, which the page has), and who
+# asked for it by their address alone.
+OPERATION_LISTED = ("instance", "verb", "state", "created_at", "started_at", "finished_at")
+OPERATION_LISTED += ("cancel_reason", "error", "requested_by__email")
+
+
 def operations_with_runs(instance: Instance) -> QuerySet[Operation]:
-    """The instance's operations, newest first, each with its task runs (two queries in all;
-    the encrypted engine state and rendered objects stay in the database)."""
+    """The instance's operations, newest first, each with its task runs (two queries in all),
+    read as the Operations tab shows them: the requesters' accounts, the values each operation
+    ran with, the encrypted engine state and the rendered objects stay in the database."""
     runs = TaskRun.objects.defer("object").order_by("started_at", "id")
     return (
         instance.operations.select_related("requested_by")
-        .defer("engine_state", "secret_parameters", "requested_secret")
+        .only(*OPERATION_LISTED)
         .prefetch_related(Prefetch("task_runs", queryset=runs))
         .order_by("-created_at")
     )

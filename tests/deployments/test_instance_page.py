@@ -483,6 +483,29 @@ def test_the_page_reads_no_run_state_spec_text_or_cell_secret_however_many_opera
     assert read and not [sql for sql in read if '"accounts_user"' in sql]
 
 
+def test_the_operations_tab_reads_of_who_asked_their_address_and_nothing_it_does_not_show(
+    owner_client, owner, instance
+):
+    Operation.objects.filter(instance=instance).update(
+        parameters={"instances": 3, "big": "x" * 2000}, outputs={"endpoint": "y" * 2000}
+    )
+
+    with CaptureQueriesContext(connection) as queries:
+        page = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+
+    assert f"by {owner.email}" in page
+    heads = [q["sql"].split(" FROM ")[0] for q in queries.captured_queries]
+    listed = [head for head in heads if '"deployments_operation"."verb"' in head]
+    listed = [head for head in listed if '"accounts_user"' in head]  # with who asked
+    assert listed
+    for select in listed:
+        # Who asked is shown by their address: their account (its password hash too) stays in
+        # the database, as do the values each operation ran with, asked for and left.
+        assert '"accounts_user"."password"' not in select
+        for column in ["parameters", "requested", "outputs", "arguments", "waiting_on"]:
+            assert f'"deployments_operation"."{column}"' not in select, column
+
+
 ACTIONS = [
     ("stop", {}),
     ("restart", {}),
