@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
+from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -231,7 +232,17 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="audit_tenant_created")]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="audit_tenant_created"),
+            # An object's events (an instance's Activity tab), and the events whose payload
+            # names their source (a restore, the instance its backup was taken of).
+            models.Index(fields=["target_type", "target_id"], name="audit_target"),
+            models.Index(
+                KeyTransform("source", "payload"),
+                name="audit_source",
+                condition=models.Q(payload__has_key="source"),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} by {self.actor_email or self.actor_kind} ({self.result})"

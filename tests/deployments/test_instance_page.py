@@ -1418,6 +1418,59 @@ def test_the_activity_tab_shows_who_cancelled_the_instances_operations(
     assert "the stop" in row and '<span class="badge badge-ok">' in row  # what it stopped
 
 
+def test_the_activity_tab_shows_its_backups_events_and_the_restores_from_them(
+    owner_client, owner, instance, plan
+):
+    snapshot = instance.snapshots.get()
+    other = _create(owner, instance.tenant, plan, name="elsewhere").instance
+    restore = _url(instance, f"backups/{snapshot.pk}/restore/")
+    owner_client.post(restore, {"request_id": "rs-1", "name": "orders-copy"})
+    Operation.objects.filter(verb="restore").update(state=Operation.State.SUCCEEDED)
+    services.snapshot_delete(actor=Actor(user=owner), snapshot=snapshot, request_id="forget")
+    Snapshot.objects.create(
+        tenant=other.tenant, instance=other, source_instance_id=other.pk, name="their-backup",
+        plan_version=other.plan_version, status=Snapshot.Status.COMPLETED,
+    )  # fmt: skip
+    services.snapshot_delete(
+        actor=Actor(user=owner), snapshot=other.snapshots.get(), request_id="forget-theirs"
+    )
+
+    html = owner_client.get(_url(instance), {"tab": "activity"}).content.decode()
+
+    assert "instance.create" in html and html.count("instance.create") == 1  # not elsewhere's
+    assert "<code>backup.delete</code>" in html and html.count("backup.delete") == 1
+    assert "<code>instance.restore</code>" in html and "orders-copy" in html  # made from it
+
+
+def test_an_instances_activity_tab_reads_its_own_events_not_the_whole_organizations_log(
+    owner_client, instance, plan
+):
+    from bench.support import rows_read
+
+    # The organization's log: another instance's 3,000 events, a minute apart.
+    busy = _create(instance.created_by, instance.tenant, plan, name="busy").instance
+    now = timezone.now()
+    AuditEvent.objects.bulk_create(
+        AuditEvent(tenant=instance.tenant, actor_kind="user", action="instance.restart",
+                   target_type="instance", target_id=busy.pk, target_name=busy.name,
+                   created_at=now - timedelta(minutes=n))
+        for n in range(3000)
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE accounts_auditevent")
+    url = _url(instance)
+    owner_client.get(url, {"tab": "activity"})  # the session's first request reads more
+
+    before = rows_read(AuditEvent)
+    html = owner_client.get(url, {"tab": "activity"}).content.decode()
+    read = rows_read(AuditEvent) - before
+
+    assert "instance.create" in html and "instance.restart" not in html
+    # Its own few events, counted and listed: not the organization's 3,000 (twice: once to
+    # count the tab's events, once more to find its page of them).
+    assert read < 100, read
+
+
 def _stop(client, instance, request_id) -> Operation:
     client.post(_url(instance, "actions/stop/"), {"request_id": request_id})
     return Operation.objects.filter(instance=instance, verb="stop").get()
