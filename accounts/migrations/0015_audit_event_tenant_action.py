@@ -1,0 +1,18 @@
+from django.contrib.postgres.operations import AddIndexConcurrently
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    # As in 0014: the index is built without locking the audit log's writes.
+    atomic = False
+
+    dependencies = [
+        ("accounts", "0014_audit_event_target_and_source"),
+    ]
+
+    operations = [
+        AddIndexConcurrently(
+            model_name="auditevent",
+            index=models.Index(fields=["tenant", "action"], name="audit_tenant_action"),
+        ),
+    ]
