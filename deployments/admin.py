@@ -111,7 +111,11 @@ class StateChangeInline(admin.TabularInline):
     can_delete = False
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("operation")  # one read, any rows
+        # One read, any rows; of each operation what names it (`Operation.__str__`), not its
+        # run's state and the secrets each row would decrypt.
+        named = ("operation__verb", "operation__instance", "operation__state")
+        changes = super().get_queryset(request).select_related("operation")
+        return changes.only(*self.fields, "instance", *named)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -297,6 +301,10 @@ class TaskRunInline(admin.TabularInline):
     readonly_fields = fields
     extra = 0
     can_delete = False
+
+    def get_queryset(self, request):
+        # The object each run rendered (encrypted, large) is not shown.
+        return super().get_queryset(request).only(*self.fields, "operation")
 
     def has_add_permission(self, request, obj=None):
         return False

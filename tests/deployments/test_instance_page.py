@@ -1797,6 +1797,56 @@ def test_the_admin_instance_page_reads_its_state_changes_in_a_constant_number_of
     assert queries() == few
 
 
+def _selects_of(client, url: str, table: str) -> list[str]:
+    """The select lists (up to FROM) of the statements `url` reads `table`'s rows with."""
+    client.get(url)  # what the first read caches (content types, the session)
+    with CaptureQueriesContext(connection) as read:
+        assert client.get(url).status_code == 200
+    heads = [q["sql"].split(" FROM ")[0] for q in read.captured_queries]
+    return [head for head in heads if head.startswith("SELECT") and f'"{table}".' in head]
+
+
+def test_the_admin_instance_page_names_its_state_changes_operations_without_their_secrets(
+    client, make_user, instance
+):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    restart = Operation.objects.create(
+        instance=instance, verb="restart", request_id="r-1", plan_version=instance.plan_version,
+        state=Operation.State.SUCCEEDED, secret_parameters=json.dumps({"password": SECRET}),
+    )  # fmt: skip
+    InstanceStateChange.objects.create(
+        instance=instance, from_state="running", to_state="updating", operation=restart
+    )
+
+    url = f"/admin/deployments/instance/{instance.pk}/change/"
+    page = client.get(url).content.decode()
+    changes = _selects_of(client, url, "deployments_instancestatechange")
+
+    assert f"restart on {instance.pk} (succeeded)" in page  # each change names its operation
+    assert changes
+    # ... and reads of it that name alone: not its run's state, nor the secrets each row
+    # would decrypt.
+    for column in ["engine_state", "secret_parameters", "requested_secret", "parameters"]:
+        assert not [s for s in changes if f'"deployments_operation"."{column}"' in s], column
+
+
+def test_the_admin_operation_page_lists_its_task_runs_without_the_objects_they_rendered(
+    client, make_user, instance
+):
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+    create = instance.operations.get()
+    TaskRun.objects.filter(operation=create).update(object=json.dumps({"spec": "z" * 5000}))
+
+    url = f"/admin/deployments/operation/{create.pk}/change/"
+    page = client.get(url).content.decode()
+    runs = _selects_of(client, url, "deployments_taskrun")
+
+    assert "Cluster not ready: waiting for the primary" in page
+    # Its columns are the node, attempt, state, message and times: the object each run
+    # rendered (encrypted, large) stays in the database.
+    assert runs and not [s for s in runs if '"deployments_taskrun"."object"' in s]
+
+
 def test_a_platform_secret_a_running_plan_version_reads_cannot_be_deleted_in_the_admin(
     client, make_user, instance
 ):
