@@ -27,14 +27,20 @@ from accounts.models import AuditEvent, Invitation, Membership, OutgoingEmail, T
 from accounts.roles import Role
 
 
-class ServiceOwnedAdmin(admin.ModelAdmin):
-    """Read-only: these rows change only through services, via the admin actions below.
-
-    A list whose rows hold more than it shows (large or encrypted fields) names the columns it
+class ListedColumnsAdmin(admin.ModelAdmin):
+    """A list whose rows hold more than it shows (large or encrypted fields) names the columns it
     shows in `list_columns`: its page reads those alone (the change page reads the whole row).
     """
 
     list_columns: tuple[str, ...] = ()
+
+    def get_changelist(self, request, **kwargs):
+        return _ListedColumns if self.list_columns else super().get_changelist(request, **kwargs)
+
+
+class ServiceOwnedAdmin(ListedColumnsAdmin):
+    """Read-only: these rows change only through services, via the admin actions below."""
+
     # A list of a table that grows with the fleet: unfiltered, past
     # OPSDECK_ADMIN_ESTIMATE_ABOVE rows, it shows PostgreSQL's estimate of its rows
     # (`EstimatingPaginator`) instead of counting every row.
@@ -48,9 +54,6 @@ class ServiceOwnedAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
-
-    def get_changelist(self, request, **kwargs):
-        return _ListedColumns if self.list_columns else super().get_changelist(request, **kwargs)
 
     def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
         paginator = EstimatingPaginator if self.count_estimated else self.paginator

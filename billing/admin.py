@@ -424,6 +424,7 @@ class MeterEventAdmin(ServiceOwnedAdmin):
 @admin.register(StripeEvent)
 class StripeEventAdmin(ServiceOwnedAdmin):
     list_display = ["event_id", "type", "created", "received_at", "processed_at", "error"]
+    list_columns = ("event_id", "type", "created", "received_at", "processed_at", "error")
     list_filter = ["type", "processed_at"]
     search_fields = ["event_id", "type"]
     date_hierarchy = "created"

@@ -13,6 +13,7 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
 from accounts.admin import (
+    ListedColumnsAdmin,
     ServiceOwnedAdmin,
     StaffAudited,
     staff_actor,
@@ -49,6 +50,8 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
         "public",
         "created_at",
     ]
+    list_columns = ("name", "region", "cloud", "deployment_model", "is_default", "public")
+    list_columns += ("created_at",)
     list_filter = ["deployment_model", "cloud", "region", "public"]
     search_fields = ["name", "region"]
     exclude = ["kubeconfig", "backup_credentials"]
@@ -98,6 +101,7 @@ def _offered(public: bool, listed) -> set[Tenant]:
 @admin.register(PlanVersion)
 class PlanVersionAdmin(ServiceOwnedAdmin):
     list_display = ["plan", "number", "digest", "released_at"]
+    list_columns = ("plan__name", "number", "digest", "released_at")
     list_filter = ["plan"]
     search_fields = ["plan__key", "digest"]
     exclude = ["parsed"]
@@ -372,6 +376,9 @@ class BackupScheduleAdmin(ServiceOwnedAdmin):
         "instance", "interval_hours", "cron", "retention_days", "retention_count", "enabled",
         "next_run_at", "last_outcome",
     ]  # fmt: skip
+    # Its instance named as the instance list reads it (`InstanceAdmin.list_columns`).
+    list_columns = ("instance__name", "interval_hours", "cron", "retention_days")
+    list_columns += ("retention_count", "enabled", "next_run_at", "last_outcome")
     list_filter = ["enabled", "last_outcome"]
     search_fields = ["instance__id", "instance__name"]
     list_select_related = ["instance"]
@@ -405,11 +412,12 @@ class PlatformSecretForm(forms.ModelForm):
 
 
 @admin.register(PlatformSecret)
-class PlatformSecretAdmin(admin.ModelAdmin):
+class PlatformSecretAdmin(ListedColumnsAdmin):
     """Platform staff manage these secrets here; values are write-only and every change is
     audited."""
 
     list_display = ["name", "description", "updated_at"]
+    list_columns = ("name", "description", "updated_at")  # not the value, which it decrypts
     search_fields = ["name", "description"]
     fields = ["name", "value", "description"]
 

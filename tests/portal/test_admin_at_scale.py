@@ -151,6 +151,64 @@ def test_the_instance_list_reads_no_secret_nor_its_cells_credentials(staff_clien
     assert Cell.objects.count() == 1
 
 
+def _listed(statements: list[str], table: str) -> list[str]:
+    """The select lists (up to FROM) of the statements that read `table`'s rows."""
+    heads = [s.split(" FROM ")[0] for s in statements if s.startswith("SELECT")]
+    return [head for head in heads if f'"{table}"."id"' in head]
+
+
+def test_the_backup_schedule_list_names_its_instances_without_their_secrets(staff_client, tenant):
+    from deployments.models import BackupSchedule
+
+    for instance in make_instances(tenant, postgres_version(), cell(), 3, name="orders"):
+        Instance.objects.filter(pk=instance.pk).update(
+            secret_parameters='{"password": "s3cret"}', parameters={"big": "x" * 2000}
+        )
+        BackupSchedule.objects.create(instance=instance, interval_hours=24, retention_days=7)
+
+    _, page, statements = _list_read(staff_client, BackupSchedule)
+
+    assert "orders-1 (inst-" in page  # each row names its instance
+    listed = _listed(statements, "deployments_instance")
+    assert listed, statements
+    for column in ["secret_parameters", "parameters", "observed", "outputs"]:
+        assert not any(f'"deployments_instance"."{column}"' in s for s in listed), column
+
+
+@pytest.mark.parametrize(
+    ("model_name", "shown", "unshown"),
+    [
+        ("billing.StripeEvent", "event_id", ["payload"]),
+        ("deployments.PlanVersion", "digest", ["spec_text", "parsed"]),
+        ("deployments.Cell", "name", ["kubeconfig", "backup_credentials"]),
+        ("deployments.PlatformSecret", "name", ["value"]),
+    ],
+)
+def test_a_list_reads_no_payload_spec_or_secret_it_does_not_show(
+    staff_client, tenant, model_name, shown, unshown
+):
+    from django.apps import apps
+
+    from billing.models import StripeEvent
+    from deployments.models import PlatformSecret
+
+    make_instances(tenant, postgres_version(), cell(), 1)  # a plan version, a cell
+    PlatformSecret.objects.create(name="TOKEN", value="s3cret")
+    StripeEvent.objects.create(
+        event_id="evt_1", type="invoice.paid", created=timezone.now(),
+        payload={"data": {"object": {"lines": ["x" * 5000]}}},
+    )  # fmt: skip
+    model = apps.get_model(model_name)
+
+    _, page, statements = _list_read(staff_client, model)
+
+    assert f">{getattr(model.objects.get(), shown)}<" in page
+    listed = _listed(statements, model._meta.db_table)
+    assert listed, statements
+    for column in unshown:
+        assert not any(f'"{column}"' in s for s in listed), column
+
+
 def test_the_instance_list_reads_a_page_of_the_fleet_newest_first(staff_client, tenant):
     made = make_instances(tenant, postgres_version(), cell(), ROWS, name="db")
 
