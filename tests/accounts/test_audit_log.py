@@ -1,3 +1,4 @@
+import codecs
 import csv
 import io
 from datetime import timedelta
@@ -128,14 +129,33 @@ def test_a_bad_date_range_is_explained_not_crashed(owner_client, tenant):
 def test_the_log_exports_as_csv(owner_client, tenant):
     response = owner_client.get(f"/t/{tenant.slug}/audit/export.csv")
 
-    assert response["Content-Type"] == "text/csv"
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
+    body = b"".join(response.streaming_content)
+    assert body.startswith(codecs.BOM_UTF8)  # what a spreadsheet opening the file goes by
+    rows = list(csv.reader(io.StringIO(body.decode("utf-8-sig"))))
     assert rows[0] == [
         "time", "actor", "actor_kind", "action", "target_type", "target_id", "result", "ip",
         "target_name",
     ]  # fmt: skip
     assert rows[1][1:4] == ["owner@example.com", "user", "tenant.create"]
     assert rows[1][8] == "Acme"  # the organization it made
+
+
+@pytest.mark.django_db
+def test_the_export_of_an_organization_with_accents_reads_as_typed_in_a_spreadsheet(
+    client, make_user
+):
+    owner = make_user("zoe@example.com")
+    tenant = services.tenant_create(actor=Actor(user=owner), name="Zoë Café Ünited")
+    client.force_login(owner)
+
+    response = client.get(f"/t/{tenant.slug}/audit/export.csv")
+    body = b"".join(response.streaming_content)
+
+    # UTF-8, said by the response and by the file itself: a spreadsheet opening the saved file
+    # without its byte-order mark reads it in the system's code page ("ZoÃ« CafÃ© Ãœnited").
+    assert "charset=utf-8" in response["Content-Type"]
+    assert body.startswith(codecs.BOM_UTF8) and "Zoë Café Ünited".encode() in body
 
 
 @pytest.mark.django_db

@@ -1,6 +1,7 @@
 """The billing team's pages: every invoice with filters, totals and CSV, draft review, a
 tenant's usage. Staff in the "Billing team" group only."""
 
+import codecs
 import csv
 import io
 from datetime import UTC, datetime
@@ -114,8 +115,10 @@ def test_filters_narrow_the_list_and_a_bad_one_is_flagged_not_applied(team_clien
 def test_the_csv_export_has_the_filtered_invoices_safe_for_spreadsheets(team_client, invoices):
     response = team_client.get("/billing-team/invoices.csv", {"tenant": "globex"})
 
-    assert response["Content-Type"] == "text/csv"
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
+    body = b"".join(response.streaming_content)
+    assert body.startswith(codecs.BOM_UTF8)  # a spreadsheet reads accented names as typed
+    rows = list(csv.reader(io.StringIO(body.decode("utf-8-sig"))))
     assert rows[0] == [
         "number", "organization", "plan", "period", "status", "currency", "total", "finalized_at",
         "organization_deleted_at",
@@ -210,7 +213,7 @@ def test_a_deleted_organization_is_said_deleted_beside_its_invoices_and_usage(
     assert deleted in used.split("</h1>")[0]
     # The export says it too, with when.
     export = team_client.get("/billing-team/invoices.csv")
-    rows = list(csv.reader(io.StringIO(b"".join(export.streaming_content).decode())))
+    rows = list(csv.reader(io.StringIO(b"".join(export.streaming_content).decode("utf-8-sig"))))
     by_number = {row[0]: row[-1] for row in rows[1:]}
     assert by_number == {"2025-000009": gone.deleted_at.isoformat(), "2025-000010": ""}
 
@@ -299,7 +302,7 @@ def test_a_name_that_a_spreadsheet_would_read_as_a_formula_after_a_tab_is_defuse
 
     response = team_client.get("/billing-team/invoices.csv")
 
-    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode("utf-8-sig"))))
     assert {row[1] for row in rows[1:] if "HYPERLINK" in row[1]} == {"'\t=HYPERLINK(1)"}
 
 
