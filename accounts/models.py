@@ -234,8 +234,6 @@ class AuditEvent(models.Model):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="audit_tenant_created"),
-            # The actions of an organization's log, which its filter offers.
-            models.Index(fields=["tenant", "action"], name="audit_tenant_action"),
             # An object's events (an instance's Activity tab), and the events whose payload
             # names their source (a restore, the instance its backup was taken of).
             models.Index(fields=["target_type", "target_id"], name="audit_target"),
