@@ -670,7 +670,7 @@ def operations_with_runs(instance: Instance) -> QuerySet[Operation]:
         instance.operations.select_related("requested_by")
         .only(*OPERATION_LISTED)
         .prefetch_related(Prefetch("task_runs", queryset=runs))
-        .order_by("-created_at")
+        .order_by("-created_at", "-pk")  # one order for each page (`operation_listed_page`)
     )
 
 
