@@ -36,23 +36,36 @@ def operation_ended(operation: Operation) -> None:
     """Tell whoever started an operation that it failed (or was cancelled), or that the
     instance its create or restore made is ready (its `instance` and `requested_by` loaded);
     the organization's owners and admins that one Opsdeck started on its own, or platform
-    staff queued across the fleet, failed (nobody heard of a scheduled backup failing night
-    after night, nor of their database failing a restart staff asked for). Staff are sent the
-    admin's page of the operation: they may not open the organization's."""
+    staff queued across the fleet, or a member since removed asked for, failed (nobody heard
+    of a scheduled backup failing night after night, nor of their database failing a restart
+    staff asked for). Staff are sent the admin's page of the operation: they may not open the
+    organization's. A member removed is told nothing more."""
     user = operation.requested_by
     instance = operation.instance
-    requester = [user.email] if user is not None and user.email else []
-    if operation.state == Operation.State.SUCCEEDED:
-        if operation.verb in lifecycle.MAKES_INSTANCE:
-            _send(operation, requester, f"[Opsdeck] {instance.name} is ready")
+    succeeded = operation.state == Operation.State.SUCCEEDED
+    if succeeded and operation.verb not in lifecycle.MAKES_INSTANCE:
         return
-    staff = user is not None and fleet.fleet_queued(operation)
+    staff = not succeeded and user is not None and fleet.fleet_queued(operation)
+    # A member removed since is told nothing more of the organization's instances.
+    member = user is not None and (
+        staff or Membership.objects.filter(tenant_id=instance.tenant_id, user=user).exists()
+    )
+    requester = [user.email] if member and user.email else []
+    if succeeded:
+        _send(operation, requester, f"[Opsdeck] {instance.name} is ready")
+        return
     subject = f"[Opsdeck] {instance.name}: {_said(operation)} {operation.state}"
     _send(operation, requester, subject, asked="you asked for", staff=staff)
     ours = user is None and idempotency.system_made(operation.request_id)
-    if operation.state == Operation.State.FAILED and (ours or staff):
+    left = user is not None and not member
+    if operation.state == Operation.State.FAILED and (ours or staff or left):
         told = [to for to in organization_told(instance.tenant) if to not in requester]
-        asked = "that the platform team started" if staff else "that Opsdeck started on its own"
+        if staff:
+            asked = "that the platform team started"
+        elif left:
+            asked = "that a member who has since left asked for"
+        else:
+            asked = "that Opsdeck started on its own"
         _send(operation, told, subject, asked=asked)
 
 

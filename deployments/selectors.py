@@ -695,9 +695,7 @@ def operation_listed_page(instance: Instance, operation: Operation, per_page: in
     """The page of the Operations tab (`per_page` a page, newest first: `operations_with_runs`)
     that lists `operation`."""
     at = operation.created_at
-    newer = instance.operations.filter(
-        Q(created_at__gt=at) | Q(created_at=at, pk__gt=operation.pk)
-    )
+    newer = instance.operations.filter(Q(created_at__gt=at) | Q(created_at=at, pk__gt=operation.pk))
     return newer.count() // per_page + 1
 
 

@@ -187,3 +187,35 @@ def test_a_delete_after_a_cancel_keeps_the_cancels_reason(running, owner, faults
 
     assert wait_done(modify).state == Operation.State.CANCELLED
     assert modify.error == "Cancelled by owner@example.com."
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_a_removed_member_is_told_nothing_more_and_their_failed_operation_goes_to_the_owners(
+    tenant, owner, add_member
+):
+    """A member started a modify, was removed, and the modify then failed: the email, with the
+    instance's name, its error and a link they can no longer open, went to them, and to no
+    one who is still in the organization."""
+    from django.core import mail
+
+    from accounts import services as accounts_services
+    from accounts.models import Membership
+    from deployments import emails
+    from tests.deployments import factories
+
+    dev = add_member("dev@example.com", "member")
+    [instance] = factories.make_instances(
+        tenant, factories.postgres_version(), factories.cell(), 1, name="orders"
+    )
+    failed = factories.make_operation(instance, verb="modify", state="failed", error="disk full")
+    Operation.objects.filter(pk=failed.pk).update(requested_by=dev)
+    membership = Membership.objects.get(tenant=tenant, user=dev)
+    accounts_services.membership_remove(actor=Actor(user=owner), membership=membership)
+    mail.outbox.clear()
+
+    emails.operation_ended(
+        Operation.objects.select_related("instance__tenant", "requested_by").get(pk=failed.pk)
+    )
+
+    assert [m.to for m in mail.outbox] == [[owner.email]]
+    assert "that a member who has since left asked for" in mail.outbox[0].body
