@@ -434,12 +434,19 @@ def _invitations_outgrown(
     outgrown = list(
         selectors.invitations_beyond_sender(tenant, membership.user_id, role).order_by("email")
     )
-    if not outgrown:
-        return []
-    now = timezone.now()
-    Invitation.objects.filter(pk__in=[i.pk for i in outgrown]).update(revoked_at=now)
     reason = f"its sender became {Role(role).label}" if role is not None else reason
-    for invitation in outgrown:
+    return _invitations_withdraw(actor=actor, tenant=tenant, invitations=outgrown, reason=reason)
+
+
+def _invitations_withdraw(
+    *, actor: Actor, tenant: Tenant, invitations: list[Invitation], reason: str
+) -> list[str]:
+    """Withdraw the tenant's pending `invitations`, each audited with `reason`; their
+    addresses."""
+    if not invitations:
+        return []
+    Invitation.objects.filter(pk__in=[i.pk for i in invitations]).update(revoked_at=timezone.now())
+    for invitation in invitations:
         audit_record(
             actor=actor,
             action="invitation.revoke",
@@ -447,7 +454,7 @@ def _invitations_outgrown(
             target=invitation,
             payload={"email": invitation.email, "reason": reason},
         )
-    return [invitation.email for invitation in outgrown]
+    return [invitation.email for invitation in invitations]
 
 
 def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> list[str]:
@@ -499,17 +506,9 @@ def _invitations_to_withdrawn(
     left_open = selectors.invitations_open_to(user.email, *confirmed).filter(tenant=tenant)
     if accepted is not None:
         left_open = left_open.exclude(pk=accepted.pk)
-    withdrawn = list(left_open)
-    Invitation.objects.filter(pk__in=[i.pk for i in withdrawn]).update(revoked_at=timezone.now())
-    for invitation in withdrawn:
-        audit_record(
-            actor=actor,
-            action="invitation.revoke",
-            tenant=tenant,
-            target=invitation,
-            payload={"email": invitation.email, "reason": reason},
-        )
-    return [invitation.email for invitation in withdrawn]
+    return _invitations_withdraw(
+        actor=actor, tenant=tenant, invitations=list(left_open), reason=reason
+    )
 
 
 def membership_remove(*, actor: Actor, membership: Membership) -> Withdrawn:

@@ -627,14 +627,9 @@ def test_a_point_in_time_after_the_disk_grew_is_restored_onto_the_disk_it_had_th
     assert Instance.objects.get(pk=after.instance_id).parameters["storageGi"] == 20
 
 
-def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_grown(
-    cell, plan, tenant, owner, owner_client
-):
-    """The form offers the backup's values: sent as they were with a point in time after the
-    disk grew, it was refused with "Can grow, not shrink: the backup holds 20", the backup
-    holding 10. A value left as the backup holds it is the instance's at that time."""
-    import re
-
+def _backed_up_then_grown(owner, tenant, plan) -> tuple[Operation, Snapshot]:
+    """An instance's create, and its backup taken at 10 GiB before the disk grew to 20 GiB, a
+    second ago (a restore form's point in time is to the second)."""
     create = _create(owner, tenant, plan, storageGi="10")
     _run(create)
     backup = _run(_act(owner, create.instance, "backup"))
@@ -643,8 +638,19 @@ def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_gro
         verb="modify", request_id=uuid.uuid4().hex, parameters={"storageGi": "20"},
     )  # fmt: skip
     _run(grown)
-    time.sleep(1)  # the form's point in time is to the second
-    snapshot = Snapshot.objects.get(operation=backup)
+    time.sleep(1)
+    return create, Snapshot.objects.get(operation=backup)
+
+
+def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_grown(
+    cell, plan, tenant, owner, owner_client
+):
+    """The form offers the backup's values: sent as they were with a point in time after the
+    disk grew, it was refused with "Can grow, not shrink: the backup holds 20", the backup
+    holding 10. A value left as the backup holds it is the instance's at that time."""
+    import re
+
+    create, snapshot = _backed_up_then_grown(owner, tenant, plan)
     page = owner_client.get(
         f"/t/{tenant.slug}/deployments/{create.instance_id}/backups/{snapshot.pk}/restore/",
         follow=True,
@@ -666,16 +672,7 @@ def test_the_restore_estimate_to_a_point_in_time_prices_the_disk_it_had_then(
     pricing the backup's smaller disk: the restore it started made the grown one."""
     import re
 
-    create = _create(owner, tenant, plan, storageGi="10")
-    _run(create)
-    backup = _run(_act(owner, create.instance, "backup"))
-    grown = services.instance_action(
-        actor=Actor(user=owner), instance=Instance.objects.get(pk=create.instance_id),
-        verb="modify", request_id=uuid.uuid4().hex, parameters={"storageGi": "20"},
-    )  # fmt: skip
-    _run(grown)
-    time.sleep(1)  # the form's point in time is to the second
-    snapshot = Snapshot.objects.get(operation=backup)
+    create, snapshot = _backed_up_then_grown(owner, tenant, plan)
     restore = f"/t/{tenant.slug}/deployments/{create.instance_id}/backups/{snapshot.pk}/restore/"
     page = owner_client.get(restore, follow=True).content.decode()
     fields = dict(re.findall(r'name="([^"]+)"[^>]*value="([^"]*)"', page.split("<form", 2)[-1]))
