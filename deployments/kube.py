@@ -358,11 +358,13 @@ class KubeDriver:
         since_seconds: int | None = None,
         limit_bytes: int = LOG_BYTES,
     ) -> str:
-        """A pod's recent log lines, each prefixed with its RFC 3339 time (`timestamps`), at
-        most `limit_bytes` of them (the pod log API; one request, never a held-open stream)."""
+        """A pod's recent log lines, each prefixed with its RFC 3339 time (`timestamps`), the
+        newest whole lines within `limit_bytes` (the pod log API; one request, never a
+        held-open stream)."""
         try:
             # Unparsed: the client would otherwise return the repr of the bytes it read
-            # (kubernetes-client/python#2596).
+            # (kubernetes-client/python#2596). No limitBytes: the API keeps the first bytes it
+            # reads, dropping the newest lines; the newest are kept here as the answer streams.
             response = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
                 pod,
                 namespace,
@@ -370,13 +372,23 @@ class KubeDriver:
                 tail_lines=tail_lines,
                 since_seconds=since_seconds,
                 timestamps=True,
-                limit_bytes=limit_bytes,
                 _request_timeout=TIMEOUT,
                 _preload_content=False,
             )
-            return response.data.decode("utf-8", errors="replace")
+            kept, cut = bytearray(), False
+            try:
+                for chunk in response.stream(64 * 1024):
+                    kept += chunk
+                    if len(kept) > limit_bytes:
+                        del kept[: len(kept) - limit_bytes]
+                        cut = True
+            finally:
+                response.release_conn()
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify(exc) from exc
+        if cut:  # the oldest line kept lost its beginning
+            del kept[: kept.find(b"\n") + 1]
+        return kept.decode("utf-8", errors="replace")
 
     def resolve(self, resource: str) -> tuple[str, str]:
         name, _, qualifier = resource.strip().partition(".")

@@ -10,7 +10,7 @@ import yaml
 from accounts import services as accounts_services
 from accounts.audit import Actor
 from deployments import services, views
-from deployments.models import Cell, Operation
+from deployments.models import Cell, Instance, Operation
 from tests.deployments import factories
 from tests.deployments.conftest import wait_done
 from tests.deployments.factories import BACKUPS
@@ -64,6 +64,42 @@ def test_a_running_instances_servers_claims_and_events_are_shown_to_its_members(
     ended = client.get(url, {"tab": "logs", "follow": str(int(time.time()) - 1)}, **htmx)
     assert "every 2s" not in ended.content.decode()
     assert "Following stopped after 5 minutes" in ended.content.decode()
+
+
+@pytest.fixture
+def running(worker, cell, plan, tenant, owner):
+    """A running instance of two servers, `<id>-1` (the primary) and `<id>-2`."""
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={"instances": "2"}, request_id="live-running",
+    )  # fmt: skip
+    assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    return Instance.objects.get(pk=create.instance_id)
+
+
+def _log_write(sandbox_cluster, instance, server: str, *lines: str) -> None:
+    """Lines the server's postgres container writes to its log."""
+    core = sandbox_cluster.core
+    pod = core.get(core.builtin("pods"), instance.namespace, server)
+    core.logs.write(instance.namespace, server, pod["metadata"]["uid"], "postgres", *lines)
+
+
+def test_the_last_lines_of_a_log_of_long_lines_end_with_the_newest(
+    running, sandbox_cluster, owner_client
+):
+    # 2,000 lines of ~400 bytes (JSON logs, say) are more than one read keeps (LOG_BYTES).
+    server = f"{running.pk}-1"
+    _log_write(sandbox_cluster, running, server, *(f"old {n} {'x' * 400}" for n in range(2000)))
+    _log_write(sandbox_cluster, running, server, "the newest line")
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+
+    page = owner_client.get(url, {"tab": "logs", "server": server, "tail": "2000"})
+
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "the newest line" in text and "old 1999 " in text
+    # The oldest are dropped, whole: no line is shown without its time, cut at its start.
+    assert '<span class="log-time"></span>' not in text
 
 
 GONE = {
