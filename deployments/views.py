@@ -396,9 +396,10 @@ def _tab_context(
 
 def _live_context(instance: Instance, tab: str, params) -> dict:
     """The Servers, Logs and Events tabs: read from the instance's cell now (a cell that
-    cannot be read is said, not raised)."""
+    cannot be read is said, not raised; the Logs tab keeps its choices, so a follow goes on)."""
     rule = servers.servers_rule(selectors.plan_spec(instance.plan_version).extensions)
     namespace = instance.namespace
+    chosen = _logs_chosen(params) if tab == "logs" else {}
     try:
         driver = driver_for(instance.cell)  # a cell whose configuration cannot be used raises
         if tab == "events":
@@ -411,19 +412,16 @@ def _live_context(instance: Instance, tab: str, params) -> dict:
                 "roles_shown": any(server.role for server in found),
                 "claims": servers.claims_read(driver, namespace),
             }
-        return _logs_context(driver, namespace, rule, found, params)
+        return {**chosen, **_logs_read(driver, namespace, rule, found, chosen)}
     except DriverError as exc:
-        return {"live_error": f"The cluster could not be read: {exc.message}"}
+        return {**chosen, "live_error": f"The cluster could not be read: {exc.message}"}
 
 
-def _logs_context(driver, namespace: str, rule, found: list, params) -> dict:
-    """The Logs tab: the chosen server's (the first by default) chosen container's last lines
-    containing the filter text; following for FOLLOW_FOR seconds after the last change."""
-    by_name = {server.name: server for server in found}
-    server = by_name.get(params.get("server", "")) or (found[0] if found else None)
+def _logs_chosen(params) -> dict:
+    """What the Logs tab's form chose: the server and container named (else the first, once
+    read), the line count, the filter text; following for FOLLOW_FOR seconds after the last
+    change."""
     tail = _whole(params.get("tail", ""))
-    tail = tail if tail in servers.LOG_TAILS else servers.LOG_TAILS[0]
-    contains = params.get("q", "").strip()[:200]
     now = int(time.time())
     # "start" (the checkbox, or any change of the form while it is ticked) starts a new period;
     # the polls carry the time it ends.
@@ -431,28 +429,45 @@ def _logs_context(driver, namespace: str, rule, found: list, params) -> dict:
     until = now + FOLLOW_FOR if follow == "start" else _whole(follow)
     if isinstance(until, int):
         until = min(until, now + FOLLOW_FOR)  # never longer than a period from now
-    context = {
-        "servers": found,
-        "server": server,
-        "tail": tail,
+    return {
+        "server_name": params.get("server", ""),
+        "container": params.get("container", ""),
+        "tail": tail if tail in servers.LOG_TAILS else servers.LOG_TAILS[0],
         "tails": servers.LOG_TAILS,
-        "contains": contains,
+        "contains": params.get("q", "").strip()[:200],
         "following": isinstance(until, int) and until > now,
         "follow_until": until if isinstance(until, int) else 0,
         "follow_stopped": isinstance(until, int) and until <= now,
         "follow_minutes": FOLLOW_FOR // 60,
     }
+
+
+def _logs_read(driver, namespace: str, rule, found: list, chosen: dict) -> dict:
+    """The Logs tab's servers and the chosen server's (the first by default) chosen
+    container's last lines containing the filter text."""
+    by_name = {server.name: server for server in found}
+    server = by_name.get(chosen["server_name"]) or (found[0] if found else None)
     if server is None:
-        return context
+        return {"servers": found, "server": None}
     preferred = rule.container if rule else ""
-    container = params.get("container", "")
+    container = chosen["container"]
     if container not in server.containers:
         container = preferred if preferred in server.containers else server.containers[0]
-    context["container"] = container
-    context["lines"] = servers.log_read(
-        driver, namespace, server, container=container, tail=tail, contains=contains
+    lines = servers.log_read(
+        driver,
+        namespace,
+        server,
+        container=container,
+        tail=chosen["tail"],
+        contains=chosen["contains"],
     )
-    return context
+    return {
+        "servers": found,
+        "server": server,
+        "server_name": server.name,
+        "container": container,
+        "lines": lines,
+    }
 
 
 def _page(

@@ -1,6 +1,7 @@
 """The Servers and Events tabs read a running instance's pods, volume claims and Kubernetes
 events from its cell when shown, and refresh themselves (the sandbox cluster, a real worker)."""
 
+import re
 import time
 import uuid
 
@@ -136,3 +137,25 @@ def test_another_tenants_instance_tabs_are_a_404(db, tenant, owner_client, make_
             f"/t/{tenant.slug}/deployments/{theirs.pk}/", {"tab": tab, "server": uuid.uuid4().hex}
         )
         assert response.status_code == 404, tab
+
+
+def test_following_a_log_goes_on_after_a_poll_the_cluster_fails(running, owner_client, faults):
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+    htmx = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "instance-live"}
+    follow = {"tab": "logs", "server": f"{running.pk}-2", "tail": "500", "follow": "start"}
+    first = owner_client.get(url, follow, **htmx).content.decode()
+    until = re.search(r"follow=(\d+)", first).group(1)
+
+    faults(error_503=1.0)  # a blip: the cluster answers one poll 503
+    try:
+        poll = owner_client.get(url, {**follow, "follow": until}, **htmx).content.decode()
+    finally:
+        faults(error_503=0)
+
+    # The pane says so and still follows the same server's 500 lines, showing none it did not read.
+    assert "The cluster could not be read" in poll
+    assert 'hx-trigger="every 2s' in poll and f"Following {running.pk}-2:" in poll
+    assert f"server={running.pk}-2&amp;" in poll and "tail=500&amp;" in poll
+    assert f"follow={until}" in poll and "No log lines" not in poll
+    again = owner_client.get(url, {**follow, "follow": until}, **htmx).content.decode()
+    assert "The cluster could not be read" not in again and "streaming" in again
