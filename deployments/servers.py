@@ -146,27 +146,32 @@ def events_read(driver: KubeDriver, namespace: str) -> list[Event]:
     """The Kubernetes events of the instance's namespace, newest first (one LIST; at most
     EVENTS_SHOWN)."""
     events = []
-    for event in driver.list_objects("v1", "Event", namespace=namespace):
+    listed = driver.list_objects("v1", "Event", namespace=namespace)
+    for position, event in enumerate(listed):
         involved = event.get("involvedObject") or {}
         series = event.get("series") or {}
+        meta = event.get("metadata") or {}
         last = (
             _time(event.get("lastTimestamp"))
             or _time(series.get("lastObservedTime"))
             or _time(event.get("eventTime"))
-            or _time((event.get("metadata") or {}).get("creationTimestamp"))
+            or _time(meta.get("creationTimestamp"))
         )
-        events.append(
-            Event(
-                type=str(event.get("type") or "Normal"),
-                reason=str(event.get("reason") or ""),
-                object=f"{involved.get('kind', '')}/{involved.get('name', '')}",
-                message=str(event.get("message") or ""),
-                count=int(event.get("count") or series.get("count") or 1),
-                last_seen=last,
-            )
+        shown = Event(
+            type=str(event.get("type") or "Normal"),
+            reason=str(event.get("reason") or ""),
+            object=f"{involved.get('kind', '')}/{involved.get('name', '')}",
+            message=str(event.get("message") or ""),
+            count=int(event.get("count") or series.get("count") or 1),
+            last_seen=last,
         )
-    events.sort(key=lambda e: e.last_seen or datetime.min.replace(tzinfo=UTC), reverse=True)
-    return events[:EVENTS_SHOWN]
+        # Times are to the second: of one second's events, the one the cluster wrote last (the
+        # higher resourceVersion, an etcd revision; else the later listed) is the newer.
+        version = str(meta.get("resourceVersion") or "")
+        written = (int(version) if version.isdigit() else 0, position)
+        events.append((last or datetime.min.replace(tzinfo=UTC), written, shown))
+    events.sort(key=lambda e: e[:2], reverse=True)
+    return [shown for *_, shown in events[:EVENTS_SHOWN]]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from accounts import services as accounts_services
 from accounts.audit import Actor
 from deployments import services, views
 from deployments.models import Cell, Instance, Operation
+from sandbox.core import Ctx
 from tests.deployments import factories
 from tests.deployments.conftest import wait_done
 from tests.deployments.factories import BACKUPS
@@ -159,3 +160,24 @@ def test_following_a_log_goes_on_after_a_poll_the_cluster_fails(running, owner_c
     assert f"follow={until}" in poll and "No log lines" not in poll
     again = owner_client.get(url, {**follow, "follow": until}, **htmx).content.decode()
     assert "The cluster could not be read" not in again and "streaming" in again
+
+
+def test_events_of_one_second_are_listed_newest_first_too(running, sandbox_cluster, owner_client):
+    # The cluster stamps events to the second: a switchover's three, written in this order.
+    core, namespace = sandbox_cluster.core, running.namespace
+    second = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+    for n, reason in enumerate(["SwitchoverStarted", "Promoted", "SwitchoverDone"]):
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{running.pk}.switchover-{n}", "namespace": namespace},
+            "involvedObject": {"kind": "Cluster", "name": running.pk, "namespace": namespace},
+            "reason": reason, "message": reason, "type": "Normal", "count": 1,
+            "firstTimestamp": second, "lastTimestamp": second,
+        }  # fmt: skip
+        core.create(core.builtin("events"), namespace, event, Ctx())
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+
+    page = owner_client.get(url, {"tab": "events"}).content.decode()
+
+    shown = re.findall(r'<span class="stack-label">Reason </span>([^<]*)</td>', page)
+    assert shown[:3] == ["SwitchoverDone", "Promoted", "SwitchoverStarted"]
