@@ -446,9 +446,12 @@ def _logs_read(driver, namespace: str, rule, found: list, chosen: dict) -> dict:
     """The Logs tab's servers and the chosen server's (the first by default) chosen
     container's last lines containing the filter text."""
     by_name = {server.name: server for server in found}
-    server = by_name.get(chosen["server_name"]) or (found[0] if found else None)
+    named = chosen["server_name"]
+    # A chosen server that no longer runs (removed, or being recreated) is said to be gone,
+    # never replaced by another's log under its name.
+    server = by_name.get(named) if named else (found[0] if found else None)
     if server is None:
-        return {"servers": found, "server": None}
+        return {"servers": found, "server": None, "server_gone": bool(named)}
     preferred = rule.container if rule else ""
     container = chosen["container"]
     if container not in server.containers:

@@ -181,3 +181,21 @@ def test_events_of_one_second_are_listed_newest_first_too(running, sandbox_clust
 
     shown = re.findall(r'<span class="stack-label">Reason </span>([^<]*)</td>', page)
     assert shown[:3] == ["SwitchoverDone", "Promoted", "SwitchoverStarted"]
+
+
+def test_a_chosen_server_that_is_gone_is_said_not_replaced_by_another(running, owner_client):
+    # Followed, the replica goes (scaled down, say): the poll names a server no longer running.
+    gone, primary = f"{running.pk}-9", f"{running.pk}-1"
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+    htmx = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "instance-live"}
+
+    poll = owner_client.get(url, {"tab": "logs", "server": gone, "follow": "start"}, **htmx)
+    page = owner_client.get(url, {"tab": "logs", "server": gone}).content.decode()
+
+    poll = poll.content.decode()
+    assert f"{gone} no longer runs: its lines appear here if it starts again." in poll
+    assert 'hx-trigger="every 2s' in poll and f"server={gone}&amp;" in poll
+    assert "ready to accept connections" not in poll and f"Following {primary}" not in poll
+    assert f'<option value="{gone}" selected>{gone} (gone)</option>' in page
+    assert f"{gone} no longer runs: choose another server." in page
+    assert "ready to accept connections" not in page
