@@ -26,6 +26,7 @@ from django.db.models import (
     QuerySet,
     Value,
     When,
+    Window,
 )
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Lower
@@ -239,15 +240,24 @@ def instance_counts_by_state(tenant: Tenant) -> list[tuple[str, str, int]]:
 DEGRADED_SHOWN = 10
 
 
-def instances_degraded(tenant: Tenant) -> list[Instance]:
+@dataclass(frozen=True)
+class DegradedDigest:
+    instances: list[Instance]  # the longest degraded few
+    total: int
+
+
+def instances_degraded(tenant: Tenant) -> DegradedDigest:
     """The tenant's running instances that do not serve as they should, the longest degraded
-    first (at most DEGRADED_SHOWN; only what the dashboard shows of them)."""
-    return list(
+    first (at most DEGRADED_SHOWN; only what the dashboard shows of them), and how many are
+    (counted in the same query)."""
+    rows = list(
         Instance.objects.for_tenant(tenant)
         .filter(state=Instance.State.RUNNING, health=Instance.Health.DEGRADED)
         .only("id", "name", "health_reason", "unhealthy_since", "tenant_id")
+        .annotate(degraded_total=Window(Count("id")))
         .order_by("unhealthy_since", "id")[:DEGRADED_SHOWN]
     )
+    return DegradedDigest(instances=rows, total=rows[0].degraded_total if rows else 0)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ def _dashboard_shown(context: dict, *, role: str) -> str:
     """A digest of what the dashboard shows that operations and team changes change (the
     member's role, figures, states, the rows of each table), for its poll."""
     tables = [context.get("operations_running"), context.get("operations_failed")]
+    degraded = context.get("instances_degraded")
     return shown_digest(
         [
             role,
@@ -75,7 +76,8 @@ def _dashboard_shown(context: dict, *, role: str) -> str:
             [invitation.pk for invitation, _ in context["invited"]],
             [event.pk for event in context["recent_events"]],
             context.get("instance_states"),
-            [(i.pk, i.health_reason) for i in context.get("instances_degraded", [])],
+            [(i.pk, i.health_reason) for i in degraded.instances] if degraded else None,
+            degraded.total if degraded else None,
             [(t.total, [op.pk for op in t.operations]) for t in tables if t is not None],
         ]
     )

@@ -184,6 +184,31 @@ def test_degraded_instances_come_first_with_why_and_only_running_ones(
     assert "db-1" not in degraded and "theirs" not in degraded
 
 
+def test_more_degraded_instances_than_listed_are_counted(owner_client, tenant, version, cell):
+    from django.utils import timezone
+
+    from deployments.models import Instance
+
+    url = f"/t/{tenant.slug}/"
+
+    def degrade(count: int, name: str) -> None:
+        instances = factories.make_instances(tenant, version, cell, count, name=name)
+        Instance.objects.filter(pk__in=[i.pk for i in instances]).update(
+            health="degraded", health_reason="Failing over",
+            unhealthy_since=timezone.now() - timedelta(minutes=5),
+        )  # fmt: skip
+
+    degrade(2, "few")
+    few = _dashboard_queries(owner_client, url)
+    assert "degraded longest of" not in owner_client.get(url).content.decode()
+    degrade(10, "many")
+
+    assert _dashboard_queries(owner_client, url) == few
+    degraded = section(owner_client.get(url).content.decode(), "degraded-now")
+    assert degraded.count("badge-state-degraded") == 10
+    assert "(12)" in degraded and "The 10 degraded longest of 12." in degraded
+
+
 def test_no_degraded_section_while_every_instance_serves(owner_client, tenant, version, cell):
     factories.make_instances(tenant, version, cell, 2, name="db")
 
