@@ -396,10 +396,14 @@ def _tab_context(
 
 def _live_context(instance: Instance, tab: str, params) -> dict:
     """The Servers, Logs and Events tabs: read from the instance's cell now (a cell that
-    cannot be read is said, not raised; the Logs tab keeps its choices, so a follow goes on)."""
+    cannot be read is said, not raised; the Logs tab keeps its choices, so a follow goes on);
+    nothing for a deleted instance."""
     rule = servers.servers_rule(selectors.plan_spec(instance.plan_version).extensions)
     namespace = instance.namespace
     chosen = _logs_chosen(params) if tab == "logs" else {}
+    if instance.state == Instance.State.DELETED:
+        # Its objects went with its namespace: nothing to read, nor to follow.
+        return {**chosen, "following": False, "server_gone": bool(chosen.get("server_name"))}
     try:
         driver = driver_for(instance.cell)  # a cell whose configuration cannot be used raises
         if tab == "events":

@@ -127,6 +127,29 @@ def test_a_cell_that_cannot_be_read_is_said_not_raised(db, tenant, owner_client,
         assert "The cluster could not be read" in response.content.decode(), tab
 
 
+def test_a_deleted_instances_live_tabs_neither_read_its_cell_nor_poll(db, tenant, owner_client):
+    # Its cell out of reach: any read would say "The cluster could not be read".
+    cell = Cell.objects.create(
+        name="gone", region="nowhere", kubeconfig=yaml.safe_dump(GONE), **BACKUPS
+    )
+    version = factories.postgres_version()
+    [instance] = factories.make_instances(tenant, version, cell, 1, name="orders", state="deleted")
+    url = f"/t/{tenant.slug}/deployments/{instance.pk}/"
+    htmx = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "instance-live"}
+
+    pages = {tab: owner_client.get(url, {"tab": tab}).content.decode() for tab in views.LIVE_TABS}
+    follow = {"tab": "logs", "server": f"{instance.pk}-1", "follow": str(int(time.time()) + 60)}
+    poll = owner_client.get(url, follow, **htmx).content.decode()
+
+    for tab, page in [*pages.items(), ("logs poll", poll)]:
+        assert "The cluster could not be read" not in page, tab
+        assert "every 5s" not in page and "every 2s" not in page, tab
+    assert "No servers run now: the instance is deleted." in pages["servers"]
+    assert "No events: they went with the instance's objects." in pages["events"]
+    assert "there is no log to read: the instance is deleted." in pages["logs"]
+    assert f"{instance.pk}-1 no longer runs." in poll
+
+
 def test_another_tenants_instance_tabs_are_a_404(db, tenant, owner_client, make_user):
     stranger = make_user("stranger@example.com")
     other = accounts_services.tenant_create(actor=Actor(user=stranger), name="Globex")
