@@ -30,8 +30,9 @@ from deployments.workflow.driver import DriverError, PermanentError, TransientEr
 FIELD_MANAGER = "opsdeck"
 # (connect, read) seconds for every call.
 TIMEOUT = (5, 30)
-# The most of a pod's log one read brings back.
+# The most of a pod's log one read brings back, in at most so many requests (`pod_log`).
 LOG_BYTES = 512 * 1024
+LOG_READS = 3
 _TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 _STRICT = [("fieldValidation", "Strict")]
 _PATCH_TYPES = {
@@ -358,13 +359,45 @@ class KubeDriver:
         since_seconds: int | None = None,
         limit_bytes: int = LOG_BYTES,
     ) -> str:
-        """A pod's recent log lines, each prefixed with its RFC 3339 time (`timestamps`), the
-        newest whole lines within `limit_bytes` (the pod log API; one request, never a
-        held-open stream)."""
+        """A pod's recent log lines, each prefixed with its RFC 3339 time (`timestamps`): the
+        newest whole lines within `limit_bytes` (the pod log API; never a held-open stream).
+
+        The API's limitBytes keeps the first bytes of the lines asked for, dropping the newest:
+        lines that do not fit are asked for again, as many as fitted (fewer each time, at most
+        `LOG_READS` requests, each within `limit_bytes`)."""
+
+        def cut(data: bytes, lines: int | None) -> bool:
+            """Whether the answer lacks some of the lines asked for (all, without a count)."""
+            if lines is None:
+                return len(data) >= limit_bytes
+            return data.count(b"\n") < lines and len(data) >= limit_bytes
+
+        lines = tail_lines
+        data = self._pod_log_read(namespace, pod, container, lines, since_seconds, limit_bytes)
+        for _ in range(LOG_READS - 1):
+            if not cut(data, lines):
+                break
+            fitted = data.count(b"\n")
+            lines = fitted if lines is None else min(fitted, lines - 1)
+            if lines < 1:
+                break
+            data = self._pod_log_read(namespace, pod, container, lines, since_seconds, limit_bytes)
+        if cut(data, lines) and b"\n" in data:  # still cut: not its last line, partial
+            data = data[: data.rindex(b"\n") + 1]
+        return data.decode("utf-8", errors="replace")
+
+    def _pod_log_read(
+        self,
+        namespace: str,
+        pod: str,
+        container: str | None,
+        tail_lines: int | None,
+        since_seconds: int | None,
+        limit_bytes: int,
+    ) -> bytes:
         try:
             # Unparsed: the client would otherwise return the repr of the bytes it read
-            # (kubernetes-client/python#2596). No limitBytes: the API keeps the first bytes it
-            # reads, dropping the newest lines; the newest are kept here as the answer streams.
+            # (kubernetes-client/python#2596).
             response = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
                 pod,
                 namespace,
@@ -372,23 +405,13 @@ class KubeDriver:
                 tail_lines=tail_lines,
                 since_seconds=since_seconds,
                 timestamps=True,
+                limit_bytes=limit_bytes,
                 _request_timeout=TIMEOUT,
                 _preload_content=False,
             )
-            kept, cut = bytearray(), False
-            try:
-                for chunk in response.stream(64 * 1024):
-                    kept += chunk
-                    if len(kept) > limit_bytes:
-                        del kept[: len(kept) - limit_bytes]
-                        cut = True
-            finally:
-                response.release_conn()
+            return response.data
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify(exc) from exc
-        if cut:  # the oldest line kept lost its beginning
-            del kept[: kept.find(b"\n") + 1]
-        return kept.decode("utf-8", errors="replace")
 
     def resolve(self, resource: str) -> tuple[str, str]:
         name, _, qualifier = resource.strip().partition(".")

@@ -399,3 +399,45 @@ def test_the_discovery_cache_is_never_read_half_written(sandbox_kubeconfig, tmp_
 
     assert broken == []
     assert [p.name for p in tmp_path.iterdir()] == ["cell.json"]
+
+
+class _PodLogs:
+    """A pod's log as the API serves it (`read_namespaced_pod_log`): its last `tail_lines`,
+    then at most `limit_bytes` of them from the first, counting the bytes it sent."""
+
+    def __init__(self, lines: list[bytes]):
+        self.lines, self.sent, self.reads = lines, 0, 0
+
+    def read(self, pod, namespace, *, tail_lines=None, limit_bytes=None, **_):
+        self.reads += 1
+        data = b"".join(self.lines[-tail_lines:] if tail_lines else self.lines)[:limit_bytes]
+        self.sent += len(data)
+        return type("Answer", (), {"data": data})()
+
+
+def _log_line(n: int, size: int) -> bytes:
+    head = f"2026-12-06T03:00:00.{n:06d}Z line {n} "
+    return (head + "x" * (size - len(head) - 1) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    ("lines", "size", "limit", "kept"),
+    [
+        (2000, 64 * 1024, 512 * 1024, range(1992, 2000)),  # long lines: the newest that fit
+        (8, 1024, 4096, range(4, 8)),  # the window starts at a line: each whole line kept
+        (3, 100, 4096, range(3)),  # all fit: one read
+    ],
+)
+def test_a_pods_log_is_its_newest_whole_lines_in_bounded_reads(
+    monkeypatch, lines, size, limit, kept
+):
+    """The API's limitBytes keeps the first bytes of the lines asked for: "Last 2000" of
+    long lines showed the oldest and never the newest; read whole instead, 125 MiB came
+    through the portal for 512 KiB shown, at every poll."""
+    logs = _PodLogs([_log_line(n, size) for n in range(lines)])
+    monkeypatch.setattr(client.CoreV1Api, "read_namespaced_pod_log", logs.read)
+
+    text = KubeDriver(client.ApiClient()).pod_log("ns", "db-1", tail_lines=lines, limit_bytes=limit)
+
+    assert [int(line.split()[2]) for line in text.splitlines()] == list(kept)
+    assert logs.reads <= 3 and logs.sent <= 3 * limit
