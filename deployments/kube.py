@@ -30,6 +30,8 @@ from deployments.workflow.driver import DriverError, PermanentError, TransientEr
 FIELD_MANAGER = "opsdeck"
 # (connect, read) seconds for every call.
 TIMEOUT = (5, 30)
+# Seconds past a watch's own timeout that its silence ends it (`watch_objects`).
+WATCH_GRACE = 10
 # The most of a pod's log one read brings back, in at most so many requests (`pod_log`).
 LOG_BYTES = 512 * 1024
 LOG_READS = 3
@@ -461,8 +463,9 @@ class KubeDriver:
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """The changes to objects of `kind` in all namespaces after `resource_version`, as
         (event type, object) — BOOKMARK events too, whose object carries only the version —
-        until the server ends the watch after `timeout` seconds. `WatchExpired` when the
-        version is too old (list again); a DriverError for any other failure."""
+        until the server ends the watch after `timeout` seconds (or nothing came for
+        `WATCH_GRACE` seconds past it: a TransientError). `WatchExpired` when the version is
+        too old (list again); a DriverError for any other failure."""
         resource = self._resource({"apiVersion": api_version, "kind": kind})
         try:
             # The stream the dynamic client's `watch` reads, without the object model it would
@@ -473,6 +476,9 @@ class KubeDriver:
                 serialize=False,
                 timeout_seconds=timeout,
                 allow_watch_bookmarks=True,
+                # Silence past the server's own end (a connection dropped without a word, after
+                # a failover) ends the watch too: else it waits on it for ever.
+                _request_timeout=(TIMEOUT[0], timeout + WATCH_GRACE),
             ):
                 yield event["type"], _unmanaged(event["raw_object"])
         except (DynamicApiError, ApiException) as exc:

@@ -131,6 +131,46 @@ def test_a_watch_from_a_compacted_version_expires_and_a_new_list_resumes_it(
     assert ("ADDED", "after") in {(kind, o["metadata"]["name"]) for kind, o in events}
 
 
+def test_a_watch_on_a_connection_gone_silent_ends_soon_after_its_timeout(driver, monkeypatch):
+    """A connection dropped without a word (an API server or load balancer failover) held the
+    watch, and with it the cell watcher's thread for that kind, for good: its events stopped
+    while its lease went on being renewed."""
+    import threading
+
+    from deployments import kube
+    from sandbox import server as sandbox_server
+
+    release = threading.Event()
+
+    def silent_watch(self, rt, ns, query):
+        self.send_response(200)  # the answer's head, then nothing more
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.sent = True
+        release.wait(60)
+        self.close_connection = True
+        return 200
+
+    _, version = driver.list_for_watch("v1", "ConfigMap")
+    monkeypatch.setattr(sandbox_server.Handler, "_watch", silent_watch)
+    monkeypatch.setattr(kube, "WATCH_GRACE", 1)
+    ended = []
+
+    def watch():
+        try:
+            list(driver.watch_objects("v1", "ConfigMap", resource_version=version, timeout=1))
+        except TransientError as exc:
+            ended.append(exc)
+
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    reader.join(10)
+    release.set()
+
+    assert not reader.is_alive() and ended
+
+
 def test_listed_objects_of_a_built_in_kind_are_named_by_their_kind(driver, namespace):
     # The API server leaves a built-in kind out of its list items; what reads them (the cell
     # watcher's listing) keys an object by its kind and name.
