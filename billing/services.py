@@ -561,9 +561,12 @@ def subscriptions_suspend_overdue(*, now: datetime | None = None) -> int:
 
 
 def subscription_recipients(tenant: Tenant) -> list[str]:
-    """Who hears about a tenant's billing: its owners and billing members."""
+    """Who hears about a tenant's billing: its owners and billing members (not an account
+    staff closed: it signs in no more)."""
     return sorted(
-        Membership.objects.filter(tenant=tenant, role__in=[Role.OWNER, Role.BILLING])
+        Membership.objects.filter(
+            tenant=tenant, role__in=[Role.OWNER, Role.BILLING], user__is_active=True
+        )
         .exclude(user__email="")
         .values_list("user__email", flat=True)
     )

@@ -24,9 +24,10 @@ TOLD_ROLES = (Role.OWNER, Role.ADMIN)
 
 
 def organization_told(tenant: Tenant) -> list[str]:
-    """The addresses of the organization's owners and admins."""
+    """The addresses of the organization's owners and admins (not of an account staff
+    closed: it signs in no more)."""
     return sorted(
-        Membership.objects.filter(tenant=tenant, role__in=TOLD_ROLES)
+        Membership.objects.filter(tenant=tenant, role__in=TOLD_ROLES, user__is_active=True)
         .exclude(user__email="")
         .values_list("user__email", flat=True)
     )
@@ -46,9 +47,14 @@ def operation_ended(operation: Operation) -> None:
     if succeeded and operation.verb not in lifecycle.MAKES_INSTANCE:
         return
     staff = not succeeded and user is not None and fleet.fleet_queued(operation)
-    # A member removed since is told nothing more of the organization's instances.
+    # A member removed since, or whose account staff closed, is told nothing more of the
+    # organization's instances.
     member = user is not None and (
-        staff or Membership.objects.filter(tenant_id=instance.tenant_id, user=user).exists()
+        staff
+        or (
+            user.is_active
+            and Membership.objects.filter(tenant_id=instance.tenant_id, user=user).exists()
+        )
     )
     requester = [user.email] if member and user.email else []
     if succeeded:
@@ -63,7 +69,7 @@ def operation_ended(operation: Operation) -> None:
         if staff:
             asked = "that the platform team started"
         elif left:
-            asked = "that a member who has since left asked for"
+            asked = "that a member who has since left, or whose account was closed, asked for"
         else:
             asked = "that Opsdeck started on its own"
         _send(operation, told, subject, asked=asked)

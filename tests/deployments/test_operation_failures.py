@@ -218,4 +218,38 @@ def test_a_removed_member_is_told_nothing_more_and_their_failed_operation_goes_t
     )
 
     assert [m.to for m in mail.outbox] == [[owner.email]]
-    assert "that a member who has since left asked for" in mail.outbox[0].body
+    assert "that a member who has since left, or whose account was closed, asked for" in (
+        mail.outbox[0].body
+    )
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_an_account_staff_closed_is_told_nothing_more_of_its_organizations(
+    tenant, owner, add_member
+):
+    """Closed (it signs in no more), an admin's account was still among those told of the
+    organization's instances and billing, and alone told of a failure it had asked for."""
+    from django.core import mail
+
+    from billing.services import subscription_recipients
+    from deployments import emails
+    from tests.deployments import factories
+
+    admin = add_member("admin@example.com", "admin")
+    billing = add_member("billing@example.com", "billing")
+    for closed in (admin, billing):
+        closed.is_active = False
+        closed.save(update_fields=["is_active"])
+    [instance] = factories.make_instances(
+        tenant, factories.postgres_version(), factories.cell(), 1, name="orders"
+    )
+    failed = factories.make_operation(instance, verb="modify", state="failed", error="disk full")
+    Operation.objects.filter(pk=failed.pk).update(requested_by=admin)
+    mail.outbox.clear()
+
+    emails.operation_ended(
+        Operation.objects.select_related("instance__tenant", "requested_by").get(pk=failed.pk)
+    )
+
+    assert emails.organization_told(tenant) == subscription_recipients(tenant) == [owner.email]
+    assert [m.to for m in mail.outbox] == [[owner.email]]
