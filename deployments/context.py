@@ -11,7 +11,7 @@ from typing import Any
 
 from deployments.schedules import DEFAULT_RETENTION_DAYS
 from deployments.spec.model import Workflow
-from deployments.workflow.driver import Driver
+from deployments.workflow.driver import Driver, TransientError
 from deployments.workflow.render import Context, RenderError, render_value
 
 # The Secret, in every instance namespace, holding the cell's object-store credentials.
@@ -218,5 +218,13 @@ def _ingress(
 
 
 def namespace_delete(driver: Driver, namespace: str) -> None:
-    """Delete the instance's namespace (after its delete workflow succeeded)."""
-    driver.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    """Delete the instance's namespace (after its delete workflow succeeded). A namespace being
+    deleted already (a first delete whose answer was lost, a move done again) answers another
+    with 409 Conflict while the cluster removes what it holds: it is going all the same."""
+    obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    try:
+        driver.delete(obj)
+    except TransientError:
+        current = driver.get(obj)
+        if current is not None and not (current.get("metadata") or {}).get("deletionTimestamp"):
+            raise

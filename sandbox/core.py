@@ -598,11 +598,20 @@ class Core:
             meta = obj["metadata"]
             finalizers = list(meta.get("finalizers") or [])
             if rt.plural == "namespaces":
-                if not meta.get("deletionTimestamp"):
-                    meta["deletionTimestamp"] = now_iso()
-                    meta["deletionGracePeriodSeconds"] = 0
-                    obj.setdefault("status", {})["phase"] = "Terminating"
-                    self._commit(rt, obj, old)
+                if meta.get("deletionTimestamp"):
+                    # As the namespace registry answers while its content is being removed.
+                    raise E.conflict(
+                        rt.plural,
+                        rt.group,
+                        name,
+                        "The system is ensuring all content is removed from this namespace.  "
+                        "Upon completion, this namespace will automatically be purged by the "
+                        "system.",
+                    )
+                meta["deletionTimestamp"] = now_iso()
+                meta["deletionGracePeriodSeconds"] = 0
+                obj.setdefault("status", {})["phase"] = "Terminating"
+                self._commit(rt, obj, old)
                 return 200, self._out(rt, obj)
             if meta.get("deletionTimestamp"):
                 return 200, self._out(rt, old)

@@ -481,3 +481,23 @@ def test_a_pods_log_is_its_newest_whole_lines_in_bounded_reads(
 
     assert [int(line.split()[2]) for line in text.splitlines()] == list(kept)
     assert logs.reads <= 3 and logs.sent <= 3 * limit
+
+
+def test_a_namespace_deleted_again_while_it_empties_is_taken_as_going(driver, namespace):
+    """A cluster answers a second delete of a namespace still removing its content with 409
+    Conflict: an instance's delete whose first answer was lost (or whose move was done again)
+    retried it as a cluster error until the namespace was gone, for ever if a finalizer held."""
+    from deployments.context import namespace_delete
+
+    meta = {"name": "held", "namespace": namespace, "finalizers": ["x.io/hold"]}
+    held = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+    driver.apply(held)
+    namespace_delete(driver, namespace)
+
+    namespace_delete(driver, namespace)  # the same, again: no error
+
+    ns = driver.get({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    assert ns["metadata"]["deletionTimestamp"]
+    driver.patch(
+        {**held, "metadata": {**meta, "finalizers": None}}, strategy="merge", subresource=None
+    )

@@ -935,6 +935,11 @@ def test_namespace_termination(core_v1, custom, sandbox):
         == 'configmaps "late" is forbidden: unable to create new content in namespace doomed '
         "because it is being terminated"
     )
+    # Deleted again while its content goes: 409, as the namespace registry answers.
+    with pytest.raises(client.ApiException) as again:
+        core_v1.delete_namespace("doomed")
+    assert again.value.status == 409 and err(again.value)["reason"] == "Conflict"
+    assert "ensuring all content is removed from this namespace" in err(again.value)["message"]
     assert core_v1.list_namespaced_config_map("doomed").items == []
     custom.patch_namespaced_custom_object(
         G, V, "doomed", "clusters", "held", {"metadata": {"finalizers": None}}
