@@ -102,10 +102,21 @@ def classify(exc: Exception) -> DriverError:
             exc.status == 409 and reason != "AlreadyExists"
         )
         kind = TransientError if transient else PermanentError
-        return kind(readable(exc), status=exc.status, reason=reason)
+        return kind(readable(exc), status=exc.status, reason=reason, retry_after=_retry_after(exc))
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return TransientError(readable(exc))
     return PermanentError(readable(exc))
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    """The seconds an answer's Retry-After asks to wait (API Priority and Fairness sends it
+    with a 429); None without one, or with a date, which API servers do not send."""
+    value = exc.headers.get("Retry-After") if exc.headers else None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if 0 <= seconds <= 3600 else None
 
 
 def _as_shown(answer: Any) -> Any:

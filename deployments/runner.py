@@ -594,7 +594,9 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # stays visible while the step is retried.
         op.transient_failures += 1
         op.transient_streak += 1
-        delay = min(30.0, 0.25 * 2 ** min(op.transient_streak - 1, 7))
+        # Not sooner than the cluster asked (Retry-After, with a 429).
+        backoff = 0.25 * 2 ** min(op.transient_streak - 1, 7)
+        delay = min(30.0, max(backoff, exc.retry_after or 0.0))
         op.next_step_at = now + timedelta(seconds=delay)
         op.error = f"{RETRYING}{exc.message}"[:2000]
         # A write was sent and its answer lost: the cluster may hold it.

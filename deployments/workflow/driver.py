@@ -13,14 +13,23 @@ from typing import Any, Protocol
 class DriverError(Exception):
     """A cluster call that failed; `message` is one readable line.
 
-    `status` and `reason` are the API's HTTP status and Status reason when it answered.
+    `status` and `reason` are the API's HTTP status and Status reason when it answered;
+    `retry_after` the seconds it asked to be left alone for (Retry-After, with a 429 or 503).
     """
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str = ""):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        reason: str = "",
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class TransientError(DriverError):

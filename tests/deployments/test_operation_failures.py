@@ -253,3 +253,20 @@ def test_an_account_staff_closed_is_told_nothing_more_of_its_organizations(
 
     assert emails.organization_told(tenant) == subscription_recipients(tenant) == [owner.email]
     assert [m.to for m in mail.outbox] == [[owner.email]]
+
+
+def test_a_step_the_cluster_throttled_waits_as_long_as_the_cluster_asked(created, faults):
+    """A 429 carries Retry-After (API Priority and Fairness sends it): the step came back
+    after its own backoff, a quarter of a second, sooner than the cluster asked."""
+    from django.utils import timezone
+
+    from deployments import runner
+
+    faults(error_429=1.0)  # each answer: 429, "Retry-After: 1"
+    before = timezone.now()
+
+    runner.operation_step(str(created.pk))
+
+    op = Operation.objects.get(pk=created.pk)
+    assert op.transient_failures == 1 and op.error.startswith(runner.RETRYING)
+    assert (op.next_step_at - before).total_seconds() >= 1.0
