@@ -93,7 +93,11 @@ class AccountAddEmailForm(AddEmailForm):
 
 class AccountResetPasswordForm(ResetPasswordForm):
     def clean_email(self) -> str:
-        email = super().clean_email()
+        """The address as sign-up and sign-in take it (`AccountAdapter.clean_email`: a
+        full-width letter is that letter): allauth's form finds its account by it, then mails
+        the address as typed, and a look-alike was told it had no account."""
+        super().clean_email()
+        email = get_adapter().clean_email(self.cleaned_data["email"].lower())
         self.users = [
             user
             for user in self.users

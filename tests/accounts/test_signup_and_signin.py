@@ -496,6 +496,11 @@ def test_a_password_reset_goes_only_to_an_address_the_account_signs_in_with_or_c
     assert reset_links_to("racer@example.com") == []  # never confirmed: not the account's
     assert len(reset_links_to("second@example.com")) == 1
     assert len(reset_links_to("viewer@example.com")) == 1
+    # Typed as sign-up and sign-in take it (a full-width e is an e): it was told, at the
+    # look-alike, that it had no account.
+    client.post("/accounts/password/reset/", {"email": "viewer@\uff45xample.com"})
+    assert "/accounts/password/reset/key/" in mail.outbox[-1].body
+    assert mail.outbox[-1].to == ["viewer@example.com"]
 
 
 @pytest.mark.django_db
