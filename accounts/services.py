@@ -725,6 +725,7 @@ def invitation_create(
         if selectors.member_with_address(tenant, email):
             raise ValidationError({"email": f"{email} is already a member."})
         now = timezone.now()
+        _invitations_within_limits(tenant, email, now)
         replaced = Invitation.objects.filter(
             tenant=tenant, email__iexact=email, accepted_at=None, revoked_at=None
         )
@@ -753,6 +754,27 @@ def invitation_create(
         # again (`invitations_mail_unsent`).
         transaction.on_commit(lambda: _send_invitation_email(invitation.pk), robust=True)
     return invitation
+
+
+def _invitations_within_limits(tenant: Tenant, email: str, now: datetime) -> None:
+    """Refuse an invitation past what an organization sends in a day, in all or to one
+    address (`OPSDECK_INVITATIONS_PER_DAY`, `OPSDECK_INVITATIONS_PER_ADDRESS_PER_DAY`): each
+    one mails someone, with a name the organization chose. Under the tenant's lock."""
+    today = Invitation.objects.filter(tenant=tenant, created_at__gt=now - timedelta(days=1))
+    most = settings.OPSDECK_INVITATIONS_PER_DAY
+    if today.count() >= most:
+        raise ValidationError(
+            f"{tenant.name} has sent {most} invitations in the last 24 hours, the most it may: "
+            "send more tomorrow, or ask the platform team."
+        )
+    most = settings.OPSDECK_INVITATIONS_PER_ADDRESS_PER_DAY
+    if today.filter(email__iexact=email).count() >= most:
+        raise ValidationError(
+            {
+                "email": f"{email} was invited {most} times in the last 24 hours, the most it "
+                "may be: the last invitation stays open; send it again tomorrow."
+            }
+        )
 
 
 # An attempt to send an invitation's email that has not ended this long after it was claimed

@@ -336,6 +336,10 @@ MFA_TOTP_ISSUER = "Opsdeck"
 OPSDECK_BASE_URL = env.str("OPSDECK_BASE_URL", default="http://127.0.0.1:8000")
 # Signed invitation links expire after this many seconds (7 days).
 OPSDECK_INVITATION_MAX_AGE = 7 * 24 * 3600
+# The most invitations an organization sends in a day, and to one address: the portal must not
+# be a way to mail strangers without end.
+OPSDECK_INVITATIONS_PER_DAY = env.int("OPSDECK_INVITATIONS_PER_DAY", default=100)
+OPSDECK_INVITATIONS_PER_ADDRESS_PER_DAY = 5
 
 # --- Stripe ----------------------------------------------------------------------
 

@@ -2,6 +2,7 @@ import importlib
 import re
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -801,3 +802,29 @@ def test_a_member_removed_or_leaving_cannot_come_back_through_an_invitation_to_a
 
     assert not Membership.objects.filter(tenant=tenant, user=bob).exists()
     assert Invitation.objects.get(pk=home.pk).status == "revoked"
+
+
+def test_an_organization_sends_so_many_invitations_a_day_in_all_and_to_one_address(
+    owner_client, tenant, settings
+):
+    """Each invitation mails someone, with a name the organization chose: an owner could make
+    the portal mail any number of strangers, or one address fifty times."""
+    settings.OPSDECK_INVITATIONS_PER_DAY = 8
+    url = f"/t/{tenant.slug}/team/invite/"
+
+    def invite(email):
+        return owner_client.post(
+            url, {"email": email, "role": "viewer", "request_id": uuid.uuid4().hex}, follow=True
+        ).content.decode()
+
+    for _ in range(5):
+        invite("again@example.com")
+    again = invite("again@example.com")
+    for n in range(3):
+        invite(f"stranger{n}@example.com")
+    beyond = invite("one-more@example.com")
+
+    assert "again@example.com was invited 5 times in the last 24 hours" in again
+    assert "has sent 8 invitations in the last 24 hours, the most it may" in beyond
+    assert Invitation.objects.filter(tenant=tenant).count() == 8
+    assert not Invitation.objects.filter(email="one-more@example.com").exists()
