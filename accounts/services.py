@@ -146,8 +146,22 @@ def email_address_clean(email: str) -> str:
     address = f"{local}@{domain}".lower()
     if not address.isprintable():
         raise ValidationError("Use letters, digits and punctuation only.")
+    # Who owns an address is asked of PostgreSQL in capitals (`iexact`), a letter at a time: a
+    # letter whose capital is a plain one (a dotless i, U+0131, is an I) would pass for another
+    # address, and its owner could keep the real one's from ever being confirmed.
+    twin = next((c for c in address if not c.isascii() and _capital_ascii(c)), None)
+    if twin is not None:
+        raise ValidationError(
+            f"“{twin}” reads as “{twin.upper()}” in capitals, as in another address: an "
+            "address holding it cannot be used here."
+        )
     validate_email(address)
     return address
+
+
+def _capital_ascii(letter: str) -> bool:
+    capital = letter.upper()
+    return len(capital) == 1 and capital.isascii()
 
 
 def tenant_create(*, actor: Actor, name: str, request_id: str = "") -> Tenant:

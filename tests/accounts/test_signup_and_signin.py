@@ -782,3 +782,21 @@ def test_two_accounts_confirming_one_address_at_once_leave_one_owner_and_a_clear
         for status, page in results
     )  # fmt: skip
     assert said == ["confirmed", "refused"]
+
+
+@pytest.mark.django_db
+def test_an_address_a_letter_of_which_reads_as_another_in_capitals_is_refused(client):
+    """PostgreSQL compares addresses in capitals, where a dotless i (U+0131) is an I: whoever
+    held victim@f\u0131ntech.com (a domain of its own) kept the owner of victim@fintech.com from
+    ever confirming it ("it belongs to another account")."""
+    look_alike = "victim@f\u0131ntech.com"
+
+    refused = _signup(client, look_alike)
+
+    assert refused.status_code == 200 and not EmailAddress.objects.exists()
+    assert "reads as “I” in capitals" in refused.content.decode()
+    _signup(Client(), "victim@fintech.com")
+    real = EmailAddress.objects.get(email="victim@fintech.com")
+    Client().post(reverse("account_confirm_email", args=[EmailConfirmationHMAC(real).key]))
+    real.refresh_from_db()
+    assert real.verified
