@@ -604,15 +604,8 @@ def test_a_point_in_time_after_the_disk_grew_is_restored_onto_the_disk_it_had_th
     after that recovers the data as it was then (the newest backup before it and the changes
     since), yet was given the backup's 10 GiB, the size a restore of the backup itself is
     refused below."""
-    create = _create(owner, tenant, plan, storageGi="10")
-    _run(create)
-    snapshot_of = _run(_act(owner, create.instance, "backup"))
-    grown = services.instance_action(
-        actor=Actor(user=owner), instance=Instance.objects.get(pk=create.instance_id),
-        verb="modify", request_id=uuid.uuid4().hex, parameters={"storageGi": "20"},
-    )  # fmt: skip
-    assert _run(grown).state == Operation.State.SUCCEEDED, grown.error
-    snapshot = Snapshot.objects.get(operation=snapshot_of)
+    _, snapshot, grown = _backed_up_then_grown(owner, tenant, plan)
+    assert grown.state == Operation.State.SUCCEEDED, grown.error
     assert snapshot.parameters["storageGi"] == 10
 
     before = services.snapshot_restore(
@@ -627,9 +620,9 @@ def test_a_point_in_time_after_the_disk_grew_is_restored_onto_the_disk_it_had_th
     assert Instance.objects.get(pk=after.instance_id).parameters["storageGi"] == 20
 
 
-def _backed_up_then_grown(owner, tenant, plan) -> tuple[Operation, Snapshot]:
-    """An instance's create, and its backup taken at 10 GiB before the disk grew to 20 GiB, a
-    second ago (a restore form's point in time is to the second)."""
+def _backed_up_then_grown(owner, tenant, plan) -> tuple[Operation, Snapshot, Operation]:
+    """An instance's create, its backup taken at 10 GiB, and the modify that grew the disk to
+    20 GiB after it, a second ago (a restore form's point in time is to the second)."""
     create = _create(owner, tenant, plan, storageGi="10")
     _run(create)
     backup = _run(_act(owner, create.instance, "backup"))
@@ -639,7 +632,7 @@ def _backed_up_then_grown(owner, tenant, plan) -> tuple[Operation, Snapshot]:
     )  # fmt: skip
     _run(grown)
     time.sleep(1)
-    return create, Snapshot.objects.get(operation=backup)
+    return create, Snapshot.objects.get(operation=backup), grown
 
 
 def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_grown(
@@ -650,7 +643,7 @@ def test_the_restore_form_to_a_point_in_time_after_the_disk_grew_restores_it_gro
     holding 10. A value left as the backup holds it is the instance's at that time."""
     import re
 
-    create, snapshot = _backed_up_then_grown(owner, tenant, plan)
+    create, snapshot, _ = _backed_up_then_grown(owner, tenant, plan)
     page = owner_client.get(
         f"/t/{tenant.slug}/deployments/{create.instance_id}/backups/{snapshot.pk}/restore/",
         follow=True,
@@ -672,7 +665,7 @@ def test_the_restore_estimate_to_a_point_in_time_prices_the_disk_it_had_then(
     pricing the backup's smaller disk: the restore it started made the grown one."""
     import re
 
-    create, snapshot = _backed_up_then_grown(owner, tenant, plan)
+    create, snapshot, _ = _backed_up_then_grown(owner, tenant, plan)
     restore = f"/t/{tenant.slug}/deployments/{create.instance_id}/backups/{snapshot.pk}/restore/"
     page = owner_client.get(restore, follow=True).content.decode()
     fields = dict(re.findall(r'name="([^"]+)"[^>]*value="([^"]*)"', page.split("<form", 2)[-1]))

@@ -295,6 +295,26 @@ def test_setting_the_eviction_policy_the_instance_holds_is_refused_as_a_modify_i
     assert other.status_code == 302 and verbs.count() == 1
 
 
+def eviction_change_cancelled(owner, instance, faults) -> Operation:
+    """A change of the instance's eviction policy to volatile-ttl, cancelled while it waited on
+    its servers' rollout (which never ends while it is frozen), ended."""
+    faults(frozen=["statefulsets"])
+    change = services.instance_action(
+        actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
+        parameters={"policy": "volatile-ttl"}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+    wait_for(
+        lambda: change.task_runs.filter(node__endswith="statefulset", state="Running").exists(),
+        what="the change to wait on its rollout",
+    )
+    services.operation_cancel(
+        actor=Actor(user=owner), operation=change, request_id=uuid.uuid4().hex
+    )
+    wait_done(change, timeout=30)
+    faults(frozen=[])
+    return change
+
+
 def test_a_cancelled_eviction_policy_change_says_what_the_servers_may_run_and_can_be_undone(
     worker, cell, valkey_plan, tenant, owner, kube, owner_client, faults
 ):
@@ -305,18 +325,8 @@ def test_a_cancelled_eviction_policy_change_says_what_the_servers_may_run_and_ca
     assert wait_done(create, timeout=90).state == Operation.State.SUCCEEDED, create.error
     instance = Instance.objects.get(pk=create.instance_id)
     page = f"/t/{tenant.slug}/deployments/{instance.pk}/"
-    faults(frozen=["statefulsets"])  # the rollout never ends: the change waits on it
-    change = services.instance_action(
-        actor=Actor(user=owner), instance=instance, verb="setEvictionPolicy",
-        parameters={"policy": "volatile-ttl"}, request_id="change",
-    )  # fmt: skip
-    wait_for(
-        lambda: change.task_runs.filter(node__endswith="statefulset", state="Running").exists(),
-        what="the change to wait on its rollout",
-    )
-    services.operation_cancel(actor=Actor(user=owner), operation=change, request_id="stop-it")
-    assert wait_done(change, timeout=30).state == Operation.State.CANCELLED
-    faults(frozen=[])
+    change = eviction_change_cancelled(owner, instance, faults)
+    assert change.state == Operation.State.CANCELLED
 
     # The cluster took the new policy; the instance holds the old one, and the page says so.
     conf = instance_object(kube, instance, "v1", "ConfigMap", instance.pk)["data"]["valkey.conf"]
