@@ -263,13 +263,13 @@ def entitlement_require(
     limits: entitlements.Limits | None = None,
 ) -> None:
     """Ask billing whether `tenant` may do `action` on `plan` (whose `limits` the caller may
-    have read already: `plan_limits`); ActionDenied with its reason when not. `after` and
-    `before`: the instance's parameter values after and before the change (`before` None for
-    a new instance), read on `version` (`before` on `before_version` when given: an upgrade
-    measures the values before it by the rules of the version left). With `instance_id` (a
-    change of an instance on the plan), what the change adds to the totals is how far it goes
-    beyond the most the instance counts for already (its queued changes included): a change
-    back down from a queued peak adds nothing."""
+    have read already: `entitlements.limits_for`); ActionDenied with its reason when not.
+    `after` and `before`: the instance's parameter values after and before the change
+    (`before` None for a new instance), read on `version` (`before` on `before_version` when
+    given: an upgrade measures the values before it by the rules of the version left). With
+    `instance_id` (a change of an instance on the plan), what the change adds to the totals is
+    how far it goes beyond the most the instance counts for already (its queued changes
+    included): a change back down from a queued peak adds nothing."""
     limits = limits or entitlements.limits_for(tenant, plan)
     sized = bool(limits.max_total or limits.max_per_instance) and after is not None
     usage, counted = _usage(tenant, plan, dimensions=sized and bool(limits.max_total), pending=True)
@@ -300,12 +300,6 @@ def entitlement_require(
     )
     if not decision.allowed:
         raise ActionDenied(decision.reason)
-
-
-def plan_limits(tenant: Tenant, plan: Plan) -> entitlements.Limits:
-    """`plan`'s limits for `tenant`, an override's included: `cells`, the names of the cells it
-    runs in (None: any cell offered to the tenant); read once, for `entitlement_require` too."""
-    return entitlements.limits_for(tenant, plan)
 
 
 def create_refusal(tenant: Tenant, plan: Plan) -> str | None:

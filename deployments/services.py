@@ -31,10 +31,11 @@ from accounts.errors import ActionDenied, database_trouble
 from accounts.models import AuditEvent, RequestKey, Tenant
 from accounts.services import permission_require, tenant_lock
 from accounts.text import name_plain
+from billing import entitlements
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import lifecycle, rows, schedules, selectors
-from deployments.entitlement_usage import entitlement_require, moves_require, plan_limits
+from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import (
     INSTANCE_ID,
@@ -515,7 +516,8 @@ def _instance_checked(
     given), a name, valid parameters (with `base`, the values a restore starts from, whose
     fixed ones cannot change), and the tenant's entitlements on the plan for `action` (create
     or restore), under the tenant's lock the caller took first (`permission_require`)."""
-    limits = plan_limits(tenant, version.plan)
+    # Read once, for the default cell and the entitlement check.
+    limits = entitlements.limits_for(tenant, version.plan)
     if cell is None:
         cell = selectors.cell_default_offered(tenant.pk, limits.cells)
         if cell is None and limits.cells is not None:

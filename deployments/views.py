@@ -24,13 +24,13 @@ from accounts.htmx import current_address, partial_template, shown_digest, uncha
 from accounts.models import Tenant
 from accounts.tenancy import action_require, tenant_view
 from accounts.text import name_plain
-from billing import pricing
+from billing import entitlements, pricing
 from billing import selectors as billing_selectors
 from billing.models import Plan, Price
 from billing.pricing import Cost
 from deployments import forms, lifecycle, metering, schedules, selectors, servers, services
 from deployments.cells import driver_for
-from deployments.entitlement_usage import create_refusal, create_refusals, plan_limits
+from deployments.entitlement_usage import create_refusal, create_refusals
 from deployments.models import BackupSchedule, Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
 from deployments.workflow.driver import DriverError
@@ -131,7 +131,7 @@ def _create_form_class(request, version: PlanVersion, spec: PlanSpec):
     """The create form of `version`: its regions, those offered to the tenant that its plan
     runs in (a region offered that the plan does not run in would only be refused)."""
     cells = Cell.objects.offered_to(request.tenant).order_by("name")
-    runs_in = plan_limits(request.tenant, version.plan).cells
+    runs_in = entitlements.limits_for(request.tenant, version.plan).cells
     if runs_in is not None:
         cells = cells.filter(name__in=runs_in)
     return forms.instance_create_form_class(
