@@ -692,21 +692,23 @@ def snapshots_of_instance(instance: Instance, *, deleted: bool = False) -> Query
     return found.order_by("-created_at", "-pk")
 
 
+def _listed_page(newest_first: QuerySet, row, per_page: int) -> int:
+    """The page (`per_page` a page) of a list ordered newest first, then by descending key,
+    that lists `row`: one count of the rows before it."""
+    at = row.created_at
+    newer = newest_first.filter(Q(created_at__gt=at) | Q(created_at=at, pk__gt=row.pk))
+    return newer.count() // per_page + 1
+
+
 def snapshot_listed_page(instance: Instance, snapshot: Snapshot, per_page: int) -> int:
     """The page of the Backups tab (`per_page` a page, newest first) that lists `snapshot`."""
-    at = snapshot.created_at
-    newer = snapshots_of_instance(instance).filter(
-        Q(created_at__gt=at) | Q(created_at=at, pk__gt=snapshot.pk)
-    )
-    return newer.count() // per_page + 1
+    return _listed_page(snapshots_of_instance(instance), snapshot, per_page)
 
 
 def operation_listed_page(instance: Instance, operation: Operation, per_page: int) -> int:
     """The page of the Operations tab (`per_page` a page, newest first: `operations_with_runs`)
     that lists `operation`."""
-    at = operation.created_at
-    newer = instance.operations.filter(Q(created_at__gt=at) | Q(created_at=at, pk__gt=operation.pk))
-    return newer.count() // per_page + 1
+    return _listed_page(instance.operations.all(), operation, per_page)
 
 
 def snapshots_listed(instance: Instance) -> QuerySet[Snapshot]:
