@@ -136,18 +136,24 @@ def period_cost(
         name, plan = names[instance_id]
         costs[currency].by_instance.append(InstanceCost(instance_id, name, plan, amount))
     days = [start.date() + timedelta(days=n) for n in range((end - start).days)]
-    daily: dict[str, dict[str, dict[date, Decimal]]] = defaultdict(lambda: defaultdict(dict))
+    daily: dict[str, dict[str, dict[date | None, Decimal]]] = defaultdict(lambda: defaultdict(dict))
+    late = False
     for row in per_day:
         priced = _unit_hour(book, tenant.pk, row)
         if priced is None:
             continue
         unit_price, currency = priced
         spent = daily[currency][row["dimension"]]
-        spent[row["day"]] = spent.get(row["day"], Decimal(0)) + row["quantity"] * unit_price
+        # Usage of an earlier month billed late (`invoicing.billed_late`) is a bar of its own,
+        # before the period's days: it is in the totals, on no day of the period.
+        day = row["day"] if row["day"] >= days[0] else EARLIER
+        late = late or day is EARLIER
+        spent[day] = spent.get(day, Decimal(0)) + row["quantity"] * unit_price
+    columns = [EARLIER, *days] if late else days
     for currency, cost in costs.items():
         cost.by_instance.sort(key=lambda item: (-item.amount, item.name))
         cost.by_dimension = dict(sorted(cost.by_dimension.items(), key=lambda kv: -kv[1]))
-        cost.chart = daily_chart(days, daily[currency], currency, cost.by_dimension)
+        cost.chart = daily_chart(columns, daily[currency], currency, cost.by_dimension)
     return PeriodCost(
         period=period,
         first_day=days[0],
@@ -170,16 +176,22 @@ def _unit_hour(book: PriceBook, tenant_id: int, row: dict) -> tuple[Decimal, str
     return stripe_per_hour(unit_price, currency), currency
 
 
+# The chart's column of usage billed in a period but used in an earlier month.
+EARLIER = None
+EARLIER_LABEL = "Used earlier"
+
+
 def daily_chart(
-    days: list[date],
-    spent: dict[str, dict[date, Decimal]],
+    days: list[date | None],
+    spent: dict[str, dict[date | None, Decimal]],
     currency: str,
     totals: dict[str, Decimal] | None = None,
 ) -> dict:
     """A stacked bar chart of cost per day and dimension, as `includes/chart.html` draws it:
     JSON-ready (amounts as numbers in the minor unit). A dimension's days add up to its total
     in `totals` (the invoice's, rounded per line: `_apportioned`); without one, each day is
-    rounded by itself."""
+    rounded by itself. A day of `EARLIER` is the column of usage of earlier months billed
+    late."""
     unit = minor_unit(currency)
     amounts = {}
     for dimension, by_day in sorted(spent.items()):
@@ -190,7 +202,7 @@ def daily_chart(
             if total is None
             else _apportioned(each, total, unit)
         )
-    labels = [day.strftime("%d %b") for day in days]
+    labels = [EARLIER_LABEL if day is EARLIER else day.strftime("%d %b") for day in days]
     return {
         "kind": "bar",
         "stacked": True,

@@ -451,6 +451,54 @@ def test_the_cost_so_far_rounds_late_usage_apart_as_the_invoice_does(tenant, pla
     assert usd.total == invoice.total == Decimal("0.00")
 
 
+def test_the_chart_shows_usage_billed_late_in_a_column_of_its_own(tenant, plan):
+    from billing import reports
+
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    # 10 core-hours of November's last hour, metered after it closed (0.35), and one of the
+    # 2nd of December (0.035 → 0.04 on its own line).
+    _use(tenant, plan, DECEMBER - usage.HOUR, instance="inst-dddddddd", cpu="10")
+    _use(tenant, plan, DECEMBER + timedelta(days=1), instance="inst-dddddddd", cpu="1")
+    _metered(DECEMBER, datetime(2027, 1, 1, tzinfo=UTC))
+
+    (usd,) = reports.period_cost(tenant, "2026-12").currencies
+
+    assert usd.total == Decimal("0.39")
+    assert usd.chart["labels"][:3] == ["Used earlier", "01 Dec", "02 Dec"]
+    assert len(usd.chart["labels"]) == 32
+    (cpu,) = usd.chart["series"]
+    # Each column holds what was used in it: the late hour is not spread over December's days.
+    assert cpu["values"][:3] == [0.35, 0.0, 0.04] and sum(cpu["values"][3:]) == 0
+    assert usd.chart["rows"][0] == ["Used earlier", ["0.35"]]
+
+
+def test_a_period_of_late_usage_alone_charts_it_and_no_day(tenant, plan):
+    from billing import reports
+
+    _use(tenant, plan, NOVEMBER, cpu="1")
+    _metered()
+    invoicing.period_close("2026-11", now=AFTER)
+    _use(tenant, plan, DECEMBER - usage.HOUR, instance="inst-dddddddd", cpu="10")
+    _metered(DECEMBER, datetime(2027, 1, 1, tzinfo=UTC))
+
+    (usd,) = reports.period_cost(tenant, "2026-12").currencies
+
+    (cpu,) = usd.chart["series"]
+    assert cpu["values"][0] == 0.35 and not any(cpu["values"][1:])
+
+
+def test_a_period_without_late_usage_has_no_earlier_column(tenant, plan):
+    from billing import reports
+
+    _use(tenant, plan, NOVEMBER + timedelta(days=1), cpu="1")
+
+    (usd,) = reports.period_cost(tenant, "2026-11").currencies
+
+    assert usd.chart["labels"][0] == "01 Nov" and len(usd.chart["labels"]) == 30
+
+
 JANUARY = datetime(2027, 1, 1, tzinfo=UTC)
 FEBRUARY = datetime(2027, 2, 1, tzinfo=UTC)
 
