@@ -39,8 +39,9 @@ def operation_ended(operation: Operation) -> None:
     the organization's owners and admins that one Opsdeck started on its own, or platform
     staff queued across the fleet, or a member since removed asked for, failed (nobody heard
     of a scheduled backup failing night after night, nor of their database failing a restart
-    staff asked for). Staff are sent the admin's page of the operation: they may not open the
-    organization's. A member removed is told nothing more."""
+    staff asked for), and that an instance a member since removed asked for is ready. Staff
+    are sent the admin's page of the operation: they may not open the organization's. A
+    member removed is told nothing more."""
     user = operation.requested_by
     instance = operation.instance
     succeeded = operation.state == Operation.State.SUCCEEDED
@@ -57,13 +58,17 @@ def operation_ended(operation: Operation) -> None:
         )
     )
     requester = [user.email] if member and user.email else []
+    left = user is not None and not member
     if succeeded:
-        _send(operation, requester, f"[Opsdeck] {instance.name} is ready")
+        subject = f"[Opsdeck] {instance.name} is ready"
+        _send(operation, requester, subject)
+        if left:  # the organization has an instance it is billed for: someone should know
+            asked = "asked for by a member who has since left or whose account was closed"
+            _send(operation, organization_told(instance.tenant), subject, asked=asked)
         return
     subject = f"[Opsdeck] {instance.name}: {_said(operation)} {operation.state}"
     _send(operation, requester, subject, asked="you asked for", staff=staff)
     ours = user is None and idempotency.system_made(operation.request_id)
-    left = user is not None and not member
     if operation.state == Operation.State.FAILED and (ours or staff or left):
         told = [to for to in organization_told(instance.tenant) if to not in requester]
         if staff:

@@ -265,3 +265,37 @@ def test_a_step_the_cluster_throttled_waits_as_long_as_the_cluster_asked(created
     op = Operation.objects.get(pk=created.pk)
     assert op.transient_failures == 1 and op.error.startswith(runner.RETRYING)
     assert (op.next_step_at - before).total_seconds() >= 1.0
+
+
+@pytest.mark.usefixtures("mail_at_commit")
+def test_an_instance_a_removed_member_asked_for_is_ready_and_the_owners_are_told(
+    tenant, owner, add_member
+):
+    """A member asked for a database and was removed before it was ready: the organization
+    then had an instance running, and billed, that no one in it had heard of."""
+    from django.core import mail
+
+    from accounts import services as accounts_services
+    from accounts.models import Membership
+    from deployments import emails
+    from tests.deployments import factories
+
+    dev = add_member("dev@example.com", "member")
+    [instance] = factories.make_instances(
+        tenant, factories.postgres_version(), factories.cell(), 1, name="orders"
+    )
+    created = factories.make_operation(instance, verb="create", state="succeeded")
+    Operation.objects.filter(pk=created.pk).update(requested_by=dev)
+    membership = Membership.objects.get(tenant=tenant, user=dev)
+    accounts_services.membership_remove(actor=Actor(user=owner), membership=membership)
+    mail.outbox.clear()
+
+    emails.operation_ended(
+        Operation.objects.select_related("instance__tenant", "requested_by").get(pk=created.pk)
+    )
+
+    [sent] = mail.outbox
+    assert (sent.to, sent.subject) == ([owner.email], "[Opsdeck] orders-0 is ready")
+    assert "its create, asked for by a member who has since left or whose account was " in (
+        " ".join(sent.body.split())
+    )
