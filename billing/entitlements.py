@@ -162,15 +162,34 @@ def limits_of(tenant: Tenant, plans: list[Plan], at: datetime | None = None) -> 
     """`limits_for` of each plan, by plan id, with the overrides' limits read alone in one
     statement (every entitlement check reads them, and building the query cost more than
     running it; a page listing plans reads them all at once)."""
+    overrides = _overrides([tenant.pk], [plan.pk for plan in plans], at)
+    return {plan.pk: _limits(plan, overrides.get((tenant.pk, plan.pk))) for plan in plans}
+
+
+def limits_among(
+    pairs: set[tuple[int, Plan]], at: datetime | None = None
+) -> dict[tuple[int, int], Limits]:
+    """`limits_for` of each (tenant id, plan) pair, by (tenant id, plan id), in one statement
+    however many tenants: a page listing instances of many organizations."""
+    overrides = _overrides({t for t, _ in pairs}, {plan.pk for _, plan in pairs}, at)
+    return {
+        (tenant_id, plan.pk): _limits(plan, overrides.get((tenant_id, plan.pk)))
+        for tenant_id, plan in pairs
+    }
+
+
+def _overrides(tenant_ids, plan_ids, at: datetime | None) -> dict[tuple[int, int], dict]:
+    """The limits of the override in effect at `at` (now) of each tenant and plan that has one,
+    by (tenant id, plan id), read alone: building the query cost more than running it."""
+    table = PlanOverride._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT DISTINCT ON (plan_id) plan_id, limits FROM {PlanOverride._meta.db_table}"  # noqa: S608 - our table
-            " WHERE tenant_id = %s AND plan_id = ANY(%s) AND effective_from <= %s"
-            " ORDER BY plan_id, effective_from DESC, id DESC",
-            [tenant.pk, [plan.pk for plan in plans], at or timezone.now()],
+            f"SELECT DISTINCT ON (tenant_id, plan_id) tenant_id, plan_id, limits FROM {table}"  # noqa: S608 - our table
+            " WHERE tenant_id = ANY(%s) AND plan_id = ANY(%s) AND effective_from <= %s"
+            " ORDER BY tenant_id, plan_id, effective_from DESC, id DESC",
+            [list(tenant_ids), list(plan_ids), at or timezone.now()],
         )
-        overrides = {plan_id: json.loads(limits) for plan_id, limits in cursor.fetchall()}
-    return {plan.pk: _limits(plan, overrides.get(plan.pk, {})) for plan in plans}
+        return {(t, p): json.loads(limits) for t, p, limits in cursor.fetchall()}
 
 
 def _limits(plan: Plan, override: Mapping | None) -> Limits:

@@ -216,9 +216,12 @@ class InstanceAdmin(ServiceOwnedAdmin):
             )
             .order_by("tenant__slug", "name")
         )
+        # The run refuses these, naming why: the page says so first.
+        refusals = selectors.upgrade_cell_refusals(instances) if action == "upgrade" else {}
         for instance in instances:  # the same text released again is no upgrade: it is refused
             current = instance.plan_version
             instance.moves = selectors.upgrades_to(current, instance.newest, instance.newest_digest)
+            instance.refused = refusals.get(instance.pk, "")
         selection = " ".join(
             f"{instance.pk}:{instance.newest or ''}" if action == "upgrade" else instance.pk
             for instance in instances

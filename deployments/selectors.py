@@ -1439,14 +1439,35 @@ def upgrade_cell_refusal(instance: Instance, target: PlanVersion) -> str | None:
     against (`plan_cells_check`): that cell may not serve the kinds it writes. None when they
     name it, or do not limit the cells."""
     cells = entitlements.limits_for(instance.tenant, target.plan).cells
-    if cells is None:
-        return None
     here = Cell.objects.filter(pk=instance.cell_id).values_list("name", flat=True).get()
-    if here in cells:
+    return _cell_refusal(cells, here, instance.name, target.plan.name, target.number)
+
+
+def upgrade_cell_refusals(instances: list[Instance]) -> dict[str, str]:
+    """`upgrade_cell_refusal` of each instance that has one, by instance id, to the newest
+    version of its plan (`newest`, a number, annotated; its `cell` and `plan_version.plan`
+    loaded): in one statement, however many organizations they belong to."""
+    limits = entitlements.limits_among(
+        {(instance.tenant_id, instance.plan_version.plan) for instance in instances}
+    )
+    refusals = {}
+    for instance in instances:
+        plan = instance.plan_version.plan
+        cells = limits[(instance.tenant_id, plan.pk)].cells
+        refusal = _cell_refusal(
+            cells, instance.cell.name, instance.name, plan.name, instance.newest
+        )
+        if refusal:
+            refusals[instance.pk] = refusal
+    return refusals
+
+
+def _cell_refusal(cells, here: str, name: str, plan: str, number) -> str | None:
+    if cells is None or here in cells:
         return None
     return (
-        f"Version {target.number} of the {target.plan.name} plan does not run in the {here} "
-        f"cell, where {instance.name} runs; it runs in: {', '.join(cells) or 'no cell'}."
+        f"Version {number} of the {plan} plan does not run in the {here} cell, where {name} "
+        f"runs; it runs in: {', '.join(cells) or 'no cell'}."
     )
 
 

@@ -161,9 +161,14 @@ def test_an_upgrade_to_a_version_for_other_cells_leaves_the_instances_where_it_d
     text = SPEC.read_text().replace("  entitlements:\n", "  entitlements:\n    cells: [us-1]\n")
     services.plan_load(text=text)  # checked against us-1 alone
     acme, globex = running[0], running[2]  # in eu-1, in us-1
-    _, fields = _confirm(staff_client, "upgrade", [acme, globex])
+    page, fields = _confirm(staff_client, "upgrade", [acme, globex])
 
     _send(staff_client, fields)
+
+    # The confirmation said so before it was sent, on acme's row alone.
+    rows = page.content.decode().split("<tbody>")[1].split("</tr>")
+    [flagged] = [row for row in rows if "Left as it is:" in row]
+    assert acme.name in flagged and "does not run in the eu-1 cell" in flagged
 
     assert list(Operation.objects.values_list("instance_id", flat=True)) == [globex.pk]
     [(instance, why)] = _run(fields).refused
@@ -231,7 +236,7 @@ def test_a_fleet_run_request_id_a_member_sends_is_not_told_as_the_platform_teams
 
 
 def test_the_confirmation_page_costs_the_same_queries_for_many_instances(
-    staff_client, fleet, tenant
+    staff_client, fleet, tenant, owner
 ):
     running, _ = fleet
 
@@ -241,8 +246,13 @@ def test_the_confirmation_page_costs_the_same_queries_for_many_instances(
         return len(captured)
 
     few = queries(running[:1])
-    many = queries([*running, *make_instances(tenant, running[0].plan_version,
-                                                  running[0].cell, 20, name="more")])  # fmt: skip
+    others = [
+        account_services.tenant_create(actor=Actor(user=owner), name=f"Org {n}") for n in range(5)
+    ]
+    more = [instance for org in [tenant, *others]
+            for instance in make_instances(org, running[0].plan_version, running[0].cell, 4,
+                                           name="more")]  # fmt: skip
+    many = queries([*running, *more])
     assert many == few
 
 
