@@ -100,6 +100,18 @@ def invoices_of(tenant: Tenant) -> QuerySet[Invoice]:
     )
 
 
+def invoice_to_come(tenant: Tenant, period: str) -> bool:
+    """Whether `tenant` used something in `period` ("YYYY-MM") that no invoice it may see
+    bills yet: the period has not closed, or one of its invoices is still a draft staff
+    review. In one statement."""
+    invoices = Invoice.objects.filter(tenant=tenant, period=period)
+    return Tenant.objects.filter(
+        Exists(UsageRecord.objects.filter(tenant=tenant, period=period)),
+        ~Exists(invoices) | Exists(invoices.filter(status=Invoice.Status.DRAFT)),
+        pk=tenant.pk,
+    ).exists()
+
+
 def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
     """One of the tenant's invoices a tenant may see, with its lines; None otherwise."""
     return (

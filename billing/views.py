@@ -45,9 +45,16 @@ def overview(request):
     if request.htmx and request.htmx.target == "billing-live":  # the plans follow a payment
         return render(request, "billing/_plans.html", plans)
     profile = selectors.billing_profile_of(request.tenant)
+    period = usage.period_key(timezone.now())
+    # Last month's cost stays on the page until an invoice the organization can open bills it:
+    # its last hour is metered after midnight, and staff review its invoice before issuing it.
+    last = usage.period_key(usage.period_bounds(period)[0] - usage.HOUR)
     context = {
         **plans,
-        "cost": reports.period_cost(request.tenant, usage.period_key(timezone.now())),
+        "cost": reports.period_cost(request.tenant, period),
+        "last_cost": reports.period_cost(request.tenant, last)
+        if selectors.invoice_to_come(request.tenant, last)
+        else None,
         # Newest first, a page at a time (two plans make 24 invoices a year).
         "invoices": Paginator(selectors.invoices_of(request.tenant), INVOICES_PER_PAGE).get_page(
             request.GET.get("page")

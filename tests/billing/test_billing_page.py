@@ -299,3 +299,75 @@ def test_the_page_reads_in_as_many_queries_whatever_the_plans_in_use(
     assert page.count("2 of 4 instances") == 1 + len(more)
     assert page.count(said) == shown + len(more)
     assert len(many) == len(few), "\n".join(q["sql"][:150] for q in many)
+
+
+# --- last month's cost, until an invoice the organization can open bills it -----------------
+
+
+def _last_month_used(tenant, plan, cores="4"):
+    """Ten hours of last month's last day used (the last of them metered after midnight)."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from billing import usage
+    from billing.models import Price
+    from billing.usage import UsageRow
+
+    Price.objects.get_or_create(
+        plan=plan, dimension="cpu", defaults={"unit": "core", "unit_price": Decimal("0.035")}
+    )
+    this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
+    for n in range(1, 11):
+        usage.record(
+            this_month - n * usage.HOUR,
+            [UsageRow(tenant.pk, plan.pk, "inst-orders00", "orders", "cpu", "", Decimal(cores))],
+        )
+    return usage.period_key(this_month - timedelta(days=1))
+
+
+def _last_month_section(page: str) -> str:
+    if 'id="last-period-cost"' not in page:
+        return ""
+    return page.split('id="last-period-cost"', 1)[1].split("</section>", 1)[0]
+
+
+def test_last_months_cost_stays_on_the_page_until_its_invoice_is_issued(owner_client, tenant, plan):
+    """At 00:30 on the 1st the page said only "This month so far": last month's cost was on no
+    page of the organization's until staff issued its invoice, days later maybe, and its last
+    hour, metered after midnight, nowhere at all."""
+    from billing.models import Invoice
+
+    period = _last_month_used(tenant, plan)  # 40 core-hours: 1.40 USD
+    open_ = _last_month_section(owner_client.get(_url(tenant)).content.decode())
+    invoice = Invoice.objects.create(tenant=tenant, plan=plan, period=period, total="1.40")
+    drafted = _last_month_section(owner_client.get(_url(tenant)).content.decode())
+    Invoice.objects.filter(pk=invoice.pk).update(status=Invoice.Status.OPEN, number="INV-1")
+    issued = owner_client.get(_url(tenant)).content.decode()
+
+    assert "Last month, invoice to come" in open_ and "1.40 USD" in open_
+    assert "metered in the period" in open_  # it has ended
+    assert "1.40 USD" in drafted  # a draft is not shown to the organization
+    assert _last_month_section(issued) == ""  # its invoice says it now
+    assert 'id="last-daily-cost-usd"' not in issued and 'id="daily-cost-usd"' not in issued
+
+
+def test_a_month_whose_usage_was_free_is_not_shown_again(owner_client, tenant, plan):
+    from billing.models import Price
+
+    _last_month_used(tenant, plan)
+    Price.objects.filter(plan=plan).delete()
+
+    page = owner_client.get(_url(tenant)).content.decode()
+
+    assert _last_month_section(page) == "" and "This month so far" in page
+
+
+def test_the_months_shown_are_said_to_be_utc_months(owner_client, tenant, plan):
+    _last_month_used(tenant, plan)
+
+    page = owner_client.get(_url(tenant)).content.decode()
+
+    headings = re.findall(r'<h2 id="(?:last-)?period-cost">(.*?)</h2>', page, re.S)
+    assert len(headings) == 2 and all(", UTC)</small>" in h for h in headings), headings
