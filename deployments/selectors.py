@@ -1510,7 +1510,7 @@ def instance_setting_left(instance: Instance) -> SettingLeft | None:
         instance.operations.filter(verb__in=setting | lifecycle.APPLIES_PARAMETERS)
         .filter(Q(state=Operation.State.SUCCEEDED) | Q(arguments__cluster_touched=True))
         .exclude(finished_at=None)
-        .defer("engine_state", "secret_parameters", "requested_secret")  # encrypted, not shown
+        .only("verb", "state", "arguments", "created_at")  # what the Overview says of it
         .order_by("-finished_at", "-created_at")
         .first()
     )

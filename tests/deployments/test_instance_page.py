@@ -506,6 +506,21 @@ def test_the_operations_tab_reads_of_who_asked_their_address_and_nothing_it_does
             assert f'"deployments_operation"."{column}"' not in select, column
 
 
+def test_the_overview_reads_of_operations_only_what_it_says_of_them(owner_client, instance):
+    """The Overview asks whether a run setting values stopped part-way: it read that run's
+    whole row, with the values it ran with and left and its encrypted run state. (The modify
+    dialog's values read what queued operations asked for: it shows them.)"""
+    with CaptureQueriesContext(connection) as queries:
+        assert owner_client.get(_url(instance)).status_code == 200
+
+    heads = [q["sql"].split(" FROM ")[0] for q in queries.captured_queries]
+    read = [head for head in heads if '"deployments_operation"."' in head]
+    assert read
+    for select in read:
+        for column in ["parameters", "outputs", "waiting_on", "engine_state", "error"]:
+            assert f'"deployments_operation"."{column}"' not in select, (column, select)
+
+
 ACTIONS = [
     ("stop", {}),
     ("restart", {}),
