@@ -13,6 +13,20 @@ from accounts.htmx import partial_template, shown_digest, unchanged
 from accounts.tenancy import SESSION_KEY, tenant_view
 from deployments import selectors as deployment_selectors
 
+# What a form refused for its CSRF token says: its token went when the person signed in or out
+# in another tab (Django rotates it then), or it was sent from elsewhere.
+CSRF_REFUSED = (
+    "This form was out of date, and nothing was done: signing in or out, in this tab or "
+    "another, ends the forms of pages loaded before. Load the page again and send it once more."
+)
+
+
+def csrf_failure(request, reason=""):
+    """A form refused for its CSRF token (`CSRF_FAILURE_VIEW`): said in the portal's own
+    layout, and, for an htmx action, on the page loaded again (`HtmxPageGoneMiddleware`)."""
+    request._refusal = CSRF_REFUSED
+    return render(request, "403.html", {"exception": CSRF_REFUSED}, status=403)
+
 
 @require_safe
 def home(request):
