@@ -1,5 +1,6 @@
 """The portal's own middleware: addresses no page is found by, addresses only a form is sent
-to, and what an htmx request gets when the page it came from no longer holds."""
+to, account pages the browser does not keep, and what an htmx request gets when the page it
+came from no longer holds."""
 
 from urllib.parse import urlsplit
 
@@ -10,6 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve
+from django.utils.cache import add_never_cache_headers
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts.htmx import current_address
@@ -79,6 +81,24 @@ def _page_above(path: str) -> tuple[str, str]:
             continue
         return above, _PAGE_NAMES.get(found.url_name, "the page above")
     return "/", "the home page"
+
+
+class AccountPagesNotKeptMiddleware:
+    """No account page (/accounts/: sign-in, addresses, sessions, the authenticator's key and
+    QR code, the recovery codes) is kept by the browser (`Cache-Control: no-store`), as no
+    organization's page is (`accounts.tenancy`): Back after signing out on a shared computer
+    showed them again from the browser's history, a second factor handed to the next person."""
+
+    PREFIX = "/accounts/"
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.path.startswith(self.PREFIX):
+            add_never_cache_headers(response)
+        return response
 
 
 class HtmxPageGoneMiddleware:

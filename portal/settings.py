@@ -97,6 +97,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "portal.middleware.AccountPagesNotKeptMiddleware",
     "django.middleware.common.CommonMiddleware",
     "portal.middleware.NullCharacterMiddleware",
     "portal.middleware.FormOnlyAddressMiddleware",

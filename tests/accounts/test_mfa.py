@@ -8,6 +8,7 @@ from allauth.mfa.totp.internal.auth import (
     hotp_value,
     yield_hotp_counters_from_time,
 )
+from django.test import Client
 
 from accounts import crypto
 from accounts.models import AuditEvent
@@ -86,3 +87,38 @@ def test_a_refused_code_and_a_recovery_code_used_up_are_in_the_audit_log(client,
     assert denied.result == AuditEvent.Result.DENIED
     recovered = AuditEvent.objects.get(action="mfa.recovery_code", actor=owner)
     assert recovered.payload == {"left": len(codes) - 1}
+
+
+# --- the pages showing a second factor's secrets are never kept by the browser --------------
+
+
+def _no_store(response) -> bool:
+    return "no-store" in response.get("Cache-Control", "")
+
+
+@pytest.mark.django_db
+def test_the_authenticator_key_and_the_recovery_codes_are_never_kept_by_the_browser(
+    owner, tenant, django_capture_on_commit_callbacks
+):
+    browser = Client()
+    browser.post("/accounts/login/", {"login": owner.email, "password": PASSWORD})
+    browser.post("/accounts/reauthenticate/", {"password": PASSWORD})
+
+    activate = browser.get("/accounts/2fa/totp/activate/")
+    secret = browser.session["mfa.totp.secret"]
+    assert activate.status_code == 200 and secret in activate.content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        activated = browser.post("/accounts/2fa/totp/activate/", {"code": _totp(secret)})
+    assert activated.status_code == 302
+
+    codes = browser.get("/accounts/2fa/recovery-codes/")
+    download = browser.get("/accounts/2fa/recovery-codes/download/")
+    assert codes.status_code == 200 and download.status_code == 200
+
+    shown = {
+        "the TOTP key": activate,
+        "the recovery codes": codes,
+        "the recovery codes' download": download,
+    }
+    kept = [what for what, page in shown.items() if not _no_store(page)]
+    assert not kept, f"kept by the browser: {', '.join(kept)}"
