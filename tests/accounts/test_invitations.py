@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from allauth.account.models import EmailAddress
+from django.core import mail
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError
 from django.test import Client
@@ -262,6 +263,29 @@ def test_an_expired_invitation_is_refused(client, invite, make_user, settings, t
     assert response.status_code == 400
     assert b"expired" in response.content
     assert not Membership.objects.filter(tenant=tenant, user__email="new@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_an_invitation_says_when_on_its_last_day_it_stops_working(
+    client, invite, make_user, owner_client, tenant
+):
+    # Sent at 02:00 UTC, it stops working at 02:00 UTC seven days later: "expires on 8 March"
+    # reads as the whole of the 8th, and in New York the link is dead from 21:00 on the 7th.
+    invitation, link = invite()
+    sent = timezone.now().replace(hour=2, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    Invitation.objects.filter(pk=invitation.pk).update(created_at=sent)
+    last_day = sent + timedelta(days=7)
+
+    services.invitation_email_send(invitation_pk=invitation.pk)
+    team = owner_client.get(f"/t/{tenant.slug}/team/").content.decode()
+    client.force_login(make_user("new@example.com"))
+    page = client.get(link).content.decode()
+    landing = client.get("/", follow=True).content.decode()
+
+    assert f"expires on {last_day:%-d %B %Y} at 02:00 UTC." in mail.outbox[-1].body
+    assert f"expires {last_day:%-d %B %Y} at 02:00 UTC." in page
+    assert f"until {last_day:%-d %B %Y} at 02:00 UTC." in landing
+    assert f"{last_day:%-d %b %Y}, 02:00 UTC" in team
 
 
 @pytest.mark.django_db
