@@ -264,6 +264,22 @@ def test_the_operations_tab_lists_task_runs_with_their_messages_and_attempts(
     assert 'hx-trigger="every 2s' not in html  # nothing pending: no polling
 
 
+def test_a_task_runs_start_says_its_day_and_zone_as_the_pages_other_times_do(
+    owner_client, instance
+):
+    # A bare "05:03:07" said neither the day (the run was two days ago) nor the zone (read in
+    # New York as 05:03 there).
+    started = timezone.now().replace(microsecond=0) - timedelta(days=2)
+    TaskRun.objects.filter(operation__instance=instance).update(
+        started_at=started, finished_at=started + timedelta(minutes=2)
+    )
+
+    html = owner_client.get(_url(instance), {"tab": "operations"}).content.decode()
+
+    cell = html.split('<span class="stack-label">Started </span>', 1)[1].split("</td>", 1)[0]
+    assert f'title="{started:%-d %b %Y %H:%M:%S} UTC">2\xa0days ago</time>' in cell, cell
+
+
 def test_a_failed_operation_says_what_went_wrong(owner_client, instance):
     Operation.objects.filter(instance=instance).update(
         state=Operation.State.FAILED, error='Cluster "x" is invalid: spec.instances must be >= 1'
