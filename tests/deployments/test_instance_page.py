@@ -1633,7 +1633,50 @@ def test_a_failed_backup_shows_no_expiry(owner_client, instance):
     row = html[html.index(f'id="backup-{snapshot.pk}"') :]
     row = row[: row.index("</tr>")]
     assert '<span class="stack-label">Expires </span><span class="muted"' in row
-    assert "in 4 weeks" not in row
+    assert "in 28\xa0days" not in row
+
+
+@pytest.mark.parametrize(("retention", "said"), [(7, "in 7\xa0days"), (365, "in 1\xa0year")])
+def test_a_backup_just_taken_expires_in_its_retention_not_a_unit_less(
+    owner_client, instance, retention, said
+):
+    # Read a second after it was asked for, the time left is a hair under the retention: it
+    # read "in 6 days" for 7 days' retention and "in 11 months" for 365 days'.
+    snapshot = instance.snapshots.get()
+    asked = timezone.now() - timedelta(seconds=1)
+    Snapshot.objects.filter(pk=snapshot.pk).update(
+        created_at=asked, taken_at=asked, expires_at=asked + timedelta(days=retention)
+    )
+
+    html = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    row = html.split(f'id="backup-{snapshot.pk}"', 1)[1].split("</tr>", 1)[0]
+    expires = row.split('<span class="stack-label">Expires </span>', 1)[1].split("</td>", 1)[0]
+    assert f">{said}</time>" in expires, expires
+
+
+@pytest.mark.parametrize(
+    ("offset", "said"),
+    [
+        (timedelta(days=7, seconds=-1), "in 7\xa0days"),
+        (timedelta(days=365, seconds=-1), "in 1\xa0year"),
+        (timedelta(days=28), "in 28\xa0days"),  # as retentions are set, never "4 weeks"
+        (timedelta(hours=23, minutes=50), "in 1\xa0day"),  # not "24 hours"
+        (timedelta(days=44), "in 1\xa0month"),
+        (timedelta(days=46), "in 2\xa0months"),
+        (timedelta(seconds=30), "in under a minute"),  # it read "just now", not yet come
+        (timedelta(seconds=-30), "just now"),
+        (timedelta(minutes=-3, seconds=-10), "3\xa0minutes ago"),
+        (timedelta(minutes=-1, seconds=-5), "1\xa0minute ago"),
+        (timedelta(minutes=-59, seconds=-50), "1\xa0hour ago"),
+        (timedelta(days=-2, hours=-3), "2\xa0days ago"),
+        (timedelta(days=-400), "1\xa0year ago"),
+    ],
+)
+def test_a_relative_time_says_the_nearest_whole_unit_before_or_after_now(offset, said):
+    from deployments.templatetags.instance_page import relative
+
+    assert relative(timezone.now() + offset) == said
 
 
 def test_the_restore_form_of_a_failed_backup_is_not_offered(owner_client, instance):
