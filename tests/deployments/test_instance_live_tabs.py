@@ -101,7 +101,28 @@ def test_the_last_lines_of_a_log_of_long_lines_end_with_the_newest(
     assert page.status_code == 200
     assert "the newest line" in text and "old 1999 " in text
     # The oldest are dropped, whole: no line is shown without its time, cut at its start.
-    assert '<span class="log-time"></span>' not in text
+    assert not re.search(r'<span class="log-time">(\d+ \w+ )?</span>', text)
+
+
+def test_the_log_says_its_times_are_utc_and_the_day_of_its_first_line(
+    running, sandbox_cluster, owner_client
+):
+    """Each line began with a bare "05:03:07": no zone, and no day, though a quiet server's
+    last lines may span days."""
+    from django.utils import timezone
+
+    server = f"{running.pk}-1"
+    written = timezone.now()
+    _log_write(sandbox_cluster, running, server, "first", "second")
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+
+    text = owner_client.get(url, {"tab": "logs", "server": server}).content.decode()
+
+    assert "Times are UTC." in text
+    days = re.findall(r'<span class="log-time">(\d+ \w+ )?\d\d:\d\d:\d\d</span>', text)
+    # The day once, on the first line, and again only where it changes.
+    assert days[0] in {f"{when:%-d %b} " for when in (written, timezone.now())}, days
+    assert not any(days[1:]), days
 
 
 GONE = {
