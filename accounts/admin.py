@@ -17,7 +17,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connection
-from django.db.models import Count, Model, OuterRef, Subquery
+from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from accounts import selectors, services
@@ -95,8 +95,9 @@ class _ListedColumns(ChangeList):
 
 def values_filter(values: Callable[[], Iterable[str]]) -> type[admin.FieldListFilter]:
     """Django's filter of a field's values (`AllValuesFieldListFilter`) offering `values()`:
-    a vocabulary the values come from, or an index's values (`indexed_values`), rather than a
-    DISTINCT over the whole table, which a list of millions of rows cannot afford."""
+    a vocabulary the values come from, or an index's values (`selectors.indexed_values`),
+    rather than a DISTINCT over the whole table, which a list of millions of rows cannot
+    afford."""
 
     class ValuesFilter(admin.AllValuesFieldListFilter):
         def __init__(self, *args, **kwargs):
@@ -104,27 +105,6 @@ def values_filter(values: Callable[[], Iterable[str]]) -> type[admin.FieldListFi
             self.lookup_choices = sorted(set(values()))
 
     return ValuesFilter
-
-
-def indexed_values(model: type[Model], field_name: str) -> list[str]:
-    """The distinct values of a field that leads one of the table's indexes, found by skipping
-    through that index: a probe per value, not a read of every row."""
-    column = connection.ops.quote_name(model._meta.get_field(field_name).column)
-    table = connection.ops.quote_name(model._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH RECURSIVE found (value) AS (
-                (SELECT {column} FROM {table} WHERE {column} IS NOT NULL ORDER BY 1 LIMIT 1)
-              UNION ALL
-                SELECT (SELECT {column} FROM {table} WHERE {column} > found.value
-                         ORDER BY 1 LIMIT 1)
-                  FROM found WHERE found.value IS NOT NULL
-            )
-            SELECT value FROM found WHERE value IS NOT NULL
-            """  # noqa: S608 - quoted names of our own table and column
-        )
-        return [value for (value,) in cursor.fetchall()]
 
 
 def staff_actor(request) -> Actor:
@@ -442,7 +422,7 @@ class AuditEventAdmin(ServiceOwnedAdmin):
     list_filter = [
         "result",
         "actor_kind",
-        ("action", values_filter(lambda: indexed_values(AuditEvent, "action"))),
+        ("action", values_filter(lambda: selectors.indexed_values(AuditEvent, "action"))),
         "created_at",
     ]
     search_fields = ["actor_email", "action", "target_id", "tenant__slug", "tenant__name"]

@@ -6,7 +6,8 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db import connection
+from django.db.models import Model, Q, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -227,9 +228,40 @@ def audit_events_for_tenant(
 
 
 def audit_actions_for_tenant(tenant: Tenant) -> list[str]:
-    return list(
-        AuditEvent.objects.for_tenant(tenant)
-        .order_by("action")
-        .values_list("action", flat=True)
-        .distinct()
-    )
+    """The actions of the tenant's audit log, in order, along its index `audit_tenant_action_c`:
+    a probe per action, not a read of every event. That index orders actions byte by byte
+    (COLLATE "C"), which no filter of the log compares by, so the planner never counts a
+    filter's events along it (a plain (tenant, action) index was chosen to count the admin's
+    one-action filter, reading every entry)."""
+    return indexed_values(AuditEvent, "action", collation="C", tenant=tenant.pk)
+
+
+def indexed_values(
+    model: type[Model], field_name: str, *, collation: str = "", **equal: object
+) -> list[str]:
+    """The distinct values of a field, in order, among the rows whose fields `equal` hold the
+    values given, found by skipping through an index that leads with those fields and then
+    this one (compared in `collation`, as the index's is): a probe per value, not a read of
+    every row."""
+    quote = connection.ops.quote_name
+    column = quote(model._meta.get_field(field_name).column)
+    if collation:
+        column = f"{column} COLLATE {quote(collation)}"
+    table = quote(model._meta.db_table)
+    where = "".join(f" AND {quote(model._meta.get_field(name).column)} = %s" for name in equal)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH RECURSIVE found (value) AS (
+                (SELECT {column} FROM {table} WHERE {column} IS NOT NULL{where}
+                  ORDER BY 1 LIMIT 1)
+              UNION ALL
+                SELECT (SELECT {column} FROM {table} WHERE {column} > found.value{where}
+                         ORDER BY 1 LIMIT 1)
+                  FROM found WHERE found.value IS NOT NULL
+            )
+            SELECT value FROM found WHERE value IS NOT NULL
+            """,  # noqa: S608 - quoted names of our own table and columns
+            [*equal.values()] * 2,
+        )
+        return [value for (value,) in cursor.fetchall()]
