@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Subquery, Sum
 
 from accounts.models import Tenant
 from billing import entitlements, pricing
@@ -15,12 +15,13 @@ from billing.models import (
     BillingPeriod,
     BillingProfile,
     Invoice,
+    MeterEvent,
     Plan,
     Price,
     Subscription,
     UsageRecord,
 )
-from billing.usage import period_bounds, period_key, unmetered_use
+from billing.usage import HOUR, period_bounds, period_key, unmetered_use
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -174,6 +175,31 @@ def _uninvoiced(tenant: Tenant) -> list[str]:
         said.append(
             f"Its usage of {start:%B %Y} is invoiced once the month has ended, from "
             f"{end:%-d %B %Y}: delete the organization once that invoice is paid."
+        )
+    # Usage on Stripe's meters is invoiced by Stripe when the subscription's period ends (a
+    # cancelled one's too, at its last period's end): until an invoice of Stripe's came after
+    # it was sent, it is still to be invoiced, though ours closed its month with nothing to bill.
+    stripe_invoiced = (
+        Invoice.objects.filter(
+            tenant=tenant, source=Invoice.Source.STRIPE, plan_id=OuterRef("usage_record__plan_id")
+        )
+        .order_by("-created_at")
+        .values("created_at")[:1]
+    )
+    on_stripe = (
+        MeterEvent.objects.filter(
+            usage_record__tenant=tenant,
+            status__in=[MeterEvent.Status.PENDING, MeterEvent.Status.SENT],
+        )
+        .annotate(invoiced=Subquery(stripe_invoiced))
+        .filter(Q(invoiced__isnull=True) | Q(sent_at__isnull=True) | Q(invoiced__lt=F("sent_at")))
+        .aggregate(last=Max("usage_record__hour"))["last"]
+    )
+    if on_stripe is not None:
+        said.append(
+            f"Its usage until {on_stripe + HOUR:%-d %B %Y %H:%M} UTC is on Stripe's meters, and "
+            "Stripe invoices it when the subscription's period ends: delete the organization "
+            "once that invoice is paid."
         )
     # A draft of ours at 0 (usage of a plan that prices nothing) will ask nothing; Stripe's may
     # still gain lines until Stripe finalizes it.

@@ -26,6 +26,7 @@ from tests.billing.test_invoicing import (  # noqa: F401 - plan: a fixture
     _use,
     plan,
 )
+from tests.billing.test_stripe_invoices import _deliver, subscription  # noqa: F401 - a fixture
 from tests.deployments.test_metering_hourly import cell, make, move, version  # noqa: F401
 
 pytestmark = [pytest.mark.django_db, pytest.mark.unsubscribed]
@@ -156,3 +157,48 @@ def test_databases_made_and_deleted_within_an_hour_not_metered_yet_hold_a_deleti
         "delete the organization once that invoice is paid."
     ]
     assert len(four) == len(one)
+
+
+def test_deleting_waits_for_stripes_invoice_of_the_usage_on_its_meters(
+    client,
+    owner_client,
+    owner,
+    tenant,
+    subscription,  # noqa: F811 - the fixture imported above
+    emulator,
+    record_usage,
+):
+    """The owner cancels (Stripe bills the subscription to its period's end), the month ends
+    and closes with no invoice of ours (the usage went to Stripe's meters); deleted before
+    Stripe's invoice of the month came, the organization got it afterwards, charged to its card
+    with no one able to open it."""
+    from django.utils import timezone
+
+    from billing import meter_events, usage
+    from billing.models import MeteredHour
+    from billing.selectors import tenant_delete_blockers
+
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    record_usage(hour, ("inst-a", "cpu", "100"))
+    meter_events.enqueue()
+    assert meter_events.flush().sent == 1
+    owner_client.post(f"/t/{tenant.slug}/billing/subscriptions/{subscription.pk}/cancel/")
+    start, end = usage.period_bounds(usage.period_key(hour))
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=start + HOUR * i) for i in range((end - start) // HOUR)],
+        ignore_conflicts=True,
+    )
+    assert invoicing.period_close(usage.period_key(hour), now=end + HOUR).invoices == []
+
+    with pytest.raises(ActionDenied) as refused:
+        _delete(owner, tenant)
+    invoice = emulator.close_period(subscription.stripe_subscription_id)  # its period ends
+    _deliver(client, emulator.events("invoice.created")[-1])
+
+    assert f"Its usage until {hour + HOUR:%-d %B %Y %H:%M} UTC is on Stripe's meters" in str(
+        refused.value
+    )
+    assert Invoice.objects.get(stripe_invoice_id=invoice["id"]).total > 0
+    # Stripe's invoice of it came: it holds the deletion now (until it is paid), not the meters.
+    said = tenant_delete_blockers(tenant)
+    assert said and not [sentence for sentence in said if "meters" in sentence], said
