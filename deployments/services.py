@@ -1918,10 +1918,10 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
     """Forget expired snapshots (run by beat): completed ones past `expires_at`, and the
     scheduled ones beyond their schedule's retention count, through the plan's deleteBackup
     (or only marked deleted when the instance is gone). An instance's newest completed
-    snapshot is always kept. One that failed or was cancelled holds nothing to restore: past
-    its `expires_at` it is only marked deleted (the object store's retention prunes whatever
-    it left), so an instance whose scheduled backups fail does not pile them up. The number
-    of snapshots forgotten."""
+    snapshot is kept, but once its organization is deleted. One that failed or was cancelled
+    holds nothing to restore: past its `expires_at` it is only marked deleted (the object
+    store's retention prunes whatever it left), so an instance whose scheduled backups fail
+    does not pile them up. The number of snapshots forgotten."""
     now = now or timezone.now()
     forgotten = Snapshot.objects.filter(
         status__in=[Snapshot.Status.FAILED, Snapshot.Status.CANCELLED], expires_at__lte=now
@@ -1948,13 +1948,14 @@ def snapshots_prune(*, now: datetime | None = None) -> int:
     candidates = list(
         Snapshot.objects.filter(pk__in=doomed).select_related("instance", "tenant", "plan_version")
     )
-    # An instance's newest completed snapshot stays, whatever its age or count.
+    # An instance's newest completed snapshot stays, whatever its age or count, for as long as
+    # its organization does: once that is deleted no one can restore it, nor delete it.
     newest = set(
         completed.filter(source_instance_id__in={s.source_instance_id for s in candidates})
         .order_by("source_instance_id", "-created_at")
         .distinct("source_instance_id")
         .values_list("pk", flat=True)
-    )
+    ) - {s.pk for s in candidates if s.tenant.deleted_at is not None}
     # Those whose deleteBackup is queued already (or ran and failed: it shows on the page).
     queued = set(
         Operation.objects.filter(

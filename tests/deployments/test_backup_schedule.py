@@ -339,6 +339,32 @@ def test_pruning_by_days_forgets_expired_snapshots_but_never_the_newest_complete
     assert services.snapshots_prune() == 0  # their deleteBackup is already queued
 
 
+def test_a_deleted_organizations_newest_backup_goes_once_its_retention_ends(instance, owner):
+    """Kept as the newest whatever its age, a deleted organization's last backup stayed for
+    ever: no one could restore it, nor delete it (the organization's pages are closed)."""
+    from accounts import services as account_services
+    from billing import services as billing_services
+    from billing.models import Subscription
+
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+    newest = _snapshot(instance, days_ago=40, expired=True)
+    assert services.snapshots_prune() == 0  # kept, while the organization lives
+    for subscription in Subscription.objects.filter(tenant=instance.tenant):
+        billing_services.subscription_cancel(actor=Actor(user=owner), subscription=subscription)
+    account_services.tenant_delete(
+        actor=Actor(user=owner), tenant=instance.tenant, confirm_name=instance.tenant.name
+    )
+
+    assert services.snapshots_prune() == 1
+
+    newest.refresh_from_db()
+    assert newest.status == Snapshot.Status.DELETED
+    assert (
+        AuditEvent.objects.get(action="backup.delete", target_id=str(newest.pk)).payload["reason"]
+        == "expired"
+    )
+
+
 def test_pruning_by_count_keeps_unscheduled_and_the_newest_scheduled(instance):
     BackupSchedule.objects.filter(instance=instance).update(retention_count=2)
     scheduled = [_snapshot(instance, days_ago=d) for d in (5, 4, 3, 2)]
