@@ -56,6 +56,12 @@ def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
     )
 
 
+def owners_active(tenant: Tenant) -> QuerySet[Membership]:
+    """The tenant's owners who can sign in: an owner whose account staff closed can manage
+    nothing, so it never counts as the owner the organization must keep."""
+    return tenant.memberships.filter(role=roles.Role.OWNER, user__is_active=True)
+
+
 def _invitations_pending(tenant: Tenant) -> QuerySet[Invitation]:
     """The tenant's pending invitations (`Invitation.status`): neither accepted nor withdrawn,
     and not expired."""

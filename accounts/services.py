@@ -402,24 +402,29 @@ def tenant_restore(*, actor: Actor, tenant: Tenant) -> Tenant:
 def _guard_owner_change(
     *, actor: Actor, tenant: Tenant, membership: Membership, new_role: str | None
 ) -> None:
-    """Owner rights are granted or revoked only by owners, and one owner always remains.
+    """Owner rights are granted or revoked only by owners, and one owner who can sign in
+    always remains (`selectors.owners_active`): a closed account does not count.
 
     `new_role` None means the membership is being removed.
     """
     touches_owner = membership.role == Role.OWNER or new_role == Role.OWNER
     if touches_owner:
         permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
-    if membership.role == Role.OWNER and new_role != Role.OWNER:
-        # Lock the owners so two owners demoting each other cannot leave none.
-        owners = list(
-            Membership.objects.select_for_update()
-            .filter(tenant=tenant, role=Role.OWNER)
-            .values_list("pk", flat=True)
+    gives_up_owner = membership.role == Role.OWNER and new_role != Role.OWNER
+    if gives_up_owner and not _another_owner_active(membership, lock=True):
+        raise ActionDenied(
+            "An organization needs at least one owner: make someone else owner first."
         )
-        if owners == [membership.pk]:
-            raise ActionDenied(
-                "An organization needs at least one owner: make someone else owner first."
-            )
+
+
+def _another_owner_active(membership: Membership, *, lock: bool) -> bool:
+    """Whether the member's organization has an owner who can sign in besides them. `lock`:
+    with those owners' memberships locked (not their accounts) until the transaction ends, so
+    two owners leaving or demoting each other at once cannot leave none."""
+    others = selectors.owners_active(membership.tenant).exclude(pk=membership.pk)
+    if lock:
+        others = others.select_for_update(of=("self",))
+    return bool(list(others.values_list("pk", flat=True)))
 
 
 def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
@@ -570,16 +575,13 @@ def user_invitations_withdraw(*, actor: Actor, user: User) -> list[str]:
 
 
 def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:
-    """Why the member cannot leave the organization (None: they may): its last owner may not
-    while others remain, nor when no one else is in it. `lock`: with its owners locked, as
-    leaving reads them."""
+    """Why the member cannot leave the organization (None: they may): its last owner who can
+    sign in may not while others remain (an owner whose account staff closed does not count),
+    nor when no one else is in it. `lock`: with its owners locked, as leaving reads them."""
     if membership.role != Role.OWNER:
         return None
     tenant = membership.tenant
-    owners = Membership.objects.filter(tenant=tenant, role=Role.OWNER)
-    if lock:
-        owners = owners.select_for_update()
-    if list(owners.values_list("pk", flat=True)) != [membership.pk]:
+    if _another_owner_active(membership, lock=lock):
         return None
     if Membership.objects.filter(tenant=tenant).exclude(pk=membership.pk).exists():
         return (

@@ -208,7 +208,7 @@ def member_role(request, membership_id: int):
         and membership.role == Role.OWNER
         and role != Role.OWNER
         # The only owner is refused at once (below), not asked first.
-        and request.tenant.memberships.filter(role=Role.OWNER).exclude(pk=membership.pk).exists()
+        and selectors.owners_active(request.tenant).exclude(pk=membership.pk).exists()
     )
     if gives_up_owner and not form.cleaned_data["confirm"]:
         # Stepping down cannot be undone alone: ask first, change nothing yet.

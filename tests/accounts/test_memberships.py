@@ -14,6 +14,12 @@ def _membership(tenant, user):
     return Membership.objects.get(tenant=tenant, user=user)
 
 
+def _close(user):
+    """As staff close an account in the admin (Active unticked)."""
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+
+
 @pytest.mark.django_db
 def test_an_admin_changes_a_members_role_from_the_team_page(client, tenant, add_member):
     admin = add_member("admin@example.com", "admin")
@@ -102,6 +108,68 @@ def test_the_last_owner_cannot_leave_while_others_remain(client, owner, tenant, 
     assert Membership.objects.filter(tenant=tenant, user=owner).exists()
     denied = AuditEvent.objects.get(tenant=tenant, action="member.leave")
     assert denied.result == AuditEvent.Result.DENIED
+
+
+@pytest.mark.django_db
+def test_an_owner_cannot_leave_when_the_only_other_owner_is_a_closed_account(
+    owner, tenant, add_member
+):
+    """Two owners, one of whose accounts staff closed: the other left, and the organization
+    (with members and whatever runs) was left with no owner who can sign in: nobody can
+    manage its members, rename, delete it or make a new owner."""
+    closed = add_member("closed@example.com", "owner")
+    add_member("bob@example.com", "admin")
+    _close(closed)
+
+    with pytest.raises(ActionDenied) as refused:
+        services.membership_leave(actor=Actor(user=owner), tenant=tenant)
+
+    assert refused.value.reason == (
+        "You are the only owner of Acme: make someone else an owner first, then leave."
+    )
+    assert _membership(tenant, owner).role == "owner"
+    assert services.leave_refusal(_membership(tenant, owner)) == refused.value.reason
+
+
+@pytest.mark.django_db
+def test_the_last_owner_who_can_sign_in_cannot_step_down_beside_a_closed_owner(
+    client, owner, tenant, add_member
+):
+    """As leaving: the one active owner made themselves an admin, since a closed account
+    still counted as "another owner", and no one left could manage owners. The team page
+    refuses it at once, as for the only owner, rather than asking to confirm first."""
+    _close(add_member("closed@example.com", "owner"))
+    mine = _membership(tenant, owner)
+
+    with pytest.raises(ActionDenied, match="needs at least one owner"):
+        services.membership_change_role(actor=Actor(user=owner), membership=mine, role="admin")
+    client.force_login(owner)
+    answer = client.post(f"/t/{tenant.slug}/team/{mine.pk}/role/", {"role": "admin"}, follow=True)
+
+    assert b"needs at least one owner" in answer.content
+    assert b"Give up the Owner role?" not in answer.content
+    assert _membership(tenant, owner).role == "owner"
+
+
+@pytest.mark.django_db
+def test_an_owner_may_step_down_or_leave_beside_another_owner_who_can_sign_in(
+    owner, tenant, add_member
+):
+    """A closed owner beside them changes nothing while a third owner can still sign in; and
+    the closed owner may be demoted or removed, as the organization keeps an owner."""
+    closed = add_member("closed@example.com", "owner")
+    other = add_member("other@example.com", "owner")
+    _close(closed)
+
+    services.membership_change_role(
+        actor=Actor(user=other), membership=_membership(tenant, closed), role="viewer"
+    )
+    services.membership_remove(actor=Actor(user=other), membership=_membership(tenant, closed))
+    services.membership_leave(actor=Actor(user=owner), tenant=tenant)
+
+    assert list(tenant.memberships.values_list("user__email", "role")) == [
+        ("other@example.com", "owner")
+    ]
 
 
 @pytest.mark.django_db

@@ -131,6 +131,28 @@ def test_the_admin_keeps_the_last_owner_rule(staff_client, tenant, owner):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("action", ["make_member", "remove_memberships"])
+def test_the_admin_keeps_an_owner_who_can_sign_in_beside_a_closed_owner(
+    staff_client, tenant, owner, add_member, action
+):
+    """A second owner whose account staff closed counted as the owner that remains: staff
+    could demote or remove the one owner who can sign in, leaving no one to manage Acme."""
+    closed = add_member("closed@example.com", "owner")
+    closed.is_active = False
+    closed.save(update_fields=["is_active"])
+    membership = Membership.objects.get(user=owner)
+
+    response = staff_client.post(
+        _url(Membership, "changelist"),
+        {"action": action, "_selected_action": [membership.pk]},
+        follow=True,
+    )
+
+    assert b"needs at least one owner" in response.content
+    assert Membership.objects.get(pk=membership.pk).role == "owner"
+
+
+@pytest.mark.django_db
 def test_the_admin_is_for_staff_only(client, owner):
     client.force_login(owner)
 
