@@ -231,6 +231,16 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
                     f"The invitations {obj.email} had sent were withdrawn: {', '.join(withdrawn)}.",
                     messages.SUCCESS,
                 )
+            # Nobody left in these can manage members, make an owner, or delete them.
+            ownerless = [t.name for t in selectors.tenants_owned_by_no_one_but(obj)]
+            if ownerless:
+                self.message_user(
+                    request,
+                    f"Left with no owner who can sign in: {', '.join(ownerless)} ({obj.email} "
+                    "was the only one). Make one of their members owner from the Memberships "
+                    "list, or make this account active again.",
+                    messages.WARNING,
+                )
 
     def audit_payload(self, obj) -> dict:
         return {"email": obj.email, "groups": sorted(g.name for g in obj.groups.all())}

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.db import connection
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Exists, Model, OuterRef, Q, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -60,6 +60,21 @@ def owners_active(tenant: Tenant) -> QuerySet[Membership]:
     """The tenant's owners who can sign in: an owner whose account staff closed can manage
     nothing, so it never counts as the owner the organization must keep."""
     return tenant.memberships.filter(role=roles.Role.OWNER, user__is_active=True)
+
+
+def tenants_owned_by_no_one_but(user: User) -> QuerySet[Tenant]:
+    """The organizations (not deleted) `user` owns in which no other owner can sign in
+    (`owners_active`), by name: closing their account leaves these without an owner."""
+    others = Membership.objects.filter(
+        tenant=OuterRef("pk"), role=roles.Role.OWNER, user__is_active=True
+    ).exclude(user=user)
+    return (
+        Tenant.objects.filter(
+            deleted_at=None, memberships__user=user, memberships__role=roles.Role.OWNER
+        )
+        .exclude(Exists(others))
+        .order_by("name")
+    )
 
 
 def _invitations_pending(tenant: Tenant) -> QuerySet[Invitation]:

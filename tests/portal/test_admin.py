@@ -717,6 +717,36 @@ def test_staff_closing_an_account_withdraw_the_invitations_it_had_sent(
 
 
 @pytest.mark.django_db
+def test_staff_closing_the_only_owner_of_an_organization_are_told_it_has_no_owner_left(
+    staff_client, owner, tenant, add_member, make_user
+):
+    """Staff close an account (a leaver's, a compromised one) that is the only owner of Acme,
+    where an admin remains. The admin said nothing: Acme now has no owner who can sign in, so
+    no one can make an owner, cancel its subscription or delete it, until staff happen to
+    notice. Organizations where another owner can still sign in, or deleted ones, are not
+    named."""
+    add_member("ann@example.com", "admin")
+    shared = services.tenant_create(actor=Actor(user=owner), name="Shared")
+    Membership.objects.create(tenant=shared, user=make_user("co@example.com"), role="owner")
+    gone = services.tenant_create(actor=Actor(user=owner), name="Gone")
+    services.tenant_delete(actor=Actor(user=owner), tenant=gone, confirm_name="Gone")
+    solo = services.tenant_create(actor=Actor(user=owner), name="Solo")
+
+    closed = staff_client.post(
+        _url(type(owner), "change", owner.pk), {"email": owner.email}, follow=True
+    ).content.decode()
+
+    owner.refresh_from_db()
+    assert not owner.is_active
+    assert (
+        f"Left with no owner who can sign in: {tenant.name}, {solo.name} (owner@example.com was "
+        "the only one). Make one of their members owner from the Memberships list, or make "
+        "this account active again."
+    ) in closed
+    assert "Shared" not in closed and "Gone" not in closed
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("action", ["remove_memberships", "make_viewer"])
 def test_staff_removing_or_demoting_a_member_are_told_which_invitations_went_with_them(
     staff_client, tenant, add_member, action
