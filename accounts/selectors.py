@@ -51,7 +51,7 @@ def tenant_members(tenant: Tenant) -> QuerySet[Membership]:
     """The tenant's members with what the team page shows of them (not their password hash)."""
     return (
         tenant.memberships.select_related("user")
-        .only("tenant", "role", "created_at", "user__email")
+        .only("tenant", "role", "created_at", "user__email", "user__is_active")
         .order_by("user__email")
     )
 

@@ -269,6 +269,26 @@ def test_a_viewer_sees_the_team_without_controls(client, tenant, add_member):
 
 
 @pytest.mark.django_db
+def test_the_team_page_says_which_member_s_account_was_closed(owner_client, tenant, add_member):
+    """Owners saw a closed account listed as any other owner or admin: nothing told them it
+    can no longer act, or that the organization's other owner is gone in all but name."""
+    closed = add_member("closed@example.com", "owner")
+    add_member("open@example.com", "admin")
+    _close(closed)
+
+    page = owner_client.get(f"/t/{tenant.slug}/team/").content.decode()
+
+    rows = {
+        email: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row))
+        for row in re.findall(r'<tr id="member-.*?</tr>', page, re.S)
+        for email in re.findall(r"[\w.]+@example\.com", row)[:1]
+    }
+    assert "closed@example.com account closed" in rows["closed@example.com"]
+    assert "account closed" not in rows["open@example.com"]
+    assert "account closed" not in rows["owner@example.com"]
+
+
+@pytest.mark.django_db
 def test_the_team_page_reads_no_members_password_hash(client, tenant, add_member):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -280,7 +300,8 @@ def test_the_team_page_reads_no_members_password_hash(client, tenant, add_member
 
     assert b"owner@example.com" in page.content and b"vic@example.com" in page.content
     members = [q["sql"] for q in queries.captured_queries if "accounts_membership" in q["sql"]]
-    # The members' accounts are read for their addresses alone (the session reads its own).
+    # The members' accounts are read for their addresses and whether they are closed alone
+    # (the session reads its own).
     assert members and not [sql for sql in members if '"accounts_user"."password"' in sql]
 
 
@@ -405,5 +426,6 @@ def test_the_team_page_reads_its_members_in_the_same_queries_however_many(
     few = queries()
     for n in range(1, 6):
         add_member(f"m{n}@example.com", "viewer")
+    _close(add_member("closed@example.com", "viewer"))  # said on its row, read with it
 
     assert queries() == few
