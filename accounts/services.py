@@ -323,7 +323,8 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
     memberships, invoices and audit log, for the records. Refused, saying what stands in the
     way, while anything registered with `tenant_delete_blocker_register` does (deployments
     not deleted, operations under way, a subscription or an unpaid invoice). Two deletes at
-    once: the second finds it deleted and is refused. The other members are told by email."""
+    once: the second finds it deleted and is refused. The other members are told by email
+    (not those whose accounts staff closed)."""
     with audited_action(actor=actor, action="tenant.delete", tenant=tenant, target=tenant):
         permission_require(actor=actor, tenant=tenant, action="tenant.delete")
         tenant = Tenant.objects.get(pk=tenant.pk)
@@ -351,16 +352,20 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
                 "invitations_withdrawn": withdrawn.update(revoked_at=now),
             },
         )
+        # Not an account staff closed: it signs in no more, and hears nothing more of us.
         told = list(
-            tenant.memberships.exclude(user=actor.user).select_related("user").order_by("pk")
+            tenant.memberships.filter(user__is_active=True)
+            .exclude(user=actor.user)
+            .select_related("user")
+            .order_by("pk")
         )
         _members_tell_deleted(tenant, told, actor)
     return tenant
 
 
 def _members_tell_deleted(tenant: Tenant, memberships: list[Membership], actor: Actor) -> None:
-    """Email each other member that the organization was deleted, by whom and when, once the
-    delete commits (`accounts.mail`)."""
+    """Email each of `memberships` that the organization was deleted, by whom and when, once
+    the delete commits (`accounts.mail`)."""
     deleted_by = actor.user.email if actor.user is not None else "The platform team"
     for membership in memberships:
         context = {

@@ -187,6 +187,24 @@ def test_the_other_members_are_told_by_email_who_deleted_it_and_when(
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("mail_at_commit")
+def test_a_closed_account_is_not_mailed_that_its_organization_was_deleted(
+    owner, tenant, add_member, django_capture_on_commit_callbacks
+):
+    """Every other email of an organization skips an account staff closed (it signs in no
+    more, and its owner asked to hear nothing more); the deletion email still went to it."""
+    gone = add_member("gone@example.com", "admin")
+    add_member("bob@example.com", "member")
+    gone.is_active = False
+    gone.save(update_fields=["is_active"])
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
+
+    assert [m.to for m in mail.outbox] == [["bob@example.com"]]
+
+
+@pytest.mark.django_db
 def test_a_refused_delete_emails_no_one(
     owner, tenant, add_member, django_capture_on_commit_callbacks
 ):
