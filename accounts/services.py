@@ -941,9 +941,12 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
     recipient a member already, never leaves a member with an invitation open."""
     with transaction.atomic():
         invitation = invitation_from_token(token)
-        tenant_lock(invitation.tenant_id)
+        deleted = tenant_lock(invitation.tenant_id)
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
-        if invitation.status != "pending":  # accepted or withdrawn by a concurrent request
+        if deleted or invitation.status != "pending":
+            # Deleted, withdrawn or accepted by a concurrent request: read again, it says
+            # why, as the link now would.
+            invitation_from_token(token)
             raise InvitationInvalid("This invitation can no longer be used.")
         reason = selectors.invitation_refusal(actor.user, invitation)
         if not reason:

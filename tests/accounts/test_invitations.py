@@ -15,8 +15,9 @@ from django.utils import timezone
 
 from accounts import services
 from accounts.audit import Actor
+from accounts.errors import InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, User
-from tests.concurrency import race
+from tests.concurrency import beside_a_lock, race
 
 
 @pytest.fixture
@@ -615,6 +616,31 @@ def test_an_invitation_to_a_deleted_organization_says_so(client, invite, make_us
         response.content.decode()
     )
     assert not Membership.objects.filter(user__email="new@example.com").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_invitation_accepted_as_the_organization_is_deleted_says_it_was_deleted(
+    owner, tenant, make_user
+):
+    """Bob opens his invitation as the owner deletes Acme, the delete first to take Acme's
+    lock: Bob was told "This invitation can no longer be used.", which reads as if someone
+    withdrew it on purpose, not that Acme was deleted (what the link says a moment later)."""
+    bob = make_user("bob@example.com")
+    invitation = services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email="bob@example.com", role="member"
+    )
+    token = services.invitation_token(invitation)
+
+    deleted, accepted = beside_a_lock(
+        lambda: services.tenant_lock(tenant.pk),
+        lambda: services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme"),
+        lambda: services.invitation_accept(actor=Actor(user=bob), token=token),
+    )
+
+    assert deleted == "committed"
+    assert isinstance(accepted, InvitationInvalid), accepted
+    assert str(accepted) == "Acme has been deleted: this invitation can no longer be used."
+    assert not Membership.objects.filter(user=bob).exists()
 
 
 @pytest.mark.django_db
