@@ -19,6 +19,9 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import capfirst
 
 from accounts import selectors, services
 from accounts.audit import Actor, audit_record
@@ -220,6 +223,36 @@ class UserAdmin(StaffAudited, BaseUserAdmin):
         if obj is not None and _beyond(request, obj):
             return False
         return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        # Also asked of each account chosen for "Delete selected": one refuses them all.
+        if obj is not None and _beyond(request, obj):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_deleted_objects(self, objs, request):
+        """Django's, except that an account's addresses and second factors go with it (the
+        admin deletes neither on its own), and that an account still in an organization, a
+        deleted one's too (a restore brings its members back), is not deleted: it leaves or
+        is removed first, under the last-owner rule. Its audit entries keep its address as
+        text (`AuditEvent.actor_email`)."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        # Not for want of a permission: addresses and second factors go with the account,
+        # and memberships keep it (below).
+        perms_needed -= {m._meta.verbose_name for m in (EmailAddress, Authenticator, Membership)}
+        label = capfirst(Membership._meta.verbose_name)
+        protected += [
+            format_html(
+                '{}: <a href="{}">{}</a>',
+                label,
+                reverse("admin:accounts_membership_change", args=[membership.pk]),
+                membership,
+            )
+            for membership in Membership.objects.filter(user__in=objs)
+            .select_related("user", "tenant")
+            .order_by("tenant__name")
+        ]
+        return deleted, counts, perms_needed, protected
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

@@ -415,6 +415,85 @@ def test_staff_see_peoples_email_addresses_but_cannot_change_them(staff_client, 
 
 
 @pytest.mark.django_db
+def test_staff_can_delete_an_account_that_belongs_to_no_organization(
+    staff_client, tenant, add_member
+):
+    """The portal offers a person no way to delete their account; asked to, staff could not
+    either: the admin refused to delete any account with an email address ("your account
+    doesn't have permission to delete ... email address"), even one in no organization, so an
+    address, name and sign-in history were kept for ever. Its addresses and second factors go
+    with it; the audit log still names it."""
+    from allauth.account.models import EmailAddress
+    from allauth.mfa.models import Authenticator
+
+    from accounts.models import User
+
+    leaver = add_member("leaver@example.com", "member")
+    Authenticator.objects.create(user=leaver, type=Authenticator.Type.TOTP, data={})
+    services.membership_leave(actor=Actor(user=leaver), tenant=tenant)
+    url = _url(User, "delete", leaver.pk)
+
+    asked = staff_client.get(url).content.decode()
+    response = staff_client.post(url, {"post": "yes"})
+
+    assert "leaver@example.com" in asked and "permission" not in asked
+    assert response.status_code == 302, response.status_code
+    assert not User.objects.filter(pk=leaver.pk).exists()
+    assert not EmailAddress.objects.filter(email="leaver@example.com").exists()
+    assert not Authenticator.objects.exists()
+    assert AuditEvent.objects.get(action="user.delete").payload["email"] == "leaver@example.com"
+    left = AuditEvent.objects.get(action="member.leave")
+    assert (left.actor, left.actor_email) == (None, "leaver@example.com")
+
+
+@pytest.mark.django_db
+def test_an_account_still_in_an_organization_is_not_deleted_from_the_admin(
+    staff_client, owner, tenant
+):
+    """Deleting it would take its memberships with it, past the rule that keeps an owner who
+    can sign in: the page names them, and the account leaves or is removed first."""
+    from accounts.models import User
+
+    url = _url(User, "delete", owner.pk)
+
+    asked = staff_client.post(url, {"post": "yes"})
+
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "would require deleting the following protected related objects" in page
+    assert "owner@example.com in Acme (owner)" in page
+    assert User.objects.filter(pk=owner.pk).exists()
+
+
+@pytest.mark.django_db
+def test_staff_who_may_delete_users_cannot_delete_staff_who_may_do_more(client, make_user):
+    """As changing one (`test_staff_who_may_change_users_cannot_take_over_staff_who_may_do_
+    more`): only a superuser deletes another staff account."""
+    from django.contrib.auth.models import Permission
+
+    from accounts.models import User
+
+    clerk = make_user("clerk@example.com", is_staff=True)
+    clerk.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_user", "delete_user"])
+    )
+    client.force_login(clerk)
+    leaver = make_user("leaver@example.com")
+    boss = make_user("boss@example.com", is_staff=True, is_superuser=True)
+
+    kept = client.post(_url(User, "delete", boss.pk), {"post": "yes"})
+    both = client.post(
+        _url(User, "changelist"),
+        {"action": "delete_selected", ACTION_CHECKBOX_NAME: [leaver.pk, boss.pk], "post": "yes"},
+    )
+    left = client.post(_url(User, "delete", leaver.pk), {"post": "yes"})
+
+    assert kept.status_code == 403 and both.status_code == 403
+    assert User.objects.filter(pk=boss.pk).exists()
+    assert left.status_code == 302 and not User.objects.filter(pk=leaver.pk).exists()
+
+
+@pytest.mark.django_db
 def test_staff_removing_a_persons_second_factor_is_recorded_as_theirs_is(staff_client, owner):
     from allauth.mfa.models import Authenticator
 
