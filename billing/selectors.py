@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
+from django.utils import timezone
 
 from accounts.models import Tenant
 from billing import entitlements, pricing
@@ -21,7 +22,7 @@ from billing.models import (
     Subscription,
     UsageRecord,
 )
-from billing.usage import HOUR, period_bounds, period_key, unmetered_use
+from billing.usage import period_bounds, period_key, unmetered_use
 
 # The badge of each subscription status (one colour per status, as for instance states).
 STATUS_BADGES = {
@@ -152,6 +153,11 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
     return said
 
 
+# How long past a cancelled subscription's last period Stripe's last invoice is waited for:
+# Stripe retries a webhook for three days.
+STRIPE_LAST_INVOICE_WAIT = timedelta(days=3)
+
+
 def _uninvoiced(tenant: Tenant) -> list[str]:
     """What of the tenant's usage has no invoice yet, as sentences: a month not closed yet with
     priced usage, recorded or still to be metered (its invoice comes once it ends), and
@@ -176,31 +182,41 @@ def _uninvoiced(tenant: Tenant) -> list[str]:
             f"Its usage of {start:%B %Y} is invoiced once the month has ended, from "
             f"{end:%-d %B %Y}: delete the organization once that invoice is paid."
         )
-    # Usage on Stripe's meters is invoiced by Stripe when the subscription's period ends (a
-    # cancelled one's too, at its last period's end): until an invoice of Stripe's came after
-    # it was sent, it is still to be invoiced, though ours closed its month with nothing to bill.
-    stripe_invoiced = (
-        Invoice.objects.filter(
-            tenant=tenant, source=Invoice.Source.STRIPE, plan_id=OuterRef("usage_record__plan_id")
-        )
-        .order_by("-created_at")
-        .values("created_at")[:1]
+    # A subscription cancelled is billed by Stripe to its period's end: its last invoice comes
+    # then, for the usage sent to Stripe's meters in that period, though ours closed its month
+    # with nothing to bill. Waited for until an invoice of Stripe's comes after that end, or
+    # for as long as Stripe retries a webhook past it (one Stripe ended at once makes none).
+    now = timezone.now()
+    last_invoice = Invoice.objects.filter(
+        tenant=tenant,
+        plan_id=OuterRef("plan_id"),
+        source=Invoice.Source.STRIPE,
+        created_at__gte=OuterRef("current_period_end"),
     )
-    on_stripe = (
-        MeterEvent.objects.filter(
-            usage_record__tenant=tenant,
-            status__in=[MeterEvent.Status.PENDING, MeterEvent.Status.SENT],
-        )
-        .annotate(invoiced=Subquery(stripe_invoiced))
-        .filter(Q(invoiced__isnull=True) | Q(sent_at__isnull=True) | Q(invoiced__lt=F("sent_at")))
-        .aggregate(last=Max("usage_record__hour"))["last"]
+    metered = MeterEvent.objects.filter(
+        usage_record__tenant=tenant,
+        usage_record__plan_id=OuterRef("plan_id"),
+        usage_record__hour__gte=OuterRef("current_period_start"),
+        status=MeterEvent.Status.SENT,
     )
-    if on_stripe is not None:
-        said.append(
-            f"Its usage until {on_stripe + HOUR:%-d %B %Y %H:%M} UTC is on Stripe's meters, and "
-            "Stripe invoices it when the subscription's period ends: delete the organization "
-            "once that invoice is paid."
+    billing_on = (
+        Subscription.objects.filter(
+            tenant=tenant,
+            status=Subscription.Status.CANCELLED,
+            current_period_end__gt=now - STRIPE_LAST_INVOICE_WAIT,
         )
+        .exclude(stripe_subscription_id="")
+        .filter(Exists(metered))
+        .exclude(Exists(last_invoice))
+        .select_related("plan")
+        .order_by("current_period_end")
+    )
+    said += [
+        f"Stripe invoices its usage of the {subscription.plan.name} plan when the "
+        f"subscription's last period ends, {subscription.current_period_end:%-d %B %Y %H:%M} "
+        "UTC: delete the organization once that invoice is paid."
+        for subscription in billing_on.only("plan__name", "current_period_end")
+    ]
     # A draft of ours at 0 (usage of a plan that prices nothing) will ask nothing; Stripe's may
     # still gain lines until Stripe finalizes it.
     drafts = (
