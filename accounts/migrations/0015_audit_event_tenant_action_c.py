@@ -12,6 +12,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # An earlier 0015, since removed, made a plain (tenant, action) index, which the planner
+        # chose to count the admin's one-action filter along: a database that ran it drops it.
+        migrations.RunSQL(
+            "DROP INDEX CONCURRENTLY IF EXISTS audit_tenant_action", migrations.RunSQL.noop
+        ),
         AddIndexConcurrently(
             model_name="auditevent",
             index=models.Index(
