@@ -107,9 +107,13 @@ def invoice_to_come(tenant: Tenant, period: str) -> bool:
     bills yet: the period has not closed, or one of its invoices is still a draft staff
     review. In one statement."""
     invoices = Invoice.objects.filter(tenant=tenant, period=period)
+    # A draft of ours at 0 (a plan that prices nothing) bills nothing, issued or not.
+    drafts = invoices.filter(status=Invoice.Status.DRAFT).exclude(
+        total=0, source=Invoice.Source.LOCAL
+    )
     return Tenant.objects.filter(
         Exists(UsageRecord.objects.filter(tenant=tenant, period=period)),
-        ~Exists(invoices) | Exists(invoices.filter(status=Invoice.Status.DRAFT)),
+        ~Exists(invoices) | Exists(drafts),
         pk=tenant.pk,
     ).exists()
 

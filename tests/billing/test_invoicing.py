@@ -784,3 +784,39 @@ def test_a_month_billed_late_in_the_plans_old_currency_is_invoiced_apart_from_th
     assert totals == [("eur", Decimal("4.00")), ("usd", Decimal("3.50"))]
     usd = next(invoice for invoice in closed if invoice.currency == "usd")
     assert _line(usd, "cpu", adjustment_of="2026-11").amount == Decimal("3.50")
+
+
+def test_a_free_plans_invoice_at_zero_left_a_draft_does_not_keep_an_issued_month_to_come(
+    owner_client, tenant, plan, staff
+):
+    """The organization ran a database on a priced plan and one on a free plan (no prices) last
+    month. The month closes: a draft per plan, the free plan's at 0.00 (`invoicing._drafts`).
+    Staff issue the priced one; the one at 0.00 asks nothing (the deletion ignores such a
+    draft: `selectors._uninvoiced`) and stays a draft. The page then shows the month's cost
+    under "Last month, invoice to come" beside the issued invoice that bills every cent of it,
+    for as long as nobody finalizes an invoice of nothing."""
+    from django.utils import timezone
+
+    from billing.models import Plan
+
+    free = Plan.objects.create(key="free", name="Free", service="postgresql")
+    this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
+    start = usage.period_bounds(usage.period_key(this_month - timedelta(days=1)))[0]
+    _use(tenant, plan, start + timedelta(days=3), cpu="40")  # 1.40 USD
+    _use(tenant, free, start + timedelta(days=3), instance="inst-ffffffff", cpu="4")
+    hours, hour = [], start
+    while hour < this_month:
+        hours.append(MeteredHour(hour=hour))
+        hour += usage.HOUR
+    MeteredHour.objects.bulk_create(hours, ignore_conflicts=True)
+    closed = invoicing.period_close(usage.period_key(start), now=this_month + timedelta(hours=2))
+    priced = next(i for i in closed.invoices if i.plan_id == plan.pk)
+    nothing = next(i for i in closed.invoices if i.plan_id == free.pk)
+    assert priced.total == Decimal("1.40") and nothing.total == 0
+    invoicing.invoice_finalize(actor=staff, invoice=priced)
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+
+    priced.refresh_from_db()
+    assert priced.number in page  # the issued invoice, in the list
+    assert "Last month, invoice to come" not in page
