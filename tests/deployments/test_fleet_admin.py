@@ -500,3 +500,26 @@ def test_an_instance_that_fails_unexpectedly_is_refused_and_the_run_goes_on(flee
     [(name, why)] = run.refused
     assert name == str(Instance.objects.get(pk=running[1].pk))
     assert why.startswith("An unexpected error")
+
+
+def test_an_instance_already_on_the_newest_version_is_not_flagged_as_an_upgrade_refused(
+    staff_client, fleet, tenant
+):
+    """Staff limited Acme to the us-1 cell (an override of the plan's cells) after its
+    databases were made in eu-1. A fleet upgrade's confirmation lists acme-0, already on the
+    plan's newest version ("(the newest)": nothing to upgrade, the run leaves it alone without
+    a word), and yet says on its row "Left as it is: Version 1 of the PostgreSQL plan does not
+    run in the eu-1 cell, where acme-0 runs" — of the very version it runs there now."""
+    running, _ = fleet
+    acme = running[0]
+    from billing.models import PlanOverride
+
+    PlanOverride.objects.create(
+        tenant=tenant, plan=acme.plan_version.plan, limits={"cells": ["us-1"]}
+    )
+
+    page, _ = _confirm(staff_client, "upgrade", [acme])
+
+    [row] = [r for r in page.content.decode().split("<tbody>")[1].split("</tr>") if acme.name in r]
+    assert "(the newest)" in row, row
+    assert "Left as it is:" not in row, row
