@@ -916,15 +916,15 @@ _STRIPE_LIVE = frozenset({"active", "trialing", "past_due", "unpaid", "incomplet
 
 def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | None:
     """Bring our subscription to what Stripe holds now (`subscription` is freshly fetched,
-    never an event's copy): its period, and its status through the same services staff use
-    (audited, mailed), as the system. A cancelled one stays cancelled; a Stripe subscription
-    we did not start is logged and left alone.
+    never an event's copy; its period and status are read again once ours is locked): its
+    period, and its status through the same services staff use (audited, mailed), as the
+    system. A cancelled one stays cancelled; a Stripe subscription we did not start is logged
+    and left alone.
 
     A Stripe subscription that is not the one ours holds — a checkout paid after ours was
     cancelled (its page was still open), or a second page paid — would bill the tenant's usage
     again: it is ended in Stripe at once, and ours is left as it is. (The one ours holds, when
     ours is cancelled, was told to end with its period, and bills until then.)"""
-    values = subscription_values(subscription)
     ours = _ours(subscription)
     if ours is None:
         log.warning("stripe subscription %s is not one of ours", subscription.id)
@@ -939,11 +939,6 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
                 subscription.id, why="A second subscription for one Opsdeck subscription."
             )
         return ours
-    Subscription.objects.filter(pk=ours.pk).update(
-        current_period_start=values["current_period_start"],
-        current_period_end=values["current_period_end"],
-        stripe_started_at=values["started_at"],
-    )
     if subscription.status in _STRIPE_LIVE:
         # Started from a page made before a price changed, or on a plan that added a price.
         subscription_align(gw, subscription, ours.plan)
@@ -951,7 +946,18 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         # Judged on ours as it is under its lock: a cancel committing meanwhile is not undone
         # (nor refused in the audit log as a reactivation nobody asked for).
         ours = Subscription.objects.select_for_update().get(pk=ours.pk)
-        return _status_mirror(ours, subscription.id, subscription.status)
+        # And on Stripe's subscription as it is under that lock, read again: events about it
+        # are handled side by side and its objects carry no version, so a copy read before
+        # (a declined renewal's) may be older than one another worker applied since (the
+        # payment's). Serialized on our row, the copy applied last is the newest.
+        current = subscription_values(gw.subscription(subscription.id))
+        Subscription.objects.filter(pk=ours.pk).update(
+            current_period_start=current["current_period_start"],
+            current_period_end=current["current_period_end"],
+            stripe_started_at=current["started_at"],
+        )
+        ours.refresh_from_db()
+        return _status_mirror(ours, subscription.id, current["stripe_status"])
 
 
 def subscriptions_reconcile() -> int:

@@ -1,13 +1,18 @@
 """Servers the tests point clients at: a real SMTP server (aiosmtpd) that records what it
-accepts and can answer an error first, and an address that takes connections and never answers
-(a hung mail server, a hung Redis)."""
+accepts and can answer an error first, an address that takes connections and never answers
+(a hung mail server, a hung Redis), and an HTTP relay that can hold one answer back (a slow
+network between a worker and Stripe)."""
 
 from __future__ import annotations
 
+import http.client
+import re
 import socket
 import threading
 from contextlib import contextmanager
 from email import message_from_bytes, policy
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 from aiosmtpd.controller import Controller
 
@@ -97,3 +102,69 @@ def blackhole_server(settings):
         settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", hole.port
         settings.EMAIL_TIMEOUT = 120
         yield hole
+
+
+class Relay:
+    """An HTTP relay to `upstream` on a free local port (`url`): `hold(pattern)` makes the next
+    request whose path matches wait — answered, once `release()` is called, with what the
+    upstream said when it was asked — as a slow network delivers an answer late."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlsplit(upstream)
+        self.pattern: re.Pattern | None = None
+        self.holding = threading.Event()
+        self.released = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def relay(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                upstream = http.client.HTTPConnection(relay.upstream.hostname, relay.upstream.port)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                upstream.close()
+                if relay.pattern is not None and relay.pattern.search(self.path):
+                    relay.pattern = None
+                    relay.holding.set()
+                    relay.released.wait(30)
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = relay
+
+        return Handler
+
+    def hold(self, pattern: str) -> None:
+        self.holding.clear()
+        self.released.clear()
+        self.pattern = re.compile(pattern)
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 
 from stripe_emulator import StripeEmulator
+from tests.servers import Relay
 
 API_KEY = "sk_test_opsdeck_billing"
 WEBHOOK_SECRET = "whsec_test_opsdeck_billing"
@@ -28,6 +29,14 @@ def stripe_settings(settings, emulator):
     settings.STRIPE_API_BASE = emulator.url
     settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
     return settings
+
+
+@pytest.fixture
+def stripe_relay(emulator, stripe_settings) -> Iterator[Relay]:
+    """Billing talks to the emulator through a relay that can hold one of its answers back."""
+    with Relay(emulator.url) as relay:
+        stripe_settings.STRIPE_API_BASE = relay.url
+        yield relay
 
 
 @pytest.fixture

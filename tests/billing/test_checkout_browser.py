@@ -13,7 +13,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from billing import meter_events, pricing, stripe_sync, usage
-from billing.models import Invoice, StripeCustomer, Subscription
+from billing.models import Invoice, StripeCustomer, StripeEvent, Subscription
 from billing.stripe_gateway import gateway
 from billing.team_views import BILLING_TEAM
 from deployments import metering
@@ -74,6 +74,18 @@ def test_a_tenant_subscribes_through_checkout_and_reads_stripes_invoice(
     expect(page.locator(f"#plan-{plan.key} .badge")).to_have_text("Active")
     expect(page.get_by_role("button", name="Manage payment method")).to_be_visible()
 
+    # Stripe's webhooks so far handled: each mirrors the subscription's start, which the
+    # history below fakes.
+    wait_for(
+        lambda: (
+            {e["id"] for e in stripe_live.events()}
+            <= set(
+                StripeEvent.objects.exclude(processed_at=None).values_list("event_id", flat=True)
+            )
+        ),
+        timeout=15,
+        what="Stripe's webhooks to be handled",
+    )
     # The instance runs from the start of the month; the customer has been Stripe's since
     # then (a test cannot wait for an hour to pass). Its hours go to Stripe's meters.
     this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -12,6 +13,8 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 from accounts.audit import Actor
@@ -194,6 +197,48 @@ def test_a_failed_payment_alone_makes_the_subscription_past_due(
     subscription.refresh_from_db()
     assert subscription.status == "past_due"
     assert Invoice.objects.get().status == "open"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_declined_renewal_handled_while_the_customer_pays_does_not_leave_it_past_due(
+    stripe_relay, subscription, emulator, gw, tenant, owner_client
+):
+    """The card is declined at renewal; the worker handling `invoice.payment_failed` reads the
+    subscription (past due) and Stripe's answer is slow to reach it. Meanwhile the customer
+    pays, and another worker handles `invoice.paid` and `customer.subscription.updated`
+    (active). The slow worker then goes on: ours must not end past due while Stripe holds it
+    active."""
+    invoice = emulator.close_period(subscription.stripe_subscription_id)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.fail_invoice(invoice["id"])
+    failed = emulator.events("invoice.payment_failed")[-1]
+    stripe_relay.hold(rf"^/v1/subscriptions/{subscription.stripe_subscription_id}\b")
+    slow = {}
+
+    def first_worker():
+        try:
+            slow["status"] = _deliver(Client(), failed).status_code
+        except Exception as exc:  # asserted on below
+            slow["status"] = exc
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=first_worker)
+    worker.start()
+    assert stripe_relay.holding.wait(20), "the first worker never read the subscription"
+
+    emulator.pay_invoice(invoice["id"])  # Stripe: active again
+    _deliver(Client(), emulator.events("invoice.paid")[-1])
+    _deliver(Client(), emulator.events("customer.subscription.updated")[-1])
+    stripe_relay.release()
+    worker.join(30)
+
+    assert slow.get("status") == 200, slow
+    assert gw.subscription(subscription.stripe_subscription_id).status == "active"
+    subscription.refresh_from_db()
+    assert subscription.status == "active" and subscription.past_due_since is None
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert "Payment is past due" not in page
 
 
 def test_a_payment_waiting_for_the_customers_confirmation_shows_the_invoice_to_pay(
