@@ -361,6 +361,16 @@ class Subscription(models.Model):
         """Whether it let the plan's instances run at some time (`RAN`)."""
         return self.current_period_start is not None or self.stripe_started_at is not None
 
+    def suspended_unpaid(self) -> bool:
+        """Suspended by the system for a Stripe invoice left unpaid past the grace period:
+        paying it reactivates the subscription by itself (Stripe's webhook), not staff."""
+        return (
+            self.status == self.Status.SUSPENDED
+            and not self.suspended_by_staff
+            and self.past_due_since is not None
+            and bool(self.stripe_subscription_id)
+        )
+
     def stop_counted_from(self) -> datetime | None:
         """Since when the running instances on its plan are counted toward being stopped (the
         plan's `stop_after_days` later): its suspension; once ended, its end, or the

@@ -63,6 +63,9 @@ class PlanRow:
     stop_due: datetime | None = None
     # A subscription to it waits for payment on Stripe's checkout (`Plan.paid_at_checkout`).
     paid_at_checkout: bool = False
+    # Its open Stripe invoices, when its subscription is suspended for one unpaid
+    # (`Subscription.suspended_unpaid`): paying them reactivates it.
+    unpaid: list[Invoice] = field(default_factory=list)
 
     @property
     def badge(self) -> str:
@@ -417,6 +420,12 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
     usages = entitlements.usages_of(
         tenant, [plan for plan in plans if plan.pk in open_ or plan.pk in ended]
     )
+    unpaid: dict[int, list[Invoice]] = {}
+    if any(s.suspended_unpaid() for s in open_.values()):
+        for invoice in Invoice.objects.filter(
+            tenant=tenant, source=Invoice.Source.STRIPE, status=Invoice.Status.OPEN
+        ).order_by("period", "pk"):
+            unpaid.setdefault(invoice.plan_id, []).append(invoice)
     rows = []
     for plan in plans:
         subscription = open_.get(plan.pk)
@@ -436,6 +445,9 @@ def plan_rows(tenant: Tenant) -> list[PlanRow]:
                 prices=prices[plan.pk],
                 stop_due=ended[plan.pk].stop_due_at() if instances and plan.pk in ended else None,
                 paid_at_checkout=plan.pk in paid_at_checkout,
+                unpaid=unpaid.get(plan.pk, [])
+                if subscription and subscription.suspended_unpaid()
+                else [],
             )
         )
     for row in rows:

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
-from billing import invoicing, meter_events, reports, stripe_sync, usage
+from billing import invoicing, meter_events, reports, services, stripe_sync, usage
 from billing.models import Invoice, MeteredHour, MeterEvent, Subscription
 from billing.team_views import BILLING_TEAM
 from stripe_emulator import sign
@@ -239,6 +239,51 @@ def test_a_declined_renewal_handled_while_the_customer_pays_does_not_leave_it_pa
     assert subscription.status == "active" and subscription.past_due_since is None
     page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
     assert "Payment is past due" not in page
+
+
+def _said(page: str, start: str) -> str:
+    """The page's text from `start` on, as a reader sees it."""
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
+    return text[text.index(start) :]
+
+
+@pytest.mark.parametrize("by", ["the system", "staff"])
+def test_suspended_for_an_unpaid_stripe_invoice_the_page_says_paying_it_reactivates(
+    client, owner_client, tenant, subscription, emulator, priced_plan, record_usage, make_user,
+    by,
+):  # fmt: skip
+    """The card is declined at renewal and the grace period passes: Opsdeck suspends the
+    subscription. Paying the invoice on Stripe reactivates it by itself (Stripe's webhook), so
+    the page says so rather than to ask the platform team; a staff suspension is theirs to
+    lift whatever is paid."""
+    invoice = _metered_and_invoiced(emulator, record_usage, subscription)
+    emulator.finalize_invoice(invoice["id"])
+    emulator.fail_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.payment_failed")[-1])
+    if by == "staff":
+        staff = Actor(user=make_user("staff@example.com", is_staff=True), staff=True)
+        services.subscription_suspend(actor=staff, subscription=subscription, reason="abuse")
+    else:
+        later = timezone.now() + timedelta(days=priced_plan.grace_days + 1)
+        assert services.subscriptions_suspend_overdue(now=later) == 1
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert stored.status == "open"
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    said = _said(page, "This subscription is suspended")[:600]
+
+    if by == "staff":
+        assert "Contact the platform team to reactivate it." in said, said
+        return
+    assert "Contact the platform team" not in said, said
+    assert f"because invoice {stored.number} is unpaid" in said, said
+    assert "Paying it on Stripe reactivates the subscription" in said, said
+    assert f'href="/t/{tenant.slug}/billing/invoices/{stored.pk}/"' in page
+    # And so it does: paid, it is active again, without the platform team.
+    emulator.pay_invoice(invoice["id"])
+    _deliver(client, emulator.events("invoice.paid")[-1])
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
 
 
 def test_a_payment_waiting_for_the_customers_confirmation_shows_the_invoice_to_pay(
