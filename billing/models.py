@@ -333,6 +333,9 @@ class Subscription(models.Model):
     # is in none of its periods, so a meter event of the hour it began is timed from then.
     stripe_started_at = models.DateTimeField(null=True, blank=True)
     past_due_since = models.DateTimeField(null=True, blank=True)
+    # Checkout pages made for it: the next one's idempotency key, so a page made once the one
+    # before expired is a new one (Stripe answers a key again with its first page for 24 h).
+    checkout_pages = models.PositiveIntegerField(default=0)
     suspended_at = models.DateTimeField(null=True, blank=True)
     # Suspended by the platform team: it stays suspended until they reactivate it, whatever
     # Stripe reports (a suspension for an unpaid invoice ends when Stripe reports it paid).

@@ -370,6 +370,7 @@ class StripeGateway:
         self,
         *,
         subscription_id: int,
+        page: int,
         customer_id: str,
         tenant_id: int,
         price_ids: list[str],
@@ -377,10 +378,11 @@ class StripeGateway:
         cancel_url: str,
     ) -> Any:
         """A hosted Checkout page subscribing the customer to metered prices (no quantity) for
-        a subscription of ours. The idempotency key covers what the page asks for, so a request
-        sent twice makes one page, and one asking for other prices or return addresses (the
-        catalog synced again, the portal reached by another address) is not refused for
-        reusing a key."""
+        a subscription of ours, the `page`-th made for it (counted from 0). The idempotency key
+        covers which page it is and what it asks for, so a request sent twice makes one page,
+        one made after the one before expired is a new page (not that one, replayed), and one
+        asking for other prices or return addresses (the catalog synced again, the portal
+        reached by another address) is not refused for reusing a key."""
         params = {
             "mode": "subscription",
             "customer": customer_id,
@@ -408,7 +410,8 @@ class StripeGateway:
             },
         }
         return self.client.v1.checkout.sessions.create(
-            params, {"idempotency_key": f"opsdeck-checkout-{subscription_id}-{_digest(params)}"}
+            params,
+            {"idempotency_key": f"opsdeck-checkout-{subscription_id}-{page}-{_digest(params)}"},
         )
 
     @_translated

@@ -770,14 +770,18 @@ def checkout_start(
         if session is not None and asked != " ".join(price_ids):
             gw.checkout_session_expire(session.id)
             session = None
-        session = session or gw.checkout_session_create(
-            subscription_id=locked.pk,
-            customer_id=customer.customer_id,
-            tenant_id=locked.tenant_id,
-            price_ids=price_ids,
-            success_url=success_url,
-            cancel_url=cancel_url,
-        )
+        if session is None:
+            # None open: none made yet, or the one before expired (or was closed above).
+            session = gw.checkout_session_create(
+                subscription_id=locked.pk,
+                page=locked.checkout_pages,
+                customer_id=customer.customer_id,
+                tenant_id=locked.tenant_id,
+                price_ids=price_ids,
+                success_url=success_url,
+                cancel_url=cancel_url,
+            )
+            Subscription.objects.filter(pk=locked.pk).update(checkout_pages=F("checkout_pages") + 1)
     return session.url
 
 

@@ -83,6 +83,32 @@ def test_subscribing_goes_to_checkout_and_waits_for_payment(
     assert Subscription.objects.filter(tenant=tenant).count() == 1
 
 
+def test_after_its_checkout_page_expired_continue_to_payment_opens_a_payable_page(
+    client, owner_client, tenant, catalog, emulator, gw
+):
+    """Stripe expires a Checkout page after 24 hours (or when told to). "Continue to payment"
+    then made it again with the same idempotency key, and Stripe answered with the expired
+    page: nothing could be paid any more."""
+    first = _subscribe(owner_client, tenant, catalog)
+    (expired,) = re.findall(r"/c/pay/(cs_\w+)", first["Location"])
+    gw.checkout_session_expire(expired)
+    _deliver(client, emulator.events("checkout.session.expired")[-1])
+    assert "Continue to payment" in owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+
+    again = _subscribe(owner_client, tenant, catalog, request_id="sub-2")
+
+    (session_id,) = re.findall(r"/c/pay/(cs_\w+)", again["Location"])
+    assert session_id != expired and gw.checkout_session(session_id).status == "open"
+    # Asked again meanwhile, it is the same page.
+    assert (
+        _subscribe(owner_client, tenant, catalog, request_id="sub-3")["Location"]
+        == again["Location"]
+    )
+    emulator.complete_checkout(session_id)
+    _deliver(client, emulator.events("checkout.session.completed")[-1])
+    assert Subscription.objects.get(tenant=tenant, plan=catalog).status == "active"
+
+
 def test_continuing_to_payment_from_another_address_opens_the_same_page(
     owner_client, tenant, catalog, settings
 ):
@@ -320,7 +346,7 @@ def test_a_second_stripe_subscription_for_one_of_ours_is_ended_and_the_first_kep
     first = subscription.stripe_subscription_id
     customer = subscription.stripe_customer_id
     second = gw.checkout_session_create(
-        subscription_id=subscription.pk, customer_id=customer, tenant_id=tenant.pk,
+        subscription_id=subscription.pk, page=1, customer_id=customer, tenant_id=tenant.pk,
         price_ids=[p.id for p in gw.client.v1.prices.list().data],
         success_url="http://elsewhere.example/done", cancel_url="http://elsewhere.example/no",
     )  # fmt: skip
