@@ -503,6 +503,7 @@ def _page(
         "page_url": _page_url(instance),
         "tab": tab,
         "tabs": TABS,
+        "part": part,
         "actions": actions,
         "refusals": [a for a in actions if a.refusal],
         "failed_by": _failed_by(instance),

@@ -108,6 +108,29 @@ def test_tabs_switch_and_the_address_follows(open_page, owner, instance):
     expect(page.locator("#instance-backups")).to_be_visible()
 
 
+def test_a_tab_and_an_action_that_shows_another_tab_title_the_window_with_it(
+    open_page, owner, instance
+):
+    """Each tab has an address of its own, and a title of its own where history, bookmarks and
+    a screen reader's window list name it: htmx sets it from the part it swaps in."""
+    name = instance.name
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+    expect(page).to_have_title(f"{name} · Opsdeck")
+
+    page.get_by_role("link", name="Backups").click()
+    expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    expect(page).to_have_title(f"Backups · {name} · Opsdeck")
+
+    page.get_by_role("link", name="Overview").click()
+    page.get_by_role("button", name="Stop", exact=True).click()
+    page.locator("#confirm-dialog").get_by_role("button", name="Stop", exact=True).click()
+    expect(page).to_have_url(re.compile(r"\?tab=operations$"))
+    expect(page).to_have_title(f"Operations · {name} · Opsdeck")
+
+    page.go_back()
+    expect(page).to_have_title(f"{name} · Opsdeck")
+
+
 @BOTH_WIDTHS
 def test_the_delete_dialog_refuses_a_wrong_name(open_page, owner, instance, width):
     from deployments.models import Operation

@@ -260,7 +260,9 @@ def test_an_htmx_modify_with_an_error_gets_the_page_part_with_the_dialog_open(
 
     html = response.content.decode()
     assert response.status_code == 200
-    assert html.lstrip().startswith('<div id="instance-page">')
+    assert html.lstrip().startswith(
+        '<title>Operations · orders · Opsdeck</title>\n<div id="instance-page">'
+    )
     assert 'id="dialog-modify"' in html and "open data-open" in html
     assert not Operation.objects.filter(verb="modify").exists()
 

@@ -350,7 +350,9 @@ def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
     html = ended.content.decode()
     # The whole page of the tab on screen: the header stops polling, the actions change.
     assert (ended["HX-Retarget"], ended["HX-Reswap"]) == ("#instance-page", "outerHTML")
-    assert html.lstrip().startswith('<div id="instance-page">')
+    assert html.lstrip().startswith(
+        '<title>Backups · orders · Opsdeck</title>\n<div id="instance-page">'
+    )
     assert 'id="instance-state">Stopped<' in html
     assert "every 2s" not in head.search(html).group(0)
     assert f"{instance.pk}-20261130080000" in html  # the Backups tab, as it was shown
@@ -364,7 +366,9 @@ def test_the_refresh_when_an_operation_ends_keeps_the_tabs_choices(owner_client,
     )  # fmt: skip
 
     html = ended.content.decode()
-    assert html.lstrip().startswith('<div id="instance-page">')
+    assert html.lstrip().startswith(
+        '<title>Metrics · orders · Opsdeck</title>\n<div id="instance-page">'
+    )
     assert f'hx-get="{url}metrics/?window=7d"' in html  # the charts load for the window shown
 
 
@@ -400,7 +404,10 @@ def test_htmx_tab_requests_get_only_the_tab(owner_client, instance):
     )
 
     html = response.content.decode()
-    assert html.lstrip().startswith('<div id="instance-tab">')
+    # htmx sets the window's title from the part's (each tab has its own address).
+    assert html.lstrip().startswith(
+        '<title>Backups · orders · Opsdeck</title>\n<div id="instance-tab">'
+    )
     assert "<html" not in html and 'id="instance-head"' not in html
     assert f"{instance.pk}-20261130080000" in html
     assert "HX-Request" in response["Vary"]
@@ -588,7 +595,9 @@ def test_an_htmx_action_gets_the_refreshed_page_part_and_the_operations_address(
 
     html = response.content.decode()
     assert response.status_code == 200
-    assert html.lstrip().startswith('<div id="instance-page">')
+    assert html.lstrip().startswith(
+        '<title>Operations · orders · Opsdeck</title>\n<div id="instance-page">'
+    )
     assert '<div id="messages" hx-swap-oob="true">' in html
     assert "Restart of orders is" in html
     assert response["HX-Push-Url"] == _url(instance) + "?tab=operations"
