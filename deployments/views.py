@@ -265,7 +265,7 @@ def instance_estimate(request, plan_key: str):
     version, spec = _plan_or_404(request, plan_key)
     form_class = forms.parameter_form_class(spec.main.parameters, groups=spec.parameter_groups)
     context = _estimate_context(version, spec, form_class(request.POST), request.tenant)
-    return render(request, "deployments/_estimate.html", context)
+    return render(request, "deployments/_estimate.html#estimate-figures", context)
 
 
 # --- instance page ---
@@ -933,7 +933,7 @@ def snapshot_restore_estimate(request, instance_id: str, snapshot_id: int):
     form = _restore_form(snapshot, "", request.POST)  # bound: no name proposed
     return render(
         request,
-        "deployments/_estimate.html",
+        "deployments/_estimate.html#estimate-figures",
         {"cost": _restore_cost(snapshot, form, request.tenant)},
     )
 
@@ -1154,7 +1154,7 @@ def instance_modify_estimate(request, instance_id: str):
     password typed there never lands in an address)."""
     instance = _instance(request, instance_id)
     context = _modify_context(instance, _modify_form(instance, request.POST))
-    return render(request, "deployments/_modify_estimate.html", context)
+    return render(request, "deployments/_modify_estimate.html#modify-estimate-figures", context)
 
 
 # --- cancel an operation ---

@@ -47,6 +47,24 @@ def test_typing_a_server_count_updates_the_cost_after_the_change(open_page, owne
     assert errors == []  # the estimate's request disables no button of the form's
 
 
+def test_the_cost_after_the_change_is_said_by_the_live_region_that_was_there(
+    open_page, owner, instance
+):
+    """A screen reader reads a live region's changes, not a region put in whole: each new
+    estimate swapped in a new #modify-estimate, and the new price went unsaid."""
+    page = _open(open_page, owner, instance)
+    page.get_by_role("button", name="Modify").click()
+    now = page.locator("#modify-new-month").inner_text()
+    page.evaluate("() => { document.getElementById('modify-estimate').dataset.heard = '1'; }")
+
+    page.locator("#dialog-modify").get_by_label("Servers").fill("3")
+    expect(page.locator("#modify-new-month")).not_to_have_text(now)
+
+    heard = page.locator("[data-heard]")
+    expect(heard).to_have_attribute("aria-live", "polite")
+    expect(heard).to_contain_text(page.locator("#modify-new-month").inner_text())
+
+
 @BOTH_WIDTHS
 def test_the_connection_tab_never_scrolls_sideways(open_page, owner, instance, width):
     page = _open(open_page, owner, instance, width, tab="connection")

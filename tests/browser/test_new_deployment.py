@@ -51,6 +51,21 @@ def test_typing_a_new_server_count_changes_the_estimate(open_page, owner, tenant
     expect(page.locator("#estimate")).to_contain_text("Enter valid values to see the price.")
 
 
+def test_a_new_price_is_said_by_the_live_region_that_was_there(open_page, owner, tenant, plan):
+    """A screen reader reads a live region's changes, not a region put in whole: each new
+    estimate swapped in a new #estimate, and the new price went unsaid."""
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/new/postgres-cnpg/")
+    htmx_settled(page)
+    page.evaluate("() => { document.getElementById('estimate').dataset.heard = '1'; }")
+
+    page.get_by_label("Servers").fill("3")
+    expect(page.locator("#estimate-month")).to_have_text("101.62")
+
+    heard = page.locator("[data-heard]")
+    expect(heard).to_have_attribute("aria-live", "polite")
+    expect(heard).to_contain_text("101.62")
+
+
 def test_an_invalid_value_is_shown_beside_its_field_and_nothing_is_created(
     open_page, owner, tenant, plan
 ):
