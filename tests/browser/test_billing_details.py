@@ -13,6 +13,7 @@ from billing.models import BillingProfile, Invoice, InvoiceLine, Plan
 from tests.browser.conftest import (  # noqa: F401 - fixtures shared with the browser tests
     _served_like_a_browser_expects,
     browser,
+    htmx_settled,
     open_page,
     scrolls_sideways,
     shot,
@@ -95,3 +96,23 @@ def test_the_owner_fills_in_the_billing_details_and_reads_them_on_the_invoice(
     expect(total).to_contain_text("12.34 USD")
     box = total.bounding_box()
     assert box["width"] > 0 and box["x"] + box["width"] <= wide
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_refused_billing_details_move_the_focus_to_the_errors(
+    open_page,  # noqa: F811 - the fixture imported above
+    owner,
+    tenant,
+    width,
+):
+    """Sent with Enter from the email field, a wrong email and no legal name came back with a
+    summary above, but the focus stayed in the email field, below the first error: as on the
+    other forms, the summary takes it, its links leading to each field."""
+    page = open_page(owner, f"/t/{tenant.slug}/billing/details/", width)
+    htmx_settled(page)
+    page.get_by_label("Legal name").fill("")
+    page.get_by_label("Billing email").fill("not-an-address")
+    page.get_by_label("Billing email").press("Enter")
+
+    expect(page.locator("#billing-details-errors")).to_be_focused()
+    expect(page.locator("#billing-details-errors")).to_contain_text("Legal name")
