@@ -20,6 +20,7 @@ from typing import Any
 import urllib3
 import yaml
 from kubernetes import client, config, dynamic, watch
+from kubernetes.client import rest
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.discovery import CacheEncoder, LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
@@ -30,6 +31,10 @@ from deployments.workflow.driver import DriverError, PermanentError, TransientEr
 FIELD_MANAGER = "opsdeck"
 # (connect, read) seconds for every call.
 TIMEOUT = (5, 30)
+# One attempt per request: urllib3's default (Retry(3)) sends a request that timed out or
+# lost its connection up to four times, four timeouts for a cluster that never answers.
+# Trying again is the runner's, later, with backoff.
+NO_RETRIES = urllib3.Retry(0)
 # Seconds past a watch's own timeout that its silence ends it (`watch_objects`).
 WATCH_GRACE = 10
 # The most of a pod's log one read brings back, in at most so many requests (`pod_log`).
@@ -189,6 +194,9 @@ class KubeDriver:
     """The engine's driver over one cluster, with a discovery cache of its own."""
 
     def __init__(self, api_client: client.ApiClient, *, cache_file: str | None = None):
+        # The client's connection pool is made with the configuration's retries: made again.
+        api_client.configuration.retries = NO_RETRIES
+        api_client.rest_client = rest.RESTClientObject(api_client.configuration)
         self.api_client = api_client
         self._cache_file = cache_file
         self._dynamic: dynamic.DynamicClient | None = None

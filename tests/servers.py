@@ -1,10 +1,12 @@
 """Servers the tests point clients at: a real SMTP server (aiosmtpd) that records what it
 accepts and can answer an error first, an address that takes connections and never answers
-(a hung mail server, a hung Redis), and an HTTP relay that can hold one answer back (a slow
-network between a worker and Stripe)."""
+(a hung mail server, a hung Redis, a hung cluster), an HTTP relay that can hold one answer
+back (a slow network between a worker and Stripe), and a gate in front of a server that can
+refuse connections for a while (a cluster's API server unreachable)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import socket
@@ -82,6 +84,8 @@ class Blackhole:
             self.accepted.append(conn)
 
     def close(self):
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread waiting in accept()
         self.sock.close()
         for conn in self.accepted:
             conn.close()
@@ -168,3 +172,70 @@ class Relay:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Gate:
+    """A TCP forwarder in front of a local server's port. `close()` stops listening (the gate's
+    address refuses connections, as an unreachable API server's does) and drops the
+    connections open through it; `open()` listens again on the same port."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.port = 0
+        self.conns: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.open()
+
+    @property
+    def closed(self) -> bool:
+        return self.listener is None
+
+    def open(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        sock.listen(64)
+        self.listener = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread waiting in accept()
+        self.listener.close()
+        self.listener = None
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+        self.conns = []
+
+    def _accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                b.sendall(data)
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def kubeconfig(server: str) -> dict:
+    """A kubeconfig (as a mapping) for the cluster at `server` (`http://host:port`)."""
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    }  # fmt: skip

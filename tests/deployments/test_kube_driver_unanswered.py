@@ -1,0 +1,66 @@
+"""A cell whose API server takes connections and never answers (hung, or behind a network that
+drops its packets): a call gives up after its timeout, once, with a TransientError the runner
+retries later. Nothing of Opsdeck's is replaced: the cell's address is a real socket that
+accepts and stays silent."""
+
+import threading
+import time
+
+import pytest
+import yaml
+
+from deployments.kube import TIMEOUT, KubeDriver, api_client_from_kubeconfig
+from deployments.workflow.driver import TransientError
+from tests.servers import Blackhole
+
+ONE_CALL = sum(TIMEOUT)  # connected within 5 s, answered within 30 s
+CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "y"}}
+
+
+@pytest.fixture
+def silent():
+    with Blackhole() as hole:
+        yield hole
+
+
+def _timed(call, wait: float):
+    """Run `call` in a thread for at most `wait` seconds: (finished, seconds, result or
+    exception). A thread still waiting ends once the fixture closes the silent server."""
+    out: dict = {}
+
+    def run():
+        start = time.monotonic()
+        try:
+            out["result"] = call()
+        except Exception as exc:
+            out["result"] = exc
+        finally:
+            from django.db import connection
+
+            connection.close()  # this thread's, if it opened one
+        out["took"] = time.monotonic() - start
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(wait)
+    return "took" in out, out.get("took"), out.get("result")
+
+
+def test_a_call_to_a_cell_that_never_answers_ends_after_its_timeout_not_four_of_them(
+    silent, tmp_path, sandbox_cluster
+):
+    """Discovery cached (from when the cell answered), one read: it gives up after
+    kube.TIMEOUT, not four of them (urllib3's default Retry(3)), which took two minutes:
+    longer than the 90 s operation lease, which must be at least twice the longest call."""
+    cache = str(tmp_path / "discovery.json")
+    config = sandbox_cluster.kubeconfig()
+    warm = KubeDriver(api_client_from_kubeconfig(yaml.safe_dump(config)), cache_file=cache)
+    assert warm.get(CONFIG_MAP) is None  # the cache holds the cluster's kinds
+    config["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{silent.port}"
+    driver = KubeDriver(api_client_from_kubeconfig(yaml.safe_dump(config)), cache_file=cache)
+
+    finished, took, result = _timed(lambda: driver.get(CONFIG_MAP), wait=ONE_CALL + 10)
+
+    assert finished, f"still waiting after {ONE_CALL + 10} s"
+    assert isinstance(result, TransientError), result
+    assert took < 2 * TIMEOUT[1] and len(silent.accepted) == 1  # asked once
