@@ -29,7 +29,7 @@ from kubernetes.dynamic.resource import ResourceList
 from deployments.workflow.driver import DriverError, PermanentError, TransientError
 
 FIELD_MANAGER = "opsdeck"
-# (connect, read) seconds for every call.
+# (connect, read) seconds for every request, discovery's included.
 TIMEOUT = (5, 30)
 # One attempt per request: urllib3's default (Retry(3)) sends a request that timed out or
 # lost its connection up to four times, four timeouts for a cluster that never answers.
@@ -190,13 +190,29 @@ class _WholeCacheDiscoverer(LazyDiscoverer):
             pass  # as the library: a cache that cannot be written is rebuilt next time
 
 
+class _TimedRESTClient(rest.RESTClientObject):
+    """The client's HTTP layer with a timeout on every request, not only on those given one:
+    the client sends its discovery requests (/version, /api, /apis) with none, and against a
+    cluster that takes the connection and never answers the first call waited for ever."""
+
+    def __init__(self, configuration: client.Configuration, timeout: tuple[float, float]):
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def request(self, method, url, *args, _request_timeout=None, **kwargs):
+        return super().request(
+            method, url, *args, _request_timeout=_request_timeout or self.timeout, **kwargs
+        )
+
+
 class KubeDriver:
-    """The engine's driver over one cluster, with a discovery cache of its own."""
+    """The engine's driver over one cluster, with a discovery cache of its own. Every request
+    it makes has `TIMEOUT` and is sent once."""
 
     def __init__(self, api_client: client.ApiClient, *, cache_file: str | None = None):
         # The client's connection pool is made with the configuration's retries: made again.
         api_client.configuration.retries = NO_RETRIES
-        api_client.rest_client = rest.RESTClientObject(api_client.configuration)
+        api_client.rest_client = _TimedRESTClient(api_client.configuration, TIMEOUT)
         self.api_client = api_client
         self._cache_file = cache_file
         self._dynamic: dynamic.DynamicClient | None = None
@@ -245,7 +261,7 @@ class KubeDriver:
         """The call's answer as plain JSON (`serialize=False`: the dynamic client's own
         wrapping of every nested field, unwrapped again here, cost more than the request)."""
         try:
-            response = fn(*args, _request_timeout=TIMEOUT, serialize=False, **kwargs)
+            response = fn(*args, serialize=False, **kwargs)
             body = response.data
         except DynamicApiError as exc:
             raise classify(exc) from exc
@@ -427,7 +443,6 @@ class KubeDriver:
                 since_seconds=since_seconds,
                 timestamps=True,
                 limit_bytes=limit_bytes,
-                _request_timeout=TIMEOUT,
                 _preload_content=False,
             )
             return response.data

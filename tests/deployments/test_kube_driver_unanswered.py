@@ -9,9 +9,12 @@ import time
 import pytest
 import yaml
 
+from deployments import services
 from deployments.kube import TIMEOUT, KubeDriver, api_client_from_kubeconfig
+from deployments.models import Cell
 from deployments.workflow.driver import TransientError
-from tests.servers import Blackhole
+from tests.deployments.factories import BACKUPS, SPEC
+from tests.servers import Blackhole, kubeconfig
 
 ONE_CALL = sum(TIMEOUT)  # connected within 5 s, answered within 30 s
 CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "y"}}
@@ -21,6 +24,11 @@ CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x",
 def silent():
     with Blackhole() as hole:
         yield hole
+
+
+@pytest.fixture
+def silent_kubeconfig(silent) -> str:
+    return yaml.safe_dump(kubeconfig(f"http://127.0.0.1:{silent.port}"))
 
 
 def _timed(call, wait: float):
@@ -64,3 +72,38 @@ def test_a_call_to_a_cell_that_never_answers_ends_after_its_timeout_not_four_of_
     assert finished, f"still waiting after {ONE_CALL + 10} s"
     assert isinstance(result, TransientError), result
     assert took < 2 * TIMEOUT[1] and len(silent.accepted) == 1  # asked once
+
+
+def test_a_first_call_to_a_cell_that_never_answers_ends_instead_of_waiting_for_ever(
+    silent_kubeconfig, tmp_path
+):
+    """A driver with no discovery cache yet (a new worker or web process, a new cell, or a
+    lookup that missed the cache, on which the client discovers again) first asks the cell
+    for its version and API groups. The client sends those requests with no timeout: against
+    a cell that never answered, the call waited for ever (a worker thread stuck, a page
+    never loaded) instead of raising a TransientError after kube.TIMEOUT."""
+    driver = KubeDriver(
+        api_client_from_kubeconfig(silent_kubeconfig), cache_file=str(tmp_path / "d.json")
+    )
+
+    finished, _, result = _timed(lambda: driver.get(CONFIG_MAP), wait=ONE_CALL + 10)
+
+    assert finished, f"still waiting on the cell after {ONE_CALL + 10} s"
+    assert isinstance(result, TransientError), result
+
+
+def test_a_plan_loaded_while_a_cell_never_answers_is_loaded_with_a_warning(
+    transactional_db, silent_kubeconfig
+):
+    """A cell whose cluster does not answer only warns (the README): loading a plan checks
+    the kinds it serves, and waited for ever on one that took the connection and never
+    answered."""
+    Cell.objects.create(name="silent", region="eu-west", kubeconfig=silent_kubeconfig, **BACKUPS)
+
+    finished, _, loaded = _timed(
+        lambda: services.plan_load(text=SPEC.read_text()), wait=ONE_CALL + 10
+    )
+
+    assert finished, f"still loading after {ONE_CALL + 10} s"
+    assert loaded.version.number == 1, loaded
+    assert [w.split(" (")[0] for w in loaded.warnings] == ["cell silent was not checked"]
