@@ -2,7 +2,7 @@
 
 The runner, the cell watcher, the status reader and the instance page's live tabs all reach a
 cell through `driver_for`, so each process keeps one API client (its connection pool) and one
-discovery cache per cluster.
+discovery cache per cluster and timeout.
 """
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ import hashlib
 
 from django.conf import settings
 
-from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
+from deployments.kube import (
+    TIMEOUT,
+    KubeDriver,
+    api_client_from_kubeconfig,
+    api_client_in_cluster,
+)
 from deployments.models import Cell
 
-_drivers: dict[tuple[int, str], KubeDriver] = {}
+_drivers: dict[tuple[int, str, tuple[float, float]], KubeDriver] = {}
 
 
 def configuration(cell: Cell) -> str:
@@ -23,9 +28,10 @@ def configuration(cell: Cell) -> str:
     return cell.kubeconfig + "\0" + cell.context
 
 
-def driver_for(cell: Cell) -> KubeDriver:
-    """One driver (one ApiClient and discovery cache) per cell and configuration, per process."""
-    key = (cell.pk, configuration(cell))
+def driver_for(cell: Cell, *, timeout: tuple[float, float] = TIMEOUT) -> KubeDriver:
+    """One driver (one ApiClient and discovery cache) per cell, configuration and timeout of
+    its requests (`kube.TIMEOUT`, or a page's shorter one), per process."""
+    key = (cell.pk, configuration(cell), timeout)
     if key not in _drivers:
         api = (
             api_client_from_kubeconfig(cell.kubeconfig, context=cell.context or None)
@@ -37,5 +43,5 @@ def driver_for(cell: Cell) -> KubeDriver:
         # Named after the configuration too: databases sharing var/ may hold other clusters.
         digest = hashlib.sha256(key[1].encode()).hexdigest()[:12]
         cache_file = cache_dir / f"cell-{cell.pk}-{digest}.json"
-        _drivers[key] = KubeDriver(api, cache_file=str(cache_file))
+        _drivers[key] = KubeDriver(api, cache_file=str(cache_file), timeout=timeout)
     return _drivers[key]

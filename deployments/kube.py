@@ -207,13 +207,20 @@ class _TimedRESTClient(rest.RESTClientObject):
 
 class KubeDriver:
     """The engine's driver over one cluster, with a discovery cache of its own. Every request
-    it makes has `TIMEOUT` and is sent once."""
+    it makes has `timeout` (connect, read) seconds and is sent once."""
 
-    def __init__(self, api_client: client.ApiClient, *, cache_file: str | None = None):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        cache_file: str | None = None,
+        timeout: tuple[float, float] = TIMEOUT,
+    ):
         # The client's connection pool is made with the configuration's retries: made again.
         api_client.configuration.retries = NO_RETRIES
-        api_client.rest_client = _TimedRESTClient(api_client.configuration, TIMEOUT)
+        api_client.rest_client = _TimedRESTClient(api_client.configuration, timeout)
         self.api_client = api_client
+        self.timeout = timeout
         self._cache_file = cache_file
         self._dynamic: dynamic.DynamicClient | None = None
 
@@ -512,7 +519,7 @@ class KubeDriver:
                 allow_watch_bookmarks=True,
                 # Silence past the server's own end (a connection dropped without a word, after
                 # a failover) ends the watch too: else it waits on it for ever.
-                _request_timeout=(TIMEOUT[0], timeout + WATCH_GRACE),
+                _request_timeout=(self.timeout[0], timeout + WATCH_GRACE),
             ):
                 yield event["type"], _unmanaged(event["raw_object"])
         except (DynamicApiError, ApiException) as exc:

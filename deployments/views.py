@@ -283,6 +283,10 @@ TABS = {
 }
 # The tabs read live from the instance's cell each time they are shown or refreshed.
 LIVE_TABS = {"servers", "logs", "events"}
+# (connect, read) seconds for each of their requests to the cell: a page whose cell never
+# answers says so well within the web server's own timeout (gunicorn's 30 s), which one
+# request with kube.TIMEOUT's 30 s read would reach.
+LIVE_TIMEOUT = (5, 10)
 # Seconds "Follow" keeps polling a server's log after the last interaction with the tab.
 FOLLOW_FOR = 300
 DETAIL = "deployments/instance_detail.html"
@@ -405,7 +409,8 @@ def _live_context(instance: Instance, tab: str, params) -> dict:
         # Its objects went with its namespace: nothing to read, nor to follow.
         return {**chosen, "following": False, "server_gone": bool(chosen.get("server_name"))}
     try:
-        driver = driver_for(instance.cell)  # a cell whose configuration cannot be used raises
+        # A cell whose configuration cannot be used raises.
+        driver = driver_for(instance.cell, timeout=LIVE_TIMEOUT)
         if tab == "events":
             return {"events": servers.events_read(driver, namespace)}
         found = servers.servers_read(driver, namespace, rule) if rule else []

@@ -8,15 +8,20 @@ import time
 
 import pytest
 import yaml
+from django.utils import timezone
 
 from deployments import services
 from deployments.kube import TIMEOUT, KubeDriver, api_client_from_kubeconfig
 from deployments.models import Cell
 from deployments.workflow.driver import TransientError
+from tests.deployments import factories
 from tests.deployments.factories import BACKUPS, SPEC
 from tests.servers import Blackhole, kubeconfig
 
 ONE_CALL = sum(TIMEOUT)  # connected within 5 s, answered within 30 s
+# gunicorn's default --timeout, which the Procfile's web process keeps: a request still
+# running then is killed, and the browser gets no page.
+GUNICORN_TIMEOUT = 30
 CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "y"}}
 
 
@@ -107,3 +112,26 @@ def test_a_plan_loaded_while_a_cell_never_answers_is_loaded_with_a_warning(
     assert finished, f"still loading after {ONE_CALL + 10} s"
     assert loaded.version.number == 1, loaded
     assert [w.split(" (")[0] for w in loaded.warnings] == ["cell silent was not checked"]
+
+
+def test_a_tab_of_an_instance_on_a_cell_that_never_answers_says_so_before_the_web_server_gives_up(
+    transactional_db, silent_kubeconfig, tenant, owner, client
+):
+    """The Servers tab reads the cluster in the page's request. On a cell that took the
+    connection and never answered, the page did not come back within gunicorn's 30 s (the
+    web worker killed, the customer given an error or nothing) instead of saying "The
+    cluster could not be read"."""
+    version = factories.postgres_version()  # loaded before the cell exists: no check of it
+    cell = Cell.objects.create(
+        name="silent", region="eu-west", kubeconfig=silent_kubeconfig, **BACKUPS
+    )
+    instance = factories.ran_since(tenant, version, cell, since=timezone.now())
+    client.force_login(owner)
+    url = f"/t/{tenant.slug}/deployments/{instance.pk}/"
+
+    finished, took, page = _timed(lambda: client.get(url, {"tab": "servers"}), wait=45)
+
+    assert finished and took < GUNICORN_TIMEOUT, (
+        f"the page answered after {took} s" if finished else "no page after 45 s"
+    )
+    assert "The cluster could not be read" in page.content.decode()
