@@ -91,9 +91,43 @@ def readable(exc: Exception) -> str:
         message = message or exc.reason or f"HTTP {exc.status}"
         # "Backup.example.io "x" is invalid" reads better as "Backup "x" is invalid".
         return re.sub(r'^(\w+)\.[a-z0-9.-]+ "', r'\1 "', message)
-    if isinstance(exc, urllib3.exceptions.HTTPError):
-        return f"The cluster did not answer: {exc.__class__.__name__}"
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return _connection_failure(_cause(exc))
     return str(exc)
+
+
+def _cause(exc: Exception) -> Exception:
+    """What a failed request met: urllib3 wraps it in a MaxRetryError (no retries left) or,
+    through a proxy, a ProxyError."""
+    while True:
+        if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+            exc = exc.reason
+        elif isinstance(exc, urllib3.exceptions.ProxyError) and exc.original_error is not None:
+            exc = exc.original_error
+        else:
+            return exc
+
+
+def _connection_failure(cause: Exception) -> str:
+    """A request that got no answer, said in words (not urllib3's class names)."""
+    errors = urllib3.exceptions
+    if isinstance(cause, errors.NameResolutionError):
+        return "The cluster could not be reached (its host name does not resolve)"
+    if isinstance(cause, errors.NewConnectionError):
+        # Its cause is the socket's error: "Connection refused", "No route to host"...
+        why = getattr(cause.__cause__, "strerror", None) or "no connection"
+        return f"The cluster could not be reached ({why[0].lower()}{why[1:]})"
+    if isinstance(cause, errors.ConnectTimeoutError):
+        return "The cluster could not be reached (the connection timed out)"
+    if isinstance(cause, errors.ReadTimeoutError):
+        return "The cluster did not answer in time"
+    if isinstance(cause, errors.SSLError):
+        return "The secure connection to the cluster failed (check the kubeconfig's certificates)"
+    if isinstance(
+        cause, errors.ProtocolError | errors.IncompleteRead | errors.InvalidChunkLength | OSError
+    ):
+        return "The connection to the cluster was lost"
+    return "The cluster's answer could not be read"
 
 
 def classify(exc: Exception) -> DriverError:

@@ -60,7 +60,7 @@ from deployments.spec.params import IMMUTABLE, ParameterErrors, validate_paramet
 from deployments.spec.params import check as check_value
 from deployments.spec.validation import NAMESPACE_NAME
 from deployments.transitions import instance_state_set, operation_dispatch, snapshots_expire_by
-from deployments.workflow.driver import DriverError
+from deployments.workflow.driver import DriverError, TransientError
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +244,8 @@ def _not_answering(exc: DriverError) -> str:
     """Why the cluster could not be asked, as a sentence."""
     if exc.status in (401, 403):
         return f"The cluster refuses the kubeconfig's credentials: {exc.message}"
+    if exc.status is None and isinstance(exc, TransientError):
+        return exc.message  # no answer: it says so itself ("The cluster could not be reached…")
     return f"The cluster cannot be reached: {exc.message}"
 
 
