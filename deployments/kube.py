@@ -143,7 +143,10 @@ def classify(exc: Exception) -> DriverError:
         kind = TransientError if transient else PermanentError
         return kind(readable(exc), status=exc.status, reason=reason, retry_after=_retry_after(exc))
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return TransientError(readable(exc))
+        # A connection never made (refused, timed out, a name that does not resolve) carried
+        # nothing; once made, a request may have been sent whole before it failed.
+        unsent = isinstance(_cause(exc), urllib3.exceptions.ConnectTimeoutError)
+        return TransientError(readable(exc), sent=not unsent)
     return PermanentError(readable(exc))
 
 

@@ -15,6 +15,8 @@ class DriverError(Exception):
 
     `status` and `reason` are the API's HTTP status and Status reason when it answered;
     `retry_after` the seconds it asked to be left alone for (Retry-After, with a 429 or 503).
+    `sent` is False only when the request surely never reached the cluster (no connection to
+    it was made); any other failure of a write may have been applied.
     """
 
     def __init__(
@@ -24,12 +26,14 @@ class DriverError(Exception):
         status: int | None = None,
         reason: str = "",
         retry_after: float | None = None,
+        sent: bool = True,
     ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
         self.retry_after = retry_after
+        self.sent = sent
 
 
 class TransientError(DriverError):

@@ -23,7 +23,7 @@ from typing import Any
 
 from deployments.spec.model import FIELD_MANAGER_FLAG, Template, Workflow
 from deployments.workflow import conditions, dag, evaluator, expressions, outputs
-from deployments.workflow.driver import Driver, PermanentError
+from deployments.workflow.driver import Driver, PermanentError, TransientError
 from deployments.workflow.render import (
     Context,
     RenderError,
@@ -644,7 +644,8 @@ class _Run:
         if node.step == "rendered":
             self.wrote = self.wrote or action.action in _WRITES
             # A write counts from the moment it is sent: one whose answer is lost (a transient
-            # error, which the caller sees) may have been applied. Only a refusal undoes it.
+            # error, which the caller sees) may have been applied. Only a refusal, or a failure
+            # to reach the cluster at all, undoes it.
             changed_before = self.state.changed
             self.state.changed = changed_before or action.action in _WRITES
             try:
@@ -652,6 +653,10 @@ class _Run:
             except PermanentError as exc:
                 self.state.changed = changed_before
                 return self._attempt_failed(node, template, FAILED, exc.message)
+            except TransientError as exc:
+                if not exc.sent:  # it never reached the cluster (no connection was made)
+                    self.state.changed = changed_before
+                raise
             if action.action == "delete" or not (
                 action.success_condition or action.failure_condition
             ):

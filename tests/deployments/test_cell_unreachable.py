@@ -10,8 +10,8 @@ import yaml
 from deployments import services
 from deployments.models import Instance, Operation
 from deployments.runner import RETRYING
-from tests.deployments.conftest import wait_done, wait_for
-from tests.deployments.test_operation_cancel import _act, _create
+from tests.deployments.conftest import instance_object, wait_done, wait_for
+from tests.deployments.test_operation_cancel import _act, _cancel, _create
 from tests.servers import Gate
 
 # A Python exception's class name (ProtocolError, MaxRetryError, NewConnectionError...).
@@ -79,3 +79,53 @@ def test_an_unreachable_cell_is_described_in_words_not_python_exception_names(
 
     assert shown == {tab: ([], True) for tab in ("operations", "servers", "logs", "events")}
     assert modify.error == f"{RETRYING}{said}"
+
+
+@pytest.mark.parametrize(("verb", "parameters"), [("stop", {}), ("modify", {"cpu": "2"})])
+def test_a_verb_cancelled_while_the_cell_refused_every_connection_leaves_the_instance_as_it_was(
+    running, owner, gate, kube, verb, parameters
+):
+    """The cell refuses connections (nothing Opsdeck sends reaches it); the customer clicks
+    Stop (or modifies the CPU), sees "Retrying after a cluster error", and cancels. The
+    cluster never took any of it, so the instance is running as before (DESIGN: "a verb that
+    fails before the cluster accepted any change leaves the instance in its previous
+    state"). A cancelled Stop left it "Stopped" (its page offering Start, its servers metered
+    as stopped) while the database never stopped; a cancelled modify left it "Failed", as if
+    its servers might run part of a change they never received."""
+    gate.close()
+    operation = _act(owner, running, verb, **parameters)
+    _retrying(operation)
+    _cancel(owner, operation)
+    wait_done(operation, timeout=60)
+    gate.open()
+    running.refresh_from_db()
+    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+
+    assert operation.state == Operation.State.CANCELLED
+    # The cluster never received it: no hibernation, still one core.
+    assert "cnpg.io/hibernation" not in (cluster["metadata"].get("annotations") or {})
+    assert cluster["spec"]["resources"]["requests"]["cpu"] in ("1", 1)
+    assert running.state == Instance.State.RUNNING
+
+
+def test_a_start_cancelled_while_the_cell_refused_every_connection_leaves_the_instance_stopped(
+    running, owner, gate, kube
+):
+    """A stopped instance; the cell becomes unreachable; the customer clicks Start, sees it
+    retry, and cancels. Nothing reached the cluster: the database is still hibernated. The
+    instance showed "Running" (and was metered as running, every dimension) while its servers
+    stayed stopped."""
+    stop = _act(owner, running, "stop")
+    assert wait_done(stop, timeout=60).state == Operation.State.SUCCEEDED, stop.error
+    gate.close()
+    start = _act(owner, running, "start")
+    _retrying(start)
+    _cancel(owner, start)
+    wait_done(start, timeout=60)
+    gate.open()
+    running.refresh_from_db()
+    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+
+    assert start.state == Operation.State.CANCELLED
+    assert (cluster["metadata"].get("annotations") or {}).get("cnpg.io/hibernation") == "on"
+    assert running.state == Instance.State.STOPPED

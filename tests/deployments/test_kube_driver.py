@@ -222,6 +222,7 @@ current-context: x
         driver.get({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
 
     assert raised.value.message == "The cluster could not be reached (connection refused)"
+    assert not raised.value.sent  # no connection, so nothing of a write reached it
 
 
 def test_a_broken_kubeconfig_is_a_clear_error():

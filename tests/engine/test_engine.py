@@ -23,7 +23,7 @@ from deployments.spec.model import (
     Workflow,
 )
 from deployments.workflow import engine
-from deployments.workflow.driver import PermanentError
+from deployments.workflow.driver import PermanentError, TransientError
 from deployments.workflow.render import Context
 
 NS = "inst-abc12345"
@@ -732,6 +732,28 @@ def test_a_permanent_api_error_fails_the_task_with_its_message():
 
     assert run.node(".t").message == 'ConfigMap "t" is invalid: data.value: Invalid value'
     assert run.state.phase == engine.FAILED
+
+
+@pytest.mark.parametrize(("sent", "changed"), [(True, True), (False, False)])
+def test_a_write_whose_answer_was_lost_counts_as_a_change_unless_it_never_reached_the_cluster(
+    sent, changed
+):
+    """A write that failed transiently may have been applied (its answer lost): the run counts
+    it as a change, so a cancel leaves the instance failed rather than as it was. One whose
+    connection was never made (refused, say) carried nothing, and changed nothing."""
+    wf = workflow(dag(Task(name="t", template="t")), resource("t", configmap("t", "x")))
+    run = Runner(wf)
+    run.step()  # rendered: the next move sends it
+
+    def unreachable(obj, **_):
+        raise TransientError("The cluster could not be reached (connection refused)", sent=sent)
+
+    run.cluster.apply = unreachable
+    state = run.state
+    with pytest.raises(TransientError):
+        engine.advance(state, wf, run.ctx, run.cluster, run.settings, now=run.now)
+
+    assert state.changed is changed
 
 
 def test_status_patches_go_to_the_status_subresource():
