@@ -33,6 +33,7 @@ from deployments.cells import driver_for
 from deployments.entitlement_usage import create_refusal, create_refusals
 from deployments.models import BackupSchedule, Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
+from deployments.templatetags.instance_page import duration, relative, running_for
 from deployments.workflow.driver import DriverError
 
 
@@ -327,12 +328,14 @@ def _tab_context(
             params.get("page")
         )
         operations = list(page)  # newest first: the pending ones are on the first page
+        cancellable = _cancellable(instance, operations, allowed)
         return {
             "operations": operations,
             "operations_page": page,
             "pending": any(op.state in PENDING for op in operations),
+            "timeline_shown": _timeline_shown(page, operations, cancellable),
             "verb_labels": selectors.verb_labels(instance.plan_version),
-            "cancellable": _cancellable(instance, operations, allowed),
+            "cancellable": cancellable,
             "settles_alone": lifecycle.SETTLES_ALONE,
             "cancel_fails": lifecycle.CANCEL_FAILS,
             "rolled_back": lifecycle.ROLLED_BACK,  # what undoes such a cancel: a roll back
@@ -525,6 +528,9 @@ def _page(
             instance, tab, actions, allowed, request.GET if params is None else params
         )
         context.update({**shown, **extra})
+        polled = tab == "operations" and part == "instance-operations"
+        if polled and (answer := unchanged(request, context["timeline_shown"])):
+            return answer  # the timeline's poll, and nothing it shows changed
     template = f"{DETAIL}#{part}" if part else DETAIL
     # Only the parts with the dialogs need the modify form (not each poll of the timeline).
     dialogs = (
@@ -1174,6 +1180,29 @@ def _verb_rule(version: PlanVersion, verb: str) -> lifecycle.Rule:
 def _verb_action(version: PlanVersion, verb: str) -> str:
     """The role action a verb needs (cancelling an operation needs the same)."""
     return _verb_rule(version, verb).action
+
+
+def _timeline_shown(page, operations: list, cancellable: set) -> str:
+    """A digest of what the operations timeline shows, its times worded as it words them: its
+    poll gets nothing to swap while it is unchanged (a swap every 2 s would move the keyboard
+    focus, and a screen reader's place, out of it)."""
+    shown = [page.number, page.paginator.count]
+    for op in operations:
+        took = duration(op.started_at, op.finished_at) if op.finished_at else None
+        shown += [op.pk, op.state, op.pk in cancellable, op.cancel_reason, op.error]
+        shown += [relative(op.created_at), took or running_for(op.started_at)]
+        shown += [
+            (
+                run.node,
+                run.attempt,
+                run.state,
+                run.message,
+                relative(run.started_at),
+                run.finished_at,
+            )
+            for run in op.task_runs.all()
+        ]
+    return shown_digest(shown)
 
 
 def _cancellable(instance: Instance, operations: list, allowed: frozenset[str]) -> set:

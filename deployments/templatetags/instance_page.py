@@ -3,7 +3,7 @@
 import json
 import math
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django import template
 from django.template.defaultfilters import pluralize
@@ -42,6 +42,18 @@ def duration(start: datetime | None, end: datetime | None = None) -> str:
         return f"{minutes}{_NB}min {seconds}{_NB}s" if seconds else f"{minutes}{_NB}min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}{_NB}h {minutes}{_NB}min" if minutes else f"{hours}{_NB}h"
+
+
+@register.filter
+def running_for(start: datetime | None) -> str:
+    """How long something still under way has run, to the minute: "under a minute", "3 min",
+    "2 h 10 min". A timeline that follows it then changes once a minute, not at each poll."""
+    if start is None:
+        return ""
+    seconds = max(int((timezone.now() - start).total_seconds()), 0)
+    if seconds < 60:
+        return "under a minute"
+    return duration(start, start + timedelta(seconds=seconds - seconds % 60))
 
 
 @register.filter

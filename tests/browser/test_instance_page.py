@@ -453,7 +453,8 @@ def test_a_poll_answered_while_the_cancel_dialog_asks_leaves_its_form_to_the_ans
     page = open_page(owner, f"{path}?tab=operations")
     held = []
     # The timeline's next poll is held on its way, to answer while the dialog asks.
-    page.route(re.compile(re.escape(path) + r"\?tab=operations$"), lambda route: held.append(route))
+    polls = re.compile(re.escape(path) + r"\?tab=operations&shown=\w+$")
+    page.route(polls, lambda route: held.append(route))
     while not held:
         page.wait_for_timeout(100)
 

@@ -311,6 +311,33 @@ def test_a_pending_operation_makes_the_timeline_poll_until_it_ends(owner_client,
     assert 'hx-trigger="every 2s' not in done
 
 
+def test_the_timeline_poll_gets_nothing_to_swap_while_nothing_it_shows_changed(
+    owner_client, instance
+):
+    """Each poll of the timeline replaced it, though nothing it showed had changed: the
+    keyboard focus on a Cancel button went with it."""
+    url = _url(instance)
+    owner_client.post(f"{url}actions/restart/", {"request_id": "poll-2"})
+    html = owner_client.get(url, {"tab": "operations"}).content.decode()
+    again = re.search(r'<div id="instance-operations" hx-get="([^"]+)"', html).group(1)
+
+    def poll():
+        return owner_client.get(
+            again.replace("&amp;", "&"),
+            HTTP_HX_REQUEST="true",
+            HTTP_HX_TARGET="instance-operations",
+        )
+
+    unchanged = poll()
+    assert unchanged.status_code == 204 and not unchanged.content
+    started = timezone.now() - timedelta(seconds=75)
+    Operation.objects.filter(verb="restart").update(
+        state=Operation.State.RUNNING, started_at=started
+    )
+    changed = poll().content.decode()
+    assert "running for 1\N{NO-BREAK SPACE}min" in changed  # to the minute, so not at each poll
+
+
 def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
     owner_client, instance
 ):
@@ -461,7 +488,7 @@ def test_the_operations_tab_lists_fifty_operations_a_page_newest_first(owner_cli
     # for that page: the poll does not bring the first page back over it.
     Operation.objects.filter(verb="create").update(state=Operation.State.QUEUED)
     second = owner_client.get(url, {"tab": "operations", "page": "2"}).content.decode()
-    assert f'hx-get="{url}?tab=operations&amp;page=2"' in second
+    assert f'hx-get="{url}?tab=operations&amp;page=2&amp;shown=' in second
 
 
 def test_the_page_reads_no_run_state_spec_text_or_cell_secret_however_many_operations_wait(

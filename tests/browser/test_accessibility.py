@@ -1,0 +1,38 @@
+# ruff: noqa: F811 (the instance fixture of the instance page tests is a parameter here)
+"""The instance page for people who use only a keyboard, or a screen reader, in a real
+browser: what changes on its own leaves their focus and what they typed where they left it,
+and is said."""
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import htmx_settled
+from tests.browser.test_instance_page import instance  # noqa: F401 (fixture)
+
+BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
+
+
+def _path(instance, tab=""):
+    return f"/t/{instance.tenant.slug}/deployments/{instance.pk}/" + (f"?tab={tab}" if tab else "")
+
+
+@BOTH_WIDTHS
+def test_the_operations_timeline_poll_leaves_the_keyboard_focus_where_it_was(
+    open_page, owner, instance, width
+):
+    """A keyboard user tabs to a running operation's Cancel button while the timeline polls
+    every 2 s: a poll that replaced the timeline took the focus with it, and Enter did
+    nothing."""
+    from tests.deployments import factories
+
+    factories.make_operation(instance, verb="restart", state="running")
+    page = open_page(owner, _path(instance, "operations"), width)
+    cancel = page.get_by_role("button", name="Cancel this restart")
+    expect(cancel).to_be_visible()
+    htmx_settled(page)
+    cancel.focus()
+
+    page.wait_for_timeout(4500)  # two polls of the timeline
+    page.keyboard.press("Enter")  # on the button they tabbed to, as far as they can tell
+
+    expect(page.locator("#confirm-dialog")).to_be_visible()  # "Cancel this restart?"
