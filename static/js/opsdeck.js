@@ -134,6 +134,55 @@ function keepFolding() {
   folding = null;
 }
 
+// A swap brings forms as the server has them: the whole instance page when an operation ends
+// (the header's poll), or the part an answer to another form replaces. A form the person is
+// filling in (changed and not sent, or with the focus in one of its fields) stays as they left
+// it, in place of the one the swap brings: what they typed, the focus and the caret. Sending it
+// or resetting it lets the next swap replace it.
+document.addEventListener("input", (event) => event.target.form?.setAttribute("data-unsent", ""));
+document.addEventListener("reset", (event) => event.target.removeAttribute("data-unsent"));
+document.addEventListener("htmx:beforeRequest", (event) => {
+  const asking = event.detail.elt;
+  const form = asking.closest("form"); // sent by it, not a field's look-up (an estimate)
+  if (form && (asking === form || event.detail.requestConfig.verb !== "get")) {
+    form.removeAttribute("data-unsent");
+  }
+});
+
+let keeping = [];
+document.addEventListener("htmx:beforeSwap", (event) => {
+  keeping = [];
+  if (!event.detail.shouldSwap) return;
+  const asking = event.detail.requestConfig?.elt;
+  const focused = document.activeElement?.matches("input, select, textarea")
+    ? document.activeElement
+    : null;
+  keeping = Array.from(event.detail.target.querySelectorAll("form[id]"))
+    .filter((form) => !form.contains(asking) && form.checkVisibility())
+    .filter((form) => form.hasAttribute("data-unsent") || form.contains(focused))
+    .map((form) => ({
+      form,
+      unfolded: !!form.closest("details")?.open,
+      focused: form.contains(focused) ? focused : null,
+      caret: form.contains(focused) ? [focused.selectionStart, focused.selectionEnd] : null,
+    }));
+});
+document.addEventListener("htmx:afterSwap", () => {
+  const kept = keeping;
+  keeping = [];
+  kept.forEach(({ form, unfolded, focused, caret }) => {
+    const fresh = document.getElementById(form.id);
+    if (!fresh || fresh === form) return;
+    fresh.replaceWith(form);
+    htmx.process(form); // the swap took its requests off it with the part it was in
+    const details = form.closest("details");
+    if (details && unfolded) details.open = true;
+    if (!focused) return;
+    focused.focus({ preventScroll: true });
+    if (caret[0] !== null) focused.setSelectionRange(...caret);
+  });
+});
+
 document.addEventListener("DOMContentLoaded", openMarkedDialogs);
 
 // A page sent as the answer to a form ([data-address]: the password shown once, which the

@@ -3,7 +3,10 @@
 browser: what changes on its own leaves their focus and what they typed where they left it,
 and is said."""
 
+import re
+
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from tests.browser.conftest import htmx_settled
@@ -36,3 +39,32 @@ def test_the_operations_timeline_poll_leaves_the_keyboard_focus_where_it_was(
     page.keyboard.press("Enter")  # on the button they tabbed to, as far as they can tell
 
     expect(page.locator("#confirm-dialog")).to_be_visible()  # "Cancel this restart?"
+
+
+def test_an_operation_ending_keeps_a_half_typed_field_and_its_focus(open_page, owner, instance):
+    """A member edits the backup schedule while a restart runs. When the restart ends, the
+    header's poll swaps in the whole page: what they typed, and their focus, went with it."""
+    from deployments.models import Operation
+    from tests.deployments import factories
+
+    restart = factories.make_operation(instance, verb="restart", state="running")
+    page = open_page(owner, _path(instance, "backups"))
+    htmx_settled(page)
+    page.get_by_text("Change the schedule").click()
+    field = page.get_by_label("Hours between backups")
+    field.fill("12")
+    expect(field).to_be_focused()
+
+    Operation.objects.filter(pk=restart.pk).update(
+        state=Operation.State.SUCCEEDED, finished_at=timezone.now()
+    )
+    expect(page.locator("#instance-head")).not_to_have_attribute("hx-trigger", re.compile("."))
+    htmx_settled(page)  # the header's poll found it ended, and the page was swapped
+
+    field = page.get_by_label("Hours between backups")
+    expect(field).to_have_value("12")
+    expect(field).to_be_focused()
+    page.evaluate("() => { window.notReloaded = true; }")
+    field.press("Enter")  # the form kept still sends as htmx does, into the page
+    expect(page.locator("#backup-schedule-status")).to_contain_text("every 12 hours")
+    assert page.evaluate("() => window.notReloaded")
