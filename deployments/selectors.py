@@ -316,6 +316,16 @@ def operations_pending(instance: Instance) -> QuerySet[Operation]:
     return instance.operations.filter(state__in=_PENDING).order_by("created_at")
 
 
+def operation_last_ended(instance: Instance) -> Operation | None:
+    """The instance's operation that ended last, read as the page says it ended."""
+    return (
+        instance.operations.exclude(state__in=_PENDING)
+        .only("instance", "verb", "state")
+        .order_by(F("finished_at").desc(nulls_last=True), "-created_at", "-pk")
+        .first()
+    )
+
+
 def _forgetting() -> Exists:
     """Whether a deleteBackup of the outer query's snapshot is queued or running: it is no
     longer restorable."""

@@ -553,11 +553,15 @@ def _page(
 
 def _failed_by(instance: Instance) -> Operation | None:
     """The operation that left the instance failed, named as the timeline names its verb."""
-    failed_by = selectors.instance_failed_by(instance)
-    if failed_by is not None:
+    return _labelled(instance, selectors.instance_failed_by(instance))
+
+
+def _labelled(instance: Instance, operation: Operation | None) -> Operation | None:
+    """`operation`, with its verb named as the timeline names it (`verb_label`)."""
+    if operation is not None:
         labels = selectors.verb_labels(instance.plan_version)
-        failed_by.verb_label = labels.get(failed_by.verb, failed_by.verb)
-    return failed_by
+        operation.verb_label = labels.get(operation.verb, operation.verb)
+    return operation
 
 
 def _head_shown(instance: Instance, actions: list) -> str:
@@ -608,6 +612,7 @@ def _header_followed(request, instance: Instance):
         params=shown,
         focus=shown.get("operation", ""),
         head_follows=False,
+        ended=_labelled(instance, selectors.operation_last_ended(instance)),
     )
     return reswap(retarget(response, "#instance-page"), "outerHTML")
 

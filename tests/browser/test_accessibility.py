@@ -68,3 +68,35 @@ def test_an_operation_ending_keeps_a_half_typed_field_and_its_focus(open_page, o
     field.press("Enter")  # the form kept still sends as htmx does, into the page
     expect(page.locator("#backup-schedule-status")).to_contain_text("every 12 hours")
     assert page.evaluate("() => window.notReloaded")
+
+
+def test_an_operation_ending_is_said_in_a_live_region(open_page, owner, instance):
+    """A screen reader user starts a restart and waits on the instance page: the state label
+    turned from Updating to Running, but the poll replaced the whole page, live regions with
+    it, so none that was there to hear it said so."""
+    from deployments.models import Instance, Operation
+    from tests.deployments import factories
+
+    restart = factories.make_operation(instance, verb="restart", state="running")
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.UPDATING)
+    page = open_page(owner, _path(instance))
+    expect(page.locator("#instance-state")).to_have_text("Updating")
+    htmx_settled(page)
+    page.evaluate(
+        """() => document.querySelectorAll('[aria-live], [role=status], [role=alert], [role=log]')
+                   .forEach((el) => { el.dataset.wasLive = '1'; })"""
+    )
+
+    Operation.objects.filter(pk=restart.pk).update(
+        state=Operation.State.SUCCEEDED, finished_at=timezone.now()
+    )
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+    expect(page.locator("#instance-state")).to_have_text("Running", timeout=6000)
+    htmx_settled(page)
+
+    said = page.evaluate(
+        """() => Array.from(document.querySelectorAll('[data-was-live]'))
+                   .filter((el) => el.isConnected && el.getAttribute('aria-live') !== 'off')
+                   .map((el) => el.textContent.trim()).join(' | ')"""
+    )
+    assert f"Restart succeeded; {instance.name} is Running." in said, said

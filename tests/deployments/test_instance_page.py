@@ -385,6 +385,29 @@ def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
     assert f"{instance.pk}-20261130080000" in html  # the Backups tab, as it was shown
 
 
+def test_an_operations_end_is_said_in_the_live_region_the_page_keeps(owner_client, instance):
+    """The header's poll swapped in the whole page when an operation ended, every live region
+    with it: a screen reader said nothing of the end."""
+    url = _url(instance)
+    page = owner_client.get(url).content.decode()
+    assert page.count('id="instance-news"') == 1  # empty, outside the part the swaps replace
+    assert page.index('id="instance-news"') < page.index('<div id="instance-page">')
+    owner_client.post(f"{url}actions/restart/", {"request_id": "news-1"})
+    Operation.objects.filter(verb="restart").update(
+        state=Operation.State.SUCCEEDED, finished_at=timezone.now()
+    )
+
+    ended = owner_client.get(
+        url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head",
+        HTTP_HX_CURRENT_URL=f"http://testserver{url}",
+    )  # fmt: skip
+
+    news = re.search(
+        r'<div id="instance-news" hx-swap-oob="innerHTML">(.*?)</div>', ended.content.decode()
+    ).group(1)
+    assert re.sub(r"<[^>]+>", "", news) == f"Restart succeeded; {instance.name} is Running."
+
+
 def test_the_refresh_when_an_operation_ends_keeps_the_tabs_choices(owner_client, instance):
     url = _url(instance)
     ended = owner_client.get(
