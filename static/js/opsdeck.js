@@ -202,6 +202,15 @@ document.addEventListener("htmx:afterSettle", () => {
   showOwnAddress(); // a part swapped in may carry one (the Billing page's thanks)
 });
 
+// A link that looks and is announced as a button (role="button") answers Space as a button
+// does, on the key's release, instead of scrolling the page.
+document.addEventListener("keydown", (event) => {
+  if (event.key === " " && event.target.matches?.('a[role="button"]')) event.preventDefault();
+});
+document.addEventListener("keyup", (event) => {
+  if (event.key === " " && event.target.matches?.('a[role="button"]')) event.target.click();
+});
+
 // "Print or save as PDF" on an invoice.
 document.addEventListener("click", (event) => {
   if (event.target.closest("[data-print]")) window.print();

@@ -100,3 +100,33 @@ def test_an_operation_ending_is_said_in_a_live_region(open_page, owner, instance
                    .map((el) => el.textContent.trim()).join(' | ')"""
     )
     assert f"Restart succeeded; {instance.name} is Running." in said, said
+
+
+@pytest.mark.parametrize(
+    ("start", "name", "lands"),
+    [
+        ("backups", "Restore", r"/backups/\d+/restore/"),
+        ("list", "New deployment", r"/deployments/new/$"),
+        ("catalog", "Create instance of PostgreSQL", r"/deployments/new/postgres-cnpg/"),
+    ],
+)
+def test_a_link_that_says_it_is_a_button_works_with_space(
+    open_page, owner, instance, start, name, lands
+):
+    """Links styled and announced as buttons (`<a role="button">`): a screen reader says
+    "button", so its user presses Space, as for every button; the page scrolled, and nothing
+    opened."""
+    tenant = instance.tenant
+    path = {
+        "backups": f"/t/{tenant.slug}/deployments/{instance.pk}/?tab=backups",
+        "list": f"/t/{tenant.slug}/deployments/",
+        "catalog": f"/t/{tenant.slug}/deployments/new/",
+    }[start]
+    page = open_page(owner, path)
+    htmx_settled(page)
+    button = page.get_by_role("button", name=name, exact=True).first
+    button.focus()
+
+    button.press("Space")
+
+    expect(page).to_have_url(re.compile(lands))
