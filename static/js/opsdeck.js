@@ -211,6 +211,16 @@ document.addEventListener("keyup", (event) => {
   if (event.key === " " && event.target.matches?.('a[role="button"]')) event.target.click();
 });
 
+// Escape closes the organization and account menus (<details class="dropdown">) from their
+// summary or from within, and leaves the focus on the summary that opens them.
+document.addEventListener("keydown", (event) => {
+  if (event.key !== "Escape") return;
+  const menu = event.target.closest?.("details.dropdown[open]");
+  if (!menu) return;
+  menu.open = false;
+  menu.querySelector("summary").focus();
+});
+
 // "Print or save as PDF" on an invoice.
 document.addEventListener("click", (event) => {
   if (event.target.closest("[data-print]")) window.print();

@@ -130,3 +130,24 @@ def test_a_link_that_says_it_is_a_button_works_with_space(
     button.press("Space")
 
     expect(page).to_have_url(re.compile(lands))
+
+
+@BOTH_WIDTHS
+@pytest.mark.parametrize("menu", ["account-menu", "tenant-switcher"])
+def test_escape_closes_a_menu_of_the_top_bar_and_leaves_the_focus_on_it(
+    open_page, owner, tenant, menu, width
+):
+    """The account and organization menus stayed open on Escape, from their summary or from
+    within: only a click elsewhere closed them."""
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/", width)
+    menu = page.locator(f"details.{menu}")
+    summary = menu.locator("summary")
+    summary.focus()
+    summary.press("Enter")
+    expect(menu).to_have_attribute("open", "")
+    page.keyboard.press("Tab")  # into the menu
+
+    page.keyboard.press("Escape")
+
+    expect(menu).not_to_have_attribute("open", "")
+    expect(summary).to_be_focused()
