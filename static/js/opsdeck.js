@@ -52,6 +52,21 @@ function fillPassword(input) {
   input.focus();
 }
 
+// What a control did that the page shows but does not say ("Copied"), said in a live region
+// of its own: put in the page as it loads, empty, since a region is read when what it holds
+// changes, not when it comes in whole.
+let saying = null;
+document.addEventListener("DOMContentLoaded", () => {
+  saying = document.createElement("div");
+  saying.className = "visually-hidden";
+  saying.setAttribute("aria-live", "polite");
+  document.body.append(saying);
+});
+
+function say(words) {
+  if (saying) saying.textContent = words;
+}
+
 document.addEventListener("click", (event) => {
   const generate = event.target.closest("[data-generate]");
   if (generate) {
@@ -63,8 +78,12 @@ document.addEventListener("click", (event) => {
   if (copy) {
     const label = copy.textContent;
     copyText(copy.dataset.copy).then(() => {
-      copy.textContent = "Copied";
-      setTimeout(() => { copy.textContent = label; }, 1500);
+      copy.textContent = "Copied"; // unread: the button's name is its aria-label
+      say("Copied");
+      setTimeout(() => {
+        copy.textContent = label;
+        say("");
+      }, 1500);
     });
     return;
   }

@@ -151,3 +151,21 @@ def test_escape_closes_a_menu_of_the_top_bar_and_leaves_the_focus_on_it(
 
     expect(menu).not_to_have_attribute("open", "")
     expect(summary).to_be_focused()
+
+
+def test_copy_says_copied_to_a_screen_reader(open_page, owner, instance):
+    """The Copy button's text turned to "Copied", but its aria-label stays "Copy the instance
+    id …", and nothing live said it: a screen reader user never learned it worked."""
+    page = open_page(owner, _path(instance))
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    htmx_settled(page)
+    copy = page.get_by_role("button", name=re.compile("Copy the instance id"))
+    copy.focus()
+    copy.press("Enter")
+    expect(copy).to_have_text("Copied")
+
+    said = page.evaluate(
+        """() => Array.from(document.querySelectorAll('[aria-live], [role=status], [role=alert]'))
+                   .map((el) => el.textContent.trim()).join(' | ')"""
+    )
+    assert "Copied" in said, said
