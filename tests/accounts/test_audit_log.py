@@ -241,6 +241,18 @@ def test_the_log_the_export_and_the_dashboard_read_no_account_of_the_people_in_i
         assert not [sql for sql in read if "user_agent" in sql], url
 
 
+def _events_of_four_actions(tenant) -> list[str]:
+    """3,000 events of four actions in turn, a minute apart; the actions."""
+    actions = ["instance.create", "instance.stop", "instance.start", "member.invite"]
+    now = timezone.now()
+    AuditEvent.objects.bulk_create(
+        AuditEvent(tenant=tenant, actor_kind="user", action=actions[n % len(actions)],
+                   created_at=now - timedelta(minutes=n))
+        for n in range(3000)
+    )  # fmt: skip
+    return actions
+
+
 # Emptied (TRUNCATE) after, not rolled back: 3,000 dead events would be read by the next
 # test's counts of what a page read.
 @pytest.mark.django_db(transaction=True)
@@ -254,13 +266,7 @@ def test_the_logs_action_menu_offers_the_organizations_actions_without_reading_e
     stranger = make_user("other@example.com")
     theirs = services.tenant_create(actor=Actor(user=stranger), name="Secret Corp")
     audit_record(actor=Actor(user=stranger), action="tenant.rename", tenant=theirs)
-    actions = ["instance.create", "instance.stop", "instance.start", "member.invite"]
-    now = timezone.now()
-    AuditEvent.objects.bulk_create(
-        AuditEvent(tenant=tenant, actor_kind="user", action=actions[n % len(actions)],
-                   created_at=now - timedelta(minutes=n))
-        for n in range(3000)
-    )  # fmt: skip
+    actions = _events_of_four_actions(tenant)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE accounts_auditevent")
     url = f"/t/{tenant.slug}/audit/"
@@ -292,13 +298,7 @@ def test_no_filter_of_the_log_is_counted_along_the_index_of_its_actions(tenant):
     actions byte by byte, which no filter compares by."""
     from django.db import connection
 
-    actions = ["instance.create", "instance.stop", "instance.start", "member.invite"]
-    now = timezone.now()
-    AuditEvent.objects.bulk_create(
-        AuditEvent(tenant=tenant, actor_kind="user", action=actions[n % len(actions)],
-                   created_at=now - timedelta(minutes=n))
-        for n in range(3000)
-    )  # fmt: skip
+    _events_of_four_actions(tenant)
     filters = [
         AuditEvent.objects.filter(action="instance.stop"),  # the admin's
         AuditEvent.objects.filter(tenant=tenant, action__startswith="instance.stop"),  # the page's

@@ -21,6 +21,16 @@ def _token(page) -> str:
     return found.group(1)
 
 
+def _signed_in_again(browser, owner, old_tab) -> None:
+    """Signed out and in again in another tab: the CSRF token rotates."""
+    browser.post("/accounts/logout/", {"csrfmiddlewaretoken": _token(old_tab)})
+    login = browser.get("/accounts/login/")
+    browser.post(
+        "/accounts/login/",
+        {"login": owner.email, "password": PASSWORD, "csrfmiddlewaretoken": _token(login)},
+    )
+
+
 @pytest.mark.django_db
 def test_signing_in_from_a_second_tab_after_the_first_signed_in_gets_a_page_of_the_portal(owner):
     browser = Client(enforce_csrf_checks=True)  # one browser, two tabs: one cookie jar
@@ -53,13 +63,7 @@ def test_an_action_sent_from_a_tab_opened_before_signing_in_again_is_not_a_bare_
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(owner)
     old_tab = browser.get(f"/t/{tenant.slug}/settings/")
-    # Signed out and in again in another tab: the CSRF token rotates.
-    browser.post("/accounts/logout/", {"csrfmiddlewaretoken": _token(old_tab)})
-    login = browser.get("/accounts/login/")
-    browser.post(
-        "/accounts/login/",
-        {"login": owner.email, "password": PASSWORD, "csrfmiddlewaretoken": _token(login)},
-    )
+    _signed_in_again(browser, owner, old_tab)
 
     page = browser.post(
         f"/t/{tenant.slug}/settings/rename/",
@@ -77,12 +81,7 @@ def test_an_htmx_action_refused_for_its_token_says_why_on_the_page_loaded_again(
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(owner)
     old_tab = browser.get(f"/t/{tenant.slug}/team/")
-    browser.post("/accounts/logout/", {"csrfmiddlewaretoken": _token(old_tab)})
-    login = browser.get("/accounts/login/")
-    browser.post(
-        "/accounts/login/",
-        {"login": owner.email, "password": PASSWORD, "csrfmiddlewaretoken": _token(login)},
-    )
+    _signed_in_again(browser, owner, old_tab)
     browser.get(f"/t/{tenant.slug}/")  # the sign-in's own message is shown, and spent
 
     refused = browser.post(
