@@ -202,6 +202,27 @@ document.addEventListener("htmx:afterSwap", () => {
   });
 });
 
+// A swap that replaced the element with the focus, bringing none of the same id back (htmx
+// puts the focus on one that has), would leave it on the page's body, where a screen reader
+// starts over at the top: it goes to what was swapped in, on the current tab or page if it
+// names one.
+let focusedIn = null;
+document.addEventListener("htmx:beforeSwap", (event) => {
+  const target = event.detail.target;
+  focusedIn = target.id && target.contains(document.activeElement) ? target.id : null;
+});
+document.addEventListener("htmx:afterSettle", () => {
+  const id = focusedIn;
+  focusedIn = null;
+  if (!id || (document.activeElement && document.activeElement !== document.body)) return;
+  const part = document.getElementById(id);
+  if (!part) return;
+  const current = part.querySelector('[aria-current="page"]');
+  const landing = current || part;
+  if (!current && !part.hasAttribute("tabindex")) part.setAttribute("tabindex", "-1");
+  landing.focus({ preventScroll: true });
+});
+
 document.addEventListener("DOMContentLoaded", openMarkedDialogs);
 
 // A page sent as the answer to a form ([data-address]: the password shown once, which the

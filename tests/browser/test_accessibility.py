@@ -1,7 +1,7 @@
 # ruff: noqa: F811 (the instance fixture of the instance page tests is a parameter here)
-"""The instance page for people who use only a keyboard, or a screen reader, in a real
-browser: what changes on its own leaves their focus and what they typed where they left it,
-and is said."""
+"""The portal for people who use only a keyboard, or a screen reader, in a real browser: what
+changes on its own, or in place, leaves their focus and what they typed where they left it
+(or takes it where they now are), and is said."""
 
 import re
 
@@ -13,6 +13,11 @@ from tests.browser.conftest import htmx_settled
 from tests.browser.test_instance_page import instance  # noqa: F401 (fixture)
 
 BOTH_WIDTHS = pytest.mark.parametrize("width", ["wide", "narrow"])
+FOCUSED = """() => {
+    const el = document.activeElement;
+    if (!el) return null;
+    return `${el.tagName.toLowerCase()}#${el.id} ${(el.textContent || '').trim().slice(0, 40)}`;
+}"""
 
 
 def _path(instance, tab=""):
@@ -169,3 +174,85 @@ def test_copy_says_copied_to_a_screen_reader(open_page, owner, instance):
                    .map((el) => el.textContent.trim()).join(' | ')"""
     )
     assert "Copied" in said, said
+
+
+@BOTH_WIDTHS
+def test_a_tab_chosen_with_the_keyboard_keeps_the_focus_on_the_tabs(
+    open_page, owner, instance, width
+):
+    """Enter on the Backups tab swaps the tab's part with htmx: the link that had the focus is
+    replaced, and the focus falls to the page's body (a screen reader starts over at the top)."""
+    page = open_page(owner, _path(instance), width)
+    htmx_settled(page)
+    backups = page.get_by_role("link", name="Backups", exact=True)
+    backups.focus()
+    backups.press("Enter")
+    expect(page).to_have_url(re.compile(r"\?tab=backups$"))
+    htmx_settled(page)
+
+    focused = page.evaluate(FOCUSED)
+    assert not focused.startswith("body"), focused
+    # On the tab now current, or in the panel it shows.
+    assert page.evaluate("""() => !!document.activeElement.closest('#instance-tab')"""), focused
+
+
+@BOTH_WIDTHS
+def test_the_step_down_confirmation_takes_the_focus(open_page, owner, tenant, add_member, width):
+    """An owner (with another owner beside them) picks Admin for themselves and presses
+    Change: the panel swaps in an alertdialog asking to confirm, but the focus is dropped on
+    the page's body, not moved into it."""
+    add_member("kim@example.com", "owner")
+    page = open_page(owner, f"/t/{tenant.slug}/team/", width)
+    htmx_settled(page)
+    page.get_by_label(f"Role of {owner.email}").select_option("admin")
+    change = page.locator(f"tr:has-text('{owner.email}')").get_by_role("button", name="Change")
+    change.focus()
+    change.press("Enter")
+
+    confirm = page.get_by_role("alertdialog")
+    expect(confirm).to_be_visible()
+    htmx_settled(page)
+    focused = page.evaluate(FOCUSED)
+    assert page.evaluate("() => !!document.activeElement.closest('[role=alertdialog]')"), focused
+
+
+@BOTH_WIDTHS
+def test_the_next_page_of_deployments_keeps_the_focus_in_the_list(open_page, owner, tenant, width):
+    """Enter on "Older →" swaps the table with htmx: the link is replaced and the focus falls
+    to the page's body, so the keyboard user starts again from the top bar."""
+    from tests.deployments import factories
+
+    version = factories.postgres_version()
+    cell = factories.cell("eu-1", "europe-west-frankfurt")
+    factories.make_instances(tenant, version, cell, 30, name="orders")
+    page = open_page(owner, f"/t/{tenant.slug}/deployments/", width)
+    htmx_settled(page)
+    older = page.get_by_role("link", name="Older →")
+    older.focus()
+    older.press("Enter")
+    expect(page).to_have_url(re.compile(r"page=2"))
+    htmx_settled(page)
+
+    focused = page.evaluate(FOCUSED)
+    assert page.evaluate("() => !!document.activeElement.closest('#deployment-table')"), focused
+
+
+@BOTH_WIDTHS
+def test_changing_a_members_role_keeps_the_focus_on_their_row(
+    open_page, owner, tenant, add_member, width
+):
+    kim = add_member("kim@example.com", "viewer")
+    page = open_page(owner, f"/t/{tenant.slug}/team/", width)
+    htmx_settled(page)
+    role = page.get_by_label(f"Role of {kim.email}")
+    role.focus()
+    role.select_option("admin")
+    page.keyboard.press("Tab")  # to its Change button
+    page.keyboard.press("Enter")
+    expect(page.locator("#messages")).to_contain_text("kim@example.com")
+    htmx_settled(page)
+
+    focused = page.evaluate(FOCUSED)
+    assert page.evaluate(
+        "(email) => !!document.activeElement.closest('tr')?.textContent.includes(email)", kim.email
+    ), focused
