@@ -308,7 +308,7 @@ class _Run:
                     state,
                     now=self.now,
                     reason=f"The workflow exceeded its deadline of "
-                    f"{self.workflow.active_deadline_seconds} s.",
+                    f"{self.workflow.active_deadline_seconds} s.{_still_waiting(state)}",
                 )
                 step.progressed = True
             else:
@@ -865,6 +865,19 @@ def _retries(retry, phase: str) -> bool:
     if policy == "OnError":
         return phase == ERRORED
     return False  # OnTransientError: transient cluster errors are retried by the caller
+
+
+def _still_waiting(state: RunState) -> str:
+    """What a run ended at its deadline was still waiting on, as the object last read back
+    said where the API's conventions put it (its status's phase): where the operator stood."""
+    for node in state.nodes.values():
+        if node.phase == RUNNING and node.step == "waiting" and node.object:
+            phase = ((node.observed or {}).get("status") or {}).get("phase")
+            said = f" It was still waiting on {_describe(node.object)}"
+            return said + (
+                f', whose phase was "{phase}".' if isinstance(phase, str) and phase else "."
+            )
+    return ""
 
 
 def _describe(obj: dict | None) -> str:

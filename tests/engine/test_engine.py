@@ -577,12 +577,19 @@ def test_the_workflow_deadline_fails_the_run_and_on_exit_still_runs():
     run = Runner(wf)
     run.until_quiet()
     assert run.state.phase == engine.RUNNING
+    # Where its operator stands, as the object last read back says it.
+    run.cluster.objects[("ConfigMap", NS, "never")]["status"] = {"phase": "Setting up primary"}
+    run.now += 1
+    run.until_quiet()
 
     run.now += 60
     run.until_quiet()
 
     assert run.state.phase == engine.FAILED
-    assert run.state.message == "The workflow exceeded its deadline of 60 s."
+    assert run.state.message == (
+        "The workflow exceeded its deadline of 60 s. It was still waiting on ConfigMap "
+        '"never", whose phase was "Setting up primary".'
+    )
     assert run.cluster.objects[("ConfigMap", NS, "exit")]["data"] == {"value": "Failed"}
 
 
