@@ -19,6 +19,9 @@ from tests.deployments.factories import BACKUPS, SPEC
 from tests.servers import Blackhole, kubeconfig
 
 ONE_CALL = sum(TIMEOUT)  # connected within 5 s, answered within 30 s
+# A driver's own timeout, shorter than the cells' (kube.TIMEOUT) so that waiting for one takes
+# seconds: what bounds a call is the driver's timeout, whatever it is.
+SHORT = (1.0, 2.0)
 # gunicorn's default --timeout, which the Procfile's web process keeps: a request still
 # running then is killed, and the browser gets no page.
 GUNICORN_TIMEOUT = 30
@@ -63,20 +66,22 @@ def test_a_call_to_a_cell_that_never_answers_ends_after_its_timeout_not_four_of_
     silent, tmp_path, sandbox_cluster
 ):
     """Discovery cached (from when the cell answered), one read: it gives up after
-    kube.TIMEOUT, not four of them (urllib3's default Retry(3)), which took two minutes:
+    its timeout, not four of them (urllib3's default Retry(3)), which took two minutes:
     longer than the 90 s operation lease, which must be at least twice the longest call."""
     cache = str(tmp_path / "discovery.json")
     config = sandbox_cluster.kubeconfig()
     warm = KubeDriver(api_client_from_kubeconfig(yaml.safe_dump(config)), cache_file=cache)
     assert warm.get(CONFIG_MAP) is None  # the cache holds the cluster's kinds
     config["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{silent.port}"
-    driver = KubeDriver(api_client_from_kubeconfig(yaml.safe_dump(config)), cache_file=cache)
+    driver = KubeDriver(
+        api_client_from_kubeconfig(yaml.safe_dump(config)), cache_file=cache, timeout=SHORT
+    )
 
-    finished, took, result = _timed(lambda: driver.get(CONFIG_MAP), wait=ONE_CALL + 10)
+    finished, took, result = _timed(lambda: driver.get(CONFIG_MAP), wait=sum(SHORT) + 10)
 
-    assert finished, f"still waiting after {ONE_CALL + 10} s"
+    assert finished, f"still waiting after {sum(SHORT) + 10} s"
     assert isinstance(result, TransientError), result
-    assert took < 2 * TIMEOUT[1] and len(silent.accepted) == 1  # asked once
+    assert took < 2 * SHORT[1] and len(silent.accepted) == 1  # asked once
     assert result.sent  # it took the request: a write so lost may have been applied
 
 
@@ -89,12 +94,14 @@ def test_a_first_call_to_a_cell_that_never_answers_ends_instead_of_waiting_for_e
     a cell that never answered, the call waited for ever (a worker thread stuck, a page
     never loaded) instead of raising a TransientError after kube.TIMEOUT."""
     driver = KubeDriver(
-        api_client_from_kubeconfig(silent_kubeconfig), cache_file=str(tmp_path / "d.json")
+        api_client_from_kubeconfig(silent_kubeconfig),
+        cache_file=str(tmp_path / "d.json"),
+        timeout=SHORT,
     )
 
-    finished, _, result = _timed(lambda: driver.get(CONFIG_MAP), wait=ONE_CALL + 10)
+    finished, _, result = _timed(lambda: driver.get(CONFIG_MAP), wait=sum(SHORT) + 10)
 
-    assert finished, f"still waiting on the cell after {ONE_CALL + 10} s"
+    assert finished, f"still waiting on the cell after {sum(SHORT) + 10} s"
     assert isinstance(result, TransientError), result
 
 
