@@ -110,15 +110,20 @@ def invoice_to_come(tenant: Tenant, period: str) -> bool:
     bills yet: the period has not closed, or one of its invoices is still a draft staff
     review. In one statement."""
     invoices = Invoice.objects.filter(tenant=tenant, period=period)
-    # A draft of ours at 0 (a plan that prices nothing) bills nothing, issued or not.
-    drafts = invoices.filter(status=Invoice.Status.DRAFT).exclude(
-        total=0, source=Invoice.Source.LOCAL
-    )
     return Tenant.objects.filter(
         Exists(UsageRecord.objects.filter(tenant=tenant, period=period)),
-        ~Exists(invoices) | Exists(drafts),
+        ~Exists(invoices) | Exists(_drafts_billing(invoices)),
         pk=tenant.pk,
     ).exists()
+
+
+def _drafts_billing(invoices: QuerySet[Invoice]) -> QuerySet[Invoice]:
+    """The drafts among `invoices` that may still bill something: a draft of ours at 0 (usage
+    of a plan that prices nothing) will ask nothing, issued or not; Stripe's may still gain
+    lines until Stripe finalizes it."""
+    return invoices.filter(status=Invoice.Status.DRAFT).exclude(
+        total=0, source=Invoice.Source.LOCAL
+    )
 
 
 def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
@@ -224,13 +229,7 @@ def _uninvoiced(tenant: Tenant) -> list[str]:
         "UTC: delete the organization once that invoice is paid."
         for subscription in billing_on.only("plan__name", "current_period_end")
     ]
-    # A draft of ours at 0 (usage of a plan that prices nothing) will ask nothing; Stripe's may
-    # still gain lines until Stripe finalizes it.
-    drafts = (
-        Invoice.objects.filter(tenant=tenant, status=Invoice.Status.DRAFT)
-        .exclude(total=0, source=Invoice.Source.LOCAL)
-        .order_by("period")
-    )
+    drafts = _drafts_billing(Invoice.objects.filter(tenant=tenant)).order_by("period")
     said += [
         f"Its invoice for {period} is being prepared: delete the organization once it is issued "
         "and paid."

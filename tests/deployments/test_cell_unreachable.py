@@ -81,6 +81,21 @@ def test_an_unreachable_cell_is_described_in_words_not_python_exception_names(
     assert modify.error == f"{RETRYING}{said}"
 
 
+def _cancelled_unreached(owner, running, gate, kube, verb: str, **parameters):
+    """`verb` asked while the cell refuses every connection, seen retrying, and cancelled;
+    the operation once ended, and the instance's Cluster as the cell holds it once reachable
+    again (`running` read again)."""
+    gate.close()
+    operation = _act(owner, running, verb, **parameters)
+    _retrying(operation)
+    _cancel(owner, operation)
+    wait_done(operation, timeout=60)
+    gate.open()
+    running.refresh_from_db()
+    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+    return operation, cluster
+
+
 @pytest.mark.parametrize(("verb", "parameters"), [("stop", {}), ("modify", {"cpu": "2"})])
 def test_a_verb_cancelled_while_the_cell_refused_every_connection_leaves_the_instance_as_it_was(
     running, owner, gate, kube, verb, parameters
@@ -92,14 +107,7 @@ def test_a_verb_cancelled_while_the_cell_refused_every_connection_leaves_the_ins
     state"). A cancelled Stop left it "Stopped" (its page offering Start, its servers metered
     as stopped) while the database never stopped; a cancelled modify left it "Failed", as if
     its servers might run part of a change they never received."""
-    gate.close()
-    operation = _act(owner, running, verb, **parameters)
-    _retrying(operation)
-    _cancel(owner, operation)
-    wait_done(operation, timeout=60)
-    gate.open()
-    running.refresh_from_db()
-    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+    operation, cluster = _cancelled_unreached(owner, running, gate, kube, verb, **parameters)
 
     assert operation.state == Operation.State.CANCELLED
     # The cluster never received it: no hibernation, still one core.
@@ -117,14 +125,7 @@ def test_a_start_cancelled_while_the_cell_refused_every_connection_leaves_the_in
     stayed stopped."""
     stop = _act(owner, running, "stop")
     assert wait_done(stop, timeout=60).state == Operation.State.SUCCEEDED, stop.error
-    gate.close()
-    start = _act(owner, running, "start")
-    _retrying(start)
-    _cancel(owner, start)
-    wait_done(start, timeout=60)
-    gate.open()
-    running.refresh_from_db()
-    cluster = instance_object(kube, running, "postgresql.cnpg.io/v1", "Cluster", running.pk)
+    start, cluster = _cancelled_unreached(owner, running, gate, kube, "start")
 
     assert start.state == Operation.State.CANCELLED
     assert (cluster["metadata"].get("annotations") or {}).get("cnpg.io/hibernation") == "on"
