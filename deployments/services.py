@@ -205,6 +205,12 @@ def _settings_missing(cell: Cell, plans: list[PlanSpec]) -> list[_SettingMissing
     return missing
 
 
+# (connect, read) seconds for each request of a cell's check: a few small discovery reads, which
+# a cluster that answers at all answers at once. A cell that never answers is reported as such
+# in 15 s, not kube.TIMEOUT's 35: loading a plan checks every cell it may run in, one by one.
+CHECK_TIMEOUT = (5, 10)
+
+
 def _kinds_unserved(kubeconfig: str, context: str, plans: list[PlanSpec]) -> dict[str, list[str]]:
     """`_kinds_missing` on the cell's cluster, asked anew: the client's discovery would
     otherwise be read from the file an earlier client left for that address (in the system's
@@ -216,7 +222,9 @@ def _kinds_unserved(kubeconfig: str, context: str, plans: list[PlanSpec]) -> dic
         else api_client_in_cluster()
     )
     with tempfile.TemporaryDirectory(prefix="opsdeck-cell-check-") as fresh:
-        driver = KubeDriver(api, cache_file=os.path.join(fresh, "discovery.json"))
+        driver = KubeDriver(
+            api, cache_file=os.path.join(fresh, "discovery.json"), timeout=CHECK_TIMEOUT
+        )
         try:
             driver.serves("v1", "Namespace")  # the cluster answers: what every instance needs
             return _kinds_missing(driver, plans)
