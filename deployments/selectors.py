@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import (
     BigIntegerField,
@@ -898,6 +899,17 @@ class ObservedStatus:
     # What the plan's `x-opsdeck.status.fields` maps: the page shows only those (a plan whose
     # status object has no phase or primary, a StatefulSet say, shows no such row).
     shown: frozenset[str] = frozenset()
+    # Not read for longer than the status sync lets a stored status age (`status_unread_after`):
+    # what is shown, health included, is what the cluster last reported.
+    unread: bool = False
+
+
+def status_unread_after() -> timedelta:
+    """How old a stored status is once the status sync has failed to read it for three rounds:
+    the sync (beat, every 30 s) stores an unchanged status again once it is
+    OPSDECK_STATUS_CONFIRM_AFTER old, so one older than that and 90 s was not read since (the
+    cell did not answer, or no longer holds the instance's object)."""
+    return timedelta(seconds=settings.OPSDECK_STATUS_CONFIRM_AFTER + 90)
 
 
 def observed_status(instance: Instance) -> ObservedStatus | None:
@@ -926,6 +938,7 @@ def observed_status(instance: Instance) -> ObservedStatus | None:
         shown=frozenset(
             (plan_spec(instance.plan_version).extensions.get("status") or {}).get("fields") or ()
         ),
+        unread=at is not None and at < timezone.now() - status_unread_after(),
     )
 
 

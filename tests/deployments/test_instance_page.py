@@ -2218,3 +2218,32 @@ def test_a_link_to_an_older_operation_opens_the_page_of_the_timeline_that_lists_
 
         html = page.content.decode()
         assert f'id="operation-{operation.pk}"' in html and listed in html
+
+
+def test_a_status_the_sync_has_not_read_lately_says_it_is_the_last_one_reported(
+    owner_client, instance, settings
+):
+    """A cell that stopped answering: its instances kept showing "Healthy" and their last
+    phase, the "Observed … ago" time the only hint that nothing was read since."""
+    settings.OPSDECK_STATUS_CONFIRM_AFTER = 300
+    observed = {"phase": "Cluster in healthy state", "ready": 2, "total": 2, "healthy": True}
+    Instance.objects.filter(pk=instance.pk).update(
+        state=Instance.State.RUNNING,
+        observed=observed,
+        observed_at=timezone.now() - timedelta(seconds=300 + 60),  # confirmed on time
+    )
+    confirmed = owner_client.get(_url(instance)).content.decode()
+    Instance.objects.filter(pk=instance.pk).update(
+        observed_at=timezone.now() - timedelta(minutes=12)
+    )
+
+    html = owner_client.get(_url(instance)).content.decode()
+
+    assert 'id="status-unread"' not in confirmed and "(as last read)" not in confirmed
+    note = re.search(r'<p[^>]*id="status-unread">(.*?)</p>', html, re.S)
+    assert note, html
+    text = re.sub(r"<[^>]+>", "", note.group(1)).replace("\xa0", " ")
+    assert text.startswith("Its status was last read 12 minutes ago: since then, the cluster"), text
+    assert "its health included, is what it reported then." in text
+    assert "Healthy (as last read)" in re.sub(r"<[^>]+>", "", html)
+    assert "Cluster in healthy state" in html  # still shown, as what was last reported
