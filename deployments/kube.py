@@ -40,6 +40,11 @@ WATCH_GRACE = 10
 # The most of a pod's log one read brings back, in at most so many requests (`pod_log`).
 LOG_BYTES = 512 * 1024
 LOG_READS = 3
+# What a 401 says, to the customer whose operation waits on it as to the platform team.
+UNAUTHORIZED = (
+    "The cluster refused the credentials Opsdeck holds for it (401 Unauthorized): the platform "
+    "team must renew them"
+)
 _TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 _STRICT = [("fieldValidation", "Strict")]
 _PATCH_TYPES = {
@@ -136,6 +141,11 @@ def classify(exc: Exception) -> DriverError:
         return exc
     if isinstance(exc, ApiException):
         _, reason = _status(exc)
+        if exc.status == 401:
+            # Authentication comes before anything else: nothing of the request was applied.
+            # The cell's credentials expired or were revoked, which is no fault of the request:
+            # it is tried again until the platform team renews them (or the run's deadline).
+            return TransientError(UNAUTHORIZED, status=401, reason=reason, sent=False)
         # A 409 Conflict is a stale write worth redoing; AlreadyExists is not.
         transient = exc.status in _TRANSIENT_STATUS or (
             exc.status == 409 and reason != "AlreadyExists"

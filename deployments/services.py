@@ -251,7 +251,9 @@ def _kinds_missing(driver: KubeDriver, plans: list[PlanSpec]) -> dict[str, list[
 def _not_answering(exc: DriverError) -> str:
     """Why the cluster could not be asked, as a sentence."""
     if exc.status in (401, 403):
-        return f"The cluster refuses the kubeconfig's credentials: {exc.message}"
+        # A 401's message (`kube.UNAUTHORIZED`) is said to the customers whose operations wait.
+        detail = "Unauthorized" if exc.status == 401 else exc.message
+        return f"The cluster refuses the kubeconfig's credentials: {detail}"
     if exc.status is None and isinstance(exc, TransientError):
         return exc.message  # no answer: it says so itself ("The cluster could not be reached…")
     return f"The cluster cannot be reached: {exc.message}"

@@ -15,8 +15,8 @@ class DriverError(Exception):
 
     `status` and `reason` are the API's HTTP status and Status reason when it answered;
     `retry_after` the seconds it asked to be left alone for (Retry-After, with a 429 or 503).
-    `sent` is False only when the request surely never reached the cluster (no connection to
-    it was made); any other failure of a write may have been applied.
+    `sent` is False only when the request surely was not applied (no connection to the cluster
+    was made, or it refused the credentials); any other failure of a write may have been.
     """
 
     def __init__(

@@ -504,3 +504,25 @@ def test_a_namespace_deleted_again_while_it_empties_is_taken_as_going(driver, na
     driver.patch(
         {**held, "metadata": {**meta, "finalizers": None}}, strategy="merge", subresource=None
     )
+
+
+def test_a_cluster_refusing_the_credentials_says_whose_they_are_and_is_tried_again(tmp_path):
+    """Expired or revoked cell credentials failed every operation at once with "Unauthorized",
+    which read as the customer's own fault: nothing of the request was applied, and it goes on
+    once the platform team renews them."""
+    import yaml
+
+    from deployments.kube import UNAUTHORIZED
+    from sandbox.api import Sandbox
+
+    with Sandbox(token="right-token") as guarded:
+        config = guarded.kubeconfig()
+        config["users"][0]["user"]["token"] = "expired-token"
+        api = api_client_from_kubeconfig(yaml.safe_dump(config))
+        driver = KubeDriver(api, cache_file=str(tmp_path / "d"))
+        with pytest.raises(TransientError) as raised:
+            driver.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n"}})
+
+    assert raised.value.message == UNAUTHORIZED
+    assert raised.value.message.startswith("The cluster refused the credentials Opsdeck holds")
+    assert raised.value.status == 401 and not raised.value.sent  # nothing was applied

@@ -299,3 +299,42 @@ def test_an_instance_a_removed_member_asked_for_is_ready_and_the_owners_are_told
     assert "its create, asked for by a member who has since left or whose account was " in (
         " ".join(sent.body.split())
     )
+
+
+def test_a_create_on_a_cell_whose_credentials_expired_waits_for_new_ones_then_runs(
+    worker, plan, tenant, owner
+):
+    """The cell's token expired: the create failed at once, saying "Unauthorized", as if the
+    customer had been refused. It waits, saying the platform team must renew them, and runs
+    once they have (add_cell with the new kubeconfig)."""
+    import yaml
+
+    from deployments.kube import UNAUTHORIZED
+    from deployments.models import Cell
+    from deployments.runner import RETRYING
+    from sandbox.api import Sandbox
+
+    with Sandbox(token="right-token", speed=200) as guarded:
+        config = guarded.kubeconfig()
+        services.cell_register(
+            name="guarded", kubeconfig=yaml.safe_dump(config), region="local",
+            backup_destination="s3://sandbox-backups/opsdeck",
+            backup_credentials={"ACCESS_KEY_ID": "a", "ACCESS_SECRET_KEY": "b"},
+        )  # fmt: skip
+        cell = Cell.objects.get(name="guarded")
+        expired = yaml.safe_load(yaml.safe_dump(config))
+        expired["users"][0]["user"]["token"] = "expired-token"
+        cell.kubeconfig = yaml.safe_dump(expired)
+        cell.save(update_fields=["kubeconfig"])
+        create = _create(owner, tenant, plan)
+
+        def refused():
+            create.refresh_from_db()
+            return create.error == f"{RETRYING}{UNAUTHORIZED}"
+
+        wait_for(refused, what="the create to say the credentials were refused")
+        assert create.state in (Operation.State.QUEUED, Operation.State.RUNNING)
+        services.cell_register(name="guarded", kubeconfig=yaml.safe_dump(config))
+
+        assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+    assert Instance.objects.get(pk=create.instance_id).state == Instance.State.RUNNING
