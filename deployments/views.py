@@ -686,18 +686,29 @@ def _errors(exc: ValidationError) -> dict[str, list[str]]:
     return {"__all__": exc.messages}
 
 
+def _tab_shown(request, default: str) -> str:
+    """The tab of the page that sent an htmx request (its address's `tab`, the Overview without
+    one): a dialog shown again over it keeps it, as htmx pushes no address for it. `default`
+    for a form sent without htmx, whose answer is a page of its own."""
+    address = current_address(request) if request.htmx else None
+    if not address or not address.path:
+        return default
+    tab = QueryDict(address.query).get("tab", "overview")
+    return tab if tab in TABS else "overview"
+
+
 def _dialog_again(
     request, instance: Instance, dialog: str | None, errors: dict, *, tab: str, **extra
 ):
     """The page with the dialog open again, showing what to correct; nothing was done. An
-    action without a dialog (None) says it in a message instead."""
+    action without a dialog (None) says it in a message instead, on the tab it names."""
     if dialog is None:
         messages.error(request, " ".join(m for listed in errors.values() for m in listed))
         return _after(request, instance, tab)
     return _page(
         request,
         instance,
-        tab=tab,
+        tab=_tab_shown(request, tab),
         status=200 if request.htmx else 400,
         open_dialog=dialog,
         errors=errors,
@@ -779,7 +790,7 @@ def instance_act(request, instance_id: str, verb: str):
     return _page(
         request,
         instance,
-        tab=tab,
+        tab=_tab_shown(request, tab),
         status=200 if request.htmx else 400,
         open_dialog=f"dialog-{verb}",
         verb_forms={verb: form},
@@ -1156,7 +1167,7 @@ def instance_modify(request, instance_id: str):
     return _page(
         request,
         instance,
-        tab="operations",
+        tab=_tab_shown(request, "operations"),
         status=200 if request.htmx else 400,
         open_dialog="dialog-modify",
         **_modify_context(instance, form),

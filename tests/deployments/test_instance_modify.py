@@ -278,3 +278,25 @@ def test_the_polled_timeline_leaves_the_header_and_the_dialogs_out(owner_client,
     assert html.lstrip().startswith('<div id="instance-operations"')
     assert 'id="instance-head"' not in html  # the header follows the operation itself
     assert 'data-dialog="dialog-modify"' not in html and 'id="dialog-modify"' not in html
+
+
+@pytest.mark.parametrize("shown", ["", "?tab=backups"])
+def test_a_modify_refused_in_its_dialog_keeps_the_tab_the_page_showed(
+    owner_client, instance, shown
+):
+    """Sent from the Overview, the dialog came back open over the Operations tab, while the
+    address still said the Overview (htmx pushes no address for a form shown again)."""
+    page = _url(instance)
+    response = owner_client.post(
+        _url(instance, "modify/"), {"request_id": "hx-mod", "p-instances": "0"},
+        HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-page",
+        HTTP_HX_CURRENT_URL=f"http://testserver{page}{shown}",
+    )  # fmt: skip
+
+    html = response.content.decode()
+    tab = "backups" if shown else "overview"
+    assert response.status_code == 200 and "HX-Push-Url" not in response
+    assert f'id="tab-{tab}" href="{page}?tab={tab}"' in html
+    assert re.search(f'id="tab-{tab}"[^>]*aria-current="page"', html)
+    assert not re.search('id="tab-operations"[^>]*aria-current="page"', html)
+    assert 'id="dialog-modify"' in html and "open data-open" in html
