@@ -123,6 +123,9 @@ def test_a_bad_date_range_is_explained_not_crashed(owner_client, tenant):
 
     assert response.status_code == 200
     assert b"The start date is after the end date." in response.content
+    # The summary takes the focus, as the portal's other refused forms' do: a keyboard or
+    # screen reader user was left on the button, below what to correct.
+    assert b'class="error-summary" role="alert" tabindex="-1" autofocus' in response.content
 
 
 @pytest.mark.django_db

@@ -429,6 +429,7 @@ def test_renaming_from_the_page_says_so_and_a_bad_name_is_said_beside_its_field(
     assert bad.status_code == 400
     assert 'aria-invalid="true"' in bad.content.decode()
     assert "Use letters, digits, spaces and punctuation only." in bad.content.decode()
+    assert 'class="error-summary" role="alert" tabindex="-1" autofocus' in bad.content.decode()
     assert _name(tenant) == "Acme"
 
     done = owner_client.post(

@@ -256,3 +256,28 @@ def test_changing_a_members_role_keeps_the_focus_on_their_row(
     assert page.evaluate(
         "(email) => !!document.activeElement.closest('tr')?.textContent.includes(email)", kim.email
     ), focused
+
+
+def test_a_refused_delete_says_error_in_the_title_and_escape_goes_back_to_its_button(
+    open_page, owner, instance
+):
+    """The dialog came back with its error in a page swapped in whole: the window's title did
+    not say anything was wrong, and Escape left the focus on the page's body (a screen reader
+    starting over at the top), not on the Delete button it was opened from."""
+    page = open_page(owner, _path(instance))
+    title = page.title()
+    page.get_by_role("button", name="Delete", exact=True).click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label(re.compile("to confirm")).fill("not-its-name")
+    dialog.get_by_role("button", name=f"Delete {instance.name}").click()
+    expect(page.get_by_role("dialog").locator(".field-error")).to_be_visible()
+    htmx_settled(page)
+
+    refused = (page.title(), page.evaluate(FOCUSED))
+    page.keyboard.press("Escape")
+
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    expect(page.get_by_role("button", name="Delete", exact=True)).to_be_focused()
+    assert refused[0] == f"Error: {title}", refused
+    assert "Nothing was done" in refused[1], refused  # the summary of what to correct
+    assert page.title() == title
