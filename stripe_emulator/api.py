@@ -10,9 +10,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import invoices, sessions
+from . import credit_notes, invoices, payments, sessions
 from .events import type_matches
 from .faults import Faults
+from .forms import Params
 from .idempotency import IdempotencyKeys
 from .persistence import StateFileError, state_dump, state_load, state_save
 from .server import make_server
@@ -305,6 +306,32 @@ class StripeEmulator:
     def delete_draft(self, invoice_id: str) -> dict[str, Any]:
         """A draft invoice deleted (`invoice.deleted`)."""
         return self._locked(invoices.invoice_draft_delete, invoice_id)
+
+    def refund_invoice(self, invoice_id: str, amount: int | None = None) -> dict[str, Any]:
+        """A paid invoice's payment refunded, in full or `amount` of it, without a credit note,
+        as Stripe's dashboard refunds a payment (`charge.refunded`); the refund."""
+        with self.state.lock:
+            result = copy.deepcopy(payments.invoice_refund(self.state, invoice_id, amount))
+            self.save_state()
+            return result
+
+    def create_credit_note(self, invoice_id: str, **fields: Any) -> dict[str, Any]:
+        """A credit note of the invoice, as `POST /v1/credit_notes` makes one (`amount`,
+        `refund_amount`, `credit_amount`, `out_of_band_amount`, `reason`, `memo`)."""
+        params = {key: str(value) for key, value in fields.items()}
+        with self.state.lock:
+            made = credit_notes.credit_note_create(
+                self.state, Params({"invoice": invoice_id, **params})
+            )
+            self.save_state()
+            return copy.deepcopy(made)
+
+    def void_credit_note(self, credit_note_id: str) -> dict[str, Any]:
+        """An issued credit note of an open invoice voided (`credit_note.voided`)."""
+        with self.state.lock:
+            made = credit_notes.credit_note_void(self.state, Params({}), credit_note_id)
+            self.save_state()
+            return copy.deepcopy(made)
 
     def _locked(self, action: Callable[[State, str], dict[str, Any]], object_id: str) -> Any:
         with self.state.lock:

@@ -107,6 +107,18 @@ def _delete_draft(emulator: StripeEmulator, body: dict[str, Any], invoice_id: st
     return emulator.delete_draft(invoice_id)
 
 
+def _refund(emulator: StripeEmulator, body: dict[str, Any], invoice_id: str) -> Any:
+    return emulator.refund_invoice(invoice_id, body.get("amount"))
+
+
+def _credit_note(emulator: StripeEmulator, body: dict[str, Any], invoice_id: str) -> Any:
+    return emulator.create_credit_note(invoice_id, **body)
+
+
+def _void_credit_note(emulator: StripeEmulator, body: dict[str, Any], credit_note_id: str) -> Any:
+    return emulator.void_credit_note(credit_note_id)
+
+
 CONTROL: list[Route] = [
     route("POST", "/_emulator/reset", _reset),
     route("GET", "/_emulator/faults", _faults),
@@ -129,4 +141,7 @@ CONTROL: list[Route] = [
     route("POST", "/_emulator/invoices/{id}/fail", _fail),
     route("POST", "/_emulator/invoices/{id}/void", _void),
     route("POST", "/_emulator/invoices/{id}/delete", _delete_draft),
+    route("POST", "/_emulator/invoices/{id}/refund", _refund),
+    route("POST", "/_emulator/invoices/{id}/credit_notes", _credit_note),
+    route("POST", "/_emulator/credit_notes/{id}/void", _void_credit_note),
 ]

@@ -20,6 +20,7 @@ from typing import Any
 from .errors import StripeError, invalid
 from .forms import Params
 from .metering import aggregate, meter_usage_events
+from .payments import invoice_charge
 from .state import State, list_object, new_id, page
 from .subscriptions import current_period, emit_if_changed, end, next_period
 
@@ -132,6 +133,8 @@ def _invoice(state: State, subscription: dict[str, Any], start: int, stop: int) 
         },
         "period_end": stop,
         "period_start": start,
+        "post_payment_credit_notes_amount": 0,
+        "pre_payment_credit_notes_amount": 0,
         "starting_balance": 0,
         "status": "draft",
         "status_transitions": {
@@ -266,6 +269,7 @@ def invoice_pay(state: State, invoice_id: str) -> dict[str, Any]:
     and `invoice.payment_succeeded`; a past_due subscription becomes active again."""
     invoice = _payable(state, invoice_id)
     now = state.now()
+    invoice_charge(state, invoice)
     invoice.update(
         amount_paid=invoice["amount_due"],
         amount_remaining=0,

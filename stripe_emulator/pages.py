@@ -93,8 +93,24 @@ def invoice_text(invoice: dict[str, Any]) -> str:
 
 
 def invoice_pdf(invoice: dict[str, Any]) -> bytes:
-    """A one-page PDF of invoice_text (plain ASCII; anything else becomes '?')."""
-    text = invoice_text(invoice).encode("ascii", "replace").decode()
+    """A one-page PDF of invoice_text."""
+    return text_pdf(invoice_text(invoice))
+
+
+def credit_note_text(credit_note: dict[str, Any]) -> str:
+    """A credit note as lines of text (its PDF)."""
+    lines = [
+        f"Credit note {credit_note['number']} ({credit_note['status']})",
+        f"Invoice {credit_note['invoice']}",
+        f"Reason {credit_note['reason'] or '-'}",
+        f"Total {money(credit_note['total'], credit_note['currency'])}",
+    ]
+    return "\n".join(lines)
+
+
+def text_pdf(text: str) -> bytes:
+    """A one-page PDF of lines of text (plain ASCII; anything else becomes '?')."""
+    text = text.encode("ascii", "replace").decode()
     escaped = [
         t.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)") for t in text.splitlines()
     ]

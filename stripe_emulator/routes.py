@@ -8,7 +8,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import catalog, events, invoices, metering, pages, sessions, subscriptions, tax_ids
+from . import (
+    catalog,
+    credit_notes,
+    events,
+    invoices,
+    metering,
+    pages,
+    payments,
+    sessions,
+    subscriptions,
+    tax_ids,
+)
 from .errors import StripeError, no_such
 from .state import State
 
@@ -83,6 +94,15 @@ API: list[Route] = [
     route("GET", "/v1/invoices", invoices.invoice_list),
     route("GET", "/v1/invoices/{id}", invoices.invoice_retrieve),
     route("GET", "/v1/invoices/{id}/lines", invoices.invoice_lines),
+    route("GET", "/v1/invoice_payments", payments.invoice_payment_list),
+    route("GET", "/v1/invoice_payments/{id}", payments.invoice_payment_retrieve),
+    route("GET", "/v1/charges/{id}", payments.charge_retrieve),
+    route("POST", "/v1/refunds", payments.refund_create),
+    route("POST", "/v1/credit_notes", credit_notes.credit_note_create),
+    route("GET", "/v1/credit_notes", credit_notes.credit_note_list),
+    route("GET", "/v1/credit_notes/{id}", credit_notes.credit_note_retrieve),
+    route("POST", "/v1/credit_notes/{id}", credit_notes.credit_note_update),
+    route("POST", "/v1/credit_notes/{id}/void", credit_notes.credit_note_void),
     route("GET", "/v1/events", events.event_list),
     route("GET", "/v1/events/{id}", events.event_retrieve),
 ]
@@ -156,10 +176,17 @@ def _finalized(state: State, invoice_id: str) -> dict[str, Any]:
     return invoice
 
 
+def credit_note_pdf(state: State, credit_note_id: str) -> Page:
+    """GET /cn/{id}/pdf: a credit note's PDF."""
+    credit_note = state.get("credit_note", credit_note_id, label="credit_note")
+    return Page(200, "application/pdf", pages.text_pdf(pages.credit_note_text(credit_note)))
+
+
 PAGES: list[Route] = [
     route("GET", "/c/pay/{id}", checkout_show),
     route("POST", "/c/pay/{id}", checkout_pay),
     route("GET", "/p/session/{id}", portal_show),
     route("GET", "/i/{id}", invoice_show),
     route("GET", "/i/{id}/pdf", invoice_pdf),
+    route("GET", "/cn/{id}/pdf", credit_note_pdf),
 ]
