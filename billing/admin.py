@@ -14,6 +14,7 @@ from billing.models import (
     OVERRIDE_SAME_MOMENT,
     BillingPeriod,
     BillingProfile,
+    CreditNote,
     Invoice,
     InvoiceLine,
     MeteredHour,
@@ -133,6 +134,15 @@ class InvoiceLineInline(admin.TabularInline):
         return False
 
 
+class CreditNoteInline(InvoiceLineInline):
+    """A Stripe invoice's credit notes, as Stripe's webhooks mirrored them."""
+
+    model = CreditNote
+    fields = ["number", "status", "amount", "refunded", "currency", "reason", "memo", "created"]
+    fields += ["voided_at", "pdf_url"]
+    readonly_fields = fields
+
+
 @admin.register(Invoice)
 class InvoiceAdmin(ServiceOwnedAdmin):
     """Drafts come from closing a period (`manage.py close_billing_period`); staff finalize,
@@ -141,7 +151,7 @@ class InvoiceAdmin(ServiceOwnedAdmin):
     list_display = ["__str__", "tenant", "plan", "period", "status", "amount", "currency"]
     list_filter = ["status", "period", "source", "currency"]
     search_fields = ["number", "tenant__name", "tenant__slug"]
-    inlines = [InvoiceLineInline]
+    inlines = [InvoiceLineInline, CreditNoteInline]
     actions = ["finalize", "void", "mark_paid"]
     readonly_fields = [field.name for field in Invoice._meta.fields]
 

@@ -225,6 +225,15 @@ class Invoice(models.Model):
     # details as they are now, and its name alone for an older one.
     billed_to = models.JSONField(null=True, blank=True)
     issuer = models.TextField(blank=True)
+    # What Stripe took back off a mirrored invoice once finalized (not frozen with it;
+    # `stripe_sync.invoice_credits_total`): what each charge that paid it had refunded, in the
+    # currency's minor unit ({charge id: amount}); what was refunded to the payment, by those
+    # charges or by its credit notes; and what its issued credit notes took off beyond their
+    # refunds (credited to the customer's balance or outside Stripe, or off what was still
+    # due). Not usage: the cost reports never read these.
+    charge_refunds = models.JSONField(default=dict, blank=True)
+    amount_refunded = models.DecimalField(max_digits=19, decimal_places=3, default=Decimal(0))
+    amount_credited = models.DecimalField(max_digits=19, decimal_places=3, default=Decimal(0))
 
     class Meta:
         ordering = ["-period", "tenant", "plan"]
@@ -255,6 +264,48 @@ class Invoice(models.Model):
     def per_deployment(self) -> bool:
         """Whether its lines are per deployment (Opsdeck's) or per price (Stripe's)."""
         return self.source == self.Source.LOCAL
+
+    @property
+    def amount_remaining(self) -> Decimal:
+        """Its total less what was refunded and credited: what remains paid (or due)."""
+        return max(self.total - self.amount_refunded - self.amount_credited, Decimal(0))
+
+    @property
+    def taken_back(self) -> bool:
+        """Whether refunds or credit notes took something off it."""
+        return bool(self.amount_refunded or self.amount_credited)
+
+    @property
+    def badge(self) -> str:
+        """The state its label is coloured as: its status, "refunded" once nothing of it
+        remains, "credited" while part does."""
+        if not self.taken_back or self.status not in (self.Status.PAID, self.Status.OPEN):
+            return self.status
+        return "refunded" if not self.amount_remaining else "credited"
+
+    def status_text(self) -> str:
+        """Its status as people read it: "Paid"; or "Refunded", "Partly refunded (12.00 of
+        40.00)", "Credited (10.00 of 40.00)" once refunds or credit notes took part of it
+        back (an unpaid one says "Finalized" first)."""
+        said = self.get_status_display()
+        if not self.taken_back or self.status not in (self.Status.PAID, self.Status.OPEN):
+            return said
+        from billing.pricing import rounded
+
+        total = rounded(self.total, self.currency)
+        refunded = rounded(self.amount_refunded, self.currency)
+        credited = rounded(self.amount_credited, self.currency)
+        if refunded >= total:
+            taken = "Refunded"
+        elif not refunded:
+            taken = "Credited" if credited >= total else f"Credited ({credited} of {total})"
+        else:
+            taken = f"Partly refunded ({refunded} of {total})"
+            if credited:
+                taken += f", credited {credited}"
+        return (
+            taken if self.status == self.Status.PAID else f"{said}; {taken[0].lower()}{taken[1:]}"
+        )
 
 
 class InvoiceLine(models.Model):
@@ -287,6 +338,44 @@ class InvoiceLine(models.Model):
         """A line at 0 of a dimension nothing measures (`UNMETERED_DIMENSIONS`): Stripe lists
         every price of a subscription on its invoices, those too."""
         return self.dimension in UNMETERED_DIMENSIONS and not self.amount
+
+
+class CreditNote(models.Model):
+    """A Stripe credit note of a mirrored invoice: an amount taken off it, refunded to the
+    payment (`refunded`), credited to the customer's balance or outside Stripe, or off what
+    was still due. A void one no longer counts. Mirrored from Stripe's webhooks
+    (`stripe_sync.credit_note_mirror`)."""
+
+    class Status(models.TextChoices):
+        ISSUED = "issued", "Issued"
+        VOID = "void", "Void"
+
+    # Stripe's reasons, as people read them.
+    REASONS = {
+        "duplicate": "Duplicate",
+        "fraudulent": "Fraudulent",
+        "order_change": "Order change",
+        "product_unsatisfactory": "Product unsatisfactory",
+    }
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="credit_notes")
+    stripe_credit_note_id = models.CharField(max_length=255, unique=True)
+    number = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.ISSUED)
+    currency = models.CharField(max_length=3)
+    amount = models.DecimalField(max_digits=19, decimal_places=3)  # as `Invoice.total`
+    refunded = models.DecimalField(max_digits=19, decimal_places=3, default=Decimal(0))
+    reason = models.CharField(max_length=100, blank=True)  # as people read it
+    memo = models.TextField(blank=True)
+    pdf_url = models.URLField(max_length=1000, blank=True)
+    created = models.DateTimeField()  # when Stripe issued it
+    voided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["invoice", "created", "pk"]
+
+    def __str__(self) -> str:
+        return self.number or self.stripe_credit_note_id
 
 
 class InvoiceCounter(models.Model):

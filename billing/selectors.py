@@ -86,6 +86,8 @@ _INVOICE_ROW = [
     "source",
     "currency",
     "total",
+    "amount_refunded",
+    "amount_credited",
     "finalized_at",
     "hosted_invoice_url",
     "pdf_url",
@@ -127,12 +129,13 @@ def _drafts_billing(invoices: QuerySet[Invoice]) -> QuerySet[Invoice]:
 
 
 def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
-    """One of the tenant's invoices a tenant may see, with its lines; None otherwise."""
+    """One of the tenant's invoices a tenant may see, with its lines and credit notes; None
+    otherwise."""
     return (
         Invoice.objects.filter(tenant=tenant, pk=invoice_id)
         .exclude(status=Invoice.Status.DRAFT)
         .select_related("plan", "tenant")
-        .prefetch_related("lines")
+        .prefetch_related("lines", "credit_notes")
         .first()
     )
 

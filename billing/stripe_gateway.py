@@ -362,6 +362,25 @@ class StripeGateway:
         return list(pages.auto_paging_iter())
 
     @_translated
+    def credit_note(self, credit_note_id: str) -> Any:
+        """The credit note as Stripe holds it now."""
+        return self.client.v1.credit_notes.retrieve(credit_note_id)
+
+    @_translated
+    def charge(self, charge_id: str) -> Any:
+        """The charge as Stripe holds it now."""
+        return self.client.v1.charges.retrieve(charge_id)
+
+    @_translated
+    def invoices_paid_by(self, payment_intent_id: str) -> list[str]:
+        """The ids of the invoices a payment intent paid (a charge names no invoice since
+        API version 2025-03-31.basil: its invoice payment does)."""
+        payments = self.client.v1.invoice_payments.list(
+            {"payment": {"type": "payment_intent", "payment_intent": payment_intent_id}}
+        )
+        return list(dict.fromkeys(payment.invoice for payment in payments.auto_paging_iter()))
+
+    @_translated
     def checkout_session(self, session_id: str) -> Any:
         return self.client.v1.checkout.sessions.retrieve(session_id)
 

@@ -25,6 +25,7 @@ from billing import meter_events
 from billing.models import (
     DIMENSION_LABELS,
     BillingProfile,
+    CreditNote,
     Invoice,
     InvoiceLine,
     MeterEvent,
@@ -697,6 +698,14 @@ def _field(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def stripe_id(obj: Any, name: str) -> str:
+    """The id a field of a Stripe object names ("" when none), expanded into an object or not."""
+    value = _field(obj, name)
+    return str(
+        _field(value, "id") if value is not None and not isinstance(value, str) else value or ""
+    )
+
+
 def subscription_values(subscription: Any) -> dict[str, Any]:
     """What Opsdeck keeps of a Stripe subscription (its period lives on its items)."""
     items = subscription["items"].data if _field(subscription, "items") else []
@@ -1215,6 +1224,99 @@ def invoice_draft_deleted(stripe_invoice_id: str) -> None:
             payload={"stripe_invoice": stripe_invoice_id, "period": draft.period},
         )
         draft.delete()
+
+
+def credit_note_mirror(invoice: Invoice, credit_note_id: str, gw: StripeGateway) -> CreditNote:
+    """Bring our copy of a Stripe credit note of `invoice` (ours, mirrored) to what Stripe
+    holds now, read again once the invoice is locked (concurrent deliveries about it apply one
+    after the other, the last reading the newest), and what the invoice's credit notes take
+    off it. A void one stays void (Stripe never issues it again)."""
+    with transaction.atomic():
+        stored = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        held = gw.credit_note(credit_note_id)
+        if stripe_id(held, "invoice") != stored.stripe_invoice_id:
+            raise ValueError(f"credit note {credit_note_id} is not of {stored.stripe_invoice_id}")
+        currency = held.currency
+        refunds = _field(held, "refunds") or []
+        values = {
+            "number": str(_field(held, "number") or "")[:64],
+            "status": CreditNote.Status.VOID if held.status == "void" else CreditNote.Status.ISSUED,
+            "currency": currency,
+            "amount": _money(_field(held, "total"), currency),
+            "refunded": _money(
+                sum(int(_field(r, "amount_refunded") or 0) for r in refunds), currency
+            ),
+            "reason": CreditNote.REASONS.get(str(_field(held, "reason") or ""), ""),
+            "memo": str(_field(held, "memo") or "")[:2000],
+            "pdf_url": link_safe(_field(held, "pdf")),
+            "created": _moment(_field(held, "created")) or timezone.now(),
+            "voided_at": _moment(_field(held, "voided_at")),
+        }
+        found = CreditNote.objects.filter(stripe_credit_note_id=held.id).first()
+        if found is not None and found.status == CreditNote.Status.VOID:
+            values.update(status=found.status, voided_at=found.voided_at)
+        note, _ = CreditNote.objects.update_or_create(
+            stripe_credit_note_id=held.id, defaults={"invoice": stored, **values}
+        )
+        if found is None or found.status != note.status:
+            audit_record(
+                actor=SYSTEM,
+                action=f"invoice.stripe_credit_note_{note.status}",
+                tenant=stored.tenant,
+                target=stored,
+                payload={
+                    "stripe_credit_note": held.id,
+                    "number": note.number,
+                    "amount": str(note.amount),
+                },
+            )
+        invoice_credits_total(stored)
+    return note
+
+
+def charge_refunds_mirror(invoice: Invoice, charge_id: str, gw: StripeGateway) -> Invoice:
+    """Bring what the charge `charge_id` that paid `invoice` (ours, mirrored) has refunded to
+    what Stripe holds now, read again once the invoice is locked; a refund is never undone,
+    so an older copy never lowers it."""
+    with transaction.atomic():
+        stored = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        held = gw.charge(charge_id)
+        refunds = dict(stored.charge_refunds)
+        before = int(refunds.get(held.id, 0))
+        refunds[held.id] = max(before, int(_field(held, "amount_refunded") or 0))
+        if refunds[held.id] != before:
+            Invoice.objects.filter(pk=stored.pk).update(charge_refunds=refunds)
+            audit_record(
+                actor=SYSTEM,
+                action="invoice.stripe_refunded",
+                tenant=stored.tenant,
+                target=stored,
+                payload={
+                    "stripe_charge": held.id,
+                    "refunded": str(_money(refunds[held.id], held.currency)),
+                },
+            )
+            stored.charge_refunds = refunds
+        invoice_credits_total(stored)
+    stored.refresh_from_db()
+    return stored
+
+
+def invoice_credits_total(invoice: Invoice) -> None:
+    """Store what refunds and credit notes take off the (locked) invoice: refunded to the
+    payment, the charges' refunds or, when more (a credit note's refund whose charge event
+    has not come yet), the issued credit notes'; and credited, what those took off beyond
+    their refunds. A refund outside any credit note counts once, with the charge's."""
+    issued = invoice.credit_notes.filter(status=CreditNote.Status.ISSUED)
+    noted = sum((note.amount for note in issued), Decimal(0))
+    noted_refunds = sum((note.refunded for note in issued), Decimal(0))
+    charged = sum(
+        (_money(amount, invoice.currency) for amount in invoice.charge_refunds.values()),
+        Decimal(0),
+    )
+    Invoice.objects.filter(pk=invoice.pk).update(
+        amount_refunded=max(charged, noted_refunds), amount_credited=noted - noted_refunds
+    )
 
 
 def subscription_end(subscription: Subscription) -> None:

@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from billing import stripe_sync
-from billing.models import StripeEvent
+from billing.models import Invoice, StripeEvent
 from billing.stripe_gateway import BadWebhook, StripeGateway, StripeRefused, gateway
 
 log = logging.getLogger(__name__)
@@ -45,16 +45,45 @@ def subscription_changed(event: StripeEvent, gw: StripeGateway) -> None:
     stripe_sync.subscription_mirror(gw.subscription(_object_id(event)), gw)
 
 
-def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
+def _invoice_mirrored(invoice_id: str, gw: StripeGateway) -> Invoice | None:
     """The invoice as Stripe holds it now, with its subscription first, whose status a payment
     moves (a failed one makes it past due) whether or not its own event has arrived yet: and
     which the invoice is ours by (an invoice coming before the checkout's event that linked
-    its subscription to ours was taken for a stranger's, and never shown)."""
-    invoice = gw.invoice(_object_id(event))
+    its subscription to ours was taken for a stranger's, and never shown). None for a
+    stranger's."""
+    invoice = gw.invoice(invoice_id)
     subscription_id = stripe_sync.invoice_values(invoice)["stripe_subscription_id"]
     if subscription_id:
         stripe_sync.subscription_mirror(gw.subscription(subscription_id), gw)
-    stripe_sync.invoice_mirror(invoice, gw.invoice_lines(invoice))
+    return stripe_sync.invoice_mirror(invoice, gw.invoice_lines(invoice))
+
+
+def invoice_changed(event: StripeEvent, gw: StripeGateway) -> None:
+    _invoice_mirrored(_object_id(event), gw)
+
+
+def credit_note_changed(event: StripeEvent, gw: StripeGateway) -> None:
+    """A credit note issued, changed or voided in Stripe: its invoice first (a credit note may
+    come before the invoice's own events, and makes an invoice it covers whole paid), then
+    the credit note, both as Stripe holds them now. One of a stranger's invoice is ignored."""
+    credit_note = gw.credit_note(_object_id(event))
+    invoice = _invoice_mirrored(stripe_sync.stripe_id(credit_note, "invoice"), gw)
+    if invoice is None:
+        log.info("stripe credit note %s is not of one of our invoices", credit_note.id)
+        return
+    stripe_sync.credit_note_mirror(invoice, credit_note.id, gw)
+
+
+def charge_refunded(event: StripeEvent, gw: StripeGateway) -> None:
+    """A payment refunded in Stripe (with a credit note or without): what it refunded of each
+    invoice it paid. A charge paying none of ours (another sale of the Stripe account) is
+    ignored."""
+    charge = gw.charge(_object_id(event))
+    intent = stripe_sync.stripe_id(charge, "payment_intent")
+    for invoice_id in gw.invoices_paid_by(intent) if intent else []:
+        invoice = _invoice_mirrored(invoice_id, gw)
+        if invoice is not None:
+            stripe_sync.charge_refunds_mirror(invoice, charge.id, gw)
 
 
 def invoice_deleted(event: StripeEvent, gw: StripeGateway) -> None:
@@ -81,6 +110,11 @@ HANDLERS: dict[str, Handler] = {
     "invoice.marked_uncollectible": invoice_changed,
     "invoice.updated": invoice_changed,
     "invoice.deleted": invoice_deleted,
+    # Part or all of an invoice taken back in Stripe's dashboard: a credit note, a refund.
+    "credit_note.created": credit_note_changed,
+    "credit_note.updated": credit_note_changed,
+    "credit_note.voided": credit_note_changed,
+    "charge.refunded": charge_refunded,
 }
 
 
