@@ -293,6 +293,8 @@ _TEAM_ROW = [
     "status",
     "currency",
     "total",
+    "amount_refunded",
+    "amount_credited",
     "plan__name",
     "tenant__name",
     "tenant__slug",
@@ -351,7 +353,7 @@ def invoice_for_team(invoice_id: int) -> Invoice | None:
     return (
         Invoice.objects.filter(pk=invoice_id)
         .select_related("plan", "tenant")
-        .prefetch_related("lines")
+        .prefetch_related("lines", "credit_notes")
         .first()
     )
 

@@ -84,19 +84,23 @@ def invoices(request):
 def invoices_export(request):
     _, found = _filtered(request, export=True)
     header = ["number", "organization", "plan", "period", "status", "currency", "total"]
-    header += ["finalized_at", "organization_deleted_at"]
+    # Added last, so that a sheet reading the columns before by position still reads them.
+    header += ["finalized_at", "organization_deleted_at", "refunded", "credited"]
     rows = (
         [
             invoice.number or "",
             invoice.tenant.name,
             invoice.plan.name,
             invoice.period,
-            invoice.get_status_display(),  # as the pages say it: "Finalized", not "open"
+            invoice.status_text(),  # as the pages say it: "Finalized", not "open"
             invoice.currency,
             rounded(invoice.total, invoice.currency),
             invoice.finalized_at.isoformat() if invoice.finalized_at else "",
             # As the page marks it: an organization deleted since (its invoices are kept).
             invoice.tenant.deleted_at.isoformat() if invoice.tenant.deleted_at else "",
+            # What refunds and credit notes took back of a Stripe invoice (its total stays).
+            rounded(invoice.amount_refunded, invoice.currency),
+            rounded(invoice.amount_credited, invoice.currency),
         ]
         for invoice in found.iterator(chunk_size=500)
     )

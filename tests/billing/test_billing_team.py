@@ -121,7 +121,7 @@ def test_the_csv_export_has_the_filtered_invoices_safe_for_spreadsheets(team_cli
     rows = list(csv.reader(io.StringIO(body.decode("utf-8-sig"))))
     assert rows[0] == [
         "number", "organization", "plan", "period", "status", "currency", "total", "finalized_at",
-        "organization_deleted_at",
+        "organization_deleted_at", "refunded", "credited",
     ]  # fmt: skip
     assert sorted(row[0] for row in rows[1:]) == ["2025-000001", "2025-000002"]
     assert {row[1] for row in rows[1:]} == {"'=Globex Corp"}  # not run as a formula
@@ -214,7 +214,9 @@ def test_a_deleted_organization_is_said_deleted_beside_its_invoices_and_usage(
     # The export says it too, with when.
     export = team_client.get("/billing-team/invoices.csv")
     rows = list(csv.reader(io.StringIO(b"".join(export.streaming_content).decode("utf-8-sig"))))
-    by_number = {row[0]: row[-1] for row in rows[1:]}
+    by_number = {
+        row[0]: dict(zip(rows[0], row, strict=True))["organization_deleted_at"] for row in rows[1:]
+    }
     assert by_number == {"2025-000009": gone.deleted_at.isoformat(), "2025-000010": ""}
 
 

@@ -3,6 +3,8 @@ the invoice list and the invoice's page (a refunded invoice read "Paid" and its 
 
 from __future__ import annotations
 
+import csv
+import io
 from decimal import Decimal
 
 import pytest
@@ -226,30 +228,34 @@ def test_a_refund_changes_no_cost_the_billing_page_reports(
     assert [m.total for m in after.currencies] == [Decimal("40.00")]
 
 
+def _refunded_invoice(tenant, plan, n: int) -> Invoice:
+    """A Stripe invoice of 40.00 USD, paid, then 12.00 refunded and 3.00 credited by its
+    credit note."""
+    invoice = Invoice.objects.create(
+        tenant=tenant, plan=plan, period=f"2025-{n:02d}", source="stripe",
+        status="paid", number=f"S-{n}", total=Decimal("40"), currency="usd",
+        stripe_invoice_id=f"in_{n}", finalized_at=timezone.now(),
+        amount_refunded=Decimal("12"), amount_credited=Decimal("3"),
+    )  # fmt: skip
+    CreditNote.objects.create(
+        invoice=invoice, stripe_credit_note_id=f"cn_{n}", number=f"S-{n}-CN-01",
+        currency="usd", amount=Decimal("15"), refunded=Decimal("12"), reason="Duplicate",
+        pdf_url=f"https://files.stripe.test/cn_{n}.pdf", created=timezone.now(),
+    )  # fmt: skip
+    return invoice
+
+
 def test_the_invoice_list_reads_refunds_and_credits_in_a_constant_number_of_queries(
     owner_client, tenant, priced_plan
 ):
-    def refunded_invoice(n: int) -> None:
-        invoice = Invoice.objects.create(
-            tenant=tenant, plan=priced_plan, period=f"2025-{n:02d}", source="stripe",
-            status="paid", number=f"S-{n}", total=Decimal("40"), currency="usd",
-            stripe_invoice_id=f"in_{n}", finalized_at=timezone.now(),
-            amount_refunded=Decimal("12"), amount_credited=Decimal("3"),
-        )  # fmt: skip
-        CreditNote.objects.create(
-            invoice=invoice, stripe_credit_note_id=f"cn_{n}", number=f"S-{n}-CN-01",
-            currency="usd", amount=Decimal("15"), refunded=Decimal("12"),
-            created=timezone.now(),
-        )  # fmt: skip
-
     url = f"/t/{tenant.slug}/billing/"
-    refunded_invoice(1)
+    _refunded_invoice(tenant, priced_plan, 1)
     owner_client.get(url)
     with CaptureQueriesContext(connection) as few:
         page = owner_client.get(url).content.decode()
     assert page.count("Partly refunded (12.00 of 40.00), credited 3.00") == 1
     for n in range(2, 8):
-        refunded_invoice(n)
+        _refunded_invoice(tenant, priced_plan, n)
     with CaptureQueriesContext(connection) as many:
         page = owner_client.get(url).content.decode()
 
@@ -289,3 +295,57 @@ def test_staff_see_an_invoices_credit_notes_in_the_admin(staff_client, tenant, p
     page = staff_client.get(f"/admin/billing/invoice/{invoice.pk}/change/").content.decode()
 
     assert "S-1-CN-01" in page
+
+
+# --- the billing team's pages ------------------------------------------------------------------
+
+
+@pytest.fixture
+def team_client(client, make_user):
+    from django.contrib.auth.models import Group
+
+    from billing.team_views import BILLING_TEAM
+
+    user = make_user("finance@opsdeck.example", is_staff=True)
+    user.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
+    client.force_login(user)
+    return client
+
+
+def test_the_billing_team_sees_what_was_refunded_and_credited(team_client, tenant, priced_plan):
+    invoice = _refunded_invoice(tenant, priced_plan, 1)
+    said = "Partly refunded (12.00 of 40.00), credited 3.00"
+
+    listed = team_client.get("/billing-team/").content.decode()
+    shown = team_client.get(f"/billing-team/invoices/{invoice.pk}/").content.decode()
+    export = team_client.get("/billing-team/invoices.csv")
+
+    assert said in listed and "badge-invoice-credited" in listed
+    assert said in shown and "S-1-CN-01" in shown and "Duplicate" in shown
+    assert 'href="https://files.stripe.test/cn_1.pdf"' in shown
+    assert "Remains paid" in shown and "25.00 USD" in shown
+    header, row = list(
+        csv.reader(io.StringIO(b"".join(export.streaming_content).decode("utf-8-sig")))
+    )
+    assert dict(zip(header, row, strict=True)) | {"finalized_at": ""} == {
+        "number": "S-1", "organization": tenant.name, "plan": priced_plan.name,
+        "period": "2025-01", "status": said, "currency": "usd", "total": "40.00",
+        "refunded": "12.00", "credited": "3.00", "finalized_at": "",
+        "organization_deleted_at": "",
+    }  # fmt: skip
+
+
+def test_the_billing_teams_list_reads_refunds_in_a_constant_number_of_queries(
+    team_client, tenant, priced_plan
+):
+    _refunded_invoice(tenant, priced_plan, 1)
+    team_client.get("/billing-team/")
+    with CaptureQueriesContext(connection) as few:
+        team_client.get("/billing-team/")
+    for n in range(2, 8):
+        _refunded_invoice(tenant, priced_plan, n)
+    with CaptureQueriesContext(connection) as many:
+        page = team_client.get("/billing-team/").content.decode()
+
+    assert page.count("Partly refunded (12.00 of 40.00), credited 3.00") == 7
+    assert len(many) == len(few), "\n".join(q["sql"][:150] for q in many)
