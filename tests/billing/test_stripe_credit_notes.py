@@ -349,3 +349,25 @@ def test_the_billing_teams_list_reads_refunds_in_a_constant_number_of_queries(
 
     assert page.count("Partly refunded (12.00 of 40.00), credited 3.00") == 7
     assert len(many) == len(few), "\n".join(q["sql"][:150] for q in many)
+
+
+@pytest.mark.parametrize(
+    ("currency", "total", "refunded", "credited", "said"),
+    [
+        ("usd", "40", "12", "0", "Partly refunded (12.00 of 40.00)"),
+        ("jpy", "4000", "1200", "0", "Partly refunded (1200 of 4000)"),  # no minor unit
+        ("kwd", "4", "0", "1.2", "Credited (1.200 of 4.000)"),  # thousandths
+        ("usd", "40", "40", "0", "Refunded"),
+        ("usd", "40", "0", "40", "Credited"),
+        ("usd", "40", "0", "0", "Paid"),
+    ],
+)
+def test_a_paid_invoice_says_what_was_taken_back_in_its_currencys_units(
+    currency, total, refunded, credited, said
+):
+    invoice = Invoice(
+        status="paid", currency=currency, total=Decimal(total),
+        amount_refunded=Decimal(refunded), amount_credited=Decimal(credited),
+    )  # fmt: skip
+
+    assert invoice.status_text() == said
