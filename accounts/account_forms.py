@@ -15,12 +15,21 @@ address another account signs in with or owns.
 """
 
 from allauth.account.adapter import get_adapter
-from allauth.account.forms import AddEmailForm, LoginForm, ResetPasswordForm, SignupForm
+from allauth.account.forms import (
+    AddEmailForm,
+    LoginForm,
+    ReauthenticateForm,
+    ResetPasswordForm,
+    SignupForm,
+)
+from allauth.mfa.base.forms import ReauthenticateForm as CodeReauthenticateForm
+from allauth.mfa.utils import is_mfa_enabled
+from django import forms
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 
-from accounts import selectors
+from accounts import selectors, services
 from accounts.text import NOT_INTERNET, email_reaches_someone
 
 
@@ -104,3 +113,65 @@ class AccountResetPasswordForm(ResetPasswordForm):
             if user.email.lower() == email.lower() or selectors.email_address_confirmed(user, email)
         ]
         return email
+
+
+class AccountDeleteForm(forms.Form):
+    """Deleting one's own account (`services.user_delete`): the address typed, the password
+    and, with two-factor authentication on, a code from the authenticator app or a recovery
+    code, each checked as allauth's reauthentication checks it (failed attempts count against
+    the sign-in limits; a refused code is recorded). Checked in that order, each only once the
+    ones before it hold: a recovery code is used up only by a form that deletes. It carries
+    the organizations the page said go with the account."""
+
+    confirm_email = forms.CharField(
+        max_length=254,
+        widget=forms.TextInput(attrs={"autocomplete": "off"}),
+        error_messages={"required": "Type your email address to delete your account."},
+    )
+    password = forms.CharField(
+        label="Your password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+        error_messages={"required": "Enter your password."},
+    )
+    organizations_deleted = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.fields["confirm_email"].label = f"Type {user.email} to confirm"
+        if is_mfa_enabled(user):
+            self.fields["code"] = forms.CharField(
+                label="Code from your authenticator app, or a recovery code",
+                max_length=64,
+                widget=forms.TextInput(attrs={"autocomplete": "one-time-code"}),
+                error_messages={"required": "Enter a code from your authenticator app."},
+            )
+
+    def clean_confirm_email(self) -> str:
+        typed = self.cleaned_data["confirm_email"]
+        try:
+            services.account_email_confirm(self.user, typed)
+        except ValidationError as exc:
+            raise ValidationError(exc.message_dict["confirm_email"]) from None
+        return typed
+
+    def clean_organizations_deleted(self) -> list[int]:
+        ids = self.cleaned_data["organizations_deleted"].split(",")
+        return [int(i) for i in ids if i.isdecimal()]
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        for field, form in [
+            ("password", ReauthenticateForm(user=self.user, data=self.data)),
+            ("code", CodeReauthenticateForm(user=self.user, data=self.data)),
+        ]:
+            if field not in self.fields:
+                continue
+            if not form.is_valid():
+                for error in form.errors.get(field, []) + form.non_field_errors():
+                    self.add_error(field, error)
+                break
+        return cleaned

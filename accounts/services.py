@@ -7,11 +7,12 @@ and records the outcome in the audit log (refusals included).
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from allauth.account.models import EmailAddress
+from allauth.mfa.models import Authenticator
 from anyascii import anyascii
 from django.conf import settings
 from django.core import signing
@@ -438,7 +439,11 @@ def _lock_membership(tenant: Tenant, membership: Membership) -> Membership:
     tenant_lock(tenant.pk)
     current = Membership.objects.filter(pk=membership.pk, tenant=tenant).first()
     if current is None:
-        raise ValidationError(f"{membership.user.email} is no longer a member.")
+        try:
+            said = f"{membership.user.email} is no longer a member."
+        except User.DoesNotExist:  # read after the account was deleted, with its memberships
+            said = "That member deleted their account: they are no longer a member."
+        raise ValidationError(said)
     return current
 
 
@@ -624,6 +629,147 @@ def membership_leave(*, actor: Actor, tenant: Tenant) -> Withdrawn:
         )
         sent = _invitations_outgrown(actor=actor, tenant=tenant, membership=membership, role=None)
         return Withdrawn(sent, to_them)
+
+
+class AccountDeletion(NamedTuple):
+    """What deleting a person's account does to the organizations they are in (not deleted),
+    each list by name: `refused`, why it may not be deleted yet, each reason with the
+    organization and the page of it that fixes it ("team" or "organization_settings");
+    `deleted`, those they alone are in with nothing running or to pay, deleted with it
+    (`tenant_delete`); `left`, the others, which they leave as a member leaving does."""
+
+    refused: list[tuple[Tenant, str, str]]
+    deleted: list[Tenant]
+    left: list[Tenant]
+
+
+def account_deletion_plan(user: User) -> AccountDeletion:
+    """What deleting `user`'s account would do now (`AccountDeletion`). Refused while they are
+    the only owner who can sign in (`selectors.owners_active`) of an organization with other
+    members (someone must be able to manage it), or of one they alone are in that cannot be
+    deleted yet (`tenant_delete_blockers`: deployments, a subscription, an invoice to come)."""
+    memberships = (
+        Membership.objects.filter(user=user, tenant__deleted_at=None)
+        .select_related("tenant")
+        .order_by("tenant__name", "tenant_id")
+    )
+    alone_owned = set(selectors.tenants_owned_by_no_one_but(user).values_list("pk", flat=True))
+    with_others = set(
+        Membership.objects.filter(tenant_id__in=alone_owned)
+        .exclude(user=user)
+        .values_list("tenant_id", flat=True)
+    )
+    plan = AccountDeletion([], [], [])
+    for membership in memberships:
+        tenant = membership.tenant
+        if tenant.pk not in alone_owned:
+            plan.left.append(tenant)
+        elif tenant.pk in with_others:
+            why = (
+                f"You are the only owner of {tenant.name}, which has other members: make one "
+                "of them an owner first, or remove them."
+            )
+            plan.refused.append((tenant, why, "team"))
+        elif blockers := tenant_delete_blockers(tenant):
+            why = f"You are the only member of {tenant.name}, which cannot be deleted yet. "
+            plan.refused.append((tenant, why + " ".join(blockers), "organization_settings"))
+        else:
+            plan.deleted.append(tenant)
+    return plan
+
+
+def account_email_confirm(user: User, typed: object) -> None:
+    """ValidationError on `confirm_email` unless `typed` is the address `user` signs in with
+    (whatever its case, or the spaces around it)."""
+    if not isinstance(typed, str) or not typed.strip():
+        raise ValidationError({"confirm_email": "Type your email address to delete your account."})
+    if typed.strip().lower() != user.email.lower():
+        raise ValidationError(
+            {"confirm_email": f"Type your email address, {user.email}, to delete your account."}
+        )
+
+
+def user_delete(*, actor: Actor, confirm_email: str, deleting: Collection[int] = ()) -> str:
+    """Delete the acting user's own account, once `confirm_email` is its address as typed;
+    the address it had (free again: anyone may sign up with it). Refused, naming the
+    organizations, as `account_deletion_plan` says; refused too when it would delete an
+    organization that `deleting` (the ones the page showed) does not name.
+
+    They leave each organization as a member leaving does (`membership_leave`: audited in it,
+    the invitations they sent withdrawn), those they alone are in are deleted
+    (`tenant_delete`); their addresses and second factors go. The account is deleted as staff
+    delete one in the admin, when it is in no organization any more; one still in a deleted
+    organization (a restore brings its members back, as the admin keeps them) is kept with
+    nothing of the person: an address no one has, no password, no sign-in. Its sessions end
+    with it. The audit log keeps the address as text. An email tells the address.
+
+    Every organization they are in is locked first, in one order, then the account: a change
+    of its members (a co-owner stepping down, or demoting them) waits, or makes this one wait
+    and then be refused, as two owners leaving at once are; two deletions at once delete it
+    once (the second finds it gone)."""
+    user = actor.user
+    with audited_action(actor=actor, action="user.delete", tenant=None, target=user):
+        account_email_confirm(user, confirm_email)
+        if user.is_staff:
+            raise ActionDenied(
+                "This is a platform staff account: a superuser removes it in the admin."
+            )
+        live = Membership.objects.filter(user=user, tenant__deleted_at=None)
+        locked = sorted(live.values_list("tenant_id", flat=True))
+        for tenant_id in locked:
+            tenant_lock(tenant_id)
+        if not User.objects.select_for_update().filter(pk=user.pk, is_active=True).exists():
+            raise ValidationError("Your account has already been deleted.")
+        if sorted(live.values_list("tenant_id", flat=True)) != locked:  # joined one meanwhile
+            raise ValidationError(_deletion_changed(""))
+        plan = account_deletion_plan(user)
+        if plan.refused:
+            said = " ".join(why for _, why, _ in plan.refused)
+            raise ActionDenied("Your account cannot be deleted yet. " + said)
+        unsaid = [tenant.name for tenant in plan.deleted if tenant.pk not in set(deleting)]
+        if unsaid:
+            raise ValidationError(
+                _deletion_changed(f"it would now delete {', '.join(unsaid)} too. ")
+            )
+        for tenant in plan.deleted:
+            tenant_delete(actor=actor, tenant=tenant, confirm_name=tenant.name)
+        for tenant in plan.left:
+            membership_leave(actor=actor, tenant=tenant)
+        address = user.email
+        EmailAddress.objects.filter(user=user).delete()  # with their confirmation links
+        Authenticator.objects.filter(user=user).delete()
+        audit_record(
+            actor=actor,
+            action="user.delete",
+            target=user,
+            payload={
+                "email": address,
+                "left": [tenant.name for tenant in plan.left],
+                "deleted": [tenant.name for tenant in plan.deleted],
+            },
+        )
+        context = {"email": address, "left": plan.left, "deleted": plan.deleted}
+        mail.send(
+            subject="[Opsdeck] Your account was deleted",
+            body=render_to_string("accounts/email/account_deleted.txt", context),
+            to=[address],
+        )
+        if Membership.objects.filter(user=user).exists():
+            user.email = f"deleted-{user.pk}@deleted.invalid"
+            user.first_name = user.last_name = ""
+            user.is_active = False
+            user.set_unusable_password()
+            user.save(update_fields=["email", "first_name", "last_name", "is_active", "password"])
+        else:
+            user.delete()
+    return address
+
+
+def _deletion_changed(how: str) -> str:
+    return (
+        f"What deleting your account does has changed since this page was shown: {how}"
+        "Nothing was deleted: read the page again."
+    )
 
 
 def email_address_lock(email: str) -> None:

@@ -22,6 +22,8 @@ tenant_urlpatterns = [
 ]
 
 urlpatterns = [
+    # Among allauth's account pages (mounted at /accounts/), which have no such page.
+    path("accounts/delete/", views.account_delete, name="account_delete"),
     path("organizations/new/", views.organization_create, name="organization_create"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation_accept"),
 ]

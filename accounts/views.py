@@ -3,6 +3,7 @@ import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
@@ -11,6 +12,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from accounts import roles, selectors, services
+from accounts.account_forms import AccountDeleteForm
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.exports import csv_download
@@ -23,7 +25,7 @@ from accounts.forms import (
     RoleForm,
 )
 from accounts.htmx import partial_template, sent_to
-from accounts.models import Membership, Tenant
+from accounts.models import Membership, Tenant, User
 from accounts.roles import Role
 from accounts.tenancy import SESSION_KEY, tenant_view
 
@@ -461,3 +463,51 @@ def audit_export(request):
         for e in events.iterator(chunk_size=500)
     )
     return csv_download(f"audit-{request.tenant.slug}.csv", header, rows)
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def account_delete(request):
+    """The account's "Delete your account" page: what deleting it does to each of the
+    person's organizations, or why it cannot be deleted yet, then the form that deletes it."""
+    user = request.user
+    form = AccountDeleteForm(request.POST if request.method == "POST" else None, user=user)
+    refusal = ""
+    if form.is_bound and form.is_valid():
+        try:
+            address = services.user_delete(
+                actor=Actor.from_request(request),
+                confirm_email=form.cleaned_data["confirm_email"],
+                deleting=form.cleaned_data["organizations_deleted"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        except ActionDenied as exc:
+            refusal = exc.reason
+        else:
+            return _signed_out(
+                request,
+                f"Your account {address} has been deleted and every session of it ended. "
+                "We have emailed you to confirm.",
+            )
+    if form.is_bound and not User.objects.filter(pk=user.pk, is_active=True).exists():
+        return _signed_out(request, "Your account has been deleted.")  # by another tab
+    plan = services.account_deletion_plan(user)
+    if refusal and not plan.refused:  # else the page lists the reasons, once
+        form.add_error(None, refusal)
+    context = {
+        "form": form,
+        "plan": plan,
+        "deleting": ",".join(str(tenant.pk) for tenant in plan.deleted),
+    }
+    status = 400 if form.errors or refusal else 200
+    return render(request, "accounts/account_delete.html", context, status=status)
+
+
+def _signed_out(request, said: str):
+    """To the sign-in page, saying `said`, with this browser's session ended (not through
+    `logout`: its audit event would name an account that is gone)."""
+    request.session.flush()
+    request.user = AnonymousUser()
+    messages.success(request, said)
+    return redirect("account_login")
