@@ -8,7 +8,9 @@ from allauth.mfa.models import Authenticator
 from allauth.mfa.recovery_codes.internal.auth import RecoveryCodes
 from allauth.mfa.totp.internal.auth import TOTP, generate_totp_secret
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from accounts import selectors, services
 from accounts.audit import Actor
@@ -241,6 +243,30 @@ def test_platform_staff_are_refused(make_user):
     assert "platform staff account" in page
     assert refused.status_code == 400
     assert not _gone(staff)
+
+
+@pytest.mark.django_db
+def test_the_page_reads_the_organizations_left_in_the_same_queries_however_many(
+    owner, tenant, add_member, make_user
+):
+    """Only an organization the person alone owns is asked what stands in its way."""
+    bob = add_member("bob@example.com", "admin")
+    client = _client(bob)
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(URL).status_code == 200
+        return len(captured)
+
+    queries()  # the first request of a session reads what later ones find cached
+    few = queries()
+    for n in range(3):
+        other = services.tenant_create(
+            actor=Actor(user=make_user(f"o{n}@example.com")), name=f"O{n}"
+        )
+        Membership.objects.create(tenant=other, user=bob, role="member")
+
+    assert queries() == few
 
 
 # --- at once -------------------------------------------------------------------------------

@@ -418,8 +418,8 @@ def test_staff_see_peoples_email_addresses_but_cannot_change_them(staff_client, 
 def test_staff_can_delete_an_account_that_belongs_to_no_organization(
     staff_client, tenant, add_member
 ):
-    """The portal offers a person no way to delete their account; asked to, staff could not
-    either: the admin refused to delete any account with an email address ("your account
+    """Asked to delete an account (a person may delete their own, `test_account_delete`),
+    staff could not: the admin refused to delete any account with an email address ("your account
     doesn't have permission to delete ... email address"), even one in no organization, so an
     address, name and sign-in history were kept for ever. Its addresses and second factors go
     with it; the audit log still names it."""
