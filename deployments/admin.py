@@ -5,8 +5,10 @@ from functools import cache
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import ValidationError
 from django.db.models import F, Func, IntegerField, OuterRef, Subquery
 from django.shortcuts import redirect
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html_join
@@ -128,6 +130,7 @@ class StateChangeInline(admin.TabularInline):
 # A fleet request id: the confirmation page's, one per instance it queues an operation on.
 _FLEET_REQUEST = re.compile(r"[0-9a-f]{32}")
 _VERSION = re.compile(r"[0-9]{1,9}")  # a plan version's number, as a fleet page shows it
+FIRST_WAVE = 5  # an upgrade's instances at a time, as the confirmation page offers it
 # The newest version of an instance's plan, what an upgrade moves it to: its number, digest.
 _newest = PlanVersion.objects.filter(plan_id=OuterRef("plan_version__plan_id")).order_by("-number")
 
@@ -195,16 +198,28 @@ class InstanceAdmin(ServiceOwnedAdmin):
                 )
                 return None
             known = set(self.get_queryset(request).filter(pk__in=seen).values_list("pk", flat=True))
-            run = fleet.fleet_run_start(
-                actor=staff_actor(request),
-                verb=action,
-                request_id=fleet_request,
-                selection=[(pk, version) for pk, version in seen.items() if pk in known],
-            )
+            try:
+                run = fleet.fleet_run_start(
+                    actor=staff_actor(request),
+                    verb=action,
+                    request_id=fleet_request,
+                    selection=[(pk, version) for pk, version in seen.items() if pk in known],
+                    wave=_whole(request.POST.get("fleet_wave", ""), blank=None),
+                    failures_allowed=_whole(request.POST.get("fleet_failures", ""), blank=0),
+                )
+            except ValidationError as exc:
+                said = " ".join(exc.messages)
+                self.message_user(
+                    request,
+                    f"{said} Nothing was queued: select the instances and confirm again.",
+                    messages.ERROR,
+                )
+                return None
+            waves = f", {run.wave} at a time" if run.wave else ""
             self.message_user(
                 request,
-                f"The {run.verb} of {len(run.selection)} instances is being queued: this page "
-                "says how far it is, and what was refused.",
+                f"The {run.verb} of {len(run.selection)} instances is being queued{waves}: this "
+                "page says how far it is, and what was refused.",
                 messages.SUCCESS,
             )
             return redirect("admin:deployments_fleetrun_change", run.pk)
@@ -235,9 +250,23 @@ class InstanceAdmin(ServiceOwnedAdmin):
             "upgrade": action == "upgrade",
             "fleet_request": uuid.uuid4().hex,
             "selection": selection,
+            # An upgrade goes to a few instances first: one that breaks them stops there.
+            "wave": FIRST_WAVE if action == "upgrade" else "",
+            "batch": fleet.BATCH,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/deployments/instance/fleet_confirm.html", context)
+
+
+def _whole(field: str, *, blank: int | None) -> int | None:
+    """A whole number a confirmation's field holds; `blank` when left empty. ValidationError
+    for anything else."""
+    field = field.strip()
+    if not field:
+        return blank
+    if not _VERSION.fullmatch(field):
+        raise ValidationError(f"“{field[:20]}” is not a whole number.")
+    return int(field)
 
 
 def _fleet_selection(field: str) -> dict[str, int | None]:
@@ -266,9 +295,34 @@ class FleetRunAdmin(ServiceOwnedAdmin):
     list_columns = ("created_at", "verb", "requested_by__email", "handled", "queued")
     list_columns += ("finished_at",)
     list_select_related = ["requested_by"]
-    fields = ["verb", "requested_by", "created_at", "progress", "queued", "finished_at"]
-    fields += ["refused_list"]
+    fields = ["verb", "requested_by", "created_at", "progress", "waves", "queued", "failures"]
+    fields += ["finished_at", "stopped", "refused_list"]
     show_facets = admin.ShowFacets.NEVER
+    actions = ["stop"]
+
+    def has_operate_permission(self, request) -> bool:
+        return fleet.may_run(request.user)
+
+    @admin.action(description="Stop the selected runs", permissions=["operate"])
+    def stop(self, request, queryset):
+        """Stop each selected run that has not ended: it queues nothing more; what it queued
+        runs on (each operation can be cancelled on its instance)."""
+        by = request.user.email or request.user.get_username()
+        stopped = [run for run in queryset if fleet.fleet_run_stop(run, by=by)]
+        for run in stopped:
+            self.log_change(request, run, "Stopped the run.")
+        if stopped:
+            self.message_user(
+                request,
+                f"Stopped {len(stopped)} run{pluralize(len(stopped))}: "
+                "it queues nothing more, and the operations it queued run on (each can be "
+                "cancelled on its instance).",
+                messages.SUCCESS,
+            )
+        if len(stopped) < len(queryset):
+            self.message_user(
+                request, "A run that had ended already was left as it was.", messages.WARNING
+            )
 
     def has_view_permission(self, request, obj=None):
         # Whoever may start one (`InstanceAdmin.has_operate_permission`) sees how it went.
@@ -292,6 +346,19 @@ class FleetRunAdmin(ServiceOwnedAdmin):
     @admin.display(description="Refused", ordering="refusals")
     def refusals(self, run: FleetRun) -> int:
         return run.refusals
+
+    @admin.display(description="Instances at a time")
+    def waves(self, run: FleetRun) -> str:
+        if not run.wave:
+            return "All at once"
+        return f"{run.wave}: the next ones once the operations of these have ended"
+
+    @admin.display(description="Failed")
+    def failures(self, run: FleetRun) -> str:
+        if not run.wave:
+            return "Not counted (all at once): see the operations' list"
+        allowed = "none allowed" if not run.failures_allowed else f"{run.failures_allowed} allowed"
+        return f"{run.failed} of the waves ended ({allowed})"
 
     @admin.display(description="Refused")
     def refused_list(self, run: FleetRun) -> str:

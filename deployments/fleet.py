@@ -12,6 +12,13 @@ queuing fails with an error that is no refusal (a fault, logged) is refused as s
 run goes on; the database's own trouble (a deadlock, a lost connection) makes the batch again.
 An operation a run queued that fails is told to its requester and to the organization's
 owners and admins (`emails`), as one Opsdeck started on its own.
+
+A run in waves (`FleetRun.wave`) queues that many instances, then waits until every operation
+it queued on them has ended: the last of them to end sends the run again (`operation_ended`),
+and beat does every minute should that message be lost. Once more of its operations failed
+than it allows (`FleetRun.failures_allowed`), it stops, the instances left refused for it: an
+upgrade that breaks the first instances does not go on to break the fleet. Staff may stop a
+run (`fleet_run_stop`); what it queued already runs on.
 """
 
 from __future__ import annotations
@@ -39,12 +46,24 @@ UNEXPECTED = "An unexpected error stopped it: the worker's log has the details."
 
 
 def fleet_run_start(
-    *, actor: Actor, verb: str, request_id: str, selection: list[tuple[str, int | None]]
+    *,
+    actor: Actor,
+    verb: str,
+    request_id: str,
+    selection: list[tuple[str, int | None]],
+    wave: int | None = None,
+    failures_allowed: int = 0,
 ) -> FleetRun:
-    """The run of `verb` on the selected instances ([instance id, version seen]); the one this
-    request id started when it is sent again. Its first batch is sent once it commits."""
+    """The run of `verb` on the selected instances ([instance id, version seen]), `wave` of
+    them at a time (all at once without), stopping once more than `failures_allowed` of its
+    operations failed; the one this request id started when it is sent again. Its first batch
+    is sent once it commits."""
     if verb not in VERBS:
         raise ValidationError(f"No fleet action {verb!r}.")
+    if wave is not None and not 1 <= wave <= BATCH:
+        raise ValidationError(f"Instances at a time: from 1 to {BATCH}, or none for all at once.")
+    if failures_allowed < 0:
+        raise ValidationError("Failures allowed: 0 or more.")
     run, made = FleetRun.objects.get_or_create(
         request_id=request_id,
         defaults={
@@ -52,6 +71,8 @@ def fleet_run_start(
             "requested_by": actor.user,
             "requested_ip": actor.ip,
             "selection": [list(item) for item in selection],
+            "wave": wave,
+            "failures_allowed": failures_allowed,
         },
     )
     if made:
@@ -81,10 +102,27 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
     if not may_run(run.requested_by):  # as they may no longer start one, theirs stops
         _stop(run, "Its requester may no longer run fleet actions.")
         return True
-    batch = run.selection[run.handled : run.handled + BATCH]
+    failed = run.failed
+    if run.wave and run.handled:
+        ended = _wave_ended(run)
+        if ended is None:  # its operations still run: the last to end sends it again
+            FleetRun.objects.filter(pk=run_id, handled=run.handled).update(claimed_until=None)
+            return False
+        failed += ended
+        if failed > run.failures_allowed:
+            _stop(run, _too_many(failed, run.failures_allowed), failed=failed)
+            return True
+    batch = run.selection[run.handled : run.handled + (run.wave or BATCH)]
     instances = Instance.objects.select_related("tenant").in_bulk([pk for pk, _ in batch])
     queued, refused = 0, []
     with transaction.atomic():
+        # Stopped since it was read (`fleet_run_stop` holds this lock while it stops it), or
+        # its batch taken over by another worker: nothing of this batch.
+        live = FleetRun.objects.select_for_update().filter(
+            pk=run_id, handled=run.handled, finished_at=None
+        )
+        if not live.exists():
+            return False
         for pk, seen in batch:
             instance = instances.get(pk)
             if instance is None:
@@ -114,12 +152,66 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
             handled=handled,
             queued=F("queued") + queued,
             refused=run.refused + refused,
+            failed=failed,
             claimed_until=None,
             finished_at=timezone.now() if finished else None,
         )
-        if not finished:
+        if not finished and not (run.wave and queued):  # a wave waits for its operations
             transaction.on_commit(lambda: _send(run_id), robust=True)
     return True
+
+
+def _wave(run: FleetRun) -> list[str]:
+    """The instances of the run's last wave queued (those it refused among them too)."""
+    return [pk for pk, _ in run.selection[max(run.handled - run.wave, 0) : run.handled]]
+
+
+def _wave_ended(run: FleetRun) -> int | None:
+    """How many of the operations the run's last wave queued failed, once all have ended;
+    None while one is still queued or running."""
+    wave = _wave(run)
+    states = Operation.objects.filter(
+        instance_id__in=wave,
+        request_id__in=[_request_id(run.request_id, pk) for pk in wave],
+    ).values_list("state", flat=True)
+    states = list(states)
+    if any(state in (Operation.State.QUEUED, Operation.State.RUNNING) for state in states):
+        return None
+    return sum(state == Operation.State.FAILED for state in states)
+
+
+def _too_many(failed: int, allowed: int) -> str:
+    allowance = "none was allowed" if not allowed else f"at most {allowed} allowed"
+    return f"Not queued: the run stopped after {failed} of its operations failed ({allowance})."
+
+
+def fleet_run_stop(run: FleetRun, *, by: str) -> bool:
+    """Stop the run where it is, at staff's request (`by`: who, as said): the instances it has
+    not queued on yet are refused for it; the operations it queued run on (each can be
+    cancelled on its instance). Whether it stopped it (an ended run is left as it is)."""
+    with transaction.atomic():
+        run = FleetRun.objects.select_for_update().filter(pk=run.pk, finished_at=None).first()
+        if run is None:
+            return False
+        _stop(run, f"Not queued: {by} stopped the run.")
+    return True
+
+
+def operation_ended(operation: Operation) -> None:
+    """An operation ended: the fleet run in waves that queued it, if one did, is sent again
+    once this commits (its wave may have ended)."""
+    if not operation.request_id.startswith("fleet-"):
+        return
+    run_request_id = operation.request_id.removeprefix("fleet-").removesuffix(
+        f"-{operation.instance_id}"
+    )
+    run_id = (
+        FleetRun.objects.filter(request_id=run_request_id, finished_at=None, wave__isnull=False)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if run_id is not None:
+        transaction.on_commit(lambda: _send(run_id), robust=True)
 
 
 def may_run(user) -> bool:
@@ -133,12 +225,15 @@ def may_run(user) -> bool:
     )
 
 
-def _stop(run: FleetRun, why: str) -> None:
-    """End the run where it is, each instance not handled yet refused for `why`."""
+def _stop(run: FleetRun, why: str, *, failed: int | None = None) -> None:
+    """End the run where it is, each instance not handled yet refused for `why`, which its
+    page says first (with `failed`, its operations that failed so far)."""
     left = [[pk, why] for pk, _ in run.selection[run.handled :]]
     FleetRun.objects.filter(pk=run.pk, handled=run.handled).update(
         handled=len(run.selection),
         refused=run.refused + left,
+        failed=run.failed if failed is None else failed,
+        stopped=why if left else "",
         claimed_until=None,
         finished_at=timezone.now(),
     )

@@ -564,6 +564,16 @@ class FleetRun(models.Model):
     handled = models.PositiveIntegerField(default=0)  # how many of `selection`, from its start
     queued = models.PositiveIntegerField(default=0)
     refused = models.JSONField(default=list)  # [instance, why], as handled
+    # A rollout in waves: `wave` instances at a time, the next wave queued once every operation
+    # of the last has ended; null: every instance at once (queued `fleet.BATCH` at a time).
+    wave = models.PositiveSmallIntegerField(null=True, blank=True)
+    # How many of its operations may fail before it stops queuing more (waves only); `failed`
+    # counts those of the waves that ended.
+    failures_allowed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    # Why it ended before queuing on every instance it had left (a failure too many, staff
+    # stopping it): said on its page, each instance left refused for it.
+    stopped = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # A worker advancing it holds it until then; one that died lets beat send it again.
     claimed_until = models.DateTimeField(null=True, blank=True)

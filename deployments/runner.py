@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_event
 from accounts.models import Tenant, User
-from deployments import emails, executor, lifecycle, rows, selectors
+from deployments import emails, executor, fleet, lifecycle, rows, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
@@ -823,6 +823,7 @@ def _finish(
         )
     if following:
         operation_dispatch(following[0][0])
+    fleet.operation_ended(op)  # a fleet run's wave may have ended with it
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
     if rule.makes_instance if succeeded else not delete_waiting:
         emails.operation_ended(op)  # sent by the mail worker once this commits

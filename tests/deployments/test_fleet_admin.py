@@ -523,3 +523,139 @@ def test_an_instance_already_on_the_newest_version_is_not_flagged_as_an_upgrade_
     [row] = [r for r in page.content.decode().split("<tbody>")[1].split("</tr>") if acme.name in r]
     assert "(the newest)" in row, row
     assert "Left as it is:" not in row, row
+
+
+def _end(operations, state=Operation.State.SUCCEEDED):
+    """The operations end, as a worker would end them (their fleet run is then sent again)."""
+    Operation.objects.filter(pk__in=[o.pk for o in operations]).update(state=state)
+
+
+def test_a_run_in_waves_queues_the_next_wave_once_every_operation_of_the_last_has_ended(
+    staff_client, fleet
+):
+    """Every selected instance got its operation at once: an upgrade that broke the first
+    ones broke them all. Two at a time, the next two wait for the first two to end."""
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+
+    _send(staff_client, {**fields, "fleet_wave": ["2"]})
+
+    run = _run(fields)
+    first = list(Operation.objects.filter(verb="restart"))
+    assert (len(first), run.handled, run.finished_at) == (2, 2, None)
+    assert not fleet_run_advance(run.pk)  # both still queued: it waits
+    _end(first[:1])
+    assert not fleet_run_advance(run.pk)  # one still queued
+    _end(first[1:])
+    assert fleet_run_advance(run.pk)
+
+    run.refresh_from_db()
+    assert Operation.objects.filter(verb="restart").count() == 4
+    assert (run.handled, run.queued, run.finished_at is not None) == (4, 4, True)
+    page = staff_client.get(f"/admin/deployments/fleetrun/{run.pk}/change/").content.decode()
+    assert "2: the next ones once the operations of these have ended" in page
+
+
+def test_a_run_in_waves_stops_once_more_of_its_operations_failed_than_allowed(staff_client, fleet):
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+    _send(staff_client, {**fields, "fleet_wave": ["1"], "fleet_failures": ["1"]})
+    run = _run(fields)
+
+    _end(Operation.objects.all(), Operation.State.FAILED)  # one failure: allowed
+    assert fleet_run_advance(run.pk)
+    _end(Operation.objects.filter(state=Operation.State.QUEUED), Operation.State.FAILED)
+    assert fleet_run_advance(run.pk)  # two: one too many
+
+    run.refresh_from_db()
+    why = "Not queued: the run stopped after 2 of its operations failed (at most 1 allowed)."
+    assert Operation.objects.count() == 2 and run.finished_at is not None
+    assert (run.failed, run.stopped) == (2, why)
+    assert [w for _, w in run.refused] == [why, why]
+    page = staff_client.get(f"/admin/deployments/fleetrun/{run.pk}/change/").content.decode()
+    assert why in page and "2 of the waves ended (1 allowed)" in page
+
+
+def test_staff_stop_a_run_and_what_it_queued_runs_on(staff_client, fleet):
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "stop", running)
+    _send(staff_client, {**fields, "fleet_wave": ["1"]})
+    run = _run(fields)
+
+    done = staff_client.post(
+        "/admin/deployments/fleetrun/", {"action": "stop", "_selected_action": [run.pk]},
+        follow=True,
+    )  # fmt: skip
+
+    run.refresh_from_db()
+    why = "Not queued: staff@example.com stopped the run."
+    assert "Stopped 1 run: it queues nothing more" in done.content.decode()
+    assert run.finished_at is not None and run.stopped == why
+    assert [w for _, w in run.refused] == [why] * 3
+    assert list(Operation.objects.values_list("state", flat=True)) == ["queued"]  # runs on
+    assert not fleet_run_advance(run.pk)  # ended: nothing more
+
+
+@pytest.mark.parametrize("wave", ["0", "51", "two", "-1"])
+def test_a_wave_that_is_no_whole_number_in_range_queues_nothing_and_says_why(
+    staff_client, fleet, wave
+):
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+
+    done = staff_client.post(CHANGELIST, {**fields, "fleet_wave": [wave]}, follow=True)
+
+    text = done.content.decode()
+    assert "Nothing was queued: select the instances and confirm again." in text
+    assert not FleetRun.objects.exists() and not Operation.objects.exists()
+
+
+def test_an_upgrade_is_offered_in_waves_of_a_few_and_a_restart_all_at_once(staff_client, fleet):
+    running, _ = fleet
+    upgrade, _ = _confirm(staff_client, "upgrade", running)
+    restart, _ = _confirm(staff_client, "restart", running)
+
+    wave = r'<input type="number" id="fleet-wave" name="fleet_wave" min="1" max="50" value="(\d*)"'
+    assert re.search(wave, upgrade.content.decode()).group(1) == "5"
+    assert re.search(wave, restart.content.decode()).group(1) == ""
+
+
+def test_a_worker_queues_each_wave_once_the_operations_of_the_last_have_ended(
+    worker, cell, plan, tenant, owner, make_user
+):
+    """The operation ending the wave sends the run again: the next wave does not wait for
+    beat's minute."""
+    import uuid
+
+    from accounts.audit import Actor as Who
+    from deployments import fleet
+    from tests.deployments.conftest import wait_done, wait_for
+
+    creates = [
+        services.instance_create(
+            actor=Who(user=owner),
+            tenant=tenant,
+            plan=plan,
+            name=f"db-{n}",
+            parameters={},
+            request_id=uuid.uuid4().hex,
+        )
+        for n in range(2)
+    ]
+    assert all(wait_done(c).state == Operation.State.SUCCEEDED for c in creates)
+    staff = Who(user=make_user("staff@example.com", is_staff=True, is_superuser=True), staff=True)
+    with transaction.atomic():
+        run = fleet.fleet_run_start(
+            actor=staff, verb="restart", request_id="f" * 32, wave=1,
+            selection=[(c.instance_id, None) for c in creates],
+        )  # fmt: skip
+
+    wait_for(
+        lambda: FleetRun.objects.filter(pk=run.pk, finished_at__isnull=False).exists(),
+        timeout=60,
+        what="the run to end",
+    )
+    first, second = Operation.objects.filter(verb="restart").order_by("created_at")
+    assert first.state == Operation.State.SUCCEEDED
+    assert second.created_at >= first.finished_at  # queued once the first wave had ended
+    assert wait_done(second).state == Operation.State.SUCCEEDED
