@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import urllib3
@@ -158,6 +159,24 @@ def classify(exc: Exception) -> DriverError:
         unsent = isinstance(_cause(exc), urllib3.exceptions.ConnectTimeoutError)
         return TransientError(readable(exc), sent=not unsent)
     return PermanentError(readable(exc))
+
+
+def _event_seen(event: dict[str, Any]) -> float | None:
+    """When an event was last seen (a Unix time), from whichever of its times the API server
+    wrote (core/v1 Events keep `lastTimestamp`; events.k8s.io ones a series or `eventTime`)."""
+    series = event.get("series") or {}
+    for value in (
+        event.get("lastTimestamp"),
+        series.get("lastObservedTime"),
+        event.get("eventTime"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        if isinstance(value, str) and value:
+            try:
+                return datetime.fromisoformat(value).timestamp()
+            except ValueError:
+                continue
+    return None
 
 
 def _retry_after(exc: ApiException) -> float | None:
@@ -502,6 +521,30 @@ class KubeDriver:
             return response.data
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify(exc) from exc
+
+    def last_warning(self, obj: dict[str, Any], *, since: float | None) -> str:
+        """The newest Warning event about `obj`, last seen at `since` or later, as "Reason:
+        message" ("" without one): the events of its namespace, read in one LIST (an instance's
+        namespace holds few), the object's picked out (API servers differ in the field
+        selectors they serve for events)."""
+        meta = obj.get("metadata") or {}
+        newest: tuple[float, str] | None = None
+        for event in self.list_objects("v1", "Event", namespace=meta.get("namespace")):
+            involved = event.get("involvedObject") or {}
+            if (
+                event.get("type") != "Warning"
+                or involved.get("kind") != obj.get("kind")
+                or involved.get("name") != meta.get("name")
+            ):
+                continue
+            seen = _event_seen(event)
+            # Times are to the second: one seen in the second the task began counts.
+            if seen is None or (since is not None and seen < int(since)):
+                continue
+            said = f"{event.get('reason') or 'Warning'}: {event.get('message') or ''}".strip()
+            if newest is None or seen >= newest[0]:
+                newest = (seen, said.rstrip(":"))
+        return newest[1] if newest else ""
 
     def resolve(self, resource: str) -> tuple[str, str]:
         name, _, qualifier = resource.strip().partition(".")

@@ -227,6 +227,10 @@ class ClaimedDriver:
         self._keep()
         return self._driver.resolve(resource)
 
+    def last_warning(self, obj: dict, *, since: float | None) -> str:
+        self._keep()
+        return self._driver.last_warning(obj, since=since)
+
 
 @dataclass
 class Runs:

@@ -83,3 +83,9 @@ class Driver(Protocol):
         """The (apiVersion, kind) a kubectl resource argument names (`cluster`, `cm`,
         `widgets.example.io`); a PermanentError when the cluster serves none."""
         ...
+
+    def last_warning(self, obj: dict[str, Any], *, since: float | None) -> str:
+        """The newest Warning event about the object `obj` names, last seen at `since` (a Unix
+        time) or later, as "Reason: message"; "" without one. What an operator says of a
+        failure it does not put in the object's status (a restore finding no backup)."""
+        ...

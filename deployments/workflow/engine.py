@@ -23,7 +23,7 @@ from typing import Any
 
 from deployments.spec.model import FIELD_MANAGER_FLAG, Template, Workflow
 from deployments.workflow import conditions, dag, evaluator, expressions, outputs
-from deployments.workflow.driver import Driver, PermanentError, TransientError
+from deployments.workflow.driver import Driver, DriverError, PermanentError, TransientError
 from deployments.workflow.render import (
     Context,
     RenderError,
@@ -697,10 +697,21 @@ class _Run:
             words = words.strip()[:500]
             if words:  # one full stop: theirs when their words end with one
                 said += f' It says "{words}"' + ("" if words.endswith((".", "!", "?")) else ".")
+            if warning := self._last_warning(node):
+                said += f' Its last warning: "{warning}".'
             # As it was evaluated: its placeholders filled in.
             said += f" (It met its failureCondition, {failure.strip().rstrip('.')[:500]}.)"
             return self._attempt_failed(node, template, FAILED, said)
         return Step()
+
+    def _last_warning(self, node: Node) -> str:
+        """The object's newest Warning event since the task began, at most 500 characters; ""
+        without one, or when the events cannot be read (the failure is said without it)."""
+        try:
+            warning = self.driver.last_warning(node.object, since=node.started_at)
+        except DriverError:
+            return ""
+        return warning.strip().rstrip(".")[:500]
 
     def _render(self, template: Template, ctx: Context) -> dict:
         resource = template.resource

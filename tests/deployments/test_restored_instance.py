@@ -62,6 +62,8 @@ def test_a_restore_of_a_backup_the_object_store_no_longer_holds_fails_soon_and_s
     # Not the restore's hour: its restore Job's retries (630 s, a few seconds on the sandbox).
     assert wait_done(restore, timeout=60).state == Operation.State.FAILED
     assert 'its phase is "Cluster is unrecoverable and needs manual intervention"' in restore.error
+    # Why, as the operator says it in an event (its status names only the restore's Job).
+    assert 'Its last warning: "ErrorNoBackup: ' in restore.error
     assert Instance.objects.get(pk=restore.instance_id).state == Instance.State.FAILED
 
 

@@ -36,6 +36,7 @@ class MemoryCluster:
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.calls: list[str] = []
         self.fail_next: str | None = None
+        self.warnings: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
 
     @staticmethod
     def key(obj):
@@ -93,6 +94,10 @@ class MemoryCluster:
         if resource not in self.KINDS:
             raise PermanentError(f'The cluster serves no resource type "{resource}".')
         return self.KINDS[resource]
+
+    def last_warning(self, obj, *, since):
+        seen = [w for w in self.warnings.get(self.key(obj), []) if since is None or w[0] >= since]
+        return max(seen)[1] if seen else ""
 
     def replace(self, obj):
         self._check("replace")
@@ -360,6 +365,29 @@ def test_a_met_failure_condition_says_the_objects_own_words():
     # What the object says comes first, the spec's condition last.
     assert run.node(".b").message == (
         'ConfigMap "b" failed: its phase is "failed". It says "the bucket refused the write". '
+        "(It met its failureCondition, status.phase == failed.)"
+    )
+
+
+def test_a_met_failure_condition_says_the_objects_last_warning_since_the_task_began():
+    """An operator that puts nothing of a failure in the object's status says it in an event
+    (a restore finding no backup): the failure said only its phase."""
+    wf = workflow(
+        dag(Task(name="b", template="b")),
+        resource("b", configmap("b", "x"), success="status.ok", failure="status.phase == failed"),
+    )
+    run = Runner(wf)
+    key = ("ConfigMap", NS, "b")
+    run.cluster.warnings[key] = [(run.now - 60, "FailingOver: from an earlier day")]
+    run.until_quiet()
+    run.cluster.warnings[key].append((run.now, "ErrorNoBackup: no backup found."))
+
+    run.cluster.set_status("ConfigMap", "b", phase="failed")
+    run.until_quiet()
+
+    assert run.node(".b").message == (
+        'ConfigMap "b" failed: its phase is "failed". '
+        'Its last warning: "ErrorNoBackup: no backup found". '
         "(It met its failureCondition, status.phase == failed.)"
     )
 
