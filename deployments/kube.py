@@ -152,7 +152,14 @@ def classify(exc: Exception) -> DriverError:
             exc.status == 409 and reason != "AlreadyExists"
         )
         kind = TransientError if transient else PermanentError
-        return kind(readable(exc), status=exc.status, reason=reason, retry_after=_retry_after(exc))
+        return kind(
+            readable(exc),
+            status=exc.status,
+            reason=reason,
+            retry_after=_retry_after(exc),
+            # Throttled (API Priority and Fairness, max in-flight) before it was handled.
+            sent=exc.status != 429,
+        )
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         # A connection never made (refused, timed out, a name that does not resolve) carried
         # nothing; once made, a request may have been sent whole before it failed.

@@ -16,7 +16,8 @@ class DriverError(Exception):
     `status` and `reason` are the API's HTTP status and Status reason when it answered;
     `retry_after` the seconds it asked to be left alone for (Retry-After, with a 429 or 503).
     `sent` is False only when the request surely was not applied (no connection to the cluster
-    was made, or it refused the credentials); any other failure of a write may have been.
+    was made, it refused the credentials, or it throttled the request with a 429); any other
+    failure of a write may have been.
     """
 
     def __init__(

@@ -338,3 +338,26 @@ def test_a_create_on_a_cell_whose_credentials_expired_waits_for_new_ones_then_ru
 
         assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
     assert Instance.objects.get(pk=create.instance_id).state == Instance.State.RUNNING
+
+
+def test_a_stop_cancelled_while_the_cluster_throttled_every_request_leaves_it_running(
+    running, owner, faults
+):
+    """A 429 is answered before the request is handled: nothing of the stop was applied. A
+    stop the customer cancelled while the cluster throttled it left the instance "Stopped"
+    (metered so, Start offered) while its servers ran on."""
+    from tests.deployments.test_operation_cancel import _cancel
+
+    faults(error_429=1.0)
+    stop = _act(owner, running, "stop")
+    wait_for(
+        lambda: Operation.objects.get(pk=stop.pk).transient_failures > 0,
+        what="the stop to be throttled",
+    )
+    _cancel(owner, stop)
+    ended = wait_done(stop)
+    faults(error_429=0.0)
+
+    assert ended.state == Operation.State.CANCELLED
+    running.refresh_from_db()
+    assert running.state == Instance.State.RUNNING
