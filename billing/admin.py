@@ -135,10 +135,21 @@ class InvoiceLineInline(admin.TabularInline):
 
 
 class CreditNoteInline(InvoiceLineInline):
-    """A Stripe invoice's credit notes, as Stripe's webhooks mirrored them."""
+    """An invoice's credit notes: Stripe's, as its webhooks mirrored them; Opsdeck's, as the
+    billing team issued them (on its pages, which issue and void them)."""
 
     model = CreditNote
-    fields = ["number", "status", "amount", "refunded", "currency", "reason", "memo", "created"]
+    fields = [
+        "number",
+        "source",
+        "status",
+        "amount",
+        "refunded",
+        "currency",
+        "reason",
+        "memo",
+        "created",
+    ]
     fields += ["voided_at", "pdf_url"]
     readonly_fields = fields
 

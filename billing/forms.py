@@ -4,7 +4,7 @@ from django.core.exceptions import ValidationError
 from accounts.text import organization_name_plain
 from billing import invoicing
 from billing.countries import COUNTRIES
-from billing.models import BillingProfile, Invoice
+from billing.models import BillingProfile, CreditNote, Invoice
 from billing.tax_ids import TAX_ID_CHOICES
 
 
@@ -49,6 +49,49 @@ class InvoiceFilterForm(forms.Form):
         if low is not None and high is not None and low > high:
             self.add_error("max_total", "The upper amount is below the lower one.")
         return data
+
+
+class CreditNoteForm(forms.Form):
+    """A credit note the billing team issues on an Opsdeck invoice: what makes it too much or
+    of the wrong shape for the invoice is the service's to say (`invoicing.credit_note_check`).
+    Sent once to be checked and shown back for confirmation (`confirmed` empty), then again
+    to be issued."""
+
+    amount = forms.DecimalField(
+        label="Amount",
+        error_messages={
+            "required": "Enter the amount to credit.",
+            "invalid": "Enter the amount as a number, e.g. 10.00.",
+        },
+        widget=forms.TextInput({"inputmode": "decimal", "autocomplete": "off"}),
+    )
+    reason = forms.ChoiceField(
+        label="Reason",
+        choices=[("", "Choose a reason"), *CreditNote.LOCAL_REASONS.items()],
+        error_messages={"required": "Choose a reason.", "invalid_choice": "Choose a reason."},
+    )
+    memo = forms.CharField(
+        label="Memo",
+        required=False,
+        max_length=invoicing.MEMO_MAX,
+        widget=forms.Textarea({"rows": 3}),
+        help_text="Printed on the credit note and in the email to the organization.",
+        error_messages={"max_length": "Use at most %(limit_value)d characters (this has "
+                        "%(show_value)d)."},
+    )  # fmt: skip
+    refund = forms.TypedChoiceField(
+        label="How is it settled?",
+        choices=[
+            ("credit", "Credited: it lowers what is due, or is set against a later invoice"),
+            ("refund", "Refunded outside Opsdeck: the money goes back, e.g. by bank transfer"),
+        ],
+        coerce=lambda value: value == "refund",
+        initial="credit",
+        widget=forms.RadioSelect,
+        error_messages={"required": "Choose how it is settled."},
+    )
+    request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
+    confirmed = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
 def _field_of(

@@ -13,6 +13,11 @@ gaps: the number comes from an `InvoiceCounter` row locked in the finalizing tra
 database trigger (migration `0004_invoices`) refuses any change to a finalized invoice's
 amounts, number or lines; its status may still move on to paid or void.
 
+The billing team corrects a finalized invoice with credit notes (`credit_note_issue`): each
+takes an amount off it, at most what earlier ones left, refunded outside Opsdeck or credited;
+they are numbered `CN-<year>-<000001>` in a series of their own, and once issued only voided
+(a trigger, migration `0027_local_credit_notes`).
+
 With Stripe, usage sent to Stripe's meters is billed on Stripe's invoice (mirrored by
 `stripe_sync.invoice_mirror`), not here: a tenant with a Stripe subscription gets a draft only
 for what Stripe could not take — hours older than its meters accept (`MeterEvent` adjusted),
@@ -33,11 +38,13 @@ from django.db.models import BooleanField, Exists, ExpressionWrapper, Max, Outer
 from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
+from accounts import idempotency
 from accounts.audit import Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
-from billing import meter_events, usage
+from billing import meter_events, stripe_sync, usage
 from billing.models import (
     BillingPeriod,
+    CreditNote,
     Invoice,
     InvoiceCounter,
     InvoiceLine,
@@ -46,7 +53,7 @@ from billing.models import (
     Subscription,
     UsageRecord,
 )
-from billing.pricing import PriceBook, rounded
+from billing.pricing import PriceBook, minor_unit, rounded
 from billing.selectors import invoice_parties
 from billing.stripe_gateway import stripe_bills
 
@@ -262,14 +269,14 @@ def _staff_require(actor: Actor) -> None:
         raise ActionDenied("Only platform staff may finalize, void or settle invoices.")
 
 
-def _locked(invoice: Invoice) -> Invoice:
-    """The invoice, locked; refused when it is Stripe's (Stripe finalizes, voids and collects
-    it; Opsdeck mirrors what Stripe holds)."""
+def _locked(invoice: Invoice, doing: str = "finalize, void or settle it") -> Invoice:
+    """The invoice, locked; refused when it is Stripe's (Stripe finalizes, voids, collects and
+    credits it; Opsdeck mirrors what Stripe holds). `doing`: what the refusal says to do in
+    Stripe."""
     invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
     if invoice.source == Invoice.Source.STRIPE:
         raise ValidationError(
-            f"Invoice {invoice} is issued by Stripe: finalize, void or settle it in Stripe, "
-            "and Opsdeck follows."
+            f"Invoice {invoice} is issued by Stripe: {doing} in Stripe, and Opsdeck follows."
         )
     return invoice
 
@@ -305,10 +312,11 @@ def invoice_finalize(*, actor: Actor, invoice: Invoice) -> Invoice:
     return invoice
 
 
-def _number_next(now: datetime) -> str:
-    """The next invoice number of `now`'s year; the counter row stays locked until the
-    finalizing transaction ends, so numbers are given in order and a rollback frees its one."""
-    series = f"{now:%Y}"
+def _number_next(now: datetime, prefix: str = "") -> str:
+    """The next invoice number of `now`'s year (with `prefix`, the next of that series: "CN-"
+    for credit notes); the counter row stays locked until the numbering transaction ends, so
+    numbers are given in order and a rollback frees its one."""
+    series = f"{prefix}{now:%Y}"
     InvoiceCounter.objects.get_or_create(series=series)
     counter = InvoiceCounter.objects.select_for_update().get(series=series)
     counter.last += 1
@@ -325,6 +333,11 @@ def invoice_void(*, actor: Actor, invoice: Invoice) -> Invoice:
             raise ValidationError(
                 f"Invoice {invoice} is {invoice.get_status_display().lower()}: "
                 "only a draft or an unpaid invoice can be voided."
+            )
+        if invoice.credit_notes.filter(status=CreditNote.Status.ISSUED).exists():
+            # Voided, it would take off the whole total once more.
+            raise ValidationError(
+                f"Invoice {invoice} has credit notes: void them first, then the invoice."
             )
         invoice.status = Invoice.Status.VOID
         invoice.voided_at = timezone.now()
@@ -352,3 +365,165 @@ def invoice_mark_paid(*, actor: Actor, invoice: Invoice) -> Invoice:
         invoice.save(update_fields=["status", "paid_at"])
         audit_record(actor=actor, action="invoice.mark_paid", tenant=invoice.tenant, target=invoice)
     return invoice
+
+
+# --- credit notes ------------------------------------------------------------------------------
+
+CREDIT_NOTE_SERIES = "CN-"
+MEMO_MAX = 500
+
+
+def credit_note_check(
+    invoice: Invoice, *, amount: Decimal, reason: str, memo: str, refund: bool
+) -> Decimal:
+    """Refuse a credit note of `amount` on `invoice` (ValidationError, by field where one is
+    wrong) unless the invoice is Opsdeck's and finalized, the amount above 0, in the invoice's
+    currency's minor unit and at most what earlier credit notes left of it, the reason one of
+    `CreditNote.LOCAL_REASONS`, and a refund one of a paid invoice. What remains to credit
+    after it. Read under the invoice's lock by `credit_note_issue`; unlocked, for a preview."""
+    if invoice.source == Invoice.Source.STRIPE:
+        raise ValidationError(
+            f"Invoice {invoice} is issued by Stripe: issue its credit notes in Stripe, and "
+            "Opsdeck follows."
+        )
+    if invoice.status == Invoice.Status.DRAFT:
+        raise ValidationError(
+            f"Invoice {invoice} is a draft: finalize it first; only a finalized invoice takes "
+            "credit notes."
+        )
+    if invoice.status == Invoice.Status.VOID:
+        raise ValidationError(
+            f"Invoice {invoice} is void: nothing of it is owed, so there is nothing to credit."
+        )
+    errors: dict[str, str] = {}
+    code = invoice.currency.upper()
+    left = credit_note_left(invoice)
+    if amount <= 0:
+        errors["amount"] = "Enter an amount above 0."
+    elif amount > left:
+        errors["amount"] = (
+            f"At most {rounded(left, invoice.currency)} {code} remains to credit of invoice "
+            f"{invoice} ({rounded(invoice.total, invoice.currency)} {code}, less its credit "
+            "notes)."
+            if left
+            else f"Nothing remains to credit of invoice {invoice}: its credit notes cover it."
+        )
+    elif amount != rounded(amount, invoice.currency):
+        places = -minor_unit(invoice.currency).as_tuple().exponent
+        errors["amount"] = (
+            f"{code} amounts are whole numbers."
+            if not places
+            else f"{code} amounts have at most {places} decimal places."
+        )
+    if reason not in CreditNote.LOCAL_REASONS:
+        errors["reason"] = "Choose a reason."
+    if len(memo) > MEMO_MAX:
+        errors["memo"] = f"Use at most {MEMO_MAX} characters (this has {len(memo)})."
+    if refund and invoice.status != Invoice.Status.PAID:
+        errors["refund"] = (
+            f"Invoice {invoice} is not paid: there is nothing to refund. Credit it instead "
+            "(it lowers what is due)."
+        )
+    if errors:
+        raise ValidationError(errors)
+    return left - amount
+
+
+def credit_note_left(invoice: Invoice) -> Decimal:
+    """What remains of the invoice's total to credit: less its issued credit notes."""
+    issued = invoice.credit_notes.filter(status=CreditNote.Status.ISSUED)
+    return invoice.total - (issued.aggregate(sum=Sum("amount"))["sum"] or Decimal(0))
+
+
+def credit_note_issue(
+    *,
+    actor: Actor,
+    invoice: Invoice,
+    amount: Decimal,
+    reason: str,
+    memo: str = "",
+    refund: bool = False,
+    request_id: str = "",
+) -> CreditNote:
+    """Take `amount` off a finalized Opsdeck invoice with a credit note: refunded outside
+    Opsdeck (`refund`, a paid invoice's) or credited; numbered next in its own series, and
+    frozen. Checked
+    (`credit_note_check`) under the invoice's lock, so that credit notes issued at once never
+    take off more than its total. One credit note per request id: a repeat returns it."""
+    request_id = idempotency.request_id_clean(request_id)
+    memo = memo.strip()
+    with audited_action(
+        actor=actor, action="invoice.credit_note_issue", tenant=invoice.tenant, target=invoice
+    ):
+        _staff_require(actor)
+        claim = idempotency.request_claim(
+            scope=idempotency.user_scope(actor.user),
+            request_id=request_id,
+            action="invoice.credit_note_issue",
+            raw={
+                "invoice": invoice.pk, "amount": str(amount), "reason": reason, "memo": memo,
+                "refund": refund,
+            },
+        )  # fmt: skip
+        if claim.earlier is not None:
+            return CreditNote.objects.get(pk=claim.earlier.target_id)
+        invoice = _locked(invoice, "issue its credit notes")
+        credit_note_check(invoice, amount=amount, reason=reason, memo=memo, refund=refund)
+        now = timezone.now()
+        note = CreditNote(
+            invoice=invoice,
+            source=Invoice.Source.LOCAL,
+            number=_number_next(now, CREDIT_NOTE_SERIES),
+            currency=invoice.currency,
+            amount=rounded(amount, invoice.currency),  # "10.000" dollars are 10.00
+            refunded=rounded(amount, invoice.currency) if refund else Decimal(0),
+            reason=CreditNote.LOCAL_REASONS[reason],
+            memo=memo,
+            created=now,
+        )
+        note.full_clean()
+        note.save()
+        claim.bind(note)
+        # What the invoice's pages say taken back: one sum for Opsdeck's and Stripe's alike.
+        stripe_sync.invoice_credits_total(invoice)
+        audit_record(
+            actor=actor,
+            action="invoice.credit_note_issue",
+            tenant=invoice.tenant,
+            target=invoice,
+            payload={
+                "credit_note": note.number,
+                "amount": str(rounded(amount, invoice.currency)),
+                "refunded": refund,
+                "reason": note.reason,
+            },
+        )
+    return note
+
+
+def credit_note_void(*, actor: Actor, credit_note: CreditNote) -> CreditNote:
+    """Void an Opsdeck credit note: it keeps its number and takes nothing off its invoice."""
+    invoice = credit_note.invoice
+    with audited_action(
+        actor=actor, action="invoice.credit_note_void", tenant=invoice.tenant, target=invoice
+    ):
+        _staff_require(actor)
+        invoice = _locked(invoice, "void its credit notes")
+        note = CreditNote.objects.select_for_update().get(pk=credit_note.pk)
+        if note.status != CreditNote.Status.ISSUED:
+            raise ValidationError(f"Credit note {note} is already void.")
+        note.status = CreditNote.Status.VOID
+        note.voided_at = timezone.now()
+        note.save(update_fields=["status", "voided_at"])
+        stripe_sync.invoice_credits_total(invoice)
+        audit_record(
+            actor=actor,
+            action="invoice.credit_note_void",
+            tenant=invoice.tenant,
+            target=invoice,
+            payload={
+                "credit_note": note.number,
+                "amount": str(rounded(note.amount, note.currency)),
+            },
+        )
+    return note

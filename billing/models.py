@@ -341,10 +341,15 @@ class InvoiceLine(models.Model):
 
 
 class CreditNote(models.Model):
-    """A Stripe credit note of a mirrored invoice: an amount taken off it, refunded to the
-    payment (`refunded`), credited to the customer's balance or outside Stripe, or off what
-    was still due. A void one no longer counts. Mirrored from Stripe's webhooks
-    (`stripe_sync.credit_note_mirror`)."""
+    """An amount taken off a finalized invoice: refunded to the customer (`refunded`), or
+    credited (off what was still due, to the customer's balance, or outside Stripe). A void one
+    keeps its number and no longer counts.
+
+    A Stripe invoice's are mirrored from Stripe's webhooks (`stripe_sync.credit_note_mirror`);
+    an Opsdeck invoice's are issued by the billing team (`invoicing.credit_note_issue`), numbered
+    in their own series and, once issued, never changed but to be voided (a database trigger,
+    migration `0027_local_credit_notes`). One model for both, so that every page, the export and
+    the invoice's totals read them alike; only Stripe's have a Stripe id."""
 
     class Status(models.TextChoices):
         ISSUED = "issued", "Issued"
@@ -357,9 +362,20 @@ class CreditNote(models.Model):
         "order_change": "Order change",
         "product_unsatisfactory": "Product unsatisfactory",
     }
+    # The reasons the billing team gives an Opsdeck invoice's (a fraud is Stripe's to judge).
+    LOCAL_REASONS = {
+        "duplicate": "Duplicate",
+        "order_change": "Order change",
+        "product_unsatisfactory": "Product unsatisfactory",
+        "other": "Other",
+    }
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="credit_notes")
-    stripe_credit_note_id = models.CharField(max_length=255, unique=True)
+    # As its invoice's: whoever issued it.
+    source = models.CharField(
+        max_length=8, choices=Invoice.Source.choices, default=Invoice.Source.STRIPE
+    )
+    stripe_credit_note_id = models.CharField(max_length=255, unique=True, null=True, blank=True)
     number = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.ISSUED)
     currency = models.CharField(max_length=3)
@@ -368,14 +384,36 @@ class CreditNote(models.Model):
     reason = models.CharField(max_length=100, blank=True)  # as people read it
     memo = models.TextField(blank=True)
     pdf_url = models.URLField(max_length=1000, blank=True)
-    created = models.DateTimeField()  # when Stripe issued it
+    created = models.DateTimeField()  # when it was issued
     voided_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["invoice", "created", "pk"]
+        constraints = [
+            # Stripe's have Stripe's id; Opsdeck's have none, and a number of their own series.
+            models.CheckConstraint(
+                condition=models.Q(source="stripe", stripe_credit_note_id__isnull=False)
+                | models.Q(source="local", stripe_credit_note_id__isnull=True),
+                name="creditnote_stripe_id_if_stripes",
+            ),
+            models.UniqueConstraint(
+                fields=["number"],
+                condition=models.Q(source="local"),
+                name="creditnote_local_number_once",
+            ),
+        ]
 
     def __str__(self) -> str:
-        return self.number or self.stripe_credit_note_id
+        return self.number or self.stripe_credit_note_id or ""
+
+    @property
+    def audit_name(self) -> str:
+        return str(self)
+
+    @property
+    def credited(self) -> Decimal:
+        """What it took off beyond what it refunded."""
+        return self.amount - self.refunded
 
 
 class InvoiceCounter(models.Model):

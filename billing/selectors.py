@@ -15,6 +15,7 @@ from billing import entitlements, pricing
 from billing.models import (
     BillingPeriod,
     BillingProfile,
+    CreditNote,
     Invoice,
     MeterEvent,
     Plan,
@@ -281,6 +282,28 @@ def invoice_parties(invoice: Invoice) -> tuple[dict[str, str], str]:
     if invoice.frozen:
         return invoice.billed_to or {"legal_name": invoice.tenant.name}, invoice.issuer
     return billing_details_of(invoice.tenant), settings.OPSDECK_INVOICE_ISSUER
+
+
+def credit_note_of(tenant: Tenant, invoice_id: int, credit_note_id: int) -> CreditNote | None:
+    """One of Opsdeck's credit notes on one of the tenant's invoices, with its invoice; None
+    otherwise (Stripe's have Stripe's PDF)."""
+    return (
+        CreditNote.objects.filter(
+            pk=credit_note_id, invoice_id=invoice_id, invoice__tenant=tenant,
+            source=Invoice.Source.LOCAL,
+        )
+        .select_related("invoice__tenant", "invoice__plan")
+        .first()
+    )  # fmt: skip
+
+
+def credit_note_for_team(credit_note_id: int) -> CreditNote | None:
+    """One of Opsdeck's credit notes, with its invoice, for the billing team."""
+    return (
+        CreditNote.objects.filter(pk=credit_note_id, source=Invoice.Source.LOCAL)
+        .select_related("invoice__tenant", "invoice__plan")
+        .first()
+    )
 
 
 # --- the billing team's pages ---------------------------------------------------------------
