@@ -32,13 +32,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import BooleanField, Exists, ExpressionWrapper, Max, OuterRef, Q, Sum
 from django.db.models.functions import TruncMonth
+from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 
-from accounts import idempotency
+from accounts import idempotency, mail
 from accounts.audit import Actor, audit_record, audited_action
 from accounts.errors import ActionDenied
 from billing import meter_events, stripe_sync, usage
@@ -55,6 +58,7 @@ from billing.models import (
 )
 from billing.pricing import PriceBook, minor_unit, rounded
 from billing.selectors import invoice_parties
+from billing.services import subscription_recipients
 from billing.stripe_gateway import stripe_bills
 
 log = logging.getLogger(__name__)
@@ -446,8 +450,8 @@ def credit_note_issue(
     request_id: str = "",
 ) -> CreditNote:
     """Take `amount` off a finalized Opsdeck invoice with a credit note: refunded outside
-    Opsdeck (`refund`, a paid invoice's) or credited; numbered next in its own series, and
-    frozen. Checked
+    Opsdeck (`refund`, a paid invoice's) or credited; numbered next in its own series, frozen,
+    and mailed to the organization's owners and billing members. Checked
     (`credit_note_check`) under the invoice's lock, so that credit notes issued at once never
     take off more than its total. One credit note per request id: a repeat returns it."""
     request_id = idempotency.request_id_clean(request_id)
@@ -486,6 +490,7 @@ def credit_note_issue(
         claim.bind(note)
         # What the invoice's pages say taken back: one sum for Opsdeck's and Stripe's alike.
         stripe_sync.invoice_credits_total(invoice)
+        invoice.refresh_from_db(fields=["amount_refunded", "amount_credited"])
         audit_record(
             actor=actor,
             action="invoice.credit_note_issue",
@@ -498,6 +503,7 @@ def credit_note_issue(
                 "reason": note.reason,
             },
         )
+        credit_note_email_send(credit_note=note)
     return note
 
 
@@ -527,3 +533,30 @@ def credit_note_void(*, actor: Actor, credit_note: CreditNote) -> CreditNote:
             },
         )
     return note
+
+
+def credit_note_email_send(*, credit_note: CreditNote) -> None:
+    """Tell the organization's owners and billing members of a credit note issued on one of
+    its invoices, with the link to it; written in the issuing transaction (`accounts.mail`).
+    Not for a deleted organization: its members can no longer open it."""
+    invoice = credit_note.invoice
+    if invoice.tenant.deleted_at is not None:
+        return
+    recipients = subscription_recipients(invoice.tenant)
+    if not recipients:
+        return
+    path = reverse(
+        "credit_note_detail",
+        kwargs={"tenant_slug": invoice.tenant.slug, "invoice_id": invoice.pk,
+                "credit_note_id": credit_note.pk},
+    )  # fmt: skip
+    context = {
+        "note": credit_note,
+        "invoice": invoice,
+        "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
+    }
+    mail.send(
+        subject=f"[Opsdeck] Credit note {credit_note.number} on invoice {invoice.number}",
+        body=render_to_string("billing/email/credit_note.txt", context),
+        to=recipients,
+    )

@@ -296,6 +296,19 @@ def invoice_detail(request, invoice_id: int):
 
 
 @tenant_view("billing.view")
+@require_safe
+def credit_note_detail(request, invoice_id: int, credit_note_id: int):
+    """One of Opsdeck's credit notes on one of the tenant's invoices, laid out to be printed
+    (Stripe's have Stripe's PDF)."""
+    note = selectors.credit_note_of(request.tenant, invoice_id, credit_note_id)
+    if note is None:
+        raise Http404("No such credit note.")
+    billed_to, issuer = selectors.invoice_parties(note.invoice)
+    context = {"note": note, "invoice": note.invoice, "billed_to": billed_to, "issuer": issuer}
+    return render(request, "billing/credit_note.html", context)
+
+
+@tenant_view("billing.view")
 @require_http_methods(["GET", "HEAD", "POST"])
 def billing_details(request):
     """Whom the tenant's invoices are made out to: a form for the roles that manage billing,

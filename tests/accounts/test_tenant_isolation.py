@@ -74,7 +74,8 @@ def test_a_member_cannot_reach_another_organizations_member_by_id(client, tenant
 
 # Each object a route can name, and where a member of another organization finds its real id.
 OBJECT_PARAMETERS = {
-    "instance_id", "operation_id", "snapshot_id", "membership_id", "invitation_id", "invoice_id"
+    "instance_id", "operation_id", "snapshot_id", "membership_id", "invitation_id", "invoice_id",
+    "credit_note_id",
 }  # fmt: skip
 
 
@@ -83,15 +84,15 @@ def test_a_member_using_another_organizations_real_ids_gets_404_on_every_object_
     client, tenant, make_user, add_member
 ):
     """Generated from the URL configuration: every route naming an object, filled with the
-    real ids of another organization's instance, operation, snapshot, member, invitation and
-    invoice
-    under the member's own organization, answers 404 and changes nothing."""
+    real ids of another organization's instance, operation, snapshot, member, invitation,
+    invoice and credit note under the member's own organization, answers 404 and changes nothing."""
     import uuid
+    from decimal import Decimal
 
     from accounts import services as account_services
     from accounts.audit import Actor
     from accounts.models import AuditEvent
-    from billing.models import Invoice
+    from billing.models import CreditNote, Invoice
     from deployments import services
     from deployments.models import Cell, Instance, Operation, Snapshot
     from tests.deployments.conftest import SPEC
@@ -116,9 +117,14 @@ def test_a_member_using_another_organizations_real_ids_gets_404_on_every_object_
     invoice = Invoice.objects.create(
         tenant=theirs, plan=plan, period="2026-10", status="open", number="2026-000001"
     )
+    credit_note = CreditNote.objects.create(
+        invoice=invoice, source="local", number="CN-2026-000001", currency="usd",
+        amount=Decimal(0), created=invoice.created_at,
+    )  # fmt: skip
     real = {
         "instance_id": create.instance_id,
         "invoice_id": str(invoice.pk),
+        "credit_note_id": str(credit_note.pk),
         "operation_id": str(create.pk),
         "snapshot_id": str(snapshot.pk),
         "membership_id": str(theirs.memberships.get().pk),

@@ -412,3 +412,119 @@ def test_one_request_sent_twice_at_once_issues_one_credit_note(tenant, plan, fin
     assert all(isinstance(r, CreditNote) for r in results), results
     assert results[0].pk == results[1].pk
     assert CreditNote.objects.count() == 1
+
+
+# --- the organization's pages and email ----------------------------------------------------------
+
+ISSUER = "Opsdeck Cloud Ltd\nDublin D01 AB12"
+
+
+def test_the_organization_reads_the_credit_note_on_its_billing_and_invoice_pages_and_prints_it(
+    client, settings, tenant, plan, finance, owner
+):
+    from billing import services
+    from tests.billing.test_billing_details import DETAILS
+
+    settings.OPSDECK_INVOICE_ISSUER = ISSUER
+    services.billing_details_update(actor=Actor(user=owner), tenant=tenant, details=DETAILS)
+    invoice = _invoice(tenant, plan, finance)
+    note = invoicing.credit_note_issue(
+        actor=Actor(user=finance, staff=True), invoice=invoice, amount=Decimal(10),
+        reason="product_unsatisfactory", memo="The October outage, as agreed.", refund=True,
+    )  # fmt: skip
+    # Changed since: the credit note is made out as its invoice was.
+    services.billing_details_update(
+        actor=Actor(user=owner), tenant=tenant, details={**DETAILS, "legal_name": "Acme AG"}
+    )
+    client.force_login(owner)
+
+    billing = client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    shown = client.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").content.decode()
+    url = f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/credit-notes/{note.pk}/"
+    printed = client.get(url).content.decode()
+
+    assert "Partly refunded (10.00 of 40.00)" in billing
+    assert "Partly refunded (10.00 of 40.00)" in shown and note.number in shown
+    assert f'href="{url}"' in shown and "Remains paid" in shown and "30.00 USD" in shown
+    assert f"Credit note {note.number}" in printed
+    assert "Acme GmbH" in printed and "Acme AG" not in printed
+    assert "Opsdeck Cloud Ltd<br>Dublin D01 AB12" in printed
+    assert f"On invoice {invoice.number}" in printed
+    assert "Product unsatisfactory" in printed and "The October outage, as agreed." in printed
+    assert "10.00 USD" in printed and "Refunded" in printed
+    assert f'<time datetime="{note.created.isoformat()}">' in printed
+
+
+def test_another_organization_and_a_stripe_credit_note_are_not_found(
+    client, tenant, plan, finance, make_user
+):
+    from accounts import services as account_services
+
+    invoice = _invoice(tenant, plan, finance)
+    note = invoicing.credit_note_issue(
+        actor=Actor(user=finance, staff=True), invoice=invoice, amount=Decimal(10),
+        reason="duplicate",
+    )  # fmt: skip
+    stranger = make_user("stranger@example.com")
+    theirs = account_services.tenant_create(actor=Actor(user=stranger), name="Theirs")
+    stripes = CreditNote.objects.create(
+        invoice=invoice, stripe_credit_note_id="cn_1", number="S-CN-1", currency="usd",
+        amount=Decimal(1), created=invoice.finalized_at,
+    )  # fmt: skip
+    client.force_login(stranger)
+
+    for path in [
+        f"/t/{theirs.slug}/billing/invoices/{invoice.pk}/credit-notes/{note.pk}/",
+        f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/credit-notes/{note.pk}/",
+    ]:
+        assert client.get(path).status_code == 404, path
+    client.force_login(tenant.memberships.get().user)
+    assert client.get(
+        f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/credit-notes/{stripes.pk}/"
+    ).status_code == 404  # fmt: skip
+    assert client.get(
+        f"/t/{tenant.slug}/billing/invoices/{invoice.pk + 1}/credit-notes/{note.pk}/"
+    ).status_code == 404  # fmt: skip
+
+
+def test_the_owners_and_billing_members_are_emailed_the_credit_note(
+    settings, tenant, plan, finance, owner, add_member, django_capture_on_commit_callbacks
+):
+    from django.core import mail
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
+    add_member("books@example.com", "billing")
+    add_member("dev@example.com", "member")
+    invoice = _invoice(tenant, plan, finance, status="open")
+    mail.outbox.clear()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        note = invoicing.credit_note_issue(
+            actor=Actor(user=finance, staff=True), invoice=invoice, amount=Decimal("12.50"),
+            reason="duplicate", memo="Billed twice for orders.",
+        )  # fmt: skip
+
+    (sent,) = mail.outbox
+    assert sorted(sent.to) == ["books@example.com", "owner@example.com"]
+    assert sent.subject == f"[Opsdeck] Credit note {note.number} on invoice {invoice.number}"
+    assert "Credited: 12.50 USD" in sent.body and "Billed twice for orders." in sent.body
+    assert "Remains due on the invoice: 27.50 USD" in sent.body
+    assert f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/credit-notes/{note.pk}/" in sent.body
+
+
+def test_a_refused_credit_note_emails_no_one(
+    settings, tenant, plan, finance, django_capture_on_commit_callbacks
+):
+    from django.core import mail
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    invoice = _invoice(tenant, plan, finance)
+    mail.outbox.clear()
+
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(ValidationError):
+        invoicing.credit_note_issue(
+            actor=Actor(user=finance, staff=True), invoice=invoice, amount=Decimal(41),
+            reason="duplicate",
+        )  # fmt: skip
+
+    assert mail.outbox == []
