@@ -423,6 +423,8 @@ def credit_note_check(
         errors["reason"] = "Choose a reason."
     if len(memo) > MEMO_MAX:
         errors["memo"] = f"Use at most {MEMO_MAX} characters (this has {len(memo)})."
+    elif not all(c.isprintable() or c in "\r\n" for c in memo):  # printed, and mailed
+        errors["memo"] = "Use letters, digits, spaces, punctuation and line breaks only."
     if refund and invoice.status != Invoice.Status.PAID:
         errors["refund"] = (
             f"Invoice {invoice} is not paid: there is nothing to refund. Credit it instead "

@@ -210,6 +210,27 @@ def test_a_bad_amount_is_refused_beside_its_field_and_changes_nothing(
     assert not InvoiceCounter.objects.filter(series=f"CN-{YEAR}").exists()
 
 
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        ({"reason": ""}, "Reason: Choose a reason."),
+        ({"reason": "fraudulent"}, "Reason: Choose a reason."),
+        ({"memo": "x" * 501}, "Use at most 500 characters (this has 501)."),
+        ({"memo": "Refund \u202eRUO"}, "Use letters, digits, spaces, punctuation and line breaks"),
+        ({"refund": "maybe"}, "How is it settled?"),
+    ],
+)
+def test_a_bad_reason_memo_or_settlement_is_refused_and_changes_nothing(
+    team_client, tenant, plan, finance, values, said
+):
+    invoice = _invoice(tenant, plan, finance)
+
+    response = _issue(team_client, invoice, **values)
+
+    assert said in response.content.decode()
+    assert not CreditNote.objects.exists()
+
+
 def test_more_than_earlier_credit_notes_left_is_refused(team_client, tenant, plan, finance):
     invoice = _invoice(tenant, plan, finance)
     _issue(team_client, invoice, amount="30", request_id="a")
