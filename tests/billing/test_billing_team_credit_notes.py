@@ -94,6 +94,7 @@ def test_the_team_credits_part_of_a_paid_invoice_after_confirming_it(
     assert "Issue a credit note" in shown
     assert "Remains to credit" in form.content.decode() and "40.00 USD" in form.content.decode()
     assert "Check the credit note before issuing it" in checked.content.decode()
+    assert "<dd>Two cores were never used.</dd>" in checked.content.decode()
     assert "10.00 USD" in checked.content.decode()
     assert not CreditNote.objects.exists()  # not before it is confirmed
 
@@ -176,6 +177,9 @@ def test_an_unpaid_invoice_is_credited_off_what_is_due_not_refunded(
     _issue(team_client, invoice, amount="40", request_id="req-2")
 
     assert "is not paid: there is nothing to refund" in refused.content.decode()
+    # The summary's link leads to the choices it is about.
+    assert '<a href="#id_refund">' in refused.content.decode()
+    assert '<fieldset id="id_refund"' in refused.content.decode()
     invoice.refresh_from_db()
     assert invoice.status_text() == "Finalized; credited"
     assert CreditNote.objects.count() == 1
