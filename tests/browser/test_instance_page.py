@@ -233,11 +233,15 @@ def test_stop_queues_from_the_header_and_the_message_links_to_the_operation(
     from deployments.models import Operation
 
     page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/")
+    page.evaluate("document.getElementById('messages').dataset.kept = 'yes'")
 
     page.get_by_role("button", name="Stop", exact=True).click()
     page.locator("#confirm-dialog").get_by_role("button", name="Stop", exact=True).click()
 
     expect(page.locator("#messages")).to_contain_text(f"Stop of {instance.name} is queued.")
+    # Said in the live region the page kept (a region swapped in whole is not read).
+    expect(page.locator("#messages")).to_have_attribute("data-kept", "yes")
+    expect(page.locator("#messages")).to_have_attribute("aria-live", "polite")
     stop = Operation.objects.get(verb="stop")
     page.locator("#messages").get_by_role("link", name="queued").click()
     expect(page).to_have_url(re.compile(rf"operation={stop.pk}#operation-{stop.pk}$"))

@@ -648,7 +648,7 @@ def test_an_htmx_action_gets_the_refreshed_page_part_and_the_operations_address(
     assert html.lstrip().startswith(
         '<title>Operations · orders · Opsdeck</title>\n<div id="instance-page">'
     )
-    assert '<div id="messages" hx-swap-oob="true">' in html
+    assert '<div id="messages" hx-swap-oob="innerHTML">' in html
     assert "Restart of orders is" in html
     assert response["HX-Push-Url"] == _url(instance) + "?tab=operations"
 
