@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 import stripe
 from django.conf import settings
@@ -478,6 +479,23 @@ class StripeGateway:
 def stripe_bills() -> bool:
     """Whether Stripe bills tenants (`STRIPE_API_KEY` is set): subscriptions start when paid."""
     return bool(settings.STRIPE_API_KEY)
+
+
+# Stripe's hosted pages the portal sends a browser on to: Checkout (subscribing) and the
+# customer portal (managing the payment method).
+STRIPE_PAGES = ["https://checkout.stripe.com", "https://billing.stripe.com"]
+
+
+def stripe_page_origins() -> list[str]:
+    """Where Stripe's Checkout and customer portal pages are served: Stripe's own addresses,
+    the configured Stripe-compatible server's (`STRIPE_API_BASE`, the emulator), or none
+    while billing stays local."""
+    if not settings.STRIPE_API_KEY:
+        return []
+    if settings.STRIPE_API_BASE:
+        base = urlsplit(settings.STRIPE_API_BASE)
+        return [f"{base.scheme}://{base.netloc}"]
+    return STRIPE_PAGES
 
 
 def gateway() -> StripeGateway | None:

@@ -1,9 +1,10 @@
 """The portal's own middleware: addresses no page is found by, addresses only a form is sent
-to, account pages the browser does not keep, and what an htmx request gets when the page it
-came from no longer holds."""
+to, account pages the browser does not keep, what an htmx request gets when the page it
+came from no longer holds, and the Content-Security-Policy's Stripe part."""
 
 from urllib.parse import urlsplit
 
+from csp.middleware import CSPMiddleware, PolicyParts
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
@@ -15,6 +16,22 @@ from django.utils.cache import add_never_cache_headers
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts.htmx import current_address
+from billing.stripe_gateway import stripe_page_origins
+
+
+class ContentSecurityPolicyMiddleware(CSPMiddleware):
+    """django-csp's, with forms allowed on to Stripe's Checkout and customer portal: the
+    Billing page's forms are sent here and redirected there, and a browser checks a form's
+    redirect against `form-action` too. Read on each answer, as billing reads its settings."""
+
+    def get_policy_parts(self, request, response, report_only: bool = False) -> PolicyParts:
+        parts = super().get_policy_parts(request, response, report_only)
+        stripe_pages = stripe_page_origins()
+        if stripe_pages:
+            update = dict(parts.update or {})
+            update["form-action"] = [*update.get("form-action", []), *stripe_pages]
+            parts.update = update
+        return parts
 
 
 class NullCharacterMiddleware:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import environ
 import stripe
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 env = environ.Env()
@@ -69,6 +70,43 @@ CSRF_COOKIE_SECURE = not DEBUG
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy (django-csp), on every answer: scripts, styles, fonts and requests from
+# this server only, never inline, never eval (htmx's `allowEval` is off: templates/base.html).
+# Images also as data: URIs: Pico's icons are SVG written into its CSS, and the two-factor
+# set-up's QR code is one. Forms are sent here only, and on to Stripe's Checkout and customer
+# portal when Stripe bills (`portal.middleware.ContentSecurityPolicyMiddleware`).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+# Browser features no page uses, turned off for every page and anything it could embed (payment
+# happens on Stripe's own page). Writing to the clipboard from this origin needs no permission.
+PERMISSIONS_POLICY = {
+    feature: []
+    for feature in [
+        "accelerometer",
+        "camera",
+        "display-capture",
+        "geolocation",
+        "gyroscope",
+        "hid",
+        "idle-detection",
+        "magnetometer",
+        "microphone",
+        "midi",
+        "payment",
+        "screen-wake-lock",
+        "serial",
+        "usb",
+        "xr-spatial-tracking",
+    ]
+}
 
 # --- Applications ------------------------------------------------------------
 
@@ -82,6 +120,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "django_htmx",
+    "csp",
     "template_partials",
     "django_celery_beat",
     "allauth",
@@ -95,6 +134,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.middleware.ContentSecurityPolicyMiddleware",
+    "django_permissions_policy.PermissionsPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "portal.middleware.AccountPagesNotKeptMiddleware",

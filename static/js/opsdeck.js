@@ -124,6 +124,19 @@ document.addEventListener("click", (event) => {
   if (closer) closer.closest("dialog")?.close();
 });
 
+// Polls (hx-trigger="every …") ask nothing while the page is hidden, or while a dialog is open
+// (an answer could replace what it asks about); the next poll asks again. A search box's own
+// change (leaving it, or Enter, which also submits) does not send a form that sends itself on
+// change (the logs' filters): Enter or the form's button does. Written here, not as hx-trigger
+// filters: htmx would run those as code, which the Content-Security-Policy forbids.
+document.addEventListener("htmx:confirm", (event) => {
+  const polls = (event.detail.elt.getAttribute("hx-trigger") || "").startsWith("every ");
+  const waits = document.visibilityState !== "visible" || document.querySelector("dialog[open]");
+  const cause = event.detail.triggeringEvent;
+  const searchChanged = cause?.type === "change" && cause.target?.type === "search";
+  if ((polls && waits) || searchChanged) event.preventDefault();
+});
+
 // An hx-confirm asks in the page's own dialog (#confirm-dialog), not in the browser's OK/Cancel
 // box, where "Cancel" would read as cancelling the operation it asks about: its buttons say
 // what each does (the asking element's data-confirm-yes and data-confirm-no). The request goes
