@@ -42,17 +42,38 @@ def _organization_named_after(email: str) -> str:
         return "My organization"
 
 
+def _on_public_address(request, context: dict) -> dict:
+    """The context's links to this portal on OPSDECK_BASE_URL, as every other email's are, not
+    on the host the request named (any ALLOWED_HOSTS lets in). allauth builds them from the
+    request in several places (the confirmation and reset links through adapter methods, the
+    sign-up and reset links of its unknown-account and account-exists emails in its flows):
+    each reaches the email through here."""
+    public = settings.OPSDECK_BASE_URL.rstrip("/")
+    if not public:
+        return context
+    here = request.build_absolute_uri("/")
+    return {
+        key: f"{public}/{value.removeprefix(here)}"
+        if isinstance(value, str) and value.startswith(here)
+        else value
+        for key, value in context.items()
+    }
+
+
 class AccountAdapter(DefaultAccountAdapter):
     def send_mail(self, template_prefix: str, email: str, context: dict) -> None:
-        """Emails name the product, not the host the request came to (there is no Sites app).
-        The mail worker sends them (`accounts.mail`): a mail server that is slow or never
-        answers holds no web process, and a sign-up still gets its page."""
+        """Emails name the product, not the host the request came to (there is no Sites app),
+        and link to the portal's public address. The mail worker sends them (`accounts.mail`):
+        a mail server that is slow or never answers holds no web process, and a sign-up still
+        gets its page."""
         request = allauth_context.request
         site = RequestSite(request)
         site.name = SITE_NAME
         base = {"request": request, "email": email, "current_site": site}
         message = self.render_mail(
-            template_prefix, email, {**base, "base_url": settings.OPSDECK_BASE_URL, **context}
+            template_prefix,
+            email,
+            {**base, "base_url": settings.OPSDECK_BASE_URL, **_on_public_address(request, context)},
         )
         alternatives = getattr(message, "alternatives", [])
         html = next((content for content, kind in alternatives if kind == "text/html"), None)

@@ -268,12 +268,12 @@ def test_signup_requires_email_verification_then_signs_in(client):
 
     assert response["Location"] == "/accounts/confirm-email/"
     assert len(mail.outbox) == 1
-    link = re.search(r"https?://\S+/accounts/confirm-email/\S+/", mail.outbox[0].body).group(0)
+    link = re.search(r"https?://\S+(/accounts/confirm-email/\S+/)", mail.outbox[0].body).group(1)
     # Not signed in until the address is confirmed.
     assert client.get("/").status_code == 302
     assert client.get("/").url == "/accounts/login/"
 
-    confirm = client.post(link.split("testserver", 1)[1])
+    confirm = client.post(link)
     assert confirm.status_code == 302
     home = client.get("/", follow=True)
     assert home.request["PATH_INFO"] == f"/t/{Tenant.objects.get(name='Initech').slug}/"
@@ -343,7 +343,7 @@ def _added_unconfirmed(user, email):
 def _confirmation_links(to):
     sent = [m for m in mail.outbox if m.to == [to]]
     return [
-        re.search(r"https?://testserver(/accounts/confirm-email/\S+/)", m.body).group(1)
+        re.search(r"https?://\S+?(/accounts/confirm-email/\S+/)", m.body).group(1)
         for m in sent
         if "/accounts/confirm-email/" in m.body
     ]
@@ -627,8 +627,8 @@ def test_an_invitee_who_leaves_the_organization_blank_gets_none(client, owner, t
     ivy = User.objects.get(email="ivy@example.com")
     assert not Tenant.objects.for_user(ivy).exists()
     # Once the address is confirmed, the invitation makes Ivy a member of Acme only.
-    link = re.search(r"https?://\S+/accounts/confirm-email/\S+/", mail.outbox[-1].body).group(0)
-    client.post(link.split("testserver", 1)[1])
+    link = re.search(r"https?://\S+(/accounts/confirm-email/\S+/)", mail.outbox[-1].body).group(1)
+    client.post(link)
     joined = client.post(invitation, follow=True)
     assert b"Welcome to Acme." in joined.content
     assert list(Tenant.objects.for_user(ivy)) == [tenant]
