@@ -25,6 +25,7 @@ from billing import entitlements, periods, stripe_sync
 from billing.models import (
     OVERRIDE_SAME_MOMENT,
     BillingProfile,
+    Invoice,
     PastPrice,
     Plan,
     PlanOverride,
@@ -609,6 +610,19 @@ def subscription_email_send(*, subscription: Subscription, event: str) -> None:
         "event": event,
         "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
     }
+    if event in ("mark_past_due", "suspend") and subscription.stripe_subscription_id:
+        # The Stripe invoices left unpaid: paying them keeps it, or makes it, active again.
+        context["unpaid"] = list(
+            Invoice.objects.filter(
+                tenant=subscription.tenant,
+                plan=subscription.plan,
+                source=Invoice.Source.STRIPE,
+                status=Invoice.Status.OPEN,
+            )
+            .exclude(number=None)
+            .order_by("period", "pk")
+            .values_list("number", flat=True)
+        )
     if event == "cancel" and subscription.ran():  # ended with instances on it: when they stop
         usage = entitlements.usage_of(subscription.tenant, subscription.plan)
         if usage is not None and usage.instances:

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Group
+from django.core import mail
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test import Client
@@ -185,18 +186,26 @@ def test_concurrent_deliveries_about_one_invoice_store_it_once(
 
 
 def test_a_failed_payment_alone_makes_the_subscription_past_due(
-    client, subscription, emulator, record_usage
+    client, subscription, emulator, record_usage, settings, django_capture_on_commit_callbacks
 ):
     invoice = _metered_and_invoiced(emulator, record_usage, subscription)
     emulator.finalize_invoice(invoice["id"])
     emulator.fail_invoice(invoice["id"])
+    settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
+    mail.outbox.clear()
 
     # The subscription's own event is late: the invoice's is enough.
-    _deliver(client, emulator.events("invoice.payment_failed")[-1])
+    with django_capture_on_commit_callbacks(execute=True):
+        _deliver(client, emulator.events("invoice.payment_failed")[-1])
 
     subscription.refresh_from_db()
     assert subscription.status == "past_due"
     assert Invoice.objects.get().status == "open"
+    # The email said "past due" and no more: what to do about it.
+    [sent] = mail.outbox
+    body = " ".join(sent.body.split())
+    assert "is past due: Stripe could not take the payment of" in body, body
+    assert 'choose "Pay or view on Stripe"), or give another card with "Manage payment' in body
 
 
 @pytest.mark.django_db(transaction=True)
@@ -250,7 +259,7 @@ def _said(page: str, start: str) -> str:
 @pytest.mark.parametrize("by", ["the system", "staff"])
 def test_suspended_for_an_unpaid_stripe_invoice_the_page_says_paying_it_reactivates(
     client, owner_client, tenant, subscription, emulator, priced_plan, record_usage, make_user,
-    by,
+    by, django_capture_on_commit_callbacks, settings,
 ):  # fmt: skip
     """The card is declined at renewal and the grace period passes: Opsdeck suspends the
     subscription. Paying the invoice on Stripe reactivates it by itself (Stripe's webhook), so
@@ -265,9 +274,17 @@ def test_suspended_for_an_unpaid_stripe_invoice_the_page_says_paying_it_reactiva
         services.subscription_suspend(actor=staff, subscription=subscription, reason="abuse")
     else:
         later = timezone.now() + timedelta(days=priced_plan.grace_days + 1)
-        assert services.subscriptions_suspend_overdue(now=later) == 1
+        settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
+        mail.outbox.clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            assert services.subscriptions_suspend_overdue(now=later) == 1
     stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
     assert stored.status == "open"
+    if by == "the system":  # the email said as little as "suspended"
+        [sent] = mail.outbox
+        body = " ".join(sent.body.split())
+        assert f"is suspended because invoice {stored.number} is unpaid." in body, body
+        assert "Paying it on Stripe reactivates the subscription by itself" in body, body
 
     page = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
     said = _said(page, "This subscription is suspended")[:600]
