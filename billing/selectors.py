@@ -144,8 +144,8 @@ def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
 def tenant_delete_blockers(tenant: Tenant) -> list[str]:
     """What in billing keeps `tenant` from being deleted, as sentences: each subscription not
     cancelled (Stripe would go on billing it, or it would wait in the platform team's queue),
-    and each finalized invoice still unpaid, but one at 0 (registered with accounts'
-    `tenant_delete`)."""
+    and each finalized invoice still unpaid, but one at 0 or that credit notes cover whole
+    (registered with accounts' `tenant_delete`); what remains of it is what it asks."""
     said = [
         f"Its subscription to {subscription.plan.name} is {subscription.status_text().lower()}: "
         "cancel it on the Billing page first."
@@ -160,10 +160,13 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
         .exclude(total=0)  # nothing to pay (free usage's, `invoicing._drafts`)
         .order_by("number")
     )
-    for invoice in unpaid.only("number", "period", "total", "currency"):
-        total = pricing.rounded(invoice.total, invoice.currency)
+    fields = ("number", "period", "total", "amount_refunded", "amount_credited", "currency")
+    for invoice in unpaid.only(*fields):
+        due = pricing.rounded(invoice.amount_remaining, invoice.currency)
+        if not due:  # its credit notes cover it: nothing is left to pay
+            continue
         said.append(
-            f"Invoice {invoice.number or invoice.period} ({total} "
+            f"Invoice {invoice.number or invoice.period} ({due} "
             f"{invoice.currency.upper()}) is unpaid: pay it first."
         )
     return said
