@@ -15,10 +15,10 @@ owners and admins (`emails`), as one Opsdeck started on its own.
 
 A run in waves (`FleetRun.wave`) queues that many instances, then waits until every operation
 it queued on them has ended: the last of them to end sends the run again (`operation_ended`),
-and beat does every minute should that message be lost. Once more of its operations failed
-than it allows (`FleetRun.failures_allowed`), it stops, the instances left refused for it: an
-upgrade that breaks the first instances does not go on to break the fleet. Staff may stop a
-run (`fleet_run_stop`); what it queued already runs on.
+and beat does every minute should that message be lost; it ends once its last wave has. Once
+more of its operations failed than it allows (`FleetRun.failures_allowed`), it stops, the
+instances left refused for it: an upgrade that breaks the first instances does not go on to
+break the fleet. Staff may stop a run (`fleet_run_stop`); what it queued already runs on.
 """
 
 from __future__ import annotations
@@ -109,6 +109,11 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
             FleetRun.objects.filter(pk=run_id, handled=run.handled).update(claimed_until=None)
             return False
         failed += ended
+        if run.handled >= len(run.selection):  # its last wave ended, and the run with it
+            FleetRun.objects.filter(pk=run_id, handled=run.handled, finished_at=None).update(
+                failed=failed, claimed_until=None, finished_at=timezone.now()
+            )
+            return True
         if failed > run.failures_allowed:
             _stop(run, _too_many(failed, run.failures_allowed), failed=failed)
             return True
@@ -145,7 +150,8 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
             else:
                 queued += 1
         handled = run.handled + len(batch)
-        finished = handled >= len(run.selection)
+        # A run in waves ends once its last wave's operations have (their failures counted).
+        finished = handled >= len(run.selection) and not (run.wave and queued)
         # Fenced by how far it was: a worker that outlasted its claim, while another took the
         # batch over, records nothing (what it queued were the other's repeats).
         FleetRun.objects.filter(pk=run_id, handled=run.handled).update(
@@ -162,8 +168,10 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
 
 
 def _wave(run: FleetRun) -> list[str]:
-    """The instances of the run's last wave queued (those it refused among them too)."""
-    return [pk for pk, _ in run.selection[max(run.handled - run.wave, 0) : run.handled]]
+    """The instances of the run's last wave queued (those it refused among them too): waves
+    start at multiples of its size, the last one maybe shorter."""
+    start = run.handled - (run.handled % run.wave or run.wave)
+    return [pk for pk, _ in run.selection[start : run.handled]]
 
 
 def _wave_ended(run: FleetRun) -> int | None:

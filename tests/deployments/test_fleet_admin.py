@@ -548,8 +548,13 @@ def test_a_run_in_waves_queues_the_next_wave_once_every_operation_of_the_last_ha
     assert not fleet_run_advance(run.pk)  # one still queued
     _end(first[1:])
     assert fleet_run_advance(run.pk)
+    run.refresh_from_db()
+    last = (run.handled, run.queued, run.finished_at)
+    _end(Operation.objects.filter(state=Operation.State.QUEUED))
+    assert fleet_run_advance(run.pk)  # as the last operation's end sends it
 
     run.refresh_from_db()
+    assert last == (4, 4, None)  # its last wave queued, not ended yet
     assert Operation.objects.filter(verb="restart").count() == 4
     assert (run.handled, run.queued, run.finished_at is not None) == (4, 4, True)
     page = staff_client.get(f"/admin/deployments/fleetrun/{run.pk}/change/").content.decode()
