@@ -30,6 +30,7 @@ from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 
 from accounts import selectors, services
+from accounts.errors import ActionDenied
 from accounts.text import NOT_INTERNET, email_reaches_someone
 
 
@@ -120,8 +121,10 @@ class AccountDeleteForm(forms.Form):
     and, with two-factor authentication on, a code from the authenticator app or a recovery
     code, each checked as allauth's reauthentication checks it (failed attempts count against
     the sign-in limits; a refused code is recorded). Checked in that order, each only once the
-    ones before it hold: a recovery code is used up only by a form that deletes. It carries
-    the organizations the page said go with the account."""
+    ones before it hold, and the code only once the deletion would not be refused now
+    (`services.user_delete_precheck`): a recovery code is used up only by a form that deletes
+    (but for a change in the moment between that check and the deletion's own, under its
+    locks). It carries the organizations the page said go with the account."""
 
     confirm_email = forms.CharField(
         max_length=254,
@@ -136,9 +139,10 @@ class AccountDeleteForm(forms.Form):
     )
     organizations_deleted = forms.CharField(required=False, widget=forms.HiddenInput)
 
-    def __init__(self, *args, user, **kwargs):
+    def __init__(self, *args, user, actor=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
+        self.actor = actor  # who deletes (the same user), for the refusal's audit event
         self.fields["confirm_email"].label = f"Type {user.email} to confirm"
         if is_mfa_enabled(user):
             self.fields["code"] = forms.CharField(
@@ -170,8 +174,21 @@ class AccountDeleteForm(forms.Form):
         ]:
             if field not in self.fields:
                 continue
+            if field == "code" and not self._deletes(cleaned):
+                break
             if not form.is_valid():
                 for error in form.errors.get(field, []) + form.non_field_errors():
                     self.add_error(field, error)
                 break
         return cleaned
+
+    def _deletes(self, cleaned: dict) -> bool:
+        """Whether the deletion would go ahead now; else its refusal is the form's error."""
+        try:
+            services.user_delete_precheck(
+                actor=self.actor, deleting=cleaned.get("organizations_deleted") or []
+            )
+        except (ValidationError, ActionDenied) as exc:
+            self.add_error(None, exc.reason if isinstance(exc, ActionDenied) else exc)
+            return False
+        return True

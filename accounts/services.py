@@ -722,15 +722,7 @@ def user_delete(*, actor: Actor, confirm_email: str, deleting: Collection[int] =
             raise ValidationError("Your account has already been deleted.")
         if sorted(live.values_list("tenant_id", flat=True)) != locked:  # joined one meanwhile
             raise ValidationError(_deletion_changed(""))
-        plan = account_deletion_plan(user)
-        if plan.refused:
-            said = " ".join(why for _, why, _ in plan.refused)
-            raise ActionDenied("Your account cannot be deleted yet. " + said)
-        unsaid = [tenant.name for tenant in plan.deleted if tenant.pk not in set(deleting)]
-        if unsaid:
-            raise ValidationError(
-                _deletion_changed(f"it would now delete {', '.join(unsaid)} too. ")
-            )
+        plan = user_delete_check(user, deleting)
         for tenant in plan.deleted:
             tenant_delete(actor=actor, tenant=tenant, confirm_name=tenant.name)
         for tenant in plan.left:
@@ -763,6 +755,31 @@ def user_delete(*, actor: Actor, confirm_email: str, deleting: Collection[int] =
         else:
             user.delete()
     return address
+
+
+def user_delete_precheck(*, actor: Actor, deleting: Collection[int] = ()) -> None:
+    """`user_delete_check` for the acting user, a refusal (ActionDenied) audited as
+    `user_delete` audits one: its form asks it before taking a second factor's code."""
+    with audited_action(actor=actor, action="user.delete", tenant=None, target=actor.user):
+        user_delete_check(actor.user, deleting)
+
+
+def user_delete_check(user: User, deleting: Collection[int] = ()) -> AccountDeletion:
+    """What deleting `user`'s account does now (`account_deletion_plan`), or the refusal
+    `user_delete` would make: ActionDenied while it may not be deleted, ValidationError when it
+    would delete an organization `deleting` (the page's) does not name. Asked again under the
+    locks by `user_delete`; asked first by its form, before a second factor's code is taken
+    (a recovery code is used up once checked)."""
+    if user.is_staff:
+        raise ActionDenied("This is a platform staff account: a superuser removes it in the admin.")
+    plan = account_deletion_plan(user)
+    if plan.refused:
+        said = " ".join(why for _, why, _ in plan.refused)
+        raise ActionDenied("Your account cannot be deleted yet. " + said)
+    unsaid = [tenant.name for tenant in plan.deleted if tenant.pk not in set(deleting)]
+    if unsaid:
+        raise ValidationError(_deletion_changed(f"it would now delete {', '.join(unsaid)} too. "))
+    return plan
 
 
 def _deletion_changed(how: str) -> str:

@@ -471,7 +471,11 @@ def account_delete(request):
     """The account's "Delete your account" page: what deleting it does to each of the
     person's organizations, or why it cannot be deleted yet, then the form that deletes it."""
     user = request.user
-    form = AccountDeleteForm(request.POST if request.method == "POST" else None, user=user)
+    form = AccountDeleteForm(
+        request.POST if request.method == "POST" else None,
+        user=user,
+        actor=Actor.from_request(request),
+    )
     refusal = ""
     if form.is_bound and form.is_valid():
         try:

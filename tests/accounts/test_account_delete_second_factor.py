@@ -1,0 +1,31 @@
+"""A deletion refused after the second factor was checked used up the recovery code
+typed (the form says one is used up only by a form that deletes)."""
+
+import pytest
+from allauth.mfa.recovery_codes.internal.auth import RecoveryCodes
+from allauth.mfa.totp.internal.auth import TOTP, generate_totp_secret
+
+from accounts import services
+from accounts.audit import Actor
+from tests.accounts.test_account_delete import URL, _client, _form, _gone
+from tests.conftest import PASSWORD
+
+
+@pytest.mark.django_db
+def test_a_stale_page_refused_does_not_use_up_the_recovery_code_typed(owner, tenant, add_member):
+    olga = add_member("olga@example.com", "owner")
+    TOTP.activate(owner, generate_totp_secret())
+    codes = RecoveryCodes.activate(owner).get_unused_codes()
+    client = _client(owner)
+    form = _form(client)  # Acme is left: Olga owns it too
+    services.membership_leave(actor=Actor(user=olga), tenant=tenant)
+
+    stale = client.post(
+        URL, {**form, "password": PASSWORD, "confirm_email": owner.email, "code": codes[0]}
+    )
+
+    assert stale.status_code == 400 and "would now delete Acme too" in stale.content.decode()
+    assert not _gone(owner)
+    # Nothing was deleted: the code typed is still theirs to use.
+    unused = RecoveryCodes(owner.authenticator_set.get(type="recovery_codes")).get_unused_codes()
+    assert codes[0] in unused
