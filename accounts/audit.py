@@ -22,12 +22,14 @@ REDACTED = "[redacted]"
 
 @dataclass(frozen=True)
 class Actor:
-    """Who is acting: a user, platform staff acting on a tenant, or the system (user=None)."""
+    """Who is acting: a user, platform staff acting on a tenant, an organization's API token
+    (`token`, with no user), or the system (neither)."""
 
     user: Any = None
     ip: str | None = None
     user_agent: str = ""
     staff: bool = False
+    token: Any = None
 
     @classmethod
     def from_request(cls, request, *, user: Any = None, staff: bool = False) -> Actor:
@@ -48,6 +50,8 @@ class Actor:
 
     @property
     def kind(self) -> str:
+        if self.token is not None:
+            return AuditEvent.ActorKind.TOKEN
         if self.user is None:
             return AuditEvent.ActorKind.SYSTEM
         return AuditEvent.ActorKind.STAFF if self.staff else AuditEvent.ActorKind.USER
@@ -98,7 +102,9 @@ def audit_event(
     return AuditEvent(
         tenant=tenant,
         actor=actor.user,
-        actor_email=getattr(actor.user, "email", ""),
+        actor_email=actor.token.label
+        if actor.token is not None
+        else getattr(actor.user, "email", ""),
         actor_kind=actor.kind,
         action=action,
         target_type=target._meta.model_name if target is not None else "",

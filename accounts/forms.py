@@ -1,7 +1,10 @@
+from datetime import datetime, timedelta
+
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
-from accounts.roles import Role
+from accounts.roles import TOKEN_ROLES, Role
 from accounts.services import organization_name_clean
 
 
@@ -93,3 +96,35 @@ class AuditFilterForm(forms.Form):
             # Flags "To" (and drops it from the filters); "From" still applies.
             self.add_error("until", "The start date is after the end date.")
         return data
+
+
+class ApiTokenForm(forms.Form):
+    """A new API token: what it is for, its role, and how long it lasts (`expires_at`)."""
+
+    EXPIRIES = [("30", "In 30 days"), ("90", "In 90 days"), ("365", "In a year"), ("", "Never")]
+
+    name = forms.CharField(
+        label="Token name",
+        max_length=100,
+        error_messages={
+            "required": "Enter a name that says what the token is for.",
+            "max_length": TOO_LONG,
+        },
+    )
+    role = forms.ChoiceField(
+        choices=[(r.value, r.label) for r in TOKEN_ROLES],
+        initial=Role.MEMBER,
+        error_messages={"invalid_choice": "Choose one of the roles listed."},
+    )
+    expires = forms.ChoiceField(
+        label="Expires",
+        choices=EXPIRIES,
+        initial="90",
+        required=False,
+        error_messages={"invalid_choice": "Choose one of the expiries listed."},
+    )
+
+    @property
+    def expires_at(self) -> datetime | None:
+        days = self.cleaned_data.get("expires")
+        return timezone.now() + timedelta(days=int(days)) if days else None

@@ -175,6 +175,63 @@ class Invitation(models.Model):
         return "pending"
 
 
+class ApiTokenQuerySet(models.QuerySet):
+    def live(self) -> "ApiTokenQuerySet":
+        """Those that may act: not revoked, not expired, of an organization not deleted."""
+        return self.filter(revoked_at=None, tenant__deleted_at=None).filter(
+            models.Q(expires_at=None) | models.Q(expires_at__gt=timezone.now())
+        )
+
+
+class ApiToken(models.Model):
+    """An organization's API token: a secret that acts with `role` in `tenant` through the
+    API (`Authorization: Bearer <secret>`). Only the secret's SHA-256 is kept, with its first
+    characters (`prefix`) so people can tell tokens apart; the secret is shown once.
+
+    It lives as long as its organization, until revoked or expired: it belongs to the
+    organization, not to who made it, so a script keeps working when that person leaves."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Kept as text so the page still names who made it once their account is gone.
+    created_by_email = models.CharField(max_length=254, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…) in {self.tenant}"
+
+    @property
+    def audit_name(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """How the audit log and an instance's activity name what the token did."""
+        return f"API token “{self.name}” ({self.prefix}…)"
+
+    @property
+    def status(self) -> str:
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and timezone.now() >= self.expires_at:
+            return "expired"
+        return "active"
+
+
 class AppendOnlyError(Exception):
     """Audit events are never changed or deleted."""
 
@@ -202,6 +259,7 @@ class AuditEvent(models.Model):
         USER = "user", "User"
         STAFF = "staff", "Platform staff"
         SYSTEM = "system", "System"
+        TOKEN = "token", "API token"
 
     class Result(models.TextChoices):
         OK = "ok", "OK"
@@ -215,7 +273,8 @@ class AuditEvent(models.Model):
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    # Kept as text so the log still names a person after their account is deleted.
+    # Kept as text so the log still names a person after their account is deleted; for an API
+    # token, its label (`ApiToken.label`).
     actor_email = models.CharField(max_length=254, blank=True)
     actor_kind = models.CharField(max_length=8, choices=ActorKind.choices)
     action = models.CharField(max_length=64, db_index=True)

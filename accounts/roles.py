@@ -20,6 +20,7 @@ ACTIONS: dict[str, str] = {
     "tenant.view": "viewing this organization",
     "tenant.rename": "renaming the organization",
     "tenant.delete": "deleting the organization",
+    "tenant.tokens": "managing API tokens",
     "member.view": "viewing the team",
     "member.invite": "inviting members",
     "member.change_role": "changing roles",
@@ -56,7 +57,9 @@ _INSTANCES = {
 
 ROLE_ACTIONS: dict[str, frozenset[str]] = {
     Role.OWNER: frozenset(ACTIONS),
-    Role.ADMIN: frozenset(_VIEW | _TEAM | _BILLING | _INSTANCES | {"instance.protect"}),
+    Role.ADMIN: frozenset(
+        _VIEW | _TEAM | _BILLING | _INSTANCES | {"instance.protect", "tenant.tokens"}
+    ),
     Role.MEMBER: frozenset(_VIEW | _INSTANCES),
     Role.VIEWER: frozenset(_VIEW),
     Role.BILLING: frozenset(_VIEW | _BILLING),
@@ -91,3 +94,13 @@ def actions_lost(old_role: str, new_role: str) -> list[str]:
     """What a member moving from `old_role` to `new_role` may no longer do, as phrases."""
     lost = allowed_actions(old_role) - allowed_actions(new_role)
     return [label for action, label in ACTIONS.items() if action in lost]
+
+
+# The roles an API token may have: never owner (what only an owner may do stays in the portal).
+TOKEN_ROLES = (Role.ADMIN, Role.MEMBER, Role.VIEWER)
+
+
+def token_roles_for(role: str) -> list[str]:
+    """The roles a member with `role` may give an API token: those allowing nothing `role`
+    does not."""
+    return [r for r in TOKEN_ROLES if allowed_actions(r) <= allowed_actions(role)]

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from accounts import roles
 from accounts.idempotency import request_target, user_scope
-from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
+from accounts.models import ApiToken, AuditEvent, Invitation, Membership, Tenant, User
 
 
 def membership_get(*, user, tenant_slug: str, deleted: bool = False) -> Membership | None:
@@ -286,3 +286,11 @@ def indexed_values(
             [*equal.values()] * 2,
         )
         return [value for (value,) in cursor.fetchall()]
+
+
+def api_tokens(tenant: Tenant) -> QuerySet[ApiToken]:
+    """The organization's API tokens, newest first, with the columns its Settings page shows."""
+    return tenant.api_tokens.only(
+        "name", "role", "prefix", "created_by_email", "created_at", "last_used_at",
+        "expires_at", "revoked_at", "tenant_id",
+    )  # fmt: skip

@@ -6,6 +6,8 @@ and records the outcome in the audit log (refusals included).
 
 from __future__ import annotations
 
+import hashlib
+import string
 import unicodedata
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
@@ -30,7 +32,7 @@ from django.utils.text import slugify
 from accounts import idempotency, mail, roles, selectors
 from accounts.audit import SYSTEM, Actor, audit_record, audited_action
 from accounts.errors import ActionDenied, InvitationInvalid
-from accounts.models import AuditEvent, Invitation, Membership, Tenant, User
+from accounts.models import ApiToken, AuditEvent, Invitation, Membership, Tenant, User
 from accounts.roles import Role
 from accounts.text import (
     NOT_INTERNET,
@@ -53,7 +55,17 @@ def permission_require(*, actor: Actor, tenant: Tenant, action: str) -> str | No
     rather than acting with the role it lost meanwhile. A deleted tenant refuses its members
     everything: what was under way when it was deleted is refused once the deletion commits.
     Call it inside the action's transaction, before locking any other of the tenant's rows.
+    An API token acts with its own role, read under the lock: one revoked or expired
+    meanwhile is refused.
     """
+    if actor.token is not None:
+        deleted = tenant_lock(tenant.pk)
+        role = _token_role(actor.token, tenant.pk)
+        if deleted or role is None:
+            raise ActionDenied(TOKEN_INVALID)
+        if not roles.can(role, action):
+            raise ActionDenied(roles.denial_message(role, action))
+        return role
     if actor.user is None:
         raise ActionDenied("You are not a member of this organization.")
     deleted = tenant_lock(tenant.pk)
@@ -79,6 +91,19 @@ def _role_of(tenant_id: int, user_id: int) -> str | None:
         )
         row = cursor.fetchone()
     return row[0] if row is not None else None
+
+
+TOKEN_INVALID = "This API token is not valid: it may have been revoked or have expired."  # noqa: S105
+
+
+def _token_role(token: ApiToken, tenant_id: int) -> str | None:
+    """The API token's role if it is still live in the tenant; None otherwise."""
+    return (
+        ApiToken.objects.live()
+        .filter(pk=token.pk, tenant_id=tenant_id)
+        .values_list("role", flat=True)
+        .first()
+    )
 
 
 def tenant_lock(tenant_id: int) -> bool:
@@ -1175,3 +1200,108 @@ def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
             target=invitation,
             payload={"email": invitation.email},
         )
+
+
+# An API token's secret: this mark (so a leaked one is recognised as ours), then random text.
+API_TOKEN_MARK = "odt_"  # noqa: S105 - a marker, not a secret
+_API_TOKEN_PREFIX_LENGTH = len(API_TOKEN_MARK) + 8
+
+
+def api_token_digest(secret: str) -> str:
+    """What is kept of a secret: its SHA-256 (the secret is random, long and used whole, so a
+    slow hash would add nothing but time to every request)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def api_token_create(
+    *, actor: Actor, tenant: Tenant, name: str, role: str, expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """A new API token of the organization and its secret, which nothing keeps: the caller
+    shows it once. Its role allows nothing its creator's does not; it may expire."""
+    name = " ".join(str(name).split())
+    errors = {}
+    if not name or not text_visible(name):
+        errors["name"] = "Enter a name that says what the token is for."
+    elif len(name) > ApiToken._meta.get_field("name").max_length:
+        errors["name"] = "Use at most 100 characters."
+    if expires_at is not None and expires_at <= timezone.now():
+        errors["expires_at"] = "Choose an expiry date in the future."
+    with audited_action(actor=actor, action="tenant.tokens", tenant=tenant):
+        creator_role = permission_require(actor=actor, tenant=tenant, action="tenant.tokens")
+        allowed = roles.token_roles_for(creator_role or Role.OWNER)
+        if role not in allowed:
+            errors["role"] = "Choose one of: " + ", ".join(Role(r).label for r in allowed) + "."
+        if errors:
+            raise ValidationError(errors)
+        secret = API_TOKEN_MARK + get_random_string(40, _TOKEN_CHARS)
+        token = ApiToken.objects.create(
+            tenant=tenant,
+            name=name,
+            role=role,
+            prefix=secret[:_API_TOKEN_PREFIX_LENGTH],
+            digest=api_token_digest(secret),
+            created_by=actor.user,
+            created_by_email=getattr(actor.user, "email", ""),
+            expires_at=expires_at,
+        )
+        audit_record(
+            actor=actor,
+            action="token.create",
+            tenant=tenant,
+            target=token,
+            payload={
+                "name": name,
+                "role": role,
+                "expires_at": expires_at.isoformat() if expires_at else None,
+            },
+        )
+    return token, secret
+
+
+def api_token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
+    """Revoke the token: it is refused from then on, by a request under way too once this
+    commits (services read a token's role under the organization's lock). Revoking one already
+    revoked changes nothing and records nothing."""
+    tenant = token.tenant
+    with audited_action(actor=actor, action="tenant.tokens", tenant=tenant, target=token):
+        permission_require(actor=actor, tenant=tenant, action="tenant.tokens")
+        token = ApiToken.objects.select_for_update().get(pk=token.pk, tenant=tenant)
+        if token.revoked_at is not None:
+            return token
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            action="token.revoke",
+            tenant=tenant,
+            target=token,
+            payload={"name": token.name, "role": token.role},
+        )
+    return token
+
+
+_TOKEN_CHARS = string.ascii_letters + string.digits
+
+
+# How often a token's `last_used_at` is written: not on every request of a busy script.
+_LAST_USED_EVERY = timedelta(minutes=1)
+
+
+def api_token_authenticate(secret: str) -> ApiToken | None:
+    """The live token (of an organization not deleted) whose secret this is, its organization
+    loaded; None for any other text. Notes when it was used, to the minute."""
+    if not isinstance(secret, str) or not secret.startswith(API_TOKEN_MARK):
+        return None
+    token = (
+        ApiToken.objects.live()
+        .select_related("tenant")
+        .filter(digest=api_token_digest(secret))
+        .first()
+    )
+    if token is None:
+        return None
+    now = timezone.now()
+    if token.last_used_at is None or token.last_used_at < now - _LAST_USED_EVERY:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token

@@ -17,6 +17,8 @@ tenant_urlpatterns = [
     path("settings/rename/", views.organization_rename, name="organization_rename"),
     path("settings/delete/", views.organization_delete, name="organization_delete"),
     path("settings/leave/", views.organization_leave, name="organization_leave"),
+    path("settings/tokens/", views.api_token_create, name="api_token_create"),
+    path("settings/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path("audit/", views.audit_log, name="audit_log"),
     path("audit/export.csv", views.audit_export, name="audit_export"),
 ]

@@ -17,6 +17,7 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.exports import csv_download
 from accounts.forms import (
+    ApiTokenForm,
     AuditFilterForm,
     InviteForm,
     OrganizationDeleteForm,
@@ -287,6 +288,10 @@ def _settings_page(request, status: int = 200, **forms):
     }
     if roles.can(request.membership.role, "tenant.delete"):
         context["delete_blockers"] = services.tenant_delete_blockers(tenant)
+    if roles.can(request.membership.role, "tenant.tokens"):
+        context.setdefault("token_form", ApiTokenForm())
+        context["tokens"] = selectors.api_tokens(tenant)
+        context["token_roles"] = roles.token_roles_for(request.membership.role)
     context["leave_refusal"] = services.leave_refusal(request.membership)
     return render(request, "accounts/settings.html", context, status=status)
 
@@ -347,6 +352,44 @@ def organization_delete(request):
             messages.success(request, f"Organization {tenant.name} deleted.")
             return _sent_home(request)
     return _settings_page(request, status=400, delete_form=form)
+
+
+@tenant_view("tenant.tokens")
+@require_POST
+def api_token_create(request):
+    """Make a token and show its secret on the page this once: it is kept nowhere."""
+    form = ApiTokenForm(request.POST)
+    if form.is_valid():
+        try:
+            token, secret = services.api_token_create(
+                actor=Actor.from_request(request),
+                tenant=request.tenant,
+                name=form.cleaned_data["name"],
+                role=form.cleaned_data["role"],
+                expires_at=form.expires_at,
+            )
+        except ValidationError as exc:
+            for field, errors in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errors)
+        except ActionDenied as exc:
+            messages.error(request, exc.reason)
+            return redirect("organization_settings", tenant_slug=request.tenant.slug)
+        else:
+            return _settings_page(request, new_token=token, new_secret=secret)
+    return _settings_page(request, status=400, token_form=form)
+
+
+@tenant_view("tenant.tokens")
+@require_POST
+def api_token_revoke(request, token_id: int):
+    token = get_object_or_404(request.tenant.api_tokens, pk=token_id)
+    try:
+        services.api_token_revoke(actor=Actor.from_request(request), token=token)
+    except ActionDenied as exc:
+        messages.error(request, exc.reason)
+    else:
+        messages.success(request, f"API token “{token.name}” revoked: it no longer works.")
+    return redirect(reverse("organization_settings", args=[request.tenant.slug]) + "#api-tokens")
 
 
 @tenant_view()

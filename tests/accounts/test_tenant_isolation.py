@@ -75,7 +75,7 @@ def test_a_member_cannot_reach_another_organizations_member_by_id(client, tenant
 # Each object a route can name, and where a member of another organization finds its real id.
 OBJECT_PARAMETERS = {
     "instance_id", "operation_id", "snapshot_id", "membership_id", "invitation_id", "invoice_id",
-    "credit_note_id",
+    "credit_note_id", "token_id",
 }  # fmt: skip
 
 
@@ -121,7 +121,11 @@ def test_a_member_using_another_organizations_real_ids_gets_404_on_every_object_
         invoice=invoice, source="local", number="CN-2026-000001", currency="usd",
         amount=Decimal(0), created=invoice.created_at,
     )  # fmt: skip
+    token, _ = account_services.api_token_create(
+        actor=Actor(user=stranger), tenant=theirs, name="their-ci", role="member"
+    )
     real = {
+        "token_id": str(token.pk),
         "instance_id": create.instance_id,
         "invoice_id": str(invoice.pk),
         "credit_note_id": str(credit_note.pk),
@@ -153,4 +157,5 @@ def test_a_member_using_another_organizations_real_ids_gets_404_on_every_object_
     assert Operation.objects.filter(instance__tenant=theirs).count() == 1
     assert not Instance.objects.filter(name="copy").exists()
     assert theirs.memberships.get().role == "owner"
+    assert theirs.api_tokens.get().revoked_at is None
     assert AuditEvent.objects.filter(tenant=theirs).count() == events

@@ -25,7 +25,7 @@ from django.urls import reverse
 from accounts import roles
 from accounts import services as account_services
 from accounts.audit import Actor
-from accounts.models import AuditEvent, Invitation, Membership, Tenant
+from accounts.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
 from accounts.roles import Role
 from deployments import services
 from deployments.models import BackupSchedule, Instance, Operation
@@ -100,6 +100,14 @@ class World:
         )
 
     @cached_property
+    def token(self):
+        """An API token the owner made, the one a revoke is for."""
+        owner = Actor(user=self._request.getfixturevalue("owner"))
+        return account_services.api_token_create(
+            actor=owner, tenant=self.tenant, name="ci", role=Role.MEMBER
+        )[0]
+
+    @cached_property
     def pending(self) -> Operation:
         """A queued restart, the one a cancel is for."""
         return make_operation(self.instance, verb="restart", state=Operation.State.QUEUED)
@@ -154,6 +162,12 @@ WAYS: dict[str, Way | None] = {
         data=lambda w: {"confirm_name": w.tenant.name},
         effect=lambda w: Tenant.objects.get(pk=w.tenant.pk).deleted_at,
         audited="tenant.delete",
+    ),
+    "tenant.tokens": Way(
+        lambda w: w.url("api_token_create"),
+        data=lambda w: {"name": "ci", "role": Role.VIEWER, "expires": "30"},
+        effect=lambda w: ApiToken.objects.filter(tenant=w.tenant).count(),
+        audited="tenant.tokens",
     ),
     "member.view": Way(lambda w: w.url("team"), method="get"),
     "member.invite": Way(
@@ -290,6 +304,14 @@ ALSO: dict[str, tuple[str, Way]] = {
             effect=lambda w: w.tenant.memberships.count(),
             audited="member.remove",
             refusal=SAID_ON_THE_TEAM_PAGE,
+        ),
+    ),
+    "revoke-token": (
+        "tenant.tokens",
+        Way(
+            lambda w: w.url("api_token_revoke", token_id=w.token.pk),
+            effect=lambda w: ApiToken.objects.get(pk=w.token.pk).revoked_at,
+            audited="tenant.tokens",
         ),
     ),
     "export": (

@@ -1,0 +1,179 @@
+"""Organization API tokens on the Settings page: made by owners and admins, with a role no
+higher than theirs, the secret shown once and kept only as a hash; revoked; audited."""
+
+import hashlib
+import re
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from accounts import services
+from accounts.audit import Actor
+from accounts.errors import ActionDenied
+from accounts.models import ApiToken, AuditEvent, Membership
+
+SECRET = re.compile(r'<code id="new-token-secret">(odt_[A-Za-z0-9]+)</code>')
+
+
+def _settings(tenant) -> str:
+    return f"/t/{tenant.slug}/settings/"
+
+
+def _create(client, tenant, **data):
+    return client.post(
+        f"/t/{tenant.slug}/settings/tokens/",
+        {"name": "ci-deploy", "role": "member", "expires": "90", **data},
+    )
+
+
+@pytest.mark.django_db
+def test_the_secret_is_shown_once_and_only_its_hash_is_kept(owner_client, owner, tenant):
+    response = _create(owner_client, tenant)
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    secret = SECRET.search(page).group(1)
+    assert "shown only this once" in page
+    token = ApiToken.objects.get()
+    assert (token.name, token.role, token.created_by, token.tenant) == (
+        "ci-deploy", "member", owner, tenant
+    )  # fmt: skip
+    assert token.digest == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret.startswith(token.prefix) and len(token.prefix) < len(secret) // 2
+    stored = " ".join(str(v) for v in ApiToken.objects.values().get().values())
+    assert secret not in stored
+    assert timedelta(days=89) < token.expires_at - timezone.now() <= timedelta(days=90)
+
+    again = owner_client.get(_settings(tenant)).content.decode()
+    assert secret not in again
+    assert "ci-deploy" in again and f"{token.prefix}…" in again and "owner@example.com" in again
+    event = AuditEvent.objects.get(action="token.create")
+    assert (event.actor, event.target_named, event.payload["role"]) == (
+        owner,
+        "ci-deploy",
+        "member",
+    )
+
+
+@pytest.mark.django_db
+def test_a_token_that_never_expires(owner_client, tenant):
+    _create(owner_client, tenant, expires="")
+
+    assert ApiToken.objects.get().expires_at is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"name": "  "}, "Enter a name that says what the token is for."),
+        ({"role": "owner"}, "Choose one of the roles listed."),
+        ({"expires": "7000"}, "Choose one of the expiries listed."),
+    ],
+)
+def test_bad_input_is_said_and_makes_no_token(owner_client, tenant, data, said):
+    response = _create(owner_client, tenant, **data)
+
+    assert response.status_code == 400
+    assert said in response.content.decode()
+    assert not ApiToken.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_admin_makes_tokens_up_to_admin_and_a_member_none(client, tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+    client.force_login(admin)
+
+    assert _create(client, tenant, role="admin").status_code == 200
+    assert ApiToken.objects.get().role == "admin"
+
+    client.force_login(add_member("member@example.com", "member"))
+    assert 'id="api-tokens"' not in client.get(_settings(tenant)).content.decode()
+    assert _create(client, tenant).status_code == 403
+    assert ApiToken.objects.count() == 1
+    denied = AuditEvent.objects.get(action="tenant.tokens", result=AuditEvent.Result.DENIED)
+    assert denied.actor_email == "member@example.com"
+
+
+@pytest.mark.django_db
+def test_the_service_refuses_a_role_above_the_creators(tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+
+    with pytest.raises(ValidationError) as refused:
+        services.api_token_create(actor=Actor(user=admin), tenant=tenant, name="x", role="owner")
+
+    assert refused.value.message_dict["role"] == ["Choose one of: Admin, Member, Viewer."]
+    assert not ApiToken.objects.exists()
+
+
+@pytest.mark.django_db
+def test_revoking_a_token_lists_it_revoked_and_is_audited(owner_client, owner, tenant):
+    token, secret = services.api_token_create(
+        actor=Actor(user=owner), tenant=tenant, name="ci-deploy", role="member"
+    )
+
+    response = owner_client.post(f"/t/{tenant.slug}/settings/tokens/{token.pk}/revoke/")
+
+    assert response.status_code == 302
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert services.api_token_authenticate(secret) is None
+    page = owner_client.get(_settings(tenant)).content.decode()
+    assert "API token “ci-deploy” revoked" in page
+    assert ">revoked<" in page
+    event = AuditEvent.objects.get(action="token.revoke")
+    assert (event.actor, event.target_named) == (owner, "ci-deploy")
+
+
+@pytest.mark.django_db
+def test_a_token_outlives_its_creator_leaving_but_not_its_organization(owner, tenant, add_member):
+    admin = add_member("admin@example.com", "admin")
+    token, secret = services.api_token_create(
+        actor=Actor(user=admin), tenant=tenant, name="ci", role="member"
+    )
+
+    services.membership_leave(actor=Actor(user=admin), tenant=tenant)
+
+    assert not Membership.objects.filter(user=admin).exists()
+    assert services.api_token_authenticate(secret) == token
+    tenant.deleted_at = timezone.now()
+    tenant.save(update_fields=["deleted_at"])
+    assert services.api_token_authenticate(secret) is None
+
+
+@pytest.mark.django_db
+def test_an_expired_token_authenticates_no_more(owner, tenant):
+    token, secret = services.api_token_create(
+        actor=Actor(user=owner), tenant=tenant, name="ci", role="member",
+        expires_at=timezone.now() + timedelta(days=1),
+    )  # fmt: skip
+    assert services.api_token_authenticate(secret) == token
+
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert services.api_token_authenticate(secret) is None
+    with pytest.raises(ActionDenied):
+        services.permission_require(actor=Actor(token=token), tenant=tenant, action="instance.view")
+
+
+@pytest.mark.django_db
+def test_the_token_list_reads_in_the_same_queries_however_many(
+    owner_client, owner, tenant, django_assert_max_num_queries
+):
+    def make(n):
+        for i in range(n):
+            services.api_token_create(
+                actor=Actor(user=owner), tenant=tenant, name=f"t{i}", role="viewer"
+            )
+
+    make(1)
+    with CaptureQueriesContext(connection) as one:
+        owner_client.get(_settings(tenant))
+    make(20)
+    with django_assert_max_num_queries(len(one)):
+        page = owner_client.get(_settings(tenant)).content.decode()
+    assert len(re.findall(r'id="api-token-\d', page)) == 21
