@@ -167,6 +167,7 @@ _INSTANCE_ROW = [
     "health",
     "created_at",
     "plan_version__number",
+    "plan_version__plan__key",
     "plan_version__plan__name",
     "plan_version__plan__service",
     "plan_version__plan__service_name",

@@ -122,6 +122,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "csp",
     "template_partials",
+    "rest_framework",
     "django_celery_beat",
     "allauth",
     "allauth.account",
@@ -152,6 +153,17 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "portal.urls"
+
+# The API (`/api/v1/`): JSON only, an organization's API token its only way in (no session:
+# no CSRF surface), errors as {"error": "..."}.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.api.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.api.TokenAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "accounts.api.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
 WSGI_APPLICATION = "portal.wsgi.application"
 ASGI_APPLICATION = "portal.asgi.application"
 

@@ -26,6 +26,7 @@ urlpatterns = [
     path("readyz", views.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("billing/stripe/webhook/", stripe_webhook, name="stripe_webhook"),
+    path("api/v1/", include("deployments.api_urls")),
     path("accounts/", include("allauth.urls")),
     path("t/<slug:tenant_slug>/", include(tenant_urlpatterns)),
     path("billing-team/", include("billing.team_urls")),

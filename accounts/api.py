@@ -1,0 +1,136 @@
+"""What every API endpoint shares: who is calling (an organization's API token, sent as
+`Authorization: Bearer <secret>`, the only way in: no session, so no CSRF surface), what its
+role allows, and errors as JSON `{"error": "..."}` with the services' own words."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connections
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, permissions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.response import Response
+
+from accounts import idempotency, roles, services
+from accounts.audit import Actor, audit_record
+from accounts.errors import ActionDenied
+from accounts.models import ApiToken, AuditEvent
+
+UNAUTHENTICATED = (
+    "Send an organization's API token as 'Authorization: Bearer <token>' (made on its Settings "
+    "page)."
+)
+KEY_REUSED = (
+    "This Idempotency-Key was already sent with another action or other parameters: send a new "
+    "key for a new request."
+)
+
+
+class BearerTokenAuthentication(BaseAuthentication):
+    """An organization's API token from `Authorization: Bearer <secret>`; an unknown, revoked
+    or expired one is a 401, as is a request without one."""
+
+    def authenticate(self, request):
+        header = get_authorization_header(request).split()
+        if not header or header[0].lower() != b"bearer":
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed(UNAUTHENTICATED)
+        try:
+            secret = header[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed(services.TOKEN_INVALID) from None
+        token = services.api_token_authenticate(secret)
+        if token is None:
+            raise exceptions.AuthenticationFailed(services.TOKEN_INVALID)
+        return (None, token)
+
+    def authenticate_header(self, request) -> str:
+        return 'Bearer realm="api"'
+
+
+class TokenAuthenticated(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        if not isinstance(request.auth, ApiToken):
+            raise exceptions.NotAuthenticated(UNAUTHENTICATED)
+        return True
+
+
+def token_actor(request) -> Actor:
+    """The calling token as the actor services record (the audit log names it)."""
+    return Actor(
+        token=request.auth,
+        ip=request.META.get("REMOTE_ADDR"),
+        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
+    )
+
+
+def token_require(request, action: str, *, target=None) -> None:
+    """Refuse (403 with the reason, audited as the portal's pages do) a token whose role does
+    not allow `action`, for a read the services do not check themselves."""
+    token: ApiToken = request.auth
+    if not roles.can(token.role, action):
+        reason = roles.denial_message(token.role, action)
+        audit_record(
+            actor=token_actor(request),
+            action=action,
+            tenant=token.tenant,
+            target=target,
+            result=AuditEvent.Result.DENIED,
+            payload={"reason": reason, "path": request.path},
+        )
+        raise ActionDenied(reason)
+
+
+def _atomic_requests_rolled_back() -> None:
+    """As DRF's own handler does (whose module cannot be imported here: it reads these
+    settings, which name this module, as it loads)."""
+    for db in connections.all():
+        if db.settings_dict["ATOMIC_REQUESTS"] and db.in_atomic_block:
+            db.set_rollback(True)
+
+
+def _said(exc: ValidationError) -> str:
+    return " ".join(exc.messages)
+
+
+def exception_handler(exc, context):
+    """Every refusal as `{"error": "..."}`: bad input 400 (with `fields` when the services name
+    them), no valid token 401, a role or a state that forbids it 403, nothing of the token's
+    organization there 404, an Idempotency-Key reused for another request 409."""
+    if isinstance(exc, ValidationError):
+        _atomic_requests_rolled_back()
+        if exc.messages == [idempotency.REUSED]:
+            return Response({"error": KEY_REUSED}, status=409)
+        data = {"error": _said(exc)}
+        if hasattr(exc, "error_dict"):
+            data["fields"] = {field: " ".join(said) for field, said in exc.message_dict.items()}
+        return Response(data, status=400)
+    if isinstance(exc, ActionDenied):
+        _atomic_requests_rolled_back()
+        return Response({"error": exc.reason}, status=403)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(str(exc) or "Not found.")
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
+    if isinstance(exc, exceptions.APIException):
+        _atomic_requests_rolled_back()
+        headers = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))
+        detail = exc.detail
+        if isinstance(detail, dict | list):
+            error = " ".join(
+                str(v) for v in (detail.values() if isinstance(detail, dict) else detail)
+            )
+        else:
+            error = str(detail)
+        return Response({"error": error}, status=exc.status_code, headers=headers)
+    return None
+
+
+def not_found(request, rest: str = ""):
+    """Any other address under the API: JSON, as the API answers, not the portal's page."""
+    return JsonResponse({"error": "No such API endpoint."}, status=404)

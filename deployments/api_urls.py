@@ -1,0 +1,22 @@
+"""The API's addresses, mounted at /api/v1/ (without trailing slashes, as APIs are called)."""
+
+from django.urls import path, re_path
+
+from accounts.api import not_found
+from deployments import api
+
+urlpatterns = [
+    path("deployments", api.InstanceList.as_view(), name="api_instance_list"),
+    path("deployments/<slug:instance_id>", api.InstanceDetail.as_view(), name="api_instance"),
+    path(
+        "deployments/<slug:instance_id>/operations",
+        api.OperationList.as_view(),
+        name="api_operation_list",
+    ),
+    path(
+        "deployments/<slug:instance_id>/operations/<uuid:operation_id>",
+        api.OperationDetail.as_view(),
+        name="api_operation",
+    ),
+    re_path(r"^(?P<rest>.*)$", not_found),
+]
