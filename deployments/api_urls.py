@@ -18,5 +18,10 @@ urlpatterns = [
         api.OperationDetail.as_view(),
         name="api_operation",
     ),
+    path(
+        "deployments/<slug:instance_id>/actions/<str:verb>",
+        api.InstanceAction.as_view(),
+        name="api_instance_action",
+    ),
     re_path(r"^(?P<rest>.*)$", not_found),
 ]

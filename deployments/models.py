@@ -231,6 +231,10 @@ class Operation(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The organization's API token that asked for it, when one did (then no user did).
+    requested_by_token = models.ForeignKey(
+        "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     request_id = models.CharField(max_length=64)
     plan_version = models.ForeignKey(PlanVersion, on_delete=models.PROTECT, related_name="+")
     # What the request asked for: the parameter values it changes (all of them for a create or

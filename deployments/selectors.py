@@ -681,6 +681,7 @@ def instance_now(instance: Instance) -> tuple[Instance, bool]:
 # asked for it by their address alone.
 OPERATION_LISTED = ("instance", "verb", "state", "created_at", "started_at", "finished_at")
 OPERATION_LISTED += ("cancel_reason", "error", "requested_by__email")
+OPERATION_LISTED += ("requested_by_token__name", "requested_by_token__prefix")
 
 
 def operations_with_runs(instance: Instance) -> QuerySet[Operation]:
@@ -689,7 +690,7 @@ def operations_with_runs(instance: Instance) -> QuerySet[Operation]:
     ran with, the encrypted engine state and the rendered objects stay in the database."""
     runs = TaskRun.objects.defer("object").order_by("started_at", "id")
     return (
-        instance.operations.select_related("requested_by")
+        instance.operations.select_related("requested_by", "requested_by_token")
         .only(*OPERATION_LISTED)
         .prefetch_related(Prefetch("task_runs", queryset=runs))
         .order_by("-created_at", "-pk")  # one order for each page (`operation_listed_page`)

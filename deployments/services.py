@@ -627,6 +627,7 @@ def _operation_row(
         instance=instance,
         verb=verb,
         requested_by=actor.user,
+        requested_by_token=actor.token,
         request_id=request_id,
         plan_version=plan_version or instance.plan_version,
         requested=requested or {},
