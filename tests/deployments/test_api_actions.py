@@ -183,3 +183,16 @@ def test_a_revoked_token_cannot_act(client, owner, tenant, instance):
 
     assert response.status_code == 401
     assert not _ops(instance, "stop").exists()
+
+
+@pytest.mark.django_db
+def test_a_modify_takes_its_values_and_bad_ones_are_named(client, owner, tenant, instance):
+    secret = _token(owner, tenant)
+
+    bad = _act(client, instance, "modify", secret, body={"parameters": {"instances": 9}})
+    good = _act(client, instance, "modify", secret, body={"parameters": {"instances": 2}})
+
+    assert bad.status_code == 400
+    assert set(bad.json()["fields"]) == {"instances"}
+    assert good.status_code == 202
+    assert _ops(instance, "modify").get().requested == {"instances": 2}
