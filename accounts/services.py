@@ -345,7 +345,8 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
 
 def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
     """Delete the organization, once `confirm_name` is its name as typed: it is marked deleted
-    (gone from its members' switchers and pages, its invitations withdrawn) and kept, with its
+    (gone from its members' switchers and pages, its invitations withdrawn, its API tokens
+    revoked) and kept, with its
     memberships, invoices and audit log, for the records. Refused, saying what stands in the
     way, while anything registered with `tenant_delete_blocker_register` does (deployments
     not deleted, operations under way, a subscription or an unpaid invoice). Two deletes at
@@ -376,6 +377,10 @@ def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
                 "slug": tenant.slug,
                 "members": tenant.memberships.count(),
                 "invitations_withdrawn": withdrawn.update(revoked_at=now),
+                # Its API tokens die with it, and stay dead should staff restore it.
+                "api_access_revoked": ApiToken.objects.filter(
+                    tenant=tenant, revoked_at=None
+                ).update(revoked_at=now),
             },
         )
         # Not an account staff closed: it signs in no more, and hears nothing more of us.

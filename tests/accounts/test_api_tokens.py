@@ -140,9 +140,13 @@ def test_a_token_outlives_its_creator_leaving_but_not_its_organization(owner, te
 
     assert not Membership.objects.filter(user=admin).exists()
     assert services.api_token_authenticate(secret) == token
-    tenant.deleted_at = timezone.now()
-    tenant.save(update_fields=["deleted_at"])
+    services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
+
     assert services.api_token_authenticate(secret) is None
+    token.refresh_from_db()
+    assert token.revoked_at is not None  # dead for good, should staff restore the organization
+    deleted = AuditEvent.objects.get(action="tenant.delete")
+    assert deleted.payload["api_access_revoked"] == 1
 
 
 @pytest.mark.django_db

@@ -161,6 +161,7 @@ def test_an_owner_deletes_the_organization_and_it_is_gone_for_its_members(
     event = _events(tenant, "tenant.delete").get()
     assert event.payload == {
         "name": "Acme", "slug": tenant.slug, "members": 2, "invitations_withdrawn": 1,
+        "api_access_revoked": 0,
     }  # fmt: skip
 
 
