@@ -389,7 +389,9 @@ def api_token_revoke(request, token_id: int):
         messages.error(request, exc.reason)
     else:
         messages.success(request, f"API token “{token.name}” revoked: it no longer works.")
-    return redirect(reverse("organization_settings", args=[request.tenant.slug]) + "#api-tokens")
+    return sent_to(
+        request, reverse("organization_settings", args=[request.tenant.slug]) + "#api-tokens"
+    )
 
 
 @tenant_view()
