@@ -163,6 +163,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "accounts.api.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    # OPTIONS would describe each view from its docstring: not the API's documentation.
+    "DEFAULT_METADATA_CLASS": None,
 }
 WSGI_APPLICATION = "portal.wsgi.application"
 ASGI_APPLICATION = "portal.asgi.application"

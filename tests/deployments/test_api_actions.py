@@ -196,3 +196,14 @@ def test_a_modify_takes_its_values_and_bad_ones_are_named(client, owner, tenant,
     assert set(bad.json()["fields"]) == {"instances"}
     assert good.status_code == 202
     assert _ops(instance, "modify").get().requested == {"instances": 2}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("verb", ["restart", "backup", "reloadConfiguration"])
+def test_a_member_token_queues_the_portals_actions(client, owner, tenant, instance, verb):
+    response = _act(client, instance, verb, _token(owner, tenant))
+
+    assert response.status_code == 202, response.json()
+    assert response.json()["verb"] == verb
+    assert _ops(instance, verb).count() == 1
+    assert AuditEvent.objects.get(action=f"instance.{verb}").actor_kind == "token"

@@ -172,3 +172,15 @@ def test_the_token_records_when_it_was_used(client, owner, tenant):
 
     assert ApiToken.objects.get().last_used_at is not None
     assert not AuditEvent.objects.filter(result=AuditEvent.Result.DENIED).exists()
+
+
+@pytest.mark.django_db
+def test_a_method_an_address_does_not_take_is_a_json_405(client, owner, tenant):
+    secret = _token(owner, tenant)
+
+    for method in ("post", "options"):
+        response = getattr(client, method)(
+            "/api/v1/deployments", HTTP_AUTHORIZATION=f"Bearer {secret}"
+        )
+        assert response.status_code == 405, method
+        assert response.json()["error"]
