@@ -58,11 +58,7 @@ class TokenAuthenticated(permissions.BasePermission):
 
 def token_actor(request) -> Actor:
     """The calling token as the actor services record (the audit log names it)."""
-    return Actor(
-        token=request.auth,
-        ip=request.META.get("REMOTE_ADDR"),
-        user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
-    )
+    return Actor.from_token(request._request, request.auth)
 
 
 def token_require(request, action: str, *, target=None) -> None:

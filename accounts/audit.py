@@ -43,6 +43,15 @@ class Actor:
             staff=staff,
         )
 
+    @classmethod
+    def from_token(cls, request, token: Any) -> Actor:
+        """An organization's API token calling the API, from the request's address."""
+        return cls(
+            token=token,
+            ip=_client_ip(request),
+            user_agent=request.META.get("HTTP_USER_AGENT", "")[:300],
+        )
+
     @property
     def is_platform_staff(self) -> bool:
         """Platform staff acting through the admin: a staff user, acting as staff."""

@@ -60,6 +60,7 @@ def test_a_member_token_stops_a_deployment_and_the_log_names_the_token(
     assert body["requested_by"].startswith("API token “ci-deploy” (odt_")
     event = AuditEvent.objects.get(action="instance.stop")
     assert (event.actor_kind, event.result, event.actor) == ("token", "ok", None)
+    assert event.ip == "127.0.0.1"
     assert event.actor_email == body["requested_by"]
     # The portal says so too: the Operations tab's timeline and the Activity tab.
     page = owner_client.get(f"/t/{tenant.slug}/deployments/{instance.pk}/?tab=operations")
