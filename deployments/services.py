@@ -969,11 +969,14 @@ def instance_delete(
         now = timezone.now()
         queued = instance.operations.filter(state=Operation.State.QUEUED)
         _snapshots_unqueued(queued)
+        ended = list(queued.only("pk", "request_id", "instance_id"))
         queued.update(
             state=Operation.State.CANCELLED,
             finished_at=now,
             error="Cancelled: the instance is being deleted.",
         )
+        for operation in ended:  # a fleet run's wave may have ended with them
+            _fleet_told(operation)
         # A running one stops now (due at once, as a cancel makes it), saying why: a user's
         # own cancel before it is kept.
         running = list(
@@ -1334,6 +1337,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
                 # before the cluster took anything leaves it (its Retry or Delete follows).
                 instance_state_set(instance, Instance.State.FAILED, operation=operation,
                                    reason=reason)  # fmt: skip
+            _fleet_told(operation)  # a fleet run's wave may have ended with it
         else:
             operation.cancel_reason = reason
             # Due now, as the watcher wakes one: a step sent for a time not come yet is taken
@@ -2150,3 +2154,12 @@ def _stop_queue_suspended(instance: Instance, request_id: str, *, ended: bool) -
             },
         )
     return operation
+
+
+def _fleet_told(operation: Operation) -> None:
+    """An operation that ended without running (cancelled while queued): the fleet run in waves
+    that queued it, if one did, is sent again once this commits, as the runner sends it when
+    one ends."""
+    from deployments import fleet  # it queues its operations through this module
+
+    fleet.operation_ended(operation)

@@ -664,3 +664,23 @@ def test_a_worker_queues_each_wave_once_the_operations_of_the_last_have_ended(
     assert first.state == Operation.State.SUCCEEDED
     assert second.created_at >= first.finished_at  # queued once the first wave had ended
     assert wait_done(second).state == Operation.State.SUCCEEDED
+
+
+def test_a_wave_whose_last_operation_is_cancelled_while_queued_sends_its_run_again(
+    staff_client, fleet, owner, broker, django_capture_on_commit_callbacks
+):
+    """Cancelled before it ran, the operation never reached the runner, which sends the run
+    when an operation ends: the next wave waited for beat's minute."""
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+    _send(staff_client, {**fields, "fleet_wave": ["1"]})
+    run = _run(fields)
+    [queued] = Operation.objects.all()
+    broker.back()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.operation_cancel(actor=Actor(user=owner), operation=queued, request_id="cancel-1")
+
+    assert ("deployments.tasks.fleet_run_advance", [run.pk]) in broker.sent
+    assert fleet_run_advance(run.pk)  # the next wave
+    assert Operation.objects.filter(state=Operation.State.QUEUED).count() == 1
