@@ -111,6 +111,8 @@ class ApiTokenForm(forms.Form):
             "max_length": TOO_LONG,
         },
     )
+    # The page's: sent again (a reload of the page showing the secret), it makes no second token.
+    request_id = forms.CharField(max_length=64, required=False, widget=forms.HiddenInput)
     role = forms.ChoiceField(
         choices=[(r.value, r.label) for r in TOKEN_ROLES],
         initial=Role.MEMBER,

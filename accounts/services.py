@@ -1219,10 +1219,19 @@ def api_token_digest(secret: str) -> str:
 
 
 def api_token_create(
-    *, actor: Actor, tenant: Tenant, name: str, role: str, expires_at: datetime | None = None
-) -> tuple[ApiToken, str]:
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    name: str,
+    role: str,
+    expires_at: datetime | None = None,
+    request_id: str = "",
+) -> tuple[ApiToken, str | None]:
     """A new API token of the organization and its secret, which nothing keeps: the caller
-    shows it once. Its role allows nothing its creator's does not; it may expire."""
+    shows it once. Its role allows nothing its creator's does not; it may expire. One token
+    per request id: a repeat (a reload of the page that showed the secret) returns the first
+    token and no secret, which is gone."""
+    request_id = idempotency.request_id_clean(request_id)
     name = " ".join(str(name).split())
     errors = {}
     if not name or not text_visible(name):
@@ -1238,6 +1247,19 @@ def api_token_create(
             errors["role"] = "Choose one of: " + ", ".join(Role(r).label for r in allowed) + "."
         if errors:
             raise ValidationError(errors)
+        claim = idempotency.request_claim(
+            scope=idempotency.tenant_scope(tenant),
+            request_id=request_id,
+            action="tenant.tokens",
+            # The expiry's day: sent again, "in 90 days" is a moment later.
+            raw={
+                "name": name,
+                "role": role,
+                "expires": expires_at and expires_at.date().isoformat(),
+            },
+        )
+        if claim.earlier is not None:
+            return ApiToken.objects.get(pk=claim.earlier.target_id), None
         secret = API_TOKEN_MARK + get_random_string(40, _TOKEN_CHARS)
         token = ApiToken.objects.create(
             tenant=tenant,
@@ -1260,6 +1282,7 @@ def api_token_create(
                 "expires_at": expires_at.isoformat() if expires_at else None,
             },
         )
+        claim.bind(token)
     return token, secret
 
 

@@ -290,6 +290,7 @@ def _settings_page(request, status: int = 200, **forms):
         context["delete_blockers"] = services.tenant_delete_blockers(tenant)
     if roles.can(request.membership.role, "tenant.tokens"):
         context.setdefault("token_form", ApiTokenForm())
+        context["token_request_id"] = uuid.uuid4().hex  # a fresh one for the next token
         context["tokens"] = selectors.api_tokens(tenant)
         context["token_roles"] = roles.token_roles_for(request.membership.role)
     context["leave_refusal"] = services.leave_refusal(request.membership)
@@ -367,6 +368,7 @@ def api_token_create(request):
                 name=form.cleaned_data["name"],
                 role=form.cleaned_data["role"],
                 expires_at=form.expires_at,
+                request_id=form.cleaned_data["request_id"],
             )
         except ValidationError as exc:
             for field, errors in exc.message_dict.items():
@@ -375,6 +377,14 @@ def api_token_create(request):
             messages.error(request, exc.reason)
             return redirect("organization_settings", tenant_slug=request.tenant.slug)
         else:
+            if secret is None:  # the form sent again: its token was made, its secret shown
+                messages.info(
+                    request,
+                    f"This form was sent before: the API token “{token.name}” was made then, "
+                    "and its secret shown once. If it was not copied, revoke the token and make "
+                    "another.",
+                )
+                return redirect("organization_settings", tenant_slug=request.tenant.slug)
             return _settings_page(request, new_token=token, new_secret=secret)
     return _settings_page(request, status=400, token_form=form)
 

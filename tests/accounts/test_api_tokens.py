@@ -181,3 +181,37 @@ def test_the_token_list_reads_in_the_same_queries_however_many(
     with django_assert_max_num_queries(len(one)):
         page = owner_client.get(_settings(tenant)).content.decode()
     assert len(re.findall(r'id="api-token-\d', page)) == 21
+
+
+@pytest.mark.django_db
+def test_the_form_sent_again_makes_no_second_token_and_says_its_secret_was_shown(
+    owner_client, tenant
+):
+    """A reload of the page that showed the secret sent the form again: a second token, the
+    first one left behind unnamed by anyone."""
+    page = owner_client.get(_settings(tenant)).content.decode()
+    request_id = re.search(r'name="request_id" value="([0-9a-f]{32})"', page).group(1)
+
+    first = _create(owner_client, tenant, request_id=request_id)
+    again = _create(owner_client, tenant, request_id=request_id)
+
+    assert SECRET.search(first.content.decode())
+    assert again.status_code == 302 and ApiToken.objects.count() == 1
+    said = owner_client.get(again["Location"]).content.decode()
+    assert "This form was sent before: the API token “ci-deploy” was made then" in said
+    assert not SECRET.search(said)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_token_for_a_request_id_sent_from_several_threads_at_once(owner, tenant):
+    from tests.concurrency import race
+
+    results = race(
+        lambda: services.api_token_create(
+            actor=Actor(user=owner), tenant=tenant, name="ci", role="member", request_id="tok-1"
+        )
+    )
+
+    assert ApiToken.objects.count() == 1
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert sum(secret is not None for _, secret in results) == 1  # shown to one of them
