@@ -1,7 +1,7 @@
 """What the benchmark smoke tests share: running one benchmark as `make bench` does.
 
-The smoke tests are a module each: they use no database, so they run last, and apart they run
-side by side rather than one after another on one test process."""
+The smoke tests are a module each: they run first (tests/conftest.py), side by side rather
+than one after another on one test process."""
 
 import json
 import os
