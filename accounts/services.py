@@ -740,10 +740,6 @@ def user_delete(*, actor: Actor, confirm_email: str, deleting: Collection[int] =
     user = actor.user
     with audited_action(actor=actor, action="user.delete", tenant=None, target=user):
         account_email_confirm(user, confirm_email)
-        if user.is_staff:
-            raise ActionDenied(
-                "This is a platform staff account: a superuser removes it in the admin."
-            )
         live = Membership.objects.filter(user=user, tenant__deleted_at=None)
         locked = sorted(live.values_list("tenant_id", flat=True))
         for tenant_id in locked:

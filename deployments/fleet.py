@@ -208,11 +208,9 @@ def fleet_run_stop(run: FleetRun, *, by: str) -> bool:
 def operation_ended(operation: Operation) -> None:
     """An operation ended: the fleet run in waves that queued it, if one did, is sent again
     once this commits (its wave may have ended)."""
-    if not operation.request_id.startswith("fleet-"):
+    run_request_id = _run_request_id(operation)
+    if run_request_id is None:
         return
-    run_request_id = operation.request_id.removeprefix("fleet-").removesuffix(
-        f"-{operation.instance_id}"
-    )
     run_id = (
         FleetRun.objects.filter(request_id=run_request_id, finished_at=None, wave__isnull=False)
         .values_list("pk", flat=True)
@@ -263,13 +261,22 @@ def _request_id(run_request_id: str, instance_id: str) -> str:
     return f"fleet-{run_request_id}-{instance_id}"
 
 
-def fleet_queued(operation: Operation) -> bool:
-    """Whether a fleet run queued the operation: its request id is one a run makes, and that
-    run's requester asked for it (a member of the organization may send such an id too)."""
+def _run_request_id(operation: Operation) -> str | None:
+    """The request id of the fleet run whose request id the operation's has the form of
+    (`_request_id`); None when it has not."""
     run_request_id = operation.request_id.removeprefix("fleet-").removesuffix(
         f"-{operation.instance_id}"
     )
     if _request_id(run_request_id, operation.instance_id) != operation.request_id:
+        return None
+    return run_request_id
+
+
+def fleet_queued(operation: Operation) -> bool:
+    """Whether a fleet run queued the operation: its request id is one a run makes, and that
+    run's requester asked for it (a member of the organization may send such an id too)."""
+    run_request_id = _run_request_id(operation)
+    if run_request_id is None:
         return False
     return FleetRun.objects.filter(
         request_id=run_request_id, requested_by_id=operation.requested_by_id

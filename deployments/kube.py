@@ -168,9 +168,9 @@ def classify(exc: Exception) -> DriverError:
     return PermanentError(readable(exc))
 
 
-def _event_seen(event: dict[str, Any]) -> float | None:
-    """When an event was last seen (a Unix time), from whichever of its times the API server
-    wrote (core/v1 Events keep `lastTimestamp`; events.k8s.io ones a series or `eventTime`)."""
+def event_seen(event: dict[str, Any]) -> datetime | None:
+    """When an event was last seen, from whichever of its times the API server wrote (core/v1
+    Events keep `lastTimestamp`; events.k8s.io ones a series or `eventTime`); None without."""
     series = event.get("series") or {}
     for value in (
         event.get("lastTimestamp"),
@@ -180,7 +180,7 @@ def _event_seen(event: dict[str, Any]) -> float | None:
     ):
         if isinstance(value, str) and value:
             try:
-                return datetime.fromisoformat(value).timestamp()
+                return datetime.fromisoformat(value)
             except ValueError:
                 continue
     return None
@@ -544,7 +544,8 @@ class KubeDriver:
                 or involved.get("name") != meta.get("name")
             ):
                 continue
-            seen = _event_seen(event)
+            when = event_seen(event)
+            seen = when.timestamp() if when else None
             # Times are to the second: one seen in the second the task began counts.
             if seen is None or (since is not None and seen < int(since)):
                 continue

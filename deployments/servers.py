@@ -17,7 +17,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from deployments.kube import KubeDriver
+from deployments.kube import KubeDriver, event_seen
 
 EVENTS_SHOWN = 200
 LOG_TAILS = (100, 500, 2000)  # the line counts the Logs tab offers, the first by default
@@ -151,12 +151,7 @@ def events_read(driver: KubeDriver, namespace: str) -> list[Event]:
         involved = event.get("involvedObject") or {}
         series = event.get("series") or {}
         meta = event.get("metadata") or {}
-        last = (
-            _time(event.get("lastTimestamp"))
-            or _time(series.get("lastObservedTime"))
-            or _time(event.get("eventTime"))
-            or _time(meta.get("creationTimestamp"))
-        )
+        last = event_seen(event)
         shown = Event(
             type=str(event.get("type") or "Normal"),
             reason=str(event.get("reason") or ""),
