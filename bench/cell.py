@@ -276,7 +276,7 @@ class CommitListener:
     (operation id, node), when the move that made its task run Succeeded committed."""
 
     def __init__(self, db_settings: dict[str, Any]) -> None:
-        from .support import server_params
+        from portal.scratch_databases import server_params
 
         self._conn, child = SPAWN.Pipe()
         self._proc = SPAWN.Process(

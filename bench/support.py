@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+
+from portal import scratch_databases
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where `make bench` keeps a machine-readable copy of every figure. The outer process names it
@@ -40,10 +41,11 @@ def django_setup() -> None:
 
 @contextmanager
 def throwaway_database() -> Iterator[dict[str, str]]:
-    """A fresh PostgreSQL database `opsdeck_bench_<random>` on the configured server, dropped
-    at the end even on failure (the development database is never used); yields the
-    environment a measuring child process runs with: that database, a Celery queue and a cache
-    prefix of its own, production settings with keys of its own and a var/ of its own."""
+    """A fresh PostgreSQL database `opsdeck_bench_<random>` on the configured server, migrated
+    (a copy of `portal.scratch_databases`' template), dropped at the end even on failure (the
+    development database is never used); yields the environment a measuring child process runs
+    with: that database, a Celery queue and a cache prefix of its own, production settings with
+    keys of its own and a var/ of its own."""
     from django.conf import settings
 
     run_id = secrets.token_hex(4)
@@ -55,7 +57,7 @@ def throwaway_database() -> Iterator[dict[str, str]]:
             yield {
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": "portal.settings",
-                "DATABASE_URL": _database_url(db, name),
+                "DATABASE_URL": scratch_databases.url(db, name),
                 "CELERY_QUEUE": f"opsdeck-bench-{run_id}",
                 "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
                 "CACHE_URL": settings.CACHE_URL,
@@ -68,7 +70,7 @@ def throwaway_database() -> Iterator[dict[str, str]]:
                 "LOG_LEVEL": "WARNING",
             }
     finally:
-        _database_drop(db, name)
+        scratch_databases.database_drop(db, name)
 
 
 def measure_or_run(
@@ -114,54 +116,13 @@ def _fernet_key() -> str:
     return Fernet.generate_key().decode()
 
 
-def server_params(db: dict[str, Any]) -> dict[str, Any]:
-    host = db.get("HOST") or (db.get("OPTIONS") or {}).get("host", "")
-    return {"host": host, "port": str(db.get("PORT") or ""), "user": db.get("USER") or "",
-            "password": db.get("PASSWORD") or ""}  # fmt: skip
-
-
-def connect(db: dict[str, Any], dbname: str):
-    """An autocommit psycopg connection to `dbname` on the server of Django's `db` settings."""
-    import psycopg
-
-    params = {k: v for k, v in server_params(db).items() if v}
-    try:
-        return psycopg.connect(dbname=dbname, autocommit=True, connect_timeout=10, **params)
-    except psycopg.OperationalError as exc:
-        raise BenchError(f"cannot reach the PostgreSQL server: {str(exc).strip()}") from exc
-
-
-def _maintenance(db: dict[str, Any]):
-    return connect(db, "postgres")
-
-
 def _database_create(db: dict[str, Any], name: str) -> None:
-    from psycopg import sql
-
-    with _maintenance(db) as conn:
-        try:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        except Exception as exc:
-            raise BenchError(f"cannot create the database {name}: {str(exc).strip()}") from exc
-
-
-def _database_drop(db: dict[str, Any], name: str) -> None:
-    from psycopg import sql
-
-    with _maintenance(db) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-
-def _database_url(db: dict[str, Any], name: str) -> str:
-    server = server_params(db)
-    user = quote(server["user"], safe="")
-    if server["password"]:
-        user += ":" + quote(server["password"], safe="")
-    if server["host"].startswith("/"):
-        return f"postgres://{user}@/{name}?host={quote(server['host'], safe='/')}"
-    return f"postgres://{user}@{server['host'] or 'localhost'}:{server['port'] or 5432}/{name}"
+    """The database `name`, copied from the migrated template (`portal.scratch_databases`):
+    the measuring process's own `migrate` then finds nothing to do."""
+    try:
+        scratch_databases.database_copy(db, name)
+    except scratch_databases.ScratchDatabaseError as exc:
+        raise BenchError(f"cannot create the database {name}: {exc}") from exc
 
 
 # --- figures ---------------------------------------------------------------------------------

@@ -32,6 +32,47 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: not item.nodeid.startswith("tests/bench/"))
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(
+    request,
+    django_test_environment,
+    django_db_blocker,
+    django_db_keepdb,
+    django_db_createdb,
+    django_db_modify_db_settings,
+):
+    """pytest-django's, each test process's database copied from a migrated template
+    (`portal.scratch_databases`) rather than migrated from scratch: about ten seconds saved
+    per process. `--reuse-db` keeps using a database that exists, as pytest-django does."""
+    from django.conf import settings as django_settings
+    from django.db import connections
+    from django.test.utils import setup_databases, teardown_databases
+    from pytest_django.fixtures import _get_databases_for_setup
+
+    from portal import scratch_databases
+
+    aliases, serialized_aliases = _get_databases_for_setup(request.session.items)
+    reuse = django_db_keepdb and not django_db_createdb
+    verbosity = request.config.option.verbose
+    with django_db_blocker.unblock():
+        for alias in aliases:
+            db = django_settings.DATABASES[alias]
+            name = connections[alias].creation._get_test_db_name()
+            if not (reuse and scratch_databases.database_exists(db, name)):
+                scratch_databases.database_copy(db, name)
+        config = setup_databases(
+            verbosity=verbosity,
+            interactive=False,
+            aliases=aliases,
+            serialized_aliases=serialized_aliases,
+            keepdb=True,  # the copy: its `migrate` finds nothing to do
+        )
+    yield
+    if not django_db_keepdb:
+        with django_db_blocker.unblock():
+            teardown_databases(config, verbosity=verbosity)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _static_files(pytestconfig):
     """Pages are served as in production: hashed static files collected once per run."""
