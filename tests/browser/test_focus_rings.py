@@ -32,6 +32,11 @@ RING_CONTRAST = """() => {
     return [name, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)];
 }"""
 
+# Pico's ring fades in: until the focused element's transitions have ended.
+RING_SHOWN = """() => Promise.all(document.activeElement.getAnimations()
+    .filter((a) => a.effect.getComputedTiming().endTime !== Infinity)
+    .map((a) => a.finished.catch(() => null)))"""
+
 
 @BOTH_WIDTHS
 def test_every_link_and_menu_reached_with_the_keyboard_shows_a_focus_ring_that_can_be_seen(
@@ -44,7 +49,7 @@ def test_every_link_and_menu_reached_with_the_keyboard_shows_a_focus_ring_that_c
     faint = {}
     for _ in range(40):
         page.keyboard.press("Tab")
-        page.wait_for_timeout(300)  # Pico's ring fades in
+        page.evaluate(RING_SHOWN)
         name, ratio = page.evaluate(RING_CONTRAST)
         if name.startswith("body"):
             break
