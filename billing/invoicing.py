@@ -534,19 +534,24 @@ def credit_note_void(*, actor: Actor, credit_note: CreditNote) -> CreditNote:
                 "amount": str(rounded(note.amount, note.currency)),
             },
         )
+        invoice.refresh_from_db(fields=["amount_refunded", "amount_credited"])
+        note.invoice = invoice
+        credit_note_email_send(credit_note=note)
     return note
 
 
 def credit_note_email_send(*, credit_note: CreditNote) -> None:
     """Tell the organization's owners and billing members of a credit note issued on one of
-    its invoices, with the link to it; written in the issuing transaction (`accounts.mail`).
-    Not for a deleted organization: its members can no longer open it."""
+    its invoices, or voided, with the link to it; written in the transaction that issued or
+    voided it (`accounts.mail`). Not for a deleted organization: its members can no longer
+    open it."""
     invoice = credit_note.invoice
     if invoice.tenant.deleted_at is not None:
         return
     recipients = subscription_recipients(invoice.tenant)
     if not recipients:
         return
+    void = credit_note.status == CreditNote.Status.VOID
     path = reverse(
         "credit_note_detail",
         kwargs={"tenant_slug": invoice.tenant.slug, "invoice_id": invoice.pk,
@@ -557,8 +562,12 @@ def credit_note_email_send(*, credit_note: CreditNote) -> None:
         "invoice": invoice,
         "link": settings.OPSDECK_BASE_URL.rstrip("/") + path,
     }
+    subject = f"[Opsdeck] Credit note {credit_note.number} on invoice {invoice.number}"
     mail.send(
-        subject=f"[Opsdeck] Credit note {credit_note.number} on invoice {invoice.number}",
-        body=render_to_string("billing/email/credit_note.txt", context),
+        subject=f"{subject} voided" if void else subject,
+        body=render_to_string(
+            "billing/email/credit_note_void.txt" if void else "billing/email/credit_note.txt",
+            context,
+        ),
         to=recipients,
     )

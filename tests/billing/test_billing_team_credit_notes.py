@@ -537,6 +537,39 @@ def test_the_owners_and_billing_members_are_emailed_the_credit_note(
     assert f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/credit-notes/{note.pk}/" in sent.body
 
 
+def test_the_owners_and_billing_members_are_emailed_a_voided_credit_note_and_what_is_due(
+    settings, tenant, plan, finance, owner, add_member, django_capture_on_commit_callbacks
+):
+    """They were told of the credit note and of the less they owed; voiding it said nothing,
+    and the invoice asked for more again without a word."""
+    from django.core import mail
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    add_member("books@example.com", "billing")
+    add_member("dev@example.com", "member")
+    invoice = _invoice(tenant, plan, finance, status="open")
+    staff = Actor(user=finance, staff=True)
+    note = invoicing.credit_note_issue(
+        actor=staff, invoice=invoice, amount=Decimal("12.50"), reason="duplicate"
+    )
+    mail.outbox.clear()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        invoicing.credit_note_void(actor=staff, credit_note=note)
+
+    (sent,) = mail.outbox
+    assert sorted(sent.to) == ["books@example.com", "owner@example.com"]
+    assert sent.subject == f"[Opsdeck] Credit note {note.number} on invoice {invoice.number} voided"
+    assert "was voided: its 12.50 USD credited are no longer taken off" in sent.body
+    assert "Remains due on the invoice: 40.00 USD" in sent.body
+    assert f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/credit-notes/{note.pk}/" in sent.body
+
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(ValidationError):
+        invoicing.credit_note_void(actor=staff, credit_note=note)  # already void
+    assert mail.outbox == []
+
+
 def test_a_refused_credit_note_emails_no_one(
     settings, tenant, plan, finance, django_capture_on_commit_callbacks
 ):
