@@ -20,13 +20,22 @@ from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
 
 from accounts import selectors, services
 from accounts.audit import Actor, audit_record
 from accounts.errors import ActionDenied
-from accounts.models import AuditEvent, Invitation, Membership, OutgoingEmail, Tenant, User
+from accounts.models import (
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    Membership,
+    OutgoingEmail,
+    Tenant,
+    User,
+)
 from accounts.roles import Role
 
 
@@ -448,6 +457,54 @@ class InvitationAdmin(ServiceOwnedAdmin):
             queryset.select_related("tenant"),
             lambda i: services.invitation_revoke(actor=staff_actor(request), invitation=i),
             "Withdrawn",
+        )
+
+
+class ApiTokenStatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return [("live", "Acts"), ("revoked", "Revoked"), ("expired", "Expired")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "live":
+            return queryset.live()
+        if self.value() == "revoked":
+            return queryset.exclude(revoked_at=None)
+        if self.value() == "expired":
+            return queryset.filter(revoked_at=None, expires_at__lte=timezone.now())
+        return queryset
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ServiceOwnedAdmin):
+    """The organizations' API tokens, for a platform team that must find one (by its first
+    characters, as a leaked secret shows them) and revoke it: who made it, its role, when it
+    was last used. Never the secret (only its digest is kept, and not shown either)."""
+
+    list_display = ["name", "prefix", "tenant", "role", "status", "created_by_email"]
+    list_display += ["created_at", "last_used_at", "expires_at"]
+    list_columns = ("name", "prefix", "tenant__name", "role", "revoked_at", "expires_at")
+    list_columns += ("created_by_email", "created_at", "last_used_at")
+    list_filter = [ApiTokenStatusFilter, "role", "created_at"]
+    search_fields = ["prefix", "name", "tenant__name", "tenant__slug", "created_by_email"]
+    list_select_related = ["tenant"]
+    fields = ["name", "prefix", "tenant", "role", "created_by_email", "created_at"]
+    fields += ["last_used_at", "expires_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_manage_permission(self, request):
+        return request.user.has_perm("accounts.change_apitoken")
+
+    @admin.action(description="Revoke the selected tokens", permissions=["manage"])
+    def revoke(self, request, queryset):
+        run_action(
+            self,
+            request,
+            queryset.select_related("tenant"),
+            lambda token: services.api_token_revoke(actor=staff_actor(request), token=token),
+            "Revoked",
         )
 
 

@@ -215,3 +215,56 @@ def test_one_token_for_a_request_id_sent_from_several_threads_at_once(owner, ten
     assert ApiToken.objects.count() == 1
     assert all(not isinstance(r, Exception) for r in results), results
     assert sum(secret is not None for _, secret in results) == 1  # shown to one of them
+
+
+@pytest.mark.django_db
+def test_staff_find_a_token_by_its_first_characters_and_revoke_it_in_the_admin(
+    staff_client, owner, tenant
+):
+    """A secret leaked in a build log: the platform team, not the organization's owners, is
+    the first to hear of it, and could neither see the organization's tokens nor revoke one."""
+    leaked, secret = services.api_token_create(
+        actor=Actor(user=owner), tenant=tenant, name="ci-deploy", role="member"
+    )
+    _, other_secret = services.api_token_create(
+        actor=Actor(user=owner), tenant=tenant, name="backup-job", role="viewer"
+    )
+    url = "/admin/accounts/apitoken/"
+
+    found = staff_client.get(url, {"q": secret[: len(leaked.prefix)]}).content.decode()
+    assert "ci-deploy" in found and "backup-job" not in found
+    assert "Acme" in found and "owner@example.com" in found
+    detail = staff_client.get(f"{url}{leaked.pk}/change/").content.decode()
+    assert leaked.digest not in detail and secret not in detail
+
+    done = staff_client.post(
+        url, {"action": "revoke", "_selected_action": [leaked.pk]}, follow=True
+    ).content.decode()
+
+    assert "Revoked: 1." in done
+    assert services.api_token_authenticate(secret) is None
+    assert services.api_token_authenticate(other_secret) is not None
+    event = AuditEvent.objects.get(action="token.revoke")
+    assert (event.actor_kind, event.target_named) == ("staff", "ci-deploy")
+    revoked = staff_client.get(url, {"status": "revoked"}).content.decode()
+    assert "ci-deploy" in revoked and "backup-job" not in revoked
+
+
+@pytest.mark.django_db
+def test_the_admins_token_list_reads_in_the_same_queries_however_many(staff_client, owner, tenant):
+    def listed() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert staff_client.get("/admin/accounts/apitoken/").status_code == 200
+        (rows,) = [q["sql"] for q in queries if 'FROM "accounts_apitoken"' in q["sql"]
+                   and "COUNT" not in q["sql"]]  # fmt: skip
+        assert '"digest"' not in rows  # a column it does not show
+        return len(queries)
+
+    services.api_token_create(actor=Actor(user=owner), tenant=tenant, name="a", role="member")
+    one = listed()
+    for n in range(5):
+        services.api_token_create(
+            actor=Actor(user=owner), tenant=tenant, name=f"b{n}", role="viewer"
+        )
+
+    assert listed() == one
