@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connections
 from django.http import Http404, JsonResponse
+from django.utils.log import log_response
 from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.response import Response
@@ -19,6 +20,10 @@ from accounts.models import ApiToken, AuditEvent
 UNAUTHENTICATED = (
     "Send an organization's API token as 'Authorization: Bearer <token>' (made on its Settings "
     "page)."
+)
+INTERNAL_ERROR = (
+    "Something went wrong on our side; it is logged for the platform team. Try again later "
+    "with the same Idempotency-Key: one key never does an action twice."
 )
 KEY_REUSED = (
     "This Idempotency-Key was already sent with another action or other parameters: send a new "
@@ -93,7 +98,8 @@ def _said(exc: ValidationError) -> str:
 def exception_handler(exc, context):
     """Every refusal as `{"error": "..."}`: bad input 400 (with `fields` when the services name
     them), no valid token 401, a role or a state that forbids it 403, nothing of the token's
-    organization there 404, an Idempotency-Key reused for another request 409."""
+    organization there 404, an Idempotency-Key reused for another request 409; a fault of
+    ours 500, logged."""
     if isinstance(exc, ValidationError):
         _atomic_requests_rolled_back()
         if exc.messages == [idempotency.REUSED]:
@@ -124,7 +130,16 @@ def exception_handler(exc, context):
         else:
             error = str(detail)
         return Response({"error": error}, status=exc.status_code, headers=headers)
-    return None
+    # Anything else is a fault of ours: said in JSON too (a script reads the API), logged with
+    # its traceback as Django logs a page's (and once), and what the request wrote rolled back.
+    _atomic_requests_rolled_back()
+    response = Response({"error": INTERNAL_ERROR}, status=500)
+    request = context["request"]._request
+    log_response(
+        "Internal Server Error: %s", request.path, response=response, request=request,
+        exception=exc,
+    )  # fmt: skip
+    return response
 
 
 def not_found(request, rest: str = ""):

@@ -184,3 +184,24 @@ def test_a_method_an_address_does_not_take_is_a_json_405(client, owner, tenant):
         )
         assert response.status_code == 405, method
         assert response.json()["error"]
+
+
+@pytest.mark.django_db
+def test_a_fault_of_ours_is_a_json_500_logged_with_its_traceback(
+    client, owner, tenant, version, cell, caplog
+):
+    """A script reading the API got the portal's HTML error page, which it cannot parse."""
+    factories.make_instances(tenant, version, cell, 1)
+    secret = _token(owner, tenant)
+    with connection.cursor() as cursor:  # the database fails the list's query
+        cursor.execute("ALTER TABLE deployments_instance RENAME TO deployments_instance_gone")
+
+    with caplog.at_level("ERROR", logger="django.request"):
+        response = _get(client, "deployments", secret)
+
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/json"
+    assert "went wrong on our side" in response.json()["error"]
+    (logged,) = [r for r in caplog.records if r.name == "django.request"]
+    assert logged.getMessage() == "Internal Server Error: /api/v1/deployments"
+    assert "deployments_instance" in str(logged.exc_info[1])
