@@ -127,67 +127,6 @@ def pytest_configure(config):
         # test database, not data anyone keeps).
         options = django_settings.DATABASES["default"].setdefault("OPTIONS", {})
         options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
-        _transactional_tests_emptied_by_delete()
-
-
-# A table of more pages than this is truncated rather than deleted from: its dead rows might
-# outlive a VACUUM that another connection's snapshot holds back.
-LARGE_TABLE = 8 * 8192
-
-
-def _transactional_tests_emptied_by_delete() -> None:
-    """After each transactional test Django empties every table with one TRUNCATE, which makes
-    new files for each of the tables and their indexes (about 350 here): 0.4 s a test, the
-    suite's largest fixed cost. A DELETE of the few rows a test leaves, then a VACUUM of what
-    it deleted, take milliseconds and leave the tables as empty: no row, live or dead, nor any
-    index entry an index scan would read (what the tests counting rows read count); a large
-    table is truncated still (LARGE_TABLE). The
-    triggers that keep issued invoices and credit notes as they were are paused for the
-    DELETE (`session_replication_role`, its transaction only, which takes a superuser, as the
-    local and the embedded PostgreSQL's roles are), as TRUNCATE passes them by. Otherwise, or
-    for a test that resets sequences, restores serialized data or names its apps, Django's own
-    flush runs."""
-    from django.core.management.sql import emit_post_migrate_signal
-    from django.db import connections, transaction
-    from django.test import TransactionTestCase
-
-    flush = TransactionTestCase._fixture_teardown
-
-    def _fixture_teardown(self):
-        if self.reset_sequences or self.serialized_rollback or self.available_apps is not None:
-            return flush(self)
-        for alias in self._databases_names(include_mirrors=False):
-            connection = connections[alias]
-            if not _superuser(connection):
-                return flush(self)
-            names = connection.introspection.django_table_names(
-                only_existing=True, include_views=False
-            )
-            tables = [connection.ops.quote_name(name) for name in names]
-            with transaction.atomic(using=alias), connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT relname FROM pg_class WHERE relname = ANY(%s) AND relkind = 'r'"
-                    " AND pg_relation_size(oid) > %s",
-                    [list(names), LARGE_TABLE],
-                )
-                large = [connection.ops.quote_name(name) for (name,) in cursor.fetchall()]
-                if large:
-                    cursor.execute(f"TRUNCATE {', '.join(large)} CASCADE")
-                cursor.execute("SET LOCAL session_replication_role = replica")
-                for table in tables:
-                    cursor.execute(f"DELETE FROM {table}")  # noqa: S608
-            with connection.cursor() as cursor:
-                cursor.execute(f"VACUUM {', '.join(tables)}")
-            emit_post_migrate_signal(verbosity=0, interactive=False, db=alias)
-        return None
-
-    TransactionTestCase._fixture_teardown = _fixture_teardown
-
-
-def _superuser(connection) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('is_superuser') = 'on'")
-        return cursor.fetchone()[0]
 
 
 @pytest.fixture(autouse=True)
