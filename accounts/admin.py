@@ -465,7 +465,7 @@ class ApiTokenStatusFilter(admin.SimpleListFilter):
     parameter_name = "status"
 
     def lookups(self, request, model_admin):
-        return [("live", "Acts"), ("revoked", "Revoked"), ("expired", "Expired")]
+        return [("live", "Active"), ("revoked", "Revoked"), ("expired", "Expired")]
 
     def queryset(self, request, queryset):
         if self.value() == "live":
