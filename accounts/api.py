@@ -12,10 +12,11 @@ from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.response import Response
 
-from accounts import idempotency, roles, services
-from accounts.audit import Actor, audit_record
+from accounts import idempotency, services
+from accounts.audit import Actor
 from accounts.errors import ActionDenied
-from accounts.models import ApiToken, AuditEvent
+from accounts.models import ApiToken
+from accounts.tenancy import role_refusal
 
 UNAUTHENTICATED = (
     "Send an organization's API token as 'Authorization: Bearer <token>' (made on its Settings "
@@ -70,16 +71,11 @@ def token_require(request, action: str, *, target=None) -> None:
     """Refuse (403 with the reason, audited as the portal's pages do) a token whose role does
     not allow `action`, for a read the services do not check themselves."""
     token: ApiToken = request.auth
-    if not roles.can(token.role, action):
-        reason = roles.denial_message(token.role, action)
-        audit_record(
-            actor=token_actor(request),
-            action=action,
-            tenant=token.tenant,
-            target=target,
-            result=AuditEvent.Result.DENIED,
-            payload={"reason": reason, "path": request.path},
-        )
+    reason = role_refusal(
+        actor=token_actor(request), role=token.role, tenant=token.tenant, action=action,
+        target=target, path=request.path,
+    )  # fmt: skip
+    if reason:
         raise ActionDenied(reason)
 
 

@@ -31,17 +31,25 @@ def action_require(request, action: str, *, target=None) -> None:
     does not allow `action`; for a view that needs more than its `tenant_view` action only for
     some requests, or on an object it reads first."""
     membership = request.membership
-    if not roles.can(membership.role, action):
-        reason = roles.denial_message(membership.role, action)
-        audit_record(
-            actor=Actor.from_request(request),
-            action=action,
-            tenant=membership.tenant,
-            target=target,
-            result=AuditEvent.Result.DENIED,
-            payload={"reason": reason, "path": request.path},
-        )
+    reason = role_refusal(
+        actor=Actor.from_request(request), role=membership.role, tenant=membership.tenant,
+        action=action, target=target, path=request.path,
+    )  # fmt: skip
+    if reason:
         raise PermissionDenied(reason)
+
+
+def role_refusal(*, actor: Actor, role: str, tenant, action: str, target, path: str) -> str:
+    """Why `role` may not perform `action`, recorded in the audit log as refused to `actor`
+    (naming `target` when given, and the path asked); "" when it may."""
+    if roles.can(role, action):
+        return ""
+    reason = roles.denial_message(role, action)
+    audit_record(
+        actor=actor, action=action, tenant=tenant, target=target,
+        result=AuditEvent.Result.DENIED, payload={"reason": reason, "path": path},
+    )  # fmt: skip
+    return reason
 
 
 def tenant_view(action: str = "tenant.view"):
