@@ -23,7 +23,9 @@ os.environ["SECURE_SSL_REDIRECT"] = "0"  # the test client speaks plain HTTP
 os.environ["CELERY_QUEUE"] = f"opsdeck-test-{RUN_ID}"
 os.environ["CACHE_KEY_PREFIX"] = f"opsdeck-test-{RUN_ID}"
 os.environ["DATABASE_TEST_NAME"] = f"test_opsdeck_{RUN_ID}"
-os.environ["STATIC_ROOT"] = tempfile.mkdtemp(prefix="opsdeck-static-")
+# Made by the collectstatic of the process that runs tests (`conftest._static_files`), which
+# removes it: a pytest-xdist controller runs none and leaves no empty folder behind.
+os.environ["STATIC_ROOT"] = os.path.join(tempfile.gettempdir(), f"opsdeck-static-{RUN_ID}")
 
 
 @pytest.hookimpl(tryfirst=True)
