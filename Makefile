@@ -46,7 +46,7 @@ bench: $(VENV)/.installed-dev
 	$(LAUNCH) --dev -- $(PY) -m bench.scale $(BENCH_SPEC)
 	$(LAUNCH) --dev -- $(PY) -m bench.metering $(BENCH_SPEC)
 	$(LAUNCH) --dev -- $(PY) -m bench.admin_lists $(BENCH_SPEC)
-	$(LAUNCH) --dev -- $(PY) -m billing.bench_meter_events
+	$(LAUNCH) --dev -- $(PY) -m bench.meter_events
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -1,110 +1,65 @@
-"""`python -m billing.bench_meter_events [--count 10000]` (in `make bench`): how fast the outbox
-flushes meter events to the Stripe emulator, next to a bare loop calling the SDK.
+"""`python -m bench.meter_events [--count 10000]`: how fast the outbox flushes meter events to
+the Stripe emulator, next to a bare loop calling the SDK.
 
-Run it through the launcher (`python -m portal.launch --dev -- …`), which finds PostgreSQL.
-Before Django starts, it creates a database of its own, `opsdeck_bench_meter_<random>`, on that
-server and points DATABASE_URL at it; it drops it at the end, even on failure: the development
-database is never touched. It starts an emulator in this process, syncs a one-plan catalog,
-records `--count` usage records (instances by hours, one dimension) for a tenant with a Stripe
-customer, enqueues them, then times `meter_events.flush()` sending them all. The baseline sends
-the same events (value, customer, timestamp, identifier) through `client.v1.billing.meter_events
-.create` in a plain loop, to a fresh emulator. Figures, not pass/fail.
+It runs on a throwaway database, as the other benchmarks do (`support.run_measuring`): the
+development database is never touched. The measuring process starts an emulator of its own,
+syncs a one-plan catalog, records `--count` usage records (instances by hours, one dimension)
+for a tenant with a Stripe customer, enqueues them, then times `meter_events.flush()` sending
+them all. The baseline sends the same events (value, customer, timestamp, identifier) through
+`client.v1.billing.meter_events.create` in a plain loop, to a fresh emulator. Figures, not
+pass/fail; `meter_events_ratio` in `var/bench.json` is the baseline's rate over the flush's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import sys
 import time
 from datetime import timedelta
 from decimal import Decimal
-from urllib.parse import urlsplit, urlunsplit
 
-import environ
+from .support import BenchError, figures_record, measure_or_run
 
 INSTANCES = 100  # rows per hour; hours = count / INSTANCES
+API_KEY = "sk_test_opsdeck_bench"
 
 
-def _maintenance_connection(url: str):
-    import psycopg
-
-    db = environ.Env.db_url_config(url)
-    params = {
-        "host": db.get("HOST") or (db.get("OPTIONS") or {}).get("host") or None,
-        "port": db.get("PORT") or None,
-        "user": db.get("USER") or None,
-        "password": db.get("PASSWORD") or None,
-    }
-    return psycopg.connect(
-        dbname="postgres",
-        autocommit=True,
-        connect_timeout=10,
-        **{k: v for k, v in params.items() if v},
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.meter_events", description=__doc__.splitlines()[0]
     )
-
-
-def _database_url(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=10_000, help="meter events (default 10000)")
-    count = parser.parse_args(argv).count
-    if count < INSTANCES or count % INSTANCES:
+    # The measuring child process, run on the throwaway database.
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.count < INSTANCES or args.count % INSTANCES:
         parser.error(f"--count must be a positive multiple of {INSTANCES}")
-    url = os.environ.get("DATABASE_URL", "")
-    if not url:
-        parser.error("DATABASE_URL is not set: run it through `python -m portal.launch --dev --`")
-
-    from psycopg import sql
-
-    name = f"opsdeck_bench_meter_{secrets.token_hex(4)}"
-    with _maintenance_connection(url) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        return _run(_database_url(url, name), count)
-    finally:
-        with _maintenance_connection(url) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-
-def _run(database_url: str, count: int) -> int:
+    if not args.inner:
+        measure_or_run("bench.meter_events", inner=False, argv=argv, measure=lambda: None)
+        return
     from stripe_emulator import StripeEmulator
 
+    # The gateway reads the emulator's address from the settings: it runs before Django starts.
     with StripeEmulator() as emulator:
-        os.environ.update(
-            DATABASE_URL=database_url,
-            STRIPE_API_KEY="sk_test_opsdeck_bench",
-            STRIPE_API_BASE=emulator.url,
-            CACHE_KEY_PREFIX=f"opsdeck-bench-meter-{secrets.token_hex(4)}",
-            LOG_LEVEL="WARNING",
+        os.environ.update(STRIPE_API_KEY=API_KEY, STRIPE_API_BASE=emulator.url)
+        measure_or_run(
+            "bench.meter_events", inner=True, argv=argv, measure=lambda: _measure(args.count)
         )
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-        import django
 
-        django.setup()
-        from django.core.management import call_command
 
-        call_command("migrate", verbosity=0, interactive=False)
-        enqueue_rate, flush_rate, events = _opsdeck(count)
+def _measure(count: int) -> None:
+    from stripe_emulator import StripeEmulator
+
+    enqueue_rate, flush_rate, events = _opsdeck(count)
     with StripeEmulator() as emulator:
         base_rate = _baseline(emulator, events)
-
-    from django.db import connections
-
-    connections.close_all()
+    ratio = base_rate / flush_rate
     print(f"{count} meter events to the Stripe emulator (in-process), one flusher")
     print(f"{'Opsdeck enqueue':28} {enqueue_rate:9.0f} rows/s")
     print(f"{'Opsdeck flush':28} {flush_rate:9.0f} events/s")
     print(f"{'baseline (bare SDK loop)':28} {base_rate:9.0f} events/s")
-    print(f"{'Opsdeck vs baseline':28} {base_rate / flush_rate:9.2f}x  (time per event)")
-    return 0
+    print(f"{'Opsdeck vs baseline':28} {ratio:9.2f}x  (time per event)")
+    figures_record({"meter_events_ratio": round(ratio, 3)})
 
 
 def _opsdeck(count: int) -> tuple[float, float, list[dict]]:
@@ -124,10 +79,12 @@ def _opsdeck(count: int) -> tuple[float, float, list[dict]]:
     customer = stripe_sync.customer_ensure(gw, tenant)
     customer.created_at = timezone.now() - timedelta(days=30)
     customer.save(update_fields=["created_at"])
-    # As the checkout webhook leaves it: usage goes to Stripe only where a subscription bills it.
+    # As the checkout webhook leaves it, made with the customer: usage goes to Stripe only for
+    # the hours a subscription has billed since it was made.
     Subscription.objects.create(
         tenant=tenant, plan=plan, status=Subscription.Status.ACTIVE,
         stripe_customer_id=customer.customer_id, stripe_subscription_id="sub_bench",
+        created_at=customer.created_at,
     )  # fmt: skip
     last = usage.hour_start(timezone.now()) - timedelta(hours=1)
     for back in range(count // INSTANCES):
@@ -147,7 +104,7 @@ def _opsdeck(count: int) -> tuple[float, float, list[dict]]:
     flushed = meter_events.flush()
     flush_rate = flushed.sent / (time.perf_counter() - started)
     if flushed.sent != count or added != count:
-        raise SystemExit(f"expected {count} events, enqueued {added}, sent {flushed.sent}")
+        raise BenchError(f"expected {count} events, enqueued {added}, sent {flushed.sent}")
     events = [
         {"event_name": e.event_name, "identifier": e.identifier, "timestamp": e.timestamp,
          "payload": {"stripe_customer_id": e.customer_id, "value": e.value}}
@@ -162,7 +119,7 @@ def _baseline(emulator, events: list[dict]) -> float:
     from django.conf import settings
 
     client = stripe.StripeClient(
-        "sk_test_opsdeck_bench",
+        API_KEY,
         stripe_version=settings.STRIPE_API_VERSION,
         base_addresses=emulator.base_addresses,  # type: ignore[arg-type]
         max_network_retries=0,
@@ -184,4 +141,4 @@ def _baseline(emulator, events: list[dict]) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
