@@ -1,6 +1,7 @@
-"""The deployments API (`/api/v1/`): an organization's deployments and their operations, read
-and acted on with one of its API tokens (`accounts.api`), through the services the portal
-uses, with the same role rules. Another organization's deployment is a 404."""
+"""The deployments API (`/api/v1/`): an organization's deployments and their operations, read,
+created, acted on, deleted and cancelled with one of its API tokens (`accounts.api`), through
+the services the portal uses, with the same role rules. Another organization's deployment is a
+404."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts import roles
+from accounts import idempotency, roles
 from accounts import services as account_services
 from accounts.api import token_actor, token_require
 from accounts.errors import ActionDenied
-from deployments import lifecycle, selectors, services
-from deployments.models import Instance, Operation
+from billing import entitlements
+from deployments import selectors, services
+from deployments.models import Cell, Instance, Operation
 
 
 class Pages(PageNumberPagination):
@@ -91,10 +93,87 @@ def _instance(request, instance_id: str) -> Instance:
     return instance
 
 
-def _verb_action(instance: Instance, verb: str) -> str:
-    """The role action `verb` needs on the instance (as the portal's buttons ask)."""
-    spec_verb = selectors.plan_spec(instance.plan_version).main.verbs.get(verb)
-    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom)).action
+def _refused(request, exc: ActionDenied, action: str) -> Response:
+    """A service's refusal: the token revoked or expired meanwhile is a 401, a role that does
+    not allow `action` a 403 (raised on, as audited), and what the deployment's state or the
+    plan's limits forbid now a 409 with the service's reason."""
+    if exc.reason == account_services.TOKEN_INVALID:
+        raise AuthenticationFailed(exc.reason) from None
+    if roles.can(request.auth.role, action):
+        return Response({"error": exc.reason}, status=409)
+    raise exc
+
+
+def _body(request) -> dict:
+    if not isinstance(request.data, dict):
+        raise ValidationError('Send a JSON object, e.g. {"parameters": {}}.')
+    return request.data
+
+
+def _queued(operation: Operation) -> Response:
+    """202 with the operation as the API shows it (read again with who asked for it)."""
+    operation = _operations(operation.instance).get(pk=operation.pk)
+    return Response(operation_shown(operation), status=202)
+
+
+def _key(request) -> str:
+    return request.headers.get("Idempotency-Key", "")
+
+
+def _cell(tenant, name) -> Cell | None:
+    """The region named in a create's body (None: the organization's default one)."""
+    if name is None:
+        return None
+    cell = (
+        Cell.objects.offered_to(tenant).filter(name=name).first() if isinstance(name, str) else None
+    )
+    if cell is None:
+        raise ValidationError({"cell": "No such region is offered to your organization."})
+    return cell
+
+
+def _parameter_shown(parameter) -> dict:
+    """A plan parameter as a create's body gives it (a password has no default to show)."""
+    return {
+        "key": parameter.key,
+        "name": parameter.name or parameter.key,
+        "description": parameter.description,
+        "type": parameter.type,
+        "required": parameter.required,
+        "modifiable": parameter.modifiable,
+        "default": None if parameter.type == "Password" else parameter.default,
+        "options": parameter.options,
+        "limits": parameter.limits,
+    }
+
+
+class PlanList(APIView):
+    """The plans the organization may create deployments of, as its catalog lists them: each
+    with its parameters and the regions (cells) it runs in for the organization."""
+
+    def get(self, request):
+        token_require(request, "instance.view")
+        tenant = request.auth.tenant
+        available = selectors.plans_available(tenant)
+        offered = list(Cell.objects.offered_to(tenant).order_by("name").only("name", "region"))
+        limits = entitlements.limits_of(tenant, [version.plan for version, _ in available])
+        plans = []
+        for version, spec in sorted(available, key=lambda found: found[0].plan.key):
+            runs_in = limits[version.plan.pk].cells
+            plans.append(
+                {
+                    "key": version.plan.key,
+                    "name": version.plan.name,
+                    "version": version.number,
+                    "parameters": [_parameter_shown(p) for p in spec.main.parameters],
+                    "regions": [
+                        {"cell": cell.name, "region": cell.region}
+                        for cell in offered
+                        if runs_in is None or cell.name in runs_in
+                    ],
+                }
+            )
+        return Response({"results": plans})
 
 
 class InstanceList(APIView):
@@ -106,10 +185,56 @@ class InstanceList(APIView):
         )
         return pages.get_paginated_response([instance_row(i) for i in rows])
 
+    def post(self, request):
+        """Create a deployment, as the portal's create form does: body `{"name", "plan" (its
+        key), "parameters", "cell" (optional: the organization's default region)}`. The
+        `Idempotency-Key` is the request id: a repeat returns the first create's operation."""
+        token_require(request, "instance.create")
+        tenant = request.auth.tenant
+        body = _body(request)
+        key = body.get("plan")
+        found = selectors.plan_available(tenant, key) if isinstance(key, str) else None
+        if found is None:
+            raise ValidationError(
+                {"plan": "No such plan: name one by its key, as the catalog does."}
+            )
+        try:
+            operation = services.instance_create(
+                actor=token_actor(request),
+                tenant=tenant,
+                plan=found[0].plan,
+                name=body.get("name"),
+                parameters=body.get("parameters", {}),
+                request_id=_key(request),
+                cell=_cell(tenant, body.get("cell")),
+            )
+        except ActionDenied as exc:
+            return _refused(request, exc, "instance.create")
+        return _queued(operation)
+
 
 class InstanceDetail(APIView):
     def get(self, request, instance_id: str):
         return Response(instance_shown(_instance(request, instance_id)))
+
+    def delete(self, request, instance_id: str):
+        """Delete a deployment, as its Delete button does: with a last backup when its plan
+        takes one, unless `?last_backup=false`. A repeat (or a second delete) returns the
+        delete already queued."""
+        instance = _instance(request, instance_id)
+        last_backup = request.query_params.get("last_backup", "true")
+        if last_backup not in {"true", "false"}:
+            raise ValidationError({"last_backup": "Use true or false."})
+        try:
+            operation = services.instance_delete(
+                actor=token_actor(request),
+                instance=instance,
+                request_id=_key(request),
+                last_backup=last_backup == "true",
+            )
+        except ActionDenied as exc:
+            return _refused(request, exc, "instance.delete")
+        return _queued(operation)
 
 
 def _operations(instance: Instance):
@@ -145,23 +270,41 @@ class InstanceAction(APIView):
 
     def post(self, request, instance_id: str, verb: str):
         instance = _instance(request, instance_id)
-        body = request.data if isinstance(request.data, dict) else None
-        if body is None:
-            raise ValidationError('Send a JSON object, e.g. {"parameters": {}}.')
+        body = _body(request)
         try:
             operation = services.instance_action(
                 actor=token_actor(request),
                 instance=instance,
                 verb=verb,
-                request_id=request.headers.get("Idempotency-Key", ""),
+                request_id=_key(request),
                 parameters=body.get("parameters"),
             )
         except ActionDenied as exc:
-            if exc.reason == account_services.TOKEN_INVALID:  # revoked or expired meanwhile
-                raise AuthenticationFailed(exc.reason) from None
-            if roles.can(request.auth.role, _verb_action(instance, verb)):
-                # The role allows it; the instance's state or a limit forbids it now.
-                return Response({"error": exc.reason}, status=409)
-            raise
-        operation = _operations(instance).get(pk=operation.pk)
-        return Response(operation_shown(operation), status=202)
+            return _refused(request, exc, selectors.verb_rule(instance.plan_version, verb).action)
+        return _queued(operation)
+
+
+class OperationCancel(APIView):
+    """Cancel an operation, as the Operations tab's Cancel does: a queued one ends at once, a
+    running one stops at its next step (202 either way, with the operation as it is now). One
+    that has ended, is stopping already or cannot be stopped (a delete, a running backup) is a
+    409 saying why."""
+
+    def post(self, request, instance_id: str, operation_id):
+        instance = _instance(request, instance_id)
+        operation = instance.operations.filter(pk=operation_id).first()
+        if operation is None:
+            raise Http404("No such operation.")
+        try:
+            operation = services.operation_cancel(
+                actor=token_actor(request), operation=operation, request_id=_key(request)
+            )
+        except ActionDenied as exc:
+            return _refused(
+                request, exc, selectors.verb_rule(operation.plan_version, operation.verb).action
+            )
+        except ValidationError as exc:
+            if exc.messages == [idempotency.REUSED]:
+                raise
+            return Response({"error": " ".join(exc.messages)}, status=409)
+        return _queued(operation)

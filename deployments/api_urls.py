@@ -6,6 +6,7 @@ from accounts.api import not_found
 from deployments import api
 
 urlpatterns = [
+    path("plans", api.PlanList.as_view(), name="api_plan_list"),
     path("deployments", api.InstanceList.as_view(), name="api_instance_list"),
     path("deployments/<slug:instance_id>", api.InstanceDetail.as_view(), name="api_instance"),
     path(
@@ -17,6 +18,11 @@ urlpatterns = [
         "deployments/<slug:instance_id>/operations/<uuid:operation_id>",
         api.OperationDetail.as_view(),
         name="api_operation",
+    ),
+    path(
+        "deployments/<slug:instance_id>/operations/<uuid:operation_id>/cancel",
+        api.OperationCancel.as_view(),
+        name="api_operation_cancel",
     ),
     path(
         "deployments/<slug:instance_id>/actions/<str:verb>",

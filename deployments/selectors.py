@@ -83,6 +83,13 @@ def plan_spec(version: PlanVersion) -> PlanSpec:
     return _spec(version.digest, version.spec_text)
 
 
+def verb_rule(version: PlanVersion, verb: str) -> lifecycle.Rule:
+    """The lifecycle rule of `verb` on `version` (a plan's own action's, when its spec says
+    so): the role action it needs, which cancelling it needs too."""
+    spec_verb = plan_spec(version).main.verbs.get(verb)
+    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom))
+
+
 @dataclass(frozen=True)
 class LoadedVersion:
     spec: PlanSpec

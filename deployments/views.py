@@ -1187,17 +1187,6 @@ def instance_modify_estimate(request, instance_id: str):
 # --- cancel an operation ---
 
 
-def _verb_rule(version: PlanVersion, verb: str) -> lifecycle.Rule:
-    """The rule of a verb of `version`'s spec."""
-    spec_verb = selectors.plan_spec(version).main.verbs.get(verb)
-    return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom))
-
-
-def _verb_action(version: PlanVersion, verb: str) -> str:
-    """The role action a verb needs (cancelling an operation needs the same)."""
-    return _verb_rule(version, verb).action
-
-
 def _timeline_shown(page, operations: list, cancellable: set) -> str:
     """A digest of what the operations timeline shows, its times worded as it words them: its
     poll gets nothing to swap while it is unchanged (a swap every 2 s would move the keyboard
@@ -1226,7 +1215,7 @@ def _cancellable(instance: Instance, operations: list, allowed: frozenset[str]) 
     never a delete nor a running verb the cluster carries through, whose verb the role
     allows."""
     pending = [op for op in operations if op.state in PENDING and op.verb != "delete"]
-    rules = {op.verb: _verb_rule(instance.plan_version, op.verb) for op in pending}
+    rules = {op.verb: selectors.verb_rule(instance.plan_version, op.verb) for op in pending}
     return {
         op.pk
         for op in pending
@@ -1248,7 +1237,7 @@ def operation_cancel(request, instance_id: str, operation_id):
             request_id=request.POST.get("request_id", ""),
         )
     except ActionDenied as exc:
-        action = _verb_action(operation.plan_version, operation.verb)
+        action = selectors.verb_rule(operation.plan_version, operation.verb).action
         return _refused(request, instance, exc, action, tab="operations")
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))

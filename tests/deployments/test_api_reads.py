@@ -178,7 +178,7 @@ def test_the_token_records_when_it_was_used(client, owner, tenant):
 def test_a_method_an_address_does_not_take_is_a_json_405(client, owner, tenant):
     secret = _token(owner, tenant)
 
-    for method in ("post", "options"):
+    for method in ("put", "patch", "options"):
         response = getattr(client, method)(
             "/api/v1/deployments", HTTP_AUTHORIZATION=f"Bearer {secret}"
         )
