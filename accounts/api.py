@@ -4,6 +4,9 @@ role allows, and errors as JSON `{"error": "..."}` with the services' own words.
 
 from __future__ import annotations
 
+import math
+
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connections
 from django.http import Http404, JsonResponse
@@ -11,6 +14,7 @@ from django.utils.log import log_response
 from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
 
 from accounts import idempotency, services
 from accounts.audit import Actor
@@ -25,6 +29,10 @@ UNAUTHENTICATED = (
 INTERNAL_ERROR = (
     "Something went wrong on our side; it is logged for the platform team. Try again later "
     "with the same Idempotency-Key: one key never does an action twice."
+)
+THROTTLED = (
+    "Too many requests with this API token: try again in {seconds} s (Retry-After). The "
+    "platform team sets how many a token may make."
 )
 KEY_REUSED = (
     "This Idempotency-Key was already sent with another action or other parameters: send a new "
@@ -62,6 +70,35 @@ class TokenAuthenticated(permissions.BasePermission):
         return True
 
 
+class TokenRate(SimpleRateThrottle):
+    """Requests one API token may make (`OPSDECK_API_RATE`), counted per token in the cache
+    every web process shares; past it, a 429 with Retry-After. A request without a valid token
+    is refused before it is counted."""
+
+    setting = "OPSDECK_API_RATE"
+    scope = "token"
+
+    def get_rate(self) -> str:
+        return getattr(settings, self.setting)
+
+    def get_cache_key(self, request, view) -> str | None:
+        if not isinstance(request.auth, ApiToken):
+            return None
+        return f"api-rate:{self.scope}:{request.auth.pk}"
+
+
+class TokenWriteRate(TokenRate):
+    """Of them, those that change something: POST and DELETE (`OPSDECK_API_WRITE_RATE`)."""
+
+    setting = "OPSDECK_API_WRITE_RATE"
+    scope = "token-write"
+
+    def allow_request(self, request, view) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return super().allow_request(request, view)
+
+
 def token_actor(request) -> Actor:
     """The calling token as the actor services record (the audit log names it)."""
     return Actor.from_token(request._request, request.auth)
@@ -94,8 +131,8 @@ def _said(exc: ValidationError) -> str:
 def exception_handler(exc, context):
     """Every refusal as `{"error": "..."}`: bad input 400 (with `fields` when the services name
     them), no valid token 401, a role or a state that forbids it 403, nothing of the token's
-    organization there 404, an Idempotency-Key reused for another request 409; a fault of
-    ours 500, logged."""
+    organization there 404, an Idempotency-Key reused for another request 409, too many
+    requests with one token 429 (with Retry-After); a fault of ours 500, logged."""
     if isinstance(exc, ValidationError):
         _atomic_requests_rolled_back()
         if exc.messages == [idempotency.REUSED]:
@@ -107,6 +144,13 @@ def exception_handler(exc, context):
     if isinstance(exc, ActionDenied):
         _atomic_requests_rolled_back()
         return Response({"error": exc.reason}, status=403)
+    if isinstance(exc, exceptions.Throttled):
+        wait = max(1, math.ceil(exc.wait or 1))
+        return Response(
+            {"error": THROTTLED.format(seconds=wait)},
+            status=429,
+            headers={"Retry-After": str(wait)},
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or "Not found.")
     elif isinstance(exc, PermissionDenied):
@@ -116,8 +160,6 @@ def exception_handler(exc, context):
         headers = {}
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
-        if getattr(exc, "wait", None):
-            headers["Retry-After"] = str(int(exc.wait))
         detail = exc.detail
         if isinstance(detail, dict | list):
             error = " ".join(

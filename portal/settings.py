@@ -8,6 +8,7 @@ lists every variable.
 """
 
 import os
+import re
 from pathlib import Path
 
 import environ
@@ -165,7 +166,25 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # OPTIONS would describe each view from its docstring: not the API's documentation.
     "DEFAULT_METADATA_CLASS": None,
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.api.TokenRate", "accounts.api.TokenWriteRate"],
 }
+
+
+def _rate(name: str, default: str) -> str:
+    """A rate as DRF's throttles read it ("600/min"), refused at start when it cannot be."""
+    value = env.str(name, default=default)
+    if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", value):
+        raise ImproperlyConfigured(
+            f"{name} must be a number of requests per second, minute, hour or day, e.g. "
+            f"{default}; it is {value!r}."
+        )
+    return value
+
+
+# Requests one API token may make, and of them those that change something (POST, DELETE):
+# past either, a 429 says when to try again. Counted in the cache, shared by every web process.
+OPSDECK_API_RATE = _rate("OPSDECK_API_RATE", "600/min")
+OPSDECK_API_WRITE_RATE = _rate("OPSDECK_API_WRITE_RATE", "60/min")
 WSGI_APPLICATION = "portal.wsgi.application"
 ASGI_APPLICATION = "portal.asgi.application"
 
