@@ -5,8 +5,11 @@ the services the portal uses, with the same role rules. Another organization's d
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.exceptions import ValidationError
 from django.http import Http404
+from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
@@ -18,7 +21,7 @@ from accounts.api import token_actor, token_require
 from accounts.errors import ActionDenied
 from billing import entitlements
 from deployments import selectors, services
-from deployments.models import Cell, Instance, Operation
+from deployments.models import Cell, Instance, Operation, Snapshot
 
 
 class Pages(PageNumberPagination):
@@ -262,6 +265,11 @@ class OperationDetail(APIView):
         return Response(operation_shown(operation))
 
 
+# Actions with a service of their own, which take no parameters: the newest version of the
+# plan, and back to what last ran after a modify or an upgrade failed.
+OWN_ACTIONS = {"upgrade": services.instance_upgrade, "rollback": services.instance_rollback}
+
+
 class InstanceAction(APIView):
     """Queue a verb (stop, start, restart, backup, modify, a custom one) as the portal's
     buttons do; the body's `parameters` are the verb's own (a modify's: the values to change).
@@ -272,13 +280,20 @@ class InstanceAction(APIView):
         instance = _instance(request, instance_id)
         body = _body(request)
         try:
-            operation = services.instance_action(
-                actor=token_actor(request),
-                instance=instance,
-                verb=verb,
-                request_id=_key(request),
-                parameters=body.get("parameters"),
-            )
+            if verb in OWN_ACTIONS:
+                if body.get("parameters"):
+                    raise ValidationError(f"The {verb} takes no parameters: send {{}}.")
+                operation = OWN_ACTIONS[verb](
+                    actor=token_actor(request), instance=instance, request_id=_key(request)
+                )
+            else:
+                operation = services.instance_action(
+                    actor=token_actor(request),
+                    instance=instance,
+                    verb=verb,
+                    request_id=_key(request),
+                    parameters=body.get("parameters"),
+                )
         except ActionDenied as exc:
             return _refused(request, exc, selectors.verb_rule(instance.plan_version, verb).action)
         return _queued(operation)
@@ -307,4 +322,67 @@ class OperationCancel(APIView):
             if exc.messages == [idempotency.REUSED]:
                 raise
             return Response({"error": " ".join(exc.messages)}, status=409)
+        return _queued(operation)
+
+
+def snapshot_shown(snapshot: Snapshot) -> dict:
+    return {
+        "id": snapshot.pk,
+        "name": snapshot.name,
+        "status": snapshot.status,
+        "scheduled": snapshot.scheduled,
+        "created_at": snapshot.created_at,
+        "taken_at": snapshot.taken_at,
+        "expires_at": snapshot.expires_at,
+    }
+
+
+class BackupList(APIView):
+    """The deployment's backups, newest first, as its Backups tab lists them (deleted ones
+    left out)."""
+
+    def get(self, request, instance_id: str):
+        instance = _instance(request, instance_id)
+        pages = Pages()
+        backups = selectors.snapshots_of_instance(instance).only(
+            "name", "status", "scheduled", "created_at", "taken_at", "expires_at"
+        )
+        rows = pages.paginate_queryset(backups, request, view=self)
+        return pages.get_paginated_response([snapshot_shown(s) for s in rows])
+
+
+def _moment(value) -> datetime | None:
+    """A point in time given as ISO 8601 text (None: none given); the service refuses one
+    without its time zone."""
+    if value is None:
+        return None
+    moment = parse_datetime(value) if isinstance(value, str) else None
+    if moment is None:
+        raise ValidationError({"target_time": services.TIME_ZONE_NEEDED})
+    return moment
+
+
+class BackupRestore(APIView):
+    """Restore a completed backup into a NEW deployment, as the Backups tab's Restore does:
+    body `{"name", "parameters" (those to change from the backup's), "target_time" (where the
+    plan can recover a point in time)}`. 202 with the restore operation, whose `deployment` is
+    the new one."""
+
+    def post(self, request, instance_id: str, snapshot_id: int):
+        instance = _instance(request, instance_id)
+        snapshot = selectors.snapshot_of_instance(instance, snapshot_id)
+        if snapshot is None:
+            raise Http404("No such backup.")
+        body = _body(request)
+        try:
+            operation = services.snapshot_restore(
+                actor=token_actor(request),
+                snapshot=snapshot,
+                name=body.get("name"),
+                request_id=_key(request),
+                parameters=body.get("parameters", {}),
+                target_time=_moment(body.get("target_time")),
+            )
+        except ActionDenied as exc:
+            return _refused(request, exc, "backup.restore")
         return _queued(operation)

@@ -25,6 +25,14 @@ urlpatterns = [
         name="api_operation_cancel",
     ),
     path(
+        "deployments/<slug:instance_id>/backups", api.BackupList.as_view(), name="api_backup_list"
+    ),
+    path(
+        "deployments/<slug:instance_id>/backups/<int:snapshot_id>/restore",
+        api.BackupRestore.as_view(),
+        name="api_backup_restore",
+    ),
+    path(
         "deployments/<slug:instance_id>/actions/<str:verb>",
         api.InstanceAction.as_view(),
         name="api_instance_action",

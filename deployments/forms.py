@@ -281,7 +281,6 @@ class CellChoiceField(forms.ModelChoiceField):
         return f"{obj.region} ({obj.name})" if obj.region else obj.name
 
 
-POINT_IN_TIME_MARK = "$sys.restore.targetTime"
 KEPT_HELP = "Leave empty to keep the backed-up instance's password."
 
 

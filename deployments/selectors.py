@@ -90,6 +90,18 @@ def verb_rule(version: PlanVersion, verb: str) -> lifecycle.Rule:
     return lifecycle.rule(verb, custom=bool(spec_verb and spec_verb.custom))
 
 
+# What a restore workflow reads when it can recover to a point in time (the shipped PostgreSQL
+# spec does); one that does not restores a backup as it was taken.
+POINT_IN_TIME_MARK = "$sys.restore.targetTime"
+
+
+def restores_to_point_in_time(version: PlanVersion) -> bool:
+    """Whether the plan's restore can recover to a point in time: its workflow reads
+    `$sys.restore.targetTime`."""
+    verb = plan_spec(version).main.verbs.get("restore")
+    return verb is not None and POINT_IN_TIME_MARK in repr(verb.workflow)
+
+
 @dataclass(frozen=True)
 class LoadedVersion:
     spec: PlanSpec

@@ -1419,6 +1419,7 @@ def _utc_text(moment: datetime) -> str:
 
 
 RESTORE_COMPLETED = "Only a completed backup can be restored."
+NO_POINT_IN_TIME = "This plan restores a backup as it was taken: it cannot recover a point in time."
 RESTORE_FORGETTING = selectors.RESTORE_FORGETTING
 FORGET_RESTORING = (
     "A new instance is being restored from this backup: delete the backup once the restore"
@@ -1470,12 +1471,14 @@ def snapshot_restore(
             raise ValidationError(RESTORE_COMPLETED)
         if forgetting:
             raise ValidationError(RESTORE_FORGETTING)
-        if target_time is not None:
-            _point_in_time_check(snapshot, target_time)
         version = snapshot.plan_version
         spec = selectors.plan_spec(version)
         if "restore" not in spec.main.verbs:
             raise ValidationError("This plan cannot restore backups.")
+        if target_time is not None:
+            if not selectors.restores_to_point_in_time(version):
+                raise ValidationError({"target_time": NO_POINT_IN_TIME})
+            _point_in_time_check(snapshot, target_time)
         base = _restore_base(snapshot, target_time)
         values = selectors.restore_changes(snapshot, values, target_time)
         try:

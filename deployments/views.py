@@ -828,13 +828,6 @@ def _snapshot(instance: Instance, snapshot_id: int, *, deleted: bool = False) ->
     return snapshot
 
 
-def _point_in_time(version: PlanVersion) -> bool:
-    """Whether the plan's restore can recover to a point in time: its workflow reads
-    `$sys.restore.targetTime` (as the shipped PostgreSQL spec does)."""
-    verb = selectors.plan_spec(version).main.verbs.get("restore")
-    return verb is not None and forms.POINT_IN_TIME_MARK in repr(verb.workflow)
-
-
 def _local(moment) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -849,7 +842,7 @@ def _second_up(moment):
 def _restore_form(snapshot: Snapshot, name: str, data=None) -> forms.RestoreForm:
     spec = selectors.plan_spec(snapshot.plan_version)
     bounds = None
-    if _point_in_time(snapshot.plan_version):
+    if selectors.restores_to_point_in_time(snapshot.plan_version):
         low, high = selectors.recovery_window(snapshot, timezone.now())
         bounds = (_local(min(_second_up(low), high)), _local(high))
     form_class = forms.restore_form_class(

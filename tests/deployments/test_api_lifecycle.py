@@ -3,20 +3,23 @@ deletes one as its Delete button does and cancels an operation as the Operations
 with its role's rights, one object per Idempotency-Key, and bad input said per field."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from accounts import services as account_services
 from accounts.audit import Actor
 from accounts.models import AuditEvent
-from deployments import services
-from deployments.models import Cell, Instance, Operation
+from deployments import selectors, services, transitions
+from deployments.models import Cell, Instance, Operation, Snapshot
 from tests.concurrency import race
 from tests.deployments.conftest import SPEC
 from tests.deployments.factories import BACKUPS
 from tests.deployments.test_api_actions import _act, _token
 from tests.deployments.test_instance_lifecycle_actions import _running
+from tests.deployments.test_instance_upgrade import _v2_text
 
 
 @pytest.fixture
@@ -368,3 +371,169 @@ def test_the_plans_say_what_a_create_can_send_and_where_it_can_run(client, owner
          "parameters": {"instances": parameters["instances"]["limits"]["max"]}},
     )  # fmt: skip
     assert created.status_code == 202, created.json()
+
+
+# --- backups, restore, upgrade, roll back ---
+
+
+def _completed_backup(instance, *, hours_ago=2):
+    return Snapshot.objects.create(
+        tenant=instance.tenant, instance=instance, source_instance_id=instance.pk,
+        plan_version=instance.plan_version, name=f"{instance.pk}-snap-{hours_ago}",
+        status=Snapshot.Status.COMPLETED, created_at=timezone.now() - timedelta(hours=hours_ago),
+        taken_at=timezone.now() - timedelta(hours=hours_ago), parameters=instance.parameters,
+    )  # fmt: skip
+
+
+def _restore(client, instance, snapshot, secret, body, *, key=None):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
+    if key:
+        headers["HTTP_IDEMPOTENCY_KEY"] = key
+    return client.post(
+        f"/api/v1/deployments/{instance.pk}/backups/{snapshot.pk}/restore",
+        data=json.dumps(body), content_type="application/json", **headers,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_backups_are_listed_newest_first_without_deleted_ones(client, owner, tenant, plan):
+    instance = _running(owner, tenant)
+    older = _completed_backup(instance, hours_ago=5)
+    newer = _completed_backup(instance, hours_ago=1)
+    gone = _completed_backup(instance, hours_ago=3)
+    Snapshot.objects.filter(pk=gone.pk).update(status=Snapshot.Status.DELETED)
+
+    response = client.get(
+        f"/api/v1/deployments/{instance.pk}/backups",
+        HTTP_AUTHORIZATION=f"Bearer {_token(owner, tenant, role='viewer')}",
+    )
+
+    assert response.status_code == 200
+    listed = response.json()["results"]
+    assert [b["id"] for b in listed] == [newer.pk, older.pk]
+    assert set(listed[0]) == {
+        "id", "name", "status", "scheduled", "created_at", "taken_at", "expires_at"
+    }  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_member_token_restores_a_backup_into_a_new_deployment_once_per_key(
+    client, owner, tenant, plan
+):
+    instance = _running(owner, tenant)
+    backup = _completed_backup(instance)
+    secret = _token(owner, tenant)
+    body = {"name": "orders-copy", "parameters": {"instances": 2}}
+
+    first = _restore(client, instance, backup, secret, body, key="restore-1")
+    again = _restore(client, instance, backup, secret, body, key="restore-1")
+
+    assert first.status_code == again.status_code == 202, first.json()
+    assert first.json()["id"] == again.json()["id"]
+    assert first.json()["verb"] == "restore"
+    copy = Instance.objects.get(pk=first.json()["deployment"])
+    assert (copy.name, copy.parameters["instances"]) == ("orders-copy", 2)
+    assert Instance.objects.filter(name="orders-copy").count() == 1
+    event = AuditEvent.objects.get(action="instance.restore")
+    assert (event.actor_kind, event.result) == ("token", "ok")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        ({"name": ""}, {"name"}),
+        ({"name": "copy", "target_time": "yesterday"}, {"target_time"}),
+        ({"name": "copy", "target_time": "2026-11-30T12:00:00"}, {"target_time"}),
+        ({"name": "copy", "target_time": "2000-01-01T00:00:00Z"}, {"target_time"}),
+    ],
+)
+def test_a_restore_with_bad_input_names_the_field_and_makes_nothing(
+    client, owner, tenant, plan, body, fields
+):
+    instance = _running(owner, tenant)
+    backup = _completed_backup(instance)
+
+    response = _restore(client, instance, backup, _token(owner, tenant), body)
+
+    assert response.status_code == 400
+    assert set(response.json()["fields"]) == fields, response.json()
+    assert Instance.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_plan_that_cannot_recover_a_point_in_time_says_so(client, owner, tenant, plan):
+    instance = _running(owner, tenant)
+    plain = services.plan_load(
+        text=SPEC.read_text().replace("$sys.restore.targetTime", "$sys.restore.snapshotTime")
+    ).version
+    assert not selectors.restores_to_point_in_time(plain)
+    Instance.objects.filter(pk=instance.pk).update(plan_version=plain)
+    backup = _completed_backup(Instance.objects.get(pk=instance.pk), hours_ago=2)
+    moment = (timezone.now() - timedelta(hours=1)).isoformat()
+
+    response = _restore(
+        client, instance, backup, _token(owner, tenant), {"name": "copy", "target_time": moment}
+    )
+
+    assert response.status_code == 400
+    assert response.json()["fields"] == {"target_time": services.NO_POINT_IN_TIME}
+    assert Instance.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_viewer_cannot_restore_and_another_deployments_backup_is_a_404(
+    client, owner, tenant, plan
+):
+    orders = _running(owner, tenant)
+    billing = _running(owner, tenant, name="billing")
+    backup = _completed_backup(orders)
+
+    viewer = _restore(
+        client, orders, backup, _token(owner, tenant, role="viewer"), {"name": "copy"}
+    )
+    elsewhere = _restore(client, billing, backup, _token(owner, tenant, name="x"), {"name": "c"})
+
+    assert viewer.status_code == 403
+    assert elsewhere.status_code == 404
+    assert Instance.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_token_upgrades_to_the_newest_version_and_rolls_back_after_a_failure(
+    client, owner, tenant, plan
+):
+    instance = _running(owner, tenant)
+    v2 = services.plan_load(text=_v2_text(SPEC.read_text())).version
+    secret = _token(owner, tenant)
+
+    upgrade = _act(client, instance, "upgrade", secret, key="up-1")
+    with_values = _act(client, instance, "upgrade", secret, body={"parameters": {"cpu": 2}})
+
+    assert upgrade.status_code == 202, upgrade.json()
+    operation = Operation.objects.get(pk=upgrade.json()["id"])
+    assert (operation.verb, operation.plan_version) == ("upgrade", v2)
+    assert with_values.status_code == 400
+    assert with_values.json() == {"error": "The upgrade takes no parameters: send {}."}
+    # The upgrade fails: the instance holds what last ran, and a roll back applies it again.
+    Operation.objects.filter(pk=operation.pk).update(state=Operation.State.FAILED)
+    transitions.instance_state_set(instance, Instance.State.FAILED, operation=operation)
+    rollback = _act(client, instance, "rollback", secret)
+    assert rollback.status_code == 202, rollback.json()
+    assert Operation.objects.get(pk=rollback.json()["id"]).verb == "rollback"
+
+
+@pytest.mark.django_db
+def test_an_upgrade_with_nothing_newer_or_a_roll_back_with_nothing_failed_is_a_409(
+    client, owner, tenant, plan
+):
+    instance = _running(owner, tenant)
+    secret = _token(owner, tenant)
+
+    upgrade = _act(client, instance, "upgrade", secret)
+    rollback = _act(client, instance, "rollback", secret)
+
+    assert upgrade.status_code == 409
+    assert upgrade.json() == {"error": "The instance runs its plan's newest version already."}
+    assert rollback.status_code == 409
+    assert not instance.operations.exclude(verb="create").exists()
