@@ -29,8 +29,15 @@ def _step(page: Page, name: str) -> None:
 
 def _wait_state(page: Page, label: str, timeout: float = 90) -> None:
     """Until the instance page's header shows `label`, without reloading: while an operation
-    is pending the header follows it, and the page refreshes when it ends."""
-    expect(page.locator("#instance-state")).to_have_text(label, timeout=timeout * 1000)
+    is pending the header follows it, and the page refreshes when it ends. When it does not,
+    what the page says of a failed operation is the test's failure."""
+    try:
+        expect(page.locator("#instance-state")).to_have_text(label, timeout=timeout * 1000)
+    except AssertionError as exc:
+        failed = page.locator("#instance-failed")
+        said = failed.inner_text() if failed.count() else "the page names no failed operation"
+        _step(page, f"not-{label.lower()}")
+        raise AssertionError(f"{page.url} is not {label}: {said}") from exc
 
 
 def _press(page: Page, label: str) -> None:
