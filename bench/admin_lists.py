@@ -8,7 +8,7 @@ month of daily backups) — by copying one row made through the models with `INS
 over `generate_series`, then vacuums and analyzes them as autovacuum keeps a database in
 service.
 
-Then it requests every list of the admin through Django's test client as a superuser, ROUNDS
+Then it requests every list of the admin through Django's test client as a superuser, `--rounds`
 times each, and prints the median time, and the rows and index entries the page's statements
 read of the list's table (PostgreSQL's own counters, in the request's transaction), beside the
 rows the table holds. A list that reads about a page of its table costs the same at any size;
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from .support import figures_record, measure_or_run, rows_read
 
-ROUNDS = 5
+ROUNDS = 5  # requests of each list, their median printed (`--rounds`)
 # The tables' rows at --scale 1: a fleet of 10,000 instances after some months.
 SIZES = {
     "tenants": 1_000,
@@ -40,7 +40,7 @@ SIZES = {
 }
 
 
-def measure(*, spec_path: Path, scale: float) -> None:
+def measure(*, spec_path: Path, scale: float, rounds: int = ROUNDS) -> None:
     from django.core.management import call_command
     from django.test.utils import override_settings
 
@@ -54,13 +54,13 @@ def measure(*, spec_path: Path, scale: float) -> None:
         f"{sizes['operations']:,} operations, {sizes['audit_events']:,} audit events, "
         f"{sizes['usage_records']:,} usage records, {sizes['meter_events']:,} meter events "
         f"and {sizes['snapshots']:,} snapshots "
-        f"(made in {time.perf_counter() - started:.0f} s); median of {ROUNDS} requests each:"
+        f"(made in {time.perf_counter() - started:.0f} s); median of {rounds} requests each:"
     )
     print(f"  {'list':40} {'rows':>11} {'read':>9} {'statements':>10} {'ms':>8}")
     # Production settings (DEBUG off): the test client's host admitted, its requests over HTTPS.
     with override_settings(ALLOWED_HOSTS=["testserver"]):
         client = _staff_client()
-        found = [_list(model, client) for model, _ in _lists()]
+        found = [_list(model, client, rounds) for model, _ in _lists()]
     for f in sorted(found, key=lambda f: -f.seconds):
         print(f"  {f.name:40} {f.rows:11,} {f.read:9,} {f.statements:10} {f.seconds * 1000:8.1f}")
     slowest = max(found, key=lambda f: f.seconds)
@@ -97,7 +97,7 @@ def _lists():
     )
 
 
-def _list(model, client) -> Listed:
+def _list(model, client, rounds: int) -> Listed:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
     from django.urls import reverse
@@ -107,7 +107,7 @@ def _list(model, client) -> Listed:
         cursor.execute(f"SELECT count(*) FROM {model._meta.db_table}")  # noqa: S608
         (rows,) = cursor.fetchone()
     times, reads = [], []
-    for _ in range(ROUNDS + 1):  # the first warms the session and the caches
+    for _ in range(rounds + 1):  # the first warms the session and the caches
         # In one transaction: PostgreSQL's counters of it are not yet flushed to its statistics.
         with transaction.atomic(), CaptureQueriesContext(connection) as statements:
             before = rows_read(model)
@@ -267,16 +267,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="the tables' size, times the default (1)"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=ROUNDS, help=f"requests of each list (default {ROUNDS})"
+    )
     # The measuring child process, run on the throwaway database.
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.scale <= 0:
         parser.error("--scale must be positive")
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
     measure_or_run(
         "bench.admin_lists",
         inner=args.inner,
         argv=argv,
-        measure=lambda: measure(spec_path=args.spec.resolve(), scale=args.scale),
+        measure=lambda: measure(
+            spec_path=args.spec.resolve(), scale=args.scale, rounds=args.rounds
+        ),
     )
 
 

@@ -37,7 +37,7 @@ from deployments.workflow.conditions import CEL_PREFIX
 from .plan import Create
 from .support import BenchError, figures_record
 
-ROUNDS = 400
+ROUNDS = 400  # calls per batch (`--rounds`)
 REPEATS = 5
 SPEED = 2000.0  # the sandbox's time factor while the sample object is made
 SAMPLE_TIMEOUT = 120.0
@@ -81,17 +81,20 @@ def _jq_filter(create: Create) -> str:
     return DEFAULT_JQ
 
 
-def _per_call_us(call: Callable[[dict[str, Any]], Any], objects: list[dict[str, Any]]) -> float:
-    """µs per call, the best of REPEATS batches: the machine's other load only adds time."""
-    for obj in objects * 50:  # warm up: the child started, programs compiled and cached
+def _per_call_us(
+    call: Callable[[dict[str, Any]], Any], objects: list[dict[str, Any]], rounds: int
+) -> float:
+    """µs per call, the best of REPEATS batches of `rounds`: the machine's other load only adds
+    time."""
+    for obj in objects * min(50, rounds):  # warm up: the child started, programs compiled
         call(obj)
     best = float("inf")
     for _ in range(REPEATS):
         start = time.perf_counter()
-        for i in range(ROUNDS):
+        for i in range(rounds):
             call(objects[i % len(objects)])
         best = min(best, time.perf_counter() - start)
-    return best / ROUNDS * 1e6
+    return best / rounds * 1e6
 
 
 def _cel_program(expression: str) -> celpy.Runner:
@@ -113,7 +116,13 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("spec", type=Path, help="the plan spec whose conditions are evaluated")
+    parser.add_argument(
+        "--rounds", type=int, default=ROUNDS, help=f"calls per batch (default {ROUNDS})"
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
+    rounds = args.rounds
     try:
         create = Create(args.spec.read_text())
         first, success, failure = sample(create)
@@ -127,15 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"Bounded CEL/jq evaluation over a {first['kind']} of {len(json.dumps(first))} bytes "
         f"(limits {evaluator.TIME_LIMIT_SECONDS:g} s, {evaluator.MEMORY_LIMIT_MIB} MiB), "
-        f"best of {REPEATS} x {ROUNDS}"
+        f"best of {REPEATS} x {rounds}"
     )
     print(f"  {'µs per call':<44} {'in-process':>9} {'via child':>10} {'overhead/eval':>14}")
     alone = _cel_program(expressions[-1])
     inside = _per_call_us(
-        lambda obj: alone.evaluate({"self": celpy.json_to_cel(obj)}), [first, second]
+        lambda obj: alone.evaluate({"self": celpy.json_to_cel(obj)}), [first, second], rounds
     )
     child = _per_call_us(
-        lambda obj: evaluator.evaluate_cel(expressions[-1], "self", obj), [first, second]
+        lambda obj: evaluator.evaluate_cel(expressions[-1], "self", obj), [first, second], rounds
     )
     overhead = _row("one CEL condition alone, changed object", inside, child, 1)
     programs = [_cel_program(e) for e in expressions]
@@ -150,13 +159,13 @@ def main(argv: list[str] | None = None) -> None:
 
     n = len(expressions)
     for label, objects in (("changed object", [first, second]), ("same object", [first])):
-        inside = _per_call_us(move_in_process, objects)
-        child = _per_call_us(move_via_child, objects)
+        inside = _per_call_us(move_in_process, objects, rounds)
+        child = _per_call_us(move_via_child, objects, rounds)
         _row(f"a move's {n} CEL condition(s), {label}", inside, child, n)
     jq_filter = _jq_filter(create)
     program = jq.compile(jq_filter)
-    inside = _per_call_us(lambda obj: program.input_value(obj).all(), [first, second])
-    child = _per_call_us(lambda obj: evaluator.evaluate_jq(jq_filter, obj), [first, second])
+    inside = _per_call_us(lambda obj: program.input_value(obj).all(), [first, second], rounds)
+    child = _per_call_us(lambda obj: evaluator.evaluate_jq(jq_filter, obj), [first, second], rounds)
     _row(f"a jq output filter ({jq_filter})", inside, child, 1)
     figures_record({"evaluator_cel_overhead_us": round(overhead, 1)}, _figures_path())
 

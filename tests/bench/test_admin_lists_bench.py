@@ -6,7 +6,7 @@ from tests.bench.support import SPEC, run
 
 
 def test_the_admin_lists_benchmark_prints_every_list_with_the_rows_its_page_read(tmp_path):
-    out, recorded = run(tmp_path, "bench.admin_lists", SPEC, "--scale", "0.001")
+    out, recorded = run(tmp_path, "bench.admin_lists", SPEC, "--scale", "0.001", "--rounds", "1")
 
     assert "the admin's lists with 10 instances, 100 operations, 1,000 audit events" in out
     for listed in ("accounts / audit events", "deployments / operations", "billing / usage records",
