@@ -316,12 +316,15 @@ class FleetRunAdmin(ServiceOwnedAdmin):
                 request,
                 f"Stopped {len(stopped)} run{pluralize(len(stopped))}: "
                 "it queues nothing more, and the operations it queued run on (each can be "
-                "cancelled on its instance).",
+                "cancelled on its instance); one in waves ends once they have, their failures "
+                "counted.",
                 messages.SUCCESS,
             )
         if len(stopped) < len(queryset):
             self.message_user(
-                request, "A run that had ended already was left as it was.", messages.WARNING
+                request,
+                "A run that had ended, or was stopping already, was left as it was.",
+                messages.WARNING,
             )
 
     def has_view_permission(self, request, obj=None):

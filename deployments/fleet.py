@@ -109,6 +109,9 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
             FleetRun.objects.filter(pk=run_id, handled=run.handled).update(claimed_until=None)
             return False
         failed += ended
+        if run.stopped:  # staff stopped it while this wave ran: it ends with the wave
+            _stop(run, run.stopped, failed=failed)
+            return True
         if run.handled >= len(run.selection):  # its last wave ended, and the run with it
             FleetRun.objects.filter(pk=run_id, handled=run.handled, finished_at=None).update(
                 failed=failed, claimed_until=None, finished_at=timezone.now()
@@ -124,7 +127,7 @@ def fleet_run_advance(run_id: int, *, now=None) -> bool:
         # Stopped since it was read (`fleet_run_stop` holds this lock while it stops it), or
         # its batch taken over by another worker: nothing of this batch.
         live = FleetRun.objects.select_for_update().filter(
-            pk=run_id, handled=run.handled, finished_at=None
+            pk=run_id, handled=run.handled, finished_at=None, stopped=""
         )
         if not live.exists():
             return False
@@ -196,12 +199,26 @@ def _too_many(failed: int, allowed: int) -> str:
 def fleet_run_stop(run: FleetRun, *, by: str) -> bool:
     """Stop the run where it is, at staff's request (`by`: who, as said): the instances it has
     not queued on yet are refused for it; the operations it queued run on (each can be
-    cancelled on its instance). Whether it stopped it (an ended run is left as it is)."""
+    cancelled on its instance). A run in waves whose last wave still runs queues nothing more
+    and ends with that wave, its failures counted (`fleet_run_advance`). Whether it stopped it
+    (an ended or stopping run is left as it is)."""
+    why = f"Not queued: {by} stopped the run."
     with transaction.atomic():
-        run = FleetRun.objects.select_for_update().filter(pk=run.pk, finished_at=None).first()
+        run = (
+            FleetRun.objects.select_for_update()
+            .filter(pk=run.pk, finished_at=None, stopped="")
+            .first()
+        )
         if run is None:
             return False
-        _stop(run, f"Not queued: {by} stopped the run.")
+        if not (run.wave and run.handled):
+            _stop(run, why)
+            return True
+        ended = _wave_ended(run)
+        if ended is None:
+            FleetRun.objects.filter(pk=run.pk).update(stopped=why)
+        else:  # its last wave ended, its failures not counted yet
+            _stop(run, why, failed=run.failed + ended)
     return True
 
 

@@ -11,7 +11,7 @@ from accounts import services as account_services
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import selectors, services
-from deployments.fleet import fleet_run_advance
+from deployments.fleet import fleet_run_advance, fleet_run_stop
 from deployments.models import FleetRun, Instance, Operation
 from deployments.parameters import split_values
 from deployments.spec.params import validate_parameters
@@ -595,10 +595,44 @@ def test_staff_stop_a_run_and_what_it_queued_runs_on(staff_client, fleet):
     run.refresh_from_db()
     why = "Not queued: staff@example.com stopped the run."
     assert "Stopped 1 run: it queues nothing more" in done.content.decode()
-    assert run.finished_at is not None and run.stopped == why
+    # Its wave's operation runs on, and the run ends with it.
+    assert run.finished_at is None and run.stopped == why
+    assert list(Operation.objects.values_list("state", flat=True)) == ["queued"]
+    assert not fleet_run_advance(run.pk)  # queues nothing while it runs
+    again = staff_client.post(
+        "/admin/deployments/fleetrun/", {"action": "stop", "_selected_action": [run.pk]},
+        follow=True,
+    )  # fmt: skip
+    assert "was stopping already, was left as it was" in again.content.decode()
+
+    _end(Operation.objects.all(), Operation.State.FAILED)
+    assert fleet_run_advance(run.pk)  # as the operation's end sends it
+
+    run.refresh_from_db()
+    assert run.finished_at is not None and (run.stopped, run.failed) == (why, 1)
     assert [w for _, w in run.refused] == [why] * 3
-    assert list(Operation.objects.values_list("state", flat=True)) == ["queued"]  # runs on
+    assert Operation.objects.count() == 1
     assert not fleet_run_advance(run.pk)  # ended: nothing more
+    page = staff_client.get(f"/admin/deployments/fleetrun/{run.pk}/change/").content.decode()
+    assert "1 of the waves ended (none allowed)" in page
+
+
+def test_a_run_stopped_after_its_wave_ended_counts_that_waves_failures(staff_client, fleet):
+    """Its last operation failed, and staff stopped it before the run was sent again: the
+    failure is counted as the wave's end would have counted it."""
+    running, _ = fleet
+    _, fields = _confirm(staff_client, "restart", running)
+    _send(staff_client, {**fields, "fleet_wave": ["2"], "fleet_failures": ["3"]})
+    run = _run(fields)
+    _end(Operation.objects.all()[:1], Operation.State.FAILED)
+    _end(Operation.objects.filter(state=Operation.State.QUEUED))
+
+    assert fleet_run_stop(run, by="staff@example.com")
+
+    run.refresh_from_db()
+    assert run.finished_at is not None and run.failed == 1
+    assert len(run.refused) == len(running) - 2
+    assert Operation.objects.count() == 2
 
 
 @pytest.mark.parametrize("wave", ["0", "51", "two", "-1"])
