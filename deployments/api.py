@@ -271,8 +271,9 @@ OWN_ACTIONS = {"upgrade": services.instance_upgrade, "rollback": services.instan
 
 
 class InstanceAction(APIView):
-    """Queue a verb (stop, start, restart, backup, modify, a custom one) as the portal's
-    buttons do; the body's `parameters` are the verb's own (a modify's: the values to change).
+    """Queue a verb (stop, start, restart, backup, modify, upgrade, rollback, a custom one) as
+    the portal's buttons do; the body's `parameters` are the verb's own (a modify's: the values
+    to change; an upgrade and a roll back take none).
     The `Idempotency-Key` header is the request id: a repeat returns the first operation, the
     same key with another action or parameters is a 409."""
 
