@@ -89,6 +89,8 @@ def test_a_member_token_creates_a_deployment_that_the_api_and_the_portal_show(
         ({"plan": "PLAN", "parameters": {"instances": 9}}, {"name", "instances"}),
         ({"name": "orders", "plan": "PLAN", "cell": "nowhere"}, {"cell"}),
         ({"name": "orders", "plan": "PLAN", "cell": 7}, {"cell"}),
+        ({"name": "orders", "plan": "PLAN", "parameters": [1]}, {"parameters"}),
+        ({"name": 5, "plan": "PLAN"}, {"name"}),
     ],
 )
 def test_a_create_with_bad_input_names_each_field_and_makes_nothing(
@@ -497,6 +499,13 @@ def test_a_viewer_cannot_restore_and_another_deployments_backup_is_a_404(
     assert viewer.status_code == 403
     assert elsewhere.status_code == 404
     assert Instance.objects.count() == 2
+    for missing in (backup.pk + 1000, 10**30):  # none, and none a database integer could hold
+        response = client.post(
+            f"/api/v1/deployments/{orders.pk}/backups/{missing}/restore",
+            data="{}", content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {_token(owner, tenant, name=f'n{missing}')}",
+        )  # fmt: skip
+        assert response.status_code == 404, response.content
 
 
 @pytest.mark.django_db
