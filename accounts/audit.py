@@ -58,6 +58,14 @@ class Actor:
         return self.staff and self.user is not None and self.user.is_staff
 
     @property
+    def name(self) -> str:
+        """How the audit log and an operation's reasons name them: the token's label, the
+        user's address; "" for the system."""
+        if self.token is not None:
+            return self.token.label
+        return getattr(self.user, "email", "")
+
+    @property
     def kind(self) -> str:
         if self.token is not None:
             return AuditEvent.ActorKind.TOKEN
@@ -111,9 +119,7 @@ def audit_event(
     return AuditEvent(
         tenant=tenant,
         actor=actor.user,
-        actor_email=actor.token.label
-        if actor.token is not None
-        else getattr(actor.user, "email", ""),
+        actor_email=actor.name,
         actor_kind=actor.kind,
         action=action,
         target_type=target._meta.model_name if target is not None else "",

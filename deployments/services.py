@@ -1294,15 +1294,6 @@ def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:
     return instance
 
 
-def _who(actor: Actor) -> str:
-    """The actor as an operation's reason names it: an address, an API token, or the platform."""
-    if actor.user is not None:
-        return actor.user.email
-    if actor.token is not None:
-        return actor.token.label
-    return "the platform"
-
-
 def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> Operation:
     """Cancel an operation: a queued one ends at once; a running one stops at its next step
     (its onExit still runs) and ends `cancelled`. The instance goes back to the state it had
@@ -1330,7 +1321,7 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
             raise ValidationError(f"The operation is stopping already: {operation.cancel_reason}")
         if operation.state == Operation.State.RUNNING and rule.runs_through:
             raise ValidationError(rule.runs_through)
-        reason = f"Cancelled by {_who(actor)}."
+        reason = f"Cancelled by {actor.name or 'the platform'}."
         if operation.state == Operation.State.QUEUED:
             operation.state = Operation.State.CANCELLED
             operation.finished_at = timezone.now()

@@ -43,7 +43,7 @@ def database_copy(db: dict[str, Any], name: str) -> None:
         try:
             if not _exists(conn, template):
                 _build(conn, db, template)
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(_name(name)))
+            _drop(conn, name)
             conn.execute(
                 sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(_name(name), _name(template))
             )
@@ -57,10 +57,8 @@ def database_exists(db: dict[str, Any], name: str) -> bool:
 
 
 def database_drop(db: dict[str, Any], name: str) -> None:
-    from psycopg import sql
-
     with connect(db, "postgres") as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(_name(name)))
+        _drop(conn, name)
 
 
 def migrations_digest() -> str:
@@ -82,7 +80,7 @@ def _build(conn, db: dict[str, Any], template: str) -> None:
     from psycopg import sql
 
     building = f"{template}_building"
-    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(_name(building)))
+    _drop(conn, building)
     conn.execute(sql.SQL("CREATE DATABASE {}").format(_name(building)))
     env = {
         **os.environ,
@@ -95,7 +93,7 @@ def _build(conn, db: dict[str, Any], template: str) -> None:
     command = [sys.executable, "manage.py", "migrate", "--no-input", "--verbosity", "0"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)  # noqa: S603
     if result.returncode != 0:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(_name(building)))
+        _drop(conn, building)
         raise ScratchDatabaseError(f"migrating the template failed:\n{result.stderr[-3000:]}")
     conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(_name(building), _name(template)))
     others = conn.execute(
@@ -103,13 +101,20 @@ def _build(conn, db: dict[str, Any], template: str) -> None:
         [TEMPLATE_PREFIX, template],
     ).fetchall()
     for (other,) in others:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(_name(other)))
+        _drop(conn, other)
 
 
 def _exists(conn, name: str) -> bool:
     return (
         conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is not None
     )
+
+
+def _drop(conn, name: str) -> None:
+    """Drop the database `name` if there is one, whoever is connected to it."""
+    from psycopg import sql
+
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(_name(name)))
 
 
 def _name(name: str):
