@@ -10,7 +10,7 @@ from datetime import datetime
 from django.core.exceptions import ValidationError
 from django.http import Http404
 from django.utils.dateparse import parse_datetime
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import APIException, AuthenticationFailed
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,6 +22,12 @@ from accounts.errors import ActionDenied
 from billing import entitlements
 from deployments import selectors, services
 from deployments.models import Cell, Instance, Operation, Snapshot
+
+
+class Conflict(APIException):
+    """What the deployment as it is now forbids, said as the service says it."""
+
+    status_code = 409
 
 
 class Pages(PageNumberPagination):
@@ -49,9 +55,30 @@ def instance_row(instance: Instance) -> dict:
     }
 
 
+def upgrade_shown(instance: Instance) -> dict | None:
+    """The upgrade its page offers: the plan's newest version, the parameters it adds and
+    removes, and why it cannot be taken now (`refused`: the deployment's state, operations
+    pending, a region the version does not run in, or values it refuses); None when the
+    deployment runs the newest version."""
+    preview = selectors.upgrade_preview(instance)
+    if preview is None:
+        return None
+    refused = (
+        selectors.lifecycle_refusal(instance, "upgrade")
+        or selectors.upgrade_cell_refusal(instance, preview.target)
+        or " ".join(preview.problems.values())
+    )
+    return {
+        "version": preview.target.number,
+        "adds": [change.key for change in preview.added],
+        "removes": [change.key for change in preview.removed],
+        "refused": refused or None,
+    }
+
+
 def instance_shown(instance: Instance) -> dict:
     """A deployment as its page shows it: parameters as listed there (a password only as
-    "set, hidden"), never a secret."""
+    "set, hidden"), never a secret, and the upgrade it offers."""
     return {
         **instance_row(instance),
         "health_reason": instance.health_reason,
@@ -61,6 +88,7 @@ def instance_shown(instance: Instance) -> dict:
             for shown in selectors.instance_parameters_shown(instance)
         },
         "outputs": instance.outputs,
+        "upgrade": upgrade_shown(instance),
     }
 
 
@@ -265,15 +293,20 @@ class OperationDetail(APIView):
         return Response(operation_shown(operation))
 
 
-# Actions with a service of their own, which take no parameters: the newest version of the
-# plan, and back to what last ran after a modify or an upgrade failed.
-OWN_ACTIONS = {"upgrade": services.instance_upgrade, "rollback": services.instance_rollback}
+def _version(body: dict) -> int | None:
+    """The version an upgrade's body expects to upgrade to (None: the newest, whichever)."""
+    version = body.get("version")
+    if version is not None and (type(version) is not int or version < 1):
+        raise ValidationError({"version": "Give the version number to upgrade to, e.g. 3."})
+    return version
 
 
 class InstanceAction(APIView):
     """Queue a verb (stop, start, restart, backup, modify, upgrade, rollback, a custom one) as
     the portal's buttons do; the body's `parameters` are the verb's own (a modify's: the values
-    to change; an upgrade and a roll back take none).
+    to change; an upgrade and a roll back take none). An upgrade goes to the plan's newest
+    version; with `version`, only if that is the newest (else a 409 naming the newest, as
+    the deployment's `upgrade` does).
     The `Idempotency-Key` header is the request id: a repeat returns the first operation, the
     same key with another action or parameters is a 409."""
 
@@ -281,12 +314,19 @@ class InstanceAction(APIView):
         instance = _instance(request, instance_id)
         body = _body(request)
         try:
-            if verb in OWN_ACTIONS:
+            if verb in {"upgrade", "rollback"}:
                 if body.get("parameters"):
                     raise ValidationError(f"The {verb} takes no parameters: send {{}}.")
-                operation = OWN_ACTIONS[verb](
-                    actor=token_actor(request), instance=instance, request_id=_key(request)
-                )
+                if verb == "rollback":
+                    if "version" in body:
+                        raise ValidationError(
+                            {"version": "A roll back goes to what last ran: send no version."}
+                        )
+                    operation = services.instance_rollback(
+                        actor=token_actor(request), instance=instance, request_id=_key(request)
+                    )
+                else:
+                    operation = _upgrade(request, instance, _version(body))
             else:
                 operation = services.instance_action(
                     actor=token_actor(request),
@@ -298,6 +338,18 @@ class InstanceAction(APIView):
         except ActionDenied as exc:
             return _refused(request, exc, selectors.verb_rule(instance.plan_version, verb).action)
         return _queued(operation)
+
+
+def _upgrade(request, instance: Instance, version: int | None) -> Operation:
+    try:
+        return services.instance_upgrade(
+            actor=token_actor(request), instance=instance, request_id=_key(request), seen=version
+        )
+    except services.UpgradeMoved as exc:
+        raise Conflict(
+            f"Version {exc.newest} is the plan's newest, not {exc.seen}: read what it changes "
+            "(the deployment's upgrade), then upgrade to it."
+        ) from None
 
 
 class OperationCancel(APIView):

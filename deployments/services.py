@@ -1035,6 +1035,18 @@ def _upgrading(instance: Instance) -> bool:
     return selectors.operations_pending(instance).filter(verb="upgrade").exists()
 
 
+class UpgradeMoved(ValidationError):
+    """An upgrade asked for the version its requester was shown (`seen`), and the plan's
+    newest is another (`newest`): one published since, whose changes they have not read."""
+
+    def __init__(self, newest: int, seen: int) -> None:
+        self.newest, self.seen = newest, seen
+        super().__init__(
+            f"Version {newest} was published after this was opened: read what it changes "
+            "above, then upgrade again."
+        )
+
+
 def instance_upgrade(
     *, actor: Actor, instance: Instance, request_id: str, seen: int | None = None
 ) -> Operation:
@@ -1066,10 +1078,7 @@ def instance_upgrade(
         if preview is None:
             raise ActionDenied("The instance runs its plan's newest version already.")
         if seen is not None and seen != preview.target.number:
-            raise ValidationError(
-                f"Version {preview.target.number} was published after this was opened: read "
-                "what it changes above, then upgrade again."
-            )
+            raise UpgradeMoved(preview.target.number, seen)
         _entitled_to_upgrade(instance, preview.target)
         if preview.problems:
             raise ValidationError(list(preview.problems.values()))

@@ -532,6 +532,46 @@ def test_a_token_upgrades_to_the_newest_version_and_rolls_back_after_a_failure(
     assert Operation.objects.get(pk=rollback.json()["id"]).verb == "rollback"
 
 
+def _shown(client, instance, secret) -> dict:
+    response = client.get(
+        f"/api/v1/deployments/{instance.pk}", HTTP_AUTHORIZATION=f"Bearer {secret}"
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+@pytest.mark.django_db
+def test_a_deployment_says_which_upgrade_it_offers_and_a_pinned_upgrade_takes_that_one_only(
+    client, owner, tenant, plan
+):
+    instance = _running(owner, tenant)
+    secret = _token(owner, tenant)
+    assert _shown(client, instance, secret)["upgrade"] is None
+    v2 = services.plan_load(text=_v2_text(SPEC.read_text())).version
+
+    offered = _shown(client, instance, secret)["upgrade"]
+    older = _act(client, instance, "upgrade", secret, body={"version": 1})
+    not_a_number = _act(client, instance, "upgrade", secret, body={"version": "2"})
+    rollback_pinned = _act(client, instance, "rollback", secret, body={"version": 1})
+
+    assert offered == {"version": 2, "adds": ["maxConnections"], "removes": [], "refused": None}
+    assert older.status_code == 409
+    assert older.json()["error"].startswith("Version 2 is the plan's newest, not 1:")
+    assert not_a_number.status_code == 400
+    assert not_a_number.json()["fields"] == {
+        "version": "Give the version number to upgrade to, e.g. 3."
+    }
+    assert rollback_pinned.status_code == 400
+    assert not instance.operations.exclude(verb="create").exists()
+    pinned = _act(client, instance, "upgrade", secret, body={"version": 2})
+    assert pinned.status_code == 202, pinned.json()
+    assert Operation.objects.get(pk=pinned.json()["id"]).plan_version == v2
+    # Queued, the upgrade is still offered, and says why it cannot be asked for again now.
+    assert _shown(client, instance, secret)["upgrade"]["refused"] == (
+        "Operations are queued on this instance; upgrade once they have finished."
+    )
+
+
 @pytest.mark.django_db
 def test_an_upgrade_with_nothing_newer_or_a_roll_back_with_nothing_failed_is_a_409(
     client, owner, tenant, plan
