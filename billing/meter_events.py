@@ -91,6 +91,9 @@ def enqueue() -> int:
     many were added. Nothing while Stripe is not configured. Safe to run concurrently (ON
     CONFLICT DO NOTHING).
 
+    A record of an hour metered after its own month closed (`adjustment`) stays local too, on
+    the Opsdeck invoice of the month it was metered in, as late usage.
+
     A record no Stripe subscription bills stays local, on the period's Opsdeck invoice: sent to
     the meter, no invoice would hold it (an instance still running after Stripe ended its
     subscription, say). So a record goes to Stripe only while the tenant's subscription to its
@@ -131,6 +134,10 @@ def enqueue() -> int:
             metered,
             Exists(billed),
             ~Exists(closed),
+            # An hour metered after its month closed is billed with the month it was metered
+            # in, on Opsdeck's invoice as late usage: sent, stamped in its own month, Stripe
+            # bills it on that month's invoice while it is still a draft.
+            adjustment=False,
             meter_event__isnull=True,
             tenant__stripe_customer__isnull=False,
             hour__gte=TruncHour(F("tenant__stripe_customer__created_at")),

@@ -562,6 +562,44 @@ def test_usage_of_a_month_stripe_has_invoiced_is_billed_by_opsdeck(
     assert draft.source == "local" and draft.total == Decimal("5.00")  # 100 core-hours at 0.05
 
 
+def test_an_hour_metered_after_its_month_closed_is_billed_once_with_the_month_it_was_metered_in(
+    settings, tenant, subscription, customer, record_usage
+):
+    """Last month closed; then one of its hours is metered (`meter_usage --backfill-from`). It
+    is billed with this month, as late usage, and its cost is counted this month. It went to
+    Stripe's meter too, stamped in last month, and Stripe, its invoice for last month still a
+    draft, billed it there: this month's cost counted 5.00 that no invoice of this month
+    holds."""
+    settings.STRIPE_FINALIZATION_GRACE_MINUTES = 60
+    key, start, end = _stripe_bills_since_last_month(customer, subscription)
+    this_month = usage.period_key(end)
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=start + usage.HOUR * i) for i in range((end - start) // usage.HOUR)],
+        ignore_conflicts=True,
+    )
+    assert not invoicing.period_close(key, now=end + timedelta(minutes=10)).invoices
+
+    record_usage(end - usage.HOUR, ("inst-a", "cpu", "100"))
+    meter_events.enqueue()
+    MeterEvent.objects.update(next_attempt_at=end)  # due within Stripe's grace period
+    flushed = meter_events.flush(now=end + timedelta(minutes=20))
+
+    assert (flushed.sent, flushed.adjusted) == (0, 0)
+    assert not MeterEvent.objects.exists()
+    (currency,) = reports.period_cost(tenant, this_month).currencies
+    assert currency.total == Decimal("5.00")  # 100 core-hours at 0.05
+    # This month closes: its Opsdeck invoice bills the hour, saying the month it was used in.
+    this_start, this_end = usage.period_bounds(this_month)
+    MeteredHour.objects.bulk_create(
+        [MeteredHour(hour=this_start + usage.HOUR * i)
+         for i in range((this_end - this_start) // usage.HOUR)],
+        ignore_conflicts=True,
+    )  # fmt: skip
+    (draft,) = invoicing.period_close(this_month, now=this_end + timedelta(hours=2)).invoices
+    (line,) = draft.lines.all()
+    assert (draft.total, line.adjustment_of) == (Decimal("5.00"), key)
+
+
 def _stripe_bills_since_last_month(customer, subscription):
     """Stripe has billed the tenant since before last month began: last month's key, start
     and end."""
