@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from accounts.models import Tenant
@@ -361,18 +362,30 @@ class PeriodTotal:
     currency: str
     invoices: int
     total: Decimal
+    net: Decimal  # what remains of the total once refunds and credit notes took theirs
+
+    @property
+    def taken_back(self) -> Decimal:
+        return self.total - self.net
 
 
 def period_totals(invoices: QuerySet[Invoice]) -> list[PeriodTotal]:
-    """Totals per period and currency of `invoices`, voided ones left out, newest first."""
+    """Totals per period and currency of `invoices`, voided ones left out, newest first, with
+    what remains of them once refunds and credit notes took theirs (each invoice's
+    `amount_remaining`)."""
+    remaining = Greatest(
+        F("total") - F("amount_refunded") - F("amount_credited"), Value(Decimal(0))
+    )
     rows = (
         invoices.exclude(status=Invoice.Status.VOID)
         .order_by()
         .values("period", "currency")
-        .annotate(count=Count("pk"), amount=Sum("total"))
+        .annotate(count=Count("pk"), amount=Sum("total"), net=Sum(remaining))
         .order_by("-period", "currency")
     )
-    return [PeriodTotal(r["period"], r["currency"], r["count"], r["amount"]) for r in rows]
+    return [
+        PeriodTotal(r["period"], r["currency"], r["count"], r["amount"], r["net"]) for r in rows
+    ]
 
 
 def invoice_for_team(invoice_id: int) -> Invoice | None:

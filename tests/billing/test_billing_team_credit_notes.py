@@ -12,6 +12,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, transaction
 
+from accounts import services as account_services
 from accounts.audit import Actor
 from accounts.idempotency import REUSED
 from accounts.models import AuditEvent
@@ -142,6 +143,24 @@ def test_the_team_credits_part_of_a_paid_invoice_after_confirming_it(
         "ok",
     )
     assert event.payload["credit_note"] == note.number and event.payload["amount"] == "10.00"
+
+
+def test_the_totals_per_period_say_what_credit_notes_took_back_and_what_remains(
+    team_client, tenant, plan, finance, owner
+):
+    """The totals counted an invoice a credit note took back whole at its full total: the
+    period's 60.00 read as earned, 40.00 of it given back."""
+    other = account_services.tenant_create(actor=Actor(user=owner), name="Globex")
+    credited = _invoice(tenant, plan, finance)
+    _invoice(other, plan, finance, total="20.00")
+    _issue(team_client, credited, amount="40.00")
+
+    page = team_client.get("/billing-team/").content.decode()
+
+    assert (
+        '<td>2026-10</td><td class="num">2</td><td class="num">60.00 USD</td>'
+        '<td class="num">40.00 USD</td><td class="num">20.00 USD</td>'
+    ) in page
 
 
 def test_a_refund_outside_opsdeck_reads_refunded_and_numbers_follow_each_other(
