@@ -88,7 +88,7 @@ class TokenRate(SimpleRateThrottle):
 
 
 class TokenWriteRate(TokenRate):
-    """Of them, those that change something: POST and DELETE (`OPSDECK_API_WRITE_RATE`)."""
+    """Of them, those that change something: POST, PATCH and DELETE (`OPSDECK_API_WRITE_RATE`)."""
 
     setting = "OPSDECK_API_WRITE_RATE"
     scope = "token-write"

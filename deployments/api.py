@@ -244,8 +244,35 @@ class InstanceList(APIView):
         return _queued(operation)
 
 
+def _fields(body: dict, allowed: tuple[str, ...]) -> dict:
+    """The body's fields, each of `allowed`; a 400 naming any other."""
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise ValidationError(
+            {name: f"Not a field that can be changed here: send {', '.join(allowed)}."
+             for name in unknown}
+        )  # fmt: skip
+    return body
+
+
 class InstanceDetail(APIView):
     def get(self, request, instance_id: str):
+        return Response(instance_shown(_instance(request, instance_id)))
+
+    def patch(self, request, instance_id: str):
+        """Turn deletion protection on or off, as the page's switch does: body
+        `{"deletion_protected": true}`. 200 with the deployment."""
+        instance = _instance(request, instance_id)
+        token_require(request, "instance.protect", target=instance)
+        body = _fields(_body(request), ("deletion_protected",))
+        if not isinstance(body.get("deletion_protected"), bool):
+            raise ValidationError({"deletion_protected": "Send true or false."})
+        try:
+            services.instance_protect(
+                actor=token_actor(request), instance=instance, on=body["deletion_protected"]
+            )
+        except ActionDenied as exc:
+            return _refused(request, exc, "instance.protect")
         return Response(instance_shown(_instance(request, instance_id)))
 
     def delete(self, request, instance_id: str):
@@ -439,3 +466,58 @@ class BackupRestore(APIView):
         except ActionDenied as exc:
             return _refused(request, exc, "backup.restore")
         return _queued(operation)
+
+
+SCHEDULE_FIELDS = ("interval_hours", "cron", "retention_days", "retention_count", "enabled")
+
+
+def schedule_shown(schedule) -> dict:
+    return {
+        **{name: getattr(schedule, name) for name in SCHEDULE_FIELDS},
+        "next_run_at": schedule.next_run_at if schedule.enabled else None,
+    }
+
+
+class BackupScheduleDetail(APIView):
+    """The deployment's backup schedule, as its Backups tab shows and sets it: every
+    `interval_hours`, or at the times of a five-field UTC `cron`; every backup kept
+    `retention_days`, and with `retention_count` only that many scheduled ones; `enabled`."""
+
+    def get(self, request, instance_id: str):
+        instance = _instance(request, instance_id)
+        return Response(schedule_shown(selectors.backup_schedule_of(instance)))
+
+    def patch(self, request, instance_id: str):
+        """Change the fields sent; the others keep their values (a `cron` replaces the
+        interval, an `interval_hours` the cron). 200 with the schedule as saved. A changed
+        retention is queued to the cluster as an operation, as the tab's Save does; the
+        `Idempotency-Key` is its request id."""
+        instance = _instance(request, instance_id)
+        token_require(request, "backup.create", target=instance)
+        body = _fields(_body(request), SCHEDULE_FIELDS)
+        current = selectors.backup_schedule_of(instance)
+        values = {name: getattr(current, name) for name in SCHEDULE_FIELDS} | body
+        if body.get("cron"):
+            values["interval_hours"] = body.get("interval_hours")
+        elif "interval_hours" in body:
+            values["cron"] = body.get("cron", "")
+        if not isinstance(values["enabled"], bool):
+            raise ValidationError({"enabled": "Send true or false."})
+        if values["cron"] is None:
+            values["cron"] = ""
+        try:
+            schedule = services.backup_schedule_update(
+                actor=token_actor(request), instance=instance, request_id=_key(request),
+                seen=current.settings_token, **values,
+            )  # fmt: skip
+        except ActionDenied as exc:
+            return _refused(request, exc, "backup.create")
+        except ValidationError as exc:
+            if exc.messages != [services.SCHEDULE_CHANGED]:
+                raise
+            # Someone saved it between this request's read and its write: theirs stands.
+            raise Conflict(
+                "The schedule was changed by someone else while this request was made; "
+                "nothing was saved: read it again, then send your change."
+            ) from None
+        return Response(schedule_shown(schedule))

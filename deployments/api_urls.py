@@ -28,6 +28,11 @@ urlpatterns = [
         "deployments/<slug:instance_id>/backups", api.BackupList.as_view(), name="api_backup_list"
     ),
     path(
+        "deployments/<slug:instance_id>/backup-schedule",
+        api.BackupScheduleDetail.as_view(),
+        name="api_backup_schedule",
+    ),
+    path(
         "deployments/<slug:instance_id>/backups/<int:snapshot_id>/restore",
         api.BackupRestore.as_view(),
         name="api_backup_restore",
