@@ -158,6 +158,10 @@ class Instance(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The organization's API token that created (or restored) it, when one did.
+    created_by_token = models.ForeignKey(
+        "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

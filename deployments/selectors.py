@@ -617,12 +617,13 @@ _NOT_ON_PAGES = [
 
 def instance_for_tenant(tenant: Tenant, instance_id: str) -> Instance | None:
     """One of the tenant's instances (deleted ones too: their snapshots and history remain),
-    with its plan version, plan, cell and creator, but not what its pages never show: the
-    version's text (`plan_spec` loads it by id, once per process), the cell's encrypted
-    configuration and credentials (read when the cell is called), the creator's password."""
+    with its plan version, plan, cell and creator (a user or an API token), but not what its
+    pages never show: the version's text (`plan_spec` loads it by id, once per process), the
+    cell's encrypted configuration and credentials (read when the cell is called), the
+    creator's password."""
     return (
         Instance.objects.for_tenant(tenant)
-        .select_related("plan_version__plan", "cell", "created_by")
+        .select_related("plan_version__plan", "cell", "created_by", "created_by_token")
         .defer(*_NOT_ON_PAGES)
         .filter(pk=instance_id)
         .first()

@@ -571,6 +571,7 @@ def _instance_checked(
         parameters=plain,
         secret_parameters=hidden,
         created_by=actor.user,
+        created_by_token=actor.token,
     )
 
 

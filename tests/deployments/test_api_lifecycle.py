@@ -79,6 +79,9 @@ def test_a_member_token_creates_a_deployment_that_the_api_and_the_portal_show(
     assert (shown["name"], shown["state"], shown["region"]) == ("orders", "creating", "eu-local")
     page = owner_client.get(f"/t/{tenant.slug}/deployments/{instance.pk}/?tab=operations")
     assert f"by {body['requested_by']}" in page.content.decode()
+    # Its page says the token made it, where it said "the system".
+    overview = owner_client.get(f"/t/{tenant.slug}/deployments/{instance.pk}/").content.decode()
+    assert f"<dt>Created by</dt><dd>{body['requested_by']}</dd>" in overview
 
 
 @pytest.mark.django_db
