@@ -84,6 +84,8 @@ CONTENT_SECURITY_POLICY = {
         "base-uri": [SELF],
         "form-action": [SELF],
         "frame-ancestors": [NONE],
+        # What a browser refuses is logged (`portal.csp_reports`).
+        "report-uri": ["/csp-report"],
     }
 }
 # Browser features no page uses, turned off for every page and anything it could embed (payment

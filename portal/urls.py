@@ -7,6 +7,7 @@ from billing.urls import tenant_urlpatterns as billing_tenant_urls
 from billing.webhooks import stripe_webhook
 from deployments.urls import tenant_urlpatterns as deployments_tenant_urls
 from portal import views
+from portal.csp_reports import CspReport
 
 # Staff sign in through allauth like everyone else: MFA and rate limits apply.
 admin.site.login = secure_admin_login(admin.site.login)
@@ -24,6 +25,7 @@ urlpatterns = [
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
+    path("csp-report", CspReport.as_view(), name="csp_report"),
     path("admin/", admin.site.urls),
     path("billing/stripe/webhook/", stripe_webhook, name="stripe_webhook"),
     path("api/v1/", include("deployments.api_urls")),

@@ -2,7 +2,9 @@
 is refused (no script, style, image or form the policy blocks), htmx still swaps, Chart.js
 still draws, the Copy buttons still write to the clipboard, and Django's admin still works."""
 
+import logging
 import re
+import time
 from datetime import timedelta
 
 from django.contrib.auth.models import Group
@@ -139,3 +141,24 @@ def test_every_page_works_under_the_policy_with_nothing_refused(open_page, owner
     expect(page.locator("#content")).to_contain_text(instance.name)
 
     assert sorted(set(refused)) == [], "\n".join(sorted(set(refused)))
+
+
+def test_a_script_the_policy_refuses_in_the_browser_reaches_the_log(open_page, caplog):
+    """Something injected into a page (here an inline script) is refused, and the browser's
+    report of it is a warning in the platform team's log, naming the page."""
+    caplog.set_level(logging.WARNING, logger="opsdeck.csp")
+    page = open_page(None, "/accounts/login/?next=/secret-path")
+
+    page.evaluate(
+        """() => document.body.appendChild(
+            Object.assign(document.createElement("script"), {textContent: "window.ran = 1"}))"""
+    )
+
+    assert page.evaluate("() => window.ran") is None  # refused
+    deadline = time.monotonic() + 10
+    while not [r for r in caplog.records if r.name == "opsdeck.csp"]:
+        assert time.monotonic() < deadline, "no report reached the log"
+        time.sleep(0.1)
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "opsdeck.csp"]
+    assert said.startswith("The Content-Security-Policy refused script-src-elem inline on ")
+    assert "/accounts/login/ " in said and "secret-path" not in said
