@@ -209,11 +209,18 @@ class PlanList(APIView):
 
 class InstanceList(APIView):
     def get(self, request):
+        """The organization's deployments, as its Deployments page lists them: `?search=` (a
+        name, any part of it, or the start of an id) and `?state=` filter them as its filters
+        do; deleted ones only when `state=deleted` asks for them."""
         token_require(request, "instance.view")
-        pages = Pages()
-        rows = pages.paginate_queryset(
-            selectors.instances_for_tenant(request.auth.tenant), request, view=self
+        state = request.query_params.get("state", "")
+        if state and state not in Instance.State.values:
+            raise ValidationError({"state": f"Use one of {', '.join(Instance.State.values)}."})
+        found = selectors.instances_for_tenant(
+            request.auth.tenant, search=request.query_params.get("search", ""), state=state
         )
+        pages = Pages()
+        rows = pages.paginate_queryset(found, request, view=self)
         return pages.get_paginated_response([instance_row(i) for i in rows])
 
     def post(self, request):

@@ -55,6 +55,31 @@ def test_the_list_holds_the_tokens_organizations_deployments(
 
 
 @pytest.mark.django_db
+def test_the_list_is_filtered_by_name_and_state_as_the_page_filters_it(
+    client, owner, tenant, version, cell
+):
+    orders = factories.make_instances(tenant, version, cell, 2, name="orders")
+    factories.make_instances(tenant, version, cell, 1, name="billing")
+    Instance.objects.filter(pk=orders[0].pk).update(state=Instance.State.STOPPED)
+    Instance.objects.filter(pk=orders[1].pk).update(state=Instance.State.DELETED)
+    secret = _token(owner, tenant)
+
+    def names(query):
+        response = _get(client, f"deployments?{query}", secret)
+        assert response.status_code == 200, response.json()
+        return [row["name"] for row in response.json()["results"]]
+
+    assert names("search=ORD") == ["orders-0"]  # any part of a name, any case; not deleted ones
+    assert names(f"search={orders[0].pk[5:]}") == ["orders-0"]  # an id, without its "inst-"
+    assert names("state=stopped") == ["orders-0"]
+    assert names("state=deleted") == ["orders-1"]
+    assert names("search=nothing-like-it") == []
+    unknown = _get(client, "deployments?state=sleeping", secret)
+    assert unknown.status_code == 400
+    assert set(unknown.json()["fields"]) == {"state"}
+
+
+@pytest.mark.django_db
 def test_the_list_reads_in_the_same_queries_for_1_and_20(client, owner, tenant, version, cell):
     secret = _token(owner, tenant)
     factories.make_instances(tenant, version, cell, 1, name="a")
