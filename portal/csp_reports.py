@@ -9,7 +9,8 @@ log rather than only in a customer's console.
 
 Anyone can post here, so a report is small (at most REPORT_BYTES), read as JSON in either
 form browsers send (`application/csp-report`, or the Reporting API's
-`application/reports+json`), and each client address is heard at most RATE: past it, 429."""
+`application/reports+json`), at most VIOLATIONS_LOGGED of one post are logged, and each client
+address is heard at most RATE: past it, 429."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ log = logging.getLogger("opsdeck.csp")
 
 REPORT_BYTES = 16 * 1024
 RATE = "30/min"
+VIOLATIONS_LOGGED = 10  # of one post: a browser sends a few; more is someone filling the log
 FIELD_CHARS = 300  # the most of any one field a log line holds
 
 
@@ -58,9 +60,13 @@ class ReportRate(SimpleRateThrottle):
 
 
 def _url(value: Any) -> str:
-    """A URL as the log says it: without its query or fragment; a keyword as sent."""
+    """A URL as the log says it: without its query or fragment; a keyword as sent, and what
+    does not read as a URL up to its first "?" or "#"."""
     text = str(value or "")[:FIELD_CHARS]
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # a host that is no address ("http://[::1")
+        return text.split("?", 1)[0].split("#", 1)[0]
     if not parts.scheme or not parts.netloc:
         return text
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
@@ -109,7 +115,7 @@ class CspReport(APIView):
             size = 0
         if size > REPORT_BYTES:
             return Response({"error": "The report is too large."}, status=413)
-        for violation in violations(request.data):
+        for violation in violations(request.data)[:VIOLATIONS_LOGGED]:
             log.warning(
                 "The Content-Security-Policy refused %s %s on %s (at %s)",
                 violation["directive"] or "?",

@@ -83,6 +83,19 @@ def test_the_reporting_apis_form_is_read_too_and_other_reports_are_left_out(clie
     ]
 
 
+def test_an_address_that_does_not_read_as_one_is_logged_without_its_query(client, caplog):
+    caplog.set_level(logging.WARNING, logger="opsdeck.csp")
+    odd = {**VIOLATION, "blocked-uri": "http://[::1/x?k=secret", "document-uri": 7}
+
+    response = _post(client, {"csp-report": odd})
+
+    assert response.status_code == 204
+    assert _logged(caplog) == [
+        "The Content-Security-Policy refused script-src-elem http://[::1/x on 7 "
+        "(at https://opsdeck.example.com/static/js/opsdeck.js:12)"
+    ]
+
+
 @pytest.mark.parametrize(
     "body",
     ["not json", {"report": "of something else"}, [1, 2], {"csp-report": "text"}],
@@ -105,6 +118,16 @@ def test_a_report_too_large_is_refused_unread(client, caplog):
 
     assert response.status_code == 413
     assert not _logged(caplog)
+
+
+def test_a_post_full_of_violations_logs_a_few(client, caplog):
+    caplog.set_level(logging.WARNING, logger="opsdeck.csp")
+    many = [{"type": "csp-violation", "body": {"effectiveDirective": "img-src"}}] * 200
+
+    response = _post(client, many, content_type="application/reports+json")
+
+    assert response.status_code == 204
+    assert len(_logged(caplog)) == csp_reports.VIOLATIONS_LOGGED
 
 
 def test_one_address_is_heard_so_often_and_another_still_is(client, caplog):
