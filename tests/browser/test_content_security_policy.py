@@ -162,3 +162,24 @@ def test_a_script_the_policy_refuses_in_the_browser_reaches_the_log(open_page, c
     (said,) = [r.getMessage() for r in caplog.records if r.name == "opsdeck.csp"]
     assert said.startswith("The Content-Security-Policy refused script-src-elem inline on ")
     assert "/accounts/login/ " in said and "secret-path" not in said
+
+
+def test_an_attribute_a_browser_extension_styles_is_not_copied_into_a_swap(
+    open_page, owner, tenant
+):
+    """A password manager or a highlighter styles elements through the CSSOM, which the policy
+    allows. htmx copied an element's style attribute onto the element that replaced it while
+    settling, as an inline style the policy refuses: a console error, and a report the
+    platform team's log would fill with."""
+    page = open_page(owner, f"/t/{tenant.slug}/audit/")
+    refused = _watched(page)
+    page.reload()
+    page.evaluate("() => { document.getElementById('audit-log').style.outline = '2px solid red' }")
+
+    with page.expect_response(lambda r: "/audit/" in r.url and r.request.method == "GET"):
+        page.get_by_label("Actor email").fill("nobody@example.com")
+        page.get_by_label("Actor email").press("Enter")
+    htmx_settled(page)
+
+    assert "nobody%40example.com" in page.url  # swapped
+    assert refused == []
