@@ -10,6 +10,7 @@ few fields a page shows. A cluster that cannot be reached raises `DriverError`; 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,6 +25,15 @@ LOG_TAILS = (100, 500, 2000)  # the line counts the Logs tab offers, the first b
 
 
 @dataclass(frozen=True)
+class LogFields:
+    """A plan's `x-opsdeck.servers.logs`: where a log line written as a JSON object says its
+    level and its message, each as dotted paths into the object, the first found taken."""
+
+    level: tuple[str, ...] = ()
+    message: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ServersRule:
     """A plan's `x-opsdeck.servers`."""
 
@@ -31,6 +41,13 @@ class ServersRule:
     role_label: str = ""  # the pod label naming a server's role; empty: servers have no roles
     container: str = ""
     limits: dict[str, str] = field(default_factory=dict)  # cpu (cores), memory (bytes): CEL
+    logs: LogFields | None = None  # None: log lines are shown as written
+
+
+def _paths(value: Any) -> tuple[str, ...]:
+    """A `logs` entry: one dotted path, or a list of them."""
+    values = value if isinstance(value, list) else [value] if value else []
+    return tuple(str(path) for path in values if path)
 
 
 def servers_rule(extensions: dict[str, Any]) -> ServersRule | None:
@@ -40,11 +57,16 @@ def servers_rule(extensions: dict[str, Any]) -> ServersRule | None:
         return None
     limits = servers.get("limits")
     limits = limits if isinstance(limits, dict) else {}
+    logs = servers.get("logs")
+    fields = None
+    if isinstance(logs, dict) and _paths(logs.get("message")):
+        fields = LogFields(level=_paths(logs.get("level")), message=_paths(logs.get("message")))
     return ServersRule(
         selector=str(servers["selector"]),
         role_label=str(servers.get("role") or ""),
         container=str(servers.get("container") or ""),
         limits={k: str(limits[k]) for k in ("cpu", "memory") if limits.get(k)},
+        logs=fields,
     )
 
 
@@ -173,6 +195,33 @@ def events_read(driver: KubeDriver, namespace: str) -> list[Event]:
 class LogLine:
     at: datetime | None
     text: str
+    level: str = ""  # as a line written as JSON says it (`LogFields`)
+
+
+def _found(obj: dict, paths: tuple[str, ...]) -> str | None:
+    """The first of `paths` (dotted, through nested objects) that holds text or a number."""
+    for path in paths:
+        value: Any = obj
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, str | int | float) and not isinstance(value, bool) and value != "":
+            return str(value)
+    return None
+
+
+def _read(line: str, fields: LogFields) -> tuple[str, str]:
+    """A line's level and message as a line written as a JSON object says them; a line that
+    is no such object, or has no message where `fields` look, as written."""
+    if not line.startswith("{"):
+        return "", line
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return "", line
+    message = _found(obj, fields.message) if isinstance(obj, dict) else None
+    if message is None:
+        return "", line
+    return _found(obj, fields.level) or "", message
 
 
 def log_read(
@@ -183,9 +232,11 @@ def log_read(
     container: str,
     tail: int,
     contains: str = "",
+    fields: LogFields | None = None,
 ) -> list[LogLine]:
     """The last `tail` lines of one container of a server, oldest first, those containing
-    `contains` (any case) when given."""
+    `contains` (any case) when given; with `fields`, a line written as JSON is its level and
+    its message (which `contains` is looked for in)."""
     text = driver.pod_log(namespace, server.name, container=container, tail_lines=tail)
     lines = []
     needle = contains.casefold()
@@ -193,9 +244,10 @@ def log_read(
         stamp, _, rest = raw.partition(" ")
         at = _time(stamp)
         line = rest if at is not None else raw
-        if needle and needle not in line.casefold():
+        level, shown = _read(line, fields) if fields is not None else ("", line)
+        if needle and needle not in f"{level} {shown}".casefold():
             continue
-        lines.append(LogLine(at, line))
+        lines.append(LogLine(at, shown, level))
     return lines
 
 

@@ -447,6 +447,7 @@ def _logs_chosen(params) -> dict:
         "tail": tail if tail in servers.LOG_TAILS else servers.LOG_TAILS[0],
         "tails": servers.LOG_TAILS,
         "contains": params.get("q", "").strip()[:200],
+        "as_written": params.get("format") == "raw",
         "following": isinstance(until, int) and until > now,
         "follow_until": until if isinstance(until, int) else 0,
         "follow_stopped": isinstance(until, int) and until <= now,
@@ -468,6 +469,7 @@ def _logs_read(driver, namespace: str, rule, found: list, chosen: dict) -> dict:
     container = chosen["container"]
     if container not in server.containers:
         container = preferred if preferred in server.containers else server.containers[0]
+    fields = rule.logs if rule else None
     lines = servers.log_read(
         driver,
         namespace,
@@ -475,6 +477,7 @@ def _logs_read(driver, namespace: str, rule, found: list, chosen: dict) -> dict:
         container=container,
         tail=chosen["tail"],
         contains=chosen["contains"],
+        fields=None if chosen["as_written"] else fields,
     )
     return {
         "servers": found,
@@ -482,6 +485,7 @@ def _logs_read(driver, namespace: str, rule, found: list, chosen: dict) -> dict:
         "server_name": server.name,
         "container": container,
         "lines": lines,
+        "structured": fields is not None,  # the plan reads its lines: "As written" is offered
     }
 
 

@@ -269,6 +269,7 @@ def _check_servers(spec: PlanSpec, report: Report) -> None:
         value = servers.get(key)
         if value is not None and (not isinstance(value, str) or not value or len(value) > 253):
             report.error(f"{path}.{key}", "must be a name (text)")
+    _check_log_fields(servers.get("logs"), f"{path}.logs", report)
     limits = servers.get("limits")
     if limits is None:
         return
@@ -285,6 +286,32 @@ def _check_servers(spec: PlanSpec, report: Report) -> None:
         problem = _parameter_expression_problem(str(expression), keys, defaults)
         if problem:
             report.error(where, problem)
+
+
+LOG_FIELDS = ("level", "message")
+_DOTTED = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
+
+
+def _check_log_fields(logs: Any, path: str, report: Report) -> None:
+    """`x-opsdeck.servers.logs`: where a log line written as a JSON object says its level and
+    its message, each a dotted path or a list of at most five (the first found is shown)."""
+    if logs is None:
+        return
+    if not isinstance(logs, dict):
+        report.error(path, "must map level and message to dotted paths")
+        return
+    for name, value in logs.items():
+        where = f"{path}.{name}"
+        if name not in LOG_FIELDS:
+            report.error(where, f"is not one of {', '.join(LOG_FIELDS)}")
+            continue
+        paths = value if isinstance(value, list) else [value]
+        if not 1 <= len(paths) <= 5 or not all(
+            isinstance(p, str) and len(p) <= 200 and _DOTTED.fullmatch(p) for p in paths
+        ):
+            report.error(where, "must be a dotted path such as record.message, or a list of them")
+    if "message" not in logs:
+        report.error(f"{path}.message", "is required: where a line says its message")
 
 
 def _parameter_expression_problem(expression: str, keys: set[str], defaults: dict) -> str | None:

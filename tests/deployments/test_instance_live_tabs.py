@@ -125,6 +125,49 @@ def test_the_log_says_its_times_are_utc_and_the_day_of_its_first_line(
     assert not any(days[1:]), days
 
 
+def test_lines_written_as_json_are_shown_as_their_level_and_message(
+    running, sandbox_cluster, owner_client
+):
+    """The plan says where its JSON lines hold their level and message
+    (`x-opsdeck.servers.logs`): each was shown as the object written, a few words of
+    message inside hundreds of characters of fields."""
+    import json
+
+    server = f"{running.pk}-1"
+    record = {"error_severity": "FATAL", "message": 'password authentication failed for user "app"'}
+    written = [
+        json.dumps({"level": "info", "logger": "postgres", "msg": "record", "record": record}),
+        json.dumps({"level": "info", "logger": "setup", "msg": "Starting the instance manager"}),
+        json.dumps({"level": "debug", "logger": "x"}),  # no message where the plan looks
+        "not an object at all",
+    ]
+    _log_write(sandbox_cluster, running, server, *written)
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+
+    shown = owner_client.get(url, {"tab": "logs", "server": server}).content.decode()
+    found = owner_client.get(url, {"tab": "logs", "server": server, "q": "fatal"}).content.decode()
+    as_written = {"tab": "logs", "server": server, "format": "raw"}
+    raw = owner_client.get(url, as_written).content.decode()
+    following = owner_client.get(url, {**as_written, "follow": "start"}).content.decode()
+
+    lines = re.sub(r'<span class="log-time">[^<]*</span> ', "", shown)
+    assert (
+        '<span class="log-level">FATAL</span> password authentication failed for user '
+        "&quot;app&quot;"
+    ) in lines
+    assert '<span class="log-level">info</span> Starting the instance manager' in lines
+    assert "{&quot;level&quot;: &quot;debug&quot;, &quot;logger&quot;: &quot;x&quot;}" in lines
+    assert "not an object at all" in lines
+    assert "&quot;error_severity&quot;" not in lines  # the object is not shown
+    assert 'name="format" value="raw"' in shown  # "As written" is offered
+    # The filter looks in what is shown: the level too.
+    assert "password authentication failed" in found and "Starting the" not in found
+    # As written: each line as the container wrote it, and the follow keeps it so.
+    assert "&quot;error_severity&quot;: &quot;FATAL&quot;" in raw
+    assert 'class="log-level"' not in raw
+    assert "&amp;format=raw&amp;follow=" in following
+
+
 GONE = {
     "apiVersion": "v1", "kind": "Config", "current-context": "gone",
     "clusters": [{"name": "gone", "cluster": {"server": "http://127.0.0.1:9"}}],

@@ -1106,6 +1106,16 @@ def test_a_health_rule_is_a_condition_over_the_status_object(health, status, mes
          "x-opsdeck.servers.limits.disk: is not one of cpu, memory"),
         ({"selector": "app=db", "limits": {"cpu": "double(var.cores)"}},
          'x-opsdeck.servers.limits.cpu: undefined parameter reference var.cores'),
+        ({"selector": "app=db", "logs": "json"},
+         "x-opsdeck.servers.logs: must map level and message to dotted paths"),
+        ({"selector": "app=db", "logs": {"level": "level"}},
+         "x-opsdeck.servers.logs.message: is required"),
+        ({"selector": "app=db", "logs": {"message": "msg", "time": "ts"}},
+         "x-opsdeck.servers.logs.time: is not one of level, message"),
+        ({"selector": "app=db", "logs": {"message": ["record..message"]}},
+         "x-opsdeck.servers.logs.message: must be a dotted path"),
+        ({"selector": "app=db", "logs": {"message": ["a", "b", "c", "d", "e", "f"]}},
+         "x-opsdeck.servers.logs.message: must be a dotted path"),
     ],
 )  # fmt: skip
 def test_servers_are_found_by_a_label_selector_and_their_limits_are_numbers(servers, message):
@@ -1134,6 +1144,7 @@ def test_the_shipped_plans_health_and_servers_are_accepted():
         document["x-opsdeck"]["servers"] = {
             "selector": "cnpg.io/podRole=instance", "role": "cnpg.io/instanceRole",
             "limits": {"cpu": "double(var.cpu)", "memory": "double(var.cpu) * 1073741824.0"},
+            "logs": {"level": ["record.error_severity", "level"], "message": "msg"},
         }  # fmt: skip
 
     assert errors(change) == []
