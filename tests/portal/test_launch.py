@@ -261,10 +261,13 @@ def test_make_clean_removes_the_checkouts_database_queue_and_cache_keys_and_noth
         broker.zadd("unacked_index", {f"tag-{queue}": time.time()})  # held now, not restored
         cache.set(f"{queue}:1:session", "x")
     try:
+        # A DROP DATABASE waits for a checkpoint, and one in a full test run may have a hundred
+        # thousand files to sync (every transactional test's flush makes new ones): it took
+        # 120 s once, 2 s alone.
         cleaned = subprocess.run(  # what `make clean` runs before it deletes var/
             [sys.executable, "-m", "portal.launch", "--dev", "--",
              sys.executable, "manage.py", "drop_dev_database"],
-            cwd=ROOT, env=fresh_shell, capture_output=True, text=True, timeout=120,
+            cwd=ROOT, env=fresh_shell, capture_output=True, text=True, timeout=400,
         )  # fmt: skip
 
         assert cleaned.returncode == 0, cleaned.stderr
