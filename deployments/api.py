@@ -347,20 +347,19 @@ class InstanceAction(APIView):
     def post(self, request, instance_id: str, verb: str):
         instance = _instance(request, instance_id)
         body = _body(request)
+        if verb in {"upgrade", "rollback"} and body.get("parameters"):
+            raise ValidationError(f"The {verb} takes no parameters: send {{}}.")
+        if verb == "rollback" and "version" in body:
+            raise ValidationError(
+                {"version": "A roll back goes to what last ran: send no version."}
+            )
         try:
-            if verb in {"upgrade", "rollback"}:
-                if body.get("parameters"):
-                    raise ValidationError(f"The {verb} takes no parameters: send {{}}.")
-                if verb == "rollback":
-                    if "version" in body:
-                        raise ValidationError(
-                            {"version": "A roll back goes to what last ran: send no version."}
-                        )
-                    operation = services.instance_rollback(
-                        actor=token_actor(request), instance=instance, request_id=_key(request)
-                    )
-                else:
-                    operation = _upgrade(request, instance, _version(body))
+            if verb == "upgrade":
+                operation = _upgrade(request, instance, _version(body))
+            elif verb == "rollback":
+                operation = services.instance_rollback(
+                    actor=token_actor(request), instance=instance, request_id=_key(request)
+                )
             else:
                 operation = services.instance_action(
                     actor=token_actor(request),
@@ -408,7 +407,7 @@ class OperationCancel(APIView):
         except ValidationError as exc:
             if exc.messages == [idempotency.REUSED]:
                 raise
-            return Response({"error": " ".join(exc.messages)}, status=409)
+            raise Conflict(" ".join(exc.messages)) from None
         return _queued(operation)
 
 

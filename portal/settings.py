@@ -183,8 +183,9 @@ def _rate(name: str, default: str) -> str:
     return value
 
 
-# Requests one API token may make, and of them those that change something (POST, DELETE):
-# past either, a 429 says when to try again. Counted in the cache, shared by every web process.
+# Requests one API token may make, and of them those that change something (POST, PATCH,
+# DELETE): past either, a 429 says when to try again. Counted in the cache, shared by every web
+# process.
 OPSDECK_API_RATE = _rate("OPSDECK_API_RATE", "600/min")
 OPSDECK_API_WRITE_RATE = _rate("OPSDECK_API_WRITE_RATE", "60/min")
 WSGI_APPLICATION = "portal.wsgi.application"
