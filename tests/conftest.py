@@ -127,6 +127,10 @@ def pytest_configure(config):
         # test database, not data anyone keeps).
         options = django_settings.DATABASES["default"].setdefault("OPTIONS", {})
         options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+        # After a transactional test, its rows deleted rather than every table truncated.
+        from tests import emptying
+
+        emptying.install()
 
 
 @pytest.fixture(autouse=True)
