@@ -361,3 +361,71 @@ def test_a_stop_cancelled_while_the_cluster_throttled_every_request_leaves_it_ru
     assert ended.state == Operation.State.CANCELLED
     running.refresh_from_db()
     assert running.state == Instance.State.RUNNING
+
+
+def test_a_delete_on_a_cell_whose_credentials_stay_refused_fails_at_its_deadline(
+    worker, tenant, owner, tmp_path
+):
+    """The cell's credentials were revoked and nobody renews them: a delete retries the 401,
+    saying so, until its workflow's deadline, then fails, rather than waiting for ever; the
+    instance runs on, as nothing of a request the cluster refused was done. Once they are
+    renewed, a delete removes the instance and its namespace."""
+    import yaml
+
+    from deployments.kube import UNAUTHORIZED, KubeDriver, api_client_from_kubeconfig
+    from deployments.runner import RETRYING
+    from sandbox.api import Sandbox
+    from tests.deployments.conftest import SPEC
+
+    delete_head = "      delete:\n        workflow:\n          entrypoint: main\n"
+    text = SPEC.read_text().replace("plan: postgres-cnpg", "plan: postgres-short-delete", 1)
+    text = text.replace(f"{delete_head}          activeDeadlineSeconds: 1800\n",
+                        f"{delete_head}          activeDeadlineSeconds: 3\n", 1)  # fmt: skip
+    plan = services.plan_load(text=text).plan
+    with Sandbox(token="first-token", speed=200) as guarded:
+        config = guarded.kubeconfig()
+        services.cell_register(
+            name="guarded", kubeconfig=yaml.safe_dump(config), region="local",
+            backup_destination="s3://sandbox-backups/opsdeck",
+            backup_credentials={"ACCESS_KEY_ID": "a", "ACCESS_SECRET_KEY": "b"},
+        )  # fmt: skip
+        create = _create(owner, tenant, plan)
+        assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
+        instance = Instance.objects.get(pk=create.instance_id)
+        guarded.token = "second-token"  # what Opsdeck holds is refused from now on
+
+        delete = services.instance_delete(
+            actor=Actor(user=owner), instance=instance, request_id=uuid.uuid4().hex,
+            last_backup=False,
+        )  # fmt: skip
+
+        def refused():
+            delete.refresh_from_db()
+            return delete.error == f"{RETRYING}{UNAUTHORIZED}"
+
+        wait_for(refused, what="the delete to say the credentials were refused")
+        assert wait_done(delete, timeout=60).state == Operation.State.FAILED
+        assert delete.error.startswith("The workflow exceeded its deadline of 3 s."), delete.error
+        assert delete.error.endswith(f"The last cluster error: {UNAUTHORIZED}")
+        # Nothing was deleted: it runs on.
+        assert Instance.objects.get(pk=instance.pk).state == Instance.State.RUNNING
+        config["users"][0]["user"]["token"] = "second-token"
+        renewed = yaml.safe_dump(config)
+        cluster = {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster",
+                   "metadata": {"name": instance.pk, "namespace": instance.namespace}}  # fmt: skip
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": instance.pk}}
+        kube = KubeDriver(api_client_from_kubeconfig(renewed), cache_file=str(tmp_path / "d"))
+        assert kube.get(cluster) is not None  # the refused delete deleted nothing
+
+        services.cell_register(name="guarded", kubeconfig=renewed)
+        again = services.instance_delete(
+            actor=Actor(user=owner), instance=Instance.objects.get(pk=instance.pk),
+            request_id=uuid.uuid4().hex, last_backup=False,
+        )  # fmt: skip
+
+        assert wait_done(again).state == Operation.State.SUCCEEDED, again.error
+        assert kube.get(cluster) is None
+        gone = kube.get(namespace)
+        assert gone is None or gone["metadata"].get("deletionTimestamp")
+        kube.close()
+    assert Instance.objects.get(pk=instance.pk).state == Instance.State.DELETED
