@@ -1137,6 +1137,10 @@ def invitation_accept(*, actor: Actor, token: str) -> Membership:
             # why, as the link now would.
             invitation_from_token(token)
             raise InvitationInvalid("This invitation can no longer be used.")
+        # Locked as its deletion locks it (after its organizations'): an account deleted in
+        # another tab meanwhile joins nothing.
+        if not User.objects.select_for_update().filter(pk=actor.user.pk, is_active=True).exists():
+            raise InvitationInvalid("Your account has been deleted.")
         reason = selectors.invitation_refusal(actor.user, invitation)
         if not reason:
             membership, _ = Membership.objects.get_or_create(

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts import selectors, services
 from accounts.audit import Actor
-from accounts.errors import ActionDenied
+from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, OutgoingEmail, Tenant, User
 from billing.models import Plan
 from tests.concurrency import beside_a_lock, race
@@ -360,3 +360,29 @@ def test_deleting_while_someone_joins_the_organization_they_alone_were_in(owner,
     assert "You are the only owner of Acme, which has other members" in deleting.reason
     assert Tenant.objects.get(pk=tenant.pk).deleted_at is None
     assert not _gone(owner)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_accepting_an_invitation_in_another_tab_while_the_account_is_deleted(
+    owner, tenant, make_user
+):
+    """Bob deletes his account in one tab as he accepts an invitation to Acme in another: the
+    acceptance failed with a database error (a membership of an account deleted meanwhile).
+    It waits for the deletion, then says the account is gone; Acme gains no member."""
+    bob = make_user("bob@example.com")
+    invitation = services.invitation_create(
+        actor=Actor(user=owner), tenant=tenant, email=bob.email, role="member"
+    )
+    token = services.invitation_token(invitation)
+
+    deleted, joining = beside_a_lock(
+        lock=lambda: User.objects.select_for_update().get(pk=bob.pk),  # as the deletion does
+        write=lambda: services.user_delete(actor=Actor(user=bob), confirm_email=bob.email),
+        act=lambda: services.invitation_accept(actor=Actor(user=bob), token=token),
+    )
+
+    assert deleted == "committed"
+    assert isinstance(joining, InvitationInvalid), joining
+    assert str(joining) == "Your account has been deleted."
+    assert not Membership.objects.filter(tenant=tenant).exclude(user=owner).exists()
+    assert _gone(bob)
