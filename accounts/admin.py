@@ -374,7 +374,19 @@ class TenantAdmin(ServiceOwnedAdmin):
             queryset,
             lambda t: services.tenant_restore(actor=staff_actor(request), tenant=t),
             "Restored (their withdrawn invitations stay withdrawn)",
+            said=_ownerless,
         )
+
+
+def _ownerless(tenant: Tenant, restored: Tenant) -> str | None:
+    """What staff must do next for a restored organization none of whose owners can sign in
+    (their accounts deleted or closed since): no one could manage it."""
+    if selectors.owners_active(restored).exists():
+        return None
+    return (
+        f"No owner of {restored.name} can sign in any more: make one of its members an owner "
+        "(Memberships: 'Change role to Owner'), or no one can manage it."
+    )
 
 
 def _withdrawn_with(

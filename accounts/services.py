@@ -415,13 +415,20 @@ def tenant_restore(*, actor: Actor, tenant: Tenant) -> Tenant:
     """Undo a delete, for platform staff (a customer who deleted the wrong organization): it
     is back in its members' switchers with its pages, memberships and records as they were.
     The invitations withdrawn when it was deleted stay withdrawn (their links had stopped
-    working; its members invite again). Refused for one not deleted."""
+    working; its members invite again). Refused for one not deleted, and for one none of whose
+    members can sign in any more (their accounts deleted or closed since): no one could open
+    it."""
     with audited_action(actor=actor, action="tenant.restore", tenant=tenant, target=tenant):
         if not actor.is_platform_staff:
             raise ActionDenied("Only platform staff can restore a deleted organization.")
         if not tenant_lock(tenant.pk):
             raise ValidationError(f"{tenant.name} is not deleted.")
         tenant = Tenant.objects.get(pk=tenant.pk)
+        if not tenant.memberships.filter(user__is_active=True).exists():
+            raise ValidationError(
+                f"No member of {tenant.name} can sign in any more (their accounts were deleted "
+                "or closed): restored, no one could open it."
+            )
         deleted_at = tenant.deleted_at
         tenant.deleted_at = None
         tenant.save(update_fields=["deleted_at"])

@@ -575,6 +575,63 @@ def test_staff_restore_a_deleted_organization_from_the_admin(
 
 
 @pytest.mark.django_db
+def test_an_organization_none_of_whose_members_can_sign_in_is_not_restored(client, make_user):
+    """Alice deleted Acme, then her account (kept, as a deleted organization's member, with
+    nothing of her): restored, Acme would be open to no one."""
+    alice = make_user("alice@example.com")
+    acme = services.tenant_create(actor=Actor(user=alice), name="Acme")
+    services.tenant_delete(actor=Actor(user=alice), tenant=acme, confirm_name="Acme")
+    services.user_delete(actor=Actor(user=alice), confirm_email=alice.email)
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+
+    response = client.post(
+        "/admin/accounts/tenant/", {"action": "restore", "_selected_action": [acme.pk]},
+        follow=True,
+    )  # fmt: skip
+
+    assert (
+        "Not done for Acme: No member of Acme can sign in any more (their accounts were deleted "
+        "or closed): restored, no one could open it." in response.content.decode()
+    )
+    assert Tenant.objects.get(pk=acme.pk).deleted_at is not None
+
+
+@pytest.mark.django_db
+def test_staff_restoring_an_organization_whose_owners_left_are_told_to_make_one(
+    client, make_user, owner, tenant, add_member
+):
+    """Acme's owner deleted it, then their account; Bob, a viewer, can still sign in. It is
+    restored for him, and staff are told that no one can manage it until they make an owner,
+    which the memberships' action does."""
+    bob = add_member("bob@example.com", "viewer")
+    services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
+    services.user_delete(actor=Actor(user=owner), confirm_email=owner.email)
+    client.force_login(make_user("staff@example.com", is_staff=True, is_superuser=True))
+
+    restored = client.post(
+        "/admin/accounts/tenant/",
+        {"action": "restore", "_selected_action": [tenant.pk]},
+        follow=True,
+    ).content.decode()
+    bobs = Membership.objects.get(tenant=tenant, user=bob)
+    promoted = client.post(
+        "/admin/accounts/membership/",
+        {"action": "make_owner", "_selected_action": [bobs.pk]},
+        follow=True,
+    ).content.decode()
+
+    assert "Restored (their withdrawn invitations stay withdrawn): 1." in restored
+    assert (
+        "No owner of Acme can sign in any more: make one of its members an owner (Memberships: "
+        "&#x27;Change role to Owner&#x27;), or no one can manage it." in restored
+    )
+    assert "Changed to owner: 1." in promoted
+    assert list(selectors.owners_active(tenant).values_list("user__email", flat=True)) == [
+        "bob@example.com"
+    ]
+
+
+@pytest.mark.django_db
 def test_only_staff_restore_an_organization(owner, tenant):
     services.tenant_delete(actor=Actor(user=owner), tenant=tenant, confirm_name="Acme")
 
