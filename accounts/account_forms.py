@@ -122,9 +122,10 @@ class AccountDeleteForm(forms.Form):
     code, each checked as allauth's reauthentication checks it (failed attempts count against
     the sign-in limits; a refused code is recorded). Checked in that order, each only once the
     ones before it hold, and the code only once the deletion would not be refused now
-    (`services.user_delete_precheck`): a recovery code is used up only by a form that deletes
-    (but for a change in the moment between that check and the deletion's own, under its
-    locks). It carries the organizations the page said go with the account."""
+    (`services.user_delete_precheck`), under the deletion's locks
+    (`services.user_delete_lock`), which its view's transaction holds until the deletion: what
+    was checked cannot change before it, so a recovery code is used up only by a form that
+    deletes. It carries the organizations the page said go with the account."""
 
     confirm_email = forms.CharField(
         max_length=254,
@@ -167,6 +168,11 @@ class AccountDeleteForm(forms.Form):
     def clean(self) -> dict:
         cleaned = super().clean()
         if self.errors:
+            return cleaned
+        try:
+            services.user_delete_lock(self.user)
+        except ValidationError as exc:
+            self.add_error(None, exc)
             return cleaned
         for field, form in [
             ("password", ReauthenticateForm(user=self.user, data=self.data)),

@@ -747,14 +747,7 @@ def user_delete(*, actor: Actor, confirm_email: str, deleting: Collection[int] =
     user = actor.user
     with audited_action(actor=actor, action="user.delete", tenant=None, target=user):
         account_email_confirm(user, confirm_email)
-        live = Membership.objects.filter(user=user, tenant__deleted_at=None)
-        locked = sorted(live.values_list("tenant_id", flat=True))
-        for tenant_id in locked:
-            tenant_lock(tenant_id)
-        if not User.objects.select_for_update().filter(pk=user.pk, is_active=True).exists():
-            raise ValidationError("Your account has already been deleted.")
-        if sorted(live.values_list("tenant_id", flat=True)) != locked:  # joined one meanwhile
-            raise ValidationError(_deletion_changed(""))
+        user_delete_lock(user)
         plan = user_delete_check(user, deleting)
         for tenant in plan.deleted:
             tenant_delete(actor=actor, tenant=tenant, confirm_name=tenant.name)
@@ -788,6 +781,23 @@ def user_delete(*, actor: Actor, confirm_email: str, deleting: Collection[int] =
         else:
             user.delete()
     return address
+
+
+def user_delete_lock(user: User) -> None:
+    """Lock what deleting `user`'s account depends on until the transaction ends, as its
+    deletion does: every organization they are in, in one order, then the account. A change of
+    those organizations' members (a co-owner leaving, an invitation accepted) or of what keeps
+    one from being deleted waits, and so does the acceptance of an invitation elsewhere.
+    ValidationError when the account was deleted meanwhile, or joined an organization while
+    they were being locked."""
+    live = Membership.objects.filter(user=user, tenant__deleted_at=None)
+    locked = sorted(live.values_list("tenant_id", flat=True))
+    for tenant_id in locked:
+        tenant_lock(tenant_id)
+    if not User.objects.select_for_update().filter(pk=user.pk, is_active=True).exists():
+        raise ValidationError("Your account has already been deleted.")
+    if sorted(live.values_list("tenant_id", flat=True)) != locked:  # joined one meanwhile
+        raise ValidationError(_deletion_changed(""))
 
 
 def user_delete_precheck(*, actor: Actor, deleting: Collection[int] = ()) -> None:

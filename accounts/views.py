@@ -6,6 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -531,24 +532,28 @@ def account_delete(request):
         user=user,
         actor=Actor.from_request(request),
     )
-    refusal = ""
-    if form.is_bound and form.is_valid():
-        try:
-            address = services.user_delete(
-                actor=Actor.from_request(request),
-                confirm_email=form.cleaned_data["confirm_email"],
-                deleting=form.cleaned_data["organizations_deleted"],
-            )
-        except ValidationError as exc:
-            form.add_error(None, exc)
-        except ActionDenied as exc:
-            refusal = exc.reason
-        else:
-            return _signed_out(
-                request,
-                f"Your account {address} has been deleted and every session of it ended. "
-                "We have emailed you to confirm.",
-            )
+    refusal = address = ""
+    if form.is_bound:
+        # The form's checks and the deletion in one transaction: the locks the form takes
+        # before checking a code hold until the deletion.
+        with transaction.atomic():
+            if form.is_valid():
+                try:
+                    address = services.user_delete(
+                        actor=Actor.from_request(request),
+                        confirm_email=form.cleaned_data["confirm_email"],
+                        deleting=form.cleaned_data["organizations_deleted"],
+                    )
+                except ValidationError as exc:
+                    form.add_error(None, exc)
+                except ActionDenied as exc:
+                    refusal = exc.reason
+    if address:
+        return _signed_out(
+            request,
+            f"Your account {address} has been deleted and every session of it ended. "
+            "We have emailed you to confirm.",
+        )
     if form.is_bound and not User.objects.filter(pk=user.pk, is_active=True).exists():
         return _signed_out(request, "Your account has been deleted.")  # by another tab
     plan = services.account_deletion_plan(user)
