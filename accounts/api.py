@@ -7,11 +7,16 @@ from __future__ import annotations
 import math
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import (
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    ValidationError,
+)
 from django.db import connections
 from django.http import Http404, JsonResponse
 from django.utils.log import log_response
-from rest_framework import exceptions, permissions
+from rest_framework import exceptions, parsers, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
@@ -38,6 +43,36 @@ KEY_REUSED = (
     "This Idempotency-Key was already sent with another action or other parameters: send a new "
     "key for a new request."
 )
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's, refusing as bad input (400) two bodies that reached the views as faults: one
+    nested too deeply for the decoder, and one whose text holds a NUL character, which no
+    PostgreSQL text can hold."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError("JSON parse error - nested too deeply.") from None
+        if _holds_nul(data):
+            raise exceptions.ParseError("Text may not hold a NUL character (\\u0000).")
+        return data
+
+
+def _holds_nul(data) -> bool:
+    pending = [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return True
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -131,8 +166,9 @@ def _said(exc: ValidationError) -> str:
 def exception_handler(exc, context):
     """Every refusal as `{"error": "..."}`: bad input 400 (with `fields` when the services name
     them), no valid token 401, a role or a state that forbids it 403, nothing of the token's
-    organization there 404, an Idempotency-Key reused for another request 409, too many
-    requests with one token 429 (with Retry-After); a fault of ours 500, logged."""
+    organization there 404, an Idempotency-Key reused for another request 409, a body over
+    DATA_UPLOAD_MAX_MEMORY_SIZE 413, too many requests with one token 429 (with Retry-After);
+    a fault of ours 500, logged."""
     if isinstance(exc, ValidationError):
         _atomic_requests_rolled_back()
         if exc.messages == [idempotency.REUSED]:
@@ -151,6 +187,11 @@ def exception_handler(exc, context):
             status=429,
             headers={"Retry-After": str(wait)},
         )
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response({"error": f"The body is larger than {limit:,} bytes."}, status=413)
+    if isinstance(exc, SuspiciousOperation):  # as Django answers it outside the API
+        return Response({"error": "Bad request."}, status=400)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or "Not found.")
     elif isinstance(exc, PermissionDenied):

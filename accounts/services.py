@@ -926,7 +926,6 @@ def invitation_create(
     Invitations of one organization are made one at a time, under its lock: of several sent to
     one address at once, the last stays open (the database holds one open per address).
     """
-    request_id = idempotency.request_id_clean(request_id)
     submitted = {"email": email, "role": role}
     try:
         email = email_address_clean(email.strip())
@@ -940,6 +939,7 @@ def invitation_create(
         permission_require(actor=actor, tenant=tenant, action="member.invite")
         if role == Role.OWNER:
             permission_require(actor=actor, tenant=tenant, action="member.manage_owners")
+        request_id = idempotency.request_id_clean(request_id)
         claim = idempotency.request_claim(
             scope=idempotency.tenant_scope(tenant),
             request_id=request_id,
@@ -1248,7 +1248,6 @@ def api_token_create(
     shows it once. Its role allows nothing its creator's does not; it may expire. One token
     per request id: a repeat (a reload of the page that showed the secret) returns the first
     token and no secret, which is gone."""
-    request_id = idempotency.request_id_clean(request_id)
     name = " ".join(str(name).split())
     errors = {}
     if not name or not text_visible(name):
@@ -1259,6 +1258,7 @@ def api_token_create(
         errors["expires_at"] = "Choose an expiry date in the future."
     with audited_action(actor=actor, action="tenant.tokens", tenant=tenant):
         creator_role = permission_require(actor=actor, tenant=tenant, action="tenant.tokens")
+        request_id = idempotency.request_id_clean(request_id)
         allowed = roles.token_roles_for(creator_role or Role.OWNER)
         if role not in allowed:
             errors["role"] = "Choose one of: " + ", ".join(Role(r).label for r in allowed) + "."

@@ -456,12 +456,12 @@ def credit_note_issue(
     and mailed to the organization's owners and billing members. Checked
     (`credit_note_check`) under the invoice's lock, so that credit notes issued at once never
     take off more than its total. One credit note per request id: a repeat returns it."""
-    request_id = idempotency.request_id_clean(request_id)
     memo = memo.strip()
     with audited_action(
         actor=actor, action="invoice.credit_note_issue", tenant=invoice.tenant, target=invoice
     ):
         _staff_require(actor)
+        request_id = idempotency.request_id_clean(request_id)
         claim = idempotency.request_claim(
             scope=idempotency.user_scope(actor.user),
             request_id=request_id,

@@ -250,9 +250,9 @@ def subscribe(
     sends the tenant to Stripe Checkout (`stripe_sync.checkout_start`), and the webhook
     approves it through `subscription_approve` once Stripe reports it active.
     """
-    request_id = idempotency.request_id_clean(request_id)
     with audited_action(actor=actor, action="subscription.create", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="billing.manage")
+        request_id = idempotency.request_id_clean(request_id)
         claim = idempotency.request_claim(
             scope=idempotency.tenant_scope(tenant),
             request_id=request_id,

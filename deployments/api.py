@@ -405,8 +405,8 @@ class OperationCancel(APIView):
                 request, exc, selectors.verb_rule(operation.plan_version, operation.verb).action
             )
         except ValidationError as exc:
-            if exc.messages == [idempotency.REUSED]:
-                raise
+            if exc.messages == [idempotency.REUSED] or hasattr(exc, "error_dict"):
+                raise  # a reused or unusable Idempotency-Key: 409 or 400, as everywhere
             raise Conflict(" ".join(exc.messages)) from None
         return _queued(operation)
 
@@ -442,7 +442,10 @@ def _moment(value) -> datetime | None:
     without its time zone."""
     if value is None:
         return None
-    moment = parse_datetime(value) if isinstance(value, str) else None
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well formed, but no such moment: 30 February, 25 o'clock
+        raise ValidationError({"target_time": f"There is no such moment as {value}."}) from None
     if moment is None:
         raise ValidationError({"target_time": services.TIME_ZONE_NEEDED})
     return moment

@@ -674,13 +674,13 @@ def instance_create(
 
     One instance per request id in the tenant: a repeat returns the first one's operation.
     """
-    request_id = idempotency.request_id_clean(request_id)
     values = _given_mapping(parameters)
     with (
         _name_settled(tenant, name),
         audited_action(actor=actor, action="instance.create", tenant=tenant),
     ):
         permission_require(actor=actor, tenant=tenant, action="instance.create")
+        request_id = idempotency.request_id_clean(request_id)
         submitted = {
             "plan": plan.key,
             "name": name,
@@ -813,7 +813,6 @@ def instance_action(
     A modify records only the values it changes; they apply on top of whatever the
     operations before it leave.
     """
-    request_id = idempotency.request_id_clean(request_id)
     values = _given_mapping(parameters)
     tenant = instance.tenant
     spec = selectors.plan_spec(instance.plan_version)
@@ -831,6 +830,7 @@ def instance_action(
     rule = lifecycle.rule(verb, custom=spec_verb.custom)
     with audited_action(actor=actor, action=f"instance.{verb}", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=rule.action)
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(
             tenant, request_id, f"instance.{verb}", {"instance": instance.pk, "parameters": values}
         )
@@ -947,10 +947,10 @@ def instance_delete(
     pending (or after it finished) returns that one. When the plan says
     `snapshotBeforeDeletion`, a last backup is taken first, unless `last_backup` is False
     (asked for without one); the delete runs only if that backup completed (`runner`)."""
-    request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.delete", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.delete")
+        request_id = idempotency.request_id_clean(request_id)
         asked = {"instance": instance.pk, **({} if last_backup else {"last_backup": False})}
         claim = _claim(tenant, request_id, "instance.delete", asked)
         if claim.earlier is not None:
@@ -1058,10 +1058,10 @@ def instance_upgrade(
     run in the instance's cell, or it cannot take the instance's values; with `seen`, the
     version number the person was shown, also when a newer one was published since (what it
     changes was not shown). A repeated request id returns the operation it queued."""
-    request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.upgrade", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("upgrade").action)
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(tenant, request_id, "instance.upgrade", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
@@ -1147,9 +1147,9 @@ def plan_change(
     cannot take the instances (measured by its usage rules), or one of them cannot move now
     (its state, queued operations, values the target refuses). A repeated request id returns
     what the first one queued."""
-    request_id = idempotency.request_id_clean(request_id)
     with audited_action(actor=actor, action="plan.change", tenant=tenant):
         permission_require(actor=actor, tenant=tenant, action="billing.manage")
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(tenant, request_id, "plan.change", {"from": source.pk, "to": target.pk})
         prefix = idempotency.derived_request_id(request_id, "plan-change")[:48]
         if claim.earlier is not None:
@@ -1237,10 +1237,10 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
     """After a modify or an upgrade failed the instance: re-apply the parameters and plan
     version it holds (stored = deployed: what last ran) through that version's modify, as a
     new operation. A repeated request id returns the operation it queued."""
-    request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.rollback", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("rollback").action)
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(tenant, request_id, "instance.rollback", {"instance": instance.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
@@ -1310,13 +1310,13 @@ def operation_cancel(*, actor: Actor, operation: Operation, request_id: str) -> 
     when none of the run's writes reached the cluster, else becomes failed; the instance a
     queued create or restore was to make is failed; a cancelled backup's snapshot fails. A
     delete cannot be cancelled, nor a running backup (`Rule.runs_through`)."""
-    request_id = idempotency.request_id_clean(request_id)
     instance = operation.instance
     tenant = instance.tenant
     verb = _verb_of(operation)
     rule = lifecycle.rule(operation.verb, custom=bool(verb and verb.custom))
     with audited_action(actor=actor, action="operation.cancel", tenant=tenant, target=operation):
         permission_require(actor=actor, tenant=tenant, action=rule.action)
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(tenant, request_id, "operation.cancel", {"operation": str(operation.pk)})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
@@ -1445,7 +1445,6 @@ def snapshot_restore(
     the plan's rules. The snapshot's metadata reaches the restore workflow as
     `$sys.restore.metadata.*`.
     """
-    request_id = idempotency.request_id_clean(request_id)
     values = _given_mapping(parameters)
     if target_time is not None and (
         not isinstance(target_time, datetime) or target_time.utcoffset() is None
@@ -1457,6 +1456,7 @@ def snapshot_restore(
         audited_action(actor=actor, action="instance.restore", tenant=tenant, target=snapshot),
     ):
         permission_require(actor=actor, tenant=tenant, action="backup.restore")
+        request_id = idempotency.request_id_clean(request_id)
         submitted = {
             "snapshot": snapshot.pk,
             "name": name,
@@ -1554,10 +1554,10 @@ def snapshot_delete(*, actor: Actor, snapshot: Snapshot, request_id: str) -> Ope
     """Forget a snapshot: its instance runs the plan's deleteBackup workflow when it still
     exists; otherwise the snapshot is only marked deleted (the object store's retention
     policy prunes the data)."""
-    request_id = idempotency.request_id_clean(request_id)
     tenant = snapshot.tenant
     with audited_action(actor=actor, action="backup.delete", tenant=tenant, target=snapshot):
         permission_require(actor=actor, tenant=tenant, action="backup.delete")
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(tenant, request_id, "backup.delete", {"snapshot": snapshot.pk})
         if claim.earlier is not None:
             return _repeat(claim.earlier)
@@ -1701,11 +1701,11 @@ def backup_schedule_update(
     keep the expiry of the retention on the cluster until that run has put the new one there.
     (On a plan without it, the next operation that renders the retention takes it, and the
     snapshots' expiry moves now.)"""
-    request_id = idempotency.request_id_clean(request_id)
     tenant = instance.tenant
     cron = cron.strip() if isinstance(cron, str) else cron
     with audited_action(actor=actor, action="backup.schedule", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="backup.create")
+        request_id = idempotency.request_id_clean(request_id)
         claim = _claim(
             tenant,
             request_id,

@@ -163,7 +163,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.api.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.api.TokenAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["accounts.api.JSONParser"],
     "EXCEPTION_HANDLER": "accounts.api.exception_handler",
     "UNAUTHENTICATED_USER": None,
     # OPTIONS would describe each view from its docstring: not the API's documentation.
