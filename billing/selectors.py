@@ -97,12 +97,21 @@ _INVOICE_ROW = [
 ]
 
 
-def invoices_of(tenant: Tenant) -> QuerySet[Invoice]:
-    """The tenant's invoices, newest period first: finalized, paid and void ones (a draft is
-    under staff review and not shown to the tenant)."""
+def _shown_to(tenant: Tenant) -> QuerySet[Invoice]:
+    """The tenant's invoices it may see: finalized, paid and void ones. A draft is under staff
+    review and not shown to the tenant, nor one staff voided as a draft (it has no number),
+    which it was never sent."""
     return (
         Invoice.objects.filter(tenant=tenant)
         .exclude(status=Invoice.Status.DRAFT)
+        .exclude(status=Invoice.Status.VOID, number=None)
+    )
+
+
+def invoices_of(tenant: Tenant) -> QuerySet[Invoice]:
+    """The tenant's invoices it may see (`_shown_to`), newest period first."""
+    return (
+        _shown_to(tenant)
         .select_related("plan")
         .only(*_INVOICE_ROW)
         .order_by("-period", "-finalized_at", "-pk")
@@ -131,11 +140,11 @@ def _drafts_billing(invoices: QuerySet[Invoice]) -> QuerySet[Invoice]:
 
 
 def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
-    """One of the tenant's invoices a tenant may see, with its lines and credit notes; None
-    otherwise."""
+    """One of the invoices the tenant may see (`_shown_to`), with its lines and credit notes;
+    None otherwise."""
     return (
-        Invoice.objects.filter(tenant=tenant, pk=invoice_id)
-        .exclude(status=Invoice.Status.DRAFT)
+        _shown_to(tenant)
+        .filter(pk=invoice_id)
         .select_related("plan", "tenant")
         .prefetch_related("lines", "credit_notes")
         .first()

@@ -4,6 +4,7 @@ reads it as it reads Stripe's credit notes."""
 
 import csv
 import io
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -11,6 +12,7 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, transaction
+from django.test import Client
 
 from accounts import services as account_services
 from accounts.audit import Actor
@@ -603,3 +605,49 @@ def test_a_refused_credit_note_emails_no_one(
         )  # fmt: skip
 
     assert mail.outbox == []
+
+
+def _said(html: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def test_a_void_invoice_says_nothing_of_it_remains_rather_than_its_total_paid(
+    team_client, tenant, plan, finance, owner
+):
+    """Credited in part, the credit note voided, then the invoice voided: its pages said
+    "Remains paid 40.00 USD" of an invoice nothing was paid on."""
+    invoice = _invoice(tenant, plan, finance, status="open")
+    _issue(team_client, invoice, amount="10", request_id="a")
+    team_client.post(f"/billing-team/credit-notes/{CreditNote.objects.get().pk}/void/")
+    team_client.post(f"/billing-team/invoices/{invoice.pk}/void/")
+    assert Invoice.objects.get(pk=invoice.pk).status == Invoice.Status.VOID
+    customer = Client()
+    customer.force_login(owner)
+
+    pages = [
+        customer.get(f"/t/{tenant.slug}/billing/invoices/{invoice.pk}/").content.decode(),
+        team_client.get(f"/billing-team/invoices/{invoice.pk}/").content.decode(),
+    ]
+
+    for page in pages:
+        assert "Total 40.00 USD Remains Nothing: the invoice is void" in _said(page)
+        assert "Remains paid" not in page
+
+
+def test_a_draft_the_team_voided_is_never_shown_to_the_organization(
+    team_client, tenant, plan, finance, owner
+):
+    """A wrong draft voided before it was finalized was listed on the Billing page, numbered
+    "—", for 9,999.00 USD, an invoice the organization was never sent."""
+    draft = _invoice(tenant, plan, finance, status="draft", total="9999.00")
+    sent = _invoice(tenant, plan, finance, status="open", total="12.00", period="2026-09")
+    team_client.post(f"/billing-team/invoices/{draft.pk}/void/")
+    assert Invoice.objects.get(pk=draft.pk).status == Invoice.Status.VOID
+    customer = Client()
+    customer.force_login(owner)
+
+    listed = customer.get(f"/t/{tenant.slug}/billing/").content.decode()
+
+    assert "9,999.00" not in listed and "9999.00" not in listed
+    assert sent.number in listed
+    assert customer.get(f"/t/{tenant.slug}/billing/invoices/{draft.pk}/").status_code == 404
