@@ -225,6 +225,11 @@ class Invoice(models.Model):
     # details as they are now, and its name alone for an older one.
     billed_to = models.JSONField(null=True, blank=True)
     issuer = models.TextField(blank=True)
+    # What Stripe took off a mirrored invoice's lines (its coupons) and added to them (a tax
+    # not included in their amounts), as it finalized it: its lines less `discount` plus `tax`
+    # make its total. Frozen with it; 0 on ours, whose lines make the total alone.
+    discount = models.DecimalField(max_digits=19, decimal_places=3, default=Decimal(0))
+    tax = models.DecimalField(max_digits=19, decimal_places=3, default=Decimal(0))
     # What Stripe took back off a mirrored invoice once finalized (not frozen with it;
     # `stripe_sync.invoice_credits_total`): what each charge that paid it had refunded, in the
     # currency's minor unit ({charge id: amount}); what was refunded to the payment, by those
@@ -259,6 +264,11 @@ class Invoice(models.Model):
     @property
     def frozen(self) -> bool:
         return self.status != self.Status.DRAFT
+
+    @property
+    def subtotal(self) -> Decimal:
+        """What its lines add up to, before Stripe's discount and tax (its total, on ours)."""
+        return self.total + self.discount - self.tax
 
     @property
     def per_deployment(self) -> bool:

@@ -1130,6 +1130,21 @@ def invoice_line_values(line: Any, currency: str, prices: dict[str, Billed]) -> 
     }
 
 
+def invoice_adjustments(
+    invoice: Any, rows: list[dict], total: Decimal, currency: str
+) -> tuple[Decimal, Decimal]:
+    """What Stripe took off the invoice's lines (`rows`, as ours) and added to them, so that
+    its page's figures add up to its `total`: the discounts its coupons gave
+    (`total_discount_amounts`), and what remains between the discounted lines and the total,
+    a tax not included in their amounts (an included one is in them already)."""
+    if not rows:  # nothing for them to add up to
+        return Decimal(0), Decimal(0)
+    given = _field(invoice, "total_discount_amounts") or []
+    discount = sum((_money(each["amount"], currency) for each in given), Decimal(0))
+    lines = sum((row["amount"] for row in rows), Decimal(0))
+    return discount, total - (lines - discount)
+
+
 def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
     """Bring our copy of a Stripe invoice to what Stripe holds now (`invoice` and its `lines`
     freshly fetched): number, status, total, period, lines, and the hosted page and PDF
@@ -1178,19 +1193,21 @@ def invoice_mirror(invoice: Any, lines: list[Any]) -> Invoice | None:
             prices = stripe_prices_known()
             # Finalized now: made out to the tenant's details as they are, frozen from here.
             billed_to, issuer = invoice_parties(stored) if status != "draft" else (None, "")
+            rows = [invoice_line_values(line, currency, prices) for line in lines]
+            total = _money(_field(invoice, "total"), currency)
+            discount, tax = invoice_adjustments(invoice, rows, total, currency)
             Invoice.objects.filter(pk=stored.pk).update(
                 number=values["number"] or None,
                 currency=currency,
-                total=_money(_field(invoice, "total"), currency),
+                total=total,
+                discount=discount,
+                tax=tax,
                 finalized_at=_moment(_field(transitions, "finalized_at")),
                 billed_to=billed_to,
                 issuer=issuer,
             )
             stored.lines.all().delete()
-            InvoiceLine.objects.bulk_create(
-                InvoiceLine(invoice=stored, **invoice_line_values(line, currency, prices))
-                for line in lines
-            )
+            InvoiceLine.objects.bulk_create(InvoiceLine(invoice=stored, **row) for row in rows)
         Invoice.objects.filter(pk=stored.pk).update(**fields)
         if status != stored.status:
             audit_record(

@@ -325,6 +325,8 @@ def test_a_finalized_invoice_is_frozen_by_the_database(drafts, staff):
     for change in (
         lambda: Invoice.objects.filter(pk=invoice.pk).update(total=Decimal("0.01")),
         lambda: Invoice.objects.filter(pk=invoice.pk).update(number="2026-000099"),
+        lambda: Invoice.objects.filter(pk=invoice.pk).update(discount=Decimal("0.01")),
+        lambda: Invoice.objects.filter(pk=invoice.pk).update(tax=Decimal("0.01")),
         lambda: Invoice.objects.filter(pk=invoice.pk).update(status="draft"),
         lambda: Invoice.objects.filter(pk=invoice.pk).delete(),
         lambda: InvoiceLine.objects.filter(pk=line.pk).update(amount=Decimal(0)),

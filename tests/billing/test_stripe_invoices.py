@@ -751,3 +751,52 @@ def test_a_draft_deleted_in_stripe_is_forgotten_here(
         b for b in billing_selectors.tenant_delete_blockers(tenant) if "being prepared" in b
     ]
     assert AuditEvent.objects.filter(action="invoice.stripe_deleted", tenant=tenant).exists()
+
+
+def _figures(page: str) -> str:
+    """The invoice's table as read aloud: its cells' text in order."""
+    table = page[page.index('<table class="invoice-lines') : page.index("</table>")]
+    return " ".join(re.sub(r"<[^>]+>", " ", table).split())
+
+
+@pytest.mark.parametrize(
+    ("total", "discounts", "excluding_tax", "said", "team_said"),
+    [
+        # A 25 % coupon: Stripe's lines keep their amounts, its total does not.
+        (937, [{"amount": 313, "discount": "di_1"}], 937,
+         "Subtotal 12.50 Discount \u22123.13 Total 9.37 USD",
+         "Discount \u22123.13 USD (Stripe's coupons)"),
+        # 20 % tax on top of the lines (not included in their amounts).
+        (1500, [], 1250, "Subtotal 12.50 Tax 2.50 Total 15.00 USD",
+         "Tax 2.50 USD (added by Stripe)"),
+    ],
+)  # fmt: skip
+def test_a_stripe_invoice_says_what_took_its_lines_to_its_total(
+    owner_client, tenant, subscription, emulator, gw, record_usage, make_user,
+    total, discounts, excluding_tax, said, team_said,
+):  # fmt: skip
+    """Staff give discounts as coupons in Stripe, and Stripe may add tax: the page listed
+    lines of 12.50 above a total of 9.37 with nothing to say where the 3.13 went."""
+    record_usage(_this_hour(), ("inst-a", "cpu", "250"))  # 12.50
+    meter_events.enqueue()
+    meter_events.flush()
+    made = emulator.close_period(subscription.stripe_subscription_id)
+    emulator.finalize_invoice(made["id"])
+    fetched = gw.invoice(made["id"])
+    lines = list(gw.invoice_lines(fetched))
+    assert fetched.total == 1250
+    # What Stripe sends of the same invoice with a coupon on the customer, or with its tax.
+    fetched.total = fetched.amount_due = total
+    fetched.total_discount_amounts = discounts
+    fetched.total_excluding_tax = excluding_tax
+    finance = make_user("finance@opsdeck.example", is_staff=True)
+    finance.groups.add(Group.objects.get_or_create(name=BILLING_TEAM)[0])
+    team = Client()
+    team.force_login(finance)
+
+    stored = stripe_sync.invoice_mirror(fetched, lines)
+
+    page = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
+    assert _figures(page).endswith(said)
+    team_page = team.get(f"/billing-team/invoices/{stored.pk}/").content.decode()
+    assert team_said in " ".join(re.sub(r"<[^>]+>", " ", team_page).split())
