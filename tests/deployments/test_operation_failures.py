@@ -301,6 +301,17 @@ def test_an_instance_a_removed_member_asked_for_is_ready_and_the_owners_are_told
     )
 
 
+def _guarded_cell(kubeconfig: dict) -> None:
+    """A cell "guarded" on a sandbox that asks for a token (the one `kubeconfig` holds)."""
+    import yaml
+
+    services.cell_register(
+        name="guarded", kubeconfig=yaml.safe_dump(kubeconfig), region="local",
+        backup_destination="s3://sandbox-backups/opsdeck",
+        backup_credentials={"ACCESS_KEY_ID": "a", "ACCESS_SECRET_KEY": "b"},
+    )  # fmt: skip
+
+
 def test_a_create_on_a_cell_whose_credentials_expired_waits_for_new_ones_then_runs(
     worker, plan, tenant, owner
 ):
@@ -316,11 +327,7 @@ def test_a_create_on_a_cell_whose_credentials_expired_waits_for_new_ones_then_ru
 
     with Sandbox(token="right-token", speed=200) as guarded:
         config = guarded.kubeconfig()
-        services.cell_register(
-            name="guarded", kubeconfig=yaml.safe_dump(config), region="local",
-            backup_destination="s3://sandbox-backups/opsdeck",
-            backup_credentials={"ACCESS_KEY_ID": "a", "ACCESS_SECRET_KEY": "b"},
-        )  # fmt: skip
+        _guarded_cell(config)
         cell = Cell.objects.get(name="guarded")
         expired = yaml.safe_load(yaml.safe_dump(config))
         expired["users"][0]["user"]["token"] = "expired-token"
@@ -384,11 +391,7 @@ def test_a_delete_on_a_cell_whose_credentials_stay_refused_fails_at_its_deadline
     plan = services.plan_load(text=text).plan
     with Sandbox(token="first-token", speed=200) as guarded:
         config = guarded.kubeconfig()
-        services.cell_register(
-            name="guarded", kubeconfig=yaml.safe_dump(config), region="local",
-            backup_destination="s3://sandbox-backups/opsdeck",
-            backup_credentials={"ACCESS_KEY_ID": "a", "ACCESS_SECRET_KEY": "b"},
-        )  # fmt: skip
+        _guarded_cell(config)
         create = _create(owner, tenant, plan)
         assert wait_done(create).state == Operation.State.SUCCEEDED, create.error
         instance = Instance.objects.get(pk=create.instance_id)
