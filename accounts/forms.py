@@ -1,8 +1,5 @@
-from datetime import datetime, timedelta
-
 from django import forms
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 
 from accounts.roles import TOKEN_ROLES, Role
 from accounts.services import organization_name_clean
@@ -99,7 +96,7 @@ class AuditFilterForm(forms.Form):
 
 
 class ApiTokenForm(forms.Form):
-    """A new API token: what it is for, its role, and how long it lasts (`expires_at`)."""
+    """A new API token: what it is for, its role, and how long it lasts (`expires_in_days`)."""
 
     EXPIRIES = [("30", "In 30 days"), ("90", "In 90 days"), ("365", "In a year"), ("", "Never")]
 
@@ -127,6 +124,6 @@ class ApiTokenForm(forms.Form):
     )
 
     @property
-    def expires_at(self) -> datetime | None:
+    def expires_in_days(self) -> int | None:
         days = self.cleaned_data.get("expires")
-        return timezone.now() + timedelta(days=int(days)) if days else None
+        return int(days) if days else None

@@ -1241,21 +1241,23 @@ def api_token_create(
     tenant: Tenant,
     name: str,
     role: str,
-    expires_at: datetime | None = None,
+    expires_in_days: int | None = None,
     request_id: str = "",
 ) -> tuple[ApiToken, str | None]:
     """A new API token of the organization and its secret, which nothing keeps: the caller
-    shows it once. Its role allows nothing its creator's does not; it may expire. One token
-    per request id: a repeat (a reload of the page that showed the secret) returns the first
-    token and no secret, which is gone."""
+    shows it once. Its role allows nothing its creator's does not; it may expire, in
+    `expires_in_days`. One token per request id: a repeat (a reload of the page that showed
+    the secret, on whatever day) returns the first token and no secret, which is gone."""
     name = " ".join(str(name).split())
     errors = {}
     if not name or not text_visible(name):
         errors["name"] = "Enter a name that says what the token is for."
     elif len(name) > ApiToken._meta.get_field("name").max_length:
         errors["name"] = "Use at most 100 characters."
-    if expires_at is not None and expires_at <= timezone.now():
-        errors["expires_at"] = "Choose an expiry date in the future."
+    if expires_in_days is not None and not (
+        isinstance(expires_in_days, int) and expires_in_days > 0
+    ):
+        errors["expires"] = "Choose an expiry in the future."
     with audited_action(actor=actor, action="tenant.tokens", tenant=tenant):
         creator_role = permission_require(actor=actor, tenant=tenant, action="tenant.tokens")
         request_id = idempotency.request_id_clean(request_id)
@@ -1268,15 +1270,12 @@ def api_token_create(
             scope=idempotency.tenant_scope(tenant),
             request_id=request_id,
             action="tenant.tokens",
-            # The expiry's day: sent again, "in 90 days" is a moment later.
-            raw={
-                "name": name,
-                "role": role,
-                "expires": expires_at and expires_at.date().isoformat(),
-            },
+            # As asked: sent again, "in 90 days" is a moment (or a day) later.
+            raw={"name": name, "role": role, "expires": expires_in_days},
         )
         if claim.earlier is not None:
             return ApiToken.objects.get(pk=claim.earlier.target_id), None
+        expires_at = timezone.now() + timedelta(days=expires_in_days) if expires_in_days else None
         secret = API_TOKEN_MARK + get_random_string(40, _TOKEN_CHARS)
         token = ApiToken.objects.create(
             tenant=tenant,

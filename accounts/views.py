@@ -368,12 +368,17 @@ def api_token_create(request):
                 tenant=request.tenant,
                 name=form.cleaned_data["name"],
                 role=form.cleaned_data["role"],
-                expires_at=form.expires_at,
+                expires_in_days=form.expires_in_days,
                 request_id=form.cleaned_data["request_id"],
             )
         except ValidationError as exc:
-            for field, errors in exc.message_dict.items():
-                form.add_error(field if field in form.fields else None, errors)
+            if not hasattr(exc, "error_dict"):  # its request id sent before with other values
+                form.add_error(None, exc)
+                form.data = form.data.copy()
+                form.data["request_id"] = uuid.uuid4().hex  # corrected, it makes one anew
+            else:
+                for field, errors in exc.message_dict.items():
+                    form.add_error(field if field in form.fields else None, errors)
         except ActionDenied as exc:
             messages.error(request, exc.reason)
             return redirect("organization_settings", tenant_slug=request.tenant.slug)

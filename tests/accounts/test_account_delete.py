@@ -386,3 +386,16 @@ def test_accepting_an_invitation_in_another_tab_while_the_account_is_deleted(
     assert str(joining) == "Your account has been deleted."
     assert not Membership.objects.filter(tenant=tenant).exclude(user=owner).exists()
     assert _gone(bob)
+
+
+@pytest.mark.django_db
+def test_a_form_whose_organizations_are_digits_by_the_thousand_deletes_nothing(owner, tenant):
+    """The page's hidden list of organizations, forged to 5,000 nines: a 500 (more digits
+    than int() takes)."""
+    client = _client(owner)
+
+    response = _delete(client, owner, organizations_deleted="9" * 5000)
+
+    assert response.status_code == 400
+    assert "it would now delete Acme too" in response.content.decode()
+    assert not _gone(owner)

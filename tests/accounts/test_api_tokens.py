@@ -153,7 +153,7 @@ def test_a_token_outlives_its_creator_leaving_but_not_its_organization(owner, te
 def test_an_expired_token_authenticates_no_more(owner, tenant):
     token, secret = services.api_token_create(
         actor=Actor(user=owner), tenant=tenant, name="ci", role="member",
-        expires_at=timezone.now() + timedelta(days=1),
+        expires_in_days=1,
     )  # fmt: skip
     assert services.api_token_authenticate(secret) == token
 
@@ -200,6 +200,44 @@ def test_the_form_sent_again_makes_no_second_token_and_says_its_secret_was_shown
     said = owner_client.get(again["Location"]).content.decode()
     assert "This form was sent before: the API token “ci-deploy” was made then" in said
     assert not SECRET.search(said)
+
+
+@pytest.mark.django_db
+def test_the_form_sent_again_a_day_later_still_makes_no_second_token(
+    owner_client, tenant, monkeypatch
+):
+    """A reload of the page the next day sent the form again: "in 90 days" was then another
+    day than the first sending's, so the form read as another one sent with the same id (a
+    500, below)."""
+    first = _create(owner_client, tenant, request_id="a" * 32)
+    now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: now() + timedelta(days=1))
+
+    again = _create(owner_client, tenant, request_id="a" * 32)
+
+    assert SECRET.search(first.content.decode())
+    assert again.status_code == 302 and ApiToken.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_form_sent_again_with_other_values_is_refused_and_can_be_sent_anew(
+    owner_client, tenant
+):
+    """The page's form sent after Back, its name changed: a 500 (the refusal of its request
+    id names no field)."""
+    _create(owner_client, tenant, request_id="b" * 32)
+
+    again = _create(owner_client, tenant, name="ci-deploy-2", request_id="b" * 32)
+
+    page = again.content.decode()
+    assert again.status_code == 400 and ApiToken.objects.count() == 1
+    assert "This form was already sent with different values." in page
+    fresh = re.search(r'name="request_id" value="([0-9a-f]{32})"', page).group(1)
+    assert fresh != "b" * 32  # corrected, it is sent anew
+    assert SECRET.search(
+        _create(owner_client, tenant, name="ci-deploy-2", request_id=fresh).content.decode()
+    )
+    assert ApiToken.objects.count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
