@@ -30,7 +30,7 @@ from accounts.audit import REDACTED, SYSTEM, Actor, audit_event, audit_record, a
 from accounts.errors import ActionDenied, database_trouble
 from accounts.models import AuditEvent, RequestKey, Tenant
 from accounts.services import permission_require, tenant_lock
-from accounts.text import name_plain
+from accounts.text import name_plain, text_visible
 from billing import entitlements
 from billing import services as billing_services
 from billing.models import Plan, Subscription
@@ -495,6 +495,8 @@ def _instance_name(typed: Any) -> str:
         raise ValidationError({"name": f"Use at most {NAME_MAX} characters{written_out}."})
     if not name.isprintable():
         raise ValidationError({"name": "Use letters, digits, spaces and punctuation only."})
+    if not text_visible(name):  # blank letters only: lists and headings would show nothing
+        raise ValidationError({"name": "Give the instance a name people can see."})
     if INSTANCE_ID.fullmatch(name.lower()):  # lists and search find instances by id, any case
         raise ValidationError({"name": NAME_LIKE_ID})
     return name
@@ -1277,12 +1279,13 @@ def instance_rollback(*, actor: Actor, instance: Instance, request_id: str) -> O
 
 
 def instance_protect(*, actor: Actor, instance: Instance, on: bool) -> Instance:
-    """Turn deletion protection on or off: while on, a delete is refused."""
-    if not isinstance(on, bool):
-        raise ValidationError("Say whether deletion protection is to be on or off.")
+    """Turn deletion protection on or off: while on, a delete is refused. `on` that is no
+    bool is refused once the role is allowed."""
     tenant = instance.tenant
     with audited_action(actor=actor, action="instance.protect", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action="instance.protect")
+        if not isinstance(on, bool):
+            raise ValidationError("Say whether deletion protection is to be on or off.")
         instance = Instance.objects.select_for_update().get(pk=instance.pk)
         deleting = instance.operations.filter(
             verb="delete", state__in=[Operation.State.QUEUED, Operation.State.RUNNING]

@@ -869,13 +869,16 @@ def snapshot_restore(request, instance_id: str, snapshot_id: int):
     instance = _instance(request, instance_id)
     # A deleted one too, to say so: a teammate may delete it while the form is open.
     snapshot = _snapshot(instance, snapshot_id, deleted=True)
+    # The role first, whichever backup (a restore sent is refused by the service, audited as
+    # the restore it is; one of a backup deleted meanwhile here, before saying so).
+    if request.method != "POST" or snapshot.status == Snapshot.Status.DELETED:
+        action_require(request, "backup.restore")
     if snapshot.status == Snapshot.Status.DELETED:
         messages.error(
             request, f"The backup {snapshot.name} was deleted: it can no longer be restored."
         )
         return redirect(_page_url(instance, "backups"))
     if request.method != "POST":
-        action_require(request, "backup.restore")
         status, forgetting = selectors.snapshot_restorable(snapshot)
         if status != Snapshot.Status.COMPLETED or forgetting:
             refusal = services.RESTORE_FORGETTING if forgetting else services.RESTORE_COMPLETED
@@ -1366,15 +1369,15 @@ def instance_rollback(request, instance_id: str):
 def instance_protect(request, instance_id: str):
     instance = _instance(request, instance_id)
     on = {"on": True, "off": False}.get(request.POST.get("protect", ""))
-    if on is None:
-        messages.error(request, "Say whether deletion protection is to be on or off.")
-        return _after(request, instance, "overview")
     try:
         instance = services.instance_protect(
             actor=Actor.from_request(request), instance=instance, on=on
         )
     except ActionDenied as exc:
         return _refused(request, instance, exc, "instance.protect", tab="overview")
+    except ValidationError as exc:  # neither on nor off, once the role allows it
+        messages.error(request, " ".join(exc.messages))
+        return _after(request, instance, "overview")
     state = "on" if instance.deletion_protected else "off"
     messages.success(request, f"Deletion protection of {instance.name} is {state}.")
     return _after(request, instance, "overview")

@@ -461,6 +461,19 @@ LIKE_ID = (
 )
 
 
+@pytest.mark.parametrize("name", ["\u3164", "\u2800\u2800", "\uffa0"])
+def test_a_name_of_blank_letters_only_is_refused_beside_the_name_field(
+    owner_client, tenant, plan, cell, name
+):
+    """Letters that print as nothing (Hangul filler, a blank Braille cell) made an instance
+    whose name the list, its heading and the delete dialog showed as nothing."""
+    response = owner_client.post(form_url(tenant), {**VALID, "name": name, "request_id": "r-1"})
+
+    said = "Give the instance a name people can see."
+    assert f'<small class="field-error" id="id_name_error">{said}</small>' in text(response)
+    assert not Instance.objects.exists()
+
+
 @pytest.mark.parametrize("name", ["inst-abcd1234", "INST-ABCD1234", " inst\u2010abcd1234 "])
 def test_a_name_shaped_like_an_instance_id_is_refused_beside_the_name_field(
     owner_client, tenant, plan, cell, name

@@ -323,3 +323,20 @@ def test_the_audit_log_names_the_instance_and_the_operation_an_event_is_about(
     named = {(r["action"], r["target_id"]): r["target_name"] for r in rows}
     assert named[("instance.restart", instance.pk)] == "orders"
     assert named[("operation.cancel", str(restart.pk))] == "restart of orders"
+
+
+@pytest.mark.parametrize("role", ["member", "viewer"])
+@pytest.mark.parametrize("sent", [{}, {"protect": "yes"}])
+def test_a_forged_protection_switch_is_refused_for_the_role_whatever_it_sends(
+    client, instance, add_member, role, sent
+):
+    """A member's forged switch saying neither on nor off was told to say which, its role
+    never checked nor the refusal audited, as it is for one saying on."""
+    user = add_member(f"{role}@example.com", role)
+    client.force_login(user)
+
+    response = client.post(_url(instance, "protection/"), sent)
+
+    assert response.status_code == 403
+    assert AuditEvent.objects.filter(action="instance.protect", result="denied", actor=user)
+    assert not Instance.objects.get(pk=instance.pk).deletion_protected

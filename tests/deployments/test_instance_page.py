@@ -1415,6 +1415,22 @@ def test_a_viewer_sees_no_restore_and_a_forged_one_is_refused_and_audited(
     assert Instance.objects.count() == 1
 
 
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_a_viewer_asking_to_restore_a_deleted_backup_is_refused_for_the_role(
+    client, instance, add_member, method
+):
+    """Told the backup was deleted, its role never checked nor the refusal audited."""
+    snapshot = instance.snapshots.get()
+    Snapshot.objects.filter(pk=snapshot.pk).update(status=Snapshot.Status.DELETED)
+    viewer = add_member("viewer@example.com", "viewer")
+    client.force_login(viewer)
+
+    response = getattr(client, method)(_restore_url(instance, snapshot), {"name": "copy"})
+
+    assert response.status_code == 403
+    assert AuditEvent.objects.filter(result="denied", actor=viewer).exists()
+
+
 def test_another_tenants_backup_has_no_restore_form(client, instance, add_member, theirs):
     member = add_member("member@example.com", "member")
     client.force_login(member)
