@@ -22,10 +22,11 @@ from allauth.account.adapter import get_adapter
 from django.core.exceptions import PermissionDenied
 from rest_framework import permissions
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
+
+from accounts.api import JSONParser
 
 log = logging.getLogger("opsdeck.csp")
 
@@ -35,6 +36,7 @@ VIOLATIONS_LOGGED = 10  # of one post: a browser sends a few; more is someone fi
 FIELD_CHARS = 300  # the most of any one field a log line holds
 
 
+# The API's parser (a body nested too deeply is a 400), under the media types browsers send.
 class CspReportParser(JSONParser):
     media_type = "application/csp-report"
 

@@ -98,7 +98,7 @@ def test_an_address_that_does_not_read_as_one_is_logged_without_its_query(client
 
 @pytest.mark.parametrize(
     "body",
-    ["not json", {"report": "of something else"}, [1, 2], {"csp-report": "text"}],
+    ["not json", {"report": "of something else"}, [1, 2], {"csp-report": "text"}, "[" * 10_000],
 )
 def test_what_is_not_a_report_is_a_400_and_logs_nothing(client, caplog, body):
     caplog.set_level(logging.WARNING, logger="opsdeck.csp")
