@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import string
 import unicodedata
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -321,26 +321,38 @@ def tenant_rename_hook_register(hook: Callable[[Tenant], None]) -> None:
         _RENAME_HOOKS.append(hook)
 
 
-# What stands in the way of deleting an organization: functions of the tenant, each giving
-# sentences (none when nothing does). Billing and deployments register theirs (accounts imports
-# neither); each is asked under the tenant's lock, which every create of an instance or a
-# subscription takes too.
-_DELETE_BLOCKERS: list[Callable[[Tenant], list[str]]] = []
+# What stands in the way of deleting organizations: functions of the tenants, each giving
+# sentences by tenant id (a tenant it leaves out: nothing stands in its way). Billing and
+# deployments register theirs (accounts imports neither). Each reads all the tenants asked
+# about in a constant number of queries, so a page asking about many reads no more for it; a
+# delete asks under the tenant's lock, which every create of an instance or a subscription
+# takes too.
+Blocker = Callable[[Sequence[Tenant]], dict[int, list[str]]]
+_DELETE_BLOCKERS: list[Blocker] = []
 
 
-def tenant_delete_blocker_register(
-    blocker: Callable[[Tenant], list[str]], *, first: bool = False
-) -> None:
-    """Name a function that says what keeps a tenant from being deleted (none: nothing);
+def tenant_delete_blocker_register(blocker: Blocker, *, first: bool = False) -> None:
+    """Name a function that says what keeps tenants from being deleted (by tenant id);
     `first`: said before the others, as it must be cleared first (deployments before the
     subscriptions they run on, which cannot be cancelled while they do)."""
     if blocker not in _DELETE_BLOCKERS:
         _DELETE_BLOCKERS.insert(0 if first else len(_DELETE_BLOCKERS), blocker)
 
 
+def tenants_delete_blockers(tenants: Sequence[Tenant]) -> dict[int, list[str]]:
+    """What keeps each of `tenants` from being deleted now, as sentences by tenant id (an
+    empty list when it may be), in a constant number of queries however many they are."""
+    said: dict[int, list[str]] = {tenant.pk: [] for tenant in tenants}
+    if said:
+        for blocker in _DELETE_BLOCKERS:
+            for pk, sentences in blocker(tenants).items():
+                said[pk] += sentences
+    return said
+
+
 def tenant_delete_blockers(tenant: Tenant) -> list[str]:
     """What keeps `tenant` from being deleted now, as sentences; none when it may be."""
-    return [said for blocker in _DELETE_BLOCKERS for said in blocker(tenant)]
+    return tenants_delete_blockers([tenant])[tenant.pk]
 
 
 def tenant_delete(*, actor: Actor, tenant: Tenant, confirm_name: str) -> Tenant:
@@ -684,7 +696,8 @@ def account_deletion_plan(user: User) -> AccountDeletion:
     """What deleting `user`'s account would do now (`AccountDeletion`). Refused while they are
     the only owner who can sign in (`selectors.owners_active`) of an organization with other
     members (someone must be able to manage it), or of one they alone are in that cannot be
-    deleted yet (`tenant_delete_blockers`: deployments, a subscription, an invoice to come)."""
+    deleted yet (`tenants_delete_blockers`: deployments, a subscription, an invoice to come).
+    In a constant number of queries, however many organizations they are in."""
     memberships = (
         Membership.objects.filter(user=user, tenant__deleted_at=None)
         .select_related("tenant")
@@ -695,6 +708,10 @@ def account_deletion_plan(user: User) -> AccountDeletion:
         Membership.objects.filter(tenant_id__in=alone_owned)
         .exclude(user=user)
         .values_list("tenant_id", flat=True)
+    )
+    memberships = list(memberships)
+    blockers = tenants_delete_blockers(
+        [m.tenant for m in memberships if m.tenant_id in alone_owned - with_others]
     )
     plan = AccountDeletion([], [], [])
     for membership in memberships:
@@ -707,9 +724,11 @@ def account_deletion_plan(user: User) -> AccountDeletion:
                 "of them an owner first, or remove them."
             )
             plan.refused.append((tenant, why, "team"))
-        elif blockers := tenant_delete_blockers(tenant):
+        elif blockers[tenant.pk]:
             why = f"You are the only member of {tenant.name}, which cannot be deleted yet. "
-            plan.refused.append((tenant, why + " ".join(blockers), "organization_settings"))
+            plan.refused.append(
+                (tenant, why + " ".join(blockers[tenant.pk]), "organization_settings")
+            )
         else:
             plan.deleted.append(tenant)
     return plan

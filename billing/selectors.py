@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -151,35 +153,43 @@ def invoice_of(tenant: Tenant, invoice_id: int) -> Invoice | None:
     )
 
 
-def tenant_delete_blockers(tenant: Tenant) -> list[str]:
-    """What in billing keeps `tenant` from being deleted, as sentences: each subscription not
-    cancelled (Stripe would go on billing it, or it would wait in the platform team's queue),
-    and each finalized invoice still unpaid, but one at 0 or that credit notes cover whole
-    (registered with accounts' `tenant_delete`); what remains of it is what it asks."""
-    said = [
-        f"Its subscription to {subscription.plan.name} is {subscription.status_text().lower()}: "
-        "cancel it on the Billing page first."
-        for subscription in Subscription.objects.filter(tenant=tenant)
+def tenant_delete_blockers(tenants: Sequence[Tenant]) -> dict[int, list[str]]:
+    """What in billing keeps each of `tenants` from being deleted, as sentences by tenant id:
+    each subscription not cancelled (Stripe would go on billing it, or it would wait in the
+    platform team's queue), usage not invoiced yet (`_uninvoiced`), and each finalized invoice
+    still unpaid, but one at 0 or that credit notes cover whole (registered with accounts'
+    `tenant_delete`); what remains of it is what it asks. In a constant number of queries,
+    however many tenants."""
+    ids = [tenant.pk for tenant in tenants]
+    said: dict[int, list[str]] = defaultdict(list)
+    subscriptions = (
+        Subscription.objects.filter(tenant_id__in=ids)
         .exclude(status=Subscription.Status.CANCELLED)
         .select_related("plan")
         .order_by("plan__name")
-    ]
-    said += _uninvoiced(tenant)
+    )
+    for subscription in subscriptions:
+        said[subscription.tenant_id].append(
+            f"Its subscription to {subscription.plan.name} is "
+            f"{subscription.status_text().lower()}: cancel it on the Billing page first."
+        )
+    for tenant_id, sentences in _uninvoiced(ids).items():
+        said[tenant_id] += sentences
     unpaid = (
-        Invoice.objects.filter(tenant=tenant, status=Invoice.Status.OPEN)
+        Invoice.objects.filter(tenant_id__in=ids, status=Invoice.Status.OPEN)
         .exclude(total=0)  # nothing to pay (free usage's, `invoicing._drafts`)
         .order_by("number")
     )
     fields = ("number", "period", "total", "amount_refunded", "amount_credited", "currency")
-    for invoice in unpaid.only(*fields):
+    for invoice in unpaid.only("tenant_id", *fields):
         due = pricing.rounded(invoice.amount_remaining, invoice.currency)
         if not due:  # its credit notes cover it: nothing is left to pay
             continue
-        said.append(
+        said[invoice.tenant_id].append(
             f"Invoice {invoice.number or invoice.period} ({due} "
             f"{invoice.currency.upper()}) is unpaid: pay it first."
         )
-    return said
+    return dict(said)
 
 
 # How long past a cancelled subscription's last period Stripe's last invoice is waited for:
@@ -187,27 +197,28 @@ def tenant_delete_blockers(tenant: Tenant) -> list[str]:
 STRIPE_LAST_INVOICE_WAIT = timedelta(days=3)
 
 
-def _uninvoiced(tenant: Tenant) -> list[str]:
-    """What of the tenant's usage has no invoice yet, as sentences: a month not closed yet with
-    priced usage, recorded or still to be metered (its invoice comes once it ends), and
-    invoices drafted and not issued. An organization deleted before would get that invoice
-    with no one able to open it."""
-    said = []
+def _uninvoiced(ids: list[int]) -> dict[int, list[str]]:
+    """What of the usage of the tenants of `ids` has no invoice yet, as sentences by tenant id:
+    a month not closed yet with priced usage, recorded or still to be metered (its invoice
+    comes once it ends), and invoices drafted and not issued. An organization deleted before
+    would get that invoice with no one able to open it."""
+    said: dict[int, list[str]] = defaultdict(list)
     priced = Price.objects.filter(plan_id=OuterRef("pk"), unit_price__isnull=False)
     priced_plans = Plan.objects.filter(Exists(priced))
-    last = (
-        UsageRecord.objects.filter(tenant=tenant, quantity__gt=0, plan__in=priced_plans)
+    last = dict(
+        UsageRecord.objects.filter(tenant_id__in=ids, quantity__gt=0, plan__in=priced_plans)
         .exclude(period__in=BillingPeriod.objects.filter(closed_at__isnull=False).values("key"))
-        .aggregate(last=Max("period"))["last"]
+        .values_list("tenant_id")
+        .annotate(last=Max("period"))
+        .order_by()
     )
     # An instance deleted in an hour not metered yet (its month's first, or it lived less than
     # an hour) has no usage recorded so far: its month's invoice is to come all the same.
-    unmetered = unmetered_use(tenant, priced_plans)
-    if unmetered is not None:
-        last = max(filter(None, [last, period_key(unmetered)]))
-    if last:
-        start, end = period_bounds(last)
-        said.append(
+    for tenant_id, unmetered in unmetered_use(ids, priced_plans).items():
+        last[tenant_id] = max(filter(None, [last.get(tenant_id), period_key(unmetered)]))
+    for tenant_id, period in last.items():
+        start, end = period_bounds(period)
+        said[tenant_id].append(
             f"Its usage of {start:%B %Y} is invoiced once the month has ended, from "
             f"{end:%-d %B %Y}: delete the organization once that invoice is paid."
         )
@@ -217,20 +228,20 @@ def _uninvoiced(tenant: Tenant) -> list[str]:
     # for as long as Stripe retries a webhook past it (one Stripe ended at once makes none).
     now = timezone.now()
     last_invoice = Invoice.objects.filter(
-        tenant=tenant,
+        tenant_id=OuterRef("tenant_id"),
         plan_id=OuterRef("plan_id"),
         source=Invoice.Source.STRIPE,
         created_at__gte=OuterRef("current_period_end"),
     )
     metered = MeterEvent.objects.filter(
-        usage_record__tenant=tenant,
+        usage_record__tenant_id=OuterRef("tenant_id"),
         usage_record__plan_id=OuterRef("plan_id"),
         usage_record__hour__gte=OuterRef("current_period_start"),
         status=MeterEvent.Status.SENT,
     )
     billing_on = (
         Subscription.objects.filter(
-            tenant=tenant,
+            tenant_id__in=ids,
             status=Subscription.Status.CANCELLED,
             current_period_end__gt=now - STRIPE_LAST_INVOICE_WAIT,
         )
@@ -240,18 +251,18 @@ def _uninvoiced(tenant: Tenant) -> list[str]:
         .select_related("plan")
         .order_by("current_period_end")
     )
-    said += [
-        f"Stripe invoices its usage of the {subscription.plan.name} plan when the "
-        f"subscription's last period ends, {subscription.current_period_end:%-d %B %Y %H:%M} "
-        "UTC: delete the organization once that invoice is paid."
-        for subscription in billing_on.only("plan__name", "current_period_end")
-    ]
-    drafts = _drafts_billing(Invoice.objects.filter(tenant=tenant)).order_by("period")
-    said += [
-        f"Its invoice for {period} is being prepared: delete the organization once it is issued "
-        "and paid."
-        for period in drafts.values_list("period", flat=True).distinct()
-    ]
+    for subscription in billing_on.only("tenant_id", "plan__name", "current_period_end"):
+        said[subscription.tenant_id].append(
+            f"Stripe invoices its usage of the {subscription.plan.name} plan when the "
+            f"subscription's last period ends, {subscription.current_period_end:%-d %B %Y %H:%M} "
+            "UTC: delete the organization once that invoice is paid."
+        )
+    drafts = _drafts_billing(Invoice.objects.filter(tenant_id__in=ids)).order_by("period")
+    for tenant_id, period in drafts.values_list("tenant_id", "period").distinct():
+        said[tenant_id].append(
+            f"Its invoice for {period} is being prepared: delete the organization once it is "
+            "issued and paid."
+        )
     return said
 
 

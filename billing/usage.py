@@ -21,7 +21,6 @@ from django.db import connection, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
-from accounts.models import Tenant
 from billing import pricing
 from billing.models import BillingPeriod, MeteredHour, Plan, UsageRecord
 
@@ -166,41 +165,40 @@ def unmetered_hours(start: datetime, end: datetime) -> list[datetime]:
     return hours
 
 
-# Where billing reads when a tenant's deleted instances ran: deployments registers it (billing
-# never imports deployments), called as `source(tenant, plans, since)` and answering with the
-# (created, deleted) moments of each of the tenant's instances of `plans` deleted after `since`
-# (any, when None). None until it has.
-_lives_source: Callable[..., list[tuple[datetime, datetime]]] | None = None
+# Where billing reads when tenants' deleted instances ran: deployments registers it (billing
+# never imports deployments), called as `source(tenant_ids, plans, since)` and answering with
+# the (tenant id, created, deleted) of each of those tenants' instances of `plans` deleted after
+# `since` (any, when None). None until it has.
+Lives = Callable[..., list[tuple[int, datetime, datetime]]]
+_lives_source: Lives | None = None
 
 
-def lives_source_register(source: Callable[..., list[tuple[datetime, datetime]]]) -> None:
-    """Name the function that tells billing when a tenant's deleted instances ran."""
+def lives_source_register(source: Lives) -> None:
+    """Name the function that tells billing when tenants' deleted instances ran."""
     global _lives_source
     _lives_source = source
 
 
-def unmetered_use(tenant: Tenant, plans: QuerySet[Plan]) -> datetime | None:
-    """The last hour not metered yet that one of the tenant's deleted instances of `plans` was
-    alive in (its usage is recorded, and billed, once it is: an hour is metered after it ends);
-    None when metering has covered every hour of them. In a constant number of queries."""
+def unmetered_use(tenant_ids: list[int], plans: QuerySet[Plan]) -> dict[int, datetime]:
+    """By tenant id, the last hour not metered yet that one of the tenant's deleted instances
+    of `plans` was alive in (its usage is recorded, and billed, once it is: an hour is metered
+    after it ends); a tenant left out when metering has covered every hour of them. In a
+    constant number of queries, however many tenants."""
     since = _unmetered_from()
-    lives = _lives_source(tenant, plans, since) if _lives_source is not None else []
+    lives = _lives_source(tenant_ids, plans, since) if _lives_source is not None else []
     if not lives:
-        return None
-    first = hour_start(min(created for created, _ in lives))
+        return {}
+    first = hour_start(min(created for _, created, _ in lives))
     hours = unmetered_hours(
         first if since is None else max(first, since),
-        hour_start(max(deleted for _, deleted in lives)) + HOUR,
+        hour_start(max(deleted for _, _, deleted in lives)) + HOUR,
     )
-    return max(
-        (
-            hour
-            for hour in hours
-            for created, deleted in lives
-            if created < hour + HOUR and hour < deleted
-        ),
-        default=None,
-    )
+    last: dict[int, datetime] = {}
+    for tenant_id, created, deleted in lives:
+        alive = [hour for hour in hours if created < hour + HOUR and hour < deleted]
+        if alive and (tenant_id not in last or last[tenant_id] < alive[-1]):
+            last[tenant_id] = alive[-1]
+    return last
 
 
 def _unmetered_from() -> datetime | None:

@@ -506,24 +506,25 @@ def meter_hours(hours: list[datetime]) -> list[usage.Recorded]:
 
 
 def deleted_lives(
-    tenant: Tenant, plans: QuerySet[Plan], since: datetime | None
-) -> list[tuple[datetime, datetime]]:
-    """When each of the tenant's instances of `plans` deleted after `since` (any, when None)
-    was alive: from its creation to its deletion (`usage.unmetered_use` asks, for billing)."""
+    tenant_ids: list[int], plans: QuerySet[Plan], since: datetime | None
+) -> list[tuple[int, datetime, datetime]]:
+    """When each of the tenants' instances of `plans` deleted after `since` (any, when None)
+    was alive: its tenant's id, its creation and its deletion (`usage.unmetered_use` asks, for
+    billing)."""
     deleted_at = (
         InstanceStateChange.objects.filter(instance=OuterRef("pk"), to_state=_State.DELETED)
         .order_by("-at")
         .values("at")[:1]
     )
     lives = (
-        Instance.objects.for_tenant(tenant)
+        Instance.objects.filter(tenant_id__in=tenant_ids)
         .filter(state=_State.DELETED, plan_version__plan__in=plans)
         .annotate(deleted=Subquery(deleted_at))
         .filter(deleted__isnull=False)
     )
     if since is not None:
         lives = lives.filter(deleted__gt=since)
-    return list(lives.values_list("created_at", "deleted"))
+    return list(lives.values_list("tenant_id", "created_at", "deleted"))
 
 
 def meter_due(now: datetime | None = None) -> list[usage.Recorded]:

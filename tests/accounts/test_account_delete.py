@@ -2,6 +2,8 @@
 would be left with no owner who can sign in, or with something to pay; else they leave their
 organizations, the empty ones they alone are in go with them, and their address is free again."""
 
+from decimal import Decimal
+
 import pytest
 from allauth.account.models import EmailAddress
 from allauth.mfa.models import Authenticator
@@ -16,9 +18,10 @@ from accounts import selectors, services
 from accounts.audit import Actor
 from accounts.errors import ActionDenied, InvitationInvalid
 from accounts.models import AuditEvent, Invitation, Membership, OutgoingEmail, Tenant, User
-from billing.models import Plan
+from billing.models import Invoice, Plan
 from tests.concurrency import beside_a_lock, race
 from tests.conftest import PASSWORD
+from tests.deployments import factories
 
 URL = "/accounts/delete/"
 
@@ -267,6 +270,50 @@ def test_the_page_reads_the_organizations_left_in_the_same_queries_however_many(
         Membership.objects.create(tenant=other, user=bob, role="member")
 
     assert queries() == few
+
+
+@pytest.mark.django_db
+def test_the_page_reads_what_holds_the_organizations_they_alone_are_in_in_the_same_queries(
+    owner, tenant
+):
+    """Each organization they alone are in is asked what stands in its way (its deployments,
+    operations, subscription, invoices, usage to come): all of them at once, not one by one."""
+    version = factories.postgres_version()  # its plan: every organization is subscribed
+    where = factories.cell()
+    client = _client(owner)
+
+    def holding(name: str, running: int) -> None:
+        other = services.tenant_create(actor=Actor(user=owner), name=name)
+        made = factories.make_instances(other, version, where, running, name=name.lower())
+        factories.make_operation(made[0])
+        factories.make_instances(other, version, where, 1, state="deleted", name="gone")
+        Invoice.objects.create(
+            tenant=other, plan=version.plan, period="2026-10", number=f"{name}-1",
+            status=Invoice.Status.OPEN, currency="usd", total=Decimal("3.50"),
+        )  # fmt: skip
+
+    def queries() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as captured:
+            page = client.get(URL)
+        assert page.status_code == 200
+        return len(captured), page.content.decode()
+
+    holding("Zeta", 7)
+    queries()  # the first request of a session reads what later ones find cached
+    few, _ = queries()
+    for n, running in enumerate([1, 2, 3]):
+        holding(f"Org{n}", running)
+    many, page = queries()
+
+    assert many == few
+    assert (
+        "7 deployments are not deleted (zeta-0, zeta-1, zeta-2, zeta-3, zeta-4 and 2 more)" in page
+    )
+    assert "1 deployment is not deleted (org0-0): delete it first." in page
+    assert "3 deployments are not deleted (org2-0, org2-1, org2-2)" in page
+    assert page.count("1 operation is queued or running") == 4
+    assert page.count("Its subscription to PostgreSQL is active") == 5  # Acme's too
+    assert "Invoice Org1-1 (3.50 USD) is unpaid" in page
 
 
 # --- at once -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
+from accounts.services import tenant_delete_blockers
 from billing import invoicing, meter_events, reports, services, stripe_sync, usage
 from billing.models import Invoice, MeteredHour, MeterEvent, Subscription
 from billing.team_views import BILLING_TEAM
@@ -326,7 +327,6 @@ def test_an_invoice_voided_in_stripe_is_void_here_and_owed_no_more(
     """Voided in Stripe's dashboard, an invoice stayed Open on the Billing page, with its "Pay
     or view on Stripe" link, and the organization could not be deleted "until it is paid":
     Stripe's events of it were stored and nothing was done with them."""
-    from billing import selectors as billing_selectors
 
     invoice = _metered_and_invoiced(emulator, record_usage, subscription)
     emulator.finalize_invoice(invoice["id"])
@@ -337,7 +337,7 @@ def test_an_invoice_voided_in_stripe_is_void_here_and_owed_no_more(
 
     stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
     assert stored.status == "void"
-    assert not [b for b in billing_selectors.tenant_delete_blockers(tenant) if "unpaid" in b]
+    assert not [b for b in tenant_delete_blockers(tenant) if "unpaid" in b]
     detail = owner_client.get(f"/t/{tenant.slug}/billing/invoices/{stored.pk}/").content.decode()
     assert "Pay or view on Stripe" not in detail
 
@@ -737,7 +737,6 @@ def test_a_draft_deleted_in_stripe_is_forgotten_here(
 ):
     """A draft deleted in Stripe's dashboard stayed a draft here, and the organization could
     not be deleted ("its invoice is being prepared"), for ever."""
-    from billing import selectors as billing_selectors
 
     invoice = _metered_and_invoiced(emulator, record_usage, subscription)
     _deliver(client, emulator.events("invoice.created")[-1])
@@ -747,9 +746,7 @@ def test_a_draft_deleted_in_stripe_is_forgotten_here(
     _deliver(client, emulator.events("invoice.deleted")[-1])
 
     assert not Invoice.objects.filter(stripe_invoice_id=invoice["id"]).exists()
-    assert not [
-        b for b in billing_selectors.tenant_delete_blockers(tenant) if "being prepared" in b
-    ]
+    assert not [b for b in tenant_delete_blockers(tenant) if "being prepared" in b]
     assert AuditEvent.objects.filter(action="invoice.stripe_deleted", tenant=tenant).exists()
 
 

@@ -176,7 +176,6 @@ def test_deleting_waits_for_stripes_invoice_of_the_usage_on_its_meters(
 
     from billing import meter_events, usage
     from billing.models import MeteredHour
-    from billing.selectors import tenant_delete_blockers
 
     hour = timezone.now().replace(minute=0, second=0, microsecond=0)
     record_usage(hour, ("inst-a", "cpu", "100"))
@@ -202,7 +201,7 @@ def test_deleting_waits_for_stripes_invoice_of_the_usage_on_its_meters(
     )
     assert Invoice.objects.get(stripe_invoice_id=invoice["id"]).total > 0
     # Stripe's invoice of it came: it holds the deletion now (until it is paid), not the meters.
-    said = tenant_delete_blockers(tenant)
+    said = services.tenant_delete_blockers(tenant)
     assert said and not [sentence for sentence in said if "last period ends" in sentence], said
 
 
@@ -220,7 +219,6 @@ def test_usage_sent_while_stripes_last_invoice_was_a_draft_holds_the_deletion_no
     from django.utils import timezone
 
     from billing import meter_events
-    from billing.selectors import tenant_delete_blockers
 
     hour = timezone.now().replace(minute=0, second=0, microsecond=0)
     record_usage(hour, ("inst-a", "cpu", "3"))
@@ -234,7 +232,7 @@ def test_usage_sent_while_stripes_last_invoice_was_a_draft_holds_the_deletion_no
     emulator.pay_invoice(invoice["id"])
     _deliver(client, emulator.events("invoice.paid")[-1])
 
-    assert not [s for s in tenant_delete_blockers(tenant) if "Stripe" in s]
+    assert not [s for s in services.tenant_delete_blockers(tenant) if "Stripe" in s]
 
 
 def test_stripes_last_invoice_is_waited_for_as_long_as_stripe_retries_a_webhook(
@@ -249,7 +247,7 @@ def test_stripes_last_invoice_is_waited_for_as_long_as_stripe_retries_a_webhook(
     from django.utils import timezone
 
     from billing import meter_events
-    from billing.selectors import STRIPE_LAST_INVOICE_WAIT, tenant_delete_blockers
+    from billing.selectors import STRIPE_LAST_INVOICE_WAIT
 
     hour = timezone.now().replace(minute=0, second=0, microsecond=0)
     record_usage(hour, ("inst-a", "cpu", "3"))
@@ -258,10 +256,10 @@ def test_stripes_last_invoice_is_waited_for_as_long_as_stripe_retries_a_webhook(
     owner_client.post(f"/t/{tenant.slug}/billing/subscriptions/{subscription.pk}/cancel/")
     ended = timezone.now() - HOUR
     Subscription.objects.filter(pk=subscription.pk).update(current_period_end=ended)
-    waiting = tenant_delete_blockers(tenant)
+    waiting = services.tenant_delete_blockers(tenant)
     Subscription.objects.filter(pk=subscription.pk).update(
         current_period_end=timezone.now() - STRIPE_LAST_INVOICE_WAIT - HOUR
     )
 
     assert [s for s in waiting if "last period ends" in s]
-    assert not [s for s in tenant_delete_blockers(tenant) if "last period ends" in s]
+    assert not [s for s in services.tenant_delete_blockers(tenant) if "last period ends" in s]
