@@ -373,13 +373,19 @@ class StripeGateway:
         return self.client.v1.charges.retrieve(charge_id)
 
     @_translated
-    def invoices_paid_by(self, payment_intent_id: str) -> list[str]:
-        """The ids of the invoices a payment intent paid (a charge names no invoice since
-        API version 2025-03-31.basil: its invoice payment does)."""
+    def invoices_paid_by(self, payment_intent_id: str) -> list[tuple[str, int]]:
+        """The invoices a payment intent paid, as (invoice id, amount it paid of it in the
+        currency's smallest unit), in the order Stripe lists their payments (a charge names no
+        invoice since API version 2025-03-31.basil: its invoice payment does; one payment may
+        pay several invoices)."""
         payments = self.client.v1.invoice_payments.list(
             {"payment": {"type": "payment_intent", "payment_intent": payment_intent_id}}
         )
-        return list(dict.fromkeys(payment.invoice for payment in payments.auto_paging_iter()))
+        return [
+            (payment.invoice, int(payment.amount_paid or 0))
+            for payment in payments.auto_paging_iter()
+            if payment.status == "paid"
+        ]
 
     @_translated
     def checkout_session(self, session_id: str) -> Any:

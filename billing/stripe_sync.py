@@ -1291,16 +1291,21 @@ def credit_note_mirror(invoice: Invoice, credit_note_id: str, gw: StripeGateway)
     return note
 
 
-def charge_refunds_mirror(invoice: Invoice, charge_id: str, gw: StripeGateway) -> Invoice:
-    """Bring what the charge `charge_id` that paid `invoice` (ours, mirrored) has refunded to
-    what Stripe holds now, read again once the invoice is locked; a refund is never undone,
-    so an older copy never lowers it."""
+def charge_refunds_mirror(
+    invoice: Invoice, charge_id: str, gw: StripeGateway, *, after: int, paid: int
+) -> Invoice:
+    """Bring what the charge `charge_id` that paid `invoice` (ours, mirrored) has refunded of
+    it to what Stripe holds now, read again once the invoice is locked; a refund is never
+    undone, so an older copy never lowers it. Of a charge that paid several invoices, the
+    invoice's part is what was refunded beyond the `after` first units (the invoices before it),
+    at most the `paid` units the charge paid of it."""
     with transaction.atomic():
         stored = Invoice.objects.select_for_update().get(pk=invoice.pk)
         held = gw.charge(charge_id)
         refunds = dict(stored.charge_refunds)
         before = int(refunds.get(held.id, 0))
-        refunds[held.id] = max(before, int(_field(held, "amount_refunded") or 0))
+        part = max(0, int(_field(held, "amount_refunded") or 0) - after)
+        refunds[held.id] = max(before, min(part, paid))
         if refunds[held.id] != before:
             Invoice.objects.filter(pk=stored.pk).update(charge_refunds=refunds)
             audit_record(

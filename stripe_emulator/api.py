@@ -295,6 +295,14 @@ class StripeEmulator:
         """The payment succeeds (`invoice.paid`)."""
         return self._locked(invoices.invoice_pay, invoice_id)
 
+    def pay_invoices_at_once(self, invoice_ids: list[str]) -> list[dict[str, Any]]:
+        """One payment pays each of the invoices, as a customer paying several at once does
+        (`invoice.paid` for each)."""
+        with self.state.lock:
+            result = copy.deepcopy(invoices.invoices_pay(self.state, invoice_ids))
+            self.save_state()
+            return result
+
     def fail_invoice(self, invoice_id: str) -> dict[str, Any]:
         """The payment fails (`invoice.payment_failed`; the subscription goes past_due)."""
         return self._locked(invoices.invoice_fail, invoice_id)

@@ -20,7 +20,7 @@ from typing import Any
 from .errors import StripeError, invalid
 from .forms import Params
 from .metering import aggregate, meter_usage_events
-from .payments import invoice_charge
+from .payments import invoices_charge
 from .state import State, list_object, new_id, page
 from .subscriptions import current_period, emit_if_changed, end, next_period
 
@@ -267,22 +267,29 @@ def invoice_finalize(state: State, invoice_id: str) -> dict[str, Any]:
 def invoice_pay(state: State, invoice_id: str) -> dict[str, Any]:
     """The payment succeeds (a draft is finalized first, as Stripe's pay does): `invoice.paid`
     and `invoice.payment_succeeded`; a past_due subscription becomes active again."""
-    invoice = _payable(state, invoice_id)
+    return invoices_pay(state, [invoice_id])[0]
+
+
+def invoices_pay(state: State, invoice_ids: list[str]) -> list[dict[str, Any]]:
+    """One payment pays each of the invoices (a customer paying several at once: a payment
+    intent attached to each), each as `invoice_pay` pays one."""
+    paid = [_payable(state, invoice_id) for invoice_id in invoice_ids]
     now = state.now()
-    invoice_charge(state, invoice)
-    invoice.update(
-        amount_paid=invoice["amount_due"],
-        amount_remaining=0,
-        attempt_count=invoice["attempt_count"] + 1,
-        attempted=True,
-        next_payment_attempt=None,
-        status="paid",
-    )
-    invoice["status_transitions"]["paid_at"] = now
-    state.emit("invoice.paid", invoice)
-    state.emit("invoice.payment_succeeded", invoice)
-    _subscription_status(state, invoice, "past_due", "active")
-    return invoice
+    invoices_charge(state, paid)
+    for invoice in paid:
+        invoice.update(
+            amount_paid=invoice["amount_due"],
+            amount_remaining=0,
+            attempt_count=invoice["attempt_count"] + 1,
+            attempted=True,
+            next_payment_attempt=None,
+            status="paid",
+        )
+        invoice["status_transitions"]["paid_at"] = now
+        state.emit("invoice.paid", invoice)
+        state.emit("invoice.payment_succeeded", invoice)
+        _subscription_status(state, invoice, "past_due", "active")
+    return paid
 
 
 def invoice_fail(state: State, invoice_id: str) -> dict[str, Any]:

@@ -13,13 +13,17 @@ from .state import State, list_object, new_id, page
 REFUND_REASONS = ("duplicate", "fraudulent", "requested_by_customer")
 
 
-def invoice_charge(state: State, invoice: dict[str, Any]) -> dict[str, Any] | None:
-    """The charge that pays `invoice` its amount due, with the payment intent and the invoice
-    payment that link the two (Stripe names no invoice on a charge since 2025-03-31.basil):
-    as Stripe records a successful payment. None when nothing is due."""
-    amount = invoice["amount_due"] - invoice["amount_paid"]
-    if amount <= 0:
+def invoices_charge(state: State, invoices: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One charge that pays each of `invoices` its amount due, as Stripe records a successful
+    payment: its payment intent, and an invoice payment per invoice linking the two (Stripe
+    names no invoice on a charge since 2025-03-31.basil); several invoices are paid by one
+    payment intent attached to each (`POST /v1/invoices/{id}/attach_payment`). None when
+    nothing is due."""
+    due = [(invoice, invoice["amount_due"] - invoice["amount_paid"]) for invoice in invoices]
+    due = [(invoice, amount) for invoice, amount in due if amount > 0]
+    if not due:
         return None
+    amount = sum(part for _, part in due)
     now = state.now()
     intent_id, charge_id = new_id("pi_"), new_id("ch_")
     charge = {
@@ -30,8 +34,8 @@ def invoice_charge(state: State, invoice: dict[str, Any]) -> dict[str, Any] | No
         "amount_refunded": 0,
         "captured": True,
         "created": now,
-        "currency": invoice["currency"],
-        "customer": invoice["customer"],
+        "currency": due[0][0]["currency"],
+        "customer": due[0][0]["customer"],
         "description": None,
         "livemode": False,
         "metadata": {},
@@ -42,23 +46,24 @@ def invoice_charge(state: State, invoice: dict[str, Any]) -> dict[str, Any] | No
         "status": "succeeded",
     }
     state.add("charge", charge)
-    state.add(
-        "invoice_payment",
-        {
-            "id": new_id("inpay_"),
-            "object": "invoice_payment",
-            "amount_paid": amount,
-            "amount_requested": amount,
-            "created": now,
-            "currency": invoice["currency"],
-            "invoice": invoice["id"],
-            "is_default": True,
-            "livemode": False,
-            "payment": {"type": "payment_intent", "payment_intent": intent_id},
-            "status": "paid",
-            "status_transitions": {"canceled_at": None, "paid_at": now},
-        },
-    )
+    for invoice, part in due:
+        state.add(
+            "invoice_payment",
+            {
+                "id": new_id("inpay_"),
+                "object": "invoice_payment",
+                "amount_paid": part,
+                "amount_requested": part,
+                "created": now,
+                "currency": invoice["currency"],
+                "invoice": invoice["id"],
+                "is_default": True,
+                "livemode": False,
+                "payment": {"type": "payment_intent", "payment_intent": intent_id},
+                "status": "paid",
+                "status_transitions": {"canceled_at": None, "paid_at": now},
+            },
+        )
     return charge
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import AuditEvent
 from billing import meter_events, reports, stripe_sync
-from billing.models import CreditNote, Invoice, StripeMeter, StripePrice
+from billing.models import CreditNote, Invoice, MeterEvent, StripeMeter, StripePrice
 from tests.billing import test_stripe_invoices as stripe_invoices
 from tests.billing.test_stripe_invoices import _deliver, _this_hour
 from tests.concurrency import race
@@ -72,6 +72,50 @@ def test_a_partly_refunded_invoice_says_so_once_however_often_stripe_tells(
     listed, detail = _pages(owner_client, tenant, stored)
     assert "badge-invoice-refunded" in listed and ">Refunded<" in listed
     assert ">Refunded<" in detail and "Remains paid" in detail and "0.00 USD" in detail
+
+
+def test_a_refund_of_one_payment_of_two_invoices_is_counted_once_not_on_each(
+    client, owner_client, tenant, subscription, emulator, record_usage
+):
+    """A customer paid two invoices at once (one payment of 60.00 for 40.00 and 20.00); Stripe
+    refunded 12.00 of that payment: each invoice read "Partly refunded (12.00 …)", 24.00 in
+    all. The refund is counted once, against the invoices in the order Stripe lists their
+    payments, each at most what it paid."""
+    first = _invoiced(emulator, record_usage, subscription, paid=False)
+    # Half as many core-hours in the next period, sent to Stripe's meter once it has begun.
+    gw = stripe_sync.gateway()
+    begun = gw.subscription(subscription.stripe_subscription_id)["items"]["data"][0]
+    start = begun["current_period_start"]
+    emulator.advance_clock(start + 3600 - emulator.advance_clock(0))
+    sent = MeterEvent.objects.get()
+    gw.meter_event_send(
+        event_name=sent.event_name, customer_id=sent.customer_id, value=str(int(sent.value) // 2),
+        identifier="next-period", timestamp=start + 60, attempt=1,
+    )  # fmt: skip
+    second = emulator.finalize_invoice(
+        emulator.close_period(subscription.stripe_subscription_id)["id"]
+    )
+    assert (first["amount_due"], second["amount_due"]) == (4000, 2000)
+    emulator.pay_invoices_at_once([first["id"], second["id"]])
+    for paid in emulator.events("invoice.paid"):
+        _deliver(client, paid)
+
+    def refunded() -> dict[str, Decimal]:
+        rows = Invoice.objects.filter(stripe_invoice_id__in=[first["id"], second["id"]])
+        return {row.stripe_invoice_id: row.amount_refunded for row in rows}
+
+    emulator.refund_invoice(first["id"], 1200)
+    _deliver(client, emulator.events("charge.refunded")[-1])
+    partly = refunded()
+    emulator.refund_invoice(first["id"])  # the rest of the payment
+    _deliver(client, emulator.events("charge.refunded")[-1])
+    whole = refunded()
+
+    assert sum(partly.values()) == Decimal("12.00"), partly
+    assert sorted(partly.values()) == [Decimal("0.00"), Decimal("12.00")]
+    assert whole == {first["id"]: Decimal("40.00"), second["id"]: Decimal("20.00")}
+    listed = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert listed.count(">Refunded<") == 2 and "Partly refunded" not in listed
 
 
 def test_a_credit_note_arriving_before_its_invoice_mirrors_both_and_counts_its_refund_once(
