@@ -124,19 +124,25 @@ def _closing_bracket(text: str, path: str) -> int:
     raise LegacyError(f'JSONPath "{path}": unclosed "["')
 
 
+def _cel_literal(value: Any) -> str:
+    """`value` as a CEL literal: JSON's escapes are CEL's, and a character beyond U+FFFF is
+    written as itself (JSON's surrogate pair would be two characters to CEL)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _member(base: str, name: str) -> str:
-    return f"{base}.{name}" if _IDENT.fullmatch(name) else f"{base}[{json.dumps(name)}]"
+    return f"{base}.{name}" if _IDENT.fullmatch(name) else f"{base}[{_cel_literal(name)}]"
 
 
 def _compare(expr: str, op: str, expected: Any) -> str:
     if isinstance(expected, bool):
         spellings = ["true", "True"] if expected else ["false", "False"]
-        test = f"string({expr}) in {json.dumps(spellings)}"
+        test = f"string({expr}) in {_cel_literal(spellings)}"
         return test if op == "==" else f"!({test})"
     if isinstance(expected, float) and expected.is_integer():
         expected = int(expected)
     text = expected if isinstance(expected, str) else json.dumps(expected)
-    return f"string({expr}) {op} {json.dumps(text)}"
+    return f"string({expr}) {op} {_cel_literal(text)}"
 
 
 def _translate(base: str, steps: list[_Step], expected: Any, depth: int = 0) -> str:

@@ -175,6 +175,18 @@ def test_legacy_readiness_paths_agree_with_the_jsonpath_they_translate(path, exp
     assert cel_holds("cel: " + readiness_expression(path, expected), obj) is holds
 
 
+@pytest.mark.parametrize("phase", ["Prêt", "就緒", "🚀 ready", "\U0001d4e1eady", "就緒𠀋"])
+def test_legacy_readiness_matches_text_beyond_plain_ascii(phase):
+    """A value or a field name with a character beyond U+FFFF (an emoji, a rare CJK letter)
+    never matched: its CEL literal spelled it as a surrogate pair, two characters to CEL."""
+    obj = healthy_cluster()
+    obj["status"]["phase"] = phase
+    obj["status"][phase] = "go"
+
+    assert cel_holds("cel: " + readiness_expression("$var._crd.status.phase", phase), obj)
+    assert cel_holds("cel: " + readiness_expression(f"$var._crd.status['{phase}']", "go"), obj)
+
+
 def test_legacy_readiness_translation_matches_the_engines_crd_path_reading():
     obj, path = healthy_cluster(), '$var._crd.status.conditions[?(@.type=="Ready")].status'
 
