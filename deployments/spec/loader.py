@@ -314,6 +314,13 @@ def build_parameter(raw: Any, path: str, report: Report) -> Parameter | None:
             report.error(f"{path}.defaultValue", f'default "{default}" is invalid: {exc}')
     elif not parameter.required and kind != "Password":
         report.error(path, f'optional parameter "{key}" needs a defaultValue')
+    elif kind == "Password" and params.password_length(parameter) > params.PASSWORD_LENGTH_MAX:
+        report.error(
+            path,
+            f'passwords generated for "{key}" would be longer than Opsdeck makes them (at most '
+            f"{params.PASSWORD_LENGTH_MAX} characters): give it a defaultValue or a lower "
+            "limits.min",
+        )
     elif kind == "Password" and not params.password_generable(parameter):
         report.later_error(
             path,

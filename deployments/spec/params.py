@@ -26,6 +26,9 @@ import re2
 from deployments.spec.model import Parameter
 
 PASSWORD_LENGTH = 24
+# The longest password Opsdeck generates: a Password parameter whose limits ask for longer
+# ones is given a default or refused (at load, before any is drawn).
+PASSWORD_LENGTH_MAX = 1024
 _PASSWORD_ALPHABET = string.ascii_letters + string.digits
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 # The largest whole number a double holds exactly, as CEL, JSON readers and Kubernetes'
@@ -83,7 +86,9 @@ PASSWORD_TRIES = 4096
 
 
 def _password_drawn(parameter: Parameter, draws: int, choice) -> str | None:
-    length = _password_length(parameter)
+    length = password_length(parameter)
+    if length > PASSWORD_LENGTH_MAX:
+        return None
     for attempt in range(draws):
         alphabet = _PASSWORD_ALPHABETS[attempt % 2]
         candidate = "".join(choice(alphabet) for _ in range(length))
@@ -109,7 +114,9 @@ def password_generable(parameter: Parameter) -> bool:
     return _password_drawn(parameter, PASSWORD_CHECK_DRAWS, seeded.choice) is not None
 
 
-def _password_length(parameter: Parameter) -> int:
+def password_length(parameter: Parameter) -> int:
+    """How long the passwords generated for a Password parameter are: `PASSWORD_LENGTH`, within
+    its limits."""
     limits = parameter.limits or {}
     length = PASSWORD_LENGTH
     if isinstance(limits.get("max"), int | float):

@@ -912,6 +912,23 @@ def test_a_password_no_generated_one_could_meet_is_an_error():
     assert len(found) == 1 and "no password generated" in found[0]
 
 
+@pytest.mark.parametrize("minimum", [5_000_000, 1_000_000_000])
+def test_a_password_longer_than_opsdeck_generates_is_an_error_found_at_once(minimum):
+    """`limits.min` of a billion characters ran the load out of memory (it drew passwords of
+    that length to judge them), and five million was accepted: every create would have drawn
+    and stored a password no Kubernetes Secret holds."""
+    found = errors(lambda d: parameter(d, "password").update(limits={"min": minimum}))
+
+    assert len(found) == 1
+    assert "longer than Opsdeck makes them (at most 1024 characters)" in found[0]
+
+
+def test_a_password_as_long_as_opsdeck_generates_is_accepted():
+    found = errors(lambda d: parameter(d, "password").update(limits={"min": 1024}))
+
+    assert found == []
+
+
 # Starts with four lowercase letters: a random draw of 24 letters and digits meets it about
 # one time in 30 (64 draws missed it one time in 6).
 NOW_AND_THEN = "^[a-z]{4}[A-Za-z0-9._~-]*$"
