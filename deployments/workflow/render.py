@@ -414,6 +414,20 @@ def _plain(value: Any) -> Any:
 # --- substitution ---------------------------------------------------------------------------
 
 
+# The most characters of values one manifest's placeholders fill in: the Kubernetes API server
+# takes no request larger than 3 MiB.
+FILLED_MAX = 3 << 20
+
+
+def _size(value: Any) -> int:
+    """About how many characters `value` adds to a rendered object."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict | list):
+        return len(json.dumps(value, ensure_ascii=False, default=str))
+    return len(str(value))
+
+
 @dataclass
 class _Source:
     """Where placeholders are in a string, and what each one resolves to."""
@@ -421,15 +435,31 @@ class _Source:
     pattern: re.Pattern[str]
     placeholder: Callable[[re.Match[str]], _Placeholder]
     ctx: Context
-    # Per token, so a YAML alias of a scalar repeats the same value (even a random one).
-    memo: dict[str, Any] | None = None
+    # Per token, so a YAML alias of a scalar repeats the same value (even a random one): the
+    # value and its size.
+    memo: dict[str, tuple[Any, int]] | None = None
+    filled: int = 0  # characters of values filled in so far (`FILLED_MAX`)
 
     def value(self, match: re.Match[str]) -> Any:
         if self.memo is not None and match[0] in self.memo:
-            return self.memo[match[0]]
-        value = _resolve(self.placeholder(match), self.ctx)
-        if self.memo is not None:
-            self.memo[match[0]] = value
+            value, size = self.memo[match[0]]
+        else:
+            value = _resolve(self.placeholder(match), self.ctx)
+            size = _size(value)
+            if self.memo is not None:
+                self.memo[match[0]] = value, size
+        return self._spent(value, size)
+
+    def _spent(self, value: Any, size: int) -> Any:
+        """`value`, counted against the manifest's `FILLED_MAX`: a placeholder is a token of the
+        same few characters whatever it stands for, so the bound on the YAML's text expanded
+        by its aliases does not bound what an alias of a placeholder repeats."""
+        self.filled += size
+        if self.filled > FILLED_MAX:
+            raise _Problem(
+                f"the values filled in come to more than {FILLED_MAX // (1 << 20)} MiB, more "
+                "than the Kubernetes API takes in one object"
+            )
         return value
 
     def render(self, text: str, *, typed: bool, bare: bool) -> Any:
@@ -438,6 +468,7 @@ class _Source:
             value = self.value(whole)
         elif bare and _BARE.fullmatch(text):
             value = _resolve(_bare_placeholder(text), self.ctx)
+            value = self._spent(value, _size(value))
         else:
             return self.pattern.sub(lambda match: _text(self.value(match)), text)
         return _plain(value) if typed else _text(value)

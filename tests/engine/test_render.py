@@ -184,6 +184,26 @@ def test_yaml_alias_of_a_placeholder_repeats_the_same_value():
     assert rendered["a"] == rendered["b"]
 
 
+def test_aliases_of_a_placeholder_cannot_render_an_object_larger_than_the_api_takes():
+    """A placeholder is a token of thirty characters whatever it stands for: a thousand aliases
+    of one over a 1 MB value passed the bound on the YAML's expanded text and rendered a
+    gigabyte in the worker."""
+    template = (
+        "metadata: {annotations: {note: &note '{{ $var.note }}'}}\n"
+        "data:\n  copies: [" + ", ".join(["*note"] * 1000) + "]\n"
+    )
+
+    with pytest.raises(RenderError, match="more than 3 MiB, more than the Kubernetes API takes"):
+        render_manifest(template, with_var(note="x" * 1_000_000))
+    assert render_manifest(template, with_var(note="x" * 1000))["data"]["copies"][999] == "x" * 1000
+
+
+def test_a_value_as_large_as_the_api_takes_is_filled_in():
+    rendered = render_manifest("data: {big: '{{ $var.big }}'}\n", with_var(big="y" * (3 << 20)))
+
+    assert len(rendered["data"]["big"]) == 3 << 20
+
+
 def test_rendered_object_does_not_share_values_with_the_context():
     ctx = with_var(cfg={"list": [1, 2]})
     rendered = render_manifest("spec: {{ $var.cfg }}\n", ctx)
