@@ -105,10 +105,11 @@ def period_cost(
     # month used in when billed late (`invoicing.billed_late`); Stripe's per plan, dimension
     # and unit price, over every instance ("" in the key).
     lines: dict[tuple[str, int, str, str, Decimal, object], Decimal] = defaultdict(Decimal)
-    names: dict[str, tuple[str, str]] = {}
-    # What each instance costs: its lines on Opsdeck's invoice, and its share of Stripe's.
-    instances: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    shares: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    names: dict[str, str] = {}
+    # What each instance costs on each plan it was on: its lines on Opsdeck's invoice of the
+    # plan, and its share of Stripe's.
+    instances: dict[tuple[str, str, int], Decimal] = defaultdict(Decimal)
+    shares: dict[tuple[str, str, int], Decimal] = defaultdict(Decimal)
     for row in per_instance:
         priced = _unit_hour(book, tenant.pk, row)
         if priced is None:
@@ -119,22 +120,22 @@ def period_cost(
         used_in = row["used_in"] if row["late"] and not row["on_stripe"] else None
         key = (currency, row["plan_id"], line, row["dimension"], unit_price, used_in)
         lines[key] += row["quantity"]
-        names[instance_id] = (row["name"], plans[row["plan_id"]].name)
+        names[instance_id] = row["name"]
         if row["on_stripe"]:
-            shares[(currency, instance_id)] += row["quantity"] * unit_price
+            shares[(currency, instance_id, row["plan_id"])] += row["quantity"] * unit_price
     costs: dict[str, CurrencyCost] = {}
-    for (currency, _, line, dimension, unit_price, _), quantity in lines.items():
+    for (currency, plan_id, line, dimension, unit_price, _), quantity in lines.items():
         amount = rounded(quantity * unit_price, currency)
         cost = costs.setdefault(currency, CurrencyCost(currency))
         cost.total += amount
         cost.by_dimension[dimension] = cost.by_dimension.get(dimension, 0) + amount
         if line:
-            instances[(currency, line)] += amount
+            instances[(currency, line, plan_id)] += amount
     for key, share in shares.items():
         instances[key] += rounded(share, key[0])
-    for (currency, instance_id), amount in instances.items():
-        name, plan = names[instance_id]
-        costs[currency].by_instance.append(InstanceCost(instance_id, name, plan, amount))
+    for (currency, instance_id, plan_id), amount in instances.items():
+        item = InstanceCost(instance_id, names[instance_id], plans[plan_id].name, amount)
+        costs[currency].by_instance.append(item)
     days = [start.date() + timedelta(days=n) for n in range((end - start).days)]
     daily: dict[str, dict[str, dict[date | None, Decimal]]] = defaultdict(lambda: defaultdict(dict))
     late = False
@@ -151,7 +152,7 @@ def period_cost(
         spent[day] = spent.get(day, Decimal(0)) + row["quantity"] * unit_price
     columns = [EARLIER, *days] if late else days
     for currency, cost in costs.items():
-        cost.by_instance.sort(key=lambda item: (-item.amount, item.name))
+        cost.by_instance.sort(key=lambda item: (-item.amount, item.name, item.plan))
         cost.by_dimension = dict(sorted(cost.by_dimension.items(), key=lambda kv: -kv[1]))
         cost.chart = daily_chart(columns, daily[currency], currency, cost.by_dimension)
     return PeriodCost(

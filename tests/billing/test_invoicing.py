@@ -822,3 +822,26 @@ def test_a_free_plans_invoice_at_zero_left_a_draft_does_not_keep_an_issued_month
     priced.refresh_from_db()
     assert priced.number in page  # the issued invoice, in the list
     assert "Last month, invoice to come" not in page
+
+
+def test_cost_by_deployment_says_what_each_plan_billed_an_instance_that_moved(tenant, plan):
+    """An instance moved plans within the month: the Billing page listed one row under one
+    of the two plans' names with both plans' cost, while two invoices billed each part."""
+    from billing import reports
+
+    small = Plan.objects.create(key="pg-small", name="PostgreSQL Small", service="postgresql")
+    Price.objects.create(plan=small, dimension="cpu", unit="core", unit_price=Decimal("0.01"))
+    _use(tenant, plan, NOVEMBER, cpu="100")  # 3.50 on PostgreSQL until it moved
+    _use(tenant, small, NOVEMBER + timedelta(days=10), cpu="100")  # then 1.00 on Small
+    _metered()
+    (usd,) = reports.period_cost(tenant, "2026-11").currencies
+
+    invoices = invoicing.period_close("2026-11", now=AFTER).invoices
+
+    invoiced = {invoice.plan.name: invoice.total for invoice in invoices}
+    assert invoiced == {"PostgreSQL": Decimal("3.50"), "PostgreSQL Small": Decimal("1.00")}
+    shown = [(item.name, item.plan, item.amount) for item in usd.by_instance]
+    assert shown == [
+        ("db-aaaa", "PostgreSQL", Decimal("3.50")),
+        ("db-aaaa", "PostgreSQL Small", Decimal("1.00")),
+    ]
