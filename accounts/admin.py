@@ -580,7 +580,10 @@ class GroupAdmin(StaffAudited, BaseGroupAdmin):
     def get_readonly_fields(self, request, obj=None):
         if request.user.is_superuser:
             return super().get_readonly_fields(request, obj)
-        return ["permissions"]  # a group's member would grant them to themselves (`_GRANTS`)
+        # A group's member would grant them to themselves (`_GRANTS`); and what a group lets
+        # its members do may hang on its name (the billing team's): a member renaming their
+        # group to it, the team's own renamed away first, would make themselves the team.
+        return ["permissions"] if obj is None else ["name", "permissions"]
 
 
 # allauth's own (imported above, so registered already) let staff edit any of them unaudited.

@@ -696,6 +696,27 @@ def test_staff_who_may_change_users_cannot_grant_themselves_more(client, user_cl
 
 
 @pytest.mark.django_db
+def test_staff_who_may_rename_groups_cannot_make_their_own_group_the_billing_team(
+    client, user_clerk
+):
+    """The billing team is the group of that name: a clerk renamed it away, then their own
+    group to it, and reached every organization's invoices."""
+    from django.contrib.auth.models import Group
+
+    team = Group.objects.get_or_create(name="Billing team")[0]
+    own = Group.objects.create(name="Clerks")
+    user_clerk.groups.add(own)
+    assert client.get("/billing-team/").status_code == 404
+
+    client.post(f"/admin/auth/group/{team.pk}/change/", {"name": "Former billing team"})
+    client.post(f"/admin/auth/group/{own.pk}/change/", {"name": "Billing team"})
+
+    assert set(Group.objects.values_list("name", flat=True)) == {"Billing team", "Clerks"}
+    assert Group.objects.get(name="Billing team") == team
+    assert client.get("/billing-team/").status_code == 404
+
+
+@pytest.mark.django_db
 def test_staff_who_may_change_users_cannot_change_a_superuser(client, user_clerk, make_user):
     """A superuser's password set by a clerk would let the clerk in as them."""
     root = make_user("root@example.com", is_staff=True, is_superuser=True)
