@@ -37,6 +37,7 @@ from deployments.models import (
     Snapshot,
     TaskRun,
 )
+from deployments.spec.loader import SpecError
 
 
 @admin.register(Cell)
@@ -396,8 +397,13 @@ def _verbs_defined() -> set[str]:
 def _verbs_of(version_id: int) -> frozenset[str]:
     """A plan version's verbs, read once a process (versions never change): however many
     versions there are, the list does not parse their specs again on every request, as the
-    specs' own cache of a few dozen would once there are more."""
-    spec = selectors.plan_version_loaded(version_id).spec
+    specs' own cache of a few dozen would once there are more. A version this Opsdeck no
+    longer loads (`checks` warns of it) runs nothing new: the verbs its operations ran."""
+    try:
+        spec = selectors.plan_version_loaded(version_id).spec
+    except SpecError:
+        ran = Operation.objects.filter(plan_version_id=version_id).values_list("verb", flat=True)
+        return frozenset(ran.distinct().order_by())
     return frozenset(verb for service in spec.services for verb in service.verbs)
 
 

@@ -23,7 +23,7 @@ from billing.models import Plan
 from deployments import lifecycle, metering, selectors
 from deployments.models import Cell, Instance, Operation, PlanVersion
 from deployments.parameters import values_after, values_for_version
-from deployments.spec.loader import POINT_IN_TIME
+from deployments.spec.loader import POINT_IN_TIME, SpecError
 from deployments.spec.model import PlanSpec, Verb
 
 _LIVE = [Operation.State.QUEUED, Operation.State.RUNNING]
@@ -367,11 +367,15 @@ def _tenant_usage(
 
 def _plan_facts(plan: Plan) -> entitlements.PlanFacts | None:
     """The verbs of every version of the plan (instances on older ones run theirs) and the
-    cells registered now; None before its first version."""
+    cells registered now; None before its first version. A version this Opsdeck no longer
+    loads (`checks` warns of it) runs no verb: it adds none."""
     versions = PlanVersion.objects.filter(plan=plan).only("digest", "spec_text")
     verbs: set[str] = set()
     for version in versions:
-        verbs |= set(selectors.plan_spec(version).main.verbs)
+        try:
+            verbs |= set(selectors.plan_spec(version).main.verbs)
+        except SpecError:
+            continue
     if not verbs:
         return None
     if "restore" in verbs:

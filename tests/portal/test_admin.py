@@ -935,3 +935,53 @@ def test_a_private_cell_made_public_is_offered_to_those_it_did_not_serve(
 
     offered = AuditEvent.objects.filter(action="cell.offer").values_list("tenant", flat=True)
     assert list(offered) == [tenant.pk]
+
+
+def _stored_by_an_older_opsdeck():
+    """A plan version stored by an Opsdeck that matched `regex` with Python's `re`: this one
+    no longer loads it (RE2 has no lookahead; `deployments.W001` warns of it)."""
+    from deployments.models import PlanVersion
+    from tests.deployments.factories import SPEC, postgres_version
+
+    version = postgres_version()
+    text = SPEC.read_text()
+    old = text.replace('regex: "^[a-z][a-z0-9_]*$"', 'regex: "^(?!postgres$)[a-z][a-z0-9_]*$"', 1)
+    assert old != text
+    return PlanVersion.objects.create(plan=version.plan, number=version.number + 1, spec_text=old)
+
+
+@pytest.mark.django_db
+def test_the_operations_list_opens_while_a_stored_plan_version_no_longer_loads(
+    staff_client, tenant
+):
+    """A 500 for every staff member, the very list the check's hint sends them to."""
+    from tests.deployments.factories import cell, make_instances, make_operation
+
+    old = _stored_by_an_older_opsdeck()
+    [instance] = make_instances(tenant, old, cell("eu-1"), 1)
+    make_operation(instance, verb="vacuumAll")  # a verb of its own spec
+
+    page = staff_client.get("/admin/deployments/operation/")
+
+    assert page.status_code == 200
+    verbs = page.content.decode()
+    assert "?verb=vacuumAll" in verbs and "?verb=restart" in verbs  # filters, as before
+
+
+@pytest.mark.django_db
+def test_an_override_of_a_plan_whose_newest_version_no_longer_loads_is_saved(staff_client, tenant):
+    from billing.models import PlanOverride
+
+    old = _stored_by_an_older_opsdeck()
+
+    saved = staff_client.post(
+        "/admin/billing/planoverride/add/",
+        {
+            "tenant": tenant.pk, "plan": old.plan.pk,
+            "effective_from_0": "2099-01-01", "effective_from_1": "00:00:00",
+            "limits": '{"max_instances": 20}', "prices": "{}", "note": "",
+        },
+    )  # fmt: skip
+
+    assert saved.status_code == 302
+    assert PlanOverride.objects.get().limits == {"max_instances": 20}
