@@ -308,8 +308,8 @@ class FleetRunAdmin(ServiceOwnedAdmin):
     def stop(self, request, queryset):
         """Stop each selected run that has not ended: it queues nothing more; what it queued
         runs on (each operation can be cancelled on its instance)."""
-        by = request.user.email or request.user.get_username()
-        stopped = [run for run in queryset if fleet.fleet_run_stop(run, by=by)]
+        actor = staff_actor(request)
+        stopped = [run for run in queryset if fleet.fleet_run_stop(run, actor=actor)]
         for run in stopped:
             self.log_change(request, run, "Stopped the run.")
         if stopped:

@@ -31,7 +31,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from accounts.audit import Actor
+from accounts.audit import Actor, audit_record
 from accounts.errors import ActionDenied, database_trouble
 from deployments import services
 from deployments.models import FleetRun, Instance, Operation
@@ -196,12 +196,14 @@ def _too_many(failed: int, allowed: int) -> str:
     return f"Not queued: the run stopped after {failed} of its operations failed ({allowance})."
 
 
-def fleet_run_stop(run: FleetRun, *, by: str) -> bool:
-    """Stop the run where it is, at staff's request (`by`: who, as said): the instances it has
+def fleet_run_stop(run: FleetRun, *, actor: Actor) -> bool:
+    """Stop the run where it is, at a staff member's request (`actor`): the instances it has
     not queued on yet are refused for it; the operations it queued run on (each can be
     cancelled on its instance). A run in waves whose last wave still runs queues nothing more
     and ends with that wave, its failures counted (`fleet_run_advance`). Whether it stopped it
-    (an ended or stopping run is left as it is)."""
+    (an ended or stopping run is left as it is); audited when it did, with how many instances
+    it had not queued on."""
+    by = actor.user.email or actor.user.get_username()
     why = f"Not queued: {by} stopped the run."
     with transaction.atomic():
         run = (
@@ -211,6 +213,16 @@ def fleet_run_stop(run: FleetRun, *, by: str) -> bool:
         )
         if run is None:
             return False
+        audit_record(
+            actor=actor,
+            action="fleet_run.stop",
+            target=run,
+            payload={
+                "verb": run.verb,
+                "instances": len(run.selection),
+                "not_queued": len(run.selection) - run.handled,
+            },
+        )
         if not (run.wave and run.handled):
             _stop(run, why)
             return True

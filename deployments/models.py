@@ -597,4 +597,5 @@ class FleetRun(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.verb} of {len(self.selection)} instances ({self.created_at:%Y-%m-%d %H:%M})"
+        # Not its number of instances: a list of runs would read each one's whole selection.
+        return f"{self.verb} run of {self.created_at:%Y-%m-%d %H:%M}"

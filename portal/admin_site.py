@@ -83,10 +83,13 @@ def _year_out_of_range(query) -> bool:
 
 def _ids_of(model, posted) -> bool:
     """Whether every selected id an action was posted with is one of `model`'s (none posted:
-    nothing to check)."""
+    nothing to check). A text id holding a null character is none: PostgreSQL cannot compare
+    text holding one."""
     field = model._meta.pk
     try:
         for value in posted.getlist(ACTION_CHECKBOX_NAME):
+            if "\x00" in value:
+                return False
             field.to_python(value)
     except ValidationError:
         return False

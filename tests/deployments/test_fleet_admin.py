@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts import services as account_services
 from accounts.audit import Actor
-from accounts.models import AuditEvent
+from accounts.models import AuditEvent, User
 from deployments import selectors, services
 from deployments.fleet import fleet_run_advance, fleet_run_stop
 from deployments.models import FleetRun, Instance, Operation
@@ -627,7 +627,7 @@ def test_a_run_stopped_after_its_wave_ended_counts_that_waves_failures(staff_cli
     _end(Operation.objects.all()[:1], Operation.State.FAILED)
     _end(Operation.objects.filter(state=Operation.State.QUEUED))
 
-    assert fleet_run_stop(run, by="staff@example.com")
+    assert fleet_run_stop(run, actor=Actor(user=User.objects.get(email="staff@example.com")))
 
     run.refresh_from_db()
     assert run.finished_at is not None and run.failed == 1
@@ -718,3 +718,68 @@ def test_a_wave_whose_last_operation_is_cancelled_while_queued_sends_its_run_aga
     assert ("deployments.tasks.fleet_run_advance", [run.pk]) in broker.sent
     assert fleet_run_advance(run.pk)  # the next wave
     assert Operation.objects.filter(state=Operation.State.QUEUED).count() == 1
+
+
+@pytest.mark.django_db
+def test_staff_stopping_a_run_is_in_the_audit_log(staff_client, owner):
+    """The instances left unqueued never get the operation planned for them: nothing but
+    Django's own admin log said who stopped it."""
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    run = FleetRun.objects.create(
+        request_id="a" * 32, verb="restart", requested_by=owner,
+        selection=[["inst-abcdefgh", None], ["inst-bcdefghi", None]],
+    )  # fmt: skip
+
+    staff_client.post(
+        "/admin/deployments/fleetrun/", {"action": "stop", ACTION_CHECKBOX_NAME: [run.pk]}
+    )
+
+    run.refresh_from_db()
+    assert run.finished_at is not None and run.stopped
+    event = AuditEvent.objects.get(action="fleet_run.stop")
+    assert event.actor_email == "staff@example.com"
+    assert event.payload == {"verb": "restart", "instances": 2, "not_queued": 2}
+
+
+@pytest.mark.django_db
+def test_the_runs_list_reads_no_runs_selection_and_the_same_queries_for_many(staff_client, owner):
+    """Each row's checkbox is labelled with the run's name, which counted its instances: each
+    row read its whole selection (thousands of ids for a fleet-wide run) in a query of its own."""
+
+    def runs(count):
+        for n in range(FleetRun.objects.count(), count):
+            FleetRun.objects.create(
+                request_id=f"{n:032x}", verb="restart", requested_by=owner,
+                selection=[[f"inst-{i:08d}", None] for i in range(1000)],
+            )  # fmt: skip
+
+    def queries() -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            assert staff_client.get("/admin/deployments/fleetrun/").status_code == 200
+        return [query["sql"] for query in captured.captured_queries]
+
+    runs(1)
+    queries()  # the first request of a session reads what later ones find cached
+    one = queries()
+    runs(10)
+    many = queries()
+
+    assert len(many) == len(one)
+    assert not [sql for sql in many if '"selection" FROM' in sql]
+
+
+@pytest.mark.django_db
+def test_an_action_posted_with_a_null_character_in_an_id_changes_nothing_and_says_so(
+    staff_client, fleet
+):
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    running, _ = fleet
+
+    answer = staff_client.post(
+        CHANGELIST, {"action": "restart", ACTION_CHECKBOX_NAME: [running[0].pk + "\x00"]}
+    )
+
+    assert answer.status_code == 302
+    assert not Operation.objects.exists() and not FleetRun.objects.exists()
