@@ -162,6 +162,7 @@ def plan_prices_replace(
     if {shape(p) for p in current.values()} == {shape(p) for p in wanted.values()}:
         return False
     if in_use or UsageRecord.objects.filter(plan=plan).exists():
+        _units_kept(current, wanted)
         starts = periods.next_start(at or timezone.now())
         _prices_keep(plan, current, wanted, currency, starts, shape)
     # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe
@@ -174,6 +175,23 @@ def plan_prices_replace(
     for price in wanted.values():
         price.save()
     return True
+
+
+def _units_kept(current: dict[str, Price], wanted: dict[str, Price]) -> None:
+    """ValidationError unless each dimension of a plan in use keeps its unit: its instances on
+    earlier versions go on measuring it in that unit (an instance keeps its version until it is
+    upgraded), and every hour of a dimension is priced at its one price per unit, whichever
+    version measured it."""
+    changed = [
+        f"{dimension} is priced per {current[dimension].unit} on a plan in use, and its "
+        f"instances on earlier versions measure it in {current[dimension].unit}: priced per "
+        f"{price.unit}, each {current[dimension].unit} they use would be charged as a "
+        f"{price.unit}. Keep its unit, or price {price.unit} under another dimension's name."
+        for dimension, price in wanted.items()
+        if dimension in current and current[dimension].unit != price.unit
+    ]
+    if changed:
+        raise ValidationError(changed)
 
 
 def _charged(price: Price | PastPrice | None) -> tuple | None:

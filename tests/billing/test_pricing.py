@@ -3,7 +3,7 @@
 from decimal import Decimal
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from billing.models import Plan, Price
 from billing.pricing import HOURS_PER_MONTH, CostLine, cost
@@ -143,6 +143,46 @@ def test_load_specs_writes_the_specs_prices_and_replaces_them_when_they_change(
         "storage": (Decimal("0.00014"), "eur"),
         "backupStorage": (Decimal("0.02"), "eur"),
     }
+
+
+TIB = SPEC.read_text().replace(
+    '{dimension: storage, unit: GiB, timeUnit: hour, price: "0.00014"}',
+    '{dimension: storage, unit: TiB, timeUnit: hour, price: "0.14336"}',
+)
+
+
+def test_a_plan_in_use_keeps_each_dimensions_unit(transactional_db, tmp_path, tenant):
+    """A new version priced storage per TiB: its instances still on the version before, which
+    measure GiB, were charged each GiB-hour as a TiB-hour (1024 times over), their invoices
+    naming TiB."""
+    from io import StringIO
+
+    from billing.models import Plan
+    from deployments import services
+    from tests.deployments.factories import cell, make_instances
+
+    version = services.plan_load(text=SPEC.read_text()).version
+    make_instances(tenant, version, cell(), 1)  # the plan is in use
+    spec, err = tmp_path / "pg.yaml", StringIO()
+    spec.write_text(TIB)
+
+    with pytest.raises(CommandError):
+        call_command("load_specs", str(spec), stdout=StringIO(), stderr=err)
+
+    assert "storage is priced per GiB on a plan in use" in err.getvalue()
+    assert "Keep its unit, or price TiB under another dimension's name" in err.getvalue()
+    plan = Plan.objects.get(key="postgres-cnpg")
+    assert plan.prices.get(dimension="storage").unit == "GiB"
+    assert plan.versions.count() == 1
+
+
+def test_a_plan_no_one_used_yet_may_change_a_unit(db):
+    from deployments import services
+
+    services.plan_load(text=SPEC.read_text())
+    services.plan_load(text=TIB)
+
+    assert Price.objects.get(dimension="storage").unit == "TiB"
 
 
 @pytest.mark.parametrize(
