@@ -472,8 +472,16 @@ def meter_hour(hour: datetime, *, versions: dict[int, _Version] | None = None) -
     return usage.record(hour, found.rows, instances=found.instances)
 
 
+# How long after an hour ends it is metered: what the hour's operations changed is stamped as
+# it is stored (a run's end as its statement is made, after its last cluster call), and commits
+# moments later. An hour metered before such a commit would miss what it changed, and metering
+# it again would then add it beside what it recorded.
+SETTLE = timedelta(minutes=2)
+
+
 def last_full_hour(now: datetime | None = None) -> datetime:
-    return hour_start(now or timezone.now()) - HOUR
+    """The last hour that ended at least SETTLE ago."""
+    return hour_start((now or timezone.now()) - SETTLE) - HOUR
 
 
 def hours_due(now: datetime | None = None) -> list[datetime]:

@@ -643,7 +643,9 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # Read again with the lock: a task's later moves go on from the row its first read.
         pending = _instance_locked(instance).pending
         following = [p for p in pending if p[0] != str(op.pk)]
-        _finish(op, state, verb, now, token, following=following, runs=runs)
+        # Stamped as it is stored, not as the move began (before its cluster calls and the
+        # wait for the lock): metering reads the run's end as of its hour (`metering.SETTLE`).
+        _finish(op, state, verb, timezone.now(), token, following=following, runs=runs)
     return None
 
 

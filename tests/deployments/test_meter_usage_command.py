@@ -63,8 +63,9 @@ def test_one_full_hour_is_metered_on_request(running, now):
     ("args", "message"),
     [
         (["--hour", "2026-11-29T13:30Z"], "--hour 2026-11-29T13:30Z is not the start of an hour"),
-        (["--hour", "2026-11-29T14:00Z"], "--hour 2026-11-29T14:00Z has not ended yet; the last "
-                                          "full hour is 2026-11-29T13:00Z."),
+        (["--hour", "2026-11-29T14:00Z"], "--hour 2026-11-29T14:00Z has not ended yet, or ended "
+                                          "less than 2 minutes ago; the last hour that may be "
+                                          "metered is 2026-11-29T13:00Z."),
         (["--hour", "yesterday"], "--hour yesterday is not a UTC hour like 2026-11-29T13:00Z."),
         (["--backfill-from", "2026-11-30T00:00Z"], "--backfill-from 2026-11-30T00:00Z has not "
                                                    "ended yet"),

@@ -377,10 +377,10 @@ def test_metering_an_hour_twice_changes_nothing(make):
 
 def test_hours_missed_for_three_hours_are_back_filled_by_the_next_run(make):
     instance = make(at(-300))
-    metering.meter_due(at(-119))  # every hour up to HOUR - 3h
+    metering.meter_due(at(-118))  # every hour up to HOUR - 3h
     # Workers were down from HOUR - 2h; the next run comes at HOUR + 1h + 1 min.
 
-    recorded = metering.meter_due(at(61))
+    recorded = metering.meter_due(at(62))
 
     assert [r.hour for r in recorded] == [
         HOUR - timedelta(hours=2),
@@ -389,7 +389,7 @@ def test_hours_missed_for_three_hours_are_back_filled_by_the_next_run(make):
     ]
     hours = UsageRecord.objects.filter(instance_id=instance.pk, dimension="replica")
     assert hours.count() == 6
-    assert metering.meter_due(at(62)) == []
+    assert metering.meter_due(at(63)) == []
 
 
 def test_on_an_empty_table_metering_starts_at_the_first_hour_of_the_first_instances_month(
@@ -398,7 +398,7 @@ def test_on_an_empty_table_metering_starts_at_the_first_hour_of_the_first_instan
     make(at(-150))
     november = datetime(2026, 11, 1, tzinfo=UTC)
 
-    recorded = metering.meter_due(at(61))
+    recorded = metering.meter_due(at(62))
 
     # The hours before the instance are metered too (empty): the month can close.
     hours = int((HOUR - november) / timedelta(hours=1)) + 1
@@ -419,10 +419,19 @@ def test_the_first_month_an_instance_ran_in_closes_on_its_own(make):
     assert [c.period for c in closed] == ["2026-11"]
 
 
+def test_an_hour_is_due_once_what_ended_in_it_has_had_time_to_commit(make):
+    """Metered the moment it ended, an hour missed a run whose end, stamped in it, committed
+    moments later; metered again, it then counted that time twice."""
+    make(at(-90))
+
+    assert HOUR not in metering.hours_due(at(60) + timedelta(seconds=30))
+    assert metering.hours_due(at(60) + metering.SETTLE)[-1] == HOUR
+
+
 def test_back_filling_looks_back_at_most_31_days(make):
     make(at(-60 * 24 * 40))
 
-    due = metering.hours_due(at(61))
+    due = metering.hours_due(at(60) + metering.SETTLE)
 
     assert due[0] == HOUR - timedelta(days=31)
     assert due[-1] == HOUR

@@ -44,8 +44,9 @@ class Command(BaseCommand):
             hour = _hour(options["hour"], "--hour")
             if hour > last:
                 raise CommandError(
-                    f"--hour {options['hour']} has not ended yet; the last full hour is "
-                    f"{last:%Y-%m-%dT%H:%MZ}."
+                    f"--hour {options['hour']} has not ended yet, or ended less than "
+                    f"{metering.SETTLE.seconds // 60} minutes ago; the last hour that may be "
+                    f"metered is {last:%Y-%m-%dT%H:%MZ}."
                 )
             hours = [hour]
         elif options["backfill_from"]:
