@@ -164,6 +164,7 @@ def plan_prices_replace(
     if in_use or UsageRecord.objects.filter(plan=plan).exists():
         _units_kept(current, wanted)
         starts = periods.next_start(at or timezone.now())
+        _overrides_kept(plan, current, wanted, starts)
         _prices_keep(plan, current, wanted, currency, starts, shape)
     # Each dimension keeps its row (and with it the Stripe prices it replaced, which Stripe
     # invoices may still name): changed in place, added, or removed.
@@ -192,6 +193,40 @@ def _units_kept(current: dict[str, Price], wanted: dict[str, Price]) -> None:
     ]
     if changed:
         raise ValidationError(changed)
+
+
+def _overrides_kept(
+    plan: Plan, current: dict[str, Price], wanted: dict[str, Price], starts: datetime
+) -> None:
+    """ValidationError when a tenant's price override that applies from `starts` on (the one
+    in effect then, or a later one) prices a dimension whose time unit or currency changes: its
+    number is in the plan's time unit and currency, and would come to mean another price
+    (0.02 a core-hour read as 0.02 a core-month, or 0.02 yen)."""
+    changed = {
+        dimension
+        for dimension, price in wanted.items()
+        if dimension in current
+        and (current[dimension].time_unit, current[dimension].currency.lower())
+        != (price.time_unit, price.currency.lower())
+    }
+    if not changed:
+        return
+    named, in_effect = set(), set()
+    overrides = PlanOverride.objects.filter(plan=plan).select_related("tenant")
+    for override in overrides.order_by("tenant_id", "-effective_from"):
+        applies = override.effective_from > starts or override.tenant_id not in in_effect
+        if override.effective_from <= starts:
+            in_effect.add(override.tenant_id)
+        if applies and changed & set(override.prices):
+            named.add(override.tenant.name)
+    if named:
+        raise ValidationError(
+            f"The price overrides of {', '.join(sorted(named))} price "
+            f"{', '.join(sorted(changed))} per {current[min(changed)].time_unit} in "
+            f"{current[min(changed)].currency.upper()}, which this spec changes from "
+            f"{starts:%-d %B %Y}: read in the new terms, their prices would mean others. Give "
+            "each an override from then without those prices first, then set them anew."
+        )
 
 
 def _charged(price: Price | PastPrice | None) -> tuple | None:

@@ -845,3 +845,35 @@ def test_cost_by_deployment_says_what_each_plan_billed_an_instance_that_moved(te
         ("db-aaaa", "PostgreSQL", Decimal("3.50")),
         ("db-aaaa", "PostgreSQL Small", Decimal("1.00")),
     ]
+
+
+MONTHLY_CPU = [
+    {"dimension": "cpu", "unit": "core", "time_unit": "month", "unit_price": "25.55"},
+    {"dimension": "storage", "unit": "GiB", "unit_price": "0.00014"},
+]
+
+
+def test_a_price_override_keeps_its_meaning_when_the_plan_changes_its_time_unit(tenant, plan):
+    """Staff gave the tenant cpu at 0.02 a core-hour; the spec then priced cpu per month (the
+    same list price, 0.035 x 730): from the next month the override read 0.02 a core-month,
+    10 core-hours costing 0.00 rather than 0.20. Such a change is refused while an override
+    that applies then prices cpu; ended from that month, the change is taken."""
+    from billing import services
+
+    _override(tenant, plan, NOVEMBER + timedelta(days=9), cpu="0.02")
+    _use(tenant, plan, NOVEMBER + timedelta(days=10), cpu="10")
+    at = NOVEMBER + timedelta(days=19)
+
+    refused = f"The price overrides of {tenant.name} price cpu"
+    with pytest.raises(ValidationError, match=refused), transaction.atomic():
+        services.plan_prices_replace(plan=plan, currency="usd", at=at, prices=MONTHLY_CPU)
+    assert plan.prices.get(dimension="cpu").time_unit == "hour"
+
+    _override(tenant, plan, DECEMBER)  # the list price from December
+    assert services.plan_prices_replace(plan=plan, currency="usd", at=at, prices=MONTHLY_CPU)
+    _use(tenant, plan, DECEMBER + timedelta(days=1), cpu="10")
+    _metered(NOVEMBER, JANUARY)
+    (november,) = invoicing.period_close("2026-11", now=AFTER).invoices
+    (december,) = invoicing.period_close("2026-12", now=JANUARY + usage.HOUR).invoices
+
+    assert (november.total, december.total) == (Decimal("0.20"), Decimal("0.35"))
