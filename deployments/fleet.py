@@ -57,24 +57,38 @@ def fleet_run_start(
     """The run of `verb` on the selected instances ([instance id, version seen]), `wave` of
     them at a time (all at once without), stopping once more than `failures_allowed` of its
     operations failed; the one this request id started when it is sent again. Its first batch
-    is sent once it commits."""
+    is sent once it commits; it is audited with what it asks (each operation it queues is
+    audited too, as its requester's)."""
     if verb not in VERBS:
         raise ValidationError(f"No fleet action {verb!r}.")
     if wave is not None and not 1 <= wave <= BATCH:
         raise ValidationError(f"Instances at a time: from 1 to {BATCH}, or none for all at once.")
     if failures_allowed < 0:
         raise ValidationError("Failures allowed: 0 or more.")
-    run, made = FleetRun.objects.get_or_create(
-        request_id=request_id,
-        defaults={
-            "verb": verb,
-            "requested_by": actor.user,
-            "requested_ip": actor.ip,
-            "selection": [list(item) for item in selection],
-            "wave": wave,
-            "failures_allowed": failures_allowed,
-        },
-    )
+    with transaction.atomic():
+        run, made = FleetRun.objects.get_or_create(
+            request_id=request_id,
+            defaults={
+                "verb": verb,
+                "requested_by": actor.user,
+                "requested_ip": actor.ip,
+                "selection": [list(item) for item in selection],
+                "wave": wave,
+                "failures_allowed": failures_allowed,
+            },
+        )
+        if made:
+            audit_record(
+                actor=actor,
+                action="fleet_run.start",
+                target=run,
+                payload={
+                    "verb": verb,
+                    "instances": len(selection),
+                    "wave": wave,
+                    "failures_allowed": failures_allowed,
+                },
+            )
     if made:
         transaction.on_commit(lambda: _send(run.pk), robust=True)  # beat sends it if this fails
     return run

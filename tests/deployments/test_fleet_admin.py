@@ -95,6 +95,9 @@ def test_staff_restart_instances_of_several_organizations_once_confirmed(staff_c
     assert "5 of 5" in shown and str(stopped) in shown
     staff_events = AuditEvent.objects.filter(action="instance.restart", result="ok")
     assert staff_events.count() == 4 and {e.actor_kind for e in staff_events} == {"staff"}
+    started = AuditEvent.objects.get(action="fleet_run.start")
+    assert started.payload == {"verb": "restart", "instances": 5, "wave": None,
+                               "failures_allowed": 0}  # fmt: skip
 
 
 def test_a_confirmation_sent_twice_queues_each_operation_once(staff_client, fleet):
@@ -103,6 +106,7 @@ def test_a_confirmation_sent_twice_queues_each_operation_once(staff_client, flee
 
     _send(staff_client, fields)
     _send(staff_client, fields)  # a reload, a double click
+    assert AuditEvent.objects.filter(action="fleet_run.start").count() == 1
 
     assert Operation.objects.filter(verb="stop").count() == len(running)
     assert FleetRun.objects.get().queued == len(running)
