@@ -506,7 +506,8 @@ def _page(
         part = request.htmx.target if request.method == "GET" else "instance-page"
         part = part if part in SWAPPED else "instance-page"
     if part in {None, "instance-page"} and "head_follows" not in extra:
-        # While an operation is pending, the header follows it (it polls).
+        # While an operation is pending, the header follows it (it polls every 2 s); else it
+        # watches the instance's state and health (every 15 s), which the cluster changes.
         instance, extra["head_follows"] = selectors.instance_now(instance)
     allowed = roles.allowed_actions(request.membership.role)
     actions = selectors.instance_actions(instance, allowed)
@@ -521,8 +522,10 @@ def _page(
         "failed_by": _failed_by(instance),
         **extra,
     }
-    if context.get("head_follows"):
-        context["head_shown"] = _head_shown(instance, actions)
+    pending = bool(context.get("head_follows"))
+    context["head_watches"] = not pending and instance.state != Instance.State.DELETED
+    if pending or context["head_watches"]:
+        context["head_shown"] = _head_shown(instance, actions, pending)
     if part != "instance-head" or context.get("dialogs_follow"):
         # What the delete dialog promises can be restored.
         context["snapshot_count"] = selectors.snapshots_restorable(instance).count()
@@ -568,11 +571,12 @@ def _labelled(instance: Instance, operation: Operation | None) -> Operation | No
     return operation
 
 
-def _head_shown(instance: Instance, actions: list) -> str:
-    """A digest of what the header shows that a pending operation may change: its poll gets
-    nothing to swap while it is unchanged (a swap every 2 s would close what the member
-    opened in it and move the keyboard focus)."""
+def _head_shown(instance: Instance, actions: list, pending: bool) -> str:
+    """A digest of what the header shows that a pending operation, or the cluster, may change,
+    and of whether an operation is pending: its poll gets nothing to swap while it is unchanged
+    (a swap every 2 s would close what the member opened in it and move the keyboard focus)."""
     shown = [
+        pending,
         instance.state,
         instance.health,
         instance.health_reason,
@@ -584,18 +588,16 @@ def _head_shown(instance: Instance, actions: list) -> str:
 
 
 def _header_followed(request, instance: Instance):
-    """The header's poll while an operation is pending: the header again while one is, or
-    nothing while what it shows is unchanged (`_head_shown`). Once none is, the whole page as
-    the browser shows it (its tab and the tab's choices, from the address it is at): an
-    operation's end changes more than the header — the actions it offers and their dialogs,
-    the status, the parameters, the outputs."""
+    """The header's poll: nothing while what it shows is unchanged (`_head_shown`); else the
+    header again while an operation is pending, or, once none is, the whole page as the browser
+    shows it (its tab and the tab's choices, from the address it is at): an operation's end
+    changes more than the header — the actions it offers and their dialogs, the status, the
+    parameters, the outputs — as does the cluster's changing the instance's health."""
     instance, pending = selectors.instance_now(instance)
+    actions = selectors.instance_actions(instance, roles.allowed_actions(request.membership.role))
+    if answer := unchanged(request, _head_shown(instance, actions, pending)):
+        return answer
     if pending:
-        actions = selectors.instance_actions(
-            instance, roles.allowed_actions(request.membership.role)
-        )
-        if answer := unchanged(request, _head_shown(instance, actions)):
-            return answer
         # Changed: its dialogs come too, for the actions the header may now offer.
         return _page(
             request,

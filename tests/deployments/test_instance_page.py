@@ -381,8 +381,38 @@ def test_the_header_follows_a_pending_operation_and_its_end_refreshes_the_page(
         '<title>Backups · orders · Opsdeck</title>\n<div id="instance-page">'
     )
     assert 'id="instance-state">Stopped<' in html
-    assert "every 2s" not in head.search(html).group(0)
+    assert 'hx-trigger="every 15s"' in head.search(html).group(0)  # it watches, slower
     assert f"{instance.pk}-20261130080000" in html  # the Backups tab, as it was shown
+
+
+def test_an_open_page_of_a_running_instance_shows_it_degraded_without_a_reload(
+    owner_client, instance
+):
+    """With no operation pending, the header did not poll: a page left open said Running and
+    healthy while the cluster had taken its servers down, until someone reloaded it."""
+    url = _url(instance)
+    head = re.compile(r'<header[^>]*id="instance-head"[^>]*>')
+    page = owner_client.get(url, {"tab": "servers"}).content.decode()
+    watch = head.search(page).group(0)
+    assert 'hx-trigger="every 15s"' in watch
+    again = watch.split('hx-get="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+
+    def poll():
+        return owner_client.get(
+            again, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head",
+            HTTP_HX_CURRENT_URL=f"http://testserver{url}?tab=servers",
+        )  # fmt: skip
+
+    assert poll().status_code == 204  # nothing changed: nothing swapped
+    Instance.objects.filter(pk=instance.pk).update(
+        health=Instance.Health.DEGRADED, health_reason="0 of 3 servers ready"
+    )
+    changed = poll()
+
+    html = changed.content.decode()
+    assert (changed["HX-Retarget"], changed["HX-Reswap"]) == ("#instance-page", "outerHTML")
+    assert 'id="instance-health"' in html and ">Degraded<" in html
+    assert 'id="instance-live"' in html  # the Servers tab, as it was shown
 
 
 def test_an_operations_end_is_said_in_the_live_region_the_page_keeps(owner_client, instance):
