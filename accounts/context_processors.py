@@ -26,7 +26,19 @@ def tenancy(request) -> dict:
         # Read only by a page that shows the switcher (not an htmx panel).
         "user_memberships": SimpleLazyObject(lambda: _told_apart(memberships)),
         "allowed": roles.allowed_actions(membership.role) if membership else frozenset(),
+        "nav_section": _section(request),
     }
+
+
+def _section(request) -> str:
+    """The part of an organization's pages the request is in, as the sidebar names them: the
+    first step of its path under `/t/<slug>/` ("deployments" for a deployment's page, "billing"
+    for an invoice's); "" for the dashboard, or outside an organization's pages."""
+    match = getattr(request, "resolver_match", None)
+    if match is None or "tenant_slug" not in match.kwargs:
+        return ""
+    within = request.path.split("/", 3)[3] if request.path.count("/") >= 3 else ""
+    return within.split("/", 1)[0]
 
 
 def _told_apart(memberships) -> list:

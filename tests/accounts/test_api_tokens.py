@@ -51,6 +51,8 @@ def test_the_secret_is_shown_once_and_only_its_hash_is_kept(owner_client, owner,
     again = owner_client.get(_settings(tenant)).content.decode()
     assert secret not in again
     assert "ci-deploy" in again and f"{token.prefix}…" in again and "owner@example.com" in again
+    # Its expiry as a date: "2 months, 4 weeks from now" read otherwise ten seconds later.
+    assert f">{token.expires_at:%-d %b %Y}</time>" in again and "from now" not in again
     event = AuditEvent.objects.get(action="token.create")
     assert (event.actor, event.target_named, event.payload["role"]) == (
         owner,

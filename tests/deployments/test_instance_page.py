@@ -2293,3 +2293,18 @@ def test_a_status_the_sync_has_not_read_lately_says_it_is_the_last_one_reported(
     assert "its health included, is what it reported then." in text
     assert "Healthy (as last read)" in re.sub(r"<[^>]+>", "", html)
     assert "Cluster in healthy state" in html  # still shown, as what was last reported
+
+
+def test_the_sidebar_marks_deployments_on_a_deployments_page(owner_client, instance, tenant):
+    """Deployments was highlighted on the list alone: not on a deployment's page, nor on the
+    catalog or the form that make one."""
+    link = re.compile(r'<a href="/t/[^"]+/deployments/"([^>]*)>Deployments</a>')
+
+    listed = owner_client.get(f"/t/{tenant.slug}/deployments/").content.decode()
+    opened = owner_client.get(_url(instance)).content.decode()
+    catalog = owner_client.get(f"/t/{tenant.slug}/deployments/new/").content.decode()
+    billing = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+
+    assert link.search(listed).group(1) == ' aria-current="page"'
+    assert link.search(opened).group(1) == link.search(catalog).group(1) == ' aria-current="true"'
+    assert link.search(billing).group(1) == ""
