@@ -80,7 +80,7 @@ def _team_context(request, **extra) -> dict:
         "request_id": uuid.uuid4().hex,  # a fresh one for the next invitation
         "members": selectors.tenant_members(request.tenant),
         "invitations": selectors.invitations_pending(request.tenant),
-        "invite_form": InviteForm(),
+        "invite_form": InviteForm(auto_id="invite-%s"),
         "managed_roles": managed,
         "role_choices": [(value, label) for value, label in Role.choices if value in managed],
         # Said on the user's own row instead of a Leave that would be refused.
@@ -173,7 +173,7 @@ def _invitation_sent(invitation) -> str:
 @tenant_view("member.view")
 @require_POST
 def team_invite(request):
-    form = InviteForm(request.POST)
+    form = InviteForm(request.POST, auto_id="invite-%s")  # its fields' ids on the page
     if form.is_valid():
         try:
             invitation = services.invitation_create(

@@ -97,8 +97,13 @@ def test_the_invite_form_says_what_to_correct_and_invites_no_one(
 ):
     response = owner_client.post(f"/t/{tenant.slug}/team/invite/", sent)
 
-    assert message in response.content.decode()
+    page = response.content.decode()
+    assert message in page
     assert not Invitation.objects.exists()
+    # Beside its field, and in the summary above the form, which leads to that field.
+    field = "invite-role" if "role" in message else "invite-email"
+    assert "There is a problem" in page and f'<a href="#{field}">' in page
+    assert f'id="{field}"' in page
 
 
 @pytest.mark.django_db

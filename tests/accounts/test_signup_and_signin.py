@@ -124,6 +124,8 @@ def test_an_organization_name_too_long_once_written_out_is_said_next_to_the_fiel
     said = "Use at most 100 characters (this has 108 once written out)."
     assert response.status_code == page.status_code == 200
     assert said in response.content.decode() and said in page.content.decode()
+    assert "There is a problem" in page.content.decode()  # summed up above the form too
+    assert '<a href="#id_name">' in page.content.decode()
     assert not User.objects.filter(email="new@example.com").exists()
     assert not Tenant.objects.filter(name__startswith="\u0635").exists()
 
