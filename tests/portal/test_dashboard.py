@@ -122,9 +122,19 @@ def test_operations_are_named_as_their_plan_names_its_verbs(owner_client, tenant
 def test_nothing_running_or_failed_says_so(owner_client, tenant):
     page = owner_client.get(f"/t/{tenant.slug}/").content.decode()
 
-    assert "No deployments." in page
+    assert "No deployments yet." in page
+    # ... and leads to making one, as the empty Deployments page does.
+    assert f'<a role="button" href="/t/{tenant.slug}/deployments/new/">New deployment</a>' in page
     assert "Nothing is running." in page
     assert "No operation failed in the last 7 days." in page
+
+
+def test_a_viewer_is_not_offered_a_new_deployment(client, tenant, add_member):
+    client.force_login(add_member("vic@example.com", "viewer"))
+
+    page = client.get(f"/t/{tenant.slug}/").content.decode()
+
+    assert "No deployments yet." in page and "New deployment" not in page
 
 
 def _dashboard_queries(client, url) -> int:
