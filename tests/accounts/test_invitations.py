@@ -883,3 +883,28 @@ def test_an_organization_sends_so_many_invitations_a_day_in_all_and_to_one_addre
     assert "has sent 8 invitations in the last 24 hours, the most it may" in beyond
     assert Invitation.objects.filter(tenant=tenant).count() == 8
     assert not Invitation.objects.filter(email="one-more@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_the_team_page_follows_an_invitation_email_until_it_is_sent(owner_client, tenant, invite):
+    """It said "Being sent" for as long as the page stayed open: only a reload said it went."""
+    import re
+
+    from django.utils import timezone
+
+    invitation, _ = invite()
+    cell = re.compile(rf'<td id="invitation-mail-{invitation.pk}"[^>]*>')
+
+    page = owner_client.get(f"/t/{tenant.slug}/team/").content.decode()
+    following = cell.search(page).group(0)
+    Invitation.objects.filter(pk=invitation.pk).update(emailed_at=timezone.now())
+    polled = owner_client.get(
+        f"/t/{tenant.slug}/team/",
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_TARGET=f"invitation-mail-{invitation.pk}",
+    ).content.decode()
+
+    assert "Being sent" in page and 'hx-trigger="every 3s"' in following
+    assert f'hx-select="#invitation-mail-{invitation.pk}"' in following
+    assert cell.search(polled).group(0) == f'<td id="invitation-mail-{invitation.pk}">'  # done
+    assert "Being sent" not in polled and "Sent " in polled
