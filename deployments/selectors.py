@@ -1052,8 +1052,8 @@ class InstanceAction:
 
     @property
     def keeps(self) -> str:
-        """The answer that sends nothing."""
-        return "Keep it running" if self.verb in INTERRUPTS else "Not now"
+        """The answer that sends nothing: a switchover's keeps it running too, as "Not now"."""
+        return "Keep it running" if self.verb in {"stop", "restart"} else "Not now"
 
 
 # The actions that interrupt the service, and what the page asks before sending one.

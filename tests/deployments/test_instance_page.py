@@ -104,6 +104,8 @@ def test_the_overview_shows_parameters_outputs_and_that_nothing_was_observed_yet
     assert "Owner password" in html and "set, hidden" in html
     assert "<code>2</code>" in html  # two servers
     assert f"{instance.pk}-1" in html  # the primary output
+    # ... as the last operation left them, which the live status beside them may contradict.
+    assert 'id="outputs-when">As the last operation that finished left them' in html
     assert "eu-local" in html and "PostgreSQL" in html and "v1" in html
     assert "owner@example.com" in html
 
@@ -1898,6 +1900,7 @@ def test_a_plan_words_what_its_buttons_ask_or_asks_nothing(owner_client, owner, 
     assert asked("restart") == ("Restart every server?", "Keep it running")
     assert asked("stop") is None  # the plan asks nothing
     assert asked("failover")[0].startswith("Switch this instance&#x27;s primary")  # Opsdeck's own
+    assert asked("failover")[1] == "Not now"  # it runs on either way
     assert asked("backup") == ("Back up now?", "Not now")
     dialog = f'id="dialog-{custom["verb"]}-warns">Its servers restart.</p>'
     assert dialog in html
