@@ -81,11 +81,12 @@ def test_a_tenant_subscribes_and_reads_the_invoice_the_billing_team_finalized(
     expect(page.locator("#messages")).to_contain_text(f"You are subscribed to {plan.name}.")
     assert Subscription.objects.get(tenant=tenant, plan=plan).status == "active"
 
-    # The instance has run since last month began; metering counts every hour of last month
-    # (a period closes only once all of them are metered) and this month's last two.
+    # The instance has run since last month's last two hours; metering counts every hour of
+    # last month (a period closes only once all of them are metered: those before any instance
+    # hold nothing) and this month's last two.
     this_month = usage.period_bounds(usage.period_key(timezone.now()))[0]
     last_month = usage.period_bounds(usage.period_key(this_month - usage.HOUR))[0]
-    factories.ran_since(tenant, version, factories.cell(), last_month)
+    factories.ran_since(tenant, version, factories.cell(), this_month - 2 * usage.HOUR)
     hours, hour = [], last_month
     while hour < this_month:
         hours.append(hour)
