@@ -532,10 +532,9 @@ def account_delete(request):
     """The account's "Delete your account" page: what deleting it does to each of the
     person's organizations, or why it cannot be deleted yet, then the form that deletes it."""
     user = request.user
+    actor = Actor.from_request(request)
     form = AccountDeleteForm(
-        request.POST if request.method == "POST" else None,
-        user=user,
-        actor=Actor.from_request(request),
+        request.POST if request.method == "POST" else None, user=user, actor=actor
     )
     refusal = address = ""
     if form.is_bound:
@@ -545,7 +544,7 @@ def account_delete(request):
             if form.is_valid():
                 try:
                     address = services.user_delete(
-                        actor=Actor.from_request(request),
+                        actor=actor,
                         confirm_email=form.cleaned_data["confirm_email"],
                         deleting=form.cleaned_data["organizations_deleted"],
                     )
