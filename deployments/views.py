@@ -580,6 +580,7 @@ def _head_shown(instance: Instance, actions: list, pending: bool) -> str:
         instance.state,
         instance.health,
         instance.health_reason,
+        instance.observed.get("healthy"),  # a failing check, before it is Degraded
         instance.plan_version_id,
         instance.deletion_protected,
         [(a.verb, a.refusal) for a in actions],

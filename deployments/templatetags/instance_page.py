@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from django import template
+from django.conf import settings
 from django.template.defaultfilters import pluralize
 from django.utils import timezone
 
@@ -101,6 +102,14 @@ def relative(moment: datetime | None) -> str:
     if seconds > -60:
         return "just now"
     return f"{_rounded(-seconds)} ago"
+
+
+@register.simple_tag
+def degraded_after() -> str:
+    """How long a running instance fails its health check before it is marked Degraded
+    (`OPSDECK_DEGRADED_AFTER`), as "2 minutes"."""
+    seconds = settings.OPSDECK_DEGRADED_AFTER
+    return _rounded(seconds) if seconds >= 60 else f"{seconds}{_NB}second{pluralize(seconds)}"
 
 
 @register.filter

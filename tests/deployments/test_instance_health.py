@@ -270,3 +270,51 @@ def test_a_degraded_instance_stopped_and_started_healthy_says_it_recovered(runni
     assert [m.subject for m in mail.outbox] == [
         "[Opsdeck] orders-0 is degraded", "[Opsdeck] orders-0 is healthy again",
     ]  # fmt: skip
+
+
+def _health_said(client, instance: Instance) -> str:
+    page = client.get(f"/t/{instance.tenant.slug}/deployments/{instance.pk}/").content.decode()
+    return page.split('id="instance-health-detail">', 1)[1].split("</dd>", 1)[0]
+
+
+def test_an_instance_failing_its_check_says_so_before_it_is_degraded(running, assess, owner_client):
+    """For the two minutes between a failing verdict and Degraded, the Overview said "Healthy"
+    beside a status saying its servers were down."""
+    observe(running, True)
+    assert _health_said(owner_client, running).startswith("Healthy")
+    start = timezone.now() - timedelta(seconds=30)
+    observe(running, False, "Waiting for the instances to become active")
+    assess(start)
+
+    said = _health_said(owner_client, running)
+
+    assert "Healthy" not in said
+    assert ">Failing its check<" in said
+    assert f'datetime="{start.isoformat()}"' in said
+    assert ": Waiting for the instances to become active." in said
+    assert "It is marked Degraded if this lasts 2\N{NO-BREAK SPACE}minutes." in said
+    observe(running, True)
+    assess(start + timedelta(seconds=60))
+    assert _health_said(owner_client, running).startswith("Healthy")
+
+
+def test_an_open_page_shows_a_failing_check_without_a_reload(running, owner_client):
+    """The header's poll answered nothing while the verdict went from passing to failing: the
+    page said Healthy until it was Degraded, two minutes later."""
+    url = f"/t/{running.tenant.slug}/deployments/{running.pk}/"
+    observe(running, True)
+    page = owner_client.get(url).content.decode()
+    again = page.split('id="instance-head"', 1)[1].split('hx-get="', 1)[1].split('"', 1)[0]
+
+    def poll():
+        return owner_client.get(
+            again.replace("&amp;", "&"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="instance-head",
+            HTTP_HX_CURRENT_URL=f"http://testserver{url}",
+        )  # fmt: skip
+
+    assert poll().status_code == 204
+    observe(running, False, "Failing over")
+    changed = poll()
+
+    assert changed.status_code == 200
+    assert ">Failing its check<" in changed.content.decode()
