@@ -22,6 +22,7 @@ from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.htmx import current_address, partial_template, shown_digest, unchanged
 from accounts.models import Tenant
+from accounts.templatetags.times import relative
 from accounts.tenancy import action_require, tenant_view
 from accounts.text import name_plain
 from billing import entitlements, pricing
@@ -33,7 +34,7 @@ from deployments.cells import driver_for
 from deployments.entitlement_usage import create_refusal, create_refusals
 from deployments.models import BackupSchedule, Cell, Instance, Operation, PlanVersion, Snapshot
 from deployments.spec.model import PlanSpec
-from deployments.templatetags.instance_page import duration, relative, running_for
+from deployments.templatetags.instance_page import duration, running_for
 from deployments.workflow.driver import DriverError
 
 

@@ -87,7 +87,7 @@ def test_each_row_shows_name_service_plan_state_region_and_created(
     assert '<span class="badge badge-state-running">Running</span>' in page
     assert "Region </span>eu-west</td>" in page
     created = re.escape(instance.created_at.isoformat())
-    assert re.search(rf'<time datetime="{created}" title="[^"]+ UTC">an hour ago</time>', page)
+    assert re.search(rf'<time datetime="{created}" title="[^"]+ UTC">1\xa0hour ago</time>', page)
 
 
 def test_search_finds_a_name_in_any_case_and_part(owner_client, tenant, version, cell, url):

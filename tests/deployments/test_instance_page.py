@@ -1781,7 +1781,7 @@ def test_a_backup_just_taken_expires_in_its_retention_not_a_unit_less(
     ],
 )
 def test_a_relative_time_says_the_nearest_whole_unit_before_or_after_now(offset, said):
-    from deployments.templatetags.instance_page import relative
+    from accounts.templatetags.times import relative
 
     assert relative(timezone.now() + offset) == said
 

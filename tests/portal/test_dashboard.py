@@ -80,6 +80,21 @@ def test_operations_running_now_link_to_their_deployment(
     assert "done" not in running
 
 
+def test_the_dashboard_says_a_time_as_the_instance_page_says_it(
+    owner_client, tenant, version, cell
+):
+    """The dashboard floored times (Django's naturaltime) where the instance page rounds them:
+    a backup begun 2 min 50 s ago read "2 minutes ago" here and "3 minutes ago" there."""
+    (orders,) = factories.make_instances(tenant, version, cell, 1, name="orders")
+    factories.make_operation(
+        orders, verb="backup", state="running", ago=timedelta(minutes=2, seconds=50)
+    )
+
+    running = section(owner_client.get(f"/t/{tenant.slug}/").content.decode(), "running-now")
+
+    assert "3\xa0minutes ago</time>" in running
+
+
 def test_operations_failed_in_the_last_7_days_link_to_their_deployment(
     owner_client, tenant, version, cell, other_tenant
 ):
