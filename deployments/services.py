@@ -1064,7 +1064,9 @@ def instance_upgrade(
     with audited_action(actor=actor, action="instance.upgrade", tenant=tenant, target=instance):
         permission_require(actor=actor, tenant=tenant, action=lifecycle.rule("upgrade").action)
         request_id = idempotency.request_id_clean(request_id)
-        claim = _claim(tenant, request_id, "instance.upgrade", {"instance": instance.pk})
+        claim = _claim(
+            tenant, request_id, "instance.upgrade", {"instance": instance.pk, "version": seen}
+        )
         if claim.earlier is not None:
             return _repeat(claim.earlier)
         tenant_lock(tenant.pk)  # `_entitled_to_upgrade` checks the totals under it

@@ -9,6 +9,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from accounts import idempotency
 from accounts.audit import Actor
 from accounts.errors import ActionDenied
 from accounts.models import AuditEvent
@@ -290,6 +291,29 @@ def test_a_repeated_upgrade_request_returns_the_same_operation(running, owner):
 
     assert again == first
     assert running.operations.filter(verb="upgrade").count() == 1
+
+
+def test_an_upgrade_request_id_sent_again_for_another_version_is_refused(running, owner):
+    """An upgrade's request id was kept without the version it asked for: sent again asking
+    for version 3, it returned the queued upgrade to version 2 as if version 3 were queued (the
+    API answered 202 where a reused Idempotency-Key with other values is a 409)."""
+    services.plan_load(text=_v2_text(SPEC.read_text()))
+    first = services.instance_upgrade(
+        actor=Actor(user=owner), instance=running, request_id="up-1", seen=2
+    )
+    services.plan_load(text=_v2_text(SPEC.read_text()) + "\n# version 3\n")
+
+    with pytest.raises(ValidationError) as refused:
+        services.instance_upgrade(
+            actor=Actor(user=owner), instance=running, request_id="up-1", seen=3
+        )
+
+    assert refused.value.messages == [idempotency.REUSED]
+    assert list(running.operations.filter(verb="upgrade")) == [first]
+    again = services.instance_upgrade(
+        actor=Actor(user=owner), instance=running, request_id="up-1", seen=2
+    )
+    assert again == first
 
 
 def test_a_modify_read_before_an_upgrade_ended_is_checked_by_the_new_versions_rules(running, owner):
