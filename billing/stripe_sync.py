@@ -21,6 +21,7 @@ from django.utils import timezone
 from accounts.audit import SYSTEM, Actor, audit_record
 from accounts.errors import ActionDenied
 from accounts.models import Tenant
+from accounts.services import tenant_lock
 from billing import meter_events
 from billing.models import (
     DIMENSION_LABELS,
@@ -956,6 +957,10 @@ def subscription_mirror(subscription: Any, gw: StripeGateway) -> Subscription | 
         # Started from a page made before a price changed, or on a plan that added a price.
         subscription_align(gw, subscription, ours.plan)
     with transaction.atomic():
+        # The organization first, as every change of a subscription locks them (a billing
+        # manager's cancel; a suspension, which the mirror may make): the other order
+        # deadlocks with such a change.
+        tenant_lock(ours.tenant_id)
         # Judged on ours as it is under its lock: a cancel committing meanwhile is not undone
         # (nor refused in the audit log as a reactivation nobody asked for).
         ours = Subscription.objects.select_for_update().get(pk=ours.pk)
@@ -1005,6 +1010,7 @@ def subscriptions_reconcile() -> int:
             subscription_mirror(held, gw)
             continue
         with transaction.atomic():
+            tenant_lock(Subscription.objects.values_list("tenant_id", flat=True).get(pk=pk))
             ours = Subscription.objects.select_for_update().get(pk=pk)
             if ours.stripe_subscription_id == stripe_id:
                 _status_mirror(ours, stripe_id, "canceled")

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import credit_notes, invoices, payments, sessions
+from . import credit_notes, invoices, payments, sessions, subscriptions
 from .events import type_matches
 from .faults import Faults
 from .forms import Params
@@ -286,6 +286,11 @@ class StripeEmulator:
     def close_period(self, subscription_id: str) -> dict[str, Any]:
         """Invoice the subscription's current period (a draft) and start the next one."""
         return self._locked(invoices.period_close, subscription_id)
+
+    def pause_subscription(self, subscription_id: str) -> dict[str, Any]:
+        """Its trial ended with no payment method, set to pause then (status `paused`;
+        `customer.subscription.paused`, `customer.subscription.updated`)."""
+        return self._locked(subscriptions.subscription_pause, subscription_id)
 
     def finalize_invoice(self, invoice_id: str) -> dict[str, Any]:
         """draft → open (`invoice.finalized`)."""

@@ -83,6 +83,10 @@ def _complete_checkout(emulator: StripeEmulator, body: dict[str, Any], session_i
     return emulator.complete_checkout(session_id)
 
 
+def _pause(emulator: StripeEmulator, body: dict[str, Any], subscription_id: str) -> Any:
+    return emulator.pause_subscription(subscription_id)
+
+
 def _close_period(emulator: StripeEmulator, body: dict[str, Any], subscription_id: str) -> Any:
     return emulator.close_period(subscription_id)
 
@@ -136,6 +140,7 @@ CONTROL: list[Route] = [
     route("POST", "/_emulator/clock", _advance_clock),
     route("POST", "/_emulator/checkout/sessions/{id}/complete", _complete_checkout),
     route("POST", "/_emulator/subscriptions/{id}/close_period", _close_period),
+    route("POST", "/_emulator/subscriptions/{id}/pause", _pause),
     route("POST", "/_emulator/invoices/{id}/finalize", _finalize),
     route("POST", "/_emulator/invoices/{id}/pay", _pay),
     route("POST", "/_emulator/invoices/{id}/fail", _fail),

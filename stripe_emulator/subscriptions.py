@@ -286,6 +286,24 @@ def emit_if_changed(state: State, before: dict[str, Any], subscription: dict[str
         state.emit("customer.subscription.updated", subscription, previous)
 
 
+def subscription_pause(state: State, subscription_id: str) -> dict[str, Any]:
+    """Its trial ended with no payment method, and it was set to pause then
+    (`trial_settings.end_behavior.missing_payment_method=pause`): status `paused`, it bills
+    nothing; `customer.subscription.paused`, then `customer.subscription.updated`."""
+    subscription = state.get("subscription", subscription_id)
+    if subscription["status"] not in ("active", "trialing"):
+        raise invalid(
+            f"Subscription {subscription_id} is {subscription['status']}: only an active or "
+            "trialing subscription can be paused.",
+            param="id",
+        )
+    before = copy.deepcopy(subscription)
+    subscription["status"] = "paused"
+    state.emit("customer.subscription.paused", subscription)
+    emit_if_changed(state, before, subscription)
+    return subscription
+
+
 def current_period(subscription: dict[str, Any]) -> tuple[int, int]:
     """The [start, end) of the period in progress (every item shares it here)."""
     item = subscription["items"]["data"][0]

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accounts.audit import SYSTEM, Actor
 from accounts.models import AuditEvent
+from accounts.services import tenant_lock
 from billing import entitlements, periods, services, stripe_sync
 from billing.models import Plan, StripeCustomer, Subscription
 from stripe_emulator import sign
@@ -519,13 +520,55 @@ def test_stripe_reporting_a_subscription_active_while_it_is_cancelled_changes_no
     held = gw.subscription(subscription.stripe_subscription_id)  # still active in Stripe
 
     cancelled, mirrored = beside_a_lock(
-        lambda: Subscription.objects.select_for_update().get(pk=subscription.pk),
+        # The cancel has locked what it locks first: the organization, then the subscription.
+        lambda: (tenant_lock(tenant.pk), _locked(subscription)),
         lambda: services.subscription_cancel(actor=Actor(user=owner), subscription=subscription),
         lambda: stripe_sync.subscription_mirror(held, gw),  # its webhook, read before the cancel
     )
 
     assert cancelled == "committed" and mirrored.status == "cancelled", mirrored
     assert not AuditEvent.objects.filter(action="subscription.reactivate").exists()
+
+
+def _locked(subscription: Subscription) -> Subscription:
+    return Subscription.objects.select_for_update().get(pk=subscription.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stripe_pausing_a_subscription_while_its_billing_manager_cancels_it_is_no_deadlock(
+    client, owner_client, owner, tenant, catalog, emulator, gw
+):
+    """Stripe's word that it paused the subscription (its webhook, or the hourly reconcile)
+    locked the subscription, then, suspending ours, the organization; a billing manager's
+    cancel locks them in the other order: PostgreSQL ended one of the two with a deadlock (the
+    click a 500, or the webhook failed). Each waits for the other now, and the cancel holds."""
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+    emulator.pause_subscription(subscription.stripe_subscription_id)
+    held = gw.subscription(subscription.stripe_subscription_id)
+    assert held.status == "paused"
+
+    cancelled, mirrored = beside_a_lock(
+        # The cancel has passed its role check, which locked the organization.
+        lambda: tenant_lock(tenant.pk),
+        lambda: services.subscription_cancel(actor=Actor(user=owner), subscription=subscription),
+        lambda: stripe_sync.subscription_mirror(held, gw),  # the webhook's handler
+    )
+
+    assert cancelled == "committed", cancelled
+    assert isinstance(mirrored, Subscription), mirrored
+    subscription.refresh_from_db()
+    assert subscription.status == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_subscription_stripe_paused_is_suspended(client, owner_client, tenant, catalog, emulator):
+    subscription = _active(client, owner_client, tenant, catalog, emulator)
+
+    emulator.pause_subscription(subscription.stripe_subscription_id)
+    _deliver(client, emulator.events("customer.subscription.updated")[-1])
+
+    subscription.refresh_from_db()
+    assert subscription.status == "suspended"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -541,7 +584,7 @@ def test_a_checkout_paid_while_its_subscription_is_being_cancelled_is_ended_in_s
     started = gw.checkout_session(session_id).subscription
 
     cancelled, mirrored = beside_a_lock(
-        lambda: Subscription.objects.select_for_update().get(pk=pending.pk),
+        lambda: (tenant_lock(tenant.pk), _locked(pending)),
         lambda: services.subscription_cancel(
             actor=Actor(user=owner), subscription=pending, then=stripe_sync.subscription_end
         ),
