@@ -41,6 +41,7 @@ from deployments.workflow.evaluator import (
 from deployments.workflow.expressions import (
     ExpressionError,
     check_when_syntax,
+    is_task_name,
     parse_depends,
     placeholders_replaced,
 )
@@ -555,6 +556,9 @@ class _Scope:
     inputs: list[str] | None = None  # the template's inputs; None outside any template
     template: str = ""
     tasks: dict[str, Template | None] | None = None  # sibling tasks → their template
+    # The sibling tasks that have ended whenever this task runs (its dependencies, theirs, …):
+    # the only ones whose results it may read. None: any sibling (a dag's target).
+    ancestors: frozenset[str] | None = None
     item: bool = False  # inside a task with withItems, where {{item}} is defined
 
 
@@ -725,6 +729,12 @@ class _VerbChecker:
             return f"undefined reference {reference}: tasks can only be read in a dag's tasks"
         if parts[1] not in scope.tasks:
             return f'undefined reference {reference}: no task "{parts[1]}" in this dag'
+        if scope.ancestors is not None and parts[1] not in scope.ancestors:
+            return (
+                f'undefined reference {reference}: this task does not depend on "{parts[1]}" '
+                "(through its dependencies or theirs), so it may run first; add it to the "
+                "dependencies"
+            )
         target = scope.tasks[parts[1]]
         if (
             len(parts) >= 5
@@ -763,14 +773,28 @@ class _VerbChecker:
                     f"{template.path}.dag.tasks[{i}].name", f'duplicate task "{task.name}"'
                 )
             siblings[task.name] = templates.get(task.template)
+            if task.name and not is_task_name(task.name):
+                self.report.error(
+                    f"{template.path}.dag.tasks[{i}].name",
+                    f'"{task.name}": a task name is letters, digits, "-" and "_", not starting '
+                    'with "-" (a dependency on it is read as an expression)',
+                )
         if any(t.dependencies is not None for t in tasks) and any(t.depends for t in tasks):
             self.report.error(
                 f"{template.path}.dag", "dependencies and depends cannot be mixed in one dag"
             )
         scope = _Scope(inputs=template.inputs, template=template.name, tasks=siblings)
-        graph: dict[str, set[str]] = {}
+        needs = {task.name: _needed(task) for task in tasks}
+        graph = {name: (needed or set()) & siblings.keys() for name, needed in needs.items()}
         for i, task in enumerate(tasks):
-            graph[task.name] = self.check_task(task, f"{template.path}.dag.tasks[{i}]", scope)
+            # What it reads is judged by what it depends on once that is known (its own
+            # errors say what is wrong with it).
+            needed = needs[task.name]
+            known = needed is not None and needed <= siblings.keys()
+            ancestors = frozenset(_reachable(graph, task.name)) if known else None
+            self.check_task(
+                task, f"{template.path}.dag.tasks[{i}]", replace(scope, ancestors=ancestors)
+            )
         target = template.target or ""
         if "{{" in target:  # named through a parameter: its names are checked at run time
             self.check_references(target, f"{template.path}.dag.target", scope)
@@ -784,8 +808,8 @@ class _VerbChecker:
                 f"{template.path}.dag.tasks", f"dependency cycle: {' -> '.join(cycle)}"
             )
 
-    def check_task(self, task: Task, path: str, scope: _Scope) -> set[str]:
-        """Check one task; returns the names of the tasks it depends on."""
+    def check_task(self, task: Task, path: str, scope: _Scope) -> None:
+        """Check one task: what it depends on, names, and reads."""
         if task.with_param is not None:
             self.check_references(task.with_param, f"{path}.withParam", scope)
         scope = replace(scope, item=task.with_items is not None or task.with_param is not None)
@@ -796,15 +820,14 @@ class _VerbChecker:
                 f"{path}.template",
                 f'unknown template "{task.template}"; templates: {", ".join(templates)}',
             )
-        needed = set(task.dependencies or [])
         if task.depends:
             try:
-                needed |= set(parse_depends(task.depends).task_names())
+                parse_depends(task.depends)
             except ExpressionError as exc:
                 self.report.error(f"{path}.depends", str(exc))
         siblings = scope.tasks or {}
         field_name = "depends" if task.depends else "dependencies"
-        for name in sorted(n for n in needed if n not in siblings):
+        for name in sorted(n for n in _needed(task) or () if n not in siblings):
             self.report.error(f"{path}.{field_name}", f'unknown task "{name}"')
         if task.when:
             try:
@@ -822,7 +845,6 @@ class _VerbChecker:
                 )
         if target is not None:
             self.check_threaded(target, task.arguments, f"{path}.arguments")
-        return {n for n in needed if n in siblings}
 
     # resource templates
 
@@ -1067,6 +1089,30 @@ def _callees_first(calls: dict[str, set[str]]) -> list[str]:
                 done.add(callee)
                 pending.append((callee, iter(sorted(calls[callee]))))
     return order
+
+
+def _needed(task: Task) -> set[str] | None:
+    """The tasks `task` names in its dependencies or depends; None when its depends does not
+    parse (`check_task` says so)."""
+    needed = set(task.dependencies or [])
+    if task.depends:
+        try:
+            needed |= set(parse_depends(task.depends).task_names())
+        except ExpressionError:
+            return None
+    return needed
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The nodes `start` reaches through `graph`'s edges, itself only through a cycle."""
+    seen: set[str] = set()
+    pending = list(graph.get(start, ()))
+    while pending:
+        node = pending.pop()
+        if node not in seen:
+            seen.add(node)
+            pending.extend(graph.get(node, ()))
+    return seen
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

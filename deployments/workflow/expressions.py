@@ -368,6 +368,14 @@ TASK_RESULTS = (
 )
 _GROUP_RESULTS = ("AnySucceeded", "AllFailed")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9_]*")
+
+
+def is_task_name(name: str) -> bool:
+    """Whether a depends expression can name the task `name` (a dot or a space in it would
+    read as a result or an operator)."""
+    return _TASK_NAME.fullmatch(name) is not None
+
+
 _RESULT_WORD = re.compile(r"[A-Za-z]*")
 
 

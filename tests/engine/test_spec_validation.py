@@ -220,6 +220,43 @@ def test_dependency_cycle():
     ]
 
 
+@pytest.mark.parametrize("name", ["wait.db", "create secret", "-secret"])
+def test_a_task_name_a_dependency_could_not_name_is_refused(name):
+    """Such a name loaded, and every run of the verb then failed to read the dependency on it
+    (`secret.db.Succeeded` reads as a result "db" of task "secret")."""
+
+    def rename(document):
+        tasks(document)[0]["name"] = name
+        tasks(document)[1]["dependencies"] = [name]
+
+    found = errors(rename)
+
+    assert found[0].startswith(f'{CREATE}.templates[0].dag.tasks[0].name: "{name}": a task name')
+
+
+def test_a_task_reading_a_task_it_does_not_depend_on_is_refused():
+    """Argo reads a task's outputs only in the tasks that depend on it: a sibling that may run
+    first read nothing, and the spec loaded while every create failed (or not, by timing)."""
+
+    def unordered(document):
+        tasks(document, "backup")[1].pop("depends")  # it no longer waits for the backup
+
+    assert errors(unordered) == [
+        f"{BACKUP}.templates[0].dag.tasks[1].when: undefined reference "
+        'tasks.take.outputs.parameters.phase: this task does not depend on "take" (through its '
+        "dependencies or theirs), so it may run first; add it to the dependencies"
+    ]
+
+
+def test_a_task_reads_the_tasks_its_dependencies_depend_on():
+    def chained(document):
+        backup = tasks(document, "backup")
+        backup.append({"name": "after", "template": "label", "depends": "announce",
+                       "when": "{{tasks.take.outputs.parameters.phase}} == completed"})  # fmt: skip
+
+    assert errors(chained) == []
+
+
 def test_unknown_dag_target():
     assert errors(lambda d: templates(d)[0]["dag"].update(target="cluster clutser")) == [
         f'{CREATE}.templates[0].dag.target: unknown task "clutser"'
