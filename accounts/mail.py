@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from smtplib import SMTPRecipientsRefused
 
 from django.conf import settings
-from django.core.mail import EmailMultiAlternatives
+from django.core.mail import BadHeaderError, EmailMultiAlternatives
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -48,7 +48,9 @@ def send(*, subject: str, body: str, to: Sequence[str], html: str | None = None)
     """Send an email to `to` (one email, every address in its To) once the current transaction
     commits, at once outside one; nothing when the transaction rolls back."""
     email = OutgoingEmail.objects.create(
-        to=list(to), subject=subject, body=body, html=html or "",
+        # A subject is one header line: a line break in a name it holds would be refused
+        # at every attempt to send it.
+        to=list(to), subject=" ".join(subject.split()), body=body, html=html or "",
         next_attempt_at=timezone.now() + DUE,
     )  # fmt: skip
     # A broker out of reach at commit logs and loses the message, not the email: beat asks.
@@ -85,7 +87,7 @@ def deliver(pk: int, *, now: datetime | None = None) -> bool:
     email = claimed[0]
     try:
         _smtp_send(email)
-    except OSError as exc:  # every SMTPException is one, as is a server out of reach
+    except (OSError, BadHeaderError) as exc:  # every SMTPException is an OSError
         _failed(email, exc, now=now)
         return False
     with connection.cursor() as cursor:
@@ -103,11 +105,12 @@ def _smtp_send(email: OutgoingEmail) -> None:
     message.send()
 
 
-def _failed(email: OutgoingEmail, exc: OSError, *, now: datetime) -> None:
+def _failed(email: OutgoingEmail, exc: OSError | BadHeaderError, *, now: datetime) -> None:
     error = f"{type(exc).__name__}: {exc}"[:2000]
     give_up_at = email.created_at + timedelta(hours=settings.OPSDECK_EMAIL_GIVE_UP_HOURS)
     changes = {"claimed_until": None, "last_error": error}
-    if isinstance(exc, SMTPRecipientsRefused) or now >= give_up_at:
+    # Refused by the mail server, or a header no attempt can send: not tried again.
+    if isinstance(exc, SMTPRecipientsRefused | BadHeaderError) or now >= give_up_at:
         changes["given_up_at"] = now
         log.error("email %s to %s given up on after %s attempts: %s",
                   email.pk, email.to, email.attempts, error)  # fmt: skip

@@ -1132,6 +1132,9 @@ def build(text: str, *, deadlines: dict[str, int] | None = None) -> Built:
     name = _text(document, "name", "name", report)
     if not name:
         report.error("name", "is required")
+    elif not name.isprintable():
+        # The plan's name: in page titles and email subjects, which hold one line.
+        report.error("name", "must be one line of text, without tabs or control characters")
     services: list[Service] = []
     for i, item in enumerate(_list(document.get("services"), "services", report)):
         service = build_service(item, f"services[{i}]", deadlines, report)

@@ -88,6 +88,37 @@ def test_a_mail_server_answering_an_error_gets_the_email_when_it_accepts_it(clie
 
 
 @pytest.mark.usefixtures("mail_at_commit")
+def test_a_subject_holding_a_line_break_is_sent_on_one_line(settings):
+    """A name holding a line break (a plan's, from its spec) made a subject no attempt could
+    send (Django refuses a header with one): the email waited, retried for good, with no error
+    kept."""
+    handler = Recorder()
+    with smtp_server(settings, handler):
+        mail.send(subject="[Opsdeck] Your subscription to Post\ngres is active", body="Hello.",
+                  to=["here@example.com"])  # fmt: skip
+
+    [(_, message)] = handler.messages
+    assert message["Subject"] == "[Opsdeck] Your subscription to Post gres is active"
+    assert not OutgoingEmail.objects.exists()
+
+
+def test_an_email_whose_header_cannot_be_sent_is_given_up_on_at_once(settings, db):
+    """One waiting from before subjects were made one line: the same refusal at every attempt,
+    tried again for good."""
+    handler = Recorder()
+    email = OutgoingEmail.objects.create(
+        to=["here@example.com"], subject="Post\ngres", body="Hello.", next_attempt_at=timezone.now()
+    )
+    with smtp_server(settings, handler):
+        assert mail.deliver(email.pk) is False
+
+    email.refresh_from_db()
+    assert email.given_up_at is not None
+    assert email.last_error.startswith("BadHeaderError: Header values can't contain newlines")
+    assert handler.messages == []
+
+
+@pytest.mark.usefixtures("mail_at_commit")
 def test_an_address_the_mail_server_refuses_is_not_tried_again(settings):
     handler = Recorder(refused={"gone@example.com"})
     with smtp_server(settings, handler):

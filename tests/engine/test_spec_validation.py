@@ -155,6 +155,15 @@ def test_unknown_task_template():
     ]
 
 
+@pytest.mark.parametrize("name", ["PostgreSQL\nBcc: x@example.com", "Postgre\tSQL"])
+def test_a_plan_name_is_one_line_of_text(name):
+    """The plan's name is in page titles and email subjects: a line break in it made every
+    email naming the plan one no attempt could send."""
+    assert errors(lambda d: d.update(name=name)) == [
+        "name: must be one line of text, without tabs or control characters"
+    ]
+
+
 def test_duplicate_template_name():
     assert errors(lambda d: templates(d)[2].update(name="apply-secret")) == [
         f'{CREATE}.templates[2].name: duplicate template "apply-secret"',
