@@ -374,6 +374,9 @@ class Core:
                     obj["status"] = copy.deepcopy(old["status"])
                 else:
                     obj.pop("status", None)
+        # kube-apiserver checks them on every update of the object, not on its create alone.
+        if errs := _labels_and_annotations_problems(meta):
+            raise E.invalid_object(rt.kind, rt.group, meta.get("name", ""), errs)
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if "managedFields" not in meta and old_meta.get("managedFields"):
             meta["managedFields"] = copy.deepcopy(old_meta["managedFields"])
@@ -650,13 +653,15 @@ class Core:
         label_selector: str | None,
         field_selector: str | None,
         propagation: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """DELETE on a collection: delete every matching object; answers the list."""
+        """DELETE on a collection: delete every matching object (none with `dry_run`, which
+        still checks each delete); answers the list."""
         listed = self.list(rt, ns, label_selector, field_selector)
         for item in listed["items"]:
             meta = item["metadata"]
             try:
-                self.delete(rt, meta.get("namespace", ""), meta["name"], propagation)
+                self.delete(rt, meta.get("namespace", ""), meta["name"], propagation, dry_run)
             except E.ApiError:
                 continue
         return listed
@@ -775,20 +780,7 @@ class Core:
                 errs.append(E.invalid("metadata.name", name, "must be no more than 253 characters"))
             if not _DNS1123_SUBDOMAIN.match(name):
                 errs.append(E.invalid("metadata.name", name, SUBDOMAIN_MSG))
-        for value in (obj["metadata"].get("labels") or {}).values():
-            if len(value) > 63 or (
-                value and not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", value)
-            ):
-                errs.append(
-                    E.invalid(
-                        "metadata.labels",
-                        value,
-                        "a valid label must be an empty string or consist of alphanumeric "
-                        "characters, '-', '_' or '.', and must start and end with an alphanumeric "
-                        "character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for "
-                        "validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
-                    )
-                )
+        errs += _labels_and_annotations_problems(obj["metadata"])
         if errs:
             raise E.invalid_object(rt.kind, rt.group, name, errs)
 
@@ -836,6 +828,8 @@ class Core:
                     raise E.webhook_denied(webhook, E.invalid_object(rt.kind, rt.group, name, errs))
         elif rt.plural == "secrets":
             _prepare_secret(rt, obj)
+            if errs := _immutable_data_problems(obj, old, ("data",)):
+                raise E.invalid_object(rt.kind, rt.group, name, errs)
         elif rt.plural == "configmaps":
             for key in ("data", "binaryData"):
                 if obj.get(key) is not None and not isinstance(obj[key], dict):
@@ -843,6 +837,8 @@ class Core:
                         f'ConfigMap in version "v1" cannot be handled as a ConfigMap: json: cannot '
                         f"unmarshal into Go struct field ConfigMap.{key}"
                     )
+            if errs := _immutable_data_problems(obj, old, ("data", "binaryData")):
+                raise E.invalid_object(rt.kind, rt.group, name, errs)
         elif rt.plural == "namespaces":
             obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
             obj.setdefault("status", {}).setdefault("phase", "Active")
@@ -852,7 +848,14 @@ class Core:
             spec.setdefault("type", "ClusterIP")
             spec.setdefault("sessionAffinity", "None")
             if old is not None and (old.get("spec") or {}).get("clusterIP"):
-                spec.setdefault("clusterIP", old["spec"]["clusterIP"])
+                was = old["spec"]["clusterIP"]
+                if spec.get("clusterIP", was) != was and spec["type"] != "ExternalName":
+                    # Allocated once: a Service cannot become headless, nor the other way.
+                    raise E.invalid_object(rt.kind, rt.group, name, [E.invalid(
+                        "spec.clusterIPs[0]", E.RawValue(f'[]string{{"{spec["clusterIP"]}"}}'),
+                        "may not change once set",
+                    )])  # fmt: skip
+                spec.setdefault("clusterIP", was)
             if spec.get("clusterIP") != "None":
                 spec.setdefault("clusterIP", _cluster_ip())
                 spec.setdefault("clusterIPs", [spec["clusterIP"]])
@@ -1354,6 +1357,95 @@ def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
             "continue key is not valid: incorrect encoded start resourceVersion "
             "(version meta.k8s.io/v1)"
         ) from None
+
+
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_VALUE_MSG = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or "
+    "'my_value',  or '12345', regex used for validation is "
+    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+QUALIFIED_NAME_MSG = (
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+ANNOTATIONS_MAX = 256 * 1024  # bytes of keys and values together
+
+
+def _qualified_name_problems(key: str) -> list[str]:
+    """What apimachinery's IsQualifiedName says of a label or annotation key: a name part of
+    at most 63 characters, with an optional DNS subdomain prefix and "/"."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return [
+            f"a qualified name {QUALIFIED_NAME_MSG} with an optional DNS subdomain prefix and '/' "
+            "(e.g. 'example.com/MyName')"
+        ]
+    problems = []
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            problems.append("prefix part must be non-empty")
+        elif len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+            problems.append(f"prefix part {SUBDOMAIN_MSG}")
+    name = parts[-1]
+    if not name:
+        problems.append("name part must be non-empty")
+    elif len(name) > 63:
+        problems.append("name part must be no more than 63 characters")
+    elif not _QUALIFIED_NAME.match(name):
+        problems.append(f"name part {QUALIFIED_NAME_MSG}")
+    return problems
+
+
+def _labels_and_annotations_problems(meta: dict[str, Any]) -> list[E.FieldError]:
+    """ValidateObjectMeta's checks of labels (keys and values) and annotations (keys, and their
+    total size), as kube-apiserver runs them on every create and update."""
+    errs = []
+    for key, value in (meta.get("labels") or {}).items():
+        errs += [E.invalid("metadata.labels", key, p) for p in _qualified_name_problems(key)]
+        if len(value) > 63:
+            errs.append(E.invalid("metadata.labels", value, "must be no more than 63 characters"))
+        elif value and not _LABEL_VALUE.match(value):
+            errs.append(E.invalid("metadata.labels", value, LABEL_VALUE_MSG))
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
+        errs += [
+            E.invalid("metadata.annotations", key, p) for p in _qualified_name_problems(key.lower())
+        ]
+    size = sum(len(k) + len(v) for k, v in annotations.items())
+    if size > ANNOTATIONS_MAX:
+        errs.append(
+            E.FieldError(
+                "FieldValueTooLong",
+                "metadata.annotations",
+                detail=f"may not be more than {ANNOTATIONS_MAX} bytes",
+            )
+        )
+    return errs
+
+
+def _immutable_data_problems(
+    obj: dict[str, Any], old: dict[str, Any] | None, fields: tuple[str, ...]
+) -> list[E.FieldError]:
+    """ValidateSecretUpdate's and ValidateConfigMapUpdate's: once `immutable: true`, neither
+    its content nor the flag changes (a Secret's type never does)."""
+    if old is None:
+        return []
+    errs = []
+    if old.get("kind") == "Secret" and obj.get("type") != old.get("type", "Opaque"):
+        errs.append(E.invalid("type", obj.get("type"), "field is immutable"))
+    if old.get("immutable") is True:
+        gone = "field is immutable when `immutable` is set"
+        if obj.get("immutable") is not True:
+            errs.append(E.forbidden_field("immutable", gone))
+        for field_name in fields:
+            if (obj.get(field_name) or {}) != (old.get(field_name) or {}):
+                errs.append(E.forbidden_field(field_name, gone))
+    return errs
 
 
 def _prepare_secret(rt: ResourceType, obj: dict[str, Any]) -> None:

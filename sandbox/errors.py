@@ -31,6 +31,8 @@ class FieldError:
             if self.supported:
                 quoted = ", ".join(json.dumps(s) for s in self.supported)
                 text += f": supported values: {quoted}"
+        elif self.kind == "FieldValueTooLong":
+            text = "Too long"
         elif self.kind == "FieldValueTypeInvalid":
             text = f"Invalid value: {go_repr(self.value)}"
         else:

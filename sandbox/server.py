@@ -365,6 +365,8 @@ class Handler(BaseHTTPRequestHandler):
             )
             return self._reply(200, rt, listed, is_list=True)
         if method == "DELETE":
+            if sub:  # /status and /scale are read and written, never deleted
+                raise E.method_not_allowed()
             options = {}
             raw = self._read_body()
             if raw.strip():
@@ -392,7 +394,7 @@ class Handler(BaseHTTPRequestHandler):
             if not name:
                 scope = None if all_namespaces else ns
                 listed = core.delete_collection(
-                    rt, scope, query.get("labelSelector"), query.get("fieldSelector"), policy
+                    rt, scope, query.get("labelSelector"), query.get("fieldSelector"), policy, dry
                 )
                 return self._reply(200, rt, listed, is_list=True)
             code, obj = core.delete(rt, ns, name, policy, dry, options.get("preconditions"))
