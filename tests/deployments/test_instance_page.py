@@ -2123,6 +2123,31 @@ def test_a_deleted_instances_newest_backup_past_its_retention_says_it_is_kept(
     assert "and the newest completed one until it is deleted." in page
 
 
+def test_a_deleted_instances_backups_say_their_data_outlives_them_in_the_object_store(
+    owner_client, instance
+):
+    """The page said a deleted instance's backups were kept until their retention ended, as if
+    they were then gone: the instance's cluster prunes its object store, and with the instance
+    deleted nothing does. Deleting one here only ends its restores, which the page now says."""
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.DELETED)
+    [snapshot] = Snapshot.objects.filter(instance=instance, status=Snapshot.Status.COMPLETED)[:1]
+
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    said = page.split('id="backup-schedule-status"', 1)[1].split("</p>", 1)[0]
+    assert "no cluster prunes the object store" in said
+    assert "its data stays there until the platform team removes it" in said
+    dialog = page.split(f'id="dialog-delete-backup-{snapshot.pk}"', 1)[1].split("</dialog>", 1)[0]
+    assert "Its data stays in the object store until the platform team removes it" in dialog
+
+
+def test_a_running_instances_backup_dialog_says_nothing_of_data_left_behind(owner_client, instance):
+    page = owner_client.get(_url(instance), {"tab": "backups"}).content.decode()
+
+    assert 'id="dialog-delete-backup-' in page
+    assert "Its data stays in the object store" not in page
+
+
 def test_the_backups_tab_lists_fifty_a_page_and_a_refused_delete_reopens_on_its_page(
     owner_client, instance
 ):
