@@ -246,6 +246,15 @@ def _int(data: dict, key: str, path: str, report: Report) -> int | None:
     return number
 
 
+def _deadline(raw: dict, path: str, report: Report) -> int | None:
+    """An `activeDeadlineSeconds`: whole seconds, at most a year, as every duration."""
+    seconds = _int(raw, "activeDeadlineSeconds", path, report)
+    if seconds is not None and seconds > _LONGEST_DURATION:
+        report.error(_at(path, "activeDeadlineSeconds"), f'"{seconds}" is longer than a year')
+        return None
+    return seconds
+
+
 def _named_values(value: Any, path: str, report: Report) -> dict[str, Any]:
     """Argo `parameters: [{name, value}]` as a name → value mapping."""
     result: dict[str, Any] = {}
@@ -612,7 +621,7 @@ def _template(raw: Any, path: str, report: Report) -> Template | None:
         detail = f"; {kind} templates are not supported" if kind else ""
         report.error(path, f'template "{template.name}" has neither a dag nor a resource{detail}')
     template.retry = _retry(raw.get("retryStrategy"), f"{path}.retryStrategy", report)
-    template.active_deadline_seconds = _int(raw, "activeDeadlineSeconds", path, report)
+    template.active_deadline_seconds = _deadline(raw, path, report)
     outputs = _mapping(raw.get("outputs"), f"{path}.outputs", report)
     for i, item in enumerate(
         _list(outputs.get("parameters"), f"{path}.outputs.parameters", report)
@@ -651,7 +660,7 @@ def build_workflow(
         templates[template.name] = template
     if not raw.get("templates"):
         report.error(f"{path}.templates", "at least one template is required")
-    deadline = _int(raw, "activeDeadlineSeconds", path, report)
+    deadline = _deadline(raw, path, report)
     if deadline is None:
         deadline = default_deadline(verb, deadlines)
         report.warn(

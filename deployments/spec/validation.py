@@ -447,20 +447,25 @@ def _check_endpoints(spec: PlanSpec, report: Report) -> None:
                 report.error(f"{where}.ports[{i}]", problem)
 
 
-def _parameters_used(expression: str, keys: set[str], path: str, report: Report) -> set[str] | None:
-    """The parameters a CEL expression over `var` reads (each undefined one reported); None
+def _parameters_used(
+    expression: str, parameters: list[Parameter], path: str, report: Report
+) -> set[str] | None:
+    """The parameters a CEL expression over `var` reads (each undefined one reported, and each
+    Password, which never reaches an expression: it would read as missing at every run); None
     when it does not parse."""
     names = _parameters_read(expression)
     if isinstance(names, str):
         report.error(path, names)
         return None
+    keys = {p.key for p in parameters}
     for name in sorted(names - keys):
         report.error(path, f'undefined parameter reference var.{name}; no apiParameter "{name}"')
+    for name in sorted(names & {p.key for p in parameters if p.type == "Password"}):
+        report.error(path, f"var.{name} is a Password: passwords never reach an expression")
     return names
 
 
 def _check_usage(spec: PlanSpec, report: Report) -> None:
-    keys = {p.key for p in spec.main.parameters}
     defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
     for dimension, expression in spec.usage_rules.items():
         path = f"x-opsdeck.usage.{dimension}"
@@ -469,7 +474,7 @@ def _check_usage(spec: PlanSpec, report: Report) -> None:
                 path,
                 f'unknown dimension "{dimension}"; expected one of {", ".join(PRICING_DIMENSIONS)}',
             )
-        names = _parameters_used(expression, keys, path, report)
+        names = _parameters_used(expression, spec.main.parameters, path, report)
         if names is not None and names <= set(defaults):
             problem = _usage_problem(expression, defaults)
             if problem:
@@ -479,13 +484,12 @@ def _check_usage(spec: PlanSpec, report: Report) -> None:
 def _check_requirements(spec: PlanSpec, report: Report) -> None:
     """Each verb's `x-opsdeck.requires.when` parses, names only the service's parameters, and
     gives true or false with the default parameters."""
-    keys = {p.key for p in spec.main.parameters}
     defaults = {p.key: p.default for p in spec.main.parameters if p.default is not None}
     for verb in spec.main.verbs.values():
         if verb.requires is None:
             continue
         path, expression = f"{verb.path}.x-opsdeck.requires.when", verb.requires.when
-        names = _parameters_used(expression, keys, path, report)
+        names = _parameters_used(expression, spec.main.parameters, path, report)
         if names is None or not names <= set(defaults):
             continue
         try:

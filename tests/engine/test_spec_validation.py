@@ -1246,6 +1246,33 @@ def test_a_verbs_requirement_is_a_true_or_false_over_the_parameters_with_a_messa
     ]
 
 
+def test_a_requirement_reading_a_password_is_refused():
+    """A Password never reaches an expression: a requirement reading one loaded (a password
+    has no default, so nothing evaluated it), and the verb was refused on every instance."""
+    where = "services[0].systemWorkflows.backup.x-opsdeck.requires.when"
+
+    assert errors(_requires(when='var.password != ""', message="Set a password.")) == [
+        f"{where}: var.password is a Password: passwords never reach an expression"
+    ]
+    assert errors(lambda d: d["x-opsdeck"]["usage"].update(cpu="size(var.password)")) == [
+        "x-opsdeck.usage.cpu: var.password is a Password: passwords never reach an expression"
+    ]
+
+
+def test_a_deadline_longer_than_a_year_is_refused():
+    """As every duration is: a backoff of 9000h was refused, an activeDeadlineSeconds of 463
+    days loaded."""
+
+    def long(document):
+        workflow(document, "create")["activeDeadlineSeconds"] = 40_000_000
+        templates(document)[1]["activeDeadlineSeconds"] = 40_000_000
+
+    assert errors(long) == [
+        f'{CREATE}.templates[1].activeDeadlineSeconds: "40000000" is longer than a year',
+        f'{CREATE}.activeDeadlineSeconds: "40000000" is longer than a year',
+    ]
+
+
 def test_only_a_float64_parameter_can_be_grow_only():
     def grow_only(key: str, value) -> Callable[[dict], None]:
         return lambda document: parameter(document, key).update({"x-opsdeck": {"growOnly": value}})
