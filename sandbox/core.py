@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import builtin_schema, workloads
 from . import errors as E
 from . import patch as P
 from . import schema as S
-from . import workloads
 from .garbage import GcIndex
 from .logs import PodLogs
 from .resources import ResourceType, builtin_types, types_from_crd
@@ -483,6 +483,7 @@ class Core:
             )
         if not isinstance(body, dict):
             raise E.bad_request("error decoding YAML: the applied configuration must be an object")
+        builtin_schema.check_apply(rt, body)
         self.check_types(rt, body)
         config = copy.deepcopy(body)
         if not config.get("apiVersion") or not config.get("kind"):
@@ -708,17 +709,22 @@ class Core:
         return prefix + uuid.uuid4().hex[:5]
 
     def check_types(self, rt: ResourceType, obj: Any) -> None:
-        """Refuse what a typed decoder would: metadata, and the built-in fields we interpret.
+        """Refuse what a typed decoder would: metadata, and every field of a built-in kind.
 
         The real server decodes into Go structs, so a label that is a number or a spec that is
-        a list fails there with 400 BadRequest before any validation.
+        a list fails there with 400 BadRequest before any validation (`builtin_schema` knows
+        the built-in kinds' fields; a custom resource's schema answers 422 instead).
         """
 
-        def fail(where: str, want: str, value: Any) -> E.ApiError:
+        def refuse(error: str) -> E.ApiError:
             return E.bad_request(
-                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
-                f"json: cannot unmarshal {_json_type(value)} into Go struct field {where} of type "
-                f"{want}"
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {error}'
+            )
+
+        def fail(where: str, want: str, value: Any) -> E.ApiError:
+            what = builtin_schema.json_type(value)
+            return refuse(
+                f"json: cannot unmarshal {what} into Go struct field {where} of type {want}"
             )
 
         if not isinstance(obj, dict):
@@ -752,14 +758,8 @@ class Core:
                         )
         if rt.crd:
             return  # the CRD schema checks the rest, answering 422
-        for key in ("spec", "status", "data", "stringData", "binaryData"):
-            if obj.get(key) is not None and not isinstance(obj[key], dict):
-                raise fail(f"{rt.kind}.{key}", "map or struct", obj[key])
-        ports = (obj.get("spec") or {}).get("ports")
-        if ports is not None and not (
-            isinstance(ports, list) and all(isinstance(p, dict) for p in ports)
-        ):
-            raise fail(f"{rt.kind}Spec.spec.ports", "[]v1.Port", ports)
+        if error := builtin_schema.decode_error(rt, obj):
+            raise refuse(error)
 
     def _validate_meta(self, rt: ResourceType, obj: dict[str, Any], name: str) -> None:
         errs: list[E.FieldError] = []
@@ -806,8 +806,8 @@ class Core:
         or scale subresource never reaches them)."""
         name = obj["metadata"].get("name", "")
         problems = [f'duplicate field "{d}"' for d in ctx.duplicates]
-        if rt.crd:
-            problems += [f'unknown field "{u}"' for u in S.prune(obj, rt.schema)]
+        unknown = S.prune(obj, rt.schema) if rt.crd else builtin_schema.prune(rt, obj)
+        problems += [f'unknown field "{u}"' for u in unknown]
         if problems and ctx.field_validation == "Strict":
             raise E.bad_request(
                 f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
@@ -1528,18 +1528,3 @@ def _name_mismatch(body_name: Any, url_name: str) -> E.ApiError:
     return E.bad_request(
         f"the name of the object ({body_name}) does not match the name on the URL ({url_name})"
     )
-
-
-def _json_type(value: Any) -> str:
-    """How Go's JSON decoder names a value's type in its errors."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null"

@@ -105,8 +105,9 @@ class ApiError(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
         }
+        if self.reason:  # an error that is not a Status (a 500) has none
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         body["code"] = self.code

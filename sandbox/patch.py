@@ -250,7 +250,8 @@ def _identity(item: dict[str, Any], mkeys: list[str]) -> dict[str, Any]:
     }
 
 
-def _key_element(item: dict[str, Any], mkeys: list[str]) -> str:
+def key_element(item: dict[str, Any], mkeys: list[str]) -> str:
+    """The path element of a keyed list item (`k:{"name":"x"}`)."""
     return "k:" + json.dumps(_identity(item, mkeys), separators=(",", ":"), sort_keys=True)
 
 
@@ -281,7 +282,7 @@ def _collect(
         mkeys = keys(names)
         if mkeys and all(isinstance(i, dict) for i in value):
             for item in value:
-                elem = (*fpath, _key_element(item, mkeys))
+                elem = (*fpath, key_element(item, mkeys))
                 out.add((*elem, "."))
                 for k, v in item.items():
                     _collect(v, (*elem, f"f:{k}"), (*names, k), keys, out)
