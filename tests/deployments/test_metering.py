@@ -46,9 +46,10 @@ def test_quantities_multiply_per_server_sizes_by_the_server_count(given, expecte
 
 
 def test_a_password_never_reaches_a_usage_rule():
-    spec = load_spec(
-        SPEC.read_text().replace('double(var.instances)"', 'double(size(var.password))"', 1)
-    )
+    """A spec whose rule reads one is refused at load; a rule set past the loader still reads
+    nothing of it."""
+    spec = load_spec(SPEC.read_text())
+    spec.usage_rules = {"cpu": "double(size(var.password))"}
 
     with pytest.raises(UsageError, match="The usage rule for cpu failed"):
         quantities(spec, validate_parameters(spec.main.parameters, {}))
