@@ -22,6 +22,8 @@ from . import patch as P
 from . import schema as S
 from .garbage import GcIndex
 from .logs import PodLogs
+from .quota import CONTROLLER as QUOTA_CONTROLLER
+from .quota import Quotas
 from .resources import ResourceType, builtin_types, types_from_crd
 from .selectors import label_selector_string, parse_field_selector, parse_label_selector
 from .store import Event, Store
@@ -113,6 +115,8 @@ class Core:
         self.logs = PodLogs()
         for rt in builtin_types():
             self.types[(rt.group, rt.version, rt.plural)] = rt
+        # ResourceQuota admission, and the quota controller keeping their status current.
+        self.quotas = Quotas(self, Ctx(field_manager=QUOTA_CONTROLLER))
 
     # ---- registry --------------------------------------------------------------------------
 
@@ -282,6 +286,7 @@ class Core:
                 # A custom resource's status is not writable on create (status subresource).
                 obj.pop("status", None)
             self._prepare(rt, obj, None, ctx)
+            self.quotas.admit(rt, obj, None, "")
             self._set_managed(
                 rt, obj, None, ctx, operation, None, body if operation == "Apply" else None
             )
@@ -381,6 +386,7 @@ class Core:
         if "managedFields" not in meta and old_meta.get("managedFields"):
             meta["managedFields"] = copy.deepcopy(old_meta["managedFields"])
         self._prepare(rt, obj, old, ctx, admitted=not subresource)
+        self.quotas.admit(rt, obj, old, subresource)
         if rt.has_generation:
             # Compared after defaulting, so omitting a defaulted field is not a spec change.
             meta["generation"] = old_meta.get("generation", 1)
@@ -951,6 +957,7 @@ class Core:
             self.sync_crd(obj)
         # A namespace also waits for its spec.finalizers (the namespace controller's).
         held = rt.plural == "namespaces" and (obj.get("spec") or {}).get("finalizers")
+        self.quotas.observe(rt.key, obj, old)
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and not held:
             self._remove(rt, obj)
 
@@ -961,6 +968,7 @@ class Core:
             self.logs.drop(gone["metadata"].get("namespace", ""), gone["metadata"]["name"])
         if rt.plural == "customresourcedefinitions":
             self.sync_crd(gone, removed=True)
+        self.quotas.observe(rt.key, None, gone)
 
     def type_of_key(self, key: tuple[str, str]) -> ResourceType | None:
         """Any served version of a stored resource."""

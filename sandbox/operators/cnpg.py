@@ -289,8 +289,9 @@ class CnpgOperator:
         existing = self._get(plural, ns, body["metadata"]["name"])
         if existing is not None:
             return existing
+        created = self.core.create(self._rt("", plural), ns, body, self.ctx)
         self.changed = True
-        return self.core.create(self._rt("", plural), ns, body, self.ctx)
+        return created
 
     def _delete(self, plural: str, ns: str, name: str) -> None:
         try:
@@ -374,7 +375,14 @@ class CnpgOperator:
                 self._set_status(c, status)
                 return
 
-        self._cluster_objects(c, status)
+        try:
+            self._cluster_objects(c, status)
+        except ApiError as exc:
+            # As CloudNativePG registers it (a quota exceeded, say); the Cluster is looked at
+            # again in the next round.
+            self._phase(status, CANNOT_CREATE, exc.message)
+            self._set_status(c, status)
+            raise
         self._archiving(c, status)
         pods = self._pods(ns, name)
         pvcs = self._pvcs(ns, name)

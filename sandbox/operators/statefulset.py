@@ -39,6 +39,10 @@ HASH_LABEL = "controller.kubernetes.io/hash"
 # Realistic durations in seconds at speed 1.0.
 POD_START_SECONDS = 2.0
 POD_STOP_SECONDS = 1.0
+# A refused create is tried again after a backoff, as the controller's work queue does:
+# 5 ms doubling to 1000 s (simulated: divided by the speed like every duration).
+RETRY_FIRST_SECONDS = 0.005
+RETRY_MAX_SECONDS = 1000.0
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -113,6 +117,8 @@ class StatefulSetController:
         # Which pods each StatefulSet controls, and which set a claim name belongs to.
         self.pods_of: dict[ObjKey, set[str]] = {}
         self.claim_owner: dict[ObjKey, ObjKey] = {}
+        # Creates refused in a row, by set (a quota exceeded, say): how long the next wait is.
+        self.refusals: dict[ObjKey, int] = {}
         self.changed = False
 
     # ---- controller protocol ---------------------------------------------------------------
@@ -237,8 +243,10 @@ class StatefulSetController:
             pod = pods.get(ordinal)
             if pod is None:
                 revision = current_revision if ordinal < start + partition else update_revision
-                pods[ordinal] = self._create_pod(sts, ordinal, revision, update_revision)
-                if monotonic:
+                created = self._create_pod(sts, ordinal, revision, update_revision)
+                if created is not None:
+                    pods[ordinal] = created
+                if created is None or monotonic:
                     blocked = True
                     break
             elif monotonic and not is_ready(pod):
@@ -424,13 +432,18 @@ class StatefulSetController:
 
     def _create_pod(
         self, sts: dict[str, Any], ordinal: int, revision: str, update_revision: str
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
+        """Create a pod's claims, then the pod; None if the API server refused one (a
+        `FailedCreate` Warning Event says why, and the set is looked at again later)."""
         ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
         pod_name = f"{name}-{ordinal}"
         template = sts["spec"]["template"]
         if revision != update_revision:
             template = self._revision_template(ns, revision) or template
-        self._create_claims(sts, ordinal, pod_name)
+        refused = self._create_claims(sts, ordinal, pod_name)
+        if refused:
+            self._refused(sts, pod_name, refused)
+            return None
         tmeta = template.get("metadata") or {}
         spec = copy.deepcopy(template.get("spec") or {})
         claims = {
@@ -463,7 +476,12 @@ class StatefulSetController:
             },
             "spec": spec,
         }
-        created = self.core.create(self.pods, ns, body, self.ctx)
+        try:
+            created = self.core.create(self.pods, ns, body, self.ctx)
+        except ApiError as exc:
+            self._refused(sts, pod_name, exc.message, exists=exc.code == 409)
+            return None
+        self.refusals.pop((ns, name), None)
         stored = self.core.store.get(self.pods.key, ns, pod_name) or created
         self.pods_of.setdefault((ns, name), set()).add(pod_name)
         self.changed = True
@@ -472,7 +490,26 @@ class StatefulSetController:
         )
         return stored
 
-    def _create_claims(self, sts: dict[str, Any], ordinal: int, pod_name: str) -> None:
+    def _refused(self, sts: dict[str, Any], pod_name: str, why: str, exists: bool = False) -> None:
+        """A create was refused: say so as the controller does (not for a pod that already
+        exists), and try again after the work queue's backoff."""
+        ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
+        if not exists:
+            self.events.record(
+                sts,
+                "FailedCreate",
+                f"create Pod {pod_name} in StatefulSet {name} failed error: {why}",
+                "Warning",
+            )
+        refusals = self.refusals.get((ns, name), 0)
+        self.refusals[(ns, name)] = refusals + 1
+        delay = min(RETRY_FIRST_SECONDS * 2**refusals, RETRY_MAX_SECONDS)
+        when = time.monotonic() + self.sb.scaled(delay)
+        current = self.wakeups.get((ns, name))
+        self.wakeups[(ns, name)] = when if current is None else min(current, when)
+
+    def _create_claims(self, sts: dict[str, Any], ordinal: int, pod_name: str) -> str:
+        """Create the pod's missing claims; why one was refused ("" if none was)."""
         ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
         match_labels = (sts["spec"].get("selector") or {}).get("matchLabels") or {}
         retention = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
@@ -503,13 +540,24 @@ class StatefulSetController:
                 },
                 "spec": copy.deepcopy(template.get("spec") or {}),
             }
-            self.core.create(self.claims, ns, body, self.ctx)
+            try:
+                self.core.create(self.claims, ns, body, self.ctx)
+            except ApiError as exc:
+                self.events.record(
+                    sts,
+                    "FailedCreate",
+                    f"create Claim {claim_name} for Pod {pod_name} in StatefulSet {name} "
+                    f"failed error: {exc.message}",
+                    "Warning",
+                )
+                return f"failed to create PVC {claim_name}: {exc.message}"
             self.changed = True
             self.events.record(
                 sts,
                 "SuccessfulCreate",
                 f"create Claim {claim_name} Pod {pod_name} in StatefulSet {name} success",
             )
+        return ""
 
     # ---- revisions and status --------------------------------------------------------------
 
