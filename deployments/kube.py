@@ -47,6 +47,9 @@ UNAUTHORIZED = (
     "team must renew them"
 )
 _TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
+# A server-side apply of a manifest holding a field its kind lacks, or a value of the wrong type,
+# answers 500 (kubernetes issue 122480), which no retry changes.
+_APPLY_UNTYPED = "failed to create typed patch object"
 _STRICT = [("fieldValidation", "Strict")]
 _PATCH_TYPES = {
     "merge": "application/merge-patch+json",
@@ -141,16 +144,16 @@ def classify(exc: Exception) -> DriverError:
     if isinstance(exc, DriverError):
         return exc
     if isinstance(exc, ApiException):
-        _, reason = _status(exc)
+        message, reason = _status(exc)
         if exc.status == 401:
             # Authentication comes before anything else: nothing of the request was applied.
             # The cell's credentials expired or were revoked, which is no fault of the request:
             # it is tried again until the platform team renews them (or the run's deadline).
             return TransientError(UNAUTHORIZED, status=401, reason=reason, sent=False)
         # A 409 Conflict is a stale write worth redoing; AlreadyExists is not.
-        transient = exc.status in _TRANSIENT_STATUS or (
-            exc.status == 409 and reason != "AlreadyExists"
-        )
+        transient = (
+            exc.status in _TRANSIENT_STATUS or (exc.status == 409 and reason != "AlreadyExists")
+        ) and not message.startswith(_APPLY_UNTYPED)
         kind = TransientError if transient else PermanentError
         return kind(
             readable(exc),

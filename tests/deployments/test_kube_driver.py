@@ -53,6 +53,24 @@ def test_apply_refuses_a_field_the_crd_lacks_and_names_it(driver, namespace):
     assert driver.get(cluster(namespace)) is None  # nothing was created
 
 
+def test_an_apply_of_a_field_a_built_in_kind_lacks_is_refused_not_retried(driver, namespace):
+    """A real API server answers such an apply 500 (kubernetes issue 122480), which the driver
+    took for a server error worth retrying: a spec's typo was retried until its deadline."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "conf", "namespace": namespace},
+        "data": {"a": "b"},
+        "dta": {"a": "b"},
+    }
+
+    with pytest.raises(PermanentError, match="dta: field not declared in schema") as refused:
+        driver.apply(config)
+
+    assert refused.value.status == 500
+    assert driver.get(config) is None
+
+
 def test_an_invalid_object_reads_as_one_line(driver, namespace):
     backup = {
         "apiVersion": "postgresql.cnpg.io/v1",
