@@ -853,18 +853,8 @@ class Core:
             spec = obj.setdefault("spec", {})
             spec.setdefault("type", "ClusterIP")
             spec.setdefault("sessionAffinity", "None")
-            if old is not None and (old.get("spec") or {}).get("clusterIP"):
-                was = old["spec"]["clusterIP"]
-                if spec.get("clusterIP", was) != was and spec["type"] != "ExternalName":
-                    # Allocated once: a Service cannot become headless, nor the other way.
-                    raise E.invalid_object(rt.kind, rt.group, name, [E.invalid(
-                        "spec.clusterIPs[0]", E.RawValue(f'[]string{{"{spec["clusterIP"]}"}}'),
-                        "may not change once set",
-                    )])  # fmt: skip
-                spec.setdefault("clusterIP", was)
-            if spec.get("clusterIP") != "None":
-                spec.setdefault("clusterIP", _cluster_ip())
-                spec.setdefault("clusterIPs", [spec["clusterIP"]])
+            if problem := _service_addresses(spec, (old or {}).get("spec") or {}):
+                raise E.invalid_object(rt.kind, rt.group, name, [problem])
             for port in spec.get("ports") or []:
                 if isinstance(port, dict):
                     port.setdefault("protocol", "TCP")
@@ -1424,7 +1414,7 @@ def _labels_and_annotations_problems(meta: dict[str, Any]) -> list[E.FieldError]
         errs += [
             E.invalid("metadata.annotations", key, p) for p in _qualified_name_problems(key.lower())
         ]
-    size = sum(len(k) + len(v) for k, v in annotations.items())
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())  # bytes
     if size > ANNOTATIONS_MAX:
         errs.append(
             E.FieldError(
@@ -1434,6 +1424,32 @@ def _labels_and_annotations_problems(meta: dict[str, Any]) -> list[E.FieldError]
             )
         )
     return errs
+
+
+def _service_addresses(spec: dict[str, Any], before: dict[str, Any]) -> E.FieldError | None:
+    """A Service's clusterIP as kube-apiserver's Service storage keeps it (`before`: the stored
+    spec, {} on create): allocated when missing or "" (headless with "None"); written again
+    without it, or with "", the one allocated stays (a manifest applied again); once set it may
+    not change; a type that needs none (ExternalName) drops it. The problem, if any."""
+    was = before.get("clusterIP") if before.get("type", "ClusterIP") != "ExternalName" else None
+    if spec["type"] == "ExternalName":
+        if spec.get("clusterIP") in (None, "", was):
+            spec.pop("clusterIP", None)
+            spec.pop("clusterIPs", None)
+        return None
+    if was and spec.get("clusterIP") in (None, ""):
+        spec["clusterIP"] = was
+        if not any(spec.get("clusterIPs") or []):
+            spec["clusterIPs"] = copy.deepcopy(before.get("clusterIPs") or [was])
+    elif was and spec["clusterIP"] != was:
+        # Allocated once: a Service cannot become headless, nor the other way.
+        value = E.RawValue(f'[]string{{"{spec["clusterIP"]}"}}')
+        return E.invalid("spec.clusterIPs[0]", value, "may not change once set")
+    if not spec.get("clusterIP"):
+        spec["clusterIP"] = _cluster_ip()
+    if spec["clusterIP"] != "None" and not any(spec.get("clusterIPs") or []):
+        spec["clusterIPs"] = [spec["clusterIP"]]
+    return None
 
 
 def _immutable_data_problems(

@@ -270,6 +270,9 @@ class Quotas:
         self.rt = core.builtin("resourcequotas")
         # True while the controller writes a quota's status (that write changes no usage).
         self.writing = False
+        # The quotas' names by namespace (`quotas_in`), and the store's dict they index.
+        self._names: dict[str, set[str]] = {}
+        self._indexed: dict | None = None
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -328,9 +331,19 @@ class Quotas:
     # ---- the quota controller --------------------------------------------------------------
 
     def quotas_in(self, ns: str) -> list[dict[str, Any]]:
-        """The namespace's ResourceQuotas (stored objects: not to be changed), by name."""
-        bucket = self.core.store.objects.get(QUOTAS, {})
-        return [bucket[k] for k in sorted(k for k in bucket if k[0] == ns)]
+        """The namespace's ResourceQuotas (stored objects: not to be changed), by name. Found
+        through an index of their names by namespace, kept by `observe` and made again when the
+        store's quotas are another dict (a state loaded): each namespaced write asks, under the
+        store's lock, and a scan of every quota grew with the fleet."""
+        bucket = self.core.store.objects.get(QUOTAS)
+        if not bucket:
+            return []
+        if bucket is not self._indexed:
+            self._names = {}
+            for quota_ns, name in bucket:
+                self._names.setdefault(quota_ns, set()).add(name)
+            self._indexed = bucket
+        return [bucket[(ns, n)] for n in sorted(self._names.get(ns, ())) if (ns, n) in bucket]
 
     def status_of(self, quota: dict[str, Any]) -> dict[str, Any]:
         """status.hard and status.used as the quota controller computes them."""
@@ -360,9 +373,12 @@ class Quotas:
         (a MODIFIED event for each that changed). What the object uses is added or taken away,
         so a write costs what it changed; a quota's own write (its spec, or a status someone
         else wrote) is counted again whole."""
+        meta = (new if new is not None else old or {})["metadata"]
+        if key == QUOTAS and self._indexed is self.core.store.objects.get(QUOTAS):
+            names = self._names.setdefault(meta.get("namespace", ""), set())
+            (names.add if new is not None else names.discard)(meta["name"])
         if self.writing:
             return  # our own status write: nothing it counts has changed
-        meta = (new if new is not None else old or {})["metadata"]
         ns = meta.get("namespace")
         quotas = self.quotas_in(ns) if ns else []
         if not quotas:

@@ -169,3 +169,59 @@ def test_a_delete_of_a_status_subresource_is_not_allowed(raw, core_v1, namespace
 
     assert status == 405, body
     assert core_v1.read_namespaced_service("svc", namespace).metadata.name == "svc"
+
+
+def _service(name: str, **spec) -> dict:
+    return {
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "p", "port": 80}], **spec},
+    }
+
+
+def test_a_service_written_again_with_an_empty_cluster_ip_keeps_the_allocated_one(
+    core_v1, namespace
+):
+    """A manifest saying `clusterIP: ""` (many charts render it) applied again: a real server
+    keeps the address it allocated, where the sandbox refused the write as a change of it."""
+    core_v1.create_namespaced_service(namespace, _service("web", clusterIP=""))
+    allocated = core_v1.read_namespaced_service("web", namespace).spec
+    assert allocated.cluster_ip not in ("", "None")  # "" asks for one
+    assert allocated.cluster_ips == [allocated.cluster_ip]
+
+    core_v1.patch_namespaced_service("web", namespace, {"spec": {"clusterIP": ""}})
+    stored = core_v1.read_namespaced_service("web", namespace)
+    body = _service("web", clusterIP="")
+    body["metadata"]["resourceVersion"] = stored.metadata.resource_version
+    core_v1.replace_namespaced_service("web", namespace, body)
+
+    spec = core_v1.read_namespaced_service("web", namespace).spec
+    assert (spec.cluster_ip, spec.cluster_ips) == (allocated.cluster_ip, allocated.cluster_ips)
+
+
+def test_a_service_made_an_external_name_gives_up_its_address(core_v1, namespace):
+    """An ExternalName Service has no address: the one it had goes, and it may later become
+    headless (the sandbox kept the old address and refused that)."""
+    core_v1.create_namespaced_service(namespace, _service("db"))
+
+    core_v1.patch_namespaced_service(
+        "db", namespace, {"spec": {"type": "ExternalName", "externalName": "db.example.com"}}
+    )
+    external = core_v1.read_namespaced_service("db", namespace).spec
+    core_v1.patch_namespaced_service(
+        "db", namespace, {"spec": {"type": "ClusterIP", "clusterIP": "None", "externalName": None}}
+    )
+
+    assert (external.cluster_ip, external.cluster_ips) == (None, None)
+    assert core_v1.read_namespaced_service("db", namespace).spec.cluster_ip == "None"
+
+
+def test_annotations_are_limited_in_bytes_not_characters(core_v1, namespace):
+    annotations = {"a": "é" * 100_000, "b": "x" * 70_000}  # 170,000 characters, 270,000 bytes
+
+    status = _refused(
+        lambda: core_v1.create_namespaced_config_map(
+            namespace, _config_map(metadata={"annotations": annotations})
+        )
+    )
+
+    assert "metadata.annotations: Too long: may not be more than 262144 bytes" in status["message"]
