@@ -358,15 +358,21 @@ class SpecTest:
         return VerbResult(name, PASSED, seconds, outputs=engine.verb_outputs(state, verb.outputs))
 
     def _stuck(self, verb: Verb, state: engine.RunState, transient: str) -> str:
-        """Why a verb hit the wall-clock cap: the resource tasks it was still waiting for."""
+        """Why a verb hit the wall-clock cap: the resource tasks it was still waiting for, each
+        with its object's newest Warning event (a quota that refused what it needs, say)."""
         templates = verb.workflow.templates
-        waiting = [
-            node.id + (f" ({node.message})" if node.message else "")
-            for node in state.nodes.values()
-            if node.phase == engine.RUNNING
-            and node.template in templates
-            and templates[node.template].resource is not None
-        ]
+        waiting = []
+        for node in state.nodes.values():
+            if not (
+                node.phase == engine.RUNNING
+                and node.template in templates
+                and templates[node.template].resource is not None
+            ):
+                continue
+            said = [node.message] if node.message else []
+            if node.object and (warning := engine.last_warning(self.driver, node)):
+                said.append(f'its last warning: "{warning}"')
+            waiting.append(node.id + (f" ({'; '.join(said)})" if said else ""))
         message = f"did not finish within {self.verb_timeout:g} s"
         if waiting:
             message += f"; still waiting for {', '.join(waiting)}"

@@ -308,7 +308,8 @@ class _Run:
                     state,
                     now=self.now,
                     reason=f"The workflow exceeded its deadline of "
-                    f"{self.workflow.active_deadline_seconds} s.{_still_waiting(state)}",
+                    f"{self.workflow.active_deadline_seconds} s."
+                    f"{still_waiting(state, self.driver)}",
                 )
                 step.progressed = True
             else:
@@ -697,21 +698,12 @@ class _Run:
             words = words.strip()[:500]
             if words:  # one full stop: theirs when their words end with one
                 said += f' It says "{words}"' + ("" if words.endswith((".", "!", "?")) else ".")
-            if warning := self._last_warning(node):
+            if warning := last_warning(self.driver, node):
                 said += f' Its last warning: "{warning}".'
             # As it was evaluated: its placeholders filled in.
             said += f" (It met its failureCondition, {failure.strip().rstrip('.')[:500]}.)"
             return self._attempt_failed(node, template, FAILED, said)
         return Step()
-
-    def _last_warning(self, node: Node) -> str:
-        """The object's newest Warning event since the task began, at most 500 characters; ""
-        without one, or when the events cannot be read (the failure is said without it)."""
-        try:
-            warning = self.driver.last_warning(node.object, since=node.started_at)
-        except DriverError:
-            return ""
-        return warning.strip().rstrip(".")[:500]
 
     def _render(self, template: Template, ctx: Context) -> dict:
         resource = template.resource
@@ -878,16 +870,30 @@ def _retries(retry, phase: str) -> bool:
     return False  # OnTransientError: transient cluster errors are retried by the caller
 
 
-def _still_waiting(state: RunState) -> str:
+def last_warning(driver: Driver, node: Node) -> str:
+    """The newest Warning event of the object `node` works on since the task began, at most
+    500 characters; "" without one, or when the events cannot be read (what is said of the
+    task is said without it)."""
+    try:
+        warning = driver.last_warning(node.object, since=node.started_at)
+    except DriverError:
+        return ""
+    return warning.strip().rstrip(".")[:500]
+
+
+def still_waiting(state: RunState, driver: Driver) -> str:
     """What a run ended at its deadline was still waiting on, as the object last read back
-    said where the API's conventions put it (its status's phase): where the operator stood."""
+    said where the API's conventions put it (its status's phase): where the operator stood;
+    with the object's newest Warning event, which often says why (a controller refused by the
+    namespace's quota records one on the object it could not make happen)."""
     for node in state.nodes.values():
         if node.phase == RUNNING and node.step == "waiting" and node.object:
             phase = ((node.observed or {}).get("status") or {}).get("phase")
             said = f" It was still waiting on {_describe(node.object)}"
-            return said + (
-                f', whose phase was "{phase}".' if isinstance(phase, str) and phase else "."
-            )
+            said += f', whose phase was "{phase}".' if isinstance(phase, str) and phase else "."
+            if warning := last_warning(driver, node):
+                said += f' Its last warning: "{warning}".'
+            return said
     return ""
 
 
