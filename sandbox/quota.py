@@ -283,7 +283,9 @@ class Quotas:
         a ResourceQuota's own write gets its spec.hard checked."""
         if rt.key == QUOTAS:
             _prepare_quota(obj, old)
-            return
+            if old is not None:
+                return
+            # A new quota is counted as any object is (`resourcequotas`).
         # Subresources (status, scale) are not quota-checked; pods and object counts only on
         # create, claims (storage growth) and Services (type changes) on update too.
         if subresource or not rt.namespaced:

@@ -159,6 +159,29 @@ def test_object_counts_are_enforced_and_a_delete_frees_room(core_v1, namespace):
     assert status(core_v1, namespace)["used"]["services"] == "1"
 
 
+def test_a_quota_counting_resourcequotas_refuses_one_too_many(core_v1, namespace):
+    """Quotas are objects its admission counts too: a second one where one is allowed was
+    taken, and the first then said it used 2 of 1."""
+    core_v1.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "first"}, "spec": {"hard": {"resourcequotas": "1"}}}
+    )
+    assert core_v1.read_namespaced_resource_quota("first", namespace).status.used == {
+        "resourcequotas": "1"
+    }
+
+    with pytest.raises(client.ApiException) as refused:
+        core_v1.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "second"}, "spec": {"hard": {"pods": "5"}}}
+        )
+
+    assert refused.value.status == 403
+    assert "exceeded quota: first, requested: resourcequotas=1" in refused.value.body
+    # Its own changes are not counted again.
+    core_v1.patch_namespaced_resource_quota(
+        "first", namespace, {"spec": {"hard": {"resourcequotas": "1", "pods": "3"}}}
+    )
+
+
 def test_a_quota_on_requests_cpu_wants_every_pod_to_state_it(core_v1, namespace):
     quota(core_v1, namespace, requests_cpu="1", limits_memory="1Gi", pods="5")
     pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
