@@ -647,10 +647,7 @@ def leave_refusal(membership: Membership, *, lock: bool = False) -> str | None:
             f"You are the only owner of {tenant.name}: make someone else an owner first, then "
             "leave."
         )
-    return (
-        f"You are the only member of {tenant.name}: delete the organization instead, from its "
-        "Settings page."
-    )
+    return f"You are the only member of {tenant.name}: delete the organization instead."
 
 
 def membership_leave(*, actor: Actor, tenant: Tenant) -> Withdrawn:

@@ -197,6 +197,24 @@ def test_the_team_page_says_why_the_last_owner_cannot_leave_instead_of_offering_
 
 
 @pytest.mark.django_db
+def test_the_only_members_team_page_links_to_deleting_the_organization(
+    client, owner, tenant, add_member
+):
+    """The Team page said to delete the organization "from its Settings page", which the
+    Settings page said of itself too: the Team page links to its section."""
+    client.force_login(owner)
+    link = f'<a href="/t/{tenant.slug}/settings/#organization-delete">Delete it from Settings</a>'
+
+    alone = client.get(f"/t/{tenant.slug}/team/").content.decode()
+    add_member("bob@example.com", "member")
+    with_bob = client.get(f"/t/{tenant.slug}/team/").content.decode()
+
+    refused = alone.split('id="leave-refused">', 1)[1].split("</small>", 1)[0]
+    assert refused == f"You are the only member of Acme: delete the organization instead. {link}"
+    assert link not in with_bob  # the only owner, not the only member: no deleting offered
+
+
+@pytest.mark.django_db
 def test_the_only_member_is_pointed_to_deleting_the_organization(client, owner, tenant):
     client.force_login(owner)
 

@@ -672,6 +672,8 @@ def test_the_settings_page_says_why_the_last_owner_cannot_leave_instead_of_offer
     member_page = _client(bob).get(f"/t/{tenant.slug}/settings/").content.decode()
 
     assert "You are the only member of Acme: delete the organization instead" in alone
+    assert "from its Settings page" not in alone  # this is that page: its section is below
+    assert 'id="organization-delete"' in alone
     assert "You are the only owner of Acme: make someone else an owner first" in with_others
     assert "Leave Acme</button>" not in alone and "Leave Acme</button>" not in with_others
     assert "Leave Acme</button>" in member_page
