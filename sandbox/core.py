@@ -837,12 +837,7 @@ class Core:
             if errs := _immutable_data_problems(obj, old, ("data",)):
                 raise E.invalid_object(rt.kind, rt.group, name, errs)
         elif rt.plural == "configmaps":
-            for key in ("data", "binaryData"):
-                if obj.get(key) is not None and not isinstance(obj[key], dict):
-                    raise E.bad_request(
-                        f'ConfigMap in version "v1" cannot be handled as a ConfigMap: json: cannot '
-                        f"unmarshal into Go struct field ConfigMap.{key}"
-                    )
+            # Its fields' types were checked as the body was decoded (`check_types`).
             if errs := _immutable_data_problems(obj, old, ("data", "binaryData")):
                 raise E.invalid_object(rt.kind, rt.group, name, errs)
         elif rt.plural == "namespaces":
@@ -1473,13 +1468,9 @@ def _immutable_data_problems(
 
 
 def _prepare_secret(rt: ResourceType, obj: dict[str, Any]) -> None:
-    data = obj.get("data")
-    if data is not None and not isinstance(data, dict):
-        raise E.bad_request(
-            'Secret in version "v1" cannot be handled as a Secret: json: cannot unmarshal '
-            "into Go struct field Secret.data of type map[string][]uint8"
-        )
-    data = dict(data or {})
+    """`stringData` folded into `data`, whose values must be base64 (their types were checked
+    as the body was decoded: `check_types`)."""
+    data = dict(obj.get("data") or {})
     for value in data.values():
         try:
             base64.b64decode(str(value), validate=True)

@@ -796,9 +796,8 @@ class _VerbChecker:
             needed = needs[task.name]
             known = needed is not None and needed <= siblings.keys()
             ancestors = frozenset(_reachable(graph, task.name)) if known else None
-            self.check_task(
-                task, f"{template.path}.dag.tasks[{i}]", replace(scope, ancestors=ancestors)
-            )
+            where = f"{template.path}.dag.tasks[{i}]"
+            self.check_task(task, where, replace(scope, ancestors=ancestors), needed or set())
         target = template.target or ""
         if "{{" in target:  # named through a parameter: its names are checked at run time
             self.check_references(target, f"{template.path}.dag.target", scope)
@@ -812,8 +811,9 @@ class _VerbChecker:
                 f"{template.path}.dag.tasks", f"dependency cycle: {' -> '.join(cycle)}"
             )
 
-    def check_task(self, task: Task, path: str, scope: _Scope) -> None:
-        """Check one task: what it depends on, names, and reads."""
+    def check_task(self, task: Task, path: str, scope: _Scope, needed: set[str]) -> None:
+        """Check one task: what it depends on (`needed`, the tasks it names), names, and
+        reads."""
         if task.with_param is not None:
             self.check_references(task.with_param, f"{path}.withParam", scope)
         scope = replace(scope, item=task.with_items is not None or task.with_param is not None)
@@ -831,7 +831,7 @@ class _VerbChecker:
                 self.report.error(f"{path}.depends", str(exc))
         siblings = scope.tasks or {}
         field_name = "depends" if task.depends else "dependencies"
-        for name in sorted(n for n in _needed(task) or () if n not in siblings):
+        for name in sorted(n for n in needed if n not in siblings):
             self.report.error(f"{path}.{field_name}", f'unknown task "{name}"')
         if task.when:
             try:

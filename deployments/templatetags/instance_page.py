@@ -9,10 +9,9 @@ from django.conf import settings
 from django.template.defaultfilters import pluralize
 from django.utils import timezone
 
-from accounts.templatetags.times import NB, relative, rounded
+from accounts.templatetags.times import NB, rounded
 
 register = template.Library()
-register.filter("relative", relative)  # as every page says a time
 
 
 @register.simple_tag
