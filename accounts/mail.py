@@ -6,6 +6,11 @@ it, on the mail queue (`settings.OPSDECK_MAIL_QUEUE`), which only the Procfile's
 consumes. A mail server that is slow, refuses or never answers therefore holds a mail worker's
 thread, not the web process or the worker that moves operations.
 
+One message asks for every new email, not one each: the emails written in the second it
+waits, or until the mail worker takes it, ride on it (`_ask`), and the mail worker sends them
+all, oldest first, over one connection to the mail server (`send_new`). A burst of emails
+(every instance of a fleet upgrade ending) is one message and one connection.
+
 The row is the email until the mail server takes it: a broker out of reach at commit, a message
 lost or a mail worker that died leaves it waiting, and beat's minute (`send_due`) asks again; a
 failed send is tried again later and later, for OPSDECK_EMAIL_GIVE_UP_HOURS. Delivery is at
@@ -17,11 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import suppress
 from datetime import datetime, timedelta
 from smtplib import SMTPRecipientsRefused
 
 from django.conf import settings
-from django.core.mail import BadHeaderError, EmailMultiAlternatives
+from django.core.cache import cache
+from django.core.mail import BadHeaderError, EmailMultiAlternatives, get_connection
+from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -41,20 +49,46 @@ REDISPATCH = timedelta(minutes=10)
 # After a failed attempt: a minute, then twice as long each time up to a quarter of an hour.
 BACKOFF_FIRST, BACKOFF_MAX = timedelta(minutes=1), timedelta(minutes=15)
 DUE_PER_ROUND = 1000  # emails beat asks for in one minute; the rest the next
+# Set (in the cache every process shares) while a message asking the mail worker for the new
+# emails is on its way: an email written meanwhile rides on it. It lapses after DUE, when beat
+# asks for an email whose message was lost anyway.
+ASKED = "mail:new-emails-asked"
+# How long that message waits before the mail worker takes it: the emails written meanwhile
+# (all those of a burst, one every few milliseconds while operations end in numbers) go with
+# it, not each with a message of its own. Nobody waits on an email by the second.
+GATHER = timedelta(seconds=1)
 _TABLE = OutgoingEmail._meta.db_table
 
 
 def send(*, subject: str, body: str, to: Sequence[str], html: str | None = None) -> None:
     """Send an email to `to` (one email, every address in its To) once the current transaction
     commits, at once outside one; nothing when the transaction rolls back."""
-    email = OutgoingEmail.objects.create(
+    OutgoingEmail.objects.create(
         # A subject is one header line: a line break in a name it holds would be refused
         # at every attempt to send it.
         to=list(to), subject=" ".join(subject.split()), body=body, html=html or "",
         next_attempt_at=timezone.now() + DUE,
     )  # fmt: skip
     # A broker out of reach at commit logs and loses the message, not the email: beat asks.
-    transaction.on_commit(lambda: _dispatch(email.pk), robust=True)
+    transaction.on_commit(_ask, robust=True)
+
+
+def _ask() -> None:
+    """Ask the mail worker to send the new emails (`send_new`), unless a message asking for
+    them is already on its way: it was sent before this email committed, and the worker reads
+    the emails only after it took the message (it clears `ASKED` first, then reads), so it
+    sends this one too."""
+    from accounts.tasks import emails_send_new  # the tasks import the services, which import this
+
+    if not cache.add(ASKED, True, timeout=DUE.total_seconds()):
+        return
+    try:
+        emails_send_new.apply_async(
+            countdown=GATHER.total_seconds(), expires=REDISPATCH.total_seconds()
+        )
+    except Exception:
+        cache.delete(ASKED)  # none on its way: the next email asks again
+        raise
 
 
 def _dispatch(pk: int) -> None:
@@ -64,13 +98,14 @@ def _dispatch(pk: int) -> None:
 
 
 def deliver(pk: int, *, now: datetime | None = None) -> bool:
-    """Hand the waiting email `pk` to the mail server (the mail worker's part); whether this
-    call sent it.
+    """Hand the waiting email `pk` to the mail server (the mail worker's part, on beat's
+    message for it); whether this call sent it.
 
-    The email is claimed first, in one UPDATE: two messages for one email (beat's and its own,
-    or one delivered twice) never both send it. A failed send is tried again after the back-off
-    (beat's `send_due`), until OPSDECK_EMAIL_GIVE_UP_HOURS after it was written; a mail server
-    that refuses every recipient would refuse again, and is not asked again."""
+    The email is claimed first, in one UPDATE: two messages for one email (beat's and the one
+    for the new emails, or one delivered twice) never both send it. A failed send is tried
+    again after the back-off (beat's `send_due`), until OPSDECK_EMAIL_GIVE_UP_HOURS after it
+    was written; a mail server that refuses every recipient would refuse again, and is not
+    asked again."""
     now = now or timezone.now()
     # Claimed and read in one statement, and deleted in one more: built with the ORM, these
     # cost the mail worker more than building and sending the email.
@@ -95,10 +130,70 @@ def deliver(pk: int, *, now: datetime | None = None) -> bool:
     return True
 
 
-def _smtp_send(email: OutgoingEmail) -> None:
+def send_new() -> int:
+    """Send every email no attempt has taken yet, oldest first, over one connection to the mail
+    server (the mail worker's part, on the message `_ask` sent); how many it sent.
+
+    Each is claimed as `deliver` claims one, in the statement that deletes the one sent before
+    it: a worker killed meanwhile sends again at most the email in hand. Several workers share
+    the emails, each claiming the next no other holds. An email the mail server does not take
+    is tried again after its back-off, as `deliver` does, and the next goes on a new connection;
+    a server that cannot be reached (refused, or no answer in EMAIL_TIMEOUT) is not asked again
+    for the rest, which beat's minute asks for (a mail worker thread waits out one timeout, not
+    one per email)."""
+    cache.delete(ASKED)  # before reading: an email committed from now on asks again
+    backend = get_connection()
+    sent, done = 0, None
+    try:
+        while (email := _claim_new(done)) is not None:
+            done = None
+            try:
+                backend.open()  # a no-op while open: send_messages then leaves it open
+            except OSError as exc:
+                _failed(email, exc, now=timezone.now())
+                break
+            try:
+                _smtp_send(email, backend)
+            except (OSError, BadHeaderError) as exc:
+                _failed(email, exc, now=timezone.now())
+                if not isinstance(exc, SMTPRecipientsRefused | BadHeaderError):
+                    _close(backend)  # the server may have closed it (a 421)
+                continue
+            done, sent = email.pk, sent + 1
+    finally:
+        if done is not None:
+            OutgoingEmail.objects.filter(pk=done).delete()
+        _close(backend)
+    return sent
+
+
+def _close(backend: BaseEmailBackend) -> None:
+    with suppress(OSError):  # a server that failed may not answer a QUIT either
+        backend.close()
+
+
+def _claim_new(done: int | None) -> OutgoingEmail | None:
+    """Claim the oldest email no attempt has taken and no other worker is claiming, deleting
+    the email `done` (sent) in the same statement."""
+    now = timezone.now()
+    claimed = list(
+        OutgoingEmail.objects.raw(
+            f"WITH sent AS (DELETE FROM {_TABLE} WHERE id = %s)"  # noqa: S608 - our table
+            f" UPDATE {_TABLE} SET claimed_until = %s, attempts = attempts + 1"
+            f" WHERE id = (SELECT id FROM {_TABLE} WHERE attempts = 0 AND given_up_at IS NULL"
+            "              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            " RETURNING *",
+            [done, now + CLAIM],
+        )
+    )
+    return claimed[0] if claimed else None
+
+
+def _smtp_send(email: OutgoingEmail, backend: BaseEmailBackend | None = None) -> None:
+    """Send `email` over `backend`'s connection (a connection of its own without)."""
     message = EmailMultiAlternatives(
         subject=email.subject, body=email.body, from_email=settings.DEFAULT_FROM_EMAIL,
-        to=email.to,
+        to=email.to, connection=backend,
     )  # fmt: skip
     if email.html:
         message.attach_alternative(email.html, "text/html")

@@ -13,6 +13,12 @@ def email_send(email: int | dict) -> None:
 
 
 @shared_task
+def emails_send_new() -> int:
+    """Send the emails written since the last message asked for them (on the mail queue)."""
+    return mail.send_new()
+
+
+@shared_task
 def emails_send_due() -> int:
     """Ask again for the emails a lost message or a failed send left waiting (run every minute
     by beat)."""

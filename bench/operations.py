@@ -130,6 +130,10 @@ class WorkerPool:
         self._start("watcher", [sys.executable, "manage.py", "watch_cells"], "watching cell")
 
     @property
+    def mail_pid(self) -> int:
+        return self.procs[self.size][0].pid
+
+    @property
     def watcher_pid(self) -> int:
         return self.procs[-1][0].pid
 
@@ -500,15 +504,16 @@ class BaselinePool:
 
 
 def cpu_meters(pool: WorkerPool, creator: Creator, baseline: BaselinePool, fast, bare):
-    """Meters of each side's processes: Opsdeck's (its workers, watcher, submitters, the cell's
-    sandbox, PostgreSQL's backends for the bench's database, Redis) and the baseline's (its
-    clients and their sandbox)."""
+    """Meters of each side's processes: Opsdeck's (its workers, mail worker, watcher,
+    submitters, the cell's sandbox, PostgreSQL's backends for the bench's database, Redis) and
+    the baseline's (its clients and their sandbox)."""
     from django.conf import settings
 
-    workers = [proc.pid for proc, _ in pool.procs[:-1]]
+    workers = [proc.pid for proc, _ in pool.procs[: pool.size]]
     ours = cpu.CpuMeter(
         {
             "workers": lambda: workers,
+            "mail": lambda: [pool.mail_pid],
             "watcher": lambda: [pool.watcher_pid],
             "submitters": creator.pids,
             "sandbox": lambda: [fast.pid],

@@ -27,4 +27,15 @@ def production_defaults_check(app_configs, **kwargs):
                 id="portal.W004",
             )
         )
+    backend = settings.CACHES["default"]["BACKEND"]
+    if backend.endswith(("locmem.LocMemCache", "dummy.DummyCache")):
+        found.append(
+            Warning(
+                "CACHE_URL names a cache each process keeps to itself: sign-in rate limits are "
+                "counted per web process, and an email can wait a minute for beat where the "
+                "mail worker would have sent it at once.",
+                hint="Set CACHE_URL to a cache every process shares, e.g. redis://redis:6379/1.",
+                id="portal.W005",
+            )
+        )
     return found

@@ -232,7 +232,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL")
 OPSDECK_BROKER_SOURCE = env.str("OPSDECK_BROKER_SOURCE", default="configured")
-# Required, not a per-process default: sign-in rate limits must be shared by every web process.
+# Required, not a per-process default: sign-in rate limits must be shared by every web process,
+# and whether the mail worker was asked for the new emails by every process that writes one.
 CACHE_URL = env.str("CACHE_URL")
 
 if CACHE_URL.startswith(("redis://", "rediss://", "unix://")):
@@ -249,7 +250,11 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="opsdeck")
 # server that is slow or never answers (EMAIL_TIMEOUT) holds a mail worker's thread, never a
 # worker that moves operations or runs beat's rounds. The Procfile names it the same way.
 OPSDECK_MAIL_QUEUE = env.str("CELERY_MAIL_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}.mail")
-_MAIL_TASKS = ("accounts.tasks.email_send", "accounts.tasks.invitation_send")
+_MAIL_TASKS = (
+    "accounts.tasks.email_send",
+    "accounts.tasks.emails_send_new",
+    "accounts.tasks.invitation_send",
+)
 CELERY_TASK_ROUTES = {name: {"queue": OPSDECK_MAIL_QUEUE} for name in _MAIL_TASKS}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

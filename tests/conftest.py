@@ -113,6 +113,18 @@ def mail_at_commit(transactional_db, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
 
 
+def mail_forget() -> None:
+    """Forget the emails a test wrote before what it checks: those sent (`mail.outbox`), and
+    those still waiting because the transaction that wrote them, the test's own, never
+    committed (the mail worker sends every waiting email with the next one)."""
+    from django.core import mail
+
+    from accounts.models import OutgoingEmail
+
+    mail.outbox.clear()
+    OutgoingEmail.objects.all().delete()
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "unsubscribed: tenants are not subscribed to plans on their own (see below)"

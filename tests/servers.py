@@ -30,8 +30,10 @@ class Recorder:
         self.attempts = 0
         self.recipients_tried: list[str] = []
         self.messages: list = []
+        self.connections: set = set()  # the client's (address, port) of each connection
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        self.connections.add(session.peer)
         self.recipients_tried.append(address)
         if address in self.refused:
             return "550 5.1.1 No such user here"

@@ -3,8 +3,11 @@ asked for one never waits on the mail server; an email is kept until the server 
 server that fails for a while, or a message lost on the way to the mail worker, delays it and
 never loses it; one failing for a day is given up on, and the staff see it."""
 
+import asyncio
 import importlib
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -19,7 +22,7 @@ from django.utils import timezone
 
 from accounts import mail
 from accounts.models import OutgoingEmail
-from portal.broker import queue_forget
+from portal.broker import queue_forget, queue_length
 from portal.celery import app
 from tests.celery_worker import threads_worker
 from tests.concurrency import race
@@ -203,6 +206,127 @@ def test_two_messages_for_one_email_at_the_same_moment_send_it_once(settings):
 
     assert sorted(sent) == [False, False, False, True]
     assert len(server.messages) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_emails_is_one_message_for_the_mail_worker_and_one_connection(settings):
+    """A fleet upgrade ending tells every instance's requester at once: one message on the mail
+    queue and one connection to the mail server carry them all, oldest first; a refused
+    address is given up on and the rest go on."""
+    queue_forget(app, settings.OPSDECK_MAIL_QUEUE)
+    addresses = ["a@example.com", "gone@example.com", "b@example.com", "c@example.com"]
+    with smtp_server(settings, Recorder(refused={"gone@example.com"})) as server:
+        for address in addresses:
+            mail.send(subject=f"[Opsdeck] Hello {address}", body="Hello.", to=[address])
+        assert queue_length(app, settings.OPSDECK_MAIL_QUEUE) == 1
+        with threads_worker(concurrency=1, queues=[settings.OPSDECK_MAIL_QUEUE]):
+            wait_for(lambda: len(server.messages) == 3, timeout=20, what="the emails")
+
+    assert server.recipients_tried == addresses
+    assert [recipients for recipients, _ in server.messages] == [
+        ["a@example.com"], ["b@example.com"], ["c@example.com"]
+    ]  # fmt: skip
+    assert len(server.connections) == 1
+    [given_up] = OutgoingEmail.objects.all()
+    assert (given_up.to, given_up.attempts) == (["gone@example.com"], 1)
+    assert given_up.given_up_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_emails_written_a_moment_apart_go_over_one_connection(settings):
+    """Operations ending one after another, with the mail worker waiting for work: the first
+    email's message waits a second, and the next ones go with it."""
+    queue_forget(app, settings.OPSDECK_MAIL_QUEUE)
+    with (
+        smtp_server(settings, Recorder()) as server,
+        threads_worker(concurrency=1, queues=[settings.OPSDECK_MAIL_QUEUE]),
+    ):
+        for n in range(3):
+            mail.send(subject=f"[Opsdeck] Hello {n}", body=".", to=["a@example.com"])
+            time.sleep(0.1)
+        wait_for(lambda: len(server.messages) == 3, timeout=20, what="the emails")
+
+    assert len(server.connections) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_emails_written_while_the_mail_worker_sends_others_are_each_sent_once(settings):
+    """Four processes writing emails at once beside two mail worker threads sending them: an
+    email written while a message for the new ones is on its way rides on it, and none is left
+    waiting for beat or sent twice."""
+    queue_forget(app, settings.OPSDECK_MAIL_QUEUE)
+
+    def write(n: int = 10) -> None:
+        me = threading.get_ident()
+        for i in range(n):
+            mail.send(subject=f"[Opsdeck] {me} {i}", body=".", to=["a@example.com"])
+
+    with (
+        smtp_server(settings, Recorder()) as server,
+        threads_worker(concurrency=2, queues=[settings.OPSDECK_MAIL_QUEUE]),
+    ):
+        assert race(write) == [None] * 4
+        wait_for(lambda: len(server.messages) >= 40, timeout=30, what="the emails")
+        wait_for(lambda: not OutgoingEmail.objects.exists(), timeout=10, what="the rows gone")
+
+    subjects = [message["Subject"] for _, message in server.messages]
+    assert len(subjects) == len(set(subjects)) == 40
+
+
+class QuitHeld(Recorder):
+    """A mail server that answers a QUIT only once `release` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.quitting, self.release = threading.Event(), threading.Event()
+
+    async def handle_QUIT(self, server, session, envelope):
+        self.quitting.set()
+        await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
+        return "221 Bye"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_email_written_as_the_mail_worker_ends_a_burst_is_sent_at_once(settings):
+    """Written after the worker found no more new emails and before it was done (closing its
+    connection): its own message asks for it, not beat's minute."""
+    queue_forget(app, settings.OPSDECK_MAIL_QUEUE)
+    with (
+        smtp_server(settings, QuitHeld()) as server,
+        threads_worker(concurrency=2, queues=[settings.OPSDECK_MAIL_QUEUE]),
+    ):
+        mail.send(subject="[Opsdeck] First", body=".", to=["a@example.com"])
+        assert server.quitting.wait(20)  # sent, and found no other
+        mail.send(subject="[Opsdeck] Second", body=".", to=["a@example.com"])
+        try:
+            wait_for(lambda: len(server.messages) == 2, timeout=20, what="the second email")
+        finally:
+            server.release.set()
+
+    assert [message["Subject"] for _, message in server.messages] == [
+        "[Opsdeck] First", "[Opsdeck] Second"
+    ]  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mail_server_out_of_reach_holds_the_mail_worker_one_timeout_for_a_burst(settings):
+    """Not one timeout per email: the first found the server silent, and beat's minute asks
+    for the rest, which the server takes once it answers."""
+    with blackhole_server(settings) as hole:
+        settings.EMAIL_TIMEOUT = 1
+        for n in range(3):
+            mail.send(subject=f"[Opsdeck] Hello {n}", body="Hello.", to=["a@example.com"])
+        assert mail.send_new() == 0
+        assert len(hole.accepted) == 1
+
+    first, *rest = OutgoingEmail.objects.order_by("pk")
+    assert (first.attempts, "timed out" in first.last_error) == (1, True)
+    assert [(email.attempts, email.last_error) for email in rest] == [(0, ""), (0, "")]
+    with smtp_server(settings, Recorder()) as server:
+        for pk in OutgoingEmail.objects.values_list("pk", flat=True):
+            assert mail.deliver(pk, now=timezone.now() + timedelta(minutes=1))
+    assert len(server.messages) == 3
+    assert not OutgoingEmail.objects.exists()
 
 
 @pytest.mark.usefixtures("mail_at_commit")

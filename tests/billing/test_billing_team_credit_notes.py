@@ -23,6 +23,7 @@ from billing.models import CreditNote, Invoice, InvoiceCounter, InvoiceLine, Pla
 from billing.team_views import BILLING_TEAM
 from tests.billing.test_billing_team import period_totals
 from tests.concurrency import race
+from tests.conftest import mail_forget
 
 YEAR = f"{datetime.now(UTC):%Y}"
 
@@ -571,7 +572,7 @@ def test_the_owners_and_billing_members_are_emailed_a_voided_credit_note_and_wha
     note = invoicing.credit_note_issue(
         actor=staff, invoice=invoice, amount=Decimal("12.50"), reason="duplicate"
     )
-    mail.outbox.clear()
+    mail_forget()
 
     with django_capture_on_commit_callbacks(execute=True):
         invoicing.credit_note_void(actor=staff, credit_note=note)

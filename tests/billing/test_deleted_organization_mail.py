@@ -15,6 +15,7 @@ from tests.billing.test_stripe_invoices import (  # noqa: F401 - `subscription`:
     _metered_and_invoiced,
     subscription,
 )
+from tests.conftest import mail_forget
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -37,7 +38,7 @@ def test_a_failed_payment_mails_the_owners_unless_the_organization_was_deleted(
     emulator.fail_invoice(invoice["id"])
     if deleted:
         Tenant.objects.filter(pk=tenant.pk).update(deleted_at=timezone.now())
-    mail.outbox.clear()
+    mail_forget()
 
     with (
         caplog.at_level(logging.WARNING, logger="billing.services"),

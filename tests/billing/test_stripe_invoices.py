@@ -27,6 +27,7 @@ from billing.team_views import BILLING_TEAM
 from stripe_emulator import sign
 from tests.billing.conftest import WEBHOOK_SECRET
 from tests.concurrency import race
+from tests.conftest import mail_forget
 
 pytestmark = pytest.mark.unsubscribed
 
@@ -193,7 +194,7 @@ def test_a_failed_payment_alone_makes_the_subscription_past_due(
     emulator.finalize_invoice(invoice["id"])
     emulator.fail_invoice(invoice["id"])
     settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
-    mail.outbox.clear()
+    mail_forget()
 
     # The subscription's own event is late: the invoice's is enough.
     with django_capture_on_commit_callbacks(execute=True):
@@ -276,7 +277,7 @@ def test_suspended_for_an_unpaid_stripe_invoice_the_page_says_paying_it_reactiva
     else:
         later = timezone.now() + timedelta(days=priced_plan.grace_days + 1)
         settings.CELERY_TASK_ALWAYS_EAGER = True  # the mail is sent in-process, after commit
-        mail.outbox.clear()
+        mail_forget()
         with django_capture_on_commit_callbacks(execute=True):
             assert services.subscriptions_suspend_overdue(now=later) == 1
     stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])

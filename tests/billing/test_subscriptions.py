@@ -17,6 +17,7 @@ from accounts.models import AuditEvent, Membership, Tenant
 from billing import periods, services
 from billing.models import Plan, PlanOverride, Price, Subscription
 from tests.concurrency import race
+from tests.conftest import mail_forget
 from tests.deployments import factories
 
 pytestmark = pytest.mark.unsubscribed
@@ -140,6 +141,7 @@ def test_the_lifecycle_past_due_suspended_reactivated_cancelled(
     tenant, owner, plan, staff, django_capture_on_commit_callbacks
 ):
     subscription = services.subscribe(actor=Actor(user=owner), tenant=tenant, plan=plan)
+    mail_forget()
     with django_capture_on_commit_callbacks(execute=True):
         services.subscription_mark_past_due(actor=SYSTEM, subscription=subscription)
         services.subscription_suspend(actor=staff, subscription=subscription, reason="fraud")
@@ -276,6 +278,7 @@ def test_the_sweep_suspends_past_due_subscriptions_beyond_their_grace(
     services.subscription_mark_past_due(
         actor=SYSTEM, subscription=recent, since=timezone.now() - timedelta(days=6)
     )
+    mail_forget()
 
     with django_capture_on_commit_callbacks(execute=True):
         assert services.subscriptions_suspend_overdue() == 1

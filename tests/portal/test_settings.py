@@ -32,7 +32,7 @@ def _services() -> dict[str, str]:
     return {
         "DATABASE_URL": os.environ["DATABASE_URL"],  # set by the launcher or tests/environment.py
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CACHE_URL": "locmemcache://",
+        "CACHE_URL": settings.CACHE_URL,
     }
 
 
@@ -72,6 +72,14 @@ def test_deploy_checks_name_development_defaults_left_in_production():
     output = result.stderr + result.stdout
     assert "portal.W003" in output  # console email
     assert "portal.W004" in output  # links to this machine
+
+
+def test_deploy_checks_name_a_cache_each_process_keeps_to_itself():
+    services = _services() | {"CACHE_URL": "locmemcache://"}
+
+    result = _manage("check", "--deploy", **_keys(), **services, **PRODUCTION)
+
+    assert "portal.W005" in result.stderr + result.stdout
 
 
 def test_without_debug_every_missing_variable_is_named_in_one_line():
