@@ -519,24 +519,30 @@ def _fill(node: Any, source: _Source, where: str, at: str) -> Any:
 # --- YAML -----------------------------------------------------------------------------------
 
 
-class _Loader(safe_yaml.JsonLoader):
-    """The loader of JSON values (`safe_yaml.JsonLoader`: Kubernetes reads YAML as JSON),
-    marking the string scalars that hold tokens or a bare reference."""
+class _Marking(safe_yaml.JsonConstructor):
+    """The constructor of JSON values (`safe_yaml.JsonConstructor`: Kubernetes reads YAML as
+    JSON), marking the string scalars that hold tokens (`token_re`) or a bare reference."""
 
-    def __init__(self, stream: str, token_re: re.Pattern[str]) -> None:
-        super().__init__(stream)
-        self.token_re = token_re
+    token_re: re.Pattern[str]
 
     def construct_marked_str(self, node: yaml.ScalarNode) -> str | _Scalar:
         text = safe_yaml.json_text(self.construct_scalar(node), node)
         if self.token_re.search(text) or _BARE.fullmatch(text):
-            return _Scalar(text, plain=node.style is None)
+            return _Scalar(text, plain=not node.style)  # None, or "" from libyaml
         return text
 
 
-_Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_marked_str)
+_Marking.add_constructor("tag:yaml.org,2002:str", _Marking.construct_marked_str)
 # A date is text, as JSON has it: `2024-01-01` stays a string (one that may hold a token).
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_marked_str)
+_Marking.add_constructor("tag:yaml.org,2002:timestamp", _Marking.construct_marked_str)
+
+
+class _Loader(_Marking, yaml.SafeLoader):
+    """Read by the Python parser."""
+
+
+class _CLoader(_Marking, yaml.CSafeLoader):
+    """Read by libyaml."""
 
 
 @dataclass
@@ -570,13 +576,13 @@ def _tokenize(template: str, where: str) -> _Tokenized:
 
 
 def _load_documents(tokenized: _Tokenized, where: str) -> list[Any]:
-    loader = _Loader(tokenized.text, tokenized.token_re)
+    def documents(loader: _Marking) -> list[Any]:
+        loader.token_re = tokenized.token_re
+        return safe_yaml.documents(loader)
+
     try:
         safe_yaml.check(tokenized.text)
-        documents = []
-        while loader.check_data():
-            documents.append(loader.get_data())
-        return documents
+        return safe_yaml.parsed(tokenized.text, _CLoader, _Loader, documents)
     except yaml.MarkedYAMLError as exc:
         line = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
         detail = tokenized.untokenize(f"{exc.problem or exc.context}{line}")
@@ -585,8 +591,6 @@ def _load_documents(tokenized: _Tokenized, where: str) -> list[Any]:
         # A constructor refusing a tagged token, e.g. `!!int {{ $var.x }}`.
         detail = tokenized.untokenize(str(exc))
         raise RenderError(_located(f"invalid YAML: {detail}", where)) from None
-    finally:
-        loader.dispose()
 
 
 def _describe(node: Any) -> str:

@@ -11,6 +11,11 @@ counting every alias as the whole value its anchor names.
 The refusal is a `BoundsError`, a `yaml.MarkedYAMLError`, so callers that already report YAML
 syntax errors with a line and column report these the same way.
 
+Text is read with libyaml (PyYAML's C parser, ten to twenty times faster than its Python one:
+a spec's load parses every manifest in it) and, when libyaml refuses it, read again with the
+Python parser, whose error is the one raised: it quotes the line, and its words are PyYAML's
+whichever parser is installed (`parsed`).
+
 `JsonLoader` builds what JSON can hold, as Kubernetes reads YAML and as PostgreSQL stores a
 spec: a timestamp stays text; a set, binary data, an infinite or not-a-number float, an integer
 beyond 64 bits, text holding a NUL or a lone surrogate, and a key written twice in one mapping
@@ -21,8 +26,9 @@ errors are).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -74,6 +80,15 @@ def check(text: str) -> None:
             problem=f"the text is longer than {MAX_TEXT // 1_000_000} MB",
             problem_mark=yaml.Mark("<text>", MAX_TEXT, line, column, None, None),
         )
+    try:
+        _walk(yaml.parse(text, Loader=yaml.CSafeLoader))
+    except yaml.YAMLError:
+        # Said as the Python parser says it, quoting the line: its refusal, or none.
+        _walk(yaml.parse(text, Loader=yaml.SafeLoader))
+
+
+def _walk(events) -> None:
+    """`check`'s walk of a document's events (yaml.parse's, from either parser)."""
     anchors: dict[str, _Size] = {}
     opened: list[tuple[str | None, _Size]] = []  # collections being read, outermost first
     total = _Size(values=0)
@@ -85,7 +100,7 @@ def check(text: str) -> None:
         if opened:
             opened[-1][1].add(size)
 
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in events:
         if isinstance(event, yaml.DocumentStartEvent):
             anchors = {}  # an anchor is defined for the rest of its document only
         elif isinstance(event, yaml.CollectionStartEvent):
@@ -136,12 +151,14 @@ def _refuse(problem: str, event: yaml.Event) -> NoReturn:
     raise BoundsError(problem=problem, problem_mark=event.start_mark)
 
 
+T = TypeVar("T")
+
 # Kubernetes' integers are 64-bit, and a spec's numbers are read as floats too.
 _INT_BOUND = 2**63
 
 
-class JsonLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, building only what JSON holds (the module docstring)."""
+class JsonConstructor(yaml.constructor.SafeConstructor):
+    """PyYAML's safe constructor, building only what JSON holds (the module docstring)."""
 
     def construct_json_str(self, node: yaml.ScalarNode) -> str:
         return json_text(self.construct_scalar(node), node)
@@ -199,24 +216,57 @@ def _not_json(node: yaml.Node, problem: str) -> NoReturn:
     raise ConstructorError(problem=problem, problem_mark=node.start_mark)
 
 
-JsonLoader.add_constructor("tag:yaml.org,2002:str", JsonLoader.construct_json_str)
-JsonLoader.add_constructor("tag:yaml.org,2002:timestamp", JsonLoader.construct_json_str)
-JsonLoader.add_constructor("tag:yaml.org,2002:int", JsonLoader.construct_json_int)
-JsonLoader.add_constructor("tag:yaml.org,2002:float", JsonLoader.construct_json_float)
+JsonConstructor.add_constructor("tag:yaml.org,2002:str", JsonConstructor.construct_json_str)
+JsonConstructor.add_constructor("tag:yaml.org,2002:timestamp", JsonConstructor.construct_json_str)
+JsonConstructor.add_constructor("tag:yaml.org,2002:int", JsonConstructor.construct_json_int)
+JsonConstructor.add_constructor("tag:yaml.org,2002:float", JsonConstructor.construct_json_float)
 for _tag in ("binary", "set", "omap", "pairs"):
-    JsonLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", JsonLoader.construct_not_json)
+    JsonConstructor.add_constructor(f"tag:yaml.org,2002:{_tag}", JsonConstructor.construct_not_json)
 
 
-def load(text: str, loader: type[yaml.SafeLoader] = JsonLoader) -> Any:
-    """The one document in `text`, checked first; `loader` is SafeLoader or a subclass."""
+class JsonLoader(JsonConstructor, yaml.SafeLoader):
+    """The JSON values of YAML text, read by the Python parser."""
+
+
+class CJsonLoader(JsonConstructor, yaml.CSafeLoader):
+    """The JSON values of YAML text, read by libyaml."""
+
+
+def parsed(text: str, fast: type, slow: type, read: Callable[[Any], T]) -> T:
+    """What `read` makes of a loader of `text`: libyaml's (`fast`) and, should it refuse the
+    text, the Python parser's (`slow`, the same constructor), whose error is the one raised."""
+    try:
+        return _read(fast(text), read)
+    except yaml.YAMLError:
+        pass  # refused: read again below, to say why as the Python parser says it
+    return _read(slow(text), read)
+
+
+def _read(loader, read: Callable[[Any], T]) -> T:
+    try:
+        return read(loader)
+    finally:
+        loader.dispose()
+
+
+def load(text: str) -> Any:
+    """The one document in `text`, checked first."""
     check(text)
-    return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader or subclass)
+    return parsed(text, CJsonLoader, JsonLoader, lambda loader: loader.get_single_data())
 
 
-def load_all(text: str, loader: type[yaml.SafeLoader] = JsonLoader) -> list[Any]:
-    """Every document in `text`, checked first; `loader` is SafeLoader or a subclass."""
+def load_all(text: str) -> list[Any]:
+    """Every document in `text`, checked first."""
     check(text)
-    return list(yaml.load_all(text, Loader=loader))
+    return parsed(text, CJsonLoader, JsonLoader, documents)
+
+
+def documents(loader) -> list[Any]:
+    """Every document a loader reads."""
+    found = []
+    while loader.check_data():
+        found.append(loader.get_data())
+    return found
 
 
 def depth(value: Any) -> int:

@@ -4,6 +4,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deployments.spec import SpecError, load_spec, validate
 from deployments.workflow import safe_yaml
@@ -213,3 +214,32 @@ def test_rendering_a_billion_laughs_manifest_is_a_render_error():
 
     with pytest.raises(RenderError, match="alias \\*lol4 expands the document to more than"):
         render_manifest(manifest, Context(var={}, sys={}))
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("name: a: b\n", "mapping values are not allowed here"),
+        ("a: 1\n\tb: 2\n", "found character '\\t' that cannot start any token"),
+        ("a: [1, 2\n", "expected ',' or ']', but got '<stream end>'"),
+        ("a: 1\na: 2\n", 'the key "a" is written twice in one mapping'),
+    ],
+)
+def test_text_refused_is_said_in_pyyamls_words_quoting_its_line(text, words):
+    """Read with libyaml first, whose words differ ("not allowed in this context") and whose
+    error quotes no line: a refusal is said as PyYAML's own parser says it."""
+    with pytest.raises(yaml.MarkedYAMLError) as refused:
+        safe_yaml.load(text)
+
+    said = str(refused.value)
+    assert words in said
+    assert "^" in said  # the line, quoted, with the place marked
+
+
+def test_plain_and_quoted_placeholders_keep_their_types_as_libyaml_reads_them():
+    """libyaml marks a plain scalar's style "" where PyYAML's parser says None: a whole
+    placeholder written plain still takes its value's type, a quoted one stays text."""
+    ctx = Context(var={"n": 3}, sys={})
+    rendered = render_manifest("plain: {{ $var.n }}\nquoted: '{{ $var.n }}'\n", ctx)
+
+    assert rendered == {"plain": 3, "quoted": "3"}
