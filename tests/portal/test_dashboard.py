@@ -206,6 +206,7 @@ def test_degraded_instances_come_first_with_why_and_only_running_ones(
     degraded = section(page, "degraded-now")
     assert page.index('id="degraded-now"') < page.index('id="by-state"')  # first
     assert "db-0" in degraded and "Failing over" in degraded
+    assert "</time>: Failing over" in degraded  # "since 5 minutes ago: …", no space before ":"
     assert "db-1" not in degraded and "theirs" not in degraded
 
 
