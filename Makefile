@@ -30,9 +30,9 @@ run: $(VENV)/.installed
 
 # PYTEST_ADDOPTS="tests/portal" make test runs a part of the suite. TEST_WORKERS processes
 # share the tests a module at a time (most tests wait on a server, a worker or a browser, so
-# more processes than cores pay; but past four on two cores, each test's servers and workers
+# more processes than cores pay; but past three on two cores, each test's servers and workers
 # poll for longer than the waits saved); TEST_WORKERS=0 runs them in this one.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 test: $(VENV)/.installed-dev
 	$(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
