@@ -5,10 +5,15 @@ where jq aborts the whole process when malloc fails). So they never run in a wor
 worker process keeps one long-lived child (`python -m deployments.workflow.evaluator`, started
 on first use with a fresh interpreter, never a fork of the worker) that compiles and caches the
 programs by their text and evaluates them. The child caps its own address space at
-MEMORY_LIMIT_MIB; the parent waits at most TIME_LIMIT_SECONDS for each answer (a parse:
-PARSE_TIME_LIMIT_SECONDS). A program that exceeds either bound gets its child killed and reaped
-(the next call starts a new one) and raises `ProgramLimitError` with one line that says which
-bound it exceeded.
+MEMORY_LIMIT_MIB; the parent lets it spend at most TIME_LIMIT_SECONDS of CPU time on each answer
+(a parse: PARSE_TIME_LIMIT_SECONDS), within WALL_LIMIT_FACTOR times that in elapsed time. A
+program that exceeds a bound gets its child killed and reaped (the next call starts a new one)
+and raises `ProgramLimitError` with one line that says which bound it exceeded.
+
+The time limit counts the child's CPU time, not the time elapsed, so that a busy host does not
+fail a customer's operation for the load: a child the scheduler kept waiting for seconds has
+used none of its time (`_Budget`). Where the child's CPU time cannot be read, elapsed time is
+counted instead.
 
 The two processes talk over pipes: a frame is a 4-byte big-endian length and that many bytes.
 A request is a JSON header (`{"op": "cel", "program": …, "name": …}` or `{"op": "jq", …}`), a
@@ -68,13 +73,15 @@ __all__ = [
 ]
 
 TIME_LIMIT_SECONDS = 2.0
-"""Longest one evaluation may take: far above what a condition over a Kubernetes object needs
+"""CPU time one evaluation may take: far above what a condition over a Kubernetes object needs
 (well under a millisecond), short enough that a runaway program delays its worker only briefly."""
 PARSE_TIME_LIMIT_SECONDS = 5.0
-"""Longest one parse may take. A condition parses in well under a millisecond and a parse is
+"""CPU time one parse may take. A condition parses in well under a millisecond and a parse is
 made once per process, so this bound is only for a runaway parser (CEL's lexer backtracks for
-hours over some unterminated strings); it is wider than an evaluation's so that a long
-expression on a busy machine is not refused for the machine's load."""
+hours over some unterminated strings)."""
+WALL_LIMIT_FACTOR = 10
+"""How many times its CPU time limit an answer may take in elapsed time, however little CPU the
+child was given meanwhile: a child stopped or starved for good still ends."""
 MEMORY_LIMIT_MIB = 256
 """Address space of the evaluator child: its interpreter with celpy and jq takes about 40 MiB,
 evaluating over the largest object Kubernetes stores (~1.5 MB) a few tens more."""
@@ -289,22 +296,28 @@ class _Evaluator:
         return frame
 
     def _exchange(self, request: bytes, language: str, what: str, limit: float) -> bytes:
-        """Send one request to the child and read its answer, within `limit` seconds."""
+        """Send one request to the child and read its answer, within `limit` seconds of its CPU
+        time (`_Budget`)."""
         process = self.running()
-        deadline = time.monotonic() + limit
+        budget = _Budget(process.pid, limit)
         answers = process.stdout.fileno()
         try:
             _write_frame(process.stdin.fileno(), request)
-            (size,) = _HEADER.unpack(_read_exactly(answers, _HEADER.size, deadline))
+            (size,) = _HEADER.unpack(_read_exactly(answers, _HEADER.size, budget))
             if size > MAX_RESULT_BYTES:
                 self.stop()
                 raise ProgramLimitError(
                     f"{language}: the {what}'s result exceeded its size limit of "
                     f"{MAX_RESULT_BYTES >> 20} MiB"
                 )
-            return _read_exactly(answers, size, deadline)
+            return _read_exactly(answers, size, budget)
         except TimeoutError:
             self.stop()
+            if budget.starved:  # not the program's doing: the host gave it no time
+                raise ProgramLimitError(
+                    f"{language}: the evaluator process was given too little CPU time to "
+                    f"finish the {what} within {budget.ceiling:g} s; the host is overloaded"
+                ) from None
             raise ProgramLimitError(
                 f"{language}: the {what} exceeded its time limit of {limit:g} s"
             ) from None
@@ -338,7 +351,7 @@ class _Evaluator:
         )
         self.process = process
         try:
-            _read_frame(process.stdout.fileno(), time.monotonic() + _START_TIMEOUT_SECONDS)
+            _read_frame(process.stdout.fileno(), _Deadline(_START_TIMEOUT_SECONDS))
         except (TimeoutError, EOFError):
             status = self.stop()
             # Not the program's fault: the install is broken, so no task is failed for it.
@@ -373,14 +386,83 @@ def _write_frame(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+class _Deadline:
+    """A wait that ends `seconds` from now."""
+
+    def __init__(self, seconds: float) -> None:
+        self.started = time.monotonic()
+        self.deadline = self.started + seconds
+
+    def extended(self) -> bool:
+        """Whether the wait goes on past `deadline` (moved on): not a plain deadline's."""
+        return False
+
+
+class _Budget(_Deadline):
+    """The time the child may take over one answer: `limit` seconds of its own CPU time, and at
+    most WALL_LIMIT_FACTOR times that elapsed.
+
+    `deadline` is when it may have used its limit, were it running all along; when it comes,
+    `extended()` reads what it did use and moves the deadline on by what is left."""
+
+    def __init__(self, pid: int, limit: float) -> None:
+        super().__init__(limit)
+        self.pid = pid
+        self.limit = limit
+        self.cpu_before = _cpu_seconds(pid)
+        self.starved = False  # the elapsed ceiling came before the CPU time limit
+
+    @property
+    def ceiling(self) -> float:
+        """The longest the answer may take in elapsed time, in seconds."""
+        return self.limit * WALL_LIMIT_FACTOR
+
+    def extended(self) -> bool:
+        """Whether the child has CPU time left (the deadline moved on by it): not when it has
+        used its limit, nor when the elapsed ceiling has come (`starved`), nor when its CPU
+        time cannot be read."""
+        now = time.monotonic()
+        cpu = _cpu_seconds(self.pid)
+        if self.cpu_before is None or cpu is None:
+            return False
+        left = self.limit - (cpu - self.cpu_before)
+        ceiling = self.started + self.ceiling
+        if left <= 0:
+            return False
+        if now >= ceiling:
+            self.starved = True
+            return False
+        # Not less than a clock tick: CPU time is counted in ticks.
+        self.deadline = min(now + max(left, _TICK_SECONDS), ceiling)
+        return True
+
+
+_TICK_SECONDS = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) process `pid` has used, from Linux's /proc; None where
+    that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    # After the command's name: state is field 3, utime 14 and stime 15 (proc(5)).
+    return (int(fields[11]) + int(fields[12])) * _TICK_SECONDS
+
+
+def _read_exactly(fd: int, size: int, wait: _Deadline | None) -> bytes:
+    """`size` bytes from `fd`, within `wait` (forever if None); TimeoutError after it."""
     chunks, left = [], size
     poller = select.poll()  # not select(): a worker's descriptors may pass FD_SETSIZE
     poller.register(fd, select.POLLIN)
     while left:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(remaining * 1000):
+        while wait is not None:
+            remaining = wait.deadline - time.monotonic()
+            if remaining > 0 and poller.poll(remaining * 1000):
+                break
+            if not wait.extended():
                 raise TimeoutError
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
@@ -390,9 +472,9 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def _read_frame(fd: int, deadline: float | None) -> bytes:
-    (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size, deadline))
-    return _read_exactly(fd, size, deadline)
+def _read_frame(fd: int, wait: _Deadline | None) -> bytes:
+    (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size, wait))
+    return _read_exactly(fd, size, wait)
 
 
 _shared = _Evaluator()

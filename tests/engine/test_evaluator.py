@@ -6,6 +6,7 @@ limit is 2 s), where before the worker hung for good or died.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -206,6 +207,50 @@ def test_a_child_killed_from_outside_mid_evaluation_gets_a_second_try():
 
     assert [a.value for a in answers] == [True]
     assert evaluator._shared.process.pid != victim
+
+
+def test_a_child_the_busy_host_kept_waiting_past_the_limit_still_answers():
+    """The limit is the child's CPU time: a host too busy to run it for a while (here it is
+    stopped for longer than the limit) does not fail the customer's condition."""
+    from deployments.workflow import evaluator
+
+    assert evaluate_jq(". == {}", {}) == [True]  # a warm child
+    child = evaluator._shared.process.pid
+    os.kill(child, signal.SIGSTOP)
+    waking = threading.Timer(evaluator.TIME_LIMIT_SECONDS + 1, os.kill, (child, signal.SIGCONT))
+    waking.start()
+    started = time.monotonic()
+    try:
+        answer = evaluate_jq(".status.readyInstances", CLUSTER)
+    finally:
+        waking.cancel()
+        with contextlib.suppress(ProcessLookupError):  # killed, if it failed
+            os.kill(child, signal.SIGCONT)
+
+    assert answer == [3]
+    assert time.monotonic() - started > evaluator.TIME_LIMIT_SECONDS  # it was kept waiting
+    assert evaluator._shared.process.pid == child
+
+
+def test_a_child_kept_waiting_for_good_is_given_up_on_in_ten_times_the_limit(monkeypatch):
+    from deployments.workflow import evaluator
+
+    monkeypatch.setattr(evaluator, "TIME_LIMIT_SECONDS", 0.2)
+    assert evaluate_jq(". == {}", {}) == [True]
+    child = evaluator._shared.process.pid
+    os.kill(child, signal.SIGSTOP)  # stays stopped until it is killed
+    started = time.monotonic()
+    with pytest.raises(ProgramLimitError) as caught:
+        evaluate_jq(".status.readyInstances", CLUSTER)
+
+    assert time.monotonic() - started >= 2.0  # ten times its 0.2 s, not the limit alone
+    assert str(caught.value) == (
+        "jq: the evaluator process was given too little CPU time to finish the filter within "
+        "2 s; the host is overloaded"
+    )
+    monkeypatch.undo()
+    assert evaluate_jq(".metadata.name", CLUSTER) == ["pg"]  # in a new child
+    assert evaluator._shared.process.pid != child
 
 
 # Expressions that read some fields of their variable, or the whole of it, over inputs that have
