@@ -33,7 +33,7 @@ def organization_told(tenant: Tenant) -> list[str]:
     )
 
 
-def operation_ended(operation: Operation) -> None:
+def operation_ended(operation: Operation, *, belongs: bool | None = None) -> None:
     """Tell whoever started an operation that it failed (or was cancelled), or that the
     instance its create or restore made is ready (its `instance` and `requested_by` loaded);
     the organization's owners and admins that one Opsdeck started on its own, or platform
@@ -41,7 +41,8 @@ def operation_ended(operation: Operation) -> None:
     of a scheduled backup failing night after night, nor of their database failing a restart
     staff asked for), and that an instance a member since removed asked for is ready. Staff
     are sent the admin's page of the operation: they may not open the organization's. A
-    member removed is told nothing more."""
+    member removed is told nothing more. `belongs`: whether its requester belongs to the
+    organization, when the caller read it already (with the instance's lock)."""
     user = operation.requested_by
     instance = operation.instance
     succeeded = operation.state == Operation.State.SUCCEEDED
@@ -50,13 +51,9 @@ def operation_ended(operation: Operation) -> None:
     staff = not succeeded and user is not None and fleet.fleet_queued(operation)
     # A member removed since, or whose account staff closed, is told nothing more of the
     # organization's instances.
-    member = user is not None and (
-        staff
-        or (
-            user.is_active
-            and Membership.objects.filter(tenant_id=instance.tenant_id, user=user).exists()
-        )
-    )
+    if belongs is None and user is not None and not staff and user.is_active:
+        belongs = Membership.objects.filter(tenant_id=instance.tenant_id, user=user).exists()
+    member = user is not None and (staff or (user.is_active and bool(belongs)))
     requester = [user.email] if member and user.email else []
     left = user is not None and not member
     if succeeded:

@@ -80,9 +80,10 @@ def insert(*objs: Model) -> None:
 
 @dataclass
 class Writes:
-    """Rows to insert and one to update (`writes`): the steps of one statement, each an INSERT
-    or an UPDATE returning its row's key, run alone (`run`) or in a caller's own statement,
-    which then hands back what they returned (`stored`)."""
+    """Rows to insert and one to update (`writes`), and more rows to update (`also_update`):
+    the steps of one statement, each an INSERT or an UPDATE returning its row's key, run alone
+    (`run`) or in a caller's own statement, which then hands back what they returned
+    (`stored`)."""
 
     steps: list[str]
     params: list
@@ -99,6 +100,20 @@ class Writes:
         with connection.cursor() as cursor:
             cursor.execute(statement, self.params)
             self.stored(cursor.fetchone())
+
+    def also_update(self, model: type[Model], values: dict, **where) -> None:
+        """One more step: set the fields `values` of the row of `model` whose fields `where`
+        name (a unique key: it returns that row's key, None when there is none), as
+        `model.objects.filter(**where).update(**values)` would."""
+        fields = {model._meta.get_field(name).attname: value for name, value in values.items()}
+        names = list(fields)
+        key = column(model, model._meta.pk.attname)
+        match = " AND ".join(f"{column(model, name)} = %s" for name in where)
+        self.steps.append(
+            f"UPDATE {model._meta.db_table} SET {sets(model, names)}"  # noqa: S608 - our names
+            f" WHERE {match} RETURNING {key}"
+        )
+        self.params += [*prepared(model, names, fields), *where.values()]
 
     def stored(self, keys) -> None:
         """Take what the steps returned, in order: the new rows' keys."""

@@ -36,7 +36,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_event
-from accounts.models import Tenant, User
+from accounts.models import Membership, Tenant, User
 from deployments import emails, executor, fleet, lifecycle, rows, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
@@ -374,6 +374,7 @@ def _step(
 
 
 _SCHEDULES = BackupSchedule._meta.db_table
+_MEMBERSHIPS = Membership._meta.db_table
 # The instance's fields a run reads or writes (its tenant and cell never change).
 _INSTANCE_FIELDS = [
     f.attname for f in Instance._meta.concrete_fields if f.attname not in {"tenant_id", "cell_id"}
@@ -386,14 +387,16 @@ class Locked:
 
     pending: list[tuple[str, str, str]]  # its queued and running operations: (id, verb, state)
     retention_days: int | None  # its backup schedule's; None without one
+    requester_member: bool  # whether the operation's requester belongs to its organization
 
 
-def _instance_locked(instance: Instance) -> Locked:
+def _instance_locked(instance: Instance, requester_id: int | None = None) -> Locked:
     """Lock the instance, as every service that queues or cancels its operations locks it, and
     read it again (the row read when the task began may predate the commit of an operation
     before this one, and with it its values); then its queued and running operations as
     (id, verb, state), oldest first, which none can change while the lock is held, with its
-    schedule's backup retention (which a schedule change writes under the same lock).
+    schedule's backup retention (which a schedule change writes under the same lock) and
+    whether the user `requester_id` belongs to its organization (who is told how a run ended).
 
     Two statements: a statement that waits for the lock reads the locked row as committed
     meanwhile but the rest as it was when it began, so a list read beside the lock could
@@ -410,19 +413,20 @@ def _instance_locked(instance: Instance) -> Locked:
         fresh = rows.built(Instance, "i", cursor.fetchone())
         cursor.execute(
             f"""
-            SELECT o.id::text, o.verb, o.state, s.retention_days
+            SELECT o.id::text, o.verb, o.state, s.retention_days,
+                   EXISTS (SELECT 1 FROM {_MEMBERSHIPS} m WHERE m.tenant_id = %s AND m.user_id = %s)
               FROM (SELECT 1) one
               LEFT JOIN {_SCHEDULES} s ON s.instance_id = %s
               LEFT JOIN {_TABLE} o ON o.instance_id = %s AND o.{_IS_LIVE}
              ORDER BY o.created_at
             """,  # noqa: S608 - our table names
-            [instance.pk, instance.pk],
+            [instance.tenant_id, requester_id, instance.pk, instance.pk],
         )
         found = cursor.fetchall()
     for name in _INSTANCE_FIELDS:
         setattr(instance, name, getattr(fresh, name))
-    pending = [(pk, verb, state) for pk, verb, state, _ in found if pk is not None]
-    return Locked(pending, found[0][3])
+    pending = [(pk, verb, state) for pk, verb, state, _, _ in found if pk is not None]
+    return Locked(pending, found[0][3], found[0][4])
 
 
 # What `_begin` did with a queued operation.
@@ -454,7 +458,7 @@ def _begin(op: Operation, now, token: uuid.UUID) -> str:
             return STARTED
     with transaction.atomic():
         # The instance first, locked and read again, with the operations pending on it.
-        locked = _instance_locked(op.instance)
+        locked = _instance_locked(op.instance, op.requested_by_id)
         if locked.pending and locked.pending[0][0] != str(op.pk):
             _store(op, token, [], flushed=False)  # it starts when the one before it finishes
             return WAITS
@@ -465,7 +469,7 @@ def _begin(op: Operation, now, token: uuid.UUID) -> str:
             engine.fail(state, now=now.timestamp(), reason=f"Did not start. {refusal}")
             op.engine_state = json.dumps(state.to_json())
             op.arguments = {**op.arguments, "state_before": op.instance.state}
-            _finish(op, state, verb, now, token, following=following)
+            _finish(op, state, verb, now, token, locked=locked)
             return REFUSED
         _start(op, spec, verb, now, token, retention_days=locked.retention_days)
         if rule.during:
@@ -641,11 +645,10 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # (a delete): finishing writes the instance too, and the other order deadlocks with
         # such a service.
         # Read again with the lock: a task's later moves go on from the row its first read.
-        pending = _instance_locked(instance).pending
-        following = [p for p in pending if p[0] != str(op.pk)]
+        locked = _instance_locked(instance, op.requested_by_id)
         # Stamped as it is stored, not as the move began (before its cluster calls and the
         # wait for the lock): metering reads the run's end as of its hour (`metering.SETTLE`).
-        _finish(op, state, verb, timezone.now(), token, following=following, runs=runs)
+        _finish(op, state, verb, timezone.now(), token, locked=locked, runs=runs)
     return None
 
 
@@ -730,12 +733,13 @@ def _finish(
     now,
     token: uuid.UUID,
     *,
-    following: list,
+    locked: Locked,
     runs: Runs | None = None,
 ) -> None:
     """Store the run's end, with the task `runs` its last move changed, and what it does to
-    the instance (locked by the caller; `following`: the instance's other pending operations,
-    oldest first, as (id, verb, state)): the next of them may start now."""
+    the instance (`locked` by the caller, with what it read under the lock): the next of its
+    other pending operations may start now."""
+    following = [p for p in locked.pending if p[0] != str(op.pk)]
     succeeded = state.phase == engine.SUCCEEDED
     cancelled = not succeeded and bool(op.cancel_reason)  # by a user, or by a delete
     if succeeded:
@@ -798,8 +802,15 @@ def _finish(
         )
     else:
         writes = rows.writes([event])
+    if succeeded and (op.verb == lifecycle.RETENTION_APPLY or rule.makes_instance):
+        # The retention the cluster now holds, the one this run rendered.
+        writes.also_update(
+            BackupSchedule,
+            {"retention_days_applied": op.arguments["retention_days"]},
+            instance_id=instance.pk,
+        )
     # Only what finishing changes (a delete may have set cancel_reason meanwhile), in one
-    # statement with the instance's change and the audit event.
+    # statement with the instance's change, its schedule's and the audit event.
     _store(
         op, token,
         ["state", "finished_at", "error", "outputs", "next_step_at", "engine_state", "moves",
@@ -809,10 +820,6 @@ def _finish(
     if op.verb == lifecycle.RETENTION_APPLY and succeeded:
         # The object store now prunes by the retention this run put on the cluster.
         snapshots_expire_by(instance, op.arguments["retention_days"])
-    if succeeded and (op.verb == lifecycle.RETENTION_APPLY or rule.makes_instance):
-        BackupSchedule.objects.filter(instance_id=instance.pk).update(
-            retention_days_applied=op.arguments["retention_days"]
-        )
     if op.arguments.get("forget_snapshot") and succeeded:
         Snapshot.objects.filter(pk=op.arguments["forget_snapshot"]).update(
             status=Snapshot.Status.DELETED
@@ -832,7 +839,8 @@ def _finish(
     fleet.operation_ended(op)  # a fleet run's wave may have ended with it
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
     if rule.makes_instance if succeeded else not delete_waiting:
-        emails.operation_ended(op)  # sent by the mail worker once this commits
+        # Sent by the mail worker once this commits.
+        emails.operation_ended(op, belongs=locked.requester_member)
 
 
 # What a backup that did not succeed leaves of its snapshot, by how its operation ended.

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.audit import Actor
-from accounts.models import AuditEvent
+from accounts.models import AuditEvent, OutgoingEmail
 from bench.support import row_updates
 from deployments import runner, services
 from deployments.models import (
@@ -522,9 +522,9 @@ def test_the_move_that_ends_a_run_writes_the_instance_its_state_change_and_audit
     assert event.actor_kind == "system" and event.payload["instance"] == created.instance_id
 
 
-def test_a_run_end_whose_claim_was_lost_writes_neither_the_operation_nor_the_instance(
-    created, kube, faults
-):
+def _up_to_the_last_move(created, kube, faults) -> None:
+    """The create's moves until it waits on the cluster, and the cluster then healthy: the
+    run's next move is its last."""
     faults(frozen=["cnpg"])  # the cluster stays unready until the run waits on it
     for _ in range(10):
         Operation.objects.filter(pk=created.pk).update(next_step_at=None)
@@ -534,7 +534,7 @@ def test_a_run_end_whose_claim_was_lost_writes_neither_the_operation_nor_the_ins
             break
     faults(frozen=[])
     deadline = time.monotonic() + 30
-    while True:  # the operator makes it healthy: the run's next move is its last
+    while True:
         cluster = instance_object(
             kube, created.instance, "postgresql.cnpg.io/v1", "Cluster", created.instance_id
         )
@@ -543,6 +543,36 @@ def test_a_run_end_whose_claim_was_lost_writes_neither_the_operation_nor_the_ins
             break
         assert time.monotonic() < deadline, "the cluster did not become healthy"
         time.sleep(0.05)
+
+
+def test_a_creates_last_move_ends_it_tells_its_requester_and_keeps_the_retention_applied(
+    created, kube, faults, owner
+):
+    _up_to_the_last_move(created, kube, faults)
+    Operation.objects.filter(pk=created.pk).update(next_step_at=None)
+
+    with CaptureQueriesContext(connection) as captured:
+        assert runner._step(str(created.pk)) == (None, None)
+
+    created.refresh_from_db()
+    assert created.state == Operation.State.SUCCEEDED
+    schedule = BackupSchedule.objects.get(instance=created.instance_id)
+    assert schedule.retention_days_applied == created.arguments["retention_days"]
+    [email] = OutgoingEmail.objects.filter(subject="[Opsdeck] orders is ready")
+    assert email.to == [owner.email]
+    # Its claim; the instance locked, and what is read under the lock (the operations pending,
+    # the schedule's retention, whether the requester still belongs to the organization); the
+    # run's end with the instance's, the schedule's and the audit event; the email.
+    statements = [s["sql"] for s in captured if s["sql"] not in {"BEGIN", "COMMIT"}]
+    assert len(statements) == 5, "\n".join(statements)
+    [stored] = [s for s in statements if s.startswith("WITH moved AS")]
+    assert "UPDATE deployments_backupschedule" in stored
+
+
+def test_a_run_end_whose_claim_was_lost_writes_neither_the_operation_nor_the_instance(
+    created, kube, faults
+):
+    _up_to_the_last_move(created, kube, faults)
     op = runner._claim(str(created.pk), timezone.now(), early=True)
     held = runner.Held(op, op.claim_token, op.claimed_until)
     new_owner = uuid.uuid4()  # the claim ran out meanwhile; another worker took it
