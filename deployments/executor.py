@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings as django_settings
+
 from deployments import context, lifecycle
 from deployments.spec.model import PlanSpec, Verb
 from deployments.workflow import engine
@@ -128,7 +130,11 @@ def move(
 ) -> engine.Step:
     """One move of the run; once a verb that ends the instance succeeded, its namespace is
     deleted too."""
-    settings = engine.RunSettings(namespace=where.namespace, allowed_kinds=list(spec.allowed_kinds))
+    settings = engine.RunSettings(
+        namespace=where.namespace,
+        allowed_kinds=list(spec.allowed_kinds),
+        warning_after=django_settings.OPSDECK_WAIT_WARNING_AFTER,
+    )
     step = engine.advance(state, verb.workflow, ctx, driver, settings, now=now)
     ends = not verb.custom and verb.name in lifecycle.ENDS_INSTANCE
     if state.done and state.phase == engine.SUCCEEDED and ends:

@@ -850,7 +850,7 @@ _SNAPSHOT_ENDED = {
 }
 
 # What a TaskRun row shows of its node (besides the attempt that names it).
-_SHOWN = ("phase", "message", "object", "started_at", "finished_at")
+_SHOWN = ("phase", "message", "warning", "object", "started_at", "finished_at")
 
 
 def _task_runs_changed(op: Operation, state: engine.RunState, *, before: dict) -> list:
@@ -898,7 +898,7 @@ def _task_runs_sql(runs: Runs) -> tuple[str, list]:
         prev = runs.before.get(node.id)
         values = {
             "state": node.phase,
-            "message": node.message,
+            "message": engine.task_message(node),
             "object": json.dumps(node.object) if node.object else "",
             "started_at": _dt(node.started_at),
             "finished_at": _dt(node.finished_at),

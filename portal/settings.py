@@ -300,6 +300,9 @@ OPSDECK_STALLED_AFTER = env.int("OPSDECK_STALLED_AFTER", default=60)
 OPSDECK_POLL_MAX = env.float("OPSDECK_POLL_MAX", default=5.0)
 # The first wait, right after an object was applied (each next one 1.5 times longer).
 OPSDECK_POLL_FIRST = env.float("OPSDECK_POLL_FIRST", default=0.2)
+# Seconds a task waits on its object before the object's newest Warning event is read into what
+# the task says on the Operations tab, and again each time as long after.
+OPSDECK_WAIT_WARNING_AFTER = env.float("OPSDECK_WAIT_WARNING_AFTER", default=30.0)
 # Seconds a worker holds an operation it advances; another takes a worker's operation over
 # after that. At least twice the longest Kubernetes call (5 s to connect, 30 s to read), so a
 # slow call never loses a live worker its claim.

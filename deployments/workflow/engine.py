@@ -81,6 +81,10 @@ class Node:
     conditions: list[str | None] | None = None
     outputs: dict[str, str] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
+    # While waiting: the object's newest Warning event, and when its events were last read
+    # (`RunSettings.warning_after`).
+    warning: str = ""
+    warning_read_at: float | None = None
 
 
 @dataclass
@@ -132,10 +136,13 @@ class Step:
 
 @dataclass
 class RunSettings:
-    """Where a run's objects go: the instance namespace and the kinds the spec allows."""
+    """Where a run's objects go: the instance namespace and the kinds the spec allows; and
+    how long a task waits on its object before the object's newest Warning event is read into
+    what the task says (`task_message`), and again each time as long after (None: never)."""
 
     namespace: str
     allowed_kinds: list[str]
+    warning_after: float | None = None
     cluster_scoped_kinds: frozenset[str] = frozenset(
         {"Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
          "PersistentVolume", "StorageClass", "PriorityClass"}
@@ -703,7 +710,21 @@ class _Run:
             # As it was evaluated: its placeholders filled in.
             said += f" (It met its failureCondition, {failure.strip().rstrip('.')[:500]}.)"
             return self._attempt_failed(node, template, FAILED, said)
+        self._warning_read(node)
         return Step()
+
+    def _warning_read(self, node: Node) -> None:
+        """Read the newest Warning event of the object the task waits on into its `warning`,
+        once it has waited `warning_after` seconds, then again each time as long after (one
+        read of the object's events): a controller that refuses what it was asked (a quota,
+        an admission webhook) says why there, where the task's conditions only say "not yet".
+        """
+        after = self.settings.warning_after
+        since = node.warning_read_at or node.started_at
+        if after is None or since is None or self.now - since < after:
+            return
+        node.warning_read_at = self.now
+        node.warning = last_warning(self.driver, node)
 
     def _render(self, template: Template, ctx: Context) -> dict:
         resource = template.resource
@@ -824,6 +845,7 @@ class _Run:
                 node.attempt += 1
                 node.step = "new"
                 node.message = f"attempt {node.attempt - 1} failed: {message}"
+                node.warning, node.warning_read_at = "", None
                 node.retry_at = self.now + wait
                 return Step(progressed=True, wake_at=node.retry_at)
         _finish(node, phase, self.now, message)
@@ -879,6 +901,15 @@ def last_warning(driver: Driver, node: Node) -> str:
     except DriverError:
         return ""
     return warning.strip().rstrip(".")[:500]
+
+
+def task_message(node: Node) -> str:
+    """What a task says: its message, and while it waits on its object, the object's newest
+    Warning event as last read (`RunSettings.warning_after`)."""
+    if node.phase != RUNNING or node.step != "waiting" or not node.warning:
+        return node.message
+    waiting = f'Waiting on {_describe(node.object)}. Its last warning: "{node.warning}".'
+    return f"{node.message} {waiting}" if node.message else waiting
 
 
 def still_waiting(state: RunState, driver: Driver) -> str:

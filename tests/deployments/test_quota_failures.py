@@ -14,7 +14,7 @@ from accounts import services as account_services
 from accounts.audit import Actor
 from deployments import services
 from deployments.models import Instance, Operation
-from tests.deployments.conftest import instance_object, wait_done
+from tests.deployments.conftest import instance_object, wait_done, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 VALKEY = ROOT / "specs" / "valkey.yaml"
@@ -80,6 +80,30 @@ def test_a_scale_out_the_quota_refuses_fails_naming_the_quota_not_only_its_deadl
         HTTP_AUTHORIZATION=f"Bearer {secret}",
     ).json()
     assert "exceeded quota" in api["error"], api["error"]
+
+
+def test_a_task_waiting_on_what_the_quota_refuses_says_the_clusters_warning_while_it_waits(
+    worker, cell, tenant, owner, owner_client, settings
+):
+    """The same scale-out with the shipped hour-long deadline: while the modify waits for the
+    third server, its task on the Operations tab says what the StatefulSet's Warning event
+    says (exceeded quota) instead of a bare "Running" for an hour."""
+    settings.OPSDECK_WAIT_WARNING_AFTER = 1
+    plan = services.plan_load(text=_with_quota(VALKEY.read_text(), "5Gi")).plan
+    instance = _create(owner, tenant, plan)
+    modify = _action(owner, instance, "modify", servers="3")
+
+    def said() -> str:
+        page = owner_client.get(f"/t/{tenant.slug}/deployments/{instance.pk}/?tab=operations")
+        return next((m for m in [_text(page)] if "exceeded quota" in m), "")
+
+    shown = wait_for(said, timeout=60, what="the task to say the quota's warning")
+
+    modify.refresh_from_db()
+    assert modify.state == Operation.State.RUNNING  # long before its deadline
+    assert f'Waiting on StatefulSet "{instance.pk}". Its last warning: "' in shown, shown
+    services.operation_cancel(actor=Actor(user=owner), operation=modify, request_id="stop")
+    assert wait_done(modify, timeout=90).state != Operation.State.RUNNING
 
 
 def test_spec_test_names_the_quota_when_a_verb_outgrows_it(tmp_path):

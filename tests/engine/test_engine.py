@@ -8,6 +8,7 @@ sandbox API server.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import time
@@ -96,6 +97,7 @@ class MemoryCluster:
         return self.KINDS[resource]
 
     def last_warning(self, obj, *, since):
+        self.calls.append("events")
         seen = [w for w in self.warnings.get(self.key(obj), []) if since is None or w[0] >= since]
         return max(seen)[1] if seen else ""
 
@@ -390,6 +392,55 @@ def test_a_met_failure_condition_says_the_objects_last_warning_since_the_task_be
         'Its last warning: "ErrorNoBackup: no backup found". '
         "(It met its failureCondition, status.phase == failed.)"
     )
+
+
+def test_a_waiting_task_says_its_objects_newest_warning_read_at_most_every_so_often():
+    """A controller that refuses what it was asked (a quota) says why in a Warning event on
+    the object, where the task's conditions only ever read "not yet". The events are read once
+    the task has waited `warning_after` seconds, then again each time as long after: not on
+    every look at the object."""
+    wf = workflow(
+        dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
+    )
+    run = Runner(wf)
+    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
+    key = ("ConfigMap", NS, "b")
+    run.cluster.warnings[key] = [(run.now, "FailedCreate: exceeded quota: opsdeck-quota")]
+    run.until_quiet()
+    run.now += 20
+    run.step()
+    assert "events" not in run.cluster.calls and engine.task_message(run.node(".b")) == ""
+
+    run.now += 15  # 35 s after the task began
+    run.step()
+    run.now += 20
+    run.step()
+
+    assert run.cluster.calls.count("events") == 1
+    assert engine.task_message(run.node(".b")) == (
+        'Waiting on ConfigMap "b". Its last warning: "FailedCreate: exceeded quota: opsdeck-quota".'
+    )
+    run.cluster.warnings[key].append((run.now, "FailedCreate: exceeded quota again"))
+    run.now += 10  # 30 s after the last read
+    run.step()
+    assert run.cluster.calls.count("events") == 2
+    assert "exceeded quota again" in engine.task_message(run.node(".b"))
+    run.cluster.set_status("ConfigMap", "b", ok=True)
+    run.until_quiet()
+    assert run.node(".b").phase == engine.SUCCEEDED
+    assert engine.task_message(run.node(".b")) == ""  # said only while it waits
+
+
+def test_a_waiting_task_reads_no_events_unless_told_to():
+    wf = workflow(
+        dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.now += 120
+    run.step()
+
+    assert run.cluster.calls == ["apply", "get", "get"]
 
 
 def test_a_met_failure_condition_is_quoted_as_it_was_evaluated():
