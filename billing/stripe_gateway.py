@@ -368,9 +368,22 @@ class StripeGateway:
         return self.client.v1.credit_notes.retrieve(credit_note_id)
 
     @_translated
+    def credit_notes(self, invoice_id: str) -> list[Any]:
+        """Every credit note of an invoice, as Stripe holds them now."""
+        pages = self.client.v1.credit_notes.list({"invoice": invoice_id, "limit": 100})
+        return list(pages.auto_paging_iter())
+
+    @_translated
     def charge(self, charge_id: str) -> Any:
         """The charge as Stripe holds it now."""
         return self.client.v1.charges.retrieve(charge_id)
+
+    @_translated
+    def charge_refunds(self, charge_id: str) -> list[Any]:
+        """Every refund of a charge, as Stripe holds them now (a charge lists them only when
+        expanded, which Stripe advises against)."""
+        pages = self.client.v1.refunds.list({"charge": charge_id, "limit": 100})
+        return list(pages.auto_paging_iter())
 
     @_translated
     def invoices_paid_by(self, payment_intent_id: str) -> list[tuple[str, int]]:

@@ -1298,20 +1298,27 @@ def credit_note_mirror(invoice: Invoice, credit_note_id: str, gw: StripeGateway)
 
 
 def charge_refunds_mirror(
-    invoice: Invoice, charge_id: str, gw: StripeGateway, *, after: int, paid: int
+    invoice: Invoice, charge_id: str, gw: StripeGateway, *, paid: list[tuple[str, int]]
 ) -> Invoice:
     """Bring what the charge `charge_id` that paid `invoice` (ours, mirrored) has refunded of
     it to what Stripe holds now, read again once the invoice is locked; a refund is never
-    undone, so an older copy never lowers it. Of a charge that paid several invoices, the
-    invoice's part is what was refunded beyond the `after` first units (the invoices before it),
-    at most the `paid` units the charge paid of it."""
+    undone, so an older copy never lowers it. `paid`: what the charge's payment paid of each
+    invoice it paid, in the order Stripe lists their payments (`invoices_paid_by`); the
+    invoice's part is `charge_refund_parts`'."""
     with transaction.atomic():
         stored = Invoice.objects.select_for_update().get(pk=invoice.pk)
         held = gw.charge(charge_id)
+        # Read after the charge: each refund its amount counts is among them, and the credit
+        # note that made it (the two are made at once) among the credit notes.
+        made = {refund.id for refund in gw.charge_refunds(held.id)}
+        noted = [
+            (invoice_id, amount, credit_notes_refunded(gw.credit_notes(invoice_id), made))
+            for invoice_id, amount in paid
+        ]
+        parts = charge_refund_parts(int(_field(held, "amount_refunded") or 0), noted)
         refunds = dict(stored.charge_refunds)
         before = int(refunds.get(held.id, 0))
-        part = max(0, int(_field(held, "amount_refunded") or 0) - after)
-        refunds[held.id] = max(before, min(part, paid))
+        refunds[held.id] = max(before, parts.get(stored.stripe_invoice_id, 0))
         if refunds[held.id] != before:
             Invoice.objects.filter(pk=stored.pk).update(charge_refunds=refunds)
             audit_record(
@@ -1328,6 +1335,36 @@ def charge_refunds_mirror(
         invoice_credits_total(stored)
     stored.refresh_from_db()
     return stored
+
+
+def credit_notes_refunded(credit_notes: list[Any], refund_ids: set[str]) -> int:
+    """What the refunds `refund_ids` (a charge's) gave back for `credit_notes` (an invoice's,
+    voided ones too: voiding one undoes no refund), in the currency's minor unit."""
+    return sum(
+        int(_field(refund, "amount_refunded") or 0)
+        for note in credit_notes
+        for refund in _field(note, "refunds") or []
+        if stripe_id(refund, "refund") in refund_ids
+    )
+
+
+def charge_refund_parts(refunded: int, paid: list[tuple[str, int, int]]) -> dict[str, int]:
+    """What a charge's refunds (`refunded`, in all) gave back of each invoice its payment paid,
+    by Stripe id; `paid`: each invoice, what the payment paid of it and what its credit notes
+    refunded of the charge, in the order Stripe lists their payments.
+
+    A credit note's refund is its invoice's. A refund outside any credit note names no invoice:
+    it is counted against the invoices in that order, each within what its credit notes left
+    of what the payment paid of it. So each unit refunded counts once in all, on one invoice,
+    and no invoice's part shrinks as refunds are added."""
+    outside = max(0, refunded - sum(min(noted, amount) for _, amount, noted in paid))
+    parts: dict[str, int] = {}
+    for invoice_id, amount, noted in paid:
+        noted = min(noted, amount)
+        share = min(outside, amount - noted)
+        parts[invoice_id] = noted + share
+        outside -= share
+    return parts
 
 
 def invoice_credits_total(invoice: Invoice) -> None:

@@ -77,17 +77,17 @@ def credit_note_changed(event: StripeEvent, gw: StripeGateway) -> None:
 def charge_refunded(event: StripeEvent, gw: StripeGateway) -> None:
     """A payment refunded in Stripe (with a credit note or without): what it refunded of each
     invoice it paid. A charge paying none of ours (another sale of the Stripe account) is
-    ignored. Stripe does not say which invoice a refund of a payment that paid several is for
-    (a credit note does, which its own event brings): it is counted against them in the order
-    Stripe lists their payments, each at most what it paid, so it is counted once in all."""
+    ignored. A credit note's refund is its invoice's; Stripe does not say which invoice
+    another refund of a payment that paid several is for: it is counted against them in the
+    order Stripe lists their payments, each at most what it paid less its credit notes'
+    refunds, so it is counted once in all (`stripe_sync.charge_refund_parts`)."""
     charge = gw.charge(_object_id(event))
     intent = stripe_sync.stripe_id(charge, "payment_intent")
-    before = 0  # what the payment paid of the invoices before this one in that order
-    for invoice_id, paid in gw.invoices_paid_by(intent) if intent else []:
+    paid = gw.invoices_paid_by(intent) if intent else []
+    for invoice_id, _ in paid:
         invoice = _invoice_mirrored(invoice_id, gw)
         if invoice is not None:
-            stripe_sync.charge_refunds_mirror(invoice, charge.id, gw, after=before, paid=paid)
-        before += paid
+            stripe_sync.charge_refunds_mirror(invoice, charge.id, gw, paid=paid)
 
 
 def invoice_deleted(event: StripeEvent, gw: StripeGateway) -> None:

@@ -123,6 +123,19 @@ def refund_create(state: State, params: Params) -> dict[str, Any]:
     )
 
 
+def refund_list(state: State, params: Params) -> dict[str, Any]:
+    """GET /v1/refunds by `charge`, `payment_intent`."""
+    params.only("charge", "payment_intent", "limit", "starting_after", "ending_before")
+    charge, intent = params.text("charge"), params.text("payment_intent")
+    found = [
+        r
+        for r in state.all("refund")
+        if (charge is None or r["charge"] == charge)
+        and (intent is None or r["payment_intent"] == intent)
+    ]
+    return page(found, params, "/v1/refunds")
+
+
 def refund_make(
     state: State, charge: dict[str, Any], amount: int, reason: str | None, metadata: dict
 ) -> dict[str, Any]:

@@ -98,6 +98,7 @@ API: list[Route] = [
     route("GET", "/v1/invoice_payments/{id}", payments.invoice_payment_retrieve),
     route("GET", "/v1/charges/{id}", payments.charge_retrieve),
     route("POST", "/v1/refunds", payments.refund_create),
+    route("GET", "/v1/refunds", payments.refund_list),
     route("POST", "/v1/credit_notes", credit_notes.credit_note_create),
     route("GET", "/v1/credit_notes", credit_notes.credit_note_list),
     route("GET", "/v1/credit_notes/{id}", credit_notes.credit_note_retrieve),

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import AuditEvent
-from billing import meter_events, reports, stripe_sync
+from billing import meter_events, reports, selectors, stripe_sync
 from billing.models import CreditNote, Invoice, MeterEvent, StripeMeter, StripePrice
 from tests.billing import test_stripe_invoices as stripe_invoices
 from tests.billing.test_stripe_invoices import _deliver, _this_hour
@@ -74,13 +74,10 @@ def test_a_partly_refunded_invoice_says_so_once_however_often_stripe_tells(
     assert ">Refunded<" in detail and "Remains paid" in detail and "0.00 USD" in detail
 
 
-def test_a_refund_of_one_payment_of_two_invoices_is_counted_once_not_on_each(
-    client, owner_client, tenant, subscription, emulator, record_usage
-):
-    """A customer paid two invoices at once (one payment of 60.00 for 40.00 and 20.00); Stripe
-    refunded 12.00 of that payment: each invoice read "Partly refunded (12.00 …)", 24.00 in
-    all. The refund is counted once, against the invoices in the order Stripe lists their
-    payments, each at most what it paid."""
+def _paid_at_once(client, emulator, record_usage, subscription) -> tuple[dict, dict]:
+    """Two Stripe invoices, of 40.00 and 20.00 USD (the next period's), paid by one payment of
+    60.00 (Stripe lists the payments newest first: the 20.00 one's first); their events
+    delivered."""
     first = _invoiced(emulator, record_usage, subscription, paid=False)
     # Half as many core-hours in the next period, sent to Stripe's meter once it has begun.
     gw = stripe_sync.gateway()
@@ -99,23 +96,66 @@ def test_a_refund_of_one_payment_of_two_invoices_is_counted_once_not_on_each(
     emulator.pay_invoices_at_once([first["id"], second["id"]])
     for paid in emulator.events("invoice.paid"):
         _deliver(client, paid)
+    return first, second
 
-    def refunded() -> dict[str, Decimal]:
-        rows = Invoice.objects.filter(stripe_invoice_id__in=[first["id"], second["id"]])
-        return {row.stripe_invoice_id: row.amount_refunded for row in rows}
+
+def _refunded(*invoices: dict) -> dict[str, Decimal]:
+    """What each of the Stripe invoices reads refunded, by Stripe id."""
+    rows = Invoice.objects.filter(stripe_invoice_id__in=[each["id"] for each in invoices])
+    return {row.stripe_invoice_id: row.amount_refunded for row in rows}
+
+
+def test_a_refund_of_one_payment_of_two_invoices_is_counted_once_not_on_each(
+    client, owner_client, tenant, subscription, emulator, record_usage
+):
+    """A customer paid two invoices at once (one payment of 60.00 for 40.00 and 20.00); Stripe
+    refunded 12.00 of that payment: each invoice read "Partly refunded (12.00 …)", 24.00 in
+    all. The refund is counted once, against the invoices in the order Stripe lists their
+    payments, each at most what it paid."""
+    first, second = _paid_at_once(client, emulator, record_usage, subscription)
 
     emulator.refund_invoice(first["id"], 1200)
     _deliver(client, emulator.events("charge.refunded")[-1])
-    partly = refunded()
+    partly = _refunded(first, second)
     emulator.refund_invoice(first["id"])  # the rest of the payment
     _deliver(client, emulator.events("charge.refunded")[-1])
-    whole = refunded()
+    whole = _refunded(first, second)
 
     assert sum(partly.values()) == Decimal("12.00"), partly
     assert sorted(partly.values()) == [Decimal("0.00"), Decimal("12.00")]
     assert whole == {first["id"]: Decimal("40.00"), second["id"]: Decimal("20.00")}
     listed = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
     assert listed.count(">Refunded<") == 2 and "Partly refunded" not in listed
+
+
+def test_a_credit_note_refund_of_a_payment_of_two_invoices_counts_on_its_invoice_alone(
+    client, owner_client, tenant, subscription, emulator, record_usage
+):
+    """One payment of 60.00 paid invoices of 40.00 and 20.00; a credit note of the 40.00 one
+    refunded it whole. The 20.00 one, of which nothing was refunded, read "Refunded" too:
+    60.00 refunded in all, of a payment refunded 40.00. A credit note's refund is its
+    invoice's; only refunds outside credit notes are counted in the order Stripe lists the
+    invoices' payments, each within what credit notes left of what the payment paid of it."""
+    first, second = _paid_at_once(client, emulator, record_usage, subscription)
+
+    emulator.create_credit_note(first["id"], amount=4000, refund_amount=4000, reason="duplicate")
+    _deliver(client, emulator.events("charge.refunded")[-1])  # before the credit note's own
+    _deliver(client, emulator.events("credit_note.created")[-1])
+
+    assert _refunded(first, second) == {first["id"]: Decimal("40.00"), second["id"]: Decimal("0")}
+    listed = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert listed.count(">Refunded<") == 1 and listed.count(">Paid<") == 1
+    totals = selectors.period_totals(Invoice.objects.all())  # the billing team's
+    assert sum(each.taken_back for each in totals) == Decimal("40.00")
+
+    emulator.refund_invoice(second["id"], 1200)  # outside any credit note: the second's
+    _deliver(client, emulator.events("charge.refunded")[-1])
+
+    assert _refunded(first, second) == {
+        first["id"]: Decimal("40.00"), second["id"]: Decimal("12.00"),
+    }  # fmt: skip
+    listed = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert "Partly refunded (12.00 of 20.00)" in listed and listed.count(">Refunded<") == 1
 
 
 def test_a_credit_note_arriving_before_its_invoice_mirrors_both_and_counts_its_refund_once(

@@ -48,8 +48,11 @@ def test_a_refund_of_a_paid_invoice_is_on_its_charge(client, emulator, receiver,
     assert refund["charge"] == charge.id
     with pytest.raises(stripe.InvalidRequestError, match="greater than unrefunded"):
         client.v1.refunds.create({"charge": charge.id, "amount": 2801})
-    client.v1.refunds.create({"payment_intent": charge.payment_intent})
+    rest = client.v1.refunds.create({"payment_intent": charge.payment_intent})
     assert client.v1.charges.retrieve(charge.id).refunded is True
+    listed = client.v1.refunds.list({"charge": charge.id}).data
+    assert [r.id for r in listed] == [rest.id, refund["id"]]  # newest first
+    assert not client.v1.refunds.list({"charge": "ch_other"}).data
 
 
 def test_a_credit_note_of_a_paid_invoice_refunds_and_credits(client, emulator, invoice):
