@@ -14,7 +14,7 @@ from typing import Any
 from .errors import invalid
 from .forms import Params
 from .payments import invoice_charges, refund_make
-from .state import State, new_id, page
+from .state import State, matching, new_id, page
 
 REASONS = ("duplicate", "fraudulent", "order_change", "product_unsatisfactory")
 
@@ -28,13 +28,7 @@ def credit_note_retrieve(state: State, params: Params, credit_note_id: str) -> d
 def credit_note_list(state: State, params: Params) -> dict[str, Any]:
     """GET /v1/credit_notes by `invoice`, `customer`."""
     params.only("invoice", "customer", "limit", "starting_after", "ending_before")
-    invoice, customer = params.text("invoice"), params.text("customer")
-    found = [
-        c
-        for c in state.all("credit_note")
-        if (invoice is None or c["invoice"] == invoice)
-        and (customer is None or c["customer"] == customer)
-    ]
+    found = matching(state, "credit_note", params, "invoice", "customer")
     return page(found, params, "/v1/credit_notes")
 
 

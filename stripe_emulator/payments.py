@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import invalid
 from .forms import Params
-from .state import State, list_object, new_id, page
+from .state import State, list_object, matching, new_id, page
 
 REFUND_REASONS = ("duplicate", "fraudulent", "requested_by_customer")
 
@@ -126,13 +126,7 @@ def refund_create(state: State, params: Params) -> dict[str, Any]:
 def refund_list(state: State, params: Params) -> dict[str, Any]:
     """GET /v1/refunds by `charge`, `payment_intent`."""
     params.only("charge", "payment_intent", "limit", "starting_after", "ending_before")
-    charge, intent = params.text("charge"), params.text("payment_intent")
-    found = [
-        r
-        for r in state.all("refund")
-        if (charge is None or r["charge"] == charge)
-        and (intent is None or r["payment_intent"] == intent)
-    ]
+    found = matching(state, "refund", params, "charge", "payment_intent")
     return page(found, params, "/v1/refunds")
 
 

@@ -135,6 +135,17 @@ def changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return {k: before.get(k) for k in after if before.get(k) != after[k]}
 
 
+def matching(state: State, kind: str, params: Params, *fields: str) -> list[dict[str, Any]]:
+    """The objects of `kind`, in Stripe's order, whose `fields` hold what the request's
+    parameters of those names say (a field the request does not name: any)."""
+    wanted = [(name, params.text(name)) for name in fields]
+    return [
+        obj
+        for obj in state.all(kind)
+        if all(value is None or obj[name] == value for name, value in wanted)
+    ]
+
+
 def page(objects: Iterable[dict[str, Any]], params: Params, url: str) -> dict[str, Any]:
     """One page of a Stripe list object: `limit` (1..100, default 10), `starting_after`,
     `ending_before`, over objects already in Stripe's order (newest first)."""
