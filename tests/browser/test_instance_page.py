@@ -392,6 +392,32 @@ def test_the_backups_tab_shows_a_backup_complete_without_a_reload(
     assert not scrolls_sideways(page)
 
 
+def test_a_long_task_message_leaves_the_cells_beside_it_whole(open_page, owner, instance):
+    """A task waiting on what the cluster refuses says its last warning, a few hundred
+    characters: beside it, its state read "Runni-ng", broken over two lines at 1280 px."""
+    from deployments.models import TaskRun
+
+    TaskRun.objects.filter(operation__instance=instance).update(
+        state="Running",
+        message=f'Waiting on StatefulSet "{instance.pk}". Its last warning: "FailedCreate: '
+        f"create Pod {instance.pk}-2 in StatefulSet {instance.pk} failed error: failed to "
+        f'create PVC data-{instance.pk}-2: persistentvolumeclaims "data-{instance.pk}-2" is '
+        "forbidden: exceeded quota: opsdeck-quota, requested: requests.storage=2Gi, used: "
+        'requests.storage=4Gi, limited: requests.storage=5Gi".',
+    )
+    page = open_page(owner, f"/t/{instance.tenant.slug}/deployments/{instance.pk}/?tab=operations")
+    page.locator("#instance-operations summary").first.click()
+    state = page.locator(".task-runs tbody td").nth(2)
+    expect(state).to_have_text("Running")
+
+    lines = state.evaluate(
+        "td => { const r = document.createRange(); r.selectNodeContents(td);"
+        " return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; }"
+    )
+    assert lines == 1
+    assert not scrolls_sideways(page)
+
+
 def test_details_of_one_long_word_break_inside_the_activity_table(open_page, owner, instance):
     from accounts.audit import audit_record
 
