@@ -1311,11 +1311,23 @@ def charge_refunds_mirror(
         # Read after the charge: each refund its amount counts is among them, and the credit
         # note that made it (the two are made at once) among the credit notes.
         made = {refund.id for refund in gw.charge_refunds(held.id)}
-        noted = [
-            (invoice_id, amount, credit_notes_refunded(gw.credit_notes(invoice_id), made))
-            for invoice_id, amount in paid
-        ]
-        parts = charge_refund_parts(int(_field(held, "amount_refunded") or 0), noted)
+        noted = []
+        for invoice_id, amount in paid:
+            notes = gw.credit_notes(invoice_id)
+            noted.append(
+                (
+                    invoice_id,
+                    amount,
+                    credit_notes_refunded(notes, made),
+                    credit_notes_credited(notes),
+                )
+            )
+        # What was counted of the charge on each of ours stays counted there.
+        counted = {
+            row.stripe_invoice_id: int(row.charge_refunds.get(held.id, 0))
+            for row in Invoice.objects.filter(stripe_invoice_id__in=[each for each, _ in paid])
+        }
+        parts = charge_refund_parts(int(_field(held, "amount_refunded") or 0), noted, counted)
         refunds = dict(stored.charge_refunds)
         before = int(refunds.get(held.id, 0))
         refunds[held.id] = max(before, parts.get(stored.stripe_invoice_id, 0))
@@ -1348,22 +1360,44 @@ def credit_notes_refunded(credit_notes: list[Any], refund_ids: set[str]) -> int:
     )
 
 
-def charge_refund_parts(refunded: int, paid: list[tuple[str, int, int]]) -> dict[str, int]:
+def credit_notes_credited(credit_notes: list[Any]) -> int:
+    """What the issued ones of `credit_notes` (an invoice's) gave back of it once paid other
+    than by refunds (to the customer's balance, outside Stripe), in the currency's minor unit."""
+    return sum(
+        max(
+            0,
+            int(_field(note, "post_payment_amount") or 0)
+            - sum(int(_field(r, "amount_refunded") or 0) for r in _field(note, "refunds") or []),
+        )
+        for note in credit_notes
+        if _field(note, "status") != "void"
+    )
+
+
+def charge_refund_parts(
+    refunded: int, paid: list[tuple[str, int, int, int]], counted: dict[str, int]
+) -> dict[str, int]:
     """What a charge's refunds (`refunded`, in all) gave back of each invoice its payment paid,
-    by Stripe id; `paid`: each invoice, what the payment paid of it and what its credit notes
-    refunded of the charge, in the order Stripe lists their payments.
+    by Stripe id; `paid`: each invoice, what the payment paid of it, what its credit notes
+    refunded of the charge and what they gave back otherwise (credited), in the order Stripe
+    lists their payments; `counted`: what was counted of the charge on each before.
 
     A credit note's refund is its invoice's. A refund outside any credit note names no invoice:
     it is counted against the invoices in that order, each within what its credit notes left
-    of what the payment paid of it. So each unit refunded counts once in all, on one invoice,
-    and no invoice's part shrinks as refunds are added."""
-    outside = max(0, refunded - sum(min(noted, amount) for _, amount, noted in paid))
-    parts: dict[str, int] = {}
-    for invoice_id, amount, noted in paid:
-        noted = min(noted, amount)
-        share = min(outside, amount - noted)
-        parts[invoice_id] = noted + share
-        outside -= share
+    of what the payment paid of it (beyond that only when none has any left). What was counted
+    on an invoice stays counted there. So each unit refunded counts once in all, on one
+    invoice, and no invoice's part shrinks as refunds and credit notes are added."""
+    parts = {
+        invoice_id: max(int(counted.get(invoice_id, 0)), min(noted, amount))
+        for invoice_id, amount, noted, _ in paid
+    }
+    outside = max(0, refunded - sum(parts.values()))
+    for within_credits in (True, False):
+        for invoice_id, amount, _, credited in paid:
+            room = amount - (credited if within_credits else 0) - parts[invoice_id]
+            share = max(0, min(outside, room))
+            parts[invoice_id] += share
+            outside -= share
     return parts
 
 

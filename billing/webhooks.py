@@ -79,8 +79,8 @@ def charge_refunded(event: StripeEvent, gw: StripeGateway) -> None:
     invoice it paid. A charge paying none of ours (another sale of the Stripe account) is
     ignored. A credit note's refund is its invoice's; Stripe does not say which invoice
     another refund of a payment that paid several is for: it is counted against them in the
-    order Stripe lists their payments, each at most what it paid less its credit notes'
-    refunds, so it is counted once in all (`stripe_sync.charge_refund_parts`)."""
+    order Stripe lists their payments, each at most what it paid less what its credit notes
+    refunded or credited, so it is counted once in all (`stripe_sync.charge_refund_parts`)."""
     charge = gw.charge(_object_id(event))
     intent = stripe_sync.stripe_id(charge, "payment_intent")
     paid = gw.invoices_paid_by(intent) if intent else []

@@ -158,6 +158,67 @@ def test_a_credit_note_refund_of_a_payment_of_two_invoices_counts_on_its_invoice
     assert "Partly refunded (12.00 of 20.00)" in listed and listed.count(">Refunded<") == 1
 
 
+@pytest.mark.parametrize("given_back", ["credit_amount", "out_of_band_amount"])
+def test_a_refund_of_a_payment_of_two_invoices_skips_one_a_credit_note_gave_back_whole(
+    client, owner_client, tenant, subscription, emulator, record_usage, given_back
+):
+    """One payment of 60.00 paid invoices of 40.00 and 20.00; a credit note of the 20.00 one
+    gave it back whole to the customer's balance (or outside Stripe), then 40.00 of the payment
+    was refunded. The 20.00 one read "Refunded" (20.00 refunded and 20.00 credited) and the
+    40.00 one "Partly refunded (20.00 of 40.00)": the billing team's totals took 40.00 back of
+    the 60.00 given back. Nothing of the 20.00 one was left to refund: the 40.00 is the other's."""
+    first, second = _paid_at_once(client, emulator, record_usage, subscription)
+
+    emulator.create_credit_note(second["id"], amount=2000, **{given_back: 2000})
+    _deliver(client, emulator.events("credit_note.created")[-1])
+    emulator.refund_invoice(first["id"], 4000)  # outside any credit note
+    _deliver(client, emulator.events("charge.refunded")[-1])
+
+    assert _refunded(first, second) == {first["id"]: Decimal("40.00"), second["id"]: Decimal("0")}
+    listed = owner_client.get(f"/t/{tenant.slug}/billing/").content.decode()
+    assert listed.count(">Refunded<") == 1 and listed.count(">Credited<") == 1
+    assert "Partly refunded" not in listed
+    totals = selectors.period_totals(Invoice.objects.all())  # the billing team's
+    assert sorted(each.taken_back for each in totals) == [Decimal("20.00"), Decimal("40.00")]
+
+
+def test_a_credit_note_giving_back_an_invoice_a_refund_was_counted_on_moves_no_refund_twice(
+    client, owner_client, tenant, subscription, emulator, record_usage
+):
+    """A refund counted on the 20.00 invoice (listed first) stays counted there when a credit
+    note then credits that invoice whole: a later refund is counted on the 40.00 one, each unit
+    refunded once in all."""
+    first, second = _paid_at_once(client, emulator, record_usage, subscription)
+
+    emulator.refund_invoice(first["id"], 2000)
+    _deliver(client, emulator.events("charge.refunded")[-1])
+    assert _refunded(first, second) == {first["id"]: Decimal("0"), second["id"]: Decimal("20.00")}
+    emulator.create_credit_note(second["id"], amount=2000, credit_amount=2000)
+    _deliver(client, emulator.events("credit_note.created")[-1])
+    emulator.refund_invoice(first["id"], 1000)
+    _deliver(client, emulator.events("charge.refunded")[-1])
+
+    assert _refunded(first, second) == {
+        first["id"]: Decimal("10.00"), second["id"]: Decimal("20.00"),
+    }  # fmt: skip
+
+
+def test_a_refund_of_an_invoice_paid_alone_counts_whole_whatever_its_credit_notes_credited(
+    client, owner_client, tenant, subscription, emulator, record_usage
+):
+    """An invoice paid by a payment of its own: what the payment refunded is the invoice's,
+    also beyond what its credit notes left (Stripe refunded it all the same)."""
+    invoice = _invoiced(emulator, record_usage, subscription)
+    emulator.create_credit_note(invoice["id"], amount=1000, credit_amount=1000)
+    emulator.refund_invoice(invoice["id"])  # all 40.00
+    for event in emulator.events("invoice.paid") + emulator.events("credit_note.created"):
+        _deliver(client, event)
+    _deliver(client, emulator.events("charge.refunded")[-1])
+
+    stored = Invoice.objects.get(stripe_invoice_id=invoice["id"])
+    assert (stored.amount_refunded, stored.amount_credited) == (Decimal("40.00"), Decimal("10.00"))
+
+
 def test_a_credit_note_arriving_before_its_invoice_mirrors_both_and_counts_its_refund_once(
     client, owner_client, tenant, subscription, emulator, record_usage
 ):
