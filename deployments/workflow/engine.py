@@ -17,6 +17,7 @@ retryStrategy, activeDeadlineSeconds, onExit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -724,7 +725,9 @@ class _Run:
         if after is None or since is None or self.now - since < after:
             return
         node.warning_read_at = self.now
-        node.warning = last_warning(self.driver, node)
+        # What it said stands until a read answers: a throttled read is no news.
+        with contextlib.suppress(DriverError):
+            node.warning = _newest_warning(self.driver, node)
 
     def _render(self, template: Template, ctx: Context) -> dict:
         resource = template.resource
@@ -897,9 +900,14 @@ def last_warning(driver: Driver, node: Node) -> str:
     500 characters; "" without one, or when the events cannot be read (what is said of the
     task is said without it)."""
     try:
-        warning = driver.last_warning(node.object, since=node.started_at)
+        return _newest_warning(driver, node)
     except DriverError:
         return ""
+
+
+def _newest_warning(driver: Driver, node: Node) -> str:
+    """`last_warning`, raising DriverError when the events cannot be read."""
+    warning = driver.last_warning(node.object, since=node.started_at)
     return warning.strip().rstrip(".")[:500]
 
 

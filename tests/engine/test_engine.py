@@ -431,6 +431,37 @@ def test_a_waiting_task_says_its_objects_newest_warning_read_at_most_every_so_of
     assert engine.task_message(run.node(".b")) == ""  # said only while it waits
 
 
+def test_a_waiting_task_keeps_saying_its_warning_when_a_read_of_the_events_fails():
+    """The API server throttles or hiccups on one read of the events (a 429 at fleet scale):
+    the warning the task says stays until a read answers, rather than going blank for the
+    next 30 s and coming back."""
+    wf = workflow(
+        dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
+    )
+    run = Runner(wf)
+    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
+    key = ("ConfigMap", NS, "b")
+    run.cluster.warnings[key] = [(run.now, "FailedCreate: exceeded quota: opsdeck-quota")]
+    run.until_quiet()
+    run.now += 35
+    run.step()
+    said = (
+        'Waiting on ConfigMap "b". Its last warning: "FailedCreate: exceeded quota: opsdeck-quota".'
+    )
+    assert engine.task_message(run.node(".b")) == said
+
+    def throttled(obj, *, since):
+        run.cluster.calls.append("events")
+        raise TransientError("Too many requests", status=429)
+
+    run.cluster.last_warning = throttled
+    run.now += 30
+    run.step()
+
+    assert run.cluster.calls.count("events") == 2  # it was read, and failed
+    assert engine.task_message(run.node(".b")) == said
+
+
 def test_a_waiting_task_reads_no_events_unless_told_to():
     wf = workflow(
         dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
