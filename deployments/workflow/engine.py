@@ -82,8 +82,8 @@ class Node:
     conditions: list[str | None] | None = None
     outputs: dict[str, str] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
-    # While waiting: the object's newest Warning event, and when its events were last read
-    # (`RunSettings.warning_after`).
+    # While waiting: the object's newest Warning event, and when its events were last read, or
+    # a retried attempt began (`RunSettings.warning_after`).
     warning: str = ""
     warning_read_at: float | None = None
 
@@ -848,8 +848,9 @@ class _Run:
                 node.attempt += 1
                 node.step = "new"
                 node.message = f"attempt {node.attempt - 1} failed: {message}"
-                node.warning, node.warning_read_at = "", None
                 node.retry_at = self.now + wait
+                # The new attempt waits its own while before its object's events are read.
+                node.warning, node.warning_read_at = "", node.retry_at
                 return Step(progressed=True, wake_at=node.retry_at)
         _finish(node, phase, self.now, message)
         return Step(progressed=True)

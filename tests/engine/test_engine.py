@@ -462,6 +462,44 @@ def test_a_waiting_task_keeps_saying_its_warning_when_a_read_of_the_events_fails
     assert engine.task_message(run.node(".b")) == said
 
 
+def test_a_retried_attempt_waits_its_own_while_before_it_says_a_warning():
+    """An attempt that met its failure condition quoted the object's warning, and the task is
+    retried: the new attempt, waiting on its object again, reads the events once it has waited
+    `warning_after` seconds itself, not on its first look, where it said the warning of the
+    attempt before it a second time ('… Its last warning: "X". … Waiting on ConfigMap "b".
+    Its last warning: "X".'), seconds after it began."""
+    template = resource("b", configmap("b", "x"), success="status.ok", failure="status.bad")
+    template = dataclasses.replace(template, retry=RetryStrategy(limit=1, duration=5))
+    run = Runner(workflow(dag(Task(name="b", template="b")), template))
+    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
+    key = ("ConfigMap", NS, "b")
+    run.cluster.warnings[key] = [(run.now, "BackOff: the first attempt's warning")]
+    run.until_quiet()
+    run.now += 35
+    run.step()
+    run.cluster.set_status("ConfigMap", "b", bad=True)
+    run.step()  # attempt 1 failed; attempt 2 after a 5 s backoff
+    run.cluster.set_status("ConfigMap", "b")
+    assert run.node(".b").attempt == 2
+    read = run.cluster.calls.count("events")
+
+    run.now += 6
+    run.until_quiet()
+    run.now += 20  # 21 s into attempt 2
+    run.step()
+
+    node = run.node(".b")
+    assert node.attempt == 2 and node.step == "waiting"
+    assert run.cluster.calls.count("events") == read
+    assert "Waiting on" not in engine.task_message(node)
+    run.now += 10  # 31 s into attempt 2
+    run.step()
+    assert run.cluster.calls.count("events") == read + 1
+    assert engine.task_message(run.node(".b")).endswith(
+        'Waiting on ConfigMap "b". Its last warning: "BackOff: the first attempt\'s warning".'
+    )
+
+
 def test_a_waiting_task_reads_no_events_unless_told_to():
     wf = workflow(
         dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
