@@ -908,6 +908,14 @@ def _task_runs_sql(runs: Runs) -> tuple[str, list]:
             values["object"] = None  # unchanged: kept as it is stored (COALESCE), not encrypted
         row = [node.id, node.attempt, *rows.prepared(TaskRun, _RUN_FIELDS, values)]
         (kept if synced else added).append(row)
+        ended = node.ended_attempt
+        if not synced and ended and prev is not None and prev.get("attempt") == ended["attempt"]:
+            # A retry began another attempt: the row of the one it ended says how it ended.
+            closed = {
+                "state": ended["phase"], "message": ended["message"], "object": None,
+                "started_at": _dt(node.started_at), "finished_at": _dt(ended["finished_at"]),
+            }  # fmt: skip
+            kept.append([node.id, ended["attempt"], *rows.prepared(TaskRun, _RUN_FIELDS, closed)])
     columns = [rows.column(TaskRun, name) for name in _RUN_FIELDS]
     named = f"v (node, attempt, {', '.join(columns)})"
     sql, params = "", []

@@ -86,6 +86,9 @@ class Node:
     # a retried attempt began (`RunSettings.warning_after`).
     warning: str = ""
     warning_read_at: float | None = None
+    # The attempt a retry ended last: its `attempt`, `phase`, `message` and `finished_at`, for
+    # whoever shows each attempt (the task's fields say the attempt now running).
+    ended_attempt: dict | None = None
 
 
 @dataclass
@@ -845,6 +848,10 @@ class _Run:
                 wait = min(wait, LONGEST_RETRY_WAIT)
                 if retry.cap is not None:
                     wait = min(wait, retry.cap)
+                node.ended_attempt = {
+                    "attempt": node.attempt, "phase": phase, "message": message,
+                    "finished_at": self.now,
+                }  # fmt: skip
                 node.attempt += 1
                 node.step = "new"
                 node.message = f"attempt {node.attempt - 1} failed: {message}"

@@ -85,6 +85,35 @@ def test_a_failed_bootstrap_fails_the_create_with_the_operators_phase(
     assert "(It met its failureCondition, " in create.error and create.error.endswith(".)")
 
 
+def test_an_attempt_a_retry_ended_says_how_it_ended_not_running(
+    worker, cell, tenant, owner, faults
+):
+    """The create's Cluster task retried once (a retryStrategy) and its bootstrap failing each
+    time: the first attempt's row on the Operations tab read "Running" for good, beside the
+    second's "Failed"."""
+    text = SPEC.read_text().replace("plan: postgres-cnpg", "plan: postgres-retried", 1)
+    task = "            - name: cluster\n"
+    retry = "              retryStrategy: {limit: 1, backoff: {duration: 1s}}\n"
+    text = text.replace(task, task + retry, 1)
+    plan = services.plan_load(text=text).plan
+    faults(frozen=["clusters"])  # hold the operator until the fault names this cluster
+    create = _create(owner, tenant, plan)
+    wait_for(
+        lambda: create.task_runs.filter(node="main.cluster").exists(),
+        what="the create to apply its Cluster",
+    )
+    faults(fail_bootstrap=[f"{create.instance_id}/{create.instance_id}"], frozen=[])
+
+    assert wait_done(create, timeout=60).state == Operation.State.FAILED
+
+    runs = list(create.task_runs.filter(node="main.cluster").order_by("attempt"))
+    assert [(run.attempt, run.state) for run in runs] == [(1, "Failed"), (2, "Failed")]
+    first = runs[0]
+    assert first.finished_at is not None and first.finished_at <= runs[1].finished_at
+    assert 'its phase is "Unable to create required cluster objects"' in first.message
+    assert not first.message.startswith("attempt ")  # its own failure, as it happened
+
+
 def test_delete_during_a_running_create_stops_it_and_removes_everything(
     worker, cell, tenant, owner, faults, sandbox_kubeconfig
 ):
