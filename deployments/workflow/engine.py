@@ -116,12 +116,22 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: dict) -> RunState:
-        nodes = {key: Node(**value) for key, value in data.get("nodes", {}).items()}
-        return cls(**{**data, "nodes": nodes})
+        """The state `to_json` gave, also by a later release: the fields this one does not know
+        are left out, so a release rolled back goes on with the runs a newer one began."""
+        nodes = {
+            key: Node(**{name: v for name, v in value.items() if name in _NODE_FIELDS})
+            for key, value in data.get("nodes", {}).items()
+        }
+        known = {name: v for name, v in data.items() if name in _RUN_FIELDS}
+        return cls(**{**known, "nodes": nodes})
 
     @property
     def done(self) -> bool:
         return self.stage == "done"
+
+
+_NODE_FIELDS = frozenset(f.name for f in fields(Node))
+_RUN_FIELDS = frozenset(f.name for f in fields(RunState))
 
 
 @dataclass

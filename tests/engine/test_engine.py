@@ -194,6 +194,25 @@ class Runner:
         return next(n for i, n in self.state.nodes.items() if i.endswith(suffix))
 
 
+def test_a_run_a_later_release_saved_goes_on_from_what_this_one_knows_of_it():
+    """A release rolled back met states saved with fields it did not know, and every move of
+    those runs failed on them."""
+    wf = workflow(
+        dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
+    )
+    run = Runner(wf)
+    run.until_quiet()
+    run.saved["nodes"] = {
+        key: {**node, "a_later_field": [1]} for key, node in run.saved["nodes"].items()
+    }
+    run.saved["another_later_field"] = "x"
+
+    run.cluster.set_status("ConfigMap", "b", ok=True)
+    run.until_quiet()
+
+    assert run.state.phase == engine.SUCCEEDED and run.node(".b").phase == engine.SUCCEEDED
+
+
 def test_a_task_renders_then_applies_then_waits_for_its_condition():
     wf = workflow(
         dag(Task(name="cluster", template="cluster")),
