@@ -203,12 +203,23 @@ class Core:
             start: tuple[str, str] | None = None
             if cont:
                 snap_rv, start = _decode_continue(cont)
-                if snap_rv < self.store.compacted_rv:
+                if snap_rv == _LATEST:  # a token a 410 gave: the rest, as it is now
+                    snap_rv = self.store.rv
+                    state = self.store.objects.get(rt.key, {})
+                elif snap_rv < self.store.compacted_rv:
+                    # As kube-apiserver: with a token that goes on from the same key in the
+                    # current state, an inconsistent list the client may choose.
                     raise E.gone(
                         "The provided continue parameter is too old to display a consistent list "
-                        "result. You can start a new list without the continue parameter."
+                        "result. You can start a new list without the continue parameter, or use "
+                        "the continue token in this response to retrieve the remainder of the "
+                        "results. Continuing with the provided token results in an inconsistent "
+                        "list - objects that were created, modified, or deleted between the time "
+                        "the first chunk was returned and now may show up in the list.",
+                        continue_token=_encode_continue(_LATEST, start),
                     )
-                state = self.store.snapshot(rt.key, snap_rv)
+                else:
+                    state = self.store.snapshot(rt.key, snap_rv)
             else:
                 snap_rv = self.store.rv
                 state = self.store.objects.get(rt.key, {})
@@ -1333,6 +1344,9 @@ def _strip_times(obj: dict[str, Any]) -> dict[str, Any]:
 
 def _too_old(requested: int, oldest: int) -> dict[str, Any]:
     return E.gone(f"too old resource version: {requested} ({oldest})").status()
+
+
+_LATEST = -1  # a continue token's resourceVersion for "the current state", as etcd3's store
 
 
 def _encode_continue(rv: int, last: tuple[str, str]) -> str:

@@ -90,19 +90,21 @@ class ApiError(Exception):
         reason: str,
         message: str,
         details: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details
+        self.metadata = metadata
 
     def status(self) -> dict[str, Any]:
         """The `Status` object for the response body."""
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": self.metadata or {},
             "status": "Failure",
             "message": self.message,
         }
@@ -204,9 +206,11 @@ def forbidden(plural: str, group: str, name: str, why: str) -> ApiError:
     )
 
 
-def gone(message: str) -> ApiError:
-    """410 Expired (too old resource version, expired continue token)."""
-    return ApiError(410, "Expired", message)
+def gone(message: str, *, continue_token: str | None = None) -> ApiError:
+    """410 Expired (too old resource version, expired continue token); for a continue token,
+    with the token that goes on from the same place in the current state."""
+    metadata = {"continue": continue_token} if continue_token else None
+    return ApiError(410, "Expired", message, metadata=metadata)
 
 
 def method_not_allowed() -> ApiError:

@@ -435,6 +435,12 @@ def test_expired_continue_token_is_410(core_v1, namespace, sandbox):
         core_v1.list_namespaced_config_map(namespace, limit=1, _continue=first.metadata._continue)
     assert exc.value.status == 410
     assert err(exc.value)["reason"] == "Expired"
+    # With a token that goes on from the same place, in the state as it is now (kube-apiserver's
+    # "inconsistent list"): the later ConfigMap is in it.
+    rest = core_v1.list_namespaced_config_map(
+        namespace, _continue=err(exc.value)["metadata"]["continue"]
+    )
+    assert [c.metadata.name for c in rest.items] == ["cm1", "cm2", "late"]
 
 
 # ---- patches --------------------------------------------------------------------------------
