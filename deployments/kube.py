@@ -171,6 +171,19 @@ def classify(exc: Exception) -> DriverError:
     return PermanentError(readable(exc))
 
 
+def _continue_offered(error: DriverError) -> str | None:
+    """The continue token a 410 Expired answer to a list with an expired one offers, if any."""
+    answer = error.__cause__
+    if error.status != 410 or not isinstance(answer, ApiException):
+        return None
+    try:
+        status = json.loads(answer.body or "{}")
+    except ValueError:
+        return None
+    metadata = status.get("metadata") if isinstance(status, dict) else None
+    return metadata.get("continue") if isinstance(metadata, dict) else None
+
+
 def event_seen(event: dict[str, Any]) -> datetime | None:
     """When an event was last seen, from whichever of its times the API server wrote (core/v1
     Events keep `lastTimestamp`; events.k8s.io ones a series or `eventTime`); None without."""
@@ -453,19 +466,32 @@ class KubeDriver:
     ) -> Iterator[dict[str, Any]]:
         """Every object of `kind` that `label_selector` selects, in `namespace` or in all of
         them, read a page at a time (one LIST per page, `continue` between them), so memory
-        stays bounded."""
+        stays bounded.
+
+        A page whose snapshot the cluster compacted meanwhile (410 Expired, minutes into a long
+        list) goes on with the token the cluster offers in its answer: from the same place, in
+        the current state. An object changed between the pages is then read as it is now, or
+        missed if it moved before that place, as in any list of a cluster that changes."""
         resource = self._resource({"apiVersion": api_version, "kind": kind})
-        token = None
+        token, offered = None, False
         while True:
-            listed = self._call(
-                resource.get,
-                namespace=namespace,
-                label_selector=label_selector or None,
-                limit=page,
-                _continue=token,
-            )
+            try:
+                listed = self._call(
+                    resource.get,
+                    namespace=namespace,
+                    label_selector=label_selector or None,
+                    limit=page,
+                    _continue=token,
+                )
+            except PermanentError as exc:
+                # Once for a page: a token the cluster offered that expires too is an error.
+                token = None if offered or not token else _continue_offered(exc)
+                if token is None:
+                    raise
+                offered = True
+                continue
             yield from listed.get("items") or []
-            token = (listed.get("metadata") or {}).get("continue")
+            token, offered = (listed.get("metadata") or {}).get("continue"), False
             if not token:
                 return
 
