@@ -68,9 +68,8 @@ def test_an_operator_that_never_gets_healthy_fails_the_create_at_its_deadline(
     assert instance.history.last().reason == create.error
 
 
-def test_a_failed_bootstrap_fails_the_create_with_the_operators_phase(
-    worker, cell, plan, tenant, owner, faults
-):
+def _create_failing_bootstrap(owner, tenant, plan, faults) -> Operation:
+    """A create whose Cluster, once applied, fails its bootstrap."""
     faults(frozen=["clusters"])  # hold the operator until the fault names this cluster
     create = _create(owner, tenant, plan)
     wait_for(
@@ -78,6 +77,13 @@ def test_a_failed_bootstrap_fails_the_create_with_the_operators_phase(
         what="the create to apply its Cluster",
     )
     faults(fail_bootstrap=[f"{create.instance_id}/{create.instance_id}"], frozen=[])
+    return create
+
+
+def test_a_failed_bootstrap_fails_the_create_with_the_operators_phase(
+    worker, cell, plan, tenant, owner, faults
+):
+    create = _create_failing_bootstrap(owner, tenant, plan, faults)
 
     assert wait_done(create, timeout=60).state == Operation.State.FAILED
     assert create.error.startswith("cluster: Cluster")
@@ -96,13 +102,7 @@ def test_an_attempt_a_retry_ended_says_how_it_ended_not_running(
     retry = "              retryStrategy: {limit: 1, backoff: {duration: 1s}}\n"
     text = text.replace(task, task + retry, 1)
     plan = services.plan_load(text=text).plan
-    faults(frozen=["clusters"])  # hold the operator until the fault names this cluster
-    create = _create(owner, tenant, plan)
-    wait_for(
-        lambda: create.task_runs.filter(node="main.cluster").exists(),
-        what="the create to apply its Cluster",
-    )
-    faults(fail_bootstrap=[f"{create.instance_id}/{create.instance_id}"], frozen=[])
+    create = _create_failing_bootstrap(owner, tenant, plan, faults)
 
     assert wait_done(create, timeout=60).state == Operation.State.FAILED
 

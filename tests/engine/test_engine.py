@@ -413,19 +413,31 @@ def test_a_met_failure_condition_says_the_objects_last_warning_since_the_task_be
     )
 
 
+QUOTA_SAID = (
+    'Waiting on ConfigMap "b". Its last warning: "FailedCreate: exceeded quota: opsdeck-quota".'
+)
+
+
+def _waiting(template: Template, warning: str) -> tuple[Runner, tuple[str, str, str]]:
+    """A run of one task `b` on ConfigMap "b", told to read its warnings after 30 s of waiting,
+    the object's `warning` recorded as the task begins, and the run waiting on it."""
+    run = Runner(workflow(dag(Task(name="b", template="b")), template))
+    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
+    key = ("ConfigMap", NS, "b")
+    run.cluster.warnings[key] = [(run.now, warning)]
+    run.until_quiet()
+    return run, key
+
+
 def test_a_waiting_task_says_its_objects_newest_warning_read_at_most_every_so_often():
     """A controller that refuses what it was asked (a quota) says why in a Warning event on
     the object, where the task's conditions only ever read "not yet". The events are read once
     the task has waited `warning_after` seconds, then again each time as long after: not on
     every look at the object."""
-    wf = workflow(
-        dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
+    run, key = _waiting(
+        resource("b", configmap("b", "x"), success="status.ok"),
+        "FailedCreate: exceeded quota: opsdeck-quota",
     )
-    run = Runner(wf)
-    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
-    key = ("ConfigMap", NS, "b")
-    run.cluster.warnings[key] = [(run.now, "FailedCreate: exceeded quota: opsdeck-quota")]
-    run.until_quiet()
     run.now += 20
     run.step()
     assert "events" not in run.cluster.calls and engine.task_message(run.node(".b")) == ""
@@ -436,9 +448,7 @@ def test_a_waiting_task_says_its_objects_newest_warning_read_at_most_every_so_of
     run.step()
 
     assert run.cluster.calls.count("events") == 1
-    assert engine.task_message(run.node(".b")) == (
-        'Waiting on ConfigMap "b". Its last warning: "FailedCreate: exceeded quota: opsdeck-quota".'
-    )
+    assert engine.task_message(run.node(".b")) == QUOTA_SAID
     run.cluster.warnings[key].append((run.now, "FailedCreate: exceeded quota again"))
     run.now += 10  # 30 s after the last read
     run.step()
@@ -454,20 +464,13 @@ def test_a_waiting_task_keeps_saying_its_warning_when_a_read_of_the_events_fails
     """The API server throttles or hiccups on one read of the events (a 429 at fleet scale):
     the warning the task says stays until a read answers, rather than going blank for the
     next 30 s and coming back."""
-    wf = workflow(
-        dag(Task(name="b", template="b")), resource("b", configmap("b", "x"), success="status.ok")
+    run, _ = _waiting(
+        resource("b", configmap("b", "x"), success="status.ok"),
+        "FailedCreate: exceeded quota: opsdeck-quota",
     )
-    run = Runner(wf)
-    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
-    key = ("ConfigMap", NS, "b")
-    run.cluster.warnings[key] = [(run.now, "FailedCreate: exceeded quota: opsdeck-quota")]
-    run.until_quiet()
     run.now += 35
     run.step()
-    said = (
-        'Waiting on ConfigMap "b". Its last warning: "FailedCreate: exceeded quota: opsdeck-quota".'
-    )
-    assert engine.task_message(run.node(".b")) == said
+    assert engine.task_message(run.node(".b")) == QUOTA_SAID
 
     def throttled(obj, *, since):
         run.cluster.calls.append("events")
@@ -478,7 +481,7 @@ def test_a_waiting_task_keeps_saying_its_warning_when_a_read_of_the_events_fails
     run.step()
 
     assert run.cluster.calls.count("events") == 2  # it was read, and failed
-    assert engine.task_message(run.node(".b")) == said
+    assert engine.task_message(run.node(".b")) == QUOTA_SAID
 
 
 def test_a_retried_attempt_waits_its_own_while_before_it_says_a_warning():
@@ -489,11 +492,7 @@ def test_a_retried_attempt_waits_its_own_while_before_it_says_a_warning():
     Its last warning: "X".'), seconds after it began."""
     template = resource("b", configmap("b", "x"), success="status.ok", failure="status.bad")
     template = dataclasses.replace(template, retry=RetryStrategy(limit=1, duration=5))
-    run = Runner(workflow(dag(Task(name="b", template="b")), template))
-    run.settings = dataclasses.replace(run.settings, warning_after=30.0)
-    key = ("ConfigMap", NS, "b")
-    run.cluster.warnings[key] = [(run.now, "BackOff: the first attempt's warning")]
-    run.until_quiet()
+    run, _ = _waiting(template, "BackOff: the first attempt's warning")
     run.now += 35
     run.step()
     run.cluster.set_status("ConfigMap", "b", bad=True)
