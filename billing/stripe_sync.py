@@ -1260,15 +1260,12 @@ def credit_note_mirror(invoice: Invoice, credit_note_id: str, gw: StripeGateway)
         if stripe_id(held, "invoice") != stored.stripe_invoice_id:
             raise ValueError(f"credit note {credit_note_id} is not of {stored.stripe_invoice_id}")
         currency = held.currency
-        refunds = _field(held, "refunds") or []
         values = {
             "number": str(_field(held, "number") or "")[:64],
             "status": CreditNote.Status.VOID if held.status == "void" else CreditNote.Status.ISSUED,
             "currency": currency,
             "amount": _money(_field(held, "total"), currency),
-            "refunded": _money(
-                sum(int(_field(r, "amount_refunded") or 0) for r in refunds), currency
-            ),
+            "refunded": _money(_note_refunded(held), currency),
             "reason": CreditNote.REASONS.get(str(_field(held, "reason") or ""), ""),
             "memo": str(_field(held, "memo") or "")[:2000],
             "pdf_url": link_safe(_field(held, "pdf")),
@@ -1352,25 +1349,26 @@ def charge_refunds_mirror(
 def credit_notes_refunded(credit_notes: list[Any], refund_ids: set[str]) -> int:
     """What the refunds `refund_ids` (a charge's) gave back for `credit_notes` (an invoice's,
     voided ones too: voiding one undoes no refund), in the currency's minor unit."""
-    return sum(
-        int(_field(refund, "amount_refunded") or 0)
-        for note in credit_notes
-        for refund in _field(note, "refunds") or []
-        if stripe_id(refund, "refund") in refund_ids
-    )
+    return sum(_note_refunded(note, refund_ids) for note in credit_notes)
 
 
 def credit_notes_credited(credit_notes: list[Any]) -> int:
     """What the issued ones of `credit_notes` (an invoice's) gave back of it once paid other
     than by refunds (to the customer's balance, outside Stripe), in the currency's minor unit."""
     return sum(
-        max(
-            0,
-            int(_field(note, "post_payment_amount") or 0)
-            - sum(int(_field(r, "amount_refunded") or 0) for r in _field(note, "refunds") or []),
-        )
+        max(0, int(_field(note, "post_payment_amount") or 0) - _note_refunded(note))
         for note in credit_notes
         if _field(note, "status") != "void"
+    )
+
+
+def _note_refunded(note: Any, refund_ids: set[str] | None = None) -> int:
+    """What a Stripe credit note's refunds (of them, those in `refund_ids` when given) gave
+    back, in the currency's minor unit."""
+    return sum(
+        int(_field(refund, "amount_refunded") or 0)
+        for refund in _field(note, "refunds") or []
+        if refund_ids is None or stripe_id(refund, "refund") in refund_ids
     )
 
 

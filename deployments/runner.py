@@ -390,7 +390,7 @@ class Locked:
     requester_member: bool  # whether the operation's requester belongs to its organization
 
 
-def _instance_locked(instance: Instance, requester_id: int | None = None) -> Locked:
+def _instance_locked(instance: Instance, requester_id: int | None) -> Locked:
     """Lock the instance, as every service that queues or cancels its operations locks it, and
     read it again (the row read when the task began may predate the commit of an operation
     before this one, and with it its values); then its queued and running operations as

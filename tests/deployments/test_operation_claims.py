@@ -655,7 +655,7 @@ def test_the_operations_read_under_the_instances_lock_include_one_queued_while_i
     other.start()
     assert locked.wait(5)
     with transaction.atomic():
-        pending = runner._instance_locked(Instance.objects.get(pk=instance.pk)).pending
+        pending = runner._instance_locked(Instance.objects.get(pk=instance.pk), None).pending
     other.join(10)
 
     assert [entry[0] for entry in pending] == [str(created.pk), *queued] and len(queued) == 1
@@ -669,7 +669,9 @@ def test_a_run_starts_with_the_backup_retention_committed_while_it_waited_for_th
 
     def start():
         with transaction.atomic():
-            return runner._instance_locked(Instance.objects.get(pk=instance.pk)).retention_days
+            return runner._instance_locked(
+                Instance.objects.get(pk=instance.pk), None
+            ).retention_days
 
     held, read = beside_a_lock(
         lambda: Instance.objects.select_for_update().get(pk=instance.pk),
