@@ -7,6 +7,7 @@ the PostgreSQL and Redis it found or started). The README's "Configuration" tabl
 lists every variable.
 """
 
+import math
 import os
 import re
 from pathlib import Path
@@ -183,6 +184,21 @@ def _rate(name: str, default: str) -> str:
     return value
 
 
+def _seconds(name: str, default: str) -> float:
+    """A number of seconds greater than 0, refused at start when it is not one (0, a negative
+    or NaN would make what waits that long not wait at all)."""
+    value = env.str(name, default=default)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ImproperlyConfigured(
+            f"{name} must be a number of seconds greater than 0, e.g. {default}; it is {value!r}."
+        )
+    return seconds
+
+
 # Requests one API token may make, and of them those that change something (POST, PATCH,
 # DELETE): past either, a 429 says when to try again. Counted in the cache, shared by every web
 # process.
@@ -302,7 +318,7 @@ OPSDECK_POLL_MAX = env.float("OPSDECK_POLL_MAX", default=5.0)
 OPSDECK_POLL_FIRST = env.float("OPSDECK_POLL_FIRST", default=0.2)
 # Seconds a task waits on its object before the object's newest Warning event is read into what
 # the task says on the Operations tab, and again each time as long after.
-OPSDECK_WAIT_WARNING_AFTER = env.float("OPSDECK_WAIT_WARNING_AFTER", default=30.0)
+OPSDECK_WAIT_WARNING_AFTER = _seconds("OPSDECK_WAIT_WARNING_AFTER", "30")
 # Seconds a worker holds an operation it advances; another takes a worker's operation over
 # after that. At least twice the longest Kubernetes call (5 s to connect, 30 s to read), so a
 # slow call never loses a live worker its claim.

@@ -200,3 +200,14 @@ def test_a_secret_key_that_begins_with_a_dollar_sign_is_taken_as_written(tmp_pat
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == key
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan"])
+def test_a_wait_before_reading_warnings_that_is_no_wait_stops_the_start(value):
+    result = _manage("check", **_keys(), **_services(), DEBUG="1", OPSDECK_WAIT_WARNING_AFTER=value)
+
+    assert result.returncode != 0
+    assert (
+        f"OPSDECK_WAIT_WARNING_AFTER must be a number of seconds greater than 0, e.g. 30; it is "
+        f"{value!r}." in result.stderr
+    )
