@@ -7,6 +7,8 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
 from django.db import connection, connections, transaction
 
 from accounts.models import AuditEvent, Tenant
@@ -115,3 +117,24 @@ def test_no_dead_row_is_left_for_the_next_tests_scans(tenant):
         cursor.execute("SELECT pg_relation_size('accounts_auditevent')")
         (size,) = cursor.fetchone()
     assert size == 0  # vacuumed to no page at all: no dead row for a scan to read
+
+
+def test_content_types_and_permissions_left_as_post_migrate_made_them_are_kept(tenant):
+    made = list(Permission.objects.values_list("pk", "content_type_id", "codename", "name"))
+    types = list(ContentType.objects.values_list("pk", "app_label", "model"))
+
+    assert emptying.tables_empty("default", keep=emptying._fingerprint(connection))
+
+    assert not Tenant.objects.exists()
+    assert list(Permission.objects.values_list("pk", "content_type_id", "codename", "name")) == made
+    assert list(ContentType.objects.values_list("pk", "app_label", "model")) == types
+
+
+def test_content_types_and_permissions_a_test_changed_are_emptied_to_be_made_again(tenant):
+    """As the flush's: `post_migrate` then makes them as they were."""
+    made = emptying._fingerprint(connection)
+    Permission.objects.filter(codename="view_tenant").update(name="Can look at an organization")
+
+    assert not emptying.tables_empty("default", keep=made)
+
+    assert not Permission.objects.exists() and not ContentType.objects.exists()
