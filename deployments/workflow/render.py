@@ -709,6 +709,13 @@ def references(text: str) -> list[str]:
     The scan is textual, so placeholders in YAML comments count too. Raises RenderError for a
     malformed placeholder, so a spec is refused at load time rather than at run time.
     """
+    return list(_references(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _references(text: str) -> tuple[str, ...]:
+    """`references`, found once per process: a spec's validation asks again for each verb
+    and each check of the same manifest, and a plan's next version repeats most of them."""
     found: dict[str, None] = {}
     for match in _PLACEHOLDER.finditer(text):
         try:
@@ -719,7 +726,7 @@ def references(text: str) -> list[str]:
             found.setdefault(ref.text)
     for bare in _bare_values(text):
         found.setdefault(bare)
-    return list(found)
+    return tuple(found)
 
 
 def _bare_values(text: str) -> list[str]:
