@@ -30,6 +30,7 @@ Without `kinds`, the kinds found in the spec's own manifests are the allowed one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -1193,8 +1194,23 @@ def load_spec(
 
     `deadlines` overrides the platform deadline per verb (seconds; "*" for the 30 min
     fallback); `stored`: the text of a plan version stored already (`Report.later_errors`).
-    The returned spec carries the warnings in `spec.warnings`.
+    The returned spec carries the warnings in `spec.warnings`. It is shared, as a stored
+    version's is (`selectors.plan_spec`): read it, never change it.
     """
+    if deadlines is None:
+        return _validated(text, stored)
+    return _validate(text, deadlines, stored)
+
+
+@functools.lru_cache(maxsize=32)
+def _validated(text: str, stored: bool) -> PlanSpec:
+    """A valid text's spec, validated once per process: what it says depends on its text
+    alone, and a spec is loaded again unchanged (a plan's load at every start, an upload
+    sent twice, a `spec_test` of the plan loaded)."""
+    return _validate(text, None, stored)
+
+
+def _validate(text: str, deadlines: dict[str, int] | None, stored: bool) -> PlanSpec:
     # validation builds on this module, so it is imported when first needed
     from deployments.spec.validation import validate
 

@@ -1,5 +1,6 @@
 """Quantities from the spec's `x-opsdeck.usage` rules, through the bounded evaluator."""
 
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -48,8 +49,7 @@ def test_quantities_multiply_per_server_sizes_by_the_server_count(given, expecte
 def test_a_password_never_reaches_a_usage_rule():
     """A spec whose rule reads one is refused at load; a rule set past the loader still reads
     nothing of it."""
-    spec = load_spec(SPEC.read_text())
-    spec.usage_rules = {"cpu": "double(size(var.password))"}
+    spec = replace(load_spec(SPEC.read_text()), usage_rules={"cpu": "double(size(var.password))"})
 
     with pytest.raises(UsageError, match="The usage rule for cpu failed"):
         quantities(spec, validate_parameters(spec.main.parameters, {}))
@@ -57,21 +57,18 @@ def test_a_password_never_reaches_a_usage_rule():
 
 def test_a_rule_that_fails_or_gives_no_number_is_a_clear_error():
     spec = load_spec(SPEC.read_text())
-    spec.usage_rules = {"cpu": "var.cpu / 0", "memory": "'lots'", "storage": "-1.0"}
+    rules = {"cpu": "var.cpu / 0", "memory": "'lots'", "storage": "-1.0"}
 
     with pytest.raises(UsageError, match="The usage rule for cpu failed"):
-        quantities(spec, {"cpu": 1})
-    spec.usage_rules = {"memory": "'lots'"}
+        quantities(replace(spec, usage_rules=rules), {"cpu": 1})
     with pytest.raises(UsageError, match="memory does not give a number"):
-        quantities(spec, {"cpu": 1})
-    spec.usage_rules = {"storage": "-1.0"}
+        quantities(replace(spec, usage_rules={"memory": "'lots'"}), {"cpu": 1})
     with pytest.raises(UsageError, match=r"storage gives -1\.0, not a quantity"):
-        quantities(spec, {"cpu": 1})
+        quantities(replace(spec, usage_rules={"storage": "-1.0"}), {"cpu": 1})
 
 
 def test_a_rule_past_the_evaluators_bounds_is_stopped_with_a_clear_error():
-    spec = load_spec(SPEC.read_text())
-    spec.usage_rules = {"cpu": "+".join(["1.0"] * 3000)}
+    spec = replace(load_spec(SPEC.read_text()), usage_rules={"cpu": "+".join(["1.0"] * 3000)})
 
     with pytest.raises(UsageError) as caught:
         quantities(spec, {})

@@ -1,5 +1,6 @@
 """`manage.py spec_test`: a spec's workflows run, in order, on a fresh sandbox cluster."""
 
+from dataclasses import replace
 from io import StringIO
 from pathlib import Path
 
@@ -278,7 +279,7 @@ def test_modify_moves_the_first_modifiable_number_to_another_allowed_value():
 
     cpu = Parameter(key="cpu", name="cpu", description="", type="Float64", modifiable=True,
                     options=["0.5", "4"])  # fmt: skip
-    spec.main.parameters = [cpu]
+    spec = replace(spec, main=replace(spec.main, parameters=[cpu]))
     assert spectest.modified_parameters(spec, {"cpu": 0.5}) == {"cpu": 4}
 
 
