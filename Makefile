@@ -33,8 +33,12 @@ run: $(VENV)/.installed
 # more processes than cores pay; but past three on two cores, each test's servers and workers
 # poll for longer than the waits saved); TEST_WORKERS=0 runs them in this one.
 TEST_WORKERS ?= 3
+# Bytecode is written (into __pycache__, which git ignores) even where PYTHONDONTWRITEBYTECODE
+# is set: the suite starts many processes (workers, servers, commands), each of which
+# would otherwise compile every module of the project anew, and each test process would
+# rewrite every test module's assertions anew on every run.
 test: $(VENV)/.installed-dev
-	$(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+	PYTHONDONTWRITEBYTECODE= $(LAUNCH) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 # Speed figures, printed next to baselines measured in the same run (not pass/fail), and kept
 # machine-readable in var/bench.json. The plan spec is an argument: the bench/ tooling names no
