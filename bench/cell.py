@@ -24,6 +24,7 @@ watcher waking the operation, the step waiting for a worker, and the move itself
 from __future__ import annotations
 
 import multiprocessing
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -173,6 +174,9 @@ class NoticeWatch:
         self._waits: dict[str, dict[tuple[str, str, str], tuple[str, str, str | None]]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # Where each watch's client keeps what it discovered of the API (else the system's
+        # temporary folder, where the client's default files would stay behind).
+        self._discovery = tempfile.TemporaryDirectory(prefix="opsdeck-bench-discovery-")
 
     def start(self) -> None:
         for api_version, kind in sorted(self.create.kinds()):
@@ -190,11 +194,15 @@ class NoticeWatch:
         self._stop.set()
         for thread in self._threads:
             thread.join(WATCH_TIMEOUT + 5)
+        self._discovery.cleanup()
 
     def _follow(self, api_version: str, kind: str, ready: threading.Event) -> None:
         from deployments.kube import KubeDriver, WatchExpired, api_client_from_kubeconfig
 
-        driver = KubeDriver(api_client_from_kubeconfig(self.kubeconfig))
+        driver = KubeDriver(
+            api_client_from_kubeconfig(self.kubeconfig),
+            cache_file=f"{self._discovery.name}/{kind}.json",
+        )
         try:
             version = None
             while not self._stop.is_set():
