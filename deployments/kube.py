@@ -213,6 +213,13 @@ def _retry_after(exc: ApiException) -> float | None:
     return seconds if 0 <= seconds <= 3600 else None
 
 
+# What a JSON answer that is no object is, in JSON's words.
+_JSON_TYPES = {
+    list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+    type(None): "null",
+}  # fmt: skip
+
+
 def _as_shown(answer: Any) -> Any:
     """An answer as `kubectl get -o json` shows it (kubectl 1.21 and later), which is what
     Argo's resource templates and a spec author see:
@@ -353,9 +360,13 @@ class KubeDriver:
             return found
         return resource
 
-    def _call(self, fn, *args, **kwargs) -> dict[str, Any] | None:
+    def _call(self, fn, *args, **kwargs) -> dict[str, Any]:
         """The call's answer as plain JSON (`serialize=False`: the dynamic client's own
-        wrapping of every nested field, unwrapped again here, cost more than the request)."""
+        wrapping of every nested field, unwrapped again here, cost more than the request).
+
+        An API server answers every call this driver makes with an object (a delete's too: the
+        object, or a Status); an answer that is none — empty, as a proxy in front of the
+        cluster may give, or other JSON — is an error, not an object that is not there."""
         try:
             response = fn(*args, serialize=False, **kwargs)
             body = response.data
@@ -363,12 +374,13 @@ class KubeDriver:
             raise classify(exc) from exc
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify(exc) from exc
-        if not body:
-            return None
         try:
-            answer = json.loads(body)
+            answer = json.loads(body) if body else None
         except ValueError as exc:
             raise PermanentError("The cluster's answer is not JSON.") from exc
+        if not isinstance(answer, dict):
+            said = f"a JSON {_JSON_TYPES[type(answer)]}" if body else "empty"
+            raise PermanentError(f"The cluster's answer is not a Kubernetes object: it is {said}.")
         return _as_shown(answer)
 
     @staticmethod
@@ -623,7 +635,7 @@ class KubeDriver:
     def list_for_watch(self, api_version: str, kind: str) -> tuple[list[dict[str, Any]], str]:
         """Every object of `kind` in all namespaces, and the resourceVersion to watch from."""
         resource = self._resource({"apiVersion": api_version, "kind": kind})
-        listed = self._call(resource.get) or {}
+        listed = self._call(resource.get)
         return listed.get("items") or [], (listed.get("metadata") or {}).get("resourceVersion")
 
     def watch_objects(

@@ -113,11 +113,14 @@ def blackhole_server(settings):
 class Relay:
     """An HTTP relay to `upstream` on a free local port (`url`): `hold(pattern)` makes the next
     request whose path matches wait — answered, once `release()` is called, with what the
-    upstream said when it was asked — as a slow network delivers an answer late."""
+    upstream said when it was asked — as a slow network delivers an answer late;
+    `garble(pattern, body)` answers the next one with `body` in place of what the upstream said
+    (its status kept), as a proxy in front of it that mangles an answer does."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
         self.pattern: re.Pattern | None = None
+        self.garbled: tuple[re.Pattern, bytes] | None = None
         self.holding = threading.Event()
         self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -144,6 +147,8 @@ class Relay:
                     relay.pattern = None
                     relay.holding.set()
                     relay.released.wait(30)
+                if relay.garbled is not None and relay.garbled[0].search(self.path):
+                    data, relay.garbled = relay.garbled[1], None
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -152,7 +157,7 @@ class Relay:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = relay
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = relay
 
         return Handler
 
@@ -163,6 +168,9 @@ class Relay:
 
     def release(self) -> None:
         self.released.set()
+
+    def garble(self, pattern: str, body: bytes) -> None:
+        self.garbled = (re.compile(pattern), body)
 
     def close(self) -> None:
         self.released.set()

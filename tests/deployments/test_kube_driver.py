@@ -567,3 +567,62 @@ def test_a_cluster_refusing_the_credentials_says_whose_they_are_and_is_tried_aga
     assert raised.value.message == UNAUTHORIZED
     assert raised.value.message.startswith("The cluster refused the credentials Opsdeck holds")
     assert raised.value.status == 401 and not raised.value.sent  # nothing was applied
+
+
+@pytest.fixture
+def relayed(sandbox_kubeconfig, tmp_path):
+    """The driver, with a relay between it and the sandbox (`tests.servers.Relay`)."""
+    import yaml
+
+    from tests.servers import Relay
+
+    config = yaml.safe_load(sandbox_kubeconfig)
+    server = config["clusters"][0]["cluster"]
+    with Relay(server["server"]) as relay:
+        server["server"] = relay.url
+        driver = KubeDriver(
+            api_client_from_kubeconfig(yaml.safe_dump(config)), cache_file=str(tmp_path / "d")
+        )
+        yield driver, relay
+        driver.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"", "not a Kubernetes object: it is empty."),
+        (b"null", "not a Kubernetes object: it is a JSON null."),
+        (b"[]", "not a Kubernetes object: it is a JSON array."),
+        (b'"ok"', "not a Kubernetes object: it is a JSON string."),
+        (b"<html>Service Unavailable</html>", "not JSON."),
+    ],
+)
+def test_a_read_answered_with_no_kubernetes_object_is_an_error_not_an_object_gone(
+    relayed, namespace, body, said
+):
+    """A proxy in front of the cluster that answers a read 200 with an empty body, or with JSON
+    that is no object: the read fails, saying so. An empty answer read as an object that does
+    not exist (a delete waiting for its object to go would have taken it for gone), and other
+    JSON raised an error the worker did not expect (the operation stranded, its move redone
+    every lease)."""
+    driver, relay = relayed
+    settings = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "namespace": namespace}, "data": {"a": "1"},
+    }  # fmt: skip
+    driver.apply(settings)
+    relay.garble(rf"/namespaces/{namespace}/configmaps/settings$", body)
+
+    with pytest.raises(PermanentError) as refused:
+        driver.get(settings)
+    assert refused.value.message == f"The cluster's answer is {said}"
+    assert driver.get(settings)["data"] == {"a": "1"}  # the next answer, as the cluster gave it
+
+
+def test_a_list_answered_with_no_kubernetes_object_is_an_error(relayed, namespace):
+    driver, relay = relayed
+    relay.garble(rf"/namespaces/{namespace}/configmaps(\?|$)", b"")
+
+    with pytest.raises(PermanentError) as refused:
+        list(driver.list_objects("v1", "ConfigMap", namespace=namespace))
+    assert refused.value.message == "The cluster's answer is not a Kubernetes object: it is empty."
