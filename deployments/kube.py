@@ -364,9 +364,10 @@ class KubeDriver:
         """The call's answer as plain JSON (`serialize=False`: the dynamic client's own
         wrapping of every nested field, unwrapped again here, cost more than the request).
 
-        An API server answers every call this driver makes with an object (a delete's too: the
-        object, or a Status); an answer that is none — empty, as a proxy in front of the
-        cluster may give, or other JSON — is an error, not an object that is not there."""
+        An API server answers every call this driver makes with an object of some kind (a
+        delete's too: the object, or a Status); an answer that is none — empty, as a proxy in
+        front of the cluster may give, or other JSON — is an error, not an object that is not
+        there."""
         try:
             response = fn(*args, serialize=False, **kwargs)
             body = response.data
@@ -379,8 +380,10 @@ class KubeDriver:
         except ValueError as exc:
             raise PermanentError("The cluster's answer is not JSON.") from exc
         if not isinstance(answer, dict):
-            said = f"a JSON {_JSON_TYPES[type(answer)]}" if body else "empty"
-            raise PermanentError(f"The cluster's answer is not a Kubernetes object: it is {said}.")
+            said = f"it is a JSON {_JSON_TYPES[type(answer)]}" if body else "it is empty"
+            raise PermanentError(f"The cluster's answer is not a Kubernetes object: {said}.")
+        if not answer.get("kind") or not isinstance(answer["kind"], str):
+            raise PermanentError("The cluster's answer is not a Kubernetes object: it has no kind.")
         return _as_shown(answer)
 
     @staticmethod

@@ -594,6 +594,7 @@ def relayed(sandbox_kubeconfig, tmp_path):
         (b"null", "not a Kubernetes object: it is a JSON null."),
         (b"[]", "not a Kubernetes object: it is a JSON array."),
         (b'"ok"', "not a Kubernetes object: it is a JSON string."),
+        (b"{}", "not a Kubernetes object: it has no kind."),
         (b"<html>Service Unavailable</html>", "not JSON."),
     ],
 )
@@ -601,10 +602,10 @@ def test_a_read_answered_with_no_kubernetes_object_is_an_error_not_an_object_gon
     relayed, namespace, body, said
 ):
     """A proxy in front of the cluster that answers a read 200 with an empty body, or with JSON
-    that is no object: the read fails, saying so. An empty answer read as an object that does
-    not exist (a delete waiting for its object to go would have taken it for gone), and other
-    JSON raised an error the worker did not expect (the operation stranded, its move redone
-    every lease)."""
+    that is no object of any kind: the read fails, saying so. An empty answer read as an
+    object that does not exist (a delete waiting for its object to go would have taken it for
+    gone), and other JSON raised an error the worker did not expect (the operation stranded,
+    its move redone every lease)."""
     driver, relay = relayed
     settings = {
         "apiVersion": "v1", "kind": "ConfigMap",
