@@ -89,7 +89,7 @@ def _ask(conn, lock: threading.Lock, message: tuple) -> Any:
 # --- the sandbox in a process of its own -------------------------------------------------------
 
 
-def _serve_sandbox(conn, speed: float, instant: bool) -> None:
+def _serve_sandbox(conn, speed: float, instant: bool, latency_ms: int) -> None:
     import yaml
 
     from sandbox import Sandbox
@@ -98,6 +98,8 @@ def _serve_sandbox(conn, speed: float, instant: bool) -> None:
     if instant:
         sandbox.use_instant_operators()
     sandbox.start()
+    if latency_ms:
+        sandbox.set_faults(latency_ms=latency_ms)
     try:
         conn.send(yaml.safe_dump(sandbox.kubeconfig()))
         while True:
@@ -114,13 +116,15 @@ def _serve_sandbox(conn, speed: float, instant: bool) -> None:
 
 class SandboxProcess:
     """A sandbox cluster serving from a child process: simulated operators at `speed`, or
-    instant ones (`Sandbox.use_instant_operators`)."""
+    instant ones (`Sandbox.use_instant_operators`); each API call answered `latency_ms` later
+    (the sandbox's `latency_ms` fault), as a cluster slower to answer than the sandbox is."""
 
-    def __init__(self, *, speed: float, instant: bool) -> None:
+    def __init__(self, *, speed: float, instant: bool, latency_ms: int = 0) -> None:
         self._conn, child = SPAWN.Pipe()
         self._proc = SPAWN.Process(
-            target=_serve_sandbox, args=(child, speed, instant), name="bench-sandbox", daemon=True
-        )
+            target=_serve_sandbox, args=(child, speed, instant, latency_ms), name="bench-sandbox",
+            daemon=True,
+        )  # fmt: skip
         self._lock = threading.Lock()
         self.kubeconfig = ""
 

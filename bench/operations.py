@@ -35,6 +35,12 @@ commit of the engine move that found it satisfied (see `cell`). The instant cell
 engine alone; the simulated cell, whose operators write status in several steps over seconds,
 is the realistic figure the aims and `notice_p50_s`/`notice_p95_s` refer to.
 
+`--cluster-latency MS` makes every sandbox wait MS milliseconds before it answers each API call
+(its `latency_ms` fault), on both sides: the sandbox answers from memory, where an API server
+writes each object to etcd before it answers, and every call either side makes waits as long.
+Such a run's figures are kept under names ending in `_cluster_<MS>ms`, beside those of a run
+without.
+
 Every figure is also merged into `var/bench.json`. Figures, not pass/fail: the run fails only
 when an operation does not succeed.
 """
@@ -575,6 +581,7 @@ def measure(
     speed: float,
     timeout: float,
     warmup: int = WARMUP,
+    cluster_latency_ms: int = 0,
 ) -> dict[str, float]:
     """The run the module docstring describes; prints the figures and returns them."""
     from django.conf import settings
@@ -594,9 +601,9 @@ def measure(
     instant, simulated = Windows(), Windows()
     pool = WorkerPool(workers, Path(settings.VAR_DIR))
     with (
-        cell.SandboxProcess(speed=SPEED, instant=True) as fast,
-        cell.SandboxProcess(speed=SPEED, instant=True) as bare,
-        cell.SandboxProcess(speed=speed, instant=False) as real,
+        cell.SandboxProcess(speed=SPEED, instant=True, latency_ms=cluster_latency_ms) as fast,
+        cell.SandboxProcess(speed=SPEED, instant=True, latency_ms=cluster_latency_ms) as bare,
+        cell.SandboxProcess(speed=speed, instant=False, latency_ms=cluster_latency_ms) as real,
         cell.CommitListener(settings.DATABASES["default"]) as listener,
         BaselinePool(workers, bare.kubeconfig, spec_text) as baseline,
     ):
@@ -678,6 +685,8 @@ def measure(
         f"Operations: {spec.name}'s create, {windows} windows of {count} creates each side, "
         f"{workers} worker processes (Opsdeck) and {workers} client processes (baseline)"
     )
+    if cluster_latency_ms:
+        print(f"every cluster call answered {cluster_latency_ms} ms later, on both sides")
     print(f"{'':30} {'min':>8} {'median':>8} {'max':>8}")
     print("instant operators:")
     for line in [
@@ -727,6 +736,8 @@ def measure(
         "engine_cpu_per_create_ms": round(sum(opsdeck_cpu.values()), 1),
         "baseline_cpu_per_create_ms": round(sum(baseline_cpu.values()), 1),
     }
+    if cluster_latency_ms:
+        figures = {f"{name}_cluster_{cluster_latency_ms}ms": v for name, v in figures.items()}
     figures_record(figures)
     return figures
 
@@ -799,11 +810,21 @@ def main(argv: list[str] | None = None) -> None:
         default=TIMEOUT,
         help=f"seconds a window may take (default {TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--cluster-latency",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="milliseconds every sandbox waits before answering each API call, on both sides "
+        "(default 0); the figures are kept under names ending in _cluster_<MS>ms",
+    )
     # The measuring child process, run on the throwaway database.
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.count, args.sim_count, args.windows, args.workers) < 1 or args.timeout <= 0:
         parser.error("--count, --sim-count, --windows, --workers and --timeout must be positive")
+    if args.cluster_latency < 0:
+        parser.error("--cluster-latency cannot be negative")
     measure_or_run(
         "bench.operations",
         inner=args.inner,
@@ -817,6 +838,7 @@ def main(argv: list[str] | None = None) -> None:
             speed=args.speed,
             timeout=args.timeout,
             warmup=args.warmup,
+            cluster_latency_ms=args.cluster_latency,
         ),
     )
 
