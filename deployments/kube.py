@@ -220,7 +220,7 @@ _JSON_TYPES = {
 }  # fmt: skip
 
 
-def _as_shown(answer: Any) -> Any:
+def _as_shown(answer: dict[str, Any]) -> dict[str, Any]:
     """An answer as `kubectl get -o json` shows it (kubectl 1.21 and later), which is what
     Argo's resource templates and a spec author see:
 
@@ -230,9 +230,7 @@ def _as_shown(answer: Any) -> Any:
     - a list's items with their apiVersion and kind: an API server leaves both out of the
       items of built-in kinds (a Secret list's items are Secrets), and what reads an item
       (the watcher's listing, for one) names it by its kind."""
-    if not isinstance(answer, dict):
-        return answer
-    kind = answer.get("kind", "")
+    kind = answer["kind"]
     if kind.endswith("List") and "items" in answer:
         answer["items"] = answer["items"] or []
         for item in answer["items"]:
