@@ -87,8 +87,8 @@ def test_a_move_is_not_committed_on_an_operation_a_delete_cancelled_meanwhile(qu
 
 @pytest.fixture
 def slow_cluster(faults):
-    """Every request to the sandbox cluster takes half a second."""
-    faults(latency_ms=500)
+    """Every request to the sandbox cluster takes 0.8 s."""
+    faults(latency_ms=800)
     yield
     faults(latency_ms=0)
 
@@ -96,10 +96,11 @@ def slow_cluster(faults):
 def test_a_move_longer_than_the_lease_keeps_its_claim_from_other_workers(
     cell, plan, owner, tenant, settings, slow_cluster
 ):
-    # A create's first move applies the namespace and its guard rails, one slow call each: it
-    # lasts well over a lease of 1.5 s, which the worker renews as it goes. Each call takes a
-    # third of the lease, leaving room for a busy host within the half lease a renewal leaves.
-    settings.OPSDECK_OPERATION_LEASE = 1.5
+    # A create's first move applies the namespace and its three guard rails, one slow call each:
+    # 3.2 s, over a lease of 3 s, which the worker renews as it goes. A call that starts just
+    # before the claim is due for renewal has the half lease left, 1.5 s, to end in: 0.7 s more
+    # than the call takes, for a busy host (a CI run failed with 0.25 s to spare).
+    settings.OPSDECK_OPERATION_LEASE = 3.0
     queued = services.instance_create(
         actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
         parameters={}, request_id=uuid.uuid4().hex,
