@@ -1,4 +1,5 @@
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -129,8 +130,43 @@ def wait_done(operation, timeout=60.0):
         operation.refresh_from_db()
         return operation.state in done
 
-    wait_for(finished, timeout=timeout, what=f"{operation.verb} to finish")
+    try:
+        wait_for(finished, timeout=timeout, what=f"{operation.verb} to finish")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {where_it_stands(operation)}") from None
     return operation
+
+
+def where_it_stands(operation) -> str:
+    """What an operation that did not finish in time was at, for the failure to say: its row
+    (claimed? due when?), its tasks, and on stderr what each thread of this process, a worker's
+    included, was doing."""
+    import faulthandler
+
+    from django.utils import timezone
+
+    from deployments.workflow import engine
+
+    state = engine.RunState.from_json(json.loads(operation.engine_state or "{}"))
+    statuses = "; ".join(
+        f"{name}: {json.dumps((node.observed or {}).get('status'))[:600]}"
+        for name, node in state.nodes.items()
+        if node.phase == engine.RUNNING and node.observed
+    )
+    runs = "; ".join(
+        f"{run.node} #{run.attempt} {run.state}" + (f" ({run.message})" if run.message else "")
+        for run in operation.task_runs.order_by("started_at", "node", "attempt")
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    due = f"{operation.next_step_at:%H:%M:%S.%f}" if operation.next_step_at else "none"
+    claimed = f"{operation.claimed_until:%H:%M:%S.%f}" if operation.claimed_until else "none"
+    return (
+        f"at {timezone.now():%H:%M:%S.%f} it was {operation.state} after {operation.moves}"
+        f" moves ({operation.idle_steps} idle in a row, {operation.transient_failures} transient"
+        f" failures), its next step due at {due}, claimed until {claimed}, waiting on"
+        f" {operation.waiting_on or 'nothing'}; error {operation.error!r}; tasks: {runs};"
+        f" the status of what its running tasks read last: {statuses or 'none'}"
+    )
 
 
 def decoded(value: str) -> dict:
