@@ -270,8 +270,16 @@ class _WholeCacheDiscoverer(LazyDiscoverer):
             return super().search(**kwargs)
 
     def invalidate_cache(self) -> None:
+        """Discover again; when the cluster answers /version or /apis with an error, the cache
+        stays as it was. The library's own emptied it first and left it so, and every later
+        lookup in a group it had not read yet failed with a `KeyError`."""
         with self._turns:
-            super().invalidate_cache()
+            kept = self._cache
+            try:
+                super().invalidate_cache()
+            except BaseException:
+                self._cache = kept  # its resources are still those the lookups search
+                raise
 
     def _write_cache(self) -> None:
         path = self._Discoverer__cache_file  # the library's own (name-mangled) attribute
@@ -348,6 +356,12 @@ class KubeDriver:
             # may have been installed since (the library's lookup discovers again on a miss).
             resource = self._discover(api_version, kind)
         except ResourceNotFoundError as exc:
+            if api_version and self._lists(api_version, kind):
+                # The library reads a group whose list of kinds it could not read (a 503, as
+                # an API server short of capacity answers) as one that has none.
+                raise TransientError(
+                    f"The cluster's list of the kinds {api_version} serves could not be read."
+                ) from exc
             raise PermanentError(
                 f"The cluster does not serve {kind} in {api_version}; is its operator installed?"
             ) from exc
@@ -357,6 +371,18 @@ class KubeDriver:
                 raise PermanentError(f"{kind} has no {subresource} subresource.")
             return found
         return resource
+
+    def _lists(self, api_version: str, kind: str) -> bool:
+        """Whether the cluster's list of the kinds `api_version` serves names `kind` (False
+        when it serves no such group and version); an error it answers with is the call's."""
+        path = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+        try:
+            listed = self._call(self.dynamic.request, "GET", path)
+        except PermanentError as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(r.get("kind") == kind for r in listed.get("resources") or [])
 
     def _call(self, fn, *args, **kwargs) -> dict[str, Any]:
         """The call's answer as plain JSON (`serialize=False`: the dynamic client's own

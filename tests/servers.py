@@ -115,12 +115,14 @@ class Relay:
     request whose path matches wait — answered, once `release()` is called, with what the
     upstream said when it was asked — as a slow network delivers an answer late;
     `garble(pattern, body)` answers the next one with `body` in place of what the upstream said
-    (its status kept), as a proxy in front of it that mangles an answer does."""
+    (its status kept, unless `status` is given; the `times` next ones with `times`), as a proxy
+    in front of it that mangles an answer does, or a server that fails a request."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
         self.pattern: re.Pattern | None = None
-        self.garbled: tuple[re.Pattern, bytes] | None = None
+        self.garbled: tuple[re.Pattern, bytes, int | None] | None = None
+        self.garbles_left = 0
         self.holding = threading.Event()
         self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -147,9 +149,13 @@ class Relay:
                     relay.pattern = None
                     relay.holding.set()
                     relay.released.wait(30)
+                status = answer.status
                 if relay.garbled is not None and relay.garbled[0].search(self.path):
-                    data, relay.garbled = relay.garbled[1], None
-                self.send_response(answer.status)
+                    data, status = relay.garbled[1], relay.garbled[2] or status
+                    relay.garbles_left -= 1
+                    if not relay.garbles_left:
+                        relay.garbled = None
+                self.send_response(status)
                 for key, value in answer.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)
@@ -169,8 +175,10 @@ class Relay:
     def release(self) -> None:
         self.released.set()
 
-    def garble(self, pattern: str, body: bytes) -> None:
-        self.garbled = (re.compile(pattern), body)
+    def garble(
+        self, pattern: str, body: bytes, *, status: int | None = None, times: int = 1
+    ) -> None:
+        self.garbled, self.garbles_left = (re.compile(pattern), body, status), times
 
     def close(self) -> None:
         self.released.set()

@@ -1,5 +1,6 @@
 """The Kubernetes driver against an API server, through the official client."""
 
+import json
 import uuid
 
 import pytest
@@ -627,3 +628,53 @@ def test_a_list_answered_with_no_kubernetes_object_is_an_error(relayed, namespac
     with pytest.raises(PermanentError) as refused:
         list(driver.list_objects("v1", "ConfigMap", namespace=namespace))
     assert refused.value.message == "The cluster's answer is not a Kubernetes object: it is empty."
+
+
+# As kube-apiserver answers a request it has no capacity for.
+UNAVAILABLE = json.dumps({
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
+    "reason": "ServiceUnavailable",
+    "message": "the server is currently unable to handle the request",
+}).encode()  # fmt: skip
+
+
+def test_a_kind_whose_group_the_cluster_could_not_list_is_tried_again_not_taken_for_unserved(
+    relayed, namespace
+):
+    """The client reads a group whose list of kinds the cluster answered with a 503 as one
+    that has none, and looks again once: answered so twice, a StatefulSet read failed with
+    "does not serve StatefulSet; is its operator installed?", and the operation with it."""
+    driver, relay = relayed
+    statefulset = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "cache", "namespace": namespace},
+    }  # fmt: skip
+    relay.garble(r"^/apis/apps/v1$", UNAVAILABLE, status=503, times=2)
+
+    with pytest.raises(TransientError) as unread:
+        driver.get(statefulset)
+    assert (
+        unread.value.message == "The cluster's list of the kinds apps/v1 serves could not be read."
+    )
+    assert driver.get(statefulset) is None  # read, the next time: there is none
+    # A kind the group's list does not name is one the cluster does not serve, as before.
+    with pytest.raises(PermanentError, match=r"^The cluster does not serve Widget in apps/v1;"):
+        driver.get({**statefulset, "kind": "Widget"})
+
+
+def test_a_discovery_the_cluster_failed_midway_leaves_what_was_discovered_usable(
+    relayed, namespace
+):
+    """A kind found nowhere makes the client discover the cluster's groups again; when the
+    cluster answered that with an error, the client's cache was left without its groups, and
+    every later lookup in a group it had not read yet failed with a KeyError, an error no
+    operation expects (its worker's task failed, its claim held until its lease ran out)."""
+    driver, relay = relayed
+    config = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "settings", "namespace": namespace}}  # fmt: skip
+    driver.get({**config, "apiVersion": "apps/v1", "kind": "StatefulSet"})  # reads apps/v1 alone
+    relay.garble(r"^/apis$", UNAVAILABLE, status=503)
+
+    with pytest.raises(TransientError, match="unable to handle the request"):
+        driver.get({**config, "apiVersion": "example.com/v1", "kind": "Widget"})
+    assert driver.get(config) is None  # the core group, read for the first time
