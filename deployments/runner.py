@@ -597,6 +597,8 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
             held.context = (where, _context(op, spec, verb, where))
         # The workflow's first move goes in the same transaction as the namespace's.
         step = executor.move(state, spec, verb, held.context[1], driver, where, now=time.time())
+        if step.unanswered is not None:  # a task's call failed; the others moved on
+            op.transient_failures += 1
     except TransientError as exc:
         # The cluster hiccupped: the same step again later, from the saved state. The error
         # stays visible while the step is retried.
@@ -699,7 +701,7 @@ def _wait(
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
-              "moves", "error", "waiting_on"]  # fmt: skip
+              "moves", "error", "waiting_on", "transient_failures"]  # fmt: skip
     if _store(
         op, token, fields, release=not (keep and delay == 0), due=due, runs=runs, flushed=flushed
     ):
@@ -814,7 +816,7 @@ def _finish(
     _store(
         op, token,
         ["state", "finished_at", "error", "outputs", "next_step_at", "engine_state", "moves",
-         "arguments", "transient_streak"],
+         "arguments", "transient_streak", "transient_failures"],
         runs=runs, alongside=writes,
     )  # fmt: skip
     if op.verb == lifecycle.RETENTION_APPLY and succeeded:

@@ -136,13 +136,17 @@ _RUN_FIELDS = frozenset(f.name for f in fields(RunState))
 
 @dataclass
 class Step:
-    """What one advance did: progressed (call again now), or wait until `wake_at` or a poll."""
+    """What one advance did: progressed (call again now), or wait until `wake_at` or a poll;
+    and the first transient error a task's call to the cluster met, if one did (`unanswered`):
+    the advance went on with the other tasks, and that one makes its call again next time."""
 
     progressed: bool = False
     wake_at: float | None = None
+    unanswered: TransientError | None = None
 
     def merge(self, other: Step) -> None:
         self.progressed = self.progressed or other.progressed
+        self.unanswered = self.unanswered or other.unanswered
         if other.wake_at is not None:
             earlier = other.wake_at if self.wake_at is None else min(self.wake_at, other.wake_at)
             self.wake_at = earlier
@@ -187,8 +191,10 @@ def advance(
     """Advance `state` as far as possible without waiting; mutates it and returns what happened.
 
     `ctx` holds the run's variables ($var, $sys, $secret, workflow arguments),
-    frozen at the operation's start. Transient driver errors propagate: the
-    caller retries the whole advance later, from the state it last saved.
+    frozen at the operation's start. A task whose call to the cluster fails transiently
+    leaves the other tasks to go on, as Argo's resource steps poll on past a failed read;
+    when none moved on, the error propagates: the caller retries the advance later, from the
+    state it last saved.
     """
     run = _Run(state, workflow, ctx, driver, settings, now)
     return run.advance()
@@ -343,6 +349,8 @@ class _Run:
                     step.progressed = True
         if state.stage == "exit":
             step.merge(self.exit_handler())
+        if step.unanswered is not None and not step.progressed:
+            raise step.unanswered
         return step
 
     def exit_handler(self) -> Step:
@@ -630,9 +638,9 @@ class _Run:
         if node.id in self.polled:
             return Step(wake_at=node.retry_at)
         if self.wrote and self._calls_cluster(node, template):
-            # After a write, no other cluster call in this advance: one failing transiently
-            # would drop the write's progress with the rest and have it made again. The next
-            # advance comes at once, after this one is saved.
+            # After a write, no other cluster call in this advance: what the write changed is
+            # saved before the cluster is asked anything else. The next advance comes at once,
+            # after this one is saved.
             return Step(progressed=True)
         step = self._resource_move(node, template, ctx)
         (self.moved if step.progressed else self.polled).add(node.id)
@@ -661,6 +669,8 @@ class _Run:
                 return self._attempt_failed(node, template, ERRORED, str(exc))
             except PermanentError as exc:  # the cluster serves no such kind
                 return self._attempt_failed(node, template, FAILED, exc.message)
+            except TransientError as exc:  # discovery, for a JSON patch's kind
+                return Step(unanswered=exc)
             node.step = "rendered"
             return Step(progressed=True)
         if node.step == "rendered":
@@ -678,7 +688,7 @@ class _Run:
             except TransientError as exc:
                 if not exc.sent:  # it never reached the cluster (no connection was made)
                     self.state.changed = changed_before
-                raise
+                return Step(unanswered=exc)  # sent again next time
             if action.action == "delete" or not (
                 action.success_condition or action.failure_condition
             ):
@@ -686,7 +696,10 @@ class _Run:
             node.step, node.conditions = "waiting", None
             return Step(progressed=True)
         # waiting: read the object back and let the conditions decide
-        current = self.driver.get(node.object)
+        try:
+            current = self.driver.get(node.object)
+        except TransientError as exc:
+            return Step(unanswered=exc)  # read again next time
         if current is None:
             return self._attempt_failed(
                 node, template, FAILED, f"{_describe(node.object)} disappeared while waiting."

@@ -929,6 +929,43 @@ def test_a_write_whose_answer_was_lost_counts_as_a_change_unless_it_never_reache
     assert state.changed is changed
 
 
+def test_a_task_whose_read_fails_leaves_the_other_tasks_to_go_on():
+    """Tasks waiting side by side (a server and a volume per item of a fan-out), one of whose
+    reads the API server fails (a 503): the others' progress stands, and the failed one reads
+    again next time, as Argo's resource steps poll on past a failed read. The error is the
+    advance's only when nothing moved on: with six reads of 10 % errors, an advance that
+    needed every read to answer failed one time in two, and a modify's backoff climbed to
+    30 s between tries."""
+    wf = workflow(
+        dag(Task(name="a", template="a"), Task(name="b", template="b")),
+        resource("a", configmap("a", "x"), success="status.ok"),
+        resource("b", configmap("b", "x"), success="status.ok"),
+    )
+    run = Runner(wf)
+    run.until_quiet()  # both applied, both waiting
+    run.cluster.set_status("ConfigMap", "a", ok=True)
+    run.cluster.set_status("ConfigMap", "b", ok=True)
+    answers = run.cluster.get
+
+    def unavailable_for_b(obj):
+        if obj["metadata"]["name"] == "b":
+            raise TransientError("the server is currently unable to handle the request")
+        return answers(obj)
+
+    run.cluster.get = unavailable_for_b
+    step = run.step()
+
+    assert step.progressed and step.unanswered.message.startswith("the server is currently")
+    assert run.node(".a").phase == engine.SUCCEEDED  # saved with the advance
+    assert run.node(".b").phase == engine.RUNNING and run.node(".b").step == "waiting"
+    # Nothing else to move on: the error is the advance's, for its caller to retry it later.
+    with pytest.raises(TransientError):
+        run.step()
+    run.cluster.get = answers
+    run.until_quiet()
+    assert run.state.phase == engine.SUCCEEDED
+
+
 def test_status_patches_go_to_the_status_subresource():
     manifest = (
         "apiVersion: postgresql.cnpg.io/v1\nkind: Cluster\nmetadata:\n  name: {{ $sys.id }}\n"
