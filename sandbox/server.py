@@ -245,6 +245,7 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET":
             found = self._discovery(parts)
             if found is not None:
+                self._faults(method, query)  # an API server fails discovery as any request
                 self._send_json(200, found)
                 return 200
         if parts[:1] == ["api"] and len(parts) >= 2:

@@ -41,6 +41,21 @@ def test_control_endpoint_switches_api_errors_at_run_time(make_sandbox, raw_at):
     assert (status, body["reason"]) == (400, "BadRequest")
 
 
+def test_discovery_requests_fail_as_the_others_do(make_sandbox, raw_at):
+    """kube-apiserver answers a request for the kinds it serves as it answers any: with a 503
+    when it has no capacity for it, and a client has to tell that from a kind not served."""
+    sb = make_sandbox(operators=False)
+    raw = raw_at(sb.url)
+    sb.set_faults(error_503=1.0)
+    for path in ("/version", "/api", "/api/v1", "/apis", f"/apis/{G}/{V}"):
+        status, _, body = raw.request("GET", path)
+        assert (status, body["reason"]) == (503, "ServiceUnavailable"), path
+    assert raw.request("GET", "/healthz")[0] == 200  # the server's health, not the API's
+    sb.set_faults(error_503=0)
+    status, _, body = raw.request("GET", f"/apis/{G}/{V}")
+    assert status == 200 and "Cluster" in {r["kind"] for r in body["resources"]}
+
+
 def test_injected_conflicts_hit_writes_only(make_sandbox):
     sb = make_sandbox(operators=False, faults={"conflict": 1.0})
     api = config.new_client_from_config(str(sb.kubeconfig_path))
