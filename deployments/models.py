@@ -274,6 +274,9 @@ class Operation(models.Model):
     transient_failures = models.PositiveIntegerField(default=0)  # all of them, for the record
     # Transient failures since the last step that got through: the back-off grows with these.
     transient_streak = models.PositiveIntegerField(default=0)
+    # Moves in a row stopped by an error of Opsdeck's own (a fault, not the cluster's): each
+    # is tried again after a longer delay, and the run fails at `runner.FAULTS_BEFORE_FAILING`.
+    fault_streak = models.PositiveIntegerField(default=0)
     # Set by a delete of the instance: the run stops at its next step (its onExit still runs).
     cancel_reason = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)

@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 MOVES_PER_TASK = 2.0  # seconds one task may keep advancing a run that progresses
 QUEUED_RECHECK = 2.0  # seconds between looks at a queued operation waiting for its turn
 RETRYING = "Retrying after a cluster error: "  # an operation's error while it retries a step
+FAULTS_BEFORE_FAILING = 5  # moves in a row an error of Opsdeck's own stops before the run fails
+FAULT_RETRY_MOST = 300.0  # seconds between tries of a move whose run could not even be failed
 
 
 def poll_delay(idle_steps: int) -> float:
@@ -146,10 +148,13 @@ class _Joined:
         return op
 
 
-def _claim(operation_id: str, now, *, early: bool = False) -> Operation | None:
-    """Claim the operation for one move (`claim_token`, valid until the lease ends) and read
-    it, with what a move reads beside it (`_Joined`), in one statement; None when it ended,
-    another worker holds it, or (unless `early`) its next step is not due yet."""
+def _claim(
+    operation_id: str, now, *, early: bool = False, token: uuid.UUID | None = None
+) -> Operation | None:
+    """Claim the operation for one move (`claim_token`: `token`, or a new one; valid until the
+    lease ends) and read it, with what a move reads beside it (`_Joined`), in one statement;
+    None when it ended, another worker holds it, or (unless `early`) its next step is not due
+    yet."""
     due = "" if early else "AND (next_step_at IS NULL OR next_step_at <= %s)"
     with connection.cursor() as cursor:
         cursor.execute(
@@ -162,7 +167,7 @@ def _claim(operation_id: str, now, *, early: bool = False) -> Operation | None:
             )
             SELECT {_Joined.COLUMNS} FROM {_Joined.FROM}
             """,  # noqa: S608 - our table and column names
-            [uuid.uuid4(), now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
+            [token or uuid.uuid4(), now + timedelta(seconds=settings.OPSDECK_OPERATION_LEASE),
              operation_id, now, *([] if early else [now + timedelta(milliseconds=50)])],
         )  # fmt: skip
         row = cursor.fetchone()
@@ -349,16 +354,21 @@ def _step(
     A move that goes on from a kept claim reads nothing again: the store that kept it read back
     what others write to a claimed operation (a cancel, a wake-up) as its write left it, and
     the next store's fence finds the rest (a lost claim). A cancel that comes while a move is
-    made is acted on by the task's next move."""
+    made is acted on by the task's next move.
+
+    A move that raises an error no move expects, one of Opsdeck's own (`_faulted`), releases
+    the claim at once and is tried again after a delay, instead of holding the operation until
+    the lease runs out and failing alike at every try."""
     now = timezone.now()
-    if held is None:
-        op = _claim(operation_id, now)
-        if op is None:
-            return None, None
-        held = Held(op, op.claim_token, op.claimed_until)
-    op = held.op
-    held.kept = False
+    token = uuid.uuid4() if held is None else held.token
     try:
+        if held is None:
+            op = _claim(operation_id, now, token=token)
+            if op is None:
+                return None, None
+            held = Held(op, token, op.claimed_until)
+        op = held.op
+        held.kept = False
         begun = _begin(op, now, held.token) if op.state == Operation.State.QUEUED else STARTED
         if begun == WAITS:
             # Its predecessor schedules it when it finishes; looking again now and then
@@ -368,9 +378,93 @@ def _step(
             return None, None
         delay = _advance(op, now, held, keep_until=keep_until)
     except ClaimLost:
-        log.warning("operation %s: its claim was lost; the move is discarded", op.pk)
+        log.warning("operation %s: its claim was lost; the move is discarded", operation_id)
         return None, None
+    except Exception as exc:  # a fault: any error a move does not expect
+        return _faulted(operation_id, token, exc), None
     return delay, (held if held.kept else None)
+
+
+FAULTED = "Opsdeck met an internal error"  # an operation's error after a fault (`_faulted`)
+
+
+def _faulted(operation_id: str, token: uuid.UUID, exc: Exception) -> float | None:
+    """After a move under `token` raised `exc`, an error no move expects (a bug, a state this
+    release cannot read, a database error): log it with its traceback under a reference the
+    operation shows, release the claim, and have the move tried again after a delay that
+    doubles at each fault in a row (`OPSDECK_FAULT_RETRY_DELAY`). Nothing of the move was
+    stored, so the next try starts from the state the last stored move left, as after a
+    killed worker. At the FAULTS_BEFORE_FAILING-th fault in a row the run fails (`_give_up`),
+    and the instance and the operations queued behind it go on as after any failed run; one
+    whose run cannot be failed either is tried again every FAULT_RETRY_MOST seconds, with the
+    error shown. The delay, or None when the claim is not this worker's any more."""
+    reference = uuid.uuid4().hex[:8]
+    log.error("operation %s: a move failed (reference %s)", operation_id, reference, exc_info=exc)
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()  # one the error broke: the next is new
+    mine = Operation.objects.filter(pk=operation_id, claim_token=token, state__in=_LIVE)
+    streak = mine.values_list("fault_streak", flat=True).first()
+    if streak is None:
+        return None
+    streak += 1
+    if streak >= FAULTS_BEFORE_FAILING:
+        reason = (
+            f"{FAULTED} (reference {reference}) on {streak} tries in a row and stopped the "
+            "operation. Give the reference to support."
+        )
+        try:
+            _give_up(operation_id, token, reason)
+            return None
+        except ClaimLost:
+            return None
+        except Exception:  # the run's end met an error of its own
+            log.exception("operation %s: its run could not be failed", operation_id)
+    delay = min(FAULT_RETRY_MOST, settings.OPSDECK_FAULT_RETRY_DELAY * 2 ** (streak - 1))
+    error = f"{FAULTED} (reference {reference}); the step is tried again shortly."
+    stored = mine.update(
+        fault_streak=streak,
+        error=error,
+        next_step_at=timezone.now() + timedelta(seconds=delay),
+        claim_token=None,
+        claimed_until=None,
+    )
+    return delay if stored else None
+
+
+def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
+    """End the operation's run failed with `reason`, under this worker's claim (`token`), as a
+    failure outside any task ends it (`engine.fail`: onExit not run), read again as stored: the
+    move that faulted may have changed the operation it held. A saved state this release
+    cannot read is replaced by a new one failed at once, the cluster taken as touched."""
+    op = (
+        Operation.objects.select_related("instance__cell", "instance__tenant", "requested_by")
+        .filter(pk=operation_id, claim_token=token, state__in=_LIVE)
+        .first()
+    )
+    if op is None:
+        raise ClaimLost
+    spec = selectors.plan_version_loaded(op.plan_version_id).spec
+    verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
+    now = timezone.now()
+    saved = {}
+    if op.state == Operation.State.QUEUED:
+        state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
+        op.arguments = {**op.arguments, "state_before": op.instance.state}
+    else:
+        try:
+            saved = json.loads(op.engine_state)
+            state = engine.RunState.from_json(saved)
+        except Exception:  # the fault may be its saved state
+            saved = {}
+            state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
+            op.arguments = {**op.arguments, "cluster_touched": True}
+    engine.fail(state, now=now.timestamp(), reason=reason)
+    op.engine_state = json.dumps(state.to_json())
+    before = saved.get("nodes", {})
+    runs = Runs(_task_runs_changed(op, state, before=before), before)
+    with transaction.atomic():
+        locked = _instance_locked(op.instance, op.requested_by_id)
+        _finish(op, state, verb, now, token, locked=locked, runs=runs)
 
 
 _SCHEDULES = BackupSchedule._meta.db_table
@@ -686,9 +780,9 @@ def _wait(
     A wake-up that arrives while this move runs finds the operation claimed, and this move may
     have read the objects before the change it signals. So when `next_step_at` is no longer
     what this move read (`due`), the next move follows at once instead of after the delay."""
-    if op.transient_streak:
-        op.error = ""  # the cluster answers again
-    op.transient_streak = 0
+    if op.transient_streak or op.fault_streak:
+        op.error = ""  # the cluster answers again, the move went through
+    op.transient_streak = op.fault_streak = 0
     op.idle_steps = 0 if step.progressed else op.idle_steps + 1
     op.waiting_on = engine.waiting_on(state)
     if step.progressed:
@@ -701,7 +795,7 @@ def _wait(
         delay = min(delay, max(0.0, step.wake_at - time.time()))
     op.next_step_at = now + timedelta(seconds=delay)
     fields = ["engine_state", "idle_steps", "transient_streak", "next_step_at", "arguments",
-              "moves", "error", "waiting_on", "transient_failures"]  # fmt: skip
+              "moves", "error", "waiting_on", "transient_failures", "fault_streak"]  # fmt: skip
     if _store(
         op, token, fields, release=not (keep and delay == 0), due=due, runs=runs, flushed=flushed
     ):

@@ -323,6 +323,9 @@ OPSDECK_WAIT_WARNING_AFTER = _seconds("OPSDECK_WAIT_WARNING_AFTER", "30")
 # after that. At least twice the longest Kubernetes call (5 s to connect, 30 s to read), so a
 # slow call never loses a live worker its claim.
 OPSDECK_OPERATION_LEASE = env.int("OPSDECK_OPERATION_LEASE", default=90)
+# Seconds before a move that an error of Opsdeck's own stopped (a fault: a bug, a database
+# error) is tried again, doubling at each fault in a row; the run fails at the fifth.
+OPSDECK_FAULT_RETRY_DELAY = env.float("OPSDECK_FAULT_RETRY_DELAY", default=2.0)
 # Seconds one watch request lasts before the watcher resumes it from the last version seen.
 OPSDECK_WATCH_TIMEOUT = env.int("OPSDECK_WATCH_TIMEOUT", default=60)
 # Seconds a running instance fails its plan's health rule before it shows as Degraded (and
