@@ -163,7 +163,8 @@ def where_it_stands(operation) -> str:
     return (
         f"at {timezone.now():%H:%M:%S.%f} it was {operation.state} after {operation.moves}"
         f" moves ({operation.idle_steps} idle in a row, {operation.transient_failures} transient"
-        f" failures), its next step due at {due}, claimed until {claimed}, waiting on"
+        f" failures, {operation.fault_streak} faults in a row), its next step due at {due},"
+        f" claimed until {claimed}, waiting on"
         f" {operation.waiting_on or 'nothing'}; error {operation.error!r}; tasks: {runs};"
         f" the status of what its running tasks read last: {statuses or 'none'}"
     )
