@@ -9,6 +9,7 @@ it created the first time.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -351,17 +352,22 @@ def cell_register(
     backup_destination: str | None = _KEPT,
     backup_credentials: dict | None = _KEPT,
     operator_namespace: str | None = _KEPT,
+    customer_sources: list[str] | None = _KEPT,
     make_default: bool = False,
 ) -> Cell:
     """Register the cell `name`, or update it, after checking that its cluster answers and
     serves what the plans that may run on it need. Updating changes only what is given (a
     new kubeconfig to rotate its credentials keeps its region, backup destination and the
     rest); a setting not given is empty on a new cell (its deployment model hosted).
+    `customer_sources`: the address ranges (CIDR) customers reach their instances' port from,
+    as each new instance's network policy admits them (an empty list: none).
 
     The cluster is asked outside any transaction (a call may take its whole timeout); the
     save is short, one registration at a time: two at once of one name would both insert it,
     and two that both make their cell the default would both take it. One that finds what
     it checked changed meanwhile by another checks again."""
+    if customer_sources is not _KEPT:
+        customer_sources = _customer_networks(customer_sources)
     given = {
         "kubeconfig": kubeconfig,
         "context": context,
@@ -371,6 +377,7 @@ def cell_register(
         "backup_destination": backup_destination,
         "backup_credentials": _KEPT,
         "operator_namespace": operator_namespace,
+        "customer_sources": customer_sources,
     }
     if backup_credentials is not _KEPT:
         given["backup_credentials"] = json.dumps(backup_credentials) if backup_credentials else ""
@@ -391,6 +398,31 @@ def cell_register(
             cell.save()
             return cell
     raise ValidationError(f"The cell {name} kept changing while it was checked: register it again.")
+
+
+def _customer_networks(sources: list[str]) -> list[str]:
+    """Address ranges in CIDR form (`203.0.113.0/24`, `2001:db8::/32`), each as the network
+    policy's `ipBlock` takes it, once each, in the order given; a ValidationError naming the
+    first that is not one."""
+    found: list[str] = []
+    for source in (source.strip() for source in sources):
+        try:
+            network = ipaddress.ip_network(source)
+        except ValueError:
+            try:  # an address inside the range given, not its first one
+                meant = ipaddress.ip_network(source, strict=False)
+            except ValueError:
+                raise ValidationError(
+                    f"The customer source “{source}” is not an address range: give it in CIDR "
+                    "form, such as 203.0.113.0/24 or 2001:db8::/32."
+                ) from None
+            raise ValidationError(
+                f"The customer source “{source}” has an address inside its range, not the "
+                f"range's first: did you mean {meant}?"
+            ) from None
+        if str(network) not in found:
+            found.append(str(network))
+    return found
 
 
 def _cell_given(cell: Cell, given: dict) -> Cell:

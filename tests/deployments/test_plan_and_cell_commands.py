@@ -16,13 +16,14 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
+from accounts.audit import Actor
 from accounts.models import Tenant
 from billing.models import PastPrice, Plan, Price
-from deployments import selectors, services
+from deployments import runner, selectors, services
 from deployments.models import Cell, Instance, PlanVersion
 from tests.concurrency import race
 from tests.deployments import factories
-from tests.deployments.conftest import SPEC
+from tests.deployments.conftest import SPEC, instance_object
 
 
 def test_load_specs_creates_then_keeps_then_versions_a_plan(transactional_db, tmp_path, capsys):
@@ -357,6 +358,77 @@ def test_add_cell_refuses_an_operator_namespace_that_is_not_a_namespace_name(
         "lowercase letters, digits and '-', starting and ending with a letter or digit."
     )
     assert not Cell.objects.exists()
+
+
+def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admits(
+    cell_files, owner, tenant, kube, capsys
+):
+    kubeconfig, credentials = cell_files
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+        "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+        "--customer-sources", " 203.0.113.0/24,2001:DB8::/32,203.0.113.0/24,198.51.100.7",
+    )  # fmt: skip
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    create = services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+    runner._step(str(create.pk))  # the namespace and its guard rails come first
+
+    # Each range once, as the network policy's ipBlock takes it (one address: a /32).
+    admitted = ["203.0.113.0/24", "2001:db8::/32", "198.51.100.7/32"]
+    assert Cell.objects.get(name="eu-1").customer_sources == admitted
+    policy = instance_object(
+        kube, create.instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
+    )
+    assert policy["spec"]["ingress"][-1] == {
+        "from": [{"ipBlock": {"cidr": cidr}} for cidr in admitted],
+        "ports": [{"port": 5432}],
+    }
+    capsys.readouterr()
+
+    # Changed later: what new instances admit; the instances there already are said to keep
+    # the policy they were created with.
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+                 "--customer-sources", "")  # fmt: skip
+
+    assert Cell.objects.get(name="eu-1").customer_sources == []
+    assert capsys.readouterr().out == (
+        "Cell eu-1 updated: only the options given changed (default).\n"
+        "Its customer sources changed: instances created from now on admit none; the 1 it runs "
+        "already keep the network policy they were created with.\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("10.1.2.3/8", "has an address inside its range, not the range's first: did you mean "
+                       "10.0.0.0/8?"),
+        ("office-network", "is not an address range: give it in CIDR form, such as "
+                           "203.0.113.0/24 or 2001:db8::/32."),
+        ("10.0.0.0/33", "is not an address range: give it in CIDR form, such as "
+                        "203.0.113.0/24 or 2001:db8::/32."),
+    ],
+)  # fmt: skip
+def test_add_cell_refuses_a_customer_source_that_is_not_an_address_range_changing_nothing(
+    transactional_db, cell_files, given, said
+):
+    kubeconfig, _ = cell_files
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+                 "--customer-sources", "203.0.113.0/24")  # fmt: skip
+
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig), "--region",
+            "eu-west-1", "--customer-sources", f"192.0.2.0/24,{given}",
+        )  # fmt: skip
+
+    assert str(refused.value) == f"The customer source “{given}” {said}"
+    cell = Cell.objects.get(name="eu-1")
+    assert (cell.customer_sources, cell.region) == (["203.0.113.0/24"], "")
 
 
 def test_add_cell_refuses_a_cell_without_the_backup_destination_a_plan_reads(

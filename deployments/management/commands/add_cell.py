@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from deployments import services
-from deployments.models import Cell
+from deployments.models import Cell, Instance
 
 
 class Command(BaseCommand):
@@ -39,6 +39,13 @@ class Command(BaseCommand):
             help="where the operators run in this cluster (default: the namespace each plan's "
             "spec names)",
         )
+        parser.add_argument(
+            "--customer-sources",
+            metavar="CIDRS",
+            help="comma-separated address ranges customers reach their instances from, e.g. "
+            '203.0.113.0/24,2001:db8::/32 ("" for none): each new instance\'s network policy '
+            "admits them on its plan's port",
+        )
         parser.add_argument("--default", action="store_true", help="make it the default cell")
 
     def handle(self, *args, **options):
@@ -51,7 +58,10 @@ class Command(BaseCommand):
             )
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        known = Cell.objects.filter(name=options["name"]).exists()
+        sources = options["customer_sources"]
+        if sources is not None:
+            sources = [source for source in sources.split(",") if source.strip()]
+        before = Cell.objects.filter(name=options["name"]).first()
         try:
             cell = services.cell_register(
                 name=options["name"],
@@ -63,10 +73,19 @@ class Command(BaseCommand):
                 backup_destination=options["backup_destination"],
                 backup_credentials=credentials,
                 operator_namespace=options["operator_namespace"],
+                customer_sources=sources,
                 make_default=options["default"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         default = " (default)" if cell.is_default else ""
-        done = "updated: only the options given changed" if known else "registered"
+        done = "updated: only the options given changed" if before else "registered"
         self.stdout.write(f"Cell {cell.name} {done}{default}.")
+        if before and before.customer_sources != cell.customer_sources:
+            kept = cell.instances.exclude(state=Instance.State.DELETED).count()
+            if kept:
+                self.stdout.write(
+                    f"Its customer sources changed: instances created from now on admit "
+                    f"{', '.join(cell.customer_sources) or 'none'}; the {kept} it runs already "
+                    "keep the network policy they were created with."
+                )
