@@ -35,7 +35,8 @@ from accounts.text import name_plain, text_visible
 from billing import entitlements
 from billing import services as billing_services
 from billing.models import Plan, Subscription
-from deployments import lifecycle, rows, schedules, selectors
+from deployments import executor, lifecycle, rows, schedules, selectors
+from deployments.cells import driver_for
 from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import (
@@ -398,6 +399,64 @@ def cell_register(
             cell.save()
             return cell
     raise ValidationError(f"The cell {name} kept changing while it was checked: register it again.")
+
+
+# The cell's settings its instances' namespace guard rails are rendered with.
+NAMESPACE_SETTINGS = ("customer_sources", "operator_namespace", "backup_credentials")
+
+
+@dataclass
+class NamespacesApplied:
+    """What `cell_namespaces_apply` did: how many instances' guard rails it applied, how many
+    it left (no namespace yet, or one being deleted), and the instances it could not reach,
+    with why."""
+
+    applied: int = 0
+    left: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+
+def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
+    """Apply again, in the namespace of every instance the cell runs, its guard rails (the
+    resource quota, the network policy, the object store's credentials) as the cell's settings
+    and the instance's plan version render them now: what a change of the cell's customer
+    sources, operator namespace or backup credentials means for the instances created before
+    it, which a create applied them to once. Server-side apply, as a create's: an object
+    already as it should be is left as it is. A namespace that does not exist yet is left to
+    its create, which applies them itself; one being deleted, to its delete. One instance the
+    cluster refuses is said and the others go on."""
+    done = NamespacesApplied()
+    driver = driver_for(cell)
+    backup_credentials = json.loads(cell.backup_credentials) if cell.backup_credentials else None
+    instances = (
+        Instance.objects.filter(cell=cell)
+        .exclude(state__in=[Instance.State.DELETING, Instance.State.DELETED])
+        .order_by("created_at")
+        .values_list("pk", "plan_version_id", "tenant__slug")
+    )
+    for instance_id, version_id, tenant_slug in instances.iterator():
+        where = executor.Placement(
+            instance_id=instance_id,
+            tenant_slug=tenant_slug,
+            operator_namespace=cell.operator_namespace,
+            customer_sources=tuple(cell.customer_sources),
+            backup_credentials=backup_credentials,
+        )
+        namespace, *guard_rails = executor.namespace_objects(
+            selectors.plan_version_loaded(version_id).spec, where
+        )
+        try:
+            found = driver.get(namespace)
+            if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
+                done.left += 1
+                continue
+            for obj in guard_rails:
+                driver.apply(obj)
+        except DriverError as exc:
+            done.failed.append((instance_id, exc.message))
+        else:
+            done.applied += 1
+    return done
 
 
 def _customer_networks(sources: list[str]) -> list[str]:

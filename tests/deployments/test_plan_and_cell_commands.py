@@ -1,5 +1,6 @@
 """load_specs, add_cell and spec_test --cell as an operator runs them."""
 
+import base64
 import contextlib
 import json
 import socket
@@ -20,7 +21,8 @@ from accounts.audit import Actor
 from accounts.models import Tenant
 from billing.models import PastPrice, Plan, Price
 from deployments import runner, selectors, services
-from deployments.models import Cell, Instance, PlanVersion
+from deployments.context import BACKUP_CREDENTIALS_NAME
+from deployments.models import Cell, Instance, Operation, PlanVersion
 from tests.concurrency import race
 from tests.deployments import factories
 from tests.deployments.conftest import SPEC, instance_object
@@ -360,6 +362,13 @@ def test_add_cell_refuses_an_operator_namespace_that_is_not_a_namespace_name(
     assert not Cell.objects.exists()
 
 
+def _create(owner, tenant, plan, name: str) -> Operation:
+    return services.instance_create(
+        actor=Actor(user=owner), tenant=tenant, plan=plan, name=name,
+        parameters={}, request_id=uuid.uuid4().hex,
+    )  # fmt: skip
+
+
 def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admits(
     cell_files, owner, tenant, kube, capsys
 ):
@@ -370,10 +379,7 @@ def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admi
         "--customer-sources", " 203.0.113.0/24,2001:DB8::/32,203.0.113.0/24,198.51.100.7",
     )  # fmt: skip
     plan = services.plan_load(text=SPEC.read_text()).plan
-    create = services.instance_create(
-        actor=Actor(user=owner), tenant=tenant, plan=plan, name="orders",
-        parameters={}, request_id=uuid.uuid4().hex,
-    )  # fmt: skip
+    create = _create(owner, tenant, plan, "orders")
 
     runner._step(str(create.pk))  # the namespace and its guard rails come first
 
@@ -387,19 +393,71 @@ def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admi
         "from": [{"ipBlock": {"cidr": cidr}} for cidr in admitted],
         "ports": [{"port": 5432}],
     }
+
+
+def test_add_cell_applies_changed_customer_sources_and_keys_to_the_instances_it_runs(
+    cell_files, owner, tenant, kube, tmp_path, capsys
+):
+    kubeconfig, credentials = cell_files
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+        "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+        "--customer-sources", "203.0.113.0/24",
+    )  # fmt: skip
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    made = [_create(owner, tenant, plan, name) for name in ("orders", "billing")]
+    runner._step(str(made[0].pk))  # its namespace is made; the other's create has not begun
+    rotated = tmp_path / "rotated.json"
+    rotated.write_text(json.dumps({"ACCESS_KEY_ID": "k2", "ACCESS_SECRET_KEY": "n3w"}))
     capsys.readouterr()
 
-    # Changed later: what new instances admit; the instances there already are said to keep
-    # the policy they were created with.
-    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
-                 "--customer-sources", "")  # fmt: skip
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+        "--backup-credentials", str(rotated), "--customer-sources", "198.51.100.0/24",
+    )  # fmt: skip
 
-    assert Cell.objects.get(name="eu-1").customer_sources == []
     assert capsys.readouterr().out == (
         "Cell eu-1 updated: only the options given changed (default).\n"
-        "Its customer sources changed: instances created from now on admit none; the 1 it runs "
-        "already keep the network policy they were created with.\n"
+        "Guard rails applied again in the namespaces of 1 instance of the cell (1 left to their "
+        "create or delete).\n"
     )
+    instance = made[0].instance
+    policy = instance_object(
+        kube, instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
+    )
+    assert policy["spec"]["ingress"][-1]["from"] == [{"ipBlock": {"cidr": "198.51.100.0/24"}}]
+    secret = instance_object(kube, instance, "v1", "Secret", BACKUP_CREDENTIALS_NAME)
+    assert base64.b64decode(secret["data"]["ACCESS_SECRET_KEY"]) == b"n3w"
+    # The other's create applies what the cell says now when it makes its namespace.
+    runner._step(str(made[1].pk))
+    policy = instance_object(
+        kube, made[1].instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
+    )
+    assert policy["spec"]["ingress"][-1]["from"] == [{"ipBlock": {"cidr": "198.51.100.0/24"}}]
+
+    # Nothing changed, nothing applied, unless asked.
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig))
+    assert "Guard rails" not in capsys.readouterr().out
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+                 "--apply-namespaces")  # fmt: skip
+    assert "in the namespaces of 2 instances of the cell.\n" in capsys.readouterr().out
+
+
+def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_rest_go_on(
+    cell, plan, owner, tenant, faults
+):
+    made = [_create(owner, tenant, plan, name) for name in ("orders", "billing")]
+    for create in made:
+        runner._step(str(create.pk))
+    faults(error_500=1.0)
+
+    done = services.cell_namespaces_apply(cell)
+
+    assert (done.applied, done.left) == (0, 0)
+    assert [instance_id for instance_id, _ in done.failed] == [c.instance_id for c in made]
+    assert {why for _, why in done.failed} == {"Internal error occurred: sandbox fault injection"}
+    faults(error_500=0)
+    assert services.cell_namespaces_apply(cell).applied == 2
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from deployments import services
-from deployments.models import Cell, Instance
+from deployments.models import Cell
 
 
 class Command(BaseCommand):
@@ -46,6 +46,13 @@ class Command(BaseCommand):
             '203.0.113.0/24,2001:db8::/32 ("" for none): each new instance\'s network policy '
             "admits them on its plan's port",
         )
+        parser.add_argument(
+            "--apply-namespaces",
+            action="store_true",
+            help="apply the guard rails of every instance the cell runs again, as its settings "
+            "render them now (done without it when the customer sources, operator namespace or "
+            "backup credentials change)",
+        )
         parser.add_argument("--default", action="store_true", help="make it the default cell")
 
     def handle(self, *args, **options):
@@ -81,11 +88,25 @@ class Command(BaseCommand):
         default = " (default)" if cell.is_default else ""
         done = "updated: only the options given changed" if before else "registered"
         self.stdout.write(f"Cell {cell.name} {done}{default}.")
-        if before and before.customer_sources != cell.customer_sources:
-            kept = cell.instances.exclude(state=Instance.State.DELETED).count()
-            if kept:
-                self.stdout.write(
-                    f"Its customer sources changed: instances created from now on admit "
-                    f"{', '.join(cell.customer_sources) or 'none'}; the {kept} it runs already "
-                    "keep the network policy they were created with."
-                )
+        changed = before is not None and any(
+            getattr(before, setting) != getattr(cell, setting)
+            for setting in services.NAMESPACE_SETTINGS
+        )
+        if options["apply_namespaces"] or changed:
+            self._namespaces_apply(cell)
+
+    def _namespaces_apply(self, cell: Cell) -> None:
+        done = services.cell_namespaces_apply(cell)
+        self.stdout.write(
+            f"Guard rails applied again in the namespaces of {done.applied} instance"
+            f"{'' if done.applied == 1 else 's'} of the cell"
+            + (f" ({done.left} left to their create or delete)." if done.left else ".")
+        )
+        for instance_id, why in done.failed:
+            self.stderr.write(f"{instance_id}: {why}")
+        if done.failed:
+            count = len(done.failed)
+            raise CommandError(
+                f"{count} instance{'' if count == 1 else 's'} could not be updated: run add_cell "
+                "again with --apply-namespaces once the cluster takes them."
+            )
