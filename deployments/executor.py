@@ -65,9 +65,11 @@ def namespace_objects(spec: PlanSpec, where: Placement) -> list[dict[str, Any]]:
 
 
 def prelude_objects(spec: PlanSpec, verb: str, where: Placement) -> list[dict[str, Any]]:
-    """What Opsdeck's `verb` applies before its workflow: the namespace and its guard rails for
-    a verb that makes the instance, nothing for any other."""
-    return namespace_objects(spec, where) if verb in lifecycle.MAKES_INSTANCE else []
+    """What Opsdeck's `verb` applies before its workflow: the namespace and its guard rails,
+    as `spec` renders them, for a verb that makes the instance or puts it on `spec`'s version;
+    nothing for any other."""
+    applies = verb in lifecycle.MAKES_INSTANCE or verb in lifecycle.SETS_VERSION
+    return namespace_objects(spec, where) if applies else []
 
 
 def prelude(driver: Driver, objects: list[dict[str, Any]], done: int = 0) -> Iterator[int]:

@@ -67,6 +67,10 @@ class Rule:
     # database has begun cannot be called back): only a queued one can be cancelled. This
     # says why a running one cannot; empty for the verbs a cancel stops.
     runs_through: str = ""
+    # It puts the instance on the operation's plan version (an upgrade, a roll back to the one
+    # it was on): the namespace's guard rails are applied again before its workflow, as that
+    # version renders them (its `x-opsdeck.quota`, its port and operator).
+    sets_version: bool = False
 
 
 _LIVE = frozenset({S.RUNNING})
@@ -86,11 +90,11 @@ RULES: dict[str, Rule] = {
     # and version (what last ran) through that version's modify, after a failed change.
     "upgrade": Rule(
         _LIVE, S.UPDATING, S.RUNNING, "instance.modify",
-        runs="modify", applies_parameters=True, rolled_back=True,
+        runs="modify", applies_parameters=True, rolled_back=True, sets_version=True,
     ),
     "rollback": Rule(
         frozenset({S.FAILED}), S.UPDATING, S.RUNNING, "instance.modify",
-        runs="modify", applies_parameters=True, rolled_back=True,
+        runs="modify", applies_parameters=True, rolled_back=True, sets_version=True,
     ),
     "stop": Rule(
         _LIVE, S.UPDATING, S.STOPPED, "instance.operate", retried=True, settles_alone=True
@@ -138,6 +142,8 @@ CUSTOM = Rule(_LIVE, None, None, "instance.operate")
 
 # The verbs that bring an instance into being (create, restore).
 MAKES_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.makes_instance)
+# The verbs that put it on the operation's plan version (upgrade, roll back).
+SETS_VERSION = frozenset(verb for verb, r in RULES.items() if r.sets_version)
 # The verbs that end it (delete).
 ENDS_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.ends_instance)
 # The verbs whose run applies the instance's whole parameter set.

@@ -2,6 +2,7 @@
 services, with a real worker and the sandbox cluster where a run matters."""
 
 import base64
+import re
 import uuid
 from datetime import timedelta
 
@@ -101,17 +102,51 @@ def test_an_upgrade_moves_the_instance_to_the_new_version_with_the_new_defaults(
         _upgrade(owner, instance)
 
 
+def _modify_failing(text: str) -> str:
+    """The spec with a modify that fails once it applied the Cluster (its cluster task's
+    failureCondition holds at once)."""
+    head, modify = text.split("      modify:\n", 1)
+    body, rest = modify.split("      stop:\n", 1)
+    failing = body.split("failureCondition: >-\n", 1)
+    body = failing[0] + "failureCondition: 'cel: true'\n" + failing[1].split("\n", 2)[2]
+    return head + "      modify:\n" + body + "      stop:\n" + rest
+
+
+def _with_storage_quota(text: str, storage: str) -> str:
+    """The spec with `x-opsdeck.quota.storage`: the namespace's quota its instances get."""
+    return re.sub(r"(\nx-opsdeck:\n)", rf'\1  quota: {{storage: "{storage}"}}\n', text, count=1)
+
+
+def test_an_upgrade_and_its_roll_back_give_the_namespace_their_versions_quota(
+    worker, cell, tenant, owner, kube
+):
+    plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
+    instance = _running(owner, tenant, plan)
+    # The new version allows more storage, and its workflow fails.
+    services.plan_load(text=_modify_failing(_with_storage_quota(SPEC.read_text(), "120Gi")))
+
+    def hard():
+        quota = instance_object(kube, instance, "v1", "ResourceQuota", "opsdeck-quota")
+        return quota["spec"]["hard"]["requests.storage"]
+
+    assert hard() == "60Gi"
+    upgrade = _upgrade(owner, instance)
+    wait_done(upgrade)
+    assert hard() == "120Gi"  # applied before its workflow, as the new version renders it
+
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.FAILED, upgrade.error
+    rollback = _rollback(owner, instance)
+    assert wait_done(rollback).state == Operation.State.SUCCEEDED, rollback.error
+    assert hard() == "60Gi"  # the version it is on again
+
+
 def test_a_roll_back_removes_from_the_cluster_what_the_failed_upgrade_added(
     worker, cell, plan, tenant, owner, kube
 ):
     instance = _running(owner, tenant, plan, instances="1")
-    # Version 2's modify sets max_connections, then fails (its cluster task's failureCondition
-    # holds at once): the Cluster holds what it applied.
-    head, modify = _v2_text(SPEC.read_text()).split("      modify:\n", 1)
-    body, rest = modify.split("      stop:\n", 1)
-    failing = body.split("failureCondition: >-\n", 1)
-    body = failing[0] + "failureCondition: 'cel: true'\n" + failing[1].split("\n", 2)[2]
-    services.plan_load(text=head + "      modify:\n" + body + "      stop:\n" + rest)
+    # Version 2's modify sets max_connections, then fails: the Cluster holds what it applied.
+    services.plan_load(text=_modify_failing(_v2_text(SPEC.read_text())))
     upgrade = _upgrade(owner, instance)
     assert wait_done(upgrade).state == Operation.State.FAILED
     assert _cluster(kube, instance)["spec"]["postgresql"]["parameters"]["max_connections"]
