@@ -46,6 +46,7 @@ from deployments.workflow.expressions import (
     placeholders_replaced,
 )
 from deployments.workflow.outputs import OutputError, check_jq_filter, check_json_path
+from deployments.workflow.quantity import Quantity, QuantityError
 from deployments.workflow.render import RenderError, is_patch_list, patch_problems, references
 
 SYS_ROOTS = frozenset(
@@ -160,6 +161,7 @@ def _check_plan(spec: PlanSpec, report: Report) -> None:
     spec.waited_kinds = [key for key in spec.required_kinds if key in waited]
     _check_operator(spec, report)
     _check_network(spec, report)
+    _check_quota(spec, report)
     _check_endpoints(spec, report)
     _check_usage(spec, report)
     _check_requirements(spec, report)
@@ -422,6 +424,33 @@ def _check_network(spec: PlanSpec, report: Report) -> None:
         problem = _port_problem(network["port"])
         if problem:
             report.error("x-opsdeck.network.port", problem)
+
+
+def _check_quota(spec: PlanSpec, report: Report) -> None:
+    """`x-opsdeck.quota.storage`: the most storage the claims in an instance's namespace may
+    request in all, which its ResourceQuota holds: a size the API server takes, or every
+    create would fail at its namespace."""
+    quota = spec.extensions.get("quota")
+    if quota is None:
+        return
+    if not isinstance(quota, dict):
+        report.error("x-opsdeck.quota", "must be a mapping with storage")
+        return
+    for key in quota:
+        if key != "storage":
+            report.warn(f"x-opsdeck.quota.{key}", "unknown key; expected storage")
+    storage = quota.get("storage")
+    if storage is None:
+        return
+    try:
+        size = None if isinstance(storage, bool) else Quantity.parse(str(storage))
+    except QuantityError:
+        size = None
+    if size is None or size.value <= 0:
+        report.error(
+            "x-opsdeck.quota.storage",
+            f'"{storage}" is not a storage size: give a Kubernetes quantity, such as 500Gi',
+        )
 
 
 def _check_endpoints(spec: PlanSpec, report: Report) -> None:

@@ -1,5 +1,5 @@
 """What a plan needs of its operator and its cell, as the spec says it: `x-opsdeck.operator`,
-`x-opsdeck.network.port`, the endpoint and the kinds its manifests write."""
+`x-opsdeck.network.port`, `x-opsdeck.quota`, the endpoint and the kinds its manifests write."""
 
 from pathlib import Path
 
@@ -102,6 +102,20 @@ def test_an_operator_with_a_namespace_alone_is_enough():
             "x-opsdeck.operator: must be a mapping with namespace, ports and install",
         ),
         (
+            lambda d: d.setdefault("x-opsdeck", {}).update(quota={"storage": "lots"}),
+            'x-opsdeck.quota.storage: "lots" is not a storage size: give a Kubernetes quantity, '
+            "such as 500Gi",
+        ),
+        (
+            lambda d: d.setdefault("x-opsdeck", {}).update(quota={"storage": "-5Gi"}),
+            'x-opsdeck.quota.storage: "-5Gi" is not a storage size: give a Kubernetes quantity, '
+            "such as 500Gi",
+        ),
+        (
+            lambda d: d.setdefault("x-opsdeck", {}).update(quota="500Gi"),
+            "x-opsdeck.quota: must be a mapping with storage",
+        ),
+        (
             lambda d: d.setdefault("x-opsdeck", {}).update(network={"port": 0}),
             'x-opsdeck.network.port: "0" is not a port number (a whole number from 1 to 65535)',
         ),
@@ -114,7 +128,9 @@ def test_an_operator_with_a_namespace_alone_is_enough():
         ),
     ],
 )
-def test_a_bad_operator_network_or_endpoint_value_is_one_line_and_loads_nothing(change, error):
+def test_a_bad_operator_network_quota_or_endpoint_value_is_one_line_and_loads_nothing(
+    change, error
+):
     document = yaml.safe_load(WORKFLOWS)
     change(document)
 
