@@ -369,8 +369,16 @@ def _create(owner, tenant, plan, name: str) -> Operation:
     )  # fmt: skip
 
 
+def _customers_admitted(kube, instance) -> dict:
+    """The rule of the instance's network policy (its last) that admits customers."""
+    policy = instance_object(
+        kube, instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
+    )
+    return policy["spec"]["ingress"][-1]
+
+
 def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admits(
-    cell_files, owner, tenant, kube, capsys
+    cell_files, owner, tenant, kube
 ):
     kubeconfig, credentials = cell_files
     call_command(
@@ -386,10 +394,7 @@ def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admi
     # Each range once, as the network policy's ipBlock takes it (one address: a /32).
     admitted = ["203.0.113.0/24", "2001:db8::/32", "198.51.100.7/32"]
     assert Cell.objects.get(name="eu-1").customer_sources == admitted
-    policy = instance_object(
-        kube, create.instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
-    )
-    assert policy["spec"]["ingress"][-1] == {
+    assert _customers_admitted(kube, create.instance) == {
         "from": [{"ipBlock": {"cidr": cidr}} for cidr in admitted],
         "ports": [{"port": 5432}],
     }
@@ -422,18 +427,13 @@ def test_add_cell_applies_changed_customer_sources_and_keys_to_the_instances_it_
         "create or delete).\n"
     )
     instance = made[0].instance
-    policy = instance_object(
-        kube, instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
-    )
-    assert policy["spec"]["ingress"][-1]["from"] == [{"ipBlock": {"cidr": "198.51.100.0/24"}}]
+    newer = [{"ipBlock": {"cidr": "198.51.100.0/24"}}]
+    assert _customers_admitted(kube, instance)["from"] == newer
     secret = instance_object(kube, instance, "v1", "Secret", BACKUP_CREDENTIALS_NAME)
     assert base64.b64decode(secret["data"]["ACCESS_SECRET_KEY"]) == b"n3w"
     # The other's create applies what the cell says now when it makes its namespace.
     runner._step(str(made[1].pk))
-    policy = instance_object(
-        kube, made[1].instance, "networking.k8s.io/v1", "NetworkPolicy", "opsdeck-isolation"
-    )
-    assert policy["spec"]["ingress"][-1]["from"] == [{"ipBlock": {"cidr": "198.51.100.0/24"}}]
+    assert _customers_admitted(kube, made[1].instance)["from"] == newer
 
     # Nothing changed, nothing applied, unless asked.
     call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig))
