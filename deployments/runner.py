@@ -435,7 +435,8 @@ def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
     """End the operation's run failed with `reason`, under this worker's claim (`token`), as a
     failure outside any task ends it (`engine.fail`: onExit not run), read again as stored: the
     move that faulted may have changed the operation it held. A saved state this release
-    cannot read is replaced by a new one failed at once, the cluster taken as touched."""
+    cannot read is replaced by a new one failed at once, the cluster taken as touched, and
+    the task runs it left pending or running end failed with the run."""
     op = (
         Operation.objects.select_related("instance__cell", "instance__tenant", "requested_by")
         .filter(pk=operation_id, claim_token=token, state__in=_LIVE)
@@ -446,7 +447,7 @@ def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
     spec = selectors.plan_version_loaded(op.plan_version_id).spec
     verb = spec.main.verbs[lifecycle.workflow_verb(op.verb)]
     now = timezone.now()
-    saved = {}
+    saved, unreadable = {}, False
     if op.state == Operation.State.QUEUED:
         state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
         op.arguments = {**op.arguments, "state_before": op.instance.state}
@@ -455,7 +456,7 @@ def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
             saved = json.loads(op.engine_state)
             state = engine.RunState.from_json(saved)
         except Exception:  # the fault may be its saved state
-            saved = {}
+            saved, unreadable = {}, True
             state = engine.start(verb.workflow, operation_id=str(op.pk), now=now.timestamp())
             op.arguments = {**op.arguments, "cluster_touched": True}
     engine.fail(state, now=now.timestamp(), reason=reason)
@@ -464,6 +465,10 @@ def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
     runs = Runs(_task_runs_changed(op, state, before=before), before)
     with transaction.atomic():
         locked = _instance_locked(op.instance, op.requested_by_id)
+        if unreadable:  # its rows are all that says what its tasks were doing
+            TaskRun.objects.filter(
+                operation_id=op.pk, state__in=[engine.PENDING, engine.RUNNING]
+            ).update(state=engine.FAILED, message=reason, finished_at=now)
         _finish(op, state, verb, now, token, locked=locked, runs=runs)
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import runner, services
-from deployments.models import Instance, Operation
+from deployments.models import Instance, Operation, TaskRun
 from tests.deployments.conftest import wait_done
 
 
@@ -65,6 +65,10 @@ def test_a_move_that_keeps_faulting_is_retried_unclaimed_then_fails_the_run(
     created.instance.refresh_from_db()
     assert created.instance.state == Instance.State.FAILED
     assert AuditEvent.objects.filter(action="operation.failed", target_id=str(created.pk)).exists()
+    # No task is left running under it: what was running ended failed, saying why.
+    ended = TaskRun.objects.filter(operation=created).exclude(state="Succeeded")
+    assert ended.exists()
+    assert {(run.state, run.message) for run in ended} == {("Failed", created.error)}
 
 
 def test_a_fault_once_in_a_runs_end_is_retried_at_once_not_after_the_lease(
