@@ -1,4 +1,5 @@
-"""The Kubernetes driver of a cell: one per cell and configuration, per process.
+"""The Kubernetes driver of a cell: one per cell and configuration, per process; and where an
+instance runs on a cell, as the executor renders it (`placement`).
 
 The runner, the cell watcher, the status reader and the instance page's live tabs all reach a
 cell through `driver_for`, so each process keeps one API client (its connection pool) and one
@@ -8,9 +9,11 @@ discovery cache per cluster and timeout.
 from __future__ import annotations
 
 import hashlib
+import json
 
 from django.conf import settings
 
+from deployments import executor
 from deployments.kube import (
     TIMEOUT,
     KubeDriver,
@@ -45,3 +48,20 @@ def driver_for(cell: Cell, *, timeout: tuple[float, float] = TIMEOUT) -> KubeDri
         cache_file = cache_dir / f"cell-{cell.pk}-{digest}.json"
         _drivers[key] = KubeDriver(api, cache_file=str(cache_file), timeout=timeout)
     return _drivers[key]
+
+
+def placement(cell: Cell, *, instance_id: str, tenant_slug: str, **who: str) -> executor.Placement:
+    """Where an instance runs on `cell`, as the executor renders it: the cell's settings, with
+    the instance, its tenant and `who` (its tenant's name, the requester) beside them."""
+    return executor.Placement(
+        instance_id=instance_id,
+        tenant_slug=tenant_slug,
+        region=cell.region,
+        cloud=cell.cloud,
+        labels=cell.labels,
+        backup_destination=cell.backup_destination,
+        operator_namespace=cell.operator_namespace,
+        customer_sources=tuple(cell.customer_sources),
+        backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,
+        **who,
+    )

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from accounts.audit import SYSTEM, audit_event
 from accounts.models import Membership, Tenant, User
-from deployments import emails, executor, fleet, lifecycle, rows, selectors
+from deployments import cells, emails, executor, fleet, lifecycle, rows, selectors
 from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
@@ -1057,21 +1057,14 @@ def _dt(timestamp: float | None) -> datetime | None:
 
 def placement(op: Operation) -> executor.Placement:
     """Where and for whom the operation runs, from its instance, tenant, cell and requester."""
-    instance, tenant, cell = op.instance, op.instance.tenant, op.instance.cell
-    user = op.requested_by
-    return executor.Placement(
+    instance, tenant, user = op.instance, op.instance.tenant, op.requested_by
+    return cells.placement(
+        instance.cell,
         instance_id=instance.pk,
         tenant_slug=tenant.slug,
         tenant_name=tenant.name,
         user_id=str(user.pk) if user else "",
         user_email=user.email if user else "",
-        region=cell.region,
-        cloud=cell.cloud,
-        labels=cell.labels,
-        backup_destination=cell.backup_destination,
-        operator_namespace=cell.operator_namespace,
-        customer_sources=tuple(cell.customer_sources),
-        backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,
     )
 
 

@@ -35,7 +35,7 @@ from accounts.text import name_plain, text_visible
 from billing import entitlements
 from billing import services as billing_services
 from billing.models import Plan, Subscription
-from deployments import executor, lifecycle, rows, schedules, selectors
+from deployments import cells, executor, lifecycle, rows, schedules, selectors
 from deployments.cells import driver_for
 from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
@@ -427,7 +427,6 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
     cluster refuses is said and the others go on."""
     done = NamespacesApplied()
     driver = driver_for(cell)
-    backup_credentials = json.loads(cell.backup_credentials) if cell.backup_credentials else None
     instances = (
         Instance.objects.filter(cell=cell)
         .exclude(state__in=[Instance.State.DELETING, Instance.State.DELETED])
@@ -435,13 +434,7 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
         .values_list("pk", "plan_version_id", "tenant__slug")
     )
     for instance_id, version_id, tenant_slug in instances.iterator():
-        where = executor.Placement(
-            instance_id=instance_id,
-            tenant_slug=tenant_slug,
-            operator_namespace=cell.operator_namespace,
-            customer_sources=tuple(cell.customer_sources),
-            backup_credentials=backup_credentials,
-        )
+        where = cells.placement(cell, instance_id=instance_id, tenant_slug=tenant_slug)
         namespace, *guard_rails = executor.namespace_objects(
             selectors.plan_version_loaded(version_id).spec, where
         )
