@@ -395,9 +395,11 @@ def _faulted(operation_id: str, token: uuid.UUID, exc: Exception) -> float | Non
     doubles at each fault in a row (`OPSDECK_FAULT_RETRY_DELAY`). Nothing of the move was
     stored, so the next try starts from the state the last stored move left, as after a
     killed worker. At the FAULTS_BEFORE_FAILING-th fault in a row the run fails (`_give_up`),
-    and the instance and the operations queued behind it go on as after any failed run; one
-    whose run cannot be failed either is tried again every FAULT_RETRY_MOST seconds, with the
-    error shown. The delay, or None when the claim is not this worker's any more."""
+    and the instance and the operations queued behind it go on as after any failed run. When
+    the run's end faults too (its email, say: the fault may be in the end's own code), it fails
+    without telling anyone it ended, which the log says. One whose run cannot be failed even so
+    is tried again every FAULT_RETRY_MOST seconds, with the error shown. The delay, or None
+    when the claim is not this worker's any more."""
     reference = uuid.uuid4().hex[:8]
     log.error("operation %s: a move failed (reference %s)", operation_id, reference, exc_info=exc)
     if not connection.in_atomic_block:
@@ -412,13 +414,17 @@ def _faulted(operation_id: str, token: uuid.UUID, exc: Exception) -> float | Non
             f"{FAULTED} (reference {reference}) on {streak} tries in a row and stopped the "
             "operation. Give the reference to support."
         )
-        try:
-            _give_up(operation_id, token, reason)
-            return None
-        except ClaimLost:
-            return None
-        except Exception:  # the run's end met an error of its own
-            log.exception("operation %s: its run could not be failed", operation_id)
+        for tell in (True, False):
+            try:
+                _give_up(operation_id, token, reason, tell=tell)
+                return None
+            except ClaimLost:
+                return None
+            except Exception:  # the run's end met an error of its own
+                log.exception(
+                    "operation %s: its run could not be failed%s",
+                    operation_id, "; it is failed without telling anyone it ended" if tell else "",
+                )  # fmt: skip
     delay = min(FAULT_RETRY_MOST, settings.OPSDECK_FAULT_RETRY_DELAY * 2 ** (streak - 1))
     error = f"{FAULTED} (reference {reference}); the step is tried again shortly."
     stored = mine.update(
@@ -431,12 +437,13 @@ def _faulted(operation_id: str, token: uuid.UUID, exc: Exception) -> float | Non
     return delay if stored else None
 
 
-def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
+def _give_up(operation_id: str, token: uuid.UUID, reason: str, *, tell: bool = True) -> None:
     """End the operation's run failed with `reason`, under this worker's claim (`token`), as a
     failure outside any task ends it (`engine.fail`: onExit not run), read again as stored: the
     move that faulted may have changed the operation it held. A saved state this release
     cannot read is replaced by a new one failed at once, the cluster taken as touched, and
-    the task runs it left pending or running end failed with the run."""
+    the task runs it left pending or running end failed with the run. Unless `tell`, nobody
+    is told it ended (`_finish`)."""
     op = (
         Operation.objects.select_related("instance__cell", "instance__tenant", "requested_by")
         .filter(pk=operation_id, claim_token=token, state__in=_LIVE)
@@ -469,7 +476,7 @@ def _give_up(operation_id: str, token: uuid.UUID, reason: str) -> None:
             TaskRun.objects.filter(
                 operation_id=op.pk, state__in=[engine.PENDING, engine.RUNNING]
             ).update(state=engine.FAILED, message=reason, finished_at=now)
-        _finish(op, state, verb, now, token, locked=locked, runs=runs)
+        _finish(op, state, verb, now, token, locked=locked, runs=runs, tell=tell)
 
 
 _SCHEDULES = BackupSchedule._meta.db_table
@@ -836,10 +843,12 @@ def _finish(
     *,
     locked: Locked,
     runs: Runs | None = None,
+    tell: bool = True,
 ) -> None:
     """Store the run's end, with the task `runs` its last move changed, and what it does to
     the instance (`locked` by the caller, with what it read under the lock): the next of its
-    other pending operations may start now."""
+    other pending operations may start now. Then, if `tell`, tell whom the end concerns: the
+    fleet run that queued the operation, and its requester by email."""
     following = [p for p in locked.pending if p[0] != str(op.pk)]
     succeeded = state.phase == engine.SUCCEEDED
     cancelled = not succeeded and bool(op.cancel_reason)  # by a user, or by a delete
@@ -937,6 +946,8 @@ def _finish(
         )
     if following:
         operation_dispatch(following[0][0])
+    if not tell:
+        return
     fleet.operation_ended(op)  # a fleet run's wave may have ended with it
     # Its requester hears of a new instance ready, or of a failure (not of a run a delete ended).
     if rule.makes_instance if succeeded else not delete_waiting:

@@ -10,10 +10,10 @@ from django.db import connection
 from django.utils import timezone
 
 from accounts.audit import Actor
-from accounts.models import AuditEvent
+from accounts.models import AuditEvent, OutgoingEmail
 from deployments import runner, services
 from deployments.models import Instance, Operation, TaskRun
-from tests.deployments.conftest import wait_done
+from tests.deployments.conftest import wait_done, where_it_stands
 
 
 def _step_when_due(operation: Operation) -> None:
@@ -116,6 +116,59 @@ def test_a_fault_once_in_a_runs_end_is_retried_at_once_not_after_the_lease(
     assert create.fault_streak == 1  # for the record
     create.instance.refresh_from_db()
     assert create.instance.state == Instance.State.RUNNING
+
+
+def test_a_run_whose_end_keeps_faulting_fails_without_telling_anyone(created, settings, caplog):
+    """The end of a run faults at every try: here the email of how it ended cannot be stored
+    (a trigger refuses it), as a bug in the email's own code would raise. The fifth fault
+    fails the run without the email, instead of trying its end again for ever, which held
+    the instance and everything queued behind it, a delete included."""
+    settings.OPSDECK_FAULT_RETRY_DELAY = 0.01
+    email_table = OutgoingEmail._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION test_email_refused() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'the email cannot be stored' USING ERRCODE = 'internal_error';
+            END $$
+            """
+        )
+        cursor.execute(
+            f"CREATE TRIGGER test_email_refused BEFORE INSERT ON {email_table}"
+            " FOR EACH ROW EXECUTE FUNCTION test_email_refused()"
+        )
+    try:
+        with caplog.at_level("ERROR", logger="deployments.runner"):
+            for _ in range(50):  # the create's moves, then its end's tries
+                _step_when_due(created)
+                if created.state not in {Operation.State.QUEUED, Operation.State.RUNNING}:
+                    break
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER test_email_refused ON {email_table}")
+            cursor.execute("DROP FUNCTION test_email_refused()")
+
+    assert created.state == Operation.State.FAILED, where_it_stands(created)
+    assert created.error.endswith(
+        "on 5 tries in a row and stopped the operation. Give the reference to support."
+    )
+    assert created.claim_token is None and created.next_step_at is None
+    assert not OutgoingEmail.objects.exists()
+    assert any("failed without telling anyone it ended" in r.getMessage() for r in caplog.records)
+    # The cluster holds what the run applied: the instance is failed, not as it was.
+    created.instance.refresh_from_db()
+    assert created.instance.state == Instance.State.FAILED
+    # Nothing holds the instance now: its delete goes ahead, and is told as usual.
+    delete = services.instance_delete(
+        actor=Actor(user=created.requested_by), instance=created.instance,
+        request_id=uuid.uuid4().hex, last_backup=False,
+    )  # fmt: skip
+    for _ in range(50):
+        _step_when_due(delete)
+        if delete.state not in {Operation.State.QUEUED, Operation.State.RUNNING}:
+            break
+    assert delete.state == Operation.State.SUCCEEDED, where_it_stands(delete)
 
 
 def test_a_run_that_cannot_even_be_failed_is_tried_again_unclaimed_with_its_error_shown(
