@@ -36,7 +36,6 @@ from billing import entitlements
 from billing import services as billing_services
 from billing.models import Plan, Subscription
 from deployments import cells, executor, lifecycle, rows, schedules, selectors
-from deployments.cells import driver_for
 from deployments.entitlement_usage import entitlement_require, moves_require
 from deployments.kube import KubeDriver, api_client_from_kubeconfig, api_client_in_cluster
 from deployments.models import (
@@ -426,7 +425,7 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
     its create, which applies them itself; one being deleted, to its delete. One instance the
     cluster refuses is said and the others go on."""
     done = NamespacesApplied()
-    driver = driver_for(cell)
+    driver = cells.driver_for(cell)
     instances = (
         Instance.objects.filter(cell=cell)
         .exclude(state__in=[Instance.State.DELETING, Instance.State.DELETED])
