@@ -22,6 +22,9 @@ from deployments.kube import (
 )
 from deployments.models import Cell
 
+# The cell's settings its instances' namespace guard rails are rendered with (`placement`).
+NAMESPACE_SETTINGS = ("customer_sources", "operator_namespace", "backup_credentials")
+
 _drivers: dict[tuple[int, str, tuple[float, float]], KubeDriver] = {}
 
 
@@ -65,3 +68,13 @@ def placement(cell: Cell, *, instance_id: str, tenant_slug: str, **who: str) -> 
         backup_credentials=json.loads(cell.backup_credentials) if cell.backup_credentials else None,
         **who,
     )
+
+
+def namespace_settings_read(cell: Cell) -> bool:
+    """Read the cell's `NAMESPACE_SETTINGS` again into `cell`; whether they changed since it
+    was read."""
+    now = Cell.objects.filter(pk=cell.pk).values(*NAMESPACE_SETTINGS).get()
+    changed = any(getattr(cell, name) != value for name, value in now.items())
+    for name, value in now.items():
+        setattr(cell, name, value)
+    return changed

@@ -685,20 +685,8 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # A run that stops (cancelled, or past its deadline) needs no namespace: a cluster that
         # kept answering its prelude with errors kept it from the move that ends it.
         stops = state.stage != "main" or now.timestamp() >= state.deadline_at
-        ready = op.arguments.get("namespace_ready") or stops
-        objects = [] if ready else executor.prelude_objects(spec, op.verb, where)
-        if objects:
-            # Progress is counted per object, so a failed write redoes only itself.
-            applied = op.arguments.get("namespace_objects_applied", 0)
-            try:
-                for count in executor.prelude(driver, objects, applied):
-                    applied = count
-            finally:
-                op.arguments = {
-                    **op.arguments,
-                    "namespace_objects_applied": applied,
-                    "namespace_ready": applied == len(objects),
-                }
+        if not (op.arguments.get("namespace_ready") or stops):
+            where = _prelude(op, spec, driver, where)
         if held.context is None:
             held.context = (where, _context(op, spec, verb, where))
         # The workflow's first move goes in the same transaction as the namespace's.
@@ -758,6 +746,37 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
         # wait for the lock): metering reads the run's end as of its hour (`metering.SETTLE`).
         _finish(op, state, verb, timezone.now(), token, locked=locked, runs=runs)
     return None
+
+
+def _prelude(op: Operation, spec, driver, where: executor.Placement) -> executor.Placement:
+    """Apply the namespace and guard rails the operation's verb needs before its workflow
+    (`executor.prelude_objects`), from the object the last try stopped at; the placement they
+    were last rendered with.
+
+    add_cell applies a changed cell's guard rails again in the namespaces there are
+    (`services.cell_namespaces_apply`): a change committed while these were rendered and
+    applied may have found this namespace not there yet, or been overwritten by them. So once
+    all are applied the cell's settings are read again, and while they changed meanwhile the
+    guard rails are rendered and applied again: a change committed after that read finds the
+    namespace, and nothing of this operation's applied after its own."""
+    objects = executor.prelude_objects(spec, op.verb, where)
+    # Progress is counted per object, so a failed write redoes only itself.
+    applied = op.arguments.get("namespace_objects_applied", 0)
+    try:
+        while True:
+            for count in executor.prelude(driver, objects, applied):
+                applied = count
+            if not objects or not cells.namespace_settings_read(op.instance.cell):
+                return where
+            where = placement(op)
+            objects, applied = executor.prelude_objects(spec, op.verb, where), 0
+    finally:
+        if objects:
+            op.arguments = {
+                **op.arguments,
+                "namespace_objects_applied": applied,
+                "namespace_ready": applied == len(objects),
+            }
 
 
 def _first_change(op: Operation, state: engine.RunState, saved: dict) -> bool:

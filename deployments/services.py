@@ -400,10 +400,6 @@ def cell_register(
     raise ValidationError(f"The cell {name} kept changing while it was checked: register it again.")
 
 
-# The cell's settings its instances' namespace guard rails are rendered with.
-NAMESPACE_SETTINGS = ("customer_sources", "operator_namespace", "backup_credentials")
-
-
 @dataclass
 class NamespacesApplied:
     """What `cell_namespaces_apply` did: how many instances' guard rails it applied, how many

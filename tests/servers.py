@@ -113,7 +113,9 @@ def blackhole_server(settings):
 class Relay:
     """An HTTP relay to `upstream` on a free local port (`url`): `hold(pattern)` makes the next
     request whose path matches wait — answered, once `release()` is called, with what the
-    upstream said when it was asked — as a slow network delivers an answer late;
+    upstream said when it was asked — as a slow network delivers an answer late (with
+    `before`, it waits before the upstream is asked, as a request the network delivers late
+    does; with `method`, only a request of that method matches);
     `garble(pattern, body)` answers the next one with `body` in place of what the upstream said
     (its status kept, unless `status` is given; the `times` next ones with `times`), as a proxy
     in front of it that mangles an answer does, or a server that fails a request."""
@@ -121,6 +123,8 @@ class Relay:
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
         self.pattern: re.Pattern | None = None
+        self.method: str | None = None
+        self.before = False
         self.garbled: tuple[re.Pattern, bytes, int | None] | None = None
         self.garbles_left = 0
         self.holding = threading.Event()
@@ -139,14 +143,23 @@ class Relay:
             def relay(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                held = (
+                    relay.pattern is not None
+                    and relay.method in (None, self.command)
+                    and relay.pattern.search(self.path)
+                )
+                if held:
+                    relay.pattern = None
+                    if relay.before:
+                        relay.holding.set()
+                        relay.released.wait(30)
                 upstream = http.client.HTTPConnection(relay.upstream.hostname, relay.upstream.port)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 answer = upstream.getresponse()
                 data = answer.read()
                 upstream.close()
-                if relay.pattern is not None and relay.pattern.search(self.path):
-                    relay.pattern = None
+                if held and not relay.before:
                     relay.holding.set()
                     relay.released.wait(30)
                 status = answer.status
@@ -167,9 +180,10 @@ class Relay:
 
         return Handler
 
-    def hold(self, pattern: str) -> None:
+    def hold(self, pattern: str, *, before: bool = False, method: str | None = None) -> None:
         self.holding.clear()
         self.released.clear()
+        self.before, self.method = before, method
         self.pattern = re.compile(pattern)
 
     def release(self) -> None:

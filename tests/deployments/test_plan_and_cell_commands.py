@@ -443,6 +443,65 @@ def test_add_cell_applies_changed_customer_sources_and_keys_to_the_instances_it_
     assert "in the namespaces of 2 instances of the cell.\n" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("held", "passed"),
+    [
+        # add_cell looks for the namespace before the create's reaches the cluster, and
+        # leaves it to the create, which rendered its guard rails before the change.
+        (r"^/api/v1/namespaces/[^/?]+(\?|$)", (0, 1)),
+        # add_cell applies the new guard rails, then the create's older ones reach the cluster.
+        (r"/networkpolicies/opsdeck-isolation\b", (1, 0)),
+    ],
+    ids=["namespace", "network-policy"],
+)
+def test_a_create_under_way_as_add_cell_changes_the_customer_sources_ends_admitting_the_new(
+    held, passed, transactional_db, sandbox_kubeconfig, owner, tenant, kube
+):
+    """The create rendered its guard rails before add_cell's change committed, and its write
+    of them reaches the cluster after add_cell passed the namespace by, or applied the new
+    ones: the instance admits the customer sources the cell has now."""
+    import yaml
+
+    from tests.servers import Relay
+
+    config = yaml.safe_load(sandbox_kubeconfig)
+    server = config["clusters"][0]["cluster"]
+    with Relay(server["server"]) as relay:
+        server["server"] = relay.url
+        kubeconfig = yaml.safe_dump(config)
+        services.cell_register(
+            name="eu-1", kubeconfig=kubeconfig, customer_sources=["203.0.113.0/24"],
+            backup_destination="s3://b/p", backup_credentials={"ACCESS_KEY_ID": "k"},
+        )  # fmt: skip
+        plan = services.plan_load(text=SPEC.read_text()).plan
+        create = _create(owner, tenant, plan, "orders")
+        relay.hold(held, before=True, method="PATCH")
+        moved = threading.Thread(target=lambda: _step_alone(create.pk))
+        moved.start()
+        try:
+            assert relay.holding.wait(30), "the create did not write to the cluster"
+            cell = services.cell_register(
+                name="eu-1", kubeconfig=kubeconfig, customer_sources=["198.51.100.0/24"]
+            )
+            done = services.cell_namespaces_apply(cell)
+        finally:
+            relay.release()
+            moved.join(60)
+
+    assert (done.applied, done.left) == passed
+    assert _customers_admitted(kube, create.instance)["from"] == [
+        {"ipBlock": {"cidr": "198.51.100.0/24"}}
+    ]
+
+
+def _step_alone(operation_id) -> None:
+    """One step of the operation, on a connection of its own (a worker's)."""
+    try:
+        runner._step(str(operation_id))
+    finally:
+        connection.close()
+
+
 def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_rest_go_on(
     cell, plan, owner, tenant, faults
 ):

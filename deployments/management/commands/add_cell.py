@@ -4,7 +4,7 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from deployments import services
+from deployments import cells, services
 from deployments.models import Cell
 
 
@@ -90,7 +90,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Cell {cell.name} {done}{default}.")
         changed = before is not None and any(
             getattr(before, setting) != getattr(cell, setting)
-            for setting in services.NAMESPACE_SETTINGS
+            for setting in cells.NAMESPACE_SETTINGS
         )
         if options["apply_namespaces"] or changed:
             self._namespaces_apply(cell)
