@@ -68,8 +68,7 @@ def prelude_objects(spec: PlanSpec, verb: str, where: Placement) -> list[dict[st
     """What Opsdeck's `verb` applies before its workflow: the namespace and its guard rails,
     as `spec` renders them, for a verb that makes the instance or puts it on `spec`'s version;
     nothing for any other."""
-    applies = verb in lifecycle.MAKES_INSTANCE or verb in lifecycle.SETS_VERSION
-    return namespace_objects(spec, where) if applies else []
+    return namespace_objects(spec, where) if verb in lifecycle.APPLIES_GUARD_RAILS else []
 
 
 def prelude(driver: Driver, objects: list[dict[str, Any]], done: int = 0) -> Iterator[int]:

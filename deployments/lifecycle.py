@@ -144,6 +144,9 @@ CUSTOM = Rule(_LIVE, None, None, "instance.operate")
 MAKES_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.makes_instance)
 # The verbs that put it on the operation's plan version (upgrade, roll back).
 SETS_VERSION = frozenset(verb for verb, r in RULES.items() if r.sets_version)
+# The verbs that apply the namespace's guard rails before their workflow, as their version
+# renders them.
+APPLIES_GUARD_RAILS = MAKES_INSTANCE | SETS_VERSION
 # The verbs that end it (delete).
 ENDS_INSTANCE = frozenset(verb for verb, r in RULES.items() if r.ends_instance)
 # The verbs whose run applies the instance's whole parameter set.

@@ -116,6 +116,24 @@ def plan_version_loaded(version_id: int) -> LoadedVersion:
     return LoadedVersion(_spec(version.digest, version.spec_text), "$secret." in version.spec_text)
 
 
+def guard_rails_version(instance_id: str) -> int:
+    """The plan version the instance's namespace guard rails were last applied for: that of
+    the last operation to have started of those that apply them before their workflow (a
+    create or restore, an upgrade or roll back), however it ended (a failed upgrade's objects
+    may need its quota already); the instance's own when none has."""
+    started = (
+        Operation.objects.filter(
+            instance_id=instance_id,
+            verb__in=lifecycle.APPLIES_GUARD_RAILS,
+            started_at__isnull=False,
+        )
+        .order_by("-started_at")
+        .values_list("plan_version_id", flat=True)
+        .first()
+    )
+    return started or Instance.objects.values_list("plan_version_id", flat=True).get(pk=instance_id)
+
+
 def cell_offered(cell_id: int, tenant_id: int) -> bool:
     """Whether the tenant may run instances on the cell (`Cell.objects.offered_to`): a public
     cell, or one of its private ones. In SQL: every create asks.

@@ -414,37 +414,54 @@ class NamespacesApplied:
 def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
     """Apply again, in the namespace of every instance the cell runs, its guard rails (the
     resource quota, the network policy, the object store's credentials) as the cell's settings
-    and the instance's plan version render them now: what a change of the cell's customer
-    sources, operator namespace or backup credentials means for the instances created before
-    it, which a create applied them to once. Server-side apply, as a create's: an object
-    already as it should be is left as it is. A namespace that does not exist yet is left to
-    its create, which applies them itself; one being deleted, to its delete. One instance the
-    cluster refuses is said and the others go on."""
+    and the instance's plan version render them now (for an instance an upgrade is under way
+    on, its new version): what a change of the cell's customer sources, operator namespace or
+    backup credentials means for the instances created before it, which a create applied them
+    to once. Server-side apply, as a create's: an object already as it should be is left as it
+    is. A namespace that does not exist yet is left to its create, which applies them itself;
+    one being deleted, to its delete. One instance the cluster refuses is said and the others
+    go on."""
     done = NamespacesApplied()
     driver = cells.driver_for(cell)
     instances = (
         Instance.objects.filter(cell=cell)
         .exclude(state__in=[Instance.State.DELETING, Instance.State.DELETED])
         .order_by("created_at")
-        .values_list("pk", "plan_version_id", "tenant__slug")
+        .values_list("pk", "tenant__slug")
     )
-    for instance_id, version_id, tenant_slug in instances.iterator():
+    for instance_id, tenant_slug in instances.iterator():
         where = cells.placement(cell, instance_id=instance_id, tenant_slug=tenant_slug)
-        namespace, *guard_rails = executor.namespace_objects(
-            selectors.plan_version_loaded(version_id).spec, where
-        )
         try:
-            found = driver.get(namespace)
-            if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
-                done.left += 1
-                continue
-            for obj in guard_rails:
-                driver.apply(obj)
+            found = _guard_rails_apply(driver, instance_id, where)
         except DriverError as exc:
             done.failed.append((instance_id, exc.message))
         else:
-            done.applied += 1
+            done.applied += found
+            done.left += not found
     return done
+
+
+def _guard_rails_apply(driver: KubeDriver, instance_id: str, where: executor.Placement) -> bool:
+    """Apply the instance's guard rails at `where`, as the version they were last applied for
+    renders them (`selectors.guard_rails_version`: an upgrade's under way, not the version the
+    instance is on until it ends); False, and nothing applied, when its namespace is not there
+    or is being deleted.
+
+    An upgrade or roll back that starts meanwhile applies its version's before its workflow,
+    and may do so before these reach the cluster: so once these are applied the version is
+    read again, and while it changed they are applied again, as it renders them."""
+    applied_for = None
+    while (version_id := selectors.guard_rails_version(instance_id)) != applied_for:
+        namespace, *guard_rails = executor.namespace_objects(
+            selectors.plan_version_loaded(version_id).spec, where
+        )
+        found = driver.get(namespace)
+        if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        for obj in guard_rails:
+            driver.apply(obj)
+        applied_for = version_id
+    return True
 
 
 def _customer_networks(sources: list[str]) -> list[str]:

@@ -2,12 +2,15 @@
 services, with a real worker and the sandbox cluster where a run matters."""
 
 import base64
+import functools
 import re
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.utils import timezone
 
 from accounts import idempotency
@@ -18,7 +21,7 @@ from deployments import selectors, services, transitions
 from deployments.models import Cell, Instance, Operation, Snapshot
 from deployments.parameters import values_for_version
 from deployments.spec.model import Parameter
-from tests.deployments.conftest import SPEC, instance_object, wait_done
+from tests.deployments.conftest import SPEC, instance_object, wait_done, wait_for
 from tests.deployments.factories import BACKUPS
 
 IMAGE = "                    imageName: ghcr.io/cloudnative-pg/postgresql:{{ $var.version }}\n"
@@ -139,6 +142,81 @@ def test_an_upgrade_and_its_roll_back_give_the_namespace_their_versions_quota(
     rollback = _rollback(owner, instance)
     assert wait_done(rollback).state == Operation.State.SUCCEEDED, rollback.error
     assert hard() == "60Gi"  # the version it is on again
+
+
+def _hard_storage(kube, instance) -> str:
+    quota = instance_object(kube, instance, "v1", "ResourceQuota", "opsdeck-quota")
+    return quota["spec"]["hard"]["requests.storage"]
+
+
+def test_add_cell_during_an_upgrade_applies_the_quota_of_the_version_it_goes_to(
+    worker, cell, tenant, owner, kube, faults, sandbox_kubeconfig
+):
+    plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
+    instance = _running(owner, tenant, plan)
+    services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
+    faults(frozen=["cnpg"])  # the upgrade waits on the operator once it applied its quota
+    upgrade = _upgrade(owner, instance)
+    wait_for(lambda: _hard_storage(kube, instance) == "120Gi", what="the new version's quota")
+
+    changed = services.cell_register(
+        name=cell.name, kubeconfig=sandbox_kubeconfig, customer_sources=["198.51.100.0/24"]
+    )
+    done = services.cell_namespaces_apply(changed)
+
+    assert (done.applied, _hard_storage(kube, instance)) == (1, "120Gi")
+    faults(frozen=[])
+    assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
+    assert _hard_storage(kube, instance) == "120Gi"
+
+
+def test_an_upgrade_starting_as_add_cell_writes_the_old_quota_ends_with_its_own(
+    worker, transactional_db, tenant, owner, kube, faults, sandbox_kubeconfig
+):
+    """add_cell read the instance's version before the upgrade started, and its write of that
+    version's quota reaches the cluster after the upgrade applied its own."""
+    import yaml
+
+    from tests.servers import Relay
+
+    config = yaml.safe_load(sandbox_kubeconfig)
+    server = config["clusters"][0]["cluster"]
+    with Relay(server["server"]) as relay:
+        server["server"] = relay.url
+        kubeconfig = yaml.safe_dump(config)
+        register = functools.partial(
+            services.cell_register, name="eu-1", kubeconfig=kubeconfig,
+            backup_destination="s3://b/p", backup_credentials={"ACCESS_KEY_ID": "k"},
+        )  # fmt: skip
+        register(customer_sources=["203.0.113.0/24"])
+        plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
+        instance = _running(owner, tenant, plan)
+        services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
+        faults(frozen=["cnpg"])
+        relay.hold(r"/resourcequotas/opsdeck-quota\b", before=True, method="PATCH")
+        done = {}
+
+        def add_cell():
+            try:
+                done["it"] = services.cell_namespaces_apply(
+                    register(customer_sources=["198.51.100.0/24"])
+                )
+            finally:
+                connection.close()
+
+        applying = threading.Thread(target=add_cell)
+        applying.start()
+        try:
+            assert relay.holding.wait(30), "add_cell did not write the quota"
+            upgrade = _upgrade(owner, instance)
+            wait_for(lambda: _hard_storage(kube, instance) == "120Gi", what="the upgrade's quota")
+        finally:
+            relay.release()
+            applying.join(60)
+
+        assert (done["it"].applied, _hard_storage(kube, instance)) == (1, "120Gi")
+        faults(frozen=[])
+        assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
 
 
 def test_a_roll_back_removes_from_the_cluster_what_the_failed_upgrade_added(
