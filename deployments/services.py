@@ -430,9 +430,8 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
         .values_list("pk", "tenant__slug")
     )
     for instance_id, tenant_slug in instances.iterator():
-        where = cells.placement(cell, instance_id=instance_id, tenant_slug=tenant_slug)
         try:
-            found = _guard_rails_apply(driver, instance_id, where)
+            found = _guard_rails_apply(driver, cell, instance_id, tenant_slug)
         except DriverError as exc:
             done.failed.append((instance_id, exc.message))
         else:
@@ -441,27 +440,35 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
     return done
 
 
-def _guard_rails_apply(driver: KubeDriver, instance_id: str, where: executor.Placement) -> bool:
-    """Apply the instance's guard rails at `where`, as the version they were last applied for
-    renders them (`selectors.guard_rails_version`: an upgrade's under way, not the version the
-    instance is on until it ends); False, and nothing applied, when its namespace is not there
-    or is being deleted.
+def _guard_rails_apply(driver: KubeDriver, cell: Cell, instance_id: str, tenant_slug: str) -> bool:
+    """Apply the instance's guard rails as the cell's settings and the version they were last
+    applied for render them (`selectors.guard_rails_version`: an upgrade's under way, not the
+    version the instance is on until it ends); False, and nothing applied, when its namespace
+    is not there or is being deleted.
 
     An upgrade or roll back that starts meanwhile applies its version's before its workflow,
-    and may do so before these reach the cluster: so once these are applied the version is
-    read again, and while it changed they are applied again, as it renders them."""
+    and another add_cell its settings': either may do so before these reach the cluster. So
+    once these are applied the version and the cell's settings (into `cell`) are read again,
+    and while either changed they are applied again, as they render them."""
     applied_for = None
-    while (version_id := selectors.guard_rails_version(instance_id)) != applied_for:
+    while True:
+        cells.namespace_settings_read(cell)
+        now = (
+            selectors.guard_rails_version(instance_id),
+            [getattr(cell, name) for name in cells.NAMESPACE_SETTINGS],
+        )
+        if now == applied_for:
+            return True
+        where = cells.placement(cell, instance_id=instance_id, tenant_slug=tenant_slug)
         namespace, *guard_rails = executor.namespace_objects(
-            selectors.plan_version_loaded(version_id).spec, where
+            selectors.plan_version_loaded(now[0]).spec, where
         )
         found = driver.get(namespace)
         if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
             return False
         for obj in guard_rails:
             driver.apply(obj)
-        applied_for = version_id
-    return True
+        applied_for = now
 
 
 def _customer_networks(sources: list[str]) -> list[str]:

@@ -111,6 +111,29 @@ def worker(transactional_db, settings):
         sweeper.join(10)
 
 
+@pytest.fixture
+def relayed_cell(transactional_db, sandbox_kubeconfig):
+    """The sandbox reached through a relay (`tests.servers.Relay`, to hold a request on its
+    way), and `register(**settings)`: `cell_register` of the cell "eu-1" through it, with an
+    object store, as add_cell registers or updates it."""
+    import functools
+
+    import yaml
+
+    from deployments import services
+    from tests.servers import Relay
+
+    config = yaml.safe_load(sandbox_kubeconfig)
+    server = config["clusters"][0]["cluster"]
+    with Relay(server["server"]) as relay:
+        server["server"] = relay.url
+        register = functools.partial(
+            services.cell_register, name="eu-1", kubeconfig=yaml.safe_dump(config),
+            backup_destination="s3://b/p", backup_credentials={"ACCESS_KEY_ID": "k"},
+        )  # fmt: skip
+        yield relay, register
+
+
 def wait_for(predicate, *, timeout=60.0, interval=0.1, what="the condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,7 +2,6 @@
 services, with a real worker and the sandbox cluster where a run matters."""
 
 import base64
-import functools
 import re
 import threading
 import uuid
@@ -171,52 +170,40 @@ def test_add_cell_during_an_upgrade_applies_the_quota_of_the_version_it_goes_to(
 
 
 def test_an_upgrade_starting_as_add_cell_writes_the_old_quota_ends_with_its_own(
-    worker, transactional_db, tenant, owner, kube, faults, sandbox_kubeconfig
+    worker, relayed_cell, tenant, owner, kube, faults
 ):
     """add_cell read the instance's version before the upgrade started, and its write of that
     version's quota reaches the cluster after the upgrade applied its own."""
-    import yaml
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
+    instance = _running(owner, tenant, plan)
+    services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
+    faults(frozen=["cnpg"])
+    relay.hold(r"/resourcequotas/opsdeck-quota\b", before=True, method="PATCH")
+    done = {}
 
-    from tests.servers import Relay
-
-    config = yaml.safe_load(sandbox_kubeconfig)
-    server = config["clusters"][0]["cluster"]
-    with Relay(server["server"]) as relay:
-        server["server"] = relay.url
-        kubeconfig = yaml.safe_dump(config)
-        register = functools.partial(
-            services.cell_register, name="eu-1", kubeconfig=kubeconfig,
-            backup_destination="s3://b/p", backup_credentials={"ACCESS_KEY_ID": "k"},
-        )  # fmt: skip
-        register(customer_sources=["203.0.113.0/24"])
-        plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
-        instance = _running(owner, tenant, plan)
-        services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
-        faults(frozen=["cnpg"])
-        relay.hold(r"/resourcequotas/opsdeck-quota\b", before=True, method="PATCH")
-        done = {}
-
-        def add_cell():
-            try:
-                done["it"] = services.cell_namespaces_apply(
-                    register(customer_sources=["198.51.100.0/24"])
-                )
-            finally:
-                connection.close()
-
-        applying = threading.Thread(target=add_cell)
-        applying.start()
+    def add_cell():
         try:
-            assert relay.holding.wait(30), "add_cell did not write the quota"
-            upgrade = _upgrade(owner, instance)
-            wait_for(lambda: _hard_storage(kube, instance) == "120Gi", what="the upgrade's quota")
+            done["it"] = services.cell_namespaces_apply(
+                register(customer_sources=["198.51.100.0/24"])
+            )
         finally:
-            relay.release()
-            applying.join(60)
+            connection.close()
 
-        assert (done["it"].applied, _hard_storage(kube, instance)) == (1, "120Gi")
-        faults(frozen=[])
-        assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
+    applying = threading.Thread(target=add_cell)
+    applying.start()
+    try:
+        assert relay.holding.wait(30), "add_cell did not write the quota"
+        upgrade = _upgrade(owner, instance)
+        wait_for(lambda: _hard_storage(kube, instance) == "120Gi", what="the upgrade's quota")
+    finally:
+        relay.release()
+        applying.join(60)
+
+    assert (done["it"].applied, _hard_storage(kube, instance)) == (1, "120Gi")
+    faults(frozen=[])
+    assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
 
 
 def test_a_roll_back_removes_from_the_cluster_what_the_failed_upgrade_added(

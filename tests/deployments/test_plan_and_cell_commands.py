@@ -455,42 +455,64 @@ def test_add_cell_applies_changed_customer_sources_and_keys_to_the_instances_it_
     ids=["namespace", "network-policy"],
 )
 def test_a_create_under_way_as_add_cell_changes_the_customer_sources_ends_admitting_the_new(
-    held, passed, transactional_db, sandbox_kubeconfig, owner, tenant, kube
+    held, passed, relayed_cell, owner, tenant, kube
 ):
     """The create rendered its guard rails before add_cell's change committed, and its write
     of them reaches the cluster after add_cell passed the namespace by, or applied the new
     ones: the instance admits the customer sources the cell has now."""
-    import yaml
-
-    from tests.servers import Relay
-
-    config = yaml.safe_load(sandbox_kubeconfig)
-    server = config["clusters"][0]["cluster"]
-    with Relay(server["server"]) as relay:
-        server["server"] = relay.url
-        kubeconfig = yaml.safe_dump(config)
-        services.cell_register(
-            name="eu-1", kubeconfig=kubeconfig, customer_sources=["203.0.113.0/24"],
-            backup_destination="s3://b/p", backup_credentials={"ACCESS_KEY_ID": "k"},
-        )  # fmt: skip
-        plan = services.plan_load(text=SPEC.read_text()).plan
-        create = _create(owner, tenant, plan, "orders")
-        relay.hold(held, before=True, method="PATCH")
-        moved = threading.Thread(target=lambda: _step_alone(create.pk))
-        moved.start()
-        try:
-            assert relay.holding.wait(30), "the create did not write to the cluster"
-            cell = services.cell_register(
-                name="eu-1", kubeconfig=kubeconfig, customer_sources=["198.51.100.0/24"]
-            )
-            done = services.cell_namespaces_apply(cell)
-        finally:
-            relay.release()
-            moved.join(60)
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    create = _create(owner, tenant, plan, "orders")
+    relay.hold(held, before=True, method="PATCH")
+    moved = threading.Thread(target=lambda: _step_alone(create.pk))
+    moved.start()
+    try:
+        assert relay.holding.wait(30), "the create did not write to the cluster"
+        done = services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"]))
+    finally:
+        relay.release()
+        moved.join(60)
 
     assert (done.applied, done.left) == passed
     assert _customers_admitted(kube, create.instance)["from"] == [
         {"ipBlock": {"cidr": "198.51.100.0/24"}}
+    ]
+
+
+def test_two_add_cells_at_once_leave_the_instances_admitting_the_sources_of_the_last(
+    relayed_cell, owner, tenant, kube
+):
+    """The first's write of its network policy reaches the cluster after the second applied
+    its own."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    create = _create(owner, tenant, plan, "orders")
+    runner._step(str(create.pk))  # its namespace is made
+    relay.hold(r"/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH")
+    first = {}
+
+    def add_cell():
+        try:
+            first["done"] = services.cell_namespaces_apply(
+                register(customer_sources=["198.51.100.0/24"])
+            )
+        finally:
+            connection.close()
+
+    applying = threading.Thread(target=add_cell)
+    applying.start()
+    try:
+        assert relay.holding.wait(30), "the first add_cell did not write the policy"
+        second = services.cell_namespaces_apply(register(customer_sources=["192.0.2.0/24"]))
+    finally:
+        relay.release()
+        applying.join(60)
+
+    assert (first["done"].applied, second.applied) == (1, 1)
+    assert _customers_admitted(kube, create.instance)["from"] == [
+        {"ipBlock": {"cidr": "192.0.2.0/24"}}
     ]
 
 
