@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from accounts.audit import SYSTEM, audit_event
 from accounts.models import Membership, Tenant, User
@@ -760,8 +761,12 @@ def _prelude(op: Operation, spec, driver, where: executor.Placement) -> executor
     guard rails are rendered and applied again: a change committed after that read finds the
     namespace, and nothing of this operation's applied after its own."""
     objects = executor.prelude_objects(spec, op.verb, where)
-    # Progress is counted per object, so a failed write redoes only itself.
-    applied = op.arguments.get("namespace_objects_applied", 0)
+    rendered = _rendered(objects)
+    # Progress is counted per object, so a failed write redoes only itself; a count of objects
+    # rendered otherwise (the cell's settings changed since the move that made it) is not.
+    applied = 0
+    if op.arguments.get("namespace_rendered") == rendered:
+        applied = op.arguments.get("namespace_objects_applied", 0)
     try:
         while True:
             for count in executor.prelude(driver, objects, applied):
@@ -770,13 +775,22 @@ def _prelude(op: Operation, spec, driver, where: executor.Placement) -> executor
                 return where
             where = placement(op)
             objects, applied = executor.prelude_objects(spec, op.verb, where), 0
+            rendered = _rendered(objects)
     finally:
         if objects:
             op.arguments = {
                 **op.arguments,
                 "namespace_objects_applied": applied,
+                "namespace_rendered": rendered,
                 "namespace_ready": applied == len(objects),
             }
+
+
+def _rendered(objects: list[dict]) -> str:
+    """A keyed digest of the prelude's objects as rendered (they hold the object store's keys):
+    stored with the count of those applied, which holds only for objects rendered alike."""
+    text = json.dumps(objects, sort_keys=True)
+    return salted_hmac("opsdeck.prelude", text, algorithm="sha256").hexdigest()
 
 
 def _first_change(op: Operation, state: engine.RunState, saved: dict) -> bool:

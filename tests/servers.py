@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import re
 import socket
 import threading
@@ -108,6 +109,15 @@ def blackhole_server(settings):
         settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", hole.port
         settings.EMAIL_TIMEOUT = 120
         yield hole
+
+
+# What kube-apiserver answers a request it has no capacity for, with a 503: for a relay to
+# answer in its place (`Relay.garble`).
+UNAVAILABLE_SAID = "the server is currently unable to handle the request"
+UNAVAILABLE = json.dumps({
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
+    "reason": "ServiceUnavailable", "message": UNAVAILABLE_SAID,
+}).encode()  # fmt: skip
 
 
 class Relay:

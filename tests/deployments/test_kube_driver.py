@@ -1,6 +1,5 @@
 """The Kubernetes driver against an API server, through the official client."""
 
-import json
 import uuid
 
 import pytest
@@ -8,6 +7,7 @@ from kubernetes import client
 
 from deployments.kube import KubeDriver, WatchExpired, api_client_from_kubeconfig
 from deployments.workflow.driver import PermanentError, TransientError
+from tests.servers import UNAVAILABLE
 
 LABEL = "opsdeck.io/operation"
 
@@ -628,14 +628,6 @@ def test_a_list_answered_with_no_kubernetes_object_is_an_error(relayed, namespac
     with pytest.raises(PermanentError) as refused:
         list(driver.list_objects("v1", "ConfigMap", namespace=namespace))
     assert refused.value.message == "The cluster's answer is not a Kubernetes object: it is empty."
-
-
-# As kube-apiserver answers a request it has no capacity for.
-UNAVAILABLE = json.dumps({
-    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
-    "reason": "ServiceUnavailable",
-    "message": "the server is currently unable to handle the request",
-}).encode()  # fmt: skip
 
 
 def test_a_kind_whose_group_the_cluster_could_not_list_is_tried_again_not_taken_for_unserved(

@@ -26,6 +26,7 @@ from deployments.models import Cell, Instance, Operation, PlanVersion
 from tests.concurrency import race
 from tests.deployments import factories
 from tests.deployments.conftest import SPEC, instance_object
+from tests.servers import UNAVAILABLE, UNAVAILABLE_SAID
 
 
 def test_load_specs_creates_then_keeps_then_versions_a_plan(transactional_db, tmp_path, capsys):
@@ -475,6 +476,38 @@ def test_a_create_under_way_as_add_cell_changes_the_customer_sources_ends_admitt
         moved.join(60)
 
     assert (done.applied, done.left) == passed
+    assert _customers_admitted(kube, create.instance)["from"] == [
+        {"ipBlock": {"cidr": "198.51.100.0/24"}}
+    ]
+
+
+def test_a_create_going_on_after_a_cluster_error_applies_again_what_add_cell_changed_meanwhile(
+    relayed_cell, owner, tenant, kube
+):
+    """add_cell found no namespace and left it to the create, whose write of the object store's
+    keys, after its network policy, was answered with an error: the create's next move
+    renders the guard rails with the cell's new settings, and does not take the policy it
+    applied with the old ones for done."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    create = _create(owner, tenant, plan, "orders")
+    relay.hold(r"^/api/v1/namespaces/[^/?]+(\?|$)", before=True, method="PATCH")
+    relay.garble(rf"/secrets/{BACKUP_CREDENTIALS_NAME}\b", UNAVAILABLE, status=503)
+    moved = threading.Thread(target=lambda: _step_alone(create.pk))
+    moved.start()
+    try:
+        assert relay.holding.wait(30), "the create did not write to the cluster"
+        done = services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"]))
+    finally:
+        relay.release()
+        moved.join(60)
+    create.refresh_from_db()
+    assert (done.left, create.error) == (1, f"{runner.RETRYING}{UNAVAILABLE_SAID}")
+
+    time.sleep(0.5)  # its back-off after the error
+    runner._step(str(create.pk))
+
     assert _customers_admitted(kube, create.instance)["from"] == [
         {"ipBlock": {"cidr": "198.51.100.0/24"}}
     ]
