@@ -149,28 +149,30 @@ def _hard_storage(kube, instance) -> str:
 
 
 def test_add_cell_during_an_upgrade_applies_the_quota_of_the_version_it_goes_to(
-    worker, cell, tenant, owner, kube, faults, sandbox_kubeconfig
+    worker, relayed_cell, tenant, owner, kube
 ):
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
     plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
     instance = _running(owner, tenant, plan)
     services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
-    faults(frozen=["cnpg"])  # the upgrade waits on the operator once it applied its quota
+    # The upgrade applied its version's quota, and its workflow's first write is on its way.
+    relay.hold(r"/clusters/", before=True, method="PATCH")
     upgrade = _upgrade(owner, instance)
-    wait_for(lambda: _hard_storage(kube, instance) == "120Gi", what="the new version's quota")
-
-    changed = services.cell_register(
-        name=cell.name, kubeconfig=sandbox_kubeconfig, customer_sources=["198.51.100.0/24"]
-    )
-    done = services.cell_namespaces_apply(changed)
-
-    assert (done.applied, _hard_storage(kube, instance)) == (1, "120Gi")
-    faults(frozen=[])
+    try:
+        assert relay.holding.wait(30), "the upgrade did not reach its workflow"
+        done = services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"]))
+        upgrade.refresh_from_db()
+        assert upgrade.state == Operation.State.RUNNING
+        assert (done.applied, _hard_storage(kube, instance)) == (1, "120Gi")
+    finally:
+        relay.release()
     assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
     assert _hard_storage(kube, instance) == "120Gi"
 
 
 def test_an_upgrade_starting_as_add_cell_writes_the_old_quota_ends_with_its_own(
-    worker, relayed_cell, tenant, owner, kube, faults
+    worker, relayed_cell, tenant, owner, kube
 ):
     """add_cell read the instance's version before the upgrade started, and its write of that
     version's quota reaches the cluster after the upgrade applied its own."""
@@ -179,7 +181,6 @@ def test_an_upgrade_starting_as_add_cell_writes_the_old_quota_ends_with_its_own(
     plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
     instance = _running(owner, tenant, plan)
     services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
-    faults(frozen=["cnpg"])
     relay.hold(r"/resourcequotas/opsdeck-quota\b", before=True, method="PATCH")
     done = {}
 
@@ -202,7 +203,6 @@ def test_an_upgrade_starting_as_add_cell_writes_the_old_quota_ends_with_its_own(
         applying.join(60)
 
     assert (done["it"].applied, _hard_storage(kube, instance)) == (1, "120Gi")
-    faults(frozen=[])
     assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
 
 
