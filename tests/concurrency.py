@@ -80,3 +80,32 @@ def someone_waits_for_a_lock() -> bool:
             " WHERE NOT l.granted AND a.datname = current_database()"
         )
         return cursor.fetchone()[0] > 0
+
+
+def beside_a_held_write(relay, held: Callable[[], Any], meanwhile: Callable[[], Any]):
+    """Run `held` in a thread of its own (on its own connection) until the relay holds the
+    write it waits for (`relay.hold`, called first), then `meanwhile` here; the write goes on
+    once `meanwhile` returned. What each returned, once `held` ended; what either raised is
+    raised."""
+    results: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            results["held"] = held()
+        except Exception as exc:  # raised in the caller's thread
+            results["raised"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        if not relay.holding.wait(30):
+            raise AssertionError("the write to hold was not made")
+        got = meanwhile()
+    finally:
+        relay.release()
+        thread.join(60)
+    if "raised" in results:
+        raise results["raised"]
+    return results["held"], got

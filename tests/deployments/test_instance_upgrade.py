@@ -3,13 +3,11 @@ services, with a real worker and the sandbox cluster where a run matters."""
 
 import base64
 import re
-import threading
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection
 from django.utils import timezone
 
 from accounts import idempotency
@@ -20,6 +18,7 @@ from deployments import selectors, services, transitions
 from deployments.models import Cell, Instance, Operation, Snapshot
 from deployments.parameters import values_for_version
 from deployments.spec.model import Parameter
+from tests.concurrency import beside_a_held_write
 from tests.deployments.conftest import SPEC, instance_object, wait_done, wait_for
 from tests.deployments.factories import BACKUPS
 
@@ -148,14 +147,21 @@ def _hard_storage(kube, instance) -> str:
     return quota["spec"]["hard"]["requests.storage"]
 
 
-def test_add_cell_during_an_upgrade_applies_the_quota_of_the_version_it_goes_to(
-    worker, relayed_cell, tenant, owner, kube
-):
-    relay, register = relayed_cell
+def _running_before_a_larger_quota(register, owner, tenant) -> Instance:
+    """An instance on the cell `register` makes, on a version whose quota allows 60Gi of
+    storage, which a newer version of its plan raises to 120Gi."""
     register(customer_sources=["203.0.113.0/24"])
     plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
     instance = _running(owner, tenant, plan)
     services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
+    return instance
+
+
+def test_add_cell_during_an_upgrade_applies_the_quota_of_the_version_it_goes_to(
+    worker, relayed_cell, tenant, owner, kube
+):
+    relay, register = relayed_cell
+    instance = _running_before_a_larger_quota(register, owner, tenant)
     # The upgrade applied its version's quota, and its workflow's first write is on its way.
     relay.hold(r"/clusters/", before=True, method="PATCH")
     upgrade = _upgrade(owner, instance)
@@ -177,32 +183,21 @@ def test_an_upgrade_starting_as_add_cell_writes_the_old_quota_ends_with_its_own(
     """add_cell read the instance's version before the upgrade started, and its write of that
     version's quota reaches the cluster after the upgrade applied its own."""
     relay, register = relayed_cell
-    register(customer_sources=["203.0.113.0/24"])
-    plan = services.plan_load(text=_with_storage_quota(SPEC.read_text(), "60Gi")).plan
-    instance = _running(owner, tenant, plan)
-    services.plan_load(text=_with_storage_quota(SPEC.read_text(), "120Gi"))
+    instance = _running_before_a_larger_quota(register, owner, tenant)
     relay.hold(r"/resourcequotas/opsdeck-quota\b", before=True, method="PATCH")
-    done = {}
 
-    def add_cell():
-        try:
-            done["it"] = services.cell_namespaces_apply(
-                register(customer_sources=["198.51.100.0/24"])
-            )
-        finally:
-            connection.close()
-
-    applying = threading.Thread(target=add_cell)
-    applying.start()
-    try:
-        assert relay.holding.wait(30), "add_cell did not write the quota"
+    def upgraded():
         upgrade = _upgrade(owner, instance)
         wait_for(lambda: _hard_storage(kube, instance) == "120Gi", what="the upgrade's quota")
-    finally:
-        relay.release()
-        applying.join(60)
+        return upgrade
 
-    assert (done["it"].applied, _hard_storage(kube, instance)) == (1, "120Gi")
+    done, upgrade = beside_a_held_write(
+        relay,
+        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+        upgraded,
+    )
+
+    assert (done.applied, _hard_storage(kube, instance)) == (1, "120Gi")
     assert wait_done(upgrade).state == Operation.State.SUCCEEDED, upgrade.error
 
 

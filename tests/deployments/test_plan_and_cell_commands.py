@@ -23,7 +23,7 @@ from billing.models import PastPrice, Plan, Price
 from deployments import runner, selectors, services
 from deployments.context import BACKUP_CREDENTIALS_NAME
 from deployments.models import Cell, Instance, Operation, PlanVersion
-from tests.concurrency import race
+from tests.concurrency import beside_a_held_write, race
 from tests.deployments import factories
 from tests.deployments.conftest import SPEC, instance_object
 from tests.servers import UNAVAILABLE, UNAVAILABLE_SAID
@@ -466,14 +466,12 @@ def test_a_create_under_way_as_add_cell_changes_the_customer_sources_ends_admitt
     plan = services.plan_load(text=SPEC.read_text()).plan
     create = _create(owner, tenant, plan, "orders")
     relay.hold(held, before=True, method="PATCH")
-    moved = threading.Thread(target=lambda: _step_alone(create.pk))
-    moved.start()
-    try:
-        assert relay.holding.wait(30), "the create did not write to the cluster"
-        done = services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"]))
-    finally:
-        relay.release()
-        moved.join(60)
+
+    _, done = beside_a_held_write(
+        relay,
+        lambda: runner._step(str(create.pk)),
+        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+    )
 
     assert (done.applied, done.left) == passed
     assert _customers_admitted(kube, create.instance)["from"] == [
@@ -494,14 +492,11 @@ def test_a_create_going_on_after_a_cluster_error_applies_again_what_add_cell_cha
     create = _create(owner, tenant, plan, "orders")
     relay.hold(r"^/api/v1/namespaces/[^/?]+(\?|$)", before=True, method="PATCH")
     relay.garble(rf"/secrets/{BACKUP_CREDENTIALS_NAME}\b", UNAVAILABLE, status=503)
-    moved = threading.Thread(target=lambda: _step_alone(create.pk))
-    moved.start()
-    try:
-        assert relay.holding.wait(30), "the create did not write to the cluster"
-        done = services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"]))
-    finally:
-        relay.release()
-        moved.join(60)
+    _, done = beside_a_held_write(
+        relay,
+        lambda: runner._step(str(create.pk)),
+        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+    )
     create.refresh_from_db()
     assert (done.left, create.error) == (1, f"{runner.RETRYING}{UNAVAILABLE_SAID}")
 
@@ -524,37 +519,17 @@ def test_two_add_cells_at_once_leave_the_instances_admitting_the_sources_of_the_
     create = _create(owner, tenant, plan, "orders")
     runner._step(str(create.pk))  # its namespace is made
     relay.hold(r"/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH")
-    first = {}
 
-    def add_cell():
-        try:
-            first["done"] = services.cell_namespaces_apply(
-                register(customer_sources=["198.51.100.0/24"])
-            )
-        finally:
-            connection.close()
+    first, second = beside_a_held_write(
+        relay,
+        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+        lambda: services.cell_namespaces_apply(register(customer_sources=["192.0.2.0/24"])),
+    )
 
-    applying = threading.Thread(target=add_cell)
-    applying.start()
-    try:
-        assert relay.holding.wait(30), "the first add_cell did not write the policy"
-        second = services.cell_namespaces_apply(register(customer_sources=["192.0.2.0/24"]))
-    finally:
-        relay.release()
-        applying.join(60)
-
-    assert (first["done"].applied, second.applied) == (1, 1)
+    assert (first.applied, second.applied) == (1, 1)
     assert _customers_admitted(kube, create.instance)["from"] == [
         {"ipBlock": {"cidr": "192.0.2.0/24"}}
     ]
-
-
-def _step_alone(operation_id) -> None:
-    """One step of the operation, on a connection of its own (a worker's)."""
-    try:
-        runner._step(str(operation_id))
-    finally:
-        connection.close()
 
 
 def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_rest_go_on(
