@@ -39,7 +39,6 @@ from django.utils.crypto import salted_hmac
 from accounts.audit import SYSTEM, audit_event
 from accounts.models import Membership, Tenant, User
 from deployments import cells, emails, executor, fleet, lifecycle, rows, selectors
-from deployments.cells import driver_for
 from deployments.kube import KubeDriver
 from deployments.models import (
     BackupSchedule,
@@ -680,7 +679,7 @@ def _advance(op: Operation, now, held: Held, *, keep_until: float) -> float | No
     try:
         if held.driver is None:
             held.driver = ClaimedDriver(
-                driver_for(instance.cell), str(op.pk), token, held.claimed_until
+                cells.driver_for(instance.cell), str(op.pk), token, held.claimed_until
             )
         driver = held.driver
         # A run that stops (cancelled, or past its deadline) needs no namespace: a cluster that

@@ -450,25 +450,22 @@ def _guard_rails_apply(driver: KubeDriver, cell: Cell, instance_id: str, tenant_
     and another add_cell its settings': either may do so before these reach the cluster. So
     once these are applied the version and the cell's settings (into `cell`) are read again,
     and while either changed they are applied again, as they render them."""
-    applied_for = None
+    applied_for = None  # the version they were last applied for here
     while True:
-        cells.namespace_settings_read(cell)
-        now = (
-            selectors.guard_rails_version(instance_id),
-            [getattr(cell, name) for name in cells.NAMESPACE_SETTINGS],
-        )
-        if now == applied_for:
+        moved = cells.namespace_settings_read(cell)
+        version_id = selectors.guard_rails_version(instance_id)
+        if version_id == applied_for and not moved:
             return True
         where = cells.placement(cell, instance_id=instance_id, tenant_slug=tenant_slug)
         namespace, *guard_rails = executor.namespace_objects(
-            selectors.plan_version_loaded(now[0]).spec, where
+            selectors.plan_version_loaded(version_id).spec, where
         )
         found = driver.get(namespace)
         if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
             return False
         for obj in guard_rails:
             driver.apply(obj)
-        applied_for = now
+        applied_for = version_id
 
 
 def _customer_networks(sources: list[str]) -> list[str]:
