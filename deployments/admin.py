@@ -51,13 +51,14 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
         "deployment_model",
         "is_default",
         "public",
+        "guard_rails_current",
         "created_at",
     ]
     list_columns = ("name", "region", "cloud", "deployment_model", "is_default", "public")
-    list_columns += ("created_at",)
+    list_columns += ("settings_generation", "guard_rails_generation", "created_at")
     list_filter = ["deployment_model", "cloud", "region", "public"]
     search_fields = ["name", "region"]
-    exclude = ["kubeconfig", "backup_credentials"]
+    exclude = ["kubeconfig", "backup_credentials", "settings_generation", "guard_rails_generation"]
     filter_horizontal = ["tenants"]
     # Only who a cell is offered to is edited here; the rest comes from add_cell.
     editable = ("public", "tenants")
@@ -92,7 +93,20 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
             f.name
             for f in Cell._meta.get_fields()
             if f.concrete and f.name not in self.editable and f.name not in self.exclude
-        ]
+        ] + ["guard_rails"]
+
+    @admin.display(description="Guard rails current", boolean=True)
+    def guard_rails_current(self, cell: Cell) -> bool:
+        return not cell.guard_rails_behind
+
+    @admin.display(description="Guard rails")
+    def guard_rails(self, cell: Cell) -> str:
+        if cell.guard_rails_behind:
+            return (
+                "Not all applied again since the cell's settings last changed (a run of add_cell "
+                "stopped, or the cluster refused some): run add_cell for the cell again."
+            )
+        return "Applied in every instance's namespace as the cell's settings render them."
 
 
 def _offered(public: bool, listed) -> set[Tenant]:

@@ -70,6 +70,11 @@ def placement(cell: Cell, *, instance_id: str, tenant_slug: str, **who: str) -> 
     )
 
 
+def namespace_settings(cell: Cell) -> tuple:
+    """The cell's `NAMESPACE_SETTINGS`, to tell a change of them."""
+    return tuple(getattr(cell, name) for name in NAMESPACE_SETTINGS)
+
+
 def namespace_settings_read(cell: Cell) -> bool:
     """Read the cell's `NAMESPACE_SETTINGS` again into `cell`; whether they changed since it
     was read."""

@@ -79,6 +79,12 @@ class Cell(models.Model):
     # When the status sync last read the status objects the cell watcher streams in this cell
     # (`status.cell_observe`): while the watcher streams them, it reads them only this often.
     status_read_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Counted up by each change of the settings its instances' guard rails are rendered with
+    # (`cells.NAMESPACE_SETTINGS`); the count as of the last pass that applied them again in
+    # the namespace of every instance (add_cell's): as a resource's generation and its
+    # controller's observedGeneration.
+    settings_generation = models.PositiveBigIntegerField(default=0, editable=False)
+    guard_rails_generation = models.PositiveBigIntegerField(default=0, editable=False)
 
     objects = CellQuerySet.as_manager()
 
@@ -94,6 +100,13 @@ class Cell(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def guard_rails_behind(self) -> bool:
+        """Whether an instance's namespace may hold guard rails rendered with settings the cell
+        had before their last change: no pass applying them again has ended since it, or
+        the one that ended could not reach some instance."""
+        return self.guard_rails_generation < self.settings_generation
 
 
 class PlanVersion(models.Model):

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -360,7 +360,9 @@ def cell_register(
     new kubeconfig to rotate its credentials keeps its region, backup destination and the
     rest); a setting not given is empty on a new cell (its deployment model hosted).
     `customer_sources`: the address ranges (CIDR) customers reach their instances' port from,
-    as each new instance's network policy admits them (an empty list: none).
+    as each new instance's network policy admits them (an empty list: none). A change of
+    what the instances' guard rails are rendered with leaves the cell's guard rails behind
+    (`Cell.guard_rails_behind`) until `cell_namespaces_apply` applied them again.
 
     The cluster is asked outside any transaction (a call may take its whole timeout); the
     save is short, one registration at a time: two at once of one name would both insert it,
@@ -387,9 +389,13 @@ def cell_register(
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(hashtext('opsdeck.cell_register'))")
-            cell = _cell_given(Cell.objects.filter(name=name).first() or Cell(name=name), given)
+            cell = Cell.objects.filter(name=name).first() or Cell(name=name)
+            was = cells.namespace_settings(cell)
+            cell = _cell_given(cell, given)
             if any(getattr(cell, f) != getattr(checked, f) for f in _CHECKED):
                 continue  # another registration changed what was checked: check again
+            if cell.pk and cells.namespace_settings(cell) != was:
+                cell.settings_generation += 1  # its instances' guard rails are behind
             others = Cell.objects.exclude(pk=cell.pk).filter(is_default=True)
             if make_default or not others.exists():
                 others.update(is_default=False)
@@ -402,16 +408,24 @@ def cell_register(
 
 @dataclass
 class NamespacesApplied:
-    """What `cell_namespaces_apply` did: how many instances' guard rails it applied, how many
-    it left (no namespace yet, or one being deleted), and the instances it could not reach,
-    with why."""
+    """What `cell_namespaces_apply` did: of the `total` instances it found, how many
+    instances' guard rails it applied, how many it left (no namespace yet, or one being
+    deleted), and the instances it could not reach, with why."""
 
+    total: int = 0
     applied: int = 0
     left: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def passed(self) -> int:
+        """How many of the instances it went through, so far."""
+        return self.applied + self.left + len(self.failed)
 
-def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
+
+def cell_namespaces_apply(
+    cell: Cell, *, each: Callable[[NamespacesApplied], None] | None = None
+) -> NamespacesApplied:
     """Apply again, in the namespace of every instance the cell runs, its guard rails (the
     resource quota, the network policy, the object store's credentials) as the cell's settings
     and the instance's plan version render them now (for an instance an upgrade is under way
@@ -420,7 +434,12 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
     to once. Server-side apply, as a create's: an object already as it should be is left as it
     is. A namespace that does not exist yet is left to its create, which applies them itself;
     one being deleted, to its delete. One instance the cluster refuses is said and the others
-    go on."""
+    go on. `each` is called with what was done so far after each instance.
+
+    A pass that went through every instance with none refused marks the cell's guard rails as
+    applied for the settings it found at its start (`Cell.guard_rails_behind`); one stopped
+    half-way, or refused by the cluster, leaves the cell behind for the next."""
+    generation = Cell.objects.values_list("settings_generation", flat=True).get(pk=cell.pk)
     done = NamespacesApplied()
     driver = cells.driver_for(cell)
     instances = (
@@ -429,6 +448,7 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
         .order_by("created_at")
         .values_list("pk", "tenant__slug")
     )
+    done.total = instances.count()
     for instance_id, tenant_slug in instances.iterator():
         try:
             found = _guard_rails_apply(driver, cell, instance_id, tenant_slug)
@@ -437,6 +457,12 @@ def cell_namespaces_apply(cell: Cell) -> NamespacesApplied:
         else:
             done.applied += found
             done.left += not found
+        if each is not None:
+            each(done)
+    if not done.failed:  # a later change's pass may have ended first: its mark stays
+        Cell.objects.filter(pk=cell.pk, guard_rails_generation__lt=generation).update(
+            guard_rails_generation=generation
+        )
     return done
 
 

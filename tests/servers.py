@@ -128,7 +128,8 @@ class Relay:
     does; with `method`, only a request of that method matches);
     `garble(pattern, body)` answers the next one with `body` in place of what the upstream said
     (its status kept, unless `status` is given; the `times` next ones with `times`), as a proxy
-    in front of it that mangles an answer does, or a server that fails a request."""
+    in front of it that mangles an answer does, or a server that fails a request (with
+    `before`, the upstream is not asked: a server that refuses it)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
@@ -136,6 +137,7 @@ class Relay:
         self.method: str | None = None
         self.before = False
         self.garbled: tuple[re.Pattern, bytes, int | None] | None = None
+        self.garbled_before = False
         self.garbles_left = 0
         self.holding = threading.Event()
         self.released = threading.Event()
@@ -163,23 +165,28 @@ class Relay:
                     if relay.before:
                         relay.holding.set()
                         relay.released.wait(30)
-                upstream = http.client.HTTPConnection(relay.upstream.hostname, relay.upstream.port)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                upstream.request(self.command, self.path, body=body, headers=headers)
-                answer = upstream.getresponse()
-                data = answer.read()
-                upstream.close()
+                garbled = relay.garbled is not None and relay.garbled[0].search(self.path)
+                if garbled and relay.garbled_before:
+                    status, headers, data = 200, [("Content-Type", "application/json")], b""
+                else:
+                    upstream = http.client.HTTPConnection(
+                        relay.upstream.hostname, relay.upstream.port
+                    )
+                    sent = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                    upstream.request(self.command, self.path, body=body, headers=sent)
+                    answer = upstream.getresponse()
+                    status, headers, data = answer.status, answer.getheaders(), answer.read()
+                    upstream.close()
                 if held and not relay.before:
                     relay.holding.set()
                     relay.released.wait(30)
-                status = answer.status
-                if relay.garbled is not None and relay.garbled[0].search(self.path):
+                if garbled:
                     data, status = relay.garbled[1], relay.garbled[2] or status
                     relay.garbles_left -= 1
                     if not relay.garbles_left:
                         relay.garbled = None
                 self.send_response(status)
-                for key, value in answer.getheaders():
+                for key, value in headers:
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
@@ -200,9 +207,16 @@ class Relay:
         self.released.set()
 
     def garble(
-        self, pattern: str, body: bytes, *, status: int | None = None, times: int = 1
+        self,
+        pattern: str,
+        body: bytes,
+        *,
+        status: int | None = None,
+        times: int = 1,
+        before: bool = False,
     ) -> None:
         self.garbled, self.garbles_left = (re.compile(pattern), body, status), times
+        self.garbled_before = before
 
     def close(self) -> None:
         self.released.set()

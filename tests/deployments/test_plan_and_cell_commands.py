@@ -512,7 +512,7 @@ def test_two_add_cells_at_once_leave_the_instances_admitting_the_sources_of_the_
     relayed_cell, owner, tenant, kube
 ):
     """The first's write of its network policy reaches the cluster after the second applied
-    its own."""
+    its own; the second's pass ended first, and the cell's guard rails stay current."""
     relay, register = relayed_cell
     register(customer_sources=["203.0.113.0/24"])
     plan = services.plan_load(text=SPEC.read_text()).plan
@@ -530,6 +530,137 @@ def test_two_add_cells_at_once_leave_the_instances_admitting_the_sources_of_the_
     assert _customers_admitted(kube, create.instance)["from"] == [
         {"ipBlock": {"cidr": "192.0.2.0/24"}}
     ]
+    assert not Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def _made(owner, tenant, names: tuple[str, ...]) -> list[Instance]:
+    """Instances of the plan, each with its namespace and guard rails made."""
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    made = [_create(owner, tenant, plan, name) for name in names]
+    for create in made:
+        runner._step(str(create.pk))
+    return [create.instance for create in made]
+
+
+def _admitting(kube, instance) -> list[str]:
+    return [rule["ipBlock"]["cidr"] for rule in _customers_admitted(kube, instance)["from"]]
+
+
+def test_a_cell_changed_during_a_pass_stays_behind_until_the_next_one(
+    relayed_cell, owner, tenant, kube
+):
+    """The pass applied the first instance's guard rails before the change, and the second's
+    after it: the first keeps the settings before it, and the cell says so, until the next
+    pass."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    first, second = _made(owner, tenant, ("orders", "billing"))
+    relay.hold(
+        rf"/namespaces/{second.pk}/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH"
+    )
+
+    done, _ = beside_a_held_write(
+        relay,
+        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+        lambda: register(customer_sources=["192.0.2.0/24"]),
+    )
+
+    assert done.applied == 2
+    assert (_admitting(kube, first), _admitting(kube, second)) == (
+        ["198.51.100.0/24"],
+        ["192.0.2.0/24"],
+    )
+    cell = Cell.objects.get(name="eu-1")
+    assert cell.guard_rails_behind
+    services.cell_namespaces_apply(cell)
+    assert _admitting(kube, first) == ["192.0.2.0/24"]
+    assert not Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def test_a_pass_stopped_half_way_leaves_the_cells_guard_rails_behind(relayed_cell, owner, tenant):
+    _, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    _made(owner, tenant, ("orders", "billing"))
+    cell = register(customer_sources=["198.51.100.0/24"])
+
+    def stopped(done: services.NamespacesApplied) -> None:
+        raise KeyboardInterrupt  # add_cell's operator pressed Ctrl-C after the first instance
+
+    with pytest.raises(KeyboardInterrupt):
+        services.cell_namespaces_apply(cell, each=stopped)
+
+    assert Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def test_the_next_add_cell_applies_the_guard_rails_a_run_could_not_apply_everywhere(
+    relayed_cell, owner, tenant, kube, tmp_path, capsys
+):
+    """The cluster refused one instance's network policy: add_cell names it as it goes and
+    fails, and the next add_cell for the cell, changing nothing, applies them again."""
+    relay, register = relayed_cell
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(register.keywords["kubeconfig"])  # the sandbox through the relay
+    register(customer_sources=["203.0.113.0/24"])
+    first, second = _made(owner, tenant, ("orders", "billing"))
+    relay.garble(rf"/namespaces/{second.pk}/networkpolicies/", UNAVAILABLE, status=503, before=True)
+    add_cell = ["add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig)]
+
+    with pytest.raises(CommandError) as refused:
+        call_command(*add_cell, "--customer-sources", "198.51.100.0/24")
+
+    assert str(refused.value) == (
+        "1 instance could not be updated: run add_cell for the cell again once the cluster "
+        "takes them (it applies them again until every instance has them)."
+    )
+    out, err = capsys.readouterr()
+    assert err == f"{second.pk}: {UNAVAILABLE_SAID}\n"
+    assert "Guard rails applied again in the namespaces of 1 instance of the cell.\n" in out
+    assert (_admitting(kube, first), _admitting(kube, second)) == (
+        ["198.51.100.0/24"],
+        ["203.0.113.0/24"],
+    )
+    assert Cell.objects.get(name="eu-1").guard_rails_behind
+
+    call_command(*add_cell)
+
+    assert capsys.readouterr().out == (
+        "Cell eu-1 updated: only the options given changed (default).\n"
+        "The guard rails of the cell's instances were not all applied again since its settings "
+        "last changed (a run stopped, or the cluster refused some): applying them now.\n"
+        "Guard rails applied again in the namespaces of 2 instances of the cell.\n"
+    )
+    assert _admitting(kube, second) == ["198.51.100.0/24"]
+    assert not Cell.objects.get(name="eu-1").guard_rails_behind
+    call_command(*add_cell)
+    assert "Guard rails" not in capsys.readouterr().out  # all applied: nothing to do
+
+
+def test_add_cell_says_how_far_a_pass_through_many_instances_has_gone(
+    cell_files, owner, tenant, monkeypatch, capsys
+):
+    from deployments.management.commands import add_cell
+
+    kubeconfig, credentials = cell_files
+    call_command(
+        "add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+        "--backup-destination", "s3://b/p", "--backup-credentials", str(credentials),
+    )  # fmt: skip
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    for name in ("orders", "billing", "ledger", "search", "events"):
+        _create(owner, tenant, plan, name)  # no namespace yet: left to their create
+    monkeypatch.setattr(add_cell, "PROGRESS_EVERY", 2)
+    capsys.readouterr()
+
+    call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+                 "--apply-namespaces")  # fmt: skip
+
+    assert capsys.readouterr().out == (
+        "Cell eu-1 updated: only the options given changed (default).\n"
+        "… 2 of 5 instances\n"
+        "… 4 of 5 instances\n"
+        "Guard rails applied again in the namespaces of 0 instances of the cell (5 left to "
+        "their create or delete).\n"
+    )
 
 
 def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_rest_go_on(

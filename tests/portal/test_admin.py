@@ -985,3 +985,27 @@ def test_an_override_of_a_plan_whose_newest_version_no_longer_loads_is_saved(sta
 
     assert saved.status_code == 302
     assert PlanOverride.objects.get().limits == {"max_instances": 20}
+
+
+@pytest.mark.django_db
+def test_staff_read_in_the_cells_list_and_on_its_page_whose_guard_rails_are_behind(staff_client):
+    """A cell whose settings changed since add_cell last applied its guard rails everywhere."""
+    from deployments.models import Cell
+    from tests.deployments import factories
+
+    behind, current = factories.cell("eu-1"), factories.cell("eu-2")
+    Cell.objects.filter(pk=behind.pk).update(settings_generation=2, guard_rails_generation=1)
+
+    listing = staff_client.get(_url(Cell, "changelist")).content.decode()
+
+    rows = re.findall(r"<tr>.*?</tr>", listing, re.S)
+    current_of = {
+        name: re.search(r'class="field-guard_rails_current"><img [^>]*alt="(\w+)"', row)[1]
+        for row in rows[1:]
+        for name in re.findall(r">(eu-\d)</a>", row)
+    }
+    assert current_of == {"eu-1": "False", "eu-2": "True"}
+    page = staff_client.get(_url(Cell, "change", behind.pk)).content.decode()
+    assert "Not all applied again since the cell&#x27;s settings last changed" in page
+    page = staff_client.get(_url(Cell, "change", current.pk)).content.decode()
+    assert "Applied in every instance&#x27;s namespace" in page

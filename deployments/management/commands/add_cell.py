@@ -4,8 +4,10 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from deployments import cells, services
+from deployments import services
 from deployments.models import Cell
+
+PROGRESS_EVERY = 100  # instances between two lines saying how far a pass of many has gone
 
 
 class Command(BaseCommand):
@@ -51,7 +53,7 @@ class Command(BaseCommand):
             action="store_true",
             help="apply the guard rails of every instance the cell runs again, as its settings "
             "render them now (done without it when the customer sources, operator namespace or "
-            "backup credentials change)",
+            "backup credentials change, and by each run until one applied them everywhere)",
         )
         parser.add_argument("--default", action="store_true", help="make it the default cell")
 
@@ -88,25 +90,36 @@ class Command(BaseCommand):
         default = " (default)" if cell.is_default else ""
         done = "updated: only the options given changed" if before else "registered"
         self.stdout.write(f"Cell {cell.name} {done}{default}.")
-        changed = before is not None and any(
-            getattr(before, setting) != getattr(cell, setting)
-            for setting in cells.NAMESPACE_SETTINGS
-        )
-        if options["apply_namespaces"] or changed:
+        unchanged = before is not None and before.settings_generation == cell.settings_generation
+        if unchanged and cell.guard_rails_behind:
+            self.stdout.write(
+                "The guard rails of the cell's instances were not all applied again since its "
+                "settings last changed (a run stopped, or the cluster refused some): applying "
+                "them now."
+            )
+        if options["apply_namespaces"] or cell.guard_rails_behind:
             self._namespaces_apply(cell)
 
     def _namespaces_apply(self, cell: Cell) -> None:
-        done = services.cell_namespaces_apply(cell)
+        def each(done: services.NamespacesApplied) -> None:
+            for instance_id, why in done.failed[len(said) :]:  # as they come: a pass is long
+                self.stderr.write(f"{instance_id}: {why}")
+                said.append(instance_id)
+            if done.passed % PROGRESS_EVERY == 0 and done.passed < done.total:
+                self.stdout.write(f"… {done.passed:,} of {done.total:,} instances")
+                self.stdout.flush()
+
+        said: list[str] = []
+        done = services.cell_namespaces_apply(cell, each=each)
         self.stdout.write(
             f"Guard rails applied again in the namespaces of {done.applied} instance"
             f"{'' if done.applied == 1 else 's'} of the cell"
             + (f" ({done.left} left to their create or delete)." if done.left else ".")
         )
-        for instance_id, why in done.failed:
-            self.stderr.write(f"{instance_id}: {why}")
         if done.failed:
             count = len(done.failed)
             raise CommandError(
                 f"{count} instance{'' if count == 1 else 's'} could not be updated: run add_cell "
-                "again with --apply-namespaces once the cluster takes them."
+                "for the cell again once the cluster takes them (it applies them again until "
+                "every instance has them)."
             )
