@@ -46,12 +46,12 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
 
     list_display = [
         "name",
+        "guard_rails_current",  # before the rest: seen without scrolling on a narrow screen
         "region",
         "cloud",
         "deployment_model",
         "is_default",
         "public",
-        "guard_rails_current",
         "created_at",
     ]
     list_columns = ("name", "region", "cloud", "deployment_model", "is_default", "public")
@@ -95,7 +95,7 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
             if f.concrete and f.name not in self.editable and f.name not in self.exclude
         ] + ["guard_rails"]
 
-    @admin.display(description="Guard rails current", boolean=True)
+    @admin.display(description="Guard rails", boolean=True)
     def guard_rails_current(self, cell: Cell) -> bool:
         return not cell.guard_rails_behind
 

@@ -14,10 +14,13 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from copy import copy
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from queue import Empty, Queue
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -423,8 +426,16 @@ class NamespacesApplied:
         return self.applied + self.left + len(self.failed)
 
 
+# Instances whose guard rails one pass applies at once: each is a few calls in a row to the
+# cell's API server, which may be far from here (a cell in another region or cloud).
+APPLY_AT_ONCE = 8
+
+
 def cell_namespaces_apply(
-    cell: Cell, *, each: Callable[[NamespacesApplied], None] | None = None
+    cell: Cell,
+    *,
+    each: Callable[[NamespacesApplied], None] | None = None,
+    at_once: int = APPLY_AT_ONCE,
 ) -> NamespacesApplied:
     """Apply again, in the namespace of every instance the cell runs, its guard rails (the
     resource quota, the network policy, the object store's credentials) as the cell's settings
@@ -434,26 +445,32 @@ def cell_namespaces_apply(
     to once. Server-side apply, as a create's: an object already as it should be is left as it
     is. A namespace that does not exist yet is left to its create, which applies them itself;
     one being deleted, to its delete. One instance the cluster refuses is said and the others
-    go on. `each` is called with what was done so far after each instance.
+    go on. `at_once` instances at a time, each in a thread of its own (on its own database
+    connection); `each` is called here, with what was done so far, after each instance.
 
     A pass that went through every instance with none refused marks the cell's guard rails as
     applied for the settings it found at its start (`Cell.guard_rails_behind`); one stopped
     half-way, or refused by the cluster, leaves the cell behind for the next."""
     generation = Cell.objects.values_list("settings_generation", flat=True).get(pk=cell.pk)
-    done = NamespacesApplied()
     driver = cells.driver_for(cell)
-    instances = (
+    instances = list(
         Instance.objects.filter(cell=cell)
         .exclude(state__in=[Instance.State.DELETING, Instance.State.DELETED])
         .order_by("created_at")
         .values_list("pk", "tenant__slug")
     )
-    done.total = instances.count()
-    for instance_id, tenant_slug in instances.iterator():
+    done = NamespacesApplied(total=len(instances))
+
+    def apply(instance: tuple[str, str], own_cell: Cell) -> bool | str:
+        """Whether its namespace was there, or why the cluster refused its guard rails."""
         try:
-            found = _guard_rails_apply(driver, cell, instance_id, tenant_slug)
+            return _guard_rails_apply(driver, own_cell, *instance)
         except DriverError as exc:
-            done.failed.append((instance_id, exc.message))
+            return exc.message
+
+    for (instance_id, _), found in _in_threads(instances, apply, at_once, lambda: copy(cell)):
+        if isinstance(found, str):
+            done.failed.append((instance_id, found))
         else:
             done.applied += found
             done.left += not found
@@ -464,6 +481,50 @@ def cell_namespaces_apply(
             guard_rails_generation=generation
         )
     return done
+
+
+def _in_threads(items: list, work: Callable, threads: int, own: Callable[[], Any]) -> Iterator:
+    """(item, what `work(item, mine)` returned) for each item, as they end, from `threads`
+    threads, each with `mine = own()` (what it changes, not shared) and its own database
+    connection, closed when it ends. An exception in one is raised here once the others
+    ended the item they were on; a KeyboardInterrupt (Ctrl-C) here at once, the threads
+    (daemons, which do not hold the process's exit) taking no item more."""
+    queue: Queue = Queue()
+    for item in items:
+        queue.put(item)
+    ended: Queue = Queue()
+    stopping = threading.Event()
+
+    def run() -> None:
+        try:
+            mine = own()
+            while not stopping.is_set():
+                try:
+                    item = queue.get_nowait()
+                except Empty:
+                    return
+                ended.put((item, work(item, mine), None))
+        except Exception as exc:  # raised in the caller's thread
+            ended.put((None, None, exc))
+        finally:
+            connection.close()
+
+    started = [
+        threading.Thread(target=run, daemon=True) for _ in range(max(1, min(threads, len(items))))
+    ]
+    for thread in started:
+        thread.start()
+    try:
+        for _ in items:
+            item, result, raised = ended.get()
+            if raised is not None:
+                stopping.set()
+                for thread in started:
+                    thread.join()
+                raise raised
+            yield item, result
+    finally:
+        stopping.set()
 
 
 def _guard_rails_apply(driver: KubeDriver, cell: Cell, instance_id: str, tenant_slug: str) -> bool:

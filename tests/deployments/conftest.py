@@ -134,6 +134,18 @@ def relayed_cell(transactional_db, sandbox_kubeconfig):
         yield relay, register
 
 
+def database_url_for_tests() -> str:
+    """The URL of this test process's database (not the configured one), for a process it
+    starts (`DATABASE_URL`)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    host = db["HOST"] or db.get("OPTIONS", {}).get("host", "")
+    if host.startswith("/"):
+        return f"postgres://{db['USER']}@/{db['NAME']}?host={host}"
+    return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
 def wait_for(predicate, *, timeout=60.0, interval=0.1, what="the condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

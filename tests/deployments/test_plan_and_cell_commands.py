@@ -3,7 +3,11 @@
 import base64
 import contextlib
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -25,7 +29,13 @@ from deployments.context import BACKUP_CREDENTIALS_NAME
 from deployments.models import Cell, Instance, Operation, PlanVersion
 from tests.concurrency import beside_a_held_write, race
 from tests.deployments import factories
-from tests.deployments.conftest import SPEC, instance_object
+from tests.deployments.conftest import (
+    ROOT,
+    SPEC,
+    database_url_for_tests,
+    instance_object,
+    wait_for,
+)
 from tests.servers import UNAVAILABLE, UNAVAILABLE_SAID
 
 
@@ -402,7 +412,7 @@ def test_add_cell_takes_the_customer_sources_a_new_instances_network_policy_admi
 
 
 def test_add_cell_applies_changed_customer_sources_and_keys_to_the_instances_it_runs(
-    cell_files, owner, tenant, kube, tmp_path, capsys
+    transactional_db, cell_files, owner, tenant, kube, tmp_path, capsys
 ):
     kubeconfig, credentials = cell_files
     call_command(
@@ -561,7 +571,9 @@ def test_a_cell_changed_during_a_pass_stays_behind_until_the_next_one(
 
     done, _ = beside_a_held_write(
         relay,
-        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+        lambda: services.cell_namespaces_apply(
+            register(customer_sources=["198.51.100.0/24"]), at_once=1
+        ),
         lambda: register(customer_sources=["192.0.2.0/24"]),
     )
 
@@ -574,6 +586,33 @@ def test_a_cell_changed_during_a_pass_stays_behind_until_the_next_one(
     assert cell.guard_rails_behind
     services.cell_namespaces_apply(cell)
     assert _admitting(kube, first) == ["192.0.2.0/24"]
+    assert not Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def test_an_instance_the_cluster_is_slow_to_answer_for_does_not_hold_the_others_back(
+    relayed_cell, owner, tenant, kube
+):
+    """The first instance's network policy write is held: the second's guard rails are
+    applied meanwhile, and the pass ends with both."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    first, second = _made(owner, tenant, ("orders", "billing"))
+    relay.hold(
+        rf"/namespaces/{first.pk}/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH"
+    )
+
+    done, _ = beside_a_held_write(
+        relay,
+        lambda: services.cell_namespaces_apply(register(customer_sources=["198.51.100.0/24"])),
+        lambda: wait_for(
+            lambda: _admitting(kube, second) == ["198.51.100.0/24"],
+            timeout=30,
+            what="the second instance's guard rails while the first's are held",
+        ),
+    )
+
+    assert done.applied == 2
+    assert _admitting(kube, first) == ["198.51.100.0/24"]
     assert not Cell.objects.get(name="eu-1").guard_rails_behind
 
 
@@ -635,8 +674,45 @@ def test_the_next_add_cell_applies_the_guard_rails_a_run_could_not_apply_everywh
     assert "Guard rails" not in capsys.readouterr().out  # all applied: nothing to do
 
 
+def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_behind(
+    relayed_cell, owner, tenant, tmp_path
+):
+    """add_cell, in a process of its own, gets SIGINT while its write of the second instance's
+    network policy is on its way."""
+    relay, register = relayed_cell
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(register.keywords["kubeconfig"])  # the sandbox through the relay
+    register(customer_sources=["203.0.113.0/24"])
+    _, second = _made(owner, tenant, ("orders", "billing"))
+    relay.hold(
+        rf"/namespaces/{second.pk}/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH"
+    )
+    add_cell = subprocess.Popen(  # noqa: S603 - our own manage.py
+        [sys.executable, "manage.py", "add_cell", "--name", "eu-1", "--kubeconfig",
+         str(kubeconfig), "--customer-sources", "198.51.100.0/24", "--at-once", "1"],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url_for_tests()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert relay.holding.wait(60), "add_cell did not reach the second instance"
+        add_cell.send_signal(signal.SIGINT)
+        out, err = add_cell.communicate(timeout=60)
+    finally:
+        relay.release()
+        if add_cell.poll() is None:
+            add_cell.kill()
+
+    assert add_cell.returncode == 130
+    assert out == "Cell eu-1 updated: only the options given changed (default).\n"
+    assert err.strip() == (
+        "CommandError: Stopped after 1 instance of the cell: its guard rails are behind until a "
+        "run applies them in every instance's namespace; run add_cell for the cell again."
+    )
+    assert Cell.objects.get(name="eu-1").guard_rails_behind
+
+
 def test_add_cell_says_how_far_a_pass_through_many_instances_has_gone(
-    cell_files, owner, tenant, monkeypatch, capsys
+    transactional_db, cell_files, owner, tenant, monkeypatch, capsys
 ):
     from deployments.management.commands import add_cell
 
@@ -674,7 +750,9 @@ def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_res
     done = services.cell_namespaces_apply(cell)
 
     assert (done.applied, done.left) == (0, 0)
-    assert [instance_id for instance_id, _ in done.failed] == [c.instance_id for c in made]
+    assert sorted(instance_id for instance_id, _ in done.failed) == sorted(
+        c.instance_id for c in made
+    )
     assert {why for _, why in done.failed} == {"Internal error occurred: sandbox fault injection"}
     faults(error_500=0)
     assert services.cell_namespaces_apply(cell).applied == 2
@@ -707,6 +785,17 @@ def test_add_cell_refuses_a_customer_source_that_is_not_an_address_range_changin
     assert str(refused.value) == f"The customer source “{given}” {said}"
     cell = Cell.objects.get(name="eu-1")
     assert (cell.customer_sources, cell.region) == (["203.0.113.0/24"], "")
+
+
+def test_add_cell_refuses_no_instance_at_once_changing_nothing(transactional_db, cell_files):
+    kubeconfig, _ = cell_files
+
+    with pytest.raises(CommandError) as refused:
+        call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+                     "--at-once", "0")  # fmt: skip
+
+    assert str(refused.value) == "--at-once must be at least 1."
+    assert not Cell.objects.exists()
 
 
 def test_add_cell_refuses_a_cell_without_the_backup_destination_a_plan_reads(

@@ -11,22 +11,13 @@ import sys
 import uuid
 
 import pytest
-from django.db import connection
 
 from accounts.audit import Actor
 from accounts.models import AuditEvent
 from deployments import runner, services
 from deployments.kube import KubeDriver, api_client_from_kubeconfig
 from deployments.models import Operation, TaskRun
-from tests.deployments.conftest import ROOT, wait_for
-
-
-def _database_url() -> str:
-    db = connection.settings_dict  # the test database, not the configured one
-    host = db["HOST"] or db.get("OPTIONS", {}).get("host", "")
-    if host.startswith("/"):
-        return f"postgres://{db['USER']}@/{db['NAME']}?host={host}"
-    return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+from tests.deployments.conftest import ROOT, database_url_for_tests, wait_for
 
 
 @pytest.fixture
@@ -34,7 +25,7 @@ def start_worker_process(transactional_db, tmp_path):
     started = []
 
     def start() -> subprocess.Popen:
-        env = {**os.environ, "DATABASE_URL": _database_url()}
+        env = {**os.environ, "DATABASE_URL": database_url_for_tests()}
         log = open(tmp_path / f"worker-{len(started)}.log", "w")  # noqa: SIM115 - closed below
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "--app", "portal", "worker", "--pool", "solo",

@@ -55,9 +55,19 @@ class Command(BaseCommand):
             "render them now (done without it when the customer sources, operator namespace or "
             "backup credentials change, and by each run until one applied them everywhere)",
         )
+        parser.add_argument(
+            "--at-once",
+            type=int,
+            default=services.APPLY_AT_ONCE,
+            metavar="N",
+            help="instances whose guard rails are applied again at the same time (default "
+            f"{services.APPLY_AT_ONCE})",
+        )
         parser.add_argument("--default", action="store_true", help="make it the default cell")
 
     def handle(self, *args, **options):
+        if options["at_once"] < 1:
+            raise CommandError("--at-once must be at least 1.")
         try:
             kubeconfig = Path(options["kubeconfig"]).read_text()
             credentials = (
@@ -98,19 +108,35 @@ class Command(BaseCommand):
                 "them now."
             )
         if options["apply_namespaces"] or cell.guard_rails_behind:
-            self._namespaces_apply(cell)
+            self._namespaces_apply(cell, options["at_once"])
 
-    def _namespaces_apply(self, cell: Cell) -> None:
+    def _namespaces_apply(self, cell: Cell, at_once: int) -> None:
         def each(done: services.NamespacesApplied) -> None:
+            nonlocal so_far
             for instance_id, why in done.failed[len(said) :]:  # as they come: a pass is long
                 self.stderr.write(f"{instance_id}: {why}")
                 said.append(instance_id)
             if done.passed % PROGRESS_EVERY == 0 and done.passed < done.total:
                 self.stdout.write(f"… {done.passed:,} of {done.total:,} instances")
                 self.stdout.flush()
+            so_far = done
 
         said: list[str] = []
-        done = services.cell_namespaces_apply(cell, each=each)
+        so_far = services.NamespacesApplied()
+        try:
+            done = services.cell_namespaces_apply(cell, each=each, at_once=at_once)
+        except KeyboardInterrupt:  # Ctrl-C: said, with what it leaves, not as a traceback
+            count = so_far.passed
+            again = (
+                "its guard rails are behind until a run applies them in every instance's "
+                "namespace; run add_cell for the cell again."
+                if cell.guard_rails_behind
+                else "run add_cell --apply-namespaces again to apply them in the others."
+            )
+            raise CommandError(
+                f"Stopped after {count:,} instance{'' if count == 1 else 's'} of the cell: {again}",
+                returncode=130,  # a command Ctrl-C stopped, as a shell says it
+            ) from None
         self.stdout.write(
             f"Guard rails applied again in the namespaces of {done.applied} instance"
             f"{'' if done.applied == 1 else 's'} of the cell"
