@@ -552,6 +552,15 @@ def _made(owner, tenant, names: tuple[str, ...]) -> list[Instance]:
     return [create.instance for create in made]
 
 
+def _policy_write_held(relay, instance: Instance) -> None:
+    """The relay holds the write of the instance's network policy before the cluster sees it."""
+    relay.hold(
+        rf"/namespaces/{instance.pk}/networkpolicies/opsdeck-isolation\b",
+        before=True,
+        method="PATCH",
+    )
+
+
 def _admitting(kube, instance) -> list[str]:
     return [rule["ipBlock"]["cidr"] for rule in _customers_admitted(kube, instance)["from"]]
 
@@ -565,9 +574,7 @@ def test_a_cell_changed_during_a_pass_stays_behind_until_the_next_one(
     relay, register = relayed_cell
     register(customer_sources=["203.0.113.0/24"])
     first, second = _made(owner, tenant, ("orders", "billing"))
-    relay.hold(
-        rf"/namespaces/{second.pk}/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH"
-    )
+    _policy_write_held(relay, second)
 
     done, _ = beside_a_held_write(
         relay,
@@ -597,9 +604,7 @@ def test_an_instance_the_cluster_is_slow_to_answer_for_does_not_hold_the_others_
     relay, register = relayed_cell
     register(customer_sources=["203.0.113.0/24"])
     first, second = _made(owner, tenant, ("orders", "billing"))
-    relay.hold(
-        rf"/namespaces/{first.pk}/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH"
-    )
+    _policy_write_held(relay, first)
 
     done, _ = beside_a_held_write(
         relay,
@@ -684,9 +689,7 @@ def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_
     kubeconfig.write_text(register.keywords["kubeconfig"])  # the sandbox through the relay
     register(customer_sources=["203.0.113.0/24"])
     _, second = _made(owner, tenant, ("orders", "billing"))
-    relay.hold(
-        rf"/namespaces/{second.pk}/networkpolicies/opsdeck-isolation\b", before=True, method="PATCH"
-    )
+    _policy_write_held(relay, second)
     add_cell = subprocess.Popen(  # noqa: S603 - our own manage.py
         [sys.executable, "manage.py", "add_cell", "--name", "eu-1", "--kubeconfig",
          str(kubeconfig), "--customer-sources", "198.51.100.0/24", "--at-once", "1"],
