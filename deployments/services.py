@@ -392,7 +392,9 @@ def cell_register(
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(hashtext('opsdeck.cell_register'))")
-            cell = Cell.objects.filter(name=name).first() or Cell(name=name)
+            # Its row locked: a pass's mark of its guard rails, or the status sync's time,
+            # written meanwhile is not saved over with what was read before.
+            cell = Cell.objects.select_for_update().filter(name=name).first() or Cell(name=name)
             was = cells.namespace_settings(cell)
             cell = _cell_given(cell, given)
             if any(getattr(cell, f) != getattr(checked, f) for f in _CHECKED):

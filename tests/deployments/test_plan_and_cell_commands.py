@@ -27,7 +27,7 @@ from billing.models import PastPrice, Plan, Price
 from deployments import runner, selectors, services
 from deployments.context import BACKUP_CREDENTIALS_NAME
 from deployments.models import Cell, Instance, Operation, PlanVersion
-from tests.concurrency import beside_a_held_write, race
+from tests.concurrency import beside_a_held_write, beside_a_lock, race
 from tests.deployments import factories
 from tests.deployments.conftest import (
     ROOT,
@@ -712,6 +712,26 @@ def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_
         "run applies them in every instance's namespace; run add_cell for the cell again."
     )
     assert Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def test_a_pass_marking_the_guard_rails_while_add_cell_saves_the_cell_is_not_saved_over(
+    cell, sandbox_kubeconfig
+):
+    """The pass's mark is written, not committed yet, when a registration changing only the
+    cell's region reads the cell: the registration saves the mark, not what it read before."""
+    Cell.objects.filter(pk=cell.pk).update(settings_generation=1)  # a change no pass followed
+
+    marked, _ = beside_a_lock(
+        lambda: Cell.objects.filter(pk=cell.pk).update(guard_rails_generation=1),
+        lambda: None,
+        lambda: services.cell_register(
+            name="sandbox", kubeconfig=sandbox_kubeconfig, region="eu-west-1"
+        ),
+    )
+
+    assert marked == "committed"
+    cell.refresh_from_db()
+    assert (cell.region, cell.guard_rails_behind) == ("eu-west-1", False)
 
 
 def test_add_cell_says_how_far_a_pass_through_many_instances_has_gone(
