@@ -104,7 +104,9 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
         if cell.guard_rails_behind:
             return (
                 "Not all applied again since the cell's settings last changed (a run of add_cell "
-                "stopped, or the cluster refused some): run add_cell for the cell again."
+                "stopped, or the cluster refused some). The cell watcher applies them again "
+                "within minutes, and less and less often while the cluster refuses some; "
+                "add_cell for the cell does so at once, naming each instance the cluster refuses."
             )
         return "Applied in every instance's namespace as the cell's settings render them."
 

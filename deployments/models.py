@@ -85,6 +85,10 @@ class Cell(models.Model):
     # controller's observedGeneration.
     settings_generation = models.PositiveBigIntegerField(default=0, editable=False)
     guard_rails_generation = models.PositiveBigIntegerField(default=0, editable=False)
+    # Until when a pass applying them (`services.cell_namespaces_apply`) holds the cell: the
+    # cell watcher's catch-up does not run beside one. Renewed as the pass goes, cleared at its
+    # end; a pass whose process died lets it lapse.
+    guard_rails_pass_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = CellQuerySet.as_manager()
 

@@ -431,6 +431,9 @@ class NamespacesApplied:
 # Instances whose guard rails one pass applies at once: each is a few calls in a row to the
 # cell's API server, which may be far from here (a cell in another region or cloud).
 APPLY_AT_ONCE = 8
+# How long a pass holds the cell (`Cell.guard_rails_pass_until`) unless it renews: longer than
+# one instance takes however slow its calls (a few, each at most its 30 s timeout).
+PASS_HOLD = timedelta(minutes=5)
 
 
 def cell_namespaces_apply(
@@ -438,7 +441,8 @@ def cell_namespaces_apply(
     *,
     each: Callable[[NamespacesApplied], None] | None = None,
     at_once: int = APPLY_AT_ONCE,
-) -> NamespacesApplied:
+    unless_held: bool = False,
+) -> NamespacesApplied | None:
     """Apply again, in the namespace of every instance the cell runs, its guard rails (the
     resource quota, the network policy, the object store's credentials) as the cell's settings
     and the instance's plan version render them now (for an instance an upgrade is under way
@@ -452,7 +456,64 @@ def cell_namespaces_apply(
 
     A pass that went through every instance with none refused marks the cell's guard rails as
     applied for the settings it found at its start (`Cell.guard_rails_behind`); one stopped
-    half-way, or refused by the cluster, leaves the cell behind for the next."""
+    half-way, or refused by the cluster, leaves the cell behind for the next.
+
+    A pass holds the cell while it runs (`Cell.guard_rails_pass_until`, renewed as instances
+    end, let go at its end), so that the cell watcher's catch-up, `unless_held`, does not run
+    beside another: None, and nothing done, when one holds it. add_cell's pass runs whatever
+    holds it: two at once are safe, and its operator asked for it."""
+    held = _PassHold.take(cell.pk)
+    if held is None and unless_held:
+        return None
+    try:
+        return _namespaces_apply(cell, each, at_once, held)
+    finally:
+        if held is not None:
+            held.release()
+
+
+@dataclass
+class _PassHold:
+    """A pass's hold on its cell: until when (`Cell.guard_rails_pass_until`), as it last
+    wrote it."""
+
+    cell_id: int
+    until: datetime
+
+    @classmethod
+    def take(cls, cell_id: int) -> _PassHold | None:
+        """Hold the cell, unless another pass holds it (None)."""
+        now = timezone.now()
+        until = now + PASS_HOLD
+        taken = (
+            Cell.objects.filter(pk=cell_id)
+            .filter(Q(guard_rails_pass_until=None) | Q(guard_rails_pass_until__lt=now))
+            .update(guard_rails_pass_until=until)
+        )
+        return cls(cell_id, until) if taken else None
+
+    def keep(self) -> None:
+        """Renew it once half of it has passed, unless another pass took the cell over (this
+        one outlasted its hold): then it is that one's."""
+        now = timezone.now()
+        if now >= self.until - PASS_HOLD / 2 and self._mine().update(
+            guard_rails_pass_until=now + PASS_HOLD
+        ):
+            self.until = now + PASS_HOLD
+
+    def release(self) -> None:
+        self._mine().update(guard_rails_pass_until=None)
+
+    def _mine(self):
+        return Cell.objects.filter(pk=self.cell_id, guard_rails_pass_until=self.until)
+
+
+def _namespaces_apply(
+    cell: Cell,
+    each: Callable[[NamespacesApplied], None] | None,
+    at_once: int,
+    held: _PassHold | None,
+) -> NamespacesApplied:
     generation = Cell.objects.values_list("settings_generation", flat=True).get(pk=cell.pk)
     driver = cells.driver_for(cell)
     instances = list(
@@ -476,6 +537,8 @@ def cell_namespaces_apply(
         else:
             done.applied += found
             done.left += not found
+        if held is not None:
+            held.keep()
         if each is not None:
             each(done)
     if not done.failed:  # a later change's pass may have ended first: its mark stays

@@ -20,6 +20,12 @@ One watcher per cell across any number of processes: a `CellWatchLease` row per 
 free or expired (its epoch rises), renewed every few seconds, and checked by every write the
 watcher makes in the same statement. A process that dies loses its cells within `LEASE_TTL`; a
 process that cannot renew stops its watches.
+
+A cell's watcher also catches up its guard rails when they are behind (`Cell.guard_rails_behind`:
+an add_cell that changed the cell's settings stopped, or the cluster refused some instance's):
+once they have been so for `CATCH_UP_AFTER` with no pass holding the cell, it applies them
+again in every instance's namespace (`services.cell_namespaces_apply`), and again after a pass
+that could not, less and less often, as a controller reconciles what it owns.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from deployments import rows, selectors, status
+from deployments import rows, selectors, services, status
 from deployments.cells import configuration, driver_for
 from deployments.kube import KubeDriver, WatchExpired
 from deployments.models import (
@@ -76,6 +82,12 @@ STOP_WAIT = 5.0
 # error, is closed; a kept one is checked before its next use): per event, that check would be
 # one more statement for every object an operator writes.
 TIDY_EVERY = 1.0
+# Seconds a cell's guard rails stay behind before its watcher applies them again itself (the
+# add_cell that changed its settings holds the cell with its own pass long before), and before
+# it tries again after a pass that another held the cell during; after a pass that could not
+# apply them everywhere, twice as long at each such pass in a row, up to CATCH_UP_MOST.
+CATCH_UP_AFTER = 60.0
+CATCH_UP_MOST = 30 * 60.0
 
 
 def holder_name() -> str:
@@ -395,6 +407,67 @@ class KindWatch(threading.Thread):
         event_handle(self.lease, self.kind, obj, deleted=deleted)
 
 
+class _Stopped(Exception):
+    """The cell's watches stopped (its lease lost, the watcher stopping): so does its pass."""
+
+
+class GuardRailsCatchUp(threading.Thread):
+    """One pass applying a cell's guard rails again in every instance's namespace, unless
+    another pass holds the cell; it takes no instance more once the cell's watches stop. What
+    it came to: `done` (None when another pass held the cell), or `failed`."""
+
+    def __init__(self, cell: Cell, stopping: threading.Event) -> None:
+        super().__init__(name=f"guard-rails-{cell.name}", daemon=True)
+        self.cell, self.stopping = cell, stopping
+        self.done: services.NamespacesApplied | None = None
+        self.failed = False
+
+    def run(self) -> None:
+        try:
+            self.done = services.cell_namespaces_apply(self.cell, each=self._each, unless_held=True)
+        except _Stopped:
+            log.info("watch_cells: stopped applying the guard rails of cell %s", self.cell.name)
+        except Exception:  # the watcher goes on; the next pass tries again
+            log.exception("watch_cells: applying the guard rails of cell %s failed", self.cell.name)
+            self.failed = True
+        finally:
+            connection.close()
+
+    def _each(self, done: services.NamespacesApplied) -> None:
+        if self.stopping.is_set():
+            raise _Stopped
+
+
+@dataclass
+class CatchUp:
+    """When the watcher applies a cell's guard rails again next (`time.monotonic()`), the
+    passes in a row that could not, and the one running."""
+
+    due: float
+    failures: int = 0
+    thread: GuardRailsCatchUp | None = None
+
+    def ended(self, cell_name: str) -> None:
+        """Schedule the next pass by how the last one ended."""
+        thread, now = self.thread, time.monotonic()
+        self.thread = None
+        if thread.done is not None and not thread.done.failed:
+            log.info("watch_cells: applied the guard rails of cell %s again in the namespaces of "
+                     "%d instance(s)", cell_name, thread.done.applied)  # fmt: skip
+            self.failures, self.due = 0, now + CATCH_UP_AFTER  # behind again since: a new change
+        elif thread.done is not None or thread.failed:
+            self.failures += 1
+            delay = min(CATCH_UP_MOST, CATCH_UP_AFTER * 2 ** (self.failures - 1))
+            self.due = now + delay
+            if thread.done is not None:
+                refused = thread.done.failed
+                log.warning("watch_cells: the cluster refused the guard rails of %d instance(s) "
+                            "of cell %s (%s: %s); trying again in %.0f s",
+                            len(refused), cell_name, *refused[0], delay)  # fmt: skip
+        else:  # another pass held the cell, or the watches stopped
+            self.due = now + CATCH_UP_AFTER
+
+
 class CellWatcher:
     """What `watch_cells` runs: takes the lease of every cell it can, watches the kinds of
     the loaded plans in each, renews, and stops a cell's watches when its lease is lost."""
@@ -406,6 +479,8 @@ class CellWatcher:
         self.cells: dict[int, tuple[Lease, threading.Event, dict[tuple[str, str], KindWatch]]] = {}
         # The kinds of the plan versions last seen, worked out again only when they change.
         self._kinds: tuple[frozenset[int], dict[tuple[str, str], Kind]] = (frozenset(), {})
+        # cell id -> its guard rails' catch-up, while they are behind
+        self.catch_ups: dict[int, CatchUp] = {}
 
     def run(self) -> None:
         try:
@@ -418,6 +493,7 @@ class CellWatcher:
                 self.stopping.wait(RENEW_EVERY)
         finally:
             watches = [w for _, _, held in self.cells.values() for w in held.values()]
+            watches += [c.thread for c in self.catch_ups.values() if c.thread is not None]
             for cell_id in list(self.cells):
                 self._drop(cell_id, release=True)
             deadline = time.monotonic() + STOP_WAIT
@@ -458,6 +534,24 @@ class CellWatcher:
                 if key not in watches:
                     watches[key] = KindWatch(lease, cell, kind, stop)
                     watches[key].start()
+            self._catch_up(cell, stop)
+
+    def _catch_up(self, cell: Cell, stop: threading.Event) -> None:
+        """Start a pass applying the cell's guard rails again when they are behind and one is
+        due (`CatchUp`), unless one is running."""
+        if not cell.guard_rails_behind:
+            self.catch_ups.pop(cell.pk, None)  # one still running ends as it would
+            return
+        catch_up = self.catch_ups.setdefault(cell.pk, CatchUp(time.monotonic() + CATCH_UP_AFTER))
+        if catch_up.thread is not None:
+            if catch_up.thread.is_alive():
+                return
+            catch_up.ended(cell.name)
+        if time.monotonic() >= catch_up.due:
+            log.info("watch_cells: the guard rails of cell %s are behind its settings: applying "
+                     "them again", cell.name)  # fmt: skip
+            catch_up.thread = GuardRailsCatchUp(cell, stop)
+            catch_up.thread.start()
 
     def kinds(self) -> dict[tuple[str, str], Kind]:
         """The kinds to watch, for the plan versions loaded now (one query when unchanged)."""
@@ -479,6 +573,7 @@ class CellWatcher:
         refused (`_FENCE`)."""
         lease, stop, _ = self.cells.pop(cell_id)
         stop.set()
+        self.catch_ups.pop(cell_id, None)
         if release:
             close_old_connections()  # one broken since the last round is not used to release
             try:

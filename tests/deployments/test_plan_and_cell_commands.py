@@ -633,7 +633,9 @@ def test_a_pass_stopped_half_way_leaves_the_cells_guard_rails_behind(relayed_cel
     with pytest.raises(KeyboardInterrupt):
         services.cell_namespaces_apply(cell, each=stopped)
 
-    assert Cell.objects.get(name="eu-1").guard_rails_behind
+    cell = Cell.objects.get(name="eu-1")
+    assert cell.guard_rails_behind
+    assert cell.guard_rails_pass_until is None  # let go: the watcher's catch-up may run
 
 
 def test_the_next_add_cell_applies_the_guard_rails_a_run_could_not_apply_everywhere(
@@ -712,6 +714,154 @@ def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_
         "run applies them in every instance's namespace; run add_cell for the cell again."
     )
     assert Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def test_of_passes_started_together_unless_another_holds_the_cell_one_runs(
+    relayed_cell, owner, tenant, kube
+):
+    """The one that holds the cell has its write held on its way until the others ended."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    (instance,) = _made(owner, tenant, ("orders",))
+    cell = register(customer_sources=["198.51.100.0/24"])
+    _policy_write_held(relay, instance)
+    ended = []
+
+    def one_pass() -> services.NamespacesApplied | None:
+        ended.append(services.cell_namespaces_apply(cell, unless_held=True))
+        return ended[-1]
+
+    passes, _ = beside_a_held_write(
+        relay,
+        lambda: race(one_pass),
+        lambda: wait_for(lambda: len(ended) == 3, timeout=30, what="the other passes"),
+    )
+
+    assert passes.count(None) == 3, passes
+    assert [p.applied for p in passes if p is not None] == [1]
+    assert _admitting(kube, instance) == ["198.51.100.0/24"]
+    cell.refresh_from_db()
+    assert (cell.guard_rails_behind, cell.guard_rails_pass_until) == (False, None)
+
+
+def test_add_cells_pass_runs_beside_a_pass_that_holds_the_cell(relayed_cell, owner, tenant, kube):
+    """add_cell's operator asked for it: it does not wait for the cell watcher's pass."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    first, second = _made(owner, tenant, ("orders", "billing"))
+    _policy_write_held(relay, first)
+
+    held, beside = beside_a_held_write(
+        relay,
+        lambda: services.cell_namespaces_apply(
+            register(customer_sources=["198.51.100.0/24"]), at_once=1, unless_held=True
+        ),
+        lambda: services.cell_namespaces_apply(Cell.objects.get(name="eu-1"), at_once=1),
+    )
+
+    assert (held.applied, beside.applied) == (2, 2)
+    assert _admitting(kube, second) == ["198.51.100.0/24"]
+    assert Cell.objects.get(name="eu-1").guard_rails_pass_until is None
+
+
+@pytest.fixture
+def catching_up(settings, monkeypatch):
+    """`watch_cells` started on a cell, as it runs, looking at its cells every 0.2 s rather
+    than 3 s, and catching up guard rails behind for half a second rather than a minute."""
+    from deployments import watcher
+    from tests.deployments.test_watcher import watcher_started
+
+    settings.OPSDECK_WATCH_TIMEOUT = 2  # a stopping watch returns within this
+    monkeypatch.setattr(watcher, "RENEW_EVERY", 0.2)
+    monkeypatch.setattr(watcher, "CATCH_UP_AFTER", 0.5)
+    started = []
+
+    def start(cell: Cell):
+        started.append(watcher_started(cell))
+        return started[-1][0]
+
+    yield start
+    for running, thread in started:
+        running.stopping.set()
+        thread.join(30)
+
+
+def _current() -> bool:
+    return not Cell.objects.get(name="eu-1").guard_rails_behind
+
+
+def test_the_cell_watcher_applies_the_guard_rails_an_add_cell_left_behind(
+    relayed_cell, owner, tenant, kube, catching_up
+):
+    """add_cell changed the customer sources and stopped before its pass (its operator's
+    session dropped)."""
+    _, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    first, second = _made(owner, tenant, ("orders", "billing"))
+    cell = register(customer_sources=["198.51.100.0/24"])
+
+    catching_up(cell)
+
+    wait_for(_current, timeout=30, what="the cell's guard rails caught up")
+    assert (_admitting(kube, first), _admitting(kube, second)) == (
+        ["198.51.100.0/24"],
+        ["198.51.100.0/24"],
+    )
+
+
+def test_the_cell_watcher_tries_again_after_the_cluster_refused_an_instances_guard_rails(
+    relayed_cell, owner, tenant, kube, catching_up
+):
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    _, second = _made(owner, tenant, ("orders", "billing"))
+    cell = register(customer_sources=["198.51.100.0/24"])
+    relay.garble(rf"/namespaces/{second.pk}/networkpolicies/", UNAVAILABLE, status=503, before=True)
+
+    catching_up(cell)
+
+    wait_for(lambda: relay.garbled is None, timeout=30, what="the refused write")
+    wait_for(_current, timeout=30, what="the cell's guard rails caught up on a second pass")
+    assert _admitting(kube, second) == ["198.51.100.0/24"]
+
+
+class _Stopped(Exception):
+    """add_cell's pass stopped (its operator's session dropped)."""
+
+
+def test_the_cell_watcher_does_not_run_beside_a_pass_that_holds_the_cell(
+    relayed_cell, owner, tenant, kube, catching_up
+):
+    """add_cell's pass holds the cell with its first instance's write on its way: the
+    watcher leaves the cell to it, and catches up once it stopped."""
+    relay, register = relayed_cell
+    register(customer_sources=["203.0.113.0/24"])
+    first, second = _made(owner, tenant, ("orders", "billing"))
+    _policy_write_held(relay, first)
+    meanwhile = []
+
+    def stopped_after_the_first(done: services.NamespacesApplied) -> None:
+        raise _Stopped
+
+    def watched_meanwhile() -> None:
+        catching_up(Cell.objects.get(name="eu-1"))
+        time.sleep(2)  # four times the watcher's wait before it catches up, ten of its rounds
+        meanwhile.append(_admitting(kube, second))
+
+    with pytest.raises(_Stopped):
+        beside_a_held_write(
+            relay,
+            lambda: services.cell_namespaces_apply(
+                register(customer_sources=["198.51.100.0/24"]),
+                at_once=1,
+                each=stopped_after_the_first,
+            ),
+            watched_meanwhile,
+        )
+
+    assert meanwhile == [["203.0.113.0/24"]]  # the watcher left the cell to add_cell's pass
+    wait_for(_current, timeout=30, what="the cell's guard rails caught up")
+    assert _admitting(kube, second) == ["198.51.100.0/24"]
 
 
 def test_a_pass_marking_the_guard_rails_while_add_cell_saves_the_cell_is_not_saved_over(
