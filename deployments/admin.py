@@ -66,6 +66,13 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
     def has_change_permission(self, request, obj=None):
         return request.user.has_perm("deployments.change_cell")
 
+    def save_model(self, request, obj, form, change):
+        # Only what is edited here is written: the rest of the row (its kubeconfig and settings,
+        # which add_cell writes, a pass's marks, the status sync's time) may have changed since
+        # the page read it, and saving the whole row would put back what it read.
+        fields = [name for name in self.editable if not Cell._meta.get_field(name).many_to_many]
+        obj.save(update_fields=fields)
+
     def audit_payload(self, obj) -> dict:
         return {"public": obj.public, "tenants": sorted(t.slug for t in obj.tenants.all())}
 

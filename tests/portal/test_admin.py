@@ -1,8 +1,10 @@
 import re
+import threading
 
 import pytest
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db import connection
 from django.urls import reverse
 
 from accounts import services
@@ -935,6 +937,42 @@ def test_a_private_cell_made_public_is_offered_to_those_it_did_not_serve(
 
     offered = AuditEvent.objects.filter(action="cell.offer").values_list("tenant", flat=True)
     assert list(offered) == [tenant.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cell_staff_offer_keeps_what_add_cell_wrote_while_the_page_was_saved(staff_client):
+    """add_cell rotated the cell's credentials and changed its settings after the page's
+    request read the cell, before it saved it: the save put back the old ones."""
+    from django.db.models.signals import pre_save
+
+    from deployments.models import Cell
+    from tests.deployments import factories
+
+    cell = factories.cell("eu-1")
+
+    def add_cell_meanwhile(sender, instance, **kwargs) -> None:
+        def register() -> None:
+            try:
+                Cell.objects.filter(pk=cell.pk).update(
+                    kubeconfig="rotated", region="eu-west-2", settings_generation=1
+                )
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=register)  # committed on a connection of its own
+        thread.start()
+        thread.join(30)
+
+    pre_save.connect(add_cell_meanwhile, sender=Cell)
+    try:
+        saved = staff_client.post(_url(Cell, "change", cell.pk), {"tenants": []})  # private
+    finally:
+        pre_save.disconnect(add_cell_meanwhile, sender=Cell)
+
+    assert saved.status_code == 302
+    cell.refresh_from_db()
+    assert (cell.public, cell.kubeconfig, cell.region) == (False, "rotated", "eu-west-2")
+    assert cell.guard_rails_behind
 
 
 def _stored_by_an_older_opsdeck():
