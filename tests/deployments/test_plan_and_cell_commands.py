@@ -716,6 +716,41 @@ def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_
     assert Cell.objects.get(name="eu-1").guard_rails_behind
 
 
+def test_add_cell_stopped_with_ctrl_c_while_it_checks_the_cluster_says_nothing_changed(
+    relayed_cell, tmp_path
+):
+    """add_cell, in a process of its own, gets SIGINT while its first request to the cluster
+    is on its way (a cluster slow to answer)."""
+    relay, register = relayed_cell
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(register.keywords["kubeconfig"])  # the sandbox through the relay
+    register(customer_sources=["203.0.113.0/24"])
+    relay.hold(r"^/api", before=True)
+    add_cell = subprocess.Popen(  # noqa: S603 - our own manage.py
+        [sys.executable, "manage.py", "add_cell", "--name", "eu-1", "--kubeconfig",
+         str(kubeconfig), "--customer-sources", "198.51.100.0/24"],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url_for_tests()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert relay.holding.wait(60), "add_cell did not ask the cluster"
+        add_cell.send_signal(signal.SIGINT)
+        out, err = add_cell.communicate(timeout=60)
+    finally:
+        relay.release()
+        if add_cell.poll() is None:
+            add_cell.kill()
+
+    assert add_cell.returncode == 130
+    assert (out, err.strip()) == (
+        "",
+        "CommandError: Stopped while the cluster was checked, before the cell was saved: "
+        "nothing changed.",
+    )
+    cell = Cell.objects.get(name="eu-1")
+    assert (cell.customer_sources, cell.guard_rails_behind) == (["203.0.113.0/24"], False)
+
+
 def test_of_passes_started_together_unless_another_holds_the_cell_one_runs(
     relayed_cell, owner, tenant, kube
 ):

@@ -97,6 +97,12 @@ class Command(BaseCommand):
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
+        except KeyboardInterrupt:  # Ctrl-C while the cluster is asked: said, not a traceback
+            raise CommandError(
+                "Stopped while the cluster was checked, before the cell was saved: nothing "
+                "changed.",
+                returncode=130,
+            ) from None
         default = " (default)" if cell.is_default else ""
         done = "updated: only the options given changed" if before else "registered"
         self.stdout.write(f"Cell {cell.name} {done}{default}.")
