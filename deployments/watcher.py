@@ -539,15 +539,15 @@ class CellWatcher:
     def _catch_up(self, cell: Cell, stop: threading.Event) -> None:
         """Start a pass applying the cell's guard rails again when they are behind and one is
         due (`CatchUp`), unless one is running."""
+        catch_up = self.catch_ups.get(cell.pk)
+        if catch_up is not None and catch_up.thread and not catch_up.thread.is_alive():
+            catch_up.ended(cell.name)
         if not cell.guard_rails_behind:
             self.catch_ups.pop(cell.pk, None)  # one still running ends as it would
             return
-        catch_up = self.catch_ups.setdefault(cell.pk, CatchUp(time.monotonic() + CATCH_UP_AFTER))
-        if catch_up.thread is not None:
-            if catch_up.thread.is_alive():
-                return
-            catch_up.ended(cell.name)
-        if time.monotonic() >= catch_up.due:
+        if catch_up is None:
+            catch_up = self.catch_ups[cell.pk] = CatchUp(time.monotonic() + CATCH_UP_AFTER)
+        if catch_up.thread is None and time.monotonic() >= catch_up.due:
             log.info("watch_cells: the guard rails of cell %s are behind its settings: applying "
                      "them again", cell.name)  # fmt: skip
             catch_up.thread = GuardRailsCatchUp(cell, stop)

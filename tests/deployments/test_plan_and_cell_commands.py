@@ -825,8 +825,12 @@ def _current() -> bool:
     return not Cell.objects.get(name="eu-1").guard_rails_behind
 
 
+def _logged(caplog, text: str) -> bool:
+    return any(text in record.getMessage() for record in caplog.records)
+
+
 def test_the_cell_watcher_applies_the_guard_rails_an_add_cell_left_behind(
-    relayed_cell, owner, tenant, kube, catching_up
+    relayed_cell, owner, tenant, kube, catching_up, caplog
 ):
     """add_cell changed the customer sources and stopped before its pass (its operator's
     session dropped)."""
@@ -842,10 +846,12 @@ def test_the_cell_watcher_applies_the_guard_rails_an_add_cell_left_behind(
         ["198.51.100.0/24"],
         ["198.51.100.0/24"],
     )
+    said = "applied the guard rails of cell eu-1 again in the namespaces of 2 instance(s)"
+    wait_for(lambda: _logged(caplog, said), timeout=10, what="the watcher's log line")
 
 
 def test_the_cell_watcher_tries_again_after_the_cluster_refused_an_instances_guard_rails(
-    relayed_cell, owner, tenant, kube, catching_up
+    relayed_cell, owner, tenant, kube, catching_up, caplog
 ):
     relay, register = relayed_cell
     register(customer_sources=["203.0.113.0/24"])
@@ -858,6 +864,8 @@ def test_the_cell_watcher_tries_again_after_the_cluster_refused_an_instances_gua
     wait_for(lambda: relay.garbled is None, timeout=30, what="the refused write")
     wait_for(_current, timeout=30, what="the cell's guard rails caught up on a second pass")
     assert _admitting(kube, second) == ["198.51.100.0/24"]
+    said = f"the cluster refused the guard rails of 1 instance(s) of cell eu-1 ({second.pk}: "
+    assert _logged(caplog, said)
 
 
 class _Stopped(Exception):
