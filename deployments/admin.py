@@ -58,7 +58,13 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
     list_columns += ("settings_generation", "guard_rails_generation", "created_at")
     list_filter = ["deployment_model", "cloud", "region", "public"]
     search_fields = ["name", "region"]
-    exclude = ["kubeconfig", "backup_credentials", "settings_generation", "guard_rails_generation"]
+    exclude = [
+        "kubeconfig",
+        "backup_credentials",
+        "settings_generation",
+        "guard_rails_generation",
+        "guard_rails_pass_until",  # said in the guard rails' text
+    ]
     filter_horizontal = ["tenants"]
     # Only who a cell is offered to is edited here; the rest comes from add_cell.
     editable = ("public", "tenants")
@@ -108,14 +114,22 @@ class CellAdmin(StaffAudited, ServiceOwnedAdmin):
 
     @admin.display(description="Guard rails")
     def guard_rails(self, cell: Cell) -> str:
-        if cell.guard_rails_behind:
-            return (
-                "Not all applied again since the cell's settings last changed (a run of add_cell "
-                "stopped, or the cluster refused some). The cell watcher applies them again "
-                "within minutes, and less and less often while the cluster refuses some; "
-                "add_cell for the cell does so at once, naming each instance the cluster refuses."
-            )
-        return "Applied in every instance's namespace as the cell's settings render them."
+        until = cell.guard_rails_pass_until
+        running = until is not None and until > timezone.now()  # a pass holds the cell
+        if not cell.guard_rails_behind:
+            said = "Applied in every instance's namespace as the cell's settings render them."
+            return said + (" A run is applying them again now." if running else "")
+        said = (
+            "Not all applied again since the cell's settings last changed (a run of add_cell "
+            "stopped, or the cluster refused some). "
+        )
+        if running:
+            return said + "A run is applying them now."
+        return said + (
+            "The cell watcher applies them again within minutes, and less and less often while "
+            "the cluster refuses some; add_cell for the cell does so at once, naming each "
+            "instance the cluster refuses."
+        )
 
 
 def _offered(public: bool, listed) -> set[Tenant]:

@@ -1,11 +1,13 @@
 import re
 import threading
+from datetime import timedelta
 
 import pytest
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import connection
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts import services
 from accounts.admin import ServiceOwnedAdmin
@@ -1045,5 +1047,13 @@ def test_staff_read_in_the_cells_list_and_on_its_page_whose_guard_rails_are_behi
     assert current_of == {"eu-1": "False", "eu-2": "True"}
     page = staff_client.get(_url(Cell, "change", behind.pk)).content.decode()
     assert "Not all applied again since the cell&#x27;s settings last changed" in page
+    assert "The cell watcher applies them again within minutes" in page
     page = staff_client.get(_url(Cell, "change", current.pk)).content.decode()
     assert "Applied in every instance&#x27;s namespace" in page
+    assert "Guard rails pass until" not in page  # said in words, not as a time
+
+    soon = timezone.now() + timedelta(minutes=5)
+    Cell.objects.filter(pk=behind.pk).update(guard_rails_pass_until=soon)  # a pass holds it
+    page = staff_client.get(_url(Cell, "change", behind.pk)).content.decode()
+    assert "A run is applying them now." in page
+    assert "The cell watcher applies them again" not in page
