@@ -681,6 +681,27 @@ def test_the_next_add_cell_applies_the_guard_rails_a_run_could_not_apply_everywh
     assert "Guard rails" not in capsys.readouterr().out  # all applied: nothing to do
 
 
+def _interrupted_once_held(relay, kubeconfig, *options: str) -> tuple[int, str, str]:
+    """`add_cell` changing the cell's customer sources, in a process of its own, sent SIGINT
+    (Ctrl-C) once the relay holds the request it was told to (`relay.hold`): its exit code,
+    output and errors."""
+    add_cell = subprocess.Popen(  # noqa: S603 - our own manage.py
+        [sys.executable, "manage.py", "add_cell", "--name", "eu-1", "--kubeconfig",
+         str(kubeconfig), "--customer-sources", "198.51.100.0/24", *options],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url_for_tests()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert relay.holding.wait(60), "add_cell did not make the request held"
+        add_cell.send_signal(signal.SIGINT)
+        out, err = add_cell.communicate(timeout=60)
+    finally:
+        relay.release()
+        if add_cell.poll() is None:
+            add_cell.kill()
+    return add_cell.returncode, out, err
+
+
 def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_behind(
     relayed_cell, owner, tenant, tmp_path
 ):
@@ -692,22 +713,10 @@ def test_add_cell_stopped_with_ctrl_c_says_how_far_it_went_and_that_the_cell_is_
     register(customer_sources=["203.0.113.0/24"])
     _, second = _made(owner, tenant, ("orders", "billing"))
     _policy_write_held(relay, second)
-    add_cell = subprocess.Popen(  # noqa: S603 - our own manage.py
-        [sys.executable, "manage.py", "add_cell", "--name", "eu-1", "--kubeconfig",
-         str(kubeconfig), "--customer-sources", "198.51.100.0/24", "--at-once", "1"],
-        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url_for_tests()},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert relay.holding.wait(60), "add_cell did not reach the second instance"
-        add_cell.send_signal(signal.SIGINT)
-        out, err = add_cell.communicate(timeout=60)
-    finally:
-        relay.release()
-        if add_cell.poll() is None:
-            add_cell.kill()
 
-    assert add_cell.returncode == 130
+    returncode, out, err = _interrupted_once_held(relay, kubeconfig, "--at-once", "1")
+
+    assert returncode == 130
     assert out == "Cell eu-1 updated: only the options given changed (default).\n"
     assert err.strip() == (
         "CommandError: Stopped after 1 instance of the cell: its guard rails are behind until a "
@@ -726,22 +735,10 @@ def test_add_cell_stopped_with_ctrl_c_while_it_checks_the_cluster_says_nothing_c
     kubeconfig.write_text(register.keywords["kubeconfig"])  # the sandbox through the relay
     register(customer_sources=["203.0.113.0/24"])
     relay.hold(r"^/api", before=True)
-    add_cell = subprocess.Popen(  # noqa: S603 - our own manage.py
-        [sys.executable, "manage.py", "add_cell", "--name", "eu-1", "--kubeconfig",
-         str(kubeconfig), "--customer-sources", "198.51.100.0/24"],
-        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url_for_tests()},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert relay.holding.wait(60), "add_cell did not ask the cluster"
-        add_cell.send_signal(signal.SIGINT)
-        out, err = add_cell.communicate(timeout=60)
-    finally:
-        relay.release()
-        if add_cell.poll() is None:
-            add_cell.kill()
 
-    assert add_cell.returncode == 130
+    returncode, out, err = _interrupted_once_held(relay, kubeconfig)
+
+    assert returncode == 130
     assert (out, err.strip()) == (
         "",
         "CommandError: Stopped while the cluster was checked, before the cell was saved: "
