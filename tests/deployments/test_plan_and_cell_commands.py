@@ -690,6 +690,9 @@ def _interrupted_once_held(relay, kubeconfig, *options: str) -> tuple[int, str, 
          str(kubeconfig), "--customer-sources", "198.51.100.0/24", *options],
         cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url_for_tests()},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Heard as a terminal's Ctrl-C is, even where this run ignores SIGINT (a shell's
+        # background job does, and a process inherits it).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         assert relay.holding.wait(60), "add_cell did not make the request held"
