@@ -459,7 +459,13 @@ class CatchUp:
             self.failures += 1
             delay = min(CATCH_UP_MOST, CATCH_UP_AFTER * 2 ** (self.failures - 1))
             self.due = now + delay
-            if thread.done is not None:
+            if thread.done is not None and thread.done.gave_up:
+                log.warning("watch_cells: the cluster refused the guard rails of the last %d "
+                            "instances of cell %s alike (%s), so the pass stopped with %d left; "
+                            "trying again in %.0f s", services.SAME_REFUSAL_STOPS, cell_name,
+                            thread.done.gave_up, thread.done.total - thread.done.passed,
+                            delay)  # fmt: skip
+            elif thread.done is not None:
                 refused = thread.done.failed
                 log.warning("watch_cells: the cluster refused the guard rails of %d instance(s) "
                             "of cell %s (%s: %s); trying again in %.0f s",

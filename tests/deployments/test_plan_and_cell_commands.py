@@ -974,6 +974,96 @@ def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_res
     assert services.cell_namespaces_apply(cell).applied == 2
 
 
+def _unanswered(relay, owner, tenant, count: int, *, refused=None) -> list[str]:
+    """`count` instances, created, with no namespace yet; the cluster answers the read of
+    the namespace of each (or of those `refused` picks out of them) with a 503, as an API
+    server short of capacity does."""
+    plan = services.plan_load(text=SPEC.read_text()).plan
+    names = ("orders", "billing", "ledger", "search", "events")[:count]
+    made = [str(_create(owner, tenant, plan, name).instance_id) for name in names]
+    picked = made if refused is None else refused(made)
+    relay.garble(
+        rf"/api/v1/namespaces/({'|'.join(picked)})$", UNAVAILABLE, status=503,
+        times=len(picked), before=True,
+    )  # fmt: skip
+    return made
+
+
+def test_a_pass_the_cluster_refuses_alike_instance_after_instance_stops_there(
+    relayed_cell, owner, tenant, monkeypatch
+):
+    """A cluster that refuses every instance in the same words (one that does not answer,
+    refuses the credentials, or whose admission webhook is down) would refuse the rest alike:
+    the pass stops rather than wait out each one's timeout (5,000 instances at 5 s each, 8 at a
+    time: 50 minutes), and the cell stays behind for the next."""
+    monkeypatch.setattr(services, "SAME_REFUSAL_STOPS", 3)
+    relay, register = relayed_cell
+    register()
+    _unanswered(relay, owner, tenant, 5)
+    cell = register(customer_sources=["198.51.100.0/24"])
+
+    done = services.cell_namespaces_apply(cell, at_once=1)
+
+    assert (done.total, done.passed, len(done.failed)) == (5, 3, 3)
+    assert done.gave_up == UNAVAILABLE_SAID
+    cell = Cell.objects.get(name="eu-1")
+    assert cell.guard_rails_behind and cell.guard_rails_pass_until is None
+
+
+def test_refusals_with_instances_taken_between_them_do_not_stop_a_pass(
+    relayed_cell, owner, tenant, monkeypatch
+):
+    monkeypatch.setattr(services, "SAME_REFUSAL_STOPS", 2)
+    relay, register = relayed_cell
+    cell = register()
+    made = _unanswered(relay, owner, tenant, 4, refused=lambda made: made[::2])
+
+    done = services.cell_namespaces_apply(cell, at_once=1)
+
+    assert (done.passed, done.left, done.gave_up) == (4, 2, "")
+    assert [instance_id for instance_id, _ in done.failed] == made[::2]
+
+
+def test_add_cell_says_it_stopped_once_the_cluster_refused_instance_after_instance_alike(
+    relayed_cell, owner, tenant, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(services, "SAME_REFUSAL_STOPS", 3)
+    relay, register = relayed_cell
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(register.keywords["kubeconfig"])  # the sandbox through the relay
+    register()
+    _unanswered(relay, owner, tenant, 5)
+
+    with pytest.raises(CommandError) as stopped:
+        call_command("add_cell", "--name", "eu-1", "--kubeconfig", str(kubeconfig),
+                     "--apply-namespaces", "--at-once", "1")  # fmt: skip
+
+    assert str(stopped.value) == (
+        "Stopped with 2 instances of the cell left: the cluster refused the last 3 alike "
+        f"({UNAVAILABLE_SAID}). Run add_cell for the cell again once it takes them; the cell "
+        "watcher (watch_cells) also tries again, less and less often."
+    )
+    assert capsys.readouterr().err.count(UNAVAILABLE_SAID) == 3  # each said as it came
+
+
+def test_the_cell_watcher_says_when_its_pass_stopped_on_refusals_alike(
+    relayed_cell, owner, tenant, monkeypatch, catching_up, caplog
+):
+    monkeypatch.setattr(services, "SAME_REFUSAL_STOPS", 3)
+    relay, register = relayed_cell
+    register()
+    _unanswered(relay, owner, tenant, 5)
+    cell = register(customer_sources=["198.51.100.0/24"])
+
+    catching_up(cell)
+
+    said = (
+        "the cluster refused the guard rails of the last 3 instances of cell eu-1 alike "
+        f"({UNAVAILABLE_SAID}), so the pass stopped with 2 left; trying again in"
+    )
+    wait_for(lambda: _logged(caplog, said), timeout=30, what="the watcher's log line")
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [

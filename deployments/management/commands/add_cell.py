@@ -148,6 +148,14 @@ class Command(BaseCommand):
             f"{'' if done.applied == 1 else 's'} of the cell"
             + (f" ({done.left} left to their create or delete)." if done.left else ".")
         )
+        if done.gave_up:
+            left = done.total - done.passed
+            raise CommandError(
+                f"Stopped with {left:,} instance{'' if left == 1 else 's'} of the cell left: the "
+                f"cluster refused the last {services.SAME_REFUSAL_STOPS} alike ({done.gave_up}). "
+                "Run add_cell for the cell again once it takes them; the cell watcher "
+                "(watch_cells) also tries again, less and less often."
+            )
         if done.failed:
             count = len(done.failed)
             raise CommandError(
