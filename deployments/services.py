@@ -416,8 +416,8 @@ class NamespacesApplied:
     """What `cell_namespaces_apply` did: of the `total` instances it found, how many
     instances' guard rails it applied, how many it left (no namespace yet, or one being
     deleted), and the instances it could not reach, with why. `gave_up` when it stopped before
-    the end because the cluster refused every instance alike (`SAME_REFUSAL_STOPS`): the
-    refusal's words."""
+    the end because the cluster refused instance after instance alike (`SAME_REFUSAL_STOPS`):
+    the last refusal's words."""
 
     total: int = 0
     applied: int = 0
@@ -434,7 +434,7 @@ class NamespacesApplied:
 # Instances whose guard rails one pass applies at once: each is a few calls in a row to the
 # cell's API server, which may be far from here (a cell in another region or cloud).
 APPLY_AT_ONCE = 8
-# Instances in a row the cluster refuses in the same words (no answer at all, credentials
+# Instances in a row the cluster refuses for the same reason (no answer at all, credentials
 # refused, an admission webhook down) before a pass stops rather than going on through every
 # instance: each may have waited out its own timeout first (5 s to connect to a cluster that
 # drops packets), about 50 minutes for 5,000 instances at 8 at a time.
@@ -459,8 +459,8 @@ def cell_namespaces_apply(
     to once. Server-side apply, as a create's: an object already as it should be is left as it
     is. A namespace that does not exist yet is left to its create, which applies them itself;
     one being deleted, to its delete. One instance the cluster refuses is said and the others
-    go on; but once `SAME_REFUSAL_STOPS` in a row are refused in the same words (a cluster that
-    does not answer, refuses the credentials, or whose admission webhook is down), the pass
+    go on; but once `SAME_REFUSAL_STOPS` in a row are refused for the same reason (a cluster
+    that does not answer, refuses the credentials, or whose admission webhook is down), the pass
     stops there, saying so (`gave_up`): the others would be refused alike. `at_once`
     instances at a time, each in a thread of its own (on its own database connection); `each`
     is called here, with what was done so far, after each instance.
@@ -535,18 +535,19 @@ def _namespaces_apply(
     )
     done = NamespacesApplied(total=len(instances))
 
-    def apply(instance: tuple[str, str], own_cell: Cell) -> bool | str:
+    def apply(instance: tuple[str, str], own_cell: Cell) -> bool | DriverError:
         """Whether its namespace was there, or why the cluster refused its guard rails."""
         try:
             return _guard_rails_apply(driver, own_cell, *instance)
         except DriverError as exc:
-            return exc.message
+            return exc
 
-    alike = 0  # the refusals in a row in the same words, the last one included
+    cause, alike = None, 0  # of the refusals in a row: what they have in common, how many
     for (instance_id, _), found in _in_threads(instances, apply, at_once, lambda: copy(cell)):
-        if isinstance(found, str):
-            alike = alike + 1 if alike and done.failed[-1][1] == found else 1
-            done.failed.append((instance_id, found))
+        if isinstance(found, DriverError):
+            done.failed.append((instance_id, found.message))
+            alike = alike + 1 if alike and _refusal_cause(found) == cause else 1
+            cause = _refusal_cause(found)
         else:
             alike = 0
             done.applied += found
@@ -556,13 +557,21 @@ def _namespaces_apply(
         if each is not None:
             each(done)
         if alike >= SAME_REFUSAL_STOPS:  # the instances under way end on their own
-            done.gave_up = found
+            done.gave_up = found.message
             break
     if not done.failed:  # a later change's pass may have ended first: its mark stays
         Cell.objects.filter(pk=cell.pk, guard_rails_generation__lt=generation).update(
             guard_rails_generation=generation
         )
     return done
+
+
+def _refusal_cause(error: DriverError) -> tuple:
+    """What refusals of different instances for the same reason have in common: the API's
+    status and reason when it answered (its words name the object: a 403 names the namespace
+    the credentials may not write in), its words when it did not (the cluster could not be
+    reached, did not answer in time)."""
+    return (error.status, error.reason) if error.status else (None, error.message)
 
 
 def _in_threads(items: list, work: Callable, threads: int, own: Callable[[], Any]) -> Iterator:

@@ -12,6 +12,7 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from email import message_from_bytes, policy
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,17 +127,17 @@ class Relay:
     upstream said when it was asked — as a slow network delivers an answer late (with
     `before`, it waits before the upstream is asked, as a request the network delivers late
     does; with `method`, only a request of that method matches);
-    `garble(pattern, body)` answers the next one with `body` in place of what the upstream said
-    (its status kept, unless `status` is given; the `times` next ones with `times`), as a proxy
-    in front of it that mangles an answer does, or a server that fails a request (with
-    `before`, the upstream is not asked: a server that refuses it)."""
+    `garble(pattern, body)` answers the next one with `body` (or `body(path)`) in place of what
+    the upstream said (its status kept, unless `status` is given; the `times` next ones with
+    `times`), as a proxy in front of it that mangles an answer does, or a server that fails a
+    request (with `before`, the upstream is not asked: a server that refuses it)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
         self.pattern: re.Pattern | None = None
         self.method: str | None = None
         self.before = False
-        self.garbled: tuple[re.Pattern, bytes, int | None] | None = None
+        self.garbled: tuple[re.Pattern, bytes | Callable[[str], bytes], int | None] | None = None
         self.garbled_before = False
         self.garbles_left = 0
         self.holding = threading.Event()
@@ -181,7 +182,8 @@ class Relay:
                     relay.holding.set()
                     relay.released.wait(30)
                 if garbled:
-                    data, status = relay.garbled[1], relay.garbled[2] or status
+                    body, status = relay.garbled[1], relay.garbled[2] or status
+                    data = body(self.path) if callable(body) else body
                     relay.garbles_left -= 1
                     if not relay.garbles_left:
                         relay.garbled = None
@@ -209,7 +211,7 @@ class Relay:
     def garble(
         self,
         pattern: str,
-        body: bytes,
+        body: bytes | Callable[[str], bytes],
         *,
         status: int | None = None,
         times: int = 1,

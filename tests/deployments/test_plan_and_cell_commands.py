@@ -974,26 +974,42 @@ def test_guard_rails_the_cluster_does_not_take_are_said_per_instance_and_the_res
     assert services.cell_namespaces_apply(cell).applied == 2
 
 
-def _unanswered(relay, owner, tenant, count: int, *, refused=None) -> list[str]:
+def _unanswered(
+    relay, owner, tenant, count: int, *, refused=None, said=UNAVAILABLE, status=503
+) -> list[str]:
     """`count` instances, created, with no namespace yet; the cluster answers the read of
-    the namespace of each (or of those `refused` picks out of them) with a 503, as an API
-    server short of capacity does."""
+    the namespace of each (or of those `refused` picks out of them) with `status` and `said`
+    (a body, or a body for a path), by default a 503 as an API server short of capacity
+    does."""
     plan = services.plan_load(text=SPEC.read_text()).plan
     names = ("orders", "billing", "ledger", "search", "events")[:count]
     made = [str(_create(owner, tenant, plan, name).instance_id) for name in names]
     picked = made if refused is None else refused(made)
     relay.garble(
-        rf"/api/v1/namespaces/({'|'.join(picked)})$", UNAVAILABLE, status=503,
+        rf"/api/v1/namespaces/({'|'.join(picked)})$", said, status=status,
         times=len(picked), before=True,
     )  # fmt: skip
     return made
 
 
+def _forbidden(path: str) -> bytes:
+    """What an API server answers a read of the namespace at `path` that the cell's
+    credentials may no longer make (their role was taken away): words of its own for each."""
+    namespace = path.rsplit("/", 1)[-1]
+    return json.dumps({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+        "reason": "Forbidden", "details": {"name": namespace, "kind": "namespaces"},
+        "message": f'namespaces "{namespace}" is forbidden: User "system:serviceaccount:'
+        f'opsdeck:opsdeck" cannot get resource "namespaces" in API group "" in the namespace '
+        f'"{namespace}"',
+    }).encode()  # fmt: skip
+
+
 def test_a_pass_the_cluster_refuses_alike_instance_after_instance_stops_there(
     relayed_cell, owner, tenant, monkeypatch
 ):
-    """A cluster that refuses every instance in the same words (one that does not answer,
-    refuses the credentials, or whose admission webhook is down) would refuse the rest alike:
+    """A cluster that refuses instance after instance for the same reason (one that does not
+    answer, refuses the credentials, or whose admission webhook is down) would refuse the rest:
     the pass stops rather than wait out each one's timeout (5,000 instances at 5 s each, 8 at a
     time: 50 minutes), and the cell stays behind for the next."""
     monkeypatch.setattr(services, "SAME_REFUSAL_STOPS", 3)
@@ -1008,6 +1024,25 @@ def test_a_pass_the_cluster_refuses_alike_instance_after_instance_stops_there(
     assert done.gave_up == UNAVAILABLE_SAID
     cell = Cell.objects.get(name="eu-1")
     assert cell.guard_rails_behind and cell.guard_rails_pass_until is None
+
+
+def test_a_pass_stops_on_refusals_for_the_same_reason_in_words_of_their_own(
+    relayed_cell, owner, tenant, monkeypatch
+):
+    """The cell's credentials lost their role: each refusal names its own namespace."""
+    monkeypatch.setattr(services, "SAME_REFUSAL_STOPS", 3)
+    relay, register = relayed_cell
+    register()
+    made = _unanswered(relay, owner, tenant, 5, said=_forbidden, status=403)
+    cell = register(customer_sources=["198.51.100.0/24"])
+
+    done = services.cell_namespaces_apply(cell, at_once=1)
+
+    assert (done.passed, len({why for _, why in done.failed})) == (3, 3)
+    assert done.gave_up == done.failed[-1][1]
+    assert f'cannot get resource "namespaces" in API group "" in the namespace "{made[2]}"' in (
+        done.gave_up
+    )
 
 
 def test_refusals_with_instances_taken_between_them_do_not_stop_a_pass(
