@@ -546,8 +546,8 @@ def _namespaces_apply(
     for (instance_id, _), found in _in_threads(instances, apply, at_once, lambda: copy(cell)):
         if isinstance(found, DriverError):
             done.failed.append((instance_id, found.message))
-            alike = alike + 1 if alike and _refusal_cause(found) == cause else 1
-            cause = _refusal_cause(found)
+            why = _refusal_cause(found)
+            cause, alike = why, (alike + 1 if alike and why == cause else 1)
         else:
             alike = 0
             done.applied += found
